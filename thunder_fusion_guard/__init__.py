@@ -1,0 +1,14 @@
+"""thunder-fusion-guard: keep Lightning Thunder from paying a fusion call where PyTorch is cheaper."""
+
+from __future__ import annotations
+
+from .compat import ensure_nvfuser_compat
+from .explain import explain
+from .passes import FusionGuardError, guard_trace
+from .report import Decision, Report
+from .transform import FusionGuard
+
+__all__ = ["Decision", "FusionGuard", "FusionGuardError", "Report", "explain", "guard_trace"]
+__version__ = "0.1.0"
+
+ensure_nvfuser_compat()

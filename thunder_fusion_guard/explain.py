@@ -1,0 +1,41 @@
+"""explain(): the readable report of the guards attached to a jitted function."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _thunder as th
+from .report import Report
+
+
+def guards_of(obj: Any) -> list[Any]:
+    """The FusionGuard instances attached to a ``thunder.jit`` result or a ThunderFX object."""
+    from .transform import FusionGuard
+
+    found = [t for t in th.jitted_transforms(obj) if isinstance(t, FusionGuard)]
+    for t in th.thunderfx_transforms(obj):
+        if isinstance(t, FusionGuard) and t not in found:
+            found.append(t)
+    return found
+
+
+def report_of(obj: Any) -> Report:
+    """The report of the one guard attached to ``obj`` (``ValueError`` if there is none)."""
+    guards = guards_of(obj)
+    if not guards:
+        raise ValueError(
+            f"{type(obj).__name__} has no FusionGuard: build it with thunder.jit(fn, transforms=[FusionGuard()]) "
+            "or thunderfx(fn, transforms=[FusionGuard()])"
+        )
+    if len(guards) == 1:
+        return guards[0].report
+    merged = Report()
+    for g in guards:
+        for d in g.report:
+            merged.add(d)
+    return merged
+
+
+def explain(obj: Any) -> str:
+    """The decision table of the guard(s) attached to a function jitted with FusionGuard."""
+    return str(report_of(obj))

@@ -1,0 +1,47 @@
+"""Finding the fusion regions of an execution trace."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from . import _thunder as th
+
+
+@dataclass(frozen=True)
+class Region:
+    """One fusion call of a trace: where it stands, who runs it and what it holds."""
+
+    position: int
+    name: str
+    executor: str
+    bsym: th.BoundSymbol
+
+    @property
+    def ops(self) -> list[str]:
+        return [th.op_name(b) for b in self.body]
+
+    @property
+    def body(self) -> list[th.BoundSymbol]:
+        return [b for b in th.subsymbols(self.bsym) if not th.is_comment_or_del(b)]
+
+    @property
+    def inputs(self) -> list[th.Proxy]:
+        return list(self.bsym.flat_proxy_args)
+
+    @property
+    def outputs(self) -> list[th.Proxy]:
+        return list(self.bsym.flat_proxy_outs)
+
+
+def find_regions(trace: th.TraceCtx, executors: Iterable[str] | None = None) -> list[Region]:
+    """Every fusion region of ``trace``, in trace order; only those of ``executors`` when given."""
+    wanted = None if executors is None else set(executors)
+    found = []
+    for position, bsym in enumerate(trace.bound_symbols):
+        if not th.is_fusion(bsym):
+            continue
+        ex = th.executor_name(bsym)
+        if wanted is None or ex in wanted:
+            found.append(Region(position, bsym.sym.name, ex, bsym))
+    return found

@@ -1,0 +1,44 @@
+"""Rewriting traces: replacing a fusion call by the same operations run by Thunder's torch executor."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from . import _thunder as th
+from .regions import Region
+
+
+class RewriteError(RuntimeError):
+    """A region could not be rewritten safely; the guard keeps it as it was."""
+
+
+def lower_region(trace: th.TraceCtx, region: Region) -> list[th.BoundSymbol]:
+    """The region's operations as torch-executor calls, checked to define every region output."""
+    lowered = th.lower_to_torch(trace, region.body, region.outputs)
+    defined = {p.name for p in region.inputs}
+    for bsym in lowered:
+        if th.is_fusion(bsym):
+            raise RewriteError(f"lowering {region.name} produced a fusion call {bsym.sym.name}")
+        defined.update(p.name for p in bsym.flat_proxy_outs)
+    missing = sorted(p.name for p in region.outputs if p.name not in defined)
+    if missing:
+        raise RewriteError(f"lowering {region.name} does not define its outputs {missing}")
+    return lowered
+
+
+def replace_regions(trace: th.TraceCtx, replacements: dict[int, list[th.BoundSymbol]], provenance: str) -> th.TraceCtx:
+    """A new trace in which each bound symbol at a position in ``replacements`` is swapped for its list."""
+    if not replacements:
+        return trace
+    bsyms: list[th.BoundSymbol] = []
+    for position, bsym in enumerate(trace.bound_symbols):
+        bsyms.extend(replacements.get(position, (bsym,)))
+    new = th.new_trace_like(trace, bsyms)
+    new = th.refresh_dels(new)
+    th.set_provenance(new, provenance)
+    return new
+
+
+def unfuse(trace: th.TraceCtx, regions: Iterable[Region]) -> th.TraceCtx:
+    """``trace`` with each of ``regions`` run by the torch executor (raises :class:`RewriteError`)."""
+    return replace_regions(trace, {r.position: lower_region(trace, r) for r in regions}, "FusionGuard unfuse")
