@@ -1,0 +1,57 @@
+"""Shared test helpers: jit with or without the guard, compare outputs and gradients exactly."""
+
+from __future__ import annotations
+
+import thunder
+import torch
+from thunder.executors.torch_compile import torch_compile_ex
+
+from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard.regions import find_regions
+
+
+def jit_cpu(fn, guard: FusionGuard | None = None, **options):
+    transforms = [] if guard is None else [guard]
+    return thunder.jit(fn, executors=[torch_compile_ex], transforms=transforms, **options)
+
+
+def regions(jitted, backward: bool = False):
+    traces = thunder.last_backward_traces(jitted) if backward else thunder.last_traces(jitted)
+    return find_regions(traces[-1])
+
+
+def flat(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in flat(o)]
+    if isinstance(out, dict):
+        return [t for o in out.values() for t in flat(o)]
+    return [out]
+
+
+def clone_inputs(args):
+    return [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def run_with_grads(fn, args):
+    """Outputs and input gradients of ``fn(*args)`` (gradients of the sum of every float output)."""
+    args = clone_inputs(args)
+    outs = flat(fn(*args))
+    grads = []
+    tensors = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
+    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    if tensors and leaves:
+        total = sum(t.float().sum() for t in tensors)
+        grads = list(torch.autograd.grad(total, leaves, allow_unused=True))
+    return [o.detach() if isinstance(o, torch.Tensor) else o for o in outs], grads
+
+
+def assert_same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        if isinstance(x, torch.Tensor):
+            assert isinstance(y, torch.Tensor) and x.shape == y.shape and x.dtype == y.dtype
+            assert torch.equal(x, y), (x, y)
+        else:
+            assert x == y

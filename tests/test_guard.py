@@ -1,0 +1,154 @@
+"""The core guard on CPU with Thunder's torch.compile executor: what is rejected, what stays, outputs."""
+
+import json
+
+import pytest
+import torch
+from einops import rearrange
+from helpers import assert_same, jit_cpu, regions, run_with_grads
+
+from thunder_fusion_guard import FusionGuard, explain
+from thunder_fusion_guard.ops import region_is_metadata_only
+
+
+def rearrange_heads(t):
+    return rearrange(t, "b np sq sk -> (b np) sq sk")
+
+
+def metadata_chain(x):
+    y = x.reshape(x.shape[0], -1, x.shape[-1]).permute(0, 2, 1)[:, 1:, :]
+    z = y.unsqueeze(1).expand(-1, 2, -1, -1).transpose(2, 3)
+    return z.flatten(0, 1).squeeze(), x.unflatten(1, (2, 2)).view(-1)
+
+
+def mixed(x, w):
+    y = rearrange(x, "b h s d -> (b h) s d")
+    return torch.tanh(y * w + 1.0), y.transpose(1, 2)
+
+
+CASES = [
+    (rearrange_heads, lambda: [torch.randn(2, 3, 4, 5, requires_grad=True)]),
+    (metadata_chain, lambda: [torch.randn(3, 4, 6, 5, requires_grad=True)]),
+]
+
+
+@pytest.mark.parametrize("fn,make", CASES, ids=[c[0].__name__ for c in CASES])
+def test_metadata_programs_leave_no_region_and_match(fn, make):
+    args = make()
+    guard = FusionGuard(strict=True)
+    guarded, plain = jit_cpu(fn, guard), jit_cpu(fn)
+    out_g, grad_g = run_with_grads(guarded, args)
+    out_p, grad_p = run_with_grads(plain, args)
+    out_e, grad_e = run_with_grads(fn, args)
+    assert_same(out_g, out_p)
+    assert_same(grad_g, grad_p)
+    assert_same(out_g, out_e)
+    assert_same(grad_g, grad_e)
+    assert regions(plain), "unguarded thunder should have made a region here"
+    assert regions(guarded) == []
+    assert not [r for r in regions(guarded, backward=True) if region_is_metadata_only(r.body)]
+    rejected = guard.report.filter(action="reject")
+    assert "forward" in {d.trace for d in rejected}
+    assert all("metadata-only" in d.reason for d in rejected)
+    assert len(rejected) + len(regions(guarded, backward=True)) == len(guard.report)
+
+
+def test_outputs_that_are_views_in_eager_stay_views():
+    x = torch.randn(2, 3, 4, 5)
+    out = jit_cpu(rearrange_heads, FusionGuard())(x)
+    assert out._base is x
+    x.add_(1.0)
+    assert torch.equal(out, rearrange_heads(x))
+
+
+def test_compute_regions_stay():
+    x, w = torch.randn(2, 3, 4, 5, requires_grad=True), torch.randn(5, requires_grad=True)
+    guard = FusionGuard(strict=True)
+    guarded, plain = jit_cpu(mixed, guard), jit_cpu(mixed)
+    out_g, grad_g = run_with_grads(guarded, [x, w])
+    out_p, grad_p = run_with_grads(plain, [x, w])
+    assert_same(out_g, out_p)
+    assert_same(grad_g, grad_p)
+    assert [r.ops for r in regions(guarded)] == [r.ops for r in regions(plain)]
+    assert guard.report.filter(action="reject") == []
+    assert {d.reason for d in guard.report} == {"region computes (not metadata-only)"}
+
+
+def test_report_fields_json_and_explain():
+    guard = FusionGuard()
+    jitted = jit_cpu(rearrange_heads, guard)
+    jitted(torch.randn(2, 3, 4, 5, requires_grad=True)).sum().backward()
+    (fwd,) = guard.report.filter(trace="forward")
+    assert (fwd.region, fwd.executor, fwd.ops, fwd.action) == ("TorchCompile0", "torchcompile", ["reshape"], "reject")
+    assert fwd.function == "rearrange_heads" and fwd.applied
+    data = json.loads(json.dumps(guard.report.to_dict()))
+    assert data["counts"] == {"reject": 2}
+    assert {"trace", "region", "executor", "ops", "action", "reason"} <= set(data["decisions"][0])
+    text = explain(jitted)
+    assert "TorchCompile0" in text and "metadata-only region" in text and "2 reject" in text
+    assert text == str(guard.report)
+
+
+def test_decisions_accumulate_across_recompilations():
+    guard = FusionGuard()
+    jitted = jit_cpu(rearrange_heads, guard)
+    jitted(torch.randn(2, 3, 4, 5))
+    jitted(torch.randn(2, 3, 6, 5))
+    jitted(torch.randn(2, 3, 6, 5))
+    assert [d.compile_index for d in guard.report] == [1, 2]
+
+
+def test_explain_needs_a_guard():
+    with pytest.raises(ValueError, match="no FusionGuard"):
+        explain(jit_cpu(rearrange_heads))
+
+
+def test_report_only_changes_nothing():
+    guard = FusionGuard(report_only=True)
+    jitted = jit_cpu(rearrange_heads, guard)
+    jitted(torch.randn(2, 3, 4, 5))
+    assert len(regions(jitted)) == 1
+    (d,) = guard.report
+    assert d.action == "reject" and d.applied is False
+    assert "not applied" in str(guard.report)
+
+
+def test_executors_option_limits_the_guard():
+    guard = FusionGuard(executors=["torchcompile_cat"])
+    jitted = jit_cpu(rearrange_heads, guard)
+    jitted(torch.randn(2, 3, 4, 5))
+    assert len(regions(jitted)) == 1
+    (d,) = guard.report
+    assert d.action == "keep" and "not guarded" in d.reason
+
+
+def test_metadata_ops_option_counts_extra_ops():
+    def scale(x):
+        return x * 2.0
+
+    guard = FusionGuard(metadata_ops=["mul"])
+    jitted = jit_cpu(scale, guard)
+    x = torch.randn(4, 4)
+    assert torch.equal(jitted(x), x * 2.0)
+    assert regions(jitted) == []
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        ({"bogus": 1}, TypeError, "bogus"),
+        ({"report_only": "yes"}, ValueError, "'report_only' must be True or False"),
+        ({"strict": 1}, ValueError, "'strict'"),
+        ({"executors": "nvfuser"}, ValueError, "'executors' must be a list"),
+        ({"executors": ["no_such_executor"]}, ValueError, "unknown fusion executors \\['no_such_executor'\\]"),
+        ({"metadata_ops": [1]}, ValueError, "'metadata_ops'"),
+    ],
+)
+def test_bad_options(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        FusionGuard(**kwargs)
+
+
+def test_positional_options_are_refused():
+    with pytest.raises(TypeError):
+        FusionGuard(True)
