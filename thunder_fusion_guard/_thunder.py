@@ -180,3 +180,30 @@ def thunderfx_transforms(obj: Any) -> list[Any]:
     if not isinstance(options, dict):
         return []
     return list(options.get("transforms") or [])
+
+
+def region_callable(bsym: BoundSymbol):
+    """The Python callable a fusion bound symbol runs (its fusion definition or compiled function)."""
+    return bsym._call_ctx[bsym.sym.name]
+
+
+def trace_arg_names(trace: TraceCtx) -> list[str]:
+    return [a.name for a in trace.args if isinstance(a, Proxy)]
+
+
+def software_versions() -> dict[str, str | None]:
+    """torch, thunder and nvFuser versions, for cache keys and result tables."""
+    try:
+        import nvfuser_direct
+
+        nvf = str(nvfuser_direct.version())
+    except ImportError:
+        nvf = None
+    return {"torch": torch.__version__, "thunder": getattr(thunder, "__version__", "?"), "nvfuser": nvf}
+
+
+def proxy_device(proxies: Iterable[Any]) -> str | None:
+    """'cpu' or 'cuda' (type only) of the first tensor proxy, None when there is none."""
+    for p in flat_tensor_proxies(proxies):
+        return p.device.type
+    return None

@@ -17,6 +17,10 @@ class GuardOptions:
     metadata_ops: frozenset[str] = field(default_factory=frozenset)
     report_only: bool = False
     strict: bool = False
+    cost_model: bool = True
+    margin: float = 0.2
+    exact_only: bool = True
+    calibration: Any = None
 
     def guards(self, executor: str) -> bool:
         return self.executors is None or executor in self.executors
@@ -47,6 +51,10 @@ def make_options(
     metadata_ops: Iterable[str] = (),
     report_only: bool = False,
     strict: bool = False,
+    cost_model: bool = True,
+    margin: float = 0.2,
+    exact_only: bool = True,
+    calibration: Any = None,
 ) -> GuardOptions:
     """Validate user options into a :class:`GuardOptions` (``ValueError`` names the bad option)."""
     chosen = None
@@ -64,4 +72,31 @@ def make_options(
         metadata_ops=_names("metadata_ops", metadata_ops, "operation names (str)"),
         report_only=_bool("report_only", report_only),
         strict=_bool("strict", strict),
+        cost_model=_bool("cost_model", cost_model),
+        margin=_fraction("margin", margin),
+        exact_only=_bool("exact_only", exact_only),
+        calibration=_calibration(calibration),
+    )
+
+
+def _fraction(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ValueError(f"FusionGuard option {name!r} must be a number in [0, 1), got {value!r}")
+    return float(value)
+
+
+def _calibration(value: Any) -> Any:
+    """None (cached or shipped constants), 'measure', or constants set by hand."""
+    from .cost import CostConstants
+
+    if value is None or value == "measure" or isinstance(value, CostConstants):
+        return value
+    if isinstance(value, dict):
+        try:
+            return CostConstants.from_dict({"source": "by hand", **value})
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"FusionGuard option 'calibration': {e}") from e
+    raise ValueError(
+        "FusionGuard option 'calibration' must be None (cached or shipped constants), 'measure', "
+        f"a CostConstants or a dict of its fields, got {value!r}"
     )

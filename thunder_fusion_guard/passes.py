@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import _thunder as th
+from .cost import CostConstants
 from .decide import decide
 from .options import GuardOptions
 from .regions import find_regions
@@ -26,12 +28,26 @@ class TraceContext:
     subgraph: str | None = None
 
 
-def guard_trace(trace: th.TraceCtx, options: GuardOptions, report: Report, where: TraceContext) -> th.TraceCtx:
-    """Return ``trace`` with every rejected region unfused, recording a decision for each region."""
+ConstantsFor = Callable[[str, str], "CostConstants | None"]
+
+
+def guard_trace(
+    trace: th.TraceCtx,
+    options: GuardOptions,
+    report: Report,
+    where: TraceContext,
+    constants_for: ConstantsFor | None = None,
+) -> th.TraceCtx:
+    """Return ``trace`` with every rejected region unfused, recording a decision for each region.
+
+    ``constants_for(device, executor)`` gives the cost model's constants (None: no cost decisions).
+    """
     replacements: dict[int, list[th.BoundSymbol]] = {}
     made: list[Decision] = []
     for region in find_regions(trace):
-        verdict = decide(region, options)
+        device = th.proxy_device(region.inputs + region.outputs)
+        constants = constants_for(device, region.executor) if constants_for and device else None
+        verdict = decide(region, options, constants)
         decision = Decision(
             trace=where.trace,
             region=region.name,

@@ -9,6 +9,8 @@ from typing import Any
 import thunder
 
 from . import _thunder as th
+from . import calibrate
+from .cost import CostConstants
 from .options import make_options
 from .passes import TraceContext, guard_trace
 from .report import Report
@@ -23,6 +25,11 @@ class FusionGuard(thunder.Transform):
     - ``metadata_ops``: extra operation names to count as metadata-only.
     - ``report_only``: decide and record, change nothing.
     - ``strict``: raise instead of keeping a region the guard could not rewrite (for tests).
+    - ``cost_model``: also reject compute regions the cost model says eager PyTorch runs faster.
+    - ``margin``: eager must be estimated at least this fraction cheaper to reject (default 0.2).
+    - ``exact_only``: reject compute regions only when every op gives the same bits outside the fusion.
+    - ``calibration``: cost constants: None (this machine's cached calibration, else shipped defaults),
+      ``"measure"`` (calibrate now if nothing is cached), or a ``CostConstants``/dict set by hand.
     """
 
     def __init__(
@@ -32,10 +39,22 @@ class FusionGuard(thunder.Transform):
         metadata_ops: Iterable[str] = (),
         report_only: bool = False,
         strict: bool = False,
+        cost_model: bool = True,
+        margin: float = 0.2,
+        exact_only: bool = True,
+        calibration: CostConstants | dict | str | None = None,
     ) -> None:
         self.options = make_options(
-            executors=executors, metadata_ops=metadata_ops, report_only=report_only, strict=strict
+            executors=executors,
+            metadata_ops=metadata_ops,
+            report_only=report_only,
+            strict=strict,
+            cost_model=cost_model,
+            margin=margin,
+            exact_only=exact_only,
+            calibration=calibration,
         )
+        self._constants: dict[tuple[str, str], CostConstants | None] = {}
         self.report = Report()
         self._lock = threading.Lock()
         self._compiles = 0
@@ -52,7 +71,19 @@ class FusionGuard(thunder.Transform):
                 compile_index=self._compiles,
                 subgraph=self._subgraph,
             )
-            return guard_trace(computation_trace, self.options, self.report, where)
+            return guard_trace(computation_trace, self.options, self.report, where, self.constants_for)
+
+    def constants_for(self, device: str, executor: str) -> CostConstants | None:
+        """The cost constants used for ``executor`` on ``device``, resolved once per guard."""
+        key = (device, executor)
+        if key not in self._constants:
+            chosen = self.options.calibration
+            if not isinstance(chosen, CostConstants):
+                chosen = calibrate.lookup(device, executor)
+                if chosen is None and self.options.calibration == "measure":
+                    chosen = calibrate.calibrate(device, executor)
+            self._constants[key] = chosen
+        return self._constants[key]
 
     def __repr__(self) -> str:
         return f"FusionGuard({self.options})"
