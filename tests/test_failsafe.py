@@ -2,9 +2,10 @@
 
 import pytest
 import torch
-from helpers import jit_cpu, regions
-from test_guard import rearrange_heads
+from helpers import assert_same, jit_cpu, regions, run_with_grads
+from test_guard import metadata_chain, rearrange_heads
 
+import thunder_fusion_guard._thunder as th
 import thunder_fusion_guard.passes as passes
 from thunder_fusion_guard import FusionGuard, FusionGuardError
 
@@ -44,3 +45,68 @@ def test_strict_mode_raises(monkeypatch):
     jitted = jit_cpu(rearrange_heads, FusionGuard(strict=True))
     with pytest.raises(FusionGuardError, match="could not rewrite TorchCompile0"):
         jitted(torch.randn(2, 3, 4, 5))
+
+
+def _lowering_without_reshape(monkeypatch):
+    """Thunder's real lowering, run while the torch executor has no implementation of reshape."""
+    torchex = th.torch_executor()
+    reshape_ids = [k for k in torchex.implmap if "reshape" in str(k).lower()]
+    assert reshape_ids
+    real = th.lower_to_torch
+
+    def lower(*args):
+        with monkeypatch.context() as m:
+            for k in reshape_ids:
+                m.delitem(torchex.implmap, k)
+            return real(*args)
+
+    monkeypatch.setattr(th, "lower_to_torch", lower)
+
+
+def _lowering_dropping_last(monkeypatch):
+    """Thunder's real lowering with its last bound symbol dropped: a region output is never defined."""
+    real = th.lower_to_torch
+    monkeypatch.setattr(th, "lower_to_torch", lambda *args: real(*args)[:-1])
+
+
+@pytest.mark.parametrize(
+    "break_lowering,error",
+    [
+        (_lowering_without_reshape, "RuntimeError: Failed to find an executor for bound symbol"),
+        (_lowering_dropping_last, "RewriteError: lowering TorchCompile0 does not define its outputs"),
+    ],
+    ids=["torch-executor-cannot-lower", "incomplete-lowering"],
+)
+def test_failure_in_the_real_lowering_path(monkeypatch, break_lowering, error):
+    break_lowering(monkeypatch)
+    x = torch.randn(3, 4, 6, 5, requires_grad=True)
+    guard = FusionGuard()
+    jitted = jit_cpu(metadata_chain, guard)
+    out, grads = run_with_grads(jitted, [x])
+    out_e, grads_e = run_with_grads(metadata_chain, [x])
+    assert_same(out, out_e)
+    assert_same(grads, grads_e)
+    assert len(regions(jitted)) == 1, "the region is kept as it was"
+    failed = [d for d in guard.report if d.error]
+    assert failed and all(d.action == "keep" and "rewriting failed" in d.reason for d in failed)
+    assert all(d.error.startswith(error) for d in failed), [d.error for d in failed]
+    assert error.split(": ")[1] in str(guard.report)
+    with pytest.raises(FusionGuardError, match="could not rewrite TorchCompile0"):
+        jit_cpu(metadata_chain, FusionGuard(strict=True))(x)
+
+
+def test_region_that_also_returns_its_input_is_lowered():
+    """Regression (seen on nvFuser in a nanoGPT backward): a region whose outputs include an input."""
+    import thunder
+
+    from thunder_fusion_guard import _thunder as th
+    from thunder_fusion_guard.regions import Region
+    from thunder_fusion_guard.rewrite import lower_region
+
+    jitted = jit_cpu(rearrange_heads)
+    jitted(torch.randn(2, 3, 4, 5))
+    trace = thunder.last_traces(jitted)[-1]
+    (region,) = regions(jitted)
+    passthrough = region.bsym.from_bsym(output=[*region.bsym.output, *region.bsym.flat_proxy_args])
+    lowered = lower_region(trace, Region(region.position, region.name, region.executor, passthrough))
+    assert [(b.sym.name, th.executed_by(b)) for b in lowered] == [("reshape", "torch")]

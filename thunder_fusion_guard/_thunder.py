@@ -6,7 +6,8 @@ small functions here, so a new release means reading and fixing this file only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import thunder
@@ -103,6 +104,9 @@ def lower_to_torch(outer: TraceCtx, bsyms: Sequence[BoundSymbol], outputs: Seque
     from thunder.core.transform_common import dce
     from thunder.executors.passes import _transform_for_operator_executor_execution
 
+    # Outputs that are the region's own inputs (passthroughs) are already defined outside it.
+    produced = {o.name for b in bsyms for o in b.flat_proxy_outs}
+    outputs = [o for o in outputs if o.name in produced]
     region = from_trace(outer)
     region.bound_symbols = [b for b in bsyms if not is_comment_or_del(b)]
     with tracectx(region):
@@ -142,6 +146,16 @@ def compile_function_name() -> str | None:
         fn = getattr(get_compile_data(), "fn", None)
     except LookupError:
         return None
+    return _function_name(fn)
+
+
+def jitted_function_name(jitted: Any) -> str | None:
+    """The function name the guard records for ``jitted`` (what :func:`compile_function_name` gave)."""
+    cd = thunder.compile_data(jitted)
+    return None if cd is None else _function_name(getattr(cd, "fn", None))
+
+
+def _function_name(fn: Any) -> str | None:
     if fn is None:
         return None
     fn = getattr(fn, "_model", fn)
@@ -207,3 +221,76 @@ def proxy_device(proxies: Iterable[Any]) -> str | None:
     for p in flat_tensor_proxies(proxies):
         return p.device.type
     return None
+
+
+def python_callable_from_symbols(
+    name: str, bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy], outputs: Sequence[Proxy]
+) -> Callable:
+    """A Python function running ``bsyms`` from ``inputs`` to ``outputs``.
+
+    Built the way Thunder's CUDA-graph transform builds its region functions
+    (``CUDAGraphRunner.make_python_callable_from_symbols``).
+    """
+    from inspect import Parameter, Signature
+
+    def region_fn():
+        pass
+
+    region_fn.__signature__ = Signature([Parameter(p.name, Parameter.POSITIONAL_ONLY) for p in inputs])
+    region_fn.__name__ = name
+    trace = TraceCtx(region_fn)
+    trace.args = list(inputs)
+    trace.kwargs = {}
+    trace.bound_symbols = [*bsyms, prims.python_return.bind(list(outputs), output=None)]
+    return trace.python_callable()
+
+
+def _recording_callable(trace: TraceCtx, kind: str, calls: dict[tuple[str, str], tuple]) -> Callable:
+    def recorder(name: str, fn: Callable) -> Callable:
+        def record(*args):
+            calls[(kind, name)] = args
+            return fn(*args)
+
+        return record
+
+    def wrapped(bsym: BoundSymbol) -> BoundSymbol:
+        new = bsym.from_bsym()
+        # Set after from_bsym: nvFuser's symbols re-set their call context when bound.
+        new._call_ctx = {bsym.sym.name: recorder(bsym.sym.name, region_callable(bsym))}
+        return new
+
+    bsyms = [wrapped(b) if is_fusion(b) else b for b in trace.bound_symbols]
+    return new_trace_like(trace, bsyms).python_callable()
+
+
+@contextmanager
+def recording_fusion_calls(jitted: Any) -> Iterator[dict[tuple[str, str], tuple]]:
+    """While open, calls of ``jitted`` record the real arguments of every fusion call.
+
+    The compiled program of the last call is swapped for one rebuilt from the same final forward and
+    backward traces with each fusion callable wrapped; arguments are recorded under
+    ``(trace, region name)``, ``trace`` being 'forward' or 'backward'. The program is restored on exit.
+    """
+    from thunder.common import transform_to_torch_types
+
+    cs = thunder.compile_stats(jitted)
+    if cs is None:
+        raise TypeError(f"{type(jitted).__name__} is not a thunder.jit function or module")
+    cache = cs.interpreter_cache
+    found = [i for i, entry in enumerate(cache) if entry.computation_traces is cs.last_traces]
+    if not found:
+        raise RuntimeError(
+            "no compiled program to instrument: call the jitted function first (and keep Thunder's caching on)"
+        )
+    index = found[0]
+    entry = cache[index]
+    calls: dict[tuple[str, str], tuple] = {}
+    forward = _recording_callable(transform_to_torch_types(entry.computation_traces[-1]), "forward", calls)
+    backward = None
+    if entry.backward_fn is not None:
+        backward = _recording_callable(entry.backward_traces[-1], "backward", calls)
+    cache[index] = entry._replace(computation_fn=forward, backward_fn=backward)
+    try:
+        yield calls
+    finally:
+        cache[index] = entry
