@@ -1,4 +1,5 @@
 import os
+import sys
 import warnings
 
 import pytest
@@ -24,7 +25,20 @@ def pytest_collection_modifyitems(config, items):
     skip_cuda = None if _nvfuser_ready() else pytest.mark.skip(reason="needs a CUDA GPU with nvFuser")
     skip_slow = None if config.getoption("--run-slow") else pytest.mark.skip(reason="slow: opt in with --run-slow")
     for item in items:
-        if skip_cuda and "cuda" in item.keywords:
+        if skip_cuda and item.get_closest_marker("cuda"):
             item.add_marker(skip_cuda)
-        if skip_slow and "slow" in item.keywords:
+        if skip_slow and item.get_closest_marker("slow"):
             item.add_marker(skip_slow)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The OpInfo differential test's coverage (ops tried, passed, skipped and why), if it ran."""
+    harness = sys.modules.get("opinfo_harness")
+    if harness is None or not harness.COVERAGE:
+        return
+    for line in harness.COVERAGE.summary_lines():
+        terminalreporter.write_line(line)
+    path = os.environ.get("TFG_COVERAGE_JSON")
+    if path:
+        harness.COVERAGE.write_json(path)
+        terminalreporter.write_line(f"OpInfo coverage written to {path}")

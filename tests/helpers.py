@@ -55,3 +55,8 @@ def assert_same(a, b):
             assert torch.equal(x, y), (x, y)
         else:
             assert x == y
+
+
+def shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors are views of the same memory (mutating one shows through the other)."""
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()

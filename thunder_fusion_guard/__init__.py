@@ -5,10 +5,20 @@ from __future__ import annotations
 from .compat import ensure_nvfuser_compat
 from .explain import explain
 from .passes import FusionGuardError, guard_trace
+from .profile import RegionProfile, profile_regions
 from .report import Decision, Report
 from .transform import FusionGuard
 
-__all__ = ["Decision", "FusionGuard", "FusionGuardError", "Report", "explain", "guard_trace"]
+__all__ = [
+    "Decision",
+    "FusionGuard",
+    "FusionGuardError",
+    "RegionProfile",
+    "Report",
+    "explain",
+    "guard_trace",
+    "profile_regions",
+]
 __version__ = "0.1.0"
 
 ensure_nvfuser_compat()

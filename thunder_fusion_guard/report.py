@@ -103,3 +103,9 @@ def format_table(decisions: list[Decision]) -> str:
     lines.insert(1, "-" * min(160, sum(widths) + 2 * len(widths) + 20))
     lines.append(f"FusionGuard: {len(decisions)} decisions ({summary})")
     return "\n".join(lines)
+
+
+def text_table(rows: list[list[str]]) -> list[str]:
+    """Rows of cells as fixed-width lines, columns two spaces apart."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]

@@ -1,0 +1,293 @@
+"""Awkward programs and settings: the guarded function must agree with unguarded Thunder and eager."""
+
+import pytest
+import thunder
+import torch
+from helpers import assert_same, flat, jit_cpu, regions, run_with_grads, shares_storage
+from test_guard import rearrange_heads
+from thunder.executors.torch_compile import torch_compile_ex
+from torch.utils._pytree import tree_flatten
+
+from thunder_fusion_guard import FusionGuard, explain
+
+
+def assert_close_all(got, expected):
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        if isinstance(g, torch.Tensor):
+            torch.testing.assert_close(g, e)
+        else:
+            assert g == e
+
+
+def check_three_ways(fn, args, guard=None, **jit_options):
+    """Guarded == unguarded to the bit, both close to eager (values and input gradients)."""
+    guard = guard if guard is not None else FusionGuard(strict=True)
+    guarded, plain = jit_cpu(fn, guard, **jit_options), jit_cpu(fn, **jit_options)
+    out_g, grad_g = run_with_grads(guarded, args)
+    out_p, grad_p = run_with_grads(plain, args)
+    out_e, grad_e = run_with_grads(fn, args)
+    assert_same(out_g, out_p)
+    assert_same(grad_g, grad_p)
+    assert_close_all(out_g, out_e)
+    assert_close_all(grad_g, grad_e)
+    return guard, guarded
+
+
+def test_function_without_fusion_region():
+    def passthrough(x, n):
+        return x, n * 2, x.shape
+
+    guard = FusionGuard(strict=True)
+    jitted = jit_cpu(passthrough, guard)
+    x = torch.randn(3, 4)
+    out = jitted(x, 3)
+    assert out[0] is x and out[1:] == (6, (3, 4))
+    assert regions(jitted) == [] and len(guard.report) == 0
+    assert "no fusion regions seen yet" in explain(jitted)
+
+
+def nested(x):
+    return {"flat": x.view(-1), "pair": [x.t(), (x.shape[0], "label", None)], "total": (x * 2).sum(), "n": 7}
+
+
+def test_non_tensor_and_nested_outputs():
+    x = torch.randn(3, 4, requires_grad=True)
+    guard = FusionGuard(strict=True)
+    out_g, out_p, out_e = jit_cpu(nested, guard)(x), jit_cpu(nested)(x), nested(x)
+    leaves_g, spec_g = tree_flatten(out_g)
+    leaves_p, spec_p = tree_flatten(out_p)
+    leaves_e, spec_e = tree_flatten(out_e)
+    assert spec_g == spec_p == spec_e
+    assert_same([t.detach() if isinstance(t, torch.Tensor) else t for t in leaves_g], leaves_p)
+    assert_close_all(leaves_g, leaves_e)
+    assert shares_storage(out_g["flat"], x) and shares_storage(out_g["pair"][0], x)
+    check_three_ways(nested, [x])
+
+
+def zero_size(x):
+    return x.reshape(-1, 2).t(), x.sum(0), x.unsqueeze(0).expand(3, -1, -1), x[:, 1:] * 2
+
+
+def zero_size_views(x):
+    return x.reshape(-1, 2).t(), x.unsqueeze(0).expand(3, -1, -1), x[:, 1:]
+
+
+def test_zero_size_tensors():
+    _, guarded = check_three_ways(zero_size, [torch.randn(0, 4, requires_grad=True)])
+    assert [tuple(t.shape) for t in guarded(torch.randn(0, 4))] == [(2, 0), (4,), (3, 0, 4), (0, 3)]
+    guard, guarded = check_three_ways(zero_size_views, [torch.randn(0, 4, requires_grad=True)])
+    assert guard.report.filter(trace="forward", action="reject"), "a metadata-only region goes to torch"
+    assert regions(guarded) == []
+
+
+def strided(x):
+    return x.reshape(-1), x.transpose(0, 1), x[:, ::2] * 2, x.unsqueeze(1).expand(-1, 2, -1)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: torch.randn(4, 6)[:, ::2], lambda: torch.randn(6, 4).t(), lambda: torch.randn(1, 3).expand(4, 3)],
+    ids=["sliced", "transposed", "expanded"],
+)
+def test_non_contiguous_inputs_keep_eager_aliasing(make):
+    x = make()
+    out_g, out_e = jit_cpu(strided, FusionGuard(strict=True))(x), strided(x)
+    assert_same(list(out_g), list(out_e))
+    assert [shares_storage(o, x) for o in out_g] == [shares_storage(o, x) for o in out_e]
+    check_three_ways(strided, [x.clone().requires_grad_()])
+
+
+def mixed_dtypes(a, b, c, m):
+    flat = a.view(-1).to(torch.float32) + b.reshape(-1)
+    return (
+        flat,
+        c.t(),
+        (c.float() * 2).to(torch.bfloat16),
+        m.t().reshape(-1),
+        a.t().to(torch.float64),
+        torch.where(m, a[:, :2], 0.0),
+    )
+
+
+def test_dtype_mixes():
+    args = [
+        torch.randn(2, 3, dtype=torch.bfloat16, requires_grad=True),
+        torch.randn(6, requires_grad=True),
+        torch.arange(6).reshape(2, 3),
+        torch.tensor([[True, False], [False, True]]),
+    ]
+    check_three_ways(mixed_dtypes, args)
+
+
+def view_and_tanh(x):
+    return x.reshape(-1).tanh(), x.t(), x.unsqueeze(0)
+
+
+def test_no_grad_then_grad():
+    guard = FusionGuard(strict=True)
+    jitted = jit_cpu(view_and_tanh, guard)
+    x = torch.randn(3, 4, requires_grad=True)
+    with torch.no_grad():
+        out, out_e = jitted(x), view_and_tanh(x)
+    assert [t.requires_grad for t in out] == [t.requires_grad for t in out_e]  # views of x keep requires_grad
+    assert_same([t.detach() for t in out], [t.detach() for t in out_e])
+    assert {d.trace for d in guard.report} == {"forward"}
+    out_g, grad_g = run_with_grads(jitted, [x])
+    out_e, grad_e = run_with_grads(view_and_tanh, [x])
+    assert_same(out_g, out_e)
+    assert_close_all(grad_g, grad_e)
+    assert {d.trace for d in guard.report.filter(compile_index=2)} == {"forward", "backward"}
+
+
+def projection(x, w):
+    return (x.reshape(-1, 4) @ w).t(), x.transpose(0, 1), (x * 2).sum()
+
+
+def test_autocast_cpu_bf16():
+    x, w = torch.randn(2, 3, 4), torch.randn(4, 5)
+    guard = FusionGuard(strict=True)
+    guarded, plain = jit_cpu(projection, guard), jit_cpu(projection)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out_g, out_p, out_e = guarded(x, w), plain(x, w), projection(x, w)
+    assert [t.dtype for t in out_g] == [t.dtype for t in out_e] == [torch.bfloat16, torch.float32, torch.float32]
+    assert_same(list(out_g), list(out_p))
+    torch.testing.assert_close(list(out_g), list(out_e), atol=1e-2, rtol=1e-2)
+    assert shares_storage(out_g[1], x)
+    assert guard.report
+
+
+def permute_slice(x):
+    return x.permute(2, 0, 1)[1:]
+
+
+def reshape_sum(x):
+    return x.reshape(x.shape[0], -1).t(), x.sum(0)
+
+
+SHAPES = [(2, 3, 4), (3, 3, 4), (5, 2, 2)]
+
+
+# With grad, thunder 0.2.6 fails on these programs under symbolic values without the guard too
+# ("Failed to find an executor for bound symbol prims.mul(1, i0)"), so only the forward is run.
+@pytest.mark.parametrize("fn", [permute_slice, reshape_sum], ids=lambda f: f.__name__)
+def test_symbolic_values_cache_across_shapes(fn):
+    guard = FusionGuard(strict=True)
+    guarded = jit_cpu(fn, guard, cache="symbolic values")
+    plain = jit_cpu(fn, cache="symbolic values")
+    for shape in SHAPES:
+        x = torch.randn(shape)
+        out_g, out_p, out_e = (flat(f(x)) for f in (guarded, plain, fn))
+        assert_same(out_g, out_p)
+        assert_close_all(out_g, out_e)
+    assert thunder.cache_misses(guarded) == 1 and thunder.cache_hits(guarded) == len(SHAPES) - 1
+    assert {d.compile_index for d in guard.report} == {1}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="guard gap: under symbolic values a slice's shape arithmetic (prims.shape, lt, ge, ... on "
+    "integers) counts as compute, so a metadata-only region is kept (the cost model calls 'shape' inexact)",
+)
+def test_symbolic_values_metadata_only_region_is_rejected():
+    """A region of permute and slice only is metadata-only under symbolic values too."""
+    guard = FusionGuard()
+    jitted = jit_cpu(permute_slice, guard, cache="symbolic values")
+    for shape in SHAPES:
+        x = torch.randn(shape)
+        out = jitted(x)
+        assert torch.equal(out, permute_slice(x))
+    assert [d.action for d in guard.report] == ["reject"], f"kept under symbolic values:\n{guard.report}"
+    assert regions(jitted) == []
+
+
+def test_recompiled_entries_stay_correct():
+    """Each cache entry keeps its own guarded trace: going back to an earlier shape reuses it correctly."""
+    guard = FusionGuard(strict=True)
+    jitted = jit_cpu(rearrange_heads, guard)
+    inputs = [torch.randn(2, 3, 4, 5), torch.randn(2, 3, 6, 5), torch.randn(2, 3, 4, 5, dtype=torch.float64)]
+    for x in [*inputs, inputs[0], inputs[1]]:
+        out = jitted(x)
+        assert torch.equal(out, rearrange_heads(x)) and shares_storage(out, x)
+    assert thunder.cache_misses(jitted) == 3 and thunder.cache_hits(jitted) == 2
+    assert [d.compile_index for d in guard.report] == [1, 2, 3]
+    assert {d.action for d in guard.report} == {"reject"}
+
+
+class Scale(torch.nn.Module):
+    def forward(self, x):
+        return x.flatten(1) * 3.0
+
+
+def swap(x):
+    return x.transpose(-1, -2)
+
+
+def test_one_guard_shared_by_several_functions():
+    guard = FusionGuard(strict=True)
+    x = torch.randn(2, 3, 4, 5, requires_grad=True)
+    for fn in (rearrange_heads, swap, Scale()):
+        jitted = jit_cpu(fn, guard)
+        out, grads = run_with_grads(jitted, [x])
+        out_e, grads_e = run_with_grads(fn, [x])
+        assert_same(out, out_e)
+        assert_close_all(grads, grads_e)
+        assert explain(jitted) == str(guard.report)
+    by_function = {}
+    for d in guard.report:
+        by_function.setdefault(d.function, set()).add((d.compile_index, d.trace))
+    assert set(by_function) == {"rearrange_heads", "swap", "Scale"}
+    for function, seen in by_function.items():
+        assert {trace for _, trace in seen} == {"forward", "backward"}, function
+        assert len({index for index, _ in seen}) == 1, f"{function}: one compilation, one compile_index"
+    assert all(f"{name}#" in str(guard.report) for name in by_function)
+
+
+def graph_break(x, w):
+    y = x.reshape(x.shape[0], -1).t()
+    z = torch.tanh(y @ w)
+    torch._dynamo.graph_break()
+    return z.transpose(0, 1), y.unsqueeze(0), y[1:].sum()
+
+
+def test_thunderfx_with_the_guard_matches_eager():
+    from thunder.dynamo import thunderfx
+
+    guard = FusionGuard(strict=True)
+    compiled = thunderfx(graph_break, transforms=[guard], executors=[torch_compile_ex])
+    x, w = torch.randn(4, 2, 3, requires_grad=True), torch.randn(4, 5, requires_grad=True)
+    out, grads = run_with_grads(compiled, [x, w])
+    out_e, grads_e = run_with_grads(graph_break, [x, w])
+    assert_close_all(out, out_e)
+    assert_close_all(grads, grads_e)
+    x2 = x.detach().clone()
+    assert shares_storage(compiled(x2, w)[1], x2) == shares_storage(graph_break(x2, w)[1], x2)
+    assert len({d.compile_index for d in guard.report}) >= 2, "both subgraphs went through the guard"
+    assert {"forward", "backward"} <= {d.trace for d in guard.report}
+    assert explain(compiled) == str(guard.report)
+    assert guard.report.filter(action="reject"), "the metadata-only region of the second subgraph goes to torch"
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"executors": 5}, "'executors' must be a list"),
+        ({"executors": [""]}, "'executors' must be a list .*got the item ''"),
+        ({"metadata_ops": "reshape"}, "'metadata_ops' must be a list"),
+        ({"metadata_ops": None}, "'metadata_ops' must be a list"),
+        ({"report_only": None}, "'report_only' must be True or False"),
+        ({"report_only": 1}, "'report_only' must be True or False"),
+        ({"cost_model": "on"}, "'cost_model' must be True or False"),
+        ({"margin": True}, "'margin' must be a number"),
+        ({"margin": -0.1}, "'margin' must be a number"),
+        ({"margin": "0.2"}, "'margin' must be a number"),
+        ({"calibration": {"bogus": 1.0}}, "unknown fields \\['bogus'\\]"),
+    ],
+)
+def test_more_bad_options(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        FusionGuard(**kwargs)
+
+
+def test_executor_objects_are_accepted_as_names():
+    assert FusionGuard(executors=[torch_compile_ex]).options.executors == {"torchcompile"}

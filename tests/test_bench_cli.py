@@ -1,0 +1,123 @@
+"""fusion-guard bench: threshold parsing, compare's exit status, a tiny run's JSON. No timing is asserted."""
+
+import argparse
+import json
+
+import pytest
+
+from thunder_fusion_guard.bench_cases import CASES, SUITES, VARIANTS, select
+from thunder_fusion_guard.bench_cli import parse_threshold, sample_stats
+from thunder_fusion_guard.cli import main
+
+
+@pytest.mark.parametrize("text,value", [("5%", 0.05), ("0.05", 0.05), ("12.5%", 0.125), ("0", 0.0), ("150%", 1.5)])
+def test_threshold_accepts_percent_and_fraction(text, value):
+    assert parse_threshold(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["abc", "", "-1%", "-0.1", "5", "nan", "inf%", "5%%"])
+def test_threshold_rejects_bad_values(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="threshold"):
+        parse_threshold(text)
+
+
+def _doc(medians: dict[str, float]) -> dict:
+    return {
+        "machine_info": {},
+        "commit_info": {},
+        "datetime": "2026-11-21T00:00:00+00:00",
+        "version": "5.1.0",
+        "benchmarks": [
+            {"name": name, "fullname": f"benchmarks/test_micro.py::{name}", "group": "g", "stats": {"median": m}}
+            for name, m in medians.items()
+        ],
+    }
+
+
+def _write(tmp_path, name: str, medians: dict[str, float]) -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(_doc(medians)))
+    return str(path)
+
+
+BASE = {"test_micro[a-thunder]": 10e-6, "test_micro[a-guarded]": 5e-6}
+
+
+def test_compare_fails_on_planted_regression(tmp_path, capsys):
+    base = _write(tmp_path, "base.json", BASE)
+    head = _write(tmp_path, "head.json", {**BASE, "test_micro[a-guarded]": 6e-6})
+    assert main(["bench", "compare", base, head, "--threshold", "5%"]) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSED" in out and "1.200" in out and "1 of 2 regressed" in out
+
+
+def test_compare_passes_within_threshold(tmp_path, capsys):
+    base = _write(tmp_path, "base.json", BASE)
+    head = _write(tmp_path, "head.json", {**BASE, "test_micro[a-guarded]": 6e-6})
+    assert main(["bench", "compare", base, head, "--threshold", "0.25"]) == 0
+    assert main(["bench", "compare", base, base]) == 0
+    faster = _write(tmp_path, "faster.json", {**BASE, "test_micro[a-thunder]": 5e-6})
+    assert main(["bench", "compare", base, faster]) == 0
+    assert "faster" in capsys.readouterr().out
+
+
+def test_compare_bad_inputs_exit_2(tmp_path, capsys):
+    base = _write(tmp_path, "base.json", BASE)
+    other = _write(tmp_path, "other.json", {"test_micro[b-eager]": 1e-6})
+    assert main(["bench", "compare", base, other]) == 2
+    assert main(["bench", "compare", base, str(tmp_path / "missing.json")]) == 2
+    (tmp_path / "junk.json").write_text("{}")
+    assert main(["bench", "compare", base, str(tmp_path / "junk.json")]) == 2
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "compare", base, base, "--threshold", "lots"])
+    assert exit_info.value.code == 2
+    assert "threshold must be a percentage" in capsys.readouterr().err
+
+
+def test_run_writes_pytest_benchmark_json(tmp_path, capsys):
+    out, md = tmp_path / "run.json", tmp_path / "run.md"
+    argv = ["bench", "run", "--suite", "micro", "--case", "view-small", "--device", "cpu", "--reps", "2"]
+    assert main([*argv, "--warmup", "0", "--json", str(out), "--markdown", str(md)]) == 0
+    doc = json.loads(out.read_text())
+    assert {"machine_info", "commit_info", "benchmarks", "datetime", "version"} <= set(doc)
+    assert doc["machine_info"]["device"] == "cpu" and "thunder" in doc["machine_info"]
+    assert [b["params"]["variant"] for b in doc["benchmarks"]] == list(VARIANTS)
+    for b in doc["benchmarks"]:
+        assert b["group"] == "micro:view-small"
+        assert b["name"] == f"test_micro[view-small-{b['params']['variant']}]"
+        assert b["fullname"] == f"benchmarks/test_micro.py::{b['name']}"
+        stats = b["stats"]
+        assert stats["rounds"] == 2
+        assert stats["min"] <= stats["median"] <= stats["max"] and stats["iqr"] >= 0 and stats["stddev"] >= 0
+    captured = capsys.readouterr()
+    assert "[1/1] micro:view-small" in captured.err
+    assert "micro:view-small" in captured.out and "guarded/thunder" in captured.out
+    assert md.read_text().startswith("| case |")
+    assert main(["bench", "compare", str(out), str(out)]) == 0
+
+
+def test_run_with_no_matching_case_exits_2(capsys):
+    assert main(["bench", "run", "--suite", "models", "--case", "litgpt", "--device", "cpu"]) == 2
+    assert "--heavy" in capsys.readouterr().err
+
+
+def test_sample_stats_orders():
+    stats = sample_stats([3.0, 1.0, 2.0, 10.0, 4.0, 2.5])
+    assert stats["rounds"] == 6 and stats["min"] == 1.0 and stats["max"] == 10.0
+    assert stats["q1"] <= stats["median"] <= stats["q3"]
+    assert stats["ld15iqr"] >= stats["min"] and stats["hd15iqr"] < 10.0
+    assert sample_stats([2.0])["stddev"] == 0.0
+
+
+def test_cases_cover_every_suite_and_op():
+    assert len({c.group for c in CASES}) == len(CASES)
+    assert {c.suite for c in select()} == set(SUITES)
+    assert not [c for c in select() if c.heavy]
+    assert {c.name for c in select(["models"], heavy=True) if c.heavy} == {
+        "litgpt-mistral-fwdbwd",
+        "litgpt-llama2-fwdbwd",
+        "litgpt-phi2-fwdbwd",
+    }
+    micro = {c.name for c in select(["micro"])}
+    for op in ("view", "reshape", "permute", "expand", "slice", "squeeze", "unsqueeze", "copy_", "add", "cast"):
+        assert {f"{op}-small", f"{op}-large"} <= micro

@@ -1,0 +1,136 @@
+"""profile_regions on CPU: one row per region of the final traces, real inputs, decisions, JSON, plot."""
+
+import json
+
+import pytest
+import thunder
+import torch
+from einops import rearrange
+from helpers import jit_cpu, regions
+
+from thunder_fusion_guard import FusionGuard, profile_regions
+from thunder_fusion_guard import _thunder as th
+from thunder_fusion_guard.profile import RegionRow
+
+
+def mixed(x, w):
+    y = rearrange(x, "b h s d -> (b h) s d")
+    return torch.tanh(y * w + 1.0), y.transpose(1, 2)
+
+
+def broadcast_rows(x):
+    """Metadata-only forward (rejected by the guard), a reducing backward (kept)."""
+    return x.expand(3, -1, -1)
+
+
+def bump(x):
+    x.add_(1.0)
+    return x * 2.0
+
+
+def _inputs(requires_grad: bool):
+    return torch.randn(2, 3, 4, 5, requires_grad=requires_grad), torch.randn(5, requires_grad=requires_grad)
+
+
+def test_rows_describe_every_region_with_real_inputs():
+    x, w = _inputs(requires_grad=True)
+    jitted = jit_cpu(mixed)
+    profile = profile_regions(jitted, x, w, reps=3, warmup=1)
+    assert [(r.trace, r.region) for r in profile.rows] == [
+        *(("forward", r.name) for r in regions(jitted)),
+        *(("backward", r.name) for r in regions(jitted, backward=True)),
+    ]
+    assert {r.trace for r in profile.rows} == {"forward", "backward"}
+    fwd = profile.rows[0]
+    assert fwd.executor == "torchcompile" and fwd.n_ops == len(fwd.ops) and "tanh" in fwd.ops
+    assert fwd.input_bytes == (x.numel() + w.numel()) * 4
+    assert fwd.output_bytes > 0
+    for row in profile.rows:
+        assert row.host_us is not None and row.eager_us is not None and row.error is None
+        assert row.device_us is None and row.kernels is None and row.overhead_us is None
+        assert row.excess_us == pytest.approx(row.host_us - row.eager_us)
+        assert row.action is None
+    assert profile.device == "cpu" and profile.function == "mixed" and profile.decisions == []
+
+
+def test_forward_only_when_nothing_requires_grad():
+    profile = profile_regions(jit_cpu(mixed), *_inputs(requires_grad=False), reps=2, warmup=0)
+    assert profile.rows and {r.trace for r in profile.rows} == {"forward"}
+
+
+def test_decisions_attached_and_rejected_regions_listed():
+    guard = FusionGuard(cost_model=False)
+    jitted = jit_cpu(broadcast_rows, guard)
+    profile = profile_regions(jitted, torch.randn(1, 4, 5, requires_grad=True), reps=2, warmup=0)
+    assert [r.trace for r in profile.rows] == ["backward"]
+    assert profile.decisions and all(d.compile_index == 1 for d in profile.decisions)
+    for row in profile.rows:
+        (decision,) = [d for d in profile.decisions if (d.trace, d.region) == (row.trace, row.region)]
+        assert (row.action, row.reason) == (decision.action, decision.reason)
+    shown = {(r.trace, r.region) for r in profile.rows}
+    gone = [d for d in profile.decisions if (d.trace, d.region) not in shown]
+    assert gone and all(d.action == "reject" for d in gone)
+    text = str(profile)
+    assert "no longer in the traces" in text and "metadata-only" in text
+    assert all(r.region in text for r in profile.rows)
+
+
+def test_latest_compilation_decisions_only():
+    guard = FusionGuard(cost_model=False)
+    jitted = jit_cpu(mixed, guard)
+    jitted(*_inputs(requires_grad=False))
+    profile = profile_regions(jitted, torch.randn(2, 3, 6, 5), torch.randn(5), reps=2, warmup=0)
+    assert {d.compile_index for d in guard.report} == {1, 2}
+    assert {d.compile_index for d in profile.decisions} == {2}
+
+
+def test_json_round_trip():
+    profile = profile_regions(jit_cpu(mixed, FusionGuard()), *_inputs(requires_grad=True), reps=2, warmup=0)
+    data = json.loads(profile.to_json())
+    assert data["device"] == "cpu" and data["reps"] == 2
+    assert len(data["rows"]) == len(profile.rows) and len(data["decisions"]) == len(profile.decisions)
+    assert set(data["rows"][0]) == set(RegionRow.__dataclass_fields__)
+    assert {"trace", "region", "action", "reason"} <= set(data["decisions"][0])
+
+
+def test_program_is_restored_and_inplace_regions_replay_on_copies():
+    a = torch.zeros(3)
+    jitted = jit_cpu(bump)
+    profile = profile_regions(jitted, a, reps=5, warmup=2)
+    assert torch.equal(a, torch.full((3,), 2.0)), "only the two calls of the function itself may write into a"
+    assert profile.rows and profile.rows[0].host_us is not None
+    cache = thunder.compile_stats(jitted).interpreter_cache
+    before = list(cache)
+    jitted(a)
+    assert [e is b for e, b in zip(cache, before, strict=True)] == [True] * len(before)
+
+
+def test_recording_needs_a_compiled_program():
+    with pytest.raises(RuntimeError, match="call the jitted function first"), th.recording_fusion_calls(jit_cpu(mixed)):
+        pass
+    with pytest.raises(TypeError, match=r"not a thunder\.jit function"), th.recording_fusion_calls(mixed):
+        pass
+
+
+def test_plot_writes_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    profile = profile_regions(jit_cpu(mixed), *_inputs(requires_grad=False), reps=2, warmup=0)
+    path = profile.plot(tmp_path / "regions.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_recording_survives_symbols_that_reset_their_call_context():
+    """nvFuser's fusion symbols re-set their call context whenever they are bound; simulate that on CPU."""
+    x = torch.randn(2, 3, 4, 5)
+    w = torch.randn(5)
+    jitted = jit_cpu(mixed)
+    jitted(x, w)
+    for region in regions(jitted):
+        original = th.region_callable(region.bsym)
+
+        def reset(bsym, name=region.name, fn=original):
+            bsym._call_ctx = {name: fn}
+
+        object.__setattr__(region.bsym.sym, "_bind_postprocess", reset)
+    profile = profile_regions(jitted, x, w, reps=2, warmup=0)
+    assert profile.rows and all(r.error is None and r.host_us is not None for r in profile.rows)

@@ -1,0 +1,290 @@
+"""Benchmark cases, shared by ``fusion-guard bench run`` and the pytest-benchmark suites in benchmarks/.
+
+A case builds a workload on a device; each variant runs it eagerly (``eager``), through Thunder
+(``thunder``) or through Thunder with a :class:`FusionGuard` (``guarded``). On CPU Thunder uses its
+torch.compile executor (nvFuser needs CUDA); on CUDA its defaults (nvFuser). The micro and ThunderFX
+suites also allow shape-only nvFuser regions on CUDA, as the demo does, so that lone view ops reach
+the fusion executor at all. Heavy cases (litgpt models) run only when asked for.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+VARIANTS = ("thunder", "guarded", "eager")
+SUITES = ("micro", "models", "thunderfx")
+HEAVY_ENV = "TFG_BENCH_HEAVY"
+
+
+@dataclass
+class Workload:
+    """A callable, its inputs, and how one step runs it."""
+
+    fn: Callable[..., Any]
+    args: tuple
+    backward: bool = False
+    jit_options: dict[str, Any] = field(default_factory=dict)
+    frontend: str = "jit"
+    leaves: list[torch.Tensor] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    """One benchmark: ``build(device)`` makes its workload; results are grouped by ``group``."""
+
+    suite: str
+    name: str
+    build: Callable[[str], Workload]
+    heavy: bool = False
+
+    @property
+    def group(self) -> str:
+        return f"{self.suite}:{self.name}"
+
+    def bench_name(self, variant: str) -> str:
+        """The pytest-benchmark name of one variant, the same from the CLI and from pytest."""
+        return f"test_{self.suite}[{self.name}-{variant}]"
+
+    def fullname(self, variant: str) -> str:
+        return f"benchmarks/test_{self.suite}.py::{self.bench_name(variant)}"
+
+
+def heavy_requested() -> bool:
+    return os.environ.get(HEAVY_ENV, "") not in ("", "0")
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# --- micro: one op alone in a program, per op kind, small and large ---------------------------------
+
+SIZES = {
+    "cpu": {"small": (16, 32, 32), "large": (32, 256, 256)},
+    "cuda": {"small": (16, 32, 32), "large": (64, 1024, 1024)},
+}
+
+
+def _view(x):
+    return x.view(x.shape[0], -1)
+
+
+def _reshape(x):
+    return x.reshape(-1, x.shape[-1])
+
+
+def _permute(x):
+    return x.permute(0, 2, 1)
+
+
+def _expand(x):
+    return x.expand(4, -1, -1)
+
+
+def _slice(x):
+    return x[:, 1:, :-1]
+
+
+def _squeeze(x):
+    return x.squeeze(1)
+
+
+def _unsqueeze(x):
+    return x.unsqueeze(1)
+
+
+def _copy(dst, src):
+    return dst.copy_(src)
+
+
+def _add(x, y):
+    return x + y
+
+
+def _cast(x):
+    return x.to(torch.bfloat16)
+
+
+# op kind -> (program, input shapes as functions of the size)
+MICRO_OPS: dict[str, tuple[Callable[..., Any], Callable[[tuple[int, ...]], list[tuple[int, ...]]]]] = {
+    "view": (_view, lambda s: [s]),
+    "reshape": (_reshape, lambda s: [s]),
+    "permute": (_permute, lambda s: [s]),
+    "expand": (_expand, lambda s: [(1, s[0] * s[1] // 4, s[2])]),
+    "slice": (_slice, lambda s: [s]),
+    "squeeze": (_squeeze, lambda s: [(s[0], 1, s[1], s[2])]),
+    "unsqueeze": (_unsqueeze, lambda s: [s]),
+    "copy_": (_copy, lambda s: [s, s]),
+    "add": (_add, lambda s: [s, s]),
+    "cast": (_cast, lambda s: [s]),
+}
+
+
+def _micro(op: str, size: str) -> Callable[[str], Workload]:
+    fn, shapes = MICRO_OPS[op]
+
+    def build(device: str) -> Workload:
+        dims = SIZES["cuda" if device == "cuda" else "cpu"][size]
+        args = tuple(torch.randn(shape, device=device) for shape in shapes(dims))
+        options = {"nv_enable_shape_only_fusion": True} if device == "cuda" else {}
+        return Workload(fn, args, jit_options=options)
+
+    return build
+
+
+# --- models: a nanoGPT block, litgpt models at 2 layers ---------------------------------------------
+
+
+def _nanogpt_block(backward: bool) -> Callable[[str], Workload]:
+    def build(device: str) -> Workload:
+        from thunder.tests.nanogpt_model import Block, GPTConfig
+
+        cuda = device == "cuda"
+        config = GPTConfig(n_embd=768 if cuda else 64, n_head=12 if cuda else 4, block_size=512, dropout=0.0)
+        batch, tokens = (4, 512) if cuda else (2, 32)
+        dtype = torch.bfloat16 if cuda else torch.float32
+        block = Block(config).to(device=device, dtype=dtype)
+        x = torch.randn(batch, tokens, config.n_embd, device=device, dtype=dtype, requires_grad=backward)
+        leaves = [*block.parameters(), x] if backward else []
+        if not backward:
+            block.requires_grad_(False)
+        return Workload(block, (x,), backward=backward, leaves=leaves)
+
+    return build
+
+
+LITGPT_MODELS = {"mistral": "Mistral-7B-v0.1", "llama2": "Llama-2-7b-hf", "phi2": "phi-2"}
+
+
+def _litgpt(name: str) -> Callable[[str], Workload]:
+    def build(device: str) -> Workload:
+        import litgpt
+        from litgpt.model import GPT
+
+        cuda = device == "cuda"
+        if cuda:
+            config = litgpt.Config.from_name(name, n_layer=2)
+            tokens = 512
+        else:
+            full = litgpt.Config.from_name(name)
+            config = litgpt.Config.from_name(
+                name,
+                n_layer=2,
+                n_embd=64,
+                n_head=4,
+                n_query_groups=min(4, full.n_query_groups),
+                head_size=16,
+                intermediate_size=128,
+                vocab_size=256,
+                padded_vocab_size=256,
+                block_size=64,
+            )
+            tokens = 32
+        with torch.device(device):
+            model = GPT(config).to(torch.bfloat16 if cuda else torch.float32)
+        model.max_seq_length = tokens
+        x = torch.randint(0, config.padded_vocab_size, (1, tokens), device=device)
+        return Workload(model, (x,), backward=True, leaves=list(model.parameters()))
+
+    return build
+
+
+# --- ThunderFX: graph breaks around einops rearranges -----------------------------------------------
+
+
+def rearrange_with_breaks(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Rearranges alone between graph breaks (each its own subgraph), then compute."""
+    from einops import rearrange
+
+    y = rearrange(x, "b h s d -> b s (h d)")
+    torch._dynamo.graph_break()
+    y = torch.tanh(y @ w)
+    print(end="")
+    return rearrange(y, "b s (h d) -> (b h) s d", h=x.shape[1])
+
+
+def _thunderfx(backward: bool) -> Callable[[str], Workload]:
+    def build(device: str) -> Workload:
+        b, h, s, d = (8, 16, 512, 64) if device == "cuda" else (2, 4, 32, 16)
+        x = torch.randn(b, h, s, d, device=device, requires_grad=backward)
+        w = (torch.randn(h * d, h * d, device=device) / (h * d) ** 0.5).requires_grad_(backward)
+        options = {"nv_enable_shape_only_fusion": True} if device == "cuda" else {}
+        leaves = [x, w] if backward else []
+        return Workload(rearrange_with_breaks, (x, w), backward, options, frontend="thunderfx", leaves=leaves)
+
+    return build
+
+
+CASES: list[BenchCase] = [
+    *(BenchCase("micro", f"{op}-{size}", _micro(op, size)) for op in MICRO_OPS for size in ("small", "large")),
+    BenchCase("models", "nanogpt-block-fwd", _nanogpt_block(backward=False)),
+    BenchCase("models", "nanogpt-block-fwdbwd", _nanogpt_block(backward=True)),
+    *(BenchCase("models", f"litgpt-{key}-fwdbwd", _litgpt(name), heavy=True) for key, name in LITGPT_MODELS.items()),
+    BenchCase("thunderfx", "einops-breaks-fwd", _thunderfx(backward=False)),
+    BenchCase("thunderfx", "einops-breaks-fwdbwd", _thunderfx(backward=True)),
+]
+
+
+def case_named(name: str) -> BenchCase:
+    """The case called ``name`` (``KeyError`` listing the names if there is none)."""
+    for case in CASES:
+        if case.name == name:
+            return case
+    raise KeyError(f"no benchmark case {name!r}; cases: {[c.name for c in CASES]}")
+
+
+def select(suites: list[str] | None = None, names: list[str] | None = None, heavy: bool = False) -> list[BenchCase]:
+    """The cases of ``suites`` whose name contains one of ``names``; heavy ones only with ``heavy``."""
+    return [
+        c
+        for c in CASES
+        if (suites is None or c.suite in suites)
+        and (not names or any(n in c.name for n in names))
+        and (heavy or not c.heavy)
+    ]
+
+
+def compile_variant(workload: Workload, variant: str, device: str) -> Callable[..., Any]:
+    """The callable one variant runs: the eager function, or Thunder's, with a FusionGuard if guarded."""
+    if variant == "eager":
+        return workload.fn
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; allowed: {VARIANTS}")
+    from . import FusionGuard
+
+    options: dict[str, Any] = dict(workload.jit_options)
+    if device != "cuda":
+        from thunder.executors.torch_compile import torch_compile_ex
+
+        options["executors"] = [torch_compile_ex]
+    options["transforms"] = [FusionGuard()] if variant == "guarded" else []
+    if workload.frontend == "thunderfx":
+        from thunder.dynamo import thunderfx
+
+        return thunderfx(workload.fn, **options)
+    import thunder
+
+    return thunder.jit(workload.fn, **options)
+
+
+def make_step(workload: Workload, variant: str, device: str) -> Callable[[], None]:
+    """One timed step of a variant: forward (and backward, for training cases), synchronised on CUDA."""
+    fn, args, leaves = compile_variant(workload, variant, device), workload.args, workload.leaves
+    cuda = device == "cuda"
+
+    def step() -> None:
+        out = fn(*args)
+        if workload.backward:
+            flat = tree_flatten(out)[0]
+            loss = sum(t.float().sum() for t in flat if isinstance(t, torch.Tensor) and t.requires_grad)
+            torch.autograd.grad(loss, leaves, allow_unused=True)
+        if cuda:
+            torch.cuda.synchronize()
+
+    return step

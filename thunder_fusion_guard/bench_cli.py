@@ -1,0 +1,427 @@
+"""``fusion-guard bench``: run the benchmark cases with the variants interleaved, compare two result files.
+
+``bench run`` times thunder, guarded and eager in one process, round after round in alternating
+order, so that drift of the machine falls on all variants alike; it writes pytest-benchmark
+compatible JSON. ``bench compare`` reads two such files (from ``bench run`` or pytest-benchmark)
+and fails when a case got slower than the threshold allows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .bench_cases import SUITES, VARIANTS, BenchCase, default_device, make_step, select
+from .report import text_table
+
+TARGET_SAMPLE_S = 100e-6
+MAX_INNER = 1000
+
+
+@dataclass
+class CaseResult:
+    """Per-call times (seconds) of each variant of one case, or the error that stopped it."""
+
+    case: BenchCase
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    inner: int = 1
+    first_call_s: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+    def median_us(self, variant: str) -> float | None:
+        s = self.samples.get(variant)
+        return statistics.median(s) * 1e6 if s else None
+
+
+def parse_threshold(text: str) -> float:
+    """A regression threshold as a fraction: '5%' or '0.05' give 0.05."""
+    raw = str(text).strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(
+            f"threshold must be a percentage like '5%' or a fraction like 0.05, got {text!r}"
+        )
+    if not raw.endswith("%") and value >= 1:
+        raise argparse.ArgumentTypeError(
+            f"threshold {text!r} reads as {value:.0%}; write a percentage ('{raw}%') or a fraction below 1"
+        )
+    return value
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
+def register(subparsers: Any) -> None:
+    """Add ``bench run`` and ``bench compare`` to the ``fusion-guard`` command line."""
+    bench = subparsers.add_parser("bench", help="benchmark thunder vs guarded vs eager, compare result files")
+    sub = bench.add_subparsers(dest="bench_command", required=True)
+    run = sub.add_parser("run", help="run benchmark cases, variants interleaved; pytest-benchmark JSON out")
+    run.add_argument("--suite", nargs="+", choices=SUITES, default=list(SUITES), help="default: all suites")
+    run.add_argument("--case", action="append", metavar="TEXT", help="only cases whose name contains TEXT")
+    run.add_argument("--heavy", action="store_true", help="include heavy cases (litgpt models)")
+    run.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    run.add_argument("--reps", type=_count(1), default=50, help="timed rounds per variant (default 50)")
+    run.add_argument("--warmup", type=_count(0), default=3, help="untimed rounds after the first call (default 3)")
+    run.add_argument("--json", metavar="OUT", help="write pytest-benchmark compatible JSON here")
+    run.add_argument("--markdown", metavar="OUT", help="write the summary table as markdown here")
+    run.set_defaults(run=_run_command)
+    compare = sub.add_parser("compare", help="per-case ratios head/base; exit 1 when one regressed")
+    compare.add_argument("base", help="baseline JSON (bench run --json, or pytest --benchmark-json)")
+    compare.add_argument("head", help="JSON to check against the baseline")
+    compare.add_argument(
+        "--threshold", type=parse_threshold, default=0.05, help="allowed slowdown: '5%%' or 0.05 (default 5%%)"
+    )
+    compare.set_defaults(run=_compare_command)
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _time_once(step: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
+
+
+def measure_case(case: BenchCase, device: str, reps: int, warmup: int) -> CaseResult:
+    """Time every variant of ``case``: first calls, warmup, then ``reps`` rounds in alternating order."""
+    result = CaseResult(case)
+    workload = case.build(device)
+    steps = {}
+    for variant in VARIANTS:
+        steps[variant] = make_step(workload, variant, device)
+        result.first_call_s[variant] = _time_once(steps[variant])
+        _log(f"    {case.group}: {variant} first call {result.first_call_s[variant]:.1f} s")
+    for _ in range(warmup):
+        for step in steps.values():
+            step()
+    fastest = min(_time_once(step) for step in steps.values())
+    result.inner = max(1, min(MAX_INNER, math.ceil(TARGET_SAMPLE_S / max(fastest, 1e-9))))
+    order = list(steps)
+    result.samples = {v: [] for v in order}
+    for round_index in range(reps):
+        for variant in order if round_index % 2 == 0 else reversed(order):
+            step = steps[variant]
+            start = time.perf_counter_ns()
+            for _ in range(result.inner):
+                step()
+            result.samples[variant].append((time.perf_counter_ns() - start) / 1e9 / result.inner)
+    return result
+
+
+def run_cases(
+    cases: Sequence[BenchCase],
+    device: str,
+    reps: int,
+    warmup: int,
+    after_each: Callable[[list[CaseResult]], None] | None = None,
+) -> list[CaseResult]:
+    """Measure each case in turn, logging progress to stderr; a failing case is recorded, not fatal.
+
+    ``after_each`` gets the results so far after every case, so a run cut short keeps what it measured.
+    """
+    results = []
+    for i, case in enumerate(cases, 1):
+        _log(f"[{i}/{len(cases)}] {case.group} on {device} ...")
+        began = time.perf_counter()
+        try:
+            result = measure_case(case, device, reps, warmup)
+        except Exception as e:
+            result = CaseResult(case, error=f"{type(e).__name__}: {e}")
+            _log(f"[{i}/{len(cases)}] {case.group} FAILED: {result.error}")
+        else:
+            times = ", ".join(f"{v} {result.median_us(v):.1f} µs" for v in VARIANTS)
+            _log(f"[{i}/{len(cases)}] {case.group}: {times} ({time.perf_counter() - began:.1f} s)")
+        results.append(result)
+        if after_each is not None:
+            after_each(results)
+        if device == "cuda":
+            import torch
+
+            gc.collect()  # jitted functions hold reference cycles; free the case's memory before the next
+            torch.cuda.empty_cache()
+    return results
+
+
+def sample_stats(data: Sequence[float]) -> dict[str, Any]:
+    """The statistics pytest-benchmark stores for one benchmark (seconds)."""
+    ordered = sorted(data)
+    n = len(ordered)
+    mean = statistics.mean(ordered)
+    stddev = statistics.stdev(ordered) if n > 1 else 0.0
+    q1 = statistics.median(ordered[: n // 2]) if n > 1 else ordered[0]
+    q3 = statistics.median(ordered[(n + 1) // 2 :]) if n > 1 else ordered[0]
+    iqr = q3 - q1
+    iqr_outliers = sum(1 for v in ordered if v < q1 - 1.5 * iqr or v > q3 + 1.5 * iqr)
+    stddev_outliers = sum(1 for v in ordered if abs(v - mean) > stddev)
+    return {
+        "min": ordered[0],
+        "max": ordered[-1],
+        "mean": mean,
+        "stddev": stddev,
+        "rounds": n,
+        "median": statistics.median(ordered),
+        "iqr": iqr,
+        "q1": q1,
+        "q3": q3,
+        "iqr_outliers": iqr_outliers,
+        "stddev_outliers": stddev_outliers,
+        "outliers": f"{stddev_outliers};{iqr_outliers}",
+        "ld15iqr": ordered[bisect_left(ordered, q1 - 1.5 * iqr)],
+        "hd15iqr": ordered[bisect_right(ordered, q3 + 1.5 * iqr) - 1],
+        "ops": 1 / mean if mean > 0 else 0.0,
+        "total": sum(ordered),
+    }
+
+
+def machine_info(device: str) -> dict[str, Any]:
+    import torch
+
+    from ._thunder import software_versions
+
+    info: dict[str, Any] = {
+        "node": platform.node(),
+        "processor": platform.processor(),
+        "machine": platform.machine(),
+        "python_compiler": platform.python_compiler(),
+        "python_implementation": platform.python_implementation(),
+        "python_implementation_version": platform.python_version(),
+        "python_version": platform.python_version(),
+        "python_build": list(platform.python_build()),
+        "release": platform.release(),
+        "system": platform.system(),
+        "cpu": {"count": os.cpu_count(), "brand_raw": _cpu_brand()},
+        "device": device,
+        "device_name": torch.cuda.get_device_name() if device == "cuda" else _cpu_brand(),
+        "torch_threads": torch.get_num_threads(),
+    }
+    info.update(software_versions())
+    return info
+
+
+def _cpu_brand() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+
+
+def commit_info() -> dict[str, Any]:
+    """The checked-out commit, as pytest-benchmark records it (read-only git calls)."""
+    project = Path.cwd().name
+    try:
+        return {
+            "id": _git("rev-parse", "HEAD"),
+            "time": _git("show", "-s", "--format=%cI", "HEAD"),
+            "author_time": _git("show", "-s", "--format=%aI", "HEAD"),
+            "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+            "project": project,
+            "branch": _git("rev-parse", "--abbrev-ref", "HEAD"),
+        }
+    except (OSError, subprocess.SubprocessError) as e:
+        return {
+            "id": "unknown",
+            "time": None,
+            "author_time": None,
+            "dirty": False,
+            "project": project,
+            "error": repr(e),
+        }
+
+
+def _benchmark_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pytest-benchmark")
+    except PackageNotFoundError:
+        from . import __version__
+
+        return f"thunder-fusion-guard {__version__}"
+
+
+def to_json(results: Sequence[CaseResult], device: str, reps: int, warmup: int) -> dict[str, Any]:
+    """The results as a pytest-benchmark JSON document (one benchmark per case and variant)."""
+    benchmarks = []
+    for r in results:
+        for variant, samples in r.samples.items():
+            benchmarks.append(
+                {
+                    "group": r.case.group,
+                    "name": r.case.bench_name(variant),
+                    "fullname": r.case.fullname(variant),
+                    "params": {"case": r.case.name, "variant": variant},
+                    "param": f"{r.case.name}-{variant}",
+                    "extra_info": {
+                        "device": device,
+                        "suite": r.case.suite,
+                        "first_call_s": round(r.first_call_s[variant], 3),
+                        "interleaved": True,
+                    },
+                    "options": {
+                        "disable_gc": False,
+                        "timer": "perf_counter_ns",
+                        "min_rounds": reps,
+                        "warmup": warmup,
+                        "iterations": r.inner,
+                    },
+                    "stats": {**sample_stats(samples), "iterations": r.inner},
+                }
+            )
+    doc: dict[str, Any] = {
+        "machine_info": machine_info(device),
+        "commit_info": commit_info(),
+        "benchmarks": benchmarks,
+        "datetime": datetime.now(timezone.utc).isoformat(),
+        "version": _benchmark_version(),
+    }
+    errors = [{"group": r.case.group, "error": r.error} for r in results if r.error]
+    if errors:
+        doc["errors"] = errors
+    return doc
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def summary_rows(results: Sequence[CaseResult]) -> list[list[str]]:
+    """Per case: the median of each variant, guarded over thunder, and the first (compiling) calls."""
+    rows = [["case", "thunder µs", "guarded µs", "eager µs", "guarded/thunder", "first call s thunder/guarded"]]
+    for r in results:
+        if r.error:
+            rows.append([r.case.group, "-", "-", "-", f"failed: {r.error[:80]}", "-"])
+            continue
+        thunder, guarded, eager = (r.median_us(v) for v in VARIANTS)
+        first = f"{r.first_call_s['thunder']:.1f}/{r.first_call_s['guarded']:.1f}"
+        rows.append([r.case.group, _us(thunder), _us(guarded), _us(eager), f"{guarded / thunder:.2f}", first])
+    return rows
+
+
+def format_rows(rows: list[list[str]], markdown: bool = False) -> str:
+    """Rows as a fixed-width text table, or as a markdown table."""
+    if markdown:
+        lines = ["| " + " | ".join(rows[0]) + " |", "|" + "|".join(" --- " for _ in rows[0]) + "|"]
+        return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows[1:])])
+    return "\n".join(text_table(rows))
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    device = args.device or default_device()
+    cases = select(args.suite, args.case, heavy=args.heavy)
+    if not cases:
+        _log("bench run: no case matches the given --suite/--case (heavy cases need --heavy)")
+        return 2
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            _log("bench run: --device cuda but no CUDA device is available")
+            return 2
+
+    def save(results: list[CaseResult]) -> None:
+        if args.json:
+            _write(args.json, json.dumps(to_json(results, device, args.reps, args.warmup), indent=1))
+        if args.markdown:
+            _write(args.markdown, format_rows(summary_rows(results), markdown=True) + "\n")
+
+    results = run_cases(cases, device, args.reps, args.warmup, after_each=save)
+    print(format_rows(summary_rows(results)))
+    print(f"(median per call; {args.reps} rounds per variant, variants interleaved in alternating order)")
+    for path in (args.json, args.markdown):
+        if path:
+            _log(f"wrote {path}")
+    return 1 if any(r.error for r in results) else 0
+
+
+def _write(path: str, text: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text)
+
+
+class CompareError(ValueError):
+    """A results file that cannot be compared."""
+
+
+def load_medians(path: str | Path) -> dict[str, float]:
+    """fullname -> median seconds of a pytest-benchmark JSON file."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        return {b.get("fullname") or b["name"]: float(b["stats"]["median"]) for b in doc["benchmarks"]}
+    except OSError as e:
+        raise CompareError(f"cannot read {path}: {e}") from e
+    except (ValueError, KeyError, TypeError) as e:
+        raise CompareError(f"{path} is not pytest-benchmark JSON ({type(e).__name__}: {e})") from e
+
+
+def compare(base: dict[str, float], head: dict[str, float], threshold: float) -> tuple[str, list[str]]:
+    """A table of head/base median ratios, and the cases slower than ``1 + threshold`` times base."""
+    rows = [["benchmark", "base µs", "head µs", "head/base", "status"]]
+    regressed = []
+    for name in sorted(base.keys() & head.keys()):
+        ratio = head[name] / base[name] if base[name] > 0 else math.inf
+        if ratio > 1 + threshold:
+            status = "REGRESSED"
+            regressed.append(name)
+        elif ratio < 1 / (1 + threshold):
+            status = "faster"
+        else:
+            status = "ok"
+        rows.append([name, _us(base[name] * 1e6), _us(head[name] * 1e6), f"{ratio:.3f}", status])
+    lines = [format_rows(rows)]
+    for label, names in (("base", sorted(base.keys() - head.keys())), ("head", sorted(head.keys() - base.keys()))):
+        if names:
+            more = f", and {len(names) - 5} more" if len(names) > 5 else ""
+            lines.append(f"only in {label} ({len(names)}): {', '.join(names[:5])}{more}")
+    verdict = f"{len(regressed)} of {len(rows) - 1} regressed" if regressed else f"no regression in {len(rows) - 1}"
+    lines.append(f"{verdict} (threshold {threshold:.1%})")
+    return "\n".join(lines), regressed
+
+
+def _compare_command(args: argparse.Namespace) -> int:
+    try:
+        base, head = load_medians(args.base), load_medians(args.head)
+    except CompareError as e:
+        _log(f"bench compare: {e}")
+        return 2
+    if not base.keys() & head.keys():
+        _log(f"bench compare: {args.base} and {args.head} have no benchmark in common")
+        return 2
+    text, regressed = compare(base, head, args.threshold)
+    print(text)
+    return 1 if regressed else 0
