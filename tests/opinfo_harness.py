@@ -55,6 +55,10 @@ CPU = Backend("cpu/torchcompile", "cpu", "torchcompile", _cpu_options)
 # Default executors (nvFuser first); let nvFuser form shape-only regions so the guard has work.
 CUDA = Backend("cuda/nvfuser", "cuda", "nvfuser", lambda: {"nv_enable_shape_only_fusion": True})
 
+# The error of a region whose ops the torch executor cannot run (prims.lerp on CUDA, say): the guard's
+# fail-safe keeps the region, outputs stay right; noted, not failed.
+CANNOT_LOWER = "Failed to find an executor for bound symbol"
+
 # Ops never run, with the reason. Ops that thunder fails without the guard are detected at run time and
 # skipped with the error as reason; the ones listed here were seen failing unguarded in a full CPU run
 # (thunder 0.2.6, torch 2.11, torch.compile executor) and are listed to save the time of trying.
@@ -268,10 +272,11 @@ def _short(e: BaseException) -> str:
 def pick_dtype(op: OpInfo) -> dtypes.dtype:
     """float32 where the op has it, else the first of a fixed preference list it supports."""
     supported = op.dtypes()
-    for dt in (dtypes.float32, dtypes.int64, dtypes.int32, dtypes.bool8, dtypes.float64, dtypes.complex64):
+    preferred = (dtypes.float32, dtypes.int64, dtypes.int32, dtypes.bool8, dtypes.float64, dtypes.bfloat16)
+    for dt in (*preferred, dtypes.float16, dtypes.complex64):
         if dt in supported:
             return dt
-    raise Skip(f"no dtype among float32/int64/int32/bool/float64/complex64 (has {sorted(map(str, supported))})")
+    raise Skip(f"no float32/int/bool/float64/bfloat16/float16/complex64 dtype (has {sorted(map(str, supported))})")
 
 
 @dataclass(frozen=True)
@@ -499,6 +504,15 @@ def _check(op: OpInfo, backend: Backend, samples: int, outcome: Outcome) -> None
             _check_variant(case, plain, variant, FusionGuard(**options), outcome)
 
 
+def _deterministic(case: Case, plain: Run) -> bool:
+    """Whether a second unguarded run gives the same bits (scatter_add on CUDA, say, does not)."""
+    try:
+        compare(plain, case.run(None), True, assert_close, "unguarded twice")
+    except AssertionError:
+        return False
+    return True
+
+
 def _unguarded(case: Case, outcome: Outcome) -> tuple[Case, Run]:
     """The unguarded run; with grad failing, forward only (noted); failing forward too, Skip."""
     try:
@@ -522,7 +536,10 @@ def _check_variant(case: Case, plain: Run, variant: str, guard: FusionGuard, out
     except Exception as e:
         raise AssertionError(f"{variant}: the guarded run raised {_short(e)}; unguarded it ran") from e
     errors = [f"{d.trace}/{d.region}: {d.error}" for d in guard.report if d.error]
-    assert not errors, f"{variant}: the guard could not rewrite {errors}"
+    if errors and all(CANNOT_LOWER in e for e in errors):  # fail-safe: kept, the torch executor lacks the op
+        outcome.notes.append(f"{variant}: regions kept as they were, the torch executor cannot run them: {errors}")
+    else:
+        assert not errors, f"{variant}: the guard could not rewrite {errors}"
     if variant in ("default", "cost_model_off"):
         left = [r.name for rs in guarded.regions().values() for r in rs if region_is_metadata_only(r.body)]
         assert not left, f"{variant}: metadata-only regions left in the guarded traces: {left}"
@@ -534,7 +551,13 @@ def _check_variant(case: Case, plain: Run, variant: str, guard: FusionGuard, out
     counts = outcome.decisions.setdefault(variant, {})
     for action, n in guard.report.counts().items():
         counts[action] = counts.get(action, 0) + n
-    compare(plain, guarded, bitwise, case.comparator(), variant)
+    try:
+        compare(plain, guarded, bitwise, case.comparator(), variant)
+    except AssertionError:
+        if not bitwise or _deterministic(case, plain):
+            raise
+        outcome.notes.append(f"{variant}: unguarded thunder is not deterministic here; compared within tolerance")
+        compare(plain, guarded, False, case.comparator(), variant)
     if guarded.sharing != plain.sharing:
         eager = case.eager_sharing()
         assert guarded.sharing == eager, (
