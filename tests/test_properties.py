@@ -1,4 +1,3 @@
-import pytest
 
 """Random programs (hypothesis): guarded == unguarded == eager, values, gradients and aliasing.
 
@@ -17,6 +16,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+import pytest
 import thunder
 import torch
 from helpers import jit_cpu, regions
