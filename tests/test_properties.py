@@ -1,4 +1,3 @@
-
 """Random programs (hypothesis): guarded == unguarded == eager, values, gradients and aliasing.
 
 Each example is a small straight-line program over an input ``x`` (with grad or without) and a buffer
