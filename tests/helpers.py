@@ -57,6 +57,30 @@ def assert_same(a, b):
             assert x == y
 
 
+def assert_close_all(got, expected):
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        if isinstance(g, torch.Tensor):
+            torch.testing.assert_close(g, e)
+        else:
+            assert g == e
+
+
+def check_three_ways(fn, args, guard: FusionGuard, *, exact_eager: bool = False, **jit_options):
+    """Outputs and input gradients: guarded == unguarded to the bit, and equal (``exact_eager``) or
+    close to eager. Returns the guarded and the unguarded jitted functions."""
+    guarded, plain = jit_cpu(fn, guard, **jit_options), jit_cpu(fn, **jit_options)
+    out_g, grad_g = run_with_grads(guarded, args)
+    out_p, grad_p = run_with_grads(plain, args)
+    out_e, grad_e = run_with_grads(fn, args)
+    assert_same(out_g, out_p)
+    assert_same(grad_g, grad_p)
+    check_eager = assert_same if exact_eager else assert_close_all
+    check_eager(out_g, out_e)
+    check_eager(grad_g, grad_e)
+    return guarded, plain
+
+
 def shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two tensors are views of the same memory (mutating one shows through the other)."""
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()

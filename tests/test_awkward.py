@@ -3,7 +3,16 @@
 import pytest
 import thunder
 import torch
-from helpers import assert_same, flat, jit_cpu, regions, run_with_grads, shares_storage
+from helpers import (
+    assert_close_all,
+    assert_same,
+    check_three_ways,
+    flat,
+    jit_cpu,
+    regions,
+    run_with_grads,
+    shares_storage,
+)
 from test_guard import rearrange_heads
 from thunder.executors.torch_compile import torch_compile_ex
 from torch.utils._pytree import tree_flatten
@@ -11,26 +20,10 @@ from torch.utils._pytree import tree_flatten
 from thunder_fusion_guard import FusionGuard, explain
 
 
-def assert_close_all(got, expected):
-    assert len(got) == len(expected)
-    for g, e in zip(got, expected, strict=True):
-        if isinstance(g, torch.Tensor):
-            torch.testing.assert_close(g, e)
-        else:
-            assert g == e
-
-
-def check_three_ways(fn, args, guard=None, **jit_options):
-    """Guarded == unguarded to the bit, both close to eager (values and input gradients)."""
-    guard = guard if guard is not None else FusionGuard(strict=True)
-    guarded, plain = jit_cpu(fn, guard, **jit_options), jit_cpu(fn, **jit_options)
-    out_g, grad_g = run_with_grads(guarded, args)
-    out_p, grad_p = run_with_grads(plain, args)
-    out_e, grad_e = run_with_grads(fn, args)
-    assert_same(out_g, out_p)
-    assert_same(grad_g, grad_p)
-    assert_close_all(out_g, out_e)
-    assert_close_all(grad_g, grad_e)
+def check(fn, args, **jit_options):
+    """check_three_ways with a strict guard; returns the guard and the guarded function."""
+    guard = FusionGuard(strict=True)
+    guarded, _ = check_three_ways(fn, args, guard, **jit_options)
     return guard, guarded
 
 
@@ -62,7 +55,7 @@ def test_non_tensor_and_nested_outputs():
     assert_same([t.detach() if isinstance(t, torch.Tensor) else t for t in leaves_g], leaves_p)
     assert_close_all(leaves_g, leaves_e)
     assert shares_storage(out_g["flat"], x) and shares_storage(out_g["pair"][0], x)
-    check_three_ways(nested, [x])
+    check(nested, [x])
 
 
 def zero_size(x):
@@ -74,9 +67,9 @@ def zero_size_views(x):
 
 
 def test_zero_size_tensors():
-    _, guarded = check_three_ways(zero_size, [torch.randn(0, 4, requires_grad=True)])
+    _, guarded = check(zero_size, [torch.randn(0, 4, requires_grad=True)])
     assert [tuple(t.shape) for t in guarded(torch.randn(0, 4))] == [(2, 0), (4,), (3, 0, 4), (0, 3)]
-    guard, guarded = check_three_ways(zero_size_views, [torch.randn(0, 4, requires_grad=True)])
+    guard, guarded = check(zero_size_views, [torch.randn(0, 4, requires_grad=True)])
     assert guard.report.filter(trace="forward", action="reject"), "a metadata-only region goes to torch"
     assert regions(guarded) == []
 
@@ -95,7 +88,7 @@ def test_non_contiguous_inputs_keep_eager_aliasing(make):
     out_g, out_e = jit_cpu(strided, FusionGuard(strict=True))(x), strided(x)
     assert_same(list(out_g), list(out_e))
     assert [shares_storage(o, x) for o in out_g] == [shares_storage(o, x) for o in out_e]
-    check_three_ways(strided, [x.clone().requires_grad_()])
+    check(strided, [x.clone().requires_grad_()])
 
 
 def mixed_dtypes(a, b, c, m):
@@ -117,7 +110,7 @@ def test_dtype_mixes():
         torch.arange(6).reshape(2, 3),
         torch.tensor([[True, False], [False, True]]),
     ]
-    check_three_ways(mixed_dtypes, args)
+    check(mixed_dtypes, args)
 
 
 def view_and_tanh(x):

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 from einops import rearrange
-from helpers import assert_same, jit_cpu, regions, run_with_grads
+from helpers import assert_same, check_three_ways, jit_cpu, regions, run_with_grads
 
 from thunder_fusion_guard import FusionGuard, explain
 from thunder_fusion_guard.ops import region_is_metadata_only
@@ -34,16 +34,8 @@ CASES = [
 
 @pytest.mark.parametrize("fn,make", CASES, ids=[c[0].__name__ for c in CASES])
 def test_metadata_programs_leave_no_region_and_match(fn, make):
-    args = make()
     guard = FusionGuard(strict=True)
-    guarded, plain = jit_cpu(fn, guard), jit_cpu(fn)
-    out_g, grad_g = run_with_grads(guarded, args)
-    out_p, grad_p = run_with_grads(plain, args)
-    out_e, grad_e = run_with_grads(fn, args)
-    assert_same(out_g, out_p)
-    assert_same(grad_g, grad_p)
-    assert_same(out_g, out_e)
-    assert_same(grad_g, grad_e)
+    guarded, plain = check_three_ways(fn, make(), guard, exact_eager=True)
     assert regions(plain), "unguarded thunder should have made a region here"
     assert regions(guarded) == []
     assert not [r for r in regions(guarded, backward=True) if region_is_metadata_only(r.body)]

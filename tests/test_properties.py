@@ -4,10 +4,10 @@ Each example is a small straight-line program over an input ``x`` (with grad or 
 ``buf`` that it may update in place: a chain of metadata ops (reshape, view, permute, transpose, expand,
 slicing, unsqueeze, squeeze, flatten, ...), pointwise ops, reductions and in-place updates of
 intermediates and outputs. It is written out as Python source, so a failing example prints a
-runnable program. Against unguarded Thunder the guarded run must agree to the bit (the guard only moves
-metadata-only regions); against eager too where the program is metadata-only, else within assert_close.
-Which outputs share storage with which input, and which outputs change when the inputs are mutated
-after the call, must be exactly as in eager.
+runnable program. Against unguarded Thunder the guarded run must agree to the bit (the guard moves only
+metadata-only regions and exact ops); against eager too where the program is metadata-only, else within
+assert_close. Which outputs share storage with which input, and which outputs change when the inputs are
+mutated after the call, must be exactly as in eager (where unguarded Thunder is).
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-import pytest
 import thunder
 import torch
 from helpers import jit_cpu, regions
-from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import HealthCheck, event, example, given, reject, settings
 from hypothesis import strategies as st
 
 from thunder_fusion_guard import FusionGuard
@@ -210,20 +209,41 @@ def _equal(a: list, b: list, what: str, exact: bool, prog: Program) -> None:
             torch.testing.assert_close(x, y, msg=lambda m, i=i: f"{what} {i}: {m}\n{prog!r}")
 
 
-def assert_agree(ref: Result, got: Result, exact: bool, who: str, prog: Program) -> None:
+def assert_same_values(ref: Result, got: Result, exact: bool, who: str, prog: Program) -> None:
     _equal(ref.outputs, got.outputs, f"{who}: output", exact, prog)
     _equal(ref.grads, got.grads, f"{who}: grad", exact, prog)
     _equal(ref.inputs_after_call, got.inputs_after_call, f"{who}: input (x, buf) after the call", exact, prog)
-    assert got.sharing == ref.sharing, f"{who}: storage sharing {got.sharing} vs {ref.sharing}\n{prog!r}"
-    assert got.shows_mutation == ref.shows_mutation, (
-        f"{who}: outputs changed by mutating the inputs {got.shows_mutation} vs {ref.shows_mutation}\n{prog!r}"
-    )
 
 
-@pytest.mark.slow  # opt-in until the torch.compile Dynamo failure on some programs is triaged (issue 5)
+def aliasing(r: Result) -> tuple:
+    return r.sharing, r.shows_mutation
+
+
+def agrees(check, *args) -> bool:
+    try:
+        check(*args)
+    except AssertionError:
+        return False
+    return True
+
+
+# Programs seen to matter, always run: an output updated in place and returned twice (thunder's input
+# gradient differs from eager's without the guard too), and updates through views of both inputs.
+PINNED = [
+    Program((2,), True, 36140, ["t1 = x + 0.5", "t1.add_(1.0)", "t2 = t1.mul_(2.0)"], ["t2", "t1"], True),
+    Program((3, 4), False, 7, ["t0 = x.t()", "t1 = t0.mul_(2.0)", "buf.view(-1)[::2].neg_()"], ["t1", "t0"], True),
+]
+
+
 @SETTINGS
 @given(programs())
+@example(PINNED[0])
+@example(PINNED[1])
 def test_random_programs_guarded_equals_unguarded_and_eager(prog):
+    """Values: guarded == unguarded to the bit, and close to (or, metadata-only, equal to) eager wherever
+    unguarded thunder is. Aliasing (memory shared with inputs and between outputs, mutations that show
+    through): as in eager, unless unguarded thunder differs from eager the same way (thunder's, not ours).
+    """
     fn = prog.function()
     guard = FusionGuard(strict=True)
     guarded, plain = jit_cpu(fn, guard), jit_cpu(fn)
@@ -233,8 +253,17 @@ def test_random_programs_guarded_equals_unguarded_and_eager(prog):
     except Exception:
         reject()  # thunder 0.2.6 fails on this program without the guard: not the guard's to test
     got = run(guarded, prog)
-    assert_agree(unguarded, got, True, "guarded vs unguarded", prog)
-    assert_agree(expected, got, not prog.computes, "guarded vs eager", prog)
+    assert_same_values(unguarded, got, True, "guarded vs unguarded", prog)
+    if agrees(assert_same_values, expected, unguarded, not prog.computes, "unguarded vs eager", prog):
+        assert_same_values(expected, got, not prog.computes, "guarded vs eager", prog)
+    else:
+        event("unguarded thunder differs from eager")
+    if aliasing(got) != aliasing(expected):
+        assert aliasing(got) == aliasing(unguarded), (
+            f"aliasing (shared memory, outputs changed by mutating the inputs after the call): guarded "
+            f"{aliasing(got)}, unguarded {aliasing(unguarded)}, eager {aliasing(expected)}\n{prog!r}"
+        )
+        event("unguarded thunder aliases differently from eager; the guard kept thunder's")
     backward = [True] if prog.grad and thunder.last_backward_traces(guarded) else []
     left = [r.name for b in [False, *backward] for r in regions(guarded, backward=b) if region_is_metadata_only(r.body)]
     assert not left, f"metadata-only regions left: {left}\n{prog!r}"
