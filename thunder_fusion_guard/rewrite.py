@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from . import _thunder as th
 from .regions import Region
 
@@ -37,8 +35,3 @@ def replace_regions(trace: th.TraceCtx, replacements: dict[int, list[th.BoundSym
     new = th.refresh_dels(new)
     th.set_provenance(new, provenance)
     return new
-
-
-def unfuse(trace: th.TraceCtx, regions: Iterable[Region]) -> th.TraceCtx:
-    """``trace`` with each of ``regions`` run by the torch executor (raises :class:`RewriteError`)."""
-    return replace_regions(trace, {r.position: lower_region(trace, r) for r in regions}, "FusionGuard unfuse")

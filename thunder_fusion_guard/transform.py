@@ -58,7 +58,6 @@ class FusionGuard(thunder.Transform):
         self.report = Report()
         self._lock = threading.Lock()
         self._compiles = 0
-        self._subgraph: str | None = None
 
     def transform_trace_post_optimization(self, computation_trace: th.TraceCtx, **kwargs: Any) -> th.TraceCtx:
         with self._lock:
@@ -69,7 +68,6 @@ class FusionGuard(thunder.Transform):
                 trace="backward" if backward else "forward",
                 function=th.compile_function_name(),
                 compile_index=self._compiles,
-                subgraph=self._subgraph,
             )
             return guard_trace(computation_trace, self.options, self.report, where, self.constants_for)
 
