@@ -126,6 +126,71 @@ def lower_to_torch(outer: TraceCtx, bsyms: Sequence[BoundSymbol], outputs: Seque
     return [b.from_bsym(source_filename=None, source_positions=None) for b in body]
 
 
+def swap_proxies(bsym: BoundSymbol, renames: Iterable[tuple[Proxy, Proxy]]) -> BoundSymbol:
+    """``bsym`` (and its subsymbols) with each ``old`` proxy of the ``(old, new)`` pairs replaced."""
+    swap = {variableify(old): new for old, new in renames}
+    return bsym.from_bsym_swap_proxies(swap) if swap else bsym
+
+
+def refuse(fusion: BoundSymbol, body: Sequence[BoundSymbol], inputs: Sequence[Proxy], outputs: Sequence[Proxy]):
+    """A new call of ``fusion``'s executor running ``body`` from ``inputs`` to ``outputs``, same region name.
+
+    Built the way Thunder itself rebuilds a fusion after editing it (``passes._update_fusion_call_ctx``).
+    """
+    from dataclasses import dataclass
+
+    @dataclass
+    class _Region:
+        inputs: tuple
+        outputs: tuple
+        bound_symbols: tuple
+
+    name = fusion.sym.name
+    counter = int(name[len(name.rstrip("0123456789")) :] or 0)
+    region = _Region(tuple(variableify(p) for p in inputs), tuple(variableify(p) for p in outputs), tuple(body))
+    return fusion.sym.executor.fuse(region, counter)
+
+
+def is_torch_op(bsym: BoundSymbol, name: str) -> bool:
+    """True for a bound symbol that Thunder's torch executor runs as the operator ``name``."""
+    return bsym.sym.name == name and bsym.sym.executor is torch_executor()
+
+
+def return_names(trace: TraceCtx) -> set[str]:
+    """Names of every proxy the trace returns (outputs and, in a forward trace, saved tensors)."""
+    for bsym in reversed(trace.bound_symbols):
+        if bsym.sym.id == prims.PrimIDs.RETURN:
+            return {p.name for p in bsym.flat_proxy_args}
+    return set()
+
+
+def is_prim(bsym: BoundSymbol, name: str) -> bool:
+    return isinstance(bsym.sym.id, prims.PrimIDs) and bsym.sym.name == name
+
+
+_INPLACE_SETITEM = None
+
+
+def inplace_setitem() -> Any:
+    """Our operator ``a[key] = value; return a``: a setitem and the ``copy_`` back into ``a``, folded."""
+    global _INPLACE_SETITEM
+    if _INPLACE_SETITEM is None:
+        from thunder.extend import OperatorExecutor
+
+        def meta(a, key, value, grad_enabled):
+            return TensorProxy(like=a)
+
+        def setitem_(a, key, value, grad_enabled):
+            if grad_enabled and a.is_leaf and a.requires_grad:
+                raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
+            a[key] = value
+            return a
+
+        ex = OperatorExecutor("fusion_guard", version="0.1")
+        _INPLACE_SETITEM = ex.register_operator("inplace_setitem", meta=meta, fn=setitem_)
+    return _INPLACE_SETITEM
+
+
 def executed_by(bsym: BoundSymbol) -> str | None:
     ex = bsym.sym.executor
     return None if ex is None else getattr(ex, "name", None)

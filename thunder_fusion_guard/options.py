@@ -21,6 +21,8 @@ class GuardOptions:
     margin: float = 0.2
     exact_only: bool = True
     calibration: Any = None
+    fold_setitem: bool = True
+    remove_identities: bool = True
 
     def guards(self, executor: str) -> bool:
         return self.executors is None or executor in self.executors
@@ -55,6 +57,8 @@ def make_options(
     margin: float = 0.2,
     exact_only: bool = True,
     calibration: Any = None,
+    fold_setitem: bool = True,
+    remove_identities: bool = True,
 ) -> GuardOptions:
     """Validate user options into a :class:`GuardOptions` (``ValueError`` names the bad option)."""
     chosen = None
@@ -76,6 +80,8 @@ def make_options(
         margin=_fraction("margin", margin),
         exact_only=_bool("exact_only", exact_only),
         calibration=_calibration(calibration),
+        fold_setitem=_bool("fold_setitem", fold_setitem),
+        remove_identities=_bool("remove_identities", remove_identities),
     )
 
 

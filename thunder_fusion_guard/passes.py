@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import _thunder as th
 from .cost import CostConstants
 from .decide import decide
+from .fold import SETITEM, fold_setitem_copies
+from .identity import remove_identities
 from .options import GuardOptions
 from .regions import find_regions
 from .report import Decision, Report
@@ -38,30 +41,50 @@ def guard_trace(
     where: TraceContext,
     constants_for: ConstantsFor | None = None,
 ) -> th.TraceCtx:
-    """Return ``trace`` with every rejected region unfused, recording a decision for each region.
+    """Return ``trace`` with every rejected region unfused, setitem copies folded and identity ops
+    removed, recording a decision for each region and each op changed.
 
     ``constants_for(device, executor)`` gives the cost model's constants (None: no cost decisions).
+    With ``report_only`` every pass runs and records, and the trace comes back unchanged.
     """
-    replacements: dict[int, list[th.BoundSymbol]] = {}
     made: list[Decision] = []
+    new_trace = unfuse_rejected(trace, options, made, where, constants_for)
+    if options.fold_setitem:
+        new_trace = _op_pass(fold_pass, new_trace, options, made, where)
+    if options.remove_identities:
+        new_trace = _op_pass(identity_pass, new_trace, options, made, where)
+    for d in made:
+        report.add(d)
+    if options.report_only or new_trace is trace:
+        return trace
+    new_trace = th.refresh_dels(new_trace)
+    th.set_provenance(new_trace, f"FusionGuard ({_summary(made)})")
+    return new_trace
+
+
+def _summary(made: list[Decision]) -> str:
+    counts = Counter(d.action for d in made if d.action != "keep")
+    return ", ".join(f"{n} {action}" for action, n in sorted(counts.items())) or "no change"
+
+
+def unfuse_rejected(
+    trace: th.TraceCtx,
+    options: GuardOptions,
+    made: list[Decision],
+    where: TraceContext,
+    constants_for: ConstantsFor | None = None,
+) -> th.TraceCtx:
+    """Decide every region; return ``trace`` with the rejected ones run by the torch executor."""
+    replacements: dict[int, list[th.BoundSymbol]] = {}
+    decided: list[Decision] = []
     for region in find_regions(trace):
         device = th.proxy_device(region.inputs + region.outputs)
         constants = constants_for(device, region.executor) if constants_for and device else None
         verdict = decide(region, options, constants)
-        decision = Decision(
-            trace=where.trace,
-            region=region.name,
-            executor=region.executor,
-            ops=region.ops,
-            action=verdict.action,
-            reason=verdict.reason,
-            function=where.function,
-            compile_index=where.compile_index,
-            subgraph=where.subgraph,
-            estimates=dict(verdict.estimates),
-            applied=verdict.action == "keep" or not options.report_only,
-        )
-        if verdict.action == "reject" and decision.applied:
+        decision = _decision(where, region.name, region.executor, region.ops, verdict.action, verdict.reason)
+        decision.estimates = dict(verdict.estimates)
+        decision.applied = verdict.action == "keep" or not options.report_only
+        if verdict.action == "reject":
             try:
                 replacements[region.position] = lower_region(trace, region)
             except Exception as e:
@@ -70,19 +93,84 @@ def guard_trace(
                 decision.action, decision.applied = "keep", True
                 decision.error = f"{type(e).__name__}: {e}"
                 decision.reason = f"kept as it was: rewriting failed ({verdict.reason})"
-        made.append(decision)
-    new_trace = trace
-    if replacements:
-        try:
-            new_trace = replace_regions(trace, replacements, f"FusionGuard: {len(replacements)} regions to torch")
-        except Exception as e:
-            if options.strict:
-                raise FusionGuardError(f"could not rebuild the {where.trace} trace: {e}") from e
-            for d in made:
-                if d.action == "reject" and d.applied:
-                    d.action, d.error = "keep", f"{type(e).__name__}: {e}"
-                    d.reason = "kept as it was: rebuilding the trace failed"
-            new_trace = trace
-    for d in made:
-        report.add(d)
-    return new_trace
+        decided.append(decision)
+    made.extend(decided)
+    if not replacements:
+        return trace
+    try:
+        return replace_regions(trace, replacements, f"FusionGuard: {len(replacements)} regions to torch")
+    except Exception as e:
+        if options.strict:
+            raise FusionGuardError(f"could not rebuild the {where.trace} trace: {e}") from e
+        for d in decided:
+            if d.action == "reject":
+                d.action, d.error = "keep", f"{type(e).__name__}: {e}"
+                d.reason = "kept as it was: rebuilding the trace failed"
+        return trace
+
+
+OpPass = Callable[[th.TraceCtx, GuardOptions, list[Decision], TraceContext], th.TraceCtx]
+
+
+def _op_pass(op_pass: OpPass, trace: th.TraceCtx, options: GuardOptions, made: list[Decision], where) -> th.TraceCtx:
+    """Run one op-level pass; if it fails, keep the trace as it was and record why (strict: raise)."""
+    before = len(made)
+    try:
+        return op_pass(trace, options, made, where)
+    except Exception as e:
+        if options.strict:
+            raise FusionGuardError(f"{op_pass.__name__} failed on the {where.trace} trace: {e}") from e
+        del made[before:]
+        failed = _decision(where, "-", "-", [], "keep", f"{op_pass.__doc__.splitlines()[0]} skipped: it failed")
+        failed.error = f"{type(e).__name__}: {e}"
+        made.append(failed)
+        return trace
+
+
+def _may_change(options: GuardOptions) -> Callable[[th.BoundSymbol], bool]:
+    return lambda fusion: options.guards(th.executor_name(fusion))
+
+
+def fold_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision], where: TraceContext) -> th.TraceCtx:
+    """Fold setitem + copy_ pairs into one in-place setitem."""
+    new, folds = fold_setitem_copies(trace, _may_change(options))
+    regions = {(d.region, d.trace): d for d in made if d.executor != "torch"}
+    saves = "one in-place setitem: no clone of the tensor, no copy back"
+    for f in folds:
+        reason = f"a setitem and the copy_ of its result back into its input, folded into {saves}"
+        kept = regions.get((f.region, where.trace)) if f.region else None
+        if kept is not None:
+            kept.action = "fold"
+            kept.reason = f"its lone copy_ writes back the setitem before it: both folded into {saves}"
+            kept.applied = not options.report_only
+            continue
+        d = _decision(where, f.output, "torch", [SETITEM, "copy_"], "fold", reason)
+        d.applied = not options.report_only
+        made.append(d)
+    return new
+
+
+def identity_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision], where: TraceContext) -> th.TraceCtx:
+    """Remove identity ops, renaming their uses."""
+    new, removals = remove_identities(trace, _may_change(options))
+    for r in removals:
+        reason = f"identity op ({r.reason}): its uses now read {r.replaced_by}"
+        d = _decision(where, r.region or r.output, r.executor, [r.op], "remove", reason)
+        d.applied = not options.report_only
+        d.details = {"output": r.output, "replaced_by": r.replaced_by}
+        made.append(d)
+    return new
+
+
+def _decision(where: TraceContext, region: str, executor: str, ops: list[str], action: str, reason: str) -> Decision:
+    return Decision(
+        trace=where.trace,
+        region=region,
+        executor=executor,
+        ops=list(ops),
+        action=action,
+        reason=reason,
+        function=where.function,
+        compile_index=where.compile_index,
+        subgraph=where.subgraph,
+    )

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-ACTIONS = ("keep", "reject", "rehome", "remove")
+ACTIONS = ("keep", "reject", "rehome", "remove", "fold")
 
 
 @dataclass

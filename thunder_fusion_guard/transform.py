@@ -30,6 +30,8 @@ class FusionGuard(thunder.Transform):
     - ``exact_only``: reject compute regions only when every op gives the same bits outside the fusion.
     - ``calibration``: cost constants: None (this machine's cached calibration, else shipped defaults),
       ``"measure"`` (calibrate now if nothing is cached), or a ``CostConstants``/dict set by hand.
+    - ``fold_setitem``: fold Thunder's out-of-place setitem and its ``copy_`` back into one in-place setitem.
+    - ``remove_identities``: remove ops that return their input unchanged (same-shape reshape, ...).
     """
 
     def __init__(
@@ -43,6 +45,8 @@ class FusionGuard(thunder.Transform):
         margin: float = 0.2,
         exact_only: bool = True,
         calibration: CostConstants | dict | str | None = None,
+        fold_setitem: bool = True,
+        remove_identities: bool = True,
     ) -> None:
         self.options = make_options(
             executors=executors,
@@ -53,6 +57,8 @@ class FusionGuard(thunder.Transform):
             margin=margin,
             exact_only=exact_only,
             calibration=calibration,
+            fold_setitem=fold_setitem,
+            remove_identities=remove_identities,
         )
         self._constants: dict[tuple[str, str], CostConstants | None] = {}
         self.report = Report()

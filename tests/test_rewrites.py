@@ -1,0 +1,175 @@
+"""Op-level rewrites: setitem copies folded in place, identity ops removed. Checked against traces,
+outputs and gradients of unguarded thunder and eager."""
+
+import pytest
+import thunder
+import torch
+from helpers import assert_same, check_three_ways, jit_cpu, regions, run_with_grads, shares_storage
+from thunder.core import prims
+from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
+
+from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard.identity import identity_reason
+
+# Cost constants by hand for the test executor below, so that its small copy_ regions are rejected.
+SMALL_CALLS_LOSE = dict(
+    fusion_call_us=20.0, fusion_gbps=10.0, eager_op_us=2.0, eager_meta_us=1.0, eager_gbps=10.0, overlapped=False
+)
+
+
+def nvfuser_like_executor() -> TorchCompileExecutor:
+    """torch.compile that, like nvFuser, cannot take setitem: each copy_ back lands alone in a region."""
+    ex = TorchCompileExecutor("tc_no_setitem")
+    ex._implmap = {k: v for k, v in torch_compile_ex._implmap.items() if k != prims.PrimIDs.COPY_WITH_SETITEM}
+    return ex
+
+
+def sliding_window_mask(x):
+    """litgpt's Mistral mask loop, in small."""
+    t = x.shape[-1]
+    mask = torch.full((t, t), float("-inf"), dtype=x.dtype, device=x.device)
+    for i in range(t):
+        mask[i, max(0, i - 2) : i + 1] = 0.0
+    return torch.softmax(x + mask.view(1, 1, t, t), dim=-1)
+
+
+def trace_ops(jitted, backward=False):
+    traces = thunder.last_backward_traces(jitted) if backward else thunder.last_traces(jitted)
+    return [b.sym.name for b in traces[-1].bound_symbols]
+
+
+def test_setitem_loop_folds_on_the_torch_executor():
+    x = torch.randn(1, 2, 6, 6, requires_grad=True)
+    guard = FusionGuard(strict=True)
+    guarded = thunder.jit(sliding_window_mask, executors=[], transforms=[guard])
+    plain = thunder.jit(sliding_window_mask, executors=[])
+    out_g, grad_g = run_with_grads(guarded, [x])
+    out_p, grad_p = run_with_grads(plain, [x])
+    assert_same(out_g, out_p)
+    assert_same(grad_g, grad_p)
+    assert_same(out_g, run_with_grads(sliding_window_mask, [x])[0])
+    ops = trace_ops(guarded)
+    assert ops.count("inplace_setitem") == 6
+    assert "copy_with_setitem_impl" not in ops and "copy_" not in ops
+    folds = guard.report.filter(action="fold")
+    assert len(folds) == 6 and all(d.ops == ["copy_with_setitem_impl", "copy_"] for d in folds)
+
+
+def test_lone_copy_regions_are_folded_like_mistral_on_nvfuser():
+    ex = nvfuser_like_executor()
+    x = torch.randn(1, 2, 6, 6, requires_grad=True)
+    guard = FusionGuard(strict=True, calibration=SMALL_CALLS_LOSE)
+    plain = thunder.jit(sliding_window_mask, executors=[ex])
+    guarded = thunder.jit(sliding_window_mask, executors=[ex], transforms=[guard])
+    out_g, grad_g = run_with_grads(guarded, [x])
+    out_p, grad_p = run_with_grads(plain, [x])
+    assert_same(out_g, out_p)
+    assert_same(grad_g, grad_p)
+    lone_copies = [r for r in regions(plain) if r.ops == ["copy_", "update_aliases"]]
+    assert len(lone_copies) == 5
+    assert not [r for r in regions(guarded) if r.ops == ["copy_", "update_aliases"]]
+    assert trace_ops(guarded).count("inplace_setitem") == 5
+    by_region = {d.region: d for d in guard.report if d.trace == "forward"}
+    assert all(by_region[r.name].action in ("reject", "fold") for r in lone_copies)
+
+
+def test_setitem_with_a_tensor_value_is_not_folded():
+    def tensor_value(x, v):
+        y = x.clone()
+        y[0, :2] = v
+        return y
+
+    guard = FusionGuard(strict=True)
+    j = thunder.jit(tensor_value, executors=[], transforms=[guard])
+    args = [torch.randn(3, 4), torch.randn(2)]
+    assert_same([j(*args)], [tensor_value(*args)])
+    assert "inplace_setitem" not in trace_ops(j)
+    assert not guard.report.filter(action="fold")
+
+
+def test_folded_setitem_then_read_again():
+    def set_then_use(x):
+        y = x.clone()
+        y[1] = 0.0
+        return y * 2, y
+
+    guard = FusionGuard(strict=True)
+    j = thunder.jit(set_then_use, executors=[], transforms=[guard])
+    x = torch.randn(3, 4)
+    assert_same(list(j(x)), list(set_then_use(x)))
+    assert len(guard.report.filter(action="fold")) == 1
+
+
+def test_folded_setitem_into_an_input_mutates_it_as_eager_does():
+    def fill_row(x):
+        x[1, 1:3] = 5.0
+        return x.sum()
+
+    x_eager, x_guarded = torch.randn(3, 4), torch.randn(3, 4)
+    x_guarded.copy_(x_eager)
+    guard = FusionGuard(strict=True)
+    j = thunder.jit(fill_row, executors=[], transforms=[guard])
+    assert torch.equal(j(x_guarded), fill_row(x_eager))
+    assert torch.equal(x_guarded, x_eager)
+
+
+def identities(x, y):
+    a = x.reshape(x.shape).permute(0, 1)
+    b = a.to(torch.float32).view(4, 4).transpose(0, 0)
+    return b.contiguous() * y, x.view(x.shape), (b + 1).view(4, 4)
+
+
+def test_identity_ops_disappear_inside_and_outside_regions():
+    x, y = torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True)
+    guard = FusionGuard(strict=True)
+    guarded, plain = check_three_ways(identities, [x, y], guard, exact_eager=True)
+    assert len(guard.report.filter(action="remove", trace="forward")) == 5
+    (region,) = regions(guarded)
+    (plain_region,) = regions(plain)
+    remaining = [b for b in region.body if identity_reason(b)]
+    assert len(remaining) == 2, "the identities whose results are returned stay"
+    assert len([b for b in plain_region.body if identity_reason(b)]) == 7
+    torch_only = thunder.jit(identities, executors=[], transforms=[FusionGuard(strict=True)])
+    assert_same(torch_only(x, y), identities(x, y))
+    assert "permute" not in trace_ops(torch_only) and "reshape" not in trace_ops(torch_only)
+
+
+def test_identity_removal_keeps_aliasing():
+    def write_through_identity(x):
+        v = x.view(x.shape)
+        v.add_(1.0)
+        return x * 2
+
+    x_eager = torch.randn(3, 3)
+    x_guarded = x_eager.clone()
+    guard = FusionGuard(strict=True)
+    out = jit_cpu(write_through_identity, guard)(x_guarded)
+    assert torch.equal(out, write_through_identity(x_eager))
+    assert torch.equal(x_guarded, x_eager)
+    assert guard.report.filter(action="remove")
+
+
+def test_returned_identity_is_still_a_view_of_its_input():
+    x = torch.randn(2, 3)
+    out = jit_cpu(lambda t: t.view(t.shape), FusionGuard(strict=True))(x)
+    assert out is not x and shares_storage(out, x)
+
+
+@pytest.mark.parametrize("option", ["fold_setitem", "remove_identities"])
+def test_rewrites_can_be_switched_off(option):
+    guard = FusionGuard(strict=True, **{option: False})
+    j = thunder.jit(sliding_window_mask if option == "fold_setitem" else identities, executors=[], transforms=[guard])
+    args = [torch.randn(1, 1, 5, 5)] if option == "fold_setitem" else [torch.randn(4, 4), torch.randn(4, 4)]
+    j(*args)
+    assert not guard.report.filter(action="fold" if option == "fold_setitem" else "remove")
+    with pytest.raises(ValueError, match=option):
+        FusionGuard(**{option: "yes"})
+
+
+def test_report_only_records_rewrites_and_changes_nothing():
+    guard = FusionGuard(report_only=True)
+    j = thunder.jit(sliding_window_mask, executors=[], transforms=[guard])
+    j(torch.randn(1, 1, 5, 5))
+    assert "inplace_setitem" not in trace_ops(j)
+    folds = guard.report.filter(action="fold")
+    assert len(folds) == 5 and not any(d.applied for d in folds)

@@ -1,0 +1,94 @@
+"""Folding Thunder's functional setitem back into one in-place setitem.
+
+Thunder traces ``a[key] = value`` as ``t = copy_with_setitem(a, key, value)`` (a clone of ``a`` with
+the slice set) followed by ``copy_(t, a)``. When ``t`` has no other use, the pair is exactly
+``a[key] = value``: one small kernel instead of a clone, a fill and a full copy. litgpt's
+sliding-window mask loop does this 512 times per layer.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import _thunder as th
+
+SETITEM = "copy_with_setitem_impl"
+
+
+@dataclass(frozen=True)
+class Fold:
+    """One setitem pair folded: its result name, and the fusion region the copy was in (if any)."""
+
+    output: str
+    region: str | None
+    executor: str | None
+
+
+def _basic_key(key) -> bool:
+    if isinstance(key, tuple):
+        return all(_basic_key(k) for k in key)
+    if isinstance(key, slice):
+        return all(v is None or type(v) is int for v in (key.start, key.stop, key.step))
+    return key is None or key is Ellipsis or type(key) is int
+
+
+def _copy_of(bsym: th.BoundSymbol, may_fold_region: Callable[[th.BoundSymbol], bool]) -> th.BoundSymbol | None:
+    """The ``copy_`` that ``bsym`` runs: itself on the torch executor, or the lone op of a fusion region
+    (``update_aliases``, which hands back its input at run time, aside)."""
+    if th.is_torch_op(bsym, "copy_"):
+        return bsym
+    if th.is_fusion(bsym) and may_fold_region(bsym) and len(bsym.flat_proxy_outs) == 1:
+        body = [b for b in th.subsymbols(bsym) if not th.is_comment_or_del(b)]
+        copies = [b for b in body if th.op_name(b) == "copy_"]
+        if len(copies) == 1 and all(b is copies[0] or th.op_name(b) == "update_aliases" for b in body):
+            return copies[0]
+    return None
+
+
+def _uses(trace: th.TraceCtx) -> Counter:
+    """How many bound symbols read each proxy (each reader counted once)."""
+    return Counter(
+        n for b in trace.bound_symbols if not th.is_comment_or_del(b) for n in {p.name for p in b.flat_proxy_args}
+    )
+
+
+def fold_setitem_copies(
+    trace: th.TraceCtx, may_fold_region: Callable[[th.BoundSymbol], bool]
+) -> tuple[th.TraceCtx, list[Fold]]:
+    """``trace`` with each foldable setitem + ``copy_`` pair replaced by one in-place setitem.
+
+    A pair folds when the copy directly follows the setitem (only ``del``s between), copies its
+    result, used nowhere else, back into the setitem's own input, the key is basic indexing
+    (ints, slices, None, ...) and the value a Python number, so nothing read can alias what is written.
+    """
+    bsyms = list(trace.bound_symbols)
+    uses = _uses(trace)
+    folds: list[Fold] = []
+    drop: set[int] = set()
+    for i, b in enumerate(bsyms):
+        if not th.is_torch_op(b, SETITEM) or len(b.args) != 3:
+            continue
+        a, key, value = b.args
+        if not (_basic_key(key) and type(value) in (int, float, bool)):
+            continue
+        j = next((k for k in range(i + 1, len(bsyms)) if not th.is_comment_or_del(bsyms[k])), None)
+        if j is None:
+            continue
+        copy = _copy_of(bsyms[j], may_fold_region)
+        if copy is None or len(copy.args) < 2 or uses[b.output.name] != 1:
+            continue
+        source, target = copy.args[0], copy.args[1]
+        if not (isinstance(source, th.Proxy) and source.name == b.output.name and target.name == a.name):
+            continue
+        grad_enabled = copy.kwargs.get("grad_enabled", copy.args[2] if len(copy.args) > 2 else True)
+        (out,) = bsyms[j].flat_proxy_outs
+        region = bsyms[j] if th.is_fusion(bsyms[j]) else None
+        folds.append(Fold(out.name, region and region.sym.name, region and th.executor_name(region)))
+        bsyms[j] = th.inplace_setitem().bind(a, key, value, grad_enabled, output=out)
+        drop.add(i)
+    if not folds:
+        return trace, []
+    new = th.new_trace_like(trace, [b for k, b in enumerate(bsyms) if k not in drop])
+    return new, folds
