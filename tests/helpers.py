@@ -84,3 +84,30 @@ def check_three_ways(fn, args, guard: FusionGuard, *, exact_eager: bool = False,
 def shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two tensors are views of the same memory (mutating one shows through the other)."""
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def fragmenting_executor():
+    """torch.compile with one region per fusible op: the fragmented traces a real fuser leaves at its
+    edges (nvFuser around ops it cannot take), made on CPU so re-homing and merging can be tested."""
+    from thunder.core import utils
+    from thunder.executors.passes import update_fusion_call_ctx
+    from thunder.executors.torch_compile import TorchCompileExecutor
+    from thunder.executors.utils import Region
+
+    class OneRegionPerOp(TorchCompileExecutor):
+        def fusion_pass(self, trace):
+            producers, consumers = utils.producers_and_consumers(trace)
+            fused, counter = [], 0
+            for bsym in trace.bound_symbols:
+                if bsym.sym.name in ("unpack_trivial", "python_return", "del") or not self.can_fuse(bsym):
+                    fused.append(bsym)
+                    continue
+                fused.append(self.fuse(Region(producers, consumers, [bsym]), counter))
+                counter += 1
+            out = thunder.core.trace.from_trace(trace)
+            out.bound_symbols = fused
+            return update_fusion_call_ctx(out)
+
+    ex = OneRegionPerOp("tc_fragmenting")
+    ex._implmap = dict(torch_compile_ex._implmap)
+    return ex

@@ -4,12 +4,21 @@ outputs and gradients of unguarded thunder and eager."""
 import pytest
 import thunder
 import torch
-from helpers import assert_same, check_three_ways, jit_cpu, regions, run_with_grads, shares_storage
+from helpers import (
+    assert_same,
+    check_three_ways,
+    fragmenting_executor,
+    jit_cpu,
+    regions,
+    run_with_grads,
+    shares_storage,
+)
 from thunder.core import prims
 from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
 
 from thunder_fusion_guard import FusionGuard
 from thunder_fusion_guard.identity import identity_reason
+from thunder_fusion_guard.ops import is_metadata
 
 # Cost constants by hand for the test executor below, so that its small copy_ regions are rejected.
 SMALL_CALLS_LOSE = dict(
@@ -119,6 +128,11 @@ def identities(x, y):
     return b.contiguous() * y, x.view(x.shape), (b + 1).view(4, 4)
 
 
+def view_then_compute(x, w):
+    a = x.reshape(4, 8).t()
+    return (a * w).exp() + 1
+
+
 def test_identity_ops_disappear_inside_and_outside_regions():
     x, y = torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True)
     guard = FusionGuard(strict=True)
@@ -155,13 +169,25 @@ def test_returned_identity_is_still_a_view_of_its_input():
     assert out is not x and shares_storage(out, x)
 
 
-@pytest.mark.parametrize("option", ["fold_setitem", "remove_identities"])
+SWITCHES = {
+    "fold_setitem": (sliding_window_mask, lambda: [torch.randn(1, 1, 5, 5)], [], "fold"),
+    "remove_identities": (identities, lambda: [torch.randn(4, 4), torch.randn(4, 4)], [], "remove"),
+    "rehome": (view_then_compute, lambda: [torch.randn(32), torch.randn(8, 4)], [fragmenting_executor()], "rehome"),
+}
+
+
+@pytest.mark.parametrize("option", sorted(SWITCHES))
 def test_rewrites_can_be_switched_off(option):
-    guard = FusionGuard(strict=True, **{option: False})
-    j = thunder.jit(sliding_window_mask if option == "fold_setitem" else identities, executors=[], transforms=[guard])
-    args = [torch.randn(1, 1, 5, 5)] if option == "fold_setitem" else [torch.randn(4, 4), torch.randn(4, 4)]
-    j(*args)
-    assert not guard.report.filter(action="fold" if option == "fold_setitem" else "remove")
+    fn, make, executors, action = SWITCHES[option]
+    on, off = FusionGuard(strict=True), FusionGuard(strict=True, **{option: False})
+    for guard in (on, off):
+        thunder.jit(fn, executors=executors, transforms=[guard])(*make())
+    assert on.report.filter(action=action)
+    assert not off.report.filter(action=action)
+
+
+@pytest.mark.parametrize("option", [*SWITCHES, "merge_regions"])
+def test_rewrite_switches_take_only_booleans(option):
     with pytest.raises(ValueError, match=option):
         FusionGuard(**{option: "yes"})
 
@@ -173,3 +199,46 @@ def test_report_only_records_rewrites_and_changes_nothing():
     assert "inplace_setitem" not in trace_ops(j)
     folds = guard.report.filter(action="fold")
     assert len(folds) == 5 and not any(d.applied for d in folds)
+
+
+def test_metadata_op_feeding_a_compute_region_is_absorbed_into_it():
+    ex = fragmenting_executor()
+    x, w = torch.randn(32), torch.randn(8, 4)
+    guard = FusionGuard(strict=True)
+    guarded = thunder.jit(view_then_compute, executors=[ex], transforms=[guard])
+    plain = thunder.jit(view_then_compute, executors=[ex])
+    assert_same([guarded(x, w)], [plain(x, w)])
+    view, perm, mul = (r.ops for r in regions(plain)[:3])
+    assert len(view) == len(perm) == 1 and mul == ["mul"]
+    first = regions(guarded)[0]
+    assert len(first.ops) == 3 and first.ops[-1] == "mul", "the views moved into the region that reads them"
+    outside = [b for b in thunder.last_traces(guarded)[-1].bound_symbols if not b.sym.is_fusion]
+    assert not [b for b in outside if is_metadata(b)]
+    moved = guard.report.filter(action="rehome", trace="forward")
+    assert len(moved) == 2 and all(d.details["into"] == first.name for d in moved)
+
+
+def test_views_saved_for_backward_stay_outside_and_gradients_match():
+    ex = fragmenting_executor()
+    x, w = torch.randn(32, requires_grad=True), torch.randn(8, 4, requires_grad=True)
+    guard = FusionGuard(strict=True)
+    guarded = thunder.jit(view_then_compute, executors=[ex], transforms=[guard])
+    plain = thunder.jit(view_then_compute, executors=[ex])
+    out_g, grad_g = run_with_grads(guarded, [x, w])
+    out_p, grad_p = run_with_grads(plain, [x, w])
+    assert_same(out_g, out_p)
+    assert_same(grad_g, grad_p)
+
+
+def test_merge_regions_is_opt_in_and_merges_adjacent_regions():
+    ex = fragmenting_executor()
+    x, w = torch.randn(32), torch.randn(8, 4)
+    default = thunder.jit(view_then_compute, executors=[ex], transforms=[FusionGuard(strict=True)])
+    default(x, w)
+    assert len(regions(default)) == 3
+    guard = FusionGuard(strict=True, merge_regions=True)
+    merged = thunder.jit(view_then_compute, executors=[ex], transforms=[guard])
+    torch.testing.assert_close(merged(x, w), view_then_compute(x, w))
+    (region,) = regions(merged)
+    assert region.ops == ["reshape", "permute", "mul", "exp", "add"]
+    assert len([d for d in guard.report if d.details.get("into") and not d.ops]) == 2

@@ -23,6 +23,8 @@ class GuardOptions:
     calibration: Any = None
     fold_setitem: bool = True
     remove_identities: bool = True
+    rehome: bool = True
+    merge_regions: bool = False
 
     def guards(self, executor: str) -> bool:
         return self.executors is None or executor in self.executors
@@ -59,6 +61,8 @@ def make_options(
     calibration: Any = None,
     fold_setitem: bool = True,
     remove_identities: bool = True,
+    rehome: bool = True,
+    merge_regions: bool = False,
 ) -> GuardOptions:
     """Validate user options into a :class:`GuardOptions` (``ValueError`` names the bad option)."""
     chosen = None
@@ -82,6 +86,8 @@ def make_options(
         calibration=_calibration(calibration),
         fold_setitem=_bool("fold_setitem", fold_setitem),
         remove_identities=_bool("remove_identities", remove_identities),
+        rehome=_bool("rehome", rehome),
+        merge_regions=_bool("merge_regions", merge_regions),
     )
 
 

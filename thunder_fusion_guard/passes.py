@@ -13,6 +13,7 @@ from .fold import SETITEM, fold_setitem_copies
 from .identity import remove_identities
 from .options import GuardOptions
 from .regions import find_regions
+from .rehome import absorb_metadata_ops, merge_adjacent_regions
 from .report import Decision, Report
 from .rewrite import lower_region, replace_regions
 
@@ -53,6 +54,10 @@ def guard_trace(
         new_trace = _op_pass(fold_pass, new_trace, options, made, where)
     if options.remove_identities:
         new_trace = _op_pass(identity_pass, new_trace, options, made, where)
+    if options.rehome:
+        new_trace = _op_pass(rehome_pass, new_trace, options, made, where)
+    if options.merge_regions:
+        new_trace = _op_pass(merge_pass, new_trace, options, made, where)
     for d in made:
         report.add(d)
     if options.report_only or new_trace is trace:
@@ -158,6 +163,35 @@ def identity_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision
         d = _decision(where, r.region or r.output, r.executor, [r.op], "remove", reason)
         d.applied = not options.report_only
         d.details = {"output": r.output, "replaced_by": r.replaced_by}
+        made.append(d)
+    return new
+
+
+def rehome_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision], where: TraceContext) -> th.TraceCtx:
+    """Move metadata ops run outside a fusion into the region that alone reads them."""
+    new, moves = absorb_metadata_ops(trace, _may_change(options), options.metadata_ops)
+    for m in moves:
+        if m.error:
+            reason = f"metadata op read only by {m.into} kept outside: rebuilding {m.into} failed"
+            d = _decision(where, m.into, m.executor, [m.op], "keep", reason)
+            d.error = m.error
+        else:
+            reason = f"metadata op run outside a fusion and read only by {m.into}: moved into it (no eager dispatch)"
+            d = _decision(where, m.into, m.executor, [m.op], "rehome", reason)
+            d.applied = not options.report_only
+        d.details = {"output": m.moved, "into": m.into}
+        made.append(d)
+    return new
+
+
+def merge_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision], where: TraceContext) -> th.TraceCtx:
+    """Merge adjacent regions of one executor into one fusion call."""
+    new, merges = merge_adjacent_regions(trace, _may_change(options))
+    for m in merges:
+        reason = f"next to {m.into}, same executor, nothing between: merged into it (one fusion call, not two)"
+        d = _decision(where, m.moved, m.executor, [], "rehome", reason)
+        d.applied = not options.report_only
+        d.details = {"into": m.into}
         made.append(d)
     return new
 

@@ -32,6 +32,8 @@ class FusionGuard(thunder.Transform):
       ``"measure"`` (calibrate now if nothing is cached), or a ``CostConstants``/dict set by hand.
     - ``fold_setitem``: fold Thunder's out-of-place setitem and its ``copy_`` back into one in-place setitem.
     - ``remove_identities``: remove ops that return their input unchanged (same-shape reshape, ...).
+    - ``rehome``: move metadata ops run outside a fusion into the region that alone reads them.
+    - ``merge_regions``: merge adjacent regions of one executor (off: the fused code may round differently).
     """
 
     def __init__(
@@ -47,6 +49,8 @@ class FusionGuard(thunder.Transform):
         calibration: CostConstants | dict | str | None = None,
         fold_setitem: bool = True,
         remove_identities: bool = True,
+        rehome: bool = True,
+        merge_regions: bool = False,
     ) -> None:
         self.options = make_options(
             executors=executors,
@@ -59,6 +63,8 @@ class FusionGuard(thunder.Transform):
             calibration=calibration,
             fold_setitem=fold_setitem,
             remove_identities=remove_identities,
+            rehome=rehome,
+            merge_regions=merge_regions,
         )
         self._constants: dict[tuple[str, str], CostConstants | None] = {}
         self.report = Report()

@@ -1,0 +1,137 @@
+"""Re-homing: metadata ops left outside a fusion move into the region that alone consumes them, and
+regions of one executor that end up next to each other are merged into one call.
+
+Thunder's partitioners already fuse a view into its consumer when they can; what stays outside is
+what an executor chose to leave out (nvFuser's "bookend" views at region edges, ops claimed by an
+operator executor). Moving such an op in saves an eager dispatch; merging saves a fusion call. Both
+are legal here by construction: the op's inputs exist before it, the consumer comes after it and is
+its only reader, and merged regions are adjacent in the trace, so no cycle and no lost output.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import _thunder as th
+from .ops import is_metadata
+
+
+@dataclass(frozen=True)
+class Rehome:
+    """One op moved into a region, or one region merged into the next (``error``: why it was not)."""
+
+    op: str
+    moved: str
+    into: str
+    executor: str
+    error: str
+
+
+def _readers(bsyms: list[th.BoundSymbol]) -> dict[str, set[int]]:
+    readers: dict[str, set[int]] = defaultdict(set)
+    for i, b in enumerate(bsyms):
+        if not th.is_comment_or_del(b):
+            for p in b.flat_proxy_args:
+                readers[p.name].add(i)
+    return readers
+
+
+def _unique(proxies) -> list[th.Proxy]:
+    return list({p.name: p for p in proxies}.values())
+
+
+def absorb_metadata_ops(
+    trace: th.TraceCtx, may_change: Callable[[th.BoundSymbol], bool], extra_metadata: frozenset[str] = frozenset()
+) -> tuple[th.TraceCtx, list[Rehome]]:
+    """Move each metadata op run outside a fusion into the guarded region that is its only reader.
+
+    Walks the trace backwards so a chain of views ends up in the region whole.
+    """
+    bsyms = list(trace.bound_symbols)
+    returned = th.return_names(trace)
+    moves: list[Rehome] = []
+    readers_of = _readers(bsyms)
+    for i in range(len(bsyms) - 1, -1, -1):
+        b = bsyms[i]
+        if b is None or th.is_fusion(b) or th.is_comment_or_del(b) or not b.flat_proxy_outs:
+            continue
+        if not is_metadata(b, extra_metadata):
+            continue
+        outs = {p.name for p in b.flat_proxy_outs}
+        if outs & returned:
+            continue
+        readers = set().union(*(readers_of.get(n, set()) for n in outs))
+        if len(readers) != 1:
+            continue
+        (j,) = readers
+        region = bsyms[j]
+        if j < i or not (th.is_fusion(region) and may_change(region)):
+            continue
+        inputs = _unique([*b.flat_proxy_args, *(p for p in region.flat_proxy_args if p.name not in outs)])
+        moved, into, ex = ", ".join(sorted(outs)), region.sym.name, th.executor_name(region)
+        try:
+            bsyms[j] = th.refuse(region, [b, *th.subsymbols(region)], inputs, region.flat_proxy_outs)
+        except Exception as e:
+            moves.append(Rehome(th.op_name(b), moved, into, ex, f"{type(e).__name__}: {e}"))
+            continue
+        bsyms[i] = None
+        for p in b.flat_proxy_args:
+            readers_of[p.name].discard(i)
+            readers_of[p.name].add(j)
+        moves.append(Rehome(th.op_name(b), moved, into, ex, ""))
+    if not moves:
+        return trace, []
+    return th.new_trace_like(trace, [b for b in bsyms if b is not None]), moves[::-1]
+
+
+def merge_adjacent_regions(
+    trace: th.TraceCtx, may_change: Callable[[th.BoundSymbol], bool]
+) -> tuple[th.TraceCtx, list[Rehome]]:
+    """Merge two guarded regions of one executor with nothing but ``del``s between them."""
+    bsyms = list(trace.bound_symbols)
+    returned = th.return_names(trace)
+    merges: list[Rehome] = []
+    out: list[th.BoundSymbol] = []
+    last_region: int | None = None
+    for b in bsyms:
+        if th.is_comment_or_del(b):
+            out.append(b)
+            continue
+        prev = out[last_region] if last_region is not None else None
+        if (
+            prev is not None
+            and th.is_fusion(b)
+            and may_change(b)
+            and may_change(prev)
+            and prev.sym.executor is b.sym.executor
+        ):
+            merged = _merged(prev, b, bsyms, returned)
+            if merged is not None:
+                out[last_region] = merged
+                merges.append(Rehome("region", prev.sym.name, b.sym.name, th.executor_name(b), ""))
+                continue
+        last_region = len(out) if th.is_fusion(b) else None
+        out.append(b)
+    if not merges:
+        return trace, []
+    return th.new_trace_like(trace, out), merges
+
+
+def _merged(first: th.BoundSymbol, second: th.BoundSymbol, bsyms, returned) -> th.BoundSymbol | None:
+    made_by_first = {p.name for p in first.flat_proxy_outs}
+    read_later = {
+        p.name
+        for b in bsyms
+        if b is not first and b is not second and not th.is_comment_or_del(b)
+        for p in b.flat_proxy_args
+    }
+    inputs = _unique([*first.flat_proxy_args, *(p for p in second.flat_proxy_args if p.name not in made_by_first)])
+    outputs = _unique(
+        [*(p for p in first.flat_proxy_outs if p.name in read_later or p.name in returned), *second.flat_proxy_outs]
+    )
+    try:
+        return th.refuse(second, [*th.subsymbols(first), *th.subsymbols(second)], inputs, outputs)
+    except Exception:
+        return None
