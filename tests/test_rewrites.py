@@ -242,3 +242,17 @@ def test_merge_regions_is_opt_in_and_merges_adjacent_regions():
     (region,) = regions(merged)
     assert region.ops == ["reshape", "permute", "mul", "exp", "add"]
     assert len([d for d in guard.report if d.details.get("into") and not d.ops]) == 2
+
+
+def test_rewritten_backward_keeps_thunders_layout():
+    """CUDAGraphTransform reads the backward trace by position; a rewrite must not double its
+    collection clears (it did: identity removal in the backward broke guard + CUDA graphs)."""
+    x, y = torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True)
+    guard = FusionGuard(strict=True)
+    guarded, plain = check_three_ways(identities, [x, y], guard, exact_eager=True)
+    assert guard.report.filter(action="remove", trace="backward")
+
+    def head(jitted):
+        return [b.sym.name for b in thunder.last_backward_traces(jitted)[-1].bound_symbols[:10]]
+
+    assert head(guarded) == head(plain)

@@ -200,7 +200,12 @@ def refresh_dels(trace: TraceCtx) -> TraceCtx:
     """Re-derive the ``del`` statements after bound symbols moved (Thunder's own last-use pass)."""
     from thunder.executors.passes import del_last_used
 
-    return del_last_used(trace, clear_mutable_collections=is_backward(trace))
+    backward = is_backward(trace)
+    if backward:
+        # del_last_used adds the collection clears again; without this they would be doubled, and
+        # positional readers of the backward trace (CUDAGraphTransform) would break.
+        trace = new_trace_like(trace, [b for b in trace.bound_symbols if b.sym.name != "clear_mutable_collection"])
+    return del_last_used(trace, clear_mutable_collections=backward)
 
 
 def compile_function_name() -> str | None:
