@@ -42,7 +42,7 @@ def short_name(kernel_name: str) -> str:
 
 
 _KERNEL_BLOCK = re.compile(r"%kernel \{\n(.*?)^\}", re.S | re.M)
-_TENSOR_OUT = re.compile(r"^\s*T\d+_\w+\[.*?\]\s*(?:=\s*(?P<rhs>.*))?$")
+_TENSOR_OUT = re.compile(r"^\s*T\d+_\w+\[[^=]*?(?:=\s*(?P<rhs>.*))?$")
 _CALL = re.compile(r"\s*\(?\s*(?P<name>[A-Za-z_][\w.]*)\s*\(")
 _INFIX = re.compile(r"^\s*(?P<op>[-+*/%<>=!&|^]+)\s")
 
