@@ -91,8 +91,8 @@ class Report:
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
 
-    def to_markdown(self) -> str:
-        return format_markdown(self.decisions, self.subgraphs)
+    def to_markdown(self, title: str = "FusionGuard report") -> str:
+        return format_markdown(self.decisions, self.subgraphs, title)
 
     def __str__(self) -> str:
         return format_table(self.decisions, self.subgraphs)
@@ -191,13 +191,15 @@ def _md_cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def format_markdown(decisions: list[Decision], subgraphs: dict[str, Subgraph] | None = None) -> str:
+def format_markdown(
+    decisions: list[Decision], subgraphs: dict[str, Subgraph] | None = None, title: str = "FusionGuard report"
+) -> str:
     """The report as Markdown: a table per ThunderFX subgraph (or one table), then the summary."""
     subgraphs = subgraphs or {}
     with_kernels = any("kernels" in d.details for d in decisions)
     header = _header(with_kernels)
     grouped = bool(subgraphs)
-    lines = ["# FusionGuard report", ""]
+    lines = [f"# {_md_cell(title)}", ""]
     for sub, mine in _groups(decisions, subgraphs) if grouped else [(None, decisions)]:
         if grouped:
             title = sub.id if sub is None or sub.name is None else f"{sub.id} ({sub.name})"
