@@ -84,7 +84,8 @@ def subgraph_inputs(
 
     def recorder(index: int):
         def hook(module: Any, sub_args: tuple, sub_kwargs: dict) -> None:
-            seen.setdefault(index, tree_map(_detached_copy, (tuple(sub_args), dict(sub_kwargs))))
+            if index not in seen:
+                seen[index] = tree_map(_detached_copy, (tuple(sub_args), dict(sub_kwargs)))
 
         return hook
 
