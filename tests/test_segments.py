@@ -187,3 +187,21 @@ def test_collect_segments_through_thunderfx(monkeypatch):
 def test_collect_segments_bad_executors(bad):
     with pytest.raises(ValueError, match="'executors' must be a list of executor names"):
         collect_segments(jit_cpu(tanh_and_view), torch.randn(3, 4), executors=bad)
+
+
+def test_device_kernels_keeps_kernel_launches_in_start_order():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def event(name, start, device=DeviceType.CUDA):
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start))
+
+    events = [
+        event(REDUCTION, 30),
+        event("Memcpy HtoD (Pageable -> Device)", 5),
+        event(POINTWISE, 10),
+        event("aten::add", 1, DeviceType.CPU),
+        event("Memset (Device)", 20),
+    ]
+    assert [e.name for e in segments.device_kernels(events)] == [POINTWISE, REDUCTION]

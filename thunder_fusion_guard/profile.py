@@ -21,7 +21,7 @@ from . import _thunder as th
 from .calls import RegionCall, program_calls
 from .report import Decision, _ops_text, kernels_text, text_table
 from .rewrite import lower_region
-from .segments import summarize
+from .segments import device_kernels, summarize
 from .timing import median_us, uses_cuda
 
 
@@ -164,8 +164,9 @@ def _measure(trace: th.TraceCtx, call: RegionCall, reps: int, warmup: int) -> Re
         row.output_bytes = _nbytes([fn(*args)])
         row.host_us = median_us(fn, *args, reps=reps, warmup=warmup)
         if cuda:
-            row.device_us, row.kernels, row.kernel_names = _device_time(fn, args, max(1, min(reps, 20)))
-            row.schedulers = summarize(row.kernel_names)["schedulers"]
+            row.device_us, row.kernels, names = _device_time(fn, args, max(1, min(reps, 20)))
+            kernels = summarize(names)
+            row.kernel_names, row.schedulers = kernels["kernel_names"], kernels["schedulers"]
             row.overhead_us = row.host_us - row.device_us
         try:
             eager = th.python_callable_from_symbols(
@@ -203,14 +204,10 @@ def _profiled_kernels(fn: Callable, args: tuple, calls: int) -> tuple[float, int
             fn(*args)
         torch.cuda.synchronize()
     on_device = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    kernels = sorted((e for e in on_device if not e.name.startswith(("Memcpy", "Memset"))), key=_start)
+    kernels = device_kernels(on_device)
     total_us = sum(e.time_range.elapsed_us() for e in on_device)
     per_call = round(len(kernels) / calls)
     return total_us / calls, per_call, [e.name for e in kernels[:per_call]]
-
-
-def _start(event: Any) -> float:
-    return event.time_range.start
 
 
 def _fmt(value: float | int | None, digits: int = 1) -> str:

@@ -99,7 +99,6 @@ def summarize(kernel_names: Iterable[str], scheduled_ir: str | None = None) -> d
 
 def launched_kernels(fn: Callable, args: tuple) -> list[str]:
     """Names of the CUDA kernels one call of ``fn(*args)`` launches, in launch order (after one warm-up call)."""
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     with torch.no_grad():
@@ -108,13 +107,15 @@ def launched_kernels(fn: Callable, args: tuple) -> list[str]:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             fn(*args)
             torch.cuda.synchronize()
-    events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    kernels = sorted((e for e in events if not e.name.startswith(("Memcpy", "Memset"))), key=_start)
-    return [e.name for e in kernels]
+    return [e.name for e in device_kernels(prof.events())]
 
 
-def _start(event: Any) -> float:
-    return event.time_range.start
+def device_kernels(events: Iterable[Any]) -> list[Any]:
+    """The kernel launches among torch.profiler events (no memcpy or memset), in start order."""
+    from torch.autograd import DeviceType
+
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))]
+    return sorted(kernels, key=lambda e: e.time_range.start)
 
 
 def probe_region(fn: Callable, args: tuple) -> dict[str, Any] | None:
