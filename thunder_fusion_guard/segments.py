@@ -19,7 +19,7 @@ from . import _thunder as th
 from .calls import program_calls
 from .timing import uses_cuda
 
-KERNEL_NAME = re.compile(r"nvfuser_(?P<scheduler>[a-z_]+?)_f\d+_c\d+_r\d+_g(?P<group>\d+)")
+KERNEL_NAME = re.compile(r"nvfuser_(?P<scheduler>[a-z_]+?)_f\d+_c\d+_r\d+_g\d+")
 NOT_NVFUSER = "aten"
 
 
