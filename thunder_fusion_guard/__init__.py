@@ -7,14 +7,17 @@ from .explain import explain
 from .passes import FusionGuardError, guard_trace
 from .profile import RegionProfile, profile_regions
 from .report import Decision, Report
+from .segments import RegionKernels, collect_segments
 from .transform import FusionGuard
 
 __all__ = [
     "Decision",
     "FusionGuard",
     "FusionGuardError",
+    "RegionKernels",
     "RegionProfile",
     "Report",
+    "collect_segments",
     "explain",
     "guard_trace",
     "profile_regions",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import thunder
@@ -21,20 +22,25 @@ from thunder.extend import FusionExecutor, get_all_executors, get_always_executo
 __all__ = [
     "BoundSymbol",
     "FusionExecutor",
+    "FxSubgraph",
     "Proxy",
     "TensorProxy",
     "TraceCtx",
     "compile_function_name",
+    "compiling_fx_subgraph",
     "fusion_executor_names",
+    "fx_graph_ops",
     "is_backward",
     "is_fusion",
     "jitted_transforms",
     "last_traces",
     "lower_to_torch",
     "new_trace_like",
+    "nvfuser_scheduled_ir",
     "op_id",
     "refresh_dels",
     "set_provenance",
+    "thunderfx_subgraphs",
     "torch_executor",
 ]
 
@@ -264,6 +270,116 @@ def thunderfx_transforms(obj: Any) -> list[Any]:
     if not isinstance(options, dict):
         return []
     return list(options.get("transforms") or [])
+
+
+# ThunderCompiler always sets this option on the thunder.jit calls of the subgraphs it splits off.
+_THUNDERFX_OPTION = "thunderfx_disable_split_autograd"
+
+
+def compiling_fx_subgraph() -> torch.fx.GraphModule | None:
+    """The ThunderFX split subgraph (an fx GraphModule) Thunder is compiling right now; None outside ThunderFX."""
+    from thunder.core.compile_data import get_compile_data
+
+    try:
+        cd = get_compile_data()
+    except LookupError:
+        return None
+    fn = getattr(cd, "fn", None)
+    options = getattr(cd, "compile_options", None) or {}
+    if isinstance(fn, torch.fx.GraphModule) and _THUNDERFX_OPTION in options:
+        return fn
+    return None
+
+
+def fx_graph_ops(gm: torch.fx.GraphModule) -> list[str]:
+    """The operations of an fx graph in order: function, method or module-type names."""
+    ops = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            target = node.target
+            ops.append(getattr(target, "__name__", None) or getattr(target, "name", None) or str(target))
+        elif node.op == "call_method":
+            ops.append(str(node.target))
+        elif node.op == "call_module":
+            ops.append(type(gm.get_submodule(node.target)).__name__)
+    return ops
+
+
+@dataclass(frozen=True)
+class FxSubgraph:
+    """One subgraph ThunderFX split off and compiled with Thunder.
+
+    ``graph`` indexes the Dynamo graphs the backend received, ``name`` is Thunder's name for the split
+    submodule (``thunder_0``), ``module`` the fx GraphModule Thunder compiled and ``jitted`` its
+    ``thunder.jit`` result; ``split_reasons`` says why Thunder split the Dynamo graph (empty when it did not).
+    """
+
+    graph: int
+    name: str
+    module: torch.fx.GraphModule
+    jitted: Any
+    split_reasons: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return f"dynamo graph {self.graph}, {self.name}"
+
+
+def is_thunderfx(obj: Any) -> bool:
+    """True for a ``thunderfx(...)`` result or a ``ThunderCompiler`` backend."""
+    from thunder.dynamo import ThunderCompiler
+
+    return isinstance(getattr(obj, "_backend", obj), ThunderCompiler)
+
+
+def thunderfx_subgraphs(obj: Any) -> list[FxSubgraph]:
+    """Every Thunder-compiled subgraph of a ThunderFX object so far, in the order the backend made them."""
+    if not is_thunderfx(obj):
+        raise TypeError(f"{type(obj).__name__} is not a thunderfx object or a ThunderCompiler")
+    found = []
+    for index, info in enumerate(getattr(obj, "_backend", obj).subgraph_infos):
+        reasons = tuple(_split_reason_text(r) for r in info.split_reasons or ())
+        compiled = list(info.thunder_compiled_fns or ())
+        for name, child in info.split_graph_module.named_children():
+            if any(child is fn for fn in compiled):
+                found.append(FxSubgraph(index, name, compiled_module(child), child, reasons))
+    return found
+
+
+def _split_reason_text(reason: Any) -> str:
+    kind = getattr(getattr(reason, "reason_type", None), "name", "split")
+    text = f"{kind}: {getattr(reason, 'info', None) or ''}".strip()
+    exception = getattr(reason, "exception", None)
+    return f"{text} ({exception})" if exception else text
+
+
+def thunderfx_function_name(obj: Any) -> str | None:
+    """The name of the function or module a ``thunderfx(...)`` result compiles."""
+    fn = getattr(obj, "_func", None)
+    return _function_name(getattr(fn, "_orig_mod", fn))
+
+
+def compiled_module(jitted: Any) -> Any:
+    """The function or module a ``thunder.jit`` result compiles (None if it is not one)."""
+    cd = thunder.compile_data(jitted)
+    return None if cd is None else getattr(cd, "fn", None)
+
+
+def nvfuser_scheduled_ir(region_fn: Callable) -> str | None:
+    """nvFuser's scheduled IR of the last run of a fusion region's callable; None where nvFuser does not expose it.
+
+    Thunder's ``FusionDefinitionWrapper`` keeps the fusion definition it last ran in ``last_used``;
+    ``nvfuser_direct`` gives its executor cache as ``fec`` with ``get_most_recent_scheduled_ir``.
+    """
+    fec = getattr(getattr(region_fn, "last_used", None), "fec", None)
+    get_ir = getattr(fec, "get_most_recent_scheduled_ir", None)
+    if get_ir is None:
+        return None
+    try:
+        text = get_ir()
+    except Exception:
+        return None
+    return text if isinstance(text, str) else None
 
 
 def region_callable(bsym: BoundSymbol):

@@ -1,4 +1,4 @@
-"""explain(): the readable report of the guards attached to a jitted function."""
+"""explain(): the readable report of the guards attached to a jitted function or a ThunderFX object."""
 
 from __future__ import annotations
 
@@ -20,22 +20,39 @@ def guards_of(obj: Any) -> list[Any]:
 
 
 def report_of(obj: Any) -> Report:
-    """The report of the one guard attached to ``obj`` (``ValueError`` if there is none)."""
+    """The report of the one guard attached to ``obj`` (``ValueError`` if there is none).
+
+    For a ThunderFX object, the report's subgraphs get Thunder's names and split reasons first.
+    """
     guards = guards_of(obj)
     if not guards:
         raise ValueError(
             f"{type(obj).__name__} has no FusionGuard: build it with thunder.jit(fn, transforms=[FusionGuard()]) "
             "or thunderfx(fn, transforms=[FusionGuard()])"
         )
+    if th.is_thunderfx(obj):
+        name_subgraphs(obj, guards)
     if len(guards) == 1:
         return guards[0].report
     merged = Report()
     for g in guards:
         for d in g.report:
             merged.add(d)
+        for sub in g.report.subgraphs.values():
+            merged.add_subgraph(sub)
     return merged
 
 
+def name_subgraphs(obj: Any, guards: list[Any]) -> None:
+    """Give each guard's subgraphs Thunder's name (``dynamo graph 0, thunder_0``) and its split reasons."""
+    for sub in th.thunderfx_subgraphs(obj):
+        for guard in guards:
+            key = guard.subgraph_of(sub.module)
+            if key in guard.report.subgraphs:
+                entry = guard.report.subgraphs[key]
+                entry.name, entry.split_reasons = sub.label, list(sub.split_reasons)
+
+
 def explain(obj: Any) -> str:
-    """The decision table of the guard(s) attached to a function jitted with FusionGuard."""
+    """The decision table of the guard(s) attached to a function jitted with FusionGuard or a ThunderFX object."""
     return str(report_of(obj))

@@ -2,7 +2,7 @@
 
 Each region's own callable is timed against the same ops run by Thunder's torch executor (the
 lowering the guard uses), so the cost of a fusion call can be read region by region, and next to it
-the guard's decision for that region.
+the guard's decision for that region. ThunderFX objects are profiled subgraph by subgraph.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from . import _thunder as th
-from .explain import guards_of
-from .regions import Region, find_regions
-from .report import Decision, _ops_text, text_table
+from .calls import RegionCall, program_calls
+from .report import Decision, _ops_text, kernels_text, text_table
 from .rewrite import lower_region
+from .segments import device_kernels, summarize
 from .timing import median_us, uses_cuda
 
 
@@ -30,7 +30,9 @@ class RegionRow:
     """One fusion region of the final forward or backward trace, measured with its real inputs.
 
     ``host_us`` is the wall time of one call (synchronised on CUDA), ``device_us`` the kernel time
-    of one call, ``overhead_us`` their difference: what the call costs beyond its kernels.
+    of one call, ``overhead_us`` their difference: what the call costs beyond its kernels. On CUDA
+    ``kernel_names`` and ``schedulers`` list the kernels of one call. ``subgraph`` names the ThunderFX
+    subgraph the region belongs to.
     """
 
     trace: str
@@ -49,6 +51,9 @@ class RegionRow:
     reason: str | None = None
     estimates: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    subgraph: str | None = None
+    kernel_names: list[str] = field(default_factory=list)
+    schedulers: list[str] = field(default_factory=list)
 
     @property
     def excess_us(self) -> float | None:
@@ -96,7 +101,7 @@ class RegionProfile:
         ax = fig.add_subplot()
         values = [r.excess_us for r in rows]
         ax.bar(
-            [f"{'fwd' if r.trace == 'forward' else 'bwd'} {r.region}" for r in rows],
+            [_bar_label(r) for r in rows],
             values,
             color=["tab:red" if v > 0 else "tab:green" for v in values],
         )
@@ -111,46 +116,33 @@ class RegionProfile:
         return path
 
 
+def _bar_label(row: RegionRow) -> str:
+    label = f"{'fwd' if row.trace == 'forward' else 'bwd'} {row.region}"
+    return label if row.subgraph is None else f"{row.subgraph} {label}"
+
+
 def profile_regions(jitted: Any, *args: Any, reps: int = 100, warmup: int = 10, **kwargs: Any) -> RegionProfile:
     """Run ``jitted(*args, **kwargs)`` (and its backward when outputs require grad) and measure each region.
 
-    The function runs twice, the second time recording each fusion call's arguments; the backward is
-    that of the sum of the floating outputs, so gradients accumulate in ``.grad`` as in a training step.
-    Then each region is timed on its recorded arguments, ``reps`` calls after ``warmup``.
+    ``jitted`` is a ``thunder.jit`` result or a ThunderFX object (``thunderfx(...)``). The function runs
+    twice, the second time recording each fusion call's arguments (under ThunderFX: each subgraph's
+    inputs, then each subgraph runs twice on copies of them); the backward is that of the sum of the
+    floating outputs, so gradients accumulate in ``.grad`` as in a training step. Then each region is
+    timed on its recorded arguments, ``reps`` calls after ``warmup``.
     """
-    _step(jitted, args, kwargs)
-    with th.recording_fusion_calls(jitted) as calls:
-        _step(jitted, args, kwargs)
-    decisions = _latest_decisions(jitted)
-    by_region = {(d.trace, d.region): d for d in decisions}
-    rows = []
-    for kind, trace in zip(("forward", "backward"), th.last_traces(jitted), strict=True):
-        if trace is None:
-            continue
-        for region in find_regions(trace):
-            row = _measure(trace, region, kind, calls.get((kind, region.name)), reps, warmup)
-            decision = by_region.get((kind, region.name))
-            if decision is not None:
-                row.action, row.reason, row.estimates = decision.action, decision.reason, dict(decision.estimates)
+    rows, decisions = [], []
+    for program in program_calls(jitted, args, kwargs):
+        decisions += program.decisions
+        for call in program.calls:
+            row = _measure(program.traces[call.trace], call, reps, warmup)
+            row.subgraph = program.subgraph
+            if call.decision is not None:
+                d = call.decision
+                row.action, row.reason, row.estimates = d.action, d.reason, dict(d.estimates)
             rows.append(row)
     device = "cuda" if uses_cuda(*tree_flatten((args, kwargs))[0]) else "cpu"
-    return RegionProfile(th.jitted_function_name(jitted), device, reps, rows, decisions)
-
-
-def _step(jitted: Any, args: tuple, kwargs: dict) -> None:
-    outputs = tree_flatten(jitted(*args, **kwargs))[0]
-    grads = [t for t in outputs if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
-    if grads:
-        sum(t.float().sum() for t in grads).backward()
-
-
-def _latest_decisions(jitted: Any) -> list[Decision]:
-    name = th.jitted_function_name(jitted)
-    mine = [d for g in guards_of(jitted) for d in g.report if d.function == name]
-    if not mine:
-        return []
-    latest = max(d.compile_index for d in mine)
-    return [d for d in mine if d.compile_index == latest]
+    name = th.thunderfx_function_name(jitted) if th.is_thunderfx(jitted) else th.jitted_function_name(jitted)
+    return RegionProfile(name, device, reps, rows, decisions)
 
 
 def _nbytes(values: Sequence[Any]) -> int:
@@ -158,14 +150,13 @@ def _nbytes(values: Sequence[Any]) -> int:
     return sum(t.numel() * t.element_size() for t in flat if isinstance(t, torch.Tensor))
 
 
-def _measure(trace: th.TraceCtx, region: Region, kind: str, args: tuple | None, reps: int, warmup: int) -> RegionRow:
-    row = RegionRow(kind, region.name, region.executor, len(region.ops), region.ops)
+def _measure(trace: th.TraceCtx, call: RegionCall, reps: int, warmup: int) -> RegionRow:
+    region = call.region
+    row = RegionRow(call.trace, region.name, region.executor, len(region.ops), region.ops)
+    args = call.replay_args()
     if args is None:
         row.error = "region was not called"
         return row
-    if any(op.endswith("_") for op in region.ops):
-        # In-place regions write into their inputs; replay them on copies.
-        args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
     fn = th.region_callable(region.bsym)
     cuda = uses_cuda(*args)
     with torch.no_grad():
@@ -173,7 +164,9 @@ def _measure(trace: th.TraceCtx, region: Region, kind: str, args: tuple | None, 
         row.output_bytes = _nbytes([fn(*args)])
         row.host_us = median_us(fn, *args, reps=reps, warmup=warmup)
         if cuda:
-            row.device_us, row.kernels = _device_time(fn, args, max(1, min(reps, 20)))
+            row.device_us, row.kernels, names = _device_time(fn, args, max(1, min(reps, 20)))
+            kernels = summarize(names)
+            row.kernel_names, row.schedulers = kernels["kernel_names"], kernels["schedulers"]
             row.overhead_us = row.host_us - row.device_us
         try:
             eager = th.python_callable_from_symbols(
@@ -185,8 +178,8 @@ def _measure(trace: th.TraceCtx, region: Region, kind: str, args: tuple | None, 
     return row
 
 
-def _device_time(fn: Callable, args: tuple, calls: int) -> tuple[float, int | None]:
-    """Kernel µs and kernel count per call from torch.profiler; CUDA events (no count) as a fallback."""
+def _device_time(fn: Callable, args: tuple, calls: int) -> tuple[float, int | None, list[str]]:
+    """Kernel µs, kernel count and kernel names per call from torch.profiler; CUDA events (no count) as a fallback."""
     try:
         return _profiled_kernels(fn, args, calls)
     except Exception:
@@ -198,10 +191,10 @@ def _device_time(fn: Callable, args: tuple, calls: int) -> tuple[float, int | No
             end.record()
             end.synchronize()
             samples.append(start.elapsed_time(end) * 1e3)
-        return statistics.median(samples), None
+        return statistics.median(samples), None, []
 
 
-def _profiled_kernels(fn: Callable, args: tuple, calls: int) -> tuple[float, int]:
+def _profiled_kernels(fn: Callable, args: tuple, calls: int) -> tuple[float, int, list[str]]:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -211,9 +204,10 @@ def _profiled_kernels(fn: Callable, args: tuple, calls: int) -> tuple[float, int
             fn(*args)
         torch.cuda.synchronize()
     on_device = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    kernels = [e for e in on_device if not e.name.startswith(("Memcpy", "Memset"))]
+    kernels = device_kernels(on_device)
     total_us = sum(e.time_range.elapsed_us() for e in on_device)
-    return total_us / calls, round(len(kernels) / calls)
+    per_call = round(len(kernels) / calls)
+    return total_us / calls, per_call, [e.name for e in kernels[:per_call]]
 
 
 def _fmt(value: float | int | None, digits: int = 1) -> str:
@@ -237,20 +231,29 @@ def format_profile(profile: RegionProfile) -> str:
         header += ["action", "reason"]
         table = [header]
         for r in profile.rows:
-            cells = [r.trace, r.region, r.executor, f"{r.n_ops}: {_ops_text(r.ops, 32)}"]
+            where = r.trace if r.subgraph is None else f"{r.subgraph}/{r.trace}"
+            cells = [where, r.region, r.executor, f"{r.n_ops}: {_ops_text(r.ops, 32)}"]
             cells += [_kib(r.input_bytes), _kib(r.output_bytes), _fmt(r.host_us), _fmt(r.eager_us)]
-            cells += [_fmt(r.device_us), _fmt(r.kernels), _fmt(r.overhead_us)] if cuda else [_fmt(r.excess_us)]
+            cells += [_fmt(r.device_us), _kernels(r), _fmt(r.overhead_us)] if cuda else [_fmt(r.excess_us)]
             reason = r.reason or ""
             if r.error:
                 reason = f"{reason} [{r.error}]".strip()
             table.append([*cells, r.action or "-", reason])
         lines = [title, *text_table(table)]
-    present = {(r.trace, r.region) for r in profile.rows}
-    gone = [d for d in profile.decisions if (d.trace, d.region) not in present]
+    present = {(r.subgraph, r.trace, r.region) for r in profile.rows}
+    gone = [d for d in profile.decisions if (d.subgraph, d.trace, d.region) not in present]
     if gone:
         lines.append("guard decisions for regions no longer in the traces:")
-        lines += [f"  {d.trace} {d.region} ({', '.join(d.ops)}): {d.action}: {d.reason}" for d in gone]
+        for d in gone:
+            where = d.trace if d.subgraph is None else f"{d.subgraph}/{d.trace}"
+            lines.append(f"  {where} {d.region} ({', '.join(d.ops)}): {d.action}: {d.reason}")
     return "\n".join(lines)
+
+
+def _kernels(row: RegionRow) -> str:
+    if row.kernels is None:
+        return "-"
+    return kernels_text({"kernels": row.kernels, "schedulers": row.schedulers, "segmented": row.kernels > 1})
 
 
 def _kib(n: int | None) -> str:

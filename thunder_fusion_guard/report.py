@@ -32,16 +32,42 @@ class Decision:
         return asdict(self)
 
 
+@dataclass
+class Subgraph:
+    """A ThunderFX split subgraph the guard compiled: its id, its fx ops, and once known Thunder's name for it
+    (``dynamo graph 0, thunder_0``) and why Thunder split the Dynamo graph there."""
+
+    id: str
+    ops: list[str]
+    name: str | None = None
+    split_reasons: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def heading(self) -> str:
+        label = self.id if self.name is None else f"{self.id} ({self.name})"
+        return f"{label}, {len(self.ops)} op{'s' if len(self.ops) != 1 else ''}: {_ops_text(self.ops, 100)}"
+
+
 class Report:
-    """Every decision one :class:`FusionGuard` has made, across all the traces it has seen."""
+    """Every decision one :class:`FusionGuard` has made, across all the traces it has seen.
+
+    Under ThunderFX, ``subgraphs`` maps each split subgraph's id to its :class:`Subgraph`; decisions
+    name theirs in ``Decision.subgraph``.
+    """
 
     def __init__(self) -> None:
         self.decisions: list[Decision] = []
+        self.subgraphs: dict[str, Subgraph] = {}
 
     def add(self, decision: Decision) -> None:
         if decision.action not in ACTIONS:
             raise ValueError(f"unknown action {decision.action!r}; allowed: {ACTIONS}")
         self.decisions.append(decision)
+
+    def add_subgraph(self, subgraph: Subgraph) -> None:
+        self.subgraphs[subgraph.id] = subgraph
 
     def __len__(self) -> int:
         return len(self.decisions)
@@ -57,13 +83,19 @@ class Report:
         return dict(Counter(d.action for d in self.decisions))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"counts": self.counts(), "decisions": [d.to_dict() for d in self.decisions]}
+        data: dict[str, Any] = {"counts": self.counts(), "decisions": [d.to_dict() for d in self.decisions]}
+        if self.subgraphs:
+            data["subgraphs"] = {key: sub.to_dict() for key, sub in self.subgraphs.items()}
+        return data
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
 
+    def to_markdown(self, title: str = "FusionGuard report") -> str:
+        return format_markdown(self.decisions, self.subgraphs, title)
+
     def __str__(self) -> str:
-        return format_table(self.decisions)
+        return format_table(self.decisions, self.subgraphs)
 
     def __repr__(self) -> str:
         return f"Report({self.counts()})"
@@ -81,28 +113,111 @@ def _estimate_text(d: Decision) -> str:
     return f"{region:.1f} / {eager:.1f}"
 
 
-def format_table(decisions: list[Decision]) -> str:
-    """A fixed-width table, one row per decision, grouped by function, compilation and trace."""
-    if not decisions:
-        return "FusionGuard: no fusion regions seen yet (call the jitted function first)."
-    header = ("trace", "region", "executor", "ops", "action", "est µs region/eager", "reason")
-    rows = []
-    for d in decisions:
-        where = d.trace if d.subgraph is None else f"{d.subgraph}/{d.trace}"
-        if d.function:
-            where = f"{d.function}#{d.compile_index}:{where}"
-        action = d.action if d.applied else f"{d.action} (not applied)"
-        reason = d.reason if d.error is None else f"{d.reason} [{d.error}]"
-        rows.append((where, d.region, d.executor, _ops_text(d.ops), action, _estimate_text(d), reason))
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header) - 1)]
-    lines = []
-    for r in [header, *rows]:
-        lines.append("  ".join(str(c).ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1])
+def kernels_text(details: dict[str, Any]) -> str:
+    """'2 segmented: reduction+pointwise' from a region's kernel details; '' when none were recorded."""
+    count = details.get("kernels")
+    if count is None:
+        return ""
+    schedulers = "+".join(details.get("schedulers") or [])
+    flag = " segmented" if details.get("segmented") else ""
+    return f"{count}{flag}: {schedulers}" if schedulers else f"{count}{flag}"
+
+
+def _header(with_kernels: bool) -> tuple[str, ...]:
+    kernels = ("kernels",) if with_kernels else ()
+    return ("trace", "region", "executor", "ops", *kernels, "action", "est µs region/eager", "reason")
+
+
+def _row(d: Decision, with_kernels: bool, grouped: bool) -> tuple[str, ...]:
+    where = d.trace if d.subgraph is None or grouped else f"{d.subgraph}/{d.trace}"
+    if d.function:
+        where = f"{d.function}#{d.compile_index}:{where}"
+    action = d.action if d.applied else f"{d.action} (not applied)"
+    reason = d.reason if d.error is None else f"{d.reason} [{d.error}]"
+    kernels = (kernels_text(d.details),) if with_kernels else ()
+    return (where, d.region, d.executor, _ops_text(d.ops), *kernels, action, _estimate_text(d), reason)
+
+
+def _groups(decisions: list[Decision], subgraphs: dict[str, Subgraph]) -> list[tuple[Subgraph | None, list[Decision]]]:
+    """Decisions by subgraph, in the order the subgraphs were compiled; the rest (not ThunderFX) last."""
+    groups: list[tuple[Subgraph | None, list[Decision]]] = []
+    for key, sub in subgraphs.items():
+        mine = [d for d in decisions if d.subgraph == key]
+        groups.append((sub, mine))
+    rest = [d for d in decisions if d.subgraph not in subgraphs]
+    if rest:
+        groups.append((None, rest))
+    return groups
+
+
+def _summary(decisions: list[Decision], subgraphs: dict[str, Subgraph]) -> str:
     counts = Counter(d.action for d in decisions)
     summary = ", ".join(f"{counts[a]} {a}" for a in ACTIONS if counts[a])
-    lines.insert(1, "-" * min(160, sum(widths) + 2 * len(widths) + 20))
-    lines.append(f"FusionGuard: {len(decisions)} decisions ({summary})")
+    where = f" in {len(subgraphs)} subgraphs" if subgraphs else ""
+    return f"FusionGuard: {len(decisions)} decisions ({summary}){where}"
+
+
+def format_table(decisions: list[Decision], subgraphs: dict[str, Subgraph] | None = None) -> str:
+    """A fixed-width table, one row per decision; under ThunderFX a heading per subgraph with its ops.
+
+    A ``kernels`` column (count and nvFuser schedulers) appears once kernel details were collected.
+    """
+    subgraphs = subgraphs or {}
+    if not decisions and not subgraphs:
+        return "FusionGuard: no fusion regions seen yet (call the jitted function first)."
+    with_kernels = any("kernels" in d.details for d in decisions)
+    header = _header(with_kernels)
+    grouped = bool(subgraphs)
+    groups = _groups(decisions, subgraphs) if grouped else [(None, decisions)]
+    rows = {id(d): _row(d, with_kernels, grouped) for d in decisions}
+    widths = [max(len(str(r[i])) for r in [header, *rows.values()]) for i in range(len(header) - 1)]
+
+    def line(r: tuple[str, ...]) -> str:
+        return "  ".join(str(c).ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
+
+    lines = [line(header), "-" * min(160, sum(widths) + 2 * len(widths) + 20)]
+    for sub, mine in groups:
+        if grouped:
+            lines.append(sub.heading() if sub else "not from ThunderFX:")
+            lines += [f"  split: {reason}" for reason in (sub.split_reasons if sub else [])]
+            if not mine:
+                lines.append("  (no fusion region)")
+        lines += [line(rows[id(d)]) for d in mine]
+    lines.append(_summary(decisions, subgraphs))
     return "\n".join(lines)
+
+
+def _md_cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def format_markdown(
+    decisions: list[Decision], subgraphs: dict[str, Subgraph] | None = None, title: str = "FusionGuard report"
+) -> str:
+    """The report as Markdown: a table per ThunderFX subgraph (or one table), then the summary."""
+    subgraphs = subgraphs or {}
+    with_kernels = any("kernels" in d.details for d in decisions)
+    header = _header(with_kernels)
+    grouped = bool(subgraphs)
+    lines = [f"# {_md_cell(title)}", ""]
+    for sub, mine in _groups(decisions, subgraphs) if grouped else [(None, decisions)]:
+        if grouped:
+            title = sub.id if sub is None or sub.name is None else f"{sub.id} ({sub.name})"
+            lines += [f"## {title if sub else 'not from ThunderFX'}", ""]
+            if sub:
+                lines += [f"ops ({len(sub.ops)}): {_md_cell(', '.join(sub.ops))}", ""]
+                lines += [f"- split: {_md_cell(reason)}" for reason in sub.split_reasons]
+        if not mine:
+            lines += ["no fusion region", ""]
+            continue
+        lines += ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+        for d in mine:
+            cells = list(_row(d, with_kernels, grouped))
+            cells[3] = ", ".join(d.ops)
+            lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
+        lines.append("")
+    lines.append(_summary(decisions, subgraphs))
+    return "\n".join(lines) + "\n"
 
 
 def text_table(rows: list[list[str]]) -> list[str]:

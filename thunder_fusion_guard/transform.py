@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -13,7 +14,7 @@ from . import calibrate
 from .cost import CostConstants
 from .options import make_options
 from .passes import TraceContext, guard_trace
-from .report import Report
+from .report import Report, Subgraph
 
 
 class FusionGuard(thunder.Transform):
@@ -70,6 +71,7 @@ class FusionGuard(thunder.Transform):
         self.report = Report()
         self._lock = threading.Lock()
         self._compiles = 0
+        self._subgraph_ids: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
     def transform_trace_post_optimization(self, computation_trace: th.TraceCtx, **kwargs: Any) -> th.TraceCtx:
         with self._lock:
@@ -80,8 +82,26 @@ class FusionGuard(thunder.Transform):
                 trace="backward" if backward else "forward",
                 function=th.compile_function_name(),
                 compile_index=self._compiles,
+                subgraph=self._subgraph_id(th.compiling_fx_subgraph()),
             )
             return guard_trace(computation_trace, self.options, self.report, where, self.constants_for)
+
+    def _subgraph_id(self, module: Any) -> str | None:
+        """The id of a ThunderFX subgraph (``subgraph 0``, ...), given when it is first compiled."""
+        if module is None:
+            return None
+        if module not in self._subgraph_ids:
+            key = f"subgraph {len(self.report.subgraphs)}"
+            self._subgraph_ids[module] = key
+            self.report.add_subgraph(Subgraph(key, th.fx_graph_ops(module)))
+        return self._subgraph_ids[module]
+
+    def subgraph_of(self, module: Any) -> str | None:
+        """The id this guard gave the ThunderFX subgraph ``module`` (None if it never compiled it)."""
+        try:
+            return self._subgraph_ids.get(module)
+        except TypeError:
+            return None
 
     def constants_for(self, device: str, executor: str) -> CostConstants | None:
         """The cost constants used for ``executor`` on ``device``, resolved once per guard."""

@@ -1,0 +1,146 @@
+"""The fusion calls of one run: every region of the final traces, with the arguments it really got.
+
+Works on a ``thunder.jit`` result and on a ThunderFX object (``thunderfx(...)``), whose Thunder
+programs are the split subgraphs; both the profiler and the kernel collector start from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from . import _thunder as th
+from .explain import guards_of
+from .regions import Region, find_regions
+from .report import Decision
+
+
+@dataclass
+class RegionCall:
+    """One fusion region of a final forward or backward trace and the arguments of its last call (None: not called)."""
+
+    trace: str
+    region: Region
+    args: tuple | None
+    decision: Decision | None = None
+
+    def replay_args(self) -> tuple | None:
+        """The recorded arguments; copies where the region writes into its inputs (in-place ops)."""
+        if self.args is None or not any(op.endswith("_") for op in self.region.ops):
+            return self.args
+        return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in self.args)
+
+
+@dataclass
+class ProgramCalls:
+    """One Thunder program (the jitted function, or one ThunderFX subgraph), its regions' calls and decisions.
+
+    ``subgraph`` is the guard's id for a ThunderFX subgraph (Thunder's name for it without a guard).
+    """
+
+    jitted: Any
+    subgraph: str | None
+    traces: dict[str, th.TraceCtx] = field(default_factory=dict)
+    calls: list[RegionCall] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+
+
+def step(fn: Any, args: tuple, kwargs: dict, backward: bool = True) -> Any:
+    """Call ``fn``; with ``backward``, also the backward of the sum of the floating outputs that require grad."""
+    out = fn(*args, **kwargs)
+    if backward:
+        flat = tree_flatten(out)[0]
+        grads = [t for t in flat if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
+        if grads:
+            sum(t.float().sum() for t in grads).backward()
+    return out
+
+
+def program_calls(obj: Any, args: tuple, kwargs: dict, backward: bool = True) -> list[ProgramCalls]:
+    """Run ``obj`` and record the arguments of every fusion call of each of its Thunder programs.
+
+    A jitted function runs twice, the second time recording. A ThunderFX object runs twice, the second
+    time recording what each Thunder-compiled subgraph receives; then each subgraph runs on its own,
+    twice, on copies of those inputs (detached, so its backward stays local).
+    """
+    if not th.is_thunderfx(obj):
+        return [_record(obj, None, args, kwargs, backward)]
+    return [
+        _record(sub.jitted, _subgraph_key(sub) or sub.label, sub_args, sub_kwargs, backward)
+        for sub, sub_args, sub_kwargs in subgraph_inputs(obj, args, kwargs, backward)
+    ]
+
+
+def subgraph_inputs(
+    obj: Any, args: tuple, kwargs: dict, backward: bool = True
+) -> list[tuple[th.FxSubgraph, tuple, dict]]:
+    """Each Thunder-compiled subgraph that runs when ``obj(*args, **kwargs)`` runs, with copies of its inputs."""
+    step(obj, args, kwargs, backward)
+    subgraphs = th.thunderfx_subgraphs(obj)
+    seen: dict[int, tuple[tuple, dict]] = {}
+
+    def recorder(index: int):
+        def hook(module: Any, sub_args: tuple, sub_kwargs: dict) -> None:
+            if index not in seen:
+                seen[index] = tree_map(_detached_copy, (tuple(sub_args), dict(sub_kwargs)))
+
+        return hook
+
+    handles = [s.jitted.register_forward_pre_hook(recorder(i), with_kwargs=True) for i, s in enumerate(subgraphs)]
+    try:
+        step(obj, args, kwargs, backward)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [(subgraphs[i], *seen[i]) for i in sorted(seen)]
+
+
+def _detached_copy(value: Any) -> Any:
+    if not isinstance(value, torch.Tensor):
+        return value
+    differentiable = value.is_floating_point() or value.is_complex()
+    return value.detach().clone().requires_grad_(value.requires_grad and differentiable)
+
+
+def _subgraph_key(sub: th.FxSubgraph) -> str | None:
+    for guard in guards_of(sub.jitted):
+        key = guard.subgraph_of(sub.module)
+        if key is not None:
+            return key
+    return None
+
+
+def _record(jitted: Any, subgraph: str | None, args: tuple, kwargs: dict, backward: bool) -> ProgramCalls:
+    step(jitted, args, kwargs, backward)
+    with th.recording_fusion_calls(jitted) as recorded:
+        step(jitted, args, kwargs, backward)
+    program = ProgramCalls(jitted, subgraph, decisions=latest_decisions(jitted))
+    by_region = {(d.trace, d.region): d for d in program.decisions}
+    for kind, trace in zip(("forward", "backward"), th.last_traces(jitted), strict=True):
+        if trace is None:
+            continue
+        program.traces[kind] = trace
+        for region in find_regions(trace):
+            args_seen = recorded.get((kind, region.name))
+            program.calls.append(RegionCall(kind, region, args_seen, by_region.get((kind, region.name))))
+    return program
+
+
+def latest_decisions(jitted: Any) -> list[Decision]:
+    """The decisions of the latest compilation of ``jitted`` (for a ThunderFX subgraph: of that subgraph)."""
+    module = th.compiled_module(jitted)
+    name = th.jitted_function_name(jitted)
+    mine = []
+    for guard in guards_of(jitted):
+        key = guard.subgraph_of(module)
+        if key is not None:
+            mine += [d for d in guard.report if d.subgraph == key]
+        else:
+            mine += [d for d in guard.report if d.function == name and d.subgraph is None]
+    if not mine:
+        return []
+    latest = max(d.compile_index for d in mine)
+    return [d for d in mine if d.compile_index == latest]

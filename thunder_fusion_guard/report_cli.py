@@ -1,0 +1,218 @@
+"""``fusion-guard report TARGET``: run a model with the guard, print its decision report, save it for CI.
+
+TARGET names a callable: ``path/to/file.py:make`` or ``package.module:make``. ``make()`` returns
+``(model_or_fn, args)`` or ``(model_or_fn, args, kwargs)``; a ``make`` with a ``device`` parameter is
+called as ``make(device=...)``, otherwise the model and the tensors it returns are moved to the device.
+The model runs with a FusionGuard under ``thunder.jit`` (``--thunderfx``: through ThunderFX), on CPU
+with Thunder's torch.compile executor; when an output requires grad its backward runs too. On CUDA the
+kernels of each nvFuser region are collected. Exit status 2 means a bad TARGET or option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+FORMAT = "TARGET must look like 'path/to/file.py:make' or 'package.module:make'"
+
+
+class TargetError(ValueError):
+    """A TARGET that cannot be loaded, or whose ``make()`` does not return (model_or_fn, args[, kwargs])."""
+
+
+def load_target(spec: str) -> Callable[..., Any]:
+    """The callable that ``spec`` ('path/to/file.py:make' or 'package.module:make') names."""
+    where, sep, attr = spec.rpartition(":")
+    if not sep or not where or not attr:
+        raise TargetError(f"{FORMAT}, got {spec!r}")
+    module = _load_file(where) if where.endswith(".py") or "/" in where or "\\" in where else _load_module(where)
+    found: Any = module
+    for part in attr.split("."):
+        if not hasattr(found, part):
+            names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+            raise TargetError(f"{where} has no attribute {attr!r}; callables there: {names[:12]}")
+        found = getattr(found, part)
+    if not callable(found):
+        raise TargetError(f"{spec}: {attr!r} is a {type(found).__name__}, not a callable")
+    return found
+
+
+def _load_file(path: str) -> Any:
+    file = Path(path)
+    if not file.is_file():
+        raise TargetError(f"{path}: no such file")
+    file = file.resolve()
+    name = f"_fusion_guard_target_{file.stem}"
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise TargetError(f"{path}: cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    if str(file.parent) not in sys.path:
+        sys.path.insert(0, str(file.parent))
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise TargetError(f"importing {path} failed: {type(e).__name__}: {e}") from e
+    return module
+
+
+def _load_module(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name and name.startswith(e.name):
+            raise TargetError(f"no module named {e.name!r} (TARGET {name!r}; a file needs its .py path)") from e
+        raise TargetError(f"importing {name} failed: {e}") from e
+    except Exception as e:
+        raise TargetError(f"importing {name} failed: {type(e).__name__}: {e}") from e
+
+
+def make_workload(make: Callable[..., Any], device: str) -> tuple[Callable[..., Any], tuple, dict]:
+    """Call ``make`` and check what it returns: the model or function, its positional and keyword arguments."""
+    takes_device = "device" in _parameters(make)
+    result = make(device=device) if takes_device else make()
+    if not isinstance(result, (tuple, list)) or len(result) not in (2, 3):
+        raise TargetError(
+            f"make() must return (model_or_fn, args) or (model_or_fn, args, kwargs), got {_describe(result)}"
+        )
+    fn, args, kwargs = result[0], result[1], result[2] if len(result) == 3 else {}
+    if not callable(fn):
+        raise TargetError(f"make() returned {_describe(fn)} as the model: it must be a torch.nn.Module or a function")
+    if not isinstance(args, (tuple, list)):
+        raise TargetError(f"make() returned {_describe(args)} as args: it must be a tuple or list (one tensor: (x,))")
+    if not isinstance(kwargs, dict):
+        raise TargetError(f"make() returned {_describe(kwargs)} as kwargs: it must be a dict")
+    if not takes_device:
+        if isinstance(fn, torch.nn.Module):
+            fn = fn.to(device)
+        args, kwargs = tree_map(lambda v: _to_device(v, device), (tuple(args), dict(kwargs)))
+    return fn, tuple(args), dict(kwargs)
+
+
+def _parameters(fn: Callable[..., Any]) -> dict[str, Any]:
+    try:
+        return dict(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return {}
+
+
+def _describe(value: Any) -> str:
+    name = type(value).__name__
+    article = "an" if name[0].lower() in "aeiou" else "a"
+    return f"{article} {name} of {len(value)}" if isinstance(value, (tuple, list)) else f"{article} {name}"
+
+
+def _to_device(value: Any, device: str) -> Any:
+    if not isinstance(value, torch.Tensor) or value.device.type == device:
+        return value
+    moved = value.detach().to(device)
+    return moved.requires_grad_(value.requires_grad) if value.is_leaf else moved
+
+
+def compile_with_guard(fn: Callable[..., Any], guard: Any, device: str, thunderfx: bool) -> Any:
+    """``fn`` under thunder.jit or ThunderFX with ``guard``; on CPU with Thunder's torch.compile executor."""
+    options: dict[str, Any] = {"transforms": [guard]}
+    if device != "cuda":
+        from thunder.executors.torch_compile import torch_compile_ex
+
+        options["executors"] = [torch_compile_ex]
+    if thunderfx:
+        from thunder.dynamo import thunderfx as compile_fx
+
+        return compile_fx(fn, **options)
+    import thunder
+
+    return thunder.jit(fn, **options)
+
+
+def run_report(spec: str, *, thunderfx: bool = False, device: str | None = None, backward: bool = True) -> dict:
+    """Load TARGET, run it guarded (and its kernels collected on CUDA); the JSON document of the report.
+
+    Without ``backward`` the model runs forward only, under ``torch.no_grad()`` (an inference program).
+    """
+    from . import FusionGuard, collect_segments
+    from ._thunder import software_versions
+    from .calls import step
+    from .explain import report_of
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    fn, args, kwargs = make_workload(load_target(spec), device)
+    guard = FusionGuard()
+    compiled = compile_with_guard(fn, guard, device, thunderfx)
+    with nullcontext() if backward else torch.no_grad():
+        step(compiled, args, kwargs, backward)
+        if device == "cuda":
+            collect_segments(compiled, *args, backward=backward, **kwargs)
+    report = report_of(compiled)
+    return {
+        "target": spec,
+        "frontend": "thunderfx" if thunderfx else "thunder.jit",
+        "device": device,
+        "backward": backward,
+        "versions": software_versions(),
+        "report": report,
+    }
+
+
+def register(subparsers: Any) -> None:
+    """Add ``report`` to the ``fusion-guard`` command line."""
+    report = subparsers.add_parser(
+        "report",
+        help="run TARGET with the guard, print the decision report, write it as JSON/Markdown",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    report.add_argument("target", metavar="TARGET", help="path/to/file.py:make or package.module:make")
+    report.add_argument("--thunderfx", action="store_true", help="compile through ThunderFX instead of thunder.jit")
+    report.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    report.add_argument(
+        "--backward",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the backward when an output requires grad (default); --no-backward: forward under no_grad",
+    )
+    report.add_argument("--json", metavar="PATH", help="write the report as JSON here")
+    report.add_argument("--markdown", metavar="PATH", help="write the report as Markdown here")
+    report.set_defaults(run=_report_command)
+
+
+def _report_command(args: argparse.Namespace) -> int:
+    import json
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("fusion-guard report: --device cuda but no CUDA device is available", file=sys.stderr)
+        return 2
+    try:
+        doc = run_report(args.target, thunderfx=args.thunderfx, device=args.device, backward=args.backward)
+    except TargetError as e:
+        print(f"fusion-guard report: {e}", file=sys.stderr)
+        return 2
+    report = doc["report"]
+    title = f"{doc['target']} via {doc['frontend']} on {doc['device']}"
+    print(f"FusionGuard report: {title}")
+    print(report)
+    if args.json:
+        _write(args.json, json.dumps({**doc, "report": report.to_dict()}, indent=1) + "\n")
+    if args.markdown:
+        _write(args.markdown, report.to_markdown(f"FusionGuard report: {title}"))
+    for path in (args.json, args.markdown):
+        if path:
+            print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _write(path: str, text: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text)
