@@ -86,7 +86,7 @@ def unfuse_rejected(
         device = th.proxy_device(region.inputs + region.outputs)
         constants = constants_for(device, region.executor) if constants_for and device else None
         verdict = decide(region, options, constants)
-        decision = _decision(where, region.name, region.executor, region.ops, verdict.action, verdict.reason)
+        decision = _decision(where, region.name, region.executor, region.ops, verdict.action, verdict.reason, op=False)
         decision.estimates = dict(verdict.estimates)
         decision.applied = verdict.action == "keep" or not options.report_only
         if verdict.action == "reject":
@@ -162,7 +162,7 @@ def identity_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision
         reason = f"identity op ({r.reason}): its uses now read {r.replaced_by}"
         d = _decision(where, r.region or r.output, r.executor, [r.op], "remove", reason)
         d.applied = not options.report_only
-        d.details = {"output": r.output, "replaced_by": r.replaced_by}
+        d.details.update(output=r.output, replaced_by=r.replaced_by)
         made.append(d)
     return new
 
@@ -179,7 +179,7 @@ def rehome_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision],
             reason = f"metadata op run outside a fusion and read only by {m.into}: moved into it (no eager dispatch)"
             d = _decision(where, m.into, m.executor, [m.op], "rehome", reason)
             d.applied = not options.report_only
-        d.details = {"output": m.moved, "into": m.into}
+        d.details.update(output=m.moved, into=m.into)
         made.append(d)
     return new
 
@@ -191,12 +191,15 @@ def merge_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision], 
         reason = f"next to {m.into}, same executor, nothing between: merged into it (one fusion call, not two)"
         d = _decision(where, m.moved, m.executor, [], "rehome", reason)
         d.applied = not options.report_only
-        d.details = {"into": m.into}
+        d.details.update(into=m.into)
         made.append(d)
     return new
 
 
-def _decision(where: TraceContext, region: str, executor: str, ops: list[str], action: str, reason: str) -> Decision:
+def _decision(
+    where: TraceContext, region: str, executor: str, ops: list[str], action: str, reason: str, *, op: bool = True
+) -> Decision:
+    """A decision; ``op=True`` (the default) marks one about ops rather than about a whole region."""
     return Decision(
         trace=where.trace,
         region=region,
@@ -207,4 +210,5 @@ def _decision(where: TraceContext, region: str, executor: str, ops: list[str], a
         function=where.function,
         compile_index=where.compile_index,
         subgraph=where.subgraph,
+        details={"scope": "op"} if op else {},
     )
