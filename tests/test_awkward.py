@@ -177,21 +177,28 @@ def test_symbolic_values_cache_across_shapes(fn):
     assert {d.compile_index for d in guard.report} == {1}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="guard gap: under symbolic values a slice's shape arithmetic (prims.shape, lt, ge, ... on "
-    "integers) counts as compute, so a metadata-only region is kept (the cost model calls 'shape' inexact)",
-)
-def test_symbolic_values_metadata_only_region_is_rejected():
-    """A region of permute and slice only is metadata-only under symbolic values too."""
-    guard = FusionGuard()
-    jitted = jit_cpu(permute_slice, guard, cache="symbolic values")
-    for shape in SHAPES:
-        x = torch.randn(shape)
-        out = jitted(x)
-        assert torch.equal(out, permute_slice(x))
-    assert [d.action for d in guard.report] == ["reject"], f"kept under symbolic values:\n{guard.report}"
+def select_last_column(x):
+    return x.view(-1, x.shape[-1]).select(1, 0).unsqueeze(-1)
+
+
+@pytest.mark.parametrize("fn", [permute_slice, select_last_column], ids=lambda f: f.__name__)
+def test_symbolic_values_metadata_only_region_is_rejected(fn):
+    """Shape arithmetic on integers (prims.shape, mul, lt, ... under symbolic values) is no compute: a
+    region of views and that arithmetic is rejected, and its torch lowering holds for every new shape."""
+    guard = FusionGuard(strict=True)
+    jitted = jit_cpu(fn, guard, cache="symbolic values")
+    plain = jit_cpu(fn, cache="symbolic values")
+    assert jitted(torch.randn(2, 3, 4)) is not None and plain(torch.randn(2, 3, 4)) is not None
+    assert regions(plain), "unguarded thunder makes a region here"
     assert regions(jitted) == []
+    for shape in [*SHAPES, (7, 1, 3)]:
+        x = torch.randn(shape)
+        out, out_e = jitted(x), fn(x)
+        assert torch.equal(out, out_e) and out.stride() == out_e.stride()
+        assert shares_storage(out, x), "a view in eager stays a view"
+    assert thunder.cache_misses(jitted) == 1
+    (d,) = guard.report
+    assert (d.action, d.applied, d.error) == ("reject", True, None) and "metadata-only" in d.reason
 
 
 def test_recompiled_entries_stay_correct():

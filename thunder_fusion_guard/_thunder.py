@@ -11,9 +11,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import thunder
+import thunder.core.devices as devices
+import thunder.core.dtypes as dtypes
 import torch
 from thunder.core import prims
-from thunder.core.proxies import Proxy, TensorProxy, variableify
+from thunder.core.prims import OpTags
+from thunder.core.proxies import NumberProxy, Proxy, TensorProxy, variableify
 from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx, TraceProvenance, TraceTag, from_trace, tracectx
 from thunder.extend import FusionExecutor, get_all_executors, get_always_executors
@@ -32,8 +35,10 @@ __all__ = [
     "last_traces",
     "lower_to_torch",
     "new_trace_like",
+    "only_numbers",
     "op_id",
     "refresh_dels",
+    "reinterpreted_itemsizes",
     "set_provenance",
     "torch_executor",
 ]
@@ -63,6 +68,40 @@ def op_name(bsym: BoundSymbol) -> str:
 
 def subsymbols(bsym: BoundSymbol) -> Sequence[BoundSymbol]:
     return bsym.subsymbols
+
+
+# Values that can flow through shape arithmetic: numbers and the constants ops on numbers take.
+_NUMBER_LEAVES = (NumberProxy, int, float, complex, bool, str, type, type(None), slice, type(Ellipsis))
+_NUMBER_LEAVES += (dtypes.dtype, devices.Device, torch.dtype, torch.device)
+# Tags of ops with effects beyond their outputs (random state, device sync, mutation, "do not remove").
+_EFFECT_TAGS = frozenset({OpTags.RANDOM_OP, OpTags.DEVICE_SYNC_OP, OpTags.IN_PLACE, OpTags.AUTO_REGISTERED})
+
+
+def only_numbers(bsym: BoundSymbol) -> bool:
+    """True when ``bsym`` and every op it decomposes into take and give numbers only, with no effect but
+    their outputs (no random state, sync, mutation; checks excepted, they only raise on a bad value)."""
+    tags = set(bsym.sym.tags or ())
+    if tags & _EFFECT_TAGS:
+        return False
+    is_check = bsym.sym.name.startswith("check_")
+    if OpTags.DONT_DCE in tags and not is_check:
+        return False
+    if not bsym.flat_outs and not is_check:
+        return False
+    if not all(isinstance(x, _NUMBER_LEAVES) for x in (*bsym.flat_args, *bsym.flat_outs)):
+        return False
+    return all(only_numbers(s) for s in bsym.subsymbols)
+
+
+def reinterpreted_itemsizes(bsym: BoundSymbol) -> tuple[int, int] | None:
+    """(source, target) item sizes in bytes when ``bsym`` views a tensor as another dtype
+    (``prims.bitcast``, ``Tensor.view(dtype)``); None when it does not."""
+    values = [*bsym.args, *bsym.kwargs.values()]
+    source = next((v for v in values if isinstance(v, TensorProxy)), None)
+    target = next((v for v in values if isinstance(v, (dtypes.dtype, torch.dtype))), None)
+    if source is None or target is None:
+        return None
+    return source.dtype.bytes, dtypes.to_dtype(target).bytes
 
 
 def is_backward(trace: TraceCtx) -> bool:
