@@ -243,6 +243,39 @@ def test_one_guard_shared_by_several_functions():
     assert all(f"{name}#" in str(guard.report) for name in by_function)
 
 
+def test_compile_index_counts_per_function():
+    """One guard, two functions, each recompiled for a new shape (default cache): each function's
+    compilations are numbered 1, 2, ... on their own, forward and backward of one compilation alike."""
+    guard = FusionGuard(strict=True)
+    heads, swapped = jit_cpu(rearrange_heads, guard), jit_cpu(swap, guard)
+    small, large = torch.randn(2, 3, 4, 5, requires_grad=True), torch.randn(2, 3, 6, 5, requires_grad=True)
+    for jitted, fn, x in [
+        (heads, rearrange_heads, small),
+        (swapped, swap, small),
+        (heads, rearrange_heads, large),
+        (swapped, swap, small),
+        (swapped, swap, large),
+        (heads, rearrange_heads, small),
+    ]:
+        out, grads = run_with_grads(jitted, [x])
+        out_e, grads_e = run_with_grads(fn, [x])
+        assert_same(out, out_e)
+        assert_same(grads, grads_e)
+    assert thunder.cache_misses(heads) == thunder.cache_misses(swapped) == 2
+    seen = [(d.function, d.compile_index, d.trace) for d in guard.report]
+    assert seen == [
+        ("rearrange_heads", 1, "forward"),
+        ("rearrange_heads", 1, "backward"),
+        ("swap", 1, "forward"),
+        ("swap", 1, "backward"),
+        ("rearrange_heads", 2, "forward"),
+        ("rearrange_heads", 2, "backward"),
+        ("swap", 2, "forward"),
+        ("swap", 2, "backward"),
+    ]
+    assert "rearrange_heads#2:forward" in explain(heads) and "swap#2:backward" in explain(swapped)
+
+
 def graph_break(x, w):
     y = x.reshape(x.shape[0], -1).t()
     z = torch.tanh(y @ w)
