@@ -150,8 +150,7 @@ def lower_to_torch(outer: TraceCtx, bsyms: Sequence[BoundSymbol], outputs: Seque
     region.bound_symbols = [b for b in bsyms if not is_comment_or_del(b)]
     with tracectx(region):
         region.bound_symbols.append(prims.python_return.bind(list(outputs), output=None))
-    executors = [torch_executor(), *[ex for ex in get_always_executors() if ex is not torch_executor()]]
-    lowered = dce(_transform_for_operator_executor_execution(region, executors))
+    lowered = dce(_transform_for_operator_executor_execution(region, _lowering_executors()))
     body = [b for b in lowered.bound_symbols if b.sym.id != prims.PrimIDs.RETURN]
     (returned,) = [b for b in lowered.bound_symbols if b.sym.id == prims.PrimIDs.RETURN]
     # The lowering gives re-created outputs fresh names; give them back the names the trace uses.
@@ -163,6 +162,24 @@ def lower_to_torch(outer: TraceCtx, bsyms: Sequence[BoundSymbol], outputs: Seque
     if renames:
         body = [b.from_bsym_swap_proxies(renames) for b in body]
     return [b.from_bsym(source_filename=None, source_positions=None) for b in body]
+
+
+def _lowering_executors() -> list[Any]:
+    return [torch_executor(), *[ex for ex in get_always_executors() if ex is not torch_executor()]]
+
+
+def lowering_executor_names() -> frozenset[str]:
+    """Names of the executors :func:`lower_to_torch` may hand operations to (torch, and Python for numbers)."""
+    return frozenset(ex.name for ex in _lowering_executors())
+
+
+def effects(bsym: BoundSymbol) -> int:
+    """How many operations with an effect beyond their outputs (``copy_`` into a tensor, any op Thunder
+    must never remove) ``bsym`` performs, counted at the innermost level that has them."""
+    inner = sum(effects(s) for s in bsym.subsymbols)
+    if inner:
+        return inner
+    return int(OpTags.DONT_DCE in (bsym.sym.tags or ()))
 
 
 def executed_by(bsym: BoundSymbol) -> str | None:

@@ -18,7 +18,8 @@ from collections.abc import Iterable
 
 from . import _thunder as th
 
-# Thunder prims (by name) that only re-describe memory (`shape` only reads it).
+# Thunder prims (by name) that only re-describe memory (`shape` only reads it; `update_aliases` is the
+# identity at run time, it only tells Thunder which tensors alias after an in-place write).
 METADATA_PRIMS: frozenset[str] = frozenset(
     {
         "reshape",
@@ -31,6 +32,7 @@ METADATA_PRIMS: frozenset[str] = frozenset(
         "unfold",
         "bitcast",
         "shape",
+        "update_aliases",
     }
 )
 
