@@ -271,3 +271,5 @@ def test_random_programs_guarded_equals_unguarded_and_eager(prog):
     left = [r.name for b in [False, *backward] for r in regions(guarded, backward=b) if region_is_metadata_only(r.body)]
     assert not left, f"metadata-only regions left: {left}\n{prog!r}"
     assert not [d for d in guard.report if d.error], f"{guard.report}\n{prog!r}"
+    if any(d.action == "reject" and any(op.endswith("_") for op in d.ops) for d in guard.report):
+        event("a region with an in-place write went to torch")

@@ -28,12 +28,14 @@ __all__ = [
     "TensorProxy",
     "TraceCtx",
     "compile_function_name",
+    "effects",
     "fusion_executor_names",
     "is_backward",
     "is_fusion",
     "jitted_transforms",
     "last_traces",
     "lower_to_torch",
+    "lowering_executor_names",
     "new_trace_like",
     "only_numbers",
     "op_id",
@@ -73,7 +75,8 @@ def subsymbols(bsym: BoundSymbol) -> Sequence[BoundSymbol]:
 # Values that can flow through shape arithmetic: numbers and the constants ops on numbers take.
 _NUMBER_LEAVES = (NumberProxy, int, float, complex, bool, str, type, type(None), slice, type(Ellipsis))
 _NUMBER_LEAVES += (dtypes.dtype, devices.Device, torch.dtype, torch.device)
-# Tags of ops with effects beyond their outputs (random state, device sync, mutation, "do not remove").
+# Tags of ops that may do more than compute their outputs (random state, device sync, mutation, or an
+# unknown torch function); DONT_DCE ("never remove") is handled apart: checks carry it too.
 _EFFECT_TAGS = frozenset({OpTags.RANDOM_OP, OpTags.DEVICE_SYNC_OP, OpTags.IN_PLACE, OpTags.AUTO_REGISTERED})
 
 
