@@ -177,21 +177,27 @@ def test_symbolic_values_cache_across_shapes(fn):
     assert {d.compile_index for d in guard.report} == {1}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="guard gap: under symbolic values a slice's shape arithmetic (prims.shape, lt, ge, ... on "
-    "integers) counts as compute, so a metadata-only region is kept (the cost model calls 'shape' inexact)",
-)
-def test_symbolic_values_metadata_only_region_is_rejected():
-    """A region of permute and slice only is metadata-only under symbolic values too."""
-    guard = FusionGuard()
-    jitted = jit_cpu(permute_slice, guard, cache="symbolic values")
-    for shape in SHAPES:
+def select_last_column(x):
+    return x.view(-1, x.shape[-1]).select(1, 0).unsqueeze(-1)
+
+
+@pytest.mark.parametrize("fn", [permute_slice, select_last_column], ids=lambda f: f.__name__)
+def test_symbolic_values_metadata_only_region_is_rejected(fn):
+    """Shape arithmetic on integers (prims.shape, mul, lt, ... under symbolic values) is no compute: a
+    region of views and that arithmetic is rejected, and its torch lowering holds for every new shape."""
+    guard = FusionGuard(strict=True)
+    jitted = jit_cpu(fn, guard, cache="symbolic values")
+    plain = jit_cpu(fn, cache="symbolic values")
+    for shape in [*SHAPES, (7, 1, 3)]:
         x = torch.randn(shape)
-        out = jitted(x)
-        assert torch.equal(out, permute_slice(x))
-    assert [d.action for d in guard.report] == ["reject"], f"kept under symbolic values:\n{guard.report}"
+        out, out_p, out_e = jitted(x), plain(x), fn(x)
+        assert torch.equal(out, out_p) and torch.equal(out, out_e) and out.stride() == out_e.stride()
+        assert shares_storage(out, x), "a view in eager stays a view"
+    assert thunder.cache_misses(jitted) == 1
+    assert regions(plain), "unguarded thunder makes a region here"
     assert regions(jitted) == []
+    (d,) = guard.report
+    assert (d.action, d.applied, d.error) == ("reject", True, None) and "metadata-only" in d.reason
 
 
 def test_recompiled_entries_stay_correct():
@@ -234,6 +240,39 @@ def test_one_guard_shared_by_several_functions():
         assert {trace for _, trace in seen} == {"forward", "backward"}, function
         assert len({index for index, _ in seen}) == 1, f"{function}: one compilation, one compile_index"
     assert all(f"{name}#" in str(guard.report) for name in by_function)
+
+
+def test_compile_index_counts_per_function():
+    """One guard, two functions, each recompiled for a new shape (default cache): each function's
+    compilations are numbered 1, 2, ... on their own, forward and backward of one compilation alike."""
+    guard = FusionGuard(strict=True)
+    heads, swapped = jit_cpu(rearrange_heads, guard), jit_cpu(swap, guard)
+    small, large = torch.randn(2, 3, 4, 5, requires_grad=True), torch.randn(2, 3, 6, 5, requires_grad=True)
+    for jitted, fn, x in [
+        (heads, rearrange_heads, small),
+        (swapped, swap, small),
+        (heads, rearrange_heads, large),
+        (swapped, swap, small),
+        (swapped, swap, large),
+        (heads, rearrange_heads, small),
+    ]:
+        out, grads = run_with_grads(jitted, [x])
+        out_e, grads_e = run_with_grads(fn, [x])
+        assert_same(out, out_e)
+        assert_same(grads, grads_e)
+    assert thunder.cache_misses(heads) == thunder.cache_misses(swapped) == 2
+    seen = [(d.function, d.compile_index, d.trace) for d in guard.report]
+    assert seen == [
+        ("rearrange_heads", 1, "forward"),
+        ("rearrange_heads", 1, "backward"),
+        ("swap", 1, "forward"),
+        ("swap", 1, "backward"),
+        ("rearrange_heads", 2, "forward"),
+        ("rearrange_heads", 2, "backward"),
+        ("swap", 2, "forward"),
+        ("swap", 2, "backward"),
+    ]
+    assert "rearrange_heads#2:forward" in explain(heads) and "swap#2:backward" in explain(swapped)
 
 
 def graph_break(x, w):

@@ -1,9 +1,14 @@
 """A region the guard cannot rewrite is kept, the reason recorded, and the program still runs."""
 
+import dataclasses
+
 import pytest
 import torch
 from helpers import assert_same, jit_cpu, regions, run_with_grads
+from opinfo_harness import EAGER_CHEAP
 from test_guard import metadata_chain, rearrange_heads
+from test_inplace import copy_into_input
+from thunder.extend import OperatorExecutor
 
 import thunder_fusion_guard._thunder as th
 import thunder_fusion_guard.passes as passes
@@ -63,6 +68,18 @@ def _lowering_without_reshape(monkeypatch):
     monkeypatch.setattr(th, "lower_to_torch", lower)
 
 
+def _lowering_to_another_executor(monkeypatch):
+    """Thunder's real lowering with its first op handed to an operator executor that is not torch."""
+    real = th.lower_to_torch
+    other = OperatorExecutor("tfg_not_torch")
+
+    def lower(*args):
+        first, *rest = real(*args)
+        return [first.from_bsym(sym=dataclasses.replace(first.sym, executor=other)), *rest]
+
+    monkeypatch.setattr(th, "lower_to_torch", lower)
+
+
 def _lowering_dropping_last(monkeypatch):
     """Thunder's real lowering with its last bound symbol dropped: a region output is never defined."""
     real = th.lower_to_torch
@@ -74,8 +91,9 @@ def _lowering_dropping_last(monkeypatch):
     [
         (_lowering_without_reshape, "RuntimeError: Failed to find an executor for bound symbol"),
         (_lowering_dropping_last, "RewriteError: lowering TorchCompile0 does not define its outputs"),
+        (_lowering_to_another_executor, "RewriteError: lowering TorchCompile0 left "),
     ],
-    ids=["torch-executor-cannot-lower", "incomplete-lowering"],
+    ids=["torch-executor-cannot-lower", "incomplete-lowering", "not-the-torch-executor"],
 )
 def test_failure_in_the_real_lowering_path(monkeypatch, break_lowering, error):
     break_lowering(monkeypatch)
@@ -93,6 +111,23 @@ def test_failure_in_the_real_lowering_path(monkeypatch, break_lowering, error):
     assert error.split(": ")[1] in str(guard.report)
     with pytest.raises(FusionGuardError, match="could not rewrite TorchCompile0"):
         jit_cpu(metadata_chain, FusionGuard(strict=True))(x)
+
+
+def test_lowering_that_loses_an_in_place_write_is_kept(monkeypatch):
+    """A lowering without the region's copy_ into an input would lose the write: the region is kept."""
+    real = th.lower_to_torch
+    monkeypatch.setattr(th, "lower_to_torch", lambda *args: [b for b in real(*args) if not th.effects(b)])
+    guard = FusionGuard(calibration=EAGER_CHEAP, margin=0.0)
+    jitted = jit_cpu(copy_into_input, guard)
+    x, buf, buf_e = torch.randn(3, 3), torch.randn(3, 3), torch.empty(3, 3)
+    assert_same(list(jitted(x, buf)), list(copy_into_input(x, buf_e)))
+    assert torch.equal(buf, buf_e), "the input is still written"
+    assert len(regions(jitted)) == 1
+    (d,) = guard.report
+    assert d.action == "keep" and d.reason.startswith("kept as it was: rewriting failed")
+    assert d.error == "RewriteError: lowering TorchCompile0 changes its in-place writes: 1 in the region, 0 lowered"
+    with pytest.raises(FusionGuardError, match="changes its in-place writes"):
+        jit_cpu(copy_into_input, FusionGuard(strict=True, calibration=EAGER_CHEAP, margin=0.0))(x, buf)
 
 
 def test_region_that_also_returns_its_input_is_lowered():

@@ -12,9 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import thunder
+import thunder.core.devices as devices
+import thunder.core.dtypes as dtypes
 import torch
 from thunder.core import prims
-from thunder.core.proxies import Proxy, TensorProxy, variableify
+from thunder.core.prims import OpTags
+from thunder.core.proxies import NumberProxy, Proxy, TensorProxy, variableify
 from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx, TraceProvenance, TraceTag, from_trace, tracectx
 from thunder.extend import FusionExecutor, get_all_executors, get_always_executors
@@ -28,6 +31,7 @@ __all__ = [
     "TraceCtx",
     "compile_function_name",
     "compiling_fx_subgraph",
+    "effects",
     "fusion_executor_names",
     "fx_graph_ops",
     "is_backward",
@@ -35,10 +39,13 @@ __all__ = [
     "jitted_transforms",
     "last_traces",
     "lower_to_torch",
+    "lowering_executor_names",
     "new_trace_like",
     "nvfuser_scheduled_ir",
+    "only_numbers",
     "op_id",
     "refresh_dels",
+    "reinterpreted_itemsizes",
     "set_provenance",
     "thunderfx_subgraphs",
     "torch_executor",
@@ -69,6 +76,41 @@ def op_name(bsym: BoundSymbol) -> str:
 
 def subsymbols(bsym: BoundSymbol) -> Sequence[BoundSymbol]:
     return bsym.subsymbols
+
+
+# Values that can flow through shape arithmetic: numbers and the constants ops on numbers take.
+_NUMBER_LEAVES = (NumberProxy, int, float, complex, bool, str, type, type(None), slice, type(Ellipsis))
+_NUMBER_LEAVES += (dtypes.dtype, devices.Device, torch.dtype, torch.device)
+# Tags of ops that may do more than compute their outputs (random state, device sync, mutation, or an
+# unknown torch function); DONT_DCE ("never remove") is handled apart: checks carry it too.
+_EFFECT_TAGS = frozenset({OpTags.RANDOM_OP, OpTags.DEVICE_SYNC_OP, OpTags.IN_PLACE, OpTags.AUTO_REGISTERED})
+
+
+def only_numbers(bsym: BoundSymbol) -> bool:
+    """True when ``bsym`` and every op it decomposes into take and give numbers only, with no effect but
+    their outputs (no random state, sync, mutation; checks excepted, they only raise on a bad value)."""
+    tags = set(bsym.sym.tags or ())
+    if tags & _EFFECT_TAGS:
+        return False
+    is_check = bsym.sym.name.startswith("check_")
+    if OpTags.DONT_DCE in tags and not is_check:
+        return False
+    if not bsym.flat_outs and not is_check:
+        return False
+    if not all(isinstance(x, _NUMBER_LEAVES) for x in (*bsym.flat_args, *bsym.flat_outs)):
+        return False
+    return all(only_numbers(s) for s in bsym.subsymbols)
+
+
+def reinterpreted_itemsizes(bsym: BoundSymbol) -> tuple[int, int] | None:
+    """(source, target) item sizes in bytes when ``bsym`` views a tensor as another dtype
+    (``prims.bitcast``, ``Tensor.view(dtype)``); None when it does not."""
+    values = [*bsym.args, *bsym.kwargs.values()]
+    source = next((v for v in values if isinstance(v, TensorProxy)), None)
+    target = next((v for v in values if isinstance(v, (dtypes.dtype, torch.dtype))), None)
+    if source is None or target is None:
+        return None
+    return source.dtype.bytes, dtypes.to_dtype(target).bytes
 
 
 def is_backward(trace: TraceCtx) -> bool:
@@ -117,8 +159,7 @@ def lower_to_torch(outer: TraceCtx, bsyms: Sequence[BoundSymbol], outputs: Seque
     region.bound_symbols = [b for b in bsyms if not is_comment_or_del(b)]
     with tracectx(region):
         region.bound_symbols.append(prims.python_return.bind(list(outputs), output=None))
-    executors = [torch_executor(), *[ex for ex in get_always_executors() if ex is not torch_executor()]]
-    lowered = dce(_transform_for_operator_executor_execution(region, executors))
+    lowered = dce(_transform_for_operator_executor_execution(region, _lowering_executors()))
     body = [b for b in lowered.bound_symbols if b.sym.id != prims.PrimIDs.RETURN]
     (returned,) = [b for b in lowered.bound_symbols if b.sym.id == prims.PrimIDs.RETURN]
     # The lowering gives re-created outputs fresh names; give them back the names the trace uses.
@@ -195,6 +236,24 @@ def inplace_setitem() -> Any:
         ex = OperatorExecutor("fusion_guard", version="0.1")
         _INPLACE_SETITEM = ex.register_operator("inplace_setitem", meta=meta, fn=setitem_)
     return _INPLACE_SETITEM
+
+
+def _lowering_executors() -> list[Any]:
+    return [torch_executor(), *[ex for ex in get_always_executors() if ex is not torch_executor()]]
+
+
+def lowering_executor_names() -> frozenset[str]:
+    """Names of the executors :func:`lower_to_torch` may hand operations to (torch, and Python for numbers)."""
+    return frozenset(ex.name for ex in _lowering_executors())
+
+
+def effects(bsym: BoundSymbol) -> int:
+    """How many operations with an effect beyond their outputs (``copy_`` into a tensor, any op Thunder
+    must never remove) ``bsym`` performs, counted at the innermost level that has them."""
+    inner = sum(effects(s) for s in bsym.subsymbols)
+    if inner:
+        return inner
+    return int(OpTags.DONT_DCE in (bsym.sym.tags or ()))
 
 
 def executed_by(bsym: BoundSymbol) -> str | None:

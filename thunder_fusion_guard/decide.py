@@ -41,7 +41,6 @@ EXACT_OPS: frozenset[str] = frozenset(
         "logical_not",
         "to",
         "clone",
-        "update_aliases",
     }
 )
 # Exact alone, but a fusing compiler may contract them with a neighbour (a*b+c into one FMA).

@@ -1,4 +1,16 @@
-"""Which operations are metadata-only: they change a tensor's shape, strides or view, never its data."""
+"""Which operations are metadata-only: they change a tensor's shape, strides or view, never its data.
+
+The rule: an op counts as metadata-only when eager PyTorch runs it without a kernel, as a view of its
+input, whatever that input's strides; ``reshape`` (and ops built on it) also counts, since where eager
+copies a non-contiguous input the fusion region had to move the same bytes. Ops that touch no tensor
+(shape arithmetic and checks on numbers, as ``cache="symbolic values"`` puts them next to every view)
+count too: Python runs them without a kernel.
+
+Left out on purpose: ``stride_order`` (may copy); ``as_strided`` (its result depends on how its input's
+storage is laid out, which a fusion may lay out differently); ``view_as_complex`` and reinterpreting a
+dtype as one of another item size (eager needs particular strides and raises otherwise); ``real`` and
+``imag`` (views in eager, computed by Thunder).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +18,8 @@ from collections.abc import Iterable
 
 from . import _thunder as th
 
-# Thunder prims (by name) that only re-describe memory. `stride_order` is left out: it may copy.
+# Thunder prims (by name) that only re-describe memory (`shape` only reads it; `update_aliases` is the
+# identity at run time, it only tells Thunder which tensors alias after an in-place write).
 METADATA_PRIMS: frozenset[str] = frozenset(
     {
         "reshape",
@@ -17,10 +30,14 @@ METADATA_PRIMS: frozenset[str] = frozenset(
         "slice_prim",
         "shallow_copy",
         "unfold",
+        "bitcast",
+        "shape",
+        "update_aliases",
     }
 )
 
-# Torch-level ids that are views in eager PyTorch, for executors that keep them undecomposed.
+# Torch-level ids that are views in eager PyTorch, for executors that keep them undecomposed (and for
+# `diagonal`, which Thunder decomposes into a gather while eager returns a view).
 METADATA_TORCH_OPS: frozenset[str] = frozenset(
     {
         f"torch.{name}"
@@ -37,6 +54,9 @@ METADATA_TORCH_OPS: frozenset[str] = frozenset(
             "chunk",
             "tensor_split",
             "narrow",
+            "select",
+            "diagonal",
+            "view_as_real",
         )
     }
     | {
@@ -44,6 +64,10 @@ METADATA_TORCH_OPS: frozenset[str] = frozenset(
         for name in ("view", "view_as", "reshape_as", "expand", "expand_as", "unsqueeze", "squeeze", "permute")
     }
 )
+
+# Ops that may reinterpret the bits as another dtype: metadata-only when the item size stays the same
+# (a view for any strides); to another item size eager needs a contiguous last dimension.
+REINTERPRETING: frozenset[str] = frozenset({"bitcast", "torch.Tensor.view"})
 
 
 def is_metadata(bsym: th.BoundSymbol, extra: Iterable[str] = ()) -> bool:
@@ -54,13 +78,23 @@ def is_metadata(bsym: th.BoundSymbol, extra: Iterable[str] = ()) -> bool:
 
 def _is_metadata(bsym: th.BoundSymbol, extra: frozenset[str]) -> bool:
     oid, name = th.op_id(bsym), th.op_name(bsym)
-    if oid in extra or name in extra or oid in METADATA_PRIMS or oid in METADATA_TORCH_OPS:
+    if oid in extra or name in extra:
+        return True
+    if oid in REINTERPRETING and not _same_itemsize(bsym):
+        return False
+    if oid in METADATA_PRIMS or oid in METADATA_TORCH_OPS or th.only_numbers(bsym):
         return True
     subs = th.subsymbols(bsym)
     return bool(subs) and all(_is_metadata(s, extra) for s in subs)
 
 
+def _same_itemsize(bsym: th.BoundSymbol) -> bool:
+    sizes = th.reinterpreted_itemsizes(bsym)
+    return sizes is None or sizes[0] == sizes[1]
+
+
 def region_is_metadata_only(bsyms: Iterable[th.BoundSymbol], extra: Iterable[str] = ()) -> bool:
+    """True when the region has ops and every one is metadata-only (see the module's rule)."""
     extra = frozenset(extra)
     ops = [b for b in bsyms if not th.is_comment_or_del(b)]
     return bool(ops) and all(_is_metadata(b, extra) for b in ops)

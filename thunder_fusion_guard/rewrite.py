@@ -11,13 +11,24 @@ class RewriteError(RuntimeError):
 
 
 def lower_region(trace: th.TraceCtx, region: Region) -> list[th.BoundSymbol]:
-    """The region's operations as torch-executor calls, checked to define every region output."""
+    """The region's operations as torch-executor calls, checked to run on the torch (or Python) executor
+    only, to keep every in-place write of the region and to define every region output."""
     lowered = th.lower_to_torch(trace, region.body, region.outputs)
+    allowed = th.lowering_executor_names()
     defined = {p.name for p in region.inputs}
     for bsym in lowered:
         if th.is_fusion(bsym):
             raise RewriteError(f"lowering {region.name} produced a fusion call {bsym.sym.name}")
+        if th.executed_by(bsym) not in allowed:
+            raise RewriteError(
+                f"lowering {region.name} left {bsym.sym.name} to executor {th.executed_by(bsym)!r}, not torch"
+            )
         defined.update(p.name for p in bsym.flat_proxy_outs)
+    before, after = sum(map(th.effects, region.body)), sum(map(th.effects, lowered))
+    if before != after:
+        raise RewriteError(
+            f"lowering {region.name} changes its in-place writes: {before} in the region, {after} lowered"
+        )
     missing = sorted(p.name for p in region.outputs if p.name not in defined)
     if missing:
         raise RewriteError(f"lowering {region.name} does not define its outputs {missing}")

@@ -70,18 +70,21 @@ class FusionGuard(thunder.Transform):
         self._constants: dict[tuple[str, str], CostConstants | None] = {}
         self.report = Report()
         self._lock = threading.Lock()
-        self._compiles = 0
+        self._compiles: dict[str | None, int] = {}
         self._subgraph_ids: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
     def transform_trace_post_optimization(self, computation_trace: th.TraceCtx, **kwargs: Any) -> th.TraceCtx:
         with self._lock:
             backward = th.is_backward(computation_trace)
+            function = th.compile_function_name()
+            # Counted per function name, not per object: ThunderFX subgraphs are all "GraphModule", and
+            # distinct indices keep (function, compile_index) naming one compilation in the report.
             if not backward:
-                self._compiles += 1
+                self._compiles[function] = self._compiles.get(function, 0) + 1
             where = TraceContext(
                 trace="backward" if backward else "forward",
-                function=th.compile_function_name(),
-                compile_index=self._compiles,
+                function=function,
+                compile_index=self._compiles.get(function, 0),
                 subgraph=self._subgraph_id(th.compiling_fx_subgraph()),
             )
             return guard_trace(computation_trace, self.options, self.report, where, self.constants_for)
