@@ -509,12 +509,14 @@ def _check(op: OpInfo, backend: Backend, samples: int, outcome: Outcome) -> None
             _check_variant(case, plain, variant, FusionGuard(**options), outcome)
 
 
-def _deterministic(case: Case, plain: Run) -> bool:
-    """Whether a second unguarded run gives the same bits (scatter_add on CUDA, say, does not)."""
-    try:
-        compare(plain, case.run(None), True, assert_close, "unguarded twice")
-    except AssertionError:
-        return False
+def _deterministic(case: Case, plain: Run, runs: int = 5) -> bool:
+    """Whether more unguarded runs give the same bits (scatter_add on CUDA, say, does not, though two
+    runs on a small sample often agree: gather's backward passed one re-run on an H200 and differed later)."""
+    for _ in range(runs):
+        try:
+            compare(plain, case.run(None), True, assert_close, "unguarded again")
+        except AssertionError:
+            return False
     return True
 
 
