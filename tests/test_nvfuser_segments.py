@@ -64,6 +64,18 @@ def check_kernels(found, guard, expected):
     assert any(k.details["kernels"] >= 1 and "nvfuser" in k.details["kernel_names"][0] for k in found)
 
 
+def assert_same_as_unguarded_noise(guarded, plain, plain_again):
+    """Bitwise equal to unguarded thunder, unless thunder itself differs run to run (the attention
+    backward accumulates with atomics on CUDA); then within the tolerance of its own dtype."""
+    try:
+        assert_same(plain_again, plain)
+    except AssertionError:
+        for g, p in zip(guarded, plain, strict=True):
+            torch.testing.assert_close(g, p)
+        return
+    assert_same(guarded, plain)
+
+
 def show(title, text):
     print(f"\n===== {title} =====\n{text}")
 
@@ -78,9 +90,10 @@ def test_nanogpt_block_lists_kernels_per_region():
     guard = FusionGuard()
     jitted = thunder.jit(block, transforms=[guard])
     out_g, grads_g = run_with_grads(jitted, [x])
-    out_p, grads_p = run_with_grads(thunder.jit(block), [x])
+    plain = thunder.jit(block)
+    out_p, grads_p = run_with_grads(plain, [x])
     assert_same(out_g, out_p)
-    assert_same(grads_g, grads_p)
+    assert_same_as_unguarded_noise(grads_g, grads_p, run_with_grads(plain, [x])[1])
     found = collect_segments(jitted, x)
     check_kernels(found, guard, [(None, kind, r.name) for kind, r in nv_regions(jitted_traces(jitted))])
     text = explain(jitted)
@@ -156,9 +169,15 @@ def test_report_cli_on_cuda(tmp_path, capsys):
     assert main(["report", target, "--thunderfx", "--device", "cuda", "--json", str(out)]) == 0
     show("fusion-guard report --thunderfx --device cuda", capsys.readouterr().out)
     decisions = json.loads(out.read_text())["report"]["decisions"]
+    latest = {}
+    for d in decisions:
+        latest[d["subgraph"]] = max(latest.get(d["subgraph"], 0), d["compile_index"])
     kept = [
         d
         for d in decisions
-        if d["executor"] == "nvfuser" and d["action"] == "keep" and d["details"].get("scope") != "op"
+        if d["executor"] == "nvfuser"
+        and d["action"] == "keep"
+        and d["details"].get("scope") != "op"
+        and d["compile_index"] == latest[d["subgraph"]]
     ]
     assert kept and all("kernels" in d["details"] for d in kept), [d for d in kept if "kernels" not in d["details"]]
