@@ -72,6 +72,17 @@ def inexact_ops(region: Region, extra=()) -> list[str]:
     return sorted({n for n in names if n not in EXACT_OPS and not (alone and n in EXACT_ALONE)})
 
 
+def rebuild_keeps_bits(body: list[th.BoundSymbol], extra=()) -> bool:
+    """Whether a fusion rebuilt from ``body`` plus or minus views still computes the same bits.
+
+    Only element-wise exact arithmetic qualifies: a reduction's order, and so its rounding, follows the
+    schedule the fusion compiler picks, and a different fusion definition may get a different one (a
+    nanoGPT block's backward on nvFuser did).
+    """
+    names = {n for b in body if not th.is_comment_or_del(b) for n in _leaf_names(b, extra)}
+    return names <= EXACT_OPS | EXACT_ALONE | {"div", "true_divide", "stride_order"}
+
+
 def random_ops(region: Region) -> list[str]:
     names = {th.op_name(s) for b in region.body for s in (b, *th.subsymbols(b))}
     return sorted(n for n in names if any(h in n for h in RANDOM_HINTS))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from . import _thunder as th
 from .cost import CostConstants
-from .decide import decide
+from .decide import decide, rebuild_keeps_bits
 from .fold import SETITEM, fold_setitem_copies
 from .identity import remove_identities
 from .options import GuardOptions
@@ -133,7 +133,15 @@ def _op_pass(op_pass: OpPass, trace: th.TraceCtx, options: GuardOptions, made: l
 
 
 def _may_change(options: GuardOptions) -> Callable[[th.BoundSymbol], bool]:
-    return lambda fusion: options.guards(th.executor_name(fusion))
+    """Which fusion calls op passes may rebuild: guarded ones, and with ``exact_only`` only those a
+    rebuild cannot change the bits of."""
+
+    def may_change(fusion: th.BoundSymbol) -> bool:
+        if not options.guards(th.executor_name(fusion)):
+            return False
+        return not options.exact_only or rebuild_keeps_bits(list(th.subsymbols(fusion)), options.metadata_ops)
+
+    return may_change
 
 
 def fold_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision], where: TraceContext) -> th.TraceCtx:
@@ -186,7 +194,8 @@ def rehome_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision],
 
 def merge_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision], where: TraceContext) -> th.TraceCtx:
     """Merge adjacent regions of one executor into one fusion call."""
-    new, merges = merge_adjacent_regions(trace, _may_change(options))
+    # Opted into knowing the merged code may round differently, so exact_only does not hold it back.
+    new, merges = merge_adjacent_regions(trace, lambda fusion: options.guards(th.executor_name(fusion)))
     for m in merges:
         reason = f"next to {m.into}, same executor, nothing between: merged into it (one fusion call, not two)"
         d = _decision(where, m.moved, m.executor, [], "rehome", reason)
