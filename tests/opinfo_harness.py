@@ -430,7 +430,8 @@ def variants(plain: Run) -> dict[str, dict[str, Any]]:
     ``metadata_ops`` gets every op of the unguarded regions, so that variant sends every region to the
     torch executor: the whole corpus through the guard's lowering path. ``eager_cheap`` makes the cost
     model reject every region it may (exact ops only); ``eager_cheap_inexact`` also lets it move ops
-    that may round differently.
+    that may round differently. ``rewrites_off`` leaves only region rejection; ``merge_regions`` turns
+    on the opt-in merging of adjacent regions.
     """
     names = sorted({name for rs in plain.regions().values() for r in rs for name in r.ops})
     return {
@@ -440,14 +441,20 @@ def variants(plain: Run) -> dict[str, dict[str, Any]]:
         "cost_model_off": {"cost_model": False},
         "eager_cheap": {"calibration": EAGER_CHEAP, "margin": 0.0},
         "eager_cheap_inexact": {"calibration": EAGER_CHEAP, "margin": 0.0, "exact_only": False},
+        "rewrites_off": {"fold_setitem": False, "remove_identities": False, "rehome": False},
+        "merge_regions": {"merge_regions": True},
     }
 
 
 def claims_bitwise(guard: FusionGuard, plain: Run) -> bool:
     """Whether the guard's rewriting promises the same bits: true unless it moved a region that is not
-    metadata-only either because ``metadata_ops`` said so or with ``exact_only`` off."""
+    metadata-only either because ``metadata_ops`` said so or with ``exact_only`` off, or rebuilt a region
+    (identity removal or re-homing into it) with merging on or ``exact_only`` off."""
     bodies = {(kind, r.name): r.body for kind, rs in plain.regions().items() for r in rs}
     for d in guard.report:
+        if d.action in ("remove", "rehome") and d.applied and d.details.get("into", d.region) in bodies:
+            if guard.options.merge_regions or not guard.options.exact_only:
+                return False  # a fusion rebuilt with other ops may be scheduled, and so round, differently
         if d.action != "reject" or not d.applied:
             continue
         assert (d.trace, d.region) in bodies, f"the guard saw a region {d.trace}/{d.region} unguarded thunder lacks"
