@@ -452,9 +452,9 @@ def claims_bitwise(guard: FusionGuard, plain: Run) -> bool:
     (identity removal or re-homing into it) with merging on or ``exact_only`` off."""
     bodies = {(kind, r.name): r.body for kind, rs in plain.regions().items() for r in rs}
     for d in guard.report:
-        if d.action in ("remove", "rehome") and d.applied and d.details.get("into", d.region) in bodies:
-            if guard.options.merge_regions or not guard.options.exact_only:
-                return False  # a fusion rebuilt with other ops may be scheduled, and so round, differently
+        rebuilt = d.action in ("remove", "rehome") and d.applied and d.details.get("into", d.region) in bodies
+        if rebuilt and (guard.options.merge_regions or not guard.options.exact_only):
+            return False  # a fusion rebuilt with other ops may be scheduled, and so round, differently
         if d.action != "reject" or not d.applied:
             continue
         assert (d.trace, d.region) in bodies, f"the guard saw a region {d.trace}/{d.region} unguarded thunder lacks"
