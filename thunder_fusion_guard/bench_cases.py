@@ -111,6 +111,19 @@ def _cast(x):
     return x.to(torch.bfloat16)
 
 
+def _mask_loop(x):
+    """litgpt's sliding-window mask loop (Mistral): one setitem per row, then one add."""
+    t = x.shape[-1]
+    mask = torch.full((t, t), float("-inf"), dtype=x.dtype, device=x.device)
+    for i in range(t):
+        mask[i, max(0, i - 3) : i + 1] = 0.0
+    return x + mask
+
+
+def _identity_chain(x):
+    return x.reshape(x.shape).permute(*range(x.ndim)).to(x.dtype).view(x.shape) * 2.0
+
+
 # op kind -> (program, input shapes as functions of the size)
 MICRO_OPS: dict[str, tuple[Callable[..., Any], Callable[[tuple[int, ...]], list[tuple[int, ...]]]]] = {
     "view": (_view, lambda s: [s]),
@@ -123,6 +136,8 @@ MICRO_OPS: dict[str, tuple[Callable[..., Any], Callable[[tuple[int, ...]], list[
     "copy_": (_copy, lambda s: [s, s]),
     "add": (_add, lambda s: [s, s]),
     "cast": (_cast, lambda s: [s]),
+    "setitem-loop": (_mask_loop, lambda s: [(min(s[1], 128), min(s[1], 128))]),
+    "identity-chain": (_identity_chain, lambda s: [s]),
 }
 
 
