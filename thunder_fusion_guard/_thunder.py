@@ -211,8 +211,9 @@ def return_names(trace: TraceCtx) -> set[str]:
     return set()
 
 
-def is_prim(bsym: BoundSymbol, name: str) -> bool:
-    return isinstance(bsym.sym.id, prims.PrimIDs) and bsym.sym.name == name
+def is_prim(bsym: BoundSymbol) -> bool:
+    """True for a bound symbol of one of Thunder's primitives (``prims.reshape``, ``prims.add``, ...)."""
+    return isinstance(bsym.sym.id, prims.PrimIDs)
 
 
 _INPLACE_SETITEM = None

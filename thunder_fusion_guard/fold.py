@@ -8,11 +8,11 @@ sliding-window mask loop does this 512 times per layer.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import _thunder as th
+from .rewrite import readers
 
 SETITEM = "copy_with_setitem_impl"
 
@@ -47,13 +47,6 @@ def _copy_of(bsym: th.BoundSymbol, may_fold_region: Callable[[th.BoundSymbol], b
     return None
 
 
-def _uses(trace: th.TraceCtx) -> Counter:
-    """How many bound symbols read each proxy (each reader counted once)."""
-    return Counter(
-        n for b in trace.bound_symbols if not th.is_comment_or_del(b) for n in {p.name for p in b.flat_proxy_args}
-    )
-
-
 def fold_setitem_copies(
     trace: th.TraceCtx, may_fold_region: Callable[[th.BoundSymbol], bool]
 ) -> tuple[th.TraceCtx, list[Fold]]:
@@ -64,7 +57,7 @@ def fold_setitem_copies(
     (ints, slices, None, ...) and the value a Python number, so nothing read can alias what is written.
     """
     bsyms = list(trace.bound_symbols)
-    uses = _uses(trace)
+    readers_of = readers(bsyms)
     folds: list[Fold] = []
     drop: set[int] = set()
     for i, b in enumerate(bsyms):
@@ -77,7 +70,7 @@ def fold_setitem_copies(
         if j is None:
             continue
         copy = _copy_of(bsyms[j], may_fold_region)
-        if copy is None or len(copy.args) < 2 or uses[b.output.name] != 1:
+        if copy is None or len(copy.args) < 2 or len(readers_of[b.output.name]) != 1:
             continue
         source, target = copy.args[0], copy.args[1]
         if not (isinstance(source, th.Proxy) and source.name == b.output.name and target.name == a.name):

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import _thunder as th
+from .rewrite import unique_proxies
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ def _same_shape(a, b) -> bool:
 
 def _prim_identity(bsym: th.BoundSymbol) -> str | None:
     name = th.op_name(bsym)
-    if not isinstance(bsym.sym.id, type(th.prims.PrimIDs.RESHAPE)):
+    if not th.is_prim(bsym):
         return None
     a = bsym.args[0] if bsym.args else None
     out = bsym.output
@@ -80,10 +81,6 @@ def _all_args(bsym: th.BoundSymbol):
         yield from _all_args(s)
 
 
-def _unique(proxies) -> list[th.Proxy]:
-    return list({p.name: p for p in proxies}.values())
-
-
 def remove_identities(
     trace: th.TraceCtx, guarded_region: Callable[[th.BoundSymbol], bool]
 ) -> tuple[th.TraceCtx, list[Removal]]:
@@ -128,7 +125,7 @@ def _region_without_identities(fusion, swap, renames, keep, removals) -> list[th
 
     ``keep`` names results that must stay as they are (returned, or read by an unguarded region).
     """
-    inputs = _unique(_resolve(p, renames) for p in fusion.flat_proxy_args)
+    inputs = unique_proxies(_resolve(p, renames) for p in fusion.flat_proxy_args)
     outputs = list(fusion.flat_proxy_outs)
     output_names = {p.name for p in outputs}
     made_inside: set[str] = set()

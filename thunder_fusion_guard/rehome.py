@@ -10,12 +10,12 @@ its only reader, and merged regions are adjacent in the trace, so no cycle and n
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import _thunder as th
 from .ops import is_metadata
+from .rewrite import readers, unique_proxies
 
 
 @dataclass(frozen=True)
@@ -29,30 +29,17 @@ class Rehome:
     error: str
 
 
-def _readers(bsyms: list[th.BoundSymbol]) -> dict[str, set[int]]:
-    readers: dict[str, set[int]] = defaultdict(set)
-    for i, b in enumerate(bsyms):
-        if not th.is_comment_or_del(b):
-            for p in b.flat_proxy_args:
-                readers[p.name].add(i)
-    return readers
-
-
-def _unique(proxies) -> list[th.Proxy]:
-    return list({p.name: p for p in proxies}.values())
-
-
 def absorb_metadata_ops(
     trace: th.TraceCtx, may_change: Callable[[th.BoundSymbol], bool], extra_metadata: frozenset[str] = frozenset()
 ) -> tuple[th.TraceCtx, list[Rehome]]:
     """Move each metadata op run outside a fusion into the guarded region that is its only reader.
 
-    Walks the trace backwards so a chain of views ends up in the region whole.
+    Walks the trace backwards so a chain of views ends up in the region whole. A returned result has
+    the return statement as a reader, so it never moves.
     """
-    bsyms = list(trace.bound_symbols)
-    returned = th.return_names(trace)
+    bsyms: list[th.BoundSymbol | None] = list(trace.bound_symbols)
     moves: list[Rehome] = []
-    readers_of = _readers(bsyms)
+    readers_of = readers(bsyms)
     for i in range(len(bsyms) - 1, -1, -1):
         b = bsyms[i]
         if b is None or th.is_fusion(b) or th.is_comment_or_del(b) or not b.flat_proxy_outs:
@@ -60,16 +47,14 @@ def absorb_metadata_ops(
         if not is_metadata(b, extra_metadata):
             continue
         outs = {p.name for p in b.flat_proxy_outs}
-        if outs & returned:
+        read_by = set().union(*(readers_of.get(n, set()) for n in outs))
+        if len(read_by) != 1:
             continue
-        readers = set().union(*(readers_of.get(n, set()) for n in outs))
-        if len(readers) != 1:
-            continue
-        (j,) = readers
+        (j,) = read_by
         region = bsyms[j]
         if j < i or not (th.is_fusion(region) and may_change(region)):
             continue
-        inputs = _unique([*b.flat_proxy_args, *(p for p in region.flat_proxy_args if p.name not in outs)])
+        inputs = unique_proxies([*b.flat_proxy_args, *(p for p in region.flat_proxy_args if p.name not in outs)])
         moved, into, ex = ", ".join(sorted(outs)), region.sym.name, th.executor_name(region)
         try:
             bsyms[j] = th.refuse(region, [b, *th.subsymbols(region)], inputs, region.flat_proxy_outs)
@@ -91,11 +76,12 @@ def merge_adjacent_regions(
 ) -> tuple[th.TraceCtx, list[Rehome]]:
     """Merge two guarded regions of one executor with nothing but ``del``s between them."""
     bsyms = list(trace.bound_symbols)
-    returned = th.return_names(trace)
+    readers_of = readers(bsyms)
     merges: list[Rehome] = []
     out: list[th.BoundSymbol] = []
     last_region: int | None = None
-    for b in bsyms:
+    covered: set[int] = set()  # positions in ``bsyms`` of the regions merged into out[last_region]
+    for i, b in enumerate(bsyms):
         if th.is_comment_or_del(b):
             out.append(b)
             continue
@@ -107,29 +93,27 @@ def merge_adjacent_regions(
             and may_change(prev)
             and prev.sym.executor is b.sym.executor
         ):
-            merged = _merged(prev, b, bsyms, returned)
+            merged = _merged(prev, b, readers_of, covered | {i})
             if merged is not None:
                 out[last_region] = merged
+                covered.add(i)
                 merges.append(Rehome("region", prev.sym.name, b.sym.name, th.executor_name(b), ""))
                 continue
-        last_region = len(out) if th.is_fusion(b) else None
+        last_region, covered = (len(out), {i}) if th.is_fusion(b) else (None, set())
         out.append(b)
     if not merges:
         return trace, []
     return th.new_trace_like(trace, out), merges
 
 
-def _merged(first: th.BoundSymbol, second: th.BoundSymbol, bsyms, returned) -> th.BoundSymbol | None:
+def _merged(first: th.BoundSymbol, second: th.BoundSymbol, readers_of, merged: set[int]) -> th.BoundSymbol | None:
+    """``first`` and ``second`` as one call; ``first``'s results stay outputs where read outside ``merged``."""
     made_by_first = {p.name for p in first.flat_proxy_outs}
-    read_later = {
-        p.name
-        for b in bsyms
-        if b is not first and b is not second and not th.is_comment_or_del(b)
-        for p in b.flat_proxy_args
-    }
-    inputs = _unique([*first.flat_proxy_args, *(p for p in second.flat_proxy_args if p.name not in made_by_first)])
-    outputs = _unique(
-        [*(p for p in first.flat_proxy_outs if p.name in read_later or p.name in returned), *second.flat_proxy_outs]
+    inputs = unique_proxies(
+        [*first.flat_proxy_args, *(p for p in second.flat_proxy_args if p.name not in made_by_first)]
+    )
+    outputs = unique_proxies(
+        [*(p for p in first.flat_proxy_outs if readers_of.get(p.name, set()) - merged), *second.flat_proxy_outs]
     )
     try:
         return th.refuse(second, [*th.subsymbols(first), *th.subsymbols(second)], inputs, outputs)

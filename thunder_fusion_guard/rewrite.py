@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Iterable
+
 from . import _thunder as th
 from .regions import Region
 
@@ -33,6 +36,21 @@ def lower_region(trace: th.TraceCtx, region: Region) -> list[th.BoundSymbol]:
     if missing:
         raise RewriteError(f"lowering {region.name} does not define its outputs {missing}")
     return lowered
+
+
+def readers(bsyms: list[th.BoundSymbol | None]) -> dict[str, set[int]]:
+    """For each proxy name, the positions of the bound symbols that read it (``del``s and gaps aside)."""
+    found: dict[str, set[int]] = defaultdict(set)
+    for i, b in enumerate(bsyms):
+        if b is not None and not th.is_comment_or_del(b):
+            for p in b.flat_proxy_args:
+                found[p.name].add(i)
+    return found
+
+
+def unique_proxies(proxies: Iterable[th.Proxy]) -> list[th.Proxy]:
+    """``proxies`` in order, each name once."""
+    return list({p.name: p for p in proxies}.values())
 
 
 def replace_regions(trace: th.TraceCtx, replacements: dict[int, list[th.BoundSymbol]], provenance: str) -> th.TraceCtx:
