@@ -118,7 +118,7 @@ def _record(jitted: Any, subgraph: str | None, args: tuple, kwargs: dict, backwa
     with th.recording_fusion_calls(jitted) as recorded:
         step(jitted, args, kwargs, backward)
     program = ProgramCalls(jitted, subgraph, decisions=latest_decisions(jitted))
-    by_region = {(d.trace, d.region): d for d in program.decisions if d.details.get("scope") != "op"}
+    by_region = {(d.trace, d.region): d for d in program.decisions if d.about_region}
     for kind, trace in zip(("forward", "backward"), th.last_traces(jitted), strict=True):
         if trace is None:
             continue

@@ -147,7 +147,7 @@ def _may_change(options: GuardOptions) -> Callable[[th.BoundSymbol], bool]:
 def fold_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision], where: TraceContext) -> th.TraceCtx:
     """Fold setitem + copy_ pairs into one in-place setitem."""
     new, folds = fold_setitem_copies(trace, _may_change(options))
-    regions = {(d.region, d.trace): d for d in made if d.details.get("scope") != "op"}
+    regions = {(d.region, d.trace): d for d in made if d.about_region}
     saves = "one in-place setitem: no clone of the tensor, no copy back"
     for f in folds:
         reason = f"a setitem and the copy_ of its result back into its input, folded into {saves}"

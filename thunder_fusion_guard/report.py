@@ -12,7 +12,8 @@ ACTIONS = ("keep", "reject", "rehome", "remove", "fold")
 
 @dataclass
 class Decision:
-    """The fate of one fusion region (or one op, for re-homing and removal) in one trace."""
+    """The fate of one fusion region (or of ops: folded, removed, re-homed; ``details["scope"] == "op"``)
+    in one trace."""
 
     trace: str
     region: str
@@ -27,6 +28,11 @@ class Decision:
     estimates: dict[str, float] = field(default_factory=dict)
     subgraph: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def about_region(self) -> bool:
+        """True for a decision about a whole region, False for one about ops."""
+        return self.details.get("scope") != "op"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
