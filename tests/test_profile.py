@@ -134,3 +134,17 @@ def test_recording_survives_symbols_that_reset_their_call_context():
         object.__setattr__(region.bsym.sym, "_bind_postprocess", reset)
     profile = profile_regions(jitted, x, w, reps=2, warmup=0)
     assert profile.rows and all(r.error is None and r.host_us is not None for r in profile.rows)
+
+
+def test_op_level_decisions_are_not_listed_as_vanished_regions():
+    def fill_rows(x):
+        m = torch.zeros(4, 4)
+        for i in range(4):
+            m[i, : i + 1] = 1.0
+        return x + m
+
+    guard = FusionGuard()
+    jitted = thunder.jit(fill_rows, executors=[], transforms=[guard])
+    profile = profile_regions(jitted, torch.randn(4, 4), reps=2, warmup=1)
+    assert len(guard.report.filter(action="fold")) == 4
+    assert "no longer in the traces" not in str(profile)

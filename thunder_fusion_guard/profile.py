@@ -241,7 +241,7 @@ def format_profile(profile: RegionProfile) -> str:
             table.append([*cells, r.action or "-", reason])
         lines = [title, *text_table(table)]
     present = {(r.subgraph, r.trace, r.region) for r in profile.rows}
-    gone = [d for d in profile.decisions if (d.subgraph, d.trace, d.region) not in present]
+    gone = [d for d in profile.decisions if d.about_region and (d.subgraph, d.trace, d.region) not in present]
     if gone:
         lines.append("guard decisions for regions no longer in the traces:")
         for d in gone:
