@@ -163,13 +163,13 @@ def lower_to_torch(outer: TraceCtx, bsyms: Sequence[BoundSymbol], outputs: Seque
     body = [b for b in lowered.bound_symbols if b.sym.id != prims.PrimIDs.RETURN]
     (returned,) = [b for b in lowered.bound_symbols if b.sym.id == prims.PrimIDs.RETURN]
     # The lowering gives re-created outputs fresh names; give them back the names the trace uses.
-    renames = {
-        variableify(new): old
+    renames = [
+        (new, old)
         for new, old in zip(returned.args[0], outputs, strict=True)
         if isinstance(new, Proxy) and new.name != old.name
-    }
+    ]
     if renames:
-        body = [b.from_bsym_swap_proxies(renames) for b in body]
+        body = [swap_proxies(b, renames) for b in body]
     return [b.from_bsym(source_filename=None, source_positions=None) for b in body]
 
 

@@ -45,6 +45,10 @@ EXACT_OPS: frozenset[str] = frozenset(
 )
 # Exact alone, but a fusing compiler may contract them with a neighbour (a*b+c into one FMA).
 EXACT_ALONE: frozenset[str] = frozenset({"mul"})  # nvFuser float division differs from torch.div by 1 ulp
+# Element-wise ops whose bits do not depend on how a fusion is scheduled (a rebuilt fusion may be
+# scheduled differently). Division is here: a fusion divides the same way whatever its schedule; it
+# only differs from torch.div, which matters when a region is rejected, not when it is rebuilt.
+REBUILD_SAFE: frozenset[str] = EXACT_OPS | EXACT_ALONE | {"div", "true_divide", "stride_order"}
 RANDOM_HINTS = ("uniform", "rand", "philox", "bernoulli", "dropout", "normal", "multinomial", "rng", "seed")
 
 
@@ -80,7 +84,7 @@ def rebuild_keeps_bits(body: list[th.BoundSymbol], extra=()) -> bool:
     nanoGPT block's backward on nvFuser did).
     """
     names = {n for b in body if not th.is_comment_or_del(b) for n in _leaf_names(b, extra)}
-    return names <= EXACT_OPS | EXACT_ALONE | {"div", "true_divide", "stride_order"}
+    return names <= REBUILD_SAFE
 
 
 def random_ops(region: Region) -> list[str]:
