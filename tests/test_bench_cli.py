@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from thunder_fusion_guard.bench_cases import CASES, SUITES, VARIANTS, select
-from thunder_fusion_guard.bench_cli import parse_threshold, sample_stats
-from thunder_fusion_guard.cli import main
+from thunder_fusion_guard.tools.bench_cases import CASES, SUITES, VARIANTS, select
+from thunder_fusion_guard.tools.bench_cli import parse_threshold, sample_stats
+from thunder_fusion_guard.tools.cli import main
 
 
 @pytest.mark.parametrize("text,value", [("5%", 0.05), ("0.05", 0.05), ("12.5%", 0.125), ("0", 0.0), ("150%", 1.5)])

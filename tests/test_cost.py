@@ -5,8 +5,8 @@ import torch
 from helpers import assert_same, jit_cpu, regions, run_with_grads
 
 from thunder_fusion_guard import FusionGuard
-from thunder_fusion_guard.calibrate import lookup, shipped
 from thunder_fusion_guard.cost import CostConstants
+from thunder_fusion_guard.measure.calibrate import lookup, shipped
 
 CPU = shipped("cpu", "torchcompile")
 

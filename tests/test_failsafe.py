@@ -11,7 +11,7 @@ from test_inplace import copy_into_input
 from thunder.extend import OperatorExecutor
 
 import thunder_fusion_guard._thunder as th
-import thunder_fusion_guard.passes as passes
+import thunder_fusion_guard.passes.pipeline as passes
 from thunder_fusion_guard import FusionGuard, FusionGuardError
 
 
@@ -135,8 +135,8 @@ def test_region_that_also_returns_its_input_is_lowered():
     import thunder
 
     from thunder_fusion_guard import _thunder as th
+    from thunder_fusion_guard.passes.rewrite import lower_region
     from thunder_fusion_guard.regions import Region
-    from thunder_fusion_guard.rewrite import lower_region
 
     jitted = jit_cpu(rearrange_heads)
     jitted(torch.randn(2, 3, 4, 5))

@@ -13,9 +13,9 @@ from helpers import assert_same, run_with_grads
 from test_thunderfx import Heads
 
 from thunder_fusion_guard import FusionGuard, collect_segments, explain, profile_regions
-from thunder_fusion_guard.cli import main
 from thunder_fusion_guard.ops import region_is_metadata_only
 from thunder_fusion_guard.regions import find_regions
+from thunder_fusion_guard.tools.cli import main
 
 pytestmark = pytest.mark.cuda
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from thunder_fusion_guard.cli import main
-from thunder_fusion_guard.report_cli import TargetError, load_target, make_workload
+from thunder_fusion_guard.tools.cli import main
+from thunder_fusion_guard.tools.report_cli import TargetError, load_target, make_workload
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,8 @@ from test_thunderfx import Heads
 from thunder.dynamo import thunderfx
 from thunder.executors.torch_compile import torch_compile_ex
 
-from thunder_fusion_guard import FusionGuard, collect_segments, explain, segments
+from thunder_fusion_guard import FusionGuard, collect_segments, explain
+from thunder_fusion_guard.measure import segments
 from thunder_fusion_guard.report import kernels_text
 
 POINTWISE = "nvf::nvfuser_pointwise_f0_c1_r0_g0(nvf::Tensor<float, 2, 2>, nvf::Tensor<float, 2, 2>)"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from .compat import ensure_nvfuser_compat
 from .explain import explain
+from .measure.profile import RegionProfile, profile_regions
+from .measure.segments import RegionKernels, collect_segments
 from .passes import FusionGuardError, guard_trace
-from .profile import RegionProfile, profile_regions
 from .report import Decision, Report
-from .segments import RegionKernels, collect_segments
 from .transform import FusionGuard
 
 __all__ = [

@@ -10,8 +10,8 @@ from typing import Any
 import thunder
 
 from . import _thunder as th
-from . import calibrate
 from .cost import CostConstants
+from .measure import calibrate
 from .options import make_options
 from .passes import TraceContext, guard_trace
 from .report import Report, Subgraph

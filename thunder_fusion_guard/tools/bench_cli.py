@@ -25,8 +25,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..report import text_table
 from .bench_cases import SUITES, VARIANTS, BenchCase, default_device, make_step, select
-from .report import text_table
 
 TARGET_SAMPLE_S = 100e-6
 MAX_INNER = 1000
@@ -205,7 +205,7 @@ def sample_stats(data: Sequence[float]) -> dict[str, Any]:
 def machine_info(device: str) -> dict[str, Any]:
     import torch
 
-    from ._thunder import software_versions
+    from .._thunder import software_versions
 
     info: dict[str, Any] = {
         "node": platform.node(),
@@ -270,7 +270,7 @@ def _benchmark_version() -> str:
     try:
         return version("pytest-benchmark")
     except PackageNotFoundError:
-        from . import __version__
+        from .. import __version__
 
         return f"thunder-fusion-guard {__version__}"
 

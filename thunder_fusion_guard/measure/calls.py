@@ -12,10 +12,10 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from . import _thunder as th
-from .explain import guards_of
-from .regions import Region, find_regions
-from .report import Decision
+from .. import _thunder as th
+from ..explain import guards_of
+from ..regions import Region, find_regions
+from ..report import Decision
 
 
 @dataclass

@@ -142,10 +142,10 @@ def run_report(spec: str, *, thunderfx: bool = False, device: str | None = None,
 
     Without ``backward`` the model runs forward only, under ``torch.no_grad()`` (an inference program).
     """
-    from . import FusionGuard, collect_segments
-    from ._thunder import software_versions
-    from .calls import step
-    from .explain import report_of
+    from .. import FusionGuard, collect_segments
+    from .._thunder import software_versions
+    from ..explain import report_of
+    from ..measure.calls import step
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     fn, args, kwargs = make_workload(load_target(spec), device)

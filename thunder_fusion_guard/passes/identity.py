@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import _thunder as th
+from .. import _thunder as th
 from .rewrite import unique_proxies
 
 

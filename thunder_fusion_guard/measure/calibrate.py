@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from . import _thunder as th
-from .cost import CostConstants
-from .defaults import SHIPPED
+from .. import _thunder as th
+from ..cost import CostConstants
+from ..defaults import SHIPPED
 from .timing import median_us
 
 SMALL = (16, 16)

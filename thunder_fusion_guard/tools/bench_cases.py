@@ -271,7 +271,7 @@ def compile_variant(workload: Workload, variant: str, device: str) -> Callable[.
         return workload.fn
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; allowed: {VARIANTS}")
-    from . import FusionGuard
+    from .. import FusionGuard
 
     options: dict[str, Any] = dict(workload.jit_options)
     if device != "cuda":

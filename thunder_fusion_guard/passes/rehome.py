@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import _thunder as th
-from .ops import is_metadata
+from .. import _thunder as th
+from ..ops import is_metadata
 from .rewrite import readers, unique_proxies
 
 

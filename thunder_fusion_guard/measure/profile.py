@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from . import _thunder as th
+from .. import _thunder as th
+from ..passes.rewrite import lower_region
+from ..report import Decision, _ops_text, kernels_text, text_table
 from .calls import RegionCall, program_calls
-from .report import Decision, _ops_text, kernels_text, text_table
-from .rewrite import lower_region
 from .segments import device_kernels, summarize
 from .timing import median_us, uses_cuda
 

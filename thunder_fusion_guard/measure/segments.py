@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from . import _thunder as th
+from .. import _thunder as th
 from .calls import program_calls
 from .timing import uses_cuda
 

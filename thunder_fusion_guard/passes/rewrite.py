@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from . import _thunder as th
-from .regions import Region
+from .. import _thunder as th
+from ..regions import Region
 
 
 class RewriteError(RuntimeError):

@@ -6,15 +6,16 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import _thunder as th
-from .cost import CostConstants
-from .decide import decide, rebuild_keeps_bits
+from .. import _thunder as th
+from ..cost import CostConstants
+from ..decide import decide
+from ..ops import rebuild_keeps_bits
+from ..options import GuardOptions
+from ..regions import find_regions
+from ..report import Decision, Report
 from .fold import SETITEM, fold_setitem_copies
 from .identity import remove_identities
-from .options import GuardOptions
-from .regions import find_regions
 from .rehome import absorb_metadata_ops, merge_adjacent_regions
-from .report import Decision, Report
 from .rewrite import lower_region, replace_regions
 
 

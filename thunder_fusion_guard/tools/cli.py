@@ -17,7 +17,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _calibrate(args: argparse.Namespace) -> int:
     import json
 
-    from .calibrate import cache_path, calibrate
+    from ..measure.calibrate import cache_path, calibrate
 
     constants = calibrate(args.device, args.executor, save=not args.no_save)
     print(json.dumps(constants.to_dict(), indent=1))

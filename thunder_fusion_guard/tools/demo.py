@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from einops import rearrange
 
-from .timing import median_us
+from ..measure.timing import median_us
 
 
 def rearrange_heads(scores: torch.Tensor) -> torch.Tensor:
@@ -58,8 +58,8 @@ def _jit(fn, guard, cuda: bool):
 
 def run_demo(*, device: str | None = None, reps: int = 200) -> str:
     """Run every case unguarded, guarded and eager; return the decisions and timing table as text."""
-    from . import FusionGuard
-    from .compat import applied_fixes
+    from .. import FusionGuard
+    from ..compat import applied_fixes
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     cuda = device == "cuda"

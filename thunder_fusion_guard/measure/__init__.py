@@ -1,0 +1,1 @@
+"""Measurement: cost-constant calibration, per-region profiling, nvFuser kernels per region, timing."""

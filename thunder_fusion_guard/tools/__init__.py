@@ -1,0 +1,1 @@
+"""Command-line tools and the benchmark harness (``fusion-guard ...``); the library never imports them."""
