@@ -113,6 +113,39 @@ def reinterpreted_itemsizes(bsym: BoundSymbol) -> tuple[int, int] | None:
     return source.dtype.bytes, dtypes.to_dtype(target).bytes
 
 
+def torch_dtype(x: Any) -> torch.dtype | None:
+    """The torch dtype of a tensor proxy or a Thunder/torch dtype; None for anything else."""
+    if isinstance(x, TensorProxy):
+        x = x.dtype
+    if isinstance(x, torch.dtype):
+        return x
+    if isinstance(x, dtypes.dtype):
+        return dtypes.to_torch_dtype(x)
+    return None
+
+
+def conversion(bsym: BoundSymbol) -> tuple[Proxy, torch.dtype] | None:
+    """(source, target dtype) when ``bsym`` is ``prims.convert_element_type`` of a tensor; None otherwise."""
+    if bsym.sym.id is not prims.PrimIDs.CONVERT_ELEMENT_TYPE:
+        return None
+    values = [*bsym.args, *bsym.kwargs.values()]
+    source = next((v for v in values if isinstance(v, TensorProxy)), None)
+    target = next((torch_dtype(v) for v in values if isinstance(v, (dtypes.dtype, torch.dtype))), None)
+    return None if source is None or target is None else (source, target)
+
+
+def number_args(bsym: BoundSymbol) -> list[Any]:
+    """The numbers ``bsym`` takes (Python ints and floats, and number proxies), booleans aside."""
+    return [x for x in bsym.flat_args if isinstance(x, (int, float, NumberProxy)) and not isinstance(x, bool)]
+
+
+def leaves(bsym: BoundSymbol) -> list[BoundSymbol]:
+    """The innermost operations ``bsym`` decomposes into (itself when it has none)."""
+    if not bsym.subsymbols:
+        return [bsym]
+    return [leaf for s in bsym.subsymbols for leaf in leaves(s)]
+
+
 def is_backward(trace: TraceCtx) -> bool:
     return TraceTag.BACKWARD in trace.tags or trace.siginfo().name == "backward_fn"
 
