@@ -274,14 +274,27 @@ def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0][:160] if text else ''}"
 
 
-def pick_dtype(op: OpInfo) -> dtypes.dtype:
-    """float32 where the op has it, else the first of a fixed preference list it supports."""
+def pick_dtype(op: OpInfo, wanted: dtypes.dtype | None = None) -> dtypes.dtype:
+    """``wanted`` where the op has it (else Skip); without it, float32 where the op has it, else the first
+    of a fixed preference list it supports."""
     supported = op.dtypes()
+    if wanted is not None:
+        if wanted not in supported:
+            raise Skip(f"no {wanted} dtype")
+        return wanted
     preferred = (dtypes.float32, dtypes.int64, dtypes.int32, dtypes.bool8, dtypes.float64, dtypes.bfloat16)
     for dt in (*preferred, dtypes.float16, dtypes.complex64):
         if dt in supported:
             return dt
     raise Skip(f"no float32/int/bool/float64/bfloat16/float16/complex64 dtype (has {sorted(map(str, supported))})")
+
+
+def dtype_named(name: str) -> dtypes.dtype:
+    """A Thunder dtype by its short name ("float32", "bfloat16", "float16", ...)."""
+    found = getattr(dtypes, name, None)
+    if not isinstance(found, dtypes.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return found
 
 
 @dataclass(frozen=True)
@@ -472,11 +485,12 @@ def _rejected(guard: FusionGuard) -> set[tuple[str, str]]:
     return {(d.trace, d.region) for d in guard.report if d.action == "reject" and d.applied}
 
 
-def check_op(op: OpInfo, backend: Backend = CPU, *, samples: int = 1) -> Outcome:
-    """Run the differential check for one op; record and return its outcome (never raises for the op)."""
+def check_op(op: OpInfo, backend: Backend = CPU, *, samples: int = 1, dtype: dtypes.dtype | None = None) -> Outcome:
+    """Run the differential check for one op (in ``dtype``, else the op's preferred one); record and return
+    its outcome (never raises for the op)."""
     outcome = Outcome(op_key(op), backend.name, "passed")
     try:
-        _check(op, backend, samples, outcome)
+        _check(op, backend, samples, outcome, dtype)
     except Skip as e:
         outcome.status, outcome.reason = "skipped", str(e)
     except AssertionError as e:
@@ -485,10 +499,10 @@ def check_op(op: OpInfo, backend: Backend = CPU, *, samples: int = 1) -> Outcome
     return COVERAGE.add(outcome)
 
 
-def _check(op: OpInfo, backend: Backend, samples: int, outcome: Outcome) -> None:
+def _check(op: OpInfo, backend: Backend, samples: int, outcome: Outcome, wanted: dtypes.dtype | None) -> None:
     if outcome.op in EXCLUDED:
         raise Skip(f"excluded: {EXCLUDED[outcome.op]}")
-    dtype = pick_dtype(op)
+    dtype = pick_dtype(op, wanted)
     outcome.dtype = str(dtype)
     # Backward wherever the dtype allows, not only where the OpInfo claims grad support (few do);
     # where thunder cannot differentiate the op unguarded, the forward alone is compared (noted).
