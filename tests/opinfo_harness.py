@@ -47,6 +47,7 @@ class Backend:
     device: str
     executor: str
     jit_options: Callable[[], dict[str, Any]]
+    guard_options: dict[str, Any] = field(default_factory=dict)
 
 
 def _cpu_options() -> dict[str, Any]:
@@ -56,8 +57,15 @@ def _cpu_options() -> dict[str, Any]:
 
 
 CPU = Backend("cpu/torchcompile", "cpu", "torchcompile", _cpu_options)
-# Default executors (nvFuser first); let nvFuser form shape-only regions so the guard has work.
-CUDA = Backend("cuda/nvfuser", "cuda", "nvfuser", lambda: {"nv_enable_shape_only_fusion": True})
+# Default executors (nvFuser first); let nvFuser form shape-only regions so the guard has work, and let
+# the guard undo them although the program asked for them.
+CUDA = Backend(
+    "cuda/nvfuser",
+    "cuda",
+    "nvfuser",
+    lambda: {"nv_enable_shape_only_fusion": True},
+    {"override_compile_options": True},
+)
 
 # The error of a region whose ops the torch executor cannot run (prims.lerp on CUDA, say): the guard's
 # fail-safe keeps the region, outputs stay right; noted, not failed.
@@ -527,7 +535,7 @@ def _check(op: OpInfo, backend: Backend, samples: int, outcome: Outcome, wanted:
         for kind, rs in plain.regions().items():
             outcome.regions[kind] = outcome.regions.get(kind, 0) + len(rs)
         for variant, options in variants(plain).items():
-            _check_variant(case, plain, variant, FusionGuard(**options), outcome)
+            _check_variant(case, plain, variant, FusionGuard(**backend.guard_options, **options), outcome)
 
 
 def _deterministic(case: Case, plain: Run, runs: int = 5) -> bool:

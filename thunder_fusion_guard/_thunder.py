@@ -146,6 +146,26 @@ def leaves(bsym: BoundSymbol) -> list[BoundSymbol]:
     return [leaf for s in bsym.subsymbols for leaf in leaves(s)]
 
 
+def executor_claims(fusion: BoundSymbol, bsym: BoundSymbol) -> bool:
+    """Whether the executor of the fusion call ``fusion`` can run ``bsym`` inside it (Thunder's own check,
+    the one its partitioner asks before fusing an op)."""
+    try:
+        return bool(fusion.sym.executor.can_fuse(bsym))
+    except Exception:
+        return False
+
+
+def explicit_compile_options() -> dict[str, Any]:
+    """The options the program being compiled passed to ``thunder.jit`` by name (empty outside a compilation)."""
+    from thunder.core.compile_data import get_compile_data
+
+    try:
+        cd = get_compile_data()
+    except LookupError:
+        return {}
+    return dict(getattr(cd, "compile_options", None) or {})
+
+
 def is_backward(trace: TraceCtx) -> bool:
     return TraceTag.BACKWARD in trace.tags or trace.siginfo().name == "backward_fn"
 

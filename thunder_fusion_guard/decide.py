@@ -3,12 +3,18 @@ so the same program always gets the same trace."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .cost import CostConstants, UnknownSize, estimate
 from .ops import inexact_ops, random_ops, region_is_metadata_only
 from .options import GuardOptions
 from .regions import Region
+
+# Compile options by which a program asks Thunder, by name, for what the guard would otherwise undo.
+SHAPE_ONLY = "nv_enable_shape_only_fusion"  # shape-only nvFuser regions
+BOOKEND = "nv_enable_bookend"  # views at nvFuser region edges run outside the region
 
 
 @dataclass(frozen=True)
@@ -18,11 +24,26 @@ class Verdict:
     estimates: dict[str, float] = field(default_factory=dict)
 
 
-def decide(region: Region, options: GuardOptions, constants: CostConstants | None = None) -> Verdict:
-    """Keep a region, or reject it to the torch executor when its fusion call buys nothing."""
+def decide(
+    region: Region,
+    options: GuardOptions,
+    constants: CostConstants | None = None,
+    compile_options: Mapping[str, Any] | None = None,
+) -> Verdict:
+    """Keep a region, or reject it to the torch executor when its fusion call buys nothing.
+
+    ``compile_options`` are those the program passed to ``thunder.jit`` by name: a region kind it asked
+    for is kept unless ``override_compile_options``."""
     if not options.guards(region.executor):
         return Verdict("keep", f"executor {region.executor!r} is not guarded (option 'executors')")
     if region_is_metadata_only(region.body, options.metadata_ops):
+        asked = (compile_options or {}).get(SHAPE_ONLY) is True and region.executor == "nvfuser"
+        if asked and not options.override_compile_options:
+            return Verdict(
+                "keep",
+                f"shape-only region kept: the program asked for them ({SHAPE_ONLY}=True); "
+                "FusionGuard(override_compile_options=True) rejects them",
+            )
         return Verdict(
             "reject",
             "metadata-only region: its ops only re-describe tensors, which PyTorch does without a kernel "

@@ -35,6 +35,9 @@ class FusionGuard(thunder.Transform):
     - ``remove_identities``: remove ops that return their input unchanged (same-shape reshape, ...).
     - ``rehome``: move metadata ops run outside a fusion into the region that alone reads them.
     - ``merge_regions``: merge adjacent regions of one executor (off: the fused code may round differently).
+    - ``override_compile_options``: undo regions the program asked Thunder for by name
+      (``nv_enable_shape_only_fusion=True``, ``nv_enable_bookend=True``); off: they are kept, and the
+      decision names the option.
     """
 
     def __init__(
@@ -52,6 +55,7 @@ class FusionGuard(thunder.Transform):
         remove_identities: bool = True,
         rehome: bool = True,
         merge_regions: bool = False,
+        override_compile_options: bool = False,
     ) -> None:
         self.options = make_options(
             executors=executors,
@@ -66,6 +70,7 @@ class FusionGuard(thunder.Transform):
             remove_identities=remove_identities,
             rehome=rehome,
             merge_regions=merge_regions,
+            override_compile_options=override_compile_options,
         )
         self._constants: dict[tuple[str, str], CostConstants | None] = {}
         self.report = Report()
@@ -86,6 +91,7 @@ class FusionGuard(thunder.Transform):
                 function=function,
                 compile_index=self._compiles.get(function, 0),
                 subgraph=self._subgraph_id(th.compiling_fx_subgraph()),
+                compile_options=th.explicit_compile_options(),
             )
             return guard_trace(computation_trace, self.options, self.report, where, self.constants_for)
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from .. import _thunder as th
 from ..cost import CostConstants
-from ..decide import decide
+from ..decide import BOOKEND, decide
 from ..ops import rebuild_keeps_bits
 from ..options import GuardOptions
 from ..regions import find_regions
@@ -31,6 +32,7 @@ class TraceContext:
     function: str | None = None
     compile_index: int = 0
     subgraph: str | None = None
+    compile_options: Mapping[str, Any] = field(default_factory=dict)  # passed to thunder.jit by name
 
 
 ConstantsFor = Callable[[str, str], "CostConstants | None"]
@@ -86,7 +88,7 @@ def unfuse_rejected(
     for region in find_regions(trace):
         device = th.proxy_device(region.inputs + region.outputs)
         constants = constants_for(device, region.executor) if constants_for and device else None
-        verdict = decide(region, options, constants)
+        verdict = decide(region, options, constants, where.compile_options)
         decision = _decision(where, region.name, region.executor, region.ops, verdict.action, verdict.reason, op=False)
         decision.estimates = dict(verdict.estimates)
         decision.applied = verdict.action == "keep" or not options.report_only
@@ -178,12 +180,23 @@ def identity_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision
 
 def rehome_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision], where: TraceContext) -> th.TraceCtx:
     """Move metadata ops run outside a fusion into the region that alone reads them."""
-    new, moves = absorb_metadata_ops(trace, _may_change(options), options.metadata_ops)
+
+    def refused(fusion: th.BoundSymbol, op: th.BoundSymbol) -> str | None:
+        ex = th.executor_name(fusion)
+        if not th.executor_claims(fusion, op):
+            return f"{ex} cannot run {th.op_name(op)} (Thunder's executor does not claim it)"
+        if ex == "nvfuser" and where.compile_options.get(BOOKEND) is True and not options.override_compile_options:
+            return f"the program asked for views at nvFuser region edges to run outside ({BOOKEND}=True)"
+        return None
+
+    new, moves = absorb_metadata_ops(trace, _may_change(options), options.metadata_ops, refused)
     for m in moves:
         if m.error:
             reason = f"metadata op read only by {m.into} kept outside: rebuilding {m.into} failed"
             d = _decision(where, m.into, m.executor, [m.op], "keep", reason)
             d.error = m.error
+        elif m.skipped:
+            d = _decision(where, m.into, m.executor, [m.op], "keep", f"metadata op kept outside {m.into}: {m.skipped}")
         else:
             reason = f"metadata op run outside a fusion and read only by {m.into}: moved into it (no eager dispatch)"
             d = _decision(where, m.into, m.executor, [m.op], "rehome", reason)

@@ -20,22 +20,28 @@ from .rewrite import readers, unique_proxies
 
 @dataclass(frozen=True)
 class Rehome:
-    """One op moved into a region, or one region merged into the next (``error``: why it was not)."""
+    """One op moved into a region, or one region merged into the next (``error``: why it failed;
+    ``skipped``: why it was not tried)."""
 
     op: str
     moved: str
     into: str
     executor: str
     error: str
+    skipped: str = ""
 
 
 def absorb_metadata_ops(
-    trace: th.TraceCtx, may_change: Callable[[th.BoundSymbol], bool], extra_metadata: frozenset[str] = frozenset()
+    trace: th.TraceCtx,
+    may_change: Callable[[th.BoundSymbol], bool],
+    extra_metadata: frozenset[str] = frozenset(),
+    refused: Callable[[th.BoundSymbol, th.BoundSymbol], str | None] = lambda fusion, op: None,
 ) -> tuple[th.TraceCtx, list[Rehome]]:
     """Move each metadata op run outside a fusion into the guarded region that is its only reader.
 
     Walks the trace backwards so a chain of views ends up in the region whole. A returned result has
-    the return statement as a reader, so it never moves.
+    the return statement as a reader, so it never moves. ``refused(fusion, op)`` gives a reason not to
+    move ``op`` into ``fusion`` (its executor cannot run it, say), checked before any rebuild.
     """
     bsyms: list[th.BoundSymbol | None] = list(trace.bound_symbols)
     moves: list[Rehome] = []
@@ -56,6 +62,10 @@ def absorb_metadata_ops(
             continue
         inputs = unique_proxies([*b.flat_proxy_args, *(p for p in region.flat_proxy_args if p.name not in outs)])
         moved, into, ex = ", ".join(sorted(outs)), region.sym.name, th.executor_name(region)
+        why_not = refused(region, b)
+        if why_not:
+            moves.append(Rehome(th.op_name(b), moved, into, ex, "", why_not))
+            continue
         try:
             bsyms[j] = th.refuse(region, [b, *th.subsymbols(region)], inputs, region.flat_proxy_outs)
         except Exception as e:
