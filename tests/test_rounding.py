@@ -13,8 +13,10 @@ default 8, derandomized); on CUDA through nvFuser (``-m cuda``, 40 per dtype unl
 
 from __future__ import annotations
 
+import json
 import os
 import random
+from collections import Counter
 from dataclasses import dataclass
 
 import pytest
@@ -150,6 +152,11 @@ def check_program(prog: Program, device: str) -> FusionGuard:
     return guard
 
 
+# Programs checked per (device, dtype, whether a region was rejected), printed with -s and written as JSON
+# to TFG_ROUNDING_STATS when set: how much of the rule the random programs exercised.
+STATS: Counter[str] = Counter()
+
+
 def _property(device: str):
     @settings(
         max_examples=_examples(device),
@@ -162,18 +169,31 @@ def _property(device: str):
     def check(prog):
         guard = check_program(prog, device)
         rejected = any(d.action == "reject" for d in guard.report)
-        event(f"{prog.dtype}: {'some region rejected' if rejected else 'every region kept'}")
+        what = f"{device} {prog.dtype}: {'some region rejected' if rejected else 'every region kept'}"
+        event(what)
+        STATS[what] += 1
 
     return check
 
 
+def _report(device: str) -> None:
+    rows = {k: v for k, v in sorted(STATS.items()) if k.startswith(device)}
+    print(f"\nrounding programs ({device}): " + "; ".join(f"{k.split(' ', 1)[1]}: {v}" for k, v in rows.items()))
+    path = os.environ.get("TFG_ROUNDING_STATS")
+    if path:
+        with open(path, "w") as f:
+            json.dump(dict(STATS), f, indent=1)
+
+
 def test_random_low_precision_programs_keep_thunders_bits_cpu():
     _property("cpu")()
+    _report("cpu")
 
 
 @pytest.mark.cuda
 def test_random_low_precision_programs_keep_thunders_bits_nvfuser():
     _property("cuda")()
+    _report("cuda")
 
 
 def test_issue_snippet_gives_unguarded_bits():
