@@ -279,3 +279,33 @@ def test_peak_bandwidth_from_properties_or_spec_sheet():
     assert peak_from_properties("NVIDIA H100 PCIe", 0, 0).gbps == 2000
     assert peak_from_properties("Some GPU", 0, 0) is None
     assert gbps(3_000_000, 1.5) == pytest.approx(2000.0) and gbps(10, 0.0) is None and gbps(None, 1.0) is None
+
+
+@pytest.mark.cuda
+def test_nvfuser_regions_show_bandwidth_and_kernels_per_call():
+    from thunder.tests.nanogpt_model import Block, GPTConfig
+
+    torch.manual_seed(0)
+    config = GPTConfig(n_embd=256, n_head=4, block_size=128, dropout=0.0)
+    block = Block(config).to(device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(2, 128, config.n_embd, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    jitted = thunder.jit(block, transforms=[FusionGuard()])
+    profile = profile_regions(jitted, x, reps=5, warmup=2)
+    assert profile.peak is not None and profile.peak.gbps > 100 and profile.peak.source
+    nvfuser = [r for r in profile.rows if r.executor == "nvfuser"]
+    assert nvfuser
+    for row in nvfuser:
+        assert (
+            row.gbps is not None and row.gbps > 0 and row.peak_fraction == pytest.approx(row.gbps / profile.peak.gbps)
+        )
+        assert len(row.kernel_us) == row.kernels == len(row.kernel_gbps)
+        assert (row.kernel_gbps[0] is not None) == (row.kernels == 1)
+    for pair in profile.graphs:
+        regions = [n for n in pair.after.nodes if n.kind == "region"]
+        assert all(n.gbps is not None and n.kernels is not None for n in regions if n.executor == "nvfuser")
+        assert pair.after.kernels_per_call is not None and pair.after.kernels_per_call >= pair.after.region_kernels
+    text = str(profile)
+    assert "GB/s" in text and "% peak" in text and "peak memory bandwidth" in text
+    page = profile.to_html()
+    assert "% of peak" in page and page.count("<svg") >= 2
+    print(f"\n{text}")

@@ -499,6 +499,7 @@ window.addEventListener("load", function () {
     svg.dataset.bbox = Math.round(box.width) + "x" + Math.round(box.height);
     svg.dataset.rendered = String(svg.querySelectorAll("g.node").length);
   });
+  document.body.dataset.height = String(document.documentElement.scrollHeight);
   document.body.dataset.rendered = "yes";
 });
 """
@@ -658,22 +659,35 @@ def _legend() -> str:
     return '<p class="legend">' + "".join(spans) + "</p>"
 
 
+def _program_title(subgraph: str | None, function: str | None, subgraphs: dict[str, Subgraph]) -> str:
+    if subgraph is None:
+        return function or "jitted function"
+    sub = subgraphs.get(subgraph)
+    return subgraph if sub is None or sub.name is None else f"{subgraph} ({sub.name})"
+
+
 def _pictures(pairs: Sequence[GraphPair], subgraphs: dict[str, Subgraph]) -> str:
+    """A heading per program (the function, or each ThunderFX subgraph), then its pictures side by side:
+    forward and backward, before and after the guard (one picture where the guard changed nothing)."""
     parts = [_legend()]
+    programs: dict[str | None, list[GraphPair]] = {}
     for p in pairs:
-        parts.append(f"<h3>{_a(graph_title(p, subgraphs))}</h3>")
-        sub = subgraphs.get(p.subgraph) if p.subgraph else None
+        programs.setdefault(p.subgraph, []).append(p)
+    for subgraph, mine in programs.items():
+        parts.append(f"<h3>{_a(_program_title(subgraph, mine[0].function, subgraphs))}</h3>")
+        sub = subgraphs.get(subgraph) if subgraph else None
         if sub is not None:
             parts.append(f"<p class='meta'>fx ops: {_a(', '.join(sub.ops))}</p>")
             parts += [f"<p class='meta'>split: {_a(r)}</p>" for r in sub.split_reasons]
         parts.append('<div class="pair">')
-        stages = [("before the guard", p.before), ("after the guard", p.after)] if p.changed else []
-        stages = stages or [("unchanged by the guard", p.after)]
-        for label, graph in stages:
-            parts.append(
-                f'<figure data-trace="{_a(p.trace)}" data-stage="{_a(graph.stage)}"><figcaption><b>{_a(label)}</b>: '
-                f"{_a(totals_text(graph))}</figcaption><div class='scroll'>{graph_svg(graph)}</div></figure>"
-            )
+        for p in mine:
+            stages = [("before the guard", p.before), ("after the guard", p.after)] if p.changed else []
+            for label, graph in stages or [("unchanged by the guard", p.after)]:
+                parts.append(
+                    f'<figure data-trace="{_a(p.trace)}" data-stage="{_a(graph.stage)}"><figcaption>'
+                    f"<b>{_a(p.trace)}, {_a(label)}</b>: {_a(totals_text(graph))}</figcaption>"
+                    f"<div class='scroll'>{graph_svg(graph)}</div></figure>"
+                )
         parts.append("</div>")
     return "\n".join(parts)
 
@@ -703,6 +717,8 @@ def html_page(
     counts = Counter(d.action for d in decisions)
     summary = ", ".join(f"{counts[a]} {a}" for a in ACTIONS if counts[a]) or "none"
     sections.append(f"<h2 id='decisions'>Decisions ({len(decisions)}: {_a(summary)})</h2>")
+    if profile is not None:
+        sections.append("<p class='meta'>Of the latest compilation of each program: the one profiled and pictured.</p>")
     sections.append(_decision_table(decisions, subgraphs) if decisions else "<p>No fusion region seen.</p>")
     head_meta = "".join(f"<p class='meta'>{_a(m)}</p>" for m in meta)
     return (

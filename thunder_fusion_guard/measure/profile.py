@@ -10,6 +10,7 @@ and the profile carries the dataflow graphs of the traces (:mod:`.dataflow`) for
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -20,6 +21,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from .. import _thunder as th
+from ..explain import guards_of, name_subgraphs
 from ..passes.rewrite import lower_region
 from ..report import Decision, Subgraph, _ops_text, kernels_text, text_table
 from .bandwidth import Peak, gbps, peak_bandwidth
@@ -27,6 +29,8 @@ from .calls import ProgramCalls, RegionCall, program_calls
 from .dataflow import GraphPair, graphs_to_dot, trace_graphs
 from .segments import device_kernels, summarize
 from .timing import median_us, uses_cuda
+
+logger = logging.getLogger("thunder_fusion_guard")
 
 
 @dataclass
@@ -174,7 +178,11 @@ def profile_regions(jitted: Any, *args: Any, reps: int = 100, warmup: int = 10, 
                 row.action, row.reason, row.estimates = d.action, d.reason, dict(d.estimates)
             _bandwidth(row, peak)
             rows.append(row)
-    graphs = trace_graphs(jitted, rows)
+    try:
+        graphs = trace_graphs(jitted, rows)
+    except Exception as e:  # pictures are extra: a trace they cannot read must not cost the profile
+        logger.warning("profile_regions: no dataflow graphs: %s: %s", type(e).__name__, e)
+        graphs = []
     if cuda:
         _count_step_kernels(programs, graphs)
     name = th.thunderfx_function_name(jitted) if th.is_thunderfx(jitted) else th.jitted_function_name(jitted)
@@ -184,8 +192,6 @@ def profile_regions(jitted: Any, *args: Any, reps: int = 100, warmup: int = 10, 
 
 def _named_subgraphs(obj: Any) -> dict[str, Subgraph]:
     """The ThunderFX subgraphs of the guards attached to ``obj``, with Thunder's names (empty otherwise)."""
-    from ..explain import guards_of, name_subgraphs
-
     guards = guards_of(obj)
     if not guards or not th.is_thunderfx(obj):
         return {}
@@ -209,7 +215,11 @@ def _bandwidth(row: RegionRow, peak: Peak | None) -> None:
 def _count_step_kernels(programs: list[ProgramCalls], graphs: list[GraphPair]) -> None:
     """Measured kernels per call of each program's forward and backward, onto the 'after' graphs."""
     for program in programs:
-        counts = step_kernels(program.jitted, program.args, program.kwargs)
+        try:
+            counts = step_kernels(program.jitted, program.args, program.kwargs)
+        except Exception as e:
+            logger.warning("profile_regions: kernels per call not counted: %s: %s", type(e).__name__, e)
+            continue
         for pair in graphs:
             if pair.subgraph == program.subgraph and counts.get(pair.trace) is not None:
                 pair.after.kernels_per_call = counts[pair.trace]
@@ -231,7 +241,8 @@ def step_kernels(fn: Any, args: tuple, kwargs: dict) -> dict[str, int | None]:
     if not outs:
         return counts
     seeds = [torch.ones_like(t) for t in outs]
-    leaves = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+    flat = tree_flatten((args, kwargs))[0]
+    leaves = [t for t in flat if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf]
     module = th.compiled_module(fn)
     if isinstance(module, torch.nn.Module):
         leaves += [p for p in module.parameters() if p.requires_grad]
