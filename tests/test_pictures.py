@@ -309,3 +309,33 @@ def test_nvfuser_regions_show_bandwidth_and_kernels_per_call():
     page = profile.to_html()
     assert "% of peak" in page and page.count("<svg") >= 2
     print(f"\n{text}")
+
+
+def test_cuda_figures_are_computed_and_shown_without_a_gpu(profile):
+    """The CUDA columns, filled by hand, through the bandwidth arithmetic, the text table, the HTML and the
+    node labels (the real measurement is the cuda test above)."""
+    from dataclasses import replace
+
+    from thunder_fusion_guard.measure.bandwidth import Peak
+    from thunder_fusion_guard.measure.profile import RegionProfile, _bandwidth
+    from thunder_fusion_guard.render import node_lines
+
+    one, two = (replace(r) for r in profile.rows[:2])
+    for row, kernels in ((one, [1.5]), (two, [1.0, 2.0])):
+        row.input_bytes, row.output_bytes, row.device_us, row.host_us = 3000, 1000, 2.0, 9.0
+        row.kernels, row.kernel_us, row.overhead_us = len(kernels), kernels, 7.0
+        row.kernel_names, row.schedulers = [f"nvfuser_pointwise_f0_c1_r0_g{i}" for i in kernels], ["pointwise"] * 2
+    peak = Peak(4.0, "by hand")
+    _bandwidth(one, peak)
+    _bandwidth(two, peak)
+    assert (one.gbps, one.peak_fraction) == (2.0, 0.5) and one.kernel_gbps == [pytest.approx(4000 / 1.5 / 1e3)]
+    assert two.gbps == 2.0 and two.kernel_gbps == [None, None]
+    cuda = RegionProfile("fn", "cuda", 2, [one, two], profile.decisions, profile.graphs, peak)
+    text = str(cuda)
+    assert "GB/s" in text and "% peak" in text and " 50% " in text and "by hand" in text
+    page = cuda.to_html()
+    assert "% of peak" in page and "nvfuser_pointwise_f0_c1_r0_g1.5: 1.5 µs, 3 GB/s" in page
+    region = next(n for n in profile.graphs[0].after.nodes if n.kind == "region")
+    node = replace(region, device_us=2.0, kernels=2, schedulers=["pointwise", "reduction"])
+    node.gbps, node.peak_fraction = 1500.0, 0.45
+    assert {"2 kernels: pointwise+reduction", "1500 GB/s · 45% of peak"} <= set(node_lines(node))

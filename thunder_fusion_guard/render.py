@@ -112,18 +112,15 @@ def node_lines(node: Node, chars: int = 46) -> list[str]:
     elif node.host_us is not None:
         eager = "" if node.eager_us is None else f" · eager {node.eager_us:.1f} µs"
         lines.append(f"fusion call {node.host_us:.1f} µs{eager}")
-    kernels = []
     if node.kernels is not None:
         schedulers = "+".join(node.schedulers)
         count = _count(node.kernels, "kernel")
-        kernels.append(f"{count}: {schedulers}" if schedulers else count)
+        lines.append(_fit(f"{count}: {schedulers}" if schedulers else count, chars))
     if node.gbps is not None:
         peak = _percent(node.peak_fraction)
-        kernels.append(f"{node.gbps:.0f} GB/s" + (f" ({peak} of peak)" if peak else ""))
-    if kernels:
-        lines.append(_fit(" · ".join(kernels), chars))
+        lines.append(f"{node.gbps:.0f} GB/s" + (f" · {peak} of peak" if peak else ""))
     if node.notes:
-        lines.append(_fit("guard: " + "; ".join(node.notes), chars))
+        lines += _wrap("guard: " + "; ".join(node.notes), chars, 2)
     return lines
 
 
