@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .compat import ensure_nvfuser_compat
 from .explain import explain
+from .measure.dataflow import trace_graphs
 from .measure.profile import RegionProfile, profile_regions
 from .measure.segments import RegionKernels, collect_segments
 from .passes import FusionGuardError, guard_trace
@@ -21,6 +22,7 @@ __all__ = [
     "explain",
     "guard_trace",
     "profile_regions",
+    "trace_graphs",
 ]
 __version__ = "0.1.0"
 

@@ -192,8 +192,63 @@ def new_trace_like(trace: TraceCtx, bound_symbols: list[BoundSymbol]) -> TraceCt
     return new
 
 
+GUARD_PROVENANCE = "FusionGuard"
+
+
 def set_provenance(trace: TraceCtx, text: str) -> None:
     trace.set_provenance(TraceProvenance(text))
+
+
+def traces_before_guard(jitted: Any) -> tuple[TraceCtx | None, TraceCtx | None]:
+    """The forward and backward traces as the guard received them: in Thunder's list of the last call's
+    traces, the one before the guard's output (the final one where the guard changed nothing)."""
+    try:
+        forward = list(thunder.last_traces(jitted))
+        backward = list(thunder.last_backward_traces(jitted) or [])
+    except (TypeError, IndexError):
+        return None, None
+    return _before_guard(forward), _before_guard(backward)
+
+
+def _before_guard(traces: list[TraceCtx]) -> TraceCtx | None:
+    for i in range(len(traces) - 1, 0, -1):
+        provenance = traces[i].get_provenance()
+        if provenance is not None and str(getattr(provenance, "pss", "")).startswith(GUARD_PROVENANCE):
+            return traces[i - 1]
+    return traces[-1] if traces else None
+
+
+def is_structural(bsym: BoundSymbol) -> bool:
+    """True for bound symbols that only unpack arguments, return, delete or comment (no operation)."""
+    sym_id = bsym.sym.id
+    return isinstance(sym_id, prims.PrimIDs) and (
+        sym_id.name.startswith("UNPACK_") or sym_id in (prims.PrimIDs.RETURN, prims.PrimIDs.DEL, prims.PrimIDs.COMMENT)
+    )
+
+
+def returned_proxies(trace: TraceCtx) -> list[Proxy]:
+    """Every proxy the trace returns, in order (outputs and, in a forward trace, saved tensors)."""
+    for bsym in reversed(trace.bound_symbols):
+        if bsym.sym.id == prims.PrimIDs.RETURN:
+            return list(bsym.flat_proxy_args)
+    return []
+
+
+def tensor_nbytes(proxy: Any) -> int | None:
+    """Bytes of the tensor a proxy stands for; None when its shape is not known as numbers."""
+    try:
+        numel = 1
+        for n in proxy.shape:
+            numel *= int(n)
+        return numel * proxy.dtype.bytes
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def tensor_text(proxy: Any) -> str:
+    """``f32[6, 4, 5]``: the dtype's short name and the shape of a tensor proxy."""
+    dtype = getattr(proxy.dtype, "shortname", lambda: str(proxy.dtype))()
+    return f"{dtype}[{', '.join(str(n) for n in proxy.shape)}]"
 
 
 def lower_to_torch(outer: TraceCtx, bsyms: Sequence[BoundSymbol], outputs: Sequence[Proxy]) -> list[BoundSymbol]:

@@ -276,3 +276,13 @@ def _short(dtype: torch.dtype) -> str:
 def random_ops(region: Region) -> list[str]:
     names = {th.op_name(s) for b in region.body for s in (b, *th.subsymbols(b))}
     return sorted(n for n in names if any(h in n for h in RANDOM_HINTS))
+
+
+# The torch executor's own implementations of view prims: what a lowered reshape or slice runs as.
+TORCH_EXECUTOR_VIEWS: frozenset[str] = frozenset({"torch_prims_reshape_impl", "torch_slice_prim_impl"})
+
+
+def runs_as_view(bsym: th.BoundSymbol, extra: Iterable[str] = ()) -> bool:
+    """True when an op run outside a fusion launches no kernel in eager (a view; a reshape may copy where
+    its input's strides need it): metadata-only, or the torch executor's implementation of a view prim."""
+    return th.op_id(bsym) in TORCH_EXECUTOR_VIEWS or is_metadata(bsym, extra)

@@ -100,6 +100,13 @@ class Report:
     def to_markdown(self, title: str = "FusionGuard report") -> str:
         return format_markdown(self.decisions, self.subgraphs, title)
 
+    def to_html(self, title: str = "FusionGuard report", graphs: Any = ()) -> str:
+        """A self-contained HTML page of the decisions (sortable), with pictures of the dataflow graphs
+        ``graphs`` (``trace_graphs(jitted)``) when given; ``profile_regions(...).to_html()`` adds the profile."""
+        from .render import html_page
+
+        return html_page(title, self.decisions, self.subgraphs, graphs=list(graphs))
+
     def __str__(self) -> str:
         return format_table(self.decisions, self.subgraphs)
 

@@ -137,15 +137,26 @@ def compile_with_guard(fn: Callable[..., Any], guard: Any, device: str, thunderf
     return thunder.jit(fn, **options)
 
 
-def run_report(spec: str, *, thunderfx: bool = False, device: str | None = None, backward: bool = True) -> dict:
+def run_report(
+    spec: str,
+    *,
+    thunderfx: bool = False,
+    device: str | None = None,
+    backward: bool = True,
+    pictures: bool = False,
+    profile: bool = False,
+) -> dict:
     """Load TARGET, run it guarded (and its kernels collected on CUDA); the JSON document of the report.
 
     Without ``backward`` the model runs forward only, under ``torch.no_grad()`` (an inference program).
+    ``pictures`` adds the dataflow graphs of the traces (``graphs``); ``profile`` profiles every region
+    (``profile``, a :class:`RegionProfile` that carries the graphs too).
     """
-    from .. import FusionGuard, collect_segments
+    from .. import FusionGuard, collect_segments, profile_regions
     from .._thunder import software_versions
     from ..explain import report_of
     from ..measure.calls import step
+    from ..measure.dataflow import trace_graphs
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     fn, args, kwargs = make_workload(load_target(spec), device)
@@ -155,6 +166,12 @@ def run_report(spec: str, *, thunderfx: bool = False, device: str | None = None,
         step(compiled, args, kwargs, backward)
         if device == "cuda":
             collect_segments(compiled, *args, backward=backward, **kwargs)
+        extra: dict[str, Any] = {}
+        if profile:
+            extra["profile"] = profile_regions(compiled, *args, **kwargs)
+            extra["graphs"] = extra["profile"].graphs
+        elif pictures:
+            extra["graphs"] = trace_graphs(compiled)
     report = report_of(compiled)
     return {
         "target": spec,
@@ -163,6 +180,7 @@ def run_report(spec: str, *, thunderfx: bool = False, device: str | None = None,
         "backward": backward,
         "versions": software_versions(),
         "report": report,
+        **extra,
     }
 
 
@@ -185,17 +203,33 @@ def register(subparsers: Any) -> None:
     )
     report.add_argument("--json", metavar="PATH", help="write the report as JSON here")
     report.add_argument("--markdown", metavar="PATH", help="write the report as Markdown here")
+    report.add_argument(
+        "--html",
+        metavar="PATH",
+        help="profile every region and write a self-contained HTML report here: pictures of each trace before "
+        "and after the guard with the bytes at kernel boundaries, the profile (GB/s on CUDA), the decisions",
+    )
+    report.add_argument("--dot", metavar="PATH", help="write the dataflow graphs of the traces as Graphviz DOT here")
     report.set_defaults(run=_report_command)
 
 
 def _report_command(args: argparse.Namespace) -> int:
     import json
 
+    from ..measure.dataflow import graphs_to_dot
+
     if args.device == "cuda" and not torch.cuda.is_available():
         print("fusion-guard report: --device cuda but no CUDA device is available", file=sys.stderr)
         return 2
     try:
-        doc = run_report(args.target, thunderfx=args.thunderfx, device=args.device, backward=args.backward)
+        doc = run_report(
+            args.target,
+            thunderfx=args.thunderfx,
+            device=args.device,
+            backward=args.backward,
+            pictures=bool(args.html or args.dot),
+            profile=bool(args.html),
+        )
     except TargetError as e:
         print(f"fusion-guard report: {e}", file=sys.stderr)
         return 2
@@ -203,11 +237,22 @@ def _report_command(args: argparse.Namespace) -> int:
     title = f"{doc['target']} via {doc['frontend']} on {doc['device']}"
     print(f"FusionGuard report: {title}")
     print(report)
+    profile = doc.get("profile")
+    if profile is not None:
+        print(profile)
     if args.json:
-        _write(args.json, json.dumps({**doc, "report": report.to_dict()}, indent=1) + "\n")
+        saved = {**doc, "report": report.to_dict()}
+        saved.update({k: doc[k].to_dict() for k in ("profile",) if k in doc})
+        saved.update({k: [g.to_dict() for g in doc[k]] for k in ("graphs",) if k in doc})
+        _write(args.json, json.dumps(saved, indent=1) + "\n")
     if args.markdown:
         _write(args.markdown, report.to_markdown(f"FusionGuard report: {title}"))
-    for path in (args.json, args.markdown):
+    if args.html:
+        versions = ", ".join(f"{k} {v}" for k, v in doc["versions"].items() if v)
+        _write(args.html, profile.to_html(f"FusionGuard report: {title}", meta=[versions]))
+    if args.dot:
+        _write(args.dot, graphs_to_dot(doc["graphs"], f"FusionGuard dataflow: {title}", report.subgraphs))
+    for path in (args.json, args.markdown, args.html, args.dot):
         if path:
             print(f"wrote {path}", file=sys.stderr)
     return 0
