@@ -213,7 +213,7 @@ def _nanogpt_block(backward: bool) -> Callable[[str], Workload]:
 LITGPT_MODELS = {"mistral": "Mistral-7B-v0.1", "llama2": "Llama-2-7b-hf", "phi2": "phi-2"}
 
 
-def _litgpt_model(name: str, device: str, tokens: int) -> Any:
+def litgpt_model(name: str, device: str, tokens: int) -> Any:
     """litgpt's ``GPT`` for config ``name`` at 2 layers: real widths in bf16 on CUDA, tiny widths in fp32 on CPU."""
     import litgpt
     from litgpt.model import GPT
@@ -243,7 +243,7 @@ def _litgpt_model(name: str, device: str, tokens: int) -> Any:
 def _litgpt(name: str) -> Callable[[str], Workload]:
     def build(device: str) -> Workload:
         tokens = 512 if device == "cuda" else 32
-        model = _litgpt_model(name, device, tokens)
+        model = litgpt_model(name, device, tokens)
         x = torch.randint(0, model.config.padded_vocab_size, (1, tokens), device=device)
         return Workload(model, (x,), backward=True, leaves=list(model.parameters()))
 
@@ -268,7 +268,7 @@ def _litgpt_decode(name: str) -> Callable[[str], Workload]:
 
     def build(device: str) -> Workload:
         tokens = 512 if device == "cuda" else 32
-        model = _litgpt_model(name, device, tokens).requires_grad_(False)
+        model = litgpt_model(name, device, tokens).requires_grad_(False)
         prefilled_kv_cache(model, tokens)
         x = torch.randint(0, model.config.padded_vocab_size, (1, 1), device=device)
         position = torch.tensor([tokens // 2], device=device)
