@@ -4,7 +4,7 @@ Run on a CUDA machine from the repo root, one or a few models per invocation, e.
 
     python3 benchmarks/gpu_models.py --model Mistral-7B-v0.1 --time-budget 500 --tag mistral
     python3 benchmarks/gpu_models.py --model Llama-2-7b-hf phi-2 Qwen2.5-7B gemma-2b --decode Llama-2-7b-hf \\
-        --jobs 5 --time-budget 500 --tag others
+        --jobs 5 --time-budget 480 --tag others
 
 Setting: 2 layers, batch 1, bf16, real widths, random weights. ``train``: one forward+backward step on
 ``--tokens`` (512) tokens (``model.zero_grad(set_to_none=True); model(x).float().sum().backward()``).
@@ -58,8 +58,9 @@ VARIANT_BUILDS = {
 DEFAULT_VARIANTS = ("eager", "thunder", "guarded", "guarded+cudagraph", "inductor", "inductor-ro")
 TRAIN_MODELS = ("Mistral-7B-v0.1", "Llama-2-7b-hf", "phi-2", "Qwen2.5-7B", "gemma-2b")
 STEPS = ("train", "decode")
-# Seconds kept back from compiling for the warmup and timed rounds of one case (typical: 3-10 s).
-TIMING_RESERVE_S = {"train": 25.0, "decode": 15.0}
+# Seconds kept back from compiling for the warmup and timed rounds of one case (20 rounds of six variants of a
+# 7B-wide 2-layer model take a few seconds).
+TIMING_RESERVE_S = {"train": 15.0, "decode": 10.0}
 MIN_COMPILE_S = 5.0
 # torch.compile counters recorded per variant: cache hits show a compile that loaded from disk.
 CACHE_COUNTERS = (
@@ -352,13 +353,14 @@ def run_case(
             continue
         if side is not None and variant in inductors:
             cold = side.result(until=compile_until).get(variant, {})
-            entry["cold_first_call_s"] = cold.get("first_call_s")
-            entry["cold_compile"] = (
-                "cold_first_call_s: a side process's, compiling while this one compiled Thunder; "
-                "first_call_s: this process's, from the caches it filled (see fxgraph_cache_hit)"
-            )
-            if "error" in cold or "cut" in cold:
-                entry["cold_compile_error"] = cold.get("error") or cold.get("cut")
+            if "first_call_s" in cold:
+                entry["cold_first_call_s"] = cold["first_call_s"]
+                entry["cold_compile"] = (
+                    "cold_first_call_s: a side process's, compiling while this one compiled Thunder; "
+                    "first_call_s: this process's, from the caches it filled (see fxgraph_cache_hit)"
+                )
+            else:
+                entry["cold_compile_error"] = cold.get("error") or cold.get("cut") or "side process gave no result"
             if compile_until - time.time() < MIN_COMPILE_S:
                 entry["skipped"] = "time budget spent waiting for the side process's compile"
                 continue
@@ -491,8 +493,14 @@ def _first_call(v: dict) -> str:
 
 def markdown(doc: dict) -> str:
     """One row per case and variant, then a sentence per case: the fastest variant and by how much."""
+    settings, versions = doc.get("settings", {}), doc.get("versions") or {}
+    about = ", ".join(f"{k} {v}" for k, v in versions.items() if k in ("torch", "thunder", "nvfuser", "litgpt"))
     lines = [
-        "| model | step | variant | first call s | median ms | IQR ms (q1-q3) | min-max ms | x eager | = thunder |",
+        f"{doc.get('device', '?')} ({about}); {settings.get('layers')} layers, batch {settings.get('batch')}, "
+        f"{settings.get('tokens')} tokens, {settings.get('dtype')}; median of {settings.get('rounds')} interleaved "
+        "rounds; first call = trace + compile + run",
+        "",
+        "| model | step | variant | first call s | median ms | IQR ms (q1-q3) | min-max ms | / eager | = thunder |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     sentences = []
@@ -680,6 +688,8 @@ def run_parallel(cases: list[Case], args: argparse.Namespace, doc: dict, save: C
                     info["worker_exit"] = p.returncode
             else:
                 info = {"model": case.model, "step": case.step, "error": f"worker exited {p.returncode}, no result"}
+            if "timed_while_compiling" in info:
+                info["timed_while_compiling"] = [batch[i].label for i in info["timed_while_compiling"]]
             doc["models"].append(info)
         save()
 
