@@ -679,8 +679,11 @@ def run_parallel(cases: list[Case], args: argparse.Namespace, doc: dict, save: C
             time.sleep(1)
         for index, (case, p) in enumerate(zip(batch, procs, strict=True)):
             path = sync_dir / f"case-{index}.json"
-            if path.exists():
+            try:
                 part = json.loads(path.read_text())
+            except (OSError, ValueError):
+                part = None
+            if part is not None:
                 doc.setdefault("device", part.get("device"))
                 doc.setdefault("versions", part.get("versions"))
                 info = part["case"]
