@@ -540,7 +540,7 @@ def fastest_sentence(m: dict) -> str:
         next_ms, runner_up = timed[1]
         text += f", {next_ms / best_ms:.2f}x faster than the next, {runner_up} ({next_ms:.3f} ms)"
     eager = m["variants"].get("eager", {}).get("median_ms")
-    if eager and best != "eager":
+    if eager and "eager" not in (best, timed[1][1] if len(timed) > 1 else None):
         text += f", {eager / best_ms:.2f}x faster than eager"
     for flag in ("timed_while_compiling", "recompiled_while_timing", "rounds_cut"):
         if flag in m:
