@@ -1,9 +1,10 @@
 """``fusion-guard bench``: run the benchmark cases with the variants interleaved, compare two result files.
 
-``bench run`` times thunder, guarded and eager in one process, round after round in alternating
-order, so that drift of the machine falls on all variants alike; it writes pytest-benchmark
-compatible JSON. ``bench compare`` reads two such files (from ``bench run`` or pytest-benchmark)
-and fails when a case got slower than the threshold allows.
+``bench run`` times thunder, guarded and eager (and, with ``--variants``, torch.compile's ``inductor``
+and ``inductor-ro``) in one process, round after round in alternating order, so that drift of the
+machine falls on all variants alike; it writes pytest-benchmark compatible JSON. ``bench compare``
+reads two such files (from ``bench run`` or pytest-benchmark) and fails when a case got slower than the
+threshold allows.
 """
 
 from __future__ import annotations
@@ -26,7 +27,18 @@ from pathlib import Path
 from typing import Any
 
 from ..report import text_table
-from .bench_cases import SUITES, VARIANTS, BenchCase, default_device, make_step, select
+from .bench_cases import (
+    ALL_VARIANTS,
+    SUITES,
+    VARIANT_BUILDS,
+    VARIANTS,
+    BenchCase,
+    default_device,
+    fresh_compile_state,
+    make_step,
+    parse_variants,
+    select,
+)
 
 TARGET_SAMPLE_S = 100e-6
 MAX_INNER = 1000
@@ -41,6 +53,7 @@ class CaseResult:
     inner: int = 1
     first_call_s: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    recompiled_while_timing: bool = False
 
     def median_us(self, variant: str) -> float | None:
         s = self.samples.get(variant)
@@ -80,13 +93,23 @@ def _count(minimum: int) -> Callable[[str], int]:
 
 def register(subparsers: Any) -> None:
     """Add ``bench run`` and ``bench compare`` to the ``fusion-guard`` command line."""
-    bench = subparsers.add_parser("bench", help="benchmark thunder vs guarded vs eager, compare result files")
+    bench = subparsers.add_parser(
+        "bench", help="benchmark thunder vs guarded vs eager (vs torch.compile), compare result files"
+    )
     sub = bench.add_subparsers(dest="bench_command", required=True)
     run = sub.add_parser("run", help="run benchmark cases, variants interleaved; pytest-benchmark JSON out")
     run.add_argument("--suite", nargs="+", choices=SUITES, default=list(SUITES), help="default: all suites")
     run.add_argument("--case", action="append", metavar="TEXT", help="only cases whose name contains TEXT")
     run.add_argument("--heavy", action="store_true", help="include heavy cases (litgpt models)")
     run.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    run.add_argument(
+        "--variants",
+        metavar="LIST",
+        default=",".join(VARIANTS),
+        help=f"comma-separated, timed in this order, or 'all': {', '.join(ALL_VARIANTS)} (default: %(default)s); "
+        + "; ".join(f"{v} = {VARIANT_BUILDS[v]}" for v in ALL_VARIANTS if v not in VARIANTS)
+        + " (on CPU no CUDA graphs: compiles as inductor)",
+    )
     run.add_argument("--reps", type=_count(1), default=50, help="timed rounds per variant (default 50)")
     run.add_argument("--warmup", type=_count(0), default=3, help="untimed rounds after the first call (default 3)")
     run.add_argument("--json", metavar="OUT", help="write pytest-benchmark compatible JSON here")
@@ -111,12 +134,25 @@ def _time_once(step: Callable[[], None]) -> float:
     return time.perf_counter() - start
 
 
-def measure_case(case: BenchCase, device: str, reps: int, warmup: int) -> CaseResult:
-    """Time every variant of ``case``: first calls, warmup, then ``reps`` rounds in alternating order."""
+def _dynamo_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def measure_case(
+    case: BenchCase, device: str, reps: int, warmup: int, variants: Sequence[str] = VARIANTS
+) -> CaseResult:
+    """Time each variant of ``case``: first calls, warmup, then ``reps`` rounds in alternating order.
+
+    torch.compile's state is reset first, so each case compiles as in a fresh process; a graph compiled
+    during the timed rounds (a recompilation) is logged and recorded.
+    """
+    fresh_compile_state()
     result = CaseResult(case)
     workload = case.build(device)
     steps = {}
-    for variant in VARIANTS:
+    for variant in variants:
         steps[variant] = make_step(workload, variant, device)
         result.first_call_s[variant] = _time_once(steps[variant])
         _log(f"    {case.group}: {variant} first call {result.first_call_s[variant]:.1f} s")
@@ -127,6 +163,7 @@ def measure_case(case: BenchCase, device: str, reps: int, warmup: int) -> CaseRe
     result.inner = max(1, min(MAX_INNER, math.ceil(TARGET_SAMPLE_S / max(fastest, 1e-9))))
     order = list(steps)
     result.samples = {v: [] for v in order}
+    graphs = _dynamo_graphs()
     for round_index in range(reps):
         for variant in order if round_index % 2 == 0 else reversed(order):
             step = steps[variant]
@@ -134,6 +171,9 @@ def measure_case(case: BenchCase, device: str, reps: int, warmup: int) -> CaseRe
             for _ in range(result.inner):
                 step()
             result.samples[variant].append((time.perf_counter_ns() - start) / 1e9 / result.inner)
+    if _dynamo_graphs() != graphs:
+        result.recompiled_while_timing = True
+        _log(f"    {case.group}: WARNING torch.compile compiled a graph during the timed rounds (a recompilation)")
     return result
 
 
@@ -143,6 +183,7 @@ def run_cases(
     reps: int,
     warmup: int,
     after_each: Callable[[list[CaseResult]], None] | None = None,
+    variants: Sequence[str] = VARIANTS,
 ) -> list[CaseResult]:
     """Measure each case in turn, logging progress to stderr; a failing case is recorded, not fatal.
 
@@ -153,12 +194,12 @@ def run_cases(
         _log(f"[{i}/{len(cases)}] {case.group} on {device} ...")
         began = time.perf_counter()
         try:
-            result = measure_case(case, device, reps, warmup)
+            result = measure_case(case, device, reps, warmup, variants)
         except Exception as e:
             result = CaseResult(case, error=f"{type(e).__name__}: {e}")
             _log(f"[{i}/{len(cases)}] {case.group} FAILED: {result.error}")
         else:
-            times = ", ".join(f"{v} {result.median_us(v):.1f} µs" for v in VARIANTS)
+            times = ", ".join(f"{v} {result.median_us(v):.1f} µs" for v in result.samples)
             _log(f"[{i}/{len(cases)}] {case.group}: {times} ({time.perf_counter() - began:.1f} s)")
         results.append(result)
         if after_each is not None:
@@ -290,8 +331,11 @@ def to_json(results: Sequence[CaseResult], device: str, reps: int, warmup: int) 
                     "extra_info": {
                         "device": device,
                         "suite": r.case.suite,
+                        "variant_build": VARIANT_BUILDS[variant],
                         "first_call_s": round(r.first_call_s[variant], 3),
+                        "compile_order": list(r.first_call_s).index(variant),
                         "interleaved": True,
+                        **({"recompiled_while_timing": True} if r.recompiled_while_timing else {}),
                     },
                     "options": {
                         "disable_gc": False,
@@ -322,14 +366,28 @@ def _us(value: float | None) -> str:
 
 def summary_rows(results: Sequence[CaseResult]) -> list[list[str]]:
     """Per case: the median of each variant, guarded over thunder, and the first (compiling) calls."""
-    rows = [["case", "thunder µs", "guarded µs", "eager µs", "guarded/thunder", "first call s thunder/guarded"]]
+    variants = list(dict.fromkeys(v for r in results for v in r.samples)) or list(VARIANTS)
+    compiled = [v for v in variants if v != "eager"]
+    ratio = "thunder" in variants and "guarded" in variants
+    rows = [
+        [
+            "case",
+            *(f"{v} µs" for v in variants),
+            *(["guarded/thunder"] if ratio else []),
+            f"first call s {'/'.join(compiled)}",
+        ]
+    ]
     for r in results:
         if r.error:
-            rows.append([r.case.group, "-", "-", "-", f"failed: {r.error[:80]}", "-"])
+            rows.append([r.case.group, *("-" for _ in variants), f"failed: {r.error[:80]}", "-"][: len(rows[0])])
             continue
-        thunder, guarded, eager = (r.median_us(v) for v in VARIANTS)
-        first = f"{r.first_call_s['thunder']:.1f}/{r.first_call_s['guarded']:.1f}"
-        rows.append([r.case.group, _us(thunder), _us(guarded), _us(eager), f"{guarded / thunder:.2f}", first])
+        medians = {v: r.median_us(v) for v in variants}
+        first = "/".join(f"{r.first_call_s[v]:.1f}" if v in r.first_call_s else "-" for v in compiled)
+        cells = [r.case.group, *(_us(medians[v]) for v in variants)]
+        if ratio:
+            both = medians["thunder"] and medians["guarded"]
+            cells.append(f"{medians['guarded'] / medians['thunder']:.2f}" if both else "-")
+        rows.append([*cells, first])
     return rows
 
 
@@ -342,6 +400,11 @@ def format_rows(rows: list[list[str]], markdown: bool = False) -> str:
 
 
 def _run_command(args: argparse.Namespace) -> int:
+    try:
+        variants = parse_variants(args.variants)
+    except ValueError as e:
+        _log(f"fusion-guard bench run: --variants: {e}")
+        return 2
     device = args.device or default_device()
     cases = select(args.suite, args.case, heavy=args.heavy)
     if not cases:
@@ -360,7 +423,7 @@ def _run_command(args: argparse.Namespace) -> int:
         if args.markdown:
             _write(args.markdown, format_rows(summary_rows(results), markdown=True) + "\n")
 
-    results = run_cases(cases, device, args.reps, args.warmup, after_each=save)
+    results = run_cases(cases, device, args.reps, args.warmup, after_each=save, variants=variants)
     print(format_rows(summary_rows(results)))
     print(f"(median per call; {args.reps} rounds per variant, variants interleaved in alternating order)")
     for path in (args.json, args.markdown):
