@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+import torch
 
 from thunder_fusion_guard.tools.bench_cases import (
     CASES,
@@ -28,12 +29,15 @@ def bench_params(suite: str) -> list:
     The variants are ``TFG_BENCH_VARIANTS`` (comma-separated, as ``bench run --variants``), else the default set.
     """
     skip_heavy = pytest.mark.skip(reason=f"heavy case: opt in with {HEAVY_ENV}=1")
+    skip_cuda = pytest.mark.skip(reason="CUDA-only case (asks for shape-only nvFuser regions)")
+    on_cuda = torch.cuda.is_available()
     return [
         pytest.param(
             case.name,
             variant,
             id=f"{case.name}-{variant}",
-            marks=[skip_heavy] if case.heavy and not heavy_requested() else [],
+            marks=([skip_heavy] if case.heavy and not heavy_requested() else [])
+            + ([skip_cuda] if case.cuda_only and not on_cuda else []),
         )
         for case in CASES
         if case.suite == suite

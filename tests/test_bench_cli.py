@@ -194,3 +194,10 @@ def test_run_inductor_variants_in_json_and_compare(tmp_path, capsys):
     assert "test_micro[view-small-inductor-ro]" in compared
     regressed = [line for line in compared.splitlines() if "REGRESSED" in line]
     assert len(regressed) == 1 and "test_micro[view-small-inductor]" in regressed[0]
+
+
+def test_shape_only_micro_cases_are_cuda_only_and_labelled():
+    shape_only = [c for c in select(["micro"]) if c.name.endswith("-shapeonly")]
+    assert shape_only and all(c.cuda_only for c in shape_only)
+    assert not [c for c in select(["micro"], device="cpu") if c.cuda_only]
+    assert {c.name.removesuffix("-shapeonly") for c in shape_only} <= {c.name for c in select(["micro"], device="cpu")}

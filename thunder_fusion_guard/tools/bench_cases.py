@@ -4,9 +4,11 @@ A case builds a workload on a device; each variant runs it eagerly (``eager``), 
 (``thunder``), through Thunder with a :class:`FusionGuard` (``guarded``), or through ``torch.compile``
 (``inductor``, and ``inductor-ro`` with ``mode="reduce-overhead"``, Inductor's CUDA-graph mode: on CPU
 there are no CUDA graphs and it compiles as ``inductor`` does). On CPU Thunder uses its torch.compile
-executor (nvFuser needs CUDA); on CUDA its defaults (nvFuser). The micro and ThunderFX suites also allow
-shape-only nvFuser regions on CUDA, as the demo does, so that lone view ops reach the fusion executor at
-all. Heavy cases (litgpt models) run only when asked for.
+executor (nvFuser needs CUDA); on CUDA its defaults (nvFuser). Micro cases measure what Thunder's defaults
+produce; on CUDA the ``-shapeonly`` micro cases (CUDA only) also ask Thunder for shape-only nvFuser regions
+(``nv_enable_shape_only_fusion=True``) and let the guard undo them (``override_compile_options=True``), so
+that lone view ops reach the fusion executor at all: a setting no default user has, labelled as such. The
+ThunderFX suite does the same on CUDA. Heavy cases (litgpt models) run only when asked for.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class Workload:
     leaves: list[torch.Tensor] = field(default_factory=list)
     kwargs: dict[str, Any] = field(default_factory=dict)
     no_grad: bool = False
+    guard_options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class BenchCase:
     name: str
     build: Callable[[str], Workload]
     heavy: bool = False
+    cuda_only: bool = False
 
     @property
     def group(self) -> str:
@@ -177,14 +181,21 @@ MICRO_OPS: dict[str, tuple[Callable[..., Any], Callable[[tuple[int, ...]], list[
 }
 
 
-def _micro(op: str, size: str) -> Callable[[str], Workload]:
+# The nvFuser opt-in that makes lone views into regions, and the guard option that undoes them anyway.
+SHAPE_ONLY = {"nv_enable_shape_only_fusion": True}
+OVERRIDE = {"override_compile_options": True}
+VIEW_OPS = ("view", "reshape", "permute", "expand", "slice", "squeeze", "unsqueeze")
+
+
+def _micro(op: str, size: str, shape_only: bool = False) -> Callable[[str], Workload]:
     fn, shapes = MICRO_OPS[op]
 
     def build(device: str) -> Workload:
         dims = SIZES["cuda" if device == "cuda" else "cpu"][size]
         args = tuple(torch.randn(shape, device=device) for shape in shapes(dims))
-        options = {"nv_enable_shape_only_fusion": True} if device == "cuda" else {}
-        return Workload(fn, args, jit_options=options)
+        if shape_only and device == "cuda":
+            return Workload(fn, args, jit_options=dict(SHAPE_ONLY), guard_options=dict(OVERRIDE))
+        return Workload(fn, args)
 
     return build
 
@@ -296,15 +307,22 @@ def _thunderfx(backward: bool) -> Callable[[str], Workload]:
         b, h, s, d = (8, 16, 512, 64) if device == "cuda" else (2, 4, 32, 16)
         x = torch.randn(b, h, s, d, device=device, requires_grad=backward)
         w = (torch.randn(h * d, h * d, device=device) / (h * d) ** 0.5).requires_grad_(backward)
-        options = {"nv_enable_shape_only_fusion": True} if device == "cuda" else {}
+        options, guard = (dict(SHAPE_ONLY), dict(OVERRIDE)) if device == "cuda" else ({}, {})
         leaves = [x, w] if backward else []
-        return Workload(rearrange_with_breaks, (x, w), backward, options, frontend="thunderfx", leaves=leaves)
+        return Workload(
+            rearrange_with_breaks, (x, w), backward, options, frontend="thunderfx", leaves=leaves, guard_options=guard
+        )
 
     return build
 
 
 CASES: list[BenchCase] = [
     *(BenchCase("micro", f"{op}-{size}", _micro(op, size)) for op in MICRO_OPS for size in ("small", "large")),
+    *(
+        BenchCase("micro", f"{op}-{size}-shapeonly", _micro(op, size, shape_only=True), cuda_only=True)
+        for op in VIEW_OPS
+        for size in ("small", "large")
+    ),
     BenchCase("models", "nanogpt-block-fwd", _nanogpt_block(backward=False)),
     BenchCase("models", "nanogpt-block-fwdbwd", _nanogpt_block(backward=True)),
     *(BenchCase("models", f"litgpt-{key}-fwdbwd", _litgpt(name), heavy=True) for key, name in LITGPT_MODELS.items()),
@@ -322,14 +340,18 @@ def case_named(name: str) -> BenchCase:
     raise KeyError(f"no benchmark case {name!r}; cases: {[c.name for c in CASES]}")
 
 
-def select(suites: list[str] | None = None, names: list[str] | None = None, heavy: bool = False) -> list[BenchCase]:
-    """The cases of ``suites`` whose name contains one of ``names``; heavy ones only with ``heavy``."""
+def select(
+    suites: list[str] | None = None, names: list[str] | None = None, heavy: bool = False, device: str | None = None
+) -> list[BenchCase]:
+    """The cases of ``suites`` whose name contains one of ``names``; heavy ones only with ``heavy``; CUDA-only
+    ones only when ``device`` is cuda or not given."""
     return [
         c
         for c in CASES
         if (suites is None or c.suite in suites)
         and (not names or any(n in c.name for n in names))
         and (heavy or not c.heavy)
+        and (device in (None, "cuda") or not c.cuda_only)
     ]
 
 
@@ -348,7 +370,7 @@ def compile_variant(workload: Workload, variant: str, device: str) -> Callable[.
         from thunder.executors.torch_compile import torch_compile_ex
 
         options["executors"] = [torch_compile_ex]
-    options["transforms"] = [FusionGuard()] if variant == "guarded" else []
+    options["transforms"] = [FusionGuard(**workload.guard_options)] if variant == "guarded" else []
     if workload.frontend == "thunderfx":
         from thunder.dynamo import thunderfx
 

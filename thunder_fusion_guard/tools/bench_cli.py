@@ -406,7 +406,7 @@ def _run_command(args: argparse.Namespace) -> int:
         _log(f"fusion-guard bench run: --variants: {e}")
         return 2
     device = args.device or default_device()
-    cases = select(args.suite, args.case, heavy=args.heavy)
+    cases = select(args.suite, args.case, heavy=args.heavy, device=device)
     if not cases:
         _log("bench run: no case matches the given --suite/--case (heavy cases need --heavy)")
         return 2
