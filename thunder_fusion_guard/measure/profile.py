@@ -243,7 +243,9 @@ def format_profile(profile: RegionProfile) -> str:
         f"profile of {profile.function or 'jitted function'} on {profile.device} (µs: median (first-third "
         f"quartile) of {profile.reps} calls of each region's own callable with its real inputs{threads})"
     )
-    if not profile.rows:
+    if not profile.rows and any(d.about_region for d in profile.decisions):
+        lines = [title, "no fusion region left in the final traces"]
+    elif not profile.rows:
         from ..executors import no_region_hint
 
         lines = [title, f"no fusion region in the final traces: {no_region_hint(profile.executors)}"]

@@ -7,7 +7,7 @@ import argparse
 import logging
 import sys
 import warnings
-from typing import Any
+from typing import Any, NoReturn
 
 HELP_HINT = "see --help"
 
@@ -32,7 +32,7 @@ class Parser(argparse.ArgumentParser):
         )
         self.set_defaults(command_name=self.prog)
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} ({HELP_HINT})\n")
 
 
