@@ -21,6 +21,15 @@ def _nvfuser_ready() -> bool:
     return nvfuser_available()
 
 
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    """The CLI pins torch's intra-op threads for timing; keep that from leaking into later tests."""
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
 def pytest_collection_modifyitems(config, items):
     skip_cuda = None if _nvfuser_ready() else pytest.mark.skip(reason="needs a CUDA GPU with nvFuser")
     skip_slow = None if config.getoption("--run-slow") else pytest.mark.skip(reason="slow: opt in with --run-slow")

@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import re
 
 import pytest
 
@@ -57,7 +58,16 @@ def test_compare_fails_on_planted_regression(tmp_path, capsys):
     head = _write(tmp_path, "head.json", {**BASE, "test_micro[a-guarded]": 6e-6})
     assert main(["bench", "compare", base, head, "--threshold", "5%"]) == 1
     out = capsys.readouterr().out
-    assert "REGRESSED" in out and "1.200" in out and "1 of 2 regressed" in out
+    assert "REGRESSED" in out and "1.200" in out
+    assert out.strip().splitlines()[-1] == "1 of 2 regressed (threshold 5.0%): test_micro[a-guarded] (1.20x)"
+
+
+def test_compare_names_every_regressed_case(tmp_path, capsys):
+    base = _write(tmp_path, "base.json", BASE)
+    head = _write(tmp_path, "head.json", {"test_micro[a-thunder]": 30e-6, "test_micro[a-guarded]": 10e-6})
+    assert main(["bench", "compare", base, head]) == 1
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == "2 of 2 regressed (threshold 5.0%): test_micro[a-guarded] (2.00x), test_micro[a-thunder] (3.00x)"
 
 
 def test_compare_passes_within_threshold(tmp_path, capsys):
@@ -101,6 +111,9 @@ def test_run_writes_pytest_benchmark_json(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "[1/1] micro:view-small" in captured.err
     assert "micro:view-small" in captured.out and "guarded/thunder" in captured.out
+    row = next(line for line in captured.out.splitlines() if line.startswith("micro:view-small"))
+    assert len(re.findall(r"\d+\.\d \(\d+\.\d-\d+\.\d\)", row)) == len(VARIANTS), row  # median (q1-q3)
+    assert "timed with 1 intra-op thread" in captured.out
     assert md.read_text().startswith("| case |")
     assert main(["bench", "compare", str(out), str(out)]) == 0
 

@@ -1,10 +1,12 @@
 """FusionGuard against unguarded Thunder over Thunder's OpInfo corpus (harness: opinfo_harness.py).
 
-CI runs a fixed subset on CPU (first sample of each op in its preferred dtype, float32 mostly) and the
-element-wise part of it in bfloat16 and float16, where fusions and op-by-op runs round differently;
-``--run-slow`` runs the rest of the corpus; the CUDA test runs the whole corpus through nvFuser with
-shape-only fusions enabled. The slow and CUDA tests run each dtype named in ``TFG_OPINFO_DTYPES``
-(default ``float32,bfloat16,float16``; ``preferred`` is the op's own pick). Outside CI,
+CI runs a fixed subset on CPU (first sample of each op in its preferred dtype, float32 mostly) in the
+guard variants that rewrite most (``CI_VARIANTS``: the defaults, every region sent to torch, the cost
+model rejecting every exact region), and the element-wise part of it in bfloat16 and float16, where
+fusions and op-by-op runs round differently; ``--run-slow`` runs that subset in every variant and the rest
+of the corpus; the CUDA test runs the whole corpus through nvFuser with shape-only fusions enabled, every
+variant. The slow and CUDA tests run each dtype named in ``TFG_OPINFO_DTYPES`` (default
+``float32,bfloat16,float16``; ``preferred`` is the op's own pick). Outside CI,
 ``TFG_OPINFO_SAMPLES=N`` compares the first N samples of each op in the slow and CUDA tests.
 """
 
@@ -17,6 +19,7 @@ CI = ci_subset(CPU)
 REST = [op for op in corpus(CPU) if op not in CI]
 SAMPLES = int(os.environ.get("TFG_OPINFO_SAMPLES", "1"))
 DTYPES = [d.strip() for d in os.environ.get("TFG_OPINFO_DTYPES", "float32,bfloat16,float16").split(",") if d.strip()]
+CI_VARIANTS = ("default", "metadata_ops", "eager_cheap")
 # Element-wise ops of the CI subset, the ones a bf16/fp16 chain is built from.
 LOW_PRECISION_CI = [
     op
@@ -25,8 +28,9 @@ LOW_PRECISION_CI = [
 ]
 
 
-def _check(op, backend, samples=1, dtype=None):
-    outcome = check_op(op, backend, samples=samples, dtype=None if dtype in (None, "preferred") else dtype_named(dtype))
+def _check(op, backend, samples=1, dtype=None, only=None):
+    wanted = None if dtype in (None, "preferred") else dtype_named(dtype)
+    outcome = check_op(op, backend, samples=samples, dtype=wanted, only=only)
     if outcome.status == "skipped":
         pytest.skip(outcome.reason)
     assert outcome.status == "passed", "\n".join(outcome.notes)
@@ -34,13 +38,19 @@ def _check(op, backend, samples=1, dtype=None):
 
 @pytest.mark.parametrize("op", CI, ids=op_key)
 def test_guard_matches_unguarded(op):
+    _check(op, CPU, only=CI_VARIANTS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op", CI, ids=op_key)
+def test_guard_matches_unguarded_every_variant(op):
     _check(op, CPU)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("op", LOW_PRECISION_CI, ids=op_key)
 def test_guard_matches_unguarded_low_precision(op, dtype):
-    _check(op, CPU, dtype=dtype)
+    _check(op, CPU, dtype=dtype, only=CI_VARIANTS)
 
 
 @pytest.mark.slow

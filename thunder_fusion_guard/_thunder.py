@@ -30,8 +30,11 @@ __all__ = [
     "TensorProxy",
     "TraceCtx",
     "compile_function_name",
+    "compiling_executors",
     "compiling_fx_subgraph",
+    "default_executors",
     "effects",
+    "executors_of",
     "fusion_executor_names",
     "fx_graph_ops",
     "is_backward",
@@ -41,6 +44,7 @@ __all__ = [
     "lower_to_torch",
     "lowering_executor_names",
     "new_trace_like",
+    "nvfuser_problem",
     "nvfuser_scheduled_ir",
     "only_numbers",
     "op_id",
@@ -48,6 +52,7 @@ __all__ = [
     "reinterpreted_itemsizes",
     "set_provenance",
     "thunderfx_subgraphs",
+    "torch_compile_executor",
     "torch_executor",
 ]
 
@@ -173,6 +178,75 @@ def is_backward(trace: TraceCtx) -> bool:
 def fusion_executor_names() -> list[str]:
     """Names of every registered fusion executor (nvfuser only where nvFuser is importable)."""
     return sorted(ex.name for ex in get_all_executors() if isinstance(ex, FusionExecutor))
+
+
+def default_executors() -> list[Any]:
+    """Thunder's default executors (nvFuser first where it loads; none that fuses on CPU)."""
+    return list(thunder.get_default_executors())
+
+
+def torch_compile_executor() -> Any:
+    """Thunder's torch.compile executor: the fusion executor that runs on any device."""
+    from thunder.executors.torch_compile import torch_compile_ex
+
+    return torch_compile_ex
+
+
+def _executor_names(executors: Iterable[Any]) -> list[tuple[str, bool]]:
+    return [(getattr(ex, "name", str(ex)), isinstance(ex, FusionExecutor)) for ex in executors]
+
+
+def compiling_executors() -> list[tuple[str, bool]]:
+    """(name, is a fusion executor) of each executor of the compilation Thunder runs right now."""
+    from thunder.core.compile_data import get_compile_data
+
+    try:
+        executors = getattr(get_compile_data(), "executors_list", None) or ()
+    except LookupError:
+        return []
+    return _executor_names(executors)
+
+
+def executors_of(jitted: Any) -> list[tuple[str, bool]]:
+    """(name, is a fusion executor) of each executor a ``thunder.jit`` result compiles with."""
+    cd = thunder.compile_data(jitted)
+    return _executor_names(getattr(cd, "executors_list", None) or ()) if cd is not None else []
+
+
+def nvfuser_problem() -> str | None:
+    """Why Thunder has no nvFuser executor here (no CUDA, not installed, fails to load, too old); None if it has."""
+    if any(ex.name == "nvfuser" for ex in get_all_executors()):
+        return None
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is built without CUDA"
+    if not torch.cuda.is_available():
+        return "no CUDA device is visible to torch"
+    import importlib
+
+    from thunder.executors.nvfuserex import nvfuser_version, required_nvfuser_version
+
+    errors = []
+    for module in ("nvfuser_direct", "nvfuser"):
+        try:
+            importlib.import_module(module)
+            break
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                errors.append(f"{module} fails to load: {e}")
+        except (ImportError, OSError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            errors.append(f"{module} fails to load: {first}")
+    else:
+        if not errors:
+            return "no nvFuser package is installed"
+        text = "; ".join(errors)
+        if "undefined symbol" in text:
+            text += f" (an nvFuser build made for another torch than this {torch.__version__})"
+        return text
+    version = nvfuser_version()
+    if version is not None and version < required_nvfuser_version():
+        return f"nvFuser {version} is older than the {required_nvfuser_version()} thunder needs"
+    return f"thunder did not register nvFuser {version}"
 
 
 def torch_executor():
@@ -648,3 +722,9 @@ def recording_fusion_calls(jitted: Any) -> Iterator[dict[tuple[str, str], tuple]
         yield calls
     finally:
         cache[index] = entry
+
+
+# Every module that touches Thunder imports this one: the place to fix a broken Thunder/nvFuser pair.
+from .compat import ensure_nvfuser_compat  # noqa: E402
+
+ensure_nvfuser_compat()

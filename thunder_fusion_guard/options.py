@@ -72,6 +72,13 @@ def make_options(
         chosen = _names("executors", executors, "fusion executor names or FusionExecutor objects")
         known = set(th.fusion_executor_names())
         unknown = sorted(chosen - known)
+        if "nvfuser" in unknown:
+            from .executors import NVFUSER_INSTALL
+
+            raise ValueError(
+                f"FusionGuard option 'executors': nvfuser is not available here: {th.nvfuser_problem()}; "
+                f"{NVFUSER_INSTALL}"
+            )
         if unknown:
             raise ValueError(
                 f"FusionGuard option 'executors' names unknown fusion executors {unknown}; "

@@ -60,12 +60,38 @@ class Report:
     """Every decision one :class:`FusionGuard` has made, across all the traces it has seen.
 
     Under ThunderFX, ``subgraphs`` maps each split subgraph's id to its :class:`Subgraph`; decisions
-    name theirs in ``Decision.subgraph``.
+    name theirs in ``Decision.subgraph``. ``traces_seen`` counts the traces the guard was handed and
+    ``executors`` lists (name, is a fusion executor) of the executors they were compiled with, so that an
+    empty report can tell "not compiled yet" from "compiled, but Thunder made no fusion region".
     """
 
     def __init__(self) -> None:
         self.decisions: list[Decision] = []
         self.subgraphs: dict[str, Subgraph] = {}
+        self.traces_seen = 0
+        self.executors: list[tuple[str, bool]] = []
+
+    def saw_trace(self, executors: list[tuple[str, bool]]) -> None:
+        """Count one trace handed to the guard, compiled with ``executors`` ((name, is fusion) pairs)."""
+        self.traces_seen += 1
+        self.executors += [e for e in executors if e not in self.executors]
+
+    def notice(self) -> str | None:
+        """A line for a report without region decisions: nothing compiled yet, or why there was no region."""
+        if self.traces_seen == 0 and not self.decisions:
+            return (
+                "FusionGuard: nothing compiled yet: Thunder compiles, and the guard decides, at the first call; "
+                "call the jitted function first."
+            )
+        if any(d.about_region for d in self.decisions):
+            return None
+        from .executors import no_region_hint
+
+        return (
+            f"FusionGuard: called, but Thunder made no fusion region in the {self.traces_seen} "
+            f"trace{'s' if self.traces_seen != 1 else ''} it compiled; "
+            f"{no_region_hint(self.executors)}."
+        )
 
     def add(self, decision: Decision) -> None:
         if decision.action not in ACTIONS:
@@ -90,6 +116,11 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"counts": self.counts(), "decisions": [d.to_dict() for d in self.decisions]}
+        data["traces_seen"] = self.traces_seen
+        data["executors"] = [name for name, _ in self.executors]
+        notice = self.notice()
+        if notice:
+            data["notice"] = notice
         if self.subgraphs:
             data["subgraphs"] = {key: sub.to_dict() for key, sub in self.subgraphs.items()}
         return data
@@ -98,7 +129,9 @@ class Report:
         return json.dumps(self.to_dict(), **kwargs)
 
     def to_markdown(self, title: str = "FusionGuard report") -> str:
-        return format_markdown(self.decisions, self.subgraphs, title)
+        text = format_markdown(self.decisions, self.subgraphs, title)
+        notice = self.notice()
+        return text if notice is None else f"{text}\n{notice}\n"
 
     def to_html(self, title: str = "FusionGuard report", graphs: Any = ()) -> str:
         """A self-contained HTML page of the decisions (sortable), with pictures of the dataflow graphs
@@ -108,7 +141,11 @@ class Report:
         return html_page(title, self.decisions, self.subgraphs, graphs=list(graphs))
 
     def __str__(self) -> str:
-        return format_table(self.decisions, self.subgraphs)
+        notice = self.notice()
+        if not self.decisions and not self.subgraphs:
+            return notice or format_table([])
+        table = format_table(self.decisions, self.subgraphs)
+        return table if notice is None else f"{table}\n{notice}"
 
     def __repr__(self) -> str:
         return f"Report({self.counts()})"

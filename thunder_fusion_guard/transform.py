@@ -81,6 +81,7 @@ class FusionGuard(thunder.Transform):
     def transform_trace_post_optimization(self, computation_trace: th.TraceCtx, **kwargs: Any) -> th.TraceCtx:
         with self._lock:
             backward = th.is_backward(computation_trace)
+            self.report.saw_trace(th.compiling_executors())
             function = th.compile_function_name()
             # Counted per function name, not per object: ThunderFX subgraphs are all "GraphModule", and
             # distinct indices keep (function, compile_index) naming one compilation in the report.

@@ -28,7 +28,7 @@ from .bandwidth import Peak, gbps, peak_bandwidth
 from .calls import ProgramCalls, RegionCall, program_calls
 from .dataflow import GraphPair, graphs_to_dot, trace_graphs
 from .segments import device_kernels, summarize
-from .timing import median_us, uses_cuda
+from .timing import spread_text, time_us, uses_cuda
 
 logger = logging.getLogger("thunder_fusion_guard")
 
@@ -43,7 +43,8 @@ class RegionRow:
     effective bandwidth (input and output bytes over device time) and ``peak_fraction`` its share of the
     device's peak; ``kernel_gbps`` gives it per kernel where a kernel's bytes are known (a region of one
     kernel: the region's; a segmented region's kernels also move intermediates, which are not counted, so None).
-    ``subgraph`` names the ThunderFX subgraph the region belongs to.
+    ``subgraph`` names the ThunderFX subgraph the region belongs to. ``host_spread_us`` and
+    ``eager_spread_us`` are the (first, third) quartiles of the samples behind ``host_us`` and ``eager_us``.
     """
 
     trace: str
@@ -69,6 +70,8 @@ class RegionRow:
     gbps: float | None = None
     peak_fraction: float | None = None
     kernel_gbps: list[float | None] = field(default_factory=list)
+    host_spread_us: tuple[float, float] | None = None
+    eager_spread_us: tuple[float, float] | None = None
 
     @property
     def excess_us(self) -> float | None:
@@ -83,7 +86,11 @@ class RegionRow:
 @dataclass
 class RegionProfile:
     """The rows of :func:`profile_regions`, the guard decisions of the same compilation, the dataflow
-    graphs of its traces (before and after the guard) and, on CUDA, the device's peak memory bandwidth."""
+    graphs of its traces (before and after the guard) and, on CUDA, the device's peak memory bandwidth.
+
+    ``executors`` lists (name, is a fusion executor) of the executors the programs were compiled with;
+    ``threads`` is torch's intra-op thread count during the CPU timings.
+    """
 
     function: str | None
     device: str
@@ -93,6 +100,8 @@ class RegionProfile:
     graphs: list[GraphPair] = field(default_factory=list)
     peak: Peak | None = None
     subgraphs: dict[str, Subgraph] = field(default_factory=dict)
+    executors: list[tuple[str, bool]] = field(default_factory=list)
+    threads: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -100,6 +109,8 @@ class RegionProfile:
             "device": self.device,
             "reps": self.reps,
             "peak": None if self.peak is None else asdict(self.peak),
+            "threads": self.threads,
+            "executors": [name for name, _ in self.executors],
             "rows": [asdict(r) for r in self.rows],
             "decisions": [d.to_dict() for d in self.decisions],
             "graphs": [g.to_dict() for g in self.graphs],
@@ -162,14 +173,16 @@ def profile_regions(jitted: Any, *args: Any, reps: int = 100, warmup: int = 10, 
     twice, the second time recording each fusion call's arguments (under ThunderFX: each subgraph's
     inputs, then each subgraph runs twice on copies of them); the backward is that of the sum of the
     floating outputs, so gradients accumulate in ``.grad`` as in a training step. Then each region is
-    timed on its recorded arguments, ``reps`` calls after ``warmup``.
+    timed on its recorded arguments, ``reps`` calls after ``warmup``. On a shared CPU, pin torch's threads
+    first (``torch.set_num_threads(1)``): with several, each call may wait for a busy core.
     """
-    rows, decisions = [], []
+    rows, decisions, executors = [], [], []
     cuda = uses_cuda(*tree_flatten((args, kwargs))[0])
     peak = peak_bandwidth() if cuda else None
     programs = program_calls(jitted, args, kwargs)
     for program in programs:
         decisions += program.decisions
+        executors += [e for e in th.executors_of(program.jitted) if e not in executors]
         for call in program.calls:
             row = _measure(program.traces[call.trace], call, reps, warmup)
             row.subgraph = program.subgraph
@@ -187,7 +200,9 @@ def profile_regions(jitted: Any, *args: Any, reps: int = 100, warmup: int = 10, 
         _count_step_kernels(programs, graphs)
     name = th.thunderfx_function_name(jitted) if th.is_thunderfx(jitted) else th.jitted_function_name(jitted)
     subgraphs = _named_subgraphs(jitted)
-    return RegionProfile(name, "cuda" if cuda else "cpu", reps, rows, decisions, graphs, peak, subgraphs)
+    device = "cuda" if cuda else "cpu"
+    threads = torch.get_num_threads() if device == "cpu" else None
+    return RegionProfile(name, device, reps, rows, decisions, graphs, peak, subgraphs, executors, threads)
 
 
 def _named_subgraphs(obj: Any) -> dict[str, Subgraph]:
@@ -278,7 +293,7 @@ def _measure(trace: th.TraceCtx, call: RegionCall, reps: int, warmup: int) -> Re
     with torch.no_grad():
         row.input_bytes = _nbytes(args)
         row.output_bytes = _nbytes([fn(*args)])
-        row.host_us = median_us(fn, *args, reps=reps, warmup=warmup)
+        row.host_us, row.host_spread_us = _timed(fn, args, reps, warmup)
         if cuda:
             row.device_us, row.kernels, names, row.kernel_us = _device_time(fn, args, max(1, min(reps, 20)))
             kernels = summarize(names)
@@ -288,10 +303,15 @@ def _measure(trace: th.TraceCtx, call: RegionCall, reps: int, warmup: int) -> Re
             eager = th.python_callable_from_symbols(
                 f"{region.name}_eager", lower_region(trace, region), region.inputs, region.outputs
             )
-            row.eager_us = median_us(eager, *args, reps=reps, warmup=warmup)
+            row.eager_us, row.eager_spread_us = _timed(eager, args, reps, warmup)
         except Exception as e:
             row.error = f"eager: {type(e).__name__}: {e}"
     return row
+
+
+def _timed(fn: Callable, args: tuple, reps: int, warmup: int) -> tuple[float, tuple[float, float]]:
+    timing = time_us(fn, *args, reps=reps, warmup=warmup)
+    return timing.median, (timing.q1, timing.q3)
 
 
 def _device_time(fn: Callable, args: tuple, calls: int) -> tuple[float, int | None, list[str], list[float]]:
@@ -340,12 +360,17 @@ def _fmt(value: float | int | None, digits: int = 1) -> str:
 def format_profile(profile: RegionProfile) -> str:
     """A fixed-width table, one row per region, then the guard's decisions for regions no longer there."""
     cuda = profile.device == "cuda"
+    threads = "" if profile.threads is None else f"; {profile.threads} intra-op thread{'s' * (profile.threads > 1)}"
     title = (
-        f"profile of {profile.function or 'jitted function'} on {profile.device} "
-        f"(µs: median of {profile.reps} calls of each region's own callable with its real inputs)"
+        f"profile of {profile.function or 'jitted function'} on {profile.device} (µs: median (first-third "
+        f"quartile) of {profile.reps} calls of each region's own callable with its real inputs{threads})"
     )
-    if not profile.rows:
-        lines = [title, "no fusion regions in the final traces"]
+    if not profile.rows and any(d.about_region for d in profile.decisions):
+        lines = [title, "no fusion region left in the final traces"]
+    elif not profile.rows:
+        from ..executors import no_region_hint
+
+        lines = [title, f"no fusion region in the final traces: {no_region_hint(profile.executors)}"]
     else:
         header = ["trace", "region", "executor", "ops", "in KiB", "out KiB", "host", "eager"]
         header += ["device", "GB/s", "% peak", "kernels", "overhead"] if cuda else ["host-eager"]
@@ -354,7 +379,8 @@ def format_profile(profile: RegionProfile) -> str:
         for r in profile.rows:
             where = r.trace if r.subgraph is None else f"{r.subgraph}/{r.trace}"
             cells = [where, r.region, r.executor, f"{r.n_ops}: {_ops_text(r.ops, 32)}"]
-            cells += [_kib(r.input_bytes), _kib(r.output_bytes), _fmt(r.host_us), _fmt(r.eager_us)]
+            cells += [_kib(r.input_bytes), _kib(r.output_bytes)]
+            cells += [_spread(r.host_us, r.host_spread_us), _spread(r.eager_us, r.eager_spread_us)]
             bandwidth = [_fmt(r.gbps), _percent(r.peak_fraction)]
             cells += [_fmt(r.device_us), *bandwidth, _kernels(r), _fmt(r.overhead_us)] if cuda else [_fmt(r.excess_us)]
             reason = r.reason or ""
@@ -373,6 +399,12 @@ def format_profile(profile: RegionProfile) -> str:
             where = d.trace if d.subgraph is None else f"{d.subgraph}/{d.trace}"
             lines.append(f"  {where} {d.region} ({', '.join(d.ops)}): {d.action}: {d.reason}")
     return "\n".join(lines)
+
+
+def _spread(median: float | None, quartiles: tuple[float, float] | None) -> str:
+    if median is None or quartiles is None:
+        return _fmt(median)
+    return spread_text(median, *quartiles)
 
 
 def _kernels(row: RegionRow) -> str:

@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..measure.timing import Timing
 from ..report import text_table
 from .bench_cases import (
     ALL_VARIANTS,
@@ -39,6 +40,7 @@ from .bench_cases import (
     parse_variants,
     select,
 )
+from .common import add_threads_option, pin_threads
 
 TARGET_SAMPLE_S = 100e-6
 MAX_INNER = 1000
@@ -114,6 +116,7 @@ def register(subparsers: Any) -> None:
     run.add_argument("--warmup", type=_count(0), default=3, help="untimed rounds after the first call (default 3)")
     run.add_argument("--json", metavar="OUT", help="write pytest-benchmark compatible JSON here")
     run.add_argument("--markdown", metavar="OUT", help="write the summary table as markdown here")
+    add_threads_option(run)
     run.set_defaults(run=_run_command)
     compare = sub.add_parser("compare", help="per-case ratios head/base; exit 1 when one regressed")
     compare.add_argument("base", help="baseline JSON (bench run --json, or pytest --benchmark-json)")
@@ -364,8 +367,14 @@ def _us(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def spread_us(result: CaseResult, variant: str) -> str:
+    """'12.3 (11.9-13.0)': a variant's median per call and its first and third quartiles, in µs."""
+    samples = result.samples.get(variant)
+    return Timing.of([v * 1e6 for v in samples]).text() if samples else "-"
+
+
 def summary_rows(results: Sequence[CaseResult]) -> list[list[str]]:
-    """Per case: the median of each variant, guarded over thunder, and the first (compiling) calls."""
+    """Per case: each variant's median (quartiles), guarded over thunder, and the first (compiling) calls."""
     variants = list(dict.fromkeys(v for r in results for v in r.samples)) or list(VARIANTS)
     compiled = [v for v in variants if v != "eager"]
     ratio = "thunder" in variants and "guarded" in variants
@@ -383,7 +392,7 @@ def summary_rows(results: Sequence[CaseResult]) -> list[list[str]]:
             continue
         medians = {v: r.median_us(v) for v in variants}
         first = "/".join(f"{r.first_call_s[v]:.1f}" if v in r.first_call_s else "-" for v in compiled)
-        cells = [r.case.group, *(_us(medians[v]) for v in variants)]
+        cells = [r.case.group, *(spread_us(r, v) for v in variants)]
         if ratio:
             both = medians["thunder"] and medians["guarded"]
             cells.append(f"{medians['guarded'] / medians['thunder']:.2f}" if both else "-")
@@ -408,13 +417,13 @@ def _run_command(args: argparse.Namespace) -> int:
     device = args.device or default_device()
     cases = select(args.suite, args.case, heavy=args.heavy, device=device)
     if not cases:
-        _log("bench run: no case matches the given --suite/--case (heavy cases need --heavy)")
+        _log("fusion-guard bench run: no case matches the given --suite/--case (heavy cases need --heavy)")
         return 2
     if device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
-            _log("bench run: --device cuda but no CUDA device is available")
+            _log("fusion-guard bench run: --device cuda but no CUDA device is available")
             return 2
 
     def save(results: list[CaseResult]) -> None:
@@ -423,9 +432,13 @@ def _run_command(args: argparse.Namespace) -> int:
         if args.markdown:
             _write(args.markdown, format_rows(summary_rows(results), markdown=True) + "\n")
 
+    note = pin_threads(args.threads, device)
     results = run_cases(cases, device, args.reps, args.warmup, after_each=save, variants=variants)
     print(format_rows(summary_rows(results)))
-    print(f"(median per call; {args.reps} rounds per variant, variants interleaved in alternating order)")
+    print(
+        f"(µs per call: median (first-third quartile) of {args.reps} rounds per variant, variants interleaved "
+        f"in alternating order{'; ' + note if note else ''})"
+    )
     for path in (args.json, args.markdown):
         if path:
             _log(f"wrote {path}")
@@ -471,19 +484,31 @@ def compare(base: dict[str, float], head: dict[str, float], threshold: float) ->
         if names:
             more = f", and {len(names) - 5} more" if len(names) > 5 else ""
             lines.append(f"only in {label} ({len(names)}): {', '.join(names[:5])}{more}")
-    verdict = f"{len(regressed)} of {len(rows) - 1} regressed" if regressed else f"no regression in {len(rows) - 1}"
-    lines.append(f"{verdict} (threshold {threshold:.1%})")
+    lines.append(verdict_line(regressed, base, head, len(rows) - 1, threshold))
     return "\n".join(lines), regressed
+
+
+def verdict_line(
+    regressed: list[str], base: dict[str, float], head: dict[str, float], total: int, threshold: float
+) -> str:
+    """The summary of a comparison; it names every regressed case with its slowdown."""
+    if not regressed:
+        return f"no regression in {total} (threshold {threshold:.1%})"
+    named = ", ".join(
+        f"{name.split('::')[-1]} ({head[name] / base[name]:.2f}x)" if base[name] > 0 else name.split("::")[-1]
+        for name in regressed
+    )
+    return f"{len(regressed)} of {total} regressed (threshold {threshold:.1%}): {named}"
 
 
 def _compare_command(args: argparse.Namespace) -> int:
     try:
         base, head = load_medians(args.base), load_medians(args.head)
     except CompareError as e:
-        _log(f"bench compare: {e}")
+        _log(f"fusion-guard bench compare: {e}")
         return 2
     if not base.keys() & head.keys():
-        _log(f"bench compare: {args.base} and {args.head} have no benchmark in common")
+        _log(f"fusion-guard bench compare: {args.base} and {args.head} have no benchmark in common")
         return 2
     text, regressed = compare(base, head, args.threshold)
     print(text)
