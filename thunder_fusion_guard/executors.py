@@ -40,6 +40,11 @@ def no_region_hint(executors: list[tuple[str, bool]]) -> str:
     """Why Thunder made no fusion region and what to do, given the (name, is fusion) executors it compiled with."""
     names = ", ".join(name for name, _ in executors if not name.startswith("__")) or "unknown"
     general = [name for name, fusion in executors if fusion and name in GENERAL_FUSERS]
+    if general == ["nvfuser"]:
+        return (
+            f"executors in use: {names}; nvfuser found nothing to fuse here, so nothing to decide (nvFuser fuses "
+            "CUDA tensors only: for CPU tensors pass executors=fusion_executors('cpu'))"
+        )
     if general:
         return f"executors in use: {names}; {', '.join(general)} found nothing to fuse here, so nothing to decide"
     return (
