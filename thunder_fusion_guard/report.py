@@ -60,12 +60,15 @@ class Report:
     """Every decision one :class:`FusionGuard` has made, across all the traces it has seen.
 
     Under ThunderFX, ``subgraphs`` maps each split subgraph's id to its :class:`Subgraph`; decisions
-    name theirs in ``Decision.subgraph``.
+    name theirs in ``Decision.subgraph``. ``measuring`` says what timing regions near break-even cost
+    (``seconds`` in all, ``timed``, ``from_cache``, ...), ``calibrations`` each calibration run while compiling.
     """
 
     def __init__(self) -> None:
         self.decisions: list[Decision] = []
         self.subgraphs: dict[str, Subgraph] = {}
+        self.measuring: dict[str, Any] = {}
+        self.calibrations: list[dict[str, Any]] = []
 
     def add(self, decision: Decision) -> None:
         if decision.action not in ACTIONS:
@@ -92,6 +95,10 @@ class Report:
         data: dict[str, Any] = {"counts": self.counts(), "decisions": [d.to_dict() for d in self.decisions]}
         if self.subgraphs:
             data["subgraphs"] = {key: sub.to_dict() for key, sub in self.subgraphs.items()}
+        if self.measuring:
+            data["measuring"] = dict(self.measuring)
+        if self.calibrations:
+            data["calibrations"] = list(self.calibrations)
         return data
 
     def to_json(self, **kwargs: Any) -> str:
@@ -101,7 +108,16 @@ class Report:
         return format_markdown(self.decisions, self.subgraphs, title)
 
     def __str__(self) -> str:
-        return format_table(self.decisions, self.subgraphs)
+        text = format_table(self.decisions, self.subgraphs)
+        m = self.measuring
+        if m.get("timed") or m.get("from_cache"):
+            text += (
+                f"\nmeasured near break-even: {m['timed']} regions timed in {m['seconds']:.2f} s, "
+                f"{m['from_cache']} from the cache"
+            )
+        for c in self.calibrations:
+            text += f"\ncalibration of {c['executor']} on {c['device']}: {c['result']}"
+        return text
 
     def __repr__(self) -> str:
         return f"Report({self.counts()})"
@@ -116,7 +132,10 @@ def _estimate_text(d: Decision) -> str:
     region, eager = d.estimates.get("est_region_us"), d.estimates.get("est_eager_us")
     if region is None or eager is None:
         return ""
-    return f"{region:.1f} / {eager:.1f}"
+    text = f"{region:.1f} / {eager:.1f}"
+    if d.details.get("decided_by") == "measured":
+        text += f" (measured {d.details['measured_region_us']:.1f} / {d.details['measured_eager_us']:.1f})"
+    return text
 
 
 def kernels_text(details: dict[str, Any]) -> str:
