@@ -12,7 +12,6 @@ mkdir -p "$OUT"
 TFG_CACHE_DIR="$(mktemp -d)"
 export TFG_CACHE_DIR
 python3 benchmarks/gpu_first_jit.py 2>&1 | tee "$OUT/decisions-first-jit.txt"
-python3 -m thunder_fusion_guard bench decisions --device cuda --time-limit 330 --rows \
+python3 -m thunder_fusion_guard bench decisions --device cuda --time-limit 300 --region-s 0.3 --rows \
   --json "$OUT/decisions-cuda.json" > "$OUT/decisions-cuda.txt"
-grep -v '^decision accuracy\|^decisions\|^guard\|^  \|^cost model\|^worst\|^estimates\|^est/' "$OUT/decisions-cuda.txt" | tail -n 80 || true
-tail -n 13 "$OUT/decisions-cuda.txt"
+sed -n '/^decision accuracy/,$p' "$OUT/decisions-cuda.txt"

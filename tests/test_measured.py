@@ -240,6 +240,27 @@ def test_measuring_budget_caps_the_time(monkeypatch):
     assert guard.report.measuring["seconds"] >= 1.0
 
 
+def test_measuring_and_calibrating_inside_thunderfx_subgraphs(monkeypatch, fake_calibration):
+    from thunder.dynamo import thunderfx
+    from thunder.executors.torch_compile import torch_compile_ex
+
+    timings = fake_timings(monkeypatch, 10.0, 2.0)
+
+    def two_subgraphs(a, b):
+        y = a + b
+        torch._dynamo.graph_break()
+        return y - b
+
+    guard = FusionGuard()
+    compiled = thunderfx(two_subgraphs, transforms=[guard], executors=[torch_compile_ex])
+    a, b = _inputs()
+    assert torch.equal(compiled(a, b), two_subgraphs(a, b))
+    assert len(fake_calibration) == 1 and timings == [2, 2]
+    decisions = [d for d in guard.report if d.about_region]
+    assert [d.subgraph for d in decisions] == ["subgraph 0", "subgraph 1"]
+    assert all(d.action == "reject" and d.details["decided_by"] == "measured" for d in decisions)
+
+
 def test_measuring_off(monkeypatch):
     timings = fake_timings(monkeypatch, 10.0, 2.0)
     guard = FusionGuard(calibration=NEAR, measure_budget_s=0)
@@ -387,6 +408,7 @@ def test_summary_counts():
         "agree_where_clear": round(2 / 3, 3),
     }
     assert s["worst_wrong_reject"] == 0.5
+    assert s["where_the_guard_chose"]["right"] == 2 and s["wrong_keeps_within_margin"] == 0
     assert s["by_decided_by"]["measured"]["right"] == 1
     assert s["estimates"]["fused_within_2x"] == 0.75 and s["estimates"]["eager_within_2x"] == 0.75
     assert "decisions" in bench_decisions.format_summary(s, "cpu")

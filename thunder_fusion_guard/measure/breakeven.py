@@ -54,12 +54,20 @@ def clear_memory_cache() -> None:
         _memory.clear()
 
 
-def _store() -> tuple[Path, dict[str, dict[str, Any]]]:
-    path = cache_file()
+def _store() -> dict[str, dict[str, Any]]:
+    """The measurements known in this process for the current cache file (read from disk once)."""
+    path = str(cache_file())
     with _lock:
-        if str(path) not in _memory:
-            _memory[str(path)] = read_json(path)
-        return path, _memory[str(path)]
+        if path not in _memory:
+            _memory[path] = read_json(Path(path))
+        return _memory[path]
+
+
+def _cached(entry: Any) -> Measured | None:
+    try:
+        return Measured(float(entry["region_us"]), float(entry["eager_us"]), "cache")
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def signature(trace: th.TraceCtx, region: Region) -> str:
@@ -149,14 +157,11 @@ class RegionMeasurer:
 
     def __call__(self, trace: th.TraceCtx, region: Region) -> Measured | str:
         key = signature(trace, region)
-        _, store = _store()
-        hit = store.get(key)
+        store = _store()
+        hit = _cached(store.get(key))
         if hit is not None:
-            try:
-                self.from_cache += 1
-                return Measured(float(hit["region_us"]), float(hit["eager_us"]), "cache")
-            except (KeyError, TypeError, ValueError):
-                self.from_cache -= 1
+            self.from_cache += 1
+            return hit
         left = self.budget_s - self.seconds
         if left <= 0:
             self.skipped += 1

@@ -310,6 +310,10 @@ def measure_program(program: Program, device: str, reps: int, region_s: float) -
 # --- summarising ---------------------------------------------------------------------------------------
 
 VERDICTS = ("right", "wrong reject", "wrong keep", "within noise")
+# Decisions the guard could have made either way; the others are fixed by a rule (exactness, random ops,
+# unknown sizes) or by missing constants.
+CHOICES = ("metadata", "model", "measured")
+MARGIN = 0.2  # the default option: keeps where eager wins by less are the guard's contract, counted apart
 
 
 def _within(est: float | None, measured: float | None, factor: float = 2.0) -> bool | None:
@@ -330,6 +334,8 @@ def summarize(rows: Sequence[Row]) -> dict[str, Any]:
         out["agree_where_clear"] = round(counts["right"] / clear, 3) if clear else None
         return out
 
+    chosen = [r for r in timed if r.decided_by in CHOICES]
+    margin_keeps = [r for r in timed if r.verdict == "wrong keep" and r.eager_us >= r.fused_us * (1 - MARGIN)]
     wrong_rejects = [r for r in timed if r.verdict == "wrong reject"]
     worst = max(((r.eager_us - r.fused_us) / r.fused_us for r in wrong_rejects), default=0.0)
     ratio_rows = [(r.est_region_us / r.fused_us, r.est_eager_us / r.eager_us) for r in timed if r.est_region_us]
@@ -341,6 +347,8 @@ def summarize(rows: Sequence[Row]) -> dict[str, Any]:
         "timed": len(timed),
         "errors": sum(1 for r in rows if r.error),
         "confusion": confusion(timed),
+        "where_the_guard_chose": confusion(chosen),
+        "wrong_keeps_within_margin": len(margin_keeps),
         "by_decided_by": {k: confusion([r for r in timed if (r.decided_by or "-") == k]) for k in decided_by},
         "by_split": {s: confusion([r for r in timed if r.split == s]) for s in ("tune", "holdout")},
         "model_only": confusion([r for r in timed if r.model_verdict], "model_verdict"),
@@ -377,6 +385,7 @@ def format_summary(summary: dict[str, Any], device: str) -> str:
         return [label, *(str(c[v]) for v in VERDICTS), "-" if agree is None else f"{agree:.1%}"]
 
     table = [header, line("guard (default options)", summary["confusion"])]
+    table.append(line("  where it had a choice", summary["where_the_guard_chose"]))
     table += [line(f"  decided by {k}", c) for k, c in summary["by_decided_by"].items()]
     table += [line(f"  {k} split", c) for k, c in summary["by_split"].items()]
     table.append(line("cost model alone (compute)", summary["model_only"]))
@@ -385,7 +394,8 @@ def format_summary(summary: dict[str, Any], device: str) -> str:
         f"decision accuracy on {device}: {summary['timed']} regions timed of {summary['regions']} "
         f"({summary['errors']} could not be timed); truth = interleaved A/B, noise band {NOISE:.0%}",
         *text_table(table),
-        f"worst wrong reject: eager {summary['worst_wrong_reject']:.0%} slower than the fusion call",
+        f"worst wrong reject: eager {summary['worst_wrong_reject']:.0%} slower than the fusion call; "
+        f"{summary['wrong_keeps_within_margin']} wrong keeps are within the {MARGIN:.0%} margin",
         f"estimates within 2x of measured: fused {_pct(est['fused_within_2x'])}, eager {_pct(est['eager_within_2x'])}, "
         f"both {_pct(est['both_within_2x'])} (of {est['with_estimates']} regions with estimates)",
         f"est/measured quantiles 10/25/50/75/90%: fused {est['fused_ratio_quartiles']}, "
@@ -421,43 +431,54 @@ def run(
     time_limit_s: float | None = None,
     quick: bool = False,
     log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True),
+    after_each: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Measure the corpus on ``device``; the JSON document ``--json`` writes (rows, per-program info, summary)."""
+    """Measure the corpus on ``device``; the JSON document ``--json`` writes (rows, per-program info, summary).
+
+    ``after_each`` gets the document so far after every program, so a run cut short keeps what it measured.
+    """
     from ..tools.bench_cli import machine_info
 
     programs = corpus(device, groups, quick)
     began = time.perf_counter()
     rows: list[Row] = []
     info: dict[str, Any] = {}
-    skipped = []
+    skipped: list[str] = []
+
+    def document() -> dict[str, Any]:
+        return {
+            "machine_info": machine,
+            "device": device,
+            "noise": NOISE,
+            "seconds": round(time.perf_counter() - began, 1),
+            "skipped": skipped,
+            "programs": info,
+            "rows": [asdict(r) for r in rows],
+            "summary": summarize(rows),
+        }
+
+    machine = machine_info(device)
     for i, program in enumerate(programs, 1):
-        if time_limit_s is not None and time.perf_counter() - began > time_limit_s:
-            skipped.append(program.name)
-            continue
         label = f"{program.group}:{program.name}"
+        if time_limit_s is not None and time.perf_counter() - began > time_limit_s:
+            skipped.append(label)
+            continue
         log(f"[{i}/{len(programs)}] {label} ...")
         try:
             got, info[label] = measure_program(program, device, reps, region_s)
         except Exception as e:
             info[label] = {"error": f"{type(e).__name__}: {str(e).strip()[:200]}"}
             log(f"[{i}/{len(programs)}] {label} FAILED: {info[label]['error']}")
-            continue
-        rows += got
+        else:
+            rows += got
         if device == "cuda":
             gc.collect()
             torch.cuda.empty_cache()
+        if after_each is not None:
+            after_each(document())
     if skipped:
         log(f"time limit: {len(skipped)} programs not run: {', '.join(skipped)}")
-    return {
-        "machine_info": machine_info(device),
-        "device": device,
-        "noise": NOISE,
-        "seconds": round(time.perf_counter() - began, 1),
-        "skipped": skipped,
-        "programs": info,
-        "rows": [asdict(r) for r in rows],
-        "summary": summarize(rows),
-    }
+    return document()
 
 
 def register(bench_sub: Any) -> None:
@@ -486,12 +507,22 @@ def _command(args: argparse.Namespace) -> int:
     if args.reps < 5 or args.region_s <= 0:
         print("fusion-guard bench decisions: --reps must be >= 5 and --region-s > 0", file=sys.stderr)
         return 2
+
+    def save(doc: dict[str, Any]) -> None:
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(doc, indent=1, default=str))
+
     doc = run(
-        device, args.group, reps=args.reps, region_s=args.region_s, time_limit_s=args.time_limit, quick=args.quick
+        device,
+        args.group,
+        reps=args.reps,
+        region_s=args.region_s,
+        time_limit_s=args.time_limit,
+        quick=args.quick,
+        after_each=save,
     )
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(doc, indent=1, default=str))
+    save(doc)
     if args.rows:
         print(rows_table([Row(**r) for r in doc["rows"]]))
     print(format_summary(doc["summary"], device))
