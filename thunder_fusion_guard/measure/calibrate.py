@@ -1,7 +1,7 @@
 """Calibration: measure the cost model's constants for one executor on this machine, cache them.
 
-Three probes (a tiny ``add``, a sum of eight tiny tensors, a large ``add``), each timed as the
-executor's fusion call and as the guard's torch lowering of it, and an eager ``view``. Cached on disk
+Four probes (a tiny ``add``, a sum of eight tiny tensors, a large ``add``, a tiny ``reshape``), timed
+as the executor's fusion call and as the guard's torch lowering of them. Cached on disk
 per device and software versions; shipped defaults (measured on our machines) stand in until a
 calibration has been run. With ``calibration="auto"`` (the default) the guard calibrates by itself,
 within a time budget, the first time it needs constants that are neither cached nor shipped
@@ -79,6 +79,10 @@ def _add(a, b):
     return a + b
 
 
+def _reshape(x):
+    return x.reshape(-1)
+
+
 def _wide_sum(*xs):
     total = xs[0]
     for x in xs[1:]:
@@ -123,11 +127,11 @@ def _time(fn: Callable, args: list, inner: int, budget_s: float | None) -> float
 def measure(device: str, executor: str, budget_s: float | None = None) -> CostConstants:
     """Measure the constants for ``executor`` on ``device`` ('cpu' or 'cuda'): a few seconds.
 
-    Three probes, each one region: a lone ``add`` of tiny tensors (the fixed cost of a fusion call and
+    Four probes, each one region: a lone ``add`` of tiny tensors (the fixed cost of a fusion call and
     of an eager op), a sum of eight tiny tensors (what each further tensor adds to a call), a lone
-    ``add`` of large tensors (bandwidth). Eager times are those of the guard's own torch lowering of
-    the probe. With ``budget_s``, fewer samples are taken so that the timings (not the executor's
-    compilation of the probes) fit in about that many seconds.
+    ``add`` of large tensors (bandwidth), a lone ``reshape`` (an eager view). Eager times are those of
+    the guard's own torch lowering of the probe. With ``budget_s``, fewer samples are taken so that the
+    timings (not the executor's compilation of the probes) fit in about that many seconds.
     """
     share = None if budget_s is None else budget_s / TIMINGS
     large = LARGE_CUDA if device == "cuda" else LARGE_CPU
@@ -143,7 +147,11 @@ def measure(device: str, executor: str, budget_s: float | None = None) -> CostCo
     fusion, eager, args = _probe(executor, _add, [la, lb])
     fusion_big_us = _time(fusion, args, 1, share)
     eager_big_us = _time(eager, args, 1, share)
-    eager_meta_us = _time(lambda t: t.view(-1), small[:1], 50, share)
+    try:
+        _, eager, args = _probe(executor, _reshape, small[:1])
+    except ValueError:  # the executor makes no region of a lone reshape: time torch's own
+        eager, args = _reshape, small[:1]
+    eager_meta_us = _time(eager, args, 50, share)
     io_us = max(0.0, (fusion_wide_us - fusion_call_us) / (WIDE + 1 - PROBE_TENSORS))
     return CostConstants(
         fusion_call_us=round(fusion_call_us, 3),
