@@ -724,6 +724,53 @@ def recording_fusion_calls(jitted: Any) -> Iterator[dict[tuple[str, str], tuple]
         cache[index] = entry
 
 
+def tensor_spec(p: Any) -> tuple[tuple[int, ...], torch.dtype, torch.device, bool] | None:
+    """(shape, dtype, device, requires_grad) of a tensor proxy with a known shape; None for anything else."""
+    if not isinstance(p, TensorProxy):
+        return None
+    try:
+        shape = tuple(int(d) for d in p.shape)
+    except (TypeError, ValueError):
+        return None
+    return shape, dtypes.to_torch_dtype(p.dtype), devices.to_torch_device(p.device), bool(p.requires_grad)
+
+
+def number_value(p: Any) -> Any:
+    """The value a number proxy was traced with (None when it has none, or ``p`` is not one)."""
+    return p.value if isinstance(p, NumberProxy) else None
+
+
+def trace_input_names(trace: TraceCtx) -> set[str]:
+    """Names of every proxy the trace receives as an argument (nested collections included)."""
+    from torch.utils._pytree import tree_flatten
+
+    return {p.name for p in tree_flatten((trace.args, trace.kwargs))[0] if isinstance(p, Proxy)}
+
+
+def canonical_ops(bsyms: Sequence[BoundSymbol]) -> str:
+    """The ops of ``bsyms`` with their arguments as text, proxies renamed in order of appearance: equal for
+    two regions that run the same ops on the same kinds of values, whatever their traces named them."""
+    names: dict[str, str] = {}
+
+    def text(value: Any) -> str:
+        if isinstance(value, Proxy):
+            if value.name not in names:
+                names[value.name] = f"p{len(names)}"
+            return names[value.name]
+        if isinstance(value, (list, tuple)):
+            inner = ",".join(text(v) for v in value)
+            return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+        if isinstance(value, dict):
+            return "{" + ",".join(f"{k}:{text(v)}" for k, v in value.items()) + "}"
+        return repr(value)
+
+    lines = []
+    for b in bsyms:
+        outs = text(b.flat_outs)
+        lines.append(f"{outs}={op_id(b)}({text(b.args)},{text(b.kwargs)})")
+    return "\n".join(lines)
+
+
 # Every module that touches Thunder imports this one: the place to fix a broken Thunder/nvFuser pair.
 from .compat import ensure_nvfuser_compat  # noqa: E402
 

@@ -20,7 +20,9 @@ class GuardOptions:
     cost_model: bool = True
     margin: float = 0.2
     exact_only: bool = True
-    calibration: Any = None
+    calibration: Any = "auto"
+    calibration_budget_s: float = 5.0
+    measure_budget_s: float = 5.0
     fold_setitem: bool = True
     remove_identities: bool = True
     rehome: bool = True
@@ -59,7 +61,9 @@ def make_options(
     cost_model: bool = True,
     margin: float = 0.2,
     exact_only: bool = True,
-    calibration: Any = None,
+    calibration: Any = "auto",
+    calibration_budget_s: float = 5.0,
+    measure_budget_s: float = 5.0,
     fold_setitem: bool = True,
     remove_identities: bool = True,
     rehome: bool = True,
@@ -93,6 +97,8 @@ def make_options(
         margin=_fraction("margin", margin),
         exact_only=_bool("exact_only", exact_only),
         calibration=_calibration(calibration),
+        calibration_budget_s=_seconds("calibration_budget_s", calibration_budget_s, zero=False),
+        measure_budget_s=_seconds("measure_budget_s", measure_budget_s),
         fold_setitem=_bool("fold_setitem", fold_setitem),
         remove_identities=_bool("remove_identities", remove_identities),
         rehome=_bool("rehome", rehome),
@@ -107,11 +113,25 @@ def _fraction(name: str, value: Any) -> float:
     return float(value)
 
 
+# Where the cost constants come from; see the README's options table.
+CALIBRATION_MODES = ("auto", "cached", "shipped", "measure")
+
+
+def _seconds(name: str, value: Any, zero: bool = True) -> float:
+    number = not isinstance(value, bool) and isinstance(value, (int, float))
+    if not number or value < 0 or (value == 0 and not zero) or value == float("inf") or value != value:
+        bound = ">= 0" if zero else "> 0"
+        raise ValueError(f"FusionGuard option {name!r} must be a finite number of seconds {bound}, got {value!r}")
+    return float(value)
+
+
 def _calibration(value: Any) -> Any:
-    """None (cached or shipped constants), 'measure', or constants set by hand."""
+    """'auto', 'cached' (None: the same), 'shipped', 'measure', or constants set by hand."""
     from .cost import CostConstants
 
-    if value is None or value == "measure" or isinstance(value, CostConstants):
+    if value is None:
+        return "cached"
+    if (isinstance(value, str) and value in CALIBRATION_MODES) or isinstance(value, CostConstants):
         return value
     if isinstance(value, dict):
         try:
@@ -119,6 +139,6 @@ def _calibration(value: Any) -> Any:
         except (TypeError, ValueError) as e:
             raise ValueError(f"FusionGuard option 'calibration': {e}") from e
     raise ValueError(
-        "FusionGuard option 'calibration' must be None (cached or shipped constants), 'measure', "
+        f"FusionGuard option 'calibration' must be one of {list(CALIBRATION_MODES)} (None: 'cached'), "
         f"a CostConstants or a dict of its fields, got {value!r}"
     )

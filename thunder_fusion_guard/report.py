@@ -63,11 +63,15 @@ class Report:
     name theirs in ``Decision.subgraph``. ``traces_seen`` counts the traces the guard was handed and
     ``executors`` lists (name, is a fusion executor) of the executors they were compiled with, so that an
     empty report can tell "not compiled yet" from "compiled, but Thunder made no fusion region".
+    ``measuring`` says what timing regions near break-even cost (``seconds`` in all, ``timed``,
+    ``from_cache``, ...), ``calibrations`` each calibration run while compiling.
     """
 
     def __init__(self) -> None:
         self.decisions: list[Decision] = []
         self.subgraphs: dict[str, Subgraph] = {}
+        self.measuring: dict[str, Any] = {}
+        self.calibrations: list[dict[str, Any]] = []
         self.traces_seen = 0
         self.executors: list[tuple[str, bool]] = []
 
@@ -123,6 +127,10 @@ class Report:
             data["notice"] = notice
         if self.subgraphs:
             data["subgraphs"] = {key: sub.to_dict() for key, sub in self.subgraphs.items()}
+        if self.measuring:
+            data["measuring"] = dict(self.measuring)
+        if self.calibrations:
+            data["calibrations"] = list(self.calibrations)
         return data
 
     def to_json(self, **kwargs: Any) -> str:
@@ -144,8 +152,16 @@ class Report:
         notice = self.notice()
         if not self.decisions and not self.subgraphs:
             return notice or format_table([])
-        table = format_table(self.decisions, self.subgraphs)
-        return table if notice is None else f"{table}\n{notice}"
+        text = format_table(self.decisions, self.subgraphs)
+        m = self.measuring
+        if m.get("timed") or m.get("from_cache"):
+            text += (
+                f"\nmeasured near break-even: {m['timed']} regions timed in {m['seconds']:.2f} s, "
+                f"{m['from_cache']} from the cache"
+            )
+        for c in self.calibrations:
+            text += f"\ncalibration of {c['executor']} on {c['device']}: {c['result']}"
+        return text if notice is None else f"{text}\n{notice}"
 
     def __repr__(self) -> str:
         return f"Report({self.counts()})"
@@ -160,7 +176,10 @@ def _estimate_text(d: Decision) -> str:
     region, eager = d.estimates.get("est_region_us"), d.estimates.get("est_eager_us")
     if region is None or eager is None:
         return ""
-    return f"{region:.1f} / {eager:.1f}"
+    text = f"{region:.1f} / {eager:.1f}"
+    if d.details.get("decided_by") == "measured":
+        text += f" (measured {d.details['measured_region_us']:.1f} / {d.details['measured_eager_us']:.1f})"
+    return text
 
 
 def kernels_text(details: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ import thunder
 from . import _thunder as th
 from .cost import CostConstants
 from .measure import calibrate
+from .measure.breakeven import RegionMeasurer
 from .options import make_options
 from .passes import TraceContext, guard_trace
 from .report import Report, Subgraph
@@ -29,8 +30,12 @@ class FusionGuard(thunder.Transform):
     - ``cost_model``: also reject compute regions the cost model says eager PyTorch runs faster.
     - ``margin``: eager must be estimated at least this fraction cheaper to reject (default 0.2).
     - ``exact_only``: reject compute regions only when every op gives the same bits outside the fusion.
-    - ``calibration``: cost constants: None (this machine's cached calibration, else shipped defaults),
-      ``"measure"`` (calibrate now if nothing is cached), or a ``CostConstants``/dict set by hand.
+    - ``calibration``: where cost constants come from: ``"auto"`` (default: cached calibration, else
+      shipped defaults, else calibrate now), ``"cached"`` or None (cached, else shipped; never measure),
+      ``"shipped"`` (shipped only), ``"measure"`` (cached, else calibrate now; shipped ignored), or a
+      ``CostConstants``/dict set by hand.
+    - ``calibration_budget_s``: seconds of timing a calibration may take (its probes' compilation aside).
+    - ``measure_budget_s``: seconds this guard may spend timing regions near break-even; 0: never.
     - ``fold_setitem``: fold Thunder's out-of-place setitem and its ``copy_`` back into one in-place setitem.
     - ``remove_identities``: remove ops that return their input unchanged (same-shape reshape, ...).
     - ``rehome``: move metadata ops run outside a fusion into the region that alone reads them.
@@ -50,7 +55,9 @@ class FusionGuard(thunder.Transform):
         cost_model: bool = True,
         margin: float = 0.2,
         exact_only: bool = True,
-        calibration: CostConstants | dict | str | None = None,
+        calibration: CostConstants | dict | str | None = "auto",
+        calibration_budget_s: float = 5.0,
+        measure_budget_s: float = 5.0,
         fold_setitem: bool = True,
         remove_identities: bool = True,
         rehome: bool = True,
@@ -66,6 +73,8 @@ class FusionGuard(thunder.Transform):
             margin=margin,
             exact_only=exact_only,
             calibration=calibration,
+            calibration_budget_s=calibration_budget_s,
+            measure_budget_s=measure_budget_s,
             fold_setitem=fold_setitem,
             remove_identities=remove_identities,
             rehome=rehome,
@@ -74,6 +83,7 @@ class FusionGuard(thunder.Transform):
         )
         self._constants: dict[tuple[str, str], CostConstants | None] = {}
         self.report = Report()
+        self.measurer = RegionMeasurer(self.options.measure_budget_s)
         self._lock = threading.Lock()
         self._compiles: dict[str | None, int] = {}
         self._subgraph_ids: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
@@ -94,7 +104,13 @@ class FusionGuard(thunder.Transform):
                 subgraph=self._subgraph_id(th.compiling_fx_subgraph()),
                 compile_options=th.explicit_compile_options(),
             )
-            return guard_trace(computation_trace, self.options, self.report, where, self.constants_for)
+            measure = self.measurer if self.options.measure_budget_s > 0 else None
+            try:
+                return guard_trace(computation_trace, self.options, self.report, where, self.constants_for, measure)
+            finally:
+                if measure is not None:
+                    self.measurer.flush()
+                    self.report.measuring = self.measurer.to_dict()
 
     def _subgraph_id(self, module: Any) -> str | None:
         """The id of a ThunderFX subgraph (``subgraph 0``, ...), given when it is first compiled."""
@@ -114,14 +130,24 @@ class FusionGuard(thunder.Transform):
             return None
 
     def constants_for(self, device: str, executor: str) -> CostConstants | None:
-        """The cost constants used for ``executor`` on ``device``, resolved once per guard."""
+        """The cost constants used for ``executor`` on ``device``, resolved once per guard (option
+        ``calibration``); with ``"auto"`` or ``"measure"`` this may calibrate, which never raises."""
         key = (device, executor)
         if key not in self._constants:
-            chosen = self.options.calibration
-            if not isinstance(chosen, CostConstants):
+            mode = self.options.calibration
+            if isinstance(mode, CostConstants):
+                chosen = mode
+            elif mode == "shipped":
+                chosen = calibrate.shipped(device, executor)
+            elif mode == "measure":
+                chosen = calibrate.cached(device, executor)
+            else:
                 chosen = calibrate.lookup(device, executor)
-                if chosen is None and self.options.calibration == "measure":
-                    chosen = calibrate.calibrate(device, executor)
+            if chosen is None and mode in ("auto", "measure"):
+                chosen, note, seconds = calibrate.auto_calibrate(device, executor, self.options.calibration_budget_s)
+                self.report.calibrations.append(
+                    {"device": device, "executor": executor, "seconds": round(seconds, 3), "result": note}
+                )
             self._constants[key] = chosen
         return self._constants[key]
 

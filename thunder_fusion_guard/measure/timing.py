@@ -83,3 +83,54 @@ def median_us(
 ) -> float:
     """Median time of one call of ``fn(*args)`` in microseconds (see :func:`time_us`)."""
     return time_us(fn, *args, reps=reps, warmup=warmup, inner=inner, cuda=cuda).median
+
+
+Clock = Callable[[], int]
+
+
+def interleaved_us(
+    fns: Sequence[Callable[..., Any]],
+    args: Sequence[Any],
+    *,
+    reps: int = 20,
+    warmup: int = 2,
+    target_sample_us: float = 200.0,
+    max_inner: int = 200,
+    deadline_ns: int | None = None,
+    min_reps: int = 3,
+    clock: Clock = time.perf_counter_ns,
+    cuda: bool | None = None,
+) -> list[list[float]]:
+    """Per-call µs samples of each of ``fns`` on ``args``: rounds of one sample each, in alternating order.
+
+    Each function is called once untimed (a compile, if it has one), then ``warmup`` times; a sample
+    times enough calls (``inner``, the same for all) to last about ``target_sample_us``. Rounds stop at
+    ``reps`` or, after ``min_reps``, once ``clock()`` passes ``deadline_ns``. On CUDA a sample ends with a
+    synchronise, so it is the stream's cost per call: the larger of host and device time.
+    """
+    if reps < 1 or warmup < 0 or min_reps < 1:
+        raise ValueError("interleaved_us: reps and min_reps must be >= 1 and warmup >= 0")
+    cuda = uses_cuda(*args) if cuda is None else cuda
+    fastest = None
+    for fn in fns:
+        for _ in range(1 + warmup):
+            fn(*args)
+        _sync(cuda)
+        start = clock()
+        fn(*args)
+        _sync(cuda)
+        took = (clock() - start) / 1e3
+        fastest = took if fastest is None else min(fastest, took)
+    inner = max(1, min(max_inner, int(target_sample_us / max(fastest or 0.0, 1e-3))))
+    samples: list[list[float]] = [[] for _ in fns]
+    order = list(range(len(fns)))
+    for round_index in range(reps):
+        if round_index >= min_reps and deadline_ns is not None and clock() > deadline_ns:
+            break
+        for i in order if round_index % 2 == 0 else reversed(order):
+            start = clock()
+            for _ in range(inner):
+                fns[i](*args)
+            _sync(cuda)
+            samples[i].append((clock() - start) / 1e3 / inner)
+    return samples

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _thunder as th
-from ..cost import CostConstants
+from ..cost import CostConstants, Measured
 from ..decide import BOOKEND, decide
 from ..ops import rebuild_keeps_bits
 from ..options import GuardOptions
-from ..regions import find_regions
+from ..regions import Region, find_regions
 from ..report import Decision, Report
 from .fold import SETITEM, fold_setitem_copies
 from .identity import remove_identities
@@ -36,6 +36,8 @@ class TraceContext:
 
 
 ConstantsFor = Callable[[str, str], "CostConstants | None"]
+# Times a region near break-even on this machine: a measurement, or why there is none.
+MeasureRegion = Callable[[th.TraceCtx, Region], "Measured | str"]
 
 
 def guard_trace(
@@ -44,15 +46,17 @@ def guard_trace(
     report: Report,
     where: TraceContext,
     constants_for: ConstantsFor | None = None,
+    measure_region: MeasureRegion | None = None,
 ) -> th.TraceCtx:
     """Return ``trace`` with every rejected region unfused, setitem copies folded and identity ops
     removed, recording a decision for each region and each op changed.
 
-    ``constants_for(device, executor)`` gives the cost model's constants (None: no cost decisions).
+    ``constants_for(device, executor)`` gives the cost model's constants (None: no cost decisions);
+    ``measure_region(trace, region)`` times a region the model puts near break-even (None: never).
     With ``report_only`` every pass runs and records, and the trace comes back unchanged.
     """
     made: list[Decision] = []
-    new_trace = unfuse_rejected(trace, options, made, where, constants_for)
+    new_trace = unfuse_rejected(trace, options, made, where, constants_for, measure_region)
     if options.fold_setitem:
         new_trace = _op_pass(fold_pass, new_trace, options, made, where)
     if options.remove_identities:
@@ -81,6 +85,7 @@ def unfuse_rejected(
     made: list[Decision],
     where: TraceContext,
     constants_for: ConstantsFor | None = None,
+    measure_region: MeasureRegion | None = None,
 ) -> th.TraceCtx:
     """Decide every region; return ``trace`` with the rejected ones run by the torch executor."""
     replacements: dict[int, list[th.BoundSymbol]] = {}
@@ -88,9 +93,22 @@ def unfuse_rejected(
     for region in find_regions(trace):
         device = th.proxy_device(region.inputs + region.outputs)
         constants = constants_for(device, region.executor) if constants_for and device else None
-        verdict = decide(region, options, constants, where.compile_options)
+        verdict = decide(region, options, constants, compile_options=where.compile_options)
+        not_measured = None
+        if verdict.measurable and measure_region is not None:
+            try:
+                measured = measure_region(trace, region)
+            except Exception as e:  # measuring is an optimisation: it never breaks compilation
+                measured = f"measuring failed: {type(e).__name__}: {e}"
+            if isinstance(measured, Measured):
+                verdict = decide(region, options, constants, measured, where.compile_options)
+            else:
+                not_measured = measured
         decision = _decision(where, region.name, region.executor, region.ops, verdict.action, verdict.reason, op=False)
         decision.estimates = dict(verdict.estimates)
+        decision.details.update(verdict.details)
+        if not_measured:
+            decision.details["not_measured"] = not_measured
         decision.applied = verdict.action == "keep" or not options.report_only
         if verdict.action == "reject":
             try:

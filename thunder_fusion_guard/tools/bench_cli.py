@@ -125,6 +125,9 @@ def register(subparsers: Any) -> None:
         "--threshold", type=parse_threshold, default=0.05, help="allowed slowdown: '5%%' or 0.05 (default 5%%)"
     )
     compare.set_defaults(run=_compare_command)
+    from .bench_decisions import register as register_decisions
+
+    register_decisions(sub)
 
 
 def _log(message: str) -> None:
