@@ -38,7 +38,7 @@ def _shape_only_region():
 )
 def test_explicit_shape_only_fusion_is_honoured(compile_options, override, action):
     options = make_options(override_compile_options=override)
-    verdict = decide(_shape_only_region(), options, None, compile_options)
+    verdict = decide(_shape_only_region(), options, None, compile_options=compile_options)
     assert verdict.action == action
     if action == "keep":
         assert "nv_enable_shape_only_fusion=True" in verdict.reason
@@ -49,7 +49,7 @@ def test_shape_only_request_concerns_nvfuser_only():
     jitted = jit_cpu(view_transpose)
     jitted(torch.randn(4, 6))
     (region,) = regions(jitted)  # a torch.compile region: the nvFuser option does not ask for it
-    verdict = decide(region, make_options(), None, {"nv_enable_shape_only_fusion": True})
+    verdict = decide(region, make_options(), None, compile_options={"nv_enable_shape_only_fusion": True})
     assert verdict.action == "reject"
 
 
