@@ -634,7 +634,10 @@ def _profile_table(profile: RegionProfile, subgraphs: dict[str, Subgraph]) -> st
     )
     if cuda:
         peak = "unknown" if profile.peak is None else f"{profile.peak.gbps:.0f} GB/s ({profile.peak.source})"
-        what += f" GB/s: input + output bytes over device time; peak memory bandwidth {peak}."
+        what += (
+            f" GB/s: input + output bytes over device time; peak memory bandwidth {peak}. Above 100%: the "
+            "region reads less than its whole inputs (an embedding table, a gather)."
+        )
     return f"<p class='meta'>{_a(what)}</p>" + _table(header, rows, "profile")
 
 

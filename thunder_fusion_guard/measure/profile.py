@@ -390,7 +390,10 @@ def format_profile(profile: RegionProfile) -> str:
         lines = [title, *text_table(table)]
         if cuda:
             peak = "unknown" if profile.peak is None else f"{profile.peak.gbps:.0f} GB/s ({profile.peak.source})"
-            lines.append(f"GB/s: input + output bytes over device time; peak memory bandwidth {peak}")
+            lines.append(
+                f"GB/s: input + output bytes over device time; peak memory bandwidth {peak}; above 100%: the "
+                "region reads less than its whole inputs (an embedding table, a gather)"
+            )
     present = {(r.subgraph, r.trace, r.region) for r in profile.rows}
     gone = [d for d in profile.decisions if d.about_region and (d.subgraph, d.trace, d.region) not in present]
     if gone:
