@@ -6,14 +6,16 @@ from .compat import ensure_nvfuser_compat
 from .explain import explain
 from .measure.profile import RegionProfile, profile_regions
 from .measure.segments import RegionKernels, collect_segments
-from .passes import FusionGuardError, guard_trace
+from .passes import CommunicationChanged, FusionGuardError, guard_trace
 from .report import Decision, Report
-from .transform import FusionGuard
+from .transform import FusionGuard, RankMismatch
 
 __all__ = [
+    "CommunicationChanged",
     "Decision",
     "FusionGuard",
     "FusionGuardError",
+    "RankMismatch",
     "RegionKernels",
     "RegionProfile",
     "Report",

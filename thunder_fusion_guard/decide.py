@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .cost import CostConstants, UnknownSize, estimate
-from .ops import inexact_ops, random_ops, region_is_metadata_only
+from .ops import inexact_ops, is_communication, random_ops, region_is_metadata_only
 from .options import GuardOptions
 from .regions import Region
 
@@ -20,6 +20,9 @@ class Verdict:
 
 def decide(region: Region, options: GuardOptions, constants: CostConstants | None = None) -> Verdict:
     """Keep a region, or reject it to the torch executor when its fusion call buys nothing."""
+    comms = [op for op, b in zip(region.ops, region.body, strict=True) if is_communication(b)]
+    if comms:
+        return Verdict("keep", f"region holds communication ops {sorted(set(comms))}: never rewritten or moved")
     if not options.guards(region.executor):
         return Verdict("keep", f"executor {region.executor!r} is not guarded (option 'executors')")
     if region_is_metadata_only(region.body, options.metadata_ops):

@@ -40,6 +40,7 @@ def report_of(obj: Any) -> Report:
             merged.add(d)
         for sub in g.report.subgraphs.values():
             merged.add_subgraph(sub)
+        merged.warnings += g.report.warnings
     return merged
 
 

@@ -25,6 +25,7 @@ class GuardOptions:
     remove_identities: bool = True
     rehome: bool = True
     merge_regions: bool = False
+    compare_ranks: bool = False
 
     def guards(self, executor: str) -> bool:
         return self.executors is None or executor in self.executors
@@ -63,6 +64,7 @@ def make_options(
     remove_identities: bool = True,
     rehome: bool = True,
     merge_regions: bool = False,
+    compare_ranks: bool = False,
 ) -> GuardOptions:
     """Validate user options into a :class:`GuardOptions` (``ValueError`` names the bad option)."""
     chosen = None
@@ -88,6 +90,7 @@ def make_options(
         remove_identities=_bool("remove_identities", remove_identities),
         rehome=_bool("rehome", rehome),
         merge_regions=_bool("merge_regions", merge_regions),
+        compare_ranks=_bool("compare_ranks", compare_ranks),
     )
 
 

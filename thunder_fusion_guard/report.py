@@ -28,6 +28,7 @@ class Decision:
     estimates: dict[str, float] = field(default_factory=dict)
     subgraph: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    rank: int | None = None
 
     @property
     def about_region(self) -> bool:
@@ -60,12 +61,19 @@ class Report:
     """Every decision one :class:`FusionGuard` has made, across all the traces it has seen.
 
     Under ThunderFX, ``subgraphs`` maps each split subgraph's id to its :class:`Subgraph`; decisions
-    name theirs in ``Decision.subgraph``.
+    name theirs in ``Decision.subgraph``. In a distributed run decisions name their rank, and
+    ``warnings`` says where ranks decided differently (see ``FusionGuard.check_ranks``).
     """
 
     def __init__(self) -> None:
         self.decisions: list[Decision] = []
         self.subgraphs: dict[str, Subgraph] = {}
+        self.warnings: list[str] = []
+
+    @property
+    def rank(self) -> int | None:
+        """The rank the decisions were made on (None outside a distributed run, or for several ranks)."""
+        return _rank_of(self.decisions)
 
     def add(self, decision: Decision) -> None:
         if decision.action not in ACTIONS:
@@ -92,16 +100,21 @@ class Report:
         data: dict[str, Any] = {"counts": self.counts(), "decisions": [d.to_dict() for d in self.decisions]}
         if self.subgraphs:
             data["subgraphs"] = {key: sub.to_dict() for key, sub in self.subgraphs.items()}
+        if self.rank is not None:
+            data["rank"] = self.rank
+        if self.warnings:
+            data["warnings"] = list(self.warnings)
         return data
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
 
     def to_markdown(self, title: str = "FusionGuard report") -> str:
-        return format_markdown(self.decisions, self.subgraphs, title)
+        text = format_markdown(self.decisions, self.subgraphs, title)
+        return text + "".join(f"\nwarning: {_md_cell(w)}\n" for w in self.warnings)
 
     def __str__(self) -> str:
-        return format_table(self.decisions, self.subgraphs)
+        return "\n".join([format_table(self.decisions, self.subgraphs), *(f"warning: {w}" for w in self.warnings)])
 
     def __repr__(self) -> str:
         return f"Report({self.counts()})"
@@ -156,11 +169,18 @@ def _groups(decisions: list[Decision], subgraphs: dict[str, Subgraph]) -> list[t
     return groups
 
 
+def _rank_of(decisions: list[Decision]) -> int | None:
+    ranks = {d.rank for d in decisions if d.rank is not None}
+    return ranks.pop() if len(ranks) == 1 else None
+
+
 def _summary(decisions: list[Decision], subgraphs: dict[str, Subgraph]) -> str:
     counts = Counter(d.action for d in decisions)
     summary = ", ".join(f"{counts[a]} {a}" for a in ACTIONS if counts[a])
     where = f" in {len(subgraphs)} subgraphs" if subgraphs else ""
-    return f"FusionGuard: {len(decisions)} decisions ({summary}){where}"
+    rank = _rank_of(decisions)
+    who = "FusionGuard" if rank is None else f"FusionGuard (rank {rank})"
+    return f"{who}: {len(decisions)} decisions ({summary}){where}"
 
 
 def format_table(decisions: list[Decision], subgraphs: dict[str, Subgraph] | None = None) -> str:
@@ -182,6 +202,9 @@ def format_table(decisions: list[Decision], subgraphs: dict[str, Subgraph] | Non
         return "  ".join(str(c).ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
 
     lines = [line(header), "-" * min(160, sum(widths) + 2 * len(widths) + 20)]
+    rank = _rank_of(decisions)
+    if rank is not None:
+        lines.insert(0, f"FusionGuard report (rank {rank})")
     for sub, mine in groups:
         if grouped:
             lines.append(sub.heading() if sub else "not from ThunderFX:")
@@ -205,7 +228,8 @@ def format_markdown(
     with_kernels = any("kernels" in d.details for d in decisions)
     header = _header(with_kernels)
     grouped = bool(subgraphs)
-    lines = [f"# {_md_cell(title)}", ""]
+    rank = _rank_of(decisions)
+    lines = [f"# {_md_cell(title if rank is None else f'{title} (rank {rank})')}", ""]
     for sub, mine in _groups(decisions, subgraphs) if grouped else [(None, decisions)]:
         if grouped:
             title = sub.id if sub is None or sub.name is None else f"{sub.id} ({sub.name})"

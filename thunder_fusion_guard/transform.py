@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import warnings
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -11,10 +12,15 @@ import thunder
 
 from . import _thunder as th
 from .cost import CostConstants
+from .distributed import compare_ranks, current_rank
 from .measure import calibrate
 from .options import make_options
-from .passes import TraceContext, guard_trace
+from .passes import FusionGuardError, TraceContext, guard_trace
 from .report import Report, Subgraph
+
+
+class RankMismatch(FusionGuardError):
+    """Ranks made different decisions for the same program (strict mode)."""
 
 
 class FusionGuard(thunder.Transform):
@@ -35,6 +41,11 @@ class FusionGuard(thunder.Transform):
     - ``remove_identities``: remove ops that return their input unchanged (same-shape reshape, ...).
     - ``rehome``: move metadata ops run outside a fusion into the region that alone reads them.
     - ``merge_regions``: merge adjacent regions of one executor (off: the fused code may round differently).
+    - ``compare_ranks``: in a distributed run, after each trace, gather every rank's decisions and compare
+      them (a collective inside compilation: every rank must compile the same traces at the same time).
+
+    Communication ops (collectives, their waits, gradient buckets) are never rewritten, moved or moved
+    across; :meth:`check_ranks` compares the decisions of all ranks.
     """
 
     def __init__(
@@ -52,6 +63,7 @@ class FusionGuard(thunder.Transform):
         remove_identities: bool = True,
         rehome: bool = True,
         merge_regions: bool = False,
+        compare_ranks: bool = False,
     ) -> None:
         self.options = make_options(
             executors=executors,
@@ -66,6 +78,7 @@ class FusionGuard(thunder.Transform):
             remove_identities=remove_identities,
             rehome=rehome,
             merge_regions=merge_regions,
+            compare_ranks=compare_ranks,
         )
         self._constants: dict[tuple[str, str], CostConstants | None] = {}
         self.report = Report()
@@ -86,8 +99,34 @@ class FusionGuard(thunder.Transform):
                 function=function,
                 compile_index=self._compiles.get(function, 0),
                 subgraph=self._subgraph_id(th.compiling_fx_subgraph()),
+                rank=current_rank(),
             )
-            return guard_trace(computation_trace, self.options, self.report, where, self.constants_for)
+            seen = len(self.report)
+            new_trace = guard_trace(computation_trace, self.options, self.report, where, self.constants_for)
+            if self.options.compare_ranks:
+                self._rank_problems(compare_ranks(self.report.decisions[seen:]))
+            return new_trace
+
+    def check_ranks(self, group: Any = None) -> list[str]:
+        """Compare every decision so far with those of the other ranks; one line per rank that differs.
+
+        A collective (``torch.distributed.all_gather_object`` over ``group``, default the default group):
+        call it on every rank at the same point, e.g. after the first training step. Returns [] when
+        all ranks agree or ``torch.distributed`` is not initialized. A difference raises
+        :class:`RankMismatch` in strict mode; otherwise it is recorded in ``report.warnings`` and warned.
+        """
+        problems = compare_ranks(self.report.decisions, group)
+        self._rank_problems(problems)
+        return problems
+
+    def _rank_problems(self, problems: list[str]) -> None:
+        if not problems:
+            return
+        if self.options.strict:
+            raise RankMismatch("; ".join(problems))
+        for problem in problems:
+            self.report.warnings.append(problem)
+            warnings.warn(f"FusionGuard: {problem}", RuntimeWarning, stacklevel=3)
 
     def _subgraph_id(self, module: Any) -> str | None:
         """The id of a ThunderFX subgraph (``subgraph 0``, ...), given when it is first compiled."""

@@ -18,6 +18,8 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from .. import _thunder as th
+from ..distributed import current_rank
+from ..ops import is_communication
 from ..passes.rewrite import lower_region
 from ..report import Decision, _ops_text, kernels_text, text_table
 from .calls import RegionCall, program_calls
@@ -74,11 +76,13 @@ class RegionProfile:
     reps: int
     rows: list[RegionRow]
     decisions: list[Decision] = field(default_factory=list)
+    rank: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "function": self.function,
             "device": self.device,
+            "rank": self.rank,
             "reps": self.reps,
             "rows": [asdict(r) for r in self.rows],
             "decisions": [d.to_dict() for d in self.decisions],
@@ -142,7 +146,7 @@ def profile_regions(jitted: Any, *args: Any, reps: int = 100, warmup: int = 10, 
             rows.append(row)
     device = "cuda" if uses_cuda(*tree_flatten((args, kwargs))[0]) else "cpu"
     name = th.thunderfx_function_name(jitted) if th.is_thunderfx(jitted) else th.jitted_function_name(jitted)
-    return RegionProfile(name, device, reps, rows, decisions)
+    return RegionProfile(name, device, reps, rows, decisions, current_rank())
 
 
 def _nbytes(values: Sequence[Any]) -> int:
@@ -153,6 +157,9 @@ def _nbytes(values: Sequence[Any]) -> int:
 def _measure(trace: th.TraceCtx, call: RegionCall, reps: int, warmup: int) -> RegionRow:
     region = call.region
     row = RegionRow(call.trace, region.name, region.executor, len(region.ops), region.ops)
+    if is_communication(region.bsym):
+        row.error = "holds communication ops: not timed alone (each call would run a collective)"
+        return row
     args = call.replay_args()
     if args is None:
         row.error = "region was not called"
@@ -219,8 +226,9 @@ def _fmt(value: float | int | None, digits: int = 1) -> str:
 def format_profile(profile: RegionProfile) -> str:
     """A fixed-width table, one row per region, then the guard's decisions for regions no longer there."""
     cuda = profile.device == "cuda"
+    on = profile.device if profile.rank is None else f"{profile.device}, rank {profile.rank}"
     title = (
-        f"profile of {profile.function or 'jitted function'} on {profile.device} "
+        f"profile of {profile.function or 'jitted function'} on {on} "
         f"(µs: median of {profile.reps} calls of each region's own callable with its real inputs)"
     )
     if not profile.rows:

@@ -183,13 +183,20 @@ def register(subparsers: Any) -> None:
         default=True,
         help="run the backward when an output requires grad (default); --no-backward: forward under no_grad",
     )
-    report.add_argument("--json", metavar="PATH", help="write the report as JSON here")
-    report.add_argument("--markdown", metavar="PATH", help="write the report as Markdown here")
+    report.add_argument(
+        "--json",
+        metavar="PATH",
+        help="write the report as JSON here (under torchrun, one per rank: {rank} in PATH is the rank, "
+        "else .rankN goes before the suffix)",
+    )
+    report.add_argument("--markdown", metavar="PATH", help="write the report as Markdown here (per rank, as --json)")
     report.set_defaults(run=_report_command)
 
 
 def _report_command(args: argparse.Namespace) -> int:
     import json
+
+    from ..distributed import current_rank, rank_path
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("fusion-guard report: --device cuda but no CUDA device is available", file=sys.stderr)
@@ -203,11 +210,13 @@ def _report_command(args: argparse.Namespace) -> int:
     title = f"{doc['target']} via {doc['frontend']} on {doc['device']}"
     print(f"FusionGuard report: {title}")
     print(report)
-    if args.json:
-        _write(args.json, json.dumps({**doc, "report": report.to_dict()}, indent=1) + "\n")
-    if args.markdown:
-        _write(args.markdown, report.to_markdown(f"FusionGuard report: {title}"))
-    for path in (args.json, args.markdown):
+    # Under torchrun each rank writes its own file: {rank} in PATH, else .rank<N> before the suffix.
+    json_path, md_path = (rank_path(p) if p else None for p in (args.json, args.markdown))
+    if json_path:
+        _write(json_path, json.dumps({**doc, "rank": current_rank(), "report": report.to_dict()}, indent=1) + "\n")
+    if md_path:
+        _write(md_path, report.to_markdown(f"FusionGuard report: {title}"))
+    for path in (json_path, md_path):
         if path:
             print(f"wrote {path}", file=sys.stderr)
     return 0
