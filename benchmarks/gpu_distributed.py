@@ -77,6 +77,7 @@ class Run:
         self.dtype = torch.float32 if self.smoke else torch.bfloat16
         self.tokens = 16 if self.smoke else args.tokens
         self.deadline = time.monotonic() + args.budget_s
+        self.batches: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -134,11 +135,13 @@ def build(run: Run, name: str) -> tuple[torch.nn.Module, Any]:
 
 
 def batch(run: Run, config: Any, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's batch for a step: batch 1, ``tokens`` tokens; the target is the next token."""
-    gen = torch.Generator().manual_seed(1000 * step + run.rank)
-    ids = torch.randint(0, config.padded_vocab_size, (1, run.tokens + 1), generator=gen)
-    ids = ids.to(run.device)
-    return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+    """This rank's batch for a step (made once): batch 1, ``tokens`` tokens; the target is the next token."""
+    key = (config.padded_vocab_size, step % (TRAIN_STEPS + 1))
+    if key not in run.batches:
+        gen = torch.Generator().manual_seed(1000 * key[1] + run.rank)
+        ids = torch.randint(0, config.padded_vocab_size, (1, run.tokens + 1), generator=gen).to(run.device)
+        run.batches[key] = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+    return run.batches[key]
 
 
 def make_variant(run: Run, setup: str, variant: str, name: str) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """The two-process side of tests/test_distributed.py: each rank (gloo, CPU) trains a small MLP for three
 steps under each distributed set-up, unguarded and guarded, and writes what it saw to a JSON file.
 
-Set-ups: Thunder's FSDP (``thunder.distributed.fsdp`` and ``FSDPTransform`` in ``transforms=``) and
-ThunderFX under PyTorch's DDP and FSDP2 (``fully_shard``). Thunder's own DDP and Thunder's FSDP with
-``torch_compile_ex`` fail in thunder 0.2.6 without the guard; the worker records those errors.
+Set-ups: Thunder's DDP and FSDP (``thunder.distributed.ddp`` / ``fsdp``, and ``DDPTransform`` /
+``FSDPTransform`` in ``transforms=``) and ThunderFX under PyTorch's DDP and FSDP2 (``fully_shard``).
+Thunder's own set-ups run with Thunder's torch.compile executor minus the collectives: with
+``torch_compile_ex`` itself both fail in thunder 0.2.6 without the guard, and the worker records how.
 """
 
 from __future__ import annotations
@@ -107,6 +108,18 @@ def thunder_fsdp(transforms: list, via: str) -> tuple[Any, torch.nn.Module]:
     return jitted, jitted
 
 
+def thunder_ddp(transforms: list, via: str) -> tuple[Any, torch.nn.Module]:
+    from thunder.distributed import copy_default_process_group, ddp
+    from thunder.distributed.transforms.ddp_v2 import DDPTransform
+
+    if via == "ddp":
+        jitted = ddp(thunder.jit(mlp(), executors=[nocomm_executor()], transforms=transforms))
+    else:
+        ddp_transform = DDPTransform(copy_default_process_group(), bucket_size_in_mb=25.0, broadcast_from=0)
+        jitted = thunder.jit(mlp(), executors=[nocomm_executor()], transforms=[ddp_transform, *transforms])
+    return jitted, jitted
+
+
 def thunderfx_ddp(transforms: list, _via: str) -> tuple[Any, torch.nn.Module]:
     from thunder.dynamo import ThunderCompiler
     from torch.nn.parallel import DistributedDataParallel
@@ -132,6 +145,8 @@ def thunderfx_fsdp2(transforms: list, _via: str) -> tuple[Any, torch.nn.Module]:
 
 
 SETUPS = {
+    "thunder.distributed.ddp": (thunder_ddp, "ddp"),
+    "DDPTransform": (thunder_ddp, "transform"),
     "thunder.distributed.fsdp": (thunder_fsdp, "fsdp"),
     "FSDPTransform": (thunder_fsdp, "transform"),
     "ThunderFX+DDP": (thunderfx_ddp, ""),
@@ -183,10 +198,10 @@ def run_setup(name: str, rank: int) -> dict[str, Any]:
 
 
 def known_failure(name: str) -> str:
-    """The error of a set-up thunder 0.2.6 cannot run, without the guard ('' if it ran)."""
+    """The error of Thunder's DDP or FSDP with ``torch_compile_ex``, without the guard ('' if it ran)."""
     from thunder.distributed import ddp, fsdp
 
-    if name == "thunder.distributed.ddp":
+    if name == "ddp+torch_compile_ex":
         jitted = ddp(thunder.jit(mlp(), executors=[torch_compile_ex]))
     else:
         jitted = fsdp(thunder.jit(mlp(), executors=[torch_compile_ex]), device=torch.device("cpu"))

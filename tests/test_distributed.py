@@ -5,6 +5,7 @@ running them."""
 
 from __future__ import annotations
 
+import copy
 import json
 import socket
 import time
@@ -245,6 +246,13 @@ def test_check_ranks_finds_a_rank_that_decided_otherwise(group, monkeypatch):
         FusionGuard(compare_ranks="yes")
 
 
+def test_guard_is_shared_not_copied():
+    """ThunderFX deep-copies split graphs, which under DDP and FSDP2 reach the backend and its guard."""
+    guard = FusionGuard()
+    options = copy.deepcopy({"transforms": [guard]})
+    assert options["transforms"][0] is guard
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -255,7 +263,7 @@ def test_two_ranks_train_alike_guarded_and_unguarded(tmp_path):
     """Three training steps on two processes under each set-up: guarded equal to unguarded Thunder to the
     bit, the same decisions on both ranks, the same collectives in the same order."""
     setups = list(distributed_worker.SETUPS)
-    failures = ["thunder.distributed.ddp", "thunder.distributed.fsdp"]
+    failures = ["ddp+torch_compile_ex", "fsdp+torch_compile_ex"]
     args = (2, _free_port(), str(tmp_path), setups, failures)
     context = mp.spawn(distributed_worker.main, args=args, nprocs=2, join=False)
     deadline = time.monotonic() + 400
@@ -281,13 +289,16 @@ def test_two_ranks_train_alike_guarded_and_unguarded(tmp_path):
         got = ranks[0]["setups"][name]
         assert all(c != "[]" for c in got["collectives_guarded"])  # all-gathers forward, reduce-scatters backward
         assert got["actions"].get("reject", 0) >= 3  # the pre-averaging divisions between reduce-scatters
+    for name in ("thunder.distributed.ddp", "DDPTransform"):
+        forward, backward = ranks[0]["setups"][name]["collectives_guarded"]
+        assert forward == "[]" and "torch_all_reduce_prim_impl" in backward
     for name in ("ThunderFX+DDP", "ThunderFX+FSDP2"):
         # PyTorch's DDP and FSDP2 communicate outside the Thunder-compiled subgraphs.
         assert all(c == "[]" for c in ranks[0]["setups"][name]["collectives_guarded"])
     for result in ranks:
-        assert result["failures"]["thunder.distributed.ddp"] == (
+        assert result["failures"]["ddp+torch_compile_ex"] == (
             "builtins.IndexError in get_bsym_of_allreduce_of_grad: tuple index out of range"
         )
-        assert result["failures"]["thunder.distributed.fsdp"].startswith(
+        assert result["failures"]["fsdp+torch_compile_ex"].startswith(
             "torch._dynamo.exc.Unsupported in compile_wrapper: async_op=True for distributed collectives"
         )

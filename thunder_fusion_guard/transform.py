@@ -128,6 +128,11 @@ class FusionGuard(thunder.Transform):
             self.report.warnings.append(problem)
             warnings.warn(f"FusionGuard: {problem}", RuntimeWarning, stacklevel=3)
 
+    def __deepcopy__(self, memo: dict) -> FusionGuard:
+        """The guard itself: ThunderFX deep-copies split graphs, and under DDP or FSDP2 those reach its
+        backend and this guard; a copy would split the report (and cannot copy the lock)."""
+        return self
+
     def _subgraph_id(self, module: Any) -> str | None:
         """The id of a ThunderFX subgraph (``subgraph 0``, ...), given when it is first compiled."""
         if module is None:
