@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
 from thunder.extend import ImplInfo
 
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import FusionGuard, profile_regions
 from thunder_fusion_guard.distributed import decision_key
 from thunder_fusion_guard.ops import COMMUNICATION_OPS
 from thunder_fusion_guard.passes.collectives import communication_sequence
@@ -180,7 +180,12 @@ def run_setup(name: str, rank: int) -> dict[str, Any]:
     losses_g, grads_g = train(guarded, guarded_module, rank)
     comms_p = [repr(communication_sequence(t)) for t in _traces(plain)]
     comms_g = [repr(communication_sequence(t)) for t in _traces(guarded)]
+    profile = None
+    if name == "thunder.distributed.fsdp":  # profile_regions per rank: both ranks run the program alike
+        found = profile_regions(guarded, torch.randn(4, 8), reps=2, warmup=0)
+        profile = {"rank": found.rank, "title": str(found).splitlines()[0], "rows": len(found.rows)}
     return {
+        "profile": profile,
         "losses_equal": all(torch.equal(a, b) for a, b in zip(losses_g, losses_p, strict=True)),
         "grads_equal": all(
             torch.equal(_local(a), _local(b))

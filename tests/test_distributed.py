@@ -292,6 +292,9 @@ def test_two_ranks_train_alike_guarded_and_unguarded(tmp_path):
     for name in ("thunder.distributed.ddp", "DDPTransform"):
         forward, backward = ranks[0]["setups"][name]["collectives_guarded"]
         assert forward == "[]" and "torch_all_reduce_prim_impl" in backward
+    for rank, result in enumerate(ranks):
+        profile = result["setups"]["thunder.distributed.fsdp"]["profile"]
+        assert profile["rank"] == rank and f"on cpu, rank {rank} " in profile["title"] and profile["rows"] > 0
     for name in ("ThunderFX+DDP", "ThunderFX+FSDP2"):
         # PyTorch's DDP and FSDP2 communicate outside the Thunder-compiled subgraphs.
         assert all(c == "[]" for c in ranks[0]["setups"][name]["collectives_guarded"])

@@ -132,7 +132,9 @@ def profile_regions(jitted: Any, *args: Any, reps: int = 100, warmup: int = 10, 
     twice, the second time recording each fusion call's arguments (under ThunderFX: each subgraph's
     inputs, then each subgraph runs twice on copies of them); the backward is that of the sum of the
     floating outputs, so gradients accumulate in ``.grad`` as in a training step. Then each region is
-    timed on its recorded arguments, ``reps`` calls after ``warmup``.
+    timed on its recorded arguments, ``reps`` calls after ``warmup``. In a distributed run call it on
+    every rank (the program's collectives run twice); the profile names the rank, and a region holding a
+    collective is not timed alone.
     """
     rows, decisions = [], []
     for program in program_calls(jitted, args, kwargs):
