@@ -103,9 +103,10 @@ class FusionGuard(thunder.Transform):
             )
             seen = len(self.report)
             new_trace = guard_trace(computation_trace, self.options, self.report, where, self.constants_for)
-            if self.options.compare_ranks:
-                self._rank_problems(compare_ranks(self.report.decisions[seen:]))
-            return new_trace
+            made = self.report.decisions[seen:]
+        if self.options.compare_ranks:  # a collective: outside the lock
+            self._rank_problems(compare_ranks(made))
+        return new_trace
 
     def check_ranks(self, group: Any = None) -> list[str]:
         """Compare every decision so far with those of the other ranks; one line per rank that differs.
