@@ -57,6 +57,10 @@ from thunder_fusion_guard.passes.collectives import communication_sequence
 from thunder_fusion_guard.regions import find_regions
 
 MODELS = {"mistral": "Mistral-7B-v0.1", "llama2": "Llama-2-7b-hf"}
+# Seconds one set-up takes on an H200 (Thunder compiles the model twice, unguarded ~160 s and guarded
+# ~80 s for Mistral, ~35 s each for Llama-2; results/h200-models-run6.json), with some slack: a set-up
+# starts only when this much of the budget is left.
+SETUP_S = {"mistral": 330.0, "llama2": 120.0}
 SETUPS = ("fsdp", "ddp", "fx-ddp", "fx-fsdp2")
 VARIANTS = ("eager", "thunder", "guarded")
 TRAIN_STEPS = 3
@@ -317,6 +321,11 @@ def table(results: dict[str, Any]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     for entry in results["runs"]:
         per_rank = entry["ranks"]
+        if "skipped" in entry:
+            lines.append(
+                f"| {entry['model']} | {entry['setup']} | - |{' - |' * world} - | skipped: {entry['skipped']} |"
+            )
+            continue
         for variant in VARIANTS:
             cells = [per_rank[r]["variants"].get(variant, {}) for r in range(world)]
             ms = [c.get("median_ms") for c in cells]
@@ -346,7 +355,9 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=512)
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--budget-s", type=float, default=480.0, help="stop starting set-ups after this (default 480)")
+    p.add_argument(
+        "--budget-s", type=float, default=480.0, help="start a set-up only if it fits in this many seconds (480)"
+    )
     p.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results/gpu"))
     p.add_argument("--cpu-smoke", action="store_true", help="CPU, gloo, tiny configs: check the script itself")
     args = p.parse_args()
@@ -368,8 +379,10 @@ def main() -> None:
     for key in args.models:
         for setup in args.setups:
             entry: dict[str, Any] = {"model": MODELS[key], "setup": setup}
-            if run.time_left() < 60:
+            if run.time_left() < (30.0 if run.smoke else SETUP_S[key]):
                 entry["skipped"] = "time budget spent"
+                if run.rank == 0:
+                    log(f"{MODELS[key]} {setup}: skipped, not enough of --budget-s left")
                 mine = {"variants": {}}
             else:
                 mine = run_setup(run, setup, MODELS[key])
