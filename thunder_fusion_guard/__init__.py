@@ -15,12 +15,14 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Decision": ".report",
     "FusionGuard": ".transform",
+    "CommunicationChanged": ".passes",
     "FusionGuardError": ".passes",
     "RegionKernels": ".measure.segments",
     "RegionProfile": ".measure.profile",
+    "RankMismatch": ".transform",
     "Report": ".report",
     "collect_segments": ".measure.segments",
-    "explain": ".explain",
+    "explain": ".explanation",
     "fusion_executors": ".executors",
     "guard_trace": ".passes",
     "nvfuser_problem": ".executors",
@@ -29,9 +31,11 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "CommunicationChanged",
     "Decision",
     "FusionGuard",
     "FusionGuardError",
+    "RankMismatch",
     "RegionKernels",
     "RegionProfile",
     "Report",
@@ -60,10 +64,10 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from .executors import fusion_executors, nvfuser_problem
-    from .explain import explain
+    from .explanation import explain
     from .measure.dataflow import trace_graphs
     from .measure.profile import RegionProfile, profile_regions
     from .measure.segments import RegionKernels, collect_segments
-    from .passes import FusionGuardError, guard_trace
+    from .passes import CommunicationChanged, FusionGuardError, guard_trace
     from .report import Decision, Report
-    from .transform import FusionGuard
+    from .transform import FusionGuard, RankMismatch

@@ -22,6 +22,11 @@ from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx, TraceProvenance, TraceTag, from_trace, tracectx
 from thunder.extend import FusionExecutor, get_all_executors, get_always_executors
 
+try:
+    from thunder.distributed.prims import PrimIDs as _DistributedPrimIDs
+except ImportError:  # torch built without torch.distributed
+    _DistributedPrimIDs = None
+
 __all__ = [
     "BoundSymbol",
     "FusionExecutor",
@@ -38,6 +43,7 @@ __all__ = [
     "fusion_executor_names",
     "fx_graph_ops",
     "is_backward",
+    "is_distributed_prim",
     "is_fusion",
     "jitted_transforms",
     "last_traces",
@@ -169,6 +175,11 @@ def explicit_compile_options() -> dict[str, Any]:
     except LookupError:
         return {}
     return dict(getattr(cd, "compile_options", None) or {})
+
+
+def is_distributed_prim(bsym: BoundSymbol) -> bool:
+    """True for a bound symbol of one of Thunder's distributed prims (``thunder.distributed.prims``)."""
+    return _DistributedPrimIDs is not None and isinstance(bsym.sym.id, _DistributedPrimIDs)
 
 
 def is_backward(trace: TraceCtx) -> bool:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cost import CostConstants, Measured, UnknownSize, estimate
-from .ops import inexact_ops, random_ops, region_is_metadata_only
+from .ops import inexact_ops, is_communication, random_ops, region_is_metadata_only
 from .options import GuardOptions
 from .regions import Region
 
@@ -49,6 +49,10 @@ def decide(
     break-even; elsewhere the model's estimate decides. ``compile_options`` are those the program passed
     to ``thunder.jit`` by name: a region kind it asked for is kept unless ``override_compile_options``.
     """
+    comms = [op for op, b in zip(region.ops, region.body, strict=True) if is_communication(b)]
+    if comms:
+        why = f"region holds communication ops {sorted(set(comms))}: never rewritten or moved"
+        return _verdict("keep", why, "rule")
     if not options.guards(region.executor):
         return _verdict("keep", f"executor {region.executor!r} is not guarded (option 'executors')", "option")
     if region_is_metadata_only(region.body, options.metadata_ops):

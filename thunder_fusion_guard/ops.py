@@ -286,3 +286,60 @@ def runs_as_view(bsym: th.BoundSymbol, extra: Iterable[str] = ()) -> bool:
     """True when an op run outside a fusion launches no kernel in eager (a view; a reshape may copy where
     its input's strides need it): metadata-only, or the torch executor's implementation of a view prim."""
     return th.op_id(bsym) in TORCH_EXECUTOR_VIEWS or is_metadata(bsym, extra)
+
+
+# Communication ops: Thunder's distributed prims (thunder/distributed/prims.py), the torch executor's
+# implementations of them (`torch_<prim>_prim_impl`) and thunder.torch's wrappers of torch.distributed.
+# Every rank must reach each collective in the same order; a wait ends one in flight; pack, unpack and
+# update_bucket_view fill and drain gradient buckets with in-place copies. So the guard never rejects or
+# rebuilds a region holding one, never moves an op across one, and never reorders them.
+COMMUNICATION_PRIMS: frozenset[str] = frozenset(
+    {
+        "all_gather",
+        "all_reduce",
+        "broadcast",
+        "reduce_scatter",
+        "synchronize",
+        "wait",
+        "pack",
+        "unpack",
+        "pack_for_fsdp",
+        "unpack_for_fsdp",
+        "update_bucket_view",
+        "stash_grad_for_fsdp",
+        "synchronize_tensor_parallel_output",
+        "synchronize_tensor_parallel_input",
+    }
+)
+COMMUNICATION_OPS: frozenset[str] = frozenset({f"torch_{name}_prim_impl" for name in COMMUNICATION_PRIMS}) | {
+    "functional_all_gather",
+    "all_gather_",
+    "functional_all_reduce",
+    "all_reduce_",
+    "functional_broadcast",
+    "functional_reduce_scatter",
+    "reduce_scatter_",
+    "torch.Tensor.wait",
+}
+
+
+def is_communication(bsym: th.BoundSymbol) -> bool:
+    """True when ``bsym`` is a communication op or its wait, or holds one (a fusion region, a composite op)."""
+    if th.is_distributed_prim(bsym) or th.op_id(bsym) in COMMUNICATION_OPS or th.op_name(bsym) in COMMUNICATION_OPS:
+        return True
+    return any(is_communication(s) for s in th.subsymbols(bsym))
+
+
+def communication_positions(bsyms: Iterable[th.BoundSymbol | None]) -> list[int]:
+    """Positions, in order, of the communication ops (and of what holds one) in a list of bound symbols."""
+    return [i for i, b in enumerate(bsyms) if b is not None and is_communication(b)]
+
+
+def crosses_communication(positions: list[int], start: int, stop: int) -> bool:
+    """Whether moving an op from ``start`` to ``stop`` (either way) passes a communication op, given
+    :func:`communication_positions` of the same list."""
+    from bisect import bisect_right
+
+    lo, hi = sorted((start, stop))
+    i = bisect_right(positions, lo)
+    return i < len(positions) and positions[i] < hi

@@ -28,6 +28,7 @@ class GuardOptions:
     rehome: bool = True
     merge_regions: bool = False
     override_compile_options: bool = False
+    compare_ranks: bool = False
 
     def guards(self, executor: str) -> bool:
         return self.executors is None or executor in self.executors
@@ -69,6 +70,7 @@ def make_options(
     rehome: bool = True,
     merge_regions: bool = False,
     override_compile_options: bool = False,
+    compare_ranks: bool = False,
 ) -> GuardOptions:
     """Validate user options into a :class:`GuardOptions` (``ValueError`` names the bad option)."""
     chosen = None
@@ -104,6 +106,7 @@ def make_options(
         rehome=_bool("rehome", rehome),
         merge_regions=_bool("merge_regions", merge_regions),
         override_compile_options=_bool("override_compile_options", override_compile_options),
+        compare_ranks=_bool("compare_ranks", compare_ranks),
     )
 
 

@@ -28,6 +28,7 @@ class Decision:
     estimates: dict[str, float] = field(default_factory=dict)
     subgraph: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    rank: int | None = None
 
     @property
     def about_region(self) -> bool:
@@ -64,7 +65,8 @@ class Report:
     ``executors`` lists (name, is a fusion executor) of the executors they were compiled with, so that an
     empty report can tell "not compiled yet" from "compiled, but Thunder made no fusion region".
     ``measuring`` says what timing regions near break-even cost (``seconds`` in all, ``timed``,
-    ``from_cache``, ...), ``calibrations`` each calibration run while compiling.
+    ``from_cache``, ...), ``calibrations`` each calibration run while compiling. In a distributed run
+    decisions name their rank, and ``warnings`` says where ranks decided differently (see ``FusionGuard.check_ranks``).
     """
 
     def __init__(self) -> None:
@@ -74,6 +76,7 @@ class Report:
         self.calibrations: list[dict[str, Any]] = []
         self.traces_seen = 0
         self.executors: list[tuple[str, bool]] = []
+        self.warnings: list[str] = []
 
     def saw_trace(self, executors: list[tuple[str, bool]]) -> None:
         """Count one trace handed to the guard, compiled with ``executors`` ((name, is fusion) pairs)."""
@@ -96,6 +99,11 @@ class Report:
             f"trace{'s' if self.traces_seen != 1 else ''} it compiled; "
             f"{no_region_hint(self.executors)}."
         )
+
+    @property
+    def rank(self) -> int | None:
+        """The rank the decisions were made on (None outside a distributed run, or for several ranks)."""
+        return _rank_of(self.decisions)
 
     def add(self, decision: Decision) -> None:
         if decision.action not in ACTIONS:
@@ -131,6 +139,10 @@ class Report:
             data["measuring"] = dict(self.measuring)
         if self.calibrations:
             data["calibrations"] = list(self.calibrations)
+        if self.rank is not None:
+            data["rank"] = self.rank
+        if self.warnings:
+            data["warnings"] = list(self.warnings)
         return data
 
     def to_json(self, **kwargs: Any) -> str:
@@ -138,6 +150,7 @@ class Report:
 
     def to_markdown(self, title: str = "FusionGuard report") -> str:
         text = format_markdown(self.decisions, self.subgraphs, title)
+        text += "".join(f"\nwarning: {_md_cell(w)}\n" for w in self.warnings)
         notice = self.notice()
         return text if notice is None else f"{text}\n{notice}\n"
 
@@ -161,6 +174,7 @@ class Report:
             )
         for c in self.calibrations:
             text += f"\ncalibration of {c['executor']} on {c['device']}: {c['result']}"
+        text += "".join(f"\nwarning: {w}" for w in self.warnings)
         return text if notice is None else f"{text}\n{notice}"
 
     def __repr__(self) -> str:
@@ -219,11 +233,18 @@ def _groups(decisions: list[Decision], subgraphs: dict[str, Subgraph]) -> list[t
     return groups
 
 
+def _rank_of(decisions: list[Decision]) -> int | None:
+    ranks = {d.rank for d in decisions if d.rank is not None}
+    return ranks.pop() if len(ranks) == 1 else None
+
+
 def _summary(decisions: list[Decision], subgraphs: dict[str, Subgraph]) -> str:
     counts = Counter(d.action for d in decisions)
     summary = ", ".join(f"{counts[a]} {a}" for a in ACTIONS if counts[a])
     where = f" in {len(subgraphs)} subgraphs" if subgraphs else ""
-    return f"FusionGuard: {len(decisions)} decisions ({summary}){where}"
+    rank = _rank_of(decisions)
+    who = "FusionGuard" if rank is None else f"FusionGuard (rank {rank})"
+    return f"{who}: {len(decisions)} decisions ({summary}){where}"
 
 
 def format_table(decisions: list[Decision], subgraphs: dict[str, Subgraph] | None = None) -> str:
@@ -245,6 +266,9 @@ def format_table(decisions: list[Decision], subgraphs: dict[str, Subgraph] | Non
         return "  ".join(str(c).ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
 
     lines = [line(header), "-" * min(160, sum(widths) + 2 * len(widths) + 20)]
+    rank = _rank_of(decisions)
+    if rank is not None:
+        lines.insert(0, f"FusionGuard report (rank {rank})")
     for sub, mine in groups:
         if grouped:
             lines.append(sub.heading() if sub else "not from ThunderFX:")
@@ -268,7 +292,8 @@ def format_markdown(
     with_kernels = any("kernels" in d.details for d in decisions)
     header = _header(with_kernels)
     grouped = bool(subgraphs)
-    lines = [f"# {_md_cell(title)}", ""]
+    rank = _rank_of(decisions)
+    lines = [f"# {_md_cell(title if rank is None else f'{title} (rank {rank})')}", ""]
     for sub, mine in _groups(decisions, subgraphs) if grouped else [(None, decisions)]:
         if grouped:
             title = sub.id if sub is None or sub.name is None else f"{sub.id} ({sub.name})"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import warnings
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -11,11 +12,16 @@ import thunder
 
 from . import _thunder as th
 from .cost import CostConstants
+from .distributed import compare_ranks, current_rank
 from .measure import calibrate
 from .measure.breakeven import RegionMeasurer
 from .options import make_options
-from .passes import TraceContext, guard_trace
+from .passes import FusionGuardError, TraceContext, guard_trace
 from .report import Report, Subgraph
+
+
+class RankMismatch(FusionGuardError):
+    """Ranks made different decisions for the same program (strict mode)."""
 
 
 class FusionGuard(thunder.Transform):
@@ -43,6 +49,11 @@ class FusionGuard(thunder.Transform):
     - ``override_compile_options``: undo regions the program asked Thunder for by name
       (``nv_enable_shape_only_fusion=True``, ``nv_enable_bookend=True``); off: they are kept, and the
       decision names the option.
+    - ``compare_ranks``: in a distributed run, after each trace, gather every rank's decisions and compare
+      them (a collective inside compilation: every rank must compile the same traces at the same time).
+
+    Communication ops (collectives, their waits, gradient buckets) are never rewritten, moved or moved
+    across; :meth:`check_ranks` compares the decisions of all ranks.
     """
 
     def __init__(
@@ -63,6 +74,7 @@ class FusionGuard(thunder.Transform):
         rehome: bool = True,
         merge_regions: bool = False,
         override_compile_options: bool = False,
+        compare_ranks: bool = False,
     ) -> None:
         self.options = make_options(
             executors=executors,
@@ -80,6 +92,7 @@ class FusionGuard(thunder.Transform):
             rehome=rehome,
             merge_regions=merge_regions,
             override_compile_options=override_compile_options,
+            compare_ranks=compare_ranks,
         )
         self._constants: dict[tuple[str, str], CostConstants | None] = {}
         self.report = Report()
@@ -103,14 +116,48 @@ class FusionGuard(thunder.Transform):
                 compile_index=self._compiles.get(function, 0),
                 subgraph=self._subgraph_id(th.compiling_fx_subgraph()),
                 compile_options=th.explicit_compile_options(),
+                rank=current_rank(),
             )
+            seen = len(self.report)
             measure = self.measurer if self.options.measure_budget_s > 0 else None
             try:
-                return guard_trace(computation_trace, self.options, self.report, where, self.constants_for, measure)
+                new_trace = guard_trace(
+                    computation_trace, self.options, self.report, where, self.constants_for, measure
+                )
             finally:
                 if measure is not None:
                     self.measurer.flush()
                     self.report.measuring = self.measurer.to_dict()
+            made = self.report.decisions[seen:]
+        if self.options.compare_ranks:  # a collective: outside the lock
+            self._rank_problems(compare_ranks(made))
+        return new_trace
+
+    def check_ranks(self, group: Any = None) -> list[str]:
+        """Compare every decision so far with those of the other ranks; one line per rank that differs.
+
+        A collective (``torch.distributed.all_gather_object`` over ``group``, default the default group):
+        call it on every rank at the same point, e.g. after the first training step. Returns [] when
+        all ranks agree or ``torch.distributed`` is not initialized. A difference raises
+        :class:`RankMismatch` in strict mode; otherwise it is recorded in ``report.warnings`` and warned.
+        """
+        problems = compare_ranks(self.report.decisions, group)
+        self._rank_problems(problems)
+        return problems
+
+    def _rank_problems(self, problems: list[str]) -> None:
+        if not problems:
+            return
+        if self.options.strict:
+            raise RankMismatch("; ".join(problems))
+        for problem in problems:
+            self.report.warnings.append(problem)
+            warnings.warn(f"FusionGuard: {problem}", RuntimeWarning, stacklevel=3)
+
+    def __deepcopy__(self, memo: dict) -> FusionGuard:
+        """The guard itself: ThunderFX deep-copies split graphs, and under DDP or FSDP2 those reach its
+        backend and this guard; a copy would split the report (and cannot copy the lock)."""
+        return self
 
     def _subgraph_id(self, module: Any) -> str | None:
         """The id of a ThunderFX subgraph (``subgraph 0``, ...), given when it is first compiled."""

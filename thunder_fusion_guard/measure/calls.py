@@ -13,7 +13,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .. import _thunder as th
-from ..explain import guards_of
+from ..explanation import guards_of
 from ..regions import Region, find_regions
 from ..report import Decision
 

@@ -21,7 +21,9 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from .. import _thunder as th
-from ..explain import guards_of, name_subgraphs
+from ..distributed import current_rank
+from ..explanation import guards_of, name_subgraphs
+from ..ops import is_communication
 from ..passes.rewrite import lower_region
 from ..report import Decision, Subgraph, _ops_text, kernels_text, text_table
 from .bandwidth import Peak, gbps, peak_bandwidth
@@ -102,11 +104,13 @@ class RegionProfile:
     subgraphs: dict[str, Subgraph] = field(default_factory=dict)
     executors: list[tuple[str, bool]] = field(default_factory=list)
     threads: int | None = None
+    rank: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "function": self.function,
             "device": self.device,
+            "rank": self.rank,
             "reps": self.reps,
             "peak": None if self.peak is None else asdict(self.peak),
             "threads": self.threads,
@@ -175,6 +179,9 @@ def profile_regions(jitted: Any, *args: Any, reps: int = 100, warmup: int = 10, 
     floating outputs, so gradients accumulate in ``.grad`` as in a training step. Then each region is
     timed on its recorded arguments, ``reps`` calls after ``warmup``. On a shared CPU, pin torch's threads
     first (``torch.set_num_threads(1)``): with several, each call may wait for a busy core.
+    In a distributed run call it on
+    every rank (the program's collectives run twice); the profile names the rank, and a region holding a
+    collective is not timed alone.
     """
     rows, decisions, executors = [], [], []
     cuda = uses_cuda(*tree_flatten((args, kwargs))[0])
@@ -202,7 +209,9 @@ def profile_regions(jitted: Any, *args: Any, reps: int = 100, warmup: int = 10, 
     subgraphs = _named_subgraphs(jitted)
     device = "cuda" if cuda else "cpu"
     threads = torch.get_num_threads() if device == "cpu" else None
-    return RegionProfile(name, device, reps, rows, decisions, graphs, peak, subgraphs, executors, threads)
+    return RegionProfile(
+        name, device, reps, rows, decisions, graphs, peak, subgraphs, executors, threads, current_rank()
+    )
 
 
 def _named_subgraphs(obj: Any) -> dict[str, Subgraph]:
@@ -284,6 +293,9 @@ def _nbytes(values: Sequence[Any]) -> int:
 def _measure(trace: th.TraceCtx, call: RegionCall, reps: int, warmup: int) -> RegionRow:
     region = call.region
     row = RegionRow(call.trace, region.name, region.executor, len(region.ops), region.ops)
+    if is_communication(region.bsym):
+        row.error = "holds communication ops: not timed alone (each call would run a collective)"
+        return row
     args = call.replay_args()
     if args is None:
         row.error = "region was not called"
@@ -361,8 +373,9 @@ def format_profile(profile: RegionProfile) -> str:
     """A fixed-width table, one row per region, then the guard's decisions for regions no longer there."""
     cuda = profile.device == "cuda"
     threads = "" if profile.threads is None else f"; {profile.threads} intra-op thread{'s' * (profile.threads > 1)}"
+    on = profile.device if profile.rank is None else f"{profile.device}, rank {profile.rank}"
     title = (
-        f"profile of {profile.function or 'jitted function'} on {profile.device} (µs: median (first-third "
+        f"profile of {profile.function or 'jitted function'} on {on} (µs: median (first-third "
         f"quartile) of {profile.reps} calls of each region's own callable with its real inputs{threads})"
     )
     if not profile.rows and any(d.about_region for d in profile.decisions):

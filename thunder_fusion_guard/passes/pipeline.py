@@ -10,10 +10,11 @@ from typing import Any
 from .. import _thunder as th
 from ..cost import CostConstants, Measured
 from ..decide import BOOKEND, decide
-from ..ops import rebuild_keeps_bits
+from ..ops import is_communication, rebuild_keeps_bits
 from ..options import GuardOptions
 from ..regions import Region, find_regions
 from ..report import Decision, Report
+from .collectives import communication_changes
 from .fold import SETITEM, fold_setitem_copies
 from .identity import remove_identities
 from .rehome import absorb_metadata_ops, merge_adjacent_regions
@@ -22,6 +23,10 @@ from .rewrite import lower_region, replace_regions
 
 class FusionGuardError(RuntimeError):
     """Raised in strict mode where the default mode would keep a region and record the failure."""
+
+
+class CommunicationChanged(FusionGuardError):
+    """A pass would have added, dropped, reordered or moved something across a communication op."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class TraceContext:
     compile_index: int = 0
     subgraph: str | None = None
     compile_options: Mapping[str, Any] = field(default_factory=dict)  # passed to thunder.jit by name
+    rank: int | None = None
 
 
 ConstantsFor = Callable[[str, str], "CostConstants | None"]
@@ -124,15 +130,29 @@ def unfuse_rejected(
     if not replacements:
         return trace
     try:
-        return replace_regions(trace, replacements, f"FusionGuard: {len(replacements)} regions to torch")
+        new = replace_regions(trace, replacements, f"FusionGuard: {len(replacements)} regions to torch")
+        check_communication(trace, new)
+        return new
     except Exception as e:
+        moved = isinstance(e, CommunicationChanged)
         if options.strict:
-            raise FusionGuardError(f"could not rebuild the {where.trace} trace: {e}") from e
+            raise (CommunicationChanged if moved else FusionGuardError)(
+                f"could not rebuild the {where.trace} trace: {e}"
+            ) from e
         for d in decided:
             if d.action == "reject":
                 d.action, d.error = "keep", f"{type(e).__name__}: {e}"
-                d.reason = "kept as it was: rebuilding the trace failed"
+                why = "it would change the communication ops" if moved else "rebuilding the trace failed"
+                d.reason = f"kept as it was: {why}"
         return trace
+
+
+def check_communication(before: th.TraceCtx, after: th.TraceCtx) -> None:
+    """Raise :class:`CommunicationChanged` when ``after`` does not run the communication ops of ``before``
+    in the same order, with nothing moved across one."""
+    problem = communication_changes(before, after)
+    if problem is not None:
+        raise CommunicationChanged(problem)
 
 
 OpPass = Callable[[th.TraceCtx, GuardOptions, list[Decision], TraceContext], th.TraceCtx]
@@ -142,23 +162,30 @@ def _op_pass(op_pass: OpPass, trace: th.TraceCtx, options: GuardOptions, made: l
     """Run one op-level pass; if it fails, keep the trace as it was and record why (strict: raise)."""
     before = len(made)
     try:
-        return op_pass(trace, options, made, where)
+        new = op_pass(trace, options, made, where)
+        if new is not trace:
+            check_communication(trace, new)
+        return new
     except Exception as e:
+        moved = isinstance(e, CommunicationChanged)
         if options.strict:
-            raise FusionGuardError(f"{op_pass.__name__} failed on the {where.trace} trace: {e}") from e
+            error = CommunicationChanged if moved else FusionGuardError
+            what = "would change the communication of" if moved else "failed on"
+            raise error(f"{op_pass.__name__} {what} the {where.trace} trace: {e}") from e
         del made[before:]
-        failed = _decision(where, "-", "-", [], "keep", f"{op_pass.__doc__.splitlines()[0]} skipped: it failed")
+        why = "it would change the communication ops" if moved else "it failed"
+        failed = _decision(where, "-", "-", [], "keep", f"{op_pass.__doc__.splitlines()[0]} skipped: {why}")
         failed.error = f"{type(e).__name__}: {e}"
         made.append(failed)
         return trace
 
 
 def _may_change(options: GuardOptions) -> Callable[[th.BoundSymbol], bool]:
-    """Which fusion calls op passes may rebuild: guarded ones, and with ``exact_only`` only those a
-    rebuild cannot change the bits of."""
+    """Which fusion calls op passes may rebuild: guarded ones without communication ops, and with
+    ``exact_only`` only those a rebuild cannot change the bits of."""
 
     def may_change(fusion: th.BoundSymbol) -> bool:
-        if not options.guards(th.executor_name(fusion)):
+        if not options.guards(th.executor_name(fusion)) or is_communication(fusion):
             return False
         return not options.exact_only or rebuild_keeps_bits(list(th.subsymbols(fusion)), options.metadata_ops)
 
@@ -209,7 +236,10 @@ def rehome_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision],
 
     new, moves = absorb_metadata_ops(trace, _may_change(options), options.metadata_ops, refused)
     for m in moves:
-        if m.error:
+        if m.blocked_by:
+            reason = f"metadata op read only by {m.into} kept outside: {m.blocked_by} stands between them"
+            d = _decision(where, m.into, m.executor, [m.op], "keep", reason)
+        elif m.error:
             reason = f"metadata op read only by {m.into} kept outside: rebuilding {m.into} failed"
             d = _decision(where, m.into, m.executor, [m.op], "keep", reason)
             d.error = m.error
@@ -227,7 +257,9 @@ def rehome_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision],
 def merge_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision], where: TraceContext) -> th.TraceCtx:
     """Merge adjacent regions of one executor into one fusion call."""
     # Opted into knowing the merged code may round differently, so exact_only does not hold it back.
-    new, merges = merge_adjacent_regions(trace, lambda fusion: options.guards(th.executor_name(fusion)))
+    new, merges = merge_adjacent_regions(
+        trace, lambda fusion: options.guards(th.executor_name(fusion)) and not is_communication(fusion)
+    )
     for m in merges:
         reason = f"next to {m.into}, same executor, nothing between: merged into it (one fusion call, not two)"
         d = _decision(where, m.moved, m.executor, [], "rehome", reason)
@@ -251,5 +283,6 @@ def _decision(
         function=where.function,
         compile_index=where.compile_index,
         subgraph=where.subgraph,
+        rank=where.rank,
         details={"scope": "op"} if op else {},
     )

@@ -169,7 +169,7 @@ def run_report(
 
     from .. import FusionGuard, collect_segments, profile_regions
     from .._thunder import software_versions
-    from ..explain import report_of
+    from ..explanation import report_of
     from ..measure.calls import step
     from ..measure.dataflow import trace_graphs
 
@@ -216,8 +216,13 @@ def register(subparsers: Any) -> None:
         default=True,
         help="run the backward when an output requires grad (default); --no-backward: forward under no_grad",
     )
-    report.add_argument("--json", metavar="PATH", help="write the report as JSON here")
-    report.add_argument("--markdown", metavar="PATH", help="write the report as Markdown here")
+    report.add_argument(
+        "--json",
+        metavar="PATH",
+        help="write the report as JSON here (under torchrun, one per rank: {rank} in PATH is the rank, "
+        "else .rankN goes before the suffix)",
+    )
+    report.add_argument("--markdown", metavar="PATH", help="write the report as Markdown here (per rank, as --json)")
     report.add_argument(
         "--html",
         metavar="PATH",
@@ -231,6 +236,7 @@ def register(subparsers: Any) -> None:
 def _report_command(args: argparse.Namespace) -> int:
     import json
 
+    from ..distributed import current_rank, rank_path
     from ..measure.dataflow import graphs_to_dot
 
     device = resolve_device(args.device)
@@ -262,19 +268,22 @@ def _report_command(args: argparse.Namespace) -> int:
     profile = doc.get("profile")
     if profile is not None:
         print(profile)
-    if args.json:
-        saved = {**doc, "report": report.to_dict()}
+    # Under torchrun each rank writes its own file: {rank} in PATH, else .rank<N> before the suffix.
+    paths = (args.json, args.markdown, args.html, args.dot)
+    json_path, md_path, html_path, dot_path = (rank_path(p) if p else None for p in paths)
+    if json_path:
+        saved = {**doc, "rank": current_rank(), "report": report.to_dict()}
         saved.update({k: doc[k].to_dict() for k in ("profile",) if k in doc})
         saved.update({k: [g.to_dict() for g in doc[k]] for k in ("graphs",) if k in doc})
-        _write(args.json, json.dumps(saved, indent=1) + "\n")
-    if args.markdown:
-        _write(args.markdown, report.to_markdown(f"FusionGuard report: {title}"))
-    if args.html:
+        _write(json_path, json.dumps(saved, indent=1) + "\n")
+    if md_path:
+        _write(md_path, report.to_markdown(f"FusionGuard report: {title}"))
+    if html_path:
         versions = ", ".join(f"{k} {v}" for k, v in doc["versions"].items() if v)
-        _write(args.html, profile.to_html(f"FusionGuard report: {title}", meta=[versions]))
-    if args.dot:
-        _write(args.dot, graphs_to_dot(doc["graphs"], f"FusionGuard dataflow: {title}", report.subgraphs))
-    for path in (args.json, args.markdown, args.html, args.dot):
+        _write(html_path, profile.to_html(f"FusionGuard report: {title}", meta=[versions]))
+    if dot_path:
+        _write(dot_path, graphs_to_dot(doc["graphs"], f"FusionGuard dataflow: {title}", report.subgraphs))
+    for path in (json_path, md_path, html_path, dot_path):
         if path:
             print(f"wrote {path}", file=sys.stderr)
     return 0

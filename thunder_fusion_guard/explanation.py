@@ -42,6 +42,7 @@ def report_of(obj: Any) -> Report:
             merged.add_subgraph(sub)
         merged.traces_seen += g.report.traces_seen
         merged.executors += [e for e in g.report.executors if e not in merged.executors]
+        merged.warnings += g.report.warnings
     return merged
 
 
