@@ -16,8 +16,15 @@ NO_REGION = ("nothing compiled yet", "made no fusion region", "no fusion region 
 
 
 def snippets() -> list[str]:
-    """The ```python blocks of README.md, in order."""
+    """The ```python blocks of README.md, in order (```python torchrun blocks, parts of a script torchrun
+    starts, aside)."""
     return re.findall(r"^```python\n(.*?)^```", README.read_text(), flags=re.M | re.S)
+
+
+def test_every_python_block_runs_or_says_why_not():
+    fences = re.findall(r"^```python(.*)$", README.read_text(), flags=re.M)
+    assert all(f in ("", " torchrun") for f in fences), fences
+    assert fences.count(" torchrun") <= 1
 
 
 def run_snippets() -> tuple[dict, list[str]]:
