@@ -8,6 +8,8 @@ from typing import Any
 
 from . import _thunder as th
 
+DEFAULT_HOIST_MAX_BYTES = 64 * 2**20
+
 
 @dataclass(frozen=True)
 class GuardOptions:
@@ -25,6 +27,8 @@ class GuardOptions:
     remove_identities: bool = True
     rehome: bool = True
     merge_regions: bool = False
+    hoist: bool = True
+    hoist_max_bytes: int = DEFAULT_HOIST_MAX_BYTES
 
     def guards(self, executor: str) -> bool:
         return self.executors is None or executor in self.executors
@@ -63,6 +67,8 @@ def make_options(
     remove_identities: bool = True,
     rehome: bool = True,
     merge_regions: bool = False,
+    hoist: bool = True,
+    hoist_max_bytes: int = DEFAULT_HOIST_MAX_BYTES,
 ) -> GuardOptions:
     """Validate user options into a :class:`GuardOptions` (``ValueError`` names the bad option)."""
     chosen = None
@@ -88,6 +94,8 @@ def make_options(
         remove_identities=_bool("remove_identities", remove_identities),
         rehome=_bool("rehome", rehome),
         merge_regions=_bool("merge_regions", merge_regions),
+        hoist=_bool("hoist", hoist),
+        hoist_max_bytes=_byte_count("hoist_max_bytes", hoist_max_bytes),
     )
 
 
@@ -95,6 +103,12 @@ def _fraction(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
         raise ValueError(f"FusionGuard option {name!r} must be a number in [0, 1), got {value!r}")
     return float(value)
+
+
+def _byte_count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"FusionGuard option {name!r} must be a whole number of bytes >= 0, got {value!r}")
+    return value
 
 
 def _calibration(value: Any) -> Any:

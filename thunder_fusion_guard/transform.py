@@ -12,8 +12,9 @@ import thunder
 from . import _thunder as th
 from .cost import CostConstants
 from .measure import calibrate
-from .options import make_options
+from .options import DEFAULT_HOIST_MAX_BYTES, make_options
 from .passes import TraceContext, guard_trace
+from .passes.hoist import HoistLedger
 from .report import Report, Subgraph
 
 
@@ -35,6 +36,9 @@ class FusionGuard(thunder.Transform):
     - ``remove_identities``: remove ops that return their input unchanged (same-shape reshape, ...).
     - ``rehome``: move metadata ops run outside a fusion into the region that alone reads them.
     - ``merge_regions``: merge adjacent regions of one executor (off: the fused code may round differently).
+    - ``hoist``: compute the input-independent part of each trace (masks, position ids built from shapes and
+      constants) once per compiled program, on its first call, and reuse it.
+    - ``hoist_max_bytes``: the most bytes of hoisted tensors one compiled trace keeps (default 64 MiB).
     """
 
     def __init__(
@@ -52,6 +56,8 @@ class FusionGuard(thunder.Transform):
         remove_identities: bool = True,
         rehome: bool = True,
         merge_regions: bool = False,
+        hoist: bool = True,
+        hoist_max_bytes: int = DEFAULT_HOIST_MAX_BYTES,
     ) -> None:
         self.options = make_options(
             executors=executors,
@@ -66,12 +72,15 @@ class FusionGuard(thunder.Transform):
             remove_identities=remove_identities,
             rehome=rehome,
             merge_regions=merge_regions,
+            hoist=hoist,
+            hoist_max_bytes=hoist_max_bytes,
         )
         self._constants: dict[tuple[str, str], CostConstants | None] = {}
         self.report = Report()
         self._lock = threading.Lock()
         self._compiles: dict[str | None, int] = {}
         self._subgraph_ids: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        self._hoisted = HoistLedger()
 
     def transform_trace_post_optimization(self, computation_trace: th.TraceCtx, **kwargs: Any) -> th.TraceCtx:
         with self._lock:
@@ -87,7 +96,7 @@ class FusionGuard(thunder.Transform):
                 compile_index=self._compiles.get(function, 0),
                 subgraph=self._subgraph_id(th.compiling_fx_subgraph()),
             )
-            return guard_trace(computation_trace, self.options, self.report, where, self.constants_for)
+            return guard_trace(computation_trace, self.options, self.report, where, self.constants_for, self._hoisted)
 
     def _subgraph_id(self, module: Any) -> str | None:
         """The id of a ThunderFX subgraph (``subgraph 0``, ...), given when it is first compiled."""
