@@ -32,6 +32,7 @@ from .rewrite import unique_proxies
 
 HOISTED_NAME = "hoisted_constants"
 
+# may_rebuild(fusion, body): whether the pass may rebuild ``fusion`` with ``body`` (empty: move it whole).
 MayRebuild = Callable[[th.BoundSymbol, list[th.BoundSymbol]], bool]
 
 
@@ -136,7 +137,7 @@ def _region_part(
     for s in body:
         outs = s.flat_proxy_outs
         if outs and all(p.name in known for p in s.flat_proxy_args) and hoistable(s):
-            if any(th.has_symbolic_shape(p) for p in outs):
+            if not _fixed(outs):
                 return None
             part.append(s)
             known.update(p.name for p in outs)
@@ -183,6 +184,11 @@ def _needed(bsyms: list[th.BoundSymbol], wanted: set[str]) -> list[th.BoundSymbo
     return kept[::-1]
 
 
+def _fixed(outs: Iterable[th.Proxy]) -> bool:
+    """Outputs that are the same on every call: static shapes, and nothing autograd must track."""
+    return not any(th.has_symbolic_shape(p) or getattr(p, "requires_grad", False) for p in outs)
+
+
 def _reads(bsym: th.BoundSymbol, name: str) -> bool:
     return any(p.name == name for p in bsym.flat_proxy_args)
 
@@ -196,8 +202,8 @@ def _units(bsyms: list[th.BoundSymbol], readers_of: dict[str, set[int]], may_reb
             continue
         reads = [p.name for p in unique_proxies(b.flat_proxy_args)]
         outs = list(b.flat_proxy_outs)
-        whole = bool(outs) and all(n in constant for n in reads) and hoistable(b)
-        whole = whole and not any(th.has_symbolic_shape(p) for p in outs)
+        whole = bool(outs) and all(n in constant for n in reads) and hoistable(b) and _fixed(outs)
+        whole = whole and (not th.is_fusion(b) or may_rebuild(b, []))
         unit = None
         if whole:
             unit = _Unit(i, "region" if th.is_fusion(b) else "op", b, reads, outs)
