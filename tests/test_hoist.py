@@ -370,6 +370,21 @@ def test_cuda_graph_regions_take_the_hoisted_call_inside():
 
 
 @pytest.mark.cuda
+def test_mask_loop_is_hoisted_on_nvfuser():
+    x = torch.randn(2, 64, 64, device="cuda", requires_grad=True)
+    guard = FusionGuard()
+    guarded, plain = thunder.jit(mask_softmax, transforms=[guard]), thunder.jit(mask_softmax)
+    for _ in range(3):
+        (out_g, grad_g), (out_p, grad_p) = run_with_grads(guarded, [x]), run_with_grads(plain, [x])
+        assert_same(out_g, out_p)
+        assert_same(grad_g, grad_p)
+    (decision,) = hoists(guard)
+    assert decision.ops.count("inplace_setitem") == 64
+    assert (cache_of(guarded).computed, cache_of(guarded).reused) == (1, 2)
+    assert cache_of(guarded).values[0].device.type == "cuda"
+
+
+@pytest.mark.cuda
 def test_guard_and_cuda_graphs_on_the_gpu():
     from thunder.transforms.cudagraph import CUDAGraphTransform
 
@@ -383,3 +398,4 @@ def test_guard_and_cuda_graphs_on_the_gpu():
         assert_same(out_g, out_p)
         assert_same(grad_g, grad_p)
     assert hoists(guard)
+    assert cache_of(guarded).computed == 1

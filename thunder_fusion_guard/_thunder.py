@@ -623,6 +623,9 @@ def returned_names(trace: TraceCtx) -> tuple[set[str], set[str]]:
     return {p.name for p in ret.flat_proxy_args}, set()
 
 
+HOISTED_NAME = "hoisted_constants"
+
+
 class HoistedValues:
     """The outputs of a hoisted sub-program: computed on the first call, then handed back on every call.
 
@@ -686,13 +689,18 @@ def hoisted_call(
 
 
 def hoisted_values(trace: TraceCtx) -> list[HoistedValues]:
-    """The caches of the hoisted sub-programs of ``trace`` (empty when nothing was hoisted)."""
-    found = []
-    for bsym in trace.bound_symbols:
-        for fn in (bsym._call_ctx or {}).values():
-            if isinstance(fn, HoistedValues):
-                found.append(fn)
-    return found
+    """The caches of the hoisted sub-programs of ``trace`` (empty when nothing was hoisted), also when
+    a later transform moved the hoisted call into a region of its own (CUDA graphs)."""
+
+    def walk(bsyms: Iterable[BoundSymbol]) -> Iterator[HoistedValues]:
+        for bsym in bsyms:
+            for fn in (bsym._call_ctx or {}).values():
+                if isinstance(fn, HoistedValues):
+                    yield fn
+            if bsym.sym.name != HOISTED_NAME:
+                yield from walk(bsym.subsymbols)
+
+    return list({id(v): v for v in walk(trace.bound_symbols)}.values())
 
 
 def is_integer_or_bool(p: Any) -> bool:

@@ -30,7 +30,7 @@ from .. import _thunder as th
 from ..ops import aliased_outputs, hoistable, may_alias_inputs, writes_inputs
 from .rewrite import unique_proxies
 
-HOISTED_NAME = "hoisted_constants"
+HOISTED_NAME = th.HOISTED_NAME
 
 # may_rebuild(fusion, body): whether the pass may rebuild ``fusion`` with ``body`` (empty: move it whole).
 MayRebuild = Callable[[th.BoundSymbol, list[th.BoundSymbol]], bool]
