@@ -249,6 +249,24 @@ def test_memory_cap_is_honoured(cap, hoisted):
     assert len(th.hoisted_values(thunder.last_traces(jitted)[-1])) == (1 if hoisted else 0)
 
 
+def two_layers(x):
+    """One mask per layer, as litgpt builds them: the second piece shares the first one's tensor."""
+    return mask_softmax(mask_softmax(x) * 2.0)
+
+
+def test_identical_pieces_share_their_tensors():
+    guard = FusionGuard()
+    x = torch.randn(2, 6, 6, requires_grad=True)
+    guarded, _ = three_ways(two_layers, [x], guard, "torch")
+    first, second = hoists(guard)
+    assert first.details["same_as"] is None and second.details["same_as"] == first.details["piece"] == 0
+    assert second.details["bytes"] == 0 and second.ops == first.ops
+    values = cache_of(guarded)
+    assert len(values.values) == 2 and values.values[0] is values.values[1]
+    (call,) = [b for b in thunder.last_traces(guarded)[-1].bound_symbols if b.sym.name == HOISTED_NAME]
+    assert [s.sym.name for s in call.subsymbols].count("full") == 1  # one mask computed, handed out twice
+
+
 def test_hoist_false_turns_it_off():
     guard = FusionGuard(hoist=False)
     jitted = jit(mask_softmax, guard, "torch")

@@ -670,18 +670,21 @@ def _capturing_cuda_graph() -> bool:
 
 
 def hoisted_call(
-    name: str, bsyms: Sequence[BoundSymbol], outputs: Sequence[Proxy]
+    name: str, bsyms: Sequence[BoundSymbol], outputs: Sequence[Proxy], returns: Sequence[Proxy] | None = None
 ) -> tuple[BoundSymbol, HoistedValues]:
     """One call, taking no argument, that runs ``bsyms`` once and then returns the same ``outputs`` every call.
 
-    The bound symbols run exactly as the trace would have run them (same symbols, same executors),
-    through a Python function built the way Thunder's CUDA-graph transform builds its regions.
+    ``returns`` (default ``outputs``) are the proxies of ``bsyms`` handed out as ``outputs``, in order
+    (one may be handed out under several names). The bound symbols run exactly as the trace would
+    have run them (same symbols, same executors), through a Python function built the way Thunder's
+    CUDA-graph transform builds its regions.
     """
     from thunder.core.symbol import Symbol
     from thunder.executors.passes import _del_last_used
 
+    returns = list(outputs if returns is None else returns)
     body = [b for b in bsyms if not is_comment_or_del(b)]
-    fn = python_callable_from_symbols(f"{name}_body", _del_last_used(body, list(outputs)), [], list(outputs))
+    fn = python_callable_from_symbols(f"{name}_body", _del_last_used(body, returns), [], returns)
     values = HoistedValues(name, fn, [p.name for p in outputs])
     sym = Symbol(name=name, meta=None, executor=guard_executor())
     bsym = BoundSymbol(sym, (), {}, tuple(outputs), tuple(body), _call_ctx={name: values})

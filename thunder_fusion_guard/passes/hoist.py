@@ -71,6 +71,7 @@ class Hoist:
     split: list[str] = field(default_factory=list)
     duplicated: list[str] = field(default_factory=list)
     saved_for_backward: list[str] = field(default_factory=list)
+    same_as: int | None = None  # index (in trace order) of an identical piece whose tensors it shares
 
     @property
     def ops_saved(self) -> int:
@@ -370,9 +371,10 @@ def hoist_constants(
     """``trace`` with its input-independent work replaced by one call that computes it once.
 
     Returns the new trace, one :class:`Hoist` per connected piece of such work that would save an op
-    per call (hoisted, or kept with the reason: its values reach an in-place write of an input, or
-    its tensors would pass ``max_bytes``), and the cache of the hoisted call (None when nothing was
-    hoisted). Pieces are taken by ops saved, most first, while their kept bytes fit under ``max_bytes``.
+    per call, in trace order (hoisted, or kept with the reason: its values reach an in-place write of
+    an input, or its tensors would pass ``max_bytes``), and the cache of the hoisted call (None when
+    nothing was hoisted). Pieces are taken by ops saved, most first, while their kept bytes fit under
+    ``max_bytes``; a piece that computes exactly what an earlier one does shares its tensors.
     """
     from .rewrite import readers as readers_map
 
@@ -400,11 +402,12 @@ def hoist_constants(
             described.hoisted = False
             described.reason = "its values reach an in-place write of an input (an effect outside the trace)"
         pieces.append((piece, described))
+    _share_identical(pieces, units)
     kept = _within_budget(pieces, max_bytes)
-    results = [d for _, d in sorted(pieces, key=lambda item: item[0][0])]
+    results = [d for _, d in pieces]
     if not kept:
         return trace, results, None
-    new, values = _rewrite(trace, bsyms, units, kept)
+    new, values = _rewrite(trace, bsyms, units, pieces, kept)
     return new, results, values
 
 
@@ -425,30 +428,96 @@ def _reaches_input_write(bsyms, units, chosen, outputs: set[str], groups: _Group
     return False
 
 
+def _signature(piece: list[int], units: dict[int, _Unit]) -> tuple:
+    """What a piece computes, up to the names of its proxies and regions: equal signatures, equal values."""
+    names: dict[str, int] = {}
+
+    def canon(x: object) -> object:
+        if isinstance(x, th.Proxy):
+            index = names.setdefault(x.name, len(names))
+            meta = (tuple(x.shape), repr(x.dtype), repr(x.device)) if isinstance(x, th.TensorProxy) else None
+            return ("proxy", index, type(x).__name__, meta)
+        if isinstance(x, (list, tuple)):
+            return (type(x).__name__, tuple(canon(v) for v in x))
+        if isinstance(x, dict):
+            return ("dict", tuple((k, canon(v)) for k, v in sorted(x.items(), key=lambda kv: str(kv[0]))))
+        if isinstance(x, slice):
+            return ("slice", canon(x.start), canon(x.stop), canon(x.step))
+        return ("constant", type(x).__name__, repr(x))
+
+    def of(b: th.BoundSymbol) -> tuple:
+        name = "fusion" if th.is_fusion(b) else b.sym.name
+        subs = tuple(of(s) for s in th.subsymbols(b) if not th.is_comment_or_del(s))
+        return (name, th.executed_by(b), canon(b.args), canon(b.kwargs), canon(b.output), subs)
+
+    return tuple((units[pos].kind, units[pos].split, units[pos].rest is None, of(units[pos].bsym)) for pos in piece)
+
+
+def _share_identical(pieces: list[tuple[list[int], Hoist]], units: dict[int, _Unit]) -> None:
+    """Mark each piece that computes exactly what an earlier piece does (one mask per layer): it shares
+    the earlier piece's tensors and keeps no bytes of its own."""
+    first: dict[tuple, int] = {}
+    for index, (piece, described) in enumerate(pieces):
+        if not described.hoisted:
+            continue
+        signature = _signature(piece, units)
+        if signature in first:
+            described.same_as, described.nbytes = first[signature], 0
+        else:
+            first[signature] = index
+
+
 def _within_budget(pieces: list[tuple[list[int], Hoist]], max_bytes: int) -> set[int]:
-    """The units of the pieces taken, by ops saved (most first) while their bytes fit; the others are
-    marked not hoisted with the reason."""
+    """The pieces taken (by index), by ops saved (most first) while their bytes fit; a piece sharing
+    another's tensors is taken with it. The others are marked not hoisted with the reason."""
     left = max_bytes
     kept: set[int] = set()
-    for piece, described in sorted(pieces, key=lambda item: (-item[1].ops_saved, item[1].nbytes, item[0][0])):
-        if not described.hoisted:
+    order = sorted(range(len(pieces)), key=lambda i: (-pieces[i][1].ops_saved, pieces[i][1].nbytes, i))
+    for i in order:
+        described = pieces[i][1]
+        if not described.hoisted or described.same_as is not None:
             continue
         if described.nbytes <= left:
             left -= described.nbytes
-            kept.update(piece)
+            kept.add(i)
         else:
             described.hoisted = False
             described.reason = f"keeping its outputs takes {described.nbytes} bytes, {left} left under hoist_max_bytes"
+    for i, (_, described) in enumerate(pieces):
+        if described.same_as is not None:
+            if described.same_as in kept:
+                kept.add(i)
+            else:
+                described.hoisted = False
+                described.reason = f"the same as piece {described.same_as}, which is not hoisted"
     return kept
 
 
 def _rewrite(
-    trace: th.TraceCtx, bsyms: list[th.BoundSymbol], units: dict[int, _Unit], kept: set[int]
+    trace: th.TraceCtx,
+    bsyms: list[th.BoundSymbol],
+    units: dict[int, _Unit],
+    pieces: list[tuple[list[int], Hoist]],
+    kept: set[int],
 ) -> tuple[th.TraceCtx, th.HoistedValues]:
-    """The trace with the ``kept`` units run by one hoisted call, placed before the first op that reads it."""
-    readers = _readers_after(bsyms, units, kept)
-    outputs = [p for pos in sorted(kept) for p in units[pos].outs if p.name in readers]
-    call, values = th.hoisted_call(HOISTED_NAME, [units[pos].bsym for pos in sorted(kept)], outputs)
+    """The trace with the kept pieces run by one hoisted call, placed before the first op that reads it.
+
+    A piece sharing another's tensors is not run: the call hands out the other's tensors under its names.
+    """
+    gone = {pos for i in kept for pos in pieces[i][0]}
+    readers = _readers_after(bsyms, units, gone)
+    run = sorted(pos for i in kept if pieces[i][1].same_as is None for pos in pieces[i][0])
+    outputs: list[th.Proxy] = []
+    returns: list[th.Proxy] = []
+    for i in sorted(kept):
+        piece, described = pieces[i]
+        source = pieces[described.same_as][0] if described.same_as is not None else piece
+        for pos, src in zip(piece, source, strict=True):
+            for p, q in zip(units[pos].outs, units[src].outs, strict=True):
+                if p.name in readers:
+                    outputs.append(p)
+                    returns.append(q)
+    call, values = th.hoisted_call(HOISTED_NAME, [units[pos].bsym for pos in run], outputs, returns)
     first_read = min(readers[p.name][0] for p in outputs)
     new: list[th.BoundSymbol] = []
     for j, b in enumerate(bsyms):
@@ -456,7 +525,7 @@ def _rewrite(
             new.append(call)
         if th.is_comment_or_del(b):
             continue
-        unit = units.get(j) if j in kept else None
+        unit = units.get(j) if j in gone else None
         if unit is None or (unit.kind == "part" and not unit.split):
             new.append(b)
         elif unit.kind == "part" and unit.rest is not None:

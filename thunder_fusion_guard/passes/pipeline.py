@@ -227,8 +227,8 @@ def _hoist_pass(ledger: HoistLedger) -> OpPass:
         new, pieces, values = hoist_constants(trace, may_rebuild, options.hoist_max_bytes, options.metadata_ops)
         regions = {(d.region, d.trace): d for d in made if d.about_region}
         saved: list[str] = []
-        for piece in pieces:
-            made.append(_hoist_decision(where, piece, options))
+        for index, piece in enumerate(pieces):
+            made.append(_hoist_decision(where, index, piece, options))
             if piece.hoisted:
                 saved.extend(piece.saved_for_backward)
                 for name in piece.regions:
@@ -245,10 +245,12 @@ def _hoist_pass(ledger: HoistLedger) -> OpPass:
     return hoist_pass
 
 
-def _hoist_decision(where: TraceContext, piece, options: GuardOptions) -> Decision:
+def _hoist_decision(where: TraceContext, index: int, piece, options: GuardOptions) -> Decision:
     kib = piece.nbytes / 1024
     if piece.hoisted:
         what = []
+        if piece.same_as is not None:
+            what.append(f"the same as piece {piece.same_as}: hands out its tensors")
         if piece.split:
             what.append(f"taken out of {', '.join(piece.split)}")
         if piece.duplicated:
@@ -265,6 +267,8 @@ def _hoist_decision(where: TraceContext, piece, options: GuardOptions) -> Decisi
             where, HOISTED_NAME, "fusion_guard", piece.ops, "keep", f"input-independent but not hoisted: {piece.reason}"
         )
     d.details.update(
+        piece=index,
+        same_as=piece.same_as,
         bytes=piece.nbytes,
         ops_saved_per_call=piece.ops_saved,
         calls_saved_per_call=piece.calls_saved,
