@@ -402,12 +402,12 @@ def hoist_constants(
             described.hoisted = False
             described.reason = "its values reach an in-place write of an input (an effect outside the trace)"
         pieces.append((piece, described))
-    _share_identical(pieces, units)
+    signatures = _share_identical(pieces, units)
     kept = _within_budget(pieces, max_bytes)
     results = [d for _, d in pieces]
     if not kept:
         return trace, results, None
-    new, values = _rewrite(trace, bsyms, units, pieces, kept)
+    new, values = _rewrite(trace, bsyms, units, pieces, kept, signatures)
     return new, results, values
 
 
@@ -428,43 +428,73 @@ def _reaches_input_write(bsyms, units, chosen, outputs: set[str], groups: _Group
     return False
 
 
-def _signature(piece: list[int], units: dict[int, _Unit]) -> tuple:
-    """What a piece computes, up to the names of its proxies and regions: equal signatures, equal values."""
-    names: dict[str, int] = {}
+class _Signature:
+    """What a piece computes, up to the names of its proxies and regions (equal signatures, equal values),
+    and which proxy of the piece stands at each place of it (to hand out one piece's tensors for another's)."""
 
-    def canon(x: object) -> object:
+    def __init__(self, piece: list[int], units: dict[int, _Unit]) -> None:
+        self.names: dict[str, int] = {}
+        self.proxies: dict[int, th.Proxy] = {}
+        self.key = tuple(
+            (units[pos].kind, units[pos].split, units[pos].rest is None, self._of(units[pos].bsym)) for pos in piece
+        )
+
+    def _canon(self, x: object) -> object:
         if isinstance(x, th.Proxy):
-            index = names.setdefault(x.name, len(names))
+            index = self.names.setdefault(x.name, len(self.names))
+            self.proxies.setdefault(index, x)
             meta = (tuple(x.shape), repr(x.dtype), repr(x.device)) if isinstance(x, th.TensorProxy) else None
             return ("proxy", index, type(x).__name__, meta)
         if isinstance(x, (list, tuple)):
-            return (type(x).__name__, tuple(canon(v) for v in x))
+            return (type(x).__name__, tuple(self._canon(v) for v in x))
         if isinstance(x, dict):
-            return ("dict", tuple((k, canon(v)) for k, v in sorted(x.items(), key=lambda kv: str(kv[0]))))
+            return ("dict", tuple((k, self._canon(v)) for k, v in sorted(x.items(), key=lambda kv: str(kv[0]))))
         if isinstance(x, slice):
-            return ("slice", canon(x.start), canon(x.stop), canon(x.step))
+            return ("slice", self._canon(x.start), self._canon(x.stop), self._canon(x.step))
         return ("constant", type(x).__name__, repr(x))
 
-    def of(b: th.BoundSymbol) -> tuple:
+    def _of(self, b: th.BoundSymbol) -> tuple:
         name = "fusion" if th.is_fusion(b) else b.sym.name
-        subs = tuple(of(s) for s in th.subsymbols(b) if not th.is_comment_or_del(s))
-        return (name, th.executed_by(b), canon(b.args), canon(b.kwargs), canon(b.output), subs)
+        executor = th.executed_by(b)
+        pairs = _alias_update_pairs(b)
+        if pairs is not None:
+            # Thunder lists the tensors of an alias update in no fixed order: take them by place in the piece.
+            pairs.sort(key=lambda pair: self.names.get(pair[0].name, len(self.names)))
+            return (name, executor, tuple((self._canon(a), self._canon(o)) for a, o in pairs))
+        subs = tuple(self._of(s) for s in th.subsymbols(b) if not th.is_comment_or_del(s))
+        return (name, executor, self._canon(b.args), self._canon(b.kwargs), self._canon(b.output), subs)
 
-    return tuple((units[pos].kind, units[pos].split, units[pos].rest is None, of(units[pos].bsym)) for pos in piece)
+    def counterpart(self, other: _Signature, p: th.Proxy) -> th.Proxy:
+        """The proxy of ``other`` (an equal signature) at the place ``p`` has in this one."""
+        return other.proxies[self.names[p.name]]
 
 
-def _share_identical(pieces: list[tuple[list[int], Hoist]], units: dict[int, _Unit]) -> None:
+def _alias_update_pairs(b: th.BoundSymbol) -> list[tuple[th.Proxy, th.Proxy]] | None:
+    if b.sym.name != "update_aliases" or len(b.args) != 1 or b.kwargs:
+        return None
+    (args,) = b.args
+    outs = b.output
+    if not isinstance(args, (tuple, list)) or not isinstance(outs, (tuple, list)) or len(args) != len(outs):
+        return None
+    if not all(isinstance(x, th.Proxy) for x in (*args, *outs)):
+        return None
+    return list(zip(args, outs, strict=True))
+
+
+def _share_identical(pieces: list[tuple[list[int], Hoist]], units: dict[int, _Unit]) -> dict[int, _Signature]:
     """Mark each piece that computes exactly what an earlier piece does (one mask per layer): it shares
-    the earlier piece's tensors and keeps no bytes of its own."""
+    the earlier piece's tensors and keeps no bytes of its own. Returns the signatures of the pieces."""
     first: dict[tuple, int] = {}
+    signatures: dict[int, _Signature] = {}
     for index, (piece, described) in enumerate(pieces):
         if not described.hoisted:
             continue
-        signature = _signature(piece, units)
-        if signature in first:
-            described.same_as, described.nbytes = first[signature], 0
+        signatures[index] = signature = _Signature(piece, units)
+        if signature.key in first:
+            described.same_as, described.nbytes = first[signature.key], 0
         else:
-            first[signature] = index
+            first[signature.key] = index
+    return signatures
 
 
 def _within_budget(pieces: list[tuple[list[int], Hoist]], max_bytes: int) -> set[int]:
@@ -499,6 +529,7 @@ def _rewrite(
     units: dict[int, _Unit],
     pieces: list[tuple[list[int], Hoist]],
     kept: set[int],
+    signatures: dict[int, _Signature],
 ) -> tuple[th.TraceCtx, th.HoistedValues]:
     """The trace with the kept pieces run by one hoisted call, placed before the first op that reads it.
 
@@ -511,12 +542,10 @@ def _rewrite(
     returns: list[th.Proxy] = []
     for i in sorted(kept):
         piece, described = pieces[i]
-        source = pieces[described.same_as][0] if described.same_as is not None else piece
-        for pos, src in zip(piece, source, strict=True):
-            for p, q in zip(units[pos].outs, units[src].outs, strict=True):
-                if p.name in readers:
-                    outputs.append(p)
-                    returns.append(q)
+        for p in (p for pos in piece for p in units[pos].outs if p.name in readers):
+            outputs.append(p)
+            same = described.same_as
+            returns.append(p if same is None else signatures[i].counterpart(signatures[same], p))
     call, values = th.hoisted_call(HOISTED_NAME, [units[pos].bsym for pos in run], outputs, returns)
     first_read = min(readers[p.name][0] for p in outputs)
     new: list[th.BoundSymbol] = []
