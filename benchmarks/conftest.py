@@ -1,7 +1,8 @@
 """pytest-benchmark suites, opt-in: not under the project's testpaths, so ``python3 -m pytest`` skips them.
 
 Run from the repo root: ``python3 -m pytest benchmarks/ [--benchmark-json OUT.json]``. The device is
-``TFG_BENCH_DEVICE`` (default: cuda when available); heavy cases (litgpt models) need ``TFG_BENCH_HEAVY=1``.
+``TFG_BENCH_DEVICE`` (default: cuda when available); heavy cases (litgpt models) need ``TFG_BENCH_HEAVY=1``;
+``TFG_BENCH_VARIANTS=thunder,guarded,eager,inductor,inductor-ro`` adds torch.compile (as ``bench run --variants``).
 """
 
 import os

@@ -13,6 +13,9 @@
 #
 # Writes into $OUT (default benchmarks/results/gpu): gpu-<stage>.json (pytest-benchmark JSON, or the
 # profile's JSON), gpu-profile.png, summary.md (markdown tables) and run.log.
+# TFG_BENCH_VARIANTS=thunder,guarded,eager,inductor,inductor-ro adds torch.compile to the bench stages.
+# The litgpt comparison with CUDA graphs and torch.compile (training and decode steps) is
+# benchmarks/gpu_models.py; CONTRIBUTING.md gives its commands.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-benchmarks/results/gpu}"
@@ -22,6 +25,7 @@ PY="${PYTHON:-python3}"
 DEADLINE=$((SECONDS + ${TFG_GPU_BUDGET_S:-460}))
 PARTS=$(mktemp -d)
 SKIPPED=()
+VARIANTS=(${TFG_BENCH_VARIANTS:+--variants "$TFG_BENCH_VARIANTS"})
 exec > >(tee "$OUT/run.log") 2>&1
 
 stage() {  # stage NAME MAX_SECONDS COMMAND... : run COMMAND with what is left of the budget
@@ -40,7 +44,7 @@ stage() {  # stage NAME MAX_SECONDS COMMAND... : run COMMAND with what is left o
 bench() {  # bench NAME MAX_SECONDS TITLE ARGS... : one `bench run` stage, its table into the summary
   local name=$1 max=$2 title=$3
   shift 3
-  stage "$name" "$max" "$PY" -m thunder_fusion_guard bench run --device cuda "$@" \
+  stage "$name" "$max" "$PY" -m thunder_fusion_guard bench run --device cuda "${VARIANTS[@]}" "$@" \
     --json "$OUT/gpu-$name.json" --markdown "$PARTS/$name.md"
   [ -f "$PARTS/$name.md" ] && printf '## %s\n\n%s\n\n' "$title" "$(cat "$PARTS/$name.md")" >> "$PARTS/summary.md"
 }
@@ -56,7 +60,10 @@ for name in "${STAGES[@]}"; do
         --suite micro --reps 30 ;;
     mistral | llama2 | phi2)
       bench "$name" 400 "litgpt $name, 2 layers, batch 1, 512 tokens, bf16, forward+backward (median µs per step)" \
-        --suite models --case "litgpt-$name" --heavy --reps 10 --warmup 2 ;;
+        --suite models --case "litgpt-$name-fwdbwd" --heavy --reps 10 --warmup 2 ;;
+    decode)
+      bench decode 200 "litgpt Llama-2-7b-hf decode step, 2 layers, KV cache of 512, one token, bf16 (median µs per step)" \
+        --suite models --case litgpt-llama2-decode --heavy --reps 30 --warmup 3 ;;
     profile)
       stage profile 120 "$PY" - "$OUT" "$PARTS" <<'EOF'
 import sys
@@ -81,7 +88,7 @@ except ImportError as e:
     print(f"no plot: {e}")
 EOF
       ;;
-    *) echo "unknown stage '$name' (stages: micro profile mistral llama2 phi2)" ;;
+    *) echo "unknown stage '$name' (stages: micro profile mistral llama2 phi2 decode)" ;;
   esac
 done
 

@@ -9,6 +9,15 @@ warnings.filterwarnings("ignore")
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """Tests never read or write this machine's calibration and measurement caches."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("TFG_CACHE_DIR", str(tmp_path_factory.mktemp("tfg-cache")))
+    yield
+    patch.undo()
+
+
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", default=False, help="run tests marked slow")
 
@@ -19,6 +28,15 @@ def _nvfuser_ready() -> bool:
     from thunder.executors.nvfuserex import nvfuser_available
 
     return nvfuser_available()
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    """The CLI pins torch's intra-op threads for timing; keep that from leaking into later tests."""
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 def pytest_collection_modifyitems(config, items):

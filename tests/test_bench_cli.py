@@ -2,10 +2,20 @@
 
 import argparse
 import json
+import re
 
 import pytest
 
-from thunder_fusion_guard.tools.bench_cases import CASES, SUITES, VARIANTS, select
+from thunder_fusion_guard.tools.bench_cases import (
+    ALL_VARIANTS,
+    CASES,
+    SUITES,
+    VARIANTS,
+    VARIANTS_ENV,
+    parse_variants,
+    requested_variants,
+    select,
+)
 from thunder_fusion_guard.tools.bench_cli import parse_threshold, sample_stats
 from thunder_fusion_guard.tools.cli import main
 
@@ -48,7 +58,16 @@ def test_compare_fails_on_planted_regression(tmp_path, capsys):
     head = _write(tmp_path, "head.json", {**BASE, "test_micro[a-guarded]": 6e-6})
     assert main(["bench", "compare", base, head, "--threshold", "5%"]) == 1
     out = capsys.readouterr().out
-    assert "REGRESSED" in out and "1.200" in out and "1 of 2 regressed" in out
+    assert "REGRESSED" in out and "1.200" in out
+    assert out.strip().splitlines()[-1] == "1 of 2 regressed (threshold 5.0%): test_micro[a-guarded] (1.20x)"
+
+
+def test_compare_names_every_regressed_case(tmp_path, capsys):
+    base = _write(tmp_path, "base.json", BASE)
+    head = _write(tmp_path, "head.json", {"test_micro[a-thunder]": 30e-6, "test_micro[a-guarded]": 10e-6})
+    assert main(["bench", "compare", base, head]) == 1
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == "2 of 2 regressed (threshold 5.0%): test_micro[a-guarded] (2.00x), test_micro[a-thunder] (3.00x)"
 
 
 def test_compare_passes_within_threshold(tmp_path, capsys):
@@ -92,6 +111,9 @@ def test_run_writes_pytest_benchmark_json(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "[1/1] micro:view-small" in captured.err
     assert "micro:view-small" in captured.out and "guarded/thunder" in captured.out
+    row = next(line for line in captured.out.splitlines() if line.startswith("micro:view-small"))
+    assert len(re.findall(r"\d+\.\d \(\d+\.\d-\d+\.\d\)", row)) == len(VARIANTS), row  # median (q1-q3)
+    assert "timed with 1 intra-op thread" in captured.out
     assert md.read_text().startswith("| case |")
     assert main(["bench", "compare", str(out), str(out)]) == 0
 
@@ -117,7 +139,78 @@ def test_cases_cover_every_suite_and_op():
         "litgpt-mistral-fwdbwd",
         "litgpt-llama2-fwdbwd",
         "litgpt-phi2-fwdbwd",
+        "litgpt-llama2-decode",
     }
     micro = {c.name for c in select(["micro"])}
     for op in ("view", "reshape", "permute", "expand", "slice", "squeeze", "unsqueeze", "copy_", "add", "cast"):
         assert {f"{op}-small", f"{op}-large"} <= micro
+
+
+@pytest.mark.parametrize(
+    "text,variants",
+    [
+        ("thunder,guarded,eager", VARIANTS),
+        ("inductor, inductor-ro", ("inductor", "inductor-ro")),
+        ("eager inductor eager", ("eager", "inductor")),
+        ("all", ALL_VARIANTS),
+    ],
+)
+def test_parse_variants_keeps_order(text, variants):
+    assert parse_variants(text) == variants
+
+
+@pytest.mark.parametrize("text,named", [("thunder,nope", "'nope'"), ("inductor-max", "'inductor-max'"), (" , ", "no")])
+def test_parse_variants_rejects_unknown(text, named):
+    with pytest.raises(ValueError, match=named) as info:
+        parse_variants(text)
+    assert "allowed: thunder, guarded, eager, inductor, inductor-ro" in str(info.value)
+
+
+def test_requested_variants_from_env(monkeypatch):
+    monkeypatch.delenv(VARIANTS_ENV, raising=False)
+    assert requested_variants() == VARIANTS
+    monkeypatch.setenv(VARIANTS_ENV, "eager,inductor-ro")
+    assert requested_variants() == ("eager", "inductor-ro")
+    monkeypatch.setenv(VARIANTS_ENV, "eager,turbo")
+    with pytest.raises(ValueError, match="turbo"):
+        requested_variants()
+
+
+def test_run_unknown_variant_exits_2_with_one_line(capsys):
+    assert main(["bench", "run", "--suite", "micro", "--device", "cpu", "--variants", "thunder,turbo"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fusion-guard bench run: --variants: unknown variant 'turbo'")
+    assert "inductor-ro" in err[0]
+
+
+def test_run_inductor_variants_in_json_and_compare(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    argv = ["bench", "run", "--suite", "micro", "--case", "view-small", "--device", "cpu", "--reps", "2"]
+    assert main([*argv, "--warmup", "1", "--variants", "eager,inductor,inductor-ro", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [b["params"]["variant"] for b in doc["benchmarks"]] == ["eager", "inductor", "inductor-ro"]
+    builds = {b["params"]["variant"]: b["extra_info"] for b in doc["benchmarks"]}
+    assert builds["inductor-ro"]["variant_build"] == 'torch.compile(fn, mode="reduce-overhead")'
+    assert [builds[v]["compile_order"] for v in ("eager", "inductor", "inductor-ro")] == [0, 1, 2]
+    assert all(info["first_call_s"] >= 0 and "recompiled_while_timing" not in info for info in builds.values())
+    table = capsys.readouterr().out
+    assert "inductor-ro µs" in table and "first call s inductor/inductor-ro" in table and "guarded/thunder" not in table
+
+    slower = json.loads(out.read_text())
+    for b in slower["benchmarks"]:
+        if b["params"]["variant"] == "inductor":
+            b["stats"]["median"] *= 2
+    head = tmp_path / "head.json"
+    head.write_text(json.dumps(slower))
+    assert main(["bench", "compare", str(out), str(head)]) == 1
+    compared = capsys.readouterr().out
+    assert "test_micro[view-small-inductor-ro]" in compared
+    regressed = [line for line in compared.splitlines() if "REGRESSED" in line]
+    assert len(regressed) == 1 and "test_micro[view-small-inductor]" in regressed[0]
+
+
+def test_shape_only_micro_cases_are_cuda_only_and_labelled():
+    shape_only = [c for c in select(["micro"]) if c.name.endswith("-shapeonly")]
+    assert shape_only and all(c.cuda_only for c in shape_only)
+    assert not [c for c in select(["micro"], device="cpu") if c.cuda_only]
+    assert {c.name.removesuffix("-shapeonly") for c in shape_only} <= {c.name for c in select(["micro"], device="cpu")}

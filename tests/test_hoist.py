@@ -63,7 +63,7 @@ def hoists(guard, trace="forward", action="hoist"):
 def ops_per_call(jitted, backward=False):
     """Top-level ops one call runs (the trace's plumbing aside)."""
     traces = thunder.last_backward_traces(jitted) if backward else thunder.last_traces(jitted)
-    return len([b for b in traces[-1].bound_symbols if not th.is_structural(b)])
+    return len([b for b in traces[-1].bound_symbols if not th.is_plumbing(b)])
 
 
 def cache_of(jitted, backward=False):

@@ -60,7 +60,7 @@ def check_kernels(found, guard, expected):
             for x in guard.report
             if (x.subgraph, x.trace, x.region) == (k.subgraph, k.trace, k.region) and "kernels" in x.details
         ]
-        assert decision.action == "keep" and decision.details == d
+        assert decision.action == "keep" and {k: decision.details.get(k) for k in d} == d
     assert any(k.details["kernels"] >= 1 and "nvfuser" in k.details["kernel_names"][0] for k in found)
 
 
@@ -141,7 +141,7 @@ def test_thunderfx_on_nvfuser_lists_kernels_by_subgraph():
     torch.manual_seed(0)
     model = Heads(heads=4, dim=256).cuda()
     x = torch.randn(4, 128, 256, device="cuda", requires_grad=True)
-    guard = FusionGuard(strict=True)
+    guard = FusionGuard(strict=True, override_compile_options=True)
     guarded = thunderfx(model, transforms=[guard], nv_enable_shape_only_fusion=True)
     plain = thunderfx(model, nv_enable_shape_only_fusion=True)
     out_g, grads_g = run_with_grads(guarded, [x])

@@ -135,7 +135,10 @@ def test_cuda_without_a_gpu_exits_2(capsys):
     assert "no CUDA device" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_python_dash_m_on_a_file_outside_the_repo(tmp_path):
+    """End to end in a subprocess (the same report runs in-process in test_file_outside_the_repo_with_kwargs,
+    and a bad target through ``python -m`` in test_cli.py)."""
     _file(tmp_path, OUTSIDE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "thunder_fusion_guard", "report", "target.py:make", "--json", "out/r.json"]

@@ -1,27 +1,73 @@
-"""thunder-fusion-guard: keep Lightning Thunder from paying a fusion call where PyTorch is cheaper."""
+"""thunder-fusion-guard: keep Lightning Thunder from paying a fusion call where PyTorch is cheaper.
+
+The public names load on first use, so that ``fusion-guard --help`` and ``--version`` need neither torch
+nor Thunder, and the command line can quiet their import-time warnings before they load.
+"""
 
 from __future__ import annotations
 
-from .compat import ensure_nvfuser_compat
-from .explain import explain
-from .measure.profile import RegionProfile, profile_regions
-from .measure.segments import RegionKernels, collect_segments
-from .passes import FusionGuardError, guard_trace
-from .report import Decision, Report
-from .transform import FusionGuard
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "Decision": ".report",
+    "FusionGuard": ".transform",
+    "CommunicationChanged": ".passes",
+    "FusionGuardError": ".passes",
+    "RegionKernels": ".measure.segments",
+    "RegionProfile": ".measure.profile",
+    "RankMismatch": ".transform",
+    "Report": ".report",
+    "collect_segments": ".measure.segments",
+    "explain": ".explanation",
+    "fusion_executors": ".executors",
+    "guard_trace": ".passes",
+    "nvfuser_problem": ".executors",
+    "profile_regions": ".measure.profile",
+    "trace_graphs": ".measure.dataflow",
+}
 
 __all__ = [
+    "CommunicationChanged",
     "Decision",
     "FusionGuard",
     "FusionGuardError",
+    "RankMismatch",
     "RegionKernels",
     "RegionProfile",
     "Report",
     "collect_segments",
     "explain",
+    "fusion_executors",
     "guard_trace",
+    "nvfuser_problem",
     "profile_regions",
+    "trace_graphs",
 ]
-__version__ = "0.1.0"
 
-ensure_nvfuser_compat()
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+if TYPE_CHECKING:
+    from .executors import fusion_executors, nvfuser_problem
+    from .explanation import explain
+    from .measure.dataflow import trace_graphs
+    from .measure.profile import RegionProfile, profile_regions
+    from .measure.segments import RegionKernels, collect_segments
+    from .passes import CommunicationChanged, FusionGuardError, guard_trace
+    from .report import Decision, Report
+    from .transform import FusionGuard, RankMismatch

@@ -22,6 +22,11 @@ from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx, TraceProvenance, TraceTag, from_trace, tracectx
 from thunder.extend import FusionExecutor, get_all_executors, get_always_executors
 
+try:
+    from thunder.distributed.prims import PrimIDs as _DistributedPrimIDs
+except ImportError:  # torch built without torch.distributed
+    _DistributedPrimIDs = None
+
 __all__ = [
     "BoundSymbol",
     "FusionExecutor",
@@ -30,17 +35,22 @@ __all__ = [
     "TensorProxy",
     "TraceCtx",
     "compile_function_name",
+    "compiling_executors",
     "compiling_fx_subgraph",
+    "default_executors",
     "effects",
+    "executors_of",
     "fusion_executor_names",
     "fx_graph_ops",
     "is_backward",
+    "is_distributed_prim",
     "is_fusion",
     "jitted_transforms",
     "last_traces",
     "lower_to_torch",
     "lowering_executor_names",
     "new_trace_like",
+    "nvfuser_problem",
     "nvfuser_scheduled_ir",
     "only_numbers",
     "op_id",
@@ -48,6 +58,7 @@ __all__ = [
     "reinterpreted_itemsizes",
     "set_provenance",
     "thunderfx_subgraphs",
+    "torch_compile_executor",
     "torch_executor",
 ]
 
@@ -113,6 +124,64 @@ def reinterpreted_itemsizes(bsym: BoundSymbol) -> tuple[int, int] | None:
     return source.dtype.bytes, dtypes.to_dtype(target).bytes
 
 
+def torch_dtype(x: Any) -> torch.dtype | None:
+    """The torch dtype of a tensor proxy or a Thunder/torch dtype; None for anything else."""
+    if isinstance(x, TensorProxy):
+        x = x.dtype
+    if isinstance(x, torch.dtype):
+        return x
+    if isinstance(x, dtypes.dtype):
+        return dtypes.to_torch_dtype(x)
+    return None
+
+
+def conversion(bsym: BoundSymbol) -> tuple[Proxy, torch.dtype] | None:
+    """(source, target dtype) when ``bsym`` is ``prims.convert_element_type`` of a tensor; None otherwise."""
+    if bsym.sym.id is not prims.PrimIDs.CONVERT_ELEMENT_TYPE:
+        return None
+    values = [*bsym.args, *bsym.kwargs.values()]
+    source = next((v for v in values if isinstance(v, TensorProxy)), None)
+    target = next((torch_dtype(v) for v in values if isinstance(v, (dtypes.dtype, torch.dtype))), None)
+    return None if source is None or target is None else (source, target)
+
+
+def number_args(bsym: BoundSymbol) -> list[Any]:
+    """The numbers ``bsym`` takes (Python ints and floats, and number proxies), booleans aside."""
+    return [x for x in bsym.flat_args if isinstance(x, (int, float, NumberProxy)) and not isinstance(x, bool)]
+
+
+def leaves(bsym: BoundSymbol) -> list[BoundSymbol]:
+    """The innermost operations ``bsym`` decomposes into (itself when it has none)."""
+    if not bsym.subsymbols:
+        return [bsym]
+    return [leaf for s in bsym.subsymbols for leaf in leaves(s)]
+
+
+def executor_claims(fusion: BoundSymbol, bsym: BoundSymbol) -> bool:
+    """Whether the executor of the fusion call ``fusion`` can run ``bsym`` inside it (Thunder's own check,
+    the one its partitioner asks before fusing an op)."""
+    try:
+        return bool(fusion.sym.executor.can_fuse(bsym))
+    except Exception:
+        return False
+
+
+def explicit_compile_options() -> dict[str, Any]:
+    """The options the program being compiled passed to ``thunder.jit`` by name (empty outside a compilation)."""
+    from thunder.core.compile_data import get_compile_data
+
+    try:
+        cd = get_compile_data()
+    except LookupError:
+        return {}
+    return dict(getattr(cd, "compile_options", None) or {})
+
+
+def is_distributed_prim(bsym: BoundSymbol) -> bool:
+    """True for a bound symbol of one of Thunder's distributed prims (``thunder.distributed.prims``)."""
+    return _DistributedPrimIDs is not None and isinstance(bsym.sym.id, _DistributedPrimIDs)
+
+
 def is_backward(trace: TraceCtx) -> bool:
     return TraceTag.BACKWARD in trace.tags or trace.siginfo().name == "backward_fn"
 
@@ -120,6 +189,75 @@ def is_backward(trace: TraceCtx) -> bool:
 def fusion_executor_names() -> list[str]:
     """Names of every registered fusion executor (nvfuser only where nvFuser is importable)."""
     return sorted(ex.name for ex in get_all_executors() if isinstance(ex, FusionExecutor))
+
+
+def default_executors() -> list[Any]:
+    """Thunder's default executors (nvFuser first where it loads; none that fuses on CPU)."""
+    return list(thunder.get_default_executors())
+
+
+def torch_compile_executor() -> Any:
+    """Thunder's torch.compile executor: the fusion executor that runs on any device."""
+    from thunder.executors.torch_compile import torch_compile_ex
+
+    return torch_compile_ex
+
+
+def _executor_names(executors: Iterable[Any]) -> list[tuple[str, bool]]:
+    return [(getattr(ex, "name", str(ex)), isinstance(ex, FusionExecutor)) for ex in executors]
+
+
+def compiling_executors() -> list[tuple[str, bool]]:
+    """(name, is a fusion executor) of each executor of the compilation Thunder runs right now."""
+    from thunder.core.compile_data import get_compile_data
+
+    try:
+        executors = getattr(get_compile_data(), "executors_list", None) or ()
+    except LookupError:
+        return []
+    return _executor_names(executors)
+
+
+def executors_of(jitted: Any) -> list[tuple[str, bool]]:
+    """(name, is a fusion executor) of each executor a ``thunder.jit`` result compiles with."""
+    cd = thunder.compile_data(jitted)
+    return _executor_names(getattr(cd, "executors_list", None) or ()) if cd is not None else []
+
+
+def nvfuser_problem() -> str | None:
+    """Why Thunder has no nvFuser executor here (no CUDA, not installed, fails to load, too old); None if it has."""
+    if any(ex.name == "nvfuser" for ex in get_all_executors()):
+        return None
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is built without CUDA"
+    if not torch.cuda.is_available():
+        return "no CUDA device is visible to torch"
+    import importlib
+
+    from thunder.executors.nvfuserex import nvfuser_version, required_nvfuser_version
+
+    errors = []
+    for module in ("nvfuser_direct", "nvfuser"):
+        try:
+            importlib.import_module(module)
+            break
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                errors.append(f"{module} fails to load: {e}")
+        except (ImportError, OSError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            errors.append(f"{module} fails to load: {first}")
+    else:
+        if not errors:
+            return "no nvFuser package is installed"
+        text = "; ".join(errors)
+        if "undefined symbol" in text:
+            text += f" (an nvFuser build made for another torch than this {torch.__version__})"
+        return text
+    version = nvfuser_version()
+    if version is not None and version < required_nvfuser_version():
+        return f"nvFuser {version} is older than the {required_nvfuser_version()} thunder needs"
+    return f"thunder did not register nvFuser {version}"
 
 
 def torch_executor():
@@ -139,8 +277,63 @@ def new_trace_like(trace: TraceCtx, bound_symbols: list[BoundSymbol]) -> TraceCt
     return new
 
 
+GUARD_PROVENANCE = "FusionGuard"
+
+
 def set_provenance(trace: TraceCtx, text: str) -> None:
     trace.set_provenance(TraceProvenance(text))
+
+
+def traces_before_guard(jitted: Any) -> tuple[TraceCtx | None, TraceCtx | None]:
+    """The forward and backward traces as the guard received them: in Thunder's list of the last call's
+    traces, the one before the guard's output (the final one where the guard changed nothing)."""
+    try:
+        forward = list(thunder.last_traces(jitted))
+        backward = list(thunder.last_backward_traces(jitted) or [])
+    except (TypeError, IndexError):
+        return None, None
+    return _before_guard(forward), _before_guard(backward)
+
+
+def _before_guard(traces: list[TraceCtx]) -> TraceCtx | None:
+    for i in range(len(traces) - 1, 0, -1):
+        provenance = traces[i].get_provenance()
+        if provenance is not None and str(getattr(provenance, "pss", "")).startswith(GUARD_PROVENANCE):
+            return traces[i - 1]
+    return traces[-1] if traces else None
+
+
+def is_structural(bsym: BoundSymbol) -> bool:
+    """True for bound symbols that only unpack arguments, return, delete or comment (no operation)."""
+    sym_id = bsym.sym.id
+    return isinstance(sym_id, prims.PrimIDs) and (
+        sym_id.name.startswith("UNPACK_") or sym_id in (prims.PrimIDs.RETURN, prims.PrimIDs.DEL, prims.PrimIDs.COMMENT)
+    )
+
+
+def returned_proxies(trace: TraceCtx) -> list[Proxy]:
+    """Every proxy the trace returns, in order (outputs and, in a forward trace, saved tensors)."""
+    for bsym in reversed(trace.bound_symbols):
+        if bsym.sym.id == prims.PrimIDs.RETURN:
+            return list(bsym.flat_proxy_args)
+    return []
+
+
+def tensor_nbytes(proxy: Any) -> int | None:
+    """Bytes of the tensor a proxy stands for; None when its shape is not known as numbers."""
+    try:
+        numel = 1
+        for n in proxy.shape:
+            numel *= int(n)
+        return numel * proxy.dtype.bytes
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def tensor_text(proxy: Any) -> str:
+    """``f32[6, 4, 5]``: the dtype's short name and the shape of a tensor proxy."""
+    dtype = getattr(proxy.dtype, "shortname", lambda: str(proxy.dtype))()
+    return f"{dtype}[{', '.join(str(n) for n in proxy.shape)}]"
 
 
 def lower_to_torch(outer: TraceCtx, bsyms: Sequence[BoundSymbol], outputs: Sequence[Proxy]) -> list[BoundSymbol]:
@@ -551,14 +744,68 @@ def recording_fusion_calls(jitted: Any) -> Iterator[dict[tuple[str, str], tuple]
         cache[index] = entry
 
 
+def tensor_spec(p: Any) -> tuple[tuple[int, ...], torch.dtype, torch.device, bool] | None:
+    """(shape, dtype, device, requires_grad) of a tensor proxy with a known shape; None for anything else."""
+    if not isinstance(p, TensorProxy):
+        return None
+    try:
+        shape = tuple(int(d) for d in p.shape)
+    except (TypeError, ValueError):
+        return None
+    return shape, dtypes.to_torch_dtype(p.dtype), devices.to_torch_device(p.device), bool(p.requires_grad)
+
+
+def number_value(p: Any) -> Any:
+    """The value a number proxy was traced with (None when it has none, or ``p`` is not one)."""
+    return p.value if isinstance(p, NumberProxy) else None
+
+
+def trace_input_names(trace: TraceCtx) -> set[str]:
+    """Names of every proxy the trace receives as an argument (nested collections included)."""
+    from torch.utils._pytree import tree_flatten
+
+    return {p.name for p in tree_flatten((trace.args, trace.kwargs))[0] if isinstance(p, Proxy)}
+
+
+def canonical_ops(bsyms: Sequence[BoundSymbol]) -> str:
+    """The ops of ``bsyms`` with their arguments as text, proxies renamed in order of appearance: equal for
+    two regions that run the same ops on the same kinds of values, whatever their traces named them."""
+    names: dict[str, str] = {}
+
+    def text(value: Any) -> str:
+        if isinstance(value, Proxy):
+            if value.name not in names:
+                names[value.name] = f"p{len(names)}"
+            return names[value.name]
+        if isinstance(value, (list, tuple)):
+            inner = ",".join(text(v) for v in value)
+            return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+        if isinstance(value, dict):
+            return "{" + ",".join(f"{k}:{text(v)}" for k, v in value.items()) + "}"
+        return repr(value)
+
+    lines = []
+    for b in bsyms:
+        outs = text(b.flat_outs)
+        lines.append(f"{outs}={op_id(b)}({text(b.args)},{text(b.kwargs)})")
+    return "\n".join(lines)
+
+
+# Every module that touches Thunder imports this one: the place to fix a broken Thunder/nvFuser pair.
+from .compat import ensure_nvfuser_compat  # noqa: E402
+
+ensure_nvfuser_compat()
+
+
 # --- hoisting (passes/hoist.py) --------------------------------------------------------------------
 
 _STRUCTURAL_PREFIXES = ("unpack_", "check_", "pack_")
 _STRUCTURAL = frozenset({"python_return", "del", "comment", "clear_mutable_collection", "python_print", "put_grad"})
 
 
-def is_structural(bsym: BoundSymbol) -> bool:
-    """True for the trace's own plumbing: unpacking inputs, checks, returns, ``del``s, comments, collections."""
+def is_plumbing(bsym: BoundSymbol) -> bool:
+    """True for the trace's own plumbing, no operation on values: unpacking inputs, checks, returns, ``del``s,
+    comments, collections, printing, context managers (wider than :func:`is_structural`)."""
     name = bsym.sym.name
     if name in _STRUCTURAL or name.startswith(_STRUCTURAL_PREFIXES) or is_comment_or_del(bsym):
         return True
@@ -592,16 +839,6 @@ def plain_arguments(bsym: BoundSymbol) -> bool:
 def has_symbolic_shape(p: Any) -> bool:
     """True for a tensor proxy whose shape holds a number proxy (``cache="symbolic values"``)."""
     return isinstance(p, TensorProxy) and any(not isinstance(d, int) for d in p.shape)
-
-
-def tensor_nbytes(p: Any) -> int:
-    """Bytes of a tensor proxy with a static shape (0 for anything else)."""
-    if not isinstance(p, TensorProxy) or has_symbolic_shape(p):
-        return 0
-    numel = 1
-    for d in p.shape:
-        numel *= d
-    return numel * p.dtype.bytes
 
 
 def returned_names(trace: TraceCtx) -> tuple[set[str], set[str]]:

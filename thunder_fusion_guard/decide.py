@@ -1,63 +1,133 @@
-"""Deciding each region's fate. A pure function of the region, the options and the cost constants,
-so the same program always gets the same trace."""
+"""Deciding each region's fate. A pure function of the region, the options, the cost constants and, for a
+region near break-even, its measurement, so the same program always gets the same trace on one machine
+(measurements are cached per region signature)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from .cost import CostConstants, UnknownSize, estimate
-from .ops import inexact_ops, random_ops, region_is_metadata_only
+from .cost import CostConstants, Measured, UnknownSize, estimate
+from .ops import inexact_ops, is_communication, random_ops, region_is_metadata_only
 from .options import GuardOptions
 from .regions import Region
+
+# Compile options by which a program asks Thunder, by name, for what the guard would otherwise undo.
+SHAPE_ONLY = "nv_enable_shape_only_fusion"  # shape-only nvFuser regions
+BOOKEND = "nv_enable_bookend"  # views at nvFuser region edges run outside the region
+
+# A compute region is timed when eager and fused are estimated within this factor of each other. The
+# model's errors seen so far are 2-5x (benchmarks/RESULTS.md, "decision accuracy"); outside 3x its
+# verdict was right, and timing every region would cost a compilation per region on CPU.
+MEASURE_BAND = 3.0
 
 
 @dataclass(frozen=True)
 class Verdict:
+    """A region's fate, why, the model's numbers, and ``details``: ``decided_by`` (``option``,
+    ``metadata``, ``rule``, ``no constants``, ``exactness``, ``model`` or ``measured``), what the model alone said,
+    and any measurement. ``measurable``: a measurement would decide it (near break-even, exact)."""
+
     action: str
     reason: str
     estimates: dict[str, float] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+    measurable: bool = False
 
 
-def decide(region: Region, options: GuardOptions, constants: CostConstants | None = None) -> Verdict:
-    """Keep a region, or reject it to the torch executor when its fusion call buys nothing."""
+def decide(
+    region: Region,
+    options: GuardOptions,
+    constants: CostConstants | None = None,
+    measured: Measured | None = None,
+    compile_options: Mapping[str, Any] | None = None,
+) -> Verdict:
+    """Keep a region, or reject it to the torch executor when its fusion call buys nothing.
+
+    ``measured`` (a timing of this region on this machine) decides a region the model puts near
+    break-even; elsewhere the model's estimate decides. ``compile_options`` are those the program passed
+    to ``thunder.jit`` by name: a region kind it asked for is kept unless ``override_compile_options``.
+    """
+    comms = [op for op, b in zip(region.ops, region.body, strict=True) if is_communication(b)]
+    if comms:
+        why = f"region holds communication ops {sorted(set(comms))}: never rewritten or moved"
+        return _verdict("keep", why, "rule")
     if not options.guards(region.executor):
-        return Verdict("keep", f"executor {region.executor!r} is not guarded (option 'executors')")
+        return _verdict("keep", f"executor {region.executor!r} is not guarded (option 'executors')", "option")
     if region_is_metadata_only(region.body, options.metadata_ops):
-        return Verdict(
+        asked = (compile_options or {}).get(SHAPE_ONLY) is True and region.executor == "nvfuser"
+        if asked and not options.override_compile_options:
+            return _verdict(
+                "keep",
+                f"shape-only region kept: the program asked for them ({SHAPE_ONLY}=True); "
+                "FusionGuard(override_compile_options=True) rejects them",
+                "option",
+            )
+        return _verdict(
             "reject",
             "metadata-only region: its ops only re-describe tensors, which PyTorch does without a kernel "
             "or a fusion call",
+            "metadata",
         )
     if not options.cost_model:
-        return Verdict("keep", "region computes (cost model off)")
+        return _verdict("keep", "region computes (cost model off)", "option")
     if constants is None:
-        return Verdict("keep", f"region computes; no cost constants for executor {region.executor!r} here")
+        return _verdict("keep", f"region computes; {_no_constants(region.executor, options)}", "no constants")
     randoms = random_ops(region)
     if randoms:
-        return Verdict("keep", f"random ops {randoms}: running them elsewhere would change the random stream")
+        return _verdict("keep", f"random ops {randoms}: running them elsewhere would change the random stream", "rule")
     try:
         est = estimate(region.body, region.inputs, region.outputs, constants, options.metadata_ops)
     except UnknownSize as e:
-        return Verdict("keep", f"cannot estimate: {e}")
+        return _verdict("keep", f"cannot estimate: {e}", "rule")
     record = est.as_record()
-    cheaper = est.eager_us < est.region_us * (1 - options.margin)
-    if not cheaper:
-        return Verdict(
-            "keep",
-            f"fusion call is worth it: est {est.region_us:.1f} µs fused vs {est.eager_us:.1f} µs eager",
-            record,
-        )
     inexact = inexact_ops(region, options.metadata_ops) if options.exact_only else []
-    if inexact:
-        return Verdict(
-            "keep",
-            f"eager looks cheaper ({est.eager_us:.1f} vs {est.region_us:.1f} µs) but ops {inexact} could round "
-            "differently outside the fusion (option 'exact_only')",
-            record,
+    model = _by_numbers(est.region_us, est.eager_us, options.margin, "estimated", est.eager_ops)
+    ratio = est.eager_us / est.region_us if est.region_us > 0 else float("inf")
+    measurable = 1 / MEASURE_BAND <= ratio <= MEASURE_BAND
+    details: dict[str, Any] = {"decided_by": "model", "model_action": model[0]}
+    if inexact:  # never rejected, whatever the numbers say
+        reason = model[1]
+        if model[0] == "reject":
+            reason = (
+                f"eager looks cheaper ({est.eager_us:.1f} vs {est.region_us:.1f} µs) but ops {inexact} could round "
+                "differently outside the fusion (option 'exact_only')"
+            )
+        return Verdict("keep", reason, record, {**details, "decided_by": "exactness"})
+    if measured is not None and measurable:
+        action, reason = _by_numbers(measured.region_us, measured.eager_us, options.margin, "measured", est.eager_ops)
+        reason = f"{reason}; near break-even, so timed here (est {est.region_us:.1f} µs fused vs {est.eager_us:.1f})"
+        return Verdict(action, reason, record, {**details, "decided_by": "measured", **measured.as_record()})
+    return Verdict(model[0], model[1], record, details, measurable)
+
+
+def _verdict(action: str, reason: str, decided_by: str) -> Verdict:
+    return Verdict(action, reason, details={"decided_by": decided_by})
+
+
+def _by_numbers(region_us: float, eager_us: float, margin: float, how: str, eager_ops: int) -> tuple[str, str]:
+    """Reject when eager is cheaper by at least ``margin``; the reason says which side won and by how much."""
+    if eager_us < region_us * (1 - margin):
+        return "reject", (
+            f"eager is cheaper: {how} {eager_us:.1f} µs for {eager_ops} eager ops vs "
+            f"{region_us:.1f} µs as a fusion call (margin {margin:.0%})"
         )
-    return Verdict(
-        "reject",
-        f"eager is cheaper: est {est.eager_us:.1f} µs for {est.eager_ops} eager ops vs "
-        f"{est.region_us:.1f} µs as a fusion call (margin {options.margin:.0%})",
-        record,
-    )
+    if eager_us < region_us:
+        saved = 1 - eager_us / region_us
+        return "keep", (
+            f"eager {how} cheaper, but by less than the margin: {eager_us:.1f} µs eager vs {region_us:.1f} µs "
+            f"fused is {saved:.0%} cheaper (margin {margin:.0%})"
+        )
+    return "keep", f"fusion call is worth it: {how} {region_us:.1f} µs fused vs {eager_us:.1f} µs eager"
+
+
+def _no_constants(executor: str, options: GuardOptions) -> str:
+    mode = options.calibration
+    if mode in ("auto", "measure"):
+        why = f"calibration={mode!r} could not measure them (see the thunder_fusion_guard log)"
+    elif mode == "shipped":
+        why = "none shipped for this device (calibration='shipped')"
+    else:
+        why = "none cached or shipped for this device (calibration='cached'; run `fusion-guard calibrate`)"
+    return f"no cost constants for executor {executor!r} here: {why}"

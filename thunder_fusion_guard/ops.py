@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import torch
+
 from . import _thunder as th
 
 if TYPE_CHECKING:
@@ -156,21 +158,119 @@ def _leaf_names(bsym: th.BoundSymbol, extra) -> list[str]:
 
 
 def inexact_ops(region: Region, extra: Iterable[str] = ()) -> list[str]:
-    """Ops of the region whose bits could change if PyTorch ran them instead of the fusion."""
+    """Why the region's bits could change if PyTorch ran its ops one by one instead of the fusion: ops
+    that round differently even alone, then roundings the fusion and the op-by-op run place differently
+    (:func:`rounding_hazards`). Empty when rejecting the region keeps every bit."""
     names = [n for b in region.body for n in _leaf_names(b, extra)]
     alone = len(names) == 1
-    return sorted({n for n in names if n not in EXACT_OPS and not (alone and n in EXACT_ALONE)})
+    inexact = sorted({n for n in names if n not in EXACT_OPS and not (alone and n in EXACT_ALONE)})
+    return inexact + rounding_hazards(region.body, extra)
 
 
-def rebuild_keeps_bits(body: list[th.BoundSymbol], extra=()) -> bool:
+def rebuild_keeps_bits(body: list[th.BoundSymbol], extra: Iterable[str] = ()) -> bool:
     """Whether a fusion rebuilt from ``body`` plus or minus views still computes the same bits.
 
     Only element-wise exact arithmetic qualifies: a reduction's order, and so its rounding, follows the
     schedule the fusion compiler picks, and a different fusion definition may get a different one (a
-    nanoGPT block's backward on nvFuser did).
+    nanoGPT block's backward on nvFuser did). Roundings a fusion may skip (:func:`rounding_hazards`)
+    count too: a rebuilt fusion may skip them differently.
     """
-    names = {n for b in body if not th.is_comment_or_del(b) for n in _leaf_names(b, extra)}
-    return names <= REBUILD_SAFE
+    body = [b for b in body if not th.is_comment_or_del(b)]
+    names = {n for b in body for n in _leaf_names(b, extra)}
+    return names <= REBUILD_SAFE and not rounding_hazards(body, extra)
+
+
+# --- Rounding: where running ops one by one rounds differently from one fusion ----------------------
+#
+# Thunder computes a bf16/fp16 op in float32 and rounds its result back: `a + b + c` is upcast, add,
+# round to bf16, upcast, add, round. Run op by op, every one of those roundings happens. Inside one
+# fusion, a rounding whose result only feeds the next op is skipped (Thunder's nvFuser executor removes
+# the round-then-upcast pair, see `remove_redundant_casts`; Inductor keeps the float32 value), so the
+# fusion rounds once. And eager PyTorch rounds a Python number to a bf16/fp16 tensor's dtype before
+# adding it (CPU kernels do), where Thunder adds it in float32. A region is exact to run op by op only
+# when neither happens; the rule is checked on the innermost ops, where the roundings are explicit.
+
+# (exponent bits, significand bits including the implicit one) of each floating-point dtype.
+_FLOAT_BITS: dict[torch.dtype, tuple[int, int]] = {
+    torch.float64: (11, 53),
+    torch.float32: (8, 24),
+    torch.bfloat16: (8, 8),
+    torch.float16: (5, 11),
+    torch.float8_e4m3fn: (4, 4),
+    torch.float8_e5m2: (5, 3),
+}
+
+
+def holds_every_value(target: torch.dtype, source: torch.dtype) -> bool:
+    """True when converting ``source`` values to ``target`` never rounds (float32 -> float64, int8 -> bfloat16);
+    conversions to integer or boolean dtypes count as holding (a fusion never skips them)."""
+    if target not in _FLOAT_BITS or target == source:
+        return True
+    exp_t, sig_t = _FLOAT_BITS[target]
+    if source == torch.bool:
+        return True
+    if source in _FLOAT_BITS:
+        exp_s, sig_s = _FLOAT_BITS[source]
+        return exp_t >= exp_s and sig_t >= sig_s
+    if source.is_floating_point or source.is_complex:
+        return False
+    return sig_t >= torch.iinfo(source).bits - int(source.is_signed)
+
+
+def _is_value_of(number: object, dtype: torch.dtype) -> bool:
+    if not isinstance(number, (int, float)):
+        return False  # a number proxy: its value is not known here
+    try:
+        return float(torch.tensor(float(number), dtype=torch.float64).to(dtype)) == number
+    except (OverflowError, RuntimeError):
+        return False
+
+
+def _reduced(dtype: torch.dtype | None) -> bool:
+    return dtype in _FLOAT_BITS and _FLOAT_BITS[dtype][1] < _FLOAT_BITS[torch.float32][1]
+
+
+def rounding_hazards(body: Iterable[th.BoundSymbol], extra: Iterable[str] = ()) -> list[str]:
+    """Roundings that running ``body`` op by op would place differently from one fusion of it: a
+    narrowing conversion (float32 -> bf16, ...) whose result another op of the body reads, and a number
+    that is not a value of the bf16/fp16 tensor it meets. Each item says which and where."""
+    extra = frozenset(extra)
+    body = [b for b in body if not th.is_comment_or_del(b)]
+    found: list[str] = []
+    leaves = [leaf for b in body for leaf in th.leaves(b) if not th.is_comment_or_del(leaf)]
+    read_by: dict[str, list[str]] = {}
+    for leaf in leaves:
+        for p in leaf.flat_proxy_args:
+            read_by.setdefault(p.name, []).append(th.op_name(leaf))
+    for leaf in leaves:
+        conv = th.conversion(leaf)
+        if conv is None:
+            continue
+        source, target = conv
+        source_dtype = th.torch_dtype(source)
+        readers = read_by.get(leaf.output.name, []) if isinstance(leaf.output, th.Proxy) else []
+        if source_dtype is not None and readers and not holds_every_value(target, source_dtype):
+            found.append(
+                f"{leaf.output.name}: {_short(source_dtype)} rounded to {_short(target)} and read again inside "
+                f"the region (by {readers[0]}), a rounding the fusion may skip"
+            )
+    for b in body:
+        for op in (b, *th.leaves(b)):
+            if is_metadata(op, extra):
+                continue
+            reduced = {d for d in map(th.torch_dtype, op.flat_proxy_args) if _reduced(d)}
+            for number in th.number_args(op):
+                for dtype in sorted(reduced, key=str):
+                    if not _is_value_of(number, dtype):
+                        found.append(
+                            f"{th.op_name(op)} of a {_short(dtype)} tensor and the number {number} (not a "
+                            f"{_short(dtype)} value: eager rounds it first, the fusion does not)"
+                        )
+    return list(dict.fromkeys(found))
+
+
+def _short(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def random_ops(region: Region) -> list[str]:
@@ -178,11 +278,22 @@ def random_ops(region: Region) -> list[str]:
     return sorted(n for n in names if any(h in n for h in RANDOM_HINTS))
 
 
-# --- hoisting (issue 11): which ops may run once per compiled program and be reused -----------------
+# The torch executor's own implementations of view prims: what a lowered reshape or slice runs as.
+TORCH_EXECUTOR_VIEWS: frozenset[str] = frozenset({"torch_prims_reshape_impl", "torch_slice_prim_impl"})
 
-# Thunder's distributed prims talk to other processes; never run them once for all calls. (The check
-# on plain arguments below also catches them: they take a process group.)
-DISTRIBUTED_OPS: frozenset[str] = frozenset(
+
+def runs_as_view(bsym: th.BoundSymbol, extra: Iterable[str] = ()) -> bool:
+    """True when an op run outside a fusion launches no kernel in eager (a view; a reshape may copy where
+    its input's strides need it): metadata-only, or the torch executor's implementation of a view prim."""
+    return th.op_id(bsym) in TORCH_EXECUTOR_VIEWS or is_metadata(bsym, extra)
+
+
+# Communication ops: Thunder's distributed prims (thunder/distributed/prims.py), the torch executor's
+# implementations of them (`torch_<prim>_prim_impl`) and thunder.torch's wrappers of torch.distributed.
+# Every rank must reach each collective in the same order; a wait ends one in flight; pack, unpack and
+# update_bucket_view fill and drain gradient buckets with in-place copies. So the guard never rejects or
+# rebuilds a region holding one, never moves an op across one, and never reorders them.
+COMMUNICATION_PRIMS: frozenset[str] = frozenset(
     {
         "all_gather",
         "all_reduce",
@@ -200,6 +311,42 @@ DISTRIBUTED_OPS: frozenset[str] = frozenset(
         "synchronize_tensor_parallel_input",
     }
 )
+COMMUNICATION_OPS: frozenset[str] = frozenset({f"torch_{name}_prim_impl" for name in COMMUNICATION_PRIMS}) | {
+    "functional_all_gather",
+    "all_gather_",
+    "functional_all_reduce",
+    "all_reduce_",
+    "functional_broadcast",
+    "functional_reduce_scatter",
+    "reduce_scatter_",
+    "torch.Tensor.wait",
+}
+
+
+def is_communication(bsym: th.BoundSymbol) -> bool:
+    """True when ``bsym`` is a communication op or its wait, or holds one (a fusion region, a composite op)."""
+    if th.is_distributed_prim(bsym) or th.op_id(bsym) in COMMUNICATION_OPS or th.op_name(bsym) in COMMUNICATION_OPS:
+        return True
+    return any(is_communication(s) for s in th.subsymbols(bsym))
+
+
+def communication_positions(bsyms: Iterable[th.BoundSymbol | None]) -> list[int]:
+    """Positions, in order, of the communication ops (and of what holds one) in a list of bound symbols."""
+    return [i for i, b in enumerate(bsyms) if b is not None and is_communication(b)]
+
+
+def crosses_communication(positions: list[int], start: int, stop: int) -> bool:
+    """Whether moving an op from ``start`` to ``stop`` (either way) passes a communication op, given
+    :func:`communication_positions` of the same list."""
+    from bisect import bisect_right
+
+    lo, hi = sorted((start, stop))
+    i = bisect_right(positions, lo)
+    return i < len(positions) and positions[i] < hi
+
+
+# --- hoisting (issue 11): which ops may run once per compiled program and be reused -----------------
+
 # Tags of ops whose result may differ from call to call, or that act beyond their outputs.
 NOT_HOISTABLE_TAGS: frozenset[str] = frozenset(
     {"RANDOM_OP", "DEVICE_SYNC_OP", "AUTO_REGISTERED", "CTX_MANAGER_ENTER_EXIT_OP"}
@@ -284,13 +431,12 @@ def hoistable(bsym: th.BoundSymbol) -> bool:
     context manager, no other process, no argument that is not a proxy or a plain constant; the only
     writes allowed are in-place ops and ``copy_`` (whoever they write is checked by the pass).
     """
-    if th.is_structural(bsym) or not th.plain_arguments(bsym):
+    if th.is_plumbing(bsym) or not th.plain_arguments(bsym):
         return False
     tags = th.tag_names(bsym)
     if tags & NOT_HOISTABLE_TAGS or is_random(bsym):
         return False
-    names = th.op_names_deep(bsym)
-    if names & DISTRIBUTED_OPS:
+    if is_communication(bsym):
         return False
     if "DONT_DCE" in tags:
         # Only the writes we know (copy_, in-place ops); anything else Thunder keeps may act outside.

@@ -22,11 +22,15 @@ class GuardOptions:
     cost_model: bool = True
     margin: float = 0.2
     exact_only: bool = True
-    calibration: Any = None
+    calibration: Any = "auto"
+    calibration_budget_s: float = 5.0
+    measure_budget_s: float = 5.0
     fold_setitem: bool = True
     remove_identities: bool = True
     rehome: bool = True
     merge_regions: bool = False
+    override_compile_options: bool = False
+    compare_ranks: bool = False
     hoist: bool = True
     hoist_max_bytes: int = DEFAULT_HOIST_MAX_BYTES
 
@@ -62,11 +66,15 @@ def make_options(
     cost_model: bool = True,
     margin: float = 0.2,
     exact_only: bool = True,
-    calibration: Any = None,
+    calibration: Any = "auto",
+    calibration_budget_s: float = 5.0,
+    measure_budget_s: float = 5.0,
     fold_setitem: bool = True,
     remove_identities: bool = True,
     rehome: bool = True,
     merge_regions: bool = False,
+    override_compile_options: bool = False,
+    compare_ranks: bool = False,
     hoist: bool = True,
     hoist_max_bytes: int = DEFAULT_HOIST_MAX_BYTES,
 ) -> GuardOptions:
@@ -76,6 +84,13 @@ def make_options(
         chosen = _names("executors", executors, "fusion executor names or FusionExecutor objects")
         known = set(th.fusion_executor_names())
         unknown = sorted(chosen - known)
+        if "nvfuser" in unknown:
+            from .executors import NVFUSER_INSTALL
+
+            raise ValueError(
+                f"FusionGuard option 'executors': nvfuser is not available here: {th.nvfuser_problem()}; "
+                f"{NVFUSER_INSTALL}"
+            )
         if unknown:
             raise ValueError(
                 f"FusionGuard option 'executors' names unknown fusion executors {unknown}; "
@@ -90,10 +105,14 @@ def make_options(
         margin=_fraction("margin", margin),
         exact_only=_bool("exact_only", exact_only),
         calibration=_calibration(calibration),
+        calibration_budget_s=_seconds("calibration_budget_s", calibration_budget_s, zero=False),
+        measure_budget_s=_seconds("measure_budget_s", measure_budget_s),
         fold_setitem=_bool("fold_setitem", fold_setitem),
         remove_identities=_bool("remove_identities", remove_identities),
         rehome=_bool("rehome", rehome),
         merge_regions=_bool("merge_regions", merge_regions),
+        override_compile_options=_bool("override_compile_options", override_compile_options),
+        compare_ranks=_bool("compare_ranks", compare_ranks),
         hoist=_bool("hoist", hoist),
         hoist_max_bytes=_byte_count("hoist_max_bytes", hoist_max_bytes),
     )
@@ -105,6 +124,18 @@ def _fraction(name: str, value: Any) -> float:
     return float(value)
 
 
+# Where the cost constants come from; see the README's options table.
+CALIBRATION_MODES = ("auto", "cached", "shipped", "measure")
+
+
+def _seconds(name: str, value: Any, zero: bool = True) -> float:
+    number = not isinstance(value, bool) and isinstance(value, (int, float))
+    if not number or value < 0 or (value == 0 and not zero) or value == float("inf") or value != value:
+        bound = ">= 0" if zero else "> 0"
+        raise ValueError(f"FusionGuard option {name!r} must be a finite number of seconds {bound}, got {value!r}")
+    return float(value)
+
+
 def _byte_count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"FusionGuard option {name!r} must be a whole number of bytes >= 0, got {value!r}")
@@ -112,10 +143,12 @@ def _byte_count(name: str, value: Any) -> int:
 
 
 def _calibration(value: Any) -> Any:
-    """None (cached or shipped constants), 'measure', or constants set by hand."""
+    """'auto', 'cached' (None: the same), 'shipped', 'measure', or constants set by hand."""
     from .cost import CostConstants
 
-    if value is None or value == "measure" or isinstance(value, CostConstants):
+    if value is None:
+        return "cached"
+    if (isinstance(value, str) and value in CALIBRATION_MODES) or isinstance(value, CostConstants):
         return value
     if isinstance(value, dict):
         try:
@@ -123,6 +156,6 @@ def _calibration(value: Any) -> Any:
         except (TypeError, ValueError) as e:
             raise ValueError(f"FusionGuard option 'calibration': {e}") from e
     raise ValueError(
-        "FusionGuard option 'calibration' must be None (cached or shipped constants), 'measure', "
+        f"FusionGuard option 'calibration' must be one of {list(CALIBRATION_MODES)} (None: 'cached'), "
         f"a CostConstants or a dict of its fields, got {value!r}"
     )

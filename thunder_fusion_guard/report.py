@@ -28,6 +28,7 @@ class Decision:
     estimates: dict[str, float] = field(default_factory=dict)
     subgraph: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    rank: int | None = None
 
     @property
     def about_region(self) -> bool:
@@ -60,12 +61,49 @@ class Report:
     """Every decision one :class:`FusionGuard` has made, across all the traces it has seen.
 
     Under ThunderFX, ``subgraphs`` maps each split subgraph's id to its :class:`Subgraph`; decisions
-    name theirs in ``Decision.subgraph``.
+    name theirs in ``Decision.subgraph``. ``traces_seen`` counts the traces the guard was handed and
+    ``executors`` lists (name, is a fusion executor) of the executors they were compiled with, so that an
+    empty report can tell "not compiled yet" from "compiled, but Thunder made no fusion region".
+    ``measuring`` says what timing regions near break-even cost (``seconds`` in all, ``timed``,
+    ``from_cache``, ...), ``calibrations`` each calibration run while compiling. In a distributed run
+    decisions name their rank, and ``warnings`` says where ranks decided differently (see ``FusionGuard.check_ranks``).
     """
 
     def __init__(self) -> None:
         self.decisions: list[Decision] = []
         self.subgraphs: dict[str, Subgraph] = {}
+        self.measuring: dict[str, Any] = {}
+        self.calibrations: list[dict[str, Any]] = []
+        self.traces_seen = 0
+        self.executors: list[tuple[str, bool]] = []
+        self.warnings: list[str] = []
+
+    def saw_trace(self, executors: list[tuple[str, bool]]) -> None:
+        """Count one trace handed to the guard, compiled with ``executors`` ((name, is fusion) pairs)."""
+        self.traces_seen += 1
+        self.executors += [e for e in executors if e not in self.executors]
+
+    def notice(self) -> str | None:
+        """A line for a report without region decisions: nothing compiled yet, or why there was no region."""
+        if self.traces_seen == 0 and not self.decisions:
+            return (
+                "FusionGuard: nothing compiled yet: Thunder compiles, and the guard decides, at the first call; "
+                "call the jitted function first."
+            )
+        if any(d.about_region for d in self.decisions):
+            return None
+        from .executors import no_region_hint
+
+        return (
+            f"FusionGuard: called, but Thunder made no fusion region in the {self.traces_seen} "
+            f"trace{'s' if self.traces_seen != 1 else ''} it compiled; "
+            f"{no_region_hint(self.executors)}."
+        )
+
+    @property
+    def rank(self) -> int | None:
+        """The rank the decisions were made on (None outside a distributed run, or for several ranks)."""
+        return _rank_of(self.decisions)
 
     def add(self, decision: Decision) -> None:
         if decision.action not in ACTIONS:
@@ -90,18 +128,54 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"counts": self.counts(), "decisions": [d.to_dict() for d in self.decisions]}
+        data["traces_seen"] = self.traces_seen
+        data["executors"] = [name for name, _ in self.executors]
+        notice = self.notice()
+        if notice:
+            data["notice"] = notice
         if self.subgraphs:
             data["subgraphs"] = {key: sub.to_dict() for key, sub in self.subgraphs.items()}
+        if self.measuring:
+            data["measuring"] = dict(self.measuring)
+        if self.calibrations:
+            data["calibrations"] = list(self.calibrations)
+        if self.rank is not None:
+            data["rank"] = self.rank
+        if self.warnings:
+            data["warnings"] = list(self.warnings)
         return data
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
 
     def to_markdown(self, title: str = "FusionGuard report") -> str:
-        return format_markdown(self.decisions, self.subgraphs, title)
+        text = format_markdown(self.decisions, self.subgraphs, title)
+        text += "".join(f"\nwarning: {_md_cell(w)}\n" for w in self.warnings)
+        notice = self.notice()
+        return text if notice is None else f"{text}\n{notice}\n"
+
+    def to_html(self, title: str = "FusionGuard report", graphs: Any = ()) -> str:
+        """A self-contained HTML page of the decisions (sortable), with pictures of the dataflow graphs
+        ``graphs`` (``trace_graphs(jitted)``) when given; ``profile_regions(...).to_html()`` adds the profile."""
+        from .render import html_page
+
+        return html_page(title, self.decisions, self.subgraphs, graphs=list(graphs))
 
     def __str__(self) -> str:
-        return format_table(self.decisions, self.subgraphs)
+        notice = self.notice()
+        if not self.decisions and not self.subgraphs:
+            return notice or format_table([])
+        text = format_table(self.decisions, self.subgraphs)
+        m = self.measuring
+        if m.get("timed") or m.get("from_cache"):
+            text += (
+                f"\nmeasured near break-even: {m['timed']} regions timed in {m['seconds']:.2f} s, "
+                f"{m['from_cache']} from the cache"
+            )
+        for c in self.calibrations:
+            text += f"\ncalibration of {c['executor']} on {c['device']}: {c['result']}"
+        text += "".join(f"\nwarning: {w}" for w in self.warnings)
+        return text if notice is None else f"{text}\n{notice}"
 
     def __repr__(self) -> str:
         return f"Report({self.counts()})"
@@ -116,7 +190,10 @@ def _estimate_text(d: Decision) -> str:
     region, eager = d.estimates.get("est_region_us"), d.estimates.get("est_eager_us")
     if region is None or eager is None:
         return ""
-    return f"{region:.1f} / {eager:.1f}"
+    text = f"{region:.1f} / {eager:.1f}"
+    if d.details.get("decided_by") == "measured":
+        text += f" (measured {d.details['measured_region_us']:.1f} / {d.details['measured_eager_us']:.1f})"
+    return text
 
 
 def kernels_text(details: dict[str, Any]) -> str:
@@ -156,11 +233,18 @@ def _groups(decisions: list[Decision], subgraphs: dict[str, Subgraph]) -> list[t
     return groups
 
 
+def _rank_of(decisions: list[Decision]) -> int | None:
+    ranks = {d.rank for d in decisions if d.rank is not None}
+    return ranks.pop() if len(ranks) == 1 else None
+
+
 def _summary(decisions: list[Decision], subgraphs: dict[str, Subgraph]) -> str:
     counts = Counter(d.action for d in decisions)
     summary = ", ".join(f"{counts[a]} {a}" for a in ACTIONS if counts[a])
     where = f" in {len(subgraphs)} subgraphs" if subgraphs else ""
-    return f"FusionGuard: {len(decisions)} decisions ({summary}){where}"
+    rank = _rank_of(decisions)
+    who = "FusionGuard" if rank is None else f"FusionGuard (rank {rank})"
+    return f"{who}: {len(decisions)} decisions ({summary}){where}"
 
 
 def format_table(decisions: list[Decision], subgraphs: dict[str, Subgraph] | None = None) -> str:
@@ -182,6 +266,9 @@ def format_table(decisions: list[Decision], subgraphs: dict[str, Subgraph] | Non
         return "  ".join(str(c).ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
 
     lines = [line(header), "-" * min(160, sum(widths) + 2 * len(widths) + 20)]
+    rank = _rank_of(decisions)
+    if rank is not None:
+        lines.insert(0, f"FusionGuard report (rank {rank})")
     for sub, mine in groups:
         if grouped:
             lines.append(sub.heading() if sub else "not from ThunderFX:")
@@ -205,7 +292,8 @@ def format_markdown(
     with_kernels = any("kernels" in d.details for d in decisions)
     header = _header(with_kernels)
     grouped = bool(subgraphs)
-    lines = [f"# {_md_cell(title)}", ""]
+    rank = _rank_of(decisions)
+    lines = [f"# {_md_cell(title if rank is None else f'{title} (rank {rank})')}", ""]
     for sub, mine in _groups(decisions, subgraphs) if grouped else [(None, decisions)]:
         if grouped:
             title = sub.id if sub is None or sub.name is None else f"{sub.id} ({sub.name})"

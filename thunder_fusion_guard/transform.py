@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import warnings
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -11,11 +12,17 @@ import thunder
 
 from . import _thunder as th
 from .cost import CostConstants
+from .distributed import compare_ranks, current_rank
 from .measure import calibrate
+from .measure.breakeven import RegionMeasurer
 from .options import DEFAULT_HOIST_MAX_BYTES, make_options
-from .passes import TraceContext, guard_trace
+from .passes import FusionGuardError, TraceContext, guard_trace
 from .passes.hoist import HoistLedger
 from .report import Report, Subgraph
+
+
+class RankMismatch(FusionGuardError):
+    """Ranks made different decisions for the same program (strict mode)."""
 
 
 class FusionGuard(thunder.Transform):
@@ -30,15 +37,27 @@ class FusionGuard(thunder.Transform):
     - ``cost_model``: also reject compute regions the cost model says eager PyTorch runs faster.
     - ``margin``: eager must be estimated at least this fraction cheaper to reject (default 0.2).
     - ``exact_only``: reject compute regions only when every op gives the same bits outside the fusion.
-    - ``calibration``: cost constants: None (this machine's cached calibration, else shipped defaults),
-      ``"measure"`` (calibrate now if nothing is cached), or a ``CostConstants``/dict set by hand.
+    - ``calibration``: where cost constants come from: ``"auto"`` (default: cached calibration, else
+      shipped defaults, else calibrate now), ``"cached"`` or None (cached, else shipped; never measure),
+      ``"shipped"`` (shipped only), ``"measure"`` (cached, else calibrate now; shipped ignored), or a
+      ``CostConstants``/dict set by hand.
+    - ``calibration_budget_s``: seconds of timing a calibration may take (its probes' compilation aside).
+    - ``measure_budget_s``: seconds this guard may spend timing regions near break-even; 0: never.
     - ``fold_setitem``: fold Thunder's out-of-place setitem and its ``copy_`` back into one in-place setitem.
     - ``remove_identities``: remove ops that return their input unchanged (same-shape reshape, ...).
     - ``rehome``: move metadata ops run outside a fusion into the region that alone reads them.
     - ``merge_regions``: merge adjacent regions of one executor (off: the fused code may round differently).
+    - ``override_compile_options``: undo regions the program asked Thunder for by name
+      (``nv_enable_shape_only_fusion=True``, ``nv_enable_bookend=True``); off: they are kept, and the
+      decision names the option.
+    - ``compare_ranks``: in a distributed run, after each trace, gather every rank's decisions and compare
+      them (a collective inside compilation: every rank must compile the same traces at the same time).
     - ``hoist``: compute the input-independent part of each trace (masks, position ids built from shapes and
       constants) once per compiled program, on its first call, and reuse it.
     - ``hoist_max_bytes``: the most bytes of hoisted tensors one compiled trace keeps (default 64 MiB).
+
+    Communication ops (collectives, their waits, gradient buckets) are never rewritten, moved or moved
+    across; :meth:`check_ranks` compares the decisions of all ranks.
     """
 
     def __init__(
@@ -51,11 +70,15 @@ class FusionGuard(thunder.Transform):
         cost_model: bool = True,
         margin: float = 0.2,
         exact_only: bool = True,
-        calibration: CostConstants | dict | str | None = None,
+        calibration: CostConstants | dict | str | None = "auto",
+        calibration_budget_s: float = 5.0,
+        measure_budget_s: float = 5.0,
         fold_setitem: bool = True,
         remove_identities: bool = True,
         rehome: bool = True,
         merge_regions: bool = False,
+        override_compile_options: bool = False,
+        compare_ranks: bool = False,
         hoist: bool = True,
         hoist_max_bytes: int = DEFAULT_HOIST_MAX_BYTES,
     ) -> None:
@@ -68,15 +91,20 @@ class FusionGuard(thunder.Transform):
             margin=margin,
             exact_only=exact_only,
             calibration=calibration,
+            calibration_budget_s=calibration_budget_s,
+            measure_budget_s=measure_budget_s,
             fold_setitem=fold_setitem,
             remove_identities=remove_identities,
             rehome=rehome,
             merge_regions=merge_regions,
+            override_compile_options=override_compile_options,
+            compare_ranks=compare_ranks,
             hoist=hoist,
             hoist_max_bytes=hoist_max_bytes,
         )
         self._constants: dict[tuple[str, str], CostConstants | None] = {}
         self.report = Report()
+        self.measurer = RegionMeasurer(self.options.measure_budget_s)
         self._lock = threading.Lock()
         self._compiles: dict[str | None, int] = {}
         self._subgraph_ids: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
@@ -85,6 +113,7 @@ class FusionGuard(thunder.Transform):
     def transform_trace_post_optimization(self, computation_trace: th.TraceCtx, **kwargs: Any) -> th.TraceCtx:
         with self._lock:
             backward = th.is_backward(computation_trace)
+            self.report.saw_trace(th.compiling_executors())
             function = th.compile_function_name()
             # Counted per function name, not per object: ThunderFX subgraphs are all "GraphModule", and
             # distinct indices keep (function, compile_index) naming one compilation in the report.
@@ -95,8 +124,49 @@ class FusionGuard(thunder.Transform):
                 function=function,
                 compile_index=self._compiles.get(function, 0),
                 subgraph=self._subgraph_id(th.compiling_fx_subgraph()),
+                compile_options=th.explicit_compile_options(),
+                rank=current_rank(),
             )
-            return guard_trace(computation_trace, self.options, self.report, where, self.constants_for, self._hoisted)
+            seen = len(self.report)
+            measure = self.measurer if self.options.measure_budget_s > 0 else None
+            try:
+                new_trace = guard_trace(
+                    computation_trace, self.options, self.report, where, self.constants_for, measure, self._hoisted
+                )
+            finally:
+                if measure is not None:
+                    self.measurer.flush()
+                    self.report.measuring = self.measurer.to_dict()
+            made = self.report.decisions[seen:]
+        if self.options.compare_ranks:  # a collective: outside the lock
+            self._rank_problems(compare_ranks(made))
+        return new_trace
+
+    def check_ranks(self, group: Any = None) -> list[str]:
+        """Compare every decision so far with those of the other ranks; one line per rank that differs.
+
+        A collective (``torch.distributed.all_gather_object`` over ``group``, default the default group):
+        call it on every rank at the same point, e.g. after the first training step. Returns [] when
+        all ranks agree or ``torch.distributed`` is not initialized. A difference raises
+        :class:`RankMismatch` in strict mode; otherwise it is recorded in ``report.warnings`` and warned.
+        """
+        problems = compare_ranks(self.report.decisions, group)
+        self._rank_problems(problems)
+        return problems
+
+    def _rank_problems(self, problems: list[str]) -> None:
+        if not problems:
+            return
+        if self.options.strict:
+            raise RankMismatch("; ".join(problems))
+        for problem in problems:
+            self.report.warnings.append(problem)
+            warnings.warn(f"FusionGuard: {problem}", RuntimeWarning, stacklevel=3)
+
+    def __deepcopy__(self, memo: dict) -> FusionGuard:
+        """The guard itself: ThunderFX deep-copies split graphs, and under DDP or FSDP2 those reach its
+        backend and this guard; a copy would split the report (and cannot copy the lock)."""
+        return self
 
     def _subgraph_id(self, module: Any) -> str | None:
         """The id of a ThunderFX subgraph (``subgraph 0``, ...), given when it is first compiled."""
@@ -116,14 +186,24 @@ class FusionGuard(thunder.Transform):
             return None
 
     def constants_for(self, device: str, executor: str) -> CostConstants | None:
-        """The cost constants used for ``executor`` on ``device``, resolved once per guard."""
+        """The cost constants used for ``executor`` on ``device``, resolved once per guard (option
+        ``calibration``); with ``"auto"`` or ``"measure"`` this may calibrate, which never raises."""
         key = (device, executor)
         if key not in self._constants:
-            chosen = self.options.calibration
-            if not isinstance(chosen, CostConstants):
+            mode = self.options.calibration
+            if isinstance(mode, CostConstants):
+                chosen = mode
+            elif mode == "shipped":
+                chosen = calibrate.shipped(device, executor)
+            elif mode == "measure":
+                chosen = calibrate.cached(device, executor)
+            else:
                 chosen = calibrate.lookup(device, executor)
-                if chosen is None and self.options.calibration == "measure":
-                    chosen = calibrate.calibrate(device, executor)
+            if chosen is None and mode in ("auto", "measure"):
+                chosen, note, seconds = calibrate.auto_calibrate(device, executor, self.options.calibration_budget_s)
+                self.report.calibrations.append(
+                    {"device": device, "executor": executor, "seconds": round(seconds, 3), "result": note}
+                )
             self._constants[key] = chosen
         return self._constants[key]
 

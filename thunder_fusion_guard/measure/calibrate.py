@@ -1,32 +1,49 @@
 """Calibration: measure the cost model's constants for one executor on this machine, cache them.
 
-Five timings, each of a lone op: a tiny and a large ``add`` through the executor's fusion call and
-eagerly, and an eager ``view``. Cached on disk per device and software versions; shipped defaults
-(measured on our machines) stand in until a calibration has been run.
+Four probes (a tiny ``add``, a sum of eight tiny tensors, a large ``add``, a tiny ``reshape``), timed
+as the executor's fusion call and as the guard's torch lowering of them. Cached on disk
+per device and software versions; shipped defaults (measured on our machines) stand in until a
+calibration has been run. With ``calibration="auto"`` (the default) the guard calibrates by itself,
+within a time budget, the first time it needs constants that are neither cached nor shipped
+(:func:`auto_calibrate`).
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
+import logging
 import os
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .. import _thunder as th
-from ..cost import CostConstants
+from ..cost import PROBE_TENSORS, CostConstants
 from ..defaults import SHIPPED
 from .timing import median_us
 
 SMALL = (16, 16)
 LARGE_CPU = (2048, 2048)
 LARGE_CUDA = (8192, 8192)
+# The number of timings measure() takes: its budget is shared among them.
+TIMINGS = 6
+
+log = logging.getLogger("thunder_fusion_guard")
+
+
+def cache_dir() -> Path:
+    """Where calibrations and region measurements are cached (``TFG_CACHE_DIR`` overrides)."""
+    root = os.environ.get("TFG_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "thunder-fusion-guard")
+    return Path(root)
 
 
 def cache_path() -> Path:
-    root = os.environ.get("TFG_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "thunder-fusion-guard")
-    return Path(root) / "calibration.json"
+    return cache_dir() / "calibration.json"
 
 
 def device_name(device: str) -> str:
@@ -38,47 +55,104 @@ def cache_key(device: str, executor: str) -> str:
     return f"{device_name(device)}|{executor}|torch {v['torch']}|thunder {v['thunder']}|nvfuser {v['nvfuser']}"
 
 
-def _load_cache() -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(cache_path().read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return data if isinstance(data, dict) else {}
 
 
-def _jit_lone_add(executor: str):
+def update_json(path: Path, entries: dict[str, Any]) -> None:
+    """Add ``entries`` to the JSON object in ``path``, re-read just before writing, replaced atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {**read_json(path), **entries}
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+WIDE = 8  # inputs of the wide probe: a sum of eight tensors, one region of nine tensors
+
+
+def _add(a, b):
+    return a + b
+
+
+def _reshape(x):
+    return x.reshape(-1)
+
+
+def _wide_sum(*xs):
+    total = xs[0]
+    for x in xs[1:]:
+        total = total + x
+    return total
+
+
+def _probe(executor: str, fn: Callable, args: list[torch.Tensor]) -> tuple[Callable, Callable, list[torch.Tensor]]:
+    """The one fusion region ``executor`` makes of ``fn(*args)``: its fusion callable, its torch lowering
+    (what the guard would run instead), and its arguments."""
     import thunder
     from thunder.extend import get_executor
 
-    def add(a, b):
-        return a + b
+    from ..regions import find_regions
+    from .breakeven import region_pair
 
-    return thunder.jit(add, executors=[get_executor(executor)], nv_enable_shape_only_fusion=True)
-
-
-def _region_time(executor: str, a: torch.Tensor, b: torch.Tensor, inner: int) -> float:
-    import thunder
-
-    jitted = _jit_lone_add(executor)
-    jitted(a, b)
+    ex = get_executor(executor)
+    if ex is None:
+        raise LookupError(f"no executor named {executor!r} is registered with thunder")
+    jitted = thunder.jit(fn, executors=[ex], nv_enable_shape_only_fusion=True)
+    jitted(*args)
     trace = thunder.last_traces(jitted)[-1]
-    (bsym,) = [x for x in trace.bound_symbols if th.is_fusion(x)]
-    by_name = dict(zip(th.trace_arg_names(trace), (a, b), strict=True))
-    args = [by_name[p.name] for p in bsym.flat_proxy_args]
-    return median_us(th.region_callable(bsym), *args, reps=30, warmup=5, inner=inner)
+    (region,) = find_regions(trace)
+    by_name = dict(zip(th.trace_arg_names(trace), args, strict=True))
+    fusion, eager = region_pair(trace, region)
+    return fusion, eager, [by_name[p.name] for p in region.inputs]
 
 
-def measure(device: str, executor: str) -> CostConstants:
-    """Measure the constants for ``executor`` on ``device`` ('cpu' or 'cuda'): a few seconds."""
+def _time(fn: Callable, args: list, inner: int, budget_s: float | None) -> float:
+    reps, warmup = 30, 5
+    if budget_s is not None:
+        start = time.perf_counter()
+        fn(*args)
+        if args[0].is_cuda:
+            torch.cuda.synchronize()
+        one = max(time.perf_counter() - start, 1e-7)
+        reps = max(3, min(reps, int(budget_s / (one * inner * 1.2))))
+        warmup = min(warmup, reps)
+    return median_us(fn, *args, reps=reps, warmup=warmup, inner=inner)
+
+
+def measure(device: str, executor: str, budget_s: float | None = None) -> CostConstants:
+    """Measure the constants for ``executor`` on ``device`` ('cpu' or 'cuda'): a few seconds.
+
+    Four probes, each one region: a lone ``add`` of tiny tensors (the fixed cost of a fusion call and
+    of an eager op), a sum of eight tiny tensors (what each further tensor adds to a call), a lone
+    ``add`` of large tensors (bandwidth), a lone ``reshape`` (an eager view). Eager times are those of
+    the guard's own torch lowering of the probe. With ``budget_s``, fewer samples are taken so that the
+    timings (not the executor's compilation of the probes) fit in about that many seconds.
+    """
+    share = None if budget_s is None else budget_s / TIMINGS
     large = LARGE_CUDA if device == "cuda" else LARGE_CPU
-    sa, sb = (torch.randn(SMALL, device=device) for _ in range(2))
+    small = [torch.randn(SMALL, device=device) for _ in range(WIDE)]
     la, lb = (torch.randn(large, device=device) for _ in range(2))
     big_bytes = 3 * la.numel() * la.element_size()
     # Streams of tiny calls measure host cost; single synchronised large calls measure bandwidth.
-    fusion_call_us = _region_time(executor, sa, sb, inner=50)
-    fusion_big_us = _region_time(executor, la, lb, inner=1)
-    eager_op_us = median_us(torch.add, sa, sb, reps=30, warmup=5, inner=50)
-    eager_meta_us = median_us(lambda t: t.view(-1), sa, reps=30, warmup=5, inner=50)
-    eager_big_us = median_us(torch.add, la, lb, reps=30, warmup=5)
+    fusion, eager, args = _probe(executor, _add, small[:2])
+    fusion_call_us = _time(fusion, args, 50, share)
+    eager_op_us = _time(eager, args, 50, share)
+    fusion, _, args = _probe(executor, _wide_sum, small)
+    fusion_wide_us = _time(fusion, args, 50, share)
+    fusion, eager, args = _probe(executor, _add, [la, lb])
+    fusion_big_us = _time(fusion, args, 1, share)
+    eager_big_us = _time(eager, args, 1, share)
+    try:
+        _, eager, args = _probe(executor, _reshape, small[:1])
+    except ValueError:  # the executor makes no region of a lone reshape: time torch's own
+        eager, args = _reshape, small[:1]
+    eager_meta_us = _time(eager, args, 50, share)
+    io_us = max(0.0, (fusion_wide_us - fusion_call_us) / (WIDE + 1 - PROBE_TENSORS))
     return CostConstants(
         fusion_call_us=round(fusion_call_us, 3),
         fusion_gbps=round(big_bytes / (fusion_big_us * 1e3), 2),
@@ -87,19 +161,55 @@ def measure(device: str, executor: str) -> CostConstants:
         eager_gbps=round(big_bytes / (eager_big_us * 1e3), 2),
         overlapped=device == "cuda",
         source=f"measured: {cache_key(device, executor)}",
+        fusion_io_us=round(io_us, 3),
     )
 
 
-def calibrate(device: str, executor: str, *, save: bool = True) -> CostConstants:
+def save_constants(device: str, executor: str, constants: CostConstants) -> None:
+    update_json(cache_path(), {cache_key(device, executor): constants.to_dict()})
+
+
+def calibrate(device: str, executor: str, *, save: bool = True, budget_s: float | None = None) -> CostConstants:
     """Measure and (by default) cache the constants for ``executor`` on ``device``."""
-    constants = measure(device, executor)
+    constants = measure(device, executor, budget_s)
     if save:
-        data = _load_cache()
-        data[cache_key(device, executor)] = constants.to_dict()
-        path = cache_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=1, sort_keys=True))
+        save_constants(device, executor, constants)
     return constants
+
+
+def auto_calibrate(device: str, executor: str, budget_s: float) -> tuple[CostConstants | None, str, float]:
+    """Calibrate from inside a compilation: (constants or None, what happened, seconds it took). Never raises.
+
+    The probes are compiled by ``thunder.jit`` in a fresh context (no trace, compile data or language
+    context of the compilation that asked leaks in), without gradients or autocast; progress and the
+    result go to the ``thunder_fusion_guard`` logger; the result is cached like ``fusion-guard calibrate``'s.
+    """
+    start = time.perf_counter()
+    where = f"executor {executor!r} on {device}"
+    try:
+        where = f"executor {executor!r} on {device_name(device)}"
+        if device == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None, "not calibrated: a CUDA graph is being captured", 0.0
+        log.info("FusionGuard: no cost constants for %s: calibrating (budget %.3g s) ...", where, budget_s)
+
+        def run() -> CostConstants:
+            with torch.no_grad(), torch.autocast(device, enabled=False):
+                return measure(device, executor, budget_s)
+
+        constants = contextvars.Context().run(run)
+    except Exception as e:
+        took = time.perf_counter() - start
+        note = f"calibration failed after {took:.1f} s: {type(e).__name__}: {e}"
+        log.warning("FusionGuard: %s for %s; compute regions stay fused", note, where)
+        return None, note, took
+    took = time.perf_counter() - start
+    try:
+        save_constants(device, executor, constants)
+        saved = f"cached in {cache_path()}"
+    except OSError as e:
+        saved = f"not cached ({e})"
+    log.info("FusionGuard: calibrated %s in %.1f s, %s: %s", where, took, saved, constants.to_dict())
+    return constants, f"calibrated here in {took:.1f} s", took
 
 
 def shipped(device: str, executor: str) -> CostConstants | None:
@@ -111,12 +221,17 @@ def shipped(device: str, executor: str) -> CostConstants | None:
     return None
 
 
+def cached(device: str, executor: str) -> CostConstants | None:
+    """This machine's cached calibration for ``executor`` on ``device``, if there is a valid one."""
+    entry = read_json(cache_path()).get(cache_key(device, executor))
+    if entry is None:
+        return None
+    try:
+        return CostConstants.from_dict(entry)
+    except (TypeError, ValueError):
+        return None
+
+
 def lookup(device: str, executor: str) -> CostConstants | None:
     """Cached calibration for this machine if there is one, else the shipped default, else None."""
-    cached = _load_cache().get(cache_key(device, executor))
-    if cached is not None:
-        try:
-            return CostConstants.from_dict(cached)
-        except ValueError:
-            pass
-    return shipped(device, executor)
+    return cached(device, executor) or shipped(device, executor)

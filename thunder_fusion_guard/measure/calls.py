@@ -13,7 +13,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .. import _thunder as th
-from ..explain import guards_of
+from ..explanation import guards_of
 from ..regions import Region, find_regions
 from ..report import Decision
 
@@ -38,7 +38,8 @@ class RegionCall:
 class ProgramCalls:
     """One Thunder program (the jitted function, or one ThunderFX subgraph), its regions' calls and decisions.
 
-    ``subgraph`` is the guard's id for a ThunderFX subgraph (Thunder's name for it without a guard).
+    ``subgraph`` is the guard's id for a ThunderFX subgraph (Thunder's name for it without a guard);
+    ``args`` and ``kwargs`` are what the program was called with.
     """
 
     jitted: Any
@@ -46,6 +47,8 @@ class ProgramCalls:
     traces: dict[str, th.TraceCtx] = field(default_factory=dict)
     calls: list[RegionCall] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
 
 
 def step(fn: Any, args: tuple, kwargs: dict, backward: bool = True) -> Any:
@@ -72,6 +75,14 @@ def program_calls(obj: Any, args: tuple, kwargs: dict, backward: bool = True) ->
         _record(sub.jitted, _subgraph_key(sub) or sub.label, sub_args, sub_kwargs, backward)
         for sub, sub_args, sub_kwargs in subgraph_inputs(obj, args, kwargs, backward)
     ]
+
+
+def programs(obj: Any) -> list[tuple[Any, str | None]]:
+    """The Thunder programs of ``obj`` compiled so far, as (jitted, subgraph id): the function itself, or
+    each ThunderFX subgraph."""
+    if not th.is_thunderfx(obj):
+        return [(obj, None)]
+    return [(sub.jitted, _subgraph_key(sub) or sub.label) for sub in th.thunderfx_subgraphs(obj)]
 
 
 def subgraph_inputs(
@@ -117,7 +128,7 @@ def _record(jitted: Any, subgraph: str | None, args: tuple, kwargs: dict, backwa
     step(jitted, args, kwargs, backward)
     with th.recording_fusion_calls(jitted) as recorded:
         step(jitted, args, kwargs, backward)
-    program = ProgramCalls(jitted, subgraph, decisions=latest_decisions(jitted))
+    program = ProgramCalls(jitted, subgraph, decisions=latest_decisions(jitted), args=args, kwargs=kwargs)
     by_region = {(d.trace, d.region): d for d in program.decisions if d.about_region}
     for kind, trace in zip(("forward", "backward"), th.last_traces(jitted), strict=True):
         if trace is None:

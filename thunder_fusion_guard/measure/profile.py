@@ -2,12 +2,15 @@
 
 Each region's own callable is timed against the same ops run by Thunder's torch executor (the
 lowering the guard uses), so the cost of a fusion call can be read region by region, and next to it
-the guard's decision for that region. ThunderFX objects are profiled subgraph by subgraph.
+the guard's decision for that region. ThunderFX objects are profiled subgraph by subgraph. On CUDA
+each region's effective bandwidth (bytes in and out over device time) is set against the device's peak,
+and the profile carries the dataflow graphs of the traces (:mod:`.dataflow`) for pictures.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -18,11 +21,18 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from .. import _thunder as th
+from ..distributed import current_rank
+from ..explanation import guards_of, name_subgraphs
+from ..ops import is_communication
 from ..passes.rewrite import lower_region
-from ..report import Decision, _ops_text, kernels_text, text_table
-from .calls import RegionCall, program_calls
+from ..report import Decision, Subgraph, _ops_text, kernels_text, text_table
+from .bandwidth import Peak, gbps, peak_bandwidth
+from .calls import ProgramCalls, RegionCall, program_calls
+from .dataflow import GraphPair, graphs_to_dot, trace_graphs
 from .segments import device_kernels, summarize
-from .timing import median_us, uses_cuda
+from .timing import spread_text, time_us, uses_cuda
+
+logger = logging.getLogger("thunder_fusion_guard")
 
 
 @dataclass
@@ -31,8 +41,12 @@ class RegionRow:
 
     ``host_us`` is the wall time of one call (synchronised on CUDA), ``device_us`` the kernel time
     of one call, ``overhead_us`` their difference: what the call costs beyond its kernels. On CUDA
-    ``kernel_names`` and ``schedulers`` list the kernels of one call. ``subgraph`` names the ThunderFX
-    subgraph the region belongs to.
+    ``kernel_names``, ``schedulers`` and ``kernel_us`` list the kernels of one call; ``gbps`` is the
+    effective bandwidth (input and output bytes over device time) and ``peak_fraction`` its share of the
+    device's peak; ``kernel_gbps`` gives it per kernel where a kernel's bytes are known (a region of one
+    kernel: the region's; a segmented region's kernels also move intermediates, which are not counted, so None).
+    ``subgraph`` names the ThunderFX subgraph the region belongs to. ``host_spread_us`` and
+    ``eager_spread_us`` are the (first, third) quartiles of the samples behind ``host_us`` and ``eager_us``.
     """
 
     trace: str
@@ -54,6 +68,12 @@ class RegionRow:
     subgraph: str | None = None
     kernel_names: list[str] = field(default_factory=list)
     schedulers: list[str] = field(default_factory=list)
+    kernel_us: list[float] = field(default_factory=list)
+    gbps: float | None = None
+    peak_fraction: float | None = None
+    kernel_gbps: list[float | None] = field(default_factory=list)
+    host_spread_us: tuple[float, float] | None = None
+    eager_spread_us: tuple[float, float] | None = None
 
     @property
     def excess_us(self) -> float | None:
@@ -67,22 +87,51 @@ class RegionRow:
 
 @dataclass
 class RegionProfile:
-    """The rows of :func:`profile_regions` and the guard decisions of the same compilation."""
+    """The rows of :func:`profile_regions`, the guard decisions of the same compilation, the dataflow
+    graphs of its traces (before and after the guard) and, on CUDA, the device's peak memory bandwidth.
+
+    ``executors`` lists (name, is a fusion executor) of the executors the programs were compiled with;
+    ``threads`` is torch's intra-op thread count during the CPU timings.
+    """
 
     function: str | None
     device: str
     reps: int
     rows: list[RegionRow]
     decisions: list[Decision] = field(default_factory=list)
+    graphs: list[GraphPair] = field(default_factory=list)
+    peak: Peak | None = None
+    subgraphs: dict[str, Subgraph] = field(default_factory=dict)
+    executors: list[tuple[str, bool]] = field(default_factory=list)
+    threads: int | None = None
+    rank: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "function": self.function,
             "device": self.device,
+            "rank": self.rank,
             "reps": self.reps,
+            "peak": None if self.peak is None else asdict(self.peak),
+            "threads": self.threads,
+            "executors": [name for name, _ in self.executors],
             "rows": [asdict(r) for r in self.rows],
             "decisions": [d.to_dict() for d in self.decisions],
+            "graphs": [g.to_dict() for g in self.graphs],
         }
+
+    def to_html(self, title: str | None = None, meta: Sequence[str] = ()) -> str:
+        """A self-contained HTML page: the pictures, the profile and the decisions, in sortable tables;
+        ``meta`` lines go under the title."""
+        from ..render import html_page
+
+        title = title or f"FusionGuard profile of {self.function or 'jitted function'} on {self.device}"
+        return html_page(title, self.decisions, self.subgraphs, profile=self, graphs=self.graphs, meta=meta)
+
+    def to_dot(self) -> str:
+        """The dataflow graphs as Graphviz DOT text."""
+        title = f"FusionGuard dataflow of {self.function or 'jitted function'}"
+        return graphs_to_dot(self.graphs, title, self.subgraphs)
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
@@ -128,21 +177,112 @@ def profile_regions(jitted: Any, *args: Any, reps: int = 100, warmup: int = 10, 
     twice, the second time recording each fusion call's arguments (under ThunderFX: each subgraph's
     inputs, then each subgraph runs twice on copies of them); the backward is that of the sum of the
     floating outputs, so gradients accumulate in ``.grad`` as in a training step. Then each region is
-    timed on its recorded arguments, ``reps`` calls after ``warmup``.
+    timed on its recorded arguments, ``reps`` calls after ``warmup``. On a shared CPU, pin torch's threads
+    first (``torch.set_num_threads(1)``): with several, each call may wait for a busy core.
+    In a distributed run call it on
+    every rank (the program's collectives run twice); the profile names the rank, and a region holding a
+    collective is not timed alone.
     """
-    rows, decisions = [], []
-    for program in program_calls(jitted, args, kwargs):
+    rows, decisions, executors = [], [], []
+    cuda = uses_cuda(*tree_flatten((args, kwargs))[0])
+    peak = peak_bandwidth() if cuda else None
+    programs = program_calls(jitted, args, kwargs)
+    for program in programs:
         decisions += program.decisions
+        executors += [e for e in th.executors_of(program.jitted) if e not in executors]
         for call in program.calls:
             row = _measure(program.traces[call.trace], call, reps, warmup)
             row.subgraph = program.subgraph
             if call.decision is not None:
                 d = call.decision
                 row.action, row.reason, row.estimates = d.action, d.reason, dict(d.estimates)
+            _bandwidth(row, peak)
             rows.append(row)
-    device = "cuda" if uses_cuda(*tree_flatten((args, kwargs))[0]) else "cpu"
+    try:
+        graphs = trace_graphs(jitted, rows)
+    except Exception as e:  # pictures are extra: a trace they cannot read must not cost the profile
+        logger.warning("profile_regions: no dataflow graphs: %s: %s", type(e).__name__, e)
+        graphs = []
+    if cuda:
+        _count_step_kernels(programs, graphs)
     name = th.thunderfx_function_name(jitted) if th.is_thunderfx(jitted) else th.jitted_function_name(jitted)
-    return RegionProfile(name, device, reps, rows, decisions)
+    subgraphs = _named_subgraphs(jitted)
+    device = "cuda" if cuda else "cpu"
+    threads = torch.get_num_threads() if device == "cpu" else None
+    return RegionProfile(
+        name, device, reps, rows, decisions, graphs, peak, subgraphs, executors, threads, current_rank()
+    )
+
+
+def _named_subgraphs(obj: Any) -> dict[str, Subgraph]:
+    """The ThunderFX subgraphs of the guards attached to ``obj``, with Thunder's names (empty otherwise)."""
+    guards = guards_of(obj)
+    if not guards or not th.is_thunderfx(obj):
+        return {}
+    name_subgraphs(obj, guards)
+    return {key: sub for g in guards for key, sub in g.report.subgraphs.items()}
+
+
+def _bandwidth(row: RegionRow, peak: Peak | None) -> None:
+    if row.device_us is None or row.input_bytes is None or row.output_bytes is None:
+        return
+    nbytes = row.input_bytes + row.output_bytes
+    row.gbps = gbps(nbytes, row.device_us)
+    if peak is not None and row.gbps is not None:
+        row.peak_fraction = row.gbps / peak.gbps
+    if row.kernels == 1 and len(row.kernel_us) == 1:
+        row.kernel_gbps = [gbps(nbytes, row.kernel_us[0])]
+    else:
+        row.kernel_gbps = [None] * len(row.kernel_us)
+
+
+def _count_step_kernels(programs: list[ProgramCalls], graphs: list[GraphPair]) -> None:
+    """Measured kernels per call of each program's forward and backward, onto the 'after' graphs."""
+    for program in programs:
+        try:
+            counts = step_kernels(program.jitted, program.args, program.kwargs)
+        except Exception as e:
+            logger.warning("profile_regions: kernels per call not counted: %s: %s", type(e).__name__, e)
+            continue
+        for pair in graphs:
+            if pair.subgraph == program.subgraph and counts.get(pair.trace) is not None:
+                pair.after.kernels_per_call = counts[pair.trace]
+
+
+def step_kernels(fn: Any, args: tuple, kwargs: dict) -> dict[str, int | None]:
+    """CUDA kernels one call of ``fn`` launches (``forward``) and its backward (``backward``: of the sum of
+    the floating outputs, seeded with precomputed ones, gradients of the leaves set to None first so
+    accumulation launches nothing; they are restored after)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        out = fn(*args, **kwargs)
+        torch.cuda.synchronize()
+    counts: dict[str, int | None] = {"forward": len(device_kernels(prof.events())), "backward": None}
+    outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+    outs = [t for t in outs if t.is_floating_point() and t.grad_fn is not None]
+    if not outs:
+        return counts
+    seeds = [torch.ones_like(t) for t in outs]
+    flat = tree_flatten((args, kwargs))[0]
+    leaves = [t for t in flat if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf]
+    module = th.compiled_module(fn)
+    if isinstance(module, torch.nn.Module):
+        leaves += [p for p in module.parameters() if p.requires_grad]
+    saved = [t.grad for t in leaves]
+    for t in leaves:
+        t.grad = None
+    torch.cuda.synchronize()
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            torch.autograd.backward(outs, seeds)
+            torch.cuda.synchronize()
+        counts["backward"] = len(device_kernels(prof.events()))
+    finally:
+        for t, grad in zip(leaves, saved, strict=True):
+            t.grad = grad
+    return counts
 
 
 def _nbytes(values: Sequence[Any]) -> int:
@@ -153,6 +293,9 @@ def _nbytes(values: Sequence[Any]) -> int:
 def _measure(trace: th.TraceCtx, call: RegionCall, reps: int, warmup: int) -> RegionRow:
     region = call.region
     row = RegionRow(call.trace, region.name, region.executor, len(region.ops), region.ops)
+    if is_communication(region.bsym):
+        row.error = "holds communication ops: not timed alone (each call would run a collective)"
+        return row
     args = call.replay_args()
     if args is None:
         row.error = "region was not called"
@@ -162,9 +305,9 @@ def _measure(trace: th.TraceCtx, call: RegionCall, reps: int, warmup: int) -> Re
     with torch.no_grad():
         row.input_bytes = _nbytes(args)
         row.output_bytes = _nbytes([fn(*args)])
-        row.host_us = median_us(fn, *args, reps=reps, warmup=warmup)
+        row.host_us, row.host_spread_us = _timed(fn, args, reps, warmup)
         if cuda:
-            row.device_us, row.kernels, names = _device_time(fn, args, max(1, min(reps, 20)))
+            row.device_us, row.kernels, names, row.kernel_us = _device_time(fn, args, max(1, min(reps, 20)))
             kernels = summarize(names)
             row.kernel_names, row.schedulers = kernels["kernel_names"], kernels["schedulers"]
             row.overhead_us = row.host_us - row.device_us
@@ -172,14 +315,20 @@ def _measure(trace: th.TraceCtx, call: RegionCall, reps: int, warmup: int) -> Re
             eager = th.python_callable_from_symbols(
                 f"{region.name}_eager", lower_region(trace, region), region.inputs, region.outputs
             )
-            row.eager_us = median_us(eager, *args, reps=reps, warmup=warmup)
+            row.eager_us, row.eager_spread_us = _timed(eager, args, reps, warmup)
         except Exception as e:
             row.error = f"eager: {type(e).__name__}: {e}"
     return row
 
 
-def _device_time(fn: Callable, args: tuple, calls: int) -> tuple[float, int | None, list[str]]:
-    """Kernel µs, kernel count and kernel names per call from torch.profiler; CUDA events (no count) as a fallback."""
+def _timed(fn: Callable, args: tuple, reps: int, warmup: int) -> tuple[float, tuple[float, float]]:
+    timing = time_us(fn, *args, reps=reps, warmup=warmup)
+    return timing.median, (timing.q1, timing.q3)
+
+
+def _device_time(fn: Callable, args: tuple, calls: int) -> tuple[float, int | None, list[str], list[float]]:
+    """Device µs, kernel count, kernel names and each kernel's µs per call from torch.profiler; CUDA events
+    (no count) as a fallback."""
     try:
         return _profiled_kernels(fn, args, calls)
     except Exception:
@@ -191,10 +340,10 @@ def _device_time(fn: Callable, args: tuple, calls: int) -> tuple[float, int | No
             end.record()
             end.synchronize()
             samples.append(start.elapsed_time(end) * 1e3)
-        return statistics.median(samples), None, []
+        return statistics.median(samples), None, [], []
 
 
-def _profiled_kernels(fn: Callable, args: tuple, calls: int) -> tuple[float, int, list[str]]:
+def _profiled_kernels(fn: Callable, args: tuple, calls: int) -> tuple[float, int, list[str], list[float]]:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -207,7 +356,11 @@ def _profiled_kernels(fn: Callable, args: tuple, calls: int) -> tuple[float, int
     kernels = device_kernels(on_device)
     total_us = sum(e.time_range.elapsed_us() for e in on_device)
     per_call = round(len(kernels) / calls)
-    return total_us / calls, per_call, [e.name for e in kernels[:per_call]]
+    kernel_us = []
+    if per_call and len(kernels) == per_call * calls:
+        times = [e.time_range.elapsed_us() for e in kernels]
+        kernel_us = [statistics.median(times[i::per_call]) for i in range(per_call)]
+    return total_us / calls, per_call, [e.name for e in kernels[:per_call]], kernel_us
 
 
 def _fmt(value: float | int | None, digits: int = 1) -> str:
@@ -219,27 +372,41 @@ def _fmt(value: float | int | None, digits: int = 1) -> str:
 def format_profile(profile: RegionProfile) -> str:
     """A fixed-width table, one row per region, then the guard's decisions for regions no longer there."""
     cuda = profile.device == "cuda"
+    threads = "" if profile.threads is None else f"; {profile.threads} intra-op thread{'s' * (profile.threads > 1)}"
+    on = profile.device if profile.rank is None else f"{profile.device}, rank {profile.rank}"
     title = (
-        f"profile of {profile.function or 'jitted function'} on {profile.device} "
-        f"(µs: median of {profile.reps} calls of each region's own callable with its real inputs)"
+        f"profile of {profile.function or 'jitted function'} on {on} (µs: median (first-third "
+        f"quartile) of {profile.reps} calls of each region's own callable with its real inputs{threads})"
     )
-    if not profile.rows:
-        lines = [title, "no fusion regions in the final traces"]
+    if not profile.rows and any(d.about_region for d in profile.decisions):
+        lines = [title, "no fusion region left in the final traces"]
+    elif not profile.rows:
+        from ..executors import no_region_hint
+
+        lines = [title, f"no fusion region in the final traces: {no_region_hint(profile.executors)}"]
     else:
         header = ["trace", "region", "executor", "ops", "in KiB", "out KiB", "host", "eager"]
-        header += ["device", "kernels", "overhead"] if cuda else ["host-eager"]
+        header += ["device", "GB/s", "% peak", "kernels", "overhead"] if cuda else ["host-eager"]
         header += ["action", "reason"]
         table = [header]
         for r in profile.rows:
             where = r.trace if r.subgraph is None else f"{r.subgraph}/{r.trace}"
             cells = [where, r.region, r.executor, f"{r.n_ops}: {_ops_text(r.ops, 32)}"]
-            cells += [_kib(r.input_bytes), _kib(r.output_bytes), _fmt(r.host_us), _fmt(r.eager_us)]
-            cells += [_fmt(r.device_us), _kernels(r), _fmt(r.overhead_us)] if cuda else [_fmt(r.excess_us)]
+            cells += [_kib(r.input_bytes), _kib(r.output_bytes)]
+            cells += [_spread(r.host_us, r.host_spread_us), _spread(r.eager_us, r.eager_spread_us)]
+            bandwidth = [_fmt(r.gbps), _percent(r.peak_fraction)]
+            cells += [_fmt(r.device_us), *bandwidth, _kernels(r), _fmt(r.overhead_us)] if cuda else [_fmt(r.excess_us)]
             reason = r.reason or ""
             if r.error:
                 reason = f"{reason} [{r.error}]".strip()
             table.append([*cells, r.action or "-", reason])
         lines = [title, *text_table(table)]
+        if cuda:
+            peak = "unknown" if profile.peak is None else f"{profile.peak.gbps:.0f} GB/s ({profile.peak.source})"
+            lines.append(
+                f"GB/s: input + output bytes over device time; peak memory bandwidth {peak}; above 100%: the "
+                "region reads less than its whole inputs (an embedding table, a gather)"
+            )
     present = {(r.subgraph, r.trace, r.region) for r in profile.rows}
     gone = [d for d in profile.decisions if d.about_region and (d.subgraph, d.trace, d.region) not in present]
     if gone:
@@ -250,10 +417,20 @@ def format_profile(profile: RegionProfile) -> str:
     return "\n".join(lines)
 
 
+def _spread(median: float | None, quartiles: tuple[float, float] | None) -> str:
+    if median is None or quartiles is None:
+        return _fmt(median)
+    return spread_text(median, *quartiles)
+
+
 def _kernels(row: RegionRow) -> str:
     if row.kernels is None:
         return "-"
     return kernels_text({"kernels": row.kernels, "schedulers": row.schedulers, "segmented": row.kernels > 1})
+
+
+def _percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{100 * fraction:.0f}%"
 
 
 def _kib(n: int | None) -> str:

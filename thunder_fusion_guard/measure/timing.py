@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,16 +26,44 @@ def uses_cuda(*values: Any) -> bool:
     return False
 
 
-def median_us(
+@dataclass(frozen=True)
+class Timing:
+    """Per-call microseconds of a timed function: the median and the spread of the samples."""
+
+    median: float
+    q1: float
+    q3: float
+    min: float
+    max: float
+    samples: int
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> Timing:
+        ordered = sorted(samples)
+        n = len(ordered)
+        q1 = statistics.median(ordered[: n // 2]) if n > 1 else ordered[0]
+        q3 = statistics.median(ordered[(n + 1) // 2 :]) if n > 1 else ordered[0]
+        return cls(statistics.median(ordered), q1, q3, ordered[0], ordered[-1], n)
+
+    def text(self, digits: int = 1) -> str:
+        return spread_text(self.median, self.q1, self.q3, digits)
+
+
+def spread_text(median: float, q1: float, q3: float, digits: int = 1) -> str:
+    """'12.3 (11.9-13.0)': a median and, in brackets, its first and third quartiles."""
+    return f"{median:.{digits}f} ({q1:.{digits}f}-{q3:.{digits}f})"
+
+
+def time_us(
     fn: Callable[..., Any], *args: Any, reps: int = 200, warmup: int = 20, inner: int = 1, cuda: bool | None = None
-) -> float:
-    """Median time of one call of ``fn(*args)`` in microseconds, over ``reps`` samples of ``inner`` calls.
+) -> Timing:
+    """Time one call of ``fn(*args)`` in microseconds over ``reps`` samples of ``inner`` calls.
 
     With ``cuda`` (default: any CUDA tensor argument) each sample ends with a device synchronise, so the
     figure is host time plus the kernels' device time, as a training step would see it.
     """
     if reps < 1 or warmup < 0 or inner < 1:
-        raise ValueError("median_us: reps and inner must be >= 1 and warmup >= 0")
+        raise ValueError("time_us: reps and inner must be >= 1 and warmup >= 0")
     cuda = uses_cuda(*args) if cuda is None else cuda
     for _ in range(warmup):
         fn(*args)
@@ -46,4 +75,62 @@ def median_us(
             fn(*args)
         _sync(cuda)
         samples.append((time.perf_counter_ns() - start) / 1e3 / inner)
-    return statistics.median(samples)
+    return Timing.of(samples)
+
+
+def median_us(
+    fn: Callable[..., Any], *args: Any, reps: int = 200, warmup: int = 20, inner: int = 1, cuda: bool | None = None
+) -> float:
+    """Median time of one call of ``fn(*args)`` in microseconds (see :func:`time_us`)."""
+    return time_us(fn, *args, reps=reps, warmup=warmup, inner=inner, cuda=cuda).median
+
+
+Clock = Callable[[], int]
+
+
+def interleaved_us(
+    fns: Sequence[Callable[..., Any]],
+    args: Sequence[Any],
+    *,
+    reps: int = 20,
+    warmup: int = 2,
+    target_sample_us: float = 200.0,
+    max_inner: int = 200,
+    deadline_ns: int | None = None,
+    min_reps: int = 3,
+    clock: Clock = time.perf_counter_ns,
+    cuda: bool | None = None,
+) -> list[list[float]]:
+    """Per-call µs samples of each of ``fns`` on ``args``: rounds of one sample each, in alternating order.
+
+    Each function is called once untimed (a compile, if it has one), then ``warmup`` times; a sample
+    times enough calls (``inner``, the same for all) to last about ``target_sample_us``. Rounds stop at
+    ``reps`` or, after ``min_reps``, once ``clock()`` passes ``deadline_ns``. On CUDA a sample ends with a
+    synchronise, so it is the stream's cost per call: the larger of host and device time.
+    """
+    if reps < 1 or warmup < 0 or min_reps < 1:
+        raise ValueError("interleaved_us: reps and min_reps must be >= 1 and warmup >= 0")
+    cuda = uses_cuda(*args) if cuda is None else cuda
+    fastest = None
+    for fn in fns:
+        for _ in range(1 + warmup):
+            fn(*args)
+        _sync(cuda)
+        start = clock()
+        fn(*args)
+        _sync(cuda)
+        took = (clock() - start) / 1e3
+        fastest = took if fastest is None else min(fastest, took)
+    inner = max(1, min(max_inner, int(target_sample_us / max(fastest or 0.0, 1e-3))))
+    samples: list[list[float]] = [[] for _ in fns]
+    order = list(range(len(fns)))
+    for round_index in range(reps):
+        if round_index >= min_reps and deadline_ns is not None and clock() > deadline_ns:
+            break
+        for i in order if round_index % 2 == 0 else reversed(order):
+            start = clock()
+            for _ in range(inner):
+                fns[i](*args)
+            _sync(cuda)
+            samples[i].append((clock() - start) / 1e3 / inner)
+    return samples

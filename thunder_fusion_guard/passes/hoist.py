@@ -105,7 +105,7 @@ def _tensor_names(proxies: Iterable[th.Proxy]) -> list[str]:
 def _alias_groups(bsyms: Iterable[th.BoundSymbol], extra: frozenset[str]) -> _Groups:
     groups = _Groups()
     for b in bsyms:
-        if th.is_structural(b):
+        if th.is_plumbing(b):
             continue
         if th.subsymbols(b):
             for out, ins in aliased_outputs(b, extra).items():
@@ -199,7 +199,7 @@ def _units(bsyms: list[th.BoundSymbol], readers_of: dict[str, set[int]], may_reb
     units: dict[int, _Unit] = {}
     constant: set[str] = set()
     for i, b in enumerate(bsyms):
-        if th.is_structural(b):
+        if th.is_plumbing(b):
             continue
         reads = [p.name for p in unique_proxies(b.flat_proxy_args)]
         outs = list(b.flat_proxy_outs)
@@ -255,7 +255,7 @@ def _settle(
 
     def writes_at(b: th.BoundSymbol) -> bool:
         if id(b) not in writes:
-            writes[id(b)] = not th.is_structural(b) and writes_inputs(b)
+            writes[id(b)] = not th.is_plumbing(b) and writes_inputs(b)
         return writes[id(b)]
 
     while True:
@@ -341,7 +341,7 @@ def _describe(
         shared = set(aliased_outputs(unit.bsym)) if th.subsymbols(unit.bsym) else set()
         for p in unit.outs:
             if p.name not in shared and (th.subsymbols(unit.bsym) or not may_alias_inputs(unit.bsym)):
-                allocated[groups.find(p.name)] += th.tensor_nbytes(p)
+                allocated[groups.find(p.name)] += th.tensor_nbytes(p) or 0
     nbytes = sum(allocated[g] for g in {groups.find(p.name) for p in boundary})
     ops = []
     for pos in piece:
@@ -417,7 +417,7 @@ def _reaches_input_write(bsyms, units, chosen, outputs: set[str], groups: _Group
     tainted = set(outputs)
     for j, b in enumerate(bsyms):
         unit = units.get(j) if j in chosen else None
-        if th.is_structural(b) or (unit is not None and unit.leaves_trace):
+        if th.is_plumbing(b) or (unit is not None and unit.leaves_trace):
             continue
         run = _run_at(bsyms, units, chosen, j)
         if not any(p.name in tainted for p in run.flat_proxy_args):
@@ -588,7 +588,7 @@ def check_backward(
     written = {
         groups.find(name)
         for b in trace.bound_symbols
-        if not th.is_structural(b) and writes_inputs(b)
+        if not th.is_plumbing(b) and writes_inputs(b)
         for name in _tensor_names(b.flat_proxy_args)
     }
     hit = sorted(n for n in present if groups.find(n) in written)

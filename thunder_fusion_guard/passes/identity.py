@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import _thunder as th
+from ..ops import is_communication
 from .rewrite import unique_proxies
 
 
@@ -53,7 +54,9 @@ def _prim_identity(bsym: th.BoundSymbol) -> str | None:
 
 
 def identity_reason(bsym: th.BoundSymbol) -> str | None:
-    """Why ``bsym`` returns its first input unchanged, or None when it may change something."""
+    """Why ``bsym`` returns its first input unchanged, or None when it may change something (or communicates)."""
+    if is_communication(bsym):
+        return None
     reason = _prim_identity(bsym)
     if reason is not None:
         return reason

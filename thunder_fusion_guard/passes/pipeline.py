@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from .. import _thunder as th
-from ..cost import CostConstants
-from ..decide import decide
-from ..ops import hoist_keeps_bits, rebuild_keeps_bits
+from ..cost import CostConstants, Measured
+from ..decide import BOOKEND, decide
+from ..ops import hoist_keeps_bits, is_communication, rebuild_keeps_bits
 from ..options import GuardOptions
-from ..regions import find_regions
+from ..regions import Region, find_regions
 from ..report import Decision, Report
+from .collectives import communication_changes
 from .fold import SETITEM, fold_setitem_copies
 from .hoist import HOISTED_NAME, HoistLedger, check_backward, hoist_constants
 from .identity import remove_identities
@@ -24,6 +26,10 @@ class FusionGuardError(RuntimeError):
     """Raised in strict mode where the default mode would keep a region and record the failure."""
 
 
+class CommunicationChanged(FusionGuardError):
+    """A pass would have added, dropped, reordered or moved something across a communication op."""
+
+
 @dataclass(frozen=True)
 class TraceContext:
     """Where a trace comes from, for the report."""
@@ -32,9 +38,13 @@ class TraceContext:
     function: str | None = None
     compile_index: int = 0
     subgraph: str | None = None
+    compile_options: Mapping[str, Any] = field(default_factory=dict)  # passed to thunder.jit by name
+    rank: int | None = None
 
 
 ConstantsFor = Callable[[str, str], "CostConstants | None"]
+# Times a region near break-even on this machine: a measurement, or why there is none.
+MeasureRegion = Callable[[th.TraceCtx, Region], "Measured | str"]
 
 
 def guard_trace(
@@ -43,17 +53,19 @@ def guard_trace(
     report: Report,
     where: TraceContext,
     constants_for: ConstantsFor | None = None,
+    measure_region: MeasureRegion | None = None,
     hoisted: HoistLedger | None = None,
 ) -> th.TraceCtx:
     """Return ``trace`` with every rejected region unfused, setitem copies folded, identity ops
     removed and input-independent work hoisted, recording a decision for each region and each op changed.
 
-    ``constants_for(device, executor)`` gives the cost model's constants (None: no cost decisions).
+    ``constants_for(device, executor)`` gives the cost model's constants (None: no cost decisions);
+    ``measure_region(trace, region)`` times a region the model puts near break-even (None: never);
     ``hoisted`` carries what a forward trace hoisted and saved over to its backward trace.
     With ``report_only`` every pass runs and records, and the trace comes back unchanged.
     """
     made: list[Decision] = []
-    new_trace = unfuse_rejected(trace, options, made, where, constants_for)
+    new_trace = unfuse_rejected(trace, options, made, where, constants_for, measure_region)
     if options.fold_setitem:
         new_trace = _op_pass(fold_pass, new_trace, options, made, where)
     if options.remove_identities:
@@ -84,6 +96,7 @@ def unfuse_rejected(
     made: list[Decision],
     where: TraceContext,
     constants_for: ConstantsFor | None = None,
+    measure_region: MeasureRegion | None = None,
 ) -> th.TraceCtx:
     """Decide every region; return ``trace`` with the rejected ones run by the torch executor."""
     replacements: dict[int, list[th.BoundSymbol]] = {}
@@ -91,9 +104,22 @@ def unfuse_rejected(
     for region in find_regions(trace):
         device = th.proxy_device(region.inputs + region.outputs)
         constants = constants_for(device, region.executor) if constants_for and device else None
-        verdict = decide(region, options, constants)
+        verdict = decide(region, options, constants, compile_options=where.compile_options)
+        not_measured = None
+        if verdict.measurable and measure_region is not None:
+            try:
+                measured = measure_region(trace, region)
+            except Exception as e:  # measuring is an optimisation: it never breaks compilation
+                measured = f"measuring failed: {type(e).__name__}: {e}"
+            if isinstance(measured, Measured):
+                verdict = decide(region, options, constants, measured, where.compile_options)
+            else:
+                not_measured = measured
         decision = _decision(where, region.name, region.executor, region.ops, verdict.action, verdict.reason, op=False)
         decision.estimates = dict(verdict.estimates)
+        decision.details.update(verdict.details)
+        if not_measured:
+            decision.details["not_measured"] = not_measured
         decision.applied = verdict.action == "keep" or not options.report_only
         if verdict.action == "reject":
             try:
@@ -109,15 +135,29 @@ def unfuse_rejected(
     if not replacements:
         return trace
     try:
-        return replace_regions(trace, replacements, f"FusionGuard: {len(replacements)} regions to torch")
+        new = replace_regions(trace, replacements, f"FusionGuard: {len(replacements)} regions to torch")
+        check_communication(trace, new)
+        return new
     except Exception as e:
+        moved = isinstance(e, CommunicationChanged)
         if options.strict:
-            raise FusionGuardError(f"could not rebuild the {where.trace} trace: {e}") from e
+            raise (CommunicationChanged if moved else FusionGuardError)(
+                f"could not rebuild the {where.trace} trace: {e}"
+            ) from e
         for d in decided:
             if d.action == "reject":
                 d.action, d.error = "keep", f"{type(e).__name__}: {e}"
-                d.reason = "kept as it was: rebuilding the trace failed"
+                why = "it would change the communication ops" if moved else "rebuilding the trace failed"
+                d.reason = f"kept as it was: {why}"
         return trace
+
+
+def check_communication(before: th.TraceCtx, after: th.TraceCtx) -> None:
+    """Raise :class:`CommunicationChanged` when ``after`` does not run the communication ops of ``before``
+    in the same order, with nothing moved across one."""
+    problem = communication_changes(before, after)
+    if problem is not None:
+        raise CommunicationChanged(problem)
 
 
 OpPass = Callable[[th.TraceCtx, GuardOptions, list[Decision], TraceContext], th.TraceCtx]
@@ -127,23 +167,30 @@ def _op_pass(op_pass: OpPass, trace: th.TraceCtx, options: GuardOptions, made: l
     """Run one op-level pass; if it fails, keep the trace as it was and record why (strict: raise)."""
     before = len(made)
     try:
-        return op_pass(trace, options, made, where)
+        new = op_pass(trace, options, made, where)
+        if new is not trace:
+            check_communication(trace, new)
+        return new
     except Exception as e:
+        moved = isinstance(e, CommunicationChanged)
         if options.strict:
-            raise FusionGuardError(f"{op_pass.__name__} failed on the {where.trace} trace: {e}") from e
+            error = CommunicationChanged if moved else FusionGuardError
+            what = "would change the communication of" if moved else "failed on"
+            raise error(f"{op_pass.__name__} {what} the {where.trace} trace: {e}") from e
         del made[before:]
-        failed = _decision(where, "-", "-", [], "keep", f"{op_pass.__doc__.splitlines()[0]} skipped: it failed")
+        why = "it would change the communication ops" if moved else "it failed"
+        failed = _decision(where, "-", "-", [], "keep", f"{op_pass.__doc__.splitlines()[0]} skipped: {why}")
         failed.error = f"{type(e).__name__}: {e}"
         made.append(failed)
         return trace
 
 
 def _may_change(options: GuardOptions) -> Callable[[th.BoundSymbol], bool]:
-    """Which fusion calls op passes may rebuild: guarded ones, and with ``exact_only`` only those a
-    rebuild cannot change the bits of."""
+    """Which fusion calls op passes may rebuild: guarded ones without communication ops, and with
+    ``exact_only`` only those a rebuild cannot change the bits of."""
 
     def may_change(fusion: th.BoundSymbol) -> bool:
-        if not options.guards(th.executor_name(fusion)):
+        if not options.guards(th.executor_name(fusion)) or is_communication(fusion):
             return False
         return not options.exact_only or rebuild_keeps_bits(list(th.subsymbols(fusion)), options.metadata_ops)
 
@@ -183,12 +230,26 @@ def identity_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision
 
 def rehome_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision], where: TraceContext) -> th.TraceCtx:
     """Move metadata ops run outside a fusion into the region that alone reads them."""
-    new, moves = absorb_metadata_ops(trace, _may_change(options), options.metadata_ops)
+
+    def refused(fusion: th.BoundSymbol, op: th.BoundSymbol) -> str | None:
+        ex = th.executor_name(fusion)
+        if not th.executor_claims(fusion, op):
+            return f"{ex} cannot run {th.op_name(op)} (Thunder's executor does not claim it)"
+        if ex == "nvfuser" and where.compile_options.get(BOOKEND) is True and not options.override_compile_options:
+            return f"the program asked for views at nvFuser region edges to run outside ({BOOKEND}=True)"
+        return None
+
+    new, moves = absorb_metadata_ops(trace, _may_change(options), options.metadata_ops, refused)
     for m in moves:
-        if m.error:
+        if m.blocked_by:
+            reason = f"metadata op read only by {m.into} kept outside: {m.blocked_by} stands between them"
+            d = _decision(where, m.into, m.executor, [m.op], "keep", reason)
+        elif m.error:
             reason = f"metadata op read only by {m.into} kept outside: rebuilding {m.into} failed"
             d = _decision(where, m.into, m.executor, [m.op], "keep", reason)
             d.error = m.error
+        elif m.skipped:
+            d = _decision(where, m.into, m.executor, [m.op], "keep", f"metadata op kept outside {m.into}: {m.skipped}")
         else:
             reason = f"metadata op run outside a fusion and read only by {m.into}: moved into it (no eager dispatch)"
             d = _decision(where, m.into, m.executor, [m.op], "rehome", reason)
@@ -201,7 +262,9 @@ def rehome_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision],
 def merge_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision], where: TraceContext) -> th.TraceCtx:
     """Merge adjacent regions of one executor into one fusion call."""
     # Opted into knowing the merged code may round differently, so exact_only does not hold it back.
-    new, merges = merge_adjacent_regions(trace, lambda fusion: options.guards(th.executor_name(fusion)))
+    new, merges = merge_adjacent_regions(
+        trace, lambda fusion: options.guards(th.executor_name(fusion)) and not is_communication(fusion)
+    )
     for m in merges:
         reason = f"next to {m.into}, same executor, nothing between: merged into it (one fusion call, not two)"
         d = _decision(where, m.moved, m.executor, [], "rehome", reason)
@@ -296,5 +359,6 @@ def _decision(
         function=where.function,
         compile_index=where.compile_index,
         subgraph=where.subgraph,
+        rank=where.rank,
         details={"scope": "op"} if op else {},
     )

@@ -5,7 +5,8 @@ Thunder's partitioners already fuse a view into its consumer when they can; what
 what an executor chose to leave out (nvFuser's "bookend" views at region edges, ops claimed by an
 operator executor). Moving such an op in saves an eager dispatch; merging saves a fusion call. Both
 are legal here by construction: the op's inputs exist before it, the consumer comes after it and is
-its only reader, and merged regions are adjacent in the trace, so no cycle and no lost output.
+its only reader, and merged regions are adjacent in the trace, so no cycle and no lost output. Nothing
+moves across a communication op or its wait (``ops.is_communication``): such an op stays outside.
 """
 
 from __future__ import annotations
@@ -14,32 +15,42 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import _thunder as th
-from ..ops import is_metadata
+from ..ops import communication_positions, crosses_communication, is_metadata
 from .rewrite import readers, unique_proxies
 
 
 @dataclass(frozen=True)
 class Rehome:
-    """One op moved into a region, or one region merged into the next (``error``: why it was not)."""
+    """One op moved into a region, or one region merged into the next (``error``: why it failed;
+    ``skipped``: why it was not tried; ``blocked_by``: the communication op it would have crossed, so it stayed)."""
 
     op: str
     moved: str
     into: str
     executor: str
     error: str
+    skipped: str = ""
+    blocked_by: str = ""
 
 
 def absorb_metadata_ops(
-    trace: th.TraceCtx, may_change: Callable[[th.BoundSymbol], bool], extra_metadata: frozenset[str] = frozenset()
+    trace: th.TraceCtx,
+    may_change: Callable[[th.BoundSymbol], bool],
+    extra_metadata: frozenset[str] = frozenset(),
+    refused: Callable[[th.BoundSymbol, th.BoundSymbol], str | None] = lambda fusion, op: None,
 ) -> tuple[th.TraceCtx, list[Rehome]]:
     """Move each metadata op run outside a fusion into the guarded region that is its only reader.
 
     Walks the trace backwards so a chain of views ends up in the region whole. A returned result has
-    the return statement as a reader, so it never moves.
+    the return statement as a reader, so it never moves. ``refused(fusion, op)`` gives a reason not to
+    move ``op`` into ``fusion`` (its executor cannot run it, say), checked before any rebuild.
+    the return statement as a reader, so it never moves; an op with a communication op between it and
+    its reader stays too (recorded with ``blocked_by``).
     """
     bsyms: list[th.BoundSymbol | None] = list(trace.bound_symbols)
     moves: list[Rehome] = []
     readers_of = readers(bsyms)
+    comms = communication_positions(bsyms)
     for i in range(len(bsyms) - 1, -1, -1):
         b = bsyms[i]
         if b is None or th.is_fusion(b) or th.is_comment_or_del(b) or not b.flat_proxy_outs:
@@ -54,8 +65,16 @@ def absorb_metadata_ops(
         region = bsyms[j]
         if j < i or not (th.is_fusion(region) and may_change(region)):
             continue
-        inputs = unique_proxies([*b.flat_proxy_args, *(p for p in region.flat_proxy_args if p.name not in outs)])
         moved, into, ex = ", ".join(sorted(outs)), region.sym.name, th.executor_name(region)
+        if crosses_communication(comms, i, j):
+            between = next(bsyms[k] for k in comms if i < k < j)
+            moves.append(Rehome(th.op_name(b), moved, into, ex, "", blocked_by=th.op_name(between)))
+            continue
+        why_not = refused(region, b)
+        if why_not:
+            moves.append(Rehome(th.op_name(b), moved, into, ex, "", why_not))
+            continue
+        inputs = unique_proxies([*b.flat_proxy_args, *(p for p in region.flat_proxy_args if p.name not in outs)])
         try:
             bsyms[j] = th.refuse(region, [b, *th.subsymbols(region)], inputs, region.flat_proxy_outs)
         except Exception as e:
@@ -66,8 +85,8 @@ def absorb_metadata_ops(
             readers_of[p.name].discard(i)
             readers_of[p.name].add(j)
         moves.append(Rehome(th.op_name(b), moved, into, ex, ""))
-    if not moves:
-        return trace, []
+    if all(m.error or m.blocked_by for m in moves):
+        return trace, moves[::-1]
     return th.new_trace_like(trace, [b for b in bsyms if b is not None]), moves[::-1]
 
 

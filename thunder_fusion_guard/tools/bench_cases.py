@@ -1,10 +1,14 @@
 """Benchmark cases, shared by ``fusion-guard bench run`` and the pytest-benchmark suites in benchmarks/.
 
 A case builds a workload on a device; each variant runs it eagerly (``eager``), through Thunder
-(``thunder``) or through Thunder with a :class:`FusionGuard` (``guarded``). On CPU Thunder uses its
-torch.compile executor (nvFuser needs CUDA); on CUDA its defaults (nvFuser). The micro and ThunderFX
-suites also allow shape-only nvFuser regions on CUDA, as the demo does, so that lone view ops reach
-the fusion executor at all. Heavy cases (litgpt models) run only when asked for.
+(``thunder``), through Thunder with a :class:`FusionGuard` (``guarded``), or through ``torch.compile``
+(``inductor``, and ``inductor-ro`` with ``mode="reduce-overhead"``, Inductor's CUDA-graph mode: on CPU
+there are no CUDA graphs and it compiles as ``inductor`` does). On CPU Thunder uses its torch.compile
+executor (nvFuser needs CUDA); on CUDA its defaults (nvFuser). Micro cases measure what Thunder's defaults
+produce; on CUDA the ``-shapeonly`` micro cases (CUDA only) also ask Thunder for shape-only nvFuser regions
+(``nv_enable_shape_only_fusion=True``) and let the guard undo them (``override_compile_options=True``), so
+that lone view ops reach the fusion executor at all: a setting no default user has, labelled as such. The
+ThunderFX suite does the same on CUDA. Heavy cases (litgpt models) run only when asked for.
 """
 
 from __future__ import annotations
@@ -17,9 +21,41 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-VARIANTS = ("thunder", "guarded", "eager")
+VARIANTS = ("thunder", "guarded", "eager")  # the default set
+INDUCTOR_MODES: dict[str, str | None] = {"inductor": None, "inductor-ro": "reduce-overhead"}
+ALL_VARIANTS = (*VARIANTS, *INDUCTOR_MODES)
+VARIANT_BUILDS = {
+    "thunder": "thunder.jit(fn)",
+    "guarded": "thunder.jit(fn, transforms=[FusionGuard()])",
+    "eager": "fn",
+    "inductor": "torch.compile(fn)",
+    "inductor-ro": 'torch.compile(fn, mode="reduce-overhead")',
+}
 SUITES = ("micro", "models", "thunderfx")
 HEAVY_ENV = "TFG_BENCH_HEAVY"
+VARIANTS_ENV = "TFG_BENCH_VARIANTS"
+
+
+def parse_variants(text: str) -> tuple[str, ...]:
+    """Variant names from ``"thunder,inductor"`` (commas or spaces; ``all`` for every one), in the order given.
+
+    ``ValueError`` naming the first unknown variant and the allowed ones.
+    """
+    names = [n for n in text.replace(",", " ").split() if n]
+    if not names:
+        raise ValueError(f"no variant given; allowed: {', '.join(ALL_VARIANTS)} (or all)")
+    if names == ["all"]:
+        return ALL_VARIANTS
+    for name in names:
+        if name not in ALL_VARIANTS:
+            raise ValueError(f"unknown variant {name!r}; allowed: {', '.join(ALL_VARIANTS)} (or all)")
+    return tuple(dict.fromkeys(names))
+
+
+def requested_variants() -> tuple[str, ...]:
+    """The variants the pytest-benchmark suites run: ``TFG_BENCH_VARIANTS`` if set, else the default set."""
+    text = os.environ.get(VARIANTS_ENV, "")
+    return parse_variants(text) if text.strip() else VARIANTS
 
 
 @dataclass
@@ -32,6 +68,9 @@ class Workload:
     jit_options: dict[str, Any] = field(default_factory=dict)
     frontend: str = "jit"
     leaves: list[torch.Tensor] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    no_grad: bool = False
+    guard_options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -42,6 +81,7 @@ class BenchCase:
     name: str
     build: Callable[[str], Workload]
     heavy: bool = False
+    cuda_only: bool = False
 
     @property
     def group(self) -> str:
@@ -141,14 +181,21 @@ MICRO_OPS: dict[str, tuple[Callable[..., Any], Callable[[tuple[int, ...]], list[
 }
 
 
-def _micro(op: str, size: str) -> Callable[[str], Workload]:
+# The nvFuser opt-in that makes lone views into regions, and the guard option that undoes them anyway.
+SHAPE_ONLY = {"nv_enable_shape_only_fusion": True}
+OVERRIDE = {"override_compile_options": True}
+VIEW_OPS = ("view", "reshape", "permute", "expand", "slice", "squeeze", "unsqueeze")
+
+
+def _micro(op: str, size: str, shape_only: bool = False) -> Callable[[str], Workload]:
     fn, shapes = MICRO_OPS[op]
 
     def build(device: str) -> Workload:
         dims = SIZES["cuda" if device == "cuda" else "cpu"][size]
         args = tuple(torch.randn(shape, device=device) for shape in shapes(dims))
-        options = {"nv_enable_shape_only_fusion": True} if device == "cuda" else {}
-        return Workload(fn, args, jit_options=options)
+        if shape_only and device == "cuda":
+            return Workload(fn, args, jit_options=dict(SHAPE_ONLY), guard_options=dict(OVERRIDE))
+        return Workload(fn, args)
 
     return build
 
@@ -177,35 +224,66 @@ def _nanogpt_block(backward: bool) -> Callable[[str], Workload]:
 LITGPT_MODELS = {"mistral": "Mistral-7B-v0.1", "llama2": "Llama-2-7b-hf", "phi2": "phi-2"}
 
 
+def litgpt_model(name: str, device: str, tokens: int) -> Any:
+    """litgpt's ``GPT`` for config ``name`` at 2 layers: real widths in bf16 on CUDA, tiny widths in fp32 on CPU."""
+    import litgpt
+    from litgpt.model import GPT
+
+    if device == "cuda":
+        config = litgpt.Config.from_name(name, n_layer=2)
+    else:
+        full = litgpt.Config.from_name(name)
+        config = litgpt.Config.from_name(
+            name,
+            n_layer=2,
+            n_embd=64,
+            n_head=4,
+            n_query_groups=min(4, full.n_query_groups),
+            head_size=16,
+            intermediate_size=128,
+            vocab_size=256,
+            padded_vocab_size=256,
+            block_size=64,
+        )
+    with torch.device(device):
+        model = GPT(config).to(torch.bfloat16 if device == "cuda" else torch.float32)
+    model.max_seq_length = tokens
+    return model
+
+
 def _litgpt(name: str) -> Callable[[str], Workload]:
     def build(device: str) -> Workload:
-        import litgpt
-        from litgpt.model import GPT
-
-        cuda = device == "cuda"
-        if cuda:
-            config = litgpt.Config.from_name(name, n_layer=2)
-            tokens = 512
-        else:
-            full = litgpt.Config.from_name(name)
-            config = litgpt.Config.from_name(
-                name,
-                n_layer=2,
-                n_embd=64,
-                n_head=4,
-                n_query_groups=min(4, full.n_query_groups),
-                head_size=16,
-                intermediate_size=128,
-                vocab_size=256,
-                padded_vocab_size=256,
-                block_size=64,
-            )
-            tokens = 32
-        with torch.device(device):
-            model = GPT(config).to(torch.bfloat16 if cuda else torch.float32)
-        model.max_seq_length = tokens
-        x = torch.randint(0, config.padded_vocab_size, (1, tokens), device=device)
+        tokens = 512 if device == "cuda" else 32
+        model = litgpt_model(name, device, tokens)
+        x = torch.randint(0, model.config.padded_vocab_size, (1, tokens), device=device)
         return Workload(model, (x,), backward=True, leaves=list(model.parameters()))
+
+    return build
+
+
+def prefilled_kv_cache(model: Any, max_seq_length: int) -> None:
+    """Give ``model`` a batch-1 KV cache of ``max_seq_length`` filled with random keys and values, as after a prompt."""
+    param = next(model.parameters())
+    model.set_kv_cache(batch_size=1, max_seq_length=max_seq_length, device=param.device, dtype=param.dtype)
+    generator = torch.Generator(device=param.device).manual_seed(0)
+    for block in model.transformer.h:
+        for buffer in (block.attn.kv_cache.k, block.attn.kv_cache.v):
+            buffer.copy_(torch.randn(buffer.shape, generator=generator, device=buffer.device, dtype=buffer.dtype))
+
+
+def _litgpt_decode(name: str) -> Callable[[str], Workload]:
+    """One decode step: a batch-1 KV cache half full, one token at the middle position, under ``torch.no_grad()``.
+
+    Every call writes the same cache slot with the same keys and values, so calls and variants stay alike.
+    """
+
+    def build(device: str) -> Workload:
+        tokens = 512 if device == "cuda" else 32
+        model = litgpt_model(name, device, tokens).requires_grad_(False)
+        prefilled_kv_cache(model, tokens)
+        x = torch.randint(0, model.config.padded_vocab_size, (1, 1), device=device)
+        position = torch.tensor([tokens // 2], device=device)
+        return Workload(model, (x,), kwargs={"input_pos": position}, no_grad=True)
 
     return build
 
@@ -229,9 +307,11 @@ def _thunderfx(backward: bool) -> Callable[[str], Workload]:
         b, h, s, d = (8, 16, 512, 64) if device == "cuda" else (2, 4, 32, 16)
         x = torch.randn(b, h, s, d, device=device, requires_grad=backward)
         w = (torch.randn(h * d, h * d, device=device) / (h * d) ** 0.5).requires_grad_(backward)
-        options = {"nv_enable_shape_only_fusion": True} if device == "cuda" else {}
+        options, guard = (dict(SHAPE_ONLY), dict(OVERRIDE)) if device == "cuda" else ({}, {})
         leaves = [x, w] if backward else []
-        return Workload(rearrange_with_breaks, (x, w), backward, options, frontend="thunderfx", leaves=leaves)
+        return Workload(
+            rearrange_with_breaks, (x, w), backward, options, frontend="thunderfx", leaves=leaves, guard_options=guard
+        )
 
     return build
 
@@ -266,9 +346,15 @@ HOIST_CASES = [
 
 CASES: list[BenchCase] = [
     *(BenchCase("micro", f"{op}-{size}", _micro(op, size)) for op in MICRO_OPS for size in ("small", "large")),
+    *(
+        BenchCase("micro", f"{op}-{size}-shapeonly", _micro(op, size, shape_only=True), cuda_only=True)
+        for op in VIEW_OPS
+        for size in ("small", "large")
+    ),
     BenchCase("models", "nanogpt-block-fwd", _nanogpt_block(backward=False)),
     BenchCase("models", "nanogpt-block-fwdbwd", _nanogpt_block(backward=True)),
     *(BenchCase("models", f"litgpt-{key}-fwdbwd", _litgpt(name), heavy=True) for key, name in LITGPT_MODELS.items()),
+    BenchCase("models", "litgpt-llama2-decode", _litgpt_decode("Llama-2-7b-hf"), heavy=True),
     BenchCase("thunderfx", "einops-breaks-fwd", _thunderfx(backward=False)),
     BenchCase("thunderfx", "einops-breaks-fwdbwd", _thunderfx(backward=True)),
     *HOIST_CASES,
@@ -283,23 +369,29 @@ def case_named(name: str) -> BenchCase:
     raise KeyError(f"no benchmark case {name!r}; cases: {[c.name for c in CASES]}")
 
 
-def select(suites: list[str] | None = None, names: list[str] | None = None, heavy: bool = False) -> list[BenchCase]:
-    """The cases of ``suites`` whose name contains one of ``names``; heavy ones only with ``heavy``."""
+def select(
+    suites: list[str] | None = None, names: list[str] | None = None, heavy: bool = False, device: str | None = None
+) -> list[BenchCase]:
+    """The cases of ``suites`` whose name contains one of ``names``; heavy ones only with ``heavy``; CUDA-only
+    ones only when ``device`` is cuda or not given."""
     return [
         c
         for c in CASES
         if (suites is None or c.suite in suites)
         and (not names or any(n in c.name for n in names))
         and (heavy or not c.heavy)
+        and (device in (None, "cuda") or not c.cuda_only)
     ]
 
 
 def compile_variant(workload: Workload, variant: str, device: str) -> Callable[..., Any]:
-    """The callable one variant runs: the eager function, or Thunder's, with a FusionGuard if guarded."""
+    """The callable one variant runs: the eager function, Thunder's (with a FusionGuard if guarded), or Inductor's."""
     if variant == "eager":
         return workload.fn
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; allowed: {VARIANTS}")
+    if variant not in ALL_VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; allowed: {', '.join(ALL_VARIANTS)}")
+    if variant in INDUCTOR_MODES:
+        return torch.compile(workload.fn, mode=INDUCTOR_MODES[variant])
     from .. import FusionGuard
 
     options: dict[str, Any] = dict(workload.jit_options)
@@ -307,7 +399,7 @@ def compile_variant(workload: Workload, variant: str, device: str) -> Callable[.
         from thunder.executors.torch_compile import torch_compile_ex
 
         options["executors"] = [torch_compile_ex]
-    options["transforms"] = [FusionGuard()] if variant == "guarded" else []
+    options["transforms"] = [FusionGuard(**workload.guard_options)] if variant == "guarded" else []
     if workload.frontend == "thunderfx":
         from thunder.dynamo import thunderfx
 
@@ -317,17 +409,41 @@ def compile_variant(workload: Workload, variant: str, device: str) -> Callable[.
     return thunder.jit(workload.fn, **options)
 
 
+def fresh_compile_state() -> None:
+    """Forget what ``torch.compile`` compiled before (``torch._dynamo.reset()``), as a new process would.
+
+    Between cases, so that one case's programs never count against another's recompile limit and a shape
+    seen before never makes ``torch.compile`` compile the next case with dynamic shapes.
+    """
+    torch._dynamo.reset()
+
+
 def make_step(workload: Workload, variant: str, device: str) -> Callable[[], None]:
-    """One timed step of a variant: forward (and backward, for training cases), synchronised on CUDA."""
-    fn, args, leaves = compile_variant(workload, variant, device), workload.args, workload.leaves
+    """One timed step of a variant: forward (and backward, for training cases), synchronised on CUDA.
+
+    ``inductor-ro`` on CUDA marks each step as a new iteration for Inductor's CUDA graphs.
+    """
+    fn, args, kwargs, leaves = (
+        compile_variant(workload, variant, device),
+        workload.args,
+        workload.kwargs,
+        workload.leaves,
+    )
     cuda = device == "cuda"
+    mark_step = cuda and variant == "inductor-ro"
 
     def step() -> None:
-        out = fn(*args)
-        if workload.backward:
-            flat = tree_flatten(out)[0]
-            loss = sum(t.float().sum() for t in flat if isinstance(t, torch.Tensor) and t.requires_grad)
-            torch.autograd.grad(loss, leaves, allow_unused=True)
+        if mark_step:
+            torch.compiler.cudagraph_mark_step_begin()
+        if workload.no_grad:
+            with torch.no_grad():
+                fn(*args, **kwargs)
+        else:
+            out = fn(*args, **kwargs)
+            if workload.backward:
+                flat = tree_flatten(out)[0]
+                loss = sum(t.float().sum() for t in flat if isinstance(t, torch.Tensor) and t.requires_grad)
+                torch.autograd.grad(loss, leaves, allow_unused=True)
         if cuda:
             torch.cuda.synchronize()
 

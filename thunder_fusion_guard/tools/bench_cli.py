@@ -1,9 +1,10 @@
 """``fusion-guard bench``: run the benchmark cases with the variants interleaved, compare two result files.
 
-``bench run`` times thunder, guarded and eager in one process, round after round in alternating
-order, so that drift of the machine falls on all variants alike; it writes pytest-benchmark
-compatible JSON. ``bench compare`` reads two such files (from ``bench run`` or pytest-benchmark)
-and fails when a case got slower than the threshold allows.
+``bench run`` times thunder, guarded and eager (and, with ``--variants``, torch.compile's ``inductor``
+and ``inductor-ro``) in one process, round after round in alternating order, so that drift of the
+machine falls on all variants alike; it writes pytest-benchmark compatible JSON. ``bench compare``
+reads two such files (from ``bench run`` or pytest-benchmark) and fails when a case got slower than the
+threshold allows.
 """
 
 from __future__ import annotations
@@ -25,8 +26,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..measure.timing import Timing
 from ..report import text_table
-from .bench_cases import SUITES, VARIANTS, BenchCase, default_device, make_step, select
+from .bench_cases import (
+    ALL_VARIANTS,
+    SUITES,
+    VARIANT_BUILDS,
+    VARIANTS,
+    BenchCase,
+    default_device,
+    fresh_compile_state,
+    make_step,
+    parse_variants,
+    select,
+)
+from .common import add_threads_option, pin_threads
 
 TARGET_SAMPLE_S = 100e-6
 MAX_INNER = 1000
@@ -41,6 +55,7 @@ class CaseResult:
     inner: int = 1
     first_call_s: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    recompiled_while_timing: bool = False
 
     def median_us(self, variant: str) -> float | None:
         s = self.samples.get(variant)
@@ -80,17 +95,28 @@ def _count(minimum: int) -> Callable[[str], int]:
 
 def register(subparsers: Any) -> None:
     """Add ``bench run`` and ``bench compare`` to the ``fusion-guard`` command line."""
-    bench = subparsers.add_parser("bench", help="benchmark thunder vs guarded vs eager, compare result files")
+    bench = subparsers.add_parser(
+        "bench", help="benchmark thunder vs guarded vs eager (vs torch.compile), compare result files"
+    )
     sub = bench.add_subparsers(dest="bench_command", required=True)
     run = sub.add_parser("run", help="run benchmark cases, variants interleaved; pytest-benchmark JSON out")
     run.add_argument("--suite", nargs="+", choices=SUITES, default=list(SUITES), help="default: all suites")
     run.add_argument("--case", action="append", metavar="TEXT", help="only cases whose name contains TEXT")
     run.add_argument("--heavy", action="store_true", help="include heavy cases (litgpt models)")
     run.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    run.add_argument(
+        "--variants",
+        metavar="LIST",
+        default=",".join(VARIANTS),
+        help=f"comma-separated, timed in this order, or 'all': {', '.join(ALL_VARIANTS)} (default: %(default)s); "
+        + "; ".join(f"{v} = {VARIANT_BUILDS[v]}" for v in ALL_VARIANTS if v not in VARIANTS)
+        + " (on CPU no CUDA graphs: compiles as inductor)",
+    )
     run.add_argument("--reps", type=_count(1), default=50, help="timed rounds per variant (default 50)")
     run.add_argument("--warmup", type=_count(0), default=3, help="untimed rounds after the first call (default 3)")
     run.add_argument("--json", metavar="OUT", help="write pytest-benchmark compatible JSON here")
     run.add_argument("--markdown", metavar="OUT", help="write the summary table as markdown here")
+    add_threads_option(run)
     run.set_defaults(run=_run_command)
     compare = sub.add_parser("compare", help="per-case ratios head/base; exit 1 when one regressed")
     compare.add_argument("base", help="baseline JSON (bench run --json, or pytest --benchmark-json)")
@@ -99,6 +125,9 @@ def register(subparsers: Any) -> None:
         "--threshold", type=parse_threshold, default=0.05, help="allowed slowdown: '5%%' or 0.05 (default 5%%)"
     )
     compare.set_defaults(run=_compare_command)
+    from .bench_decisions import register as register_decisions
+
+    register_decisions(sub)
 
 
 def _log(message: str) -> None:
@@ -111,12 +140,25 @@ def _time_once(step: Callable[[], None]) -> float:
     return time.perf_counter() - start
 
 
-def measure_case(case: BenchCase, device: str, reps: int, warmup: int) -> CaseResult:
-    """Time every variant of ``case``: first calls, warmup, then ``reps`` rounds in alternating order."""
+def _dynamo_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def measure_case(
+    case: BenchCase, device: str, reps: int, warmup: int, variants: Sequence[str] = VARIANTS
+) -> CaseResult:
+    """Time each variant of ``case``: first calls, warmup, then ``reps`` rounds in alternating order.
+
+    torch.compile's state is reset first, so each case compiles as in a fresh process; a graph compiled
+    during the timed rounds (a recompilation) is logged and recorded.
+    """
+    fresh_compile_state()
     result = CaseResult(case)
     workload = case.build(device)
     steps = {}
-    for variant in VARIANTS:
+    for variant in variants:
         steps[variant] = make_step(workload, variant, device)
         result.first_call_s[variant] = _time_once(steps[variant])
         _log(f"    {case.group}: {variant} first call {result.first_call_s[variant]:.1f} s")
@@ -127,6 +169,7 @@ def measure_case(case: BenchCase, device: str, reps: int, warmup: int) -> CaseRe
     result.inner = max(1, min(MAX_INNER, math.ceil(TARGET_SAMPLE_S / max(fastest, 1e-9))))
     order = list(steps)
     result.samples = {v: [] for v in order}
+    graphs = _dynamo_graphs()
     for round_index in range(reps):
         for variant in order if round_index % 2 == 0 else reversed(order):
             step = steps[variant]
@@ -134,6 +177,9 @@ def measure_case(case: BenchCase, device: str, reps: int, warmup: int) -> CaseRe
             for _ in range(result.inner):
                 step()
             result.samples[variant].append((time.perf_counter_ns() - start) / 1e9 / result.inner)
+    if _dynamo_graphs() != graphs:
+        result.recompiled_while_timing = True
+        _log(f"    {case.group}: WARNING torch.compile compiled a graph during the timed rounds (a recompilation)")
     return result
 
 
@@ -143,6 +189,7 @@ def run_cases(
     reps: int,
     warmup: int,
     after_each: Callable[[list[CaseResult]], None] | None = None,
+    variants: Sequence[str] = VARIANTS,
 ) -> list[CaseResult]:
     """Measure each case in turn, logging progress to stderr; a failing case is recorded, not fatal.
 
@@ -153,12 +200,12 @@ def run_cases(
         _log(f"[{i}/{len(cases)}] {case.group} on {device} ...")
         began = time.perf_counter()
         try:
-            result = measure_case(case, device, reps, warmup)
+            result = measure_case(case, device, reps, warmup, variants)
         except Exception as e:
             result = CaseResult(case, error=f"{type(e).__name__}: {e}")
             _log(f"[{i}/{len(cases)}] {case.group} FAILED: {result.error}")
         else:
-            times = ", ".join(f"{v} {result.median_us(v):.1f} µs" for v in VARIANTS)
+            times = ", ".join(f"{v} {result.median_us(v):.1f} µs" for v in result.samples)
             _log(f"[{i}/{len(cases)}] {case.group}: {times} ({time.perf_counter() - began:.1f} s)")
         results.append(result)
         if after_each is not None:
@@ -290,8 +337,11 @@ def to_json(results: Sequence[CaseResult], device: str, reps: int, warmup: int) 
                     "extra_info": {
                         "device": device,
                         "suite": r.case.suite,
+                        "variant_build": VARIANT_BUILDS[variant],
                         "first_call_s": round(r.first_call_s[variant], 3),
+                        "compile_order": list(r.first_call_s).index(variant),
                         "interleaved": True,
+                        **({"recompiled_while_timing": True} if r.recompiled_while_timing else {}),
                     },
                     "options": {
                         "disable_gc": False,
@@ -320,16 +370,36 @@ def _us(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def spread_us(result: CaseResult, variant: str) -> str:
+    """'12.3 (11.9-13.0)': a variant's median per call and its first and third quartiles, in µs."""
+    samples = result.samples.get(variant)
+    return Timing.of([v * 1e6 for v in samples]).text() if samples else "-"
+
+
 def summary_rows(results: Sequence[CaseResult]) -> list[list[str]]:
-    """Per case: the median of each variant, guarded over thunder, and the first (compiling) calls."""
-    rows = [["case", "thunder µs", "guarded µs", "eager µs", "guarded/thunder", "first call s thunder/guarded"]]
+    """Per case: each variant's median (quartiles), guarded over thunder, and the first (compiling) calls."""
+    variants = list(dict.fromkeys(v for r in results for v in r.samples)) or list(VARIANTS)
+    compiled = [v for v in variants if v != "eager"]
+    ratio = "thunder" in variants and "guarded" in variants
+    rows = [
+        [
+            "case",
+            *(f"{v} µs" for v in variants),
+            *(["guarded/thunder"] if ratio else []),
+            f"first call s {'/'.join(compiled)}",
+        ]
+    ]
     for r in results:
         if r.error:
-            rows.append([r.case.group, "-", "-", "-", f"failed: {r.error[:80]}", "-"])
+            rows.append([r.case.group, *("-" for _ in variants), f"failed: {r.error[:80]}", "-"][: len(rows[0])])
             continue
-        thunder, guarded, eager = (r.median_us(v) for v in VARIANTS)
-        first = f"{r.first_call_s['thunder']:.1f}/{r.first_call_s['guarded']:.1f}"
-        rows.append([r.case.group, _us(thunder), _us(guarded), _us(eager), f"{guarded / thunder:.2f}", first])
+        medians = {v: r.median_us(v) for v in variants}
+        first = "/".join(f"{r.first_call_s[v]:.1f}" if v in r.first_call_s else "-" for v in compiled)
+        cells = [r.case.group, *(spread_us(r, v) for v in variants)]
+        if ratio:
+            both = medians["thunder"] and medians["guarded"]
+            cells.append(f"{medians['guarded'] / medians['thunder']:.2f}" if both else "-")
+        rows.append([*cells, first])
     return rows
 
 
@@ -342,16 +412,21 @@ def format_rows(rows: list[list[str]], markdown: bool = False) -> str:
 
 
 def _run_command(args: argparse.Namespace) -> int:
+    try:
+        variants = parse_variants(args.variants)
+    except ValueError as e:
+        _log(f"fusion-guard bench run: --variants: {e}")
+        return 2
     device = args.device or default_device()
-    cases = select(args.suite, args.case, heavy=args.heavy)
+    cases = select(args.suite, args.case, heavy=args.heavy, device=device)
     if not cases:
-        _log("bench run: no case matches the given --suite/--case (heavy cases need --heavy)")
+        _log("fusion-guard bench run: no case matches the given --suite/--case (heavy cases need --heavy)")
         return 2
     if device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
-            _log("bench run: --device cuda but no CUDA device is available")
+            _log("fusion-guard bench run: --device cuda but no CUDA device is available")
             return 2
 
     def save(results: list[CaseResult]) -> None:
@@ -360,9 +435,13 @@ def _run_command(args: argparse.Namespace) -> int:
         if args.markdown:
             _write(args.markdown, format_rows(summary_rows(results), markdown=True) + "\n")
 
-    results = run_cases(cases, device, args.reps, args.warmup, after_each=save)
+    note = pin_threads(args.threads, device)
+    results = run_cases(cases, device, args.reps, args.warmup, after_each=save, variants=variants)
     print(format_rows(summary_rows(results)))
-    print(f"(median per call; {args.reps} rounds per variant, variants interleaved in alternating order)")
+    print(
+        f"(µs per call: median (first-third quartile) of {args.reps} rounds per variant, variants interleaved "
+        f"in alternating order{'; ' + note if note else ''})"
+    )
     for path in (args.json, args.markdown):
         if path:
             _log(f"wrote {path}")
@@ -408,19 +487,31 @@ def compare(base: dict[str, float], head: dict[str, float], threshold: float) ->
         if names:
             more = f", and {len(names) - 5} more" if len(names) > 5 else ""
             lines.append(f"only in {label} ({len(names)}): {', '.join(names[:5])}{more}")
-    verdict = f"{len(regressed)} of {len(rows) - 1} regressed" if regressed else f"no regression in {len(rows) - 1}"
-    lines.append(f"{verdict} (threshold {threshold:.1%})")
+    lines.append(verdict_line(regressed, base, head, len(rows) - 1, threshold))
     return "\n".join(lines), regressed
+
+
+def verdict_line(
+    regressed: list[str], base: dict[str, float], head: dict[str, float], total: int, threshold: float
+) -> str:
+    """The summary of a comparison; it names every regressed case with its slowdown."""
+    if not regressed:
+        return f"no regression in {total} (threshold {threshold:.1%})"
+    named = ", ".join(
+        f"{name.split('::')[-1]} ({head[name] / base[name]:.2f}x)" if base[name] > 0 else name.split("::")[-1]
+        for name in regressed
+    )
+    return f"{len(regressed)} of {total} regressed (threshold {threshold:.1%}): {named}"
 
 
 def _compare_command(args: argparse.Namespace) -> int:
     try:
         base, head = load_medians(args.base), load_medians(args.head)
     except CompareError as e:
-        _log(f"bench compare: {e}")
+        _log(f"fusion-guard bench compare: {e}")
         return 2
     if not base.keys() & head.keys():
-        _log(f"bench compare: {args.base} and {args.head} have no benchmark in common")
+        _log(f"fusion-guard bench compare: {args.base} and {args.head} have no benchmark in common")
         return 2
     text, regressed = compare(base, head, args.threshold)
     print(text)

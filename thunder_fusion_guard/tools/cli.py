@@ -4,39 +4,139 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
+
+from .common import Parser, UsageError, add_threads_option, count, pin_threads, progress, quiet_imports, resolve_device
+
+DESCRIPTION = """\
+FusionGuard keeps Lightning Thunder from paying a fusion call where plain PyTorch is cheaper, and says why.
+Each command runs a model (or the built-in example) through thunder.jit with the guard and prints what
+the guard decided; on CPU it uses Thunder's torch.compile executor, on CUDA nvFuser."""
+
+EPILOG = """\
+examples:
+  fusion-guard demo                          the built-in example, guarded vs unguarded (CPU: about a minute)
+  fusion-guard report model.py:make --json report.json
+                                             the guard's decisions for your model (make() returns model, args)
+  fusion-guard bench run --suite micro --json out.json
+                                             time thunder / guarded / eager, pytest-benchmark JSON
+  fusion-guard bench compare base.json out.json --threshold 5%
+                                             exit 1 and name each case that got slower
+  fusion-guard calibrate                     measure this machine's cost constants once (cached)
+
+Run 'fusion-guard COMMAND --help' for a command's options. Bad arguments exit 2 with one line; other
+errors exit 1 with one line (--traceback shows the full Python traceback). CPU timings use one intra-op
+thread unless --threads says otherwise."""
+
+CALIBRATE_EXECUTORS = ("torchcompile", "nvfuser")
 
 
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    print(run_demo(device=args.device, reps=args.reps))
+    device = resolve_device(args.device)
+    note = pin_threads(args.threads, device)
+    progress(f"fusion-guard demo: 3 cases on {device}, each compiled twice (unguarded, guarded) and timed")
+    print(run_demo(device=device, reps=args.reps, progress=progress, note=note))
     return 0
 
 
 def _calibrate(args: argparse.Namespace) -> int:
     import json
 
+    device = resolve_device(args.device)
+    executor = args.executor or ("nvfuser" if device == "cuda" else "torchcompile")
+    _check_executor(executor, device)
+    note = pin_threads(args.threads, device)
     from ..measure.calibrate import cache_path, calibrate
 
-    constants = calibrate(args.device, args.executor, save=not args.no_save)
+    progress(
+        f"fusion-guard calibrate: timing {executor} on {device}: a lone add compiled twice (small, large), "
+        f"then 5 timings{'; ' + note if note else ''} ..."
+    )
+    began = time.perf_counter()
+    constants = calibrate(device, executor, save=not args.no_save)
+    progress(f"fusion-guard calibrate: done in {time.perf_counter() - began:.1f} s")
     print(json.dumps(constants.to_dict(), indent=1))
     if not args.no_save:
         print(f"saved to {cache_path()}")
     return 0
 
 
+def _check_executor(executor: str, device: str) -> None:
+    """An executor calibrate can time on ``device``, or a UsageError that says what is allowed."""
+    if executor not in CALIBRATE_EXECUTORS:
+        allowed = " or ".join(CALIBRATE_EXECUTORS if device == "cuda" else CALIBRATE_EXECUTORS[:1])
+        raise UsageError(f"--executor {executor!r} is not a fusion executor calibrate can time; use {allowed}")
+    if executor == "nvfuser":
+        if device != "cuda":
+            raise UsageError("--executor nvfuser runs on CUDA only; on cpu use torchcompile")
+        from ..executors import NVFUSER_INSTALL, nvfuser_problem
+
+        problem = nvfuser_problem()
+        if problem:
+            raise UsageError(f"--executor nvfuser: nvfuser is not available here: {problem}; {NVFUSER_INSTALL}")
+
+
+def _version() -> str:
+    """This package's version and those of torch, Thunder and nvFuser, read without importing them."""
+    from importlib import metadata
+
+    from .. import __version__
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    nvfuser = sorted(
+        f"{d.metadata['Name']} {d.version}"
+        for d in metadata.distributions()
+        if (d.metadata["Name"] or "").lower().replace("_", "-").startswith("nvfuser")
+    )
+    return (
+        f"fusion-guard {__version__} (torch {version('torch')}, lightning-thunder {version('lightning-thunder')}, "
+        f"nvFuser: {', '.join(nvfuser) or 'not installed'})"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fusion-guard", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the embedded example guarded vs unguarded and print the decisions")
+    parser = Parser(
+        prog="fusion-guard",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo = sub.add_parser(
+        "demo",
+        help="run the built-in example guarded vs unguarded; print the decisions and per-call times",
+        description="Jit three small functions (an einops rearrange, a chain of views, a softmax) with and "
+        "without the guard, check the outputs are identical, print every decision and the per-call times of "
+        "unguarded, guarded and eager. Progress goes to stderr.",
+    )
     demo.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
-    demo.add_argument("--reps", type=int, default=200, help="timed calls per case (default 200)")
+    demo.add_argument("--reps", type=count(1), default=200, help="timed calls per case and variant (default 200)")
+    add_threads_option(demo)
     demo.set_defaults(run=_demo)
-    cal = sub.add_parser("calibrate", help="measure the cost model's constants on this machine and cache them")
-    cal.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if _has_cuda() else "cpu")
-    cal.add_argument("--executor", default=None, help="fusion executor (default: nvfuser on cuda, torchcompile on cpu)")
+    cal = sub.add_parser(
+        "calibrate",
+        help="measure the cost model's constants on this machine and cache them",
+        description="Time a lone add through the fusion executor and eagerly, and cache the constants the "
+        "cost model uses for this device and software versions (the guard reads them). Takes 10-60 s.",
+    )
+    cal.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    cal.add_argument(
+        "--executor",
+        default=None,
+        metavar="NAME",
+        help="fusion executor to time: torchcompile or nvfuser (default: nvfuser on cuda, torchcompile on cpu)",
+    )
     cal.add_argument("--no-save", action="store_true", help="print only, do not write the cache")
+    add_threads_option(cal)
     cal.set_defaults(run=_calibrate)
     for register in _extensions():
         register(sub)
@@ -57,17 +157,32 @@ def _extensions():
         yield module.register
 
 
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if getattr(args, "executor", "") is None:
-        args.executor = "nvfuser" if args.device == "cuda" else "torchcompile"
-    return args.run(args)
+    """Run one ``fusion-guard`` command; its exit status (2: bad argument, 1: the work failed)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--version"]:  # before building the parser, which loads torch for the subcommands
+        print(_version())
+        return 0
+    quiet_imports()
+    args, unknown = build_parser().parse_known_args(argv)
+    name = args.command_name
+    if unknown:
+        print(f"{name}: unrecognized arguments: {' '.join(unknown)} (see --help)", file=sys.stderr)
+        return 2
+    try:
+        return args.run(args)
+    except UsageError as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        if getattr(args, "traceback", False):
+            raise
+        text = str(e).strip().splitlines()
+        print(
+            f"{name}: {type(e).__name__}: {text[0] if text else ''} (--traceback for the full traceback)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

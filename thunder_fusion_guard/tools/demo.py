@@ -1,17 +1,19 @@
 """The demo: an embedded example jitted with and without the guard, its decisions and per-call times.
 
-Runs on CPU with Thunder's torch.compile executor, or with nvFuser when CUDA is present.
+Runs on CPU with Thunder's torch.compile executor, on CUDA with nvFuser (torch.compile where nvFuser is missing).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from einops import rearrange
 
-from ..measure.timing import median_us
+from ..measure.timing import time_us
+from ..report import text_table
 
 
 def rearrange_heads(scores: torch.Tensor) -> torch.Tensor:
@@ -44,46 +46,57 @@ CASES = [
 ]
 
 
-def _jit(fn, guard, cuda: bool):
+def _jit(fn, guard, executors: list, nvfuser: bool):
     import thunder
 
     transforms = [] if guard is None else [guard]
-    if cuda:
-        # Thunder keeps nvFuser from forming shape-only regions by default; allow them so the guard has work.
-        return thunder.jit(fn, transforms=transforms, nv_enable_shape_only_fusion=True)
-    from thunder.executors.torch_compile import torch_compile_ex
-
-    return thunder.jit(fn, executors=[torch_compile_ex], transforms=transforms)
+    # Thunder keeps nvFuser from forming shape-only regions by default; allow them so the guard has work.
+    options = {"nv_enable_shape_only_fusion": True} if nvfuser else {}
+    return thunder.jit(fn, executors=executors, transforms=transforms, **options)
 
 
-def run_demo(*, device: str | None = None, reps: int = 200) -> str:
-    """Run every case unguarded, guarded and eager; return the decisions and timing table as text."""
+def run_demo(
+    *, device: str | None = None, reps: int = 200, progress: Callable[[str], None] | None = None, note: str = ""
+) -> str:
+    """Run every case unguarded, guarded and eager; return the decisions and timing table as text.
+
+    ``progress`` gets a line as each case compiles and is timed; ``note`` ends the table (how it was timed).
+    """
     from .. import FusionGuard
     from ..compat import applied_fixes
+    from ..executors import fusion_executors
 
+    if reps < 1:
+        raise ValueError(f"run_demo: reps must be >= 1, got {reps}")
+    say = progress or (lambda message: None)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     cuda = device == "cuda"
+    executors = fusion_executors(device)
+    nvfuser = any(getattr(ex, "name", "") == "nvfuser" for ex in executors)
     guard = FusionGuard()
-    lines = [
-        f"thunder-fusion-guard demo on {torch.cuda.get_device_name() if cuda else 'CPU'} "
-        f"({'nvFuser' if cuda else 'torch.compile executor'})"
-    ]
+    where = torch.cuda.get_device_name() if cuda else "CPU"
+    lines = [f"thunder-fusion-guard demo on {where} ({'nvFuser' if nvfuser else 'torch.compile executor'})"]
     lines += [f"  compat: {fix}" for fix in applied_fixes()]
     rows = []
-    for case in CASES:
+    for i, case in enumerate(CASES, 1):
+        say(f"[{i}/{len(CASES)}] {case.name}: compiling unguarded and guarded ...")
+        began = time.perf_counter()
         x = torch.randn(case.shape, device=device)
-        plain, guarded = _jit(case.fn, None, cuda), _jit(case.fn, guard, cuda)
+        plain, guarded = _jit(case.fn, None, executors, nvfuser), _jit(case.fn, guard, executors, nvfuser)
         if not torch.equal(plain(x), guarded(x)):
             raise AssertionError(f"{case.name}: guarded output differs from unguarded thunder")
-        rows.append(
-            (
-                case.name,
-                median_us(plain, x, reps=reps),
-                median_us(guarded, x, reps=reps),
-                median_us(case.fn, x, reps=reps),
-            )
-        )
-    lines += ["", str(guard.report), "", f"{'case':<18} {'thunder µs':>11} {'guarded µs':>11} {'eager µs':>9}"]
-    lines += [f"{n:<18} {a:>11.1f} {b:>11.1f} {c:>9.1f}" for n, a, b, c in rows]
-    lines.append(f"(median of {reps} calls each; one process; outputs of guarded and unguarded are identical)")
+        compiled = time.perf_counter() - began
+        say(f"[{i}/{len(CASES)}] {case.name}: compiled in {compiled:.1f} s; timing {reps} calls x 3 ...")
+        timings = [time_us(fn, x, reps=reps) for fn in (plain, guarded, case.fn)]
+        rows.append((case.name, *timings))
+    lines += ["", str(guard.report), ""]
+    table = [["case", "thunder µs", "guarded µs", "eager µs"]]
+    table += [[name, *(t.text() for t in timings)] for name, *timings in rows]
+    lines += text_table(table)
+    lines.append(
+        f"(µs per call: median (first-third quartile) of {reps} calls each; one process; outputs of guarded and "
+        "unguarded are identical)"
+    )
+    if note:
+        lines.append(f"({note})")
     return "\n".join(lines)

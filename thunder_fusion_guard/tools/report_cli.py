@@ -5,7 +5,8 @@ TARGET names a callable: ``path/to/file.py:make`` or ``package.module:make``. ``
 called as ``make(device=...)``, otherwise the model and the tensors it returns are moved to the device.
 The model runs with a FusionGuard under ``thunder.jit`` (``--thunderfx``: through ThunderFX), on CPU
 with Thunder's torch.compile executor; when an output requires grad its backward runs too. On CUDA the
-kernels of each nvFuser region are collected. Exit status 2 means a bad TARGET or option.
+kernels of each nvFuser region are collected. Exit status 2 means a bad TARGET or option (make() raising
+included), 1 that the model failed under Thunder; either is one line, --traceback gives the full one.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch.utils._pytree import tree_map
+from .common import UsageError, resolve_device
 
 FORMAT = "TARGET must look like 'path/to/file.py:make' or 'package.module:make'"
 
@@ -81,8 +81,13 @@ def _load_module(name: str) -> Any:
 
 def make_workload(make: Callable[..., Any], device: str) -> tuple[Callable[..., Any], tuple, dict]:
     """Call ``make`` and check what it returns: the model or function, its positional and keyword arguments."""
+    from torch.utils._pytree import tree_map
+
     takes_device = "device" in _parameters(make)
-    result = make(device=device) if takes_device else make()
+    try:
+        result = make(device=device) if takes_device else make()
+    except Exception as e:
+        raise TargetError(f"make() raised {_first_line(e)}") from e
     if not isinstance(result, (tuple, list)) or len(result) not in (2, 3):
         raise TargetError(
             f"make() must return (model_or_fn, args) or (model_or_fn, args, kwargs), got {_describe(result)}"
@@ -95,10 +100,17 @@ def make_workload(make: Callable[..., Any], device: str) -> tuple[Callable[..., 
     if not isinstance(kwargs, dict):
         raise TargetError(f"make() returned {_describe(kwargs)} as kwargs: it must be a dict")
     if not takes_device:
+        import torch
+
         if isinstance(fn, torch.nn.Module):
             fn = fn.to(device)
         args, kwargs = tree_map(lambda v: _to_device(v, device), (tuple(args), dict(kwargs)))
     return fn, tuple(args), dict(kwargs)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
 def _parameters(fn: Callable[..., Any]) -> dict[str, Any]:
@@ -115,6 +127,8 @@ def _describe(value: Any) -> str:
 
 
 def _to_device(value: Any, device: str) -> Any:
+    import torch
+
     if not isinstance(value, torch.Tensor) or value.device.type == device:
         return value
     moved = value.detach().to(device)
@@ -122,12 +136,11 @@ def _to_device(value: Any, device: str) -> Any:
 
 
 def compile_with_guard(fn: Callable[..., Any], guard: Any, device: str, thunderfx: bool) -> Any:
-    """``fn`` under thunder.jit or ThunderFX with ``guard``; on CPU with Thunder's torch.compile executor."""
-    options: dict[str, Any] = {"transforms": [guard]}
-    if device != "cuda":
-        from thunder.executors.torch_compile import torch_compile_ex
+    """``fn`` under thunder.jit or ThunderFX with ``guard`` and the fusion executors for ``device``
+    (:func:`~thunder_fusion_guard.executors.fusion_executors`: torch.compile on CPU, nvFuser on CUDA)."""
+    from ..executors import fusion_executors
 
-        options["executors"] = [torch_compile_ex]
+    options: dict[str, Any] = {"transforms": [guard], "executors": fusion_executors(device)}
     if thunderfx:
         from thunder.dynamo import thunderfx as compile_fx
 
@@ -137,15 +150,28 @@ def compile_with_guard(fn: Callable[..., Any], guard: Any, device: str, thunderf
     return thunder.jit(fn, **options)
 
 
-def run_report(spec: str, *, thunderfx: bool = False, device: str | None = None, backward: bool = True) -> dict:
+def run_report(
+    spec: str,
+    *,
+    thunderfx: bool = False,
+    device: str | None = None,
+    backward: bool = True,
+    pictures: bool = False,
+    profile: bool = False,
+) -> dict:
     """Load TARGET, run it guarded (and its kernels collected on CUDA); the JSON document of the report.
 
     Without ``backward`` the model runs forward only, under ``torch.no_grad()`` (an inference program).
+    ``pictures`` adds the dataflow graphs of the traces (``graphs``); ``profile`` profiles every region
+    (``profile``, a :class:`RegionProfile` that carries the graphs too).
     """
-    from .. import FusionGuard, collect_segments
+    import torch
+
+    from .. import FusionGuard, collect_segments, profile_regions
     from .._thunder import software_versions
-    from ..explain import report_of
+    from ..explanation import report_of
     from ..measure.calls import step
+    from ..measure.dataflow import trace_graphs
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     fn, args, kwargs = make_workload(load_target(spec), device)
@@ -155,6 +181,12 @@ def run_report(spec: str, *, thunderfx: bool = False, device: str | None = None,
         step(compiled, args, kwargs, backward)
         if device == "cuda":
             collect_segments(compiled, *args, backward=backward, **kwargs)
+        extra: dict[str, Any] = {}
+        if profile:
+            extra["profile"] = profile_regions(compiled, *args, **kwargs)
+            extra["graphs"] = extra["profile"].graphs
+        elif pictures:
+            extra["graphs"] = trace_graphs(compiled)
     report = report_of(compiled)
     return {
         "target": spec,
@@ -163,6 +195,7 @@ def run_report(spec: str, *, thunderfx: bool = False, device: str | None = None,
         "backward": backward,
         "versions": software_versions(),
         "report": report,
+        **extra,
     }
 
 
@@ -183,31 +216,74 @@ def register(subparsers: Any) -> None:
         default=True,
         help="run the backward when an output requires grad (default); --no-backward: forward under no_grad",
     )
-    report.add_argument("--json", metavar="PATH", help="write the report as JSON here")
-    report.add_argument("--markdown", metavar="PATH", help="write the report as Markdown here")
+    report.add_argument(
+        "--json",
+        metavar="PATH",
+        help="write the report as JSON here (under torchrun, one per rank: {rank} in PATH is the rank, "
+        "else .rankN goes before the suffix)",
+    )
+    report.add_argument("--markdown", metavar="PATH", help="write the report as Markdown here (per rank, as --json)")
+    report.add_argument(
+        "--html",
+        metavar="PATH",
+        help="profile every region and write a self-contained HTML report here: pictures of each trace before "
+        "and after the guard with the bytes at kernel boundaries, the profile (GB/s on CUDA), the decisions",
+    )
+    report.add_argument("--dot", metavar="PATH", help="write the dataflow graphs of the traces as Graphviz DOT here")
     report.set_defaults(run=_report_command)
 
 
 def _report_command(args: argparse.Namespace) -> int:
     import json
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("fusion-guard report: --device cuda but no CUDA device is available", file=sys.stderr)
-        return 2
+    from ..distributed import current_rank, rank_path
+    from ..measure.dataflow import graphs_to_dot
+
+    device = resolve_device(args.device)
+    traceback = getattr(args, "traceback", False)
+    hint = " (--traceback for the full traceback)"
     try:
-        doc = run_report(args.target, thunderfx=args.thunderfx, device=args.device, backward=args.backward)
+        doc = run_report(
+            args.target,
+            thunderfx=args.thunderfx,
+            device=device,
+            backward=args.backward,
+            pictures=bool(args.html or args.dot),
+            profile=bool(args.html),
+        )
     except TargetError as e:
-        print(f"fusion-guard report: {e}", file=sys.stderr)
-        return 2
+        if traceback and e.__cause__ is not None:
+            raise e.__cause__ from None  # what make() or the import raised, with its own traceback
+        raise UsageError(f"{e}{hint if e.__cause__ is not None else ''}") from e
+    except Exception as e:
+        if traceback:
+            raise
+        frontend = "ThunderFX" if args.thunderfx else "thunder.jit"
+        print(f"fusion-guard report: {args.target} failed under {frontend}: {_first_line(e)}{hint}", file=sys.stderr)
+        return 1
     report = doc["report"]
     title = f"{doc['target']} via {doc['frontend']} on {doc['device']}"
     print(f"FusionGuard report: {title}")
     print(report)
-    if args.json:
-        _write(args.json, json.dumps({**doc, "report": report.to_dict()}, indent=1) + "\n")
-    if args.markdown:
-        _write(args.markdown, report.to_markdown(f"FusionGuard report: {title}"))
-    for path in (args.json, args.markdown):
+    profile = doc.get("profile")
+    if profile is not None:
+        print(profile)
+    # Under torchrun each rank writes its own file: {rank} in PATH, else .rank<N> before the suffix.
+    paths = (args.json, args.markdown, args.html, args.dot)
+    json_path, md_path, html_path, dot_path = (rank_path(p) if p else None for p in paths)
+    if json_path:
+        saved = {**doc, "rank": current_rank(), "report": report.to_dict()}
+        saved.update({k: doc[k].to_dict() for k in ("profile",) if k in doc})
+        saved.update({k: [g.to_dict() for g in doc[k]] for k in ("graphs",) if k in doc})
+        _write(json_path, json.dumps(saved, indent=1) + "\n")
+    if md_path:
+        _write(md_path, report.to_markdown(f"FusionGuard report: {title}"))
+    if html_path:
+        versions = ", ".join(f"{k} {v}" for k, v in doc["versions"].items() if v)
+        _write(html_path, profile.to_html(f"FusionGuard report: {title}", meta=[versions]))
+    if dot_path:
+        _write(dot_path, graphs_to_dot(doc["graphs"], f"FusionGuard dataflow: {title}", report.subgraphs))
+    for path in (json_path, md_path, html_path, dot_path):
         if path:
             print(f"wrote {path}", file=sys.stderr)
     return 0

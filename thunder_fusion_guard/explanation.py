@@ -40,6 +40,9 @@ def report_of(obj: Any) -> Report:
             merged.add(d)
         for sub in g.report.subgraphs.values():
             merged.add_subgraph(sub)
+        merged.traces_seen += g.report.traces_seen
+        merged.executors += [e for e in g.report.executors if e not in merged.executors]
+        merged.warnings += g.report.warnings
     return merged
 
 

@@ -1,0 +1,158 @@
+"""The fusion-guard command line: one-line errors with exit status 2 for every bad argument, checked
+before any work; --version; one line and a --traceback hint for a target that raises; the import-time
+warnings of Thunder and torch silenced; --threads pinned for CPU timing."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from thunder_fusion_guard.tools import cli, common
+from thunder_fusion_guard.tools.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+NO_CUDA = not torch.cuda.is_available()
+
+
+def _one_line_error(capsys, argv: list[str], code: int = 2) -> str:
+    """Run ``fusion-guard argv``; assert the exit status and that stderr is one line; return it."""
+    try:
+        status = main(argv)
+    except SystemExit as e:  # argparse errors
+        status = e.code
+    captured = capsys.readouterr()
+    assert status == code, (status, captured.err)
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    return lines[0]
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Fail the test if a command starts its work (compiling, timing) before rejecting its arguments."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the command started its work before checking its arguments")
+
+    import thunder_fusion_guard.measure.calibrate as calibrate
+    import thunder_fusion_guard.tools.demo as demo
+
+    monkeypatch.setattr(calibrate, "calibrate", refuse)
+    monkeypatch.setattr(demo, "run_demo", refuse)
+
+
+@pytest.mark.parametrize(
+    "argv,prefix,message",
+    [
+        (["calibrate", "--executor", "nope"], "calibrate", "--executor 'nope' is not a fusion executor calibrate can"),
+        (
+            ["calibrate", "--executor", "nvfuser", "--device", "cpu"],
+            "calibrate",
+            "--executor nvfuser runs on CUDA only",
+        ),
+        (["calibrate", "--bogus"], "calibrate", "unrecognized arguments: --bogus"),
+        (["demo", "--reps", "0"], "demo", "argument --reps: expected an integer >= 1, got '0'"),
+        (["demo", "--threads", "0"], "demo", "argument --threads: expected an integer >= 1"),
+        (["demo", "--device", "tpu"], "demo", "argument --device: invalid choice: 'tpu'"),
+        (["bench", "run", "--reps", "x"], "bench run", "argument --reps"),
+        (["bench", "compare", "a.json"], "bench compare", "the following arguments are required: head"),
+        (["report"], "report", "the following arguments are required: TARGET"),
+        (["nope"], "", "invalid choice: 'nope'"),
+        ([], "", "the following arguments are required: COMMAND"),
+    ],
+)
+def test_bad_argument_is_one_line_and_exit_2(capsys, no_work, argv, prefix, message):
+    line = _one_line_error(capsys, argv)
+    assert line.startswith(f"fusion-guard{' ' if prefix else ''}{prefix}: "), line
+    assert message in line, line
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="a CUDA device is present")
+@pytest.mark.parametrize("command", ["demo", "calibrate", "report"])
+def test_cuda_without_a_device_is_one_line_and_exit_2(capsys, no_work, command):
+    target = [f"{REPO}/examples/report_target.py:make"] if command == "report" else []
+    line = _one_line_error(capsys, [command, *target, "--device", "cuda"])
+    assert line.startswith(f"fusion-guard {command}: --device cuda: "), line
+    assert "no CUDA device" in line or "without CUDA" in line
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="a CUDA device is present")
+def test_calibrate_nvfuser_missing_is_named(capsys, monkeypatch, no_work):
+    monkeypatch.setattr(common, "resolve_device", lambda device: "cuda")
+    monkeypatch.setattr(cli, "resolve_device", lambda device: "cuda")
+    line = _one_line_error(capsys, ["calibrate", "--executor", "nvfuser"])
+    assert line.startswith("fusion-guard calibrate: --executor nvfuser: nvfuser is not available here: "), line
+    assert "thunder-fusion-guard[nvfuser]" in line
+
+
+def test_make_that_raises_is_one_line_with_a_hint(tmp_path, capsys):
+    target = tmp_path / "raising.py"
+    target.write_text("def make():\n    raise RuntimeError('weights not found\\nsecond line')\n")
+    line = _one_line_error(capsys, ["report", f"{target}:make", "--device", "cpu"])
+    assert line == (
+        "fusion-guard report: make() raised RuntimeError: weights not found (--traceback for the full traceback)"
+    )
+    with pytest.raises(RuntimeError, match="weights not found"):
+        main(["report", f"{target}:make", "--device", "cpu", "--traceback"])
+
+
+def test_model_that_fails_under_thunder_is_one_line_exit_1(tmp_path, capsys):
+    target = tmp_path / "failing.py"
+    target.write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            def broken(x):
+                raise ValueError("shape mismatch in the model")
+
+            def make():
+                return broken, (torch.ones(2),)
+            """
+        )
+    )
+    line = _one_line_error(capsys, ["report", f"{target}:make", "--device", "cpu"], code=1)
+    assert line.startswith(f"fusion-guard report: {target}:make failed under thunder.jit: ValueError: shape mismatch")
+    assert line.endswith("(--traceback for the full traceback)")
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("fusion-guard 0.1.0 (torch ") and "lightning-thunder 0.2.6" in out and "nvFuser" in out
+
+
+def test_help_is_written_for_users(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for text in ("examples:", "fusion-guard demo", "fusion-guard report model.py:make", "--traceback", "exit 2"):
+        assert text in out, text
+
+
+def test_threads_are_pinned_for_cpu_timing():
+    threads = torch.get_num_threads()
+    try:
+        assert common.pin_threads(None, "cpu").startswith("timed with 1 intra-op thread ")
+        assert torch.get_num_threads() == 1
+        assert "timed with 2 intra-op threads" in common.pin_threads(2, "cpu")
+        assert torch.get_num_threads() == 2
+        assert common.pin_threads(None, "cuda") == ""
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_python_dash_m_bad_target_is_one_line_without_import_warnings(tmp_path):
+    """Through a real process: Thunder's and torch's import-time warnings do not reach the user."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env.pop("PYTHONWARNINGS", None)
+    cmd = [sys.executable, "-m", "thunder_fusion_guard", "report", "missing.py:make", "--device", "cpu"]
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "fusion-guard report: missing.py: no such file", done.stderr
+    assert done.stdout == ""

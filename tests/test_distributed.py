@@ -1,0 +1,315 @@
+"""Distributed runs: communication ops are never rewritten, moved across or reordered; every rank decides
+alike; reports name their rank. One test trains on two processes (gloo, CPU) under each set-up that
+thunder 0.2.6 can run; the others build execution traces in one process (a one-rank gloo group) without
+running them."""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+import time
+import warnings
+
+import distributed_worker
+import pytest
+import thunder.distributed.prims as dist_prims
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from thunder.common import trace as trace_of
+from thunder.core import prims
+from thunder.executors.passes import transform_for_execution
+from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
+from thunder.extend import ImplInfo, get_always_executors
+
+from thunder_fusion_guard import CommunicationChanged, Decision, FusionGuard, RankMismatch
+from thunder_fusion_guard import _thunder as th
+from thunder_fusion_guard.distributed import current_rank, rank_path
+from thunder_fusion_guard.ops import is_communication
+from thunder_fusion_guard.options import make_options
+from thunder_fusion_guard.passes import TraceContext, guard_trace
+from thunder_fusion_guard.passes.collectives import communication_changes, communication_sequence
+from thunder_fusion_guard.passes.identity import identity_reason
+from thunder_fusion_guard.passes.pipeline import _op_pass
+from thunder_fusion_guard.report import Report
+from thunder_fusion_guard.tools.cli import main
+
+SUM = dist_prims.DistributedReduceOps.SUM
+
+
+@pytest.fixture
+def group(tmp_path):
+    """A one-rank gloo process group (Thunder's collectives need one to be traced), destroyed afterwards."""
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        yield dist.new_group()
+    finally:
+        dist.destroy_process_group()
+
+
+def _executor(name: str, *, reshape: bool = True, comms: bool = False) -> TorchCompileExecutor:
+    """torch.compile's executor, optionally without reshape (so that it stays outside, as nvFuser's edge
+    views do) and without Thunder's collectives (torch_compile_ex fuses them)."""
+    ex = TorchCompileExecutor(name=name)
+    skip = set() if reshape else {prims.PrimIDs.RESHAPE, "torch.reshape"}
+    ex._implmap = {
+        op: ImplInfo()
+        for op in torch_compile_ex._implmap
+        if op not in skip and (comms or not isinstance(op, dist_prims.PrimIDs))
+    }
+    return ex
+
+
+def _execution_trace(fn, args, executor):
+    """The execution trace Thunder would run (fusion regions formed, nothing compiled or run)."""
+    return transform_for_execution(trace_of()(fn, *args), [executor, *get_always_executors()])
+
+
+def _claims_reshape_again(ex: TorchCompileExecutor) -> None:
+    """After fusing without reshape: the executor can run reshape, it only left it out (as nvFuser's
+    bookend views), so re-homing may move it in."""
+    ex._implmap.update({prims.PrimIDs.RESHAPE: ImplInfo(), "torch.reshape": ImplInfo()})
+
+
+def _view_then_allreduce(group):
+    def f(x, w):
+        v = x.reshape(2, 8)
+        y = dist_prims.wait(dist_prims.all_reduce(w, SUM, group, True))
+        return v * 2 + y
+
+    return f
+
+
+def _names(trace) -> list[str]:
+    return [b.sym.name for b in trace.bound_symbols if not th.is_comment_or_del(b)]
+
+
+def test_communication_ops_are_recognised(group):
+    args = (torch.randn(4, 4), torch.randn(2, 8))
+    trace = _execution_trace(_view_then_allreduce(group), args, _executor("tc_noreshape", reshape=False))
+    found = {b.sym.name: is_communication(b) for b in trace.bound_symbols}
+    assert found["torch_all_reduce_prim_impl"] and found["torch_wait_prim_impl"]
+    assert not found["reshape"] and not found["TorchCompile0"]
+    assert all(identity_reason(b) is None for b in trace.bound_symbols if is_communication(b))
+    fused = _execution_trace(_view_then_allreduce(group), args, _executor("tc_comms", comms=True))
+    regions = [b for b in fused.bound_symbols if th.is_fusion(b)]
+    assert any(is_communication(r) for r in regions), "torch.compile's executor fuses Thunder's collectives"
+
+
+def test_region_holding_a_collective_is_never_rewritten(group):
+    def f(x):
+        y = dist_prims.wait(dist_prims.all_reduce(x.reshape(16), SUM, group, True))
+        return y.reshape(4, 4)
+
+    trace = _execution_trace(f, (torch.randn(4, 4),), _executor("tc_comms", comms=True))
+    (region,) = [b for b in trace.bound_symbols if th.is_fusion(b)]
+    report = Report()
+    # A fusion call priced at a second: every other region would go to the torch executor.
+    cheap_eager = dict(fusion_call_us=1e6, fusion_gbps=1.0, eager_op_us=1.0, eager_meta_us=1.0, eager_gbps=1.0)
+    options = make_options(
+        exact_only=False, strict=True, merge_regions=True, calibration={**cheap_eager, "overlapped": False}
+    )
+    new = guard_trace(trace, options, report, TraceContext("forward"), lambda device, ex: options.calibration)
+    (decision,) = [d for d in report if d.about_region]
+    assert decision.action == "keep" and "communication ops" in decision.reason
+    assert "['all_reduce', 'wait']" in decision.reason  # Thunder's distributed prims, inside the region
+    assert [d.action for d in report if not d.about_region] == []  # its inner reshapes stay too
+    (after,) = [b for b in new.bound_symbols if th.is_fusion(b)]
+    assert after is region
+
+
+def test_view_is_not_moved_across_a_wait(group):
+    ex = _executor("tc_noreshape", reshape=False)
+    trace = _execution_trace(_view_then_allreduce(group), (torch.randn(4, 4), torch.randn(2, 8)), ex)
+    report = Report()
+    new = guard_trace(trace, make_options(cost_model=False, strict=True), report, TraceContext("forward"))
+    (kept,) = [d for d in report if d.ops == ["reshape"]]
+    assert kept.action == "keep" and "torch_all_reduce_prim_impl stands between them" in kept.reason
+    assert _names(new) == _names(trace)
+    assert _names(new).index("reshape") < _names(new).index("torch_all_reduce_prim_impl")
+
+    def no_collective(x, w):
+        return x.reshape(2, 8) * 2 + w
+
+    report = Report()
+    plain = _execution_trace(no_collective, (torch.randn(4, 4), torch.randn(2, 8)), ex)
+    _claims_reshape_again(ex)
+    moved = guard_trace(
+        plain,
+        make_options(cost_model=False, strict=True),
+        report,
+        TraceContext("forward"),
+    )
+    assert [d.action for d in report if d.ops == ["reshape"]] == ["rehome"]
+    assert "reshape" not in _names(moved)
+
+
+def _moved_across(trace):
+    """``trace`` with its reshape moved after the wait: what a careless pass would do."""
+    bsyms = list(trace.bound_symbols)
+    view = next(i for i, b in enumerate(bsyms) if b.sym.name == "reshape")
+    wait = next(i for i, b in enumerate(bsyms) if b.sym.name == "torch_wait_prim_impl")
+    bsyms.insert(wait, bsyms.pop(view))
+    return th.new_trace_like(trace, bsyms)
+
+
+def _swapped_collectives(trace):
+    bsyms = list(trace.bound_symbols)
+    first, second = [i for i, b in enumerate(bsyms) if is_communication(b)][:2]
+    bsyms[first], bsyms[second] = bsyms[second], bsyms[first]
+    return th.new_trace_like(trace, bsyms)
+
+
+def test_communication_check_drops_a_pass_that_moves_across(group):
+    ex = _executor("tc_noreshape", reshape=False)
+    trace = _execution_trace(_view_then_allreduce(group), (torch.randn(4, 4), torch.randn(2, 8)), ex)
+    assert communication_changes(trace, trace) is None
+    assert [s[0] for s in communication_sequence(trace)] == ["torch_all_reduce_prim_impl", "torch_wait_prim_impl"]
+    assert "moved across a communication op" in communication_changes(trace, _moved_across(trace))
+    assert "communication op 0 was torch_all_reduce_prim_impl" in communication_changes(
+        trace, _swapped_collectives(trace)
+    )
+
+    def careless_pass(trace, options, made, where):
+        """Move a view past a wait."""
+        return _moved_across(trace)
+
+    made: list[Decision] = []
+    kept = _op_pass(careless_pass, trace, make_options(), made, TraceContext("forward"))
+    assert kept is trace
+    (decision,) = made
+    assert decision.action == "keep" and "would change the communication ops" in decision.reason
+    assert decision.error.startswith("CommunicationChanged")
+    with pytest.raises(CommunicationChanged, match="careless_pass would change the communication"):
+        _op_pass(careless_pass, trace, make_options(strict=True), [], TraceContext("forward"))
+
+
+def _decision(rank=None, action="keep") -> Decision:
+    return Decision("forward", "TorchCompile0", "torchcompile", ["add"], action, "why", function="f", rank=rank)
+
+
+def test_reports_and_files_name_the_rank(monkeypatch):
+    report = Report()
+    report.add(_decision(rank=3))
+    text = str(report)
+    assert text.splitlines()[0] == "FusionGuard report (rank 3)"
+    assert text.splitlines()[-1] == "FusionGuard (rank 3): 1 decisions (1 keep)"
+    assert report.to_markdown().startswith("# FusionGuard report (rank 3)")
+    assert report.to_dict()["rank"] == 3 and report.rank == 3
+    assert rank_path("out/report.json", 1) == "out/report.rank1.json"
+    assert rank_path("out/report-{rank}.json", 1) == "out/report-1.json"
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert current_rank() is None and rank_path("report.json") == "report.json"
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert current_rank() == 1 and rank_path("report.json") == "report.rank1.json"
+
+
+def test_report_cli_writes_one_file_per_rank(tmp_path, monkeypatch, capsys):
+    target = tmp_path / "target.py"
+    target.write_text(
+        "import torch\n\ndef make():\n    return (lambda x: x.reshape(-1, 4).t() * 2), (torch.randn(3, 4),)\n"
+    )
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    argv = ["report", f"{target}:make", "--device", "cpu", "--no-backward"]
+    assert main([*argv, "--json", str(tmp_path / "r-{rank}.json"), "--markdown", str(tmp_path / "r.md")]) == 0
+    assert "FusionGuard report (rank 1)" in capsys.readouterr().out
+    doc = json.loads((tmp_path / "r-1.json").read_text())
+    assert doc["rank"] == 1 and doc["report"]["rank"] == 1
+    assert {d["rank"] for d in doc["report"]["decisions"]} == {1}
+    assert (tmp_path / "r.rank1.md").read_text().startswith("# FusionGuard report: ")
+
+
+def _fake_world(monkeypatch, other_rank_decides):
+    """Pretend a second rank answered all_gather_object with ``other_rank_decides`` applied to our keys."""
+
+    def all_gather_object(out, obj, group=None):
+        out[0], out[1] = obj, other_rank_decides(list(obj))
+
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "all_gather_object", all_gather_object)
+
+
+def test_check_ranks_finds_a_rank_that_decided_otherwise(group, monkeypatch):
+    guard = FusionGuard()
+    guard.report.add(_decision(rank=0))
+    assert guard.check_ranks() == []  # one rank: nothing to compare
+    _fake_world(monkeypatch, lambda keys: keys)
+    assert guard.check_ranks() == []
+    _fake_world(monkeypatch, lambda keys: [(*k[:-2], "reject", True) for k in keys])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        (problem,) = guard.check_ranks()
+    assert "rank 1 decided differently from rank 0" in problem and "rank 1 f#0:forward TorchCompile0" in problem
+    assert guard.report.warnings == [problem] and str(guard.report).endswith(f"warning: {problem}")
+    assert any(problem in str(w.message) for w in caught)
+    strict = FusionGuard(strict=True)
+    strict.report.add(_decision(rank=0))
+    with pytest.raises(RankMismatch, match="rank 1 decided differently"):
+        strict.check_ranks()
+    with pytest.raises(ValueError, match="compare_ranks"):
+        FusionGuard(compare_ranks="yes")
+
+
+def test_guard_is_shared_not_copied():
+    """ThunderFX deep-copies split graphs, which under DDP and FSDP2 reach the backend and its guard."""
+    guard = FusionGuard()
+    options = copy.deepcopy({"transforms": [guard]})
+    assert options["transforms"][0] is guard
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_ranks_train_alike_guarded_and_unguarded(tmp_path):
+    """Three training steps on two processes under each set-up: guarded equal to unguarded Thunder to the
+    bit, the same decisions on both ranks, the same collectives in the same order."""
+    setups = list(distributed_worker.SETUPS)
+    failures = ["ddp+torch_compile_ex", "fsdp+torch_compile_ex"]
+    args = (2, _free_port(), str(tmp_path), setups, failures)
+    context = mp.spawn(distributed_worker.main, args=args, nprocs=2, join=False)
+    deadline = time.monotonic() + 400
+    while not context.join(timeout=5):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("the two ranks did not finish in 400 s (a hang?)")
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for rank, result in enumerate(ranks):
+        for name in setups:
+            got = result["setups"][name]
+            assert "error" not in got, f"{name} on rank {rank}: {got.get('traceback')}"
+            assert got["losses_equal"] and got["grads_equal"], (name, rank)
+            assert got["collectives_guarded"] == got["collectives_unguarded"], (name, rank)
+            assert got["rank_in_report"] == rank and got["check_ranks"] == []
+    for name in setups:
+        first, second = (r["setups"][name] for r in ranks)
+        assert first["decisions"] == second["decisions"], name
+        assert first["collectives_guarded"] == second["collectives_guarded"], name
+        assert first["losses"] != second["losses"]  # each rank trained on its own batches
+    for name in ("thunder.distributed.fsdp", "FSDPTransform"):
+        got = ranks[0]["setups"][name]
+        assert all(c != "[]" for c in got["collectives_guarded"])  # all-gathers forward, reduce-scatters backward
+        assert got["actions"].get("reject", 0) >= 3  # the pre-averaging divisions between reduce-scatters
+    for name in ("thunder.distributed.ddp", "DDPTransform"):
+        forward, backward = ranks[0]["setups"][name]["collectives_guarded"]
+        assert forward == "[]" and "torch_all_reduce_prim_impl" in backward
+    for rank, result in enumerate(ranks):
+        profile = result["setups"]["thunder.distributed.fsdp"]["profile"]
+        assert profile["rank"] == rank and f"on cpu, rank {rank} " in profile["title"] and profile["rows"] > 0
+    for name in ("ThunderFX+DDP", "ThunderFX+FSDP2"):
+        # PyTorch's DDP and FSDP2 communicate outside the Thunder-compiled subgraphs.
+        assert all(c == "[]" for c in ranks[0]["setups"][name]["collectives_guarded"])
+    for result in ranks:
+        assert result["failures"]["ddp+torch_compile_ex"] == (
+            "builtins.IndexError in get_bsym_of_allreduce_of_grad: tuple index out of range"
+        )
+        assert result["failures"]["fsdp+torch_compile_ex"].startswith(
+            "torch._dynamo.exc.Unsupported in compile_wrapper: async_op=True for distributed collectives"
+        )

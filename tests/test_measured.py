@@ -1,0 +1,422 @@
+"""Deciding on the user's machine: calibration on first need, regions near break-even timed, the caches,
+the budgets, and reasons that match their numbers. Timings are injected: no test depends on the clock."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import thunder
+import torch
+from helpers import assert_same, fragmenting_executor, jit_cpu, regions, run_with_grads
+
+import thunder_fusion_guard.measure.breakeven as breakeven
+import thunder_fusion_guard.measure.calibrate as calibrate
+from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard.cost import CostConstants
+from thunder_fusion_guard.tools import bench_decisions
+
+# A lone add of 16x16 floats is estimated near break-even: 3.3 µs fused vs 3.0 µs eager.
+NEAR = {
+    "fusion_call_us": 3.0,
+    "fusion_gbps": 10.0,
+    "eager_op_us": 2.7,
+    "eager_meta_us": 0.5,
+    "eager_gbps": 10.0,
+    "overlapped": False,
+}
+FAKE = CostConstants(**NEAR, source="fake calibration")
+
+
+def lone_add(a, b):
+    return a + b
+
+
+def add_then_sub(x):
+    return (x + 1.0) - 2.0
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    """A fresh, empty cache for each test, and nothing measured in this process yet."""
+    monkeypatch.setenv("TFG_CACHE_DIR", str(tmp_path))
+    breakeven.clear_memory_cache()
+    yield tmp_path
+    breakeven.clear_memory_cache()
+
+
+@pytest.fixture
+def no_shipped(monkeypatch):
+    monkeypatch.setattr(calibrate, "SHIPPED", [])
+
+
+@pytest.fixture
+def fake_calibration(monkeypatch, no_shipped):
+    """calibrate.measure replaced by a call counter returning FAKE."""
+    calls = []
+
+    def measure(device, executor, budget_s=None):
+        calls.append((device, executor, budget_s))
+        return FAKE
+
+    monkeypatch.setattr(calibrate, "measure", measure)
+    return calls
+
+
+def fake_timings(monkeypatch, fused_us: float, eager_us: float) -> list:
+    """Region timings replaced by fixed samples (the fusion and eager callables still run once each)."""
+    calls = []
+
+    def interleaved_us(fns, args, **kwargs):
+        calls.append(len(fns))
+        return [[fused_us] * 5, [eager_us] * 5]
+
+    monkeypatch.setattr(breakeven, "interleaved_us", interleaved_us)
+    return calls
+
+
+def _inputs():
+    return torch.randn(16, 16), torch.randn(16, 16)
+
+
+# --- 1. calibration on first need ----------------------------------------------------------------------
+
+
+def test_auto_calibration_happens_once_and_is_cached(fake_calibration, cache_dir, caplog):
+    guard = FusionGuard(calibration_budget_s=0.5, measure_budget_s=0)
+    with caplog.at_level(logging.INFO, logger="thunder_fusion_guard"):
+        jit_cpu(lone_add, guard)(*_inputs())
+        jit_cpu(add_then_sub, guard)(torch.randn(4))
+    assert fake_calibration == [("cpu", "torchcompile", 0.5)]
+    assert "calibrating (budget 0.5 s)" in caplog.text
+    assert "calibrated executor 'torchcompile' on cpu" in caplog.text
+    (event,) = guard.report.calibrations
+    assert event["executor"] == "torchcompile" and event["result"].startswith("calibrated here")
+    assert "calibration of torchcompile on cpu: calibrated here" in str(guard.report)
+    cached = json.loads((cache_dir / "calibration.json").read_text())
+    assert list(cached.values()) == [FAKE.to_dict()]
+    assert all(d.details["decided_by"] != "no constants" for d in guard.report)
+
+    again = FusionGuard(measure_budget_s=0)
+    jit_cpu(lone_add, again)(*_inputs())
+    assert len(fake_calibration) == 1, "a fresh guard reads the cached calibration"
+    assert again.constants_for("cpu", "torchcompile") == FAKE and not again.report.calibrations
+
+
+def test_auto_calibration_for_real_inside_the_transform(no_shipped, cache_dir):
+    """The real probes (thunder.jit of their own, in a fresh context) run inside Thunder's compilation."""
+    guard = FusionGuard(calibration_budget_s=0.05, measure_budget_s=0, strict=True)
+    a, b = torch.randn(16, 16, requires_grad=True), torch.randn(16, 16, requires_grad=True)
+    assert_same(*[run_with_grads(jit_cpu(lone_add, guard), [a, b])[0], run_with_grads(jit_cpu(lone_add), [a, b])[0]])
+    constants = guard.constants_for("cpu", "torchcompile")
+    assert constants is not None and constants.source.startswith("measured: cpu|torchcompile")
+    assert calibrate.cached("cpu", "torchcompile") == constants
+    (d,) = guard.report.filter(trace="forward")
+    assert d.details["decided_by"] == "model" and d.estimates["est_region_us"] > 0
+
+
+def test_calibration_cached_mode_never_measures(fake_calibration):
+    for mode in ("cached", None):
+        guard = FusionGuard(calibration=mode)
+        jit_cpu(lone_add, guard)(*_inputs())
+        (d,) = guard.report
+        assert d.action == "keep" and d.details["decided_by"] == "no constants"
+        assert "calibration='cached'" in d.reason and "fusion-guard calibrate" in d.reason
+    assert fake_calibration == []
+
+
+def test_calibration_shipped_mode_ignores_the_cache(cache_dir):
+    calibrate.save_constants("cpu", "torchcompile", FAKE)
+    assert FusionGuard().constants_for("cpu", "torchcompile") == FAKE
+    assert FusionGuard(calibration="shipped").constants_for("cpu", "torchcompile") == calibrate.shipped(
+        "cpu", "torchcompile"
+    )
+
+
+def test_calibration_measure_mode_ignores_shipped(fake_calibration, monkeypatch):
+    monkeypatch.setattr(calibrate, "SHIPPED", [("cpu", "torchcompile", dict(NEAR, fusion_call_us=99.0))])
+    assert FusionGuard(calibration="measure").constants_for("cpu", "torchcompile") == FAKE
+    assert len(fake_calibration) == 1
+
+
+def test_failed_calibration_is_recorded_never_raised(monkeypatch, no_shipped, caplog):
+    def broken(device, executor, budget_s=None):
+        raise RuntimeError("planted calibration failure")
+
+    monkeypatch.setattr(calibrate, "measure", broken)
+    guard = FusionGuard()
+    x = _inputs()
+    with caplog.at_level(logging.WARNING, logger="thunder_fusion_guard"):
+        assert torch.equal(jit_cpu(lone_add, guard)(*x), lone_add(*x))
+    (d,) = guard.report
+    assert d.action == "keep" and d.details["decided_by"] == "no constants"
+    assert "calibration='auto' could not measure them" in d.reason
+    assert "planted calibration failure" in guard.report.calibrations[0]["result"]
+    assert "planted calibration failure" in caplog.text
+
+
+# --- 2. measured decisions near break-even -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fused_us,eager_us,action", [(10.0, 2.0, "reject"), (2.0, 10.0, "keep")])
+def test_near_break_even_the_measurement_decides(monkeypatch, fused_us, eager_us, action):
+    timings = fake_timings(monkeypatch, fused_us, eager_us)
+    guard = FusionGuard(calibration=NEAR, strict=True)
+    a, b = torch.randn(16, 16, requires_grad=True), torch.randn(16, 16)
+    guarded = jit_cpu(lone_add, guard)
+    assert_same(*[run_with_grads(guarded, [a, b])[0], run_with_grads(jit_cpu(lone_add), [a, b])[0]])
+    assert timings == [2]
+    (d,) = guard.report.filter(trace="forward")
+    assert d.action == action and d.details["decided_by"] == "measured"
+    assert d.details["measured_region_us"] == fused_us and d.details["measured_eager_us"] == eager_us
+    assert d.details["model_action"] == "keep"  # 3.5 µs fused vs 3.2 eager: within the margin
+    assert len(regions(guarded)) == (action == "keep")
+    assert f"measured {fused_us:.1f} / {eager_us:.1f}" in str(guard.report)
+    assert guard.report.measuring["timed"] == 1 and guard.report.to_dict()["measuring"]["seconds"] >= 0
+
+
+def test_far_from_break_even_nothing_is_measured(monkeypatch):
+    timings = fake_timings(monkeypatch, 1.0, 1.0)
+    far = dict(NEAR, fusion_call_us=100.0)
+    guard = FusionGuard(calibration=far)
+    jit_cpu(lone_add, guard)(*_inputs())
+    (d,) = guard.report
+    assert d.action == "reject" and d.details["decided_by"] == "model" and timings == []
+
+
+def test_inexact_regions_are_not_measured(monkeypatch):
+    timings = fake_timings(monkeypatch, 10.0, 1.0)
+    guard = FusionGuard(calibration=dict(NEAR, eager_op_us=0.9))
+
+    def chain(x):
+        return torch.exp(x) * 2.0
+
+    jit_cpu(chain, guard)(torch.randn(16, 16))
+    (d,) = guard.report
+    assert d.action == "keep" and d.details["decided_by"] == "exactness" and timings == []
+
+
+def test_second_compilation_measures_nothing(monkeypatch, cache_dir):
+    timings = fake_timings(monkeypatch, 10.0, 2.0)
+    guard = FusionGuard(calibration=NEAR)
+    jit_cpu(lone_add, guard)(*_inputs())
+    jit_cpu(lone_add, guard)(*_inputs())
+    assert timings == [2]
+    first, second = guard.report
+    assert first.details["measured_from"] == "timed" and second.details["measured_from"] == "cache"
+    assert first.action == second.action == "reject"
+    assert guard.report.measuring["timed"] == 1 and guard.report.measuring["from_cache"] == 1
+    assert len(json.loads((cache_dir / "measurements.json").read_text())) == 1
+
+    breakeven.clear_memory_cache()
+    fresh = FusionGuard(calibration=NEAR)
+    jit_cpu(lone_add, fresh)(*_inputs())
+    assert timings == [2], "a fresh guard in a fresh process reads the disk cache"
+    (d,) = fresh.report
+    assert d.details["measured_from"] == "cache" and d.details["measured_region_us"] == 10.0
+
+
+def test_other_shapes_are_measured_again(monkeypatch):
+    timings = fake_timings(monkeypatch, 10.0, 2.0)
+    guard = FusionGuard(calibration=NEAR)
+    jit_cpu(lone_add, guard)(*_inputs())
+    jit_cpu(lone_add, guard)(torch.randn(16, 17), torch.randn(16, 17))
+    assert timings == [2, 2]
+
+
+def test_measuring_budget_caps_the_time(monkeypatch):
+    timings = fake_timings(monkeypatch, 10.0, 2.0)
+    guard = FusionGuard(calibration=NEAR, measure_budget_s=0.5)
+    ticks = iter(range(0, 10**12, 10**9))  # every reading of the clock is one second later
+    guard.measurer.clock = lambda: next(ticks)
+    thunder.jit(add_then_sub, executors=[fragmenting_executor()], transforms=[guard])(torch.randn(16, 16))
+    first, second = guard.report
+    assert timings == [2]
+    assert first.details["decided_by"] == "measured"
+    assert second.details["decided_by"] == "model"
+    assert "measuring budget (0.5 s, option 'measure_budget_s') is spent" in second.details["not_measured"]
+    assert guard.report.measuring["timed"] == 1 and guard.report.measuring["not_timed"] == 1
+    assert guard.report.measuring["seconds"] >= 1.0
+
+
+def test_measuring_and_calibrating_inside_thunderfx_subgraphs(monkeypatch, fake_calibration):
+    from thunder.dynamo import thunderfx
+    from thunder.executors.torch_compile import torch_compile_ex
+
+    timings = fake_timings(monkeypatch, 10.0, 2.0)
+
+    def two_subgraphs(a, b):
+        y = a + b
+        torch._dynamo.graph_break()
+        return y - b
+
+    guard = FusionGuard()
+    compiled = thunderfx(two_subgraphs, transforms=[guard], executors=[torch_compile_ex])
+    a, b = _inputs()
+    assert torch.equal(compiled(a, b), two_subgraphs(a, b))
+    assert len(fake_calibration) == 1 and timings == [2, 2]
+    decisions = [d for d in guard.report if d.about_region]
+    assert [d.subgraph for d in decisions] == ["subgraph 0", "subgraph 1"]
+    assert all(d.action == "reject" and d.details["decided_by"] == "measured" for d in decisions)
+
+
+def test_measuring_off(monkeypatch):
+    timings = fake_timings(monkeypatch, 10.0, 2.0)
+    guard = FusionGuard(calibration=NEAR, measure_budget_s=0)
+    jit_cpu(lone_add, guard)(*_inputs())
+    (d,) = guard.report
+    assert timings == [] and d.details["decided_by"] == "model" and "measuring" not in guard.report.to_dict()
+
+
+def test_measurement_failure_falls_back_to_the_model(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("planted timing failure")
+
+    monkeypatch.setattr(breakeven, "interleaved_us", broken)
+    guard = FusionGuard(calibration=NEAR)
+    x = _inputs()
+    assert torch.equal(jit_cpu(lone_add, guard)(*x), lone_add(*x))
+    (d,) = guard.report
+    assert d.details["decided_by"] == "model" and "planted timing failure" in d.details["not_measured"]
+
+
+def test_in_place_regions_are_measured_on_fresh_tensors(monkeypatch):
+    fake_timings(monkeypatch, 2.0, 10.0)
+
+    def copy_into(dst, src):
+        return dst.copy_(src)
+
+    dst, src = torch.zeros(16, 16), torch.ones(16, 16)
+    guard = FusionGuard(calibration=NEAR)
+    jit_cpu(copy_into, guard)(dst, src)
+    (d,) = guard.report
+    assert d.details["decided_by"] == "measured" and d.action == "keep"
+    assert torch.equal(dst, src)  # written once, by the program's own call
+
+
+def test_region_inputs_follow_the_proxies():
+    from thunder_fusion_guard.regions import find_regions
+
+    def mixed(x, i, m):
+        return torch.where(m, x, 0.0) + i
+
+    jitted = jit_cpu(mixed, FusionGuard(cost_model=False))
+    jitted(torch.randn(3, 4, dtype=torch.float64), torch.ones(3, 4, dtype=torch.int64), torch.ones(3, 4) > 0)
+    trace = thunder.last_traces(jitted)[-1]
+    (region,) = find_regions(trace)
+    args = breakeven.region_inputs(trace, region)
+    kinds = {(tuple(a.shape), a.dtype) for a in args}
+    assert kinds == {((3, 4), torch.float64), ((3, 4), torch.int64), ((3, 4), torch.bool)}
+    assert all(not a.requires_grad for a in args)
+
+
+# --- 4. reasons that match their numbers ---------------------------------------------------------------
+
+
+def test_reason_within_the_margin_says_eager_was_cheaper():
+    guard = FusionGuard(calibration=NEAR, measure_budget_s=0)
+    jit_cpu(lone_add, guard)(*_inputs())
+    (d,) = guard.report
+    region, eager = d.estimates["est_region_us"], d.estimates["est_eager_us"]
+    assert eager < region and d.action == "keep"
+    assert d.reason.startswith("eager estimated cheaper, but by less than the margin")
+    assert f"{eager:.1f} µs eager vs {region:.1f} µs fused" in d.reason and "margin 20%" in d.reason
+    assert "worth it" not in d.reason
+
+
+def test_reason_when_fusion_wins_and_when_measured_within_margin(monkeypatch):
+    guard = FusionGuard(calibration=dict(NEAR, eager_op_us=30.0), measure_budget_s=0)
+    jit_cpu(lone_add, guard)(*_inputs())
+    (d,) = guard.report
+    assert d.reason.startswith("fusion call is worth it: estimated")
+    assert d.estimates["est_region_us"] < d.estimates["est_eager_us"]
+
+    fake_timings(monkeypatch, 10.0, 9.0)
+    guard = FusionGuard(calibration=NEAR)
+    jit_cpu(lone_add, guard)(*_inputs())
+    (d,) = guard.report
+    assert d.action == "keep"
+    assert d.reason.startswith("eager measured cheaper, but by less than the margin: 9.0 µs eager vs 10.0 µs fused")
+
+
+# --- options -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"calibration": "sometimes"}, r"'calibration' must be one of \['auto', 'cached', 'shipped', 'measure'\]"),
+        ({"calibration_budget_s": 0}, "'calibration_budget_s' must be a finite number of seconds > 0"),
+        ({"measure_budget_s": -1}, "'measure_budget_s' must be a finite number of seconds >= 0"),
+        ({"measure_budget_s": float("inf")}, "'measure_budget_s'"),
+        ({"measure_budget_s": "5"}, "'measure_budget_s'"),
+        ({"measure_budget_s": True}, "'measure_budget_s'"),
+    ],
+)
+def test_bad_measuring_options(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        FusionGuard(**kwargs)
+
+
+def test_defaults():
+    options = FusionGuard().options
+    assert options.calibration == "auto" and options.measure_budget_s > 0 and options.calibration_budget_s > 0
+    assert FusionGuard(calibration=None).options.calibration == "cached"
+
+
+def test_constants_without_io_cost_still_load():
+    assert CostConstants.from_dict(NEAR).fusion_io_us == 0.0
+    with pytest.raises(ValueError, match="'fusion_io_us' must be a number >= 0"):
+        CostConstants.from_dict(dict(NEAR, fusion_io_us=-1.0))
+
+
+# --- 3. the decision benchmark's bookkeeping -----------------------------------------------------------
+
+
+def test_truth_and_verdicts():
+    assert bench_decisions.truth_of([10.0] * 5, [20.0] * 5)[0] == "fusion"
+    assert bench_decisions.truth_of([20.0] * 5, [10.0] * 5)[0] == "eager"
+    assert bench_decisions.truth_of([10.0] * 5, [10.2] * 5)[0] == "noise"
+    assert bench_decisions.truth_of([10, 10, 10, 10], [8, 9, 11, 12])[0] == "noise"  # ratios straddle 1
+    assert bench_decisions.verdict_of("reject", "eager") == "right"
+    assert bench_decisions.verdict_of("reject", "fusion") == "wrong reject"
+    assert bench_decisions.verdict_of("keep", "eager") == "wrong keep"
+    assert bench_decisions.verdict_of("keep", "noise") == "within noise"
+
+
+def test_summary_counts():
+    def row(action, truth, fused, eager, est=(1.0, 1.0), by="model"):
+        r = bench_decisions.Row("ops", "p", "tune", "forward", "R", ["add"], action, by, action)
+        r.est_region_us, r.est_eager_us, r.fused_us, r.eager_us = *est, fused, eager
+        r.truth, r.verdict = truth, bench_decisions.verdict_of(action, truth)
+        r.model_verdict = r.verdict
+        return r
+
+    rows = [
+        row("reject", "eager", 2.0, 1.0, (2.5, 1.5)),
+        row("reject", "fusion", 1.0, 1.5, (3.0, 1.0)),
+        row("keep", "noise", 1.0, 1.0),
+        row("keep", "fusion", 1.0, 4.0, (1.0, 9.0), by="measured"),
+    ]
+    s = bench_decisions.summarize(rows)
+    assert s["confusion"] == {
+        "right": 2,
+        "wrong reject": 1,
+        "wrong keep": 0,
+        "within noise": 1,
+        "agree_where_clear": round(2 / 3, 3),
+    }
+    assert s["worst_wrong_reject"] == 0.5
+    assert s["where_the_guard_chose"]["right"] == 2 and s["wrong_keeps_within_margin"] == 0
+    assert s["by_decided_by"]["measured"]["right"] == 1
+    assert s["estimates"]["fused_within_2x"] == 0.75 and s["estimates"]["eager_within_2x"] == 0.75
+    assert "decisions" in bench_decisions.format_summary(s, "cpu")
+
+
+def test_bench_decisions_quick_runs_on_cpu():
+    doc = bench_decisions.run("cpu", quick=True, reps=5, region_s=0.01, log=lambda m: None)
+    assert {r["program"] for r in doc["rows"]} == {"add-4KiB", "softmax-4KiB"}
+    assert all(r["verdict"] in bench_decisions.VERDICTS for r in doc["rows"])
+    assert doc["summary"]["timed"] == len(doc["rows"]) == 2
+    json.dumps(doc, default=str)

@@ -1,0 +1,93 @@
+"""Distributed runs: which rank this process is, and whether every rank made the same decisions.
+
+The guard decides each rank's traces alone. Ranks that compile the same program should decide the same
+way (the decisions are a function of the trace, the options and the cost constants), but a rank with
+other cost constants (another machine's calibration cache, ``calibration="measure"``) would not. The
+comparison here gathers every rank's decisions with ``torch.distributed.all_gather_object``: a
+collective, so every rank must call it at the same point (with NCCL, each rank on its own device:
+``torch.cuda.set_device``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .report import Decision
+
+
+def _initialized() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def current_rank() -> int | None:
+    """This process's global rank: from ``torch.distributed`` once initialized, else from ``torchrun``'s
+    ``RANK`` when ``WORLD_SIZE`` > 1; None in a single-process run."""
+    if _initialized():
+        import torch.distributed as dist
+
+        return dist.get_rank()
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        return int(os.environ["RANK"]) if world > 1 else None
+    except (KeyError, ValueError):
+        return None
+
+
+def rank_path(path: str, rank: int | None = None) -> str:
+    """``path`` for this rank's file: ``{rank}`` in it is replaced by the rank; otherwise, in a run of
+    several ranks, ``.rank<N>`` goes before the suffix (``report.json`` → ``report.rank1.json``)."""
+    rank = current_rank() if rank is None else rank
+    if "{rank}" in path:
+        return path.replace("{rank}", "0" if rank is None else str(rank))
+    if rank is None:
+        return path
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}"))
+
+
+def decision_key(d: Decision) -> tuple:
+    """What must agree across ranks: where a decision was made, about what, and what was done."""
+    return (d.trace, d.function, d.compile_index, d.subgraph, d.region, d.executor, tuple(d.ops), d.action, d.applied)
+
+
+def _describe(key: tuple | None) -> str:
+    if key is None:
+        return "nothing"
+    trace, function, index, subgraph, region, executor, ops, action, applied = key
+    where = trace if subgraph is None else f"{subgraph}/{trace}"
+    if function:
+        where = f"{function}#{index}:{where}"
+    return f"{where} {region} ({executor}, {len(ops)} ops): {action}{'' if applied else ' (not applied)'}"
+
+
+def compare_ranks(decisions: list[Decision], group: Any = None) -> list[str]:
+    """Gather every rank's ``decisions`` and say, one line per rank, where it differs from rank 0.
+
+    A collective over ``group`` (default: the default group): every rank must call it at the same point.
+    [] when all ranks agree, or when ``torch.distributed`` is not initialized.
+    """
+    if not _initialized():
+        return []
+    import torch.distributed as dist
+
+    mine = [decision_key(d) for d in decisions]
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, mine, group=group)
+    reference = gathered[0]
+    problems = []
+    for rank, keys in enumerate(gathered[1:], start=1):
+        if keys == reference:
+            continue
+        pairs = enumerate(zip(reference, keys, strict=False))
+        first = next((i for i, (a, b) in pairs if a != b), min(len(reference), len(keys)))
+        theirs = keys[first] if first < len(keys) else None
+        ours = reference[first] if first < len(reference) else None
+        problems.append(
+            f"rank {rank} decided differently from rank 0 ({len(keys)} vs {len(reference)} decisions); "
+            f"first difference at decision {first}: rank 0 {_describe(ours)}, rank {rank} {_describe(theirs)}"
+        )
+    return problems

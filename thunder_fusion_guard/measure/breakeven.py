@@ -1,0 +1,241 @@
+"""Timing a region near break-even while it is being compiled: its own fusion call against its torch lowering.
+
+The inputs are fresh tensors built from the region's proxies (shape, dtype, device; contiguous;
+floats random, integers zero, booleans random), never the user's data. Measurements are cached by
+the region's signature (its ops with their arguments, input shapes and dtypes, device, executor,
+software versions) in the process and in ``measurements.json`` next to the calibration cache, so a
+second compilation of the same program times nothing.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import logging
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import _thunder as th
+from ..cost import Measured
+from ..passes.rewrite import lower_region
+from ..regions import Region
+from .calibrate import cache_dir, device_name, read_json, update_json
+from .timing import Clock, interleaved_us
+
+log = logging.getLogger("thunder_fusion_guard")
+
+REPS = 15
+WARMUP = 2
+# A region's timing rounds stop after this many seconds (the budget permitting), its first calls aside.
+REGION_TIMING_S = 0.25
+
+# Ops that write through an index tensor: with the all-zero indices built here every write collides, which
+# times nothing like the real call. (An op rule: to move into ops.py once its rewrite for issue 17 lands.)
+WRITES_BY_INDEX = ("scatter", "index_put", "index_add", "index_copy")
+
+_memory: dict[str, dict[str, dict[str, Any]]] = {}
+_lock = threading.Lock()
+
+
+def cache_file() -> Path:
+    return cache_dir() / "measurements.json"
+
+
+def clear_memory_cache() -> None:
+    """Forget the measurements held in this process (the disk cache stays)."""
+    with _lock:
+        _memory.clear()
+
+
+def _store() -> dict[str, dict[str, Any]]:
+    """The measurements known in this process for the current cache file (read from disk once)."""
+    path = str(cache_file())
+    with _lock:
+        if path not in _memory:
+            _memory[path] = read_json(Path(path))
+        return _memory[path]
+
+
+def _cached(entry: Any) -> Measured | None:
+    try:
+        return Measured(float(entry["region_us"]), float(entry["eager_us"]), "cache")
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def signature(trace: th.TraceCtx, region: Region) -> str:
+    """What a region's timing depends on, as a short hash (see the module's docstring)."""
+    given = th.trace_input_names(trace)
+    inputs = []
+    for p in region.inputs:
+        spec = th.tensor_spec(p)
+        if spec is not None:
+            shape, dtype, device, grad = spec
+            inputs.append(f"{list(shape)}:{dtype}:{device.type}:{grad and p.name in given}")
+        else:
+            inputs.append(f"{type(p).__name__}:{th.number_value(p)!r}")
+    device = th.proxy_device(region.inputs + region.outputs) or "cpu"
+    versions = th.software_versions()
+    threads = torch.get_num_threads() if device == "cpu" else 0
+    text = "\n".join(
+        [
+            f"{device_name(device)}|{region.executor}|{versions}|threads {threads}",
+            "|".join(inputs),
+            th.canonical_ops(region.body),
+        ]
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def region_inputs(trace: th.TraceCtx, region: Region) -> list[Any] | str:
+    """Fresh arguments for the region's fusion call, or why none can be made.
+
+    ``requires_grad`` follows the proxy for the trace's own inputs and is off for intermediates, as at
+    run time (Thunder runs its traces without grad mode): the executor's compiled code then fits the
+    real call too.
+    """
+    given = th.trace_input_names(trace)
+    integers = False
+    args: list[Any] = []
+    for p in region.inputs:
+        spec = th.tensor_spec(p)
+        if spec is None:
+            value = th.number_value(p)
+            if value is None:
+                return f"input {p.name} is neither a tensor of known shape nor a number with a value"
+            args.append(value)
+            continue
+        shape, dtype, device, grad = spec
+        if dtype.is_floating_point or dtype.is_complex:
+            t = torch.randn(shape, device=device, dtype=torch.float32 if dtype.itemsize < 2 else dtype)
+            t = t.to(dtype)
+        elif dtype == torch.bool:
+            t = torch.rand(shape, device=device) < 0.5
+        else:
+            integers = True
+            t = torch.zeros(shape, device=device, dtype=dtype)
+        args.append(t.requires_grad_(grad and p.name in given and (dtype.is_floating_point or dtype.is_complex)))
+    writes = sorted({n for n in _leaf_op_names(region) if any(w in n for w in WRITES_BY_INDEX)})
+    if integers and writes:
+        return f"integer inputs to {writes}: zero indices would all collide, left to the model"
+    return args
+
+
+def _leaf_op_names(region: Region) -> set[str]:
+    found, todo = set(), list(region.body)
+    while todo:
+        b = todo.pop()
+        found.add(th.op_name(b))
+        todo.extend(th.subsymbols(b))
+    return found
+
+
+@dataclass
+class RegionMeasurer:
+    """Times regions for one guard, within ``budget_s`` seconds in all; counts what it spent.
+
+    ``clock`` (nanoseconds) can be swapped for tests. ``timed``/``from_cache`` count regions,
+    ``seconds`` the wall time spent (first calls, where the executor compiles, included), of which
+    ``first_call_seconds`` in first calls.
+    """
+
+    budget_s: float
+    clock: Clock = time.perf_counter_ns
+    timed: int = 0
+    from_cache: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+    first_call_seconds: float = 0.0
+    pending: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __call__(self, trace: th.TraceCtx, region: Region) -> Measured | str:
+        key = signature(trace, region)
+        store = _store()
+        hit = _cached(store.get(key))
+        if hit is not None:
+            self.from_cache += 1
+            return hit
+        left = self.budget_s - self.seconds
+        if left <= 0:
+            self.skipped += 1
+            return f"not timed: the measuring budget ({self.budget_s:g} s, option 'measure_budget_s') is spent"
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return "not timed: a CUDA graph is being captured"
+        start = self.clock()
+        try:
+            measured = contextvars.Context().run(self._time, trace, region, left)
+        except Exception as e:  # never into the user's program: the model decides instead
+            measured = f"not timed: {type(e).__name__}: {str(e).strip()[:200]}"
+        finally:
+            self.seconds += (self.clock() - start) / 1e9
+        if isinstance(measured, str):
+            self.skipped += 1
+            return measured
+        self.timed += 1
+        entry = {"region_us": measured.region_us, "eager_us": measured.eager_us, "ops": region.ops[:20]}
+        with _lock:
+            store[key] = entry
+            self.pending[key] = entry
+        return measured
+
+    def _time(self, trace: th.TraceCtx, region: Region, left_s: float) -> Measured | str:
+        args = region_inputs(trace, region)
+        if isinstance(args, str):
+            return f"not timed: {args}"
+        fusion, eager = region_pair(trace, region)
+        device = args_device(args)
+        with torch.no_grad(), torch.autocast(device, enabled=False):
+            first = self.clock()
+            fusion(*args)
+            eager(*args)
+            self.first_call_seconds += (self.clock() - first) / 1e9
+            deadline = self.clock() + int(min(REGION_TIMING_S, max(left_s - (self.clock() - first) / 1e9, 0)) * 1e9)
+            fused_s, eager_s = interleaved_us(
+                [fusion, eager], args, reps=REPS, warmup=WARMUP, deadline_ns=deadline, clock=self.clock
+            )
+        return Measured(statistics.median(fused_s), statistics.median(eager_s), "timed")
+
+    def flush(self) -> None:
+        """Write this guard's new measurements to the disk cache (a failure to write is logged, not raised)."""
+        if not self.pending:
+            return
+        entries, self.pending = self.pending, {}
+        try:
+            update_json(cache_file(), entries)
+        except OSError as e:
+            log.warning("FusionGuard: could not cache region measurements in %s: %s", cache_file(), e)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "budget_s": self.budget_s,
+            "seconds": round(self.seconds, 3),
+            "first_call_seconds": round(self.first_call_seconds, 3),
+            "timed": self.timed,
+            "from_cache": self.from_cache,
+            "not_timed": self.skipped,
+        }
+
+
+def region_pair(trace: th.TraceCtx, region: Region) -> tuple[Callable, Callable]:
+    """The region's own fusion callable and its ops lowered to Thunder's torch executor, as callables."""
+    eager = th.python_callable_from_symbols(
+        f"{region.name}_eager", lower_region(trace, region), region.inputs, region.outputs
+    )
+    return th.region_callable(region.bsym), eager
+
+
+def args_device(args: list[Any]) -> str:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.device.type
+    return "cpu"
+
+
+MeasureFn = Callable[[th.TraceCtx, Region], "Measured | str"]

@@ -1,0 +1,103 @@
+"""What every ``fusion-guard`` command shares: the argument parser that errs in one line, the --threads
+option, checks of --device and --executor made before any work, and quieting import-time warnings."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import warnings
+from typing import Any, NoReturn
+
+HELP_HINT = "see --help"
+
+
+class UsageError(Exception):
+    """A bad argument found before any work: printed as one line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, ``fusion-guard <command>: <problem>``, with exit status 2.
+
+    Every command gets ``--traceback`` (the full Python traceback of an error instead of its one line).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_argument(
+            "--traceback",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help="on an error, show the full Python traceback instead of one line",
+        )
+        self.set_defaults(command_name=self.prog)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} ({HELP_HINT})\n")
+
+
+def count(minimum: int) -> Any:
+    """An argparse type: an integer of at least ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
+def add_threads_option(parser: argparse.ArgumentParser) -> None:
+    """``--threads N``: torch's intra-op threads while timing on CPU (default 1)."""
+    parser.add_argument(
+        "--threads",
+        type=count(1),
+        default=None,
+        metavar="N",
+        help="torch intra-op threads for CPU timing (default 1: with more, a busy core makes µs-scale calls "
+        "wait milliseconds; the figures swung 10-100x on a shared 2-core machine)",
+    )
+
+
+def pin_threads(threads: int | None, device: str) -> str:
+    """Set torch's intra-op threads for timing on ``device``; the line that says so ('' on CUDA by default)."""
+    import torch
+
+    if device != "cpu" and threads is None:
+        return ""
+    n = 1 if threads is None else threads
+    torch.set_num_threads(n)
+    why = "--threads N to change" if threads is None else "--threads"
+    return f"timed with {n} intra-op thread{'s' if n != 1 else ''} (torch.set_num_threads({n}); {why})"
+
+
+def resolve_device(device: str | None) -> str:
+    """The device a command runs on: the one asked for (checked), else cuda when available."""
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        why = "torch here is built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+        raise UsageError(f"--device cuda: {why} (torch {torch.__version__}); use --device cpu")
+    return device
+
+
+def _no_cuda_home(record: logging.LogRecord) -> bool:
+    return "CUDA_HOME" not in record.getMessage()
+
+
+def quiet_imports() -> None:
+    """Silence the import-time noise of Thunder (no transformer_engine) and torch (CUDA_HOME) in the CLI."""
+    warnings.filterwarnings("ignore", message=".*transformer_engine module not found.*")
+    warnings.filterwarnings("ignore", message=".*CUDA_HOME.*")
+    logging.getLogger("torch.utils.cpp_extension").addFilter(_no_cuda_home)
+
+
+def progress(message: str) -> None:
+    """A progress line on stderr (stdout keeps only the result)."""
+    print(message, file=sys.stderr, flush=True)
