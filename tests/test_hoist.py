@@ -417,3 +417,55 @@ def test_guard_and_cuda_graphs_on_the_gpu():
         assert_same(grad_g, grad_p)
     assert hoists(guard)
     assert cache_of(guarded).computed == 1
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """A one-rank gloo process group (Thunder's collectives need one to be traced), destroyed afterwards."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        yield dist.new_group()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_nothing_is_hoisted_across_a_communication_op(one_rank):
+    from thunder.distributed import prims as dist_prims
+
+    from thunder_fusion_guard.options import make_options
+    from thunder_fusion_guard.passes import TraceContext, guard_trace
+    from thunder_fusion_guard.passes.collectives import communication_changes
+    from thunder_fusion_guard.report import Report
+
+    def masks_and_a_collective(x, w):
+        y = dist_prims.wait(dist_prims.all_reduce(w, dist_prims.DistributedReduceOps.SUM, one_rank, True))
+        return mask_loop(x) + mask_loop(x * y.sum())
+
+    def expected(x, w):
+        return mask_loop(x) + mask_loop(x * w.sum())
+
+    x, w = torch.randn(2, 6, 6), torch.randn(3)
+    jitted = jit(masks_and_a_collective, FusionGuard(hoist=False), "torch")
+    assert_same([jitted(x, w)], [expected(x, w)])
+    # Thunder builds both masks between the all_reduce and its wait: one call, the second mask shared
+    guard = FusionGuard(strict=True)
+    assert_same([jit(masks_and_a_collective, guard, "torch")(x, w)], [expected(x, w)])
+    assert [d.details["same_as"] for d in hoists(guard)] == [None, 0]
+    # With the wait between the two masks, each side gets a call of its own and nothing is shared
+    bsyms = list(th.traces_before_guard(jitted)[0].bound_symbols)
+    wait = next(i for i, b in enumerate(bsyms) if b.sym.name == "torch_wait_prim_impl")
+    second = [i for i, b in enumerate(bsyms) if b.sym.name == "full"][1]
+    bsyms.insert(second, bsyms.pop(wait))
+    trace = th.new_trace_like(th.traces_before_guard(jitted)[0], bsyms)
+    report = Report()
+    new = guard_trace(trace, make_options(strict=True), report, TraceContext("forward"))
+    assert communication_changes(trace, new) is None
+    done = [d for d in report if d.action == "hoist"]
+    assert [d.region for d in done] == [HOISTED_NAME, f"{HOISTED_NAME}_1"]
+    assert [d.details["same_as"] for d in done] == [None, None]
+    names = [b.sym.name for b in new.bound_symbols]
+    assert names.index(HOISTED_NAME) < names.index("torch_wait_prim_impl") < names.index(f"{HOISTED_NAME}_1")
+    (out,) = new.python_callable()(x, w)["output"]
+    assert_same([out], [expected(x, w)])

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .. import _thunder as th
-from ..ops import aliased_outputs, hoistable, may_alias_inputs, writes_inputs
+from ..ops import aliased_outputs, hoistable, is_communication, may_alias_inputs, writes_inputs
 from .rewrite import unique_proxies
 
 HOISTED_NAME = th.HOISTED_NAME
@@ -72,6 +72,8 @@ class Hoist:
     duplicated: list[str] = field(default_factory=list)
     saved_for_backward: list[str] = field(default_factory=list)
     same_as: int | None = None  # index (in trace order) of an identical piece whose tensors it shares
+    call: str = ""  # the hoisted call that hands out its tensors
+    segment: int = 0  # how many communication ops come before it in the trace
 
     @property
     def ops_saved(self) -> int:
@@ -367,21 +369,23 @@ def hoist_constants(
     may_rebuild: MayRebuild,
     max_bytes: int,
     extra_metadata: frozenset[str] = frozenset(),
-) -> tuple[th.TraceCtx, list[Hoist], th.HoistedValues | None]:
-    """``trace`` with its input-independent work replaced by one call that computes it once.
+) -> tuple[th.TraceCtx, list[Hoist], dict[str, th.HoistedValues]]:
+    """``trace`` with its input-independent work replaced by a call that computes it once.
 
     Returns the new trace, one :class:`Hoist` per connected piece of such work that would save an op
     per call, in trace order (hoisted, or kept with the reason: its values reach an in-place write of
-    an input, or its tensors would pass ``max_bytes``), and the cache of the hoisted call (None when
-    nothing was hoisted). Pieces are taken by ops saved, most first, while their kept bytes fit under
-    ``max_bytes``; a piece that computes exactly what an earlier one does shares its tensors.
+    an input, it spans a communication op, or its tensors would pass ``max_bytes``), and the cache of
+    each hoisted call by name (empty when nothing was hoisted). Pieces are taken by ops saved, most
+    first, while their kept bytes fit under ``max_bytes``; a piece that computes exactly what an
+    earlier one does shares its tensors. Nothing moves across a communication op: the pieces between
+    two of them get a hoisted call of their own there.
     """
     from .rewrite import readers as readers_map
 
     bsyms = list(trace.bound_symbols)
     units = _units(bsyms, readers_map(bsyms), may_rebuild)
     if not units:
-        return trace, [], None
+        return trace, [], {}
     caller, saved = th.returned_names(trace)
     extra = frozenset(extra_metadata)
     groups = _alias_groups([*bsyms, *(u.rest for u in units.values() if u.rest is not None)], extra)
@@ -393,12 +397,17 @@ def hoist_constants(
     chosen = _settle(bsyms, units, set(units), groups, caller)
     readers = _readers_after(bsyms, units, chosen)
     inputs = {groups.find(n) for n in th.input_names(trace)}
+    segments = _segments(bsyms)
     pieces = []
     for piece in _components(units, chosen, groups):
         described = _describe(piece, units, readers, groups, saved)
         if not (described.ops_saved and described.outputs):
             continue
-        if _reaches_input_write(bsyms, units, chosen, set(described.outputs), groups, inputs):
+        described.segment = segments[piece[0]]
+        if any(segments[pos] != described.segment for pos in piece):
+            described.hoisted = False
+            described.reason = "it spans a communication op (nothing is moved across one)"
+        elif _reaches_input_write(bsyms, units, chosen, set(described.outputs), groups, inputs):
             described.hoisted = False
             described.reason = "its values reach an in-place write of an input (an effect outside the trace)"
         pieces.append((piece, described))
@@ -406,9 +415,19 @@ def hoist_constants(
     kept = _within_budget(pieces, max_bytes)
     results = [d for _, d in pieces]
     if not kept:
-        return trace, results, None
-    new, values = _rewrite(trace, bsyms, units, pieces, kept, signatures)
-    return new, results, values
+        return trace, results, {}
+    new, caches = _rewrite(trace, bsyms, units, pieces, kept, signatures, segments)
+    return new, results, caches
+
+
+def _segments(bsyms: list[th.BoundSymbol]) -> list[int]:
+    """For each position, how many communication ops come before it (a communication op: itself included)."""
+    found, count = [], 0
+    for b in bsyms:
+        if is_communication(b):
+            count += 1
+        found.append(count)
+    return found
 
 
 def _reaches_input_write(bsyms, units, chosen, outputs: set[str], groups: _Groups, inputs: set[str]) -> bool:
@@ -482,18 +501,20 @@ def _alias_update_pairs(b: th.BoundSymbol) -> list[tuple[th.Proxy, th.Proxy]] | 
 
 
 def _share_identical(pieces: list[tuple[list[int], Hoist]], units: dict[int, _Unit]) -> dict[int, _Signature]:
-    """Mark each piece that computes exactly what an earlier piece does (one mask per layer): it shares
-    the earlier piece's tensors and keeps no bytes of its own. Returns the signatures of the pieces."""
+    """Mark each piece that computes exactly what an earlier piece between the same communication ops
+    does (one mask per layer): it shares the earlier piece's tensors and keeps no bytes of its own.
+    Returns the signatures of the pieces."""
     first: dict[tuple, int] = {}
     signatures: dict[int, _Signature] = {}
     for index, (piece, described) in enumerate(pieces):
         if not described.hoisted:
             continue
         signatures[index] = signature = _Signature(piece, units)
-        if signature.key in first:
-            described.same_as, described.nbytes = first[signature.key], 0
+        key = (described.segment, signature.key)
+        if key in first:
+            described.same_as, described.nbytes = first[key], 0
         else:
-            first[signature.key] = index
+            first[key] = index
     return signatures
 
 
@@ -530,28 +551,37 @@ def _rewrite(
     pieces: list[tuple[list[int], Hoist]],
     kept: set[int],
     signatures: dict[int, _Signature],
-) -> tuple[th.TraceCtx, th.HoistedValues]:
-    """The trace with the kept pieces run by one hoisted call, placed before the first op that reads it.
+    segments: list[int],
+) -> tuple[th.TraceCtx, dict[str, th.HoistedValues]]:
+    """The trace with the kept pieces run by hoisted calls: one per stretch between communication ops,
+    placed before the first op that reads it (at the latest where its stretch ends).
 
     A piece sharing another's tensors is not run: the call hands out the other's tensors under its names.
     """
     gone = {pos for i in kept for pos in pieces[i][0]}
     readers = _readers_after(bsyms, units, gone)
-    run = sorted(pos for i in kept if pieces[i][1].same_as is None for pos in pieces[i][0])
-    outputs: list[th.Proxy] = []
-    returns: list[th.Proxy] = []
-    for i in sorted(kept):
-        piece, described = pieces[i]
-        for p in (p for pos in piece for p in units[pos].outs if p.name in readers):
-            outputs.append(p)
-            same = described.same_as
-            returns.append(p if same is None else signatures[i].counterpart(signatures[same], p))
-    call, values = th.hoisted_call(HOISTED_NAME, [units[pos].bsym for pos in run], outputs, returns)
-    first_read = min(readers[p.name][0] for p in outputs)
+    calls: dict[int, th.BoundSymbol] = {}
+    caches: dict[str, th.HoistedValues] = {}
+    for segment in sorted({pieces[i][1].segment for i in kept}):
+        mine = sorted(i for i in kept if pieces[i][1].segment == segment)
+        name = HOISTED_NAME if not caches else f"{HOISTED_NAME}_{len(caches)}"
+        run = sorted(pos for i in mine if pieces[i][1].same_as is None for pos in pieces[i][0])
+        outputs: list[th.Proxy] = []
+        returns: list[th.Proxy] = []
+        for i in mine:
+            piece, described = pieces[i]
+            described.call = name
+            for p in (p for pos in piece for p in units[pos].outs if p.name in readers):
+                outputs.append(p)
+                same = described.same_as
+                returns.append(p if same is None else signatures[i].counterpart(signatures[same], p))
+        call, caches[name] = th.hoisted_call(name, [units[pos].bsym for pos in run], outputs, returns)
+        end = next((j for j, s in enumerate(segments) if s > segment), len(bsyms) - 1)
+        calls[min([end, *(readers[p.name][0] for p in outputs)])] = call
     new: list[th.BoundSymbol] = []
     for j, b in enumerate(bsyms):
-        if j == first_read:
-            new.append(call)
+        if j in calls:
+            new.append(calls[j])
         if th.is_comment_or_del(b):
             continue
         unit = units.get(j) if j in gone else None
@@ -559,7 +589,7 @@ def _rewrite(
             new.append(b)
         elif unit.kind == "part" and unit.rest is not None:
             new.append(unit.rest)
-    return th.new_trace_like(trace, new), values
+    return th.new_trace_like(trace, new), caches
 
 
 class HoistLedger:
@@ -568,8 +598,8 @@ class HoistLedger:
     def __init__(self) -> None:
         self.saved: dict[str, th.HoistedValues] = {}
 
-    def forward_done(self, saved: Iterable[str], values: th.HoistedValues | None) -> None:
-        self.saved = {name: values for name in saved} if values is not None else {}
+    def forward_done(self, saved: dict[str, th.HoistedValues]) -> None:
+        self.saved = dict(saved)
 
     def take(self) -> dict[str, th.HoistedValues]:
         saved, self.saved = self.saved, {}

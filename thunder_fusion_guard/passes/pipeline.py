@@ -287,22 +287,20 @@ def _hoist_pass(ledger: HoistLedger) -> OpPass:
                 return False
             return not options.exact_only or hoist_keeps_bits(body, options.metadata_ops)
 
-        new, pieces, values = hoist_constants(trace, may_rebuild, options.hoist_max_bytes, options.metadata_ops)
+        new, pieces, caches = hoist_constants(trace, may_rebuild, options.hoist_max_bytes, options.metadata_ops)
         regions = {(d.region, d.trace): d for d in made if d.about_region}
-        saved: list[str] = []
+        saved: dict[str, th.HoistedValues] = {}
         for index, piece in enumerate(pieces):
             made.append(_hoist_decision(where, index, piece, options))
             if piece.hoisted:
-                saved.extend(piece.saved_for_backward)
+                saved.update({name: caches[piece.call] for name in piece.saved_for_backward})
                 for name in piece.regions:
                     kept = regions.get((name, where.trace))
                     if kept is not None:
                         kept.action, kept.applied = "hoist", not options.report_only
-                        kept.reason = (
-                            f"every input is input-independent: run once per compiled program in {HOISTED_NAME}"
-                        )
+                        kept.reason = f"every input is input-independent: run once per compiled program in {piece.call}"
         if where.trace == "forward":
-            ledger.forward_done(saved, None if options.report_only else values)
+            ledger.forward_done({} if options.report_only else saved)
         return new
 
     return hoist_pass
@@ -323,7 +321,7 @@ def _hoist_decision(where: TraceContext, index: int, piece, options: GuardOption
             f"input-independent: computed once on the first call of this compiled program and reused, "
             f"{piece.ops_saved} ops fewer per call, {kib:.1f} KiB kept{more}"
         )
-        d = _decision(where, HOISTED_NAME, "fusion_guard", piece.ops, "hoist", reason)
+        d = _decision(where, piece.call, "fusion_guard", piece.ops, "hoist", reason)
         d.applied = not options.report_only
     else:
         d = _decision(
