@@ -112,8 +112,9 @@ def max_abs_diff(a: list, b: list) -> float:
 
 def hoist_summary(fn, guard) -> dict:
     fwd, bwd = thunder.last_traces(fn)[-1], thunder.last_backward_traces(fn)[-1]
-    done = [d for d in guard.report.decisions if d.action == "hoist" and d.region == "hoisted_constants"]
-    kept = [d for d in guard.report.decisions if d.action == "keep" and d.region == "hoisted_constants"]
+    ours = [d for d in guard.report.decisions if d.region.startswith("hoisted_constants")]
+    done = [d for d in ours if d.action == "hoist"]
+    kept = [d for d in ours if d.action == "keep"]
     caches = [*hoisted_values(fwd), *(hoisted_values(bwd) if bwd is not None else [])]
     return {
         "hoisted_pieces": len(done),

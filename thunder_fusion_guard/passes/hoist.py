@@ -18,6 +18,10 @@ Inside a fusion region, the input-independent ops can be taken out too: the regi
 without them when ``may_rebuild`` allows it (the guard's ``exact_only`` rule: a rebuilt reduction
 may round differently), or left whole when only its input-independent outputs are needed by the
 hoisted part (they are then computed once more, by a region of the same executor, in the hoisted call).
+
+A piece of hoisted work that computes exactly what an earlier one does (litgpt builds the same mask
+in every layer) hands out the earlier one's tensors. Nothing moves across a communication op: each
+stretch between two of them gets its own hoisted call.
 """
 
 from __future__ import annotations
