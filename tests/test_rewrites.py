@@ -43,8 +43,10 @@ def sliding_window_mask(x):
 
 
 def trace_ops(jitted, backward=False):
+    """Op names of the final trace, with those the guard hoisted (run once per compilation) in place."""
     traces = thunder.last_backward_traces(jitted) if backward else thunder.last_traces(jitted)
-    return [b.sym.name for b in traces[-1].bound_symbols]
+    hoisted = "hoisted_constants"
+    return [s.sym.name for b in traces[-1].bound_symbols for s in (b.subsymbols if b.sym.name == hoisted else [b])]
 
 
 def test_setitem_loop_folds_on_the_torch_executor():

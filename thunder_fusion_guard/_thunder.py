@@ -410,13 +410,23 @@ def is_prim(bsym: BoundSymbol) -> bool:
 
 
 _INPLACE_SETITEM = None
+_GUARD_EXECUTOR = None
+
+
+def guard_executor() -> Any:
+    """The operator executor that runs this package's own operators (not registered with Thunder)."""
+    global _GUARD_EXECUTOR
+    if _GUARD_EXECUTOR is None:
+        from thunder.extend import OperatorExecutor
+
+        _GUARD_EXECUTOR = OperatorExecutor("fusion_guard", version="0.1")
+    return _GUARD_EXECUTOR
 
 
 def inplace_setitem() -> Any:
     """Our operator ``a[key] = value; return a``: a setitem and the ``copy_`` back into ``a``, folded."""
     global _INPLACE_SETITEM
     if _INPLACE_SETITEM is None:
-        from thunder.extend import OperatorExecutor
 
         def meta(a, key, value, grad_enabled):
             return TensorProxy(like=a)
@@ -427,8 +437,7 @@ def inplace_setitem() -> Any:
             a[key] = value
             return a
 
-        ex = OperatorExecutor("fusion_guard", version="0.1")
-        _INPLACE_SETITEM = ex.register_operator("inplace_setitem", meta=meta, fn=setitem_)
+        _INPLACE_SETITEM = guard_executor().register_operator("inplace_setitem", meta=meta, fn=setitem_)
     return _INPLACE_SETITEM
 
 
@@ -786,3 +795,165 @@ def canonical_ops(bsyms: Sequence[BoundSymbol]) -> str:
 from .compat import ensure_nvfuser_compat  # noqa: E402
 
 ensure_nvfuser_compat()
+
+
+# --- hoisting (passes/hoist.py) --------------------------------------------------------------------
+
+_STRUCTURAL_PREFIXES = ("unpack_", "check_", "pack_")
+_STRUCTURAL = frozenset({"python_return", "del", "comment", "clear_mutable_collection", "python_print", "put_grad"})
+
+
+def is_plumbing(bsym: BoundSymbol) -> bool:
+    """True for the trace's own plumbing, no operation on values: unpacking inputs, checks, returns, ``del``s,
+    comments, collections, printing, context managers (wider than :func:`is_structural`)."""
+    name = bsym.sym.name
+    if name in _STRUCTURAL or name.startswith(_STRUCTURAL_PREFIXES) or is_comment_or_del(bsym):
+        return True
+    return OpTags.CTX_MANAGER_ENTER_EXIT_OP in (bsym.sym.tags or ())
+
+
+def tag_names(bsym: BoundSymbol) -> set[str]:
+    """Names of the op tags (``RANDOM_OP``, ``DONT_DCE``, ``IN_PLACE``, ...) of ``bsym`` and every op inside it."""
+    found = {t.name for t in (bsym.sym.tags or ()) if isinstance(t, OpTags)}
+    for s in bsym.subsymbols:
+        found |= tag_names(s)
+    return found
+
+
+def op_names_deep(bsym: BoundSymbol) -> set[str]:
+    """The names of ``bsym`` and of every op it is made of, at every level."""
+    found = {bsym.sym.name}
+    for s in bsym.subsymbols:
+        found |= op_names_deep(s)
+    return found
+
+
+_PLAIN = (*_NUMBER_LEAVES, Proxy)
+
+
+def plain_arguments(bsym: BoundSymbol) -> bool:
+    """True when every argument is a proxy, a number or a plain constant (no process group, stream, callable)."""
+    return all(isinstance(x, _PLAIN) for x in bsym.flat_args)
+
+
+def has_symbolic_shape(p: Any) -> bool:
+    """True for a tensor proxy whose shape holds a number proxy (``cache="symbolic values"``)."""
+    return isinstance(p, TensorProxy) and any(not isinstance(d, int) for d in p.shape)
+
+
+def returned_names(trace: TraceCtx) -> tuple[set[str], set[str]]:
+    """(names the caller gets, names only saved for the backward) of the proxies ``trace`` returns.
+
+    A forward trace made by Thunder's autodiff returns ``(outputs, saved_for_backward)``; the saved
+    tensors reach only the backward trace. Any other trace hands everything it returns to its caller.
+    """
+    from torch.utils._pytree import tree_flatten
+
+    ret = next((b for b in reversed(trace.bound_symbols) if b.sym.id == prims.PrimIDs.RETURN), None)
+    if ret is None:
+        return set(), set()
+    value = ret.args[0] if len(ret.args) == 1 else ret.args
+    if TraceTag.AUGMENTED_FORWARD in trace.tags and isinstance(value, (tuple, list)) and len(value) == 2:
+        caller, saved = value
+        names = {p.name for p in tree_flatten(caller)[0] if isinstance(p, Proxy)}
+        return names, {p.name for p in tree_flatten(saved)[0] if isinstance(p, Proxy)} - names
+    return {p.name for p in ret.flat_proxy_args}, set()
+
+
+HOISTED_NAME = "hoisted_constants"
+
+
+class HoistedValues:
+    """The outputs of a hoisted sub-program: computed on the first call, then handed back on every call.
+
+    One object per compiled trace (a recompilation builds a new trace and so a new cache). ``computed``
+    counts runs of the sub-program, ``reused`` the calls served from the cache. A run during CUDA graph
+    capture is not kept (its tensors are only filled when the graph replays).
+    """
+
+    def __init__(self, name: str, fn: Callable, outputs: Sequence[str]) -> None:
+        self.name = name
+        self.fn = fn
+        self.outputs = tuple(outputs)
+        self.values: Any = None
+        self.computed = 0
+        self.reused = 0
+        self.enabled = True
+
+    def __call__(self) -> Any:
+        values = self.values
+        if values is not None:
+            self.reused += 1
+            return values
+        values = tuple(self.fn())
+        self.computed += 1
+        if self.enabled and not _capturing_cuda_graph():
+            self.values = values
+        return values
+
+    def disable(self) -> None:
+        """Compute on every call from now on (something writes a cached tensor)."""
+        self.enabled = False
+        self.values = None
+
+    def __repr__(self) -> str:
+        return (
+            f"HoistedValues({self.name}: {len(self.outputs)} outputs, computed {self.computed}, reused {self.reused})"
+        )
+
+
+def _capturing_cuda_graph() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def hoisted_call(
+    name: str, bsyms: Sequence[BoundSymbol], outputs: Sequence[Proxy], returns: Sequence[Proxy] | None = None
+) -> tuple[BoundSymbol, HoistedValues]:
+    """One call, taking no argument, that runs ``bsyms`` once and then returns the same ``outputs`` every call.
+
+    ``returns`` (default ``outputs``) are the proxies of ``bsyms`` handed out as ``outputs``, in order
+    (one may be handed out under several names). The bound symbols run exactly as the trace would
+    have run them (same symbols, same executors), through a Python function built the way Thunder's
+    CUDA-graph transform builds its regions.
+    """
+    from thunder.core.symbol import Symbol
+    from thunder.executors.passes import _del_last_used
+
+    returns = list(outputs if returns is None else returns)
+    body = [b for b in bsyms if not is_comment_or_del(b)]
+    fn = python_callable_from_symbols(f"{name}_body", _del_last_used(body, returns), [], returns)
+    values = HoistedValues(name, fn, [p.name for p in outputs])
+    sym = Symbol(name=name, meta=None, executor=guard_executor())
+    bsym = BoundSymbol(sym, (), {}, tuple(outputs), tuple(body), _call_ctx={name: values})
+    return bsym, values
+
+
+def hoisted_values(trace: TraceCtx) -> list[HoistedValues]:
+    """The caches of the hoisted sub-programs of ``trace`` (empty when nothing was hoisted), also when
+    a later transform moved the hoisted call into a region of its own (CUDA graphs)."""
+
+    def walk(bsyms: Iterable[BoundSymbol]) -> Iterator[HoistedValues]:
+        for bsym in bsyms:
+            for fn in (bsym._call_ctx or {}).values():
+                if isinstance(fn, HoistedValues):
+                    yield fn
+            if bsym.sym.name != HOISTED_NAME:
+                yield from walk(bsym.subsymbols)
+
+    return list({id(v): v for v in walk(trace.bound_symbols)}.values())
+
+
+def is_integer_or_bool(p: Any) -> bool:
+    """True for a tensor proxy of an integer or boolean dtype (arithmetic on them never rounds)."""
+    return isinstance(p, TensorProxy) and (dtypes.is_integer_dtype(p.dtype) or dtypes.is_boolean_dtype(p.dtype))
+
+
+def input_names(trace: TraceCtx) -> set[str]:
+    """Names of the trace's inputs: its arguments and what its unpacking ops take out of them."""
+    from torch.utils._pytree import tree_flatten
+
+    names = {p.name for p in tree_flatten((trace.args, trace.kwargs))[0] if isinstance(p, Proxy)}
+    for bsym in trace.bound_symbols:
+        if bsym.sym.name.startswith("unpack_"):
+            names.update(p.name for p in bsym.flat_proxy_outs)
+    return names

@@ -343,3 +343,170 @@ def crosses_communication(positions: list[int], start: int, stop: int) -> bool:
     lo, hi = sorted((start, stop))
     i = bisect_right(positions, lo)
     return i < len(positions) and positions[i] < hi
+
+
+# --- hoisting (issue 11): which ops may run once per compiled program and be reused -----------------
+
+# Tags of ops whose result may differ from call to call, or that act beyond their outputs.
+NOT_HOISTABLE_TAGS: frozenset[str] = frozenset(
+    {"RANDOM_OP", "DEVICE_SYNC_OP", "AUTO_REGISTERED", "CTX_MANAGER_ENTER_EXIT_OP"}
+)
+# Ops that write a tensor they are given (``copy_(src, dst)`` writes dst; ``inplace_setitem`` its first
+# argument); a torch name ending in "_" is an in-place op by PyTorch's convention.
+IN_PLACE_OPS: frozenset[str] = frozenset({"copy_", "inplace_setitem", "setitem_"})
+# Name parts of ops that may return a view of (or the very) tensor they are given, besides the
+# metadata-only ops: ``to`` and ``contiguous`` return their input when nothing changes.
+ALIAS_NAME_PARTS: frozenset[str] = frozenset(
+    {
+        "view",
+        "reshape",
+        "expand",
+        "squeeze",
+        "unsqueeze",
+        "permute",
+        "transpose",
+        "narrow",
+        "select",
+        "slice",
+        "split",
+        "chunk",
+        "unbind",
+        "flatten",
+        "unflatten",
+        "movedim",
+        "moveaxis",
+        "swapaxes",
+        "swapdims",
+        "diagonal",
+        "real",
+        "imag",
+        "getitem",
+        "alias",
+        "aliases",
+        "detach",
+        "contiguous",
+        "to",
+        "type",
+        "strided",
+        "shallow",
+        "bitcast",
+        "unfold",
+        "broadcast",
+        "adjoint",
+        "t",
+        "T",
+        "mT",
+        "mH",
+        "H",
+        "stride",
+    }
+)
+
+
+def _in_place_name(name: str) -> bool:
+    return name in IN_PLACE_OPS or (name.endswith("_") and not name.startswith("_"))
+
+
+def writes_inputs(bsym: th.BoundSymbol) -> bool:
+    """Whether ``bsym`` (or an op inside it) may write a tensor it is given: in-place ops, ``copy_``, any
+    op Thunder must never remove."""
+    tags = th.tag_names(bsym)
+    if "IN_PLACE" in tags or "DONT_DCE" in tags:
+        return True
+    return any(_in_place_name(n) for n in th.op_names_deep(bsym))
+
+
+def is_random(bsym: th.BoundSymbol) -> bool:
+    """Whether ``bsym`` (or an op inside it) draws random numbers or touches the random state."""
+    if "RANDOM_OP" in th.tag_names(bsym):
+        return True
+    return any(h in n for n in th.op_names_deep(bsym) for h in RANDOM_HINTS)
+
+
+def hoistable(bsym: th.BoundSymbol) -> bool:
+    """Whether ``bsym``, given arguments that never change, may run once and have its outputs reused.
+
+    Yes when it reads nothing but its arguments and acts on nothing but its outputs and the tensors it
+    is given: no random numbers, no device sync, no unknown torch function (Thunder's fallback), no
+    context manager, no other process, no argument that is not a proxy or a plain constant; the only
+    writes allowed are in-place ops and ``copy_`` (whoever they write is checked by the pass).
+    """
+    if th.is_plumbing(bsym) or not th.plain_arguments(bsym):
+        return False
+    tags = th.tag_names(bsym)
+    if tags & NOT_HOISTABLE_TAGS or is_random(bsym):
+        return False
+    if is_communication(bsym):
+        return False
+    if "DONT_DCE" in tags:
+        # Only the writes we know (copy_, in-place ops); anything else Thunder keeps may act outside.
+        return all(_in_place_name(n) for n in _dont_dce_names(bsym))
+    return True
+
+
+def _dont_dce_names(bsym: th.BoundSymbol) -> set[str]:
+    found = {bsym.sym.name} if "DONT_DCE" in {t.name for t in (bsym.sym.tags or ())} else set()
+    for s in th.subsymbols(bsym):
+        found |= _dont_dce_names(s)
+    return found
+
+
+def _name_parts(name: str) -> set[str]:
+    return {part for part in name.replace(".", "_").split("_") if part}
+
+
+def may_alias_inputs(bsym: th.BoundSymbol, extra: Iterable[str] = ()) -> bool:
+    """Whether an output of ``bsym`` may share memory with a tensor it is given: views, metadata ops,
+    ``to``/``contiguous`` (which return their input when nothing changes), in-place ops.
+
+    Computing ops (elementwise, reductions, matmul, attention...) make new tensors. An op made of
+    others (a fusion region, a torch op and its decomposition) is judged by what it holds: see
+    :func:`aliased_outputs`.
+    """
+    if is_metadata(bsym, extra):
+        return True
+    if th.subsymbols(bsym):
+        return bool(aliased_outputs(bsym, extra))
+    if writes_inputs(bsym):
+        return True
+    return bool(_name_parts(th.op_name(bsym)) & ALIAS_NAME_PARTS)
+
+
+def aliased_outputs(bsym: th.BoundSymbol, extra: Iterable[str] = ()) -> dict[str, set[str]]:
+    """For each output of an op made of others (a fusion region, a decomposed op) that may share memory
+    with some of its inputs, those inputs, following the inner ops that may alias their inputs."""
+    inputs = {p.name for p in bsym.flat_proxy_args}
+    reaches: dict[str, set[str]] = {name: {name} for name in inputs}
+    for sub in th.subsymbols(bsym):
+        if th.is_comment_or_del(sub) or not may_alias_inputs(sub, extra):
+            continue
+        sources = set().union(*(reaches.get(p.name, set()) for p in sub.flat_proxy_args))
+        for out in sub.flat_proxy_outs:
+            reaches.setdefault(out.name, set()).update(sources)
+    return {p.name: reaches[p.name] for p in bsym.flat_proxy_outs if reaches.get(p.name)}
+
+
+def _integers_only(bsym: th.BoundSymbol) -> bool:
+    tensors = [p for p in (*bsym.flat_proxy_args, *bsym.flat_proxy_outs) if isinstance(p, th.TensorProxy)]
+    return bool(tensors) and all(th.is_integer_or_bool(p) for p in tensors)
+
+
+# Ops that only move or fill data (no arithmetic): the same bits whoever runs them.
+DATA_MOVEMENT_OPS: frozenset[str] = frozenset(
+    {"copy_with_setitem", "setitem", "setitem_", "inplace_setitem", "cat", "pad"}
+)
+
+
+def hoist_keeps_bits(body: Iterable[th.BoundSymbol], extra: Iterable[str] = ()) -> bool:
+    """Whether the ops of ``body`` give the same bits in a fusion rebuilt to hoist part of a region:
+    :func:`rebuild_keeps_bits` ops, ops that only move data (setitem, cat, pad), and ops that compute
+    on integers and booleans only (``arange``, index arithmetic, comparisons: no rounding)."""
+    extra = tuple(extra)
+    return all(_op_keeps_bits(b, extra) for b in body if not th.is_comment_or_del(b))
+
+
+def _op_keeps_bits(bsym: th.BoundSymbol, extra: tuple[str, ...]) -> bool:
+    if th.op_name(bsym) in DATA_MOVEMENT_OPS or _integers_only(bsym) or rebuild_keeps_bits([bsym], extra):
+        return True
+    subs = [s for s in th.subsymbols(bsym) if not th.is_comment_or_del(s)]
+    return bool(subs) and all(_op_keeps_bits(s, extra) for s in subs)

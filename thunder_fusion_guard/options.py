@@ -8,6 +8,8 @@ from typing import Any
 
 from . import _thunder as th
 
+DEFAULT_HOIST_MAX_BYTES = 64 * 2**20
+
 
 @dataclass(frozen=True)
 class GuardOptions:
@@ -29,6 +31,8 @@ class GuardOptions:
     merge_regions: bool = False
     override_compile_options: bool = False
     compare_ranks: bool = False
+    hoist: bool = True
+    hoist_max_bytes: int = DEFAULT_HOIST_MAX_BYTES
 
     def guards(self, executor: str) -> bool:
         return self.executors is None or executor in self.executors
@@ -71,6 +75,8 @@ def make_options(
     merge_regions: bool = False,
     override_compile_options: bool = False,
     compare_ranks: bool = False,
+    hoist: bool = True,
+    hoist_max_bytes: int = DEFAULT_HOIST_MAX_BYTES,
 ) -> GuardOptions:
     """Validate user options into a :class:`GuardOptions` (``ValueError`` names the bad option)."""
     chosen = None
@@ -107,6 +113,8 @@ def make_options(
         merge_regions=_bool("merge_regions", merge_regions),
         override_compile_options=_bool("override_compile_options", override_compile_options),
         compare_ranks=_bool("compare_ranks", compare_ranks),
+        hoist=_bool("hoist", hoist),
+        hoist_max_bytes=_byte_count("hoist_max_bytes", hoist_max_bytes),
     )
 
 
@@ -126,6 +134,12 @@ def _seconds(name: str, value: Any, zero: bool = True) -> float:
         bound = ">= 0" if zero else "> 0"
         raise ValueError(f"FusionGuard option {name!r} must be a finite number of seconds {bound}, got {value!r}")
     return float(value)
+
+
+def _byte_count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"FusionGuard option {name!r} must be a whole number of bytes >= 0, got {value!r}")
+    return value
 
 
 def _calibration(value: Any) -> Any:

@@ -7,12 +7,12 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-ACTIONS = ("keep", "reject", "rehome", "remove", "fold")
+ACTIONS = ("keep", "reject", "rehome", "remove", "fold", "hoist")
 
 
 @dataclass
 class Decision:
-    """The fate of one fusion region (or of ops: folded, removed, re-homed; ``details["scope"] == "op"``)
+    """The fate of one fusion region (or of ops: folded, removed, re-homed, hoisted; ``details["scope"] == "op"``)
     in one trace."""
 
     trace: str

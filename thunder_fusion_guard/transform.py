@@ -15,8 +15,9 @@ from .cost import CostConstants
 from .distributed import compare_ranks, current_rank
 from .measure import calibrate
 from .measure.breakeven import RegionMeasurer
-from .options import make_options
+from .options import DEFAULT_HOIST_MAX_BYTES, make_options
 from .passes import FusionGuardError, TraceContext, guard_trace
+from .passes.hoist import HoistLedger
 from .report import Report, Subgraph
 
 
@@ -51,6 +52,9 @@ class FusionGuard(thunder.Transform):
       decision names the option.
     - ``compare_ranks``: in a distributed run, after each trace, gather every rank's decisions and compare
       them (a collective inside compilation: every rank must compile the same traces at the same time).
+    - ``hoist``: compute the input-independent part of each trace (masks, position ids built from shapes and
+      constants) once per compiled program, on its first call, and reuse it.
+    - ``hoist_max_bytes``: the most bytes of hoisted tensors one compiled trace keeps (default 64 MiB).
 
     Communication ops (collectives, their waits, gradient buckets) are never rewritten, moved or moved
     across; :meth:`check_ranks` compares the decisions of all ranks.
@@ -75,6 +79,8 @@ class FusionGuard(thunder.Transform):
         merge_regions: bool = False,
         override_compile_options: bool = False,
         compare_ranks: bool = False,
+        hoist: bool = True,
+        hoist_max_bytes: int = DEFAULT_HOIST_MAX_BYTES,
     ) -> None:
         self.options = make_options(
             executors=executors,
@@ -93,6 +99,8 @@ class FusionGuard(thunder.Transform):
             merge_regions=merge_regions,
             override_compile_options=override_compile_options,
             compare_ranks=compare_ranks,
+            hoist=hoist,
+            hoist_max_bytes=hoist_max_bytes,
         )
         self._constants: dict[tuple[str, str], CostConstants | None] = {}
         self.report = Report()
@@ -100,6 +108,7 @@ class FusionGuard(thunder.Transform):
         self._lock = threading.Lock()
         self._compiles: dict[str | None, int] = {}
         self._subgraph_ids: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        self._hoisted = HoistLedger()
 
     def transform_trace_post_optimization(self, computation_trace: th.TraceCtx, **kwargs: Any) -> th.TraceCtx:
         with self._lock:
@@ -122,7 +131,7 @@ class FusionGuard(thunder.Transform):
             measure = self.measurer if self.options.measure_budget_s > 0 else None
             try:
                 new_trace = guard_trace(
-                    computation_trace, self.options, self.report, where, self.constants_for, measure
+                    computation_trace, self.options, self.report, where, self.constants_for, measure, self._hoisted
                 )
             finally:
                 if measure is not None:

@@ -1,5 +1,5 @@
 """The guard's passes: plain functions over a Thunder trace, run find → decide → rewrite → fold → remove →
-rehome → record by :func:`guard_trace`."""
+rehome → hoist → record by :func:`guard_trace`."""
 
 from .pipeline import CommunicationChanged, FusionGuardError, TraceContext, guard_trace
 

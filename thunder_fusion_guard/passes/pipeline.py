@@ -10,12 +10,13 @@ from typing import Any
 from .. import _thunder as th
 from ..cost import CostConstants, Measured
 from ..decide import BOOKEND, decide
-from ..ops import is_communication, rebuild_keeps_bits
+from ..ops import hoist_keeps_bits, is_communication, rebuild_keeps_bits
 from ..options import GuardOptions
 from ..regions import Region, find_regions
 from ..report import Decision, Report
 from .collectives import communication_changes
 from .fold import SETITEM, fold_setitem_copies
+from .hoist import HOISTED_NAME, HoistLedger, check_backward, hoist_constants
 from .identity import remove_identities
 from .rehome import absorb_metadata_ops, merge_adjacent_regions
 from .rewrite import lower_region, replace_regions
@@ -53,12 +54,14 @@ def guard_trace(
     where: TraceContext,
     constants_for: ConstantsFor | None = None,
     measure_region: MeasureRegion | None = None,
+    hoisted: HoistLedger | None = None,
 ) -> th.TraceCtx:
-    """Return ``trace`` with every rejected region unfused, setitem copies folded and identity ops
-    removed, recording a decision for each region and each op changed.
+    """Return ``trace`` with every rejected region unfused, setitem copies folded, identity ops
+    removed and input-independent work hoisted, recording a decision for each region and each op changed.
 
     ``constants_for(device, executor)`` gives the cost model's constants (None: no cost decisions);
-    ``measure_region(trace, region)`` times a region the model puts near break-even (None: never).
+    ``measure_region(trace, region)`` times a region the model puts near break-even (None: never);
+    ``hoisted`` carries what a forward trace hoisted and saved over to its backward trace.
     With ``report_only`` every pass runs and records, and the trace comes back unchanged.
     """
     made: list[Decision] = []
@@ -71,6 +74,8 @@ def guard_trace(
         new_trace = _op_pass(rehome_pass, new_trace, options, made, where)
     if options.merge_regions:
         new_trace = _op_pass(merge_pass, new_trace, options, made, where)
+    if options.hoist:
+        new_trace = _op_pass(_hoist_pass(hoisted or HoistLedger()), new_trace, options, made, where)
     for d in made:
         report.add(d)
     if options.report_only or new_trace is trace:
@@ -267,6 +272,75 @@ def merge_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision], 
         d.details.update(into=m.into)
         made.append(d)
     return new
+
+
+def _hoist_pass(ledger: HoistLedger) -> OpPass:
+    def hoist_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision], where: TraceContext):
+        """Compute input-independent work once per compiled program."""
+        if where.trace == "backward":
+            for name in check_backward(trace, ledger.take(), options.metadata_ops):
+                reason = f"hoisted {name} is saved for the backward, which may write it: computed on every call again"
+                made.append(_decision(where, HOISTED_NAME, "fusion_guard", [], "keep", reason))
+
+        def may_rebuild(fusion: th.BoundSymbol, body: list[th.BoundSymbol]) -> bool:
+            if not options.guards(th.executor_name(fusion)):
+                return False
+            return not options.exact_only or hoist_keeps_bits(body, options.metadata_ops)
+
+        new, pieces, caches = hoist_constants(trace, may_rebuild, options.hoist_max_bytes, options.metadata_ops)
+        regions = {(d.region, d.trace): d for d in made if d.about_region}
+        saved: dict[str, th.HoistedValues] = {}
+        for index, piece in enumerate(pieces):
+            made.append(_hoist_decision(where, index, piece, options))
+            if piece.hoisted:
+                saved.update({name: caches[piece.call] for name in piece.saved_for_backward})
+                for name in piece.regions:
+                    kept = regions.get((name, where.trace))
+                    if kept is not None:
+                        kept.action, kept.applied = "hoist", not options.report_only
+                        kept.reason = f"every input is input-independent: run once per compiled program in {piece.call}"
+        if where.trace == "forward":
+            ledger.forward_done({} if options.report_only else saved)
+        return new
+
+    return hoist_pass
+
+
+def _hoist_decision(where: TraceContext, index: int, piece, options: GuardOptions) -> Decision:
+    kib = piece.nbytes / 1024
+    if piece.hoisted:
+        what = []
+        if piece.same_as is not None:
+            what.append(f"the same as piece {piece.same_as}: hands out its tensors")
+        if piece.split:
+            what.append(f"taken out of {', '.join(piece.split)}")
+        if piece.duplicated:
+            what.append(f"computed again from {', '.join(piece.duplicated)}, which is left whole")
+        more = f"; {'; '.join(what)}" if what else ""
+        reason = (
+            f"input-independent: computed once on the first call of this compiled program and reused, "
+            f"{piece.ops_saved} ops fewer per call, {kib:.1f} KiB kept{more}"
+        )
+        d = _decision(where, piece.call, "fusion_guard", piece.ops, "hoist", reason)
+        d.applied = not options.report_only
+    else:
+        d = _decision(
+            where, HOISTED_NAME, "fusion_guard", piece.ops, "keep", f"input-independent but not hoisted: {piece.reason}"
+        )
+    d.details.update(
+        piece=index,
+        same_as=piece.same_as,
+        bytes=piece.nbytes,
+        ops_saved_per_call=piece.ops_saved,
+        calls_saved_per_call=piece.calls_saved,
+        fused_ops_saved_per_call=piece.fused_ops_saved,
+        outputs=list(piece.outputs),
+        regions=list(piece.regions),
+        split=list(piece.split),
+        duplicated=list(piece.duplicated),
+        saved_for_backward=list(piece.saved_for_backward),
+    )
+    return d
 
 
 def _decision(

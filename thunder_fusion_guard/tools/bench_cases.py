@@ -316,6 +316,34 @@ def _thunderfx(backward: bool) -> Callable[[str], Workload]:
     return build
 
 
+# --- hoisting (issue 11): litgpt Mistral's sliding-window mask loop feeding a softmax, at several T ---
+
+# Mask sizes T (one setitem per row): small, medium, large.
+HOIST_MASK_SIZES = {"cpu": (16, 32, 64), "cuda": (64, 256, 512)}
+
+
+def _window_mask_softmax(x):
+    """Mistral's mask: full(-inf), a window of zeros set row by row, added to attention scores."""
+    t = x.shape[-1]
+    mask = torch.full((t, t), float("-inf"), dtype=x.dtype, device=x.device)
+    for i in range(t):
+        mask[i, max(0, i - t // 4 + 1) : i + 1] = 0.0
+    return torch.softmax(x + mask, dim=-1)
+
+
+def _hoist_mask(index: int) -> Callable[[str], Workload]:
+    def build(device: str) -> Workload:
+        t = HOIST_MASK_SIZES["cuda" if device == "cuda" else "cpu"][index]
+        return Workload(_window_mask_softmax, (torch.randn(1, 4, t, t, device=device),))
+
+    return build
+
+
+HOIST_CASES = [
+    BenchCase("micro", f"mask-softmax-{size}", _hoist_mask(i)) for i, size in enumerate(("small", "medium", "large"))
+]
+
+
 CASES: list[BenchCase] = [
     *(BenchCase("micro", f"{op}-{size}", _micro(op, size)) for op in MICRO_OPS for size in ("small", "large")),
     *(
@@ -329,6 +357,7 @@ CASES: list[BenchCase] = [
     BenchCase("models", "litgpt-llama2-decode", _litgpt_decode("Llama-2-7b-hf"), heavy=True),
     BenchCase("thunderfx", "einops-breaks-fwd", _thunderfx(backward=False)),
     BenchCase("thunderfx", "einops-breaks-fwdbwd", _thunderfx(backward=True)),
+    *HOIST_CASES,
 ]
 
 
