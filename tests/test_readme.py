@@ -3,7 +3,9 @@ one session), and produce decisions: on CPU with the default run, on CUDA (nvFus
 
 import contextlib
 import io
+import os
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,10 +30,22 @@ def test_every_python_block_runs_or_says_why_not():
 
 
 def run_snippets() -> tuple[dict, list[str]]:
-    """Execute every snippet in one namespace; the namespace and what each snippet printed."""
+    """Execute every snippet in one namespace, in a fresh folder (snippets write files); the namespace
+    and what each snippet printed."""
     namespace: dict = {"__name__": "readme"}
     printed = []
     threads = torch.get_num_threads()
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory() as folder:
+        os.chdir(folder)
+        try:
+            _run(namespace, printed, threads)
+        finally:
+            os.chdir(here)
+    return namespace, printed
+
+
+def _run(namespace: dict, printed: list[str], threads: int) -> None:
     try:
         for i, code in enumerate(snippets()):
             out = io.StringIO()
@@ -40,7 +54,6 @@ def run_snippets() -> tuple[dict, list[str]]:
             printed.append(out.getvalue())
     finally:
         torch.set_num_threads(threads)  # the profile snippet pins one thread
-    return namespace, printed
 
 
 def check(namespace: dict, printed: list[str]) -> None:

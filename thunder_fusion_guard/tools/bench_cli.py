@@ -40,7 +40,7 @@ from .bench_cases import (
     parse_variants,
     select,
 )
-from .common import add_threads_option, pin_threads
+from .common import add_threads_option, count, pin_threads
 
 TARGET_SAMPLE_S = 100e-6
 MAX_INNER = 1000
@@ -80,19 +80,6 @@ def parse_threshold(text: str) -> float:
     return value
 
 
-def _count(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = minimum - 1
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
-        return value
-
-    return parse
-
-
 def register(subparsers: Any) -> None:
     """Add ``bench run`` and ``bench compare`` to the ``fusion-guard`` command line."""
     bench = subparsers.add_parser(
@@ -112,8 +99,8 @@ def register(subparsers: Any) -> None:
         + "; ".join(f"{v} = {VARIANT_BUILDS[v]}" for v in ALL_VARIANTS if v not in VARIANTS)
         + " (on CPU no CUDA graphs: compiles as inductor)",
     )
-    run.add_argument("--reps", type=_count(1), default=50, help="timed rounds per variant (default 50)")
-    run.add_argument("--warmup", type=_count(0), default=3, help="untimed rounds after the first call (default 3)")
+    run.add_argument("--reps", type=count(1), default=50, help="timed rounds per variant (default 50)")
+    run.add_argument("--warmup", type=count(0), default=3, help="untimed rounds after the first call (default 3)")
     run.add_argument("--json", metavar="OUT", help="write pytest-benchmark compatible JSON here")
     run.add_argument("--markdown", metavar="OUT", help="write the summary table as markdown here")
     add_threads_option(run)
