@@ -64,7 +64,9 @@ def check(namespace: dict, printed: list[str]) -> None:
     assert isinstance(guard, FusionGuard)
     assert [d for d in guard.report if d.about_region], "the first snippet's guard decided no region"
     assert "FusionGuard:" in printed[0] and "decisions" in printed[0]
-    assert "profile of" in printed[1] and "intra-op thread" in printed[1]
+    assert "profile of" in printed[1]
+    if namespace["device"] == "cpu":  # CPU timings name the thread count; CUDA ones do not need it
+        assert "intra-op thread" in printed[1]
     assert "subgraph 0" in printed[2], printed[2]
 
 
