@@ -50,7 +50,8 @@ def _jit(fn, guard, executors: list, nvfuser: bool):
     import thunder
 
     transforms = [] if guard is None else [guard]
-    # Thunder keeps nvFuser from forming shape-only regions by default; allow them so the guard has work.
+    # Thunder keeps nvFuser from forming shape-only regions by default; ask for them so the guard has work
+    # (and let the guard override that request: the point of the demo is to show what it does with them).
     options = {"nv_enable_shape_only_fusion": True} if nvfuser else {}
     return thunder.jit(fn, executors=executors, transforms=transforms, **options)
 
@@ -73,9 +74,14 @@ def run_demo(
     cuda = device == "cuda"
     executors = fusion_executors(device)
     nvfuser = any(getattr(ex, "name", "") == "nvfuser" for ex in executors)
-    guard = FusionGuard()
+    guard = FusionGuard(override_compile_options=nvfuser)
     where = torch.cuda.get_device_name() if cuda else "CPU"
     lines = [f"thunder-fusion-guard demo on {where} ({'nvFuser' if nvfuser else 'torch.compile executor'})"]
+    if nvfuser:
+        lines.append(
+            "  (nvFuser: compiled with nv_enable_shape_only_fusion=True so lone views form regions, and "
+            "FusionGuard(override_compile_options=True) so the guard may undo them; Thunder's defaults form none)"
+        )
     lines += [f"  compat: {fix}" for fix in applied_fixes()]
     rows = []
     for i, case in enumerate(CASES, 1):
