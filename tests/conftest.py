@@ -60,3 +60,15 @@ def pytest_terminal_summary(terminalreporter):
     if path:
         harness.COVERAGE.write_json(path)
         terminalreporter.write_line(f"OpInfo coverage written to {path}")
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """A one-rank gloo process group (Thunder's collectives need one to be traced), destroyed afterwards."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        yield dist.new_group()
+    finally:
+        dist.destroy_process_group()

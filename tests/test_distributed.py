@@ -39,13 +39,9 @@ SUM = dist_prims.DistributedReduceOps.SUM
 
 
 @pytest.fixture
-def group(tmp_path):
-    """A one-rank gloo process group (Thunder's collectives need one to be traced), destroyed afterwards."""
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        yield dist.new_group()
-    finally:
-        dist.destroy_process_group()
+def group(one_rank):
+    """The one-rank gloo group of conftest.py (Thunder's collectives need one to be traced)."""
+    return one_rank
 
 
 def _executor(name: str, *, reshape: bool = True, comms: bool = False) -> TorchCompileExecutor:

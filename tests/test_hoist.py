@@ -419,18 +419,6 @@ def test_guard_and_cuda_graphs_on_the_gpu():
     assert cache_of(guarded).computed == 1
 
 
-@pytest.fixture
-def one_rank(tmp_path):
-    """A one-rank gloo process group (Thunder's collectives need one to be traced), destroyed afterwards."""
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        yield dist.new_group()
-    finally:
-        dist.destroy_process_group()
-
-
 def test_nothing_is_hoisted_across_a_communication_op(one_rank):
     from thunder.distributed import prims as dist_prims
 
