@@ -214,3 +214,25 @@ def test_shape_only_micro_cases_are_cuda_only_and_labelled():
     assert shape_only and all(c.cuda_only for c in shape_only)
     assert not [c for c in select(["micro"], device="cpu") if c.cuda_only]
     assert {c.name.removesuffix("-shapeonly") for c in shape_only} <= {c.name for c in select(["micro"], device="cpu")}
+
+
+def test_a_failing_variant_keeps_the_others(monkeypatch, tmp_path, capsys):
+    import thunder_fusion_guard.tools.bench_cli as bench_cli
+
+    real = bench_cli.make_step
+
+    def failing(workload, variant, device):
+        if variant == "guarded":
+            raise RuntimeError("compiler broke\nmore lines")
+        return real(workload, variant, device)
+
+    monkeypatch.setattr(bench_cli, "make_step", failing)
+    out = tmp_path / "run.json"
+    argv = ["bench", "run", "--suite", "micro", "--case", "view-small", "--device", "cpu", "--reps", "2"]
+    assert main([*argv, "--warmup", "0", "--json", str(out)]) == 1
+    doc = json.loads(out.read_text())
+    assert sorted(b["params"]["variant"] for b in doc["benchmarks"]) == ["eager", "thunder"]
+    assert doc["errors"] == [
+        {"group": "micro:view-small", "variant": "guarded", "error": "RuntimeError: compiler broke"}
+    ]
+    assert "guarded FAILED: RuntimeError: compiler broke" in capsys.readouterr().err

@@ -48,7 +48,8 @@ MAX_INNER = 1000
 
 @dataclass
 class CaseResult:
-    """Per-call times (seconds) of each variant of one case, or the error that stopped it."""
+    """Per-call times (seconds) of each variant of one case, or the error that stopped it; a variant that
+    failed alone is in ``variant_errors`` and the others are timed."""
 
     case: BenchCase
     samples: dict[str, list[float]] = field(default_factory=dict)
@@ -56,6 +57,7 @@ class CaseResult:
     first_call_s: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     recompiled_while_timing: bool = False
+    variant_errors: dict[str, str] = field(default_factory=dict)
 
     def median_us(self, variant: str) -> float | None:
         s = self.samples.get(variant)
@@ -146,9 +148,17 @@ def measure_case(
     workload = case.build(device)
     steps = {}
     for variant in variants:
-        steps[variant] = make_step(workload, variant, device)
-        result.first_call_s[variant] = _time_once(steps[variant])
+        try:
+            step = make_step(workload, variant, device)
+            result.first_call_s[variant] = _time_once(step)
+        except Exception as e:  # one variant failing must not lose the others' numbers
+            result.variant_errors[variant] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
+            _log(f"    {case.group}: {variant} FAILED: {result.variant_errors[variant]}")
+            continue
+        steps[variant] = step
         _log(f"    {case.group}: {variant} first call {result.first_call_s[variant]:.1f} s")
+    if not steps:
+        raise RuntimeError(f"every variant failed: {result.variant_errors}")
     for _ in range(warmup):
         for step in steps.values():
             step()
@@ -348,6 +358,7 @@ def to_json(results: Sequence[CaseResult], device: str, reps: int, warmup: int) 
         "version": _benchmark_version(),
     }
     errors = [{"group": r.case.group, "error": r.error} for r in results if r.error]
+    errors += [{"group": r.case.group, "variant": v, "error": e} for r in results for v, e in r.variant_errors.items()]
     if errors:
         doc["errors"] = errors
     return doc
@@ -432,7 +443,7 @@ def _run_command(args: argparse.Namespace) -> int:
     for path in (args.json, args.markdown):
         if path:
             _log(f"wrote {path}")
-    return 1 if any(r.error for r in results) else 0
+    return 1 if any(r.error or r.variant_errors for r in results) else 0
 
 
 def _write(path: str, text: str) -> None:
