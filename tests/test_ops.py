@@ -125,3 +125,28 @@ def test_as_strided_region_is_kept():
     guarded = jit_cpu(as_strided_then_view, guard)
     assert torch.equal(guarded(x), jit_cpu(as_strided_then_view)(x))
     assert [d.action for d in guard.report] == ["keep"]
+
+
+def test_random_ops_by_tag_or_name_and_normalize_is_not_one():
+    import torch.nn.functional as F
+    from helpers import jit_cpu, regions
+
+    from thunder_fusion_guard import FusionGuard
+    from thunder_fusion_guard.ops import random_ops
+
+    def noisy(x):
+        return F.dropout(x * 2, p=0.5, training=True) + 1
+
+    def normalized(x):
+        return F.normalize(x * 2, dim=-1) + 1
+
+    x = torch.randn(4, 8)
+    eager_cheap = dict(fusion_call_us=1e6, fusion_gbps=1e-3, eager_op_us=1e-6, eager_meta_us=1e-6, eager_gbps=1e6)
+    guard = FusionGuard(calibration={**eager_cheap, "overlapped": False}, exact_only=False)
+    jitted = jit_cpu(noisy, guard)
+    jitted(x)
+    (kept,) = [d for d in guard.report if d.about_region]
+    assert kept.action == "keep" and "random ops" in kept.reason
+    plain = jit_cpu(normalized)
+    plain(x)
+    assert [random_ops(r) for r in regions(plain)] == [[]]

@@ -145,6 +145,7 @@ EXACT_ALONE: frozenset[str] = frozenset({"mul"})  # nvFuser float division diffe
 # only differs from torch.div, which matters when a region is rejected, not when it is rebuilt.
 REBUILD_SAFE: frozenset[str] = EXACT_OPS | EXACT_ALONE | {"div", "true_divide", "stride_order"}
 RANDOM_HINTS = ("uniform", "rand", "philox", "bernoulli", "dropout", "normal", "multinomial", "rng", "seed")
+NOT_RANDOM_NAMES = ("normalize",)  # names that contain a hint and draw nothing
 
 
 def _leaf_names(bsym: th.BoundSymbol, extra) -> list[str]:
@@ -274,8 +275,12 @@ def _short(dtype: torch.dtype) -> str:
 
 
 def random_ops(region: Region) -> list[str]:
-    names = {th.op_name(s) for b in region.body for s in (b, *th.subsymbols(b))}
-    return sorted(n for n in names if any(h in n for h in RANDOM_HINTS))
+    """Names of the region's ops that draw random numbers or touch the random state (:func:`is_random`)."""
+    return sorted({th.op_name(b) for b in region.body if is_random(b)})
+
+
+def _random_name(name: str) -> bool:
+    return any(h in name for h in RANDOM_HINTS) and not any(n in name for n in NOT_RANDOM_NAMES)
 
 
 # The torch executor's own implementations of view prims: what a lowered reshape or slice runs as.
@@ -420,7 +425,7 @@ def is_random(bsym: th.BoundSymbol) -> bool:
     """Whether ``bsym`` (or an op inside it) draws random numbers or touches the random state."""
     if "RANDOM_OP" in th.tag_names(bsym):
         return True
-    return any(h in n for n in th.op_names_deep(bsym) for h in RANDOM_HINTS)
+    return any(_random_name(n) for n in th.op_names_deep(bsym))
 
 
 def hoistable(bsym: th.BoundSymbol) -> bool:
