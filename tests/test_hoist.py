@@ -457,3 +457,18 @@ def test_nothing_is_hoisted_across_a_communication_op(one_rank):
     assert names.index(HOISTED_NAME) < names.index("torch_wait_prim_impl") < names.index(f"{HOISTED_NAME}_1")
     (out,) = new.python_callable()(x, w)["output"]
     assert_same([out], [expected(x, w)])
+
+
+def bf16_table_then_input(x):
+    table = torch.arange(x.shape[-1], device=x.device, dtype=torch.bfloat16) * 0.5 + 1.5  # rounds to bf16
+    return x + table + table
+
+
+def test_a_region_with_a_skipped_rounding_is_not_split_to_hoist():
+    """Hoisting the table out of one torch.compile region would store it in bf16 where the fusion kept it
+    in float32: the region stays whole and the bits stay Thunder's."""
+    x = torch.randn(4, 37, dtype=torch.bfloat16)
+    guard = FusionGuard(strict=True)
+    got = jit(bf16_table_then_input, guard)(x)
+    assert torch.equal(got, jit(bf16_table_then_input)(x))
+    assert not hoists(guard)

@@ -10,7 +10,7 @@ from typing import Any
 from .. import _thunder as th
 from ..cost import CostConstants, Measured
 from ..decide import BOOKEND, decide
-from ..ops import hoist_keeps_bits, is_communication, rebuild_keeps_bits
+from ..ops import hoist_keeps_bits, is_communication, rebuild_keeps_bits, rounding_hazards
 from ..options import GuardOptions
 from ..regions import Region, find_regions
 from ..report import Decision, Report
@@ -285,7 +285,12 @@ def _hoist_pass(ledger: HoistLedger) -> OpPass:
         def may_rebuild(fusion: th.BoundSymbol, body: list[th.BoundSymbol]) -> bool:
             if not options.guards(th.executor_name(fusion)):
                 return False
-            return not options.exact_only or hoist_keeps_bits(body, options.metadata_ops)
+            if not options.exact_only:
+                return True
+            # Splitting a region stores what its parts hand each other: a rounding the whole fusion skipped
+            # would then happen (ops.rounding_hazards, checked over the whole region).
+            whole = list(th.subsymbols(fusion))
+            return hoist_keeps_bits(body, options.metadata_ops) and not rounding_hazards(whole, options.metadata_ops)
 
         new, pieces, caches = hoist_constants(trace, may_rebuild, options.hoist_max_bytes, options.metadata_ops)
         regions = {(d.region, d.trace): d for d in made if d.about_region}
