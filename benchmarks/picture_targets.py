@@ -13,16 +13,12 @@ import torch
 
 
 def nanogpt_block(device: str = "cpu") -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
-    """A nanoGPT transformer block and its input (requires grad: the backward is reported too)."""
-    from thunder.tests.nanogpt_model import Block, GPTConfig
+    """A nanoGPT transformer block and its input (requires grad: the backward is reported too); the one the
+    benchmark suites time."""
+    from thunder_fusion_guard.tools.bench_cases import nanogpt_block as make
 
     torch.manual_seed(0)
-    cuda = device == "cuda"
-    config = GPTConfig(n_embd=768 if cuda else 64, n_head=12 if cuda else 4, block_size=512, dropout=0.0)
-    batch, tokens = (4, 512) if cuda else (2, 32)
-    dtype = torch.bfloat16 if cuda else torch.float32
-    block = Block(config).to(device=device, dtype=dtype)
-    x = torch.randn(batch, tokens, config.n_embd, device=device, dtype=dtype, requires_grad=True)
+    block, x = make(device, requires_grad=True)
     return block, (x,)
 
 

@@ -102,13 +102,10 @@ class UnknownSize(ValueError):
 def tensor_bytes(proxies: list[Any]) -> int:
     total = 0
     for p in th.flat_tensor_proxies(proxies):
-        try:
-            numel = 1
-            for dim in p.shape:
-                numel *= int(dim)
-        except (TypeError, ValueError) as e:
-            raise UnknownSize(f"{p.name} has a symbolic shape") from e
-        total += numel * p.dtype.bytes
+        nbytes = th.tensor_nbytes(p)
+        if nbytes is None:
+            raise UnknownSize(f"{p.name} has a symbolic shape")
+        total += nbytes
     return total
 
 

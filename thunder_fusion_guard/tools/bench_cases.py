@@ -203,16 +203,22 @@ def _micro(op: str, size: str, shape_only: bool = False) -> Callable[[str], Work
 # --- models: a nanoGPT block, litgpt models at 2 layers ---------------------------------------------
 
 
+def nanogpt_block(device: str, requires_grad: bool) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A nanoGPT transformer block and its input: GPT-2 width, 4 x 512 tokens, bf16 on CUDA; small, fp32 on CPU."""
+    from thunder.tests.nanogpt_model import Block, GPTConfig
+
+    cuda = device == "cuda"
+    config = GPTConfig(n_embd=768 if cuda else 64, n_head=12 if cuda else 4, block_size=512, dropout=0.0)
+    batch, tokens = (4, 512) if cuda else (2, 32)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    block = Block(config).to(device=device, dtype=dtype)
+    x = torch.randn(batch, tokens, config.n_embd, device=device, dtype=dtype, requires_grad=requires_grad)
+    return block, x
+
+
 def _nanogpt_block(backward: bool) -> Callable[[str], Workload]:
     def build(device: str) -> Workload:
-        from thunder.tests.nanogpt_model import Block, GPTConfig
-
-        cuda = device == "cuda"
-        config = GPTConfig(n_embd=768 if cuda else 64, n_head=12 if cuda else 4, block_size=512, dropout=0.0)
-        batch, tokens = (4, 512) if cuda else (2, 32)
-        dtype = torch.bfloat16 if cuda else torch.float32
-        block = Block(config).to(device=device, dtype=dtype)
-        x = torch.randn(batch, tokens, config.n_embd, device=device, dtype=dtype, requires_grad=backward)
+        block, x = nanogpt_block(device, requires_grad=backward)
         leaves = [*block.parameters(), x] if backward else []
         if not backward:
             block.requires_grad_(False)
