@@ -118,17 +118,23 @@ def view_and_tanh(x):
 
 
 def test_no_grad_then_grad():
+    """The fused tanh is compared bit for bit with unguarded thunder, and only closely with eager:
+    torch.compile's tanh and ATen's may differ in the last bit, depending on the CPU."""
     guard = FusionGuard(strict=True)
-    jitted = jit_cpu(view_and_tanh, guard)
+    jitted, plain = jit_cpu(view_and_tanh, guard), jit_cpu(view_and_tanh)
     x = torch.randn(3, 4, requires_grad=True)
     with torch.no_grad():
-        out, out_e = jitted(x), view_and_tanh(x)
+        out, out_p, out_e = jitted(x), plain(x), view_and_tanh(x)
     assert [t.requires_grad for t in out] == [t.requires_grad for t in out_e]  # views of x keep requires_grad
-    assert_same([t.detach() for t in out], [t.detach() for t in out_e])
+    assert_same([t.detach() for t in out], [t.detach() for t in out_p])
+    assert_close_all([t.detach() for t in out], [t.detach() for t in out_e])
     assert {d.trace for d in guard.report} == {"forward"}
     out_g, grad_g = run_with_grads(jitted, [x])
+    out_p, grad_p = run_with_grads(plain, [x])
     out_e, grad_e = run_with_grads(view_and_tanh, [x])
-    assert_same(out_g, out_e)
+    assert_same(out_g, out_p)
+    assert_same(grad_g, grad_p)
+    assert_close_all(out_g, out_e)
     assert_close_all(grad_g, grad_e)
     assert {d.trace for d in guard.report.filter(compile_index=2)} == {"forward", "backward"}
 
