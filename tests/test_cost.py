@@ -83,7 +83,7 @@ def test_hand_set_constants_and_estimates_in_report():
     guard = FusionGuard(calibration=slow_eager)
     jit_cpu(lone_add, guard)(torch.randn(4), torch.randn(4))
     (d,) = guard.report
-    assert d.action == "keep" and d.estimates["est_eager_us"] > 1000
+    assert d.action == "keep" and d.estimates["est_eager_us"] >= 1000
     assert "/" in str(guard.report).splitlines()[2]
 
 
@@ -94,6 +94,11 @@ def test_hand_set_constants_and_estimates_in_report():
         ({"calibration": "fast"}, "'calibration' must be one of"),
         ({"calibration": {"fusion_call_us": 1.0}}, "missing fields"),
         ({"calibration": dict(CPU.to_dict(), eager_gbps=-1)}, "'eager_gbps' must be a positive number"),
+        ({"calibration": dict(CPU.to_dict(), bandwidth_curve=[[100, 1.0], [50, 2.0]])}, "'bandwidth_curve' must"),
+        ({"calibration": dict(CPU.to_dict(), bandwidth_curve=[[100, -1.0]])}, "'bandwidth_curve' must"),
+        ({"calibration": dict(CPU.to_dict(), bandwidth_curve="fast")}, "'bandwidth_curve' must"),
+        ({"calibration": dict(CPU.to_dict(), op_ns={"tanh": -1})}, "'op_ns' must map op names to numbers"),
+        ({"calibration": dict(CPU.to_dict(), matmul_gflops=True)}, "'matmul_gflops' must be a number"),
         ({"exact_only": "no"}, "'exact_only'"),
     ],
 )
@@ -103,4 +108,68 @@ def test_bad_cost_options(kwargs, match):
 
 
 def test_constants_round_trip():
+    assert CostConstants.from_dict(CPU.to_dict()) == CPU
+
+
+# --- bandwidth by size and compute beyond bytes (CPU constants) -----------------------------------------
+
+PLAIN = dict(
+    fusion_call_us=10.0, fusion_gbps=20.0, eager_op_us=1.0, eager_meta_us=0.5, eager_gbps=10.0, overlapped=False
+)
+
+
+def test_bandwidth_curve_is_interpolated_in_log_bytes_and_held_past_its_ends():
+    c = CostConstants.from_dict(dict(PLAIN, bandwidth_curve=[[1000, 100.0], [100000, 10.0]]))
+    assert c.gbps(10, fused=False) == 100.0 and c.gbps(10**9, fused=False) == 10.0
+    assert c.gbps(10000, fused=False) == pytest.approx(55.0)  # half-way in log(bytes)
+    assert c.gbps(10000, fused=True) == pytest.approx(110.0), "scaled by fusion_gbps / eager_gbps"
+    flat = CostConstants(**PLAIN)
+    assert flat.gbps(10, fused=False) == flat.gbps(10**9, fused=False) == 10.0
+
+
+def tanh_add(x, y):
+    return torch.tanh(x) + y
+
+
+def select(c, x, y):
+    return torch.where(c, x, y)
+
+
+def project(x, w):
+    return x @ w
+
+
+def _decision(fn, args, constants):
+    guard = FusionGuard(calibration=constants, measure_budget_s=0)
+    jit_cpu(fn, guard)(*args)
+    (d,) = guard.report
+    return d.estimates
+
+
+def test_op_costs_add_per_element_on_both_sides_and_where_only_eagerly():
+    x, y = torch.randn(64, 64), torch.randn(64, 64)
+    base = _decision(tanh_add, [x, y], PLAIN)
+    costed = _decision(tanh_add, [x, y], dict(PLAIN, op_ns={"tanh": 2.0}))
+    extra = 2.0 * x.numel() / 1e3
+    assert costed["est_eager_us"] == pytest.approx(base["est_eager_us"] + extra, abs=1e-3)
+    assert costed["est_region_us"] == pytest.approx(base["est_region_us"] + extra, abs=1e-3)
+
+    c = torch.rand(64, 64) < 0.5
+    base = _decision(select, [c, x, y], PLAIN)
+    costed = _decision(select, [c, x, y], dict(PLAIN, op_ns={"where": 2.0}))
+    assert costed["est_eager_us"] == pytest.approx(base["est_eager_us"] + extra, abs=1e-3)
+    assert costed["est_region_us"] == base["est_region_us"], "a fusion selects without branching"
+
+
+def test_matmul_costs_its_flops():
+    x, w = torch.randn(32, 48), torch.randn(48, 16)
+    base = _decision(project, [x, w], PLAIN)
+    costed = _decision(project, [x, w], dict(PLAIN, matmul_gflops=2.0))
+    flops_us = 2 * 32 * 16 * 48 / 2e3
+    assert costed["est_eager_us"] == pytest.approx(base["est_eager_us"] + flops_us, abs=1e-3)
+    assert costed["est_region_us"] == pytest.approx(base["est_region_us"] + flops_us, abs=1e-3)
+
+
+def test_shipped_cpu_constants_have_the_curve_and_op_costs():
+    assert len(CPU.bandwidth_curve) >= 2 and dict(CPU.op_ns)["tanh"] > 0 and CPU.matmul_gflops > 0
     assert CostConstants.from_dict(CPU.to_dict()) == CPU

@@ -64,13 +64,18 @@ def fake_calibration(monkeypatch, no_shipped):
     return calls
 
 
-def fake_timings(monkeypatch, fused_us: float, eager_us: float) -> list:
-    """Region timings replaced by fixed samples (the fusion and eager callables still run once each)."""
+def fake_timings(monkeypatch, fused_us: float, eager_us: float, spread: float = 0.0) -> list:
+    """Region timings replaced by fixed samples (the fusion and eager callables still run once each):
+    medians ``fused_us`` and ``eager_us``, each with interquartile range ``spread`` times its median."""
     calls = []
+
+    def samples(median: float) -> list[float]:
+        half = median * spread / 2
+        return [median - half, median - half, median, median + half, median + half]
 
     def interleaved_us(fns, args, **kwargs):
         calls.append(len(fns))
-        return [[fused_us] * 5, [eager_us] * 5]
+        return [samples(fused_us), samples(eager_us)]
 
     monkeypatch.setattr(breakeven, "interleaved_us", interleaved_us)
     return calls
@@ -111,6 +116,8 @@ def test_auto_calibration_for_real_inside_the_transform(no_shipped, cache_dir):
     assert_same(*[run_with_grads(jit_cpu(lone_add, guard), [a, b])[0], run_with_grads(jit_cpu(lone_add), [a, b])[0]])
     constants = guard.constants_for("cpu", "torchcompile")
     assert constants is not None and constants.source.startswith("measured: cpu|torchcompile")
+    assert [b for b, _ in constants.bandwidth_curve] == [3 * 4 * n for n in calibrate.CURVE_CPU]
+    assert set(dict(constants.op_ns)) == set(calibrate.OP_PROBES) and constants.matmul_gflops > 0
     assert calibrate.cached("cpu", "torchcompile") == constants
     (d,) = guard.report.filter(trace="forward")
     assert d.details["decided_by"] == "model" and d.estimates["est_region_us"] > 0
@@ -332,12 +339,37 @@ def test_reason_when_fusion_wins_and_when_measured_within_margin(monkeypatch):
     assert d.reason.startswith("fusion call is worth it: estimated")
     assert d.estimates["est_region_us"] < d.estimates["est_eager_us"]
 
-    fake_timings(monkeypatch, 10.0, 9.0)
+    fake_timings(monkeypatch, 10.0, 9.7)
     guard = FusionGuard(calibration=NEAR)
     jit_cpu(lone_add, guard)(*_inputs())
     (d,) = guard.report
     assert d.action == "keep"
-    assert d.reason.startswith("eager measured cheaper, but by less than the margin: 9.0 µs eager vs 10.0 µs fused")
+    assert d.reason.startswith("eager measured cheaper, but by less than the margin: 9.7 µs eager vs 10.0 µs fused")
+    assert "margin 5%" in d.reason and "narrowed from 20% to the timing's spread" in d.reason
+
+
+@pytest.mark.parametrize(
+    "spread,overlapped,margin,action,used",
+    [
+        (0.0, False, 0.2, "reject", "5%"),  # eager 12% faster, clearer than the 5% floor
+        (0.08, False, 0.2, "reject", "8%"),
+        (0.15, False, 0.2, "keep", "15%"),  # eager 12% faster, inside the timing's own spread
+        (0.0, True, 0.2, "keep", "20%"),  # CUDA-like: the option's margin holds
+        (0.0, False, 0.02, "reject", "2%"),  # the option caps the narrowed margin
+    ],
+)
+def test_measured_margin_follows_the_timings_spread(monkeypatch, spread, overlapped, margin, action, used):
+    """On a synchronous device a timed region is rejected once eager wins by more than the timing's spread
+    (at least 5%, at most the option 'margin'); where the host runs ahead of the device, 'margin' holds."""
+    fake_timings(monkeypatch, 10.0, 8.8, spread)
+    guard = FusionGuard(calibration=dict(NEAR, overlapped=overlapped), margin=margin, strict=True)
+    a, b = _inputs()
+    assert_same([jit_cpu(lone_add, guard)(a, b)], [jit_cpu(lone_add)(a, b)])
+    (d,) = guard.report
+    assert (d.action, d.details["decided_by"]) == (action, "measured")
+    assert f"margin {used}" in d.reason
+    assert d.details["measured_spread"] == pytest.approx(spread, abs=1e-3)
+    assert ("narrowed" in d.reason) == (used != f"{margin:.0%}")
 
 
 # --- options -------------------------------------------------------------------------------------------

@@ -7,11 +7,13 @@ the larger of the two; on CPU they add up.
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from . import _thunder as th
-from .ops import is_metadata
+from .ops import EAGER_ONLY_COMPUTE, IDENTITY_AT_RUN_TIME, MATMUL_OPS, is_metadata
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,11 @@ class CostConstants:
     ``fusion_call_us`` is the host cost of a fusion call with three tensors (two inputs, one output),
     ``fusion_io_us`` what each further tensor input or output adds (0 in constants measured before it
     was); ``eager_op_us`` the host cost of one op of the torch lowering, ``eager_meta_us`` of a view.
+    ``bandwidth_curve`` (CPU): (bytes moved, GB/s) of an eager add at several sizes, since caches and
+    the allocator make bandwidth depend on size there; empty: ``eager_gbps``/``fusion_gbps`` at any size.
+    ``op_ns`` (CPU): ns per element an op costs beyond moving its bytes (a core computes a tanh or a
+    softmax more slowly than it streams memory); ``matmul_gflops`` the rate of matmuls. Empty or 0:
+    bytes alone (a GPU's compute hides behind its bandwidth at the sizes that matter).
     """
 
     fusion_call_us: float
@@ -31,9 +38,31 @@ class CostConstants:
     overlapped: bool
     source: str = "by hand"
     fusion_io_us: float = 0.0
+    bandwidth_curve: tuple[tuple[int, float], ...] = ()
+    op_ns: tuple[tuple[str, float], ...] = ()
+    matmul_gflops: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["bandwidth_curve"] = [list(point) for point in self.bandwidth_curve]
+        data["op_ns"] = dict(self.op_ns)
+        return data
+
+    def gbps(self, nbytes: float, fused: bool) -> float:
+        """Effective GB/s of an op or fusion call moving ``nbytes``: the curve, interpolated in log(bytes)
+        and held flat past its ends, scaled for a fusion call by ``fusion_gbps / eager_gbps``."""
+        base = self.fusion_gbps if fused else self.eager_gbps
+        curve = self.bandwidth_curve
+        if not curve:
+            return base
+        scale = base / self.eager_gbps
+        if nbytes <= curve[0][0]:
+            return curve[0][1] * scale
+        for (b0, g0), (b1, g1) in itertools.pairwise(curve):
+            if nbytes <= b1:
+                w = (math.log(nbytes) - math.log(b0)) / (math.log(b1) - math.log(b0))
+                return (g0 + w * (g1 - g0)) * scale
+        return curve[-1][1] * scale
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CostConstants:
@@ -51,11 +80,40 @@ class CostConstants:
         io = data.get("fusion_io_us", 0.0)
         if not isinstance(io, (int, float)) or isinstance(io, bool) or io < 0:
             raise ValueError(f"cost constants: 'fusion_io_us' must be a number >= 0, got {io!r}")
-        return cls(**{**data, "overlapped": bool(data["overlapped"])})
+        curve = _curve(data.get("bandwidth_curve", ()))
+        op_ns = data.get("op_ns", {})
+        if not isinstance(op_ns, dict) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+            for k, v in op_ns.items()
+        ):
+            raise ValueError(f"cost constants: 'op_ns' must map op names to numbers >= 0, got {op_ns!r}")
+        gflops = data.get("matmul_gflops", 0.0)
+        if not isinstance(gflops, (int, float)) or isinstance(gflops, bool) or gflops < 0:
+            raise ValueError(f"cost constants: 'matmul_gflops' must be a number >= 0, got {gflops!r}")
+        return cls(
+            **{
+                **data,
+                "overlapped": bool(data["overlapped"]),
+                "bandwidth_curve": curve,
+                "op_ns": tuple(sorted((k, float(v)) for k, v in op_ns.items())),
+            }
+        )
+
+
+def _curve(points: Any) -> tuple[tuple[int, float], ...]:
+    """A validated bandwidth curve: [bytes, GB/s] pairs, bytes rising, every value positive."""
+    allowed = "a list of [bytes, GB/s] pairs with rising bytes and positive values"
+    try:
+        curve = tuple((int(b), float(g)) for b, g in points)
+    except (TypeError, ValueError):
+        raise ValueError(f"cost constants: 'bandwidth_curve' must be {allowed}, got {points!r}") from None
+    if any(b <= 0 or g <= 0 for b, g in curve) or any(b1 <= b0 for (b0, _), (b1, _) in itertools.pairwise(curve)):
+        raise ValueError(f"cost constants: 'bandwidth_curve' must be {allowed}, got {points!r}")
+    return curve
 
 
 # Fields a dict of constants may leave out: a description, and what older calibrations did not measure.
-OPTIONAL = frozenset({"source", "fusion_io_us"})
+OPTIONAL = frozenset({"source", "fusion_io_us", "bandwidth_curve", "op_ns", "matmul_gflops"})
 # The tensors (inputs and outputs) of the calibration's probe region, a lone add: fusion_call_us covers these.
 PROBE_TENSORS = 3
 
@@ -80,19 +138,24 @@ class Estimate:
 class Measured:
     """A region timed on this machine: its fusion call and the same ops run eagerly (µs per call).
 
-    ``source`` is ``"timed"`` (measured during this compilation) or ``"cache"`` (an earlier one's).
+    ``source`` is ``"timed"`` (measured during this compilation) or ``"cache"`` (an earlier one's);
+    ``spread`` the larger relative interquartile range of the two timings (None: not known).
     """
 
     region_us: float
     eager_us: float
     source: str = "timed"
+    spread: float | None = None
 
     def as_record(self) -> dict[str, float | str]:
-        return {
+        record: dict[str, float | str] = {
             "measured_region_us": round(self.region_us, 3),
             "measured_eager_us": round(self.eager_us, 3),
             "measured_from": self.source,
         }
+        if self.spread is not None:
+            record["measured_spread"] = round(self.spread, 3)
+        return record
 
 
 class UnknownSize(ValueError):
@@ -109,6 +172,37 @@ def tensor_bytes(proxies: list[Any]) -> int:
     return total
 
 
+def _elements(bsym: th.BoundSymbol) -> int:
+    """Elements of the largest tensor an op reads or writes (0 where a shape is not known)."""
+    sizes = [0]
+    for p in th.flat_tensor_proxies([*bsym.flat_proxy_args, *bsym.flat_proxy_outs]):
+        spec = th.tensor_spec(p)
+        if spec is not None:
+            sizes.append(math.prod(spec[0]))
+    return max(sizes)
+
+
+def _matmul_flops(bsym: th.BoundSymbol) -> int:
+    """2 * (output elements) * (the first input's last dimension): a matmul's or a linear's FLOPs."""
+    args = [th.tensor_spec(p) for p in th.flat_tensor_proxies(bsym.flat_proxy_args)]
+    outs = [th.tensor_spec(p) for p in th.flat_tensor_proxies(bsym.flat_proxy_outs)]
+    if not args or not outs or args[0] is None or outs[0] is None or not args[0][0]:
+        return 0
+    return 2 * math.prod(outs[0][0]) * args[0][0][-1]
+
+
+def compute_us(bsym: th.BoundSymbol, c: CostConstants, fused: bool) -> float:
+    """µs an op spends computing beyond moving its bytes: ``op_ns`` per element for an op named there,
+    else the sum over what it decomposes into; matmuls by ``matmul_gflops``."""
+    name = th.op_name(bsym)
+    if name in MATMUL_OPS:
+        return _matmul_flops(bsym) / (c.matmul_gflops * 1e3) if c.matmul_gflops else 0.0
+    ns = dict(c.op_ns).get(name)
+    if ns is not None:
+        return 0.0 if fused and name in EAGER_ONLY_COMPUTE else ns * _elements(bsym) / 1e3
+    return sum(compute_us(s, c, fused) for s in th.subsymbols(bsym))
+
+
 def _combine(host_us: float, device_us: float, overlapped: bool) -> float:
     return max(host_us, device_us) if overlapped else host_us + device_us
 
@@ -120,16 +214,19 @@ def estimate(
     bytes_region = tensor_bytes(inputs) + tensor_bytes(outputs)
     tensors = len({p.name for p in th.flat_tensor_proxies([*inputs, *outputs])})
     call_us = c.fusion_call_us + c.fusion_io_us * max(0, tensors - PROBE_TENSORS)
-    region_us = _combine(call_us, bytes_region / (c.fusion_gbps * 1e3), c.overlapped)
+    fused_device = bytes_region / (c.gbps(bytes_region, fused=True) * 1e3)
     host = device = 0.0
     compute_ops = 0
     for bsym in body:
+        if th.op_name(bsym) in IDENTITY_AT_RUN_TIME:
+            continue
         if is_metadata(bsym, extra_metadata):
             host += c.eager_meta_us
             continue
         compute_ops += 1
         host += c.eager_op_us
-        device += (tensor_bytes(list(bsym.flat_proxy_args)) + tensor_bytes(list(bsym.flat_proxy_outs))) / (
-            c.eager_gbps * 1e3
-        )
+        nbytes = tensor_bytes(list(bsym.flat_proxy_args)) + tensor_bytes(list(bsym.flat_proxy_outs))
+        device += nbytes / (c.gbps(nbytes, fused=False) * 1e3) + compute_us(bsym, c, fused=False)
+        fused_device += compute_us(bsym, c, fused=True)
+    region_us = _combine(call_us, fused_device, c.overlapped)
     return Estimate(region_us, _combine(host, device, c.overlapped), bytes_region, compute_ops)

@@ -21,6 +21,10 @@ BOOKEND = "nv_enable_bookend"  # views at nvFuser region edges run outside the r
 # model's errors seen so far are 2-5x (benchmarks/RESULTS.md, "decision accuracy"); outside 3x its
 # verdict was right, and timing every region would cost a compilation per region on CPU.
 MEASURE_BAND = 3.0
+# Where calls run synchronously (CPU), a region timed here is rejected once eager is faster by more than
+# the timing's own spread, and by at least this much; the option 'margin' still caps it. On CUDA, where
+# the host runs ahead of the device, an isolated timing may not be what the stream sees: 'margin' holds.
+MEASURED_MARGIN_FLOOR = 0.05
 
 
 @dataclass(frozen=True)
@@ -96,10 +100,21 @@ def decide(
             )
         return Verdict("keep", reason, record, {**details, "decided_by": "exactness"})
     if measured is not None and measurable:
-        action, reason = _by_numbers(measured.region_us, measured.eager_us, options.margin, "measured", est.eager_ops)
+        margin = measured_margin(options.margin, measured, constants)
+        action, reason = _by_numbers(measured.region_us, measured.eager_us, margin, "measured", est.eager_ops)
         reason = f"{reason}; near break-even, so timed here (est {est.region_us:.1f} µs fused vs {est.eager_us:.1f})"
+        if margin != options.margin:
+            reason += f"; margin narrowed from {options.margin:.0%} to the timing's spread, calls here are synchronous"
         return Verdict(action, reason, record, {**details, "decided_by": "measured", **measured.as_record()})
     return Verdict(model[0], model[1], record, details, measurable)
+
+
+def measured_margin(margin: float, measured: Measured, constants: CostConstants) -> float:
+    """The margin a measured decision uses: ``margin``, narrowed on synchronous devices to the timing's
+    spread (at least :data:`MEASURED_MARGIN_FLOOR`), since there the timing is what the program sees."""
+    if constants.overlapped or measured.spread is None:
+        return margin
+    return min(margin, max(MEASURED_MARGIN_FLOOR, measured.spread))
 
 
 def _verdict(action: str, reason: str, decided_by: str) -> Verdict:

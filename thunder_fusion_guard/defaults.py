@@ -4,7 +4,8 @@ Entries are (device-name substring, executor, constants); the first match wins, 
 substring goes first. The device name is ``torch.cuda.get_device_name()`` ("NVIDIA H100 80GB HBM3" is
 matched by "H100") or "cpu". A calibration cached on the user's own machine always takes precedence;
 where nothing matches, the guard calibrates by itself on first need (option ``calibration="auto"``).
-``fusion_io_us`` may be left out (0: constants measured before it was).
+``fusion_io_us``, ``bandwidth_curve``, ``op_ns`` and ``matmul_gflops`` may be left out (constants
+measured before they were, or on a GPU: bytes and calls alone).
 """
 
 from __future__ import annotations
@@ -14,15 +15,31 @@ SHIPPED: list[tuple[str, str, dict]] = [
         "cpu",
         "torchcompile",
         {
-            "fusion_call_us": 13.9,
-            "fusion_io_us": 0.41,
-            "fusion_gbps": 51.5,
-            "eager_op_us": 3.21,
-            "eager_meta_us": 2.73,
-            "eager_gbps": 60.7,
+            "fusion_call_us": 13.408,
+            "fusion_io_us": 0.361,
+            "fusion_gbps": 52.02,
+            "eager_op_us": 3.075,
+            "eager_meta_us": 2.653,
+            "eager_gbps": 57.3,
             "overlapped": False,
-            "source": "shipped: 2-core x86-64 VM (CI class), torch 2.11.0, thunder 0.2.6, OMP_NUM_THREADS=1, "
-            "mean of 3 calibrations (eager timed through the guard's torch lowering; eager_meta_us of 1), 2026-11-21",
+            "bandwidth_curve": [[196608, 583.9], [1572864, 152.7], [12582912, 108.5], [100663296, 12.5]],
+            "op_ns": {
+                "_softmax": 0.334,
+                "erf": 0.871,
+                "exp": 0.504,
+                "gelu": 0.133,
+                "layer_norm": 0.401,
+                "log": 0.651,
+                "rsqrt": 0.16,
+                "sigmoid": 0.132,
+                "sin": 0.894,
+                "tanh": 1.88,
+                "var_mean": 4.324,
+                "where": 3.497,
+            },
+            "matmul_gflops": 117.21,
+            "source": "shipped: 2-core x86-64 VM (CI class, AVX-512), torch 2.11.0, thunder 0.2.6, OMP_NUM_THREADS=1, "
+            "median of 3 calibrations with the bandwidth curve and op costs, 2026-11-21",
         },
     ),
     (

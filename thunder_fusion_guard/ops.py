@@ -42,6 +42,15 @@ METADATA_PRIMS: frozenset[str] = frozenset(
     }
 )
 
+# Metadata prims the torch executor runs as a plain identity: no dispatch, no view made, nothing to cost.
+IDENTITY_AT_RUN_TIME: frozenset[str] = frozenset({"update_aliases"})
+
+# Ops whose cost is counted in FLOPs (2 * output elements * the reduced dimension), not per element.
+MATMUL_OPS: frozenset[str] = frozenset({"matmul", "linear"})
+# Ops whose eager CPU kernel spends per element what a fused kernel does not: torch.where branches on
+# each element (slow on a random mask), a fusion selects without branching.
+EAGER_ONLY_COMPUTE: frozenset[str] = frozenset({"where"})
+
 # Torch-level ids that are views in eager PyTorch, for executors that keep them undecomposed (and for
 # `diagonal`, which Thunder decomposes into a gather while eager returns a view).
 METADATA_TORCH_OPS: frozenset[str] = frozenset(

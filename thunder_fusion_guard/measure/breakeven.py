@@ -27,7 +27,7 @@ from ..cost import Measured
 from ..passes.rewrite import lower_region
 from ..regions import Region
 from .calibrate import cache_dir, device_name, read_json, update_json
-from .timing import Clock, interleaved_us
+from .timing import Clock, Timing, interleaved_us
 
 log = logging.getLogger("thunder_fusion_guard")
 
@@ -65,9 +65,21 @@ def _store() -> dict[str, dict[str, Any]]:
 
 def _cached(entry: Any) -> Measured | None:
     try:
-        return Measured(float(entry["region_us"]), float(entry["eager_us"]), "cache")
-    except (KeyError, TypeError, ValueError):
+        spread = entry.get("spread")
+        return Measured(
+            float(entry["region_us"]), float(entry["eager_us"]), "cache", None if spread is None else float(spread)
+        )
+    except (AttributeError, KeyError, TypeError, ValueError):
         return None
+
+
+def relative_spread(*samples: list[float]) -> float:
+    """The larger interquartile range, relative to its median, of several timings' samples."""
+    spreads = []
+    for s in samples:
+        t = Timing.of(s)
+        spreads.append((t.q3 - t.q1) / t.median if t.median > 0 else 0.0)
+    return max(spreads)
 
 
 def signature(trace: th.TraceCtx, region: Region) -> str:
@@ -179,7 +191,12 @@ class RegionMeasurer:
             self.skipped += 1
             return measured
         self.timed += 1
-        entry = {"region_us": measured.region_us, "eager_us": measured.eager_us, "ops": region.ops[:20]}
+        entry = {
+            "region_us": measured.region_us,
+            "eager_us": measured.eager_us,
+            "spread": measured.spread,
+            "ops": region.ops[:20],
+        }
         with _lock:
             store[key] = entry
             self.pending[key] = entry
@@ -200,7 +217,9 @@ class RegionMeasurer:
             fused_s, eager_s = interleaved_us(
                 [fusion, eager], args, reps=REPS, warmup=WARMUP, deadline_ns=deadline, clock=self.clock
             )
-        return Measured(statistics.median(fused_s), statistics.median(eager_s), "timed")
+        return Measured(
+            statistics.median(fused_s), statistics.median(eager_s), "timed", relative_spread(fused_s, eager_s)
+        )
 
     def flush(self) -> None:
         """Write this guard's new measurements to the disk cache (a failure to write is logged, not raised)."""

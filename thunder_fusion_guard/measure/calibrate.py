@@ -30,8 +30,30 @@ from .timing import median_us
 SMALL = (16, 16)
 LARGE_CPU = (2048, 2048)
 LARGE_CUDA = (8192, 8192)
-# The number of timings measure() takes: its budget is shared among them.
+# Elements per tensor of the CPU bandwidth curve's eager adds: 64 KiB to 32 MiB of float32, from the
+# core's own cache to main memory and the allocator's fresh pages.
+CURVE_CPU = (1 << 14, 1 << 17, 1 << 20, 1 << 23)
+# Eager probes of what ops cost beyond their bytes on CPU, by the op's name in Thunder's traces; each
+# takes a 512x512 float32 tensor (one that is positive where the op wants it). See CostConstants.op_ns.
+OP_PROBES: dict[str, Callable[[torch.Tensor, torch.Tensor], Any]] = {
+    "exp": lambda x, p: torch.exp(x),
+    "log": lambda x, p: torch.log(p),
+    "tanh": lambda x, p: torch.tanh(x),
+    "sigmoid": lambda x, p: torch.sigmoid(x),
+    "erf": lambda x, p: torch.erf(x),
+    "gelu": lambda x, p: torch.nn.functional.gelu(x),
+    "sin": lambda x, p: torch.sin(x),
+    "rsqrt": lambda x, p: torch.rsqrt(p),
+    "_softmax": lambda x, p: torch.softmax(x, -1),
+    "layer_norm": lambda x, p: torch.nn.functional.layer_norm(x, x.shape[-1:]),
+    "var_mean": lambda x, p: torch.var_mean(x, -1),
+    "where": lambda x, p: torch.where(x > 0, x, p),
+}
+MATMUL_SIDE = 256
+# The number of timings measure() takes (and on CPU the curve's and the op probes' too): its budget is
+# shared among them.
 TIMINGS = 6
+CPU_TIMINGS = len(CURVE_CPU) + len(OP_PROBES) + 1
 
 log = logging.getLogger("thunder_fusion_guard")
 
@@ -130,10 +152,12 @@ def measure(device: str, executor: str, budget_s: float | None = None) -> CostCo
     Four probes, each one region: a lone ``add`` of tiny tensors (the fixed cost of a fusion call and
     of an eager op), a sum of eight tiny tensors (what each further tensor adds to a call), a lone
     ``add`` of large tensors (bandwidth), a lone ``reshape`` (an eager view). Eager times are those of
-    the guard's own torch lowering of the probe. With ``budget_s``, fewer samples are taken so that the
-    timings (not the executor's compilation of the probes) fit in about that many seconds.
+    the guard's own torch lowering of the probe. On CPU, eager adds at four sizes give the bandwidth
+    curve, and eager probes of common ops and a matmul what computing costs (no compilation). With
+    ``budget_s``, fewer samples are taken so that the timings (not the executor's compilation of the
+    probes) fit in about that many seconds.
     """
-    share = None if budget_s is None else budget_s / TIMINGS
+    share = None if budget_s is None else budget_s / (TIMINGS + (CPU_TIMINGS if device == "cpu" else 0))
     large = LARGE_CUDA if device == "cuda" else LARGE_CPU
     small = [torch.randn(SMALL, device=device) for _ in range(WIDE)]
     la, lb = (torch.randn(large, device=device) for _ in range(2))
@@ -153,6 +177,11 @@ def measure(device: str, executor: str, budget_s: float | None = None) -> CostCo
         eager, args = _reshape, small[:1]
     eager_meta_us = _time(eager, args, 50, share)
     io_us = max(0.0, (fusion_wide_us - fusion_call_us) / (WIDE + 1 - PROBE_TENSORS))
+    curve = op_ns = ()
+    gflops = 0.0
+    if device == "cpu":
+        curve = bandwidth_curve(eager_op_us, share)
+        op_ns, gflops = compute_costs(eager_op_us, curve, share)
     return CostConstants(
         fusion_call_us=round(fusion_call_us, 3),
         fusion_gbps=round(big_bytes / (fusion_big_us * 1e3), 2),
@@ -162,7 +191,44 @@ def measure(device: str, executor: str, budget_s: float | None = None) -> CostCo
         overlapped=device == "cuda",
         source=f"measured: {cache_key(device, executor)}",
         fusion_io_us=round(io_us, 3),
+        bandwidth_curve=curve,
+        op_ns=op_ns,
+        matmul_gflops=gflops,
     )
+
+
+def compute_costs(
+    op_us: float, curve: tuple[tuple[int, float], ...], share: float | None
+) -> tuple[tuple[tuple[str, float], ...], float]:
+    """ns per element of each of :data:`OP_PROBES` beyond its fixed cost and its bytes at the curve's
+    bandwidth, and the GFLOP/s of a square float32 matmul (CPU, eager)."""
+    probe = CostConstants(1.0, 1.0, op_us, 1.0, 1.0, False, bandwidth_curve=curve)
+    x = torch.randn(512, 512)
+    positive = x.abs() + 0.5
+    costs = []
+    for name, fn in OP_PROBES.items():
+        took = _time(fn, [x, positive], 5, share)
+        out = fn(x, positive)
+        outs = out if isinstance(out, tuple) else (out,)
+        moved = x.numel() * x.element_size() * (1 + (name == "where")) + sum(o.numel() * o.element_size() for o in outs)
+        beyond = took - op_us - moved / (probe.gbps(moved, fused=False) * 1e3)
+        costs.append((name, round(max(beyond, 0.0) * 1e3 / x.numel(), 4)))
+    a, b = torch.randn(MATMUL_SIDE, MATMUL_SIDE), torch.randn(MATMUL_SIDE, MATMUL_SIDE)
+    took = _time(torch.mm, [a, b], 5, share)
+    gflops = 2 * MATMUL_SIDE**3 / (max(took - op_us, 0.2 * took) * 1e3)
+    return tuple(sorted(costs)), round(gflops, 2)
+
+
+def bandwidth_curve(op_us: float, share: float | None) -> tuple[tuple[int, float], ...]:
+    """(bytes moved, GB/s) of an eager float32 add at each size of :data:`CURVE_CPU`, its fixed cost
+    ``op_us`` taken off (at most 80% of a timing, so that a noisy tiny timing cannot make it huge)."""
+    points = []
+    for n in CURVE_CPU:
+        a, b = torch.randn(n), torch.randn(n)
+        took = _time(torch.add, [a, b], 1 if n >= 1 << 20 else 10, share)
+        moved = 3 * n * a.element_size()
+        points.append((moved, round(moved / (max(took - op_us, 0.2 * took) * 1e3), 2)))
+    return tuple(points)
 
 
 def save_constants(device: str, executor: str, constants: CostConstants) -> None:

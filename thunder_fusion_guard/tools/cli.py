@@ -49,11 +49,14 @@ def _calibrate(args: argparse.Namespace) -> int:
     executor = args.executor or ("nvfuser" if device == "cuda" else "torchcompile")
     _check_executor(executor, device)
     note = pin_threads(args.threads, device)
-    from ..measure.calibrate import cache_path, calibrate
+    from ..measure.calibrate import CURVE_CPU, OP_PROBES, cache_path, calibrate
 
+    eager = ""
+    if device == "cpu":
+        eager = f" (then eager bandwidth at {len(CURVE_CPU)} sizes, {len(OP_PROBES) + 1} op probes)"
     progress(
-        f"fusion-guard calibrate: timing {executor} on {device}: a lone add compiled twice (small, large), "
-        f"then 5 timings{'; ' + note if note else ''} ..."
+        f"fusion-guard calibrate: timing {executor} on {device}: four probe regions compiled and timed{eager}"
+        f"{'; ' + note if note else ''} ..."
     )
     began = time.perf_counter()
     constants = calibrate(device, executor, save=not args.no_save)
