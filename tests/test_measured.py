@@ -288,6 +288,19 @@ def test_measurement_failure_falls_back_to_the_model(monkeypatch):
     assert d.details["decided_by"] == "model" and "planted timing failure" in d.details["not_measured"]
 
 
+def test_several_ranks_decide_by_the_model_alone(monkeypatch):
+    """Timings differ from rank to rank; a region near break-even must not be rejected on one rank only."""
+    timings = fake_timings(monkeypatch, 10.0, 2.0)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    guard = FusionGuard(calibration=NEAR)
+    x = _inputs()
+    assert torch.equal(jit_cpu(lone_add, guard)(*x), lone_add(*x))
+    (d,) = guard.report
+    assert timings == [] and d.details["decided_by"] == "model" and d.action == "keep"
+    assert "a run of 2 ranks decides by the model alone" in d.details["not_measured"]
+
+
 def test_in_place_regions_are_measured_on_fresh_tensors(monkeypatch):
     fake_timings(monkeypatch, 2.0, 10.0)
 

@@ -1,7 +1,8 @@
 """Distributed runs: which rank this process is, and whether every rank made the same decisions.
 
 The guard decides each rank's traces alone. Ranks that compile the same program should decide the same
-way (the decisions are a function of the trace, the options and the cost constants), but a rank with
+way (the decisions are a function of the trace, the options and the cost constants: in a run of several
+ranks no region is timed, since timings differ from rank to rank), but a rank with
 other cost constants (another machine's calibration cache, ``calibration="measure"``) would not. The
 comparison here gathers every rank's decisions with ``torch.distributed.all_gather_object``: a
 collective, so every rank must call it at the same point (with NCCL, each rank on its own device:
@@ -35,6 +36,18 @@ def current_rank() -> int | None:
         return int(os.environ["RANK"]) if world > 1 else None
     except (KeyError, ValueError):
         return None
+
+
+def world_size() -> int:
+    """Ranks in this run: from ``torch.distributed`` once initialized, else ``torchrun``'s ``WORLD_SIZE``."""
+    if _initialized():
+        import torch.distributed as dist
+
+        return dist.get_world_size()
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
 
 
 def rank_path(path: str, rank: int | None = None) -> str:

@@ -24,6 +24,7 @@ import torch
 
 from .. import _thunder as th
 from ..cost import Measured
+from ..distributed import world_size
 from ..passes.rewrite import lower_region
 from ..regions import Region
 from .calibrate import cache_dir, device_name, read_json, update_json
@@ -168,6 +169,10 @@ class RegionMeasurer:
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __call__(self, trace: th.TraceCtx, region: Region) -> Measured | str:
+        ranks = world_size()
+        if ranks > 1:  # each rank's timing (or disk cache) differs; the model decides alike on all
+            self.skipped += 1
+            return f"not timed: a run of {ranks} ranks decides by the model alone, so that every rank decides alike"
         key = signature(trace, region)
         store = _store()
         hit = _cached(store.get(key))
