@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import asdict, dataclass, fields
+from functools import cached_property
 from typing import Any
 
 from . import _thunder as th
@@ -49,20 +50,17 @@ class CostConstants:
         return data
 
     def gbps(self, nbytes: float, fused: bool) -> float:
-        """Effective GB/s of an op or fusion call moving ``nbytes``: the curve, interpolated in log(bytes)
-        and held flat past its ends, scaled for a fusion call by ``fusion_gbps / eager_gbps``."""
+        """Effective GB/s of an op or fusion call moving ``nbytes``: the curve (:func:`curve_gbps`) where
+        there is one, scaled for a fusion call by ``fusion_gbps / eager_gbps``."""
         base = self.fusion_gbps if fused else self.eager_gbps
-        curve = self.bandwidth_curve
-        if not curve:
+        if not self.bandwidth_curve:
             return base
-        scale = base / self.eager_gbps
-        if nbytes <= curve[0][0]:
-            return curve[0][1] * scale
-        for (b0, g0), (b1, g1) in itertools.pairwise(curve):
-            if nbytes <= b1:
-                w = (math.log(nbytes) - math.log(b0)) / (math.log(b1) - math.log(b0))
-                return (g0 + w * (g1 - g0)) * scale
-        return curve[-1][1] * scale
+        return curve_gbps(self.bandwidth_curve, nbytes) * base / self.eager_gbps
+
+    @cached_property
+    def op_costs(self) -> dict[str, float]:
+        """``op_ns`` as a mapping, built once."""
+        return dict(self.op_ns)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CostConstants:
@@ -75,21 +73,18 @@ class CostConstants:
             raise ValueError(f"cost constants: missing fields {missing}")
         for key in ("fusion_call_us", "fusion_gbps", "eager_op_us", "eager_meta_us", "eager_gbps"):
             value = data[key]
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            if not _is_number(value) or value <= 0:
                 raise ValueError(f"cost constants: {key!r} must be a positive number, got {value!r}")
-        io = data.get("fusion_io_us", 0.0)
-        if not isinstance(io, (int, float)) or isinstance(io, bool) or io < 0:
-            raise ValueError(f"cost constants: 'fusion_io_us' must be a number >= 0, got {io!r}")
+        for key in ("fusion_io_us", "matmul_gflops"):
+            value = data.get(key, 0.0)
+            if not _is_number(value) or value < 0:
+                raise ValueError(f"cost constants: {key!r} must be a number >= 0, got {value!r}")
         curve = _curve(data.get("bandwidth_curve", ()))
         op_ns = data.get("op_ns", {})
         if not isinstance(op_ns, dict) or not all(
-            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
-            for k, v in op_ns.items()
+            isinstance(k, str) and _is_number(v) and v >= 0 for k, v in op_ns.items()
         ):
             raise ValueError(f"cost constants: 'op_ns' must map op names to numbers >= 0, got {op_ns!r}")
-        gflops = data.get("matmul_gflops", 0.0)
-        if not isinstance(gflops, (int, float)) or isinstance(gflops, bool) or gflops < 0:
-            raise ValueError(f"cost constants: 'matmul_gflops' must be a number >= 0, got {gflops!r}")
         return cls(
             **{
                 **data,
@@ -98,6 +93,21 @@ class CostConstants:
                 "op_ns": tuple(sorted((k, float(v)) for k, v in op_ns.items())),
             }
         )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def curve_gbps(curve: tuple[tuple[int, float], ...], nbytes: float) -> float:
+    """GB/s at ``nbytes`` on a (bytes, GB/s) curve: interpolated in log(bytes), held flat past its ends."""
+    if nbytes <= curve[0][0]:
+        return curve[0][1]
+    for (b0, g0), (b1, g1) in itertools.pairwise(curve):
+        if nbytes <= b1:
+            w = (math.log(nbytes) - math.log(b0)) / (math.log(b1) - math.log(b0))
+            return g0 + w * (g1 - g0)
+    return curve[-1][1]
 
 
 def _curve(points: Any) -> tuple[tuple[int, float], ...]:
@@ -197,7 +207,7 @@ def compute_us(bsym: th.BoundSymbol, c: CostConstants, fused: bool) -> float:
     name = th.op_name(bsym)
     if name in MATMUL_OPS:
         return _matmul_flops(bsym) / (c.matmul_gflops * 1e3) if c.matmul_gflops else 0.0
-    ns = dict(c.op_ns).get(name)
+    ns = c.op_costs.get(name)
     if ns is not None:
         return 0.0 if fused and name in EAGER_ONLY_COMPUTE else ns * _elements(bsym) / 1e3
     return sum(compute_us(s, c, fused) for s in th.subsymbols(bsym))

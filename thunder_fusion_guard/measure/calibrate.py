@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .. import _thunder as th
-from ..cost import PROBE_TENSORS, CostConstants
+from ..cost import PROBE_TENSORS, CostConstants, curve_gbps
 from ..defaults import SHIPPED
 from .timing import median_us
 
@@ -202,7 +202,6 @@ def compute_costs(
 ) -> tuple[tuple[tuple[str, float], ...], float]:
     """ns per element of each of :data:`OP_PROBES` beyond its fixed cost and its bytes at the curve's
     bandwidth, and the GFLOP/s of a square float32 matmul (CPU, eager)."""
-    probe = CostConstants(1.0, 1.0, op_us, 1.0, 1.0, False, bandwidth_curve=curve)
     x = torch.randn(512, 512)
     positive = x.abs() + 0.5
     costs = []
@@ -211,7 +210,7 @@ def compute_costs(
         out = fn(x, positive)
         outs = out if isinstance(out, tuple) else (out,)
         moved = x.numel() * x.element_size() * (1 + (name == "where")) + sum(o.numel() * o.element_size() for o in outs)
-        beyond = took - op_us - moved / (probe.gbps(moved, fused=False) * 1e3)
+        beyond = took - op_us - moved / (curve_gbps(curve, moved) * 1e3)
         costs.append((name, round(max(beyond, 0.0) * 1e3 / x.numel(), 4)))
     a, b = torch.randn(MATMUL_SIDE, MATMUL_SIDE), torch.randn(MATMUL_SIDE, MATMUL_SIDE)
     took = _time(torch.mm, [a, b], 5, share)
