@@ -30,7 +30,8 @@ import torch
 
 import thunder_fusion_guard.passes.pipeline as pipeline
 from thunder_fusion_guard import FusionGuard
-from thunder_fusion_guard._thunder import hoisted_values, software_versions
+from thunder_fusion_guard._thunder import software_versions
+from thunder_fusion_guard.passes.hoist_runtime import hoisted_values
 from thunder_fusion_guard.regions import find_regions
 
 NAME = "Mistral-7B-v0.1"

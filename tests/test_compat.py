@@ -2,7 +2,7 @@
 
 from types import ModuleType, SimpleNamespace
 
-from thunder_fusion_guard.compat import applied_fixes, ensure_nvfuser_compat
+from thunder_fusion_guard._thunder.compat import applied_fixes, ensure_nvfuser_compat
 
 
 def _impl_module():

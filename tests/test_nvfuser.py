@@ -9,7 +9,7 @@ from helpers import assert_same, run_with_grads
 from test_guard import metadata_chain, mixed, rearrange_heads
 
 from thunder_fusion_guard import FusionGuard
-from thunder_fusion_guard.compat import applied_fixes
+from thunder_fusion_guard._thunder.compat import applied_fixes
 from thunder_fusion_guard.ops import region_is_metadata_only
 from thunder_fusion_guard.regions import find_regions
 

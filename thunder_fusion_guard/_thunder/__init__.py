@@ -1,0 +1,30 @@
+"""The only place that touches Lightning Thunder's internals (checked against lightning-thunder 0.2.6).
+
+Thunder's internals move between releases; everything the guard needs from them goes through the
+functions here, one module a job, so that a new release means reading and fixing this package only:
+
+- :mod:`.traces`: reading traces (what a bound symbol is and runs, its values, a trace's inputs and returns);
+- :mod:`.lowering`: building traces and fusion calls, lowering ops to Thunder's torch executor;
+- :mod:`.executors`: which executors exist, which fusion executor runs where, software versions;
+- :mod:`.compiling`: the compilation Thunder runs right now;
+- :mod:`.jitted`: what ``thunder.jit`` and ThunderFX made;
+- :mod:`.compat`: the fix for a Thunder/nvFuser pair that does not work together as shipped.
+
+Callers use this package's names (``from .. import _thunder as th``); ``__all__`` is the union of the
+modules' own.
+"""
+
+from __future__ import annotations
+
+from . import compiling, executors, jitted, lowering, traces
+from .compat import ensure_nvfuser_compat
+from .compiling import *  # noqa: F403
+from .executors import *  # noqa: F403
+from .jitted import *  # noqa: F403
+from .lowering import *  # noqa: F403
+from .traces import *  # noqa: F403
+
+__all__ = [*traces.__all__, *lowering.__all__, *executors.__all__, *compiling.__all__, *jitted.__all__]
+
+# Thunder has loaded its executors by now: fix a broken Thunder/nvFuser pair before anything compiles.
+ensure_nvfuser_compat()

@@ -1,0 +1,234 @@
+"""Inspecting what ``thunder.jit`` and ThunderFX made: transforms, traces, subgraphs, compiled callables, and
+recording the arguments of the fusion calls of a run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import thunder
+import torch
+from thunder.core.symbol import BoundSymbol
+from thunder.core.trace import TraceCtx
+
+from .compiling import function_name
+from .executors import executor_names
+from .lowering import GUARD_PROVENANCE, new_trace_like
+from .traces import is_fusion
+
+__all__ = [
+    "FxSubgraph",
+    "call_targets",
+    "compiled_module",
+    "executors_of",
+    "is_thunderfx",
+    "jitted_function_name",
+    "jitted_transforms",
+    "last_traces",
+    "nvfuser_scheduled_ir",
+    "recording_fusion_calls",
+    "region_callable",
+    "thunderfx_function_name",
+    "thunderfx_subgraphs",
+    "thunderfx_transforms",
+    "traces_before_guard",
+]
+
+
+def executors_of(jitted: Any) -> list[tuple[str, bool]]:
+    """(name, is a fusion executor) of each executor a ``thunder.jit`` result compiles with."""
+    cd = thunder.compile_data(jitted)
+    return executor_names(getattr(cd, "executors_list", None) or ()) if cd is not None else []
+
+
+def jitted_transforms(jitted: Any) -> list[Any]:
+    """The transforms a ``thunder.jit`` result was built with ([] if it is not one)."""
+    return list(getattr(jitted, "_lc_transforms", None) or [])
+
+
+def jitted_function_name(jitted: Any) -> str | None:
+    """The function name the guard records for ``jitted`` (what :func:`compile_function_name` gave)."""
+    cd = thunder.compile_data(jitted)
+    return None if cd is None else function_name(getattr(cd, "fn", None))
+
+
+def last_traces(jitted: Any) -> tuple[TraceCtx | None, TraceCtx | None]:
+    """The final forward and backward execution traces of the last call of a jitted function."""
+    try:
+        fwd = thunder.last_traces(jitted)[-1]
+    except (TypeError, IndexError):
+        fwd = None
+    try:
+        bwd_list = thunder.last_backward_traces(jitted)
+        bwd = bwd_list[-1] if bwd_list else None
+    except (TypeError, IndexError):
+        bwd = None
+    return fwd, bwd
+
+
+def traces_before_guard(jitted: Any) -> tuple[TraceCtx | None, TraceCtx | None]:
+    """The forward and backward traces as the guard received them: in Thunder's list of the last call's
+    traces, the one before the guard's output (the final one where the guard changed nothing)."""
+    try:
+        forward = list(thunder.last_traces(jitted))
+        backward = list(thunder.last_backward_traces(jitted) or [])
+    except (TypeError, IndexError):
+        return None, None
+    return _before_guard(forward), _before_guard(backward)
+
+
+def _before_guard(traces: list[TraceCtx]) -> TraceCtx | None:
+    for i in range(len(traces) - 1, 0, -1):
+        provenance = traces[i].get_provenance()
+        if provenance is not None and str(getattr(provenance, "pss", "")).startswith(GUARD_PROVENANCE):
+            return traces[i - 1]
+    return traces[-1] if traces else None
+
+
+def thunderfx_transforms(obj: Any) -> list[Any]:
+    """The transforms passed to a ThunderFX object (``thunderfx(...)`` or a ``ThunderCompiler``)."""
+    backend = getattr(obj, "_backend", obj)
+    options = getattr(backend, "thunder_options", None)
+    if not isinstance(options, dict):
+        return []
+    return list(options.get("transforms") or [])
+
+
+@dataclass(frozen=True)
+class FxSubgraph:
+    """One subgraph ThunderFX split off and compiled with Thunder.
+
+    ``graph`` indexes the Dynamo graphs the backend received, ``name`` is Thunder's name for the split
+    submodule (``thunder_0``), ``module`` the fx GraphModule Thunder compiled and ``jitted`` its
+    ``thunder.jit`` result; ``split_reasons`` says why Thunder split the Dynamo graph (empty when it did not).
+    """
+
+    graph: int
+    name: str
+    module: torch.fx.GraphModule
+    jitted: Any
+    split_reasons: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return f"dynamo graph {self.graph}, {self.name}"
+
+
+def is_thunderfx(obj: Any) -> bool:
+    """True for a ``thunderfx(...)`` result or a ``ThunderCompiler`` backend."""
+    from thunder.dynamo import ThunderCompiler  # loads torch._dynamo: only when asked
+
+    return isinstance(getattr(obj, "_backend", obj), ThunderCompiler)
+
+
+def thunderfx_subgraphs(obj: Any) -> list[FxSubgraph]:
+    """Every Thunder-compiled subgraph of a ThunderFX object so far, in the order the backend made them."""
+    if not is_thunderfx(obj):
+        raise TypeError(f"{type(obj).__name__} is not a thunderfx object or a ThunderCompiler")
+    found = []
+    for index, info in enumerate(getattr(obj, "_backend", obj).subgraph_infos):
+        reasons = tuple(_split_reason_text(r) for r in info.split_reasons or ())
+        compiled = list(info.thunder_compiled_fns or ())
+        for name, child in info.split_graph_module.named_children():
+            if any(child is fn for fn in compiled):
+                found.append(FxSubgraph(index, name, compiled_module(child), child, reasons))
+    return found
+
+
+def _split_reason_text(reason: Any) -> str:
+    kind = getattr(getattr(reason, "reason_type", None), "name", "split")
+    text = f"{kind}: {getattr(reason, 'info', None) or ''}".strip()
+    exception = getattr(reason, "exception", None)
+    return f"{text} ({exception})" if exception else text
+
+
+def thunderfx_function_name(obj: Any) -> str | None:
+    """The name of the function or module a ``thunderfx(...)`` result compiles."""
+    fn = getattr(obj, "_func", None)
+    return function_name(getattr(fn, "_orig_mod", fn))
+
+
+def compiled_module(jitted: Any) -> Any:
+    """The function or module a ``thunder.jit`` result compiles (None if it is not one)."""
+    cd = thunder.compile_data(jitted)
+    return None if cd is None else getattr(cd, "fn", None)
+
+
+def nvfuser_scheduled_ir(region_fn: Callable) -> str | None:
+    """nvFuser's scheduled IR of the last run of a fusion region's callable; None where nvFuser does not expose it.
+
+    Thunder's ``FusionDefinitionWrapper`` keeps the fusion definition it last ran in ``last_used``;
+    ``nvfuser_direct`` gives its executor cache as ``fec`` with ``get_most_recent_scheduled_ir``.
+    """
+    fec = getattr(getattr(region_fn, "last_used", None), "fec", None)
+    get_ir = getattr(fec, "get_most_recent_scheduled_ir", None)
+    if get_ir is None:
+        return None
+    try:
+        text = get_ir()
+    except Exception:
+        return None
+    return text if isinstance(text, str) else None
+
+
+def call_targets(bsym: BoundSymbol) -> list[Any]:
+    """The Python objects ``bsym`` calls when its trace runs (none for an op Thunder runs by itself)."""
+    return list((bsym._call_ctx or {}).values())
+
+
+def region_callable(bsym: BoundSymbol) -> Callable:
+    """The Python callable a fusion bound symbol runs (its fusion definition or compiled function)."""
+    return bsym._call_ctx[bsym.sym.name]
+
+
+def _recording_callable(trace: TraceCtx, kind: str, calls: dict[tuple[str, str], tuple]) -> Callable:
+    def recorder(name: str, fn: Callable) -> Callable:
+        def record(*args):
+            calls[(kind, name)] = args
+            return fn(*args)
+
+        return record
+
+    def wrapped(bsym: BoundSymbol) -> BoundSymbol:
+        new = bsym.from_bsym()
+        # Set after from_bsym: nvFuser's symbols re-set their call context when bound.
+        new._call_ctx = {bsym.sym.name: recorder(bsym.sym.name, region_callable(bsym))}
+        return new
+
+    bsyms = [wrapped(b) if is_fusion(b) else b for b in trace.bound_symbols]
+    return new_trace_like(trace, bsyms).python_callable()
+
+
+@contextmanager
+def recording_fusion_calls(jitted: Any) -> Iterator[dict[tuple[str, str], tuple]]:
+    """While open, calls of ``jitted`` record the real arguments of every fusion call.
+
+    The compiled program of the last call is swapped for one rebuilt from the same final forward and
+    backward traces with each fusion callable wrapped; arguments are recorded under
+    ``(trace, region name)``, ``trace`` being 'forward' or 'backward'. The program is restored on exit.
+    """
+    from thunder.common import transform_to_torch_types
+
+    cs = thunder.compile_stats(jitted)
+    if cs is None:
+        raise TypeError(f"{type(jitted).__name__} is not a thunder.jit function or module")
+    cache = cs.interpreter_cache
+    found = [i for i, entry in enumerate(cache) if entry.computation_traces is cs.last_traces]
+    if not found:
+        raise RuntimeError(
+            "no compiled program to instrument: call the jitted function first (and keep Thunder's caching on)"
+        )
+    index = found[0]
+    entry = cache[index]
+    calls: dict[tuple[str, str], tuple] = {}
+    forward = _recording_callable(transform_to_torch_types(entry.computation_traces[-1]), "forward", calls)
+    backward = None
+    if entry.backward_fn is not None:
+        backward = _recording_callable(entry.backward_traces[-1], "backward", calls)
+    cache[index] = entry._replace(computation_fn=forward, backward_fn=backward)
+    try:
+        yield calls
+    finally:
+        cache[index] = entry

@@ -1,0 +1,191 @@
+"""Building and lowering traces: new traces and fusion calls made from bound symbols, ops lowered to
+Thunder's torch executor, and Python callables run from bound symbols."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from inspect import Parameter, Signature
+from typing import Any
+
+from thunder.core import prims
+from thunder.core.proxies import Proxy, TensorProxy, variableify
+from thunder.core.symbol import BoundSymbol, Symbol
+from thunder.core.trace import TraceCtx, TraceProvenance, from_trace, tracectx
+from thunder.core.transform_common import dce
+from thunder.executors.passes import _del_last_used, _transform_for_operator_executor_execution, del_last_used
+from thunder.extend import get_always_executors
+
+from .executors import guard_executor, torch_executor
+from .traces import is_backward, is_comment_or_del
+
+__all__ = [
+    "GUARD_PROVENANCE",
+    "executor_claims",
+    "guard_call",
+    "inplace_setitem",
+    "lower_to_torch",
+    "lowering_executor_names",
+    "new_trace_like",
+    "python_callable_from_symbols",
+    "rebuild_fusion",
+    "refresh_dels",
+    "set_provenance",
+    "swap_proxies",
+]
+
+
+def new_trace_like(trace: TraceCtx, bound_symbols: list[BoundSymbol]) -> TraceCtx:
+    """A trace with the signature, names and tags of ``trace`` and the given bound symbols."""
+    new = from_trace(trace)
+    new.bound_symbols = bound_symbols
+    return new
+
+
+GUARD_PROVENANCE = "FusionGuard"
+
+
+def set_provenance(trace: TraceCtx, text: str) -> None:
+    """Record in ``trace`` which pass made it (Thunder prints it above the trace)."""
+    trace.set_provenance(TraceProvenance(text))
+
+
+def refresh_dels(trace: TraceCtx) -> TraceCtx:
+    """Re-derive the ``del`` statements after bound symbols moved (Thunder's own last-use pass)."""
+    backward = is_backward(trace)
+    if backward:
+        # del_last_used adds the collection clears again; without this they would be doubled, and
+        # positional readers of the backward trace (CUDAGraphTransform) would break.
+        trace = new_trace_like(trace, [b for b in trace.bound_symbols if b.sym.name != "clear_mutable_collection"])
+    return del_last_used(trace, clear_mutable_collections=backward)
+
+
+def _lowering_executors() -> list[Any]:
+    """Thunder's torch executor, then its always-on executors (Python, for numbers)."""
+    return [torch_executor(), *[ex for ex in get_always_executors() if ex is not torch_executor()]]
+
+
+def lowering_executor_names() -> frozenset[str]:
+    """Names of the executors :func:`lower_to_torch` may hand operations to (torch, and Python for numbers)."""
+    return frozenset(ex.name for ex in _lowering_executors())
+
+
+def lower_to_torch(outer: TraceCtx, bsyms: Sequence[BoundSymbol], outputs: Sequence[Proxy]) -> list[BoundSymbol]:
+    """The given bound symbols re-expressed as calls of Thunder's torch executor.
+
+    The region trace shares the outer trace's name set, so any proxy the lowering creates gets a
+    name that is free in the outer trace.
+    """
+    # Outputs that are the region's own inputs (passthroughs) are already defined outside it.
+    produced = {o.name for b in bsyms for o in b.flat_proxy_outs}
+    outputs = [o for o in outputs if o.name in produced]
+    region = from_trace(outer)
+    region.bound_symbols = [b for b in bsyms if not is_comment_or_del(b)]
+    with tracectx(region):
+        region.bound_symbols.append(prims.python_return.bind(list(outputs), output=None))
+    lowered = dce(_transform_for_operator_executor_execution(region, _lowering_executors()))
+    body = [b for b in lowered.bound_symbols if b.sym.id != prims.PrimIDs.RETURN]
+    (returned,) = [b for b in lowered.bound_symbols if b.sym.id == prims.PrimIDs.RETURN]
+    # The lowering gives re-created outputs fresh names; give them back the names the trace uses.
+    renames = [
+        (new, old)
+        for new, old in zip(returned.args[0], outputs, strict=True)
+        if isinstance(new, Proxy) and new.name != old.name
+    ]
+    if renames:
+        body = [swap_proxies(b, renames) for b in body]
+    return [b.from_bsym(source_filename=None, source_positions=None) for b in body]
+
+
+def swap_proxies(bsym: BoundSymbol, renames: Iterable[tuple[Proxy, Proxy]]) -> BoundSymbol:
+    """``bsym`` (and its subsymbols) with each ``old`` proxy of the ``(old, new)`` pairs replaced."""
+    swap = {variableify(old): new for old, new in renames}
+    return bsym.from_bsym_swap_proxies(swap) if swap else bsym
+
+
+@dataclass
+class _FusedRegion:
+    """What a fusion executor's ``fuse`` reads of a region."""
+
+    inputs: tuple
+    outputs: tuple
+    bound_symbols: tuple
+
+
+def rebuild_fusion(
+    fusion: BoundSymbol, body: Sequence[BoundSymbol], inputs: Sequence[Proxy], outputs: Sequence[Proxy]
+) -> BoundSymbol:
+    """A new call of ``fusion``'s executor running ``body`` from ``inputs`` to ``outputs``, same region name.
+
+    Built the way Thunder itself rebuilds a fusion after editing it (``passes._update_fusion_call_ctx``).
+    """
+    name = fusion.sym.name
+    counter = int(name[len(name.rstrip("0123456789")) :] or 0)
+    region = _FusedRegion(tuple(variableify(p) for p in inputs), tuple(variableify(p) for p in outputs), tuple(body))
+    return fusion.sym.executor.fuse(region, counter)
+
+
+def executor_claims(fusion: BoundSymbol, bsym: BoundSymbol) -> bool:
+    """Whether the executor of the fusion call ``fusion`` can run ``bsym`` inside it (Thunder's own check,
+    the one its partitioner asks before fusing an op)."""
+    try:
+        return bool(fusion.sym.executor.can_fuse(bsym))
+    except Exception:
+        return False
+
+
+_INPLACE_SETITEM = None
+
+
+def inplace_setitem() -> Any:
+    """Our operator ``a[key] = value; return a``: a setitem and the ``copy_`` back into ``a``, folded."""
+    global _INPLACE_SETITEM
+    if _INPLACE_SETITEM is None:
+
+        def meta(a, key, value, grad_enabled):
+            return TensorProxy(like=a)
+
+        def setitem_(a, key, value, grad_enabled):
+            if grad_enabled and a.is_leaf and a.requires_grad:
+                raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
+            a[key] = value
+            return a
+
+        _INPLACE_SETITEM = guard_executor().register_operator("inplace_setitem", meta=meta, fn=setitem_)
+    return _INPLACE_SETITEM
+
+
+def python_callable_from_symbols(
+    name: str,
+    bsyms: Sequence[BoundSymbol],
+    inputs: Sequence[Proxy],
+    outputs: Sequence[Proxy],
+    *,
+    free_values: bool = False,
+) -> Callable:
+    """A Python function running ``bsyms`` from ``inputs`` to ``outputs``; with ``free_values``, each value
+    is deleted after its last use.
+
+    Built the way Thunder's CUDA-graph transform builds its region functions
+    (``CUDAGraphRunner.make_python_callable_from_symbols``).
+    """
+    if free_values:
+        bsyms = _del_last_used(list(bsyms), list(outputs))
+
+    def region_fn():
+        pass
+
+    region_fn.__signature__ = Signature([Parameter(p.name, Parameter.POSITIONAL_ONLY) for p in inputs])
+    region_fn.__name__ = name
+    trace = TraceCtx(region_fn)
+    trace.args = list(inputs)
+    trace.kwargs = {}
+    trace.bound_symbols = [*bsyms, prims.python_return.bind(list(outputs), output=None)]
+    return trace.python_callable()
+
+
+def guard_call(name: str, fn: Callable[[], Any], outputs: Sequence[Proxy], body: Sequence[BoundSymbol]) -> BoundSymbol:
+    """A call, taking no argument, of ``fn`` by the guard's own executor, giving ``outputs``; ``body`` holds
+    the bound symbols it stands for (shown in the trace, run by ``fn``)."""
+    sym = Symbol(name=name, meta=None, executor=guard_executor())
+    return BoundSymbol(sym, (), {}, tuple(outputs), tuple(body), _call_ctx={name: fn})
