@@ -26,11 +26,10 @@ from thunder.extend import ImplInfo, get_always_executors
 from thunder_fusion_guard import CommunicationChanged, Decision, FusionGuard, RankMismatch
 from thunder_fusion_guard import _thunder as th
 from thunder_fusion_guard.distributed import current_rank, rank_path
-from thunder_fusion_guard.ops import is_communication
+from thunder_fusion_guard.ops import identity_reason, is_communication
 from thunder_fusion_guard.options import make_options
 from thunder_fusion_guard.passes import TraceContext, guard_trace
 from thunder_fusion_guard.passes.collectives import communication_changes, communication_sequence
-from thunder_fusion_guard.passes.identity import identity_reason
 from thunder_fusion_guard.passes.pipeline import _op_pass
 from thunder_fusion_guard.report import Report
 from thunder_fusion_guard.tools.cli import main

@@ -13,6 +13,7 @@ from thunder.extend import OperatorExecutor
 import thunder_fusion_guard._thunder as th
 import thunder_fusion_guard.passes.pipeline as passes
 from thunder_fusion_guard import FusionGuard, FusionGuardError
+from thunder_fusion_guard.ops import effect_count
 
 
 def _broken(trace, region):
@@ -116,7 +117,7 @@ def test_failure_in_the_real_lowering_path(monkeypatch, break_lowering, error):
 def test_lowering_that_loses_an_in_place_write_is_kept(monkeypatch):
     """A lowering without the region's copy_ into an input would lose the write: the region is kept."""
     real = th.lower_to_torch
-    monkeypatch.setattr(th, "lower_to_torch", lambda *args: [b for b in real(*args) if not th.effects(b)])
+    monkeypatch.setattr(th, "lower_to_torch", lambda *args: [b for b in real(*args) if not effect_count(b)])
     guard = FusionGuard(calibration=EAGER_CHEAP, margin=0.0)
     jitted = jit_cpu(copy_into_input, guard)
     x, buf, buf_e = torch.randn(3, 3), torch.randn(3, 3), torch.empty(3, 3)

@@ -11,7 +11,8 @@ from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_
 
 from thunder_fusion_guard import FusionGuard
 from thunder_fusion_guard import _thunder as th
-from thunder_fusion_guard.passes.hoist import HOISTED_NAME, check_backward
+from thunder_fusion_guard.passes.hoist import check_backward
+from thunder_fusion_guard.passes.hoist_runtime import HOISTED_NAME, HoistedValues, hoisted_values
 
 
 def setitem_outside_executor() -> TorchCompileExecutor:
@@ -68,7 +69,7 @@ def ops_per_call(jitted, backward=False):
 
 def cache_of(jitted, backward=False):
     traces = thunder.last_backward_traces(jitted) if backward else thunder.last_traces(jitted)
-    (values,) = th.hoisted_values(traces[-1])
+    (values,) = hoisted_values(traces[-1])
     return values
 
 
@@ -147,7 +148,7 @@ def test_factory_feeding_an_in_place_update_of_an_input_is_not_hoisted(executor,
         assert_same([jitted(x)], [fn(expected)])
         assert_same([x], [expected])
     assert not hoists(guard)
-    assert not th.hoisted_values(thunder.last_traces(jitted)[-1])
+    assert not hoisted_values(thunder.last_traces(jitted)[-1])
 
 
 @pytest.mark.parametrize("executor", ["torch", "torchcompile"])
@@ -246,7 +247,7 @@ def test_memory_cap_is_honoured(cap, hoisted):
         assert "hoist_max_bytes" in d.reason
     if hoisted == 1:
         assert done[0].details["bytes"] == 6 * 6 * 4  # the piece saving the most ops goes first
-    assert len(th.hoisted_values(thunder.last_traces(jitted)[-1])) == (1 if hoisted else 0)
+    assert len(hoisted_values(thunder.last_traces(jitted)[-1])) == (1 if hoisted else 0)
 
 
 def two_layers(x):
@@ -340,7 +341,7 @@ def test_backward_that_writes_a_saved_hoisted_tensor_turns_its_cache_off():
     jitted = thunder.jit(writes, executors=[])
     jitted(torch.randn(3))
     trace = thunder.last_traces(jitted)[-1]
-    values = th.HoistedValues("probe", lambda: (torch.zeros(3),), ["x"])
+    values = HoistedValues("probe", lambda: (torch.zeros(3),), ["x"])
     assert check_backward(trace, {"x": values}) == ["x"]
     assert not values.enabled
     values()

@@ -8,7 +8,7 @@ from helpers import check_three_ways, jit_cpu, regions, shares_storage
 
 from thunder_fusion_guard import FusionGuard
 from thunder_fusion_guard import _thunder as th
-from thunder_fusion_guard.ops import is_metadata
+from thunder_fusion_guard.ops import is_metadata, only_numbers
 
 
 def traced(fn, *args) -> dict[str, th.BoundSymbol]:
@@ -93,11 +93,11 @@ def test_number_ops_count_but_not_tensor_to_number():
     jitted(torch.randn(2, 3, 4))
     numbers = []
     for bsym in thunder.last_traces(jitted)[0].bound_symbols:
-        numbers += [s for s in (bsym, *th.subsymbols(bsym)) if th.only_numbers(s)]
+        numbers += [s for s in (bsym, *th.subsymbols(bsym)) if only_numbers(s)]
     assert {"mul", "eq"} <= {th.op_name(s) for s in numbers}
     assert all(is_metadata(s) for s in numbers)
     item = traced(lambda x: x.sum().item(), torch.randn(3))["item"]
-    assert not is_metadata(item) and not th.only_numbers(item)
+    assert not is_metadata(item) and not only_numbers(item)
 
 
 def diagonal_views(x):

@@ -17,8 +17,7 @@ from thunder.core import prims
 from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
 
 from thunder_fusion_guard import FusionGuard
-from thunder_fusion_guard.ops import is_metadata
-from thunder_fusion_guard.passes.identity import identity_reason
+from thunder_fusion_guard.ops import identity_reason, is_metadata
 
 # Cost constants by hand for the test executor below, so that its small copy_ regions are rejected.
 SMALL_CALLS_LOSE = dict(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property
 from typing import Any
@@ -174,7 +175,7 @@ class UnknownSize(ValueError):
 
 def tensor_bytes(proxies: list[Any]) -> int:
     total = 0
-    for p in th.flat_tensor_proxies(proxies):
+    for p in th.tensor_proxies(proxies):
         nbytes = th.tensor_nbytes(p)
         if nbytes is None:
             raise UnknownSize(f"{p.name} has a symbolic shape")
@@ -185,7 +186,7 @@ def tensor_bytes(proxies: list[Any]) -> int:
 def _elements(bsym: th.BoundSymbol) -> int:
     """Elements of the largest tensor an op reads or writes (0 where a shape is not known)."""
     sizes = [0]
-    for p in th.flat_tensor_proxies([*bsym.flat_proxy_args, *bsym.flat_proxy_outs]):
+    for p in th.tensor_proxies([*bsym.flat_proxy_args, *bsym.flat_proxy_outs]):
         spec = th.tensor_spec(p)
         if spec is not None:
             sizes.append(math.prod(spec[0]))
@@ -194,8 +195,8 @@ def _elements(bsym: th.BoundSymbol) -> int:
 
 def _matmul_flops(bsym: th.BoundSymbol) -> int:
     """2 * (output elements) * (the first input's last dimension): a matmul's or a linear's FLOPs."""
-    args = [th.tensor_spec(p) for p in th.flat_tensor_proxies(bsym.flat_proxy_args)]
-    outs = [th.tensor_spec(p) for p in th.flat_tensor_proxies(bsym.flat_proxy_outs)]
+    args = [th.tensor_spec(p) for p in th.tensor_proxies(bsym.flat_proxy_args)]
+    outs = [th.tensor_spec(p) for p in th.tensor_proxies(bsym.flat_proxy_outs)]
     if not args or not outs or args[0] is None or outs[0] is None or not args[0][0]:
         return 0
     return 2 * math.prod(outs[0][0]) * args[0][0][-1]
@@ -218,11 +219,15 @@ def _combine(host_us: float, device_us: float, overlapped: bool) -> float:
 
 
 def estimate(
-    body: list[th.BoundSymbol], inputs: list[Any], outputs: list[Any], c: CostConstants, extra_metadata=()
+    body: list[th.BoundSymbol],
+    inputs: list[Any],
+    outputs: list[Any],
+    c: CostConstants,
+    metadata_ops: Iterable[str] = (),
 ) -> Estimate:
     """Estimated µs of the region as one fusion call and as the same ops run by PyTorch."""
     bytes_region = tensor_bytes(inputs) + tensor_bytes(outputs)
-    tensors = len({p.name for p in th.flat_tensor_proxies([*inputs, *outputs])})
+    tensors = len({p.name for p in th.tensor_proxies([*inputs, *outputs])})
     call_us = c.fusion_call_us + c.fusion_io_us * max(0, tensors - PROBE_TENSORS)
     fused_device = bytes_region / (c.gbps(bytes_region, fused=True) * 1e3)
     host = device = 0.0
@@ -230,7 +235,7 @@ def estimate(
     for bsym in body:
         if th.op_name(bsym) in IDENTITY_AT_RUN_TIME:
             continue
-        if is_metadata(bsym, extra_metadata):
+        if is_metadata(bsym, metadata_ops):
             host += c.eager_meta_us
             continue
         compute_ops += 1

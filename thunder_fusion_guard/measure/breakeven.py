@@ -25,9 +25,10 @@ import torch
 from .. import _thunder as th
 from ..cost import Measured
 from ..distributed import world_size
+from ..ops import WRITES_BY_INDEX
 from ..passes.rewrite import lower_region
 from ..regions import Region
-from .calibrate import cache_dir, device_name, read_json, update_json
+from .cache import cache_dir, device_name, read_json, update_json
 from .timing import Clock, Timing, interleaved_us
 
 log = logging.getLogger("thunder_fusion_guard")
@@ -36,10 +37,6 @@ REPS = 15
 WARMUP = 2
 # A region's timing rounds stop after this many seconds (the budget permitting), its first calls aside.
 REGION_TIMING_S = 0.25
-
-# Ops that write through an index tensor: with the all-zero indices built here every write collides, which
-# times nothing like the real call. (An op rule: to move into ops.py once its rewrite for issue 17 lands.)
-WRITES_BY_INDEX = ("scatter", "index_put", "index_add", "index_copy")
 
 _memory: dict[str, dict[str, dict[str, Any]]] = {}
 _lock = threading.Lock()
@@ -85,7 +82,7 @@ def relative_spread(*samples: list[float]) -> float:
 
 def signature(trace: th.TraceCtx, region: Region) -> str:
     """What a region's timing depends on, as a short hash (see the module's docstring)."""
-    given = th.trace_input_names(trace)
+    given = {p.name for p in th.trace_inputs(trace)}
     inputs = []
     for p in region.inputs:
         spec = th.tensor_spec(p)
@@ -114,7 +111,7 @@ def region_inputs(trace: th.TraceCtx, region: Region) -> list[Any] | str:
     run time (Thunder runs its traces without grad mode): the executor's compiled code then fits the
     real call too.
     """
-    given = th.trace_input_names(trace)
+    given = {p.name for p in th.trace_inputs(trace)}
     integers = False
     args: list[Any] = []
     for p in region.inputs:

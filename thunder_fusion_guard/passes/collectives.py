@@ -13,7 +13,7 @@ from enum import Enum
 from typing import Any
 
 from .. import _thunder as th
-from ..ops import is_communication
+from ..ops import communication_segments, is_communication
 
 
 def _describe(value: Any) -> Any:
@@ -41,19 +41,18 @@ def communication_sequence(trace: th.TraceCtx) -> list[tuple]:
 
 def _segments(trace: th.TraceCtx) -> dict[str, int]:
     """For each name a non-communication op defines (inside regions too): how many communication ops precede it."""
-    segment, found = 0, {}
+    found: dict[str, int] = {}
 
-    def visit(bsym: th.BoundSymbol) -> None:
+    def visit(bsym: th.BoundSymbol, segment: int) -> None:
         for p in bsym.flat_proxy_outs:
             found.setdefault(p.name, segment)
         for sub in th.subsymbols(bsym):
-            visit(sub)
+            visit(sub, segment)
 
-    for b in trace.bound_symbols:
-        if is_communication(b):
-            segment += 1
-        elif not th.is_comment_or_del(b):
-            visit(b)
+    bsyms = trace.bound_symbols
+    for b, segment in zip(bsyms, communication_segments(bsyms), strict=True):
+        if not is_communication(b) and not th.is_comment_or_del(b):
+            visit(b, segment)
     return found
 
 

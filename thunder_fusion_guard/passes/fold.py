@@ -12,9 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import _thunder as th
+from ..ops import SETITEM, is_basic_index
 from .rewrite import readers
-
-SETITEM = "copy_with_setitem_impl"
 
 
 @dataclass(frozen=True)
@@ -24,14 +23,6 @@ class Fold:
     output: str
     region: str | None
     executor: str | None
-
-
-def _basic_key(key) -> bool:
-    if isinstance(key, tuple):
-        return all(_basic_key(k) for k in key)
-    if isinstance(key, slice):
-        return all(v is None or type(v) is int for v in (key.start, key.stop, key.step))
-    return key is None or key is Ellipsis or type(key) is int
 
 
 def _copy_of(bsym: th.BoundSymbol, may_fold_region: Callable[[th.BoundSymbol], bool]) -> th.BoundSymbol | None:
@@ -64,7 +55,7 @@ def fold_setitem_copies(
         if not th.is_torch_op(b, SETITEM) or len(b.args) != 3:
             continue
         a, key, value = b.args
-        if not (_basic_key(key) and type(value) in (int, float, bool)):
+        if not (is_basic_index(key) and type(value) in (int, float, bool)):
             continue
         j = next((k for k in range(i + 1, len(bsyms)) if not th.is_comment_or_del(bsyms[k])), None)
         if j is None:

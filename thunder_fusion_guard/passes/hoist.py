@@ -31,10 +31,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .. import _thunder as th
-from ..ops import aliased_outputs, hoistable, is_communication, may_alias_inputs, writes_inputs
+from ..ops import aliased_outputs, communication_segments, hoistable, may_alias_inputs, writes_inputs
+from .hoist_runtime import HOISTED_NAME, HoistedValues, hoisted_call
 from .rewrite import unique_proxies
-
-HOISTED_NAME = th.HOISTED_NAME
 
 # may_rebuild(fusion, body): whether the pass may rebuild ``fusion`` with ``body`` (empty: move it whole).
 MayRebuild = Callable[[th.BoundSymbol, list[th.BoundSymbol]], bool]
@@ -108,16 +107,16 @@ def _tensor_names(proxies: Iterable[th.Proxy]) -> list[str]:
     return [p.name for p in proxies if isinstance(p, th.TensorProxy)]
 
 
-def _alias_groups(bsyms: Iterable[th.BoundSymbol], extra: frozenset[str]) -> _Groups:
+def _alias_groups(bsyms: Iterable[th.BoundSymbol], metadata_ops: frozenset[str]) -> _Groups:
     groups = _Groups()
     for b in bsyms:
         if th.is_plumbing(b):
             continue
         if th.subsymbols(b):
-            for out, ins in aliased_outputs(b, extra).items():
+            for out, ins in aliased_outputs(b, metadata_ops).items():
                 for name in ins:
                     groups.union(out, name)
-        elif may_alias_inputs(b, extra):
+        elif may_alias_inputs(b, metadata_ops):
             for out in _tensor_names(b.flat_proxy_outs):
                 for name in _tensor_names(b.flat_proxy_args):
                     groups.union(out, name)
@@ -162,7 +161,7 @@ def _region_part(
         rest_bsym = None
         if rest_outs:
             rest_ins = [p for p in fusion.flat_proxy_args if any(_reads(s, p.name) for s in rest)]
-            rest_bsym = th.refuse(fusion, rest, unique_proxies([*rest_ins, *inside]), rest_outs)
+            rest_bsym = th.rebuild_fusion(fusion, rest, unique_proxies([*rest_ins, *inside]), rest_outs)
         return _part_unit(fusion, position, constant, part, outs, rest_bsym)
     if not outside:
         return None
@@ -176,7 +175,7 @@ def _region_part(
 
 def _part_unit(fusion, position, constant, part, outs, rest_bsym) -> _Unit:
     reads = [p for p in fusion.flat_proxy_args if p.name in constant and any(_reads(s, p.name) for s in part)]
-    bsym = th.refuse(fusion, part, reads, outs)
+    bsym = th.rebuild_fusion(fusion, part, reads, outs)
     return _Unit(position, "part", bsym, [p.name for p in reads], list(outs), True, rest_bsym, len(part))
 
 
@@ -372,8 +371,8 @@ def hoist_constants(
     trace: th.TraceCtx,
     may_rebuild: MayRebuild,
     max_bytes: int,
-    extra_metadata: frozenset[str] = frozenset(),
-) -> tuple[th.TraceCtx, list[Hoist], dict[str, th.HoistedValues]]:
+    metadata_ops: frozenset[str] = frozenset(),
+) -> tuple[th.TraceCtx, list[Hoist], dict[str, HoistedValues]]:
     """``trace`` with its input-independent work replaced by a call that computes it once.
 
     Returns the new trace, one :class:`Hoist` per connected piece of such work that would save an op
@@ -391,17 +390,17 @@ def hoist_constants(
     if not units:
         return trace, [], {}
     caller, saved = th.returned_names(trace)
-    extra = frozenset(extra_metadata)
-    groups = _alias_groups([*bsyms, *(u.rest for u in units.values() if u.rest is not None)], extra)
+    metadata_ops = frozenset(metadata_ops)
+    groups = _alias_groups([*bsyms, *(u.rest for u in units.values() if u.rest is not None)], metadata_ops)
     for u in units.values():
         if u.kind == "part":
-            for out, ins in aliased_outputs(u.bsym, extra).items():
+            for out, ins in aliased_outputs(u.bsym, metadata_ops).items():
                 for name in ins:
                     groups.union(out, name)
     chosen = _settle(bsyms, units, set(units), groups, caller)
     readers = _readers_after(bsyms, units, chosen)
-    inputs = {groups.find(n) for n in th.input_names(trace)}
-    segments = _segments(bsyms)
+    inputs = {groups.find(p.name) for p in th.trace_inputs(trace, unpacked=True)}
+    segments = communication_segments(bsyms)
     pieces = []
     for piece in _components(units, chosen, groups):
         described = _describe(piece, units, readers, groups, saved)
@@ -422,16 +421,6 @@ def hoist_constants(
         return trace, results, {}
     new, caches = _rewrite(trace, bsyms, units, pieces, kept, signatures, segments)
     return new, results, caches
-
-
-def _segments(bsyms: list[th.BoundSymbol]) -> list[int]:
-    """For each position, how many communication ops come before it (a communication op: itself included)."""
-    found, count = [], 0
-    for b in bsyms:
-        if is_communication(b):
-            count += 1
-        found.append(count)
-    return found
 
 
 def _reaches_input_write(bsyms, units, chosen, outputs: set[str], groups: _Groups, inputs: set[str]) -> bool:
@@ -556,7 +545,7 @@ def _rewrite(
     kept: set[int],
     signatures: dict[int, _Signature],
     segments: list[int],
-) -> tuple[th.TraceCtx, dict[str, th.HoistedValues]]:
+) -> tuple[th.TraceCtx, dict[str, HoistedValues]]:
     """The trace with the kept pieces run by hoisted calls: one per stretch between communication ops,
     placed before the first op that reads it (at the latest where its stretch ends).
 
@@ -565,7 +554,7 @@ def _rewrite(
     gone = {pos for i in kept for pos in pieces[i][0]}
     readers = _readers_after(bsyms, units, gone)
     calls: dict[int, th.BoundSymbol] = {}
-    caches: dict[str, th.HoistedValues] = {}
+    caches: dict[str, HoistedValues] = {}
     for segment in sorted({pieces[i][1].segment for i in kept}):
         mine = sorted(i for i in kept if pieces[i][1].segment == segment)
         name = HOISTED_NAME if not caches else f"{HOISTED_NAME}_{len(caches)}"
@@ -579,7 +568,7 @@ def _rewrite(
                 outputs.append(p)
                 same = described.same_as
                 returns.append(p if same is None else signatures[i].counterpart(signatures[same], p))
-        call, caches[name] = th.hoisted_call(name, [units[pos].bsym for pos in run], outputs, returns)
+        call, caches[name] = hoisted_call(name, [units[pos].bsym for pos in run], outputs, returns)
         end = next((j for j, s in enumerate(segments) if s > segment), len(bsyms) - 1)
         calls[min([end, *(readers[p.name][0] for p in outputs)])] = call
     new: list[th.BoundSymbol] = []
@@ -600,25 +589,25 @@ class HoistLedger:
     """What one compilation's forward hoisted and saved for its backward, for :func:`check_backward`."""
 
     def __init__(self) -> None:
-        self.saved: dict[str, th.HoistedValues] = {}
+        self.saved: dict[str, HoistedValues] = {}
 
-    def forward_done(self, saved: dict[str, th.HoistedValues]) -> None:
+    def forward_done(self, saved: dict[str, HoistedValues]) -> None:
         self.saved = dict(saved)
 
-    def take(self) -> dict[str, th.HoistedValues]:
+    def take(self) -> dict[str, HoistedValues]:
         saved, self.saved = self.saved, {}
         return saved
 
 
 def check_backward(
-    trace: th.TraceCtx, saved: dict[str, th.HoistedValues], extra_metadata: frozenset[str] = frozenset()
+    trace: th.TraceCtx, saved: dict[str, HoistedValues], metadata_ops: frozenset[str] = frozenset()
 ) -> list[str]:
     """Turn off the cache of every hoisted tensor (saved for the backward) that the backward trace may
     write, or that shares memory with a tensor it may write; return their names."""
     present = {p.name for b in trace.bound_symbols for p in b.flat_proxy_outs} & set(saved)
     if not present:
         return []
-    groups = _alias_groups(trace.bound_symbols, frozenset(extra_metadata))
+    groups = _alias_groups(trace.bound_symbols, frozenset(metadata_ops))
     written = {
         groups.find(name)
         for b in trace.bound_symbols

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import _thunder as th
-from ..ops import is_communication
+from ..ops import identity_reason
 from .rewrite import unique_proxies
 
 
@@ -26,50 +26,6 @@ class Removal:
     region: str | None
     executor: str
     reason: str
-
-
-def _same_shape(a, b) -> bool:
-    return all(type(x) is int for x in (*a, *b)) and tuple(a) == tuple(b)
-
-
-def _prim_identity(bsym: th.BoundSymbol) -> str | None:
-    name = th.op_name(bsym)
-    if not th.is_prim(bsym):
-        return None
-    a = bsym.args[0] if bsym.args else None
-    out = bsym.output
-    if not (isinstance(a, th.TensorProxy) and isinstance(out, th.TensorProxy)):
-        return None
-    if name == "shallow_copy":
-        return "a shallow copy"
-    if name == "convert_element_type" and a.dtype == out.dtype:
-        return "a conversion to the same dtype"
-    if name in ("reshape", "view") and _same_shape(a.shape, out.shape):
-        return "a reshape to the same shape"
-    if name == "transpose" and tuple(bsym.args[1]) == tuple(range(a.ndim)):
-        return "an identity permutation"
-    if name == "broadcast_in_dim" and _same_shape(a.shape, out.shape) and tuple(bsym.args[2]) == tuple(range(a.ndim)):
-        return "a broadcast to the same shape"
-    return None
-
-
-def identity_reason(bsym: th.BoundSymbol) -> str | None:
-    """Why ``bsym`` returns its first input unchanged, or None when it may change something (or communicates)."""
-    if is_communication(bsym):
-        return None
-    reason = _prim_identity(bsym)
-    if reason is not None:
-        return reason
-    subs = [s for s in th.subsymbols(bsym) if not th.is_comment_or_del(s)]
-    if len(subs) != 1 or not bsym.args or not isinstance(bsym.args[0], th.TensorProxy):
-        return None
-    (sub,) = subs
-    outs, sub_outs = bsym.flat_proxy_outs, sub.flat_proxy_outs
-    if len(outs) != 1 or len(sub_outs) != 1 or outs[0].name != sub_outs[0].name:
-        return None
-    if not sub.args or not isinstance(sub.args[0], th.Proxy) or sub.args[0].name != bsym.args[0].name:
-        return None
-    return identity_reason(sub)
 
 
 def _resolve(p: th.Proxy, renames: dict[str, th.Proxy]) -> th.Proxy:
@@ -94,7 +50,7 @@ def remove_identities(
     region of an executor the guard does not touch, and an identity whose result leaves its region
     while its input is made inside it.
     """
-    returned = th.return_names(trace)
+    returned = {p.name for p in th.returned_proxies(trace)}
     untouchable = {
         p.name for b in trace.bound_symbols if th.is_fusion(b) and not guarded_region(b) for p in b.flat_proxy_args
     }
@@ -158,4 +114,4 @@ def _region_without_identities(fusion, swap, renames, keep, removals) -> list[th
         if body:
             raise RuntimeError(f"{fusion.sym.name} would keep ops but no output after removing identities")
         return []
-    return [th.refuse(fusion, body, inputs, kept_outputs)]
+    return [th.rebuild_fusion(fusion, body, inputs, kept_outputs)]

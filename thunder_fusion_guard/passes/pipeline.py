@@ -10,13 +10,15 @@ from typing import Any
 from .. import _thunder as th
 from ..cost import CostConstants, Measured
 from ..decide import BOOKEND, decide
+from ..decisions import Decision
 from ..ops import hoist_keeps_bits, is_communication, rebuild_keeps_bits, rounding_hazards
 from ..options import GuardOptions
 from ..regions import Region, find_regions
-from ..report import Decision, Report
+from ..report import Report
 from .collectives import communication_changes
 from .fold import SETITEM, fold_setitem_copies
-from .hoist import HOISTED_NAME, HoistLedger, check_backward, hoist_constants
+from .hoist import HoistLedger, check_backward, hoist_constants
+from .hoist_runtime import HOISTED_NAME, HoistedValues
 from .identity import remove_identities
 from .rehome import absorb_metadata_ops, merge_adjacent_regions
 from .rewrite import lower_region, replace_regions
@@ -294,7 +296,7 @@ def _hoist_pass(ledger: HoistLedger) -> OpPass:
 
         new, pieces, caches = hoist_constants(trace, may_rebuild, options.hoist_max_bytes, options.metadata_ops)
         regions = {(d.region, d.trace): d for d in made if d.about_region}
-        saved: dict[str, th.HoistedValues] = {}
+        saved: dict[str, HoistedValues] = {}
         for index, piece in enumerate(pieces):
             made.append(_hoist_decision(where, index, piece, options))
             if piece.hoisted:

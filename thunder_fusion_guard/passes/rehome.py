@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import _thunder as th
-from ..ops import communication_positions, crosses_communication, is_metadata
+from ..ops import communication_segments, crosses_communication, is_metadata
 from .rewrite import readers, unique_proxies
 
 
@@ -36,26 +36,25 @@ class Rehome:
 def absorb_metadata_ops(
     trace: th.TraceCtx,
     may_change: Callable[[th.BoundSymbol], bool],
-    extra_metadata: frozenset[str] = frozenset(),
+    metadata_ops: frozenset[str] = frozenset(),
     refused: Callable[[th.BoundSymbol, th.BoundSymbol], str | None] = lambda fusion, op: None,
 ) -> tuple[th.TraceCtx, list[Rehome]]:
     """Move each metadata op run outside a fusion into the guarded region that is its only reader.
 
     Walks the trace backwards so a chain of views ends up in the region whole. A returned result has
-    the return statement as a reader, so it never moves. ``refused(fusion, op)`` gives a reason not to
-    move ``op`` into ``fusion`` (its executor cannot run it, say), checked before any rebuild.
     the return statement as a reader, so it never moves; an op with a communication op between it and
-    its reader stays too (recorded with ``blocked_by``).
+    its reader stays too (recorded with ``blocked_by``). ``refused(fusion, op)`` gives a reason not to
+    move ``op`` into ``fusion`` (its executor cannot run it, say), checked before any rebuild.
     """
     bsyms: list[th.BoundSymbol | None] = list(trace.bound_symbols)
     moves: list[Rehome] = []
     readers_of = readers(bsyms)
-    comms = communication_positions(bsyms)
+    segments = communication_segments(bsyms)
     for i in range(len(bsyms) - 1, -1, -1):
         b = bsyms[i]
         if b is None or th.is_fusion(b) or th.is_comment_or_del(b) or not b.flat_proxy_outs:
             continue
-        if not is_metadata(b, extra_metadata):
+        if not is_metadata(b, metadata_ops):
             continue
         outs = {p.name for p in b.flat_proxy_outs}
         read_by = set().union(*(readers_of.get(n, set()) for n in outs))
@@ -66,8 +65,8 @@ def absorb_metadata_ops(
         if j < i or not (th.is_fusion(region) and may_change(region)):
             continue
         moved, into, ex = ", ".join(sorted(outs)), region.sym.name, th.executor_name(region)
-        if crosses_communication(comms, i, j):
-            between = next(bsyms[k] for k in comms if i < k < j)
+        if crosses_communication(segments, i, j):
+            between = next(bsyms[k] for k in range(i + 1, j) if segments[k] > segments[k - 1])
             moves.append(Rehome(th.op_name(b), moved, into, ex, "", blocked_by=th.op_name(between)))
             continue
         why_not = refused(region, b)
@@ -76,7 +75,7 @@ def absorb_metadata_ops(
             continue
         inputs = unique_proxies([*b.flat_proxy_args, *(p for p in region.flat_proxy_args if p.name not in outs)])
         try:
-            bsyms[j] = th.refuse(region, [b, *th.subsymbols(region)], inputs, region.flat_proxy_outs)
+            bsyms[j] = th.rebuild_fusion(region, [b, *th.subsymbols(region)], inputs, region.flat_proxy_outs)
         except Exception as e:
             moves.append(Rehome(th.op_name(b), moved, into, ex, f"{type(e).__name__}: {e}"))
             continue
@@ -135,6 +134,6 @@ def _merged(first: th.BoundSymbol, second: th.BoundSymbol, readers_of, merged: s
         [*(p for p in first.flat_proxy_outs if readers_of.get(p.name, set()) - merged), *second.flat_proxy_outs]
     )
     try:
-        return th.refuse(second, [*th.subsymbols(first), *th.subsymbols(second)], inputs, outputs)
+        return th.rebuild_fusion(second, [*th.subsymbols(first), *th.subsymbols(second)], inputs, outputs)
     except Exception:
         return None

@@ -6,6 +6,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from .. import _thunder as th
+from ..ops import effect_count
 from ..regions import Region
 
 
@@ -27,7 +28,7 @@ def lower_region(trace: th.TraceCtx, region: Region) -> list[th.BoundSymbol]:
                 f"lowering {region.name} left {bsym.sym.name} to executor {th.executed_by(bsym)!r}, not torch"
             )
         defined.update(p.name for p in bsym.flat_proxy_outs)
-    before, after = sum(map(th.effects, region.body)), sum(map(th.effects, lowered))
+    before, after = sum(map(effect_count, region.body)), sum(map(effect_count, lowered))
     if before != after:
         raise RewriteError(
             f"lowering {region.name} changes its in-place writes: {before} in the region, {after} lowered"

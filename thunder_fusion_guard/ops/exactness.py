@@ -1,0 +1,229 @@
+"""Which ops give the same bits outside a fusion, alone or in a chain, and where running ops one by one
+rounds differently from one fusion of them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from .. import _thunder as th
+from .effects import HasBody
+from .metadata import is_metadata
+
+__all__ = [
+    "DATA_MOVEMENT_OPS",
+    "EXACT_ALONE",
+    "EXACT_OPS",
+    "REBUILD_SAFE",
+    "hoist_keeps_bits",
+    "holds_every_value",
+    "inexact_ops",
+    "is_integer_or_bool",
+    "rebuild_keeps_bits",
+    "rounding_hazards",
+]
+
+
+# Ops whose result is fixed to the bit by IEEE rules or by definition, whoever runs them.
+EXACT_OPS: frozenset[str] = frozenset(
+    {
+        "copy_",
+        "add",
+        "sub",
+        "neg",
+        "abs",
+        "convert_element_type",
+        "where",
+        "eq",
+        "ne",
+        "lt",
+        "le",
+        "gt",
+        "ge",
+        "maximum",
+        "minimum",
+        "full",
+        "full_like",
+        "fill",
+        "zeros",
+        "ones",
+        "bitwise_and",
+        "bitwise_or",
+        "bitwise_xor",
+        "bitwise_not",
+        "logical_not",
+        "to",
+        "clone",
+    }
+)
+
+
+# Exact alone, but a fusing compiler may contract them with a neighbour (a*b+c into one FMA).
+EXACT_ALONE: frozenset[str] = frozenset({"mul"})  # nvFuser float division differs from torch.div by 1 ulp
+
+
+# Element-wise ops whose bits do not depend on how a fusion is scheduled (a rebuilt fusion may be
+# scheduled differently). Division is here: a fusion divides the same way whatever its schedule; it
+# only differs from torch.div, which matters when a region is rejected, not when it is rebuilt.
+REBUILD_SAFE: frozenset[str] = EXACT_OPS | EXACT_ALONE | {"div", "true_divide", "stride_order"}
+
+
+def _leaf_names(bsym: th.BoundSymbol, metadata_ops: Iterable[str]) -> list[str]:
+    if is_metadata(bsym, metadata_ops):
+        return []
+    subs = th.subsymbols(bsym)
+    name = th.op_name(bsym)
+    if name in EXACT_OPS or name in EXACT_ALONE or not subs:
+        return [name]
+    return [n for s in subs for n in _leaf_names(s, metadata_ops)]
+
+
+def inexact_ops(region: HasBody, metadata_ops: Iterable[str] = ()) -> list[str]:
+    """Why the region's bits could change if PyTorch ran its ops one by one instead of the fusion: ops
+    that round differently even alone, then roundings the fusion and the op-by-op run place differently
+    (:func:`rounding_hazards`). Empty when rejecting the region keeps every bit."""
+    names = [n for b in region.body for n in _leaf_names(b, metadata_ops)]
+    alone = len(names) == 1
+    inexact = sorted({n for n in names if n not in EXACT_OPS and not (alone and n in EXACT_ALONE)})
+    return inexact + rounding_hazards(region.body, metadata_ops)
+
+
+def rebuild_keeps_bits(body: list[th.BoundSymbol], metadata_ops: Iterable[str] = ()) -> bool:
+    """Whether a fusion rebuilt from ``body`` plus or minus views still computes the same bits.
+
+    Only element-wise exact arithmetic qualifies: a reduction's order, and so its rounding, follows the
+    schedule the fusion compiler picks, and a different fusion definition may get a different one (a
+    nanoGPT block's backward on nvFuser did). Roundings a fusion may skip (:func:`rounding_hazards`)
+    count too: a rebuilt fusion may skip them differently.
+    """
+    body = [b for b in body if not th.is_comment_or_del(b)]
+    names = {n for b in body for n in _leaf_names(b, metadata_ops)}
+    return names <= REBUILD_SAFE and not rounding_hazards(body, metadata_ops)
+
+
+# --- Rounding: where running ops one by one rounds differently from one fusion ----------------------
+#
+# Thunder computes a bf16/fp16 op in float32 and rounds its result back: `a + b + c` is upcast, add,
+# round to bf16, upcast, add, round. Run op by op, every one of those roundings happens. Inside one
+# fusion, a rounding whose result only feeds the next op is skipped (Thunder's nvFuser executor removes
+# the round-then-upcast pair, see `remove_redundant_casts`; Inductor keeps the float32 value), so the
+# fusion rounds once. And eager PyTorch rounds a Python number to a bf16/fp16 tensor's dtype before
+# adding it (CPU kernels do), where Thunder adds it in float32. A region is exact to run op by op only
+# when neither happens; the rule is checked on the innermost ops, where the roundings are explicit.
+
+
+# (exponent bits, significand bits including the implicit one) of each floating-point dtype.
+_FLOAT_BITS: dict[torch.dtype, tuple[int, int]] = {
+    torch.float64: (11, 53),
+    torch.float32: (8, 24),
+    torch.bfloat16: (8, 8),
+    torch.float16: (5, 11),
+    torch.float8_e4m3fn: (4, 4),
+    torch.float8_e5m2: (5, 3),
+}
+
+
+def holds_every_value(target: torch.dtype, source: torch.dtype) -> bool:
+    """True when converting ``source`` values to ``target`` never rounds (float32 -> float64, int8 -> bfloat16);
+    conversions to integer or boolean dtypes count as holding (a fusion never skips them)."""
+    if target not in _FLOAT_BITS or target == source:
+        return True
+    exp_t, sig_t = _FLOAT_BITS[target]
+    if source == torch.bool:
+        return True
+    if source in _FLOAT_BITS:
+        exp_s, sig_s = _FLOAT_BITS[source]
+        return exp_t >= exp_s and sig_t >= sig_s
+    if source.is_floating_point or source.is_complex:
+        return False
+    return sig_t >= torch.iinfo(source).bits - int(source.is_signed)
+
+
+def _is_value_of(number: object, dtype: torch.dtype) -> bool:
+    if not isinstance(number, (int, float)):
+        return False  # a number proxy: its value is not known here
+    try:
+        return float(torch.tensor(float(number), dtype=torch.float64).to(dtype)) == number
+    except (OverflowError, RuntimeError):
+        return False
+
+
+def _reduced(dtype: torch.dtype | None) -> bool:
+    return dtype in _FLOAT_BITS and _FLOAT_BITS[dtype][1] < _FLOAT_BITS[torch.float32][1]
+
+
+def rounding_hazards(body: Iterable[th.BoundSymbol], metadata_ops: Iterable[str] = ()) -> list[str]:
+    """Roundings that running ``body`` op by op would place differently from one fusion of it: a
+    narrowing conversion (float32 -> bf16, ...) whose result another op of the body reads, and a number
+    that is not a value of the bf16/fp16 tensor it meets. Each item says which and where."""
+    metadata_ops = frozenset(metadata_ops)
+    body = [b for b in body if not th.is_comment_or_del(b)]
+    found: list[str] = []
+    leaves = [leaf for b in body for leaf in th.leaves(b) if not th.is_comment_or_del(leaf)]
+    read_by: dict[str, list[str]] = {}
+    for leaf in leaves:
+        for p in leaf.flat_proxy_args:
+            read_by.setdefault(p.name, []).append(th.op_name(leaf))
+    for leaf in leaves:
+        conv = th.conversion(leaf)
+        if conv is None:
+            continue
+        source, target = conv
+        source_dtype = th.torch_dtype(source)
+        readers = read_by.get(leaf.output.name, []) if isinstance(leaf.output, th.Proxy) else []
+        if source_dtype is not None and readers and not holds_every_value(target, source_dtype):
+            found.append(
+                f"{leaf.output.name}: {_short(source_dtype)} rounded to {_short(target)} and read again inside "
+                f"the region (by {readers[0]}), a rounding the fusion may skip"
+            )
+    for b in body:
+        for op in (b, *th.leaves(b)):
+            if is_metadata(op, metadata_ops):
+                continue
+            reduced = {d for d in map(th.torch_dtype, op.flat_proxy_args) if _reduced(d)}
+            for number in th.number_args(op):
+                for dtype in sorted(reduced, key=str):
+                    if not _is_value_of(number, dtype):
+                        found.append(
+                            f"{th.op_name(op)} of a {_short(dtype)} tensor and the number {number} (not a "
+                            f"{_short(dtype)} value: eager rounds it first, the fusion does not)"
+                        )
+    return list(dict.fromkeys(found))
+
+
+def _short(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def is_integer_or_bool(p: Any) -> bool:
+    """True for a tensor proxy of an integer or boolean dtype (arithmetic on them never rounds)."""
+    dtype = th.torch_dtype(p) if isinstance(p, th.TensorProxy) else None
+    return dtype is not None and not (dtype.is_floating_point or dtype.is_complex)
+
+
+def _integers_only(bsym: th.BoundSymbol) -> bool:
+    tensors = [p for p in (*bsym.flat_proxy_args, *bsym.flat_proxy_outs) if isinstance(p, th.TensorProxy)]
+    return bool(tensors) and all(is_integer_or_bool(p) for p in tensors)
+
+
+# Ops that only move or fill data (no arithmetic): the same bits whoever runs them.
+DATA_MOVEMENT_OPS: frozenset[str] = frozenset(
+    {"copy_with_setitem", "setitem", "setitem_", "inplace_setitem", "cat", "pad"}
+)
+
+
+def hoist_keeps_bits(body: Iterable[th.BoundSymbol], metadata_ops: Iterable[str] = ()) -> bool:
+    """Whether the ops of ``body`` give the same bits in a fusion rebuilt to hoist part of a region:
+    :func:`rebuild_keeps_bits` ops, ops that only move data (setitem, cat, pad), and ops that compute
+    on integers and booleans only (``arange``, index arithmetic, comparisons: no rounding)."""
+    metadata_ops = tuple(metadata_ops)
+    return all(_op_keeps_bits(b, metadata_ops) for b in body if not th.is_comment_or_del(b))
+
+
+def _op_keeps_bits(bsym: th.BoundSymbol, metadata_ops: tuple[str, ...]) -> bool:
+    if th.op_name(bsym) in DATA_MOVEMENT_OPS or _integers_only(bsym) or rebuild_keeps_bits([bsym], metadata_ops):
+        return True
+    subs = [s for s in th.subsymbols(bsym) if not th.is_comment_or_del(s)]
+    return bool(subs) and all(_op_keeps_bits(s, metadata_ops) for s in subs)
