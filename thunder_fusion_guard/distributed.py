@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .report import Decision
+from .decisions import Decision
 
 
 def _initialized() -> bool:

@@ -1,60 +1,14 @@
-"""Decision records and the report that collects them: what was seen, what was done, and why."""
+"""The report: every decision one guard made, what it saw, and the table and Markdown that show them."""
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
-ACTIONS = ("keep", "reject", "rehome", "remove", "fold", "hoist")
-
-
-@dataclass
-class Decision:
-    """The fate of one fusion region (or of ops: folded, removed, re-homed, hoisted; ``details["scope"] == "op"``)
-    in one trace."""
-
-    trace: str
-    region: str
-    executor: str
-    ops: list[str]
-    action: str
-    reason: str
-    function: str | None = None
-    compile_index: int = 0
-    applied: bool = True
-    error: str | None = None
-    estimates: dict[str, float] = field(default_factory=dict)
-    subgraph: str | None = None
-    details: dict[str, Any] = field(default_factory=dict)
-    rank: int | None = None
-
-    @property
-    def about_region(self) -> bool:
-        """True for a decision about a whole region, False for one about ops."""
-        return self.details.get("scope") != "op"
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class Subgraph:
-    """A ThunderFX split subgraph the guard compiled: its id, its fx ops, and once known Thunder's name for it
-    (``dynamo graph 0, thunder_0``) and why Thunder split the Dynamo graph there."""
-
-    id: str
-    ops: list[str]
-    name: str | None = None
-    split_reasons: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def heading(self) -> str:
-        label = self.id if self.name is None else f"{self.id} ({self.name})"
-        return f"{label}, {len(self.ops)} op{'s' if len(self.ops) != 1 else ''}: {_ops_text(self.ops, 100)}"
+from . import _thunder as th
+from .decisions import ACTIONS, Decision, Subgraph, action_text, estimate_text, kernels_text, ops_text, reason_text
+from .render import html_page
 
 
 class Report:
@@ -92,12 +46,10 @@ class Report:
             )
         if any(d.about_region for d in self.decisions):
             return None
-        from .executors import no_region_hint
-
         return (
             f"FusionGuard: called, but Thunder made no fusion region in the {self.traces_seen} "
             f"trace{'s' if self.traces_seen != 1 else ''} it compiled; "
-            f"{no_region_hint(self.executors)}."
+            f"{th.no_region_hint(self.executors)}."
         )
 
     @property
@@ -157,8 +109,6 @@ class Report:
     def to_html(self, title: str = "FusionGuard report", graphs: Any = ()) -> str:
         """A self-contained HTML page of the decisions (sortable), with pictures of the dataflow graphs
         ``graphs`` (``trace_graphs(jitted)``) when given; ``profile_regions(...).to_html()`` adds the profile."""
-        from .render import html_page
-
         return html_page(title, self.decisions, self.subgraphs, graphs=list(graphs))
 
     def __str__(self) -> str:
@@ -181,31 +131,6 @@ class Report:
         return f"Report({self.counts()})"
 
 
-def _ops_text(ops: list[str], limit: int = 48) -> str:
-    text = ", ".join(ops)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _estimate_text(d: Decision) -> str:
-    region, eager = d.estimates.get("est_region_us"), d.estimates.get("est_eager_us")
-    if region is None or eager is None:
-        return ""
-    text = f"{region:.1f} / {eager:.1f}"
-    if d.details.get("decided_by") == "measured":
-        text += f" (measured {d.details['measured_region_us']:.1f} / {d.details['measured_eager_us']:.1f})"
-    return text
-
-
-def kernels_text(details: dict[str, Any]) -> str:
-    """'2 segmented: reduction+pointwise' from a region's kernel details; '' when none were recorded."""
-    count = details.get("kernels")
-    if count is None:
-        return ""
-    schedulers = "+".join(details.get("schedulers") or [])
-    flag = " segmented" if details.get("segmented") else ""
-    return f"{count}{flag}: {schedulers}" if schedulers else f"{count}{flag}"
-
-
 def _header(with_kernels: bool) -> tuple[str, ...]:
     kernels = ("kernels",) if with_kernels else ()
     return ("trace", "region", "executor", "ops", *kernels, "action", "est µs region/eager", "reason")
@@ -215,10 +140,8 @@ def _row(d: Decision, with_kernels: bool, grouped: bool) -> tuple[str, ...]:
     where = d.trace if d.subgraph is None or grouped else f"{d.subgraph}/{d.trace}"
     if d.function:
         where = f"{d.function}#{d.compile_index}:{where}"
-    action = d.action if d.applied else f"{d.action} (not applied)"
-    reason = d.reason if d.error is None else f"{d.reason} [{d.error}]"
     kernels = (kernels_text(d.details),) if with_kernels else ()
-    return (where, d.region, d.executor, _ops_text(d.ops), *kernels, action, _estimate_text(d), reason)
+    return (where, d.region, d.executor, ops_text(d.ops), *kernels, action_text(d), estimate_text(d), reason_text(d))
 
 
 def _groups(decisions: list[Decision], subgraphs: dict[str, Subgraph]) -> list[tuple[Subgraph | None, list[Decision]]]:
@@ -312,9 +235,3 @@ def format_markdown(
         lines.append("")
     lines.append(_summary(decisions, subgraphs))
     return "\n".join(lines) + "\n"
-
-
-def text_table(rows: list[list[str]]) -> list[str]:
-    """Rows of cells as fixed-width lines, columns two spaces apart."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]

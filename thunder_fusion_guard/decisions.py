@@ -1,0 +1,104 @@
+"""Decision records: the fate of a region or of ops, the ThunderFX subgraphs they belong to, and the text
+every report and picture writes them with."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ACTIONS = ("keep", "reject", "rehome", "remove", "fold", "hoist")
+
+
+@dataclass
+class Decision:
+    """The fate of one fusion region (or of ops: folded, removed, re-homed, hoisted; ``details["scope"] == "op"``)
+    in one trace."""
+
+    trace: str
+    region: str
+    executor: str
+    ops: list[str]
+    action: str
+    reason: str
+    function: str | None = None
+    compile_index: int = 0
+    applied: bool = True
+    error: str | None = None
+    estimates: dict[str, float] = field(default_factory=dict)
+    subgraph: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    rank: int | None = None
+
+    @property
+    def about_region(self) -> bool:
+        """True for a decision about a whole region, False for one about ops."""
+        return self.details.get("scope") != "op"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Subgraph:
+    """A ThunderFX split subgraph the guard compiled: its id, its fx ops, and once known Thunder's name for it
+    (``dynamo graph 0, thunder_0``) and why Thunder split the Dynamo graph there."""
+
+    id: str
+    ops: list[str]
+    name: str | None = None
+    split_reasons: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def heading(self) -> str:
+        label = self.id if self.name is None else f"{self.id} ({self.name})"
+        return f"{label}, {len(self.ops)} op{'s' if len(self.ops) != 1 else ''}: {ops_text(self.ops, 100)}"
+
+
+def ops_text(ops: list[str], limit: int = 48) -> str:
+    """The op names, comma-separated, cut with an ellipsis at ``limit`` characters."""
+    text = ", ".join(ops)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def estimate_text(d: Decision) -> str:
+    """'12.0 / 3.5': the model's µs for the region as a fusion call and run eagerly, and what was measured."""
+    region, eager = d.estimates.get("est_region_us"), d.estimates.get("est_eager_us")
+    if region is None or eager is None:
+        return ""
+    text = f"{region:.1f} / {eager:.1f}"
+    if d.details.get("decided_by") == "measured":
+        text += f" (measured {d.details['measured_region_us']:.1f} / {d.details['measured_eager_us']:.1f})"
+    return text
+
+
+def kernels_text(details: dict[str, Any]) -> str:
+    """'2 segmented: reduction+pointwise' from a region's kernel details; '' when none were recorded."""
+    count = details.get("kernels")
+    if count is None:
+        return ""
+    schedulers = "+".join(details.get("schedulers") or [])
+    flag = " segmented" if details.get("segmented") else ""
+    return f"{count}{flag}: {schedulers}" if schedulers else f"{count}{flag}"
+
+
+def action_text(d: Decision) -> str:
+    """The action, marked ``(not applied)`` where the guard only recorded it."""
+    return d.action if d.applied else f"{d.action} (not applied)"
+
+
+def reason_text(d: Decision) -> str:
+    """The reason, with the error in brackets where something failed."""
+    return d.reason if d.error is None else f"{d.reason} [{d.error}]"
+
+
+def percent_text(fraction: float | None, missing: str = "") -> str:
+    """'42%' of a fraction; ``missing`` when there is none."""
+    return missing if fraction is None else f"{100 * fraction:.0f}%"
+
+
+def text_table(rows: list[list[str]]) -> list[str]:
+    """Rows of cells as fixed-width lines, columns two spaces apart."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]

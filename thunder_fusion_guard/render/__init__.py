@@ -1,0 +1,26 @@
+"""Pictures without dependencies: dataflow graphs as SVG (:mod:`.svg`, own layered layout) and Graphviz DOT
+(:mod:`.dot`), and the self-contained HTML report (:mod:`.html`).
+
+A leaf: it reads decisions, profile rows and dataflow graphs by attribute only, and imports nothing of the
+package but :mod:`..decisions`.
+"""
+
+from __future__ import annotations
+
+from .dot import pairs_dot
+from .html import html_page
+from .svg import graph_svg, layout
+from .text import ACTION_STYLE, display_name, human_bytes, node_lines, ops_summary, totals_text
+
+__all__ = [
+    "ACTION_STYLE",
+    "display_name",
+    "graph_svg",
+    "html_page",
+    "human_bytes",
+    "layout",
+    "node_lines",
+    "ops_summary",
+    "pairs_dot",
+    "totals_text",
+]
