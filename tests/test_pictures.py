@@ -17,8 +17,8 @@ import torch
 from helpers import fragmenting_executor, jit_cpu
 
 from thunder_fusion_guard import FusionGuard, profile_regions, trace_graphs
-from thunder_fusion_guard.measure.bandwidth import gbps, peak_from_properties
-from thunder_fusion_guard.measure.dataflow import graphs_to_dot, trace_graph
+from thunder_fusion_guard.examine.bandwidth import gbps, peak_from_properties
+from thunder_fusion_guard.examine.dataflow import graphs_to_dot, trace_graph
 from thunder_fusion_guard.tools.cli import main
 
 F32 = 4
@@ -316,8 +316,8 @@ def test_cuda_figures_are_computed_and_shown_without_a_gpu(profile):
     node labels (the real measurement is the cuda test above)."""
     from dataclasses import replace
 
-    from thunder_fusion_guard.measure.bandwidth import Peak
-    from thunder_fusion_guard.measure.profile import RegionProfile, _bandwidth
+    from thunder_fusion_guard.examine.bandwidth import Peak
+    from thunder_fusion_guard.examine.profile import RegionProfile, _bandwidth
     from thunder_fusion_guard.render import node_lines
 
     one, two = (replace(r) for r in profile.rows[:2])

@@ -10,7 +10,7 @@ from helpers import jit_cpu, regions
 
 from thunder_fusion_guard import FusionGuard, profile_regions
 from thunder_fusion_guard import _thunder as th
-from thunder_fusion_guard.measure.profile import RegionRow
+from thunder_fusion_guard.examine.profile import RegionRow
 
 
 def mixed(x, w):

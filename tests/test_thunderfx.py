@@ -11,7 +11,7 @@ from thunder.executors.torch_compile import torch_compile_ex
 
 from thunder_fusion_guard import FusionGuard, explain, profile_regions
 from thunder_fusion_guard import _thunder as th
-from thunder_fusion_guard.explanation import report_of
+from thunder_fusion_guard.examine.explain import report_of
 from thunder_fusion_guard.ops import region_is_metadata_only
 from thunder_fusion_guard.regions import find_regions
 

@@ -13,21 +13,21 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "Decision": ".report",
+    "Decision": ".decisions",
     "FusionGuard": ".transform",
     "CommunicationChanged": ".passes",
     "FusionGuardError": ".passes",
-    "RegionKernels": ".measure.segments",
-    "RegionProfile": ".measure.profile",
+    "RegionKernels": ".examine.segments",
+    "RegionProfile": ".examine.profile",
     "RankMismatch": ".transform",
     "Report": ".report",
-    "collect_segments": ".measure.segments",
-    "explain": ".explanation",
-    "fusion_executors": ".executors",
+    "collect_segments": ".examine.segments",
+    "explain": ".examine.explain",
+    "fusion_executors": "._thunder",
     "guard_trace": ".passes",
-    "nvfuser_problem": ".executors",
-    "profile_regions": ".measure.profile",
-    "trace_graphs": ".measure.dataflow",
+    "nvfuser_problem": "._thunder",
+    "profile_regions": ".examine.profile",
+    "trace_graphs": ".examine.dataflow",
 }
 
 __all__ = [
@@ -63,11 +63,12 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .executors import fusion_executors, nvfuser_problem
-    from .explanation import explain
-    from .measure.dataflow import trace_graphs
-    from .measure.profile import RegionProfile, profile_regions
-    from .measure.segments import RegionKernels, collect_segments
+    from ._thunder import fusion_executors, nvfuser_problem
+    from .decisions import Decision
+    from .examine.dataflow import trace_graphs
+    from .examine.explain import explain
+    from .examine.profile import RegionProfile, profile_regions
+    from .examine.segments import RegionKernels, collect_segments
     from .passes import CommunicationChanged, FusionGuardError, guard_trace
-    from .report import Decision, Report
+    from .report import Report
     from .transform import FusionGuard, RankMismatch

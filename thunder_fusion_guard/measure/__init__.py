@@ -1,1 +1,2 @@
-"""Measurement: cost-constant calibration, per-region profiling, nvFuser kernels per region, timing."""
+"""What the guard measures while it compiles: the cost constants (calibration, and its cache) and regions
+near break-even; the timing helpers they share."""

@@ -11,13 +11,9 @@ within a time budget, the first time it needs constants that are neither cached 
 from __future__ import annotations
 
 import contextvars
-import json
 import logging
-import os
-import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,6 +21,9 @@ import torch
 from .. import _thunder as th
 from ..cost import PROBE_TENSORS, CostConstants, curve_gbps
 from ..defaults import SHIPPED
+from ..regions import find_regions
+from .breakeven import region_pair
+from .cache import cache_key, cache_path, device_name, read_json, update_json
 from .timing import median_us
 
 SMALL = (16, 16)
@@ -58,42 +57,6 @@ CPU_TIMINGS = len(CURVE_CPU) + len(OP_PROBES) + 1
 log = logging.getLogger("thunder_fusion_guard")
 
 
-def cache_dir() -> Path:
-    """Where calibrations and region measurements are cached (``TFG_CACHE_DIR`` overrides)."""
-    root = os.environ.get("TFG_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "thunder-fusion-guard")
-    return Path(root)
-
-
-def cache_path() -> Path:
-    return cache_dir() / "calibration.json"
-
-
-def device_name(device: str) -> str:
-    return torch.cuda.get_device_name() if device == "cuda" else "cpu"
-
-
-def cache_key(device: str, executor: str) -> str:
-    v = th.software_versions()
-    return f"{device_name(device)}|{executor}|torch {v['torch']}|thunder {v['thunder']}|nvfuser {v['nvfuser']}"
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def update_json(path: Path, entries: dict[str, Any]) -> None:
-    """Add ``entries`` to the JSON object in ``path``, re-read just before writing, replaced atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = {**read_json(path), **entries}
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, path)
-
-
 WIDE = 8  # inputs of the wide probe: a sum of eight tensors, one region of nine tensors
 
 
@@ -118,9 +81,6 @@ def _probe(executor: str, fn: Callable, args: list[torch.Tensor]) -> tuple[Calla
     import thunder
     from thunder.extend import get_executor
 
-    from ..regions import find_regions
-    from .breakeven import region_pair
-
     ex = get_executor(executor)
     if ex is None:
         raise LookupError(f"no executor named {executor!r} is registered with thunder")
@@ -128,7 +88,7 @@ def _probe(executor: str, fn: Callable, args: list[torch.Tensor]) -> tuple[Calla
     jitted(*args)
     trace = thunder.last_traces(jitted)[-1]
     (region,) = find_regions(trace)
-    by_name = dict(zip(th.trace_arg_names(trace), args, strict=True))
+    by_name = dict(zip([p.name for p in th.trace_inputs(trace)], args, strict=True))
     fusion, eager = region_pair(trace, region)
     return fusion, eager, [by_name[p.name] for p in region.inputs]
 

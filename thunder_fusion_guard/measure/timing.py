@@ -39,14 +39,22 @@ class Timing:
 
     @classmethod
     def of(cls, samples: Sequence[float]) -> Timing:
-        ordered = sorted(samples)
-        n = len(ordered)
-        q1 = statistics.median(ordered[: n // 2]) if n > 1 else ordered[0]
-        q3 = statistics.median(ordered[(n + 1) // 2 :]) if n > 1 else ordered[0]
-        return cls(statistics.median(ordered), q1, q3, ordered[0], ordered[-1], n)
+        """The timing of ``samples`` (per-call µs)."""
+        q1, median, q3 = quartiles(samples)
+        return cls(median, q1, q3, min(samples), max(samples), len(samples))
 
     def text(self, digits: int = 1) -> str:
         return spread_text(self.median, self.q1, self.q3, digits)
+
+
+def quartiles(samples: Sequence[float]) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile) of ``samples``: the medians of the lower and upper halves
+    (the middle sample of an odd count in neither), as pytest-benchmark computes them."""
+    ordered = sorted(samples)
+    n = len(ordered)
+    if n == 1:
+        return ordered[0], ordered[0], ordered[0]
+    return statistics.median(ordered[: n // 2]), statistics.median(ordered), statistics.median(ordered[(n + 1) // 2 :])
 
 
 def spread_text(median: float, q1: float, q3: float, digits: int = 1) -> str:

@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .. import _thunder as th
+from ..decisions import Decision
 from ..ops import runs_as_view
-from ..report import Decision
+from ..render import graph_svg, pairs_dot
 from .calls import latest_decisions, programs
 
 KERNEL_KINDS = ("region", "op")
@@ -75,6 +76,20 @@ class Node:
     @property
     def is_kernel(self) -> bool:
         return self.kind in KERNEL_KINDS
+
+
+# What TraceGraph.totals() reports.
+TOTALS = (
+    "boundary_bytes",
+    "bytes_read",
+    "bytes_written",
+    "unknown_sizes",
+    "fusion_calls",
+    "eager_ops",
+    "view_ops",
+    "region_kernels",
+    "kernels_per_call",
+)
 
 
 @dataclass
@@ -143,17 +158,8 @@ class TraceGraph:
         return None if not counts or any(c is None for c in counts) else sum(c for c in counts if c is not None)
 
     def totals(self) -> dict[str, Any]:
-        return {
-            "boundary_bytes": self.boundary_bytes,
-            "bytes_read": self.bytes_read,
-            "bytes_written": self.bytes_written,
-            "unknown_sizes": self.unknown_sizes,
-            "fusion_calls": self.fusion_calls,
-            "eager_ops": self.eager_ops,
-            "view_ops": self.view_ops,
-            "region_kernels": self.region_kernels,
-            "kernels_per_call": self.kernels_per_call,
-        }
+        """The graph's totals (:data:`TOTALS`) by name."""
+        return {name: getattr(self, name) for name in TOTALS}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -166,8 +172,6 @@ class TraceGraph:
         }
 
     def to_svg(self, peak_gbps: float | None = None) -> str:
-        from ..render import graph_svg
-
         return graph_svg(self, peak_gbps)
 
 
@@ -183,14 +187,8 @@ class GraphPair:
     changed: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "subgraph": self.subgraph,
-            "trace": self.trace,
-            "function": self.function,
-            "changed": self.changed,
-            "before": self.before.to_dict(),
-            "after": self.after.to_dict(),
-        }
+        where = {name: getattr(self, name) for name in ("subgraph", "trace", "function", "changed")}
+        return {**where, "before": self.before.to_dict(), "after": self.after.to_dict()}
 
 
 def trace_graph(
@@ -205,7 +203,6 @@ def trace_graph(
 ) -> TraceGraph:
     """The dataflow graph of ``trace``, its nodes annotated with the guard's ``decisions`` for this trace
     and with profile ``rows`` (:class:`RegionRow`) of the same regions."""
-    extra = frozenset(metadata_ops)
     nodes: list[Node] = [Node("inputs", "inputs", "inputs")]
     edges: dict[tuple[str, str], Edge] = {}
     producer: dict[str, str] = {}
@@ -216,26 +213,26 @@ def trace_graph(
             edge.tensors.append(TensorInfo(proxy.name, th.tensor_text(proxy), th.tensor_nbytes(proxy)))
 
     for bsym in trace.bound_symbols:
-        if th.is_structural(bsym):
+        if th.is_plumbing(bsym):
             continue
-        outs = th.flat_tensor_proxies(bsym.flat_proxy_outs)
+        outs = th.tensor_proxies(bsym.flat_proxy_outs)
         if th.is_fusion(bsym):
             node = Node(bsym.sym.name, "region", bsym.sym.name, th.executor_name(bsym))
             node.ops = [th.op_name(b) for b in th.subsymbols(bsym) if not th.is_comment_or_del(b)]
         elif outs:
-            view = runs_as_view(bsym, extra)
+            view = runs_as_view(bsym, metadata_ops)
             node = Node(f"{th.op_name(bsym)}:{outs[0].name}", "view" if view else "op", th.op_name(bsym))
             node.executor, node.ops = th.executed_by(bsym), [th.op_name(bsym)]
         else:
             continue
         node.outputs = [p.name for p in outs]
-        for proxy in th.flat_tensor_proxies(bsym.flat_proxy_args):
+        for proxy in th.tensor_proxies(bsym.flat_proxy_args):
             connect(producer.get(proxy.name, "inputs"), node.id, proxy)
         for name in node.outputs:
             producer[name] = node.id
         nodes.append(node)
     nodes.append(Node("outputs", "outputs", "outputs"))
-    for proxy in th.flat_tensor_proxies(th.returned_proxies(trace)):
+    for proxy in th.tensor_proxies(th.returned_proxies(trace)):
         if proxy.name in producer:
             connect(producer[proxy.name], "outputs", proxy)
     graph = TraceGraph(kind, stage, subgraph, nodes, list(edges.values()))
@@ -332,6 +329,4 @@ def trace_graphs(obj: Any, rows: Iterable[Any] = (), metadata_ops: Iterable[str]
 def graphs_to_dot(pairs: Sequence[GraphPair], title: str = "FusionGuard dataflow", subgraphs: Any = None) -> str:
     """Graphviz DOT text: one digraph, a cluster per trace and stage (``before`` only where the guard changed
     it); ``subgraphs`` (``Report.subgraphs``) names the ThunderFX subgraphs."""
-    from ..render import pairs_dot
-
     return pairs_dot(pairs, title, subgraphs)

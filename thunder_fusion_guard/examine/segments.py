@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from .. import _thunder as th
+from ..measure.timing import uses_cuda
 from .calls import program_calls
-from .timing import uses_cuda
 
 KERNEL_NAME = re.compile(r"nvfuser_(?P<scheduler>[a-z_]+?)_f\d+_c\d+_r\d+_g\d+")
 NOT_NVFUSER = "aten"

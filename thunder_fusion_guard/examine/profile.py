@@ -21,16 +21,17 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from .. import _thunder as th
+from ..decisions import Decision, Subgraph, kernels_text, ops_text, percent_text, text_table
 from ..distributed import current_rank
-from ..explanation import guards_of, name_subgraphs
+from ..measure.timing import spread_text, time_us, uses_cuda
 from ..ops import is_communication
 from ..passes.rewrite import lower_region
-from ..report import Decision, Subgraph, _ops_text, kernels_text, text_table
+from ..render import html_page
 from .bandwidth import Peak, gbps, peak_bandwidth
 from .calls import ProgramCalls, RegionCall, program_calls
 from .dataflow import GraphPair, graphs_to_dot, trace_graphs
+from .explain import guards_of, name_subgraphs
 from .segments import device_kernels, summarize
-from .timing import spread_text, time_us, uses_cuda
 
 logger = logging.getLogger("thunder_fusion_guard")
 
@@ -123,8 +124,6 @@ class RegionProfile:
     def to_html(self, title: str | None = None, meta: Sequence[str] = ()) -> str:
         """A self-contained HTML page: the pictures, the profile and the decisions, in sortable tables;
         ``meta`` lines go under the title."""
-        from ..render import html_page
-
         title = title or f"FusionGuard profile of {self.function or 'jitted function'} on {self.device}"
         return html_page(title, self.decisions, self.subgraphs, profile=self, graphs=self.graphs, meta=meta)
 
@@ -381,9 +380,7 @@ def format_profile(profile: RegionProfile) -> str:
     if not profile.rows and any(d.about_region for d in profile.decisions):
         lines = [title, "no fusion region left in the final traces"]
     elif not profile.rows:
-        from ..executors import no_region_hint
-
-        lines = [title, f"no fusion region in the final traces: {no_region_hint(profile.executors)}"]
+        lines = [title, f"no fusion region in the final traces: {th.no_region_hint(profile.executors)}"]
     else:
         header = ["trace", "region", "executor", "ops", "in KiB", "out KiB", "host", "eager"]
         header += ["device", "GB/s", "% peak", "kernels", "overhead"] if cuda else ["host-eager"]
@@ -391,10 +388,10 @@ def format_profile(profile: RegionProfile) -> str:
         table = [header]
         for r in profile.rows:
             where = r.trace if r.subgraph is None else f"{r.subgraph}/{r.trace}"
-            cells = [where, r.region, r.executor, f"{r.n_ops}: {_ops_text(r.ops, 32)}"]
+            cells = [where, r.region, r.executor, f"{r.n_ops}: {ops_text(r.ops, 32)}"]
             cells += [_kib(r.input_bytes), _kib(r.output_bytes)]
             cells += [_spread(r.host_us, r.host_spread_us), _spread(r.eager_us, r.eager_spread_us)]
-            bandwidth = [_fmt(r.gbps), _percent(r.peak_fraction)]
+            bandwidth = [_fmt(r.gbps), percent_text(r.peak_fraction, "-")]
             cells += [_fmt(r.device_us), *bandwidth, _kernels(r), _fmt(r.overhead_us)] if cuda else [_fmt(r.excess_us)]
             reason = r.reason or ""
             if r.error:
@@ -427,10 +424,6 @@ def _kernels(row: RegionRow) -> str:
     if row.kernels is None:
         return "-"
     return kernels_text({"kernels": row.kernels, "schedulers": row.schedulers, "segmented": row.kernels > 1})
-
-
-def _percent(fraction: float | None) -> str:
-    return "-" if fraction is None else f"{100 * fraction:.0f}%"
 
 
 def _kib(n: int | None) -> str:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _thunder as th
-from .report import Report
+from .. import _thunder as th
+from ..report import Report
+from ..transform import FusionGuard
 
 
 def guards_of(obj: Any) -> list[Any]:
     """The FusionGuard instances attached to a ``thunder.jit`` result or a ThunderFX object."""
-    from .transform import FusionGuard
-
     found = [t for t in th.jitted_transforms(obj) if isinstance(t, FusionGuard)]
     for t in th.thunderfx_transforms(obj):
         if isinstance(t, FusionGuard) and t not in found:

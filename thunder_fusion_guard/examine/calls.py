@@ -13,9 +13,10 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .. import _thunder as th
-from ..explanation import guards_of
+from ..decisions import Decision
+from ..ops import is_in_place_name
 from ..regions import Region, find_regions
-from ..report import Decision
+from .explain import guards_of
 
 
 @dataclass
@@ -29,7 +30,7 @@ class RegionCall:
 
     def replay_args(self) -> tuple | None:
         """The recorded arguments; copies where the region writes into its inputs (in-place ops)."""
-        if self.args is None or not any(op.endswith("_") for op in self.region.ops):
+        if self.args is None or not any(is_in_place_name(op) for op in self.region.ops):
             return self.args
         return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in self.args)
 
