@@ -145,3 +145,17 @@ def test_bad_options(kwargs, error, match):
 def test_positional_options_are_refused():
     with pytest.raises(TypeError):
         FusionGuard(True)
+
+
+def test_signature_is_the_options():
+    """FusionGuard takes exactly GuardOptions' fields, keyword-only, with their defaults: declared once."""
+    import dataclasses
+    import inspect
+
+    from thunder_fusion_guard.options import GuardOptions
+
+    params = inspect.signature(FusionGuard).parameters
+    assert list(params) == [f.name for f in dataclasses.fields(GuardOptions)]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
+    assert {n: p.default for n, p in params.items()} == {f.name: f.default for f in dataclasses.fields(GuardOptions)}
+    assert FusionGuard().options == GuardOptions()

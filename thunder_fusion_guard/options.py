@@ -1,41 +1,19 @@
-"""FusionGuard's options: one frozen record, validated once, with errors that name the option."""
+"""FusionGuard's options, declared once: each a field of :class:`GuardOptions` with its default and the check
+that validates it (errors name the option). ``FusionGuard``'s keyword-only signature is made from them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from . import _thunder as th
+from .cost import CostConstants
 
 DEFAULT_HOIST_MAX_BYTES = 64 * 2**20
-
-
-@dataclass(frozen=True)
-class GuardOptions:
-    """What the guard may do. ``executors=None`` guards every fusion executor."""
-
-    executors: frozenset[str] | None = None
-    metadata_ops: frozenset[str] = field(default_factory=frozenset)
-    report_only: bool = False
-    strict: bool = False
-    cost_model: bool = True
-    margin: float = 0.2
-    exact_only: bool = True
-    calibration: Any = "auto"
-    calibration_budget_s: float = 5.0
-    measure_budget_s: float = 5.0
-    fold_setitem: bool = True
-    remove_identities: bool = True
-    rehome: bool = True
-    merge_regions: bool = False
-    override_compile_options: bool = False
-    compare_ranks: bool = False
-    hoist: bool = True
-    hoist_max_bytes: int = DEFAULT_HOIST_MAX_BYTES
-
-    def guards(self, executor: str) -> bool:
-        return self.executors is None or executor in self.executors
+# Where the cost constants come from; see the README's options table.
+CALIBRATION_MODES = ("auto", "cached", "shipped", "measure")
 
 
 def _bool(name: str, value: Any) -> bool:
@@ -57,65 +35,26 @@ def _names(name: str, value: Any, what: str) -> frozenset[str]:
     return frozenset(out)
 
 
-def make_options(
-    *,
-    executors: Iterable[str | th.FusionExecutor] | None = None,
-    metadata_ops: Iterable[str] = (),
-    report_only: bool = False,
-    strict: bool = False,
-    cost_model: bool = True,
-    margin: float = 0.2,
-    exact_only: bool = True,
-    calibration: Any = "auto",
-    calibration_budget_s: float = 5.0,
-    measure_budget_s: float = 5.0,
-    fold_setitem: bool = True,
-    remove_identities: bool = True,
-    rehome: bool = True,
-    merge_regions: bool = False,
-    override_compile_options: bool = False,
-    compare_ranks: bool = False,
-    hoist: bool = True,
-    hoist_max_bytes: int = DEFAULT_HOIST_MAX_BYTES,
-) -> GuardOptions:
-    """Validate user options into a :class:`GuardOptions` (``ValueError`` names the bad option)."""
-    chosen = None
-    if executors is not None:
-        chosen = _names("executors", executors, "fusion executor names or FusionExecutor objects")
-        known = set(th.fusion_executor_names())
-        unknown = sorted(chosen - known)
-        if "nvfuser" in unknown:
-            from .executors import NVFUSER_INSTALL
+def _executors(name: str, value: Any) -> frozenset[str] | None:
+    if value is None:
+        return None
+    chosen = _names(name, value, "fusion executor names or FusionExecutor objects")
+    known = set(th.fusion_executor_names())
+    unknown = sorted(chosen - known)
+    if "nvfuser" in unknown:
+        raise ValueError(
+            f"FusionGuard option 'executors': nvfuser is not available here: {th.nvfuser_problem()}; "
+            f"{th.NVFUSER_INSTALL}"
+        )
+    if unknown:
+        raise ValueError(
+            f"FusionGuard option 'executors' names unknown fusion executors {unknown}; allowed here: {sorted(known)}"
+        )
+    return chosen
 
-            raise ValueError(
-                f"FusionGuard option 'executors': nvfuser is not available here: {th.nvfuser_problem()}; "
-                f"{NVFUSER_INSTALL}"
-            )
-        if unknown:
-            raise ValueError(
-                f"FusionGuard option 'executors' names unknown fusion executors {unknown}; "
-                f"allowed here: {sorted(known)}"
-            )
-    return GuardOptions(
-        executors=chosen,
-        metadata_ops=_names("metadata_ops", metadata_ops, "operation names (str)"),
-        report_only=_bool("report_only", report_only),
-        strict=_bool("strict", strict),
-        cost_model=_bool("cost_model", cost_model),
-        margin=_fraction("margin", margin),
-        exact_only=_bool("exact_only", exact_only),
-        calibration=_calibration(calibration),
-        calibration_budget_s=_seconds("calibration_budget_s", calibration_budget_s, zero=False),
-        measure_budget_s=_seconds("measure_budget_s", measure_budget_s),
-        fold_setitem=_bool("fold_setitem", fold_setitem),
-        remove_identities=_bool("remove_identities", remove_identities),
-        rehome=_bool("rehome", rehome),
-        merge_regions=_bool("merge_regions", merge_regions),
-        override_compile_options=_bool("override_compile_options", override_compile_options),
-        compare_ranks=_bool("compare_ranks", compare_ranks),
-        hoist=_bool("hoist", hoist),
-        hoist_max_bytes=_byte_count("hoist_max_bytes", hoist_max_bytes),
-    )
+
+def _op_names(name: str, value: Any) -> frozenset[str]:
+    return _names(name, value, "operation names (str)")
 
 
 def _fraction(name: str, value: Any) -> float:
@@ -125,9 +64,6 @@ def _fraction(name: str, value: Any) -> float:
 
 
 # Where the cost constants come from; see the README's options table.
-CALIBRATION_MODES = ("auto", "cached", "shipped", "measure")
-
-
 def _seconds(name: str, value: Any, zero: bool = True) -> float:
     number = not isinstance(value, bool) and isinstance(value, (int, float))
     if not number or value < 0 or (value == 0 and not zero) or value == float("inf") or value != value:
@@ -142,10 +78,8 @@ def _byte_count(name: str, value: Any) -> int:
     return value
 
 
-def _calibration(value: Any) -> Any:
+def _calibration(name: str, value: Any) -> Any:
     """'auto', 'cached' (None: the same), 'shipped', 'measure', or constants set by hand."""
-    from .cost import CostConstants
-
     if value is None:
         return "cached"
     if (isinstance(value, str) and value in CALIBRATION_MODES) or isinstance(value, CostConstants):
@@ -159,3 +93,65 @@ def _calibration(value: Any) -> Any:
         f"FusionGuard option 'calibration' must be one of {list(CALIBRATION_MODES)} (None: 'cached'), "
         f"a CostConstants or a dict of its fields, got {value!r}"
     )
+
+
+def _budget(name: str, value: Any) -> float:
+    return _seconds(name, value, zero=False)
+
+
+def _option(default: Any, check: Callable[[str, Any], Any], accepts: str | None = None) -> Any:
+    """A field holding a user option: its default as a user writes it, the check that validates and
+    normalises a value, and (where it differs from the field's type) what a user may pass."""
+    return field(default=default, metadata={"check": check, "accepts": accepts})
+
+
+@dataclass(frozen=True)
+class GuardOptions:
+    """What the guard may do (see ``FusionGuard``'s docstring). ``executors=None`` guards every fusion executor.
+
+    Every value is checked and normalised when the record is made; a bad one raises ``ValueError`` naming it.
+    """
+
+    executors: frozenset[str] | None = _option(None, _executors, "Iterable[str | FusionExecutor] | None")
+    metadata_ops: frozenset[str] = _option((), _op_names, "Iterable[str]")
+    report_only: bool = _option(False, _bool)
+    strict: bool = _option(False, _bool)
+    cost_model: bool = _option(True, _bool)
+    margin: float = _option(0.2, _fraction)
+    exact_only: bool = _option(True, _bool)
+    calibration: CostConstants | str = _option("auto", _calibration, "CostConstants | dict | str | None")
+    calibration_budget_s: float = _option(5.0, _budget)
+    measure_budget_s: float = _option(5.0, _seconds)
+    fold_setitem: bool = _option(True, _bool)
+    remove_identities: bool = _option(True, _bool)
+    rehome: bool = _option(True, _bool)
+    merge_regions: bool = _option(False, _bool)
+    override_compile_options: bool = _option(False, _bool)
+    compare_ranks: bool = _option(False, _bool)
+    hoist: bool = _option(True, _bool)
+    hoist_max_bytes: int = _option(DEFAULT_HOIST_MAX_BYTES, _byte_count)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            object.__setattr__(self, f.name, f.metadata["check"](f.name, getattr(self, f.name)))
+
+    def guards(self, executor: str) -> bool:
+        """Whether the guard decides the regions of ``executor``."""
+        return self.executors is None or executor in self.executors
+
+
+def make_options(**options: Any) -> GuardOptions:
+    """Validate user options into a :class:`GuardOptions` (``ValueError`` names the bad option)."""
+    return GuardOptions(**options)
+
+
+def options_signature() -> inspect.Signature:
+    """``FusionGuard(*, option=default, ...)``: one keyword-only parameter per field of :class:`GuardOptions`."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    params += [
+        inspect.Parameter(
+            f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.metadata["accepts"] or f.type
+        )
+        for f in fields(GuardOptions)
+    ]
+    return inspect.Signature(params, return_annotation=None)

@@ -5,20 +5,20 @@ from __future__ import annotations
 import threading
 import warnings
 import weakref
-from collections.abc import Iterable
 from typing import Any
 
 import thunder
 
 from . import _thunder as th
 from .cost import CostConstants
+from .decisions import Subgraph
 from .distributed import compare_ranks, current_rank
 from .measure import calibrate
 from .measure.breakeven import RegionMeasurer
-from .options import DEFAULT_HOIST_MAX_BYTES, make_options
+from .options import GuardOptions, options_signature
 from .passes import FusionGuardError, TraceContext, guard_trace
 from .passes.hoist import HoistLedger
-from .report import Report, Subgraph
+from .report import Report
 
 
 class RankMismatch(FusionGuardError):
@@ -60,48 +60,8 @@ class FusionGuard(thunder.Transform):
     across; :meth:`check_ranks` compares the decisions of all ranks.
     """
 
-    def __init__(
-        self,
-        *,
-        executors: Iterable[str | th.FusionExecutor] | None = None,
-        metadata_ops: Iterable[str] = (),
-        report_only: bool = False,
-        strict: bool = False,
-        cost_model: bool = True,
-        margin: float = 0.2,
-        exact_only: bool = True,
-        calibration: CostConstants | dict | str | None = "auto",
-        calibration_budget_s: float = 5.0,
-        measure_budget_s: float = 5.0,
-        fold_setitem: bool = True,
-        remove_identities: bool = True,
-        rehome: bool = True,
-        merge_regions: bool = False,
-        override_compile_options: bool = False,
-        compare_ranks: bool = False,
-        hoist: bool = True,
-        hoist_max_bytes: int = DEFAULT_HOIST_MAX_BYTES,
-    ) -> None:
-        self.options = make_options(
-            executors=executors,
-            metadata_ops=metadata_ops,
-            report_only=report_only,
-            strict=strict,
-            cost_model=cost_model,
-            margin=margin,
-            exact_only=exact_only,
-            calibration=calibration,
-            calibration_budget_s=calibration_budget_s,
-            measure_budget_s=measure_budget_s,
-            fold_setitem=fold_setitem,
-            remove_identities=remove_identities,
-            rehome=rehome,
-            merge_regions=merge_regions,
-            override_compile_options=override_compile_options,
-            compare_ranks=compare_ranks,
-            hoist=hoist,
-            hoist_max_bytes=hoist_max_bytes,
-        )
+    def __init__(self, **options: Any) -> None:
+        self.options = GuardOptions(**options)
         self._constants: dict[tuple[str, str], CostConstants | None] = {}
         self.report = Report()
         self.measurer = RegionMeasurer(self.options.measure_budget_s)
@@ -209,3 +169,6 @@ class FusionGuard(thunder.Transform):
 
     def __repr__(self) -> str:
         return f"FusionGuard({self.options})"
+
+
+FusionGuard.__init__.__signature__ = options_signature()
