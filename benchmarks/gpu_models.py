@@ -37,7 +37,6 @@ import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
-import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -95,16 +94,9 @@ def log(case: Case | None, message: str) -> None:
 
 def parse_variants(text: str) -> tuple[str, ...]:
     """Variant names from ``"eager,thunder"`` (``all`` for every one), in order; ``ValueError`` for an unknown one."""
-    names = [n for n in text.replace(",", " ").split() if n]
-    allowed = ", ".join(VARIANT_BUILDS)
-    if names == ["all"]:
-        return tuple(VARIANT_BUILDS)
-    if not names:
-        raise ValueError(f"no variant given; allowed: {allowed} (or all)")
-    for name in names:
-        if name not in VARIANT_BUILDS:
-            raise ValueError(f"unknown variant {name!r}; allowed: {allowed} (or all)")
-    return tuple(dict.fromkeys(names))
+    from thunder_fusion_guard.tools.bench_cases import parse_variants as parse
+
+    return parse(text, tuple(VARIANT_BUILDS))
 
 
 # --- time budget ------------------------------------------------------------------------------------
@@ -234,28 +226,21 @@ def build(case: Case, tokens: int, device: str) -> tuple[Any, tuple, dict]:
 
 
 def compile_variant(model: Any, variant: str, device: str) -> tuple[Callable[..., Any], Any]:
-    """The callable of one variant and its FusionGuard (or None)."""
-    import thunder
-    import torch
-
+    """The callable of one variant and its FusionGuard (or None): the bench harness's, plus CUDA graphs."""
     from thunder_fusion_guard import FusionGuard
+    from thunder_fusion_guard.tools.bench_cases import Workload, thunder_compile
+    from thunder_fusion_guard.tools.bench_cases import compile_variant as compile_case
 
-    if variant == "eager":
-        return model, None
-    if variant.startswith("inductor"):
-        return torch.compile(model, mode="reduce-overhead" if variant == "inductor-ro" else None), None
-    options: dict[str, Any] = {}
-    if device != "cuda":  # CPU smoke runs: Thunder's fusion executor there is torch.compile
-        from thunder.executors.torch_compile import torch_compile_ex
-
-        options["executors"] = [torch_compile_ex]
+    workload = Workload(model, ())
+    if variant == "eager" or variant.startswith("inductor"):
+        return compile_case(workload, variant, device), None
     guard = FusionGuard() if variant.startswith("guarded") else None
     transforms: list[Any] = [guard] if guard else []
     if variant.endswith("cudagraph"):
         from thunder.transforms.cudagraph import CUDAGraphTransform
 
         transforms.append(CUDAGraphTransform())
-    return thunder.jit(model, transforms=transforms, **options), guard
+    return thunder_compile(workload, device, transforms), guard
 
 
 def make_step(case: Case, fn: Callable[..., Any], model: Any, args: tuple, kwargs: dict, variant: str):
@@ -295,16 +280,18 @@ def sync_device(device: str) -> None:
 
 
 def stats_ms(samples: list[float]) -> dict[str, Any]:
-    s = sorted(samples)
-    q1, _, q3 = statistics.quantiles(s, n=4, method="inclusive") if len(s) > 1 else (s[0], s[0], s[0])
+    """Median, quartiles, IQR and range of per-round milliseconds (the bench harness's quartiles)."""
+    from thunder_fusion_guard.measure.timing import Timing
+
+    t = Timing.of(samples)
     return {
-        "median_ms": round(statistics.median(s), 3),
-        "q1_ms": round(q1, 3),
-        "q3_ms": round(q3, 3),
-        "iqr_ms": round(q3 - q1, 3),
-        "min_ms": round(s[0], 3),
-        "max_ms": round(s[-1], 3),
-        "rounds": len(s),
+        "median_ms": round(t.median, 3),
+        "q1_ms": round(t.q1, 3),
+        "q3_ms": round(t.q3, 3),
+        "iqr_ms": round(t.q3 - t.q1, 3),
+        "min_ms": round(t.min, 3),
+        "max_ms": round(t.max, 3),
+        "rounds": t.samples,
     }
 
 
@@ -558,12 +545,14 @@ def write_outputs(doc: dict, out_dir: Path, tag: str, json_path: str | None) -> 
 
 
 def machine(device: str) -> dict:
-    import torch
+    """The device's name and the software versions (from the bench harness's machine_info)."""
+    from thunder_fusion_guard.tools.machine import machine_info
 
-    from thunder_fusion_guard._thunder import software_versions
-
-    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    return {"device": name, "versions": software_versions()}
+    info = machine_info(device)
+    return {
+        "device": info["device_name"] if device == "cuda" else "cpu",
+        "versions": {k: info[k] for k in ("torch", "thunder", "nvfuser")},
+    }
 
 
 # --- drivers ----------------------------------------------------------------------------------------------

@@ -36,19 +36,20 @@ HEAVY_ENV = "TFG_BENCH_HEAVY"
 VARIANTS_ENV = "TFG_BENCH_VARIANTS"
 
 
-def parse_variants(text: str) -> tuple[str, ...]:
-    """Variant names from ``"thunder,inductor"`` (commas or spaces; ``all`` for every one), in the order given.
+def parse_variants(text: str, allowed: tuple[str, ...] = ALL_VARIANTS) -> tuple[str, ...]:
+    """Variant names from ``"thunder,inductor"`` (commas or spaces; ``all`` for every one of ``allowed``), in
+    the order given.
 
     ``ValueError`` naming the first unknown variant and the allowed ones.
     """
     names = [n for n in text.replace(",", " ").split() if n]
     if not names:
-        raise ValueError(f"no variant given; allowed: {', '.join(ALL_VARIANTS)} (or all)")
+        raise ValueError(f"no variant given; allowed: {', '.join(allowed)} (or all)")
     if names == ["all"]:
-        return ALL_VARIANTS
+        return allowed
     for name in names:
-        if name not in ALL_VARIANTS:
-            raise ValueError(f"unknown variant {name!r}; allowed: {', '.join(ALL_VARIANTS)} (or all)")
+        if name not in allowed:
+            raise ValueError(f"unknown variant {name!r}; allowed: {', '.join(allowed)} (or all)")
     return tuple(dict.fromkeys(names))
 
 
@@ -400,12 +401,18 @@ def compile_variant(workload: Workload, variant: str, device: str) -> Callable[.
         return torch.compile(workload.fn, mode=INDUCTOR_MODES[variant])
     from .. import FusionGuard
 
+    return thunder_compile(workload, device, [FusionGuard(**workload.guard_options)] if variant == "guarded" else [])
+
+
+def thunder_compile(workload: Workload, device: str, transforms: list[Any]) -> Callable[..., Any]:
+    """``workload.fn`` compiled by Thunder (``thunder.jit`` or ThunderFX, as the workload says) with ``transforms``;
+    off CUDA with Thunder's torch.compile executor, the fusion executor that runs there."""
     options: dict[str, Any] = dict(workload.jit_options)
     if device != "cuda":
         from thunder.executors.torch_compile import torch_compile_ex
 
         options["executors"] = [torch_compile_ex]
-    options["transforms"] = [FusionGuard(**workload.guard_options)] if variant == "guarded" else []
+    options["transforms"] = list(transforms)
     if workload.frontend == "thunderfx":
         from thunder.dynamo import thunderfx
 

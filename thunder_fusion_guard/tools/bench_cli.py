@@ -13,10 +13,7 @@ import argparse
 import gc
 import json
 import math
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from bisect import bisect_left, bisect_right
@@ -26,8 +23,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..measure.timing import Timing
-from ..report import text_table
+from ..decisions import text_table
+from ..measure.timing import Timing, quartiles
 from .bench_cases import (
     ALL_VARIANTS,
     SUITES,
@@ -41,6 +38,7 @@ from .bench_cases import (
     select,
 )
 from .common import add_threads_option, count, pin_threads
+from .machine import commit_info, machine_info
 
 TARGET_SAMPLE_S = 100e-6
 MAX_INNER = 1000
@@ -221,8 +219,7 @@ def sample_stats(data: Sequence[float]) -> dict[str, Any]:
     n = len(ordered)
     mean = statistics.mean(ordered)
     stddev = statistics.stdev(ordered) if n > 1 else 0.0
-    q1 = statistics.median(ordered[: n // 2]) if n > 1 else ordered[0]
-    q3 = statistics.median(ordered[(n + 1) // 2 :]) if n > 1 else ordered[0]
+    q1, median, q3 = quartiles(ordered)
     iqr = q3 - q1
     iqr_outliers = sum(1 for v in ordered if v < q1 - 1.5 * iqr or v > q3 + 1.5 * iqr)
     stddev_outliers = sum(1 for v in ordered if abs(v - mean) > stddev)
@@ -232,7 +229,7 @@ def sample_stats(data: Sequence[float]) -> dict[str, Any]:
         "mean": mean,
         "stddev": stddev,
         "rounds": n,
-        "median": statistics.median(ordered),
+        "median": median,
         "iqr": iqr,
         "q1": q1,
         "q3": q3,
@@ -244,68 +241,6 @@ def sample_stats(data: Sequence[float]) -> dict[str, Any]:
         "ops": 1 / mean if mean > 0 else 0.0,
         "total": sum(ordered),
     }
-
-
-def machine_info(device: str) -> dict[str, Any]:
-    import torch
-
-    from .._thunder import software_versions
-
-    info: dict[str, Any] = {
-        "node": platform.node(),
-        "processor": platform.processor(),
-        "machine": platform.machine(),
-        "python_compiler": platform.python_compiler(),
-        "python_implementation": platform.python_implementation(),
-        "python_implementation_version": platform.python_version(),
-        "python_version": platform.python_version(),
-        "python_build": list(platform.python_build()),
-        "release": platform.release(),
-        "system": platform.system(),
-        "cpu": {"count": os.cpu_count(), "brand_raw": _cpu_brand()},
-        "device": device,
-        "device_name": torch.cuda.get_device_name() if device == "cuda" else _cpu_brand(),
-        "torch_threads": torch.get_num_threads(),
-    }
-    info.update(software_versions())
-    return info
-
-
-def _cpu_brand() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _git(*args: str) -> str:
-    return subprocess.run(["git", *args], capture_output=True, text=True, check=True, timeout=10).stdout.strip()
-
-
-def commit_info() -> dict[str, Any]:
-    """The checked-out commit, as pytest-benchmark records it (read-only git calls)."""
-    project = Path.cwd().name
-    try:
-        return {
-            "id": _git("rev-parse", "HEAD"),
-            "time": _git("show", "-s", "--format=%cI", "HEAD"),
-            "author_time": _git("show", "-s", "--format=%aI", "HEAD"),
-            "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
-            "project": project,
-            "branch": _git("rev-parse", "--abbrev-ref", "HEAD"),
-        }
-    except (OSError, subprocess.SubprocessError) as e:
-        return {
-            "id": "unknown",
-            "time": None,
-            "author_time": None,
-            "dirty": False,
-            "project": project,
-            "error": repr(e),
-        }
 
 
 def _benchmark_version() -> str:

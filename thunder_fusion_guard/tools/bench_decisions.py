@@ -2,7 +2,7 @@
 
 Each program of the corpus is jitted with a default ``FusionGuard(report_only=True)`` (it decides and
 records, the traces keep every region), run once more recording every fusion call's real arguments
-(:mod:`..measure.calls`), and each region is then timed as its own fusion call against its eager
+(:mod:`..examine.calls`), and each region is then timed as its own fusion call against its eager
 lowering, interleaved (:func:`..measure.timing.interleaved_us`). The truth is the side that is faster
 by more than the noise band; each decision is then right, a wrong reject, a wrong keep, or within noise.
 
@@ -30,7 +30,9 @@ from typing import Any
 
 import torch
 
-from ..report import text_table
+from ..decisions import text_table
+from ..measure.timing import quartiles
+from .machine import machine_info
 
 GROUPS = ("ops", "nanogpt", "litgpt", "opinfo")
 # Truth "within noise" when fused and eager medians differ by less than this, or the per-round ratios'
@@ -211,19 +213,11 @@ class Row:
 def truth_of(fused: list[float], eager: list[float], noise: float = NOISE) -> tuple[str, float, float]:
     """'fusion' (fused faster), 'eager' or 'noise', and the quartiles of the per-round eager/fused ratios."""
     ratios = sorted(e / f for f, e in zip(fused, eager, strict=False) if f > 0)
-    q1, q3 = _quantile(ratios, 0.25), _quantile(ratios, 0.75)
+    q1, _, q3 = quartiles(ratios) if ratios else (math.nan, math.nan, math.nan)
     ratio = statistics.median(eager) / statistics.median(fused)
     if abs(ratio - 1) < noise or q1 <= 1 <= q3:
         return "noise", q1, q3
     return ("fusion" if ratio > 1 else "eager"), q1, q3
-
-
-def _quantile(ordered: list[float], q: float) -> float:
-    if not ordered:
-        return math.nan
-    pos = q * (len(ordered) - 1)
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def verdict_of(action: str | None, truth: str | None) -> str | None:
@@ -243,8 +237,8 @@ def measure_program(program: Program, device: str, reps: int, region_s: float) -
 
     from .. import FusionGuard
     from ..cost import UnknownSize, estimate
+    from ..examine.calls import program_calls
     from ..measure.breakeven import region_pair
-    from ..measure.calls import program_calls
     from ..measure.timing import interleaved_us
 
     fn, args, backward, options = program.build(device)
@@ -358,8 +352,8 @@ def summarize(rows: Sequence[Row]) -> dict[str, Any]:
             "fused_within_2x": _fraction([_within(r.est_region_us, r.fused_us) for r in timed]),
             "eager_within_2x": _fraction([_within(r.est_eager_us, r.eager_us) for r in timed]),
             "both_within_2x": round(sum(both) / len(both), 3) if both else None,
-            "fused_ratio_quartiles": _quartiles([a for a, _ in ratio_rows]),
-            "eager_ratio_quartiles": _quartiles([b for _, b in ratio_rows]),
+            "fused_ratio_quartiles": _deciles([a for a, _ in ratio_rows]),
+            "eager_ratio_quartiles": _deciles([b for _, b in ratio_rows]),
         },
     }
 
@@ -369,11 +363,14 @@ def _fraction(flags: list[bool | None]) -> float | None:
     return round(sum(known) / len(known), 3) if known else None
 
 
-def _quartiles(values: list[float]) -> list[float] | None:
+def _deciles(values: list[float]) -> list[float] | None:
+    """The 10, 25, 50, 75 and 90% points of ``values`` (linear interpolation), rounded; None for none."""
     if not values:
         return None
-    ordered = sorted(values)
-    return [round(_quantile(ordered, q), 3) for q in (0.1, 0.25, 0.5, 0.75, 0.9)]
+    if len(values) == 1:
+        return [round(values[0], 3)] * 5
+    points = statistics.quantiles(values, n=20, method="inclusive")
+    return [round(points[i], 3) for i in (1, 4, 9, 14, 17)]
 
 
 def format_summary(summary: dict[str, Any], device: str) -> str:
@@ -437,8 +434,6 @@ def run(
 
     ``after_each`` gets the document so far after every program, so a run cut short keeps what it measured.
     """
-    from ..tools.bench_cli import machine_info
-
     programs = corpus(device, groups, quick)
     began = time.perf_counter()
     rows: list[Row] = []
@@ -534,7 +529,7 @@ def guarded_step(program: Program, device: str) -> Callable[[], None]:
     import thunder
 
     from .. import FusionGuard
-    from ..measure.calls import step
+    from ..examine.calls import step
 
     fn, args, backward, options = program.build(device)
     if device != "cuda":

@@ -75,7 +75,7 @@ def _check_executor(executor: str, device: str) -> None:
     if executor == "nvfuser":
         if device != "cuda":
             raise UsageError("--executor nvfuser runs on CUDA only; on cpu use torchcompile")
-        from ..executors import NVFUSER_INSTALL, nvfuser_problem
+        from .._thunder import NVFUSER_INSTALL, nvfuser_problem
 
         problem = nvfuser_problem()
         if problem:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 from einops import rearrange
 
+from ..decisions import text_table
 from ..measure.timing import time_us
-from ..report import text_table
 
 
 def rearrange_heads(scores: torch.Tensor) -> torch.Tensor:
@@ -64,8 +64,8 @@ def run_demo(
     ``progress`` gets a line as each case compiles and is timed; ``note`` ends the table (how it was timed).
     """
     from .. import FusionGuard
-    from ..compat import applied_fixes
-    from ..executors import fusion_executors
+    from .._thunder import fusion_executors
+    from .._thunder.compat import applied_fixes
 
     if reps < 1:
         raise ValueError(f"run_demo: reps must be >= 1, got {reps}")

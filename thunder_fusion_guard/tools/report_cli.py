@@ -138,7 +138,7 @@ def _to_device(value: Any, device: str) -> Any:
 def compile_with_guard(fn: Callable[..., Any], guard: Any, device: str, thunderfx: bool) -> Any:
     """``fn`` under thunder.jit or ThunderFX with ``guard`` and the fusion executors for ``device``
     (:func:`~thunder_fusion_guard.executors.fusion_executors`: torch.compile on CPU, nvFuser on CUDA)."""
-    from ..executors import fusion_executors
+    from .._thunder import fusion_executors
 
     options: dict[str, Any] = {"transforms": [guard], "executors": fusion_executors(device)}
     if thunderfx:
@@ -169,9 +169,9 @@ def run_report(
 
     from .. import FusionGuard, collect_segments, profile_regions
     from .._thunder import software_versions
-    from ..explanation import report_of
-    from ..measure.calls import step
-    from ..measure.dataflow import trace_graphs
+    from ..examine.calls import step
+    from ..examine.dataflow import trace_graphs
+    from ..examine.explain import report_of
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     fn, args, kwargs = make_workload(load_target(spec), device)
@@ -199,6 +199,17 @@ def run_report(
     }
 
 
+# The files ``fusion-guard report`` writes, by option.
+OUTPUTS = {
+    "json": "write the report as JSON here (under torchrun, one per rank: {rank} in PATH is the rank, "
+    "else .rankN goes before the suffix)",
+    "markdown": "write the report as Markdown here (per rank, as --json)",
+    "html": "profile every region and write a self-contained HTML report here: pictures of each trace before "
+    "and after the guard with the bytes at kernel boundaries, the profile (GB/s on CUDA), the decisions",
+    "dot": "write the dataflow graphs of the traces as Graphviz DOT here",
+}
+
+
 def register(subparsers: Any) -> None:
     """Add ``report`` to the ``fusion-guard`` command line."""
     report = subparsers.add_parser(
@@ -216,20 +227,8 @@ def register(subparsers: Any) -> None:
         default=True,
         help="run the backward when an output requires grad (default); --no-backward: forward under no_grad",
     )
-    report.add_argument(
-        "--json",
-        metavar="PATH",
-        help="write the report as JSON here (under torchrun, one per rank: {rank} in PATH is the rank, "
-        "else .rankN goes before the suffix)",
-    )
-    report.add_argument("--markdown", metavar="PATH", help="write the report as Markdown here (per rank, as --json)")
-    report.add_argument(
-        "--html",
-        metavar="PATH",
-        help="profile every region and write a self-contained HTML report here: pictures of each trace before "
-        "and after the guard with the bytes at kernel boundaries, the profile (GB/s on CUDA), the decisions",
-    )
-    report.add_argument("--dot", metavar="PATH", help="write the dataflow graphs of the traces as Graphviz DOT here")
+    for option, what in OUTPUTS.items():
+        report.add_argument(f"--{option}", metavar="PATH", help=what)
     report.set_defaults(run=_report_command)
 
 
@@ -237,7 +236,7 @@ def _report_command(args: argparse.Namespace) -> int:
     import json
 
     from ..distributed import current_rank, rank_path
-    from ..measure.dataflow import graphs_to_dot
+    from ..examine.dataflow import graphs_to_dot
 
     device = resolve_device(args.device)
     traceback = getattr(args, "traceback", False)
