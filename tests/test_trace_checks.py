@@ -9,7 +9,6 @@ import pytest
 import thunder
 import torch
 from helpers import assert_same, nvfuser_shaped_executor, run_with_grads
-from thunder.executors.torch_compile import torch_compile_ex
 
 from thunder_fusion_guard import FusionGuard
 
