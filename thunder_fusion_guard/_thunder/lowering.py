@@ -187,5 +187,10 @@ def python_callable_from_symbols(
 def guard_call(name: str, fn: Callable[[], Any], outputs: Sequence[Proxy], body: Sequence[BoundSymbol]) -> BoundSymbol:
     """A call, taking no argument, of ``fn`` by the guard's own executor, giving ``outputs``; ``body`` holds
     the bound symbols it stands for (shown in the trace, run by ``fn``)."""
-    sym = Symbol(name=name, meta=None, executor=guard_executor())
-    return BoundSymbol(sym, (), {}, tuple(outputs), tuple(body), _call_ctx={name: fn})
+    outputs = tuple(outputs)
+
+    def meta() -> tuple[Proxy, ...]:
+        return outputs  # takes nothing, gives the same proxies, as Thunder's temporary fusion operations do
+
+    sym = Symbol(name=name, meta=meta, executor=guard_executor())
+    return BoundSymbol(sym, (), {}, outputs, tuple(body), _call_ctx={name: fn})
