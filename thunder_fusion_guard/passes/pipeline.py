@@ -163,14 +163,6 @@ def check_communication(before: th.TraceCtx, after: th.TraceCtx) -> None:
 
 
 OpPass = Callable[[th.TraceCtx, GuardOptions, list[Decision], TraceContext], th.TraceCtx]
-# What each op pass does, for the decision recorded when it fails (docstrings are gone under python -OO).
-_PASS_LABELS = {
-    "fold_pass": "Fold setitem + copy_ pairs into one in-place setitem",
-    "identity_pass": "Remove identity ops, renaming their uses",
-    "rehome_pass": "Move metadata ops run outside a fusion into the region that alone reads them",
-    "merge_pass": "Merge adjacent regions of one executor into one fusion call",
-    "hoist_pass": "Compute input-independent work once per compiled program",
-}
 
 
 def _op_pass(op_pass: OpPass, trace: th.TraceCtx, options: GuardOptions, made: list[Decision], where) -> th.TraceCtx:
@@ -189,7 +181,7 @@ def _op_pass(op_pass: OpPass, trace: th.TraceCtx, options: GuardOptions, made: l
             raise error(f"{op_pass.__name__} {what} the {where.trace} trace: {e}") from e
         del made[before:]
         why = "it would change the communication ops" if moved else "it failed"
-        failed = _decision(where, "-", "-", [], "keep", f"{_PASS_LABELS[op_pass.__name__]} skipped: {why}")
+        failed = _decision(where, "-", "-", [], "keep", f"{op_pass.__name__} skipped: {why}")
         failed.error = f"{type(e).__name__}: {e}"
         made.append(failed)
         return trace
