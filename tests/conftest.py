@@ -25,25 +25,28 @@ def _thunder_checks_every_trace():
     ``DebugOptions(check_traces=True)``: a symbol the guard puts into a trace without a meta function, or
     with outputs Thunder cannot recompute, fails the suite. ``TFG_CHECK_TRACES=0`` turns it off.
 
-    Thunder 0.2.6's torch.compile executor builds its fusion symbols without a meta function (nvFuser's
-    have one), so trace checking fails on any torch.compile region, guard or not; here they get the meta
-    nvFuser's regions have: the call gives its outputs."""
+    Thunder 0.2.6's torch.compile executor and CUDAGraphTransform build their fusion symbols without a meta
+    function (nvFuser's have one), so trace checking fails on their regions, guard or not; here they get
+    the meta nvFuser's regions have: the call gives its outputs."""
     if os.environ.get("TFG_CHECK_TRACES", "1") == "0":
         yield
         return
     from thunder.core.options import DebugOptions
     from thunder.executors.torch_compile import TorchCompileExecutor
+    from thunder.transforms.cudagraph import CUDAGraphTransform
 
-    fuse = TorchCompileExecutor.fuse
+    def with_meta(fuse):
+        def fuse_with_meta(self, region, fusion_counter):
+            bsym = fuse(self, region, fusion_counter)
+            output = bsym.output
+            return bsym.from_bsym(sym=dataclasses.replace(bsym.sym, meta=lambda *args, **kwargs: output))
 
-    def fuse_with_meta(self, region, fusion_counter):
-        bsym = fuse(self, region, fusion_counter)
-        output = bsym.output
-        return bsym.from_bsym(sym=dataclasses.replace(bsym.sym, meta=lambda *args, **kwargs: output))
+        return fuse_with_meta
 
     patch = pytest.MonkeyPatch()
     patch.setitem(DebugOptions._defaults, "check_traces", True)
-    patch.setattr(TorchCompileExecutor, "fuse", fuse_with_meta)
+    for fusing in (TorchCompileExecutor, CUDAGraphTransform):
+        patch.setattr(fusing, "fuse", with_meta(fusing.fuse))
     yield
     patch.undo()
 
