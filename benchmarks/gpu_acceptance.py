@@ -308,7 +308,8 @@ def first_jit(json_path: str, smoke: bool) -> int:
 
 def _internals():
     """Internal helpers of the package (kept in one place, to re-point when modules move)."""
-    from thunder_fusion_guard._thunder import hoisted_values, software_versions
+    from thunder_fusion_guard._thunder import software_versions
+    from thunder_fusion_guard.passes.hoist_runtime import hoisted_values
     from thunder_fusion_guard.regions import find_regions
 
     return hoisted_values, find_regions, software_versions
