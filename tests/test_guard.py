@@ -129,7 +129,7 @@ def test_metadata_ops_option_counts_extra_ops():
 @pytest.mark.parametrize(
     "kwargs,error,match",
     [
-        ({"bogus": 1}, TypeError, "bogus"),
+        ({"bogus": 1}, TypeError, "FusionGuard\\(\\) got an unexpected keyword argument .bogus."),
         ({"report_only": "yes"}, ValueError, "'report_only' must be True or False"),
         ({"strict": 1}, ValueError, "'strict'"),
         ({"executors": "nvfuser"}, ValueError, "'executors' must be a list"),

@@ -141,7 +141,14 @@ class GuardOptions:
 
 
 def make_options(**options: Any) -> GuardOptions:
-    """Validate user options into a :class:`GuardOptions` (``ValueError`` names the bad option)."""
+    """Validate user options into a :class:`GuardOptions`: an unknown name is a ``TypeError`` naming it and
+    ``FusionGuard``, a bad value a ``ValueError`` naming the option."""
+    known = [f.name for f in fields(GuardOptions)]
+    unknown = [name for name in options if name not in known]
+    if unknown:
+        raise TypeError(
+            f"FusionGuard() got an unexpected keyword argument {unknown[0]!r}; its options are {', '.join(known)}"
+        )
     return GuardOptions(**options)
 
 

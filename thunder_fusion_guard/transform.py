@@ -15,7 +15,7 @@ from .decisions import Subgraph
 from .distributed import compare_ranks, current_rank
 from .measure import calibrate
 from .measure.breakeven import RegionMeasurer
-from .options import GuardOptions, options_signature
+from .options import make_options, options_signature
 from .passes import FusionGuardError, TraceContext, guard_trace
 from .passes.hoist import HoistLedger
 from .report import Report
@@ -61,7 +61,7 @@ class FusionGuard(thunder.Transform):
     """
 
     def __init__(self, **options: Any) -> None:
-        self.options = GuardOptions(**options)
+        self.options = make_options(**options)
         self._constants: dict[tuple[str, str], CostConstants | None] = {}
         self.report = Report()
         self.measurer = RegionMeasurer(self.options.measure_budget_s)
