@@ -306,9 +306,9 @@ def run_setup(run: Run, setup: str, name: str) -> dict[str, Any]:
         dist.barrier()
     # Outside the try above: check_ranks is a collective, so every rank calls it whatever happened.
     guarded = made.get("guarded")
-    flags = [guarded is not None]
-    dist.all_gather_object(gathered := [None] * dist.get_world_size(), flags[0])
-    if all(gathered):
+    have_guard: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(have_guard, guarded is not None)
+    if all(have_guard):
         info["variants"]["guarded"].update(guard_facts(guarded["guard"]))
     if "thunder" in trained and "guarded" in trained:
         (lt, gt), (lg, gg) = trained["thunder"], trained["guarded"]
