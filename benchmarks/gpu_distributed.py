@@ -28,7 +28,7 @@ identical steps (same weights, same batch) and their gradients are compared the 
 gradients are "within the floor" when their first-step difference is at most that. Then the timing
 phase: ``--rounds`` steps of each variant interleaved, median ms per rank. Every rank must run the same
 variants in the same order (each step has collectives), so a set-up that no longer fits ``--budget-s``
-(counted from the start of the process) is skipped on all ranks (rank 0 decides). Decisions: each
+(counted once torch and thunder are imported) is skipped on all ranks (rank 0 decides). Decisions: each
 rank's decision keys are gathered and compared (and ``guard.check_ranks()`` run), hoist decisions
 counted. NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1).
 
@@ -439,7 +439,7 @@ def main() -> None:
         "--budget-s",
         type=float,
         default=520.0,
-        help="seconds from the start of the process: a set-up starts only if its expected time fits (520)",
+        help="seconds from the end of the imports: a set-up starts only if its expected time fits (520)",
     )
     p.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results/gpu"))
     p.add_argument("--cpu-smoke", action="store_true", help="CPU, gloo, tiny configs: check the script itself")
