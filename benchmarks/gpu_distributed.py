@@ -1,32 +1,43 @@
-"""litgpt on two GPUs: eager vs thunder vs guarded under FSDP (and DDP), one training step, per rank.
+"""litgpt on two GPUs: eager vs thunder vs guarded under Thunder's FSDP / DDP and ThunderFX under PyTorch's
+DDP / FSDP2, per rank.
 
-Run from the repo root on a machine with two GPUs, after ``source .gpu/setup.sh`` (each command stays
-under 9 minutes on H200s; ``python3 -m torch.distributed.run`` is ``torchrun``):
+Run from the repo root on a machine with two GPUs (nvidia-h200-x2), after ``source .gpu/setup.sh``; two
+invocations, each under 9.5 minutes on H200s (``timeout`` keeps each under the device's 10-minute limit;
+the JSON and Markdown are rewritten after every set-up, so a cut run keeps what it finished):
 
-    torchrun --nproc-per-node 2 benchmarks/gpu_distributed.py --models llama2 mistral --setups fsdp
-    torchrun --nproc-per-node 2 benchmarks/gpu_distributed.py --models llama2 --setups ddp fx-ddp fx-fsdp2
-    torchrun --nproc-per-node 2 benchmarks/gpu_distributed.py --models mistral --setups ddp
+    timeout 570 torchrun --nproc-per-node 2 benchmarks/gpu_distributed.py \\
+        --models mistral --setups fsdp ddp --budget-s 500
+    timeout 570 torchrun --nproc-per-node 2 benchmarks/gpu_distributed.py \\
+        --models llama2 --setups fx-ddp fx-fsdp2 --budget-s 500
 
 Setting: litgpt Mistral-7B-v0.1 / Llama-2-7b-hf at 2 layers, batch 1 per rank, 512 tokens, bf16, one
 training step (forward, cross-entropy, backward). Set-ups (``--setups``):
 
 - ``fsdp``: eager = PyTorch FSDP2 (``fully_shard`` per block and the root); thunder =
-  ``thunder.distributed.fsdp(thunder.jit(model))``; guarded = the same with ``FusionGuard()``.
+  ``thunder.distributed.fsdp(thunder.jit(model))``; guarded = the same with the guard.
 - ``ddp``: eager = PyTorch ``DistributedDataParallel``; thunder = ``thunder.distributed.ddp(thunder.jit(model))``
   (with nvFuser each gradient is all-reduced on its own: no buckets); guarded = the same with the guard.
 - ``fx-ddp`` / ``fx-fsdp2``: ThunderFX (``torch.compile`` with Thunder's backend) under PyTorch's DDP /
   FSDP2, with and without the guard (eager: the same wrapper without compiling).
 
-For each set-up: first a correctness phase (thunder and guarded train 3 SGD steps from the same weights
-on the same batches; losses and gradients compared to the bit, and thunder against itself for the noise
-floor), then the timing phase: ``--rounds`` steps of each variant interleaved, median ms per rank. Every
-rank must run the same variants in the same order (each step has collectives), so a set-up that no
-longer fits ``--budget-s`` is skipped on all ranks (rank 0 decides). The guard runs with
-``compare_ranks=True`` and ``guard.check_ranks()`` is called after the step: the ranks' decisions are
-compared. NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1).
+The guard is ``FusionGuard(compare_ranks=True)``, every other option at its default. For each set-up:
+first a correctness phase (eager, thunder and guarded each train 3 SGD steps from the same weights on
+the same batches; guarded against thunder: losses to the bit, gradients' max abs difference at the first
+step and over all three), then Thunder's own run-to-run difference, the noise floor: thunder takes two
+identical steps (same weights, same batch) and their gradients are compared the same way; the guarded
+gradients are "within the floor" when their first-step difference is at most that. Then the timing
+phase: ``--rounds`` steps of each variant interleaved, median ms per rank. Every rank must run the same
+variants in the same order (each step has collectives), so a set-up that no longer fits ``--budget-s``
+(counted once torch and thunder are imported) is skipped on all ranks (rank 0 decides). Decisions: each
+rank's decision keys are gathered and compared (and ``guard.check_ranks()`` run), hoist decisions
+counted. NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1).
 
-Writes ``$OUT/gpu-distributed-<models>.json`` and ``.md`` (rank 0; every rank's numbers gathered) and
-prints the table last. ``--cpu-smoke`` runs the same code on CPU (gloo, tiny configs) to check it.
+Writes ``$OUT/gpu-distributed-<models>-<setups>.json`` and ``.md`` (rank 0; every rank's numbers
+gathered) and prints the table last. ``--cpu-smoke`` runs the same code on CPU (gloo, tiny configs, the
+torch.compile executor without collectives, linear and matmul, as nvFuser leaves them) to check it:
+
+    torchrun --nproc-per-node 2 benchmarks/gpu_distributed.py --cpu-smoke \\
+        --models mistral llama2 --setups fsdp ddp fx-ddp fx-fsdp2
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
 os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
 
 import argparse
+import hashlib
 import json
 import statistics
 import sys
@@ -55,14 +67,18 @@ import torch.nn.functional as F
 
 from thunder_fusion_guard import FusionGuard
 from thunder_fusion_guard._thunder import software_versions
+from thunder_fusion_guard.distributed import decision_key
 from thunder_fusion_guard.passes.collectives import communication_sequence
 from thunder_fusion_guard.regions import find_regions
 
+START = time.monotonic()  # --budget-s counts from here (torch and thunder imported)
 MODELS = {"mistral": "Mistral-7B-v0.1", "llama2": "Llama-2-7b-hf"}
-# Seconds one set-up takes on an H200 (Thunder compiles the model twice, unguarded ~160 s and guarded
-# ~80 s for Mistral, ~35 s each for Llama-2; results/h200-models-run6.json), with some slack: a set-up
-# starts only when this much of the budget is left (half as much again under ThunderFX, not yet measured).
-SETUP_S = {"mistral": 330.0, "llama2": 120.0}
+# Seconds one set-up takes on an H200 (Thunder compiles the 2-layer model twice per process, both ranks
+# in parallel: ~100 s each for Mistral, whose mask loop makes long traces, ~30 s each for Llama-2 under
+# Thunder's FSDP, results/h200x2-distributed-llama2-fsdp.json), eager, the floor and timing on top: a
+# set-up starts only when this much of the budget is left (half as much again under ThunderFX, which
+# compiles through Dynamo).
+SETUP_S = {"mistral": 225.0, "llama2": 80.0}
 SETUPS = ("fsdp", "ddp", "fx-ddp", "fx-fsdp2")
 VARIANTS = ("eager", "thunder", "guarded")
 TRAIN_STEPS = 3
@@ -82,7 +98,7 @@ class Run:
         self.device = torch.device("cpu") if self.smoke else torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         self.dtype = torch.float32 if self.smoke else torch.bfloat16
         self.tokens = 16 if self.smoke else args.tokens
-        self.deadline = time.monotonic() + args.budget_s
+        self.deadline = START + args.budget_s
         self.batches: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def sync(self) -> None:
@@ -96,20 +112,23 @@ class Run:
         return left[0]
 
     def executors(self) -> dict[str, Any]:
-        """On CPU (smoke run) Thunder's torch.compile executor, without the collectives it cannot compile."""
+        """On CPU (smoke run) Thunder's torch.compile executor, without the collectives it cannot compile and
+        without linear and matmul (left to torch, as nvFuser leaves them: the mask gets hoisted)."""
         if not self.smoke:
             return {}
+        from thunder.core.prims import PrimIDs as Prims
         from thunder.distributed.prims import PrimIDs
         from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
         from thunder.extend import ImplInfo
 
         from thunder_fusion_guard.ops import COMMUNICATION_OPS
 
+        matmuls = {Prims.LINEAR, Prims.MATMUL, "torch.nn.functional.linear", "torch.matmul"}
         ex = TorchCompileExecutor(name="torchcompile_nocomm")
         ex._implmap = {
             op: ImplInfo()
             for op in torch_compile_ex._implmap
-            if not isinstance(op, PrimIDs) and str(op) not in COMMUNICATION_OPS
+            if not isinstance(op, PrimIDs) and str(op) not in COMMUNICATION_OPS and op not in matmuls
         }
         return {"executors": [ex]}
 
@@ -250,10 +269,22 @@ def trace_facts(v: dict[str, Any]) -> dict[str, Any]:
     return {"regions": regions, "collectives": comms}
 
 
+def guard_facts(guard: FusionGuard) -> dict[str, Any]:
+    """What the guard decided on this rank: counts, hoists, a digest of the decision keys to compare ranks."""
+    keys = [list(map(str, decision_key(d))) for d in guard.report.decisions]
+    return {
+        "decisions": guard.report.counts(),
+        "hoists": sum(d.action == "hoist" for d in guard.report.decisions),
+        "decision_keys": len(keys),
+        "decisions_digest": hashlib.sha256(json.dumps(keys).encode()).hexdigest()[:16],
+        "rank_problems": guard.check_ranks(),  # a collective: every rank calls it here
+    }
+
+
 def run_setup(run: Run, setup: str, name: str) -> dict[str, Any]:
     info: dict[str, Any] = {"setup": setup, "variants": {}}
     made: dict[str, dict[str, Any]] = {}
-    # Correctness: thunder and guarded, 3 SGD steps each from the same weights and batches.
+    # Correctness: each variant trains 3 SGD steps from the same weights on the same batches.
     trained: dict[str, tuple] = {}
     for variant in VARIANTS:
         entry: dict[str, Any] = {}
@@ -267,31 +298,41 @@ def run_setup(run: Run, setup: str, name: str) -> dict[str, Any]:
             made[variant] = v
             if variant != "eager":
                 entry.update(trace_facts(v))
-            if v["guard"] is not None:
-                entry["decisions"] = v["guard"].report.counts()
-                entry["rank_problems"] = v["guard"].check_ranks()
             log(f"{name} {setup} {variant}: 3 steps in {entry['first_steps_s']} s (compile included)")
         except Exception as e:
             entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             entry["where"] = traceback.extract_tb(e.__traceback__)[-1].name
             log(f"{name} {setup} {variant} failed: {entry['error']}")
         dist.barrier()
+    # Outside the try above: check_ranks is a collective, so every rank calls it whatever happened.
+    guarded = made.get("guarded")
+    have_guard: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(have_guard, guarded is not None)
+    if all(have_guard):
+        info["variants"]["guarded"].update(guard_facts(guarded["guard"]))
     if "thunder" in trained and "guarded" in trained:
         (lt, gt), (lg, gg) = trained["thunder"], trained["guarded"]
-        eq = [compare(a, b) for a, b in zip(gt, gg, strict=True)]
-        info["guarded_vs_thunder"] = {
-            "losses_equal": all(torch.equal(a, b) for a, b in zip(lt, lg, strict=True)),
-            "grads_equal": all(e for e, _ in eq),
-            "grads_max_abs_diff": max(d for _, d in eq),
-            "collectives_equal": info["variants"]["thunder"].get("collectives")
-            == info["variants"]["guarded"].get("collectives"),
-        }
+        per_step = [compare(a, b) for a, b in zip(gt, gg, strict=True)]
         # Thunder against itself, same weights, same batch: the noise floor (atomics in backward kernels).
         v = made["thunder"]
         first = (step(run, v, 0), grads(v))
         again = (step(run, v, 0), grads(v))
-        equal, diff = compare(first[1], again[1])
-        info["thunder_repeat"] = {"loss_equal": torch.equal(first[0], again[0]), "grads_equal": equal, "diff": diff}
+        floor_equal, floor = compare(first[1], again[1])
+        info["thunder_repeat"] = {
+            "loss_equal": torch.equal(first[0], again[0]),
+            "grads_equal": floor_equal,
+            "diff": floor,
+        }
+        info["guarded_vs_thunder"] = {
+            "losses_equal": all(torch.equal(a, b) for a, b in zip(lt, lg, strict=True)),
+            "grads_equal": all(e for e, _ in per_step),
+            "grads_max_abs_diff_first_step": per_step[0][1],
+            "grads_max_abs_diff": max(d for _, d in per_step),
+            "grads_within_floor": per_step[0][1] <= floor,
+            "collectives_equal": info["variants"]["thunder"].get("collectives")
+            == info["variants"]["guarded"].get("collectives"),
+        }
+        run.sync()
     # Timing: the variants that ran, interleaved round by round.
     ready = [k for k in VARIANTS if k in made]
     samples: dict[str, list[float]] = {k: [] for k in ready}
@@ -310,43 +351,80 @@ def run_setup(run: Run, setup: str, name: str) -> dict[str, Any]:
         if s:
             info["variants"][variant]["median_ms"] = round(statistics.median(s), 3)
             info["variants"][variant]["rounds"] = len(s)
-    del made, trained
+    del made, trained, guarded
     if run.device.type == "cuda":
         torch.cuda.empty_cache()
     return info
 
 
+def summary(entry: dict[str, Any], world: int) -> dict[str, Any]:
+    """One set-up's checks over all ranks (what the issue's done-when asks)."""
+    ranks = entry["ranks"]
+    guarded = [r["variants"].get("guarded", {}) for r in ranks]
+    out: dict[str, Any] = {}
+    for r in range(world):
+        ms = {k: ranks[r]["variants"].get(k, {}).get("median_ms") for k in VARIANTS}
+        out[f"rank{r}_ms"] = ms
+        if ms["guarded"] and ms["thunder"]:
+            out[f"rank{r}_guarded_over_thunder"] = round(ms["guarded"] / ms["thunder"], 3)
+    checks = [r.get("guarded_vs_thunder") for r in ranks]
+    floors = [r.get("thunder_repeat") for r in ranks]
+    if all(checks) and all(floors):
+        out["losses_equal"] = all(c["losses_equal"] for c in checks)
+        out["grads_max_abs_diff_guarded_vs_thunder"] = max(c["grads_max_abs_diff_first_step"] for c in checks)
+        out["grads_max_abs_diff_thunder_vs_thunder"] = max(f["diff"] for f in floors)
+        out["grads_within_floor"] = all(c["grads_within_floor"] for c in checks)
+        out["grads_bitwise_equal"] = all(c["grads_equal"] for c in checks)
+        out["collectives_equal"] = all(c["collectives_equal"] for c in checks)
+    if all("decisions_digest" in g for g in guarded):
+        out["decisions_equal_on_all_ranks"] = len({g["decisions_digest"] for g in guarded}) == 1 and not any(
+            g["rank_problems"] for g in guarded
+        )
+        out["hoists_per_rank"] = [g["hoists"] for g in guarded]
+        out["decisions_rank0"] = guarded[0]["decisions"]
+    return out
+
+
 def table(results: dict[str, Any]) -> str:
-    """Markdown: one row per model, set-up and variant; median ms on each rank."""
+    """Markdown: one row per model, set-up and variant, median ms on each rank; then the checks."""
     world = results["world_size"]
-    header = ["model", "setup", "variant", *(f"rank {r} ms" for r in range(world)), "vs thunder (rank 0)", "note"]
+    header = ["model", "setup", "variant", *(f"rank {r} ms" for r in range(world))]
+    header += [f"vs thunder (rank {r})" for r in range(world)] + ["note"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    checks = []
     for entry in results["runs"]:
         per_rank = entry["ranks"]
         if "skipped" in entry:
             lines.append(
-                f"| {entry['model']} | {entry['setup']} | - |{' - |' * world} - | skipped: {entry['skipped']} |"
+                f"| {entry['model']} | {entry['setup']} | - |{' - |' * (2 * world)} skipped: {entry['skipped']} |"
             )
             continue
         for variant in VARIANTS:
             cells = [per_rank[r]["variants"].get(variant, {}) for r in range(world)]
             ms = [c.get("median_ms") for c in cells]
-            base = per_rank[0]["variants"].get("thunder", {}).get("median_ms")
-            ratio = f"{ms[0] / base:.3f}" if ms[0] and base else ""
+            base = [per_rank[r]["variants"].get("thunder", {}).get("median_ms") for r in range(world)]
+            ratios = [f"{m / b:.3f}" if m and b else "" for m, b in zip(ms, base, strict=True)]
             note = cells[0].get("error", "")
-            if variant == "guarded" and "guarded_vs_thunder" in per_rank[0]:
-                eq = [per_rank[r]["guarded_vs_thunder"] for r in range(world)]
-                agree = not any(c.get("rank_problems") for c in cells)
-                note = ", ".join(
-                    [
-                        f"losses equal {all(e['losses_equal'] for e in eq)}",
-                        f"grads equal {all(e['grads_equal'] for e in eq)}",
-                        f"collectives equal {all(e['collectives_equal'] for e in eq)}",
-                        f"ranks agree {agree}",
-                    ]
-                )
-            row = [entry["model"], entry["setup"], variant, *(f"{m:.2f}" if m else "-" for m in ms), ratio, note]
+            row = [entry["model"], entry["setup"], variant, *(f"{m:.2f}" if m else "-" for m in ms), *ratios, note]
             lines.append("| " + " | ".join(str(c) for c in row) + " |")
+        s = entry.get("summary", {})
+        if "losses_equal" in s or "decisions_equal_on_all_ranks" in s:
+            checks.append(
+                f"| {entry['model']} | {entry['setup']} | {s.get('losses_equal', '-')} | "
+                f"{s.get('grads_max_abs_diff_guarded_vs_thunder', '-')} | "
+                f"{s.get('grads_max_abs_diff_thunder_vs_thunder', '-')} | {s.get('grads_within_floor', '-')} | "
+                f"{s.get('collectives_equal', '-')} | {s.get('decisions_equal_on_all_ranks', '-')} | "
+                f"{s.get('hoists_per_rank', '-')} |"
+            )
+    if checks:
+        lines += [
+            "",
+            "| model | setup | losses equal | grads max abs diff guarded vs thunder (step 1) | thunder vs thunder "
+            "(two identical steps) | within the floor | collectives equal | decisions equal on all ranks | "
+            "hoists per rank |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            *checks,
+        ]
     return "\n".join(lines)
 
 
@@ -358,7 +436,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument(
-        "--budget-s", type=float, default=480.0, help="start a set-up only if it fits in this many seconds (480)"
+        "--budget-s",
+        type=float,
+        default=520.0,
+        help="seconds from the end of the imports: a set-up starts only if its expected time fits (520)",
     )
     p.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results/gpu"))
     p.add_argument("--cpu-smoke", action="store_true", help="CPU, gloo, tiny configs: check the script itself")
@@ -377,7 +458,16 @@ def main() -> None:
         "runs": [],
     }
     out = Path(args.out)
-    stem = f"gpu-distributed-{'-'.join(args.models)}" + ("-cpu-smoke" if smoke else "")
+    stem = f"gpu-distributed-{'-'.join(args.models)}-{'-'.join(args.setups)}" + ("-cpu-smoke" if smoke else "")
+
+    def write() -> str:
+        text = table(results)
+        head = f"# litgpt, {results['world_size']} ranks on {results['device']}, {results['versions']}\n\n"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
+        (out / f"{stem}.md").write_text(head + text + "\n")
+        return text
+
     for key in args.models:
         for setup in args.setups:
             entry: dict[str, Any] = {"model": MODELS[key], "setup": setup}
@@ -392,15 +482,15 @@ def main() -> None:
             gathered: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, mine)
             entry["ranks"] = gathered
+            if "skipped" not in entry:
+                entry["summary"] = summary(entry, dist.get_world_size())
             results["runs"].append(entry)
             if run.rank == 0:
-                out.mkdir(parents=True, exist_ok=True)
-                (out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
+                write()  # after every set-up: a run cut short keeps what it finished
     if run.rank == 0:
-        text = table(results)
-        head = f"# litgpt, {results['world_size']} ranks on {results['device']}, {results['versions']}\n\n"
-        (out / f"{stem}.md").write_text(head + text + "\n")
-        print(text, flush=True)
+        results["wall_s"] = round(time.monotonic() - START, 1)
+        print(write(), flush=True)
+        print(f"wall {results['wall_s']} s since start", flush=True)
     dist.destroy_process_group()
 
 

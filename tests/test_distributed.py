@@ -262,36 +262,63 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_ranks_train_alike_guarded_and_unguarded(tmp_path):
-    """Three training steps on two processes under each set-up: guarded equal to unguarded Thunder to the
-    bit, the same decisions on both ranks, the same collectives in the same order."""
-    setups = list(distributed_worker.SETUPS)
-    failures = ["ddp+torch_compile_ex", "fsdp+torch_compile_ex"]
+def _two_ranks(tmp_path, setups: list[str], failures: list[str], seconds: float) -> list[dict]:
+    """Run tests/distributed_worker.py on two gloo processes; each rank's results."""
     args = (2, _free_port(), str(tmp_path), setups, failures)
     context = mp.spawn(distributed_worker.main, args=args, nprocs=2, join=False)
-    deadline = time.monotonic() + 400
+    deadline = time.monotonic() + seconds
     while not context.join(timeout=5):
         if time.monotonic() > deadline:
             for process in context.processes:
                 process.kill()
-            pytest.fail("the two ranks did not finish in 400 s (a hang?)")
+            pytest.fail(f"the two ranks did not finish in {seconds:.0f} s (a hang?)")
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for rank, result in enumerate(ranks):
         for name in setups:
             got = result["setups"][name]
             assert "error" not in got, f"{name} on rank {rank}: {got.get('traceback')}"
-            assert got["losses_equal"] and got["grads_equal"], (name, rank)
-            assert got["collectives_guarded"] == got["collectives_unguarded"], (name, rank)
-            assert got["rank_in_report"] == rank and got["check_ranks"] == []
+    return ranks
+
+
+def _alike(ranks: list[dict], name: str) -> None:
+    """Guarded equal to unguarded Thunder to the bit on every rank, the same collectives in the same
+    order, the same decisions on both ranks."""
+    for rank, result in enumerate(ranks):
+        got = result["setups"][name]
+        assert got["losses_equal"] and got["grads_equal"], (name, rank)
+        assert got["collectives_guarded"] == got["collectives_unguarded"], (name, rank)
+        assert got["rank_in_report"] == rank and got["check_ranks"] == [], (name, rank)
+    first, second = (r["setups"][name] for r in ranks)
+    assert first["decisions"] == second["decisions"], name
+    assert first["collectives_guarded"] == second["collectives_guarded"], name
+    assert first["losses"] != second["losses"]  # each rank trained on its own batches
+
+
+MASK = ["full", "arange", "unsqueeze", "arange", "unsqueeze", "sub", "ge", "where"]  # full(-inf).triu(1)
+
+
+def test_two_ranks_train_alike_guarded_and_unguarded(tmp_path):
+    """Three training steps on two processes under each set-up, the guard at its defaults (strict, ranks
+    compared): the position table and the causal mask hoisted on every rank, guarded equal to unguarded
+    Thunder to the bit, the same decisions on both ranks, the same collectives in the same order."""
+    setups = list(distributed_worker.SETUPS)
+    ranks = _two_ranks(tmp_path, setups, [], seconds=400)
     for name in setups:
-        first, second = (r["setups"][name] for r in ranks)
-        assert first["decisions"] == second["decisions"], name
-        assert first["collectives_guarded"] == second["collectives_guarded"], name
-        assert first["losses"] != second["losses"]  # each rank trained on its own batches
+        _alike(ranks, name)
+        for rank, result in enumerate(ranks):
+            hoisted = result["setups"][name]["hoisted"]
+            assert hoisted and all(h["applied"] and h["trace"] == "forward" for h in hoisted), (name, rank)
+            ops = [op for h in hoisted for op in h["ops"]]
+            assert ops.count("full") == 1 and ops[ops.index("full") :][: len(MASK)] == MASK, (name, rank, ops)
+            assert ops.count("arange") == 4, (name, rank, ops)  # the table's two, the mask's two
+            assert all(h["split"] for h in hoisted), (name, rank)  # taken out of an element-wise region
     for name in ("thunder.distributed.fsdp", "FSDPTransform"):
         got = ranks[0]["setups"][name]
         assert all(c != "[]" for c in got["collectives_guarded"])  # all-gathers forward, reduce-scatters backward
-        assert got["actions"].get("reject", 0) >= 3  # the pre-averaging divisions between reduce-scatters
+        # Under Thunder's FSDP the table and the mask share one region (before the first wait): one piece.
+        assert len(got["hoisted"]) == 1
+    for name in ("thunder.distributed.ddp", "DDPTransform", "ThunderFX+DDP", "ThunderFX+FSDP2"):
+        assert len(ranks[0]["setups"][name]["hoisted"]) == 2, name  # the table and the mask, one piece each
     for name in ("thunder.distributed.ddp", "DDPTransform"):
         forward, backward = ranks[0]["setups"][name]["collectives_guarded"]
         assert forward == "[]" and "torch_all_reduce_prim_impl" in backward
@@ -301,10 +328,44 @@ def test_two_ranks_train_alike_guarded_and_unguarded(tmp_path):
     for name in ("ThunderFX+DDP", "ThunderFX+FSDP2"):
         # PyTorch's DDP and FSDP2 communicate outside the Thunder-compiled subgraphs.
         assert all(c == "[]" for c in ranks[0]["setups"][name]["collectives_guarded"])
+
+
+def test_two_ranks_extra_cases_and_thunders_own_failures(tmp_path):
+    """Extra cases on two processes, and the README table's "with the guard" column.
+
+    - matmul inside torch.compile's regions: the mask shares a region with reductions, which the default
+      ``exact_only`` does not rebuild: nothing is hoisted, everything else as in the main set-ups.
+    - one-op regions (non-default options, exact_only=False and a cost model that sends one-op regions to
+      the torch executor): the pre-averaging divisions between FSDP's reduce-scatters are rejected, and
+      the collectives stay where they were.
+    - Thunder's DDP and FSDP with ``torch_compile_ex`` fail in thunder 0.2.6; with the guard they fail the
+      same way (the guard neither hides nor changes the error).
+    """
+    extras = list(distributed_worker.EXTRAS)
+    failures = ["ddp+torch_compile_ex", "fsdp+torch_compile_ex"]
+    ranks = _two_ranks(tmp_path, extras, [*failures, *(f"{f}+guard" for f in failures)], seconds=300)
+    for name in extras:
+        _alike(ranks, name)
+    for name in ("thunder.distributed.ddp+matmul-in-regions", "thunder.distributed.fsdp+matmul-in-regions"):
+        for result in ranks:
+            got = result["setups"][name]
+            assert got["hoisted"] == [] and set(got["actions"]) == {"keep"}, name
+            (masked,) = [ops for trace, _, _, ops in got["regions"] if trace == "forward" and "full" in ops]
+            assert "matmul" in masked or "linear" in masked, (name, masked)
+    got = ranks[0]["setups"]["thunder.distributed.fsdp+one-op-regions"]
+    assert got["actions"].get("reject", 0) >= 3  # the pre-averaging divisions between reduce-scatters
+    assert got["actions"]["hoist"] == 1
     for result in ranks:
-        assert result["failures"]["ddp+torch_compile_ex"] == (
-            "builtins.IndexError in get_bsym_of_allreduce_of_grad: tuple index out of range"
-        )
-        assert result["failures"]["fsdp+torch_compile_ex"].startswith(
-            "torch._dynamo.exc.Unsupported in compile_wrapper: async_op=True for distributed collectives"
-        )
+        found = result["failures"]
+        ddp_error = "builtins.IndexError in get_bsym_of_allreduce_of_grad: tuple index out of range"
+        fsdp_error = "torch._dynamo.exc.Unsupported in compile_wrapper: async_op=True for distributed collectives"
+        assert found["ddp+torch_compile_ex"]["error"] == ddp_error
+        assert found["fsdp+torch_compile_ex"]["error"].startswith(fsdp_error)
+        # With the guard: the same error, unchanged.
+        assert found["ddp+torch_compile_ex+guard"]["error"] == found["ddp+torch_compile_ex"]["error"]
+        assert found["fsdp+torch_compile_ex+guard"]["error"] == found["fsdp+torch_compile_ex"]["error"]
+        # Thunder's DDP fails in its own transform before the guard sees a trace; under FSDP the guard ran
+        # and kept the regions that hold a collective, and torch.compile then fails on them as without it.
+        assert found["ddp+torch_compile_ex+guard"]["actions"] == {}
+        reasons = found["fsdp+torch_compile_ex+guard"]["reasons"]
+        assert reasons and all("communication ops" in r for r in reasons), reasons
