@@ -100,7 +100,7 @@ def decide(
     measurable = 1 / MEASURE_BAND <= ratio <= MEASURE_BAND
     details: dict[str, Any] = {"decided_by": "model", "model_action": model[0]}
     if inexact:  # never rejected (nor timed), whatever the numbers say
-        cheaper = "eager looks cheaper" if model[0] == "reject" else "the fusion looks cheaper"
+        cheaper = "eager looks cheaper" if est.eager_us < est.region_us else "the fusion looks cheaper"
         reason = (
             f"kept for exactness: ops {inexact} could round differently run one by one outside the fusion "
             f"(option 'exact_only'); cost aside: estimated {est.region_us:.1f} µs fused vs {est.eager_us:.1f} µs "
