@@ -102,7 +102,7 @@ def decide(
     if inexact:  # never rejected (nor timed), whatever the numbers say
         cheaper = "eager looks cheaper" if est.eager_us < est.region_us else "the fusion looks cheaper"
         reason = (
-            f"kept for exactness: ops {inexact} could round differently run one by one outside the fusion "
+            f"kept for exactness: ops {inexact} could round differently outside the fusion, op by op "
             f"(option 'exact_only'); cost aside: estimated {est.region_us:.1f} µs fused vs {est.eager_us:.1f} µs "
             f"eager ({cheaper})"
         )
