@@ -251,21 +251,20 @@ def test_calibrate_prints_a_readable_summary_and_json_on_request(tmp_path, capsy
 
 
 def test_library_import_prints_nothing_to_stderr(tmp_path):
-    """Importing the guard (which imports Thunder) and compiling on CPU prints none of Thunder's
-    optional-dependency notices; they go to the thunder_fusion_guard logger at DEBUG."""
+    """Importing the guard (which imports Thunder and the torch module that looks for CUDA_HOME) prints none
+    of their optional-dependency notices; they go to the thunder_fusion_guard logger at DEBUG. (The README
+    test checks the same for compiling, on every snippet.)"""
     code = textwrap.dedent(
         """
-        import logging, torch
+        import logging
         seen = []
         class Keep(logging.Handler):
             def emit(self, record):
                 seen.append((record.levelno, record.getMessage()))
         logging.getLogger("thunder_fusion_guard").addHandler(Keep())
         logging.getLogger("thunder_fusion_guard").setLevel(logging.DEBUG)
-        from thunder_fusion_guard import FusionGuard, fusion_executors
-        import thunder
-        jitted = thunder.jit(lambda x: x * 2 + 1, executors=fusion_executors("cpu"), transforms=[FusionGuard()])
-        assert torch.equal(jitted(torch.ones(3)), torch.full((3,), 3.0))
+        from thunder_fusion_guard import FusionGuard
+        import thunder, torch.utils.cpp_extension
         print([m for level, m in seen if level == logging.DEBUG and "transformer_engine" in m])
         """
     )
