@@ -39,10 +39,16 @@ def no_work(monkeypatch):
         raise AssertionError("the command started its work before checking its arguments")
 
     import thunder_fusion_guard.measure.calibrate as calibrate
+    import thunder_fusion_guard.tools.bench_cli as bench_cli
+    import thunder_fusion_guard.tools.bench_decisions as bench_decisions
     import thunder_fusion_guard.tools.demo as demo
+    import thunder_fusion_guard.tools.report_cli as report_cli
 
     monkeypatch.setattr(calibrate, "calibrate", refuse)
     monkeypatch.setattr(demo, "run_demo", refuse)
+    monkeypatch.setattr(report_cli, "run_report", refuse)
+    monkeypatch.setattr(bench_cli, "run_cases", refuse)
+    monkeypatch.setattr(bench_decisions, "run", refuse)
 
 
 @pytest.mark.parametrize(
@@ -61,6 +67,10 @@ def no_work(monkeypatch):
         (["bench", "run", "--reps", "x"], "bench run", "argument --reps"),
         (["bench", "compare", "a.json"], "bench compare", "the following arguments are required: head"),
         (["report"], "report", "the following arguments are required: TARGET"),
+        (["bench", "decisions", "--time-limit", "0"], "bench decisions", "argument --time-limit: expected a number"),
+        (["bench", "decisions", "--time-limit", "-3"], "bench decisions", "argument --time-limit: expected a number"),
+        (["bench", "decisions", "--region-s", "0"], "bench decisions", "argument --region-s: expected a number"),
+        (["bench", "decisions", "--reps", "4"], "bench decisions", "argument --reps: expected an integer >= 5"),
         (["nope"], "", "invalid choice: 'nope'"),
         ([], "", "the following arguments are required: COMMAND"),
     ],
@@ -72,12 +82,50 @@ def test_bad_argument_is_one_line_and_exit_2(capsys, no_work, argv, prefix, mess
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="a CUDA device is present")
-@pytest.mark.parametrize("command", ["demo", "calibrate", "report"])
+@pytest.mark.parametrize("command", ["demo", "calibrate", "report", "bench run", "bench decisions"])
 def test_cuda_without_a_device_is_one_line_and_exit_2(capsys, no_work, command):
+    """Every command words a missing GPU alike."""
     target = [f"{REPO}/examples/report_target.py:make"] if command == "report" else []
-    line = _one_line_error(capsys, [command, *target, "--device", "cuda"])
+    line = _one_line_error(capsys, [*command.split(), *target, "--device", "cuda"])
     assert line.startswith(f"fusion-guard {command}: --device cuda: "), line
     assert "no CUDA device" in line or "without CUDA" in line
+
+
+# Every command that writes a file, with its options: each output path is checked before any work.
+WRITERS = {
+    "report": (
+        ["report", f"{REPO}/examples/report_target.py:make", "--device", "cpu"],
+        ["--json", "--markdown", "--html", "--dot"],
+    ),
+    "bench run": (["bench", "run", "--device", "cpu", "--suite", "micro"], ["--json", "--markdown"]),
+    "bench decisions": (["bench", "decisions", "--device", "cpu", "--quick"], ["--json"]),
+    "calibrate": (["calibrate", "--device", "cpu", "--no-save"], ["--json"]),
+}
+BAD_OUTPUTS = {
+    "under a regular file": ("file.txt/out.json", "file.txt is a file, not a folder"),
+    "a folder": ("folder", "is a folder; name a file in it"),
+    "in a missing folder": ("missing/out.json", "folder missing does not exist (create it first)"),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_OUTPUTS))
+@pytest.mark.parametrize("command, option", [(c, o) for c, (_, options) in WRITERS.items() for o in options])
+def test_bad_output_path_is_one_line_and_exit_2_before_any_work(
+    tmp_path, monkeypatch, capsys, no_work, command, option, bad
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file.txt").write_text("not a folder")
+    (tmp_path / "folder").mkdir()
+    path, message = BAD_OUTPUTS[bad]
+    argv, _ = WRITERS[command]
+    line = _one_line_error(capsys, [*argv, option, path])
+    assert line == f"fusion-guard {command}: {option} {path}: {message}", line
+    assert not (tmp_path / "missing").exists()  # nothing created
+
+
+def test_traceback_keeps_the_status_of_a_usage_error(capsys, no_work):
+    assert main(["calibrate", "--executor", "nope", "--traceback"]) == 2
+    assert "calibrate: --executor 'nope'" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="a CUDA device is present")
@@ -96,8 +144,11 @@ def test_make_that_raises_is_one_line_with_a_hint(tmp_path, capsys):
     assert line == (
         "fusion-guard report: make() raised RuntimeError: weights not found (--traceback for the full traceback)"
     )
-    with pytest.raises(RuntimeError, match="weights not found"):
-        main(["report", f"{target}:make", "--device", "cpu", "--traceback"])
+    # --traceback shows what make() raised, with its own frames, and keeps the status: still a bad TARGET
+    assert main(["report", f"{target}:make", "--device", "cpu", "--traceback"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "RuntimeError: weights not found" in err
+    assert "raising.py" in err and err.strip().splitlines()[-1].startswith("fusion-guard report: make() raised")
 
 
 def test_model_that_fails_under_thunder_is_one_line_exit_1(tmp_path, capsys):
@@ -156,3 +207,72 @@ def test_python_dash_m_bad_target_is_one_line_without_import_warnings(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip() == "fusion-guard report: missing.py: no such file", done.stderr
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize("argv", [["bench", "run"], ["bench", "compare"], ["bench", "decisions"], ["report"]])
+def test_every_command_help_has_a_description(capsys, argv):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    description = out.split("\n\n")[1]  # after the usage lines
+    assert len(description.split()) >= 15 and not description.lstrip().startswith(("positional", "options")), out
+    assert "``" not in out, out
+
+
+def test_calibrate_prints_a_readable_summary_and_json_on_request(tmp_path, capsys, monkeypatch):
+    import json
+
+    import thunder_fusion_guard.measure.calibrate as calibrate
+    from thunder_fusion_guard.cost import CostConstants
+    from thunder_fusion_guard.defaults import SHIPPED
+
+    constants = CostConstants.from_dict(SHIPPED[0][2])
+    monkeypatch.setattr(calibrate, "calibrate", lambda device, executor, save: constants)
+    threads = torch.get_num_threads()
+    try:
+        assert main(["calibrate", "--device", "cpu", "--no-save", "--json", str(tmp_path / "c.json")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert out.startswith("cost constants for torchcompile on cpu (timed with 1 intra-op thread")
+    for label in (
+        "fusion call overhead   13.4 µs per call",
+        "eager op dispatch",
+        "bandwidth",
+        "eager GB/s by size",
+        "compute, ns/element    var_mean 4.32",
+        "matmul                 117 GFLOP/s",
+        "not saved (--no-save)",
+    ):
+        assert label in out, (label, out)
+    assert "{" not in out  # no raw JSON on the console
+    assert json.loads((tmp_path / "c.json").read_text())["fusion_call_us"] == 13.408
+
+
+def test_library_import_prints_nothing_to_stderr(tmp_path):
+    """Importing the guard (which imports Thunder and the torch module that looks for CUDA_HOME) prints none
+    of their optional-dependency notices; they go to the thunder_fusion_guard logger at DEBUG. (The README
+    test checks the same for compiling, on every snippet.)"""
+    code = textwrap.dedent(
+        """
+        import logging
+        seen = []
+        class Keep(logging.Handler):
+            def emit(self, record):
+                seen.append((record.levelno, record.getMessage()))
+        logging.getLogger("thunder_fusion_guard").addHandler(Keep())
+        logging.getLogger("thunder_fusion_guard").setLevel(logging.DEBUG)
+        from thunder_fusion_guard import FusionGuard
+        import thunder, torch.utils.cpp_extension
+        print([m for level, m in seen if level == logging.DEBUG and "transformer_engine" in m])
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env.pop("PYTHONWARNINGS", None)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "", done.stderr
+    assert "transformer_engine module not found" in done.stdout  # on the logger, at DEBUG

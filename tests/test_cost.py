@@ -35,7 +35,7 @@ def test_lone_small_add_is_rejected():
     assert_same(*[run_with_grads(guarded, [a, b])[0], run_with_grads(plain, [a, b])[0]])
     assert regions(guarded) == []
     (d,) = guard.report.filter(trace="forward")
-    assert d.action == "reject" and d.reason.startswith("eager is cheaper")
+    assert d.action == "reject" and d.reason.startswith("cost model: eager is cheaper")
     assert d.estimates["est_eager_us"] < d.estimates["est_region_us"]
 
 
@@ -46,7 +46,7 @@ def test_big_pointwise_chain_is_kept():
     assert torch.equal(guarded(x), jit_cpu(pointwise_chain)(x))
     assert len(regions(guarded)) == 1
     (d,) = guard.report
-    assert d.action == "keep" and "worth it" in d.reason
+    assert d.action == "keep" and "the fusion looks cheaper" in d.reason and d.details["model_action"] == "keep"
     assert d.estimates["est_region_us"] < d.estimates["est_eager_us"]
 
 
@@ -61,6 +61,18 @@ def test_small_chain_with_mul_and_add_stays_fused_when_exact_only():
     (d,) = guard.report
     assert d.action == "keep" and "exact_only" in d.reason and d.details["decided_by"] == "exactness"
     assert d.details["model_action"] == "reject"
+    # the reason leads with what decided it, and gives the numbers only as "cost aside"
+    assert d.reason.startswith("kept for exactness: ops ") and "cost aside: estimated" in d.reason
+    assert "worth it" not in d.reason and "(eager looks cheaper)" in d.reason
+
+
+def test_exactness_reason_never_argues_cost_when_the_fusion_also_wins():
+    x = torch.randn(64, 256)
+    guard = FusionGuard(calibration=CPU.to_dict(), measure_budget_s=0)
+    jit_cpu(lambda t: torch.softmax(t * 2.0, dim=-1), guard)(x)
+    (d,) = guard.report
+    assert d.details["decided_by"] == "exactness" and d.action == "keep"
+    assert d.reason.startswith("kept for exactness: ") and "fusion call is worth it" not in d.reason
 
 
 def test_exact_only_off_rejects_small_inexact_regions():

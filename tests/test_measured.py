@@ -340,7 +340,7 @@ def test_reason_within_the_margin_says_eager_was_cheaper():
     (d,) = guard.report
     region, eager = d.estimates["est_region_us"], d.estimates["est_eager_us"]
     assert eager < region and d.action == "keep"
-    assert d.reason.startswith("eager estimated cheaper, but by less than the margin")
+    assert d.reason.startswith("cost model: eager estimated cheaper, but by less than the margin")
     assert f"{eager:.1f} µs eager vs {region:.1f} µs fused" in d.reason and "margin 20%" in d.reason
     assert "worth it" not in d.reason
 
@@ -349,7 +349,7 @@ def test_reason_when_fusion_wins_and_when_measured_within_margin(monkeypatch):
     guard = FusionGuard(calibration=dict(NEAR, eager_op_us=30.0), measure_budget_s=0)
     jit_cpu(lone_add, guard)(*_inputs())
     (d,) = guard.report
-    assert d.reason.startswith("fusion call is worth it: estimated")
+    assert d.reason.startswith("cost model: fusion call is worth it: estimated")
     assert d.estimates["est_region_us"] < d.estimates["est_eager_us"]
 
     fake_timings(monkeypatch, 10.0, 9.7)
@@ -357,7 +357,10 @@ def test_reason_when_fusion_wins_and_when_measured_within_margin(monkeypatch):
     jit_cpu(lone_add, guard)(*_inputs())
     (d,) = guard.report
     assert d.action == "keep"
-    assert d.reason.startswith("eager measured cheaper, but by less than the margin: 9.7 µs eager vs 10.0 µs fused")
+    assert d.reason.startswith(
+        "measured while compiling (near break-even): eager measured cheaper, but by less than the margin: "
+        "9.7 µs eager vs 10.0 µs fused"
+    )
     assert "margin 5%" in d.reason and "narrowed from 20% to the timing's spread" in d.reason
 
 

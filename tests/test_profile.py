@@ -148,3 +148,59 @@ def test_op_level_decisions_are_not_listed_as_vanished_regions():
     profile = profile_regions(jitted, torch.randn(4, 4), reps=2, warmup=1)
     assert len(guard.report.filter(action="fold")) == 4
     assert "no longer in the traces" not in str(profile)
+
+
+def _row(host, eager):
+    return RegionRow("forward", "TorchCompile0", "torchcompile", 2, ["mul", "add"], host_us=host, eager_us=eager)
+
+
+def _decision(decided_by, **details):
+    from thunder_fusion_guard import Decision
+
+    d = Decision("forward", "TorchCompile0", "torchcompile", ["mul", "add"], "keep", "r")
+    d.details = {"decided_by": decided_by, **details}
+    d.estimates = {"est_region_us": 14.0, "est_eager_us": 15.0}
+    return d
+
+
+@pytest.mark.parametrize(
+    "decided_by, details, expected",
+    [
+        ("exactness", {}, "fused 400% slower here; kept for exactness"),
+        ("model", {}, "model estimate (14.0 vs 15.0 µs), not measured: estimates more than 3x apart"),
+        ("model", {"not_measured": "measure budget spent"}, "not measured: measure budget spent"),
+        ("measured", {"measured_region_us": 10.0, "measured_eager_us": 9.0}, "9.0 µs eager, within the margin"),
+        ("option", {}, "kept by option"),
+    ],
+)
+def test_profile_says_why_a_kept_region_is_slower_fused(decided_by, details, expected):
+    from thunder_fusion_guard.examine.profile import disagreement
+
+    d = _decision(decided_by, **details)
+    assert expected in disagreement(_row(50.0, 10.0), d, [d])
+    assert disagreement(_row(10.0, 50.0), d, [d]) is None  # fused faster: the profile agrees
+
+
+def test_profile_names_a_region_hoisting_split_after_the_decision():
+    from thunder_fusion_guard import Decision
+    from thunder_fusion_guard.examine.profile import disagreement
+
+    d = _decision("model")
+    hoist = Decision("forward", "hoisted_constants", "fusion_guard", ["full"], "hoist", "r")
+    hoist.details = {"scope": "op", "split": ["TorchCompile0"]}
+    assert "before hoisting took the input-independent ones out" in disagreement(_row(50.0, 10.0), d, [d, hoist])
+
+
+def test_profile_table_marks_disagreements_with_injected_timings(monkeypatch):
+    import thunder_fusion_guard.examine.profile as profile_module
+
+    timings = iter([(50.0, (49.0, 51.0)), (10.0, (9.0, 11.0))] * 10)  # every region: fused 50 µs, eager 10 µs
+    monkeypatch.setattr(profile_module, "_timed", lambda fn, args, reps, warmup: next(timings))
+    guard = FusionGuard(measure_budget_s=0)
+    jitted = jit_cpu(lambda t: torch.softmax(t * 2.0, dim=-1), guard)
+    profile = profile_regions(jitted, torch.randn(4, 8), reps=2, warmup=0)
+    (row,) = profile.rows
+    assert row.decided_by == "exactness" and row.reason.startswith("kept for exactness")
+    text = str(profile)
+    assert "why kept though slower here" in text and "fused 400% slower here; kept for exactness" in text
+    assert "host: one call of the region's fusion callable" in text

@@ -1,20 +1,27 @@
-"""README.md's Python snippets run as written, in order, in one namespace (as a reader pastes them into
-one session), and produce decisions: on CPU with the default run, on CUDA (nvFuser) with ``-m cuda``."""
+"""README.md's Python snippets run as written, each alone in a fresh process in an empty folder (as a reader
+pastes one into a new session), and print what the README says they print: on CPU with the default run, on
+CUDA (nvFuser) with ``-m cuda``."""
 
-import contextlib
-import io
 import os
 import re
-import tempfile
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 
-from thunder_fusion_guard import FusionGuard
-
-README = Path(__file__).resolve().parents[1] / "README.md"
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
 NO_REGION = ("nothing compiled yet", "made no fusion region", "no fusion region in the final traces")
+# What each snippet prints (first line of the snippet that names it -> texts its output must hold).
+EXPECTED = {
+    "class BandedScores": ("FusionGuard:", "hoist", "x faster"),
+    "print(profile)": ("profile of",),
+    "thunderfx(Scores()": ("subgraph 0",),
+    "report.html": ("wrote report.html and decisions.html",),
+}
 
 
 def snippets() -> list[str]:
@@ -27,58 +34,58 @@ def test_every_python_block_runs_or_says_why_not():
     fences = re.findall(r"^```python(.*)$", README.read_text(), flags=re.M)
     assert all(f in ("", " torchrun") for f in fences), fences
     assert fences.count(" torchrun") <= 1
+    blocks = snippets()
+    assert len(blocks) == len(EXPECTED), "a README snippet was added or removed: say what it prints in EXPECTED"
+    for key in EXPECTED:
+        assert sum(key in b for b in blocks) == 1, key
 
 
-def run_snippets() -> tuple[dict, list[str]]:
-    """Execute every snippet in one namespace, in a fresh folder (snippets write files); the namespace
-    and what each snippet printed."""
-    namespace: dict = {"__name__": "readme"}
-    printed = []
-    threads = torch.get_num_threads()
-    here = os.getcwd()
-    with tempfile.TemporaryDirectory() as folder:
-        os.chdir(folder)
-        try:
-            _run(namespace, printed, threads)
-        finally:
-            os.chdir(here)
-    return namespace, printed
+def _run_alone(code: str, index: int, folder: Path) -> subprocess.CompletedProcess:
+    work = folder / f"block{index + 1}"
+    work.mkdir()
+    (work / "snippet.py").write_text(code)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    env.pop("PYTHONWARNINGS", None)
+    return subprocess.run(
+        [sys.executable, "snippet.py"], cwd=work, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
-def _run(namespace: dict, printed: list[str], threads: int) -> None:
-    try:
-        for i, code in enumerate(snippets()):
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out):
-                exec(compile(code, f"README.md python block {i + 1}", "exec"), namespace)
-            printed.append(out.getvalue())
-    finally:
-        torch.set_num_threads(threads)  # the profile snippet pins one thread
+def run_snippets(folder: Path) -> list[subprocess.CompletedProcess]:
+    """Each snippet alone, in a fresh process and folder (two at a time)."""
+    blocks = snippets()
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(_run_alone, blocks, range(len(blocks)), [folder] * len(blocks)))
 
 
-def check(namespace: dict, printed: list[str]) -> None:
-    assert len(printed) >= 3, "README lost its snippets"
-    for i, text in enumerate(printed):
-        assert not any(s in text for s in NO_REGION), f"README python block {i + 1} printed:\n{text}"
-    guard = namespace["guard"]
-    assert isinstance(guard, FusionGuard)
-    assert [d for d in guard.report if d.about_region], "the first snippet's guard decided no region"
-    assert "FusionGuard:" in printed[0] and "decisions" in printed[0]
-    assert "profile of" in printed[1]
-    if namespace["device"] == "cpu":  # CPU timings name the thread count; CUDA ones do not need it
-        assert "intra-op thread" in printed[1]
-    assert "subgraph 0" in printed[2], printed[2]
+def check(done: list[subprocess.CompletedProcess], device: str) -> None:
+    blocks = snippets()
+    assert len(done) >= 4, "README lost its snippets"
+    for i, (code, result) in enumerate(zip(blocks, done, strict=True)):
+        where = f"README python block {i + 1}"
+        assert result.returncode == 0, f"{where} failed on its own:\n{result.stderr[-3000:]}"
+        assert not any(s in result.stdout for s in NO_REGION), f"{where} printed:\n{result.stdout}"
+        (expected,) = [texts for key, texts in EXPECTED.items() if key in code]
+        for text in expected:
+            assert text in result.stdout, f"{where} did not print {text!r}:\n{result.stdout}"
+        if "profile of" in expected and device == "cpu":  # CPU timings name the thread count
+            assert "intra-op thread" in result.stdout
+        # the guard is imported before thunder: no import-time notice reaches the console
+        for notice in ("transformer_engine module not found", "CUDA_HOME"):
+            assert notice not in result.stderr, f"{where} printed {notice!r}:\n{result.stderr}"
 
 
-def test_readme_snippets_run_and_decide():
-    namespace, printed = run_snippets()
-    check(namespace, printed)
-    assert namespace["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+def test_readme_snippets_run_alone_and_decide(tmp_path):
+    done = run_snippets(tmp_path)
+    check(done, "cuda" if torch.cuda.is_available() else "cpu")
+    first = done[0].stdout
+    # the first example shows the guard acting (a non-keep decision) and a measured gain
+    assert re.search(r"\b(hoist|fold|reject|remove)\b", first)
+    assert re.search(r"unguarded [\d.]+ µs, guarded [\d.]+ µs per call: [\d.]+x faster", first), first
 
 
 @pytest.mark.cuda
-def test_readme_snippets_run_and_decide_on_cuda():
-    namespace, printed = run_snippets()
-    check(namespace, printed)
-    assert namespace["device"] == "cuda"
-    assert "nvfuser" in {d.executor for d in namespace["guard"].report}
+def test_readme_snippets_run_alone_and_decide_on_cuda(tmp_path):
+    done = run_snippets(tmp_path)
+    check(done, "cuda")
+    assert "nvfuser" in done[0].stdout

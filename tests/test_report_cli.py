@@ -34,6 +34,7 @@ def _file(tmp_path, text: str, name: str = "target.py") -> Path:
 def test_shipped_example_through_thunderfx(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(REPO)
     out_json, out_md = tmp_path / "out" / "report.json", tmp_path / "report.md"
+    out_json.parent.mkdir()  # an output's folder must exist (test_cli checks the error)
     argv = ["report", "examples/report_target.py:make", "--thunderfx", "--device", "cpu"]
     assert main([*argv, "--json", str(out_json), "--markdown", str(out_md)]) == 0
     printed = capsys.readouterr().out

@@ -53,6 +53,8 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if module not in (".decisions", ".report"):  # Thunder first, its import-time notices on our logger
+        importlib.import_module("._thunder", __name__)
     value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value
     return value

@@ -55,16 +55,18 @@ def decide(
     """
     comms = [op for op, b in zip(region.ops, region.body, strict=True) if is_communication(b)]
     if comms:
-        why = f"region holds communication ops {sorted(set(comms))}: never rewritten or moved"
+        why = f"kept by rule: region holds communication ops {sorted(set(comms))}: never rewritten or moved"
         return _verdict("keep", why, "rule")
     if not options.guards(region.executor):
-        return _verdict("keep", f"executor {region.executor!r} is not guarded (option 'executors')", "option")
+        return _verdict(
+            "keep", f"kept by option: executor {region.executor!r} is not guarded (option 'executors')", "option"
+        )
     if region_is_metadata_only(region.body, options.metadata_ops):
         asked = (compile_options or {}).get(SHAPE_ONLY) is True and region.executor == "nvfuser"
         if asked and not options.override_compile_options:
             return _verdict(
                 "keep",
-                f"shape-only region kept: the program asked for them ({SHAPE_ONLY}=True); "
+                f"kept by option: shape-only region kept: the program asked for them ({SHAPE_ONLY}=True); "
                 "FusionGuard(override_compile_options=True) rejects them",
                 "option",
             )
@@ -75,38 +77,48 @@ def decide(
             "metadata",
         )
     if not options.cost_model:
-        return _verdict("keep", "region computes (cost model off)", "option")
+        return _verdict("keep", "kept by option: region computes (cost model off)", "option")
     if constants is None:
-        return _verdict("keep", f"region computes; {_no_constants(region.executor, options)}", "no constants")
+        return _verdict(
+            "keep",
+            f"kept without cost constants: region computes; {_no_constants(region.executor, options)}",
+            "no constants",
+        )
     randoms = random_ops(region)
     if randoms:
-        return _verdict("keep", f"random ops {randoms}: running them elsewhere would change the random stream", "rule")
+        return _verdict(
+            "keep", f"kept by rule: random ops {randoms}: running them elsewhere would change the random stream", "rule"
+        )
     try:
         est = estimate(region.body, region.inputs, region.outputs, constants, options.metadata_ops)
     except UnknownSize as e:
-        return _verdict("keep", f"cannot estimate: {e}", "rule")
+        return _verdict("keep", f"kept by rule: cannot estimate: {e}", "rule")
     record = est.as_record()
     inexact = inexact_ops(region, options.metadata_ops) if options.exact_only else []
     model = _by_numbers(est.region_us, est.eager_us, options.margin, "estimated", est.eager_ops)
     ratio = est.eager_us / est.region_us if est.region_us > 0 else float("inf")
     measurable = 1 / MEASURE_BAND <= ratio <= MEASURE_BAND
     details: dict[str, Any] = {"decided_by": "model", "model_action": model[0]}
-    if inexact:  # never rejected, whatever the numbers say
-        reason = model[1]
-        if model[0] == "reject":
-            reason = (
-                f"eager looks cheaper ({est.eager_us:.1f} vs {est.region_us:.1f} µs) but ops {inexact} could round "
-                "differently outside the fusion (option 'exact_only')"
-            )
+    if inexact:  # never rejected (nor timed), whatever the numbers say
+        cheaper = "eager looks cheaper" if est.eager_us < est.region_us else "the fusion looks cheaper"
+        reason = (
+            f"kept for exactness: ops {inexact} could round differently outside the fusion, op by op "
+            f"(option 'exact_only'); cost aside: estimated {est.region_us:.1f} µs fused vs {est.eager_us:.1f} µs "
+            f"eager ({cheaper})"
+        )
         return Verdict("keep", reason, record, {**details, "decided_by": "exactness"})
     if measured is not None and measurable:
         margin = measured_margin(options.margin, measured, constants)
         action, reason = _by_numbers(measured.region_us, measured.eager_us, margin, "measured", est.eager_ops)
-        reason = f"{reason}; near break-even, so timed here (est {est.region_us:.1f} µs fused vs {est.eager_us:.1f})"
+        reason = (
+            f"measured while compiling (near break-even): {reason}; the model estimated {est.region_us:.1f} µs "
+            f"fused vs {est.eager_us:.1f}"
+        )
         if margin != options.margin:
             reason += f"; margin narrowed from {options.margin:.0%} to the timing's spread, calls here are synchronous"
         return Verdict(action, reason, record, {**details, "decided_by": "measured", **measured.as_record()})
-    return Verdict(model[0], model[1], record, details, measurable)
+    unmeasured = "" if measurable else "; not timed: the estimates are more than 3x apart"
+    return Verdict(model[0], f"cost model: {model[1]}{unmeasured}", record, details, measurable)
 
 
 def measured_margin(margin: float, measured: Measured, constants: CostConstants) -> float:

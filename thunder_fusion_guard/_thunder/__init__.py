@@ -16,7 +16,8 @@ modules' own.
 
 from __future__ import annotations
 
-from . import compiling, executors, jitted, lowering, traces
+# _quiet first: it imports Thunder, its optional-dependency notices sent to our logger (its docstring says which)
+from . import _quiet, compiling, executors, jitted, lowering, traces  # noqa: F401
 from .compat import ensure_nvfuser_compat
 from .compiling import *  # noqa: F403
 from .executors import *  # noqa: F403

@@ -48,6 +48,8 @@ class RegionRow:
     kernel: the region's; a segmented region's kernels also move intermediates, which are not counted, so None).
     ``subgraph`` names the ThunderFX subgraph the region belongs to. ``host_spread_us`` and
     ``eager_spread_us`` are the (first, third) quartiles of the samples behind ``host_us`` and ``eager_us``.
+    ``decided_by`` is the decision's ``details["decided_by"]``; ``disagreement`` says why a region was kept
+    although this profile times it slower fused than eager (None where they agree).
     """
 
     trace: str
@@ -75,6 +77,8 @@ class RegionRow:
     kernel_gbps: list[float | None] = field(default_factory=list)
     host_spread_us: tuple[float, float] | None = None
     eager_spread_us: tuple[float, float] | None = None
+    decided_by: str | None = None
+    disagreement: str | None = None
 
     @property
     def excess_us(self) -> float | None:
@@ -195,6 +199,8 @@ def profile_regions(jitted: Any, *args: Any, reps: int = 100, warmup: int = 10, 
             if call.decision is not None:
                 d = call.decision
                 row.action, row.reason, row.estimates = d.action, d.reason, dict(d.estimates)
+                row.decided_by = d.details.get("decided_by")
+                row.disagreement = disagreement(row, d, program.decisions)
             _bandwidth(row, peak)
             rows.append(row)
     try:
@@ -211,6 +217,38 @@ def profile_regions(jitted: Any, *args: Any, reps: int = 100, warmup: int = 10, 
     return RegionProfile(
         name, device, reps, rows, decisions, graphs, peak, subgraphs, executors, threads, current_rank()
     )
+
+
+def disagreement(row: RegionRow, decision: Decision, decisions: Sequence[Decision]) -> str | None:
+    """Why ``decision`` kept a region this profile times slower fused than eager; None where they agree
+    (or nothing was timed). Profile times come from this run, decisions from compile time."""
+    if decision.action != "keep" or row.host_us is None or row.eager_us is None or row.host_us <= row.eager_us:
+        return None
+    slower = f"fused {row.host_us / row.eager_us - 1:.0%} slower here"
+    split = any(
+        d.action == "hoist" and row.region in (d.details.get("split") or []) and d.trace == row.trace
+        for d in decisions
+        if d.subgraph == decision.subgraph
+    )
+    if split:
+        return f"{slower}; decided with {len(decision.ops)} ops, before hoisting took the input-independent ones out"
+    how = decision.details.get("decided_by")
+    if how == "exactness":
+        return f"{slower}; kept for exactness (never rejected, so not timed while compiling)"
+    if how == "measured":
+        region, eager = decision.details.get("measured_region_us"), decision.details.get("measured_eager_us")
+        within = eager is not None and region is not None and eager >= region * 0.8
+        return (
+            f"{slower}; timed while compiling at {region:.1f} µs fused vs {eager:.1f} µs eager"
+            + (", within the margin" if within else "")
+            + " (timings move with the machine's load)"
+        )
+    if how == "model":
+        why = decision.details.get("not_measured") or "estimates more than 3x apart"
+        est = decision.estimates
+        numbers = f" ({est['est_region_us']:.1f} vs {est['est_eager_us']:.1f} µs)" if "est_region_us" in est else ""
+        return f"{slower}; model estimate{numbers}, not measured: {why}"
+    return f"{slower}; kept by {how or 'the guard'}"
 
 
 def _named_subgraphs(obj: Any) -> dict[str, Subgraph]:
@@ -384,7 +422,8 @@ def format_profile(profile: RegionProfile) -> str:
     else:
         header = ["trace", "region", "executor", "ops", "in KiB", "out KiB", "host", "eager"]
         header += ["device", "GB/s", "% peak", "kernels", "overhead"] if cuda else ["host-eager"]
-        header += ["action", "reason"]
+        notes = any(r.disagreement for r in profile.rows)
+        header += ["action", *(["why kept though slower here"] if notes else []), "reason"]
         table = [header]
         for r in profile.rows:
             where = r.trace if r.subgraph is None else f"{r.subgraph}/{r.trace}"
@@ -396,8 +435,13 @@ def format_profile(profile: RegionProfile) -> str:
             reason = r.reason or ""
             if r.error:
                 reason = f"{reason} [{r.error}]".strip()
-            table.append([*cells, r.action or "-", reason])
+            table.append([*cells, r.action or "-", *([r.disagreement or ""] if notes else []), reason])
         lines = [title, *text_table(table)]
+        if not cuda:
+            lines.append(
+                "host: one call of the region's fusion callable (what the program pays for it); eager: the same ops "
+                "run one by one by Thunder's torch executor; host-eager > 0: the fusion call costs more here"
+            )
         if cuda:
             peak = "unknown" if profile.peak is None else f"{profile.peak.gbps:.0f} GB/s ({profile.peak.source})"
             lines.append(

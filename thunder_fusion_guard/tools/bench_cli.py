@@ -31,13 +31,12 @@ from .bench_cases import (
     VARIANT_BUILDS,
     VARIANTS,
     BenchCase,
-    default_device,
     fresh_compile_state,
     make_step,
     parse_variants,
     select,
 )
-from .common import add_threads_option, count, pin_threads
+from .common import UsageError, add_threads_option, check_output, count, pin_threads, resolve_device, write_output
 from .machine import commit_info, machine_info
 
 TARGET_SAMPLE_S = 100e-6
@@ -83,10 +82,21 @@ def parse_threshold(text: str) -> float:
 def register(subparsers: Any) -> None:
     """Add ``bench run`` and ``bench compare`` to the ``fusion-guard`` command line."""
     bench = subparsers.add_parser(
-        "bench", help="benchmark thunder vs guarded vs eager (vs torch.compile), compare result files"
+        "bench",
+        help="benchmark thunder vs guarded vs eager (vs torch.compile), compare result files",
+        description="Time the guard: 'bench run' times the benchmark cases, 'bench compare' checks two result "
+        "files for regressions, 'bench decisions' checks the guard's decisions against measurement.",
     )
-    sub = bench.add_subparsers(dest="bench_command", required=True)
-    run = sub.add_parser("run", help="run benchmark cases, variants interleaved; pytest-benchmark JSON out")
+    sub = bench.add_subparsers(dest="bench_command", required=True, metavar="{run,compare,decisions}")
+    run = sub.add_parser(
+        "run",
+        help="run benchmark cases, variants interleaved; pytest-benchmark JSON out",
+        description="Time each benchmark case as unguarded Thunder, guarded Thunder and eager PyTorch (and "
+        "torch.compile with --variants) in one process, round after round in alternating order, so drift of "
+        "the machine falls on every variant alike. Prints a table of medians with quartiles; --json writes "
+        "pytest-benchmark JSON for 'bench compare'. Progress goes to stderr. Output files are checked before "
+        "any work (their folder must exist).",
+    )
     run.add_argument("--suite", nargs="+", choices=SUITES, default=list(SUITES), help="default: all suites")
     run.add_argument("--case", action="append", metavar="TEXT", help="only cases whose name contains TEXT")
     run.add_argument("--heavy", action="store_true", help="include heavy cases (litgpt models)")
@@ -105,7 +115,13 @@ def register(subparsers: Any) -> None:
     run.add_argument("--markdown", metavar="OUT", help="write the summary table as markdown here")
     add_threads_option(run)
     run.set_defaults(run=_run_command)
-    compare = sub.add_parser("compare", help="per-case ratios head/base; exit 1 when one regressed")
+    compare = sub.add_parser(
+        "compare",
+        help="per-case ratios head/base; exit 1 when one regressed",
+        description="Compare two result files (bench run --json, or pytest --benchmark-json) case by case: "
+        "the ratio of the medians head/base. Exits 1 when a case got slower than --threshold allows and names "
+        "each regressed case in its last line; 0 otherwise.",
+    )
     compare.add_argument("base", help="baseline JSON (bench run --json, or pytest --benchmark-json)")
     compare.add_argument("head", help="JSON to check against the baseline")
     compare.add_argument(
@@ -348,25 +364,19 @@ def _run_command(args: argparse.Namespace) -> int:
     try:
         variants = parse_variants(args.variants)
     except ValueError as e:
-        _log(f"fusion-guard bench run: --variants: {e}")
-        return 2
-    device = args.device or default_device()
+        raise UsageError(f"--variants: {e}") from e
+    device = resolve_device(args.device)
     cases = select(args.suite, args.case, heavy=args.heavy, device=device)
     if not cases:
-        _log("fusion-guard bench run: no case matches the given --suite/--case (heavy cases need --heavy)")
-        return 2
-    if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            _log("fusion-guard bench run: --device cuda but no CUDA device is available")
-            return 2
+        raise UsageError("no case matches the given --suite/--case (heavy cases need --heavy)")
+    check_output("--json", args.json)
+    check_output("--markdown", args.markdown)
 
     def save(results: list[CaseResult]) -> None:
         if args.json:
-            _write(args.json, json.dumps(to_json(results, device, args.reps, args.warmup), indent=1))
+            write_output(args.json, json.dumps(to_json(results, device, args.reps, args.warmup), indent=1))
         if args.markdown:
-            _write(args.markdown, format_rows(summary_rows(results), markdown=True) + "\n")
+            write_output(args.markdown, format_rows(summary_rows(results), markdown=True) + "\n")
 
     note = pin_threads(args.threads, device)
     results = run_cases(cases, device, args.reps, args.warmup, after_each=save, variants=variants)
@@ -379,11 +389,6 @@ def _run_command(args: argparse.Namespace) -> int:
         if path:
             _log(f"wrote {path}")
     return 1 if any(r.error or r.variant_errors for r in results) else 0
-
-
-def _write(path: str, text: str) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(text)
 
 
 class CompareError(ValueError):
@@ -441,11 +446,9 @@ def _compare_command(args: argparse.Namespace) -> int:
     try:
         base, head = load_medians(args.base), load_medians(args.head)
     except CompareError as e:
-        _log(f"fusion-guard bench compare: {e}")
-        return 2
+        raise UsageError(str(e)) from e
     if not base.keys() & head.keys():
-        _log(f"fusion-guard bench compare: {args.base} and {args.head} have no benchmark in common")
-        return 2
+        raise UsageError(f"{args.base} and {args.head} have no benchmark in common")
     text, regressed = compare(base, head, args.threshold)
     print(text)
     return 1 if regressed else 0

@@ -5,9 +5,22 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import traceback
 from collections.abc import Sequence
+from typing import Any
 
-from .common import Parser, UsageError, add_threads_option, count, pin_threads, progress, quiet_imports, resolve_device
+from .common import (
+    Parser,
+    UsageError,
+    add_threads_option,
+    check_output,
+    count,
+    pin_threads,
+    progress,
+    quiet_imports,
+    resolve_device,
+    write_output,
+)
 
 DESCRIPTION = """\
 FusionGuard keeps Lightning Thunder from paying a fusion call where plain PyTorch is cheaper, and says why.
@@ -33,11 +46,11 @@ CALIBRATE_EXECUTORS = ("torchcompile", "nvfuser")
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .demo import CASES, run_demo
 
     device = resolve_device(args.device)
     note = pin_threads(args.threads, device)
-    progress(f"fusion-guard demo: 3 cases on {device}, each compiled twice (unguarded, guarded) and timed")
+    progress(f"fusion-guard demo: {len(CASES)} cases on {device}, each compiled twice (unguarded, guarded) and timed")
     print(run_demo(device=device, reps=args.reps, progress=progress, note=note))
     return 0
 
@@ -48,6 +61,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     executor = args.executor or ("nvfuser" if device == "cuda" else "torchcompile")
     _check_executor(executor, device)
+    check_output("--json", args.json)
     note = pin_threads(args.threads, device)
     from ..measure.calibrate import CURVE_CPU, OP_PROBES, cache_path, calibrate
 
@@ -60,11 +74,51 @@ def _calibrate(args: argparse.Namespace) -> int:
     )
     began = time.perf_counter()
     constants = calibrate(device, executor, save=not args.no_save)
-    progress(f"fusion-guard calibrate: done in {time.perf_counter() - began:.1f} s")
-    print(json.dumps(constants.to_dict(), indent=1))
-    if not args.no_save:
-        print(f"saved to {cache_path()}")
+    seconds = time.perf_counter() - began
+    progress(f"fusion-guard calibrate: done in {seconds:.1f} s")
+    saved = None if args.no_save else str(cache_path())
+    print(calibration_summary(constants, device, executor, saved, note))
+    if args.json:
+        write_output(args.json, json.dumps(constants.to_dict(), indent=1) + "\n")
+        progress(f"wrote {args.json}")
     return 0
+
+
+def calibration_summary(constants: Any, device: str, executor: str, saved: str | None, note: str = "") -> str:
+    """What ``fusion-guard calibrate`` measured, as a few labelled lines a person can read."""
+
+    def size(nbytes: float) -> str:
+        for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+            if nbytes >= scale:
+                return f"{nbytes / scale:.0f} {unit}"
+        return f"{nbytes:.0f} B"
+
+    lines = [
+        f"cost constants for {executor} on {device}" + (f" ({note})" if note else ""),
+        f"  fusion call overhead   {constants.fusion_call_us:.1f} µs per call"
+        + (f", +{constants.fusion_io_us:.2f} µs per further tensor" if constants.fusion_io_us else ""),
+        f"  eager op dispatch      {constants.eager_op_us:.1f} µs per op, {constants.eager_meta_us:.1f} µs per view",
+        f"  bandwidth              fusion {constants.fusion_gbps:.1f} GB/s, eager {constants.eager_gbps:.1f} GB/s",
+    ]
+    if constants.bandwidth_curve:
+        points = ", ".join(f"{size(n)} {g:.0f}" for n, g in constants.bandwidth_curve)
+        lines.append(f"  eager GB/s by size     {points}")
+    if constants.op_ns:
+        costs = ", ".join(f"{op} {ns:.2f}" for op, ns in sorted(constants.op_ns, key=lambda item: -item[1]))
+        lines.append(f"  compute, ns/element    {costs}")
+    if constants.matmul_gflops:
+        lines.append(f"  matmul                 {constants.matmul_gflops:.0f} GFLOP/s")
+    overlap = (
+        "yes: a call costs about the larger of host and device time"
+        if constants.overlapped
+        else ("no: a call costs host time plus the bytes it moves")
+    )
+    lines.append(f"  host/device overlap    {overlap}")
+    if saved:
+        lines.append(f"saved to {saved}: the guard uses these from now on on this machine (--json OUT: raw form)")
+    else:
+        lines.append("not saved (--no-save); --json OUT writes the raw form")
+    return "\n".join(lines)
 
 
 def _check_executor(executor: str, device: str) -> None:
@@ -117,9 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo",
         help="run the built-in example guarded vs unguarded; print the decisions and per-call times",
-        description="Jit three small functions (an einops rearrange, a chain of views, a softmax) with and "
-        "without the guard, check the outputs are identical, print every decision and the per-call times of "
-        "unguarded, guarded and eager. Progress goes to stderr.",
+        description="Jit four small functions (a mask built in forward, an einops rearrange, a chain of views, "
+        "a softmax) with and without the guard, check the outputs are identical, print every decision, the "
+        "per-call times of unguarded, guarded and eager, and Thunder's own per-call cost (a jitted identity "
+        "function), which no trace rewrite removes. Progress goes to stderr.",
     )
     demo.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
     demo.add_argument("--reps", type=count(1), default=200, help="timed calls per case and variant (default 200)")
@@ -129,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
         "calibrate",
         help="measure the cost model's constants on this machine and cache them",
         description="Time a lone add through the fusion executor and eagerly, and cache the constants the "
-        "cost model uses for this device and software versions (the guard reads them). Takes 10-60 s.",
+        "cost model uses for this device and software versions (the guard reads them). Prints them as a few "
+        "labelled lines (--json OUT for the raw form). Takes 10-60 s.",
     )
     cal.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
     cal.add_argument(
@@ -139,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="fusion executor to time: torchcompile or nvfuser (default: nvfuser on cuda, torchcompile on cpu)",
     )
     cal.add_argument("--no-save", action="store_true", help="print only, do not write the cache")
+    cal.add_argument("--json", metavar="OUT", help="also write the constants as JSON here (its folder must exist)")
     add_threads_option(cal)
     cal.set_defaults(run=_calibrate)
     for register in _extensions():
@@ -175,6 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except UsageError as e:
+        if getattr(args, "traceback", False):  # the whole chain (what make() raised, say); the status stays 2
+            traceback.print_exception(e)
         print(f"{name}: {e}", file=sys.stderr)
         return 2
     except Exception as e:

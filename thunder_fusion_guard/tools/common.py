@@ -7,6 +7,7 @@ import argparse
 import logging
 import sys
 import warnings
+from pathlib import Path
 from typing import Any, NoReturn
 
 HELP_HINT = "see --help"
@@ -49,6 +50,40 @@ def count(minimum: int) -> Any:
         return value
 
     return parse
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number of seconds greater than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def check_output(option: str, path: str | None) -> None:
+    """A file a command will write, checked before any work: its folder exists (nothing is created), and
+    it is neither a folder nor under a regular file. A UsageError naming ``option`` otherwise."""
+    if not path:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{option} {path}: is a folder; name a file in it")
+    for parent in target.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"{option} {path}: {parent} is a file, not a folder")
+            break
+    folder = target.parent
+    if not folder.is_dir():
+        raise UsageError(f"{option} {path}: folder {folder} does not exist (create it first)")
+
+
+def write_output(path: str, text: str) -> None:
+    """Write a file checked by :func:`check_output` (its folder is not created)."""
+    Path(path).write_text(text)
 
 
 def add_threads_option(parser: argparse.ArgumentParser) -> None:

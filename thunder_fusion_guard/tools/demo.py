@@ -27,9 +27,29 @@ def view_chain(x: torch.Tensor) -> torch.Tensor:
     return y.unsqueeze(1).expand(-1, 2, -1, -1)
 
 
+def banded_mask(scores: torch.Tensor) -> torch.Tensor:
+    """A sliding-window mask built row by row in forward (litgpt's Mistral, in small): the guard folds the
+    setitems and hoists the mask, computed once per compiled program."""
+    t = scores.shape[-1]
+    mask = torch.full((t, t), float("-inf"), device=scores.device)
+    for i in range(t):
+        mask[i, max(0, i - 3) : i + 1] = 0.0
+    return scores + mask
+
+
+def identity(x: torch.Tensor) -> torch.Tensor:
+    """Nothing to do: a jitted call of it costs Thunder's own per-call work alone."""
+    return x
+
+
 def scaled_softmax(x: torch.Tensor) -> torch.Tensor:
     """Compute worth a fusion: the guard keeps it."""
     return torch.softmax(x * 0.125 + 1.0, dim=-1)
+
+
+def _speedup(plain, guarded) -> str:
+    ratio = plain.median / guarded.median if guarded.median > 0 else float("inf")
+    return f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
 
 
 @dataclass
@@ -40,6 +60,7 @@ class Case:
 
 
 CASES = [
+    Case("mask built in forward", banded_mask, (4, 64, 64)),
     Case("einops rearrange", rearrange_heads, (2, 8, 128, 128)),
     Case("view chain", view_chain, (4, 16, 32, 64)),
     Case("scaled softmax", scaled_softmax, (64, 1024)),
@@ -95,13 +116,24 @@ def run_demo(
         say(f"[{i}/{len(CASES)}] {case.name}: compiled in {compiled:.1f} s; timing {reps} calls x 3 ...")
         timings = [time_us(fn, x, reps=reps) for fn in (plain, guarded, case.fn)]
         rows.append((case.name, *timings))
+    say("Thunder's own per-call cost: timing an identity function, jitted ...")
+    x = torch.randn(CASES[0].shape, device=device)
+    floor = time_us(_jit(identity, None, executors, nvfuser), x, reps=reps)
     lines += ["", str(guard.report), ""]
-    table = [["case", "thunder µs", "guarded µs", "eager µs"]]
-    table += [[name, *(t.text() for t in timings)] for name, *timings in rows]
+    table = [["case", "thunder µs", "guarded µs", "eager µs", "guarded vs thunder"]]
+    table += [
+        [name, *(t.text() for t in (plain, guarded, eager)), _speedup(plain, guarded)]
+        for name, plain, guarded, eager in rows
+    ]
     lines += text_table(table)
     lines.append(
         f"(µs per call: median (first-third quartile) of {reps} calls each; one process; outputs of guarded and "
         "unguarded are identical)"
+    )
+    lines.append(
+        f"Thunder's per-call cost (prologue checks of the inputs, cache lookup, Python call): {floor.text()} µs, "
+        "timed on a jitted identity function. Every jitted call pays it and no trace rewrite removes it: it is "
+        "most of what separates guarded from eager above."
     )
     if note:
         lines.append(f"({note})")

@@ -6,7 +6,9 @@ called as ``make(device=...)``, otherwise the model and the tensors it returns a
 The model runs with a FusionGuard under ``thunder.jit`` (``--thunderfx``: through ThunderFX), on CPU
 with Thunder's torch.compile executor; when an output requires grad its backward runs too. On CUDA the
 kernels of each nvFuser region are collected. Exit status 2 means a bad TARGET or option (make() raising
-included), 1 that the model failed under Thunder; either is one line, --traceback gives the full one.
+included), 1 that the model failed under Thunder; either is one line, --traceback adds the full traceback
+(the status stays). Output files (--json, --markdown, --html, --dot) are checked before any work: their
+folder must exist.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from .common import UsageError, resolve_device
+from .common import UsageError, check_output, resolve_device, write_output
 
 FORMAT = "TARGET must look like 'path/to/file.py:make' or 'package.module:make'"
 
@@ -215,7 +217,7 @@ def register(subparsers: Any) -> None:
     report = subparsers.add_parser(
         "report",
         help="run TARGET with the guard, print the decision report, write it as JSON/Markdown",
-        description=__doc__,
+        description=__doc__.replace("``", ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     report.add_argument("target", metavar="TARGET", help="path/to/file.py:make or package.module:make")
@@ -228,7 +230,7 @@ def register(subparsers: Any) -> None:
         help="run the backward when an output requires grad (default); --no-backward: forward under no_grad",
     )
     for option, what in OUTPUTS.items():
-        report.add_argument(f"--{option}", metavar="PATH", help=what)
+        report.add_argument(f"--{option}", metavar="PATH", help=f"{what} (its folder must exist)")
     report.set_defaults(run=_report_command)
 
 
@@ -239,6 +241,10 @@ def _report_command(args: argparse.Namespace) -> int:
     from ..examine.dataflow import graphs_to_dot
 
     device = resolve_device(args.device)
+    # Under torchrun each rank writes its own file: {rank} in PATH, else .rank<N> before the suffix.
+    paths = {option: rank_path(getattr(args, option)) if getattr(args, option) else None for option in OUTPUTS}
+    for option, path in paths.items():
+        check_output(f"--{option}", path)
     traceback = getattr(args, "traceback", False)
     hint = " (--traceback for the full traceback)"
     try:
@@ -251,9 +257,7 @@ def _report_command(args: argparse.Namespace) -> int:
             profile=bool(args.html),
         )
     except TargetError as e:
-        if traceback and e.__cause__ is not None:
-            raise e.__cause__ from None  # what make() or the import raised, with its own traceback
-        raise UsageError(f"{e}{hint if e.__cause__ is not None else ''}") from e
+        raise UsageError(f"{e}{hint if e.__cause__ is not None and not traceback else ''}") from e
     except Exception as e:
         if traceback:
             raise
@@ -267,27 +271,20 @@ def _report_command(args: argparse.Namespace) -> int:
     profile = doc.get("profile")
     if profile is not None:
         print(profile)
-    # Under torchrun each rank writes its own file: {rank} in PATH, else .rank<N> before the suffix.
-    paths = (args.json, args.markdown, args.html, args.dot)
-    json_path, md_path, html_path, dot_path = (rank_path(p) if p else None for p in paths)
+    json_path, md_path, html_path, dot_path = paths["json"], paths["markdown"], paths["html"], paths["dot"]
     if json_path:
         saved = {**doc, "rank": current_rank(), "report": report.to_dict()}
         saved.update({k: doc[k].to_dict() for k in ("profile",) if k in doc})
         saved.update({k: [g.to_dict() for g in doc[k]] for k in ("graphs",) if k in doc})
-        _write(json_path, json.dumps(saved, indent=1) + "\n")
+        write_output(json_path, json.dumps(saved, indent=1) + "\n")
     if md_path:
-        _write(md_path, report.to_markdown(f"FusionGuard report: {title}"))
+        write_output(md_path, report.to_markdown(f"FusionGuard report: {title}"))
     if html_path:
         versions = ", ".join(f"{k} {v}" for k, v in doc["versions"].items() if v)
-        _write(html_path, profile.to_html(f"FusionGuard report: {title}", meta=[versions]))
+        write_output(html_path, profile.to_html(f"FusionGuard report: {title}", meta=[versions]))
     if dot_path:
-        _write(dot_path, graphs_to_dot(doc["graphs"], f"FusionGuard dataflow: {title}", report.subgraphs))
-    for path in (json_path, md_path, html_path, dot_path):
+        write_output(dot_path, graphs_to_dot(doc["graphs"], f"FusionGuard dataflow: {title}", report.subgraphs))
+    for path in paths.values():
         if path:
             print(f"wrote {path}", file=sys.stderr)
     return 0
-
-
-def _write(path: str, text: str) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(text)
