@@ -22,22 +22,13 @@ from dataclasses import dataclass
 import pytest
 import thunder
 import torch
-from helpers import jit_cpu
+from helpers import ALWAYS_EAGER, jit_cpu
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from thunder_fusion_guard import FusionGuard
 from thunder_fusion_guard.ops import rounding_hazards
 
-# A cost model under which eager always wins: every region the exactness rule allows is rejected.
-ALWAYS_EAGER = {
-    "fusion_call_us": 1e6,
-    "fusion_gbps": 1e-3,
-    "eager_op_us": 1e-6,
-    "eager_meta_us": 1e-6,
-    "eager_gbps": 1e6,
-    "overlapped": False,
-}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 NUMBERS = (0.5, 0.1, 3, 257, -1.25, 1e-3, 2.0)
 SIZES = ((1,), (3,), (64,), (4096,), (2, 3), (16, 33))
