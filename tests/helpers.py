@@ -129,3 +129,18 @@ def fragmenting_executor():
     ex = OneRegionPerOp("tc_fragmenting")
     ex._implmap = dict(torch_compile_ex._implmap)
     return ex
+
+
+def nvfuser_shaped_executor():
+    """torch.compile grouped the way Thunder's nvFuser partitioner groups a transformer layer: matmuls and
+    softmax go to other executors, so the input-independent mask lands in one region with the rope's
+    narrowing casts (litgpt Mistral's nvFusion1 on CUDA), made on CPU so CI sees that layout."""
+    from thunder.executors.torch_compile import TorchCompileExecutor
+
+    class NvFuserShaped(TorchCompileExecutor):
+        def can_fuse(self, bsym):
+            return bsym.sym.name not in ("matmul", "_softmax", "softmax") and super().can_fuse(bsym)
+
+    ex = NvFuserShaped("tc_nvfuser_shaped")
+    ex._implmap = dict(torch_compile_ex._implmap)
+    return ex

@@ -923,8 +923,13 @@ def hoisted_call(
     body = [b for b in bsyms if not is_comment_or_del(b)]
     fn = python_callable_from_symbols(f"{name}_body", _del_last_used(body, returns), [], returns)
     values = HoistedValues(name, fn, [p.name for p in outputs])
-    sym = Symbol(name=name, meta=None, executor=guard_executor())
-    bsym = BoundSymbol(sym, (), {}, tuple(outputs), tuple(body), _call_ctx={name: values})
+    outputs = tuple(outputs)
+
+    def meta() -> tuple[Proxy, ...]:
+        return outputs  # takes nothing, gives the same proxies, as Thunder's temporary fusion operations do
+
+    sym = Symbol(name=name, meta=meta, executor=guard_executor())
+    bsym = BoundSymbol(sym, (), {}, outputs, tuple(body), _call_ctx={name: values})
     return bsym, values
 
 

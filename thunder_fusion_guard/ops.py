@@ -279,6 +279,39 @@ def rounding_hazards(body: Iterable[th.BoundSymbol], extra: Iterable[str] = ()) 
     return list(dict.fromkeys(found))
 
 
+def rounding_at_cut(body: Iterable[th.BoundSymbol], crossing: Iterable[th.Proxy]) -> list[str]:
+    """Values of ``crossing`` (what one piece of a split region hands the other) that ``body`` computes by a
+    narrowing conversion, directly or through ops that keep them in reduced precision (views, cat, where).
+
+    Splitting stores a crossing value at its dtype; the whole fusion may have skipped that rounding
+    (:func:`rounding_hazards`), so such a value changes the bits. Roundings on one side of the cut are
+    made alike by the piece's own fusion, and values that never cross are stored as before.
+    """
+    wanted = {p.name for p in crossing}
+    if not wanted:
+        return []
+    rounded: dict[str, str] = {}
+    for b in body:
+        for leaf in th.leaves(b):
+            if th.is_comment_or_del(leaf):
+                continue
+            conv = th.conversion(leaf)
+            source = th.torch_dtype(conv[0]) if conv is not None else None
+            if conv is not None and source is not None and not holds_every_value(conv[1], source):
+                how = f"{_short(source)} rounded to {_short(conv[1])}"
+            else:
+                how = next((rounded[p.name] for p in leaf.flat_proxy_args if p.name in rounded), None)
+            if how is None:
+                continue
+            for out in leaf.flat_proxy_outs:
+                if _reduced(th.torch_dtype(out)):
+                    rounded[out.name] = how
+    return [
+        f"{name}: {rounded[name]} inside the region and handed across the split, which would store it rounded"
+        for name in sorted(wanted & rounded.keys())
+    ]
+
+
 def _short(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 

@@ -16,7 +16,8 @@ backward are hoisted (the backward trace is checked for writes to them, see :fun
 
 Inside a fusion region, the input-independent ops can be taken out too: the region is rebuilt
 without them when ``may_rebuild`` allows it (the guard's ``exact_only`` rule: a rebuilt reduction
-may round differently), or left whole when only its input-independent outputs are needed by the
+may round differently, and a value handed across the split must not be one the fusion kept unrounded,
+``ops.rounding_at_cut``), or left whole when only its input-independent outputs are needed by the
 hoisted part (they are then computed once more, by a region of the same executor, in the hoisted call).
 
 A piece of hoisted work that computes exactly what an earlier one does (litgpt builds the same mask
@@ -27,7 +28,7 @@ stretch between two of them gets its own hoisted call.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .. import _thunder as th
@@ -36,8 +37,9 @@ from .rewrite import unique_proxies
 
 HOISTED_NAME = th.HOISTED_NAME
 
-# may_rebuild(fusion, body): whether the pass may rebuild ``fusion`` with ``body`` (empty: move it whole).
-MayRebuild = Callable[[th.BoundSymbol, list[th.BoundSymbol]], bool]
+# may_rebuild(fusion, body, crossing): whether the pass may rebuild ``fusion`` with ``body`` (empty: move it
+# whole), where ``crossing`` are the values ``body`` hands to, or takes from, the other piece of a split region.
+MayRebuild = Callable[[th.BoundSymbol, list[th.BoundSymbol], Sequence[th.Proxy]], bool]
 
 
 @dataclass
@@ -156,7 +158,7 @@ def _region_part(
     inside = unique_proxies(p for s in rest for p in s.flat_proxy_args if p.name in made)
     region_outs = list(fusion.flat_proxy_outs)
     outside = [p for p in region_outs if p.name in made and read_outside(p.name)]
-    if rest and (inside or outside) and may_rebuild(fusion, part) and may_rebuild(fusion, rest):
+    if rest and (inside or outside) and may_rebuild(fusion, part, inside) and may_rebuild(fusion, rest, inside):
         outs = unique_proxies([*inside, *outside])
         rest_outs = [p for p in region_outs if p.name not in made]
         rest_bsym = None
@@ -167,7 +169,7 @@ def _region_part(
     if not outside:
         return None
     part = _needed(part, {p.name for p in outside})
-    if not may_rebuild(fusion, part):
+    if not may_rebuild(fusion, part, ()):
         return None
     unit = _part_unit(fusion, position, constant, part, outside, None)
     unit.split = False
@@ -210,7 +212,7 @@ def _units(bsyms: list[th.BoundSymbol], readers_of: dict[str, set[int]], may_reb
         reads = [p.name for p in unique_proxies(b.flat_proxy_args)]
         outs = list(b.flat_proxy_outs)
         whole = bool(outs) and all(n in constant for n in reads) and hoistable(b) and _fixed(outs)
-        whole = whole and (not th.is_fusion(b) or may_rebuild(b, []))
+        whole = whole and (not th.is_fusion(b) or may_rebuild(b, [], ()))
         unit = None
         if whole:
             unit = _Unit(i, "region" if th.is_fusion(b) else "op", b, reads, outs)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _thunder as th
 from ..cost import CostConstants, Measured
 from ..decide import BOOKEND, decide
-from ..ops import hoist_keeps_bits, is_communication, rebuild_keeps_bits, rounding_hazards
+from ..ops import hoist_keeps_bits, is_communication, rebuild_keeps_bits, rounding_at_cut
 from ..options import GuardOptions
 from ..regions import Region, find_regions
 from ..report import Decision, Report
@@ -179,7 +179,7 @@ def _op_pass(op_pass: OpPass, trace: th.TraceCtx, options: GuardOptions, made: l
             raise error(f"{op_pass.__name__} {what} the {where.trace} trace: {e}") from e
         del made[before:]
         why = "it would change the communication ops" if moved else "it failed"
-        failed = _decision(where, "-", "-", [], "keep", f"{op_pass.__doc__.splitlines()[0]} skipped: {why}")
+        failed = _decision(where, "-", "-", [], "keep", f"{op_pass.__name__} skipped: {why}")
         failed.error = f"{type(e).__name__}: {e}"
         made.append(failed)
         return trace
@@ -282,15 +282,12 @@ def _hoist_pass(ledger: HoistLedger) -> OpPass:
                 reason = f"hoisted {name} is saved for the backward, which may write it: computed on every call again"
                 made.append(_decision(where, HOISTED_NAME, "fusion_guard", [], "keep", reason))
 
-        def may_rebuild(fusion: th.BoundSymbol, body: list[th.BoundSymbol]) -> bool:
+        def may_rebuild(fusion: th.BoundSymbol, body: list[th.BoundSymbol], crossing: Sequence[th.Proxy]) -> bool:
             if not options.guards(th.executor_name(fusion)):
                 return False
             if not options.exact_only:
                 return True
-            # Splitting a region stores what its parts hand each other: a rounding the whole fusion skipped
-            # would then happen (ops.rounding_hazards, checked over the whole region).
-            whole = list(th.subsymbols(fusion))
-            return hoist_keeps_bits(body, options.metadata_ops) and not rounding_hazards(whole, options.metadata_ops)
+            return hoist_keeps_bits(body, options.metadata_ops) and not rounding_at_cut(body, crossing)
 
         new, pieces, caches = hoist_constants(trace, may_rebuild, options.hoist_max_bytes, options.metadata_ops)
         regions = {(d.region, d.trace): d for d in made if d.about_region}

@@ -1,0 +1,104 @@
+"""Every trace the guard makes passes Thunder's own consistency checks (``DebugOptions(check_traces=...)``),
+and the fail-safe holds under ``python -OO``. tests/conftest.py turns trace checking on for the whole suite."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import thunder
+import torch
+from helpers import assert_same, nvfuser_shaped_executor, run_with_grads
+
+from thunder_fusion_guard import FusionGuard
+
+
+def masked_scores(x):
+    """litgpt-like: a causal mask built from constants by a setitem loop (hoisted and folded), a reshape."""
+    t = x.shape[-1]
+    mask = torch.full((t, t), float("-inf"), device=x.device, dtype=x.dtype)
+    for i in range(t):
+        mask[i, : i + 1] = 0.0
+    return torch.softmax(x.reshape(x.shape) + mask, -1) * 2
+
+
+def test_the_suite_checks_every_trace():
+    jitted = thunder.jit(masked_scores)
+    jitted(torch.randn(4, 4))
+    assert thunder.compile_data(jitted).debug_options.check_traces is True
+
+
+@pytest.mark.parametrize("check_traces", [True, 2])
+@pytest.mark.parametrize(
+    "executors, actions", [("thunder defaults", {"hoist", "fold"}), ("nvfuser-shaped torch.compile", {"hoist"})]
+)
+def test_guarded_traces_pass_thunder_checks(check_traces, executors, actions):
+    """With Thunder's CPU defaults (no fusion executor: the hoisted call and the folded setitems sit among
+    plain ops, as in Thunder's own test_litgpt_variants) and with torch.compile regions the mask is taken
+    out of, forward and backward."""
+    options = {"debug_options": thunder.DebugOptions(check_traces=check_traces)}
+    if executors != "thunder defaults":
+        options["executors"] = [nvfuser_shaped_executor()]
+    guard = FusionGuard(strict=True, calibration="shipped")
+    x = torch.randn(3, 8, 8, requires_grad=True)
+    got = run_with_grads(thunder.jit(masked_scores, transforms=[guard], **options), [x])
+    expected = run_with_grads(thunder.jit(masked_scores, **options), [x])
+    assert_same(got[0], expected[0])
+    assert_same(got[1], expected[1])
+    assert actions <= {d.action for d in guard.report.decisions}
+
+
+def test_split_regions_and_thunderfx_pass_thunder_checks():
+    from test_hoist_split import inputs, rope_attention
+    from thunder.dynamo import thunderfx
+
+    debug = thunder.DebugOptions(check_traces=2)
+    guard = FusionGuard(strict=True, calibration="shipped")
+    args = inputs(torch.bfloat16)
+    jitted = thunder.jit(rope_attention, executors=[nvfuser_shaped_executor()], transforms=[guard], debug_options=debug)
+    run_with_grads(jitted, args)
+    assert any(d.action == "hoist" and d.details["split"] for d in guard.report.decisions)
+
+    guard = FusionGuard(strict=True, calibration="shipped")
+    x = torch.randn(3, 8, 8, requires_grad=True)
+    executors = [nvfuser_shaped_executor()]
+    compiled = thunderfx(masked_scores, executors=executors, transforms=[guard], debug_options=debug)
+    plain = thunderfx(masked_scores, executors=executors, debug_options=debug)
+    got, expected = run_with_grads(compiled, [x]), run_with_grads(plain, [x])
+    assert_same(got[0], expected[0])
+    assert_same(got[1], expected[1])
+    assert any(d.action == "hoist" for d in guard.report.decisions)
+
+
+def test_a_failing_pass_is_kept_and_recorded_under_python_OO(tmp_path):
+    """Under -OO docstrings are gone; a pass that fails still leaves the trace as it was and says which."""
+    script = textwrap.dedent(
+        """
+        import thunder, torch
+        from thunder.executors.torch_compile import torch_compile_ex
+        import thunder_fusion_guard.passes.pipeline as pipeline
+        from thunder_fusion_guard import FusionGuard
+
+        assert pipeline.fold_pass.__doc__ is None
+        def broken(*args, **kwargs):
+            raise RuntimeError("planted failure")
+        pipeline.fold_setitem_copies = broken
+
+        def f(x):
+            m = torch.zeros(4, 4)
+            m[0, :2] = 1.0
+            return x + m
+        guard = FusionGuard(calibration="shipped")
+        x = torch.randn(4, 4)
+        out = thunder.jit(f, executors=[torch_compile_ex], transforms=[guard])(x)
+        assert torch.equal(out, f(x))
+        (failed,) = [d for d in guard.report.decisions if d.error]
+        print(failed.reason, "|", failed.error)
+        """
+    )
+    path = tmp_path / "oo.py"
+    path.write_text(script)
+    done = subprocess.run([sys.executable, "-OO", str(path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "fold_pass skipped: it failed" in done.stdout
+    assert "RuntimeError: planted failure" in done.stdout
