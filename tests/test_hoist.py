@@ -384,14 +384,15 @@ def test_thunderfx_subgraphs_are_hoisted_and_keep_unguarded_thunderfx_bits(execu
     guard = FusionGuard(strict=True)
     compiled = thunderfx(broken_in_three, transforms=[guard], executors=EXECUTORS[executor])
     plain = thunderfx(broken_in_three, executors=EXECUTORS[executor])
-    x = (torch.randn(2, 6, 6) * 10).round().div(10).to(dtype).requires_grad_()
+    x = grid(dtype, 2, 6, 6)
     for _ in range(2):
         (out, grads), (out_p, grads_p) = run_with_grads(compiled, [x]), run_with_grads(plain, [x])
         assert_same(out, out_p)
         assert_same(grads, grads_p)
+    # eager rounds after every op in bf16 (the fusions do not): close only, as in same_bits_as_unguarded
     expected, expected_grads = run_with_grads(broken_in_three, [x])
-    assert_close_all(out, expected)
-    assert_close_all(grads, expected_grads)
+    for got, eager in zip([*out, *grads], [*expected, *expected_grads], strict=True):
+        torch.testing.assert_close(got, eager, atol=0.05, rtol=0.02)
     subgraphs = {d.subgraph: d.ops for d in hoists(guard)}
     assert "full" in subgraphs["subgraph 0"] and "arange" in subgraphs["subgraph 1"]
     # the third's bf16 table would cross a torch.compile region's split rounded: it stays in the region
@@ -507,8 +508,9 @@ LOW = [torch.bfloat16, torch.float16]
 
 
 def grid(dtype, *shape):
-    """Values on a 0.1 grid: they round in bf16 and fp16."""
-    return (torch.randn(*shape) * 10).round().div(10).to(dtype).requires_grad_()
+    """Values on a 0.1 grid (they round in bf16 and fp16), the same on every run."""
+    values = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    return (values * 10).round().div(10).to(dtype).requires_grad_()
 
 
 def same_bits_as_unguarded(fn, args, guard, executor, calls=3):
