@@ -6,8 +6,20 @@ import warnings
 import pytest
 import torch
 
+import thunder_fusion_guard.measure.breakeven as breakeven
+import thunder_fusion_guard.measure.calibrate as calibrate
+
 warnings.filterwarnings("ignore")
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+
+_REAL_TIME = breakeven.RegionMeasurer._time
+NOT_CALIBRATED_IN_TESTS = "the test suite never calibrates for real (conftest _no_real_timings)"
+NOT_TIMED_IN_TESTS = "not timed: the test suite decides without real timings (conftest _no_real_timings)"
+
+
+class NoCalibrationInTests(RuntimeError):
+    """What calibrate.measure raises in the suite (see _no_real_timings)."""
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -17,6 +29,84 @@ def _private_cache(tmp_path_factory):
     patch.setenv("TFG_CACHE_DIR", str(tmp_path_factory.mktemp("tfg-cache")))
     yield
     patch.undo()
+
+
+@pytest.fixture(autouse=True)
+def _no_real_timings(request, monkeypatch):
+    """No real timing decides anything in the suite: a region near break-even is not timed (the model
+    decides, the decision's ``not_measured`` says so) and a calibration fails at once, before any probe
+    runs: ``calibration="auto"`` then leaves the executor without constants ("no constants": regions kept),
+    as it did before for the tests' own executors (helpers.fragmenting_executor and the like are not
+    registered with Thunder, so their calibration failed). torchcompile itself uses its shipped constants
+    (the tests' cache is empty), and tests/test_no_real_timings.py checks all of this.
+
+    A test of measured decisions injects fixed timings with :func:`inject_timings`; a test of the
+    calibration replaces ``calibrate.measure`` itself. Only a test marked ``real_timings`` (whose verdict
+    holds whatever the clock says) may time or calibrate for real.
+    """
+    if ADVERSARY:
+        _adversary(monkeypatch, ADVERSARY)
+    if request.node.get_closest_marker("real_timings"):
+        yield
+        return
+
+    def not_timed(self, trace, region, left_s):
+        return NOT_TIMED_IN_TESTS
+
+    def no_calibration(device, executor, budget_s=None):
+        raise NoCalibrationInTests(f"{executor} on {device}: {NOT_CALIBRATED_IN_TESTS}")
+
+    monkeypatch.setattr(breakeven.RegionMeasurer, "_time", not_timed)
+    monkeypatch.setattr(calibrate, "measure", no_calibration)
+    yield
+
+
+# TFG_TEST_ADVERSARY=eager-fast (or eager-slow): every interleaved timing says eager runs 10x faster (slower)
+# than the fusion, so a verdict that a real timing could decide would change with it. The suite must pass
+# alike under both (tests that inject their own timings override it).
+ADVERSARY = os.environ.get("TFG_TEST_ADVERSARY")
+
+
+def _adversary(monkeypatch, mode: str) -> None:
+    import thunder_fusion_guard.measure.timing as timing
+
+    if mode not in ("eager-fast", "eager-slow"):
+        raise ValueError(f"TFG_TEST_ADVERSARY must be eager-fast or eager-slow, got {mode!r}")
+    fused, eager = (100.0, 10.0) if mode == "eager-fast" else (10.0, 100.0)
+
+    def interleaved_us(fns, args, **kwargs):
+        return [[fused] * 5, *[[eager] * 5 for _ in fns[1:]]]
+
+    monkeypatch.setattr(breakeven, "interleaved_us", interleaved_us)
+    monkeypatch.setattr(timing, "interleaved_us", interleaved_us)
+
+
+@pytest.fixture
+def inject_timings(monkeypatch, tmp_path):
+    """``inject_timings(fused_us, eager_us, spread=0.0)``: regions near break-even are "timed" again, with
+    fixed samples (the fusion and eager callables still run once each, on fresh tensors): medians
+    ``fused_us`` and ``eager_us``, each with interquartile range ``spread`` times its median. Returns the
+    list of calls made to the timing (the number of callables timed in each). The measurements are cached
+    in a cache of the test's own, so no other test reads them."""
+    calls: list[int] = []
+    monkeypatch.setenv("TFG_CACHE_DIR", str(tmp_path))
+    breakeven.clear_memory_cache()
+
+    def inject(fused_us: float, eager_us: float, spread: float = 0.0) -> list[int]:
+        def samples(median: float) -> list[float]:
+            half = median * spread / 2
+            return [median - half, median - half, median, median + half, median + half]
+
+        def interleaved_us(fns, args, **kwargs):
+            calls.append(len(fns))
+            return [samples(fused_us), samples(eager_us)]
+
+        monkeypatch.setattr(breakeven.RegionMeasurer, "_time", _REAL_TIME)
+        monkeypatch.setattr(breakeven, "interleaved_us", interleaved_us)
+        return calls
+
+    yield inject
+    breakeven.clear_memory_cache()
 
 
 @pytest.fixture(autouse=True, scope="session")

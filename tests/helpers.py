@@ -9,6 +9,24 @@ from thunder.executors.torch_compile import torch_compile_ex
 from thunder_fusion_guard import FusionGuard
 from thunder_fusion_guard.regions import find_regions
 
+# Cost constants under which eager always wins by far: every region the exactness rule lets go is
+# rejected by the model, and no region is near enough to break-even to be timed.
+ALWAYS_EAGER = {
+    "fusion_call_us": 1e6,
+    "fusion_gbps": 1e-3,
+    "eager_op_us": 1e-6,
+    "eager_meta_us": 1e-6,
+    "eager_gbps": 1e6,
+    "overlapped": False,
+}
+
+
+def region_actions(guard: FusionGuard, trace: str = "forward") -> dict[str, tuple[str, str]]:
+    """Each region's (action, decided_by) in one of the guard's traces."""
+    return {
+        d.region: (d.action, d.details.get("decided_by")) for d in guard.report if d.about_region and d.trace == trace
+    }
+
 
 def jit_cpu(fn, guard: FusionGuard | None = None, **options):
     transforms = [] if guard is None else [guard]

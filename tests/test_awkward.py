@@ -4,11 +4,13 @@ import pytest
 import thunder
 import torch
 from helpers import (
+    ALWAYS_EAGER,
     assert_close_all,
     assert_same,
     check_three_ways,
     flat,
     jit_cpu,
+    region_actions,
     regions,
     run_with_grads,
     shares_storage,
@@ -78,16 +80,25 @@ def strided(x):
     return x.reshape(-1), x.transpose(0, 1), x[:, ::2] * 2, x.unsqueeze(1).expand(-1, 2, -1)
 
 
+# Both paths of a region mixing views and a mul, chosen without timings: kept (no cost decisions) or
+# rejected (a model under which eager always wins).
+PATHS = {"kept": ("keep", {"cost_model": False}), "rejected": ("reject", {"calibration": ALWAYS_EAGER})}
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize(
     "make",
     [lambda: torch.randn(4, 6)[:, ::2], lambda: torch.randn(6, 4).t(), lambda: torch.randn(1, 3).expand(4, 3)],
     ids=["sliced", "transposed", "expanded"],
 )
-def test_non_contiguous_inputs_keep_eager_aliasing(make):
+def test_non_contiguous_inputs_keep_eager_aliasing(make, path):
+    action, options = PATHS[path]
     x = make()
-    out_g, out_e = jit_cpu(strided, FusionGuard(strict=True))(x), strided(x)
+    guard = FusionGuard(strict=True, **options)
+    out_g, out_e = jit_cpu(strided, guard)(x), strided(x)
     assert_same(list(out_g), list(out_e))
     assert [shares_storage(o, x) for o in out_g] == [shares_storage(o, x) for o in out_e]
+    assert {a for a, _ in region_actions(guard).values()} == {action}, guard.report
     check(strided, [x.clone().requires_grad_()])
 
 
@@ -229,7 +240,7 @@ def swap(x):
 
 
 def test_one_guard_shared_by_several_functions():
-    guard = FusionGuard(strict=True)
+    guard = FusionGuard(strict=True, calibration=ALWAYS_EAGER)  # every region rejected, none timed
     x = torch.randn(2, 3, 4, 5, requires_grad=True)
     for fn in (rearrange_heads, swap, Scale()):
         jitted = jit_cpu(fn, guard)
@@ -246,6 +257,11 @@ def test_one_guard_shared_by_several_functions():
         assert {trace for _, trace in seen} == {"forward", "backward"}, function
         assert len({index for index, _ in seen}) == 1, f"{function}: one compilation, one compile_index"
     assert all(f"{name}#" in str(guard.report) for name in by_function)
+    decided = {(d.function, d.trace): (d.action, d.details["decided_by"]) for d in guard.report if d.about_region}
+    assert decided == {
+        **{(f, t): ("reject", "metadata") for f in ("rearrange_heads", "swap") for t in ("forward", "backward")},
+        **{("Scale", t): ("reject", "model") for t in ("forward", "backward")},
+    }
 
 
 def test_compile_index_counts_per_function():

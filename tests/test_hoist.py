@@ -5,7 +5,7 @@ and the number of ops left per call; and what must never be hoisted."""
 import pytest
 import thunder
 import torch
-from helpers import assert_close_all, assert_same, clone_inputs, run_with_grads
+from helpers import assert_close_all, assert_same, regions, run_with_grads
 from thunder.core import prims
 from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
 
@@ -114,10 +114,12 @@ def test_torch_compile_region_with_a_reduction_is_split_only_without_exact_only(
     exact = FusionGuard()
     three_ways(mask_softmax, [x], exact, "torchcompile")
     assert not hoists(exact)  # the softmax region could round differently once rebuilt
-    # exact_only=False lets other passes rebuild regions too (bits may change): compare with hoisting off
-    loose = FusionGuard(exact_only=False)
+    # exact_only=False lets other passes rebuild regions too (bits may change): compare with hoisting off.
+    # No cost decisions: the softmax regions stay fused on both (never rejected, never timed), so the
+    # split is the only difference.
+    loose = FusionGuard(exact_only=False, cost_model=False)
     guarded = jit(mask_softmax, loose, "torchcompile")
-    unhoisted = jit(mask_softmax, FusionGuard(exact_only=False, hoist=False), "torchcompile")
+    unhoisted = jit(mask_softmax, FusionGuard(exact_only=False, cost_model=False, hoist=False), "torchcompile")
     for _ in range(2):
         (out_g, grad_g), (out_u, grad_u) = run_with_grads(guarded, [x]), run_with_grads(unhoisted, [x])
         assert_same(out_g, out_u)
@@ -125,6 +127,7 @@ def test_torch_compile_region_with_a_reduction_is_split_only_without_exact_only(
     (decision,) = hoists(loose)
     assert decision.details["split"] == ["TorchCompile0"]
     assert (cache_of(guarded).computed, cache_of(guarded).reused) == (1, 1)
+    assert {d.action for d in loose.report if d.about_region and d.region != "TorchCompile0"} == {"keep"}
 
 
 def add_ones_(x):
@@ -349,25 +352,52 @@ def test_backward_that_writes_a_saved_hoisted_tensor_turns_its_cache_off():
     assert (values.computed, values.reused) == (2, 0)
 
 
-def test_thunderfx_subgraphs_are_hoisted():
+def table_selected(x):
+    """A table of 0.1 steps in the input's dtype, selected in that dtype and then computed with: a split
+    would hand it across rounded, where the whole torch.compile fusion keeps it in float32 (splitting
+    anyway changes about 40 of the 148 elements of the output, bf16 or fp16)."""
+    table = torch.arange(x.shape[-1], device=x.device, dtype=x.dtype) * 0.1
+    return torch.where(x > 0, x, table) * 3
+
+
+def rounded_table(x):
+    """A table of 0.1 steps in the input's dtype, widened before the input's ops read it: the value handed
+    across a split is float32, so the region may be split and the table hoisted. (Eager rounds the steps
+    to the dtype; torch.compile's fusion, the whole region's or the hoisted piece's alike, keeps them in
+    float32: the hoisted table is what the region computed.)"""
+    table = (torch.arange(x.shape[-1], device=x.device, dtype=x.dtype) * 0.1).float()
+    return (x * 3 + table).to(x.dtype)
+
+
+def broken_in_three(x):
+    y = mask_loop(x)
+    torch._dynamo.graph_break()
+    z = rounded_table(y)
+    torch._dynamo.graph_break()
+    return z, table_selected(z)
+
+
+@pytest.mark.parametrize("executor", ["torch", "torchcompile"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_thunderfx_subgraphs_are_hoisted_and_keep_unguarded_thunderfx_bits(executor, dtype):
     from thunder.dynamo import thunderfx
 
-    def broken(x):
-        y = mask_loop(x)
-        torch._dynamo.graph_break()
-        return mask_softmax(y)
-
-    guard = FusionGuard()
-    compiled = thunderfx(broken, transforms=[guard], executors=[])
-    x = torch.randn(2, 6, 6, requires_grad=True)
-    out, grads = run_with_grads(compiled, [x])
-    expected, expected_grads = run_with_grads(broken, [x])
-    torch.testing.assert_close(out, expected)
-    torch.testing.assert_close(grads, expected_grads)
-    subgraphs = {d.subgraph for d in hoists(guard)}
-    assert len(subgraphs) == 2 and None not in subgraphs
-    out_again, _ = run_with_grads(compiled, clone_inputs([x]))
-    assert_same(out_again, out)
+    guard = FusionGuard(strict=True)
+    compiled = thunderfx(broken_in_three, transforms=[guard], executors=EXECUTORS[executor])
+    plain = thunderfx(broken_in_three, executors=EXECUTORS[executor])
+    x = grid(dtype, 2, 6, 6)
+    for _ in range(2):
+        (out, grads), (out_p, grads_p) = run_with_grads(compiled, [x]), run_with_grads(plain, [x])
+        assert_same(out, out_p)
+        assert_same(grads, grads_p)
+    # eager rounds after every op in bf16 (the fusions do not): close only, as in same_bits_as_unguarded
+    expected, expected_grads = run_with_grads(broken_in_three, [x])
+    for got, eager in zip([*out, *grads], [*expected, *expected_grads], strict=True):
+        torch.testing.assert_close(got, eager, atol=0.05, rtol=0.02)
+    subgraphs = {d.subgraph: d.ops for d in hoists(guard)}
+    assert "full" in subgraphs["subgraph 0"] and "arange" in subgraphs["subgraph 1"]
+    # the third's bf16 table would cross a torch.compile region's split rounded: it stays in the region
+    assert ("subgraph 2" in subgraphs) == (dtype == torch.float32 or executor == "torch")
 
 
 def test_cuda_graph_regions_take_the_hoisted_call_inside():
@@ -473,3 +503,81 @@ def test_a_region_with_a_skipped_rounding_is_not_split_to_hoist():
     got = jit(bf16_table_then_input, guard)(x)
     assert torch.equal(got, jit(bf16_table_then_input)(x))
     assert not hoists(guard)
+
+
+LOW = [torch.bfloat16, torch.float16]
+
+
+def grid(dtype, *shape):
+    """Values on a 0.1 grid (they round in bf16 and fp16), the same on every run."""
+    values = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    return (values * 10).round().div(10).to(dtype).requires_grad_()
+
+
+def same_bits_as_unguarded(fn, args, guard, executor, calls=3):
+    """Outputs and gradients of ``calls`` calls: guarded == unguarded Thunder to the bit (eager rounds
+    after every op in bf16 and fp16: only close). Returns the guarded function."""
+    guarded, plain = jit(fn, guard, executor), jit(fn, None, executor)
+    for _ in range(calls):
+        (out_g, grad_g), (out_p, grad_p) = run_with_grads(guarded, args), run_with_grads(plain, args)
+        assert_same(out_g, out_p)
+        assert_same(grad_g, grad_p)
+    out_e, grad_e = run_with_grads(fn, args)
+    for got, eager in zip([*out_g, *grad_g], [*out_e, *grad_e], strict=True):
+        torch.testing.assert_close(got, eager, atol=0.05, rtol=0.02)
+    return guarded
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_a_low_precision_table_widened_at_the_split_is_hoisted_bit_exact(dtype):
+    """Written for the rounding check at the cut (ops.rounding_at_cut, main 7ab9125): the region holds a
+    narrowing conversion, but what crosses the split is float32, so the table is taken out of it."""
+    x = grid(dtype, 4, 37)
+    guard = FusionGuard(strict=True)
+    guarded = same_bits_as_unguarded(rounded_table, [x], guard, "torchcompile")
+    (decision,) = hoists(guard)
+    assert decision.details["split"] == ["TorchCompile0"] and "arange" in decision.ops
+    table = cache_of(guarded).values[0]
+    assert table.dtype == torch.float32 and (cache_of(guarded).computed, cache_of(guarded).reused) == (1, 2)
+    (rest,) = regions(guarded)
+    assert "arange" not in rest.ops and "convert_element_type" in rest.ops  # the final rounding stays
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_a_low_precision_table_rounded_at_the_split_is_not_hoisted(dtype):
+    x = grid(dtype, 4, 37)
+    guard = FusionGuard(strict=True)
+    same_bits_as_unguarded(table_selected, [x], guard, "torchcompile")
+    assert not hoists(guard)
+    (kept,) = [d for d in guard.report if d.about_region and d.trace == "forward"]
+    assert "arange" in kept.ops  # the table is still made inside the region, on every call
+
+
+def table_beside_a_reduction(x):
+    """A table made in a region whose other work is a reduction (exact_only: the region cannot be rebuilt),
+    and read outside any fusion too (setitem runs outside, as in nvFuser's traces)."""
+    t = x.shape[-1]
+    table = torch.arange(t, device=x.device, dtype=x.dtype) * 0.1
+    total = (x + table).sum(-1)
+    mask = torch.zeros(t, t, device=x.device, dtype=x.dtype)
+    mask[0] = table
+    return total, x @ mask
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *LOW])
+def test_a_table_read_outside_a_region_that_cannot_be_rebuilt_is_computed_again(dtype):
+    """The hoisted call computes the region's input-independent outputs once more (a fusion of the same
+    executor); the region is left whole, reduction and all, so its bits cannot change."""
+    x = grid(dtype, 4, 5)
+    guard = FusionGuard(strict=True)
+    guarded = same_bits_as_unguarded(table_beside_a_reduction, [x], guard, "like-nvfuser")
+    (decision,) = hoists(guard)
+    assert decision.details["duplicated"] == ["TorchCompile0"] and not decision.details["split"]
+    assert "computed again from TorchCompile0, which is left whole" in decision.reason
+    assert "arange" in decision.ops and any("setitem" in op for op in decision.ops)
+    assert (cache_of(guarded).computed, cache_of(guarded).reused) == (1, 2)
+    (region,) = [r for r in thunder.last_traces(guarded)[-1].bound_symbols if r.sym.name == "TorchCompile0"]
+    ops = [s.sym.name for s in region.subsymbols]
+    assert "arange" in ops and "sum" in ops, "the region is left whole"
+    names = [b.sym.name for b in thunder.last_traces(guarded)[-1].bound_symbols]
+    assert not [n for n in names if "setitem" in n], "the mask is made in the hoisted call only"

@@ -1,5 +1,6 @@
 """Deciding on the user's machine: calibration on first need, regions near break-even timed, the caches,
-the budgets, and reasons that match their numbers. Timings are injected: no test depends on the clock."""
+the budgets, and reasons that match their numbers. Timings are injected (conftest ``inject_timings``; every
+other test of the suite decides untimed, conftest ``_no_real_timings``): no verdict depends on the clock."""
 
 from __future__ import annotations
 
@@ -64,23 +65,6 @@ def fake_calibration(monkeypatch, no_shipped):
     return calls
 
 
-def fake_timings(monkeypatch, fused_us: float, eager_us: float, spread: float = 0.0) -> list:
-    """Region timings replaced by fixed samples (the fusion and eager callables still run once each):
-    medians ``fused_us`` and ``eager_us``, each with interquartile range ``spread`` times its median."""
-    calls = []
-
-    def samples(median: float) -> list[float]:
-        half = median * spread / 2
-        return [median - half, median - half, median, median + half, median + half]
-
-    def interleaved_us(fns, args, **kwargs):
-        calls.append(len(fns))
-        return [samples(fused_us), samples(eager_us)]
-
-    monkeypatch.setattr(breakeven, "interleaved_us", interleaved_us)
-    return calls
-
-
 def _inputs():
     return torch.randn(16, 16), torch.randn(16, 16)
 
@@ -109,6 +93,7 @@ def test_auto_calibration_happens_once_and_is_cached(fake_calibration, cache_dir
     assert again.constants_for("cpu", "torchcompile") == FAKE and not again.report.calibrations
 
 
+@pytest.mark.real_timings  # calibrates for real; its verdict holds whatever the timings are
 def test_auto_calibration_for_real_inside_the_transform(no_shipped, cache_dir):
     """The real probes (thunder.jit of their own, in a fresh context) run inside Thunder's compilation."""
     guard = FusionGuard(calibration_budget_s=0.05, measure_budget_s=0, strict=True)
@@ -167,8 +152,8 @@ def test_failed_calibration_is_recorded_never_raised(monkeypatch, no_shipped, ca
 
 
 @pytest.mark.parametrize("fused_us,eager_us,action", [(10.0, 2.0, "reject"), (2.0, 10.0, "keep")])
-def test_near_break_even_the_measurement_decides(monkeypatch, fused_us, eager_us, action):
-    timings = fake_timings(monkeypatch, fused_us, eager_us)
+def test_near_break_even_the_measurement_decides(inject_timings, fused_us, eager_us, action):
+    timings = inject_timings(fused_us, eager_us)
     guard = FusionGuard(calibration=NEAR, strict=True)
     a, b = torch.randn(16, 16, requires_grad=True), torch.randn(16, 16)
     guarded = jit_cpu(lone_add, guard)
@@ -183,8 +168,8 @@ def test_near_break_even_the_measurement_decides(monkeypatch, fused_us, eager_us
     assert guard.report.measuring["timed"] == 1 and guard.report.to_dict()["measuring"]["seconds"] >= 0
 
 
-def test_far_from_break_even_nothing_is_measured(monkeypatch):
-    timings = fake_timings(monkeypatch, 1.0, 1.0)
+def test_far_from_break_even_nothing_is_measured(inject_timings):
+    timings = inject_timings(1.0, 1.0)
     far = dict(NEAR, fusion_call_us=100.0)
     guard = FusionGuard(calibration=far)
     jit_cpu(lone_add, guard)(*_inputs())
@@ -192,8 +177,8 @@ def test_far_from_break_even_nothing_is_measured(monkeypatch):
     assert d.action == "reject" and d.details["decided_by"] == "model" and timings == []
 
 
-def test_inexact_regions_are_not_measured(monkeypatch):
-    timings = fake_timings(monkeypatch, 10.0, 1.0)
+def test_inexact_regions_are_not_measured(inject_timings):
+    timings = inject_timings(10.0, 1.0)
     guard = FusionGuard(calibration=dict(NEAR, eager_op_us=0.9))
 
     def chain(x):
@@ -204,8 +189,8 @@ def test_inexact_regions_are_not_measured(monkeypatch):
     assert d.action == "keep" and d.details["decided_by"] == "exactness" and timings == []
 
 
-def test_second_compilation_measures_nothing(monkeypatch, cache_dir):
-    timings = fake_timings(monkeypatch, 10.0, 2.0)
+def test_second_compilation_measures_nothing(inject_timings, cache_dir):
+    timings = inject_timings(10.0, 2.0)
     guard = FusionGuard(calibration=NEAR)
     jit_cpu(lone_add, guard)(*_inputs())
     jit_cpu(lone_add, guard)(*_inputs())
@@ -224,16 +209,16 @@ def test_second_compilation_measures_nothing(monkeypatch, cache_dir):
     assert d.details["measured_from"] == "cache" and d.details["measured_region_us"] == 10.0
 
 
-def test_other_shapes_are_measured_again(monkeypatch):
-    timings = fake_timings(monkeypatch, 10.0, 2.0)
+def test_other_shapes_are_measured_again(inject_timings):
+    timings = inject_timings(10.0, 2.0)
     guard = FusionGuard(calibration=NEAR)
     jit_cpu(lone_add, guard)(*_inputs())
     jit_cpu(lone_add, guard)(torch.randn(16, 17), torch.randn(16, 17))
     assert timings == [2, 2]
 
 
-def test_measuring_budget_caps_the_time(monkeypatch):
-    timings = fake_timings(monkeypatch, 10.0, 2.0)
+def test_measuring_budget_caps_the_time(inject_timings):
+    timings = inject_timings(10.0, 2.0)
     guard = FusionGuard(calibration=NEAR, measure_budget_s=0.5)
     ticks = iter(range(0, 10**12, 10**9))  # every reading of the clock is one second later
     guard.measurer.clock = lambda: next(ticks)
@@ -247,11 +232,11 @@ def test_measuring_budget_caps_the_time(monkeypatch):
     assert guard.report.measuring["seconds"] >= 1.0
 
 
-def test_measuring_and_calibrating_inside_thunderfx_subgraphs(monkeypatch, fake_calibration):
+def test_measuring_and_calibrating_inside_thunderfx_subgraphs(inject_timings, fake_calibration):
     from thunder.dynamo import thunderfx
     from thunder.executors.torch_compile import torch_compile_ex
 
-    timings = fake_timings(monkeypatch, 10.0, 2.0)
+    timings = inject_timings(10.0, 2.0)
 
     def two_subgraphs(a, b):
         y = a + b
@@ -268,15 +253,17 @@ def test_measuring_and_calibrating_inside_thunderfx_subgraphs(monkeypatch, fake_
     assert all(d.action == "reject" and d.details["decided_by"] == "measured" for d in decisions)
 
 
-def test_measuring_off(monkeypatch):
-    timings = fake_timings(monkeypatch, 10.0, 2.0)
+def test_measuring_off(inject_timings):
+    timings = inject_timings(10.0, 2.0)
     guard = FusionGuard(calibration=NEAR, measure_budget_s=0)
     jit_cpu(lone_add, guard)(*_inputs())
     (d,) = guard.report
     assert timings == [] and d.details["decided_by"] == "model" and "measuring" not in guard.report.to_dict()
 
 
-def test_measurement_failure_falls_back_to_the_model(monkeypatch):
+def test_measurement_failure_falls_back_to_the_model(monkeypatch, inject_timings):
+    inject_timings(1.0, 1.0)  # the measurer's own path, its timing then replaced by a failing one
+
     def broken(*args, **kwargs):
         raise RuntimeError("planted timing failure")
 
@@ -288,9 +275,9 @@ def test_measurement_failure_falls_back_to_the_model(monkeypatch):
     assert d.details["decided_by"] == "model" and "planted timing failure" in d.details["not_measured"]
 
 
-def test_several_ranks_decide_by_the_model_alone(monkeypatch):
+def test_several_ranks_decide_by_the_model_alone(monkeypatch, inject_timings):
     """Timings differ from rank to rank; a region near break-even must not be rejected on one rank only."""
-    timings = fake_timings(monkeypatch, 10.0, 2.0)
+    timings = inject_timings(10.0, 2.0)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     guard = FusionGuard(calibration=NEAR)
@@ -301,8 +288,8 @@ def test_several_ranks_decide_by_the_model_alone(monkeypatch):
     assert "a run of 2 ranks decides by the model alone" in d.details["not_measured"]
 
 
-def test_in_place_regions_are_measured_on_fresh_tensors(monkeypatch):
-    fake_timings(monkeypatch, 2.0, 10.0)
+def test_in_place_regions_are_measured_on_fresh_tensors(inject_timings):
+    inject_timings(2.0, 10.0)
 
     def copy_into(dst, src):
         return dst.copy_(src)
@@ -345,14 +332,14 @@ def test_reason_within_the_margin_says_eager_was_cheaper():
     assert "worth it" not in d.reason
 
 
-def test_reason_when_fusion_wins_and_when_measured_within_margin(monkeypatch):
+def test_reason_when_fusion_wins_and_when_measured_within_margin(inject_timings):
     guard = FusionGuard(calibration=dict(NEAR, eager_op_us=30.0), measure_budget_s=0)
     jit_cpu(lone_add, guard)(*_inputs())
     (d,) = guard.report
     assert d.reason.startswith("cost model: fusion call is worth it: estimated")
     assert d.estimates["est_region_us"] < d.estimates["est_eager_us"]
 
-    fake_timings(monkeypatch, 10.0, 9.7)
+    inject_timings(10.0, 9.7)
     guard = FusionGuard(calibration=NEAR)
     jit_cpu(lone_add, guard)(*_inputs())
     (d,) = guard.report
@@ -374,10 +361,10 @@ def test_reason_when_fusion_wins_and_when_measured_within_margin(monkeypatch):
         (0.0, False, 0.02, "reject", "2%"),  # the option caps the narrowed margin
     ],
 )
-def test_measured_margin_follows_the_timings_spread(monkeypatch, spread, overlapped, margin, action, used):
+def test_measured_margin_follows_the_timings_spread(inject_timings, spread, overlapped, margin, action, used):
     """On a synchronous device a timed region is rejected once eager wins by more than the timing's spread
     (at least 5%, at most the option 'margin'); where the host runs ahead of the device, 'margin' holds."""
-    fake_timings(monkeypatch, 10.0, 8.8, spread)
+    inject_timings(10.0, 8.8, spread)
     guard = FusionGuard(calibration=dict(NEAR, overlapped=overlapped), margin=margin, strict=True)
     a, b = _inputs()
     assert_same([jit_cpu(lone_add, guard)(a, b)], [jit_cpu(lone_add)(a, b)])

@@ -1,0 +1,66 @@
+"""The suite decides without real timings (conftest ``_no_real_timings``): regions near break-even are not
+timed, ``calibration="auto"`` uses the shipped constants and never falls back to calibrating, and a test
+that means to exercise measured decisions injects fixed timings (conftest ``inject_timings``)."""
+
+from __future__ import annotations
+
+import torch
+from conftest import NOT_CALIBRATED_IN_TESTS, NOT_TIMED_IN_TESTS
+from helpers import jit_cpu
+
+import thunder_fusion_guard.measure.calibrate as calibrate
+from thunder_fusion_guard import FusionGuard
+
+# A lone add of 16x16 floats is estimated near break-even under these: the measurer would time it.
+NEAR = {
+    "fusion_call_us": 3.0,
+    "fusion_gbps": 10.0,
+    "eager_op_us": 2.7,
+    "eager_meta_us": 0.5,
+    "eager_gbps": 10.0,
+    "overlapped": False,
+}
+
+
+def lone_add(a, b):
+    return a + b
+
+
+def _inputs():
+    return torch.randn(16, 16), torch.randn(16, 16)
+
+
+def test_a_region_near_break_even_is_not_timed():
+    guard = FusionGuard(calibration=NEAR)
+    assert guard.options.measure_budget_s > 0  # measuring is on: the fixture, not the option, stops it
+    jit_cpu(lone_add, guard)(*_inputs())
+    (d,) = guard.report
+    assert d.details["decided_by"] == "model" and d.details["not_measured"] == NOT_TIMED_IN_TESTS
+    assert guard.report.measuring["timed"] == 0 and guard.report.measuring["from_cache"] == 0
+
+
+def test_auto_calibration_uses_the_shipped_constants_here():
+    guard = FusionGuard()
+    assert calibrate.cached("cpu", "torchcompile") is None, "the tests' private cache holds no calibration"
+    assert guard.constants_for("cpu", "torchcompile") == calibrate.shipped("cpu", "torchcompile") is not None
+    assert not guard.report.calibrations
+
+
+def test_auto_calibration_never_measures(monkeypatch):
+    monkeypatch.setattr(calibrate, "SHIPPED", [])
+    guard = FusionGuard()
+    x = _inputs()
+    assert torch.equal(jit_cpu(lone_add, guard)(*x), lone_add(*x))
+    (event,) = guard.report.calibrations
+    assert NOT_CALIBRATED_IN_TESTS in event["result"] and event["seconds"] < 1.0
+    (d,) = guard.report
+    assert d.action == "keep" and d.details["decided_by"] == "no constants"
+    assert calibrate.cached("cpu", "torchcompile") is None
+
+
+def test_injected_timings_decide(inject_timings):
+    timings = inject_timings(10.0, 2.0)
+    guard = FusionGuard(calibration=NEAR)
+    jit_cpu(lone_add, guard)(*_inputs())
+    (d,) = guard.report
+    assert timings == [2] and (d.action, d.details["decided_by"]) == ("reject", "measured")
