@@ -62,16 +62,7 @@ from package_hash import package_sha256  # noqa: E402
 
 NAME = "Mistral-7B-v0.1"
 # --smoke: a tiny Mistral on CPU (a window of 4 tokens, so the mask loop still masks something).
-TINY = dict(
-    n_embd=64,
-    n_head=4,
-    n_query_groups=2,
-    head_size=16,
-    intermediate_size=128,
-    vocab_size=256,
-    padded_vocab_size=256,
-    sliding_window_size=4,
-)
+TINY = dict(harness.TINY_LITGPT, sliding_window_size=4)
 REFERENCE = "guarded hoist=False"
 BUILDS = {
     "eager": "model",

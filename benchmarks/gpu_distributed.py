@@ -139,17 +139,9 @@ def build(run: Run, name: str) -> tuple[torch.nn.Module, Any]:
     from litgpt.model import GPT
 
     if run.smoke:
-        config = litgpt.Config.from_name(
-            name,
-            n_layer=2,
-            n_embd=64,
-            n_head=4,
-            n_query_groups=2,
-            head_size=16,
-            intermediate_size=128,
-            vocab_size=256,
-            padded_vocab_size=256,
-        )
+        from gpu_models import TINY_LITGPT
+
+        config = litgpt.Config.from_name(name, n_layer=2, **TINY_LITGPT)
     else:
         config = litgpt.Config.from_name(name, n_layer=2)
     torch.manual_seed(0)

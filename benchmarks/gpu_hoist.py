@@ -38,7 +38,6 @@ NAME = "Mistral-7B-v0.1"
 PASS_SECONDS: list[float] = []
 DEVICE = "cuda"
 # --smoke: a tiny Mistral on CPU (Thunder's default executors, no CUDA graphs), to check the script itself.
-TINY = dict(n_embd=64, n_head=4, n_query_groups=2, head_size=16, intermediate_size=128, vocab_size=256)
 
 
 def sync() -> None:
@@ -62,9 +61,10 @@ pipeline.hoist_constants = _timed_hoist(pipeline.hoist_constants)
 
 def build(tokens: int, window: bool, like=None):
     import litgpt
+    from gpu_models import TINY_LITGPT
     from litgpt.model import GPT
 
-    tiny = dict(TINY, padded_vocab_size=256, block_size=tokens, sliding_window_size=4) if DEVICE == "cpu" else {}
+    tiny = dict(TINY_LITGPT, block_size=tokens, sliding_window_size=4) if DEVICE == "cpu" else {}
     cfg = litgpt.Config.from_name(NAME, n_layer=2, **tiny)
     if not window:
         cfg.sliding_window_size = None

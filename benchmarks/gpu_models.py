@@ -56,6 +56,10 @@ VARIANT_BUILDS = {
 }
 DEFAULT_VARIANTS = ("eager", "thunder", "guarded", "guarded+cudagraph", "inductor", "inductor-ro")
 TRAIN_MODELS = ("Mistral-7B-v0.1", "Llama-2-7b-hf", "phi-2", "Qwen2.5-7B", "gemma-2b")
+# The widths of a tiny litgpt model, for the CPU smoke runs of the GPU scripts (layers and names stay real).
+TINY_LITGPT = dict(
+    n_embd=64, n_head=4, n_query_groups=2, head_size=16, intermediate_size=128, vocab_size=256, padded_vocab_size=256
+)
 STEPS = ("train", "decode")
 # Seconds kept back from compiling for the warmup and timed rounds of one case (20 rounds of six variants of a
 # 7B-wide 2-layer model take a few seconds).

@@ -10,7 +10,7 @@ import logging
 import pytest
 import thunder
 import torch
-from helpers import assert_same, fragmenting_executor, jit_cpu, regions, run_with_grads
+from helpers import NEAR_BREAK_EVEN, assert_same, fragmenting_executor, jit_cpu, regions, run_with_grads
 
 import thunder_fusion_guard.measure.breakeven as breakeven
 import thunder_fusion_guard.measure.calibrate as calibrate
@@ -18,16 +18,7 @@ from thunder_fusion_guard import FusionGuard
 from thunder_fusion_guard.cost import CostConstants
 from thunder_fusion_guard.tools import bench_decisions
 
-# A lone add of 16x16 floats is estimated near break-even: 3.3 µs fused vs 3.0 µs eager.
-NEAR = {
-    "fusion_call_us": 3.0,
-    "fusion_gbps": 10.0,
-    "eager_op_us": 2.7,
-    "eager_meta_us": 0.5,
-    "eager_gbps": 10.0,
-    "overlapped": False,
-}
-FAKE = CostConstants(**NEAR, source="fake calibration")
+FAKE = CostConstants(**NEAR_BREAK_EVEN, source="fake calibration")
 
 
 def lone_add(a, b):
@@ -127,7 +118,7 @@ def test_calibration_shipped_mode_ignores_the_cache(cache_dir):
 
 
 def test_calibration_measure_mode_ignores_shipped(fake_calibration, monkeypatch):
-    monkeypatch.setattr(calibrate, "SHIPPED", [("cpu", "torchcompile", dict(NEAR, fusion_call_us=99.0))])
+    monkeypatch.setattr(calibrate, "SHIPPED", [("cpu", "torchcompile", dict(NEAR_BREAK_EVEN, fusion_call_us=99.0))])
     assert FusionGuard(calibration="measure").constants_for("cpu", "torchcompile") == FAKE
     assert len(fake_calibration) == 1
 
@@ -154,7 +145,7 @@ def test_failed_calibration_is_recorded_never_raised(monkeypatch, no_shipped, ca
 @pytest.mark.parametrize("fused_us,eager_us,action", [(10.0, 2.0, "reject"), (2.0, 10.0, "keep")])
 def test_near_break_even_the_measurement_decides(inject_timings, fused_us, eager_us, action):
     timings = inject_timings(fused_us, eager_us)
-    guard = FusionGuard(calibration=NEAR, strict=True)
+    guard = FusionGuard(calibration=NEAR_BREAK_EVEN, strict=True)
     a, b = torch.randn(16, 16, requires_grad=True), torch.randn(16, 16)
     guarded = jit_cpu(lone_add, guard)
     assert_same(*[run_with_grads(guarded, [a, b])[0], run_with_grads(jit_cpu(lone_add), [a, b])[0]])
@@ -170,7 +161,7 @@ def test_near_break_even_the_measurement_decides(inject_timings, fused_us, eager
 
 def test_far_from_break_even_nothing_is_measured(inject_timings):
     timings = inject_timings(1.0, 1.0)
-    far = dict(NEAR, fusion_call_us=100.0)
+    far = dict(NEAR_BREAK_EVEN, fusion_call_us=100.0)
     guard = FusionGuard(calibration=far)
     jit_cpu(lone_add, guard)(*_inputs())
     (d,) = guard.report
@@ -179,7 +170,7 @@ def test_far_from_break_even_nothing_is_measured(inject_timings):
 
 def test_inexact_regions_are_not_measured(inject_timings):
     timings = inject_timings(10.0, 1.0)
-    guard = FusionGuard(calibration=dict(NEAR, eager_op_us=0.9))
+    guard = FusionGuard(calibration=dict(NEAR_BREAK_EVEN, eager_op_us=0.9))
 
     def chain(x):
         return torch.exp(x) * 2.0
@@ -191,7 +182,7 @@ def test_inexact_regions_are_not_measured(inject_timings):
 
 def test_second_compilation_measures_nothing(inject_timings, cache_dir):
     timings = inject_timings(10.0, 2.0)
-    guard = FusionGuard(calibration=NEAR)
+    guard = FusionGuard(calibration=NEAR_BREAK_EVEN)
     jit_cpu(lone_add, guard)(*_inputs())
     jit_cpu(lone_add, guard)(*_inputs())
     assert timings == [2]
@@ -202,7 +193,7 @@ def test_second_compilation_measures_nothing(inject_timings, cache_dir):
     assert len(json.loads((cache_dir / "measurements.json").read_text())) == 1
 
     breakeven.clear_memory_cache()
-    fresh = FusionGuard(calibration=NEAR)
+    fresh = FusionGuard(calibration=NEAR_BREAK_EVEN)
     jit_cpu(lone_add, fresh)(*_inputs())
     assert timings == [2], "a fresh guard in a fresh process reads the disk cache"
     (d,) = fresh.report
@@ -211,7 +202,7 @@ def test_second_compilation_measures_nothing(inject_timings, cache_dir):
 
 def test_other_shapes_are_measured_again(inject_timings):
     timings = inject_timings(10.0, 2.0)
-    guard = FusionGuard(calibration=NEAR)
+    guard = FusionGuard(calibration=NEAR_BREAK_EVEN)
     jit_cpu(lone_add, guard)(*_inputs())
     jit_cpu(lone_add, guard)(torch.randn(16, 17), torch.randn(16, 17))
     assert timings == [2, 2]
@@ -219,7 +210,7 @@ def test_other_shapes_are_measured_again(inject_timings):
 
 def test_measuring_budget_caps_the_time(inject_timings):
     timings = inject_timings(10.0, 2.0)
-    guard = FusionGuard(calibration=NEAR, measure_budget_s=0.5)
+    guard = FusionGuard(calibration=NEAR_BREAK_EVEN, measure_budget_s=0.5)
     ticks = iter(range(0, 10**12, 10**9))  # every reading of the clock is one second later
     guard.measurer.clock = lambda: next(ticks)
     thunder.jit(add_then_sub, executors=[fragmenting_executor()], transforms=[guard])(torch.randn(16, 16))
@@ -255,7 +246,7 @@ def test_measuring_and_calibrating_inside_thunderfx_subgraphs(inject_timings, fa
 
 def test_measuring_off(inject_timings):
     timings = inject_timings(10.0, 2.0)
-    guard = FusionGuard(calibration=NEAR, measure_budget_s=0)
+    guard = FusionGuard(calibration=NEAR_BREAK_EVEN, measure_budget_s=0)
     jit_cpu(lone_add, guard)(*_inputs())
     (d,) = guard.report
     assert timings == [] and d.details["decided_by"] == "model" and "measuring" not in guard.report.to_dict()
@@ -268,7 +259,7 @@ def test_measurement_failure_falls_back_to_the_model(monkeypatch, inject_timings
         raise RuntimeError("planted timing failure")
 
     monkeypatch.setattr(breakeven, "interleaved_us", broken)
-    guard = FusionGuard(calibration=NEAR)
+    guard = FusionGuard(calibration=NEAR_BREAK_EVEN)
     x = _inputs()
     assert torch.equal(jit_cpu(lone_add, guard)(*x), lone_add(*x))
     (d,) = guard.report
@@ -280,7 +271,7 @@ def test_several_ranks_decide_by_the_model_alone(monkeypatch, inject_timings):
     timings = inject_timings(10.0, 2.0)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
-    guard = FusionGuard(calibration=NEAR)
+    guard = FusionGuard(calibration=NEAR_BREAK_EVEN)
     x = _inputs()
     assert torch.equal(jit_cpu(lone_add, guard)(*x), lone_add(*x))
     (d,) = guard.report
@@ -295,7 +286,7 @@ def test_in_place_regions_are_measured_on_fresh_tensors(inject_timings):
         return dst.copy_(src)
 
     dst, src = torch.zeros(16, 16), torch.ones(16, 16)
-    guard = FusionGuard(calibration=NEAR)
+    guard = FusionGuard(calibration=NEAR_BREAK_EVEN)
     jit_cpu(copy_into, guard)(dst, src)
     (d,) = guard.report
     assert d.details["decided_by"] == "measured" and d.action == "keep"
@@ -322,7 +313,7 @@ def test_region_inputs_follow_the_proxies():
 
 
 def test_reason_within_the_margin_says_eager_was_cheaper():
-    guard = FusionGuard(calibration=NEAR, measure_budget_s=0)
+    guard = FusionGuard(calibration=NEAR_BREAK_EVEN, measure_budget_s=0)
     jit_cpu(lone_add, guard)(*_inputs())
     (d,) = guard.report
     region, eager = d.estimates["est_region_us"], d.estimates["est_eager_us"]
@@ -333,14 +324,14 @@ def test_reason_within_the_margin_says_eager_was_cheaper():
 
 
 def test_reason_when_fusion_wins_and_when_measured_within_margin(inject_timings):
-    guard = FusionGuard(calibration=dict(NEAR, eager_op_us=30.0), measure_budget_s=0)
+    guard = FusionGuard(calibration=dict(NEAR_BREAK_EVEN, eager_op_us=30.0), measure_budget_s=0)
     jit_cpu(lone_add, guard)(*_inputs())
     (d,) = guard.report
     assert d.reason.startswith("cost model: fusion call is worth it: estimated")
     assert d.estimates["est_region_us"] < d.estimates["est_eager_us"]
 
     inject_timings(10.0, 9.7)
-    guard = FusionGuard(calibration=NEAR)
+    guard = FusionGuard(calibration=NEAR_BREAK_EVEN)
     jit_cpu(lone_add, guard)(*_inputs())
     (d,) = guard.report
     assert d.action == "keep"
@@ -365,7 +356,7 @@ def test_measured_margin_follows_the_timings_spread(inject_timings, spread, over
     """On a synchronous device a timed region is rejected once eager wins by more than the timing's spread
     (at least 5%, at most the option 'margin'); where the host runs ahead of the device, 'margin' holds."""
     inject_timings(10.0, 8.8, spread)
-    guard = FusionGuard(calibration=dict(NEAR, overlapped=overlapped), margin=margin, strict=True)
+    guard = FusionGuard(calibration=dict(NEAR_BREAK_EVEN, overlapped=overlapped), margin=margin, strict=True)
     a, b = _inputs()
     assert_same([jit_cpu(lone_add, guard)(a, b)], [jit_cpu(lone_add)(a, b)])
     (d,) = guard.report
@@ -401,9 +392,9 @@ def test_defaults():
 
 
 def test_constants_without_io_cost_still_load():
-    assert CostConstants.from_dict(NEAR).fusion_io_us == 0.0
+    assert CostConstants.from_dict(NEAR_BREAK_EVEN).fusion_io_us == 0.0
     with pytest.raises(ValueError, match="'fusion_io_us' must be a number >= 0"):
-        CostConstants.from_dict(dict(NEAR, fusion_io_us=-1.0))
+        CostConstants.from_dict(dict(NEAR_BREAK_EVEN, fusion_io_us=-1.0))
 
 
 # --- 3. the decision benchmark's bookkeeping -----------------------------------------------------------

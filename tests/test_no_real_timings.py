@@ -6,20 +6,10 @@ from __future__ import annotations
 
 import torch
 from conftest import NOT_CALIBRATED_IN_TESTS, NOT_TIMED_IN_TESTS
-from helpers import jit_cpu
+from helpers import NEAR_BREAK_EVEN, jit_cpu
 
 import thunder_fusion_guard.measure.calibrate as calibrate
 from thunder_fusion_guard import FusionGuard
-
-# A lone add of 16x16 floats is estimated near break-even under these: the measurer would time it.
-NEAR = {
-    "fusion_call_us": 3.0,
-    "fusion_gbps": 10.0,
-    "eager_op_us": 2.7,
-    "eager_meta_us": 0.5,
-    "eager_gbps": 10.0,
-    "overlapped": False,
-}
 
 
 def lone_add(a, b):
@@ -31,7 +21,7 @@ def _inputs():
 
 
 def test_a_region_near_break_even_is_not_timed():
-    guard = FusionGuard(calibration=NEAR)
+    guard = FusionGuard(calibration=NEAR_BREAK_EVEN)
     assert guard.options.measure_budget_s > 0  # measuring is on: the fixture, not the option, stops it
     jit_cpu(lone_add, guard)(*_inputs())
     (d,) = guard.report
@@ -60,7 +50,7 @@ def test_auto_calibration_never_measures(monkeypatch):
 
 def test_injected_timings_decide(inject_timings):
     timings = inject_timings(10.0, 2.0)
-    guard = FusionGuard(calibration=NEAR)
+    guard = FusionGuard(calibration=NEAR_BREAK_EVEN)
     jit_cpu(lone_add, guard)(*_inputs())
     (d,) = guard.report
     assert timings == [2] and (d.action, d.details["decided_by"]) == ("reject", "measured")
