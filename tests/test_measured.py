@@ -84,6 +84,23 @@ def test_auto_calibration_happens_once_and_is_cached(fake_calibration, cache_dir
     assert again.constants_for("cpu", "torchcompile") == FAKE and not again.report.calibrations
 
 
+def test_auto_calibration_never_runs_in_a_run_of_several_ranks(fake_calibration, cache_dir, monkeypatch):
+    """Every rank measuring its own constants could decide differently: with no cached or shipped constants,
+    a run of several ranks keeps compute regions fused (the model has nothing to decide with) and says why."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    guard = FusionGuard(measure_budget_s=0)
+    jit_cpu(lone_add, guard)(*_inputs())
+    assert fake_calibration == []
+    (event,) = guard.report.calibrations
+    assert event["result"].startswith("not calibrated: a run of 2 ranks calibrates nowhere")
+    assert all(d.action == "keep" for d in guard.report)
+
+    measured = FusionGuard(calibration="measure", measure_budget_s=0)
+    jit_cpu(lone_add, measured)(*_inputs())
+    assert fake_calibration == [("cpu", "torchcompile", 5.0)], "calibration='measure' is the user's explicit ask"
+
+
 @pytest.mark.real_timings  # calibrates for real; its verdict holds whatever the timings are
 def test_auto_calibration_for_real_inside_the_transform(no_shipped, cache_dir):
     """The real probes (thunder.jit of their own, in a fresh context) run inside Thunder's compilation."""

@@ -12,7 +12,7 @@ import thunder
 from . import _thunder as th
 from .cost import CostConstants
 from .decisions import Subgraph
-from .distributed import compare_ranks, current_rank
+from .distributed import compare_ranks, current_rank, world_size
 from .measure import calibrate
 from .measure.breakeven import RegionMeasurer
 from .options import make_options, options_signature
@@ -159,7 +159,16 @@ class FusionGuard(thunder.Transform):
                 chosen = calibrate.cached(device, executor)
             else:
                 chosen = calibrate.lookup(device, executor)
-            if chosen is None and mode in ("auto", "measure"):
+            ranks = world_size()
+            if chosen is None and mode == "auto" and ranks > 1:
+                # Each rank would measure its own constants and could decide differently: none measures.
+                note = (
+                    f"not calibrated: a run of {ranks} ranks calibrates nowhere, so that every rank decides alike "
+                    "(run `fusion-guard calibrate` once on this machine, or pass calibration='measure')"
+                )
+                event = {"device": device, "executor": executor, "seconds": 0.0, "result": note}
+                self.report.calibrations.append(event)
+            elif chosen is None and mode in ("auto", "measure"):
                 chosen, note, seconds = calibrate.auto_calibrate(device, executor, self.options.calibration_budget_s)
                 self.report.calibrations.append(
                     {"device": device, "executor": executor, "seconds": round(seconds, 3), "result": note}
