@@ -54,17 +54,3 @@ def test_mask_is_taken_out_of_a_region_with_narrowing_casts(dtype):
     assert_same(got[1], expected[1])
     (eager,) = run_with_grads(rope_attention, args)[0]
     torch.testing.assert_close(got[0][0], eager, atol=0.05, rtol=0.05)  # eager rounds after every op
-
-
-def table_read_inside(x):
-    """A bf16 table that rounds (0.1 steps) read again by the input's ops in the same region."""
-    table = torch.arange(x.shape[-1], dtype=x.dtype) * 0.1
-    return x + table * 3
-
-
-def test_a_rounded_value_handed_across_the_split_keeps_the_region_whole():
-    x = (torch.randn(4, 37) * 10).round().div(10).to(torch.bfloat16)
-    guard = FusionGuard(strict=True, calibration="shipped")
-    got = jit(table_read_inside, guard)(x)
-    assert torch.equal(got, jit(table_read_inside)(x))
-    assert not [d for d in guard.report.decisions if d.action == "hoist"]

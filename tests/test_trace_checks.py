@@ -9,21 +9,13 @@ import pytest
 import thunder
 import torch
 from helpers import assert_same, nvfuser_shaped_executor, run_with_grads
+from test_hoist import mask_softmax
 
 from thunder_fusion_guard import FusionGuard
 
 
-def masked_scores(x):
-    """litgpt-like: a causal mask built from constants by a setitem loop (hoisted and folded), a reshape."""
-    t = x.shape[-1]
-    mask = torch.full((t, t), float("-inf"), device=x.device, dtype=x.dtype)
-    for i in range(t):
-        mask[i, : i + 1] = 0.0
-    return torch.softmax(x.reshape(x.shape) + mask, -1) * 2
-
-
 def test_the_suite_checks_every_trace():
-    jitted = thunder.jit(masked_scores)
+    jitted = thunder.jit(mask_softmax)
     jitted(torch.randn(4, 4))
     assert thunder.compile_data(jitted).debug_options.check_traces is True
 
@@ -41,8 +33,8 @@ def test_guarded_traces_pass_thunder_checks(check_traces, executors, actions):
         options["executors"] = [nvfuser_shaped_executor()]
     guard = FusionGuard(strict=True, calibration="shipped")
     x = torch.randn(3, 8, 8, requires_grad=True)
-    got = run_with_grads(thunder.jit(masked_scores, transforms=[guard], **options), [x])
-    expected = run_with_grads(thunder.jit(masked_scores, **options), [x])
+    got = run_with_grads(thunder.jit(mask_softmax, transforms=[guard], **options), [x])
+    expected = run_with_grads(thunder.jit(mask_softmax, **options), [x])
     assert_same(got[0], expected[0])
     assert_same(got[1], expected[1])
     assert actions <= {d.action for d in guard.report.decisions}
@@ -62,8 +54,8 @@ def test_split_regions_and_thunderfx_pass_thunder_checks():
     guard = FusionGuard(strict=True, calibration="shipped")
     x = torch.randn(3, 8, 8, requires_grad=True)
     executors = [nvfuser_shaped_executor()]
-    compiled = thunderfx(masked_scores, executors=executors, transforms=[guard], debug_options=debug)
-    plain = thunderfx(masked_scores, executors=executors, debug_options=debug)
+    compiled = thunderfx(mask_softmax, executors=executors, transforms=[guard], debug_options=debug)
+    plain = thunderfx(mask_softmax, executors=executors, debug_options=debug)
     got, expected = run_with_grads(compiled, [x]), run_with_grads(plain, [x])
     assert_same(got[0], expected[0])
     assert_same(got[1], expected[1])
