@@ -209,7 +209,9 @@ def test_python_dash_m_bad_target_is_one_line_without_import_warnings(tmp_path):
     assert done.stdout == ""
 
 
-@pytest.mark.parametrize("argv", [["bench", "run"], ["bench", "compare"], ["bench", "decisions"], ["report"]])
+@pytest.mark.parametrize(
+    "argv", [["bench", "run"], ["bench", "compare"], ["bench", "decisions"], ["bench", "versus"], ["report"]]
+)
 def test_every_command_help_has_a_description(capsys, argv):
     with pytest.raises(SystemExit) as exit_info:
         main([*argv, "--help"])

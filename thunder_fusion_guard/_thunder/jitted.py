@@ -23,6 +23,7 @@ __all__ = [
     "call_targets",
     "compiled_module",
     "executors_of",
+    "instrumenting_program",
     "is_thunderfx",
     "jitted_function_name",
     "jitted_transforms",
@@ -183,18 +184,17 @@ def region_callable(bsym: BoundSymbol) -> Callable:
     return bsym._call_ctx[bsym.sym.name]
 
 
-def _recording_callable(trace: TraceCtx, kind: str, calls: dict[tuple[str, str], tuple]) -> Callable:
-    def recorder(name: str, fn: Callable) -> Callable:
-        def record(*args):
-            calls[(kind, name)] = args
-            return fn(*args)
+# Wraps one fusion call: (trace kind, region name, the region's callable) -> the callable to run instead.
+WrapCall = Callable[[str, str, Callable], Callable]
+# Wraps a whole trace's callable: (trace kind, callable) -> the callable to run instead.
+WrapTrace = Callable[[str, Callable], Callable]
 
-        return record
 
+def _instrumented_callable(trace: TraceCtx, kind: str, wrap_call: WrapCall) -> Callable:
     def wrapped(bsym: BoundSymbol) -> BoundSymbol:
         new = bsym.from_bsym()
         # Set after from_bsym: nvFuser's symbols re-set their call context when bound.
-        new._call_ctx = {bsym.sym.name: recorder(bsym.sym.name, region_callable(bsym))}
+        new._call_ctx = {bsym.sym.name: wrap_call(kind, bsym.sym.name, region_callable(bsym))}
         return new
 
     bsyms = [wrapped(b) if is_fusion(b) else b for b in trace.bound_symbols]
@@ -202,13 +202,10 @@ def _recording_callable(trace: TraceCtx, kind: str, calls: dict[tuple[str, str],
 
 
 @contextmanager
-def recording_fusion_calls(jitted: Any) -> Iterator[dict[tuple[str, str], tuple]]:
-    """While open, calls of ``jitted`` record the real arguments of every fusion call.
-
-    The compiled program of the last call is swapped for one rebuilt from the same final forward and
-    backward traces with each fusion callable wrapped; arguments are recorded under
-    ``(trace, region name)``, ``trace`` being 'forward' or 'backward'. The program is restored on exit.
-    """
+def instrumenting_program(jitted: Any, wrap_call: WrapCall, wrap_trace: WrapTrace | None = None) -> Iterator[None]:
+    """While open, calls of ``jitted`` run its last compiled program rebuilt from the same final forward and
+    backward traces, each fusion callable wrapped by ``wrap_call`` (and each trace's callable by ``wrap_trace``);
+    ``kind`` is 'forward' or 'backward'. The program is restored on exit."""
     from thunder.common import transform_to_torch_types
 
     cs = thunder.compile_stats(jitted)
@@ -222,13 +219,32 @@ def recording_fusion_calls(jitted: Any) -> Iterator[dict[tuple[str, str], tuple]
         )
     index = found[0]
     entry = cache[index]
-    calls: dict[tuple[str, str], tuple] = {}
-    forward = _recording_callable(transform_to_torch_types(entry.computation_traces[-1]), "forward", calls)
+    whole = wrap_trace or (lambda kind, fn: fn)
+    forward = whole(
+        "forward", _instrumented_callable(transform_to_torch_types(entry.computation_traces[-1]), "forward", wrap_call)
+    )
     backward = None
     if entry.backward_fn is not None:
-        backward = _recording_callable(entry.backward_traces[-1], "backward", calls)
+        backward = whole("backward", _instrumented_callable(entry.backward_traces[-1], "backward", wrap_call))
     cache[index] = entry._replace(computation_fn=forward, backward_fn=backward)
     try:
-        yield calls
+        yield
     finally:
         cache[index] = entry
+
+
+@contextmanager
+def recording_fusion_calls(jitted: Any) -> Iterator[dict[tuple[str, str], tuple]]:
+    """While open, calls of ``jitted`` record the real arguments of every fusion call, under
+    ``(trace, region name)``, ``trace`` being 'forward' or 'backward' (see :func:`instrumenting_program`)."""
+    calls: dict[tuple[str, str], tuple] = {}
+
+    def recorder(kind: str, name: str, fn: Callable) -> Callable:
+        def record(*args):
+            calls[(kind, name)] = args
+            return fn(*args)
+
+        return record
+
+    with instrumenting_program(jitted, recorder):
+        yield calls

@@ -5,7 +5,8 @@
 - :mod:`.effects`: random ops, in-place writes, effects beyond outputs, what may be hoisted;
 - :mod:`.aliasing`: ops that may hand back memory they were given;
 - :mod:`.communication`: collectives and their waits, and the stretches of a trace between them;
-- :mod:`.rewrites`: identities and the setitem the rewriting passes recognise.
+- :mod:`.rewrites`: identities and the setitem the rewriting passes recognise;
+- :mod:`.kinds`: the kind of work (norm, rope, matmul, ...) ops or kernels do, from their names.
 
 Rules that take ``metadata_ops`` count those op names as metadata-only too (the guard's option).
 ``__all__`` is the union of the modules' own.
@@ -13,11 +14,12 @@ Rules that take ``metadata_ops`` count those op names as metadata-only too (the 
 
 from __future__ import annotations
 
-from . import aliasing, communication, effects, exactness, metadata, rewrites
+from . import aliasing, communication, effects, exactness, kinds, metadata, rewrites
 from .aliasing import *  # noqa: F403
 from .communication import *  # noqa: F403
 from .effects import *  # noqa: F403
 from .exactness import *  # noqa: F403
+from .kinds import *  # noqa: F403
 from .metadata import *  # noqa: F403
 from .rewrites import *  # noqa: F403
 
@@ -28,4 +30,5 @@ __all__ = [
     *aliasing.__all__,
     *communication.__all__,
     *rewrites.__all__,
+    *kinds.__all__,
 ]

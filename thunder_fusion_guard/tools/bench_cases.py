@@ -436,14 +436,14 @@ def make_step(workload: Workload, variant: str, device: str) -> Callable[[], Non
 
     ``inductor-ro`` on CUDA marks each step as a new iteration for Inductor's CUDA graphs.
     """
-    fn, args, kwargs, leaves = (
-        compile_variant(workload, variant, device),
-        workload.args,
-        workload.kwargs,
-        workload.leaves,
-    )
-    cuda = device == "cuda"
-    mark_step = cuda and variant == "inductor-ro"
+    return step_of(workload, compile_variant(workload, variant, device), variant, device, sync=device == "cuda")
+
+
+def step_of(workload: Workload, fn: Callable[..., Any], variant: str, device: str, sync: bool) -> Callable[[], None]:
+    """A step running ``fn`` (``workload``'s function as ``variant`` compiled it) on the workload's inputs;
+    ``sync``: wait for the device at the end."""
+    args, kwargs, leaves = workload.args, workload.kwargs, workload.leaves
+    mark_step = device == "cuda" and variant == "inductor-ro"
 
     def step() -> None:
         if mark_step:
@@ -457,7 +457,7 @@ def make_step(workload: Workload, variant: str, device: str) -> Callable[[], Non
                 flat = tree_flatten(out)[0]
                 loss = sum(t.float().sum() for t in flat if isinstance(t, torch.Tensor) and t.requires_grad)
                 torch.autograd.grad(loss, leaves, allow_unused=True)
-        if cuda:
+        if sync:
             torch.cuda.synchronize()
 
     return step

@@ -85,9 +85,10 @@ def register(subparsers: Any) -> None:
         "bench",
         help="benchmark thunder vs guarded vs eager (vs torch.compile), compare result files",
         description="Time the guard: 'bench run' times the benchmark cases, 'bench compare' checks two result "
-        "files for regressions, 'bench decisions' checks the guard's decisions against measurement.",
+        "files for regressions, 'bench decisions' checks the guard's decisions against measurement, 'bench versus' "
+        "profiles one case under guarded Thunder and torch.compile side by side.",
     )
-    sub = bench.add_subparsers(dest="bench_command", required=True, metavar="{run,compare,decisions}")
+    sub = bench.add_subparsers(dest="bench_command", required=True, metavar="{run,compare,decisions,versus}")
     run = sub.add_parser(
         "run",
         help="run benchmark cases, variants interleaved; pytest-benchmark JSON out",
@@ -131,6 +132,9 @@ def register(subparsers: Any) -> None:
     from .bench_decisions import register as register_decisions
 
     register_decisions(sub)
+    from .bench_versus import register as register_versus
+
+    register_versus(sub)
 
 
 def _log(message: str) -> None:

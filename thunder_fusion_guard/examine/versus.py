@@ -1,0 +1,382 @@
+"""Where a step's time goes under several compilers, side by side.
+
+Each variant's step is timed (synchronised wall time, and the host's time until the step returns), then run
+under ``torch.profiler``. Device time and launches are attributed to the pass (forward, backward) and the kind
+of work (:func:`thunder_fusion_guard.ops.work_kind`: attention, matmul, norm, rope, activation, ...) from what
+launched each kernel: a Thunder fusion region (its ops; every region call runs inside a profiler range named
+after it), an aten op, or an Inductor kernel (its name lists the aten ops it fuses). On CPU the work of each
+such call is its CPU time. For a Thunder program the host time is split into Thunder's prologue, the forward
+and backward traces and, inside them, the fusion calls. :meth:`SideBySide.findings` says where the first
+variant loses to the others, and which of it the guard cannot remove.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from .. import _thunder as th
+from ..decisions import text_table
+from ..ops import work_kind
+from ..regions import find_regions
+from .calls import programs
+
+RANGE = "fusion_guard::"  # profiler ranges around Thunder's fusion calls: fusion_guard::<pass>::<region>
+PASSES = ("forward", "backward")
+# A kind's device-time gap is named when it exceeds both of these.
+GAP_FRACTION = 0.05
+GAP_US = 10.0
+HOST_BOUND = 0.9  # the host's time until return over the synchronised step: above this, the step waits on the host
+
+
+@dataclass
+class Work:
+    """Device time (µs per step) and launches per step of one pass and kind of work; ``host_us`` the CPU time of
+    the Thunder fusion calls among them (0 where not measured)."""
+
+    device_us: float = 0.0
+    launches: float = 0.0
+    host_us: float = 0.0
+
+
+@dataclass
+class VariantProfile:
+    """One variant's step: ``step_us`` synchronised wall time, ``host_us`` time until the step's Python returned
+    (medians), ``device_us`` and ``launches`` per step (kernels on CUDA; calls and their CPU time on CPU),
+    ``work`` by ``"<pass> <kind>"``, ``host_parts`` the host time of a Thunder program by part, ``fusion_calls``
+    Thunder fusion calls per step."""
+
+    variant: str
+    device: str
+    step_us: float
+    host_us: float
+    device_us: float
+    launches: float
+    work: dict[str, Work] = field(default_factory=dict)
+    host_parts: dict[str, float] = field(default_factory=dict)
+    fusion_calls: float = 0.0
+
+    @property
+    def host_bound(self) -> bool:
+        return self.device == "cuda" and self.host_us >= HOST_BOUND * self.step_us
+
+
+@dataclass
+class SideBySide:
+    """The profiles of one step under several variants; the first is the one :meth:`findings` explains."""
+
+    case: str
+    profiles: list[VariantProfile]
+
+    def table(self, markdown: bool = False) -> str:
+        """Step, host and device rows, then device time per pass and kind, one column per variant."""
+        names = [p.variant for p in self.profiles]
+        head = ["", *names]
+        if len(names) > 1:
+            head.append(f"{names[0]} minus {names[1]}")
+
+        def row(label: str, values: list[float], digits: int = 1) -> list[str]:
+            cells = [f"{v:.{digits}f}" for v in values]
+            if len(values) > 1:
+                cells.append(f"{values[0] - values[1]:+.{digits}f}")
+            return [label, *cells]
+
+        first = self.profiles[0]
+        unit = "µs" if first.device == "cuda" else "µs CPU"
+        rows = [
+            row("step µs (synchronised)", [p.step_us for p in self.profiles]),
+            row("host µs until the step returns", [p.host_us for p in self.profiles]),
+            row(f"work {unit}, all", [p.device_us for p in self.profiles]),
+            row("launches" if first.device == "cuda" else "calls", [p.launches for p in self.profiles], 0),
+        ]
+        keys = sorted({k for p in self.profiles for k in p.work}, key=_work_order)
+        for key in keys:
+            rows.append(row(f"  {key}", [p.work.get(key, Work()).device_us for p in self.profiles]))
+        for p in self.profiles:
+            for part, us in p.host_parts.items():
+                rows.append([f"host of {p.variant}: {part}", *[f"{us:.1f}" if q is p else "" for q in self.profiles]])
+                if len(names) > 1:
+                    rows[-1].append("")
+        if markdown:
+            lines = [head, ["---"] * len(head), *rows]
+            return "\n".join("| " + " | ".join(cell.replace("|", "\\|") for cell in r) + " |" for r in lines)
+        return "\n".join(text_table([head, *rows]))
+
+    def findings(self) -> list[str]:
+        """Sentences: where the first variant loses to each other one (step, host, kinds of work), and what of
+        its host time the guard cannot remove."""
+        first, out = self.profiles[0], []
+        for other in self.profiles[1:]:
+            gap = first.step_us - other.step_us
+            if gap <= 0:
+                out.append(
+                    f"{first.variant} is at or ahead of {other.variant}: {first.step_us:.0f} vs {other.step_us:.0f} µs"
+                )
+                continue
+            device_gap = first.device_us - other.device_us
+            host_bound = (
+                f"; {first.variant} is host-bound (its host time is {first.host_us / first.step_us:.0%} of the step)"
+            )
+            out.append(
+                f"{first.variant} is behind {other.variant} by {gap:.0f} µs a step ({first.step_us:.0f} vs "
+                f"{other.step_us:.0f}); work on the device differs by {device_gap:+.0f} µs"
+                + (host_bound if first.host_bound else "")
+            )
+            for key, diff in self._work_gaps(first, other):
+                mine = first.work.get(key, Work())
+                theirs = other.work.get(key, Work())
+                out.append(
+                    f"  {key}: {mine.device_us:.0f} vs {theirs.device_us:.0f} µs ({diff:+.0f}), "
+                    f"{mine.launches:.0f} vs {theirs.launches:.0f} launches"
+                )
+        if first.host_parts:
+            calls = first.host_parts.get("fusion calls", 0.0)
+            per_call = calls / first.fusion_calls if first.fusion_calls else 0.0
+            parts = ", ".join(f"{k} {v:.0f} µs" for k, v in first.host_parts.items())
+            out.append(
+                f"host time of {first.variant}: {parts}; a fusion call costs {per_call:.0f} µs on the host. "
+                "The prologue (Thunder checks every input on every call), the interpretation of the traces op by "
+                "op and the fusion executor's own per-call cost are Thunder's: no trace rewrite removes them; "
+                "CUDA graphs (CUDAGraphTransform) hide what they capture"
+            )
+        return out
+
+    @staticmethod
+    def _work_gaps(first: VariantProfile, other: VariantProfile) -> list[tuple[str, float]]:
+        gaps = []
+        for key in set(first.work) | set(other.work):
+            mine, theirs = first.work.get(key, Work()).device_us, other.work.get(key, Work()).device_us
+            diff = mine - theirs
+            if diff > GAP_US and diff > GAP_FRACTION * max(theirs, 1e-9):
+                gaps.append((key, diff))
+        return sorted(gaps, key=lambda kv: -kv[1])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"case": self.case, "profiles": [asdict(p) for p in self.profiles], "findings": self.findings()}
+
+
+def _work_order(key: str) -> tuple[int, str]:
+    return (0 if key.startswith("forward") else 1, key)
+
+
+def side_by_side(
+    case: str,
+    steps: Mapping[str, Callable[[], Any]],
+    compiled: Mapping[str, Any] | None = None,
+    *,
+    rounds: int = 10,
+    profiled_rounds: int = 3,
+    warmup: int = 2,
+    device: str = "cpu",
+) -> SideBySide:
+    """Profile one step under each variant (``steps``: unsynchronised step callables, first variant first);
+    ``compiled[variant]`` is the ``thunder.jit`` or ThunderFX object a Thunder variant runs, whose fusion
+    calls get profiler ranges and whose host time is split by part."""
+    if rounds < 1 or profiled_rounds < 1:
+        raise ValueError("side_by_side: rounds and profiled_rounds must be at least 1")
+    compiled = compiled or {}
+    out = []
+    for variant, step in steps.items():
+        for _ in range(warmup):
+            step()
+        _sync(device)
+        step_us, host_us = _time(step, rounds, device)
+        profile = _profile(variant, step, compiled.get(variant), profiled_rounds, device)
+        profile.step_us, profile.host_us = step_us, host_us
+        out.append(profile)
+    return SideBySide(case, out)
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _time(step: Callable[[], Any], rounds: int, device: str) -> tuple[float, float]:
+    walls, hosts = [], []
+    for _ in range(rounds):
+        _sync(device)
+        start = time.perf_counter_ns()
+        step()
+        returned = time.perf_counter_ns()
+        _sync(device)
+        walls.append((time.perf_counter_ns() - start) / 1e3)
+        hosts.append((returned - start) / 1e3)
+    return statistics.median(walls), statistics.median(hosts)
+
+
+@dataclass
+class _Ranges:
+    """What the instrumented Thunder programs record: region kinds and trace host times."""
+
+    kinds: dict[str, str] = field(default_factory=dict)  # range name -> kind of work
+    trace_ns: dict[str, list[int]] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def _instrumented(obj: Any, ranges: _Ranges) -> Iterator[list[Any]]:
+    """Profiler ranges around every fusion call of each Thunder program of ``obj`` (none for other objects)."""
+    if obj is None or not (th.is_thunderfx(obj) or _is_jitted(obj)):
+        yield []
+        return
+    found = programs(obj)
+    with contextlib.ExitStack() as stack:
+        for index, (jitted, _) in enumerate(found):
+            for kind, trace in zip(PASSES, th.last_traces(jitted), strict=True):
+                if trace is None:
+                    continue
+                for region in find_regions(trace):
+                    ranges.kinds[f"{RANGE}{kind}::{index}:{region.name}"] = work_kind(_deep_ops(region))
+            stack.enter_context(th.instrumenting_program(jitted, _range_call(index), _timed_trace(ranges)))
+        yield [jitted for jitted, _ in found]
+
+
+def _is_jitted(obj: Any) -> bool:
+    try:
+        import thunder
+
+        return thunder.compile_stats(obj) is not None
+    except Exception:
+        return False
+
+
+def _deep_ops(region: Any) -> list[str]:
+    names, todo = [], list(region.body)
+    while todo:
+        b = todo.pop()
+        names.append(th.op_name(b))
+        todo.extend(th.subsymbols(b))
+    return names
+
+
+def _range_call(index: int) -> th.WrapCall:
+    def wrap(kind: str, name: str, fn: Callable) -> Callable:
+        label = f"{RANGE}{kind}::{index}:{name}"
+
+        def call(*args):
+            with torch.profiler.record_function(label):
+                return fn(*args)
+
+        return call
+
+    return wrap
+
+
+def _timed_trace(ranges: _Ranges) -> th.WrapTrace:
+    def wrap(kind: str, fn: Callable) -> Callable:
+        def call(*args, **kwargs):
+            start = time.perf_counter_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                ranges.trace_ns.setdefault(f"{kind} trace", []).append(time.perf_counter_ns() - start)
+
+        return call
+
+    return wrap
+
+
+def _profile(variant: str, step: Callable[[], Any], obj: Any, rounds: int, device: str) -> VariantProfile:
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    ranges = _Ranges()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    prologue: list[int] = []
+    # One step with the profiler on but not recording: a compiler that recompiles under the profiler does so there.
+    plan = schedule(wait=0, warmup=1, active=rounds, repeat=1)
+    with _instrumented(obj, ranges) as jitted, profile(activities=activities, schedule=plan) as prof:
+        for index in range(rounds + 1):
+            step()
+            _sync(device)
+            if index == 0:
+                ranges.trace_ns.clear()
+            else:
+                prologue += [_prologue_ns(j) for j in jitted]
+            prof.step()
+    result = VariantProfile(variant, device, 0.0, 0.0, 0.0, 0.0)
+    _attribute(prof.events(), ranges, result, rounds, device)
+    if jitted:
+        result.host_parts["prologue"] = sum(prologue) / rounds / 1e3
+        for part, samples in ranges.trace_ns.items():
+            result.host_parts[part] = sum(samples) / rounds / 1e3
+        result.host_parts["fusion calls"] = sum(w.host_us for w in result.work.values())
+    return result
+
+
+def _prologue_ns(jitted: Any) -> int:
+    import thunder
+
+    cs = thunder.compile_stats(jitted)
+    start, stop = getattr(cs, "last_prologue_execution_start", -1), getattr(cs, "last_prologue_execution_stop", -1)
+    return stop - start if start > 0 and stop > start else 0
+
+
+def _attribute(events: Sequence[Any], ranges: _Ranges, out: VariantProfile, rounds: int, device: str) -> None:
+    """Add each kernel (CUDA) or each outermost call of known work (CPU) to ``out.work`` by pass and kind."""
+    for event in events:
+        if getattr(event, "device_type", None) != torch.autograd.DeviceType.CPU:
+            continue
+        owner = _owner(event, ranges)
+        if event.name.startswith(RANGE):
+            work = out.work.setdefault(owner[0], Work())
+            work.host_us += event.cpu_time_total / rounds
+            out.fusion_calls += 1 / rounds
+        if device == "cuda":
+            for kernel in event.kernels:
+                key = owner[0] if owner[1] else f"{_pass_of(event)} {work_kind([kernel.name])}"
+                _add(out, key, kernel.duration, rounds)
+        elif owner[1] is event:
+            _add(out, owner[0], event.cpu_time_total, rounds)
+        elif owner[1] is None and _is_work(event):
+            # CPU: each call's own time goes to its kind; only outermost calls count as calls
+            call = not _has_work_ancestor(event)
+            _add(out, f"{_pass_of(event)} {work_kind([event.name])}", event.self_cpu_time_total, rounds, call)
+
+
+def _add(out: VariantProfile, key: str, us: float, rounds: int, call: bool = True) -> None:
+    work = out.work.setdefault(key, Work())
+    work.device_us += us / rounds
+    out.device_us += us / rounds
+    if call:
+        work.launches += 1 / rounds
+        out.launches += 1 / rounds
+
+
+def _owner(event: Any, ranges: _Ranges) -> tuple[str, Any]:
+    """The work key and range event of the Thunder fusion call ``event`` runs in (``("", None)`` if none)."""
+    e = event
+    while e is not None:
+        if e.name.startswith(RANGE):
+            kind_pass = e.name[len(RANGE) :].split("::", 1)[0]
+            return f"{kind_pass} {ranges.kinds.get(e.name, 'other')}", e
+        e = e.cpu_parent
+    return "", None
+
+
+def _is_work(event: Any) -> bool:
+    name = event.name
+    return name.startswith(("aten::", "triton_", "cpp_fused", "Torch-Compiled Region", "CompiledFunction"))
+
+
+def _has_work_ancestor(event: Any) -> bool:
+    e = event.cpu_parent
+    while e is not None:
+        if _is_work(e) or e.name.startswith(RANGE):
+            return True
+        e = e.cpu_parent
+    return False
+
+
+def _pass_of(event: Any) -> str:
+    e = event
+    while e is not None:
+        if "Backward" in e.name or "evaluate_function" in e.name or "backward" in e.name.lower():
+            return "backward"
+        e = e.cpu_parent
+    return "forward"
