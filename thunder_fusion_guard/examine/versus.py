@@ -32,13 +32,14 @@ PASSES = ("forward", "backward")
 # A kind's device-time gap is named when it exceeds both of these.
 GAP_FRACTION = 0.05
 GAP_US = 10.0
+INSTRUMENTED_WARMUP = 3  # steps of a rebuilt (instrumented) program before it is measured
 HOST_BOUND = 0.9  # the host's time until return over the synchronised step: above this, the step waits on the host
 
 
 @dataclass
 class Work:
-    """Device time (µs per step) and launches per step of one pass and kind of work; ``host_us`` the CPU time of
-    the Thunder fusion calls among them (0 where not measured)."""
+    """Device time (µs per step) and launches per step of one pass and kind of work; ``host_us`` the host time of
+    the Thunder fusion calls among them, timed without the profiler (0 where not measured)."""
 
     device_us: float = 0.0
     launches: float = 0.0
@@ -217,11 +218,13 @@ class _Ranges:
 
     kinds: dict[str, str] = field(default_factory=dict)  # range name -> kind of work
     trace_ns: dict[str, list[int]] = field(default_factory=dict)
+    call_ns: dict[str, list[int]] = field(default_factory=dict)  # range name -> host time of each call
 
 
 @contextlib.contextmanager
-def _instrumented(obj: Any, ranges: _Ranges) -> Iterator[list[Any]]:
-    """Profiler ranges around every fusion call of each Thunder program of ``obj`` (none for other objects)."""
+def _instrumented(obj: Any, ranges: _Ranges, profiled: bool) -> Iterator[list[Any]]:
+    """Each Thunder program of ``obj`` (none for other objects) rebuilt with its traces timed and, ``profiled``,
+    a profiler range around every fusion call, else a timer."""
     if obj is None or not (th.is_thunderfx(obj) or _is_jitted(obj)):
         yield []
         return
@@ -233,7 +236,8 @@ def _instrumented(obj: Any, ranges: _Ranges) -> Iterator[list[Any]]:
                     continue
                 for region in find_regions(trace):
                     ranges.kinds[f"{RANGE}{kind}::{index}:{region.name}"] = work_kind(_deep_ops(region))
-            stack.enter_context(th.instrumenting_program(jitted, _range_call(index), _timed_trace(ranges)))
+            wrap_call = _range_call(index) if profiled else _timed_call(index, ranges)
+            stack.enter_context(th.instrumenting_program(jitted, wrap_call, _timed_trace(ranges)))
         yield [jitted for jitted, _ in found]
 
 
@@ -268,6 +272,22 @@ def _range_call(index: int) -> th.WrapCall:
     return wrap
 
 
+def _timed_call(index: int, ranges: _Ranges) -> th.WrapCall:
+    def wrap(kind: str, name: str, fn: Callable) -> Callable:
+        samples = ranges.call_ns.setdefault(f"{RANGE}{kind}::{index}:{name}", [])
+
+        def call(*args):
+            start = time.perf_counter_ns()
+            try:
+                return fn(*args)
+            finally:
+                samples.append(time.perf_counter_ns() - start)
+
+        return call
+
+    return wrap
+
+
 def _timed_trace(ranges: _Ranges) -> th.WrapTrace:
     def wrap(kind: str, fn: Callable) -> Callable:
         def call(*args, **kwargs):
@@ -283,27 +303,42 @@ def _timed_trace(ranges: _Ranges) -> th.WrapTrace:
 
 
 def _profile(variant: str, step: Callable[[], Any], obj: Any, rounds: int, device: str) -> VariantProfile:
+    """Device time by pass and kind from ``rounds`` profiled steps; for a Thunder program, its host time by part
+    from as many steps run with timers only (the profiler's own cost would swell host times)."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    ranges = _Ranges()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    result = VariantProfile(variant, device, 0.0, 0.0, 0.0, 0.0)
+    timed = _Ranges()
     prologue: list[int] = []
-    # One step with the profiler on but not recording: a compiler that recompiles under the profiler does so there.
-    plan = schedule(wait=0, warmup=1, active=rounds, repeat=1)
-    with _instrumented(obj, ranges) as jitted, profile(activities=activities, schedule=plan) as prof:
-        for index in range(rounds + 1):
+    with _instrumented(obj, timed, profiled=False) as jitted:
+        if jitted:
+            for _ in range(INSTRUMENTED_WARMUP):  # a rebuilt program's first calls warm its executors' caches
+                step()
+            _sync(device)
+            timed.trace_ns.clear()
+            for samples in timed.call_ns.values():
+                samples.clear()
+            for _ in range(rounds):
+                step()
+                _sync(device)
+                prologue += [_prologue_ns(j) for j in jitted]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    # Steps with the profiler on but not recording: the rebuilt program warms up, and a compiler that recompiles
+    # under the profiler does so there.
+    plan = schedule(wait=0, warmup=INSTRUMENTED_WARMUP, active=rounds, repeat=1)
+    ranges = _Ranges()
+    with _instrumented(obj, ranges, profiled=True), profile(activities=activities, schedule=plan) as prof:
+        for _ in range(rounds + INSTRUMENTED_WARMUP):
             step()
             _sync(device)
-            if index == 0:
-                ranges.trace_ns.clear()
-            else:
-                prologue += [_prologue_ns(j) for j in jitted]
             prof.step()
-    result = VariantProfile(variant, device, 0.0, 0.0, 0.0, 0.0)
     _attribute(prof.events(), ranges, result, rounds, device)
     if jitted:
+        for label, samples in timed.call_ns.items():
+            kind = f"{label[len(RANGE) :].split('::', 1)[0]} {timed.kinds.get(label, 'other')}"
+            result.work.setdefault(kind, Work()).host_us += sum(samples) / rounds / 1e3
         result.host_parts["prologue"] = sum(prologue) / rounds / 1e3
-        for part, samples in ranges.trace_ns.items():
+        for part, samples in timed.trace_ns.items():
             result.host_parts[part] = sum(samples) / rounds / 1e3
         result.host_parts["fusion calls"] = sum(w.host_us for w in result.work.values())
     return result
@@ -324,8 +359,6 @@ def _attribute(events: Sequence[Any], ranges: _Ranges, out: VariantProfile, roun
             continue
         owner = _owner(event, ranges)
         if event.name.startswith(RANGE):
-            work = out.work.setdefault(owner[0], Work())
-            work.host_us += event.cpu_time_total / rounds
             out.fusion_calls += 1 / rounds
         if device == "cuda":
             for kernel in event.kernels:
