@@ -4,7 +4,8 @@ torch.compile, one training step each (``model(ids, labels=ids).loss.backward()`
     source .gpu/setup.sh && python3 benchmarks/gpu_hf.py --models llama qwen2 phi --out $OUT
 
 Models are built from their configs with the real widths, 2 layers, bf16, random weights (no downloads),
-``attn_implementation="sdpa"``, batch 1, 512 tokens. The guarded variant's loss and gradients are compared
+``attn_implementation="sdpa"`` (``--attn eager`` for transformers' own attention), batch 1, 512 tokens.
+The guarded variant's loss and gradients are compared
 bitwise with unguarded ThunderFX's (same weights, same inputs), and both with eager's by the largest difference.
 Per variant: first call (trace and compile) seconds, then median and quartiles of ``--rounds`` interleaved
 steps. Writes ``<out>/hf-thunderfx.json`` and ``.md``; the table is printed last. ``--device cpu`` with tiny
@@ -45,6 +46,21 @@ MODELS = {
             hidden_size=2560, intermediate_size=10240, num_attention_heads=32, num_key_value_heads=32, vocab_size=51200
         ),
     ),
+    "gpt2": (
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        dict(n_embd=1600, n_head=25, n_inner=6400, vocab_size=50257, n_layer=2, n_positions=1024),
+    ),
+    "gpt_neox": (
+        "GPTNeoXConfig",
+        "GPTNeoXForCausalLM",
+        dict(hidden_size=2560, intermediate_size=10240, num_attention_heads=32, vocab_size=50432),
+    ),
+    "opt": (
+        "OPTConfig",
+        "OPTForCausalLM",
+        dict(hidden_size=2048, ffn_dim=8192, num_attention_heads=32, vocab_size=50272, word_embed_proj_dim=2048),
+    ),
     "mistral": (
         "MistralConfig",
         "MistralForCausalLM",
@@ -54,18 +70,26 @@ MODELS = {
     ),
 }
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+# Architectures whose widths have other names: their tiny (CPU smoke) widths.
+TINY_BY_NAME = {
+    "gpt2": dict(n_embd=64, n_head=4, n_inner=128, vocab_size=256, n_layer=2, n_positions=64),
+    "opt": dict(hidden_size=64, ffn_dim=128, num_attention_heads=4, vocab_size=256, word_embed_proj_dim=64),
+    "gpt_neox": dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, vocab_size=256),
+    "phi": dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4, vocab_size=256),
+}
 VARIANTS = ("eager", "thunderfx", "guarded", "inductor")
 
 
-def build(name: str, device: str, tokens: int) -> tuple[Any, Any]:
+def build(name: str, device: str, tokens: int, attn: str = "sdpa") -> tuple[Any, Any]:
     import torch
     import transformers
 
     config_cls, model_cls, widths = MODELS[name]
     if device != "cuda":
-        widths = {**TINY, "num_key_value_heads": TINY["num_key_value_heads"] if name != "phi" else 4}
-    config = getattr(transformers, config_cls)(num_hidden_layers=2, max_position_embeddings=4096, **widths)
-    config._attn_implementation = "sdpa"
+        widths = TINY_BY_NAME.get(name, TINY)
+    extra = {} if name == "gpt2" else {"num_hidden_layers": 2, "max_position_embeddings": 4096}
+    config = getattr(transformers, config_cls)(**extra, **widths)
+    config._attn_implementation = attn
     torch.manual_seed(0)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     with torch.device(device):
@@ -95,7 +119,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     device = args.device
-    model, ids = build(name, device, args.tokens)
+    model, ids = build(name, device, args.tokens, args.attn)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     out: dict[str, Any] = {"model": name, "variants": {}}
     steps, results = {}, {}
@@ -183,16 +207,21 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["llama", "qwen2", "phi"])
+    p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["phi", "gpt_neox", "opt", "llama"])
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--tokens", type=int, default=512)
     p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--attn", choices=("sdpa", "eager"), default="sdpa", help="transformers' attention implementation")
     p.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/results/gpu")
     args = p.parse_args(argv)
     import torch
 
     if args.device == "cpu":
         args.tokens = min(args.tokens, 32)
+    # Every variant compiles the same model's forward through Dynamo, each with its own backend: one cache
+    # entry per variant, beyond Dynamo's default recompile limit of 8 for a model with several frames.
+    torch._dynamo.config.recompile_limit = 64
+    torch._dynamo.config.accumulated_recompile_limit = 4096
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     doc: dict[str, Any] = {
         "gpu": gpu,
