@@ -185,3 +185,23 @@ def test_matmul_costs_its_flops():
 def test_shipped_cpu_constants_have_the_curve_and_op_costs():
     assert len(CPU.bandwidth_curve) >= 2 and dict(CPU.op_ns)["tanh"] > 0 and CPU.matmul_gflops > 0
     assert CostConstants.from_dict(CPU.to_dict()) == CPU
+
+
+def test_an_executor_that_fuses_only_some_ops_is_not_calibrated_and_says_so_quietly(monkeypatch, caplog):
+    """ThunderFX's torchcompile_xentropy fuses only cross-entropy: the probe finds no region to time, and
+    auto-calibration says why at INFO (no warning on every ThunderFX compile)."""
+    import logging
+
+    import thunder_fusion_guard.measure.calibrate as calibrate
+
+    with pytest.raises(calibrate.NotCalibratable, match="0 fusion regions of the probe"):
+        calibrate._probe("torchcompile_xentropy", calibrate._add, [torch.randn(4), torch.randn(4)])
+
+    def fuses_nothing(device, executor, budget_s=None):
+        calibrate._probe(executor, calibrate._add, [torch.randn(4), torch.randn(4)])
+
+    monkeypatch.setattr(calibrate, "measure", fuses_nothing)
+    with caplog.at_level(logging.INFO, logger="thunder_fusion_guard"):
+        constants, note, _ = calibrate.auto_calibrate("cpu", "torchcompile_xentropy", 1.0)
+    assert constants is None and note.startswith("not calibrated: it makes 0 fusion regions"), note
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text

@@ -75,6 +75,10 @@ def _wide_sum(*xs):
     return total
 
 
+class NotCalibratable(Exception):
+    """An executor the probes cannot calibrate (one that fuses only a few named ops); not a failure."""
+
+
 def _probe(executor: str, fn: Callable, args: list[torch.Tensor]) -> tuple[Callable, Callable, list[torch.Tensor]]:
     """The one fusion region ``executor`` makes of ``fn(*args)``: its fusion callable, its torch lowering
     (what the guard would run instead), and its arguments."""
@@ -87,7 +91,13 @@ def _probe(executor: str, fn: Callable, args: list[torch.Tensor]) -> tuple[Calla
     jitted = thunder.jit(fn, executors=[ex], nv_enable_shape_only_fusion=True)
     jitted(*args)
     trace = thunder.last_traces(jitted)[-1]
-    (region,) = find_regions(trace)
+    regions = find_regions(trace)
+    if len(regions) != 1:
+        raise NotCalibratable(
+            f"it makes {len(regions)} fusion regions of the probe, not one (an executor that fuses only some ops): "
+            "its regions are decided without cost constants"
+        )
+    (region,) = regions
     by_name = dict(zip([p.name for p in th.trace_inputs(trace)], args, strict=True))
     fusion, eager = region_pair(trace, region)
     return fusion, eager, [by_name[p.name] for p in region.inputs]
@@ -222,6 +232,11 @@ def auto_calibrate(device: str, executor: str, budget_s: float) -> tuple[CostCon
                 return measure(device, executor, budget_s)
 
         constants = contextvars.Context().run(run)
+    except NotCalibratable as e:
+        took = time.perf_counter() - start
+        note = f"not calibrated: {e}"
+        log.info("FusionGuard: %s: %s", where, note)
+        return None, note, took
     except Exception as e:
         took = time.perf_counter() - start
         note = f"calibration failed after {took:.1f} s: {type(e).__name__}: {e}"
