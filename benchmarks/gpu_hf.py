@@ -127,6 +127,8 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         fn, guard = compile_variant(model, variant)
 
         def step(fn=fn, keep: bool = False) -> Any:
+            if keep:  # the compared steps draw the same random numbers (dropout)
+                torch.manual_seed(1234)
             model.zero_grad(set_to_none=True)
             loss = fn(ids, labels=ids).loss
             loss.backward()
@@ -147,6 +149,11 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
             print(f"[{name}] {variant} failed: {e}", file=sys.stderr, flush=True)
             continue
         steps[variant] = step
+        if variant == "thunderfx":  # ThunderFX against itself: the noise floor of the bitwise comparison
+            again = step(keep=True)
+            out["thunderfx_repeat_bitwise_equal"] = all(
+                torch.equal(a, b) for a, b in zip(again, results[variant], strict=True)
+            )
         out["variants"][variant] = {"first_call_s": round(first, 2)}
         print(f"[{name}] {variant}: first call {first:.1f} s", file=sys.stderr, flush=True)
         if variant in ("thunderfx", "guarded"):
@@ -189,8 +196,8 @@ def markdown(doc: dict[str, Any]) -> str:
         f"HF transformers through ThunderFX, {doc['gpu']}, 2 layers, batch 1, {doc['tokens']} tokens, training step "
         f"(loss.backward()), median ms of {doc['rounds']} interleaved rounds (first call s)",
         "",
-        "| model | " + " | ".join(VARIANTS) + " | guarded bitwise = ThunderFX |",
-        "| --- |" + " --- |" * (len(VARIANTS) + 1),
+        "| model | " + " | ".join(VARIANTS) + " | guarded bitwise = ThunderFX | ThunderFX bitwise = itself |",
+        "| --- |" + " --- |" * (len(VARIANTS) + 2),
     ]
     for m in doc["models"]:
         cells = []
@@ -201,7 +208,11 @@ def markdown(doc: dict[str, Any]) -> str:
                 if "error" in r
                 else f"{r.get('median_ms', '-')} ({r.get('first_call_s', '-')} s)"
             )
-        lines.append(f"| {m['model']} | " + " | ".join(cells) + f" | {m.get('guarded_bitwise_equal_thunderfx', '-')} |")
+        lines.append(
+            f"| {m['model']} | "
+            + " | ".join(cells)
+            + f" | {m.get('guarded_bitwise_equal_thunderfx', '-')} | {m.get('thunderfx_repeat_bitwise_equal', '-')} |"
+        )
     return "\n".join(lines)
 
 
