@@ -109,6 +109,17 @@ def test_findings_name_the_step_gap_the_kinds_behind_it_and_host_bound():
     assert "a fusion call costs 80 µs on the host" in found[-1]
 
 
+def test_picture_has_one_bar_per_variant_and_row():
+    a = _profile("guarded", 100.0, 90.0, 80.0, {"forward norm": Work(50.0, 1), "backward matmul": Work(30.0, 2)})
+    b = _profile("inductor", 120.0, 60.0, 90.0, {"forward norm": Work(40.0, 1)})
+    result = SideBySide("x<y", [a, b])
+    svg = result.svg()
+    assert svg.count("<title>") == 2 * 4  # step, host, forward norm, backward matmul; two variants each
+    assert "<title>inductor: backward matmul 0.0 µs</title>" in svg
+    page = result.html()
+    assert page.count("<svg") == 1 and "x&lt;y" in page and "guarded is at or ahead of inductor" in page
+
+
 def test_findings_when_ahead():
     a = _profile("guarded", 100.0, 50.0, 80.0, {})
     b = _profile("inductor", 120.0, 60.0, 90.0, {})

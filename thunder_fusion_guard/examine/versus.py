@@ -17,6 +17,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from html import escape
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ from .. import _thunder as th
 from ..decisions import text_table
 from ..ops import work_kind
 from ..regions import find_regions
+from ..render.bars import grouped_bars_svg
 from .calls import programs
 
 RANGE = "fusion_guard::"  # profiler ranges around Thunder's fusion calls: fusion_guard::<pass>::<region>
@@ -160,6 +162,26 @@ class SideBySide:
 
     def to_dict(self) -> dict[str, Any]:
         return {"case": self.case, "profiles": [asdict(p) for p in self.profiles], "findings": self.findings()}
+
+    def svg(self) -> str:
+        """The picture: step, host and each pass and kind of work as bars, one per variant."""
+        keys = sorted({k for p in self.profiles for k in p.work}, key=_work_order)
+        rows = [
+            ("step (synchronised)", [p.step_us for p in self.profiles]),
+            ("host until the step returns", [p.host_us for p in self.profiles]),
+            *((key, [p.work.get(key, Work()).device_us for p in self.profiles]) for key in keys),
+        ]
+        return grouped_bars_svg([p.variant for p in self.profiles], rows)
+
+    def html(self) -> str:
+        """A self-contained page: the picture, the findings and the table."""
+        findings = "".join(f"<li>{escape(f)}</li>" for f in self.findings())
+        return (
+            f"<!doctype html><html><head><meta charset='utf-8'><title>{escape(self.case)}: side by side</title>"
+            f"</head><body><h1>{escape(self.case)}: {escape(' vs '.join(p.variant for p in self.profiles))}</h1>"
+            f"{self.svg()}<h2>Where {escape(self.profiles[0].variant)} loses</h2><ul>{findings}</ul>"
+            f"<h2>Table (µs per step)</h2><pre>{escape(self.table())}</pre></body></html>"
+        )
 
 
 def _work_order(key: str) -> tuple[int, str]:

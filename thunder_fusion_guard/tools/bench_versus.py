@@ -47,6 +47,7 @@ def register(bench_sub: Any) -> None:
     p.add_argument("--profiled", type=count(1), default=3, help="profiled steps per variant (default 3)")
     p.add_argument("--json", metavar="OUT", help="write the profiles and findings as JSON here")
     p.add_argument("--markdown", metavar="OUT", help="write the table and findings as markdown here")
+    p.add_argument("--html", metavar="OUT", help="write the picture, findings and table as one HTML page here")
     add_threads_option(p)
     p.set_defaults(run=_command)
 
@@ -65,6 +66,7 @@ def _command(args: argparse.Namespace) -> int:
         raise UsageError(f"case {args.case!r} must name exactly one benchmark case; it matches: {found}")
     check_output("--json", args.json)
     check_output("--markdown", args.markdown)
+    check_output("--html", args.html)
     note = pin_threads(args.threads, device)
     from ..examine.versus import side_by_side
 
@@ -86,6 +88,8 @@ def _command(args: argparse.Namespace) -> int:
         print(f"({note})")
     if args.json:
         write_output(args.json, json.dumps(result.to_dict(), indent=1))
+    if args.html:
+        write_output(args.html, result.html())
     if args.markdown:
         write_output(args.markdown, result.table(markdown=True) + "\n\n" + "\n".join(f"- {f}" for f in findings) + "\n")
     return 0
