@@ -51,6 +51,8 @@ VARIANT_BUILDS = {
     "guarded": "thunder.jit(model, transforms=[FusionGuard()])",
     "cudagraph": "thunder.jit(model, transforms=[CUDAGraphTransform()])",
     "guarded+cudagraph": "thunder.jit(model, transforms=[FusionGuard(), CUDAGraphTransform()])",
+    # Thunder's own transform that drops the prologue's checks of module members (the user vouches for them)
+    "guarded+prune": "thunder.jit(model, transforms=[FusionGuard(), PrunePrologueChecks()])",
     # the opt-in where speed may win over bits: regions with ops that round are decided by cost too
     "guarded-inexact": "thunder.jit(model, transforms=[FusionGuard(exact_only=False)])",
     "inductor": "torch.compile(model)",
@@ -242,6 +244,10 @@ def compile_variant(model: Any, variant: str, device: str) -> tuple[Callable[...
         return compile_case(workload, variant, device), None
     guard = FusionGuard(exact_only=not variant.startswith("guarded-inexact")) if variant.startswith("guarded") else None
     transforms: list[Any] = [guard] if guard else []
+    if variant.endswith("+prune"):
+        from thunder.transforms.prune_prologue_checks import PrunePrologueChecks
+
+        transforms.append(PrunePrologueChecks())
     if variant.endswith("cudagraph"):
         from thunder.transforms.cudagraph import CUDAGraphTransform
 
