@@ -3,6 +3,16 @@ import os
 import sys
 import warnings
 
+# Read by torch._inductor.config when it is first imported (the imports below import it): set first.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+# Inductor's first CPU compile in each process checks that the compiler builds each vector ISA the CPU
+# has, every check importing torch in a fresh Python: about 5 s per process (the suite, every README
+# snippet, every rank). With TORCHINDUCTOR_VEC_ISA_OK=1 the CPU's flags decide (its bf16/VNNI/AMX extras
+# are still checked): the ISA those checks pick wherever the compiler builds it. Set it empty to check as
+# torch does by default (0 turns vectorization off).
+if os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") is None:
+    os.environ["TORCHINDUCTOR_VEC_ISA_OK"] = "1"
+
 import pytest
 import torch
 
@@ -10,7 +20,6 @@ import thunder_fusion_guard.measure.breakeven as breakeven
 import thunder_fusion_guard.measure.calibrate as calibrate
 
 warnings.filterwarnings("ignore")
-os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 _REAL_TIME = breakeven.RegionMeasurer._time
