@@ -56,10 +56,39 @@ class Subgraph:
         return f"{label}, {len(self.ops)} op{'s' if len(self.ops) != 1 else ''}: {ops_text(self.ops, 100)}"
 
 
-def ops_text(ops: list[str], limit: int = 48) -> str:
-    """The op names, comma-separated, cut with an ellipsis at ``limit`` characters."""
-    text = ", ".join(ops)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+TIMES = "\u00d7"
+
+
+def _counted(ops: list[str]) -> list[tuple[str, int]]:
+    counts: dict[str, int] = {}
+    for op in ops:
+        counts[op] = counts.get(op, 0) + 1
+    return list(counts.items())
+
+
+def op_groups(ops: list[str]) -> list[str]:
+    """``['transpose x3', 'mul x2', 'add']`` (with a multiplication sign, no space): each op name once, with
+    its count when above one, in order of first use."""
+    return [f"{op}{TIMES}{n}" if n > 1 else op for op, n in _counted(ops)]
+
+
+def ops_text(ops: list[str], limit: int | None = 48) -> str:
+    """The ops as counted groups (``transpose x3, mul x2, add``, see :func:`op_groups`), whole groups only:
+    where they do not fit in ``limit`` characters, the last groups are left out and counted
+    (``transpose x3, … +5 ops``), never cut inside a name. ``limit=None``: all of them."""
+    groups, sizes = op_groups(ops), [n for _, n in _counted(ops)]
+    text = ", ".join(groups)
+    if limit is None or len(text) <= limit:
+        return text
+
+    def cut(shown: int) -> str:
+        left = sum(sizes[shown:])
+        return f"{', '.join(groups[:shown])}, … +{left} op{'s' if left > 1 else ''}"
+
+    shown = len(groups) - 1
+    while shown > 1 and len(cut(shown)) > limit:
+        shown -= 1
+    return cut(shown)
 
 
 def estimate_text(d: Decision) -> str:

@@ -230,7 +230,7 @@ def format_markdown(
         lines += ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
         for d in mine:
             cells = list(_row(d, with_kernels, grouped))
-            cells[3] = ", ".join(d.ops)
+            cells[3] = ops_text(d.ops, None)  # every op, counted
             lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
         lines.append("")
     lines.append(_summary(decisions, subgraphs))

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..decisions import ACTIONS, Decision, Subgraph, action_text, estimate_text, kernels_text, reason_text
 from .svg import graph_svg
-from .text import ACTION_STYLE, MINUS, attr, human_bytes, ops_summary, totals_text
+from .text import ACTION_STYLE, HOST_LEGEND_CPU, HOST_LEGEND_CUDA, MINUS, attr, human_bytes, ops_summary, totals_text
 
 _CSS = """
 body { font-family: DejaVu Sans, Verdana, Helvetica, Arial, sans-serif; margin: 20px 28px; color: #212121; }
@@ -143,7 +143,7 @@ def _decision_table(decisions: Sequence[Decision], subgraphs: dict[str, Subgraph
         where = _where(d.subgraph, d.trace, subgraphs)
         if d.function:
             where = f"{d.function}#{d.compile_index}: {where}"
-        cells = [_cell(where), _cell(d.region), _cell(d.executor), _cell(", ".join(d.ops), cls="ops")]
+        cells = [_cell(where), _cell(d.region), _cell(d.executor), _cell(ops_summary(d.ops), len(d.ops), "ops")]
         if with_kernels:
             cells.append(_cell(kernels_text(d.details)))
         cells += [
@@ -193,8 +193,8 @@ def _profile_table(profile: Any, subgraphs: dict[str, Subgraph]) -> str:
         ]
         rows.append("<tr>" + "".join(cells) + "</tr>")
     what = (
-        f"µs: median of {profile.reps} calls of each region's own callable with its real inputs; eager: the same "
-        "ops run by Thunder's torch executor."
+        f"µs: median of {profile.reps} calls of each region's own callable with its real inputs. "
+        f"{HOST_LEGEND_CUDA if cuda else HOST_LEGEND_CPU}."
     )
     if cuda:
         peak = "unknown" if profile.peak is None else f"{profile.peak.gbps:.0f} GB/s ({profile.peak.source})"
