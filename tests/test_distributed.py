@@ -263,10 +263,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _two_ranks(tmp_path, setups: list[str], failures: list[str], seconds: float) -> list[dict]:
-    """Run tests/distributed_worker.py on two gloo processes; each rank's results."""
+def _two_ranks(tmp_path, setups: list[str], failures: list[str], seconds: float, lane=None) -> list[dict]:
+    """Run tests/distributed_worker.py on two gloo processes; each rank's results. ``lane``: the
+    BackgroundLane of tests/conftest.py running this, told how to end the ranks."""
     args = (2, _free_port(), str(tmp_path), setups, failures)
     context = mp.spawn(distributed_worker.main, args=args, nprocs=2, join=False)
+    if lane is not None:
+        lane.track(lambda: [p.kill() for p in context.processes if p.is_alive()])
     deadline = time.monotonic() + seconds
     while not context.join(timeout=5):
         if time.monotonic() > deadline:
@@ -340,13 +343,20 @@ def _check_one_op_regions(ranks: list[dict]) -> None:
     assert got["actions"]["hoist"] == 1
 
 
-def test_two_ranks_train_alike_under_thunders_fsdp(tmp_path):
+FSDP, FSDP_EXTRA = "thunder.distributed.fsdp", "thunder.distributed.fsdp+one-op-regions"
+
+
+def _fsdp_ranks(lane, folder) -> list[dict]:
+    return _two_ranks(folder, [FSDP, FSDP_EXTRA], [], seconds=300, lane=lane)
+
+
+@pytest.mark.background.with_args(_fsdp_ranks)  # the two ranks train beside the other tests (tests/conftest.py)
+def test_two_ranks_train_alike_under_thunders_fsdp(background):
     """The short form of the two-process tests, in the default run: one main set-up (Thunder's FSDP, whose
     traces hold the collectives: all-gathers forward, reduce-scatters backward) and the extra case that
     rewrites regions between its reduce-scatters. ``--run-slow`` runs every set-up and every extra case."""
-    main, extra = "thunder.distributed.fsdp", "thunder.distributed.fsdp+one-op-regions"
-    ranks = _two_ranks(tmp_path, [main, extra], [], seconds=300)
-    _check_main_setups(ranks, [main])
+    ranks = background
+    _check_main_setups(ranks, [FSDP])
     _check_one_op_regions(ranks)
 
 
