@@ -187,6 +187,16 @@ class BackgroundLane:
         self.track(lambda: process.poll() is None and process.kill())
         return process
 
+    def run(self, cmd: list[str], timeout: float = 300, **kwargs: Any) -> subprocess.CompletedProcess:
+        """``subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)`` through :meth:`popen`."""
+        process = self.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+        return subprocess.CompletedProcess(cmd, process.returncode, out, err)
+
     def track(self, kill: Callable[[], None]) -> None:
         self.kills.append(kill)
 
