@@ -148,6 +148,7 @@ def test_python_dash_m_on_a_file_outside_the_repo(tmp_path):
     """End to end in a subprocess (the same report runs in-process in test_file_outside_the_repo_with_kwargs,
     and a bad target through ``python -m`` in test_cli.py)."""
     _file(tmp_path, OUTSIDE)
+    (tmp_path / "out").mkdir()  # an output's folder must exist (test_cli checks the error)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "thunder_fusion_guard", "report", "target.py:make", "--json", "out/r.json"]
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
