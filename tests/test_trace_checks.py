@@ -88,6 +88,16 @@ if not torch.equal(out, f(x)):
 (failed,) = [d for d in guard.report.decisions if d.error]
 print(failed.reason, "|", failed.error)
 """
+# The command line builds its help without docstrings too.
+REPORT_HELP = """
+from thunder_fusion_guard.tools.cli import main
+try:
+    main(["report", "--help"])
+except SystemExit as e:
+    if e.code != 0:
+        raise
+print("report --help: ok")
+"""
 
 
 def _drop_docstrings(monkeypatch) -> None:
@@ -119,13 +129,23 @@ def test_a_failing_pass_is_kept_and_recorded_without_docstrings(monkeypatch, cap
     assert "fold_pass skipped: it failed" in out and "RuntimeError: planted failure" in out
 
 
+def test_the_command_line_builds_its_help_without_docstrings(monkeypatch, capsys):
+    import thunder_fusion_guard.tools.cli
+    import thunder_fusion_guard.tools.report_cli  # noqa: F401 (loaded, so that its docstring goes too)
+
+    _drop_docstrings(monkeypatch)
+    exec(compile(REPORT_HELP, "report_help", "exec"), {})
+    assert capsys.readouterr().out.endswith("report --help: ok\n")
+
+
 @pytest.mark.slow
 def test_a_failing_pass_is_kept_and_recorded_under_python_OO(tmp_path):
     """Under -OO docstrings and asserts are gone; a pass that fails still leaves the trace as it was and says
     which. Slow: -OO byte-compiles torch and thunder again (about 20 s); the test above is its short form."""
     path = tmp_path / "oo.py"
-    path.write_text(PLANTED_FAILURE)
+    path.write_text(PLANTED_FAILURE + REPORT_HELP)
     done = subprocess.run([sys.executable, "-OO", str(path)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.endswith("report --help: ok\n")
     assert "fold_pass skipped: it failed" in done.stdout
     assert "RuntimeError: planted failure" in done.stdout
