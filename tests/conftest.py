@@ -1,7 +1,24 @@
 import dataclasses
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import warnings
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+# Read by torch._inductor.config when it is first imported (the imports below import it): set first.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+# Inductor's first CPU compile in each process checks that the compiler builds each vector ISA the CPU
+# has, every check importing torch in a fresh Python: about 5 s per process (the suite, every README
+# snippet, every rank). With TORCHINDUCTOR_VEC_ISA_OK=1 the CPU's flags decide (its bf16/VNNI/AMX extras
+# are still checked): the ISA those checks pick wherever the compiler builds it. Set it empty to check as
+# torch does by default (0 turns vectorization off).
+if os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") is None:
+    os.environ["TORCHINDUCTOR_VEC_ISA_OK"] = "1"
 
 import pytest
 import torch
@@ -10,7 +27,6 @@ import thunder_fusion_guard.measure.breakeven as breakeven
 import thunder_fusion_guard.measure.calibrate as calibrate
 
 warnings.filterwarnings("ignore")
-os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 _REAL_TIME = breakeven.RegionMeasurer._time
@@ -139,6 +155,83 @@ def _thunder_checks_every_trace():
         patch.setattr(fusing, "fuse", with_meta(fusing.fuse))
     yield
     patch.undo()
+
+
+class BackgroundLane:
+    """Out-of-process work of the selected tests marked ``background`` (the README snippets, the two-rank
+    runs), run one job after another on a thread of its own from the end of collection on: on a 2-core
+    machine it overlaps the tests that run in this process instead of coming after them. A test gets its
+    job's result from the ``background`` fixture (waiting for it, and raising what the job raised).
+
+    ``@pytest.mark.background.with_args(job, *args)`` calls ``job(lane, folder, *args)`` with this lane and
+    a fresh folder. A job starts its processes with :meth:`popen` (or hands a way to end them to
+    :meth:`track`), so that whatever still runs when the session ends is killed."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="tests-background")
+        self.jobs: dict[str, Future] = {}
+        self.kills: list[Callable[[], None]] = []
+        self.closing = False
+        self.folder: str | None = None
+
+    def start(self, item: pytest.Item) -> None:
+        marker = item.get_closest_marker("background")
+        self.folder = self.folder or tempfile.mkdtemp(prefix="tfg-background-")
+        folder = Path(tempfile.mkdtemp(dir=self.folder))
+        self.jobs[item.nodeid] = self.pool.submit(marker.args[0], self, folder, *marker.args[1:], **marker.kwargs)
+
+    def popen(self, *args: Any, **kwargs: Any) -> subprocess.Popen:
+        if self.closing:
+            raise RuntimeError("the test session is over")
+        process = subprocess.Popen(*args, **kwargs)
+        self.track(lambda: process.poll() is None and process.kill())
+        return process
+
+    def run(self, cmd: list[str], timeout: float = 300, **kwargs: Any) -> subprocess.CompletedProcess:
+        """``subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)`` through :meth:`popen`."""
+        process = self.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+        return subprocess.CompletedProcess(cmd, process.returncode, out, err)
+
+    def track(self, kill: Callable[[], None]) -> None:
+        self.kills.append(kill)
+
+    def close(self) -> None:
+        self.closing = True
+        for job in self.jobs.values():
+            job.cancel()
+        for kill in self.kills:
+            kill()
+        self.pool.shutdown(wait=True)
+        if self.folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+BACKGROUND = BackgroundLane()
+
+
+def pytest_collection_finish(session):
+    if session.config.option.collectonly:
+        return
+    for item in session.items:
+        if item.get_closest_marker("background") and not item.get_closest_marker("skip"):
+            BACKGROUND.start(item)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    BACKGROUND.close()
+
+
+@pytest.fixture
+def background(request):
+    """The result of this test's ``background`` job (see :class:`BackgroundLane`)."""
+    job = BACKGROUND.jobs.get(request.node.nodeid)
+    assert job is not None, f"{request.node.nodeid}: not marked background, or its job was not started"
+    return job.result()
 
 
 def pytest_addoption(parser):

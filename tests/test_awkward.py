@@ -1,5 +1,7 @@
 """Awkward programs and settings: the guarded function must agree with unguarded Thunder and eager."""
 
+import html
+
 import pytest
 import thunder
 import torch
@@ -228,6 +230,16 @@ def test_recompiled_entries_stay_correct():
     assert thunder.cache_misses(jitted) == 3 and thunder.cache_hits(jitted) == 2
     assert [d.compile_index for d in guard.report] == [1, 2, 3]
     assert {d.action for d in guard.report} == {"reject"}
+    # the report says why there are three rows: Thunder compiled the function three times, and for what
+    text = explain(jitted)
+    note = (
+        "rearrange_heads: compiled 3 times (rearrange_heads#1, #2, #3), each time for inputs the compilation "
+        "before did not accept: #2 input t shape (2, 3, 4, 5) -> (2, 3, 6, 5); #3 input t shape (2, 3, 6, 5) -> "
+        "(2, 3, 4, 5), input t dtype float32 -> float64; each compilation made the same decisions, listed for each"
+    )
+    assert note in text.splitlines(), text
+    assert f"- {note}" in guard.report.to_markdown() and html.escape(note) in guard.report.to_html()
+    assert guard.report.to_dict()["recompiles"]["rearrange_heads"][0] == "input t shape (2, 3, 4, 5) -> (2, 3, 6, 5)"
 
 
 class Scale(torch.nn.Module):

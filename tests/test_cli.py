@@ -3,7 +3,6 @@ before any work; --version; one line and a --traceback hint for a target that ra
 warnings of Thunder and torch silenced; --threads pinned for CPU timing."""
 
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -198,12 +197,21 @@ def test_threads_are_pinned_for_cpu_timing():
         torch.set_num_threads(threads)
 
 
-def test_python_dash_m_bad_target_is_one_line_without_import_warnings(tmp_path):
-    """Through a real process: Thunder's and torch's import-time warnings do not reach the user."""
+def _env() -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     env.pop("PYTHONWARNINGS", None)
+    return env
+
+
+def _bad_target(lane, folder):
     cmd = [sys.executable, "-m", "thunder_fusion_guard", "report", "missing.py:make", "--device", "cpu"]
-    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    return lane.run(cmd, cwd=folder, env=_env())
+
+
+@pytest.mark.background.with_args(_bad_target)  # its process runs beside the other tests (tests/conftest.py)
+def test_python_dash_m_bad_target_is_one_line_without_import_warnings(background):
+    """Through a real process: Thunder's and torch's import-time warnings do not reach the user."""
+    done = background
     assert done.returncode == 2
     assert done.stderr.strip() == "fusion-guard report: missing.py: no such file", done.stderr
     assert done.stdout == ""
@@ -252,29 +260,32 @@ def test_calibrate_prints_a_readable_summary_and_json_on_request(tmp_path, capsy
     assert json.loads((tmp_path / "c.json").read_text())["fusion_call_us"] == 13.408
 
 
-def test_library_import_prints_nothing_to_stderr(tmp_path):
+IMPORT_WITH_A_LOGGER = textwrap.dedent(
+    """
+    import logging
+    seen = []
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append((record.levelno, record.getMessage()))
+    logging.getLogger("thunder_fusion_guard").addHandler(Keep())
+    logging.getLogger("thunder_fusion_guard").setLevel(logging.DEBUG)
+    from thunder_fusion_guard import FusionGuard
+    import thunder, torch.utils.cpp_extension
+    print([m for level, m in seen if level == logging.DEBUG and "transformer_engine" in m])
+    """
+)
+
+
+def _library_import(lane, folder):
+    return lane.run([sys.executable, "-c", IMPORT_WITH_A_LOGGER], cwd=folder, env=_env())
+
+
+@pytest.mark.background.with_args(_library_import)  # its process runs beside the other tests (tests/conftest.py)
+def test_library_import_prints_nothing_to_stderr(background):
     """Importing the guard (which imports Thunder and the torch module that looks for CUDA_HOME) prints none
     of their optional-dependency notices; they go to the thunder_fusion_guard logger at DEBUG. (The README
     test checks the same for compiling, on every snippet.)"""
-    code = textwrap.dedent(
-        """
-        import logging
-        seen = []
-        class Keep(logging.Handler):
-            def emit(self, record):
-                seen.append((record.levelno, record.getMessage()))
-        logging.getLogger("thunder_fusion_guard").addHandler(Keep())
-        logging.getLogger("thunder_fusion_guard").setLevel(logging.DEBUG)
-        from thunder_fusion_guard import FusionGuard
-        import thunder, torch.utils.cpp_extension
-        print([m for level, m in seen if level == logging.DEBUG and "transformer_engine" in m])
-        """
-    )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    env.pop("PYTHONWARNINGS", None)
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
+    done = background
     assert done.returncode == 0, done.stderr
     assert done.stderr == "", done.stderr
     assert "transformer_engine module not found" in done.stdout  # on the logger, at DEBUG

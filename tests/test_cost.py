@@ -7,6 +7,7 @@ from helpers import assert_same, jit_cpu, regions, run_with_grads
 from thunder_fusion_guard import FusionGuard
 from thunder_fusion_guard.cost import CostConstants
 from thunder_fusion_guard.measure.calibrate import lookup, shipped
+from thunder_fusion_guard.ops import EXACT_OPS, ROUNDING_OPS, exactness_reason, known_to_round
 
 CPU = shipped("cpu", "torchcompile")
 
@@ -64,6 +65,35 @@ def test_small_chain_with_mul_and_add_stays_fused_when_exact_only():
     # the reason leads with what decided it, and gives the numbers only as "cost aside"
     assert d.reason.startswith("kept for exactness: ops ") and "cost aside: estimated" in d.reason
     assert "worth it" not in d.reason and "(eager looks cheaper)" in d.reason
+
+
+def set_row_from(x, y):
+    z = x + 1
+    z[0] = y[0]  # a tensor value: Thunder's copy_with_setitem stays (the fold takes Python numbers only)
+    return z
+
+
+def test_exactness_reason_tells_ops_that_round_from_ops_not_known_to_be_exact():
+    """copy_with_setitem only moves data, but nobody showed it gives a fusion's bits outside it: the reason
+    must not say that it rounds. Ops known to round still 'could round differently'."""
+    guard = FusionGuard(calibration=CHEAP_EAGER, measure_budget_s=0)
+    x, y = torch.randn(4, 4), torch.randn(4, 4)
+    assert torch.equal(jit_cpu(set_row_from, guard)(x, y), set_row_from(x, y))
+    (d,) = guard.report
+    assert d.action == "keep" and d.details["decided_by"] == "exactness"
+    assert d.reason.startswith(
+        "kept for exactness: ops ['copy_with_setitem'] are not known to give the same bits outside the fusion "
+        "(option 'exact_only'); cost aside: "
+    )
+    assert "round" not in d.reason
+    assert exactness_reason(["exp", "sum"]) == "ops ['exp', 'sum'] could round differently outside the fusion, op by op"
+    hazard = "t1: float32 rounded to bfloat16 and read again inside the region (by add), a rounding the fusion may skip"
+    both = exactness_reason(["copy_with_setitem", "div", hazard])
+    assert both.startswith(f"ops ['div', '{hazard}'] could round differently outside the fusion, op by op; ")
+    assert both.endswith("; ops ['copy_with_setitem'] are not known to give the same bits outside the fusion")
+    assert "-0.0 for +0.0" in exactness_reason(["abs"]) and "round" not in exactness_reason(["abs"])
+    assert known_to_round("exp") and known_to_round("mul") and not known_to_round("copy_with_setitem")
+    assert not set(ROUNDING_OPS) & set(EXACT_OPS)
 
 
 def test_exactness_reason_never_argues_cost_when_the_fusion_also_wins():

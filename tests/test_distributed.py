@@ -1,7 +1,8 @@
 """Distributed runs: communication ops are never rewritten, moved across or reordered; every rank decides
-alike; reports name their rank. One test trains on two processes (gloo, CPU) under each set-up that
-thunder 0.2.6 can run; the others build execution traces in one process (a one-rank gloo group) without
-running them."""
+alike; reports name their rank. The two-process tests (gloo, CPU) train under Thunder's FSDP by default
+and, with ``--run-slow``, under each set-up that thunder 0.2.6 can run, with the extra cases and Thunder's
+own failures; the others build execution traces in one process (a one-rank gloo group) without running
+them."""
 
 from __future__ import annotations
 
@@ -262,10 +263,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _two_ranks(tmp_path, setups: list[str], failures: list[str], seconds: float) -> list[dict]:
-    """Run tests/distributed_worker.py on two gloo processes; each rank's results."""
+def _two_ranks(tmp_path, setups: list[str], failures: list[str], seconds: float, lane=None) -> list[dict]:
+    """Run tests/distributed_worker.py on two gloo processes; each rank's results. ``lane``: the
+    BackgroundLane of tests/conftest.py running this, told how to end the ranks."""
     args = (2, _free_port(), str(tmp_path), setups, failures)
     context = mp.spawn(distributed_worker.main, args=args, nprocs=2, join=False)
+    if lane is not None:
+        lane.track(lambda: [p.kill() for p in context.processes if p.is_alive()])
     deadline = time.monotonic() + seconds
     while not context.join(timeout=5):
         if time.monotonic() > deadline:
@@ -297,12 +301,10 @@ def _alike(ranks: list[dict], name: str) -> None:
 MASK = ["full", "arange", "unsqueeze", "arange", "unsqueeze", "sub", "ge", "where"]  # full(-inf).triu(1)
 
 
-def test_two_ranks_train_alike_guarded_and_unguarded(tmp_path):
-    """Three training steps on two processes under each set-up, the guard at its defaults (strict, ranks
-    compared): the position table and the causal mask hoisted on every rank, guarded equal to unguarded
-    Thunder to the bit, the same decisions on both ranks, the same collectives in the same order."""
-    setups = list(distributed_worker.SETUPS)
-    ranks = _two_ranks(tmp_path, setups, [], seconds=400)
+def _check_main_setups(ranks: list[dict], setups: list[str]) -> None:
+    """What every main set-up shows (the guard at its defaults, strict, ranks compared): the position table
+    and the causal mask hoisted on every rank, guarded equal to unguarded Thunder to the bit, the same
+    decisions on both ranks, the same collectives in the same order; and what each set-up shows of its own."""
     for name in setups:
         _alike(ranks, name)
         for rank, result in enumerate(ranks):
@@ -312,24 +314,63 @@ def test_two_ranks_train_alike_guarded_and_unguarded(tmp_path):
             assert ops.count("full") == 1 and ops[ops.index("full") :][: len(MASK)] == MASK, (name, rank, ops)
             assert ops.count("arange") == 4, (name, rank, ops)  # the table's two, the mask's two
             assert all(h["split"] for h in hoisted), (name, rank)  # taken out of an element-wise region
-    for name in ("thunder.distributed.fsdp", "FSDPTransform"):
+    for name in {"thunder.distributed.fsdp", "FSDPTransform"} & set(setups):
         got = ranks[0]["setups"][name]
         assert all(c != "[]" for c in got["collectives_guarded"])  # all-gathers forward, reduce-scatters backward
         # Under Thunder's FSDP the table and the mask share one region (before the first wait): one piece.
         assert len(got["hoisted"]) == 1
-    for name in ("thunder.distributed.ddp", "DDPTransform", "ThunderFX+DDP", "ThunderFX+FSDP2"):
+    for name in {"thunder.distributed.ddp", "DDPTransform", "ThunderFX+DDP", "ThunderFX+FSDP2"} & set(setups):
         assert len(ranks[0]["setups"][name]["hoisted"]) == 2, name  # the table and the mask, one piece each
-    for name in ("thunder.distributed.ddp", "DDPTransform"):
+    for name in {"thunder.distributed.ddp", "DDPTransform"} & set(setups):
         forward, backward = ranks[0]["setups"][name]["collectives_guarded"]
         assert forward == "[]" and "torch_all_reduce_prim_impl" in backward
-    for rank, result in enumerate(ranks):
-        profile = result["setups"]["thunder.distributed.fsdp"]["profile"]
-        assert profile["rank"] == rank and f"on cpu, rank {rank} " in profile["title"] and profile["rows"] > 0
-    for name in ("ThunderFX+DDP", "ThunderFX+FSDP2"):
+    if "thunder.distributed.fsdp" in setups:
+        for rank, result in enumerate(ranks):
+            profile = result["setups"]["thunder.distributed.fsdp"]["profile"]
+            assert profile["rank"] == rank and f"on cpu, rank {rank} " in profile["title"] and profile["rows"] > 0
+    for name in {"ThunderFX+DDP", "ThunderFX+FSDP2"} & set(setups):
         # PyTorch's DDP and FSDP2 communicate outside the Thunder-compiled subgraphs.
         assert all(c == "[]" for c in ranks[0]["setups"][name]["collectives_guarded"])
 
 
+def _check_one_op_regions(ranks: list[dict]) -> None:
+    """The extra case with one-op regions sent to the torch executor: the pre-averaging divisions between
+    FSDP's reduce-scatters are rejected, the collectives stay where they were, the mask is still hoisted."""
+    name = "thunder.distributed.fsdp+one-op-regions"
+    _alike(ranks, name)
+    got = ranks[0]["setups"][name]
+    assert got["actions"].get("reject", 0) >= 3  # the pre-averaging divisions between reduce-scatters
+    assert got["actions"]["hoist"] == 1
+
+
+FSDP, FSDP_EXTRA = "thunder.distributed.fsdp", "thunder.distributed.fsdp+one-op-regions"
+
+
+def _fsdp_ranks(lane, folder) -> list[dict]:
+    return _two_ranks(folder, [FSDP, FSDP_EXTRA], [], seconds=300, lane=lane)
+
+
+@pytest.mark.background.with_args(_fsdp_ranks)  # the two ranks train beside the other tests (tests/conftest.py)
+def test_two_ranks_train_alike_under_thunders_fsdp(background):
+    """The short form of the two-process tests, in the default run: one main set-up (Thunder's FSDP, whose
+    traces hold the collectives: all-gathers forward, reduce-scatters backward) and the extra case that
+    rewrites regions between its reduce-scatters. ``--run-slow`` runs every set-up and every extra case."""
+    ranks = background
+    _check_main_setups(ranks, [FSDP])
+    _check_one_op_regions(ranks)
+
+
+@pytest.mark.slow
+def test_two_ranks_train_alike_guarded_and_unguarded(tmp_path):
+    """Three training steps on two processes under each set-up, the guard at its defaults (strict, ranks
+    compared): the position table and the causal mask hoisted on every rank, guarded equal to unguarded
+    Thunder to the bit, the same decisions on both ranks, the same collectives in the same order."""
+    setups = list(distributed_worker.SETUPS)
+    ranks = _two_ranks(tmp_path, setups, [], seconds=400)
+    _check_main_setups(ranks, setups)
+
+
+@pytest.mark.slow
 def test_two_ranks_extra_cases_and_thunders_own_failures(tmp_path):
     """Extra cases on two processes, and the README table's "with the guard" column.
 
@@ -352,9 +393,7 @@ def test_two_ranks_extra_cases_and_thunders_own_failures(tmp_path):
             assert got["hoisted"] == [] and set(got["actions"]) == {"keep"}, name
             (masked,) = [ops for trace, _, _, ops in got["regions"] if trace == "forward" and "full" in ops]
             assert "matmul" in masked or "linear" in masked, (name, masked)
-    got = ranks[0]["setups"]["thunder.distributed.fsdp+one-op-regions"]
-    assert got["actions"].get("reject", 0) >= 3  # the pre-averaging divisions between reduce-scatters
-    assert got["actions"]["hoist"] == 1
+    _check_one_op_regions(ranks)
     for result in ranks:
         found = result["failures"]
         ddp_error = "builtins.IndexError in get_bsym_of_allreduce_of_grad: tuple index out of range"

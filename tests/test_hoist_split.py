@@ -34,7 +34,7 @@ def jit(fn, guard=None):
     return thunder.jit(fn, executors=[nvfuser_shaped_executor()], transforms=[guard] if guard else [])
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.slow)])
 def test_mask_is_taken_out_of_a_region_with_narrowing_casts(dtype):
     args = inputs(dtype)
     plain = jit(rope_attention)

@@ -2,11 +2,13 @@
 
 CI runs a fixed subset on CPU (first sample of each op in its preferred dtype, float32 mostly) in the
 guard variants that rewrite most (``CI_VARIANTS``: the defaults, every region sent to torch, the cost
-model rejecting every exact region), and the element-wise part of it in bfloat16 and float16, where
-fusions and op-by-op runs round differently; ``--run-slow`` runs that subset in every variant and the rest
-of the corpus; the CUDA test runs the whole corpus through nvFuser with shape-only fusions enabled, every
-variant. The slow and CUDA tests run each dtype named in ``TFG_OPINFO_DTYPES`` (default
-``float32,bfloat16,float16``; ``preferred`` is the op's own pick). Outside CI,
+model rejecting every exact region): every metadata and shape op of it and one or two compute ops of each
+kind (the others of the subset, ``CI_SLOW``, run with ``--run-slow``), and the element-wise part of it in
+bfloat16 (float16 too with ``--run-slow``), where fusions and op-by-op runs round differently;
+``--run-slow`` also runs the subset in every variant and the rest of the corpus; the CUDA test runs the
+whole corpus through nvFuser with shape-only fusions enabled, every variant. The slow and CUDA tests run
+each dtype named in ``TFG_OPINFO_DTYPES`` (default ``float32,bfloat16,float16``; ``preferred`` is the
+op's own pick). Outside CI,
 ``TFG_OPINFO_SAMPLES=N`` compares the first N samples of each op in the slow and CUDA tests.
 """
 
@@ -16,6 +18,20 @@ import pytest
 from opinfo_harness import CPU, CUDA, check_op, ci_subset, corpus, dtype_named, op_key
 
 CI = ci_subset(CPU)
+# Compute ops of the CI subset whose kind another op of the default run covers: slow, in CI_VARIANTS.
+CI_SLOW = {
+    "eq",  # as where: a comparison
+    "bitwise_and",
+    "var_mean",  # as sum and softmax: reductions
+    "argmax",
+    "cross_entropy",  # as layer_norm and softmax
+    "scatter_add",  # as gather and index_put: indexing
+    "embedding",
+    "take_along_axis",
+    "topk",
+    "repeat_interleave",
+}
+assert {op_key(op) for op in CI} >= CI_SLOW, CI_SLOW - {op_key(op) for op in CI}
 REST = [op for op in corpus(CPU) if op not in CI]
 SAMPLES = int(os.environ.get("TFG_OPINFO_SAMPLES", "1"))
 DTYPES = [d.strip() for d in os.environ.get("TFG_OPINFO_DTYPES", "float32,bfloat16,float16").split(",") if d.strip()]
@@ -36,7 +52,11 @@ def _check(op, backend, samples=1, dtype=None, only=None):
     assert outcome.status == "passed", "\n".join(outcome.notes)
 
 
-@pytest.mark.parametrize("op", CI, ids=op_key)
+def _slow_unless(default: bool, op):
+    return op if default else pytest.param(op, marks=pytest.mark.slow)
+
+
+@pytest.mark.parametrize("op", [_slow_unless(op_key(op) not in CI_SLOW, op) for op in CI], ids=op_key)
 def test_guard_matches_unguarded(op):
     _check(op, CPU, only=CI_VARIANTS)
 
@@ -47,7 +67,7 @@ def test_guard_matches_unguarded_every_variant(op):
     _check(op, CPU)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", ["bfloat16", pytest.param("float16", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("op", LOW_PRECISION_CI, ids=op_key)
 def test_guard_matches_unguarded_low_precision(op, dtype):
     _check(op, CPU, dtype=dtype, only=CI_VARIANTS)

@@ -1,5 +1,6 @@
 """profile_regions on CPU: one row per region of the final traces, real inputs, decisions, JSON, plot."""
 
+import html
 import json
 
 import pytest
@@ -203,4 +204,56 @@ def test_profile_table_marks_disagreements_with_injected_timings(monkeypatch):
     assert row.decided_by == "exactness" and row.reason.startswith("kept for exactness")
     text = str(profile)
     assert "why kept though slower here" in text and "fused 400% slower here; kept for exactness" in text
-    assert "host: one call of the region's fusion callable" in text
+    assert "host: wall time of one call of the region's fusion callable, the fusion call's own overhead" in text
+
+
+# A backward region's ops, as Thunder lists them: long names repeated, the list longer than any column.
+def c(text: str) -> str:
+    """``text`` with each ``*`` the multiplication sign the tables count ops with (``mul*2``: ``mul`` twice)."""
+    from thunder_fusion_guard.decisions import TIMES
+
+    return text.replace("*", TIMES)
+
+
+BACKWARD_OPS = ["transpose", "mul", "transpose", "reshape", "mul", "transpose", "broadcast_in_dim", "sum", "add"]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_profile_tables_say_what_host_means_and_count_ops_without_cutting_them(device):
+    from thunder_fusion_guard.examine.profile import RegionProfile
+    from thunder_fusion_guard.render import HOST_LEGEND_CPU, HOST_LEGEND_CUDA
+
+    row = RegionRow("backward", "TorchCompile1", "torchcompile", len(BACKWARD_OPS), BACKWARD_OPS, host_us=9.0)
+    row.eager_us = 12.0
+    if device == "cuda":
+        row.device_us, row.overhead_us = 4.0, 5.0
+    profile = RegionProfile("f", device, 10, [row])
+    text, page = str(profile), profile.to_html()
+    legend = HOST_LEGEND_CUDA if device == "cuda" else HOST_LEGEND_CPU
+    assert legend in text.splitlines() and html.escape(legend) in page
+    assert legend.startswith("host: wall time of one call") and "own overhead included" in legend
+    assert ("synchronised" in legend) == (device == "cuda")
+    # the ops column: counted groups, whole names only, and how many were left out
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("backward")]
+    assert c("9: transpose*3, mul*2, … +4 ops") in line
+    assert html.escape(c("9: transpose*3, mul*2, reshape, broadcast_in_dim, sum, add")) in page
+
+
+def test_decision_tables_count_ops_and_never_cut_a_name():
+    from thunder_fusion_guard import Decision
+    from thunder_fusion_guard.decisions import op_groups, ops_text
+    from thunder_fusion_guard.report import Report
+
+    assert op_groups(BACKWARD_OPS) == [c("transpose*3"), c("mul*2"), "reshape", "broadcast_in_dim", "sum", "add"]
+    assert ops_text(BACKWARD_OPS, None) == c("transpose*3, mul*2, reshape, broadcast_in_dim, sum, add")
+    assert ops_text(BACKWARD_OPS, 32) == c("transpose*3, mul*2, … +4 ops")
+    assert ops_text(["a_long_name_longer_than_the_limit", "b"], 10) == "a_long_name_longer_than_the_limit, … +1 op"
+    for limit in range(1, 60):  # whole groups only, whatever the width
+        shown = ops_text(BACKWARD_OPS, limit).split(", ")
+        assert all(g in op_groups(BACKWARD_OPS) or g.startswith("… +") for g in shown), (limit, shown)
+    report = Report()
+    report.add(Decision("backward", "TorchCompile1", "torchcompile", BACKWARD_OPS, "keep", "kept"))
+    (row,) = [ln for ln in str(report).splitlines() if ln.startswith("backward")]
+    assert c("transpose*3, mul*2, reshape, … +3 ops  keep") in row
+    assert c("| transpose*3, mul*2, reshape, broadcast_in_dim, sum, add |") in report.to_markdown()
+    assert html.escape(c("transpose*3, mul*2, reshape, broadcast_in_dim, sum, add")) in report.to_html()

@@ -9,7 +9,7 @@ metadata-only regions and exact ops); against eager too where the program is met
 assert_close. Which outputs share storage with which input, and which outputs change when the inputs are
 mutated after the call, must be exactly as in eager (where unguarded Thunder is).
 
-CI runs 8 examples and the pinned ones (derandomized: the same ones each run; ``TFG_HYPOTHESIS_EXAMPLES=N``
+CI runs 4 examples and the pinned ones (derandomized: the same ones each run; ``TFG_HYPOTHESIS_EXAMPLES=N``
 runs N); ``--run-slow`` adds a run of 40 other examples.
 """
 
@@ -30,7 +30,7 @@ from thunder_fusion_guard import FusionGuard
 from thunder_fusion_guard.ops import region_is_metadata_only
 
 SETTINGS = settings(
-    max_examples=int(os.environ.get("TFG_HYPOTHESIS_EXAMPLES", "8")),
+    max_examples=int(os.environ.get("TFG_HYPOTHESIS_EXAMPLES", "4")),
     deadline=None,
     derandomize=True,
     database=None,

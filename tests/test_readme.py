@@ -1,6 +1,7 @@
 """README.md's Python snippets run as written, each alone in a fresh process in an empty folder (as a reader
 pastes one into a new session), and print what the README says they print: on CPU with the default run, on
-CUDA (nvFuser) with ``-m cuda``."""
+CUDA (nvFuser) with ``-m cuda``. In the default run the snippets run one at a time from the start of the
+session, beside the other tests (tests/conftest.py, BackgroundLane)."""
 
 import os
 import re
@@ -40,22 +41,33 @@ def test_every_python_block_runs_or_says_why_not():
         assert sum(key in b for b in blocks) == 1, key
 
 
-def _run_alone(code: str, index: int, folder: Path) -> subprocess.CompletedProcess:
+def _run_alone(code: str, index: int, folder: Path, popen=subprocess.Popen) -> subprocess.CompletedProcess:
     work = folder / f"block{index + 1}"
     work.mkdir()
     (work / "snippet.py").write_text(code)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     env.pop("PYTHONWARNINGS", None)
-    return subprocess.run(
-        [sys.executable, "snippet.py"], cwd=work, env=env, capture_output=True, text=True, timeout=600
-    )
+    cmd = [sys.executable, "snippet.py"]
+    process = popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = process.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+    return subprocess.CompletedProcess(cmd, process.returncode, out, err)
 
 
-def run_snippets(folder: Path) -> list[subprocess.CompletedProcess]:
-    """Each snippet alone, in a fresh process and folder (two at a time)."""
+def run_snippets(folder: Path, at_once: int = 2, popen=subprocess.Popen) -> list[subprocess.CompletedProcess]:
+    """Each snippet alone, in a fresh process and folder (``at_once`` at a time)."""
     blocks = snippets()
-    with ThreadPoolExecutor(2) as pool:
-        return list(pool.map(_run_alone, blocks, range(len(blocks)), [folder] * len(blocks)))
+    with ThreadPoolExecutor(at_once) as pool:
+        return list(pool.map(_run_alone, blocks, range(len(blocks)), [folder] * len(blocks), [popen] * len(blocks)))
+
+
+def snippets_in_background(lane, folder: Path) -> list[subprocess.CompletedProcess]:
+    """The default run's job (tests/conftest.py, BackgroundLane): one snippet at a time, beside the tests
+    that run in the test process."""
+    return run_snippets(folder, at_once=1, popen=lane.popen)
 
 
 def check(done: list[subprocess.CompletedProcess], device: str) -> None:
@@ -75,8 +87,9 @@ def check(done: list[subprocess.CompletedProcess], device: str) -> None:
             assert notice not in result.stderr, f"{where} printed {notice!r}:\n{result.stderr}"
 
 
-def test_readme_snippets_run_alone_and_decide(tmp_path):
-    done = run_snippets(tmp_path)
+@pytest.mark.background.with_args(snippets_in_background)
+def test_readme_snippets_run_alone_and_decide(background):
+    done = background
     check(done, "cuda" if torch.cuda.is_available() else "cpu")
     first = done[0].stdout
     # the first example shows the guard acting (a non-keep decision) and a measured gain

@@ -31,13 +31,20 @@ def _file(tmp_path, text: str, name: str = "target.py") -> Path:
     return path
 
 
-def test_shipped_example_through_thunderfx(tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(REPO)
-    out_json, out_md = tmp_path / "out" / "report.json", tmp_path / "report.md"
+def _thunderfx_report(lane, folder):
+    out_json, out_md = folder / "out" / "report.json", folder / "report.md"
     out_json.parent.mkdir()  # an output's folder must exist (test_cli checks the error)
     argv = ["report", "examples/report_target.py:make", "--thunderfx", "--device", "cpu"]
-    assert main([*argv, "--json", str(out_json), "--markdown", str(out_md)]) == 0
-    printed = capsys.readouterr().out
+    cmd = [sys.executable, "-m", "thunder_fusion_guard", *argv, "--json", str(out_json), "--markdown", str(out_md)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return lane.run(cmd, cwd=REPO, env=env), out_json, out_md
+
+
+@pytest.mark.background.with_args(_thunderfx_report)  # python -m, beside the other tests (tests/conftest.py)
+def test_shipped_example_through_thunderfx(background):
+    done, out_json, out_md = background
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = done.stdout
     assert "via thunderfx on cpu" in printed and "subgraph 1 (dynamo graph 1, thunder_0)" in printed
     doc = json.loads(out_json.read_text())
     assert (doc["target"], doc["frontend"], doc["device"], doc["backward"]) == (
@@ -141,6 +148,7 @@ def test_python_dash_m_on_a_file_outside_the_repo(tmp_path):
     """End to end in a subprocess (the same report runs in-process in test_file_outside_the_repo_with_kwargs,
     and a bad target through ``python -m`` in test_cli.py)."""
     _file(tmp_path, OUTSIDE)
+    (tmp_path / "out").mkdir()  # an output's folder must exist (test_cli checks the error)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "thunder_fusion_guard", "report", "target.py:make", "--json", "out/r.json"]
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

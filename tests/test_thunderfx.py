@@ -1,8 +1,10 @@
 """ThunderFX: the guard in every split subgraph, the report grouped by subgraph, explain and profile through it."""
 
+import html
 import json
 
 import pytest
+import thunder
 import torch
 from einops import rearrange
 from helpers import assert_close_all, assert_same, clone_inputs
@@ -206,3 +208,45 @@ def test_profile_regions_through_thunderfx_without_a_guard():
 def test_thunderfx_subgraphs_needs_a_thunderfx_object(bad):
     with pytest.raises(TypeError, match="not a thunderfx object"):
         th.thunderfx_subgraphs(bad)
+
+
+class SharedInputs(torch.nn.Module):
+    """A graph break between an unbind and its readers: the second subgraph's inputs are views of one tensor."""
+
+    def forward(self, x):
+        q, k, v = (x * 2).unbind(0)
+        torch._dynamo.graph_break()
+        return torch.tanh(q * k + v)
+
+
+def test_profiling_runs_the_compiled_subgraphs_and_a_recompile_is_labelled():
+    """The profiler feeds each subgraph copies of its inputs that share memory as the originals did (else
+    Thunder compiled the subgraph again for unaliased inputs, and the report listed it twice, unexplained);
+    a subgraph Thunder does compile again is labelled with how often and what differed."""
+    x = torch.randn(3, 4, 5, requires_grad=True)
+    guard = FusionGuard(cost_model=False)
+    compiled = thunderfx(SharedInputs(), transforms=[guard], executors=[torch_compile_ex])
+    _run_step(compiled, x)
+    profile_regions(compiled, x, reps=2, warmup=0)
+    subs = th.thunderfx_subgraphs(compiled)
+    assert len(subs) == 2 and [thunder.cache_misses(s.jitted) for s in subs] == [1, 1]
+    second = guard.subgraph_of(subs[1].module)
+    assert {d.compile_index for d in guard.report if d.subgraph == second} == {2}
+    assert "compiled 2 times" not in explain(compiled)
+
+    # Thunder compiles the second subgraph again for inputs that no longer share memory
+    q, k, v = (t.detach().clone().requires_grad_() for t in (x * 2).unbind(0))
+    subs[1].jitted(q, k, v)
+    assert thunder.cache_misses(subs[1].jitted) == 2
+    text = explain(compiled)
+    note = (
+        "compiled 2 times (GraphModule#2, #3), each time for inputs the compilation before did not accept: "
+        "#3 inputs sharing memory: 0,1,2 -> none; each compilation made the same decisions, listed for each"
+    )
+    assert f"  {note}" in text.splitlines(), text
+    report = report_of(compiled)
+    assert report.subgraphs[second].recompiles == ["inputs sharing memory: 0,1,2 -> none"]
+    assert f"- {note}" in report.to_markdown()
+    page = profile_regions(compiled, x, reps=2, warmup=0).to_html()
+    shown = "compiled 2 times, each time for inputs the compilation before did not accept: compilation 2 inputs "
+    assert html.escape(shown) in page and "shown: the latest compilation" in page

@@ -1,9 +1,9 @@
 """Every trace the guard makes passes Thunder's own consistency checks (``DebugOptions(check_traces=...)``),
 and the fail-safe holds under ``python -OO``. tests/conftest.py turns trace checking on for the whole suite."""
 
+import contextlib
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import thunder
@@ -62,35 +62,90 @@ def test_split_regions_and_thunderfx_pass_thunder_checks():
     assert any(d.action == "hoist" for d in guard.report.decisions)
 
 
+# A pass made to fail on a program with a setitem to fold; prints the decision that records the failure.
+# No assert statements: -OO removes them.
+PLANTED_FAILURE = """
+import thunder, torch
+from thunder.executors.torch_compile import torch_compile_ex
+import thunder_fusion_guard.passes.pipeline as pipeline
+from thunder_fusion_guard import FusionGuard
+
+if pipeline.fold_pass.__doc__ is not None or FusionGuard.__doc__ is not None:
+    raise SystemExit("the docstrings are still there")
+def broken(*args, **kwargs):
+    raise RuntimeError("planted failure")
+pipeline.fold_setitem_copies = broken
+
+def f(x):
+    m = torch.zeros(4, 4)
+    m[0, :2] = 1.0
+    return x + m
+guard = FusionGuard(calibration="shipped")
+x = torch.randn(4, 4)
+out = thunder.jit(f, executors=[torch_compile_ex], transforms=[guard])(x)
+if not torch.equal(out, f(x)):
+    raise SystemExit("the output changed")
+(failed,) = [d for d in guard.report.decisions if d.error]
+print(failed.reason, "|", failed.error)
+"""
+# The command line builds its help without docstrings too.
+REPORT_HELP = """
+from thunder_fusion_guard.tools.cli import main
+try:
+    main(["report", "--help"])
+except SystemExit as e:
+    if e.code != 0:
+        raise
+print("report --help: ok")
+"""
+
+
+def _drop_docstrings(monkeypatch) -> None:
+    """What -OO does to the package's docstrings (modules, classes, functions, methods), undone afterwards."""
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("thunder_fusion_guard") or module is None:
+            continue
+        monkeypatch.setattr(module, "__doc__", None)
+        for value in list(vars(module).values()):
+            if getattr(value, "__module__", None) != name:
+                continue
+            members = list(vars(value).values()) if isinstance(value, type) else []
+            for item in [value, *members]:
+                if callable(item) and getattr(item, "__doc__", None) is not None:
+                    with contextlib.suppress(AttributeError, TypeError):  # a built-in's
+                        monkeypatch.setattr(item, "__doc__", None)
+
+
+def test_a_failing_pass_is_kept_and_recorded_without_docstrings(monkeypatch, capsys):
+    """The short form of the -OO test below, in this process: the package's docstrings removed as -OO
+    removes them, a pass that fails still leaves the trace as it was and says which."""
+    import thunder_fusion_guard.passes.pipeline as pipeline
+    from thunder_fusion_guard import FusionGuard  # noqa: F401 (loaded, so that its docstrings go too)
+
+    _drop_docstrings(monkeypatch)
+    monkeypatch.setattr(pipeline, "fold_setitem_copies", pipeline.fold_setitem_copies)  # restored afterwards
+    exec(compile(PLANTED_FAILURE, "planted_failure", "exec"), {})
+    out = capsys.readouterr().out
+    assert "fold_pass skipped: it failed" in out and "RuntimeError: planted failure" in out
+
+
+def test_the_command_line_builds_its_help_without_docstrings(monkeypatch, capsys):
+    import thunder_fusion_guard.tools.cli
+    import thunder_fusion_guard.tools.report_cli  # noqa: F401 (loaded, so that its docstring goes too)
+
+    _drop_docstrings(monkeypatch)
+    exec(compile(REPORT_HELP, "report_help", "exec"), {})
+    assert capsys.readouterr().out.endswith("report --help: ok\n")
+
+
+@pytest.mark.slow
 def test_a_failing_pass_is_kept_and_recorded_under_python_OO(tmp_path):
-    """Under -OO docstrings are gone; a pass that fails still leaves the trace as it was and says which."""
-    script = textwrap.dedent(
-        """
-        import thunder, torch
-        from thunder.executors.torch_compile import torch_compile_ex
-        import thunder_fusion_guard.passes.pipeline as pipeline
-        from thunder_fusion_guard import FusionGuard
-
-        assert pipeline.fold_pass.__doc__ is None
-        def broken(*args, **kwargs):
-            raise RuntimeError("planted failure")
-        pipeline.fold_setitem_copies = broken
-
-        def f(x):
-            m = torch.zeros(4, 4)
-            m[0, :2] = 1.0
-            return x + m
-        guard = FusionGuard(calibration="shipped")
-        x = torch.randn(4, 4)
-        out = thunder.jit(f, executors=[torch_compile_ex], transforms=[guard])(x)
-        assert torch.equal(out, f(x))
-        (failed,) = [d for d in guard.report.decisions if d.error]
-        print(failed.reason, "|", failed.error)
-        """
-    )
+    """Under -OO docstrings and asserts are gone; a pass that fails still leaves the trace as it was and says
+    which. Slow: -OO byte-compiles torch and thunder again (about 20 s); the test above is its short form."""
     path = tmp_path / "oo.py"
-    path.write_text(script)
+    path.write_text(PLANTED_FAILURE + REPORT_HELP)
     done = subprocess.run([sys.executable, "-OO", str(path)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.endswith("report --help: ok\n")
     assert "fold_pass skipped: it failed" in done.stdout
     assert "RuntimeError: planted failure" in done.stdout

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cost import CostConstants, Measured, UnknownSize, estimate
-from .ops import inexact_ops, is_communication, random_ops, region_is_metadata_only
+from .ops import exactness_reason, inexact_ops, is_communication, random_ops, region_is_metadata_only
 from .options import GuardOptions
 from .regions import Region
 
@@ -102,8 +102,8 @@ def decide(
     if inexact:  # never rejected (nor timed), whatever the numbers say
         cheaper = "eager looks cheaper" if est.eager_us < est.region_us else "the fusion looks cheaper"
         reason = (
-            f"kept for exactness: ops {inexact} could round differently outside the fusion, op by op "
-            f"(option 'exact_only'); cost aside: estimated {est.region_us:.1f} µs fused vs {est.eager_us:.1f} µs "
+            f"kept for exactness: {exactness_reason(inexact)} (option 'exact_only'); "
+            f"cost aside: estimated {est.region_us:.1f} µs fused vs {est.eager_us:.1f} µs "
             f"eager ({cheaper})"
         )
         return Verdict("keep", reason, record, {**details, "decided_by": "exactness"})

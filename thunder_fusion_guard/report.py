@@ -7,7 +7,17 @@ from collections import Counter
 from typing import Any
 
 from . import _thunder as th
-from .decisions import ACTIONS, Decision, Subgraph, action_text, estimate_text, kernels_text, ops_text, reason_text
+from .decisions import (
+    ACTIONS,
+    Decision,
+    Subgraph,
+    action_text,
+    compilation_notes,
+    estimate_text,
+    kernels_text,
+    ops_text,
+    reason_text,
+)
 from .render import html_page
 
 
@@ -21,6 +31,8 @@ class Report:
     ``measuring`` says what timing regions near break-even cost (``seconds`` in all, ``timed``,
     ``from_cache``, ...), ``calibrations`` each calibration run while compiling. In a distributed run
     decisions name their rank, and ``warnings`` says where ranks decided differently (see ``FusionGuard.check_ranks``).
+    ``recompiles`` says, per function name, why Thunder compiled a ``thunder.jit`` function again (filled by
+    ``explain``; a ThunderFX subgraph's are in its :class:`Subgraph`).
     """
 
     def __init__(self) -> None:
@@ -31,6 +43,7 @@ class Report:
         self.traces_seen = 0
         self.executors: list[tuple[str, bool]] = []
         self.warnings: list[str] = []
+        self.recompiles: dict[str, list[str]] = {}
 
     def saw_trace(self, executors: list[tuple[str, bool]]) -> None:
         """Count one trace handed to the guard, compiled with ``executors`` ((name, is fusion) pairs)."""
@@ -95,13 +108,15 @@ class Report:
             data["rank"] = self.rank
         if self.warnings:
             data["warnings"] = list(self.warnings)
+        if self.recompiles:
+            data["recompiles"] = {k: list(v) for k, v in self.recompiles.items()}
         return data
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
 
     def to_markdown(self, title: str = "FusionGuard report") -> str:
-        text = format_markdown(self.decisions, self.subgraphs, title)
+        text = format_markdown(self.decisions, self.subgraphs, title, self.recompiles)
         text += "".join(f"\nwarning: {_md_cell(w)}\n" for w in self.warnings)
         notice = self.notice()
         return text if notice is None else f"{text}\n{notice}\n"
@@ -109,13 +124,13 @@ class Report:
     def to_html(self, title: str = "FusionGuard report", graphs: Any = ()) -> str:
         """A self-contained HTML page of the decisions (sortable), with pictures of the dataflow graphs
         ``graphs`` (``trace_graphs(jitted)``) when given; ``profile_regions(...).to_html()`` adds the profile."""
-        return html_page(title, self.decisions, self.subgraphs, graphs=list(graphs))
+        return html_page(title, self.decisions, self.subgraphs, graphs=list(graphs), recompiles=self.recompiles)
 
     def __str__(self) -> str:
         notice = self.notice()
         if not self.decisions and not self.subgraphs:
             return notice or format_table([])
-        text = format_table(self.decisions, self.subgraphs)
+        text = format_table(self.decisions, self.subgraphs, self.recompiles)
         m = self.measuring
         if m.get("timed") or m.get("from_cache"):
             text += (
@@ -170,8 +185,13 @@ def _summary(decisions: list[Decision], subgraphs: dict[str, Subgraph]) -> str:
     return f"{who}: {len(decisions)} decisions ({summary}){where}"
 
 
-def format_table(decisions: list[Decision], subgraphs: dict[str, Subgraph] | None = None) -> str:
-    """A fixed-width table, one row per decision; under ThunderFX a heading per subgraph with its ops.
+def format_table(
+    decisions: list[Decision],
+    subgraphs: dict[str, Subgraph] | None = None,
+    recompiles: dict[str, list[str]] | None = None,
+) -> str:
+    """A fixed-width table, one row per decision; under ThunderFX a heading per subgraph with its ops. A
+    program Thunder compiled more than once gets a line saying so (:func:`compilation_notes`).
 
     A ``kernels`` column (count and nvFuser schedulers) appears once kernel details were collected.
     """
@@ -196,9 +216,12 @@ def format_table(decisions: list[Decision], subgraphs: dict[str, Subgraph] | Non
         if grouped:
             lines.append(sub.heading() if sub else "not from ThunderFX:")
             lines += [f"  split: {reason}" for reason in (sub.split_reasons if sub else [])]
+            lines += [f"  {note}" for note in compilation_notes(sub, mine, recompiles)]
             if not mine:
                 lines.append("  (no fusion region)")
         lines += [line(rows[id(d)]) for d in mine]
+        if not grouped:
+            lines += compilation_notes(None, mine, recompiles)
     lines.append(_summary(decisions, subgraphs))
     return "\n".join(lines)
 
@@ -208,7 +231,10 @@ def _md_cell(text: str) -> str:
 
 
 def format_markdown(
-    decisions: list[Decision], subgraphs: dict[str, Subgraph] | None = None, title: str = "FusionGuard report"
+    decisions: list[Decision],
+    subgraphs: dict[str, Subgraph] | None = None,
+    title: str = "FusionGuard report",
+    recompiles: dict[str, list[str]] | None = None,
 ) -> str:
     """The report as Markdown: a table per ThunderFX subgraph (or one table), then the summary."""
     subgraphs = subgraphs or {}
@@ -224,13 +250,15 @@ def format_markdown(
             if sub:
                 lines += [f"ops ({len(sub.ops)}): {_md_cell(', '.join(sub.ops))}", ""]
                 lines += [f"- split: {_md_cell(reason)}" for reason in sub.split_reasons]
+        notes = compilation_notes(sub, mine, recompiles)
+        lines += [f"- {_md_cell(note)}" for note in notes] + ([""] if notes else [])
         if not mine:
             lines += ["no fusion region", ""]
             continue
         lines += ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
         for d in mine:
             cells = list(_row(d, with_kernels, grouped))
-            cells[3] = ", ".join(d.ops)
+            cells[3] = ops_text(d.ops, None)  # every op, counted
             lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
         lines.append("")
     lines.append(_summary(decisions, subgraphs))

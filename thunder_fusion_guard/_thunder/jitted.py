@@ -3,6 +3,7 @@ recording the arguments of the fusion calls of a run."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ __all__ = [
     "jitted_transforms",
     "last_traces",
     "nvfuser_scheduled_ir",
+    "recompile_reasons",
     "recording_fusion_calls",
     "region_callable",
     "thunderfx_function_name",
@@ -136,6 +138,65 @@ def thunderfx_subgraphs(obj: Any) -> list[FxSubgraph]:
             if any(child is fn for fn in compiled):
                 found.append(FxSubgraph(index, name, compiled_module(child), child, reasons))
     return found
+
+
+# What the prologue's cache checks test, by the name Thunder gives the checked value.
+_CACHE_INFO_TEXT = {
+    "cache_info_alias_tensor_indices": "inputs sharing memory",
+    "cache_info_is_grad_enabled": "grad enabled",
+    "cache_info_is_autocast_enabled": "autocast enabled",
+    "cache_info_default_dtype": "default dtype",
+    "cache_info_default_device": "default device",
+    "cache_info_no_grad_sync": "no_grad_sync",
+}
+_TENSOR_CHECKS = {"check_tensor_metadata", "check_tensor_shape_and_metadata"}
+_TENSOR_FIELDS = ("shape", "device", "dtype", "requires_grad")
+
+
+def recompile_reasons(jitted: Any) -> list[str]:
+    """Why Thunder compiled ``jitted`` (a ``thunder.jit`` result, or a ThunderFX subgraph's) again: one line
+    per compilation after the first, naming the checks of the compilation before it that differ
+    ('inputs sharing memory: 0,1,2 -> none', 'input x shape (4, 4) -> (2, 4), input x dtype float32 ->
+    float64'); '' where none differ."""
+    try:
+        entries = list(getattr(thunder.compile_stats(jitted), "interpreter_cache", None) or [])
+    except Exception:
+        return []
+    checks = [_prologue_checks(entry) for entry in entries]
+    return [_changed_checks(before, after) for before, after in itertools.pairwise(checks)]
+
+
+def _prologue_checks(entry: Any) -> dict[tuple[str, str], tuple]:
+    """The checks of a cache entry's prologue: (check, checked value's name) -> the values it checks against."""
+    traces = getattr(entry, "prologue_traces", None) or []
+    found = {}
+    for bsym in traces[-1].bound_symbols if traces else []:
+        if bsym.sym.name.startswith("check") and bsym.args:
+            name = getattr(bsym.args[0], "name", None)
+            if name is not None:
+                found[(bsym.sym.name, name)] = tuple(bsym.args[1:])
+    return found
+
+
+def _changed_checks(before: dict[tuple[str, str], tuple], after: dict[tuple[str, str], tuple]) -> str:
+    changes = []
+    for (check, name), values in after.items():
+        old = before.get((check, name))
+        if old is None or old == values:
+            continue
+        if check in _TENSOR_CHECKS:
+            fields = zip(_TENSOR_FIELDS, old, values, strict=False)
+            changes += [f"input {name} {field} {_value(a)} -> {_value(b)}" for field, a, b in fields if a != b]
+        else:
+            label = _CACHE_INFO_TEXT.get(name, name)
+            changes.append(f"{label}: {_value(old[0]) or 'none'} -> {_value(values[0]) or 'none'}")
+    if {key[1] for key in before} != {key[1] for key in after}:
+        changes.append("the inputs differ in number or structure")
+    return ", ".join(changes)
+
+
+def _value(value: Any) -> str:
+    return str(value).removeprefix("torch.") if not isinstance(value, tuple) else str(tuple(value))
 
 
 def _split_reason_text(reason: Any) -> str:

@@ -68,7 +68,8 @@ def program_calls(obj: Any, args: tuple, kwargs: dict, backward: bool = True) ->
 
     A jitted function runs twice, the second time recording. A ThunderFX object runs twice, the second
     time recording what each Thunder-compiled subgraph receives; then each subgraph runs on its own,
-    twice, on copies of those inputs (detached, so its backward stays local).
+    twice, on copies of those inputs (detached, so its backward stays local; laid out and sharing memory
+    as the originals, so that Thunder runs the program it compiled for them, see :func:`_detached_copies`).
     """
     if not th.is_thunderfx(obj):
         return [_record(obj, None, args, kwargs, backward)]
@@ -97,7 +98,7 @@ def subgraph_inputs(
     def recorder(index: int):
         def hook(module: Any, sub_args: tuple, sub_kwargs: dict) -> None:
             if index not in seen:
-                seen[index] = tree_map(_detached_copy, (tuple(sub_args), dict(sub_kwargs)))
+                seen[index] = _detached_copies((tuple(sub_args), dict(sub_kwargs)))
 
         return hook
 
@@ -110,11 +111,34 @@ def subgraph_inputs(
     return [(subgraphs[i], *seen[i]) for i in sorted(seen)]
 
 
-def _detached_copy(value: Any) -> Any:
-    if not isinstance(value, torch.Tensor):
-        return value
-    differentiable = value.is_floating_point() or value.is_complex()
-    return value.detach().clone().requires_grad_(value.requires_grad and differentiable)
+def _detached_copies(values: Any) -> Any:
+    """Detached copies of the tensors in ``values`` with the originals' sizes, strides and offsets, and
+    tensors that shared memory sharing one copy of it.
+
+    Thunder specialises a compiled program on which inputs share memory (and torch.compile on strides):
+    a copy that gave views of one tensor separate memory would make Thunder compile the subgraph again
+    for unaliased inputs, and the profile would time that second program instead of the one the model
+    runs (it did: the report then listed the subgraph twice, with a second compilation index).
+    """
+    copies: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    def copy(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        differentiable = value.is_floating_point() or value.is_complex()
+        grad = value.requires_grad and differentiable
+        if type(value) is not torch.Tensor or value.layout is not torch.strided:
+            return value.detach().clone().requires_grad_(grad)  # a subclass (DTensor, ...): its own copy
+        storage = value.untyped_storage()
+        key = (value.device, storage.data_ptr())
+        if key not in copies:
+            copies[key] = torch.empty(0, dtype=torch.uint8, device=value.device).set_(storage.clone())
+        shared = copies[key].untyped_storage()
+        out = torch.empty(0, dtype=value.dtype, device=value.device)
+        out.set_(shared, value.storage_offset(), value.size(), value.stride())
+        return out.requires_grad_(grad)
+
+    return tree_map(copy, values)
 
 
 def _subgraph_key(sub: th.FxSubgraph) -> str | None:

@@ -31,6 +31,10 @@ def report_of(obj: Any) -> Report:
         )
     if th.is_thunderfx(obj):
         name_subgraphs(obj, guards)
+    else:
+        name = th.jitted_function_name(obj)
+        for guard in guards:
+            guard.report.recompiles[name or ""] = th.recompile_reasons(obj)
     if len(guards) == 1:
         return guards[0].report
     merged = Report()
@@ -42,17 +46,20 @@ def report_of(obj: Any) -> Report:
         merged.traces_seen += g.report.traces_seen
         merged.executors += [e for e in g.report.executors if e not in merged.executors]
         merged.warnings += g.report.warnings
+        merged.recompiles.update(g.report.recompiles)
     return merged
 
 
 def name_subgraphs(obj: Any, guards: list[Any]) -> None:
-    """Give each guard's subgraphs Thunder's name (``dynamo graph 0, thunder_0``) and its split reasons."""
+    """Give each guard's subgraphs Thunder's name (``dynamo graph 0, thunder_0``), its split reasons and why
+    Thunder compiled it again, if it did."""
     for sub in th.thunderfx_subgraphs(obj):
         for guard in guards:
             key = guard.subgraph_of(sub.module)
             if key in guard.report.subgraphs:
                 entry = guard.report.subgraphs[key]
                 entry.name, entry.split_reasons = sub.label, list(sub.split_reasons)
+                entry.recompiles = th.recompile_reasons(sub.jitted)
 
 
 def explain(obj: Any) -> str:

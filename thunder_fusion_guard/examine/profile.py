@@ -26,7 +26,7 @@ from ..distributed import current_rank
 from ..measure.timing import spread_text, time_us, uses_cuda
 from ..ops import is_communication
 from ..passes.rewrite import lower_region
-from ..render import html_page
+from ..render import HOST_LEGEND_CPU, HOST_LEGEND_CUDA, html_page
 from .bandwidth import Peak, gbps, peak_bandwidth
 from .calls import ProgramCalls, RegionCall, program_calls
 from .dataflow import GraphPair, graphs_to_dot, trace_graphs
@@ -437,11 +437,7 @@ def format_profile(profile: RegionProfile) -> str:
                 reason = f"{reason} [{r.error}]".strip()
             table.append([*cells, r.action or "-", *([r.disagreement or ""] if notes else []), reason])
         lines = [title, *text_table(table)]
-        if not cuda:
-            lines.append(
-                "host: one call of the region's fusion callable (what the program pays for it); eager: the same ops "
-                "run one by one by Thunder's torch executor; host-eager > 0: the fusion call costs more here"
-            )
+        lines.append(HOST_LEGEND_CUDA if cuda else HOST_LEGEND_CPU)
         if cuda:
             peak = "unknown" if profile.peak is None else f"{profile.peak.gbps:.0f} GB/s ({profile.peak.source})"
             lines.append(

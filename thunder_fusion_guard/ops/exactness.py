@@ -17,10 +17,13 @@ __all__ = [
     "EXACT_ALONE",
     "EXACT_OPS",
     "REBUILD_SAFE",
+    "ROUNDING_OPS",
+    "exactness_reason",
     "hoist_keeps_bits",
     "holds_every_value",
     "inexact_ops",
     "is_integer_or_bool",
+    "known_to_round",
     "rebuild_keeps_bits",
     "rounding_at_cut",
     "rounding_hazards",
@@ -70,6 +73,51 @@ EXACT_ALONE: frozenset[str] = frozenset({"mul"})  # nvFuser float division diffe
 # ``abs`` is here, not in EXACT_OPS: nvFuser's abs gives -0.0 for +0.0 where torch.abs gives +0.0 (seen on
 # an H100, nvFuser 0.2.36), so rejecting a region with it changes the sign of zeros; any fusion agrees with itself.
 REBUILD_SAFE: frozenset[str] = EXACT_OPS | EXACT_ALONE | {"abs", "div", "true_divide", "stride_order"}
+
+
+# Ops known to round differently outside a fusion than inside it: their bits depend on the order of
+# evaluation (reductions, matmul), on the math library (transcendentals, pow, sqrt), on a division the
+# fusion compiler may compute otherwise, or on a neighbour a compiler may contract them with (mul, lerp).
+# An op neither here nor in EXACT_OPS is only not known to be exact: nobody has shown that running it
+# alone gives the fusion's bits (copy_with_setitem, index ops, ...), which does not mean that it rounds.
+ROUNDING_OPS: frozenset[str] = frozenset(
+    {
+        # reductions and contractions
+        *("sum", "prod", "var", "var_mean", "std", "mean", "cumsum", "cumprod", "logsumexp", "softmax"),
+        *("log_softmax", "layer_norm", "batch_norm", "group_norm", "rms_norm", "cross_entropy", "nll_loss"),
+        *("matmul", "linear", "mm", "bmm", "addmm", "baddbmm", "einsum", "convolution", "_grouped_mm"),
+        # division and products
+        *("div", "true_divide", "reciprocal", "fmod", "remainder", "mul", "lerp", "addcmul", "addcdiv"),
+        # transcendentals and the like
+        *("exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "pow", "sqrt", "rsqrt", "sin", "cos"),
+        *("tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh"),
+        *("sigmoid", "erf", "erfc", "erfinv", "erfcinv", "ndtri", "lgamma", "digamma", "zeta", "gelu"),
+        *("silu", "softplus", "mish", "elu", "selu", "celu", "logsigmoid", "hardswish", "hardsigmoid"),
+    }
+)
+
+
+def known_to_round(name: str) -> bool:
+    """Whether the op named ``name`` is known to round differently outside a fusion (:data:`ROUNDING_OPS`);
+    False for an op that is merely not known to be exact."""
+    return name in ROUNDING_OPS
+
+
+def exactness_reason(inexact: list[str]) -> str:
+    """What :func:`inexact_ops` found, worded by what is known: ops that round, and the roundings a fusion
+    may skip, "could round differently"; ``abs`` gives zeros another sign on nvFuser; any other op is only
+    "not known to give the same bits" (nobody showed that it does, which is not the same as rounding)."""
+    ops = [n for n in inexact if " " not in n]  # the other items describe roundings (rounding_hazards)
+    rounding = [n for n in inexact if n not in ops or known_to_round(n)]
+    unknown = [n for n in ops if not known_to_round(n) and n != "abs"]
+    parts = []
+    if rounding:
+        parts.append(f"ops {rounding} could round differently outside the fusion, op by op")
+    if "abs" in ops:
+        parts.append("ops ['abs'] could give zeros another sign outside the fusion (nvFuser's abs gives -0.0 for +0.0)")
+    if unknown:
+        parts.append(f"ops {unknown} are not known to give the same bits outside the fusion")
+    return "; ".join(parts)
 
 
 def _leaf_names(bsym: th.BoundSymbol, metadata_ops: Iterable[str]) -> list[str]:

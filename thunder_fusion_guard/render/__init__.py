@@ -10,10 +10,21 @@ from __future__ import annotations
 from .dot import pairs_dot
 from .html import html_page
 from .svg import graph_svg, layout
-from .text import ACTION_STYLE, display_name, human_bytes, node_lines, ops_summary, totals_text
+from .text import (
+    ACTION_STYLE,
+    HOST_LEGEND_CPU,
+    HOST_LEGEND_CUDA,
+    display_name,
+    human_bytes,
+    node_lines,
+    ops_summary,
+    totals_text,
+)
 
 __all__ = [
     "ACTION_STYLE",
+    "HOST_LEGEND_CPU",
+    "HOST_LEGEND_CUDA",
     "display_name",
     "graph_svg",
     "html_page",

@@ -6,9 +6,18 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from ..decisions import ACTIONS, Decision, Subgraph, action_text, estimate_text, kernels_text, reason_text
+from ..decisions import (
+    ACTIONS,
+    Decision,
+    Subgraph,
+    action_text,
+    compilation_notes,
+    estimate_text,
+    kernels_text,
+    reason_text,
+)
 from .svg import graph_svg
-from .text import ACTION_STYLE, MINUS, attr, human_bytes, ops_summary, totals_text
+from .text import ACTION_STYLE, HOST_LEGEND_CPU, HOST_LEGEND_CUDA, MINUS, attr, human_bytes, ops_summary, totals_text
 
 _CSS = """
 body { font-family: DejaVu Sans, Verdana, Helvetica, Arial, sans-serif; margin: 20px 28px; color: #212121; }
@@ -143,7 +152,7 @@ def _decision_table(decisions: Sequence[Decision], subgraphs: dict[str, Subgraph
         where = _where(d.subgraph, d.trace, subgraphs)
         if d.function:
             where = f"{d.function}#{d.compile_index}: {where}"
-        cells = [_cell(where), _cell(d.region), _cell(d.executor), _cell(", ".join(d.ops), cls="ops")]
+        cells = [_cell(where), _cell(d.region), _cell(d.executor), _cell(ops_summary(d.ops), len(d.ops), "ops")]
         if with_kernels:
             cells.append(_cell(kernels_text(d.details)))
         cells += [
@@ -193,8 +202,8 @@ def _profile_table(profile: Any, subgraphs: dict[str, Subgraph]) -> str:
         ]
         rows.append("<tr>" + "".join(cells) + "</tr>")
     what = (
-        f"µs: median of {profile.reps} calls of each region's own callable with its real inputs; eager: the same "
-        "ops run by Thunder's torch executor."
+        f"µs: median of {profile.reps} calls of each region's own callable with its real inputs. "
+        f"{HOST_LEGEND_CUDA if cuda else HOST_LEGEND_CPU}."
     )
     if cuda:
         peak = "unknown" if profile.peak is None else f"{profile.peak.gbps:.0f} GB/s ({profile.peak.source})"
@@ -230,7 +239,7 @@ def _program_title(subgraph: str | None, function: str | None, subgraphs: dict[s
     return subgraph if sub is None or sub.name is None else f"{subgraph} ({sub.name})"
 
 
-def _pictures(pairs: Sequence[Any], subgraphs: dict[str, Subgraph]) -> str:
+def _pictures(pairs: Sequence[Any], subgraphs: dict[str, Subgraph], decisions: Sequence[Decision]) -> str:
     """A heading per program (the function, or each ThunderFX subgraph), then its pictures side by side:
     forward and backward, before and after the guard (one picture where the guard changed nothing)."""
     parts = [_legend()]
@@ -243,6 +252,8 @@ def _pictures(pairs: Sequence[Any], subgraphs: dict[str, Subgraph]) -> str:
         if sub is not None:
             parts.append(f"<p class='meta'>fx ops: {attr(', '.join(sub.ops))}</p>")
             parts += [f"<p class='meta'>split: {attr(r)}</p>" for r in sub.split_reasons]
+            decided = [d for d in decisions if d.subgraph == subgraph]
+            parts += [f"<p class='meta'>{attr(note)}</p>" for note in compilation_notes(sub, decided)]
         parts.append('<div class="pair">')
         for p in mine:
             stages = [("before the guard", p.before), ("after the guard", p.after)] if p.changed else []
@@ -264,8 +275,10 @@ def html_page(
     profile: Any | None = None,
     graphs: Sequence[Any] = (),
     meta: Sequence[str] = (),
+    recompiles: dict[str, list[str]] | None = None,
 ) -> str:
-    """The HTML report: summary of bytes at kernel boundaries, the pictures, the profile, the decisions."""
+    """The HTML report: summary of bytes at kernel boundaries, the pictures, the profile, the decisions.
+    A program Thunder compiled more than once gets a line saying so, why, and which compilation is shown."""
     subgraphs = subgraphs or {}
     sections = []
     nav = []
@@ -273,7 +286,8 @@ def html_page(
         nav += ['<a href="#summary">bytes at kernel boundaries</a>', '<a href="#pictures">pictures</a>']
         sections.append("<h2 id='summary'>Bytes at kernel boundaries, fusion calls and kernels</h2>")
         sections.append(_summary_table(graphs, subgraphs))
-        sections.append("<h2 id='pictures'>Dataflow before and after the guard</h2>" + _pictures(graphs, subgraphs))
+        pictures = _pictures(graphs, subgraphs, decisions)
+        sections.append("<h2 id='pictures'>Dataflow before and after the guard</h2>" + pictures)
     if profile is not None:
         nav.append('<a href="#profile">profile</a>')
         sections.append("<h2 id='profile'>Profile</h2>" + _profile_table(profile, subgraphs))
@@ -283,6 +297,12 @@ def html_page(
     sections.append(f"<h2 id='decisions'>Decisions ({len(decisions)}: {attr(summary)})</h2>")
     if profile is not None:
         sections.append("<p class='meta'>Of the latest compilation of each program: the one profiled and pictured.</p>")
+    for key, sub in subgraphs.items():
+        mine = [d for d in decisions if d.subgraph == key]
+        notes = compilation_notes(sub, mine)
+        sections += [f"<p class='meta'>{attr(_program_title(key, None, subgraphs))}: {attr(n)}</p>" for n in notes]
+    rest = [d for d in decisions if d.subgraph not in subgraphs]
+    sections += [f"<p class='meta'>{attr(n)}</p>" for n in compilation_notes(None, rest, recompiles)]
     sections.append(_decision_table(decisions, subgraphs) if decisions else "<p>No fusion region seen.</p>")
     head_meta = "".join(f"<p class='meta'>{attr(m)}</p>" for m in meta)
     return (

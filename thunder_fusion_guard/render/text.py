@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import html
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from ..decisions import Subgraph, percent_text
+from ..decisions import Subgraph, op_groups, percent_text
 
 # (fill, stroke) per guard action; regions without a decision, ops, views and the function's inputs/outputs.
 ACTION_STYLE: dict[str | None, tuple[str, str]] = {
@@ -26,7 +25,7 @@ KIND_STYLE: dict[str, tuple[str, str]] = {
     "outputs": ("#fff8e1", "#8d6e63"),
 }
 FONT = "DejaVu Sans, Verdana, Helvetica, Arial, sans-serif"
-TIMES, MINUS = "\u00d7", "\u2212"
+MINUS = "\u2212"
 
 
 def human_bytes(n: int | None) -> str:
@@ -41,10 +40,22 @@ def human_bytes(n: int | None) -> str:
     return f"{value:.1f} GiB"
 
 
+# What a profile's time columns mean: printed under its text table, above its HTML table.
+HOST_LEGEND_CPU = (
+    "host: wall time of one call of the region's fusion callable, the fusion call's own overhead included (what "
+    "the program pays for it); eager: the same ops run one by one by Thunder's torch executor; host-eager > 0: the "
+    "fusion call costs more here"
+)
+HOST_LEGEND_CUDA = (
+    "host: wall time of one call of the region's fusion callable, synchronised, so its kernels and the fusion "
+    "call's own overhead included; device: its kernels' time on the GPU; overhead: host - device; eager: the same "
+    "ops run one by one by Thunder's torch executor, synchronised"
+)
+
+
 def ops_summary(ops: Sequence[str]) -> str:
     """``mul x4, add x2, tanh`` (with a multiplication sign): each op once, with its count, in order of first use."""
-    counts = Counter(ops)
-    return ", ".join(f"{op}{TIMES}{counts[op]}" if counts[op] > 1 else op for op in dict.fromkeys(ops))
+    return ", ".join(op_groups(list(ops)))
 
 
 def display_name(op: str) -> str:

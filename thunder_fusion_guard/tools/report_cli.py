@@ -217,7 +217,7 @@ def register(subparsers: Any) -> None:
     report = subparsers.add_parser(
         "report",
         help="run TARGET with the guard, print the decision report, write it as JSON/Markdown",
-        description=__doc__.replace("``", ""),
+        description=(__doc__ or "").replace("``", "") or None,  # python -OO drops the docstring
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     report.add_argument("target", metavar="TARGET", help="path/to/file.py:make or package.module:make")
