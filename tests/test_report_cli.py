@@ -37,16 +37,19 @@ def _thunderfx_report(lane, folder):
     argv = ["report", "examples/report_target.py:make", "--thunderfx", "--device", "cpu"]
     cmd = [sys.executable, "-m", "thunder_fusion_guard", *argv, "--json", str(out_json), "--markdown", str(out_md)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return lane.run(cmd, cwd=REPO, env=env), out_json, out_md
+    done = lane.run(cmd, cwd=REPO, env=env)
+    # Read at once, in the job: the test may run minutes later.
+    return done, *(p.read_text() if p.exists() else f"{p}: not written" for p in (out_json, out_md))
 
 
 @pytest.mark.background.with_args(_thunderfx_report)  # python -m, beside the other tests (tests/conftest.py)
 def test_shipped_example_through_thunderfx(background):
-    done, out_json, out_md = background
+    done, json_text, markdown = background
     assert done.returncode == 0, done.stderr[-3000:]
     printed = done.stdout
     assert "via thunderfx on cpu" in printed and "subgraph 1 (dynamo graph 1, thunder_0)" in printed
-    doc = json.loads(out_json.read_text())
+    assert "wrote " in done.stderr, done.stderr[-3000:]
+    doc = json.loads(json_text)
     assert (doc["target"], doc["frontend"], doc["device"], doc["backward"]) == (
         "examples/report_target.py:make",
         "thunderfx",
@@ -58,7 +61,6 @@ def test_shipped_example_through_thunderfx(background):
     assert {d["subgraph"] for d in report["decisions"]} == set(report["subgraphs"])
     assert {d["trace"] for d in report["decisions"]} == {"forward", "backward"}
     assert any(d["action"] == "reject" and "metadata-only" in d["reason"] for d in report["decisions"])
-    markdown = out_md.read_text()
     assert markdown.startswith("# FusionGuard report: examples/report_target.py:make via thunderfx on cpu")
     assert markdown.count("\n## subgraph ") == 3 and "| trace | region |" in markdown
 
