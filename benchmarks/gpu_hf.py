@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -118,6 +117,8 @@ def compile_variant(model: Any, variant: str) -> tuple[Any, Any]:
 def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    from thunder_fusion_guard.measure.timing import quartiles
+
     device = args.device
     model, ids = build(name, device, args.tokens, args.attn)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -175,8 +176,8 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
             sync()
             samples[variant].append((time.perf_counter() - start) * 1e3)
     for variant, s in samples.items():
-        q = statistics.quantiles(s, n=4) if len(s) > 1 else [s[0]] * 3
-        out["variants"][variant].update(median_ms=round(statistics.median(s), 3), q1=round(q[0], 3), q3=round(q[2], 3))
+        q1, median, q3 = quartiles(s)
+        out["variants"][variant].update(median_ms=round(median, 3), q1=round(q1, 3), q3=round(q3, 3))
     if "guarded" in results and "thunderfx" in results:
         same = all(torch.equal(a, b) for a, b in zip(results["guarded"], results["thunderfx"], strict=True))
         out["guarded_bitwise_equal_thunderfx"] = same
