@@ -26,6 +26,11 @@ class Region:
         return [b for b in th.subsymbols(self.bsym) if not th.is_comment_or_del(b)]
 
     @property
+    def deep_op_names(self) -> set[str]:
+        """Every op name in the region, at every level of decomposition (the region's own name aside)."""
+        return set().union(*(th.op_names_deep(b) for b in self.body))
+
+    @property
     def inputs(self) -> list[th.Proxy]:
         return list(self.bsym.flat_proxy_args)
 

@@ -25,9 +25,11 @@ __all__ = [
     "compiled_module",
     "executors_of",
     "instrumenting_program",
+    "is_jitted",
     "is_thunderfx",
     "jitted_function_name",
     "jitted_transforms",
+    "last_prologue_ns",
     "last_traces",
     "nvfuser_scheduled_ir",
     "recompile_reasons",
@@ -55,6 +57,21 @@ def jitted_function_name(jitted: Any) -> str | None:
     """The function name the guard records for ``jitted`` (what :func:`compile_function_name` gave)."""
     cd = thunder.compile_data(jitted)
     return None if cd is None else function_name(getattr(cd, "fn", None))
+
+
+def is_jitted(obj: Any) -> bool:
+    """True for a ``thunder.jit`` function or module."""
+    try:
+        return thunder.compile_stats(obj) is not None
+    except Exception:
+        return False
+
+
+def last_prologue_ns(jitted: Any) -> int:
+    """How long the prologue (Thunder's input checks) of the last call of ``jitted`` took, in ns (0: not known)."""
+    cs = thunder.compile_stats(jitted)
+    start, stop = getattr(cs, "last_prologue_execution_start", -1), getattr(cs, "last_prologue_execution_stop", -1)
+    return stop - start if start > 0 and stop > start else 0
 
 
 def last_traces(jitted: Any) -> tuple[TraceCtx | None, TraceCtx | None]:

@@ -247,7 +247,7 @@ class _Ranges:
 def _instrumented(obj: Any, ranges: _Ranges, profiled: bool) -> Iterator[list[Any]]:
     """Each Thunder program of ``obj`` (none for other objects) rebuilt with its traces timed and, ``profiled``,
     a profiler range around every fusion call, else a timer."""
-    if obj is None or not (th.is_thunderfx(obj) or _is_jitted(obj)):
+    if obj is None or not (th.is_thunderfx(obj) or th.is_jitted(obj)):
         yield []
         return
     found = programs(obj)
@@ -257,33 +257,20 @@ def _instrumented(obj: Any, ranges: _Ranges, profiled: bool) -> Iterator[list[An
                 if trace is None:
                     continue
                 for region in find_regions(trace):
-                    ranges.kinds[f"{RANGE}{kind}::{index}:{region.name}"] = work_kind(_deep_ops(region))
+                    ranges.kinds[range_label(kind, index, region.name)] = work_kind(region.deep_op_names)
             wrap_call = _range_call(index) if profiled else _timed_call(index, ranges)
             stack.enter_context(th.instrumenting_program(jitted, wrap_call, _timed_trace(ranges)))
         yield [jitted for jitted, _ in found]
 
 
-def _is_jitted(obj: Any) -> bool:
-    try:
-        import thunder
-
-        return thunder.compile_stats(obj) is not None
-    except Exception:
-        return False
-
-
-def _deep_ops(region: Any) -> list[str]:
-    names, todo = [], list(region.body)
-    while todo:
-        b = todo.pop()
-        names.append(th.op_name(b))
-        todo.extend(th.subsymbols(b))
-    return names
+def range_label(kind: str, index: int, region: str) -> str:
+    """The profiler range (and timer) name of one fusion call: ``fusion_guard::<pass>::<program>:<region>``."""
+    return f"{RANGE}{kind}::{index}:{region}"
 
 
 def _range_call(index: int) -> th.WrapCall:
     def wrap(kind: str, name: str, fn: Callable) -> Callable:
-        label = f"{RANGE}{kind}::{index}:{name}"
+        label = range_label(kind, index, name)
 
         def call(*args):
             with torch.profiler.record_function(label):
@@ -296,7 +283,7 @@ def _range_call(index: int) -> th.WrapCall:
 
 def _timed_call(index: int, ranges: _Ranges) -> th.WrapCall:
     def wrap(kind: str, name: str, fn: Callable) -> Callable:
-        samples = ranges.call_ns.setdefault(f"{RANGE}{kind}::{index}:{name}", [])
+        samples = ranges.call_ns.setdefault(range_label(kind, index, name), [])
 
         def call(*args):
             start = time.perf_counter_ns()
@@ -343,7 +330,7 @@ def _profile(variant: str, step: Callable[[], Any], obj: Any, rounds: int, devic
             for _ in range(rounds):
                 step()
                 _sync(device)
-                prologue += [_prologue_ns(j) for j in jitted]
+                prologue += [th.last_prologue_ns(j) for j in jitted]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     # Steps with the profiler on but not recording: the rebuilt program warms up, and a compiler that recompiles
     # under the profiler does so there.
@@ -364,14 +351,6 @@ def _profile(variant: str, step: Callable[[], Any], obj: Any, rounds: int, devic
             result.host_parts[part] = sum(samples) / rounds / 1e3
         result.host_parts["fusion calls"] = sum(w.host_us for w in result.work.values())
     return result
-
-
-def _prologue_ns(jitted: Any) -> int:
-    import thunder
-
-    cs = thunder.compile_stats(jitted)
-    start, stop = getattr(cs, "last_prologue_execution_start", -1), getattr(cs, "last_prologue_execution_stop", -1)
-    return stop - start if start > 0 and stop > start else 0
 
 
 def _attribute(events: Sequence[Any], ranges: _Ranges, out: VariantProfile, rounds: int, device: str) -> None:

@@ -132,19 +132,10 @@ def region_inputs(trace: th.TraceCtx, region: Region) -> list[Any] | str:
             integers = True
             t = torch.zeros(shape, device=device, dtype=dtype)
         args.append(t.requires_grad_(grad and p.name in given and (dtype.is_floating_point or dtype.is_complex)))
-    writes = sorted({n for n in _leaf_op_names(region) if any(w in n for w in WRITES_BY_INDEX)})
+    writes = sorted({n for n in region.deep_op_names if any(w in n for w in WRITES_BY_INDEX)})
     if integers and writes:
         return f"integer inputs to {writes}: zero indices would all collide, left to the model"
     return args
-
-
-def _leaf_op_names(region: Region) -> set[str]:
-    found, todo = set(), list(region.body)
-    while todo:
-        b = todo.pop()
-        found.add(th.op_name(b))
-        todo.extend(th.subsymbols(b))
-    return found
 
 
 @dataclass
