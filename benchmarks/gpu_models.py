@@ -388,6 +388,14 @@ def run_case(
                         entry["bwd_regions"] = len(find_regions(thunder.last_backward_traces(fn)[-1]))
                     if guard is not None:
                         entry["decisions"] = guard.report.counts()
+                        entry["measuring"] = guard.report.measuring
+                        # every region timed against another fusion executor: its own, eager, the other (µs)
+                        entry["executor_choices"] = [
+                            f"{d.trace} {d.region} {d.action}: {d.details['measured_region_us']:.1f} / "
+                            f"{d.details['measured_eager_us']:.1f} / {d.details['measured_other_us']:.1f} µs"
+                            for d in guard.report
+                            if "measured_other_us" in d.details
+                        ]
                 if variant == "thunder":
                     # Thunder against itself: attention and embedding backward may accumulate with atomics, so two
                     # identical steps can differ; that is the noise floor for the guarded comparisons.

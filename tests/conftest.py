@@ -66,7 +66,7 @@ def _no_real_timings(request, monkeypatch):
         yield
         return
 
-    def not_timed(self, trace, region, left_s):
+    def not_timed(self, trace, region, left_s, other=None):
         return NOT_TIMED_IN_TESTS
 
     def no_calibration(device, executor, budget_s=None):
@@ -99,23 +99,26 @@ def _adversary(monkeypatch, mode: str) -> None:
 
 @pytest.fixture
 def inject_timings(monkeypatch, tmp_path):
-    """``inject_timings(fused_us, eager_us, spread=0.0)``: regions near break-even are "timed" again, with
-    fixed samples (the fusion and eager callables still run once each, on fresh tensors): medians
-    ``fused_us`` and ``eager_us``, each with interquartile range ``spread`` times its median. Returns the
+    """``inject_timings(fused_us, eager_us, spread=0.0, other_us=None)``: regions near break-even are "timed"
+    again, with fixed samples (the fusion and eager callables still run once each, on fresh tensors): medians
+    ``fused_us`` and ``eager_us``, each with interquartile range ``spread`` times its median; the region fused
+    by another executor, where one is timed, ``other_us`` (None: ten times the slower of the two). Returns the
     list of calls made to the timing (the number of callables timed in each). The measurements are cached
     in a cache of the test's own, so no other test reads them."""
     calls: list[int] = []
     monkeypatch.setenv("TFG_CACHE_DIR", str(tmp_path))
     breakeven.clear_memory_cache()
 
-    def inject(fused_us: float, eager_us: float, spread: float = 0.0) -> list[int]:
+    def inject(fused_us: float, eager_us: float, spread: float = 0.0, other_us: float | None = None) -> list[int]:
         def samples(median: float) -> list[float]:
             half = median * spread / 2
             return [median - half, median - half, median, median + half, median + half]
 
         def interleaved_us(fns, args, **kwargs):
             calls.append(len(fns))
-            return [samples(fused_us), samples(eager_us)]
+            # a third callable is the region fused by another executor: 'other_us', else slower than both
+            third = [samples(other_us if other_us is not None else 10 * max(fused_us, eager_us))]
+            return [samples(fused_us), samples(eager_us), *third[: len(fns) - 2]]
 
         monkeypatch.setattr(breakeven.RegionMeasurer, "_time", _REAL_TIME)
         monkeypatch.setattr(breakeven, "interleaved_us", interleaved_us)

@@ -147,7 +147,8 @@ class Estimate:
 
 @dataclass(frozen=True)
 class Measured:
-    """A region timed on this machine: its fusion call and the same ops run eagerly (µs per call).
+    """A region timed on this machine: its fusion call, the same ops run eagerly and, where there is one,
+    the same region fused by ``other`` executor (µs per call).
 
     ``source`` is ``"timed"`` (measured during this compilation) or ``"cache"`` (an earlier one's);
     ``spread`` the larger relative interquartile range of the two timings (None: not known).
@@ -157,6 +158,9 @@ class Measured:
     eager_us: float
     source: str = "timed"
     spread: float | None = None
+    other: str | None = None  # another fusion executor timed on the same region, its time, or why it has none
+    other_us: float | None = None
+    other_problem: str | None = None
 
     def as_record(self) -> dict[str, float | str]:
         record: dict[str, float | str] = {
@@ -166,6 +170,11 @@ class Measured:
         }
         if self.spread is not None:
             record["measured_spread"] = round(self.spread, 3)
+        if self.other is not None and self.other_us is not None:
+            record["measured_other_executor"] = self.other
+            record["measured_other_us"] = round(self.other_us, 3)
+        if self.other_problem:
+            record["measured_other_problem"] = self.other_problem
         return record
 
 

@@ -9,7 +9,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cost import CostConstants, Measured, UnknownSize, estimate
-from .ops import exactness_reason, inexact_ops, is_communication, random_ops, region_is_metadata_only
+from .ops import (
+    exactness_reason,
+    inexact_ops,
+    is_communication,
+    random_ops,
+    region_is_metadata_only,
+    switch_keeps_bits,
+)
 from .options import GuardOptions
 from .regions import Region
 
@@ -46,12 +53,15 @@ def decide(
     constants: CostConstants | None = None,
     measured: Measured | None = None,
     compile_options: Mapping[str, Any] | None = None,
+    alternative: str | None = None,
 ) -> Verdict:
-    """Keep a region, or reject it to the torch executor when its fusion call buys nothing.
+    """Keep a region, reject it to the torch executor when its fusion call buys nothing, or switch it to
+    the fusion executor ``alternative`` (one that can run all of it) when that runs it faster.
 
     ``measured`` (a timing of this region on this machine) decides a region the model puts near
-    break-even; elsewhere the model's estimate decides. ``compile_options`` are those the program passed
-    to ``thunder.jit`` by name: a region kind it asked for is kept unless ``override_compile_options``.
+    break-even, and any region with an alternative it may switch to; elsewhere the model's estimate decides.
+    ``compile_options`` are those the program passed to ``thunder.jit`` by name: a region kind it asked for
+    is kept unless ``override_compile_options``.
     """
     comms = [op for op, b in zip(region.ops, region.body, strict=True) if is_communication(b)]
     if comms:
@@ -97,27 +107,43 @@ def decide(
     inexact = inexact_ops(region, options.metadata_ops) if options.exact_only else []
     model = _by_numbers(est.region_us, est.eager_us, options.margin, "estimated", est.eager_ops)
     ratio = est.eager_us / est.region_us if est.region_us > 0 else float("inf")
-    measurable = 1 / MEASURE_BAND <= ratio <= MEASURE_BAND
+    near = 1 / MEASURE_BAND <= ratio <= MEASURE_BAND
     details: dict[str, Any] = {"decided_by": "model", "model_action": model[0]}
-    if inexact:  # never rejected (nor timed), whatever the numbers say
+    if alternative is not None and options.exact_only and not switch_keeps_bits(region.body, options.metadata_ops):
+        details["alternative_not_timed"] = (
+            f"{alternative} may compute it with other bits: its ops are not exact whoever runs them "
+            "(option 'exact_only')"
+        )
+        alternative = None
+    exactness = None
+    if inexact:  # never rejected, whatever the numbers say; timed only to choose its fusion executor
         cheaper = "eager looks cheaper" if est.eager_us < est.region_us else "the fusion looks cheaper"
-        reason = (
+        exactness = (
             f"kept for exactness: {exactness_reason(inexact)} (option 'exact_only'); "
             f"cost aside: estimated {est.region_us:.1f} µs fused vs {est.eager_us:.1f} µs "
             f"eager ({cheaper})"
         )
-        return Verdict("keep", reason, record, {**details, "decided_by": "exactness"})
+    measurable = alternative is not None or (near and exactness is None)
     if measured is not None and measurable:
         margin = measured_margin(options.margin, measured, constants)
-        action, reason = _by_numbers(measured.region_us, measured.eager_us, margin, "measured", est.eager_ops)
-        reason = (
-            f"measured while compiling (near break-even): {reason}; the model estimated {est.region_us:.1f} µs "
-            f"fused vs {est.eager_us:.1f}"
-        )
+        if exactness is not None:
+            action, reason = "keep", f"{exactness}; measured {measured.region_us:.1f} µs fused"
+        else:
+            action, reason = _by_numbers(measured.region_us, measured.eager_us, margin, "measured", est.eager_ops)
+            why = "near break-even" if near else "another executor could run it"
+            reason = (
+                f"measured while compiling ({why}): {reason}; the model estimated {est.region_us:.1f} µs "
+                f"fused vs {est.eager_us:.1f}"
+            )
         if margin != options.margin:
             reason += f"; margin narrowed from {options.margin:.0%} to the timing's spread, calls here are synchronous"
+        switched = _switch(region.executor, action, measured, margin)
+        if switched is not None:
+            action, reason = "switch", f"{switched}; {reason}"
         return Verdict(action, reason, record, {**details, "decided_by": "measured", **measured.as_record()})
-    unmeasured = "" if measurable else "; not timed: the estimates are more than 3x apart"
+    if exactness is not None:
+        return Verdict("keep", exactness, record, {**details, "decided_by": "exactness"}, measurable)
+    unmeasured = "" if near else "; not timed: the estimates are more than 3x apart"
     return Verdict(model[0], f"cost model: {model[1]}{unmeasured}", record, details, measurable)
 
 
@@ -127,6 +153,20 @@ def measured_margin(margin: float, measured: Measured, constants: CostConstants)
     if constants.overlapped or measured.spread is None:
         return margin
     return min(margin, max(MEASURED_MARGIN_FLOOR, measured.spread))
+
+
+def _switch(executor: str, action: str, measured: Measured, margin: float) -> str | None:
+    """Why the region goes to the other executor ``measured`` timed, when that beats what ``action`` chose
+    (its own fusion call, or eager for a reject) by ``margin``; None when it does not."""
+    if measured.other is None or measured.other_us is None:
+        return None
+    chosen, chosen_us = ("eager", measured.eager_us) if action == "reject" else (executor, measured.region_us)
+    if measured.other_us >= chosen_us * (1 - margin):
+        return None
+    return (
+        f"switched to {measured.other}: measured {measured.other_us:.1f} µs there vs {chosen_us:.1f} µs {chosen} "
+        f"(margin {margin:.0%}; {measured.region_us:.1f} µs by {executor}, {measured.eager_us:.1f} µs eager)"
+    )
 
 
 def _verdict(action: str, reason: str, decided_by: str) -> Verdict:

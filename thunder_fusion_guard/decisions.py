@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-ACTIONS = ("keep", "reject", "rehome", "remove", "fold", "hoist")
+ACTIONS = ("keep", "reject", "switch", "rehome", "remove", "fold", "hoist")
 
 
 @dataclass
 class Decision:
-    """The fate of one fusion region (or of ops: folded, removed, re-homed, hoisted; ``details["scope"] == "op"``)
-    in one trace."""
+    """The fate of one fusion region (kept, rejected to the torch executor, switched to another fusion executor)
+    or of ops (folded, removed, re-homed, hoisted; ``details["scope"] == "op"``) in one trace."""
 
     trace: str
     region: str

@@ -12,6 +12,7 @@ import torch
 from thunder.extend import FusionExecutor, OperatorExecutor, get_all_executors
 
 __all__ = [
+    "ALTERNATIVE_FUSERS",
     "GENERAL_FUSERS",
     "NVFUSER_INSTALL",
     "FusionExecutor",
@@ -151,3 +152,8 @@ def no_region_hint(executors: list[tuple[str, bool]]) -> str:
         "nor on CUDA without nvFuser): pass executors=fusion_executors(device) (from thunder_fusion_guard) to "
         f"thunder.jit or thunderfx; for nvFuser on CUDA, {NVFUSER_INSTALL}"
     )
+
+
+# The fusion executor a region of another is timed against, and handed to when it is faster: Thunder's
+# torch.compile executor for nvFuser's regions (on CPU, torch.compile is the only general fuser: no choice).
+ALTERNATIVE_FUSERS: dict[str, str] = {"nvfuser": "torchcompile"}

@@ -3,6 +3,7 @@ Thunder's torch executor, and Python callables run from bound symbols."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from inspect import Parameter, Signature
@@ -14,14 +15,17 @@ from thunder.core.symbol import BoundSymbol, Symbol
 from thunder.core.trace import TraceCtx, TraceProvenance, from_trace, tracectx
 from thunder.core.transform_common import dce
 from thunder.executors.passes import _del_last_used, _transform_for_operator_executor_execution, del_last_used
-from thunder.extend import get_always_executors
+from thunder.extend import FusionExecutor, get_all_executors, get_always_executors
 
-from .executors import guard_executor, torch_executor
-from .traces import is_backward, is_comment_or_del
+from .executors import ALTERNATIVE_FUSERS, guard_executor, torch_executor
+from .traces import is_backward, is_comment_or_del, is_fusion
 
 __all__ = [
     "GUARD_PROVENANCE",
+    "alternative_fuser",
     "executor_claims",
+    "free_fusion_counter",
+    "fuse_with",
     "guard_call",
     "inplace_setitem",
     "lower_to_torch",
@@ -123,6 +127,49 @@ def rebuild_fusion(
     counter = int(name[len(name.rstrip("0123456789")) :] or 0)
     region = _FusedRegion(tuple(variableify(p) for p in inputs), tuple(variableify(p) for p in outputs), tuple(body))
     return fusion.sym.executor.fuse(region, counter)
+
+
+def fuse_with(executor: Any, fusion: BoundSymbol, counter: int) -> BoundSymbol:
+    """The region of the fusion call ``fusion`` (same body, inputs and outputs) fused by another fusion
+    ``executor``, numbered ``counter`` (see :func:`free_fusion_counter`).
+
+    Where that executor leaves its symbol without a meta function (Thunder 0.2.6's torch.compile executor), it
+    gets the one nvFuser's regions have, so that Thunder's trace checking passes where it passed before."""
+    region = _FusedRegion(
+        tuple(variableify(p) for p in fusion.flat_proxy_args),
+        tuple(variableify(p) for p in fusion.flat_proxy_outs),
+        tuple(fusion.subsymbols),
+    )
+    bsym = executor.fuse(region, counter)
+    if bsym.sym.meta is None:
+        output = bsym.output
+        bsym = bsym.from_bsym(sym=dataclasses.replace(bsym.sym, meta=lambda *args, **kwargs: output))
+    return bsym
+
+
+def alternative_fuser(fusion: BoundSymbol) -> Any | None:
+    """The executor that could run the fusion call ``fusion`` instead of its own (see
+    :data:`ALTERNATIVE_FUSERS`), if it can run every op of it; None otherwise."""
+    wanted = ALTERNATIVE_FUSERS.get(getattr(fusion.sym.executor, "name", ""))
+    found = [ex for ex in get_all_executors() if isinstance(ex, FusionExecutor) and ex.name == wanted]
+    if not found:
+        return None
+    try:
+        claims = all(found[0].can_fuse(b) for b in fusion.subsymbols if not is_comment_or_del(b))
+    except Exception:
+        return None
+    return found[0] if claims else None
+
+
+def free_fusion_counter(trace: TraceCtx) -> int:
+    """A fusion number above every one in ``trace``: a region fused with it (and the next ones) takes a name
+    no fusion call of the trace has, whatever its executor's prefix."""
+    numbers = [0]
+    for b in trace.bound_symbols:
+        if is_fusion(b):
+            digits = b.sym.name[len(b.sym.name.rstrip("0123456789")) :]
+            numbers.append(int(digits) + 1 if digits else 0)
+    return max(numbers)
 
 
 def executor_claims(fusion: BoundSymbol, bsym: BoundSymbol) -> bool:

@@ -63,9 +63,15 @@ def _store() -> dict[str, dict[str, Any]]:
 
 def _cached(entry: Any) -> Measured | None:
     try:
-        spread = entry.get("spread")
+        spread, other_us = entry.get("spread"), entry.get("other_us")
         return Measured(
-            float(entry["region_us"]), float(entry["eager_us"]), "cache", None if spread is None else float(spread)
+            float(entry["region_us"]),
+            float(entry["eager_us"]),
+            "cache",
+            None if spread is None else float(spread),
+            entry.get("other"),
+            None if other_us is None else float(other_us),
+            entry.get("other_problem"),
         )
     except (AttributeError, KeyError, TypeError, ValueError):
         return None
@@ -80,8 +86,9 @@ def relative_spread(*samples: list[float]) -> float:
     return max(spreads)
 
 
-def signature(trace: th.TraceCtx, region: Region) -> str:
-    """What a region's timing depends on, as a short hash (see the module's docstring)."""
+def signature(trace: th.TraceCtx, region: Region, other: str | None = None) -> str:
+    """What a region's timing depends on, as a short hash (see the module's docstring); ``other``: the
+    other fusion executor timed with it."""
     given = {p.name for p in th.trace_inputs(trace)}
     inputs = []
     for p in region.inputs:
@@ -96,7 +103,7 @@ def signature(trace: th.TraceCtx, region: Region) -> str:
     threads = torch.get_num_threads() if device == "cpu" else 0
     text = "\n".join(
         [
-            f"{device_name(device)}|{region.executor}|{versions}|threads {threads}",
+            f"{device_name(device)}|{region.executor}|{versions}|threads {threads}|other {other}",
             "|".join(inputs),
             th.canonical_ops(region.body),
         ]
@@ -156,12 +163,14 @@ class RegionMeasurer:
     first_call_seconds: float = 0.0
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def __call__(self, trace: th.TraceCtx, region: Region) -> Measured | str:
+    def __call__(self, trace: th.TraceCtx, region: Region, other: Any = None) -> Measured | str:
+        """Time ``region``'s fusion call against its ops run eagerly and, given, the region fused by the
+        fusion executor ``other``; or say why it is not timed."""
         ranks = world_size()
         if ranks > 1:  # each rank's timing (or disk cache) differs; the model decides alike on all
             self.skipped += 1
             return f"not timed: a run of {ranks} ranks decides by the model alone, so that every rank decides alike"
-        key = signature(trace, region)
+        key = signature(trace, region, None if other is None else other.name)
         store = _store()
         hit = _cached(store.get(key))
         if hit is not None:
@@ -175,7 +184,7 @@ class RegionMeasurer:
             return "not timed: a CUDA graph is being captured"
         start = self.clock()
         try:
-            measured = contextvars.Context().run(self._time, trace, region, left)
+            measured = contextvars.Context().run(self._time, trace, region, left, other)
         except Exception as e:  # never into the user's program: the model decides instead
             measured = f"not timed: {type(e).__name__}: {str(e).strip()[:200]}"
         finally:
@@ -188,6 +197,9 @@ class RegionMeasurer:
             "region_us": measured.region_us,
             "eager_us": measured.eager_us,
             "spread": measured.spread,
+            "other": measured.other,
+            "other_us": measured.other_us,
+            "other_problem": measured.other_problem,
             "ops": region.ops[:20],
         }
         with _lock:
@@ -195,23 +207,37 @@ class RegionMeasurer:
             self.pending[key] = entry
         return measured
 
-    def _time(self, trace: th.TraceCtx, region: Region, left_s: float) -> Measured | str:
+    def _time(self, trace: th.TraceCtx, region: Region, left_s: float, other: Any = None) -> Measured | str:
         args = region_inputs(trace, region)
         if isinstance(args, str):
             return f"not timed: {args}"
-        fusion, eager = region_pair(trace, region)
+        fns = list(region_pair(trace, region))
         device = args_device(args)
+        problem = None
         with torch.no_grad(), torch.autocast(device, enabled=False):
             first = self.clock()
-            fusion(*args)
-            eager(*args)
+            for fn in fns:
+                fn(*args)
+            if other is not None:
+                try:  # the other executor failing leaves the choice between the fusion and eager
+                    fns.append(th.region_callable(th.fuse_with(other, region.bsym, 0)))
+                    fns[-1](*args)
+                except Exception as e:
+                    fns = fns[:2]
+                    problem = f"{other.name} failed on it: {type(e).__name__}: {str(e).strip()[:160]}"
             self.first_call_seconds += (self.clock() - first) / 1e9
             deadline = self.clock() + int(min(REGION_TIMING_S, max(left_s - (self.clock() - first) / 1e9, 0)) * 1e9)
-            fused_s, eager_s = interleaved_us(
-                [fusion, eager], args, reps=REPS, warmup=WARMUP, deadline_ns=deadline, clock=self.clock
-            )
+            samples = interleaved_us(fns, args, reps=REPS, warmup=WARMUP, deadline_ns=deadline, clock=self.clock)
+        medians = [statistics.median(s) for s in samples]
+        timed_other = other is not None and len(fns) == 3
         return Measured(
-            statistics.median(fused_s), statistics.median(eager_s), "timed", relative_spread(fused_s, eager_s)
+            medians[0],
+            medians[1],
+            "timed",
+            relative_spread(*samples),
+            other.name if timed_other else None,
+            medians[2] if timed_other else None,
+            problem,
         )
 
     def flush(self) -> None:
@@ -250,4 +276,4 @@ def args_device(args: list[Any]) -> str:
     return "cpu"
 
 
-MeasureFn = Callable[[th.TraceCtx, Region], "Measured | str"]
+MeasureFn = Callable[[th.TraceCtx, Region, Any], "Measured | str"]

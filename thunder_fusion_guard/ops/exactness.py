@@ -27,6 +27,7 @@ __all__ = [
     "rebuild_keeps_bits",
     "rounding_at_cut",
     "rounding_hazards",
+    "switch_keeps_bits",
 ]
 
 
@@ -310,3 +311,23 @@ def _op_keeps_bits(bsym: th.BoundSymbol, metadata_ops: tuple[str, ...]) -> bool:
         return True
     subs = [s for s in th.subsymbols(bsym) if not th.is_comment_or_del(s)]
     return bool(subs) and all(_op_keeps_bits(s, metadata_ops) for s in subs)
+
+
+def switch_keeps_bits(body: Iterable[th.BoundSymbol], metadata_ops: Iterable[str] = ()) -> bool:
+    """Whether another fusion compiler gives ``body`` the same bits: every op exact whoever runs it
+    (:data:`EXACT_OPS`, a lone :data:`EXACT_ALONE` op, data movement, integer and boolean arithmetic) and no
+    rounding a compiler may skip. Stricter than :func:`rebuild_keeps_bits`: two compilers need not divide,
+    or take ``abs`` of a zero, alike; broader than :func:`inexact_ops`: moving data never rounds."""
+    body = [b for b in body if not th.is_comment_or_del(b)]
+    metadata_ops = tuple(metadata_ops)
+    alone = len([n for b in body for n in _leaf_names(b, metadata_ops)]) == 1
+    exact = EXACT_OPS | EXACT_ALONE if alone else EXACT_OPS
+    return all(_exact_anywhere(b, metadata_ops, exact) for b in body) and not rounding_hazards(body, metadata_ops)
+
+
+def _exact_anywhere(bsym: th.BoundSymbol, metadata_ops: tuple[str, ...], exact: frozenset[str]) -> bool:
+    name = th.op_name(bsym)
+    if is_metadata(bsym, metadata_ops) or name in exact or name in DATA_MOVEMENT_OPS or _integers_only(bsym):
+        return True
+    subs = [s for s in th.subsymbols(bsym) if not th.is_comment_or_del(s)]
+    return bool(subs) and all(_exact_anywhere(s, metadata_ops, exact) for s in subs)

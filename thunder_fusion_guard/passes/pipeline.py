@@ -45,8 +45,9 @@ class TraceContext:
 
 
 ConstantsFor = Callable[[str, str], "CostConstants | None"]
-# Times a region near break-even on this machine: a measurement, or why there is none.
-MeasureRegion = Callable[[th.TraceCtx, Region], "Measured | str"]
+# Times a region on this machine (with, given, the region fused by another executor): a measurement, or why
+# there is none.
+MeasureRegion = Callable[[th.TraceCtx, Region, Any], "Measured | str"]
 
 
 def guard_trace(
@@ -103,18 +104,22 @@ def unfuse_rejected(
     """Decide every region; return ``trace`` with the rejected ones run by the torch executor."""
     replacements: dict[int, list[th.BoundSymbol]] = {}
     decided: list[Decision] = []
+    counter = th.free_fusion_counter(trace)
     for region in find_regions(trace):
         device = th.proxy_device(region.inputs + region.outputs)
         constants = constants_for(device, region.executor) if constants_for and device else None
-        verdict = decide(region, options, constants, compile_options=where.compile_options)
+        other = th.alternative_fuser(region.bsym) if options.choose_executor and measure_region else None
+        other_name = None if other is None else other.name
+        verdict = decide(region, options, constants, None, where.compile_options, other_name)
         not_measured = None
         if verdict.measurable and measure_region is not None:
+            timed_other = other if other is not None and "alternative_not_timed" not in verdict.details else None
             try:
-                measured = measure_region(trace, region)
+                measured = measure_region(trace, region, timed_other)
             except Exception as e:  # measuring is an optimisation: it never breaks compilation
                 measured = f"measuring failed: {type(e).__name__}: {e}"
             if isinstance(measured, Measured):
-                verdict = decide(region, options, constants, measured, where.compile_options)
+                verdict = decide(region, options, constants, measured, where.compile_options, other_name)
             else:
                 not_measured = measured
         decision = _decision(where, region.name, region.executor, region.ops, verdict.action, verdict.reason, op=False)
@@ -123,6 +128,18 @@ def unfuse_rejected(
         if not_measured:
             decision.details["not_measured"] = not_measured
         decision.applied = verdict.action == "keep" or not options.report_only
+        if verdict.action == "switch" and not options.report_only:
+            try:
+                switched = th.fuse_with(other, region.bsym, counter)
+                counter += 1
+                replacements[region.position] = [switched]
+                decision.details["switched_to"] = th.op_name(switched)
+            except Exception as e:
+                if options.strict:
+                    raise FusionGuardError(f"could not switch {region.name} ({where.trace}): {e}") from e
+                decision.action, decision.applied = "keep", True
+                decision.error = f"{type(e).__name__}: {e}"
+                decision.reason = f"kept as it was: fusing it with {other_name} failed ({verdict.reason})"
         if verdict.action == "reject":
             try:
                 replacements[region.position] = lower_region(trace, region)
@@ -137,7 +154,7 @@ def unfuse_rejected(
     if not replacements:
         return trace
     try:
-        new = replace_regions(trace, replacements, f"FusionGuard: {len(replacements)} regions to torch")
+        new = replace_regions(trace, replacements, f"FusionGuard: {len(replacements)} regions rejected or switched")
         check_communication(trace, new)
         return new
     except Exception as e:
@@ -147,7 +164,7 @@ def unfuse_rejected(
                 f"could not rebuild the {where.trace} trace: {e}"
             ) from e
         for d in decided:
-            if d.action == "reject":
+            if d.action in ("reject", "switch"):
                 d.action, d.error = "keep", f"{type(e).__name__}: {e}"
                 why = "it would change the communication ops" if moved else "rebuilding the trace failed"
                 d.reason = f"kept as it was: {why}"

@@ -40,6 +40,7 @@ figcaption b { color: #212121; } .legend span { display: inline-block; margin-ri
 .legend i { display: inline-block; width: 14px; height: 11px; border: 2px solid; border-radius: 3px; margin-right: 4px;
   vertical-align: -1px; }
 .action-keep { color: #2e7d32; } .action-reject { color: #c62828; } .action-rehome { color: #1565c0; }
+.action-switch { color: #e65100; }
 .action-fold { color: #6a1b9a; } .action-remove { color: #b26a00; } .action-hoist { color: #00695c; }
 """
 

@@ -12,6 +12,7 @@ from ..decisions import Subgraph, op_groups, percent_text
 ACTION_STYLE: dict[str | None, tuple[str, str]] = {
     "keep": ("#e3f4e1", "#2e7d32"),
     "reject": ("#fde2de", "#c62828"),
+    "switch": ("#fff3e0", "#e65100"),
     "rehome": ("#dde9fb", "#1565c0"),
     "fold": ("#efe2f8", "#6a1b9a"),
     "remove": ("#fff2cc", "#b26a00"),

@@ -1,0 +1,303 @@
+"""Choosing a region's fusion executor by measurement (option ``choose_executor``): a region of one fusion
+executor is timed with another that can run it too, and switched to it when that is faster by the margin.
+
+On CUDA the pair is nvFuser and Thunder's torch.compile executor. CI has no nvFuser, so here the region's own
+executor is ``tc_nvfuser_shaped`` (torch.compile grouped the way nvFuser groups, ``helpers``), registered as
+having Thunder's torch.compile executor for its alternative. Timings are injected (conftest ``inject_timings``):
+no verdict depends on the clock. Outputs are compared bit for bit with unguarded Thunder.
+"""
+
+from __future__ import annotations
+
+import pytest
+import thunder
+import torch
+from helpers import NEAR_BREAK_EVEN, assert_same, nvfuser_shaped_executor, regions, run_with_grads
+from thunder.core.symbol import BoundSymbol, Symbol
+
+from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import _thunder as th
+from thunder_fusion_guard.ops import switch_keeps_bits
+
+SHAPED = "tc_nvfuser_shaped"
+
+
+@pytest.fixture(autouse=True)
+def shaped_has_an_alternative(monkeypatch):
+    monkeypatch.setitem(th.ALTERNATIVE_FUSERS, SHAPED, "torchcompile")
+
+
+def jit(fn, guard=None):
+    return thunder.jit(fn, executors=[nvfuser_shaped_executor()], transforms=[guard] if guard else [])
+
+
+def guard(**options):
+    return FusionGuard(calibration=NEAR_BREAK_EVEN, **options)
+
+
+def exact_sum(a, b):
+    return a + b
+
+
+def exact_chain(x):
+    return torch.where(x > 0, x, -x) + 1.0  # f32: compare, neg, where, add, all exact whoever computes them
+
+
+def two_regions(x, w):
+    y = torch.where(x > 0, x, -x) + 1.0
+    z = y @ w  # left to torch by tc_nvfuser_shaped: two regions either side
+    return torch.where(z > 0, z, -z) - 1.0
+
+
+def inexact(x):
+    return torch.exp(x) * 2.0
+
+
+def rounding_inputs(dtype):
+    """Values on a 0.1 grid whose sums do not fit the dtype: the sum really rounds."""
+    g = torch.Generator().manual_seed(0)
+    a = (torch.randint(-400, 400, (64, 64), generator=g) * 0.1 + 1 / 3).to(dtype)
+    b = (torch.randint(-400, 400, (64, 64), generator=g) * 0.1 + 1 / 7).to(dtype)
+    return a.requires_grad_(), b.requires_grad_()
+
+
+def region_decisions(g, trace="forward"):
+    return [d for d in g.report if d.about_region and d.trace == trace]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_an_exact_region_switches_when_the_other_executor_is_faster(inject_timings, dtype):
+    calls = inject_timings(10.0, 12.0, other_us=4.0)
+    args = rounding_inputs(dtype)
+    if dtype != torch.float32:  # the sum really rounds
+        exact = args[0].float() + args[1].float()
+        assert not torch.equal(exact.to(dtype).float(), exact)
+    g = guard()
+    guarded = jit(exact_sum, g)
+    got = run_with_grads(guarded, args)
+    assert_same(got[0], run_with_grads(jit(exact_sum), args)[0])
+    assert_same(got[1], run_with_grads(jit(exact_sum), args)[1])
+    (d,) = region_decisions(g)
+    assert d.action == "switch" and d.applied and d.executor == SHAPED
+    assert d.details["decided_by"] == "measured"
+    assert d.details["measured_other_executor"] == "torchcompile" and d.details["measured_other_us"] == 4.0
+    assert d.reason.startswith("switched to torchcompile: measured 4.0 µs there vs 10.0 µs tc_nvfuser_shaped")
+    assert 3 in calls
+    (now,) = regions(guarded)
+    assert now.executor == "torchcompile" and now.name == d.details["switched_to"]
+
+
+def test_no_switch_when_the_other_executor_does_not_beat_the_choice_by_the_margin(inject_timings):
+    # 3% faster: inside the margin (on CPU the timing's spread, at least 5%; README "Measured decisions")
+    inject_timings(10.0, 12.0, other_us=9.7)
+    g = guard()
+    a, b = rounding_inputs(torch.float32)
+    guarded = jit(exact_sum, g)
+    guarded(a, b)
+    (d,) = region_decisions(g)
+    assert d.action == "keep" and d.details["measured_other_us"] == 9.7
+    assert [r.executor for r in regions(guarded)] == [SHAPED]
+
+
+@pytest.mark.parametrize(("eager_us", "other_us", "action"), [(5.0, 4.9, "reject"), (7.0, 3.0, "switch")])
+def test_the_other_executor_must_beat_eager_where_eager_wins(inject_timings, eager_us, other_us, action):
+    inject_timings(10.0, eager_us, other_us=other_us)
+    g = guard()
+    a, b = rounding_inputs(torch.float32)
+    guarded = jit(exact_sum, g)
+    assert torch.equal(guarded(a, b), jit(exact_sum)(a, b))
+    (d,) = region_decisions(g)
+    assert d.action == action
+    executors = [r.executor for r in regions(guarded)]
+    assert executors == ([] if action == "reject" else ["torchcompile"])
+
+
+def test_two_regions_switched_in_one_trace_get_distinct_names(inject_timings):
+    inject_timings(10.0, 12.0, other_us=2.0)
+    g = guard()
+    x = torch.randn(16, 16, requires_grad=True)
+    w = torch.randn(16, 16, requires_grad=True)
+    guarded = jit(two_regions, g)
+    got = run_with_grads(guarded, (x, w))
+    expected = run_with_grads(jit(two_regions), (x, w))
+    assert_same(got[0], expected[0])
+    assert_same(got[1], expected[1])
+    switched = [d for d in region_decisions(g) if d.action == "switch"]
+    assert len(switched) == 2
+    names = [r.name for r in regions(guarded)]
+    assert len(set(names)) == len(names) == 2 and all(r.executor == "torchcompile" for r in regions(guarded))
+    assert {d.details["switched_to"] for d in switched} == set(names)
+
+
+def test_an_inexact_region_is_not_timed_with_the_other_executor_by_default(inject_timings):
+    calls = inject_timings(10.0, 12.0, other_us=1.0)
+    g = guard()
+    x = torch.randn(16, 16)
+    assert torch.equal(jit(inexact, g)(x), jit(inexact)(x))
+    (d,) = region_decisions(g)
+    assert d.action == "keep" and d.details["decided_by"] == "exactness"
+    assert 3 not in calls
+
+
+def test_exact_only_off_lets_an_inexact_region_switch(inject_timings):
+    calls = inject_timings(10.0, 12.0, other_us=1.0)
+    g = guard(exact_only=False)
+    x = torch.randn(16, 16, dtype=torch.bfloat16)
+    out = jit(inexact, g)(x)
+    torch.testing.assert_close(out, inexact(x))
+    (d,) = region_decisions(g)
+    assert d.action == "switch" and 3 in calls
+    assert "switched to torchcompile" in str(g.report)
+
+
+def test_a_rounding_chain_in_bf16_is_not_switched_under_exact_only(inject_timings):
+    inject_timings(10.0, 12.0, other_us=1.0)
+    g = guard()
+    x = rounding_inputs(torch.bfloat16)[0].detach()
+    assert torch.equal(jit(exact_chain, g)(x), jit(exact_chain)(x))
+    (d,) = region_decisions(g)
+    assert d.action != "switch"
+    assert "exact_only" in d.details.get("alternative_not_timed", "") or d.details["decided_by"] == "exactness"
+
+
+def cat_pair(x, y):
+    return torch.cat([x, y], dim=0)
+
+
+def test_a_data_movement_region_kept_for_exactness_may_still_switch(inject_timings):
+    """cat is not known to give eager the fusion's bits (so the region is never rejected), but moving data
+    never rounds: another compiler gives the same bits, so it may switch."""
+    inject_timings(10.0, 12.0, other_us=1.0)
+    g = guard()
+    x, y = (t.detach() for t in rounding_inputs(torch.bfloat16))
+    guarded = jit(cat_pair, g)
+    assert torch.equal(guarded(x, y), jit(cat_pair)(x, y))
+    (d,) = region_decisions(g)
+    assert d.action == "switch" and "kept for exactness" in d.reason
+    assert [r.executor for r in regions(guarded)] == ["torchcompile"]
+
+
+def test_a_region_kept_for_exactness_is_never_rejected_by_the_timing(inject_timings):
+    inject_timings(10.0, 1.0, other_us=9.9)  # eager far faster, the other executor not by the margin
+    g = guard()
+    x, y = (t.detach() for t in rounding_inputs(torch.bfloat16))
+    jit(cat_pair, g)(x, y)
+    (d,) = region_decisions(g)
+    assert d.action == "keep" and d.details["decided_by"] == "measured" and "kept for exactness" in d.reason
+
+
+def test_choose_executor_off_times_no_other_executor(inject_timings):
+    calls = inject_timings(10.0, 12.0, other_us=1.0)
+    g = guard(choose_executor=False)
+    a, b = rounding_inputs(torch.float32)
+    jit(exact_sum, g)(a, b)
+    (d,) = region_decisions(g)
+    assert d.action == "keep" and "measured_other_us" not in d.details
+    assert calls and 3 not in calls
+
+
+def test_report_only_records_the_switch_and_changes_nothing(inject_timings):
+    inject_timings(10.0, 12.0, other_us=1.0)
+    g = guard(report_only=True)
+    a, b = rounding_inputs(torch.float32)
+    guarded = jit(exact_sum, g)
+    guarded(a, b)
+    (d,) = region_decisions(g)
+    assert d.action == "switch" and not d.applied
+    assert [r.executor for r in regions(guarded)] == [SHAPED]
+
+
+def test_a_failing_other_executor_leaves_the_choice_to_fusion_and_eager(inject_timings, monkeypatch):
+    calls = inject_timings(10.0, 12.0, other_us=1.0)
+
+    def broken(executor, fusion, counter):
+        raise RuntimeError("cannot fuse this")
+
+    monkeypatch.setattr(th, "fuse_with", broken)
+    g = guard()
+    a, b = rounding_inputs(torch.float32)
+    assert torch.equal(jit(exact_sum, g)(a, b), jit(exact_sum)(a, b))
+    (d,) = region_decisions(g)
+    assert d.action == "keep"
+    assert d.details["measured_other_problem"] == "torchcompile failed on it: RuntimeError: cannot fuse this"
+    assert 3 not in calls
+
+
+def test_switch_keeps_bits_rule():
+    x = torch.randn(8, 8)
+    cases = [
+        (exact_chain, True),
+        (inexact, False),
+        (lambda x: x / 3.0, False),
+        (lambda x: x.abs(), False),
+        (lambda x: x * 3.0, True),  # a lone product is rounded once by any compiler
+        (lambda x: x * 3.0 + 1.0, False),  # which a compiler may contract into one FMA
+    ]
+    for fn, keeps in cases:
+        trace = thunder.last_traces(_traced(fn, x))[-1]
+        (region,) = th_regions(trace)
+        assert switch_keeps_bits(region.body) is keeps, fn
+
+
+def test_fuse_with_gives_a_symbol_without_meta_the_outputs_as_meta():
+    x = torch.randn(8, 8)
+    (region,) = th_regions(thunder.last_traces(_traced(exact_chain, x))[-1])
+
+    class NoMeta:
+        name = "nometa"
+
+        def fuse(self, fused, counter):
+            sym = Symbol(f"NoMeta{counter}", meta=None, is_fusion=True, executor=None)
+            outs = [o.proxy for o in fused.outputs]
+            return BoundSymbol(sym, [i.proxy for i in fused.inputs], {}, outs, fused.bound_symbols)
+
+    bsym = th.fuse_with(NoMeta(), region.bsym, 7)
+    assert bsym.sym.name == "NoMeta7" and bsym.sym.meta is not None
+    assert bsym.sym.meta() == bsym.output
+
+
+def _traced(fn, *args):
+    jitted = jit(fn)
+    jitted(*args)
+    return jitted
+
+
+def th_regions(trace):
+    from thunder_fusion_guard.regions import find_regions
+
+    return find_regions(trace)
+
+
+# --- on CUDA: nvFuser's regions and Thunder's torch.compile executor, the pair the option is for ------------
+
+
+def jit_nv(fn, guard=None):
+    return thunder.jit(fn, transforms=[guard] if guard else [])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fn", [exact_sum, cat_pair])
+def test_an_exact_nvfuser_region_switches_to_torch_compile_with_the_same_bits(inject_timings, fn):
+    inject_timings(10.0, 12.0, other_us=4.0)
+    args = [t.detach().cuda().requires_grad_() for t in rounding_inputs(torch.bfloat16)]
+    g = guard()
+    guarded = jit_nv(fn, g)
+    got, expected = run_with_grads(guarded, args), run_with_grads(jit_nv(fn), args)
+    assert_same(got[0], expected[0])
+    assert_same(got[1], expected[1])
+    switched = [d for d in g.report if d.action == "switch"]
+    assert switched and all(d.executor == "nvfuser" for d in switched)
+    assert "torchcompile" in {r.executor for r in regions(guarded)}
+
+
+@pytest.mark.cuda
+@pytest.mark.real_timings
+def test_real_timings_on_cuda_keep_the_bits_whatever_they_say(tmp_path, monkeypatch):
+    """Timed for real: whichever executor wins, the outputs are unguarded Thunder's and the times recorded."""
+    monkeypatch.setenv("TFG_CACHE_DIR", str(tmp_path))
+    args = [t.detach().cuda() for t in rounding_inputs(torch.bfloat16)]
+    g = guard()
+    assert torch.equal(jit_nv(cat_pair, g)(*args), jit_nv(cat_pair)(*args))
+    (d,) = region_decisions(g)
+    assert d.action in ("keep", "reject", "switch") and d.details["decided_by"] == "measured"
+    assert d.details["measured_other_executor"] == "torchcompile" and d.details["measured_other_us"] > 0
