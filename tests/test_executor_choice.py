@@ -87,6 +87,20 @@ def test_an_exact_region_switches_when_the_other_executor_is_faster(inject_timin
     assert now.executor == "torchcompile" and now.name == d.details["switched_to"]
 
 
+def test_the_dataflow_picture_shows_the_switched_region_with_its_decision(inject_timings):
+    from thunder_fusion_guard.examine.dataflow import trace_graphs
+
+    inject_timings(10.0, 12.0, other_us=4.0)
+    g = guard()
+    guarded = jit(exact_sum, g)
+    guarded(*(t.detach() for t in rounding_inputs(torch.float32)))
+    (d,) = region_decisions(g)
+    (pair,) = [p for p in trace_graphs(guarded) if p.trace == "forward"]
+    before = {n.id: n.action for n in pair.before.nodes if n.kind == "region"}
+    after = {n.id: n.action for n in pair.after.nodes if n.kind == "region"}
+    assert before == {d.region: "switch"} and after == {d.details["switched_to"]: "switch"}
+
+
 def test_no_switch_when_the_other_executor_does_not_beat_the_choice_by_the_margin(inject_timings):
     # 3% faster: inside the margin (on CPU the timing's spread, at least 5%; README "Measured decisions")
     inject_timings(10.0, 12.0, other_us=9.7)

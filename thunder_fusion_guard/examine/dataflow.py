@@ -247,7 +247,9 @@ def _annotate(graph: TraceGraph, decisions: Sequence[Decision], stage: str) -> N
     by_output = {o: n for n in graph.nodes if n.kind in ("op", "view") for o in n.outputs}
     for d in decisions:
         if d.about_region:
-            node = regions.get(d.region)
+            # a switched region runs in the final trace under the name its new executor gave it
+            name = d.details.get("switched_to", d.region) if stage == "after" and d.applied else d.region
+            node = regions.get(name)
             if node is not None and node.action is None:
                 node.action, node.reason = d.action, d.reason
                 node.kernels = d.details.get("kernels", node.kernels)
