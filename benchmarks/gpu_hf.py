@@ -1,5 +1,6 @@
-"""Hugging Face transformers models through ThunderFX on a GPU: eager, ThunderFX, guarded ThunderFX and
-torch.compile, one training step each (``model(ids, labels=ids).loss.backward()``), A/B interleaved.
+"""Hugging Face transformers models through ThunderFX on a GPU: eager, ThunderFX, guarded ThunderFX, guarded
+ThunderFX with ``choose_backends`` and torch.compile, one training step each
+(``model(ids, labels=ids).loss.backward()``), A/B interleaved.
 
     source .gpu/setup.sh && python3 benchmarks/gpu_hf.py --models llama qwen2 phi --out $OUT
 
@@ -8,8 +9,8 @@ Models are built from their configs with the real widths, 2 layers, bf16, random
 The guarded variant's loss and gradients are compared
 bitwise with unguarded ThunderFX's (same weights, same inputs), and both with eager's by the largest difference.
 Per variant: first call (trace and compile) seconds, then median and quartiles of ``--rounds`` interleaved
-steps. Writes ``<out>/hf-thunderfx.json`` and ``.md``; the table is printed last. ``--device cpu`` with tiny
-widths is a smoke run.
+steps. Writes ``<out>/<tag>.json`` and ``.md`` (``--tag``, default hf-thunderfx); the table is printed last.
+``--device cpu`` with tiny widths is a smoke run.
 """
 
 from __future__ import annotations
@@ -76,7 +77,9 @@ TINY_BY_NAME = {
     "gpt_neox": dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, vocab_size=256),
     "phi": dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4, vocab_size=256),
 }
-VARIANTS = ("eager", "thunderfx", "guarded", "inductor")
+# guarded+choice: guarded ThunderFX, then choose_backends (each Thunder subgraph by Thunder, Inductor or eager,
+# whichever times fastest; the opt-in where other bits are allowed), within its first call
+VARIANTS = ("eager", "thunderfx", "guarded", "guarded+choice", "inductor")
 
 
 def build(name: str, device: str, tokens: int, attn: str = "sdpa") -> tuple[Any, Any]:
@@ -110,7 +113,7 @@ def compile_variant(model: Any, variant: str) -> tuple[Any, Any]:
 
     from thunder_fusion_guard import FusionGuard
 
-    guard = FusionGuard() if variant == "guarded" else None
+    guard = FusionGuard() if variant.startswith("guarded") else None
     return thunderfx(model, transforms=[guard] if guard else []), guard
 
 
@@ -124,7 +127,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     out: dict[str, Any] = {"model": name, "variants": {}}
     steps, results = {}, {}
-    for variant in VARIANTS:
+    for variant in args.variants:
         fn, guard = compile_variant(model, variant)
 
         def step(fn=fn, keep: bool = False) -> Any:
@@ -140,6 +143,10 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         start = time.perf_counter()
         try:
             step()
+            if variant == "guarded+choice":
+                from thunder_fusion_guard import choose_backends
+
+                choices = choose_backends(fn, ids, labels=ids, guard=guard)
             sync()
             first = time.perf_counter() - start
             step()
@@ -157,10 +164,12 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
             )
         out["variants"][variant] = {"first_call_s": round(first, 2)}
         print(f"[{name}] {variant}: first call {first:.1f} s", file=sys.stderr, flush=True)
-        if variant in ("thunderfx", "guarded"):
+        if variant in ("thunderfx", "guarded", "guarded+choice"):
             from thunder_fusion_guard._thunder import thunderfx_subgraphs
 
             out["variants"][variant]["thunder_subgraphs"] = len(thunderfx_subgraphs(fn))
+        if variant == "guarded+choice":
+            out["variants"][variant]["backend_choices"] = [c.line() for c in choices]
         if guard is not None:
             actions: dict[str, int] = {}
             for d in guard.report:
@@ -182,7 +191,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         same = all(torch.equal(a, b) for a, b in zip(results["guarded"], results["thunderfx"], strict=True))
         out["guarded_bitwise_equal_thunderfx"] = same
     if "eager" in results:
-        for variant in ("thunderfx", "guarded", "inductor"):
+        for variant in ("thunderfx", "guarded", "guarded+choice", "inductor"):
             if variant in results:
                 diff = max(
                     (a.float() - b.float()).abs().max().item()
@@ -197,12 +206,12 @@ def markdown(doc: dict[str, Any]) -> str:
         f"HF transformers through ThunderFX, {doc['gpu']}, 2 layers, batch 1, {doc['tokens']} tokens, training step "
         f"(loss.backward()), median ms of {doc['rounds']} interleaved rounds (first call s)",
         "",
-        "| model | " + " | ".join(VARIANTS) + " | guarded bitwise = ThunderFX | ThunderFX bitwise = itself |",
-        "| --- |" + " --- |" * (len(VARIANTS) + 2),
+        "| model | " + " | ".join(doc["variants"]) + " | guarded bitwise = ThunderFX | ThunderFX bitwise = itself |",
+        "| --- |" + " --- |" * (len(doc["variants"]) + 2),
     ]
     for m in doc["models"]:
         cells = []
-        for v in VARIANTS:
+        for v in doc["variants"]:
             r = m["variants"].get(v, {})
             cells.append(
                 f"failed: {r['error'][:60]}"
@@ -225,7 +234,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--attn", choices=("sdpa", "eager"), default="sdpa", help="transformers' attention implementation")
     p.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/results/gpu")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: %(default)s")
+    p.add_argument("--tag", default="hf-thunderfx", help="file names: <out>/<tag>.json and .md")
     args = p.parse_args(argv)
+    args.variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        p.error(f"--variants: unknown {unknown}; allowed: {', '.join(VARIANTS)}")
     import torch
 
     if args.device == "cpu":
@@ -239,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpu": gpu,
         "tokens": args.tokens,
         "rounds": args.rounds,
+        "variants": args.variants,
         "torch": torch.__version__,
         "models": [],
     }
@@ -250,8 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:
             doc["models"].append({"model": name, "variants": {}, "error": f"{type(e).__name__}: {e}"})
             print(f"[{name}] failed: {e}", file=sys.stderr, flush=True)
-        (out / "hf-thunderfx.json").write_text(json.dumps(doc, indent=1))
-        (out / "hf-thunderfx.md").write_text(markdown(doc) + "\n")
+        (out / f"{args.tag}.json").write_text(json.dumps(doc, indent=1))
+        (out / f"{args.tag}.md").write_text(markdown(doc) + "\n")
         if args.device == "cuda":
             torch.cuda.empty_cache()
     print(markdown(doc))

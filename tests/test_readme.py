@@ -21,6 +21,7 @@ EXPECTED = {
     "class BandedScores": ("FusionGuard:", "hoist", "x faster"),
     "print(profile)": ("profile of",),
     "thunderfx(Scores()": ("subgraph 0",),
+    "choose_backends(compiled, x, w": ("dynamo graph 0, thunder_0: ", "dynamo graph 1, thunder_0: "),
     "report.html": ("wrote report.html and decisions.html",),
 }
 

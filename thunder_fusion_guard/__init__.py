@@ -21,6 +21,7 @@ _EXPORTS = {
     "RegionProfile": ".examine.profile",
     "RankMismatch": ".transform",
     "Report": ".report",
+    "choose_backends": ".measure.backends",
     "collect_segments": ".examine.segments",
     "explain": ".examine.explain",
     "fusion_executors": "._thunder",
@@ -39,6 +40,7 @@ __all__ = [
     "RegionKernels",
     "RegionProfile",
     "Report",
+    "choose_backends",
     "collect_segments",
     "explain",
     "fusion_executors",
@@ -71,6 +73,7 @@ if TYPE_CHECKING:
     from .examine.explain import explain
     from .examine.profile import RegionProfile, profile_regions
     from .examine.segments import RegionKernels, collect_segments
+    from .measure.backends import choose_backends
     from .passes import CommunicationChanged, FusionGuardError, guard_trace
     from .report import Report
     from .transform import FusionGuard, RankMismatch

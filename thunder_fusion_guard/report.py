@@ -32,7 +32,8 @@ class Report:
     ``from_cache``, ...), ``calibrations`` each calibration run while compiling. In a distributed run
     decisions name their rank, and ``warnings`` says where ranks decided differently (see ``FusionGuard.check_ranks``).
     ``recompiles`` says, per function name, why Thunder compiled a ``thunder.jit`` function again (filled by
-    ``explain``; a ThunderFX subgraph's are in its :class:`Subgraph`).
+    ``explain``; a ThunderFX subgraph's are in its :class:`Subgraph`). ``backend_choices`` holds what
+    ``choose_backends`` chose for each ThunderFX subgraph (``BackendChoice.to_dict()``).
     """
 
     def __init__(self) -> None:
@@ -44,6 +45,7 @@ class Report:
         self.executors: list[tuple[str, bool]] = []
         self.warnings: list[str] = []
         self.recompiles: dict[str, list[str]] = {}
+        self.backend_choices: list[dict[str, Any]] = []
 
     def saw_trace(self, executors: list[tuple[str, bool]]) -> None:
         """Count one trace handed to the guard, compiled with ``executors`` ((name, is fusion) pairs)."""
@@ -110,6 +112,8 @@ class Report:
             data["warnings"] = list(self.warnings)
         if self.recompiles:
             data["recompiles"] = {k: list(v) for k, v in self.recompiles.items()}
+        if self.backend_choices:
+            data["backend_choices"] = [dict(c) for c in self.backend_choices]
         return data
 
     def to_json(self, **kwargs: Any) -> str:
@@ -139,6 +143,9 @@ class Report:
             )
         for c in self.calibrations:
             text += f"\ncalibration of {c['executor']} on {c['device']}: {c['result']}"
+        for c in self.backend_choices:
+            failed = "".join(f"; {name} failed: {problem}" for name, problem in c.get("problems", {}).items())
+            text += f"\nbackend of {c['subgraph']}: {c['chosen']}: {c['reason']}{failed}"
         text += "".join(f"\nwarning: {w}" for w in self.warnings)
         return text if notice is None else f"{text}\n{notice}"
 

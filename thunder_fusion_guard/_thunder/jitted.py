@@ -35,6 +35,7 @@ __all__ = [
     "recompile_reasons",
     "recording_fusion_calls",
     "region_callable",
+    "replace_subgraph",
     "thunderfx_function_name",
     "thunderfx_subgraphs",
     "thunderfx_transforms",
@@ -130,6 +131,7 @@ class FxSubgraph:
     module: torch.fx.GraphModule
     jitted: Any
     split_reasons: tuple[str, ...] = ()
+    owner: Any = None  # the split GraphModule that calls it, as its attribute ``name``
 
     @property
     def label(self) -> str:
@@ -153,8 +155,13 @@ def thunderfx_subgraphs(obj: Any) -> list[FxSubgraph]:
         compiled = list(info.thunder_compiled_fns or ())
         for name, child in info.split_graph_module.named_children():
             if any(child is fn for fn in compiled):
-                found.append(FxSubgraph(index, name, compiled_module(child), child, reasons))
+                found.append(FxSubgraph(index, name, compiled_module(child), child, reasons, info.split_graph_module))
     return found
+
+
+def replace_subgraph(sub: FxSubgraph, runner: torch.nn.Module) -> None:
+    """From the next call on, the split GraphModule that called ``sub``'s Thunder program calls ``runner``."""
+    setattr(sub.owner, sub.name, runner)
 
 
 # What the prologue's cache checks test, by the name Thunder gives the checked value.

@@ -1,0 +1,181 @@
+"""choose_backends: each ThunderFX subgraph run by the backend that times fastest (Thunder, Inductor, eager).
+
+Timings are injected (``interleaved_us`` replaced): no verdict depends on the clock. Outputs stay Thunder's
+bit for bit where Thunder is kept, and close to eager where another backend is chosen.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from thunder.dynamo import thunderfx
+
+import thunder_fusion_guard.measure.backends as backends
+from thunder_fusion_guard import FusionGuard, choose_backends, fusion_executors
+
+
+def two_pieces(x, w):
+    y = torch.nn.functional.gelu(x @ w) * 2.0
+    torch._dynamo.graph_break()
+    return (y.sin() + 1.0).sum()
+
+
+def inputs():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(16, 16, generator=g).requires_grad_(), torch.randn(16, 16, generator=g).requires_grad_()
+
+
+def compiled(guard=None):
+    return thunderfx(two_pieces, executors=fusion_executors("cpu"), transforms=[guard] if guard else [])
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Every test compiles two_pieces afresh: Dynamo's per-function recompile limit would otherwise run it eagerly."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def timings(monkeypatch):
+    """``timings(thunder=..., inductor=..., eager=...)``: the median µs each backend is timed at."""
+    calls: list[int] = []
+
+    def set_times(**us: float) -> list[int]:
+        def interleaved_us(fns, args, **kwargs):
+            calls.append(len(fns))
+            order = [n for n in backends.BACKENDS if n in us][: len(fns)]
+            return [[us[n]] * 5 for n in order]
+
+        monkeypatch.setattr(backends, "interleaved_us", interleaved_us)
+        return calls
+
+    return set_times
+
+
+def run(fn, args):
+    args = [a.detach().clone().requires_grad_() for a in args]
+    out = fn(*args)
+    out.backward()
+    return out.detach(), [a.grad for a in args]
+
+
+def runners(fx):
+    """The type of what each split GraphModule calls for its Thunder piece."""
+    return {type(info.split_graph_module.thunder_0).__name__ for info in fx._backend.subgraph_infos}
+
+
+def test_a_faster_backend_takes_the_subgraph_and_the_report_says_so(timings):
+    timings(thunder=100.0, inductor=40.0, eager=60.0)
+    g = FusionGuard()
+    fx = compiled(g)
+    choices = choose_backends(fx, *inputs(), guard=g)
+    assert [c.chosen for c in choices] == ["inductor", "inductor"]
+    assert all(c.backward and c.times_us == {"thunder": 100.0, "inductor": 40.0, "eager": 60.0} for c in choices)
+    assert choices[0].reason.startswith("inductor is faster by 60% (forward and backward: thunder 100.0 µs")
+    assert runners(fx) == {"_Chosen"}
+    out, grads = run(fx, inputs())
+    expected, expected_grads = run(two_pieces, inputs())
+    torch.testing.assert_close(out, expected)
+    for got, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got, want)
+    assert [c["chosen"] for c in g.report.to_dict()["backend_choices"]] == ["inductor", "inductor"]
+    assert "backend of dynamo graph 0, thunder_0: inductor: inductor is faster by 60%" in str(g.report)
+
+
+def test_eager_can_be_chosen(timings):
+    timings(thunder=100.0, inductor=80.0, eager=30.0)
+    fx = compiled()
+    assert [c.chosen for c in choose_backends(fx, *inputs())] == ["eager", "eager"]
+    assert runners(fx) == {"_Chosen"}
+    torch.testing.assert_close(run(fx, inputs())[0], run(two_pieces, inputs())[0])
+
+
+@pytest.mark.parametrize("faster", [100.0, 95.0])  # Thunder fastest; another faster, but inside the 10% margin
+def test_thunder_is_kept_with_its_bits_unless_another_beats_it_by_the_margin(timings, faster):
+    timings(thunder=100.0, inductor=faster + 1.0, eager=faster)
+    before = run(compiled(), inputs())
+    fx = compiled()
+    choices = choose_backends(fx, *inputs())
+    assert [c.chosen for c in choices] == ["thunder", "thunder"]
+    assert all(c.reason.startswith("kept on Thunder") for c in choices)
+    assert runners(fx) == {"ThunderModule"}
+    after = run(fx, inputs())
+    assert torch.equal(after[0], before[0]) and all(map(torch.equal, after[1], before[1]))
+
+
+def test_a_backend_that_fails_is_named_and_left_out(timings, monkeypatch):
+    calls = timings(thunder=100.0, eager=50.0)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no inductor today")
+
+    monkeypatch.setattr(torch._inductor, "compile", broken)
+    choices = choose_backends(compiled(), *inputs())
+    assert [c.chosen for c in choices] == ["eager", "eager"]
+    assert choices[0].problems == {"inductor": "RuntimeError: no inductor today"}
+    assert calls == [2, 2]
+
+
+def test_only_the_backends_asked_for_are_timed_and_chosen_subgraphs_stay_chosen(timings):
+    calls = timings(thunder=100.0, eager=10.0)
+    fx = compiled()
+    assert [c.chosen for c in choose_backends(fx, *inputs(), backends=("thunder", "eager"))] == ["eager", "eager"]
+    assert calls == [2, 2]
+    assert choose_backends(fx, *inputs()) == []
+
+
+def test_a_forward_only_call_is_timed_forward_only(timings):
+    timings(thunder=100.0, inductor=50.0, eager=70.0)
+    x, w = (t.detach() for t in inputs())
+    choices = choose_backends(compiled(), x, w)
+    assert choices and not any(c.backward for c in choices)
+    assert "(forward: thunder 100.0 µs" in choices[0].reason
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "text"),
+    [
+        ({"backends": ("inductor",)}, ValueError, "option 'backends' must name 'thunder'"),
+        ({"backends": ("thunder", "tvm")}, ValueError, "option 'backends'"),
+        ({"margin": 1.5}, ValueError, "option 'margin' must be a number in [0, 1)"),
+        ({"rounds": 0}, ValueError, "option 'rounds' must be a whole number >= 1"),
+    ],
+)
+def test_bad_options_are_named(kwargs, error, text):
+    with pytest.raises(error) as e:
+        choose_backends(compiled(), *inputs(), **kwargs)
+    assert text in str(e.value)
+
+
+def test_not_a_thunderfx_object_is_a_type_error():
+    with pytest.raises(TypeError, match="choose_backends: function is not a thunderfx"):
+        choose_backends(two_pieces, *inputs())
+
+
+def test_inputs_are_copied_with_their_strides():
+    base = torch.randn(4, 6)
+    view = base[:, 1:5].t()
+    copied = backends._copy(view)
+    assert copied.stride() == view.stride() and torch.equal(copied, view) and copied.data_ptr() != view.data_ptr()
+
+
+def test_a_chosen_backend_failing_on_a_later_call_hands_the_subgraph_back_to_thunder(timings):
+    timings(thunder=100.0, inductor=80.0, eager=30.0)
+    g = FusionGuard()
+    fx = compiled(g)
+    choices = choose_backends(fx, *inputs(), guard=g)
+    first = next(info.split_graph_module.thunder_0 for info in fx._backend.subgraph_infos)
+
+    class Broken(torch.nn.Module):
+        def forward(self, *args):
+            raise RuntimeError("stride mismatch")
+
+    first.backend = Broken()
+    with pytest.warns(RuntimeWarning, match="eager failed on dynamo graph 0, thunder_0 .*runs on Thunder from now on"):
+        out = run(fx, inputs())
+    torch.testing.assert_close(out[0], run(two_pieces, inputs())[0])
+    assert choices[0].problems == {"eager": "failed on a call, back on Thunder: RuntimeError: stride mismatch"}
+    assert "eager failed: failed on a call, back on Thunder: RuntimeError: stride mismatch" in str(g.report)
+    assert runners(fx) == {"ThunderModule", "_Chosen"}

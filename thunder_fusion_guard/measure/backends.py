@@ -1,0 +1,225 @@
+"""Which backend runs each ThunderFX subgraph, chosen by measurement: Thunder (with its transforms, the guard
+among them), Inductor, or eager PyTorch.
+
+ThunderFX hands every piece of a Dynamo graph that Thunder supports to Thunder. A piece can gain nothing from
+it: Thunder's per-call host path may cost more than its fusions save, most of all where graph breaks cut a
+model into many small pieces. :func:`choose_backends` times each Thunder subgraph, forward and backward, on
+copies of the inputs of one real call, against the same fx graph compiled by Inductor (as ThunderFX compiles
+the pieces Thunder does not support) and run eagerly, interleaved, and hands it to the fastest when that
+beats Thunder by ``margin``. Only end-to-end times decide (lightning-thunder #1968: per-graph kernel times
+disagreed with the step). Thunder 0.2.6's ``thunder.dynamo.thunder_optimize`` makes this choice per whole
+Dynamo graph, and without the program's own Thunder options; this makes it per split subgraph.
+
+Inductor and eager compute with other bits than Thunder (within the dtype's tolerance), so nothing here runs
+by default: a program calls :func:`choose_backends` itself, after a first call or with its inputs.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from statistics import median
+from typing import Any
+
+import torch
+
+from .. import _thunder as th
+from .timing import interleaved_us
+
+BACKENDS = ("thunder", "inductor", "eager")
+WARMUP = 2
+
+
+@dataclass
+class BackendChoice:
+    """The backend chosen for one ThunderFX subgraph, the median µs of a forward (and backward) of each
+    backend timed, and why; ``problems`` names a backend that could not run it."""
+
+    subgraph: str
+    chosen: str
+    reason: str
+    times_us: dict[str, float] = field(default_factory=dict)
+    problems: dict[str, str] = field(default_factory=dict)
+    backward: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        failed = "".join(f"; {name} failed: {problem}" for name, problem in self.problems.items())
+        return f"{self.subgraph}: {self.chosen}: {self.reason}{failed}"
+
+
+def choose_backends(
+    compiled: Any,
+    *args: Any,
+    backends: Iterable[str] = BACKENDS,
+    margin: float = 0.1,
+    rounds: int = 10,
+    guard: Any = None,
+    **kwargs: Any,
+) -> list[BackendChoice]:
+    """Time every Thunder subgraph of the ThunderFX object ``compiled`` under each of ``backends`` on the
+    inputs it receives from ``compiled(*args, **kwargs)``, and run each from now on by the fastest, where
+    that beats Thunder by ``margin``. A subgraph a backend was chosen for before is left as it is.
+
+    ``guard`` (a ``FusionGuard`` in ``compiled``'s transforms) gets the choices in ``report.backend_choices``.
+    Returns one :class:`BackendChoice` per subgraph timed.
+    """
+    if not th.is_thunderfx(compiled):
+        raise TypeError(f"choose_backends: {type(compiled).__name__} is not a thunderfx(...) object")
+    backends = _checked_backends(backends)
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
+        raise ValueError(f"choose_backends option 'margin' must be a number in [0, 1), got {margin!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"choose_backends option 'rounds' must be a whole number >= 1, got {rounds!r}")
+    if not _still_thunder(th.thunderfx_subgraphs(compiled)):
+        compiled(*args, **kwargs)  # compiles
+    subs = _still_thunder(th.thunderfx_subgraphs(compiled))
+    inputs = _record_inputs(compiled, subs, args, kwargs)
+    choices = [_choose(sub, inputs[sub.label], backends, margin, rounds) for sub in subs if sub.label in inputs]
+    if guard is not None:  # sharing each choice's problems: a later failure on a call shows in the report too
+        guard.report.backend_choices += [{**c.to_dict(), "problems": c.problems} for c in choices]
+    return choices
+
+
+def _checked_backends(backends: Iterable[str]) -> tuple[str, ...]:
+    chosen = (backends,) if isinstance(backends, str) else tuple(backends)
+    if "thunder" not in chosen or any(b not in BACKENDS for b in chosen):
+        raise ValueError(
+            f"choose_backends option 'backends' must name 'thunder' and any of {list(BACKENDS[1:])}, got {backends!r}"
+        )
+    return chosen
+
+
+def _still_thunder(subs: Sequence[th.FxSubgraph]) -> list[th.FxSubgraph]:
+    return [s for s in subs if s.owner is not None and getattr(s.owner, s.name, None) is s.jitted]
+
+
+class _Runner(torch.nn.Module):
+    """What a split GraphModule calls instead of a Thunder subgraph: a function, as a module."""
+
+    def __init__(self, fn: Any) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+class _Chosen(torch.nn.Module):
+    """The backend chosen for a subgraph; should it ever fail on a call, the subgraph goes back to Thunder for
+    good (a warning and ``choice.problems`` say so), so that the choice never breaks the program."""
+
+    def __init__(self, backend: Any, sub: th.FxSubgraph, choice: BackendChoice) -> None:
+        super().__init__()
+        self.backend, self.thunder = backend, sub.jitted
+        self._sub, self._choice = sub, choice
+
+    def forward(self, *args: Any) -> Any:
+        try:
+            return self.backend(*args)
+        except Exception as e:
+            problem = f"{type(e).__name__}: {str(e).strip()[:200]}"
+            self._choice.problems[self._choice.chosen] = f"failed on a call, back on Thunder: {problem}"
+            warnings.warn(
+                f"choose_backends: {self._choice.chosen} failed on {self._sub.label} ({problem}); it runs on Thunder "
+                "from now on",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            th.replace_subgraph(self._sub, self.thunder)
+            return self.thunder(*args)
+
+
+def _record_inputs(compiled: Any, subs: Sequence[th.FxSubgraph], args: tuple, kwargs: dict) -> dict[str, list[Any]]:
+    """Copies of the inputs each subgraph receives in one call of ``compiled`` (tensors detached, each keeping
+    whether it requires grad, so that timing a backward touches no real ``.grad``)."""
+    seen: dict[str, list[Any]] = {}
+
+    def recorder(sub: th.FxSubgraph) -> _Runner:
+        def record(*a: Any) -> Any:
+            seen.setdefault(sub.label, [_copy(x) for x in a])
+            return sub.jitted(*a)
+
+        return _Runner(record)
+
+    try:
+        for sub in subs:
+            th.replace_subgraph(sub, recorder(sub))
+        compiled(*args, **kwargs)
+    finally:
+        for sub in subs:
+            th.replace_subgraph(sub, sub.jitted)
+    return seen
+
+
+def _copy(x: Any) -> Any:
+    """A copy with the same sizes and strides (Inductor compiles for the strides it is shown, and checks them)."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    copied = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device).copy_(x.detach())
+    return copied.requires_grad_(x.requires_grad)
+
+
+def _choose(
+    sub: th.FxSubgraph, inputs: list[Any], backends: tuple[str, ...], margin: float, rounds: int
+) -> BackendChoice:
+    leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    runners: dict[str, Any] = {}
+    problems: dict[str, str] = {}
+    for name in backends:
+        try:
+            runner = _build(name, sub, inputs)
+            _step(runner, inputs, leaves)()
+            runners[name] = runner
+        except Exception as e:
+            problems[name] = f"{type(e).__name__}: {str(e).strip()[:200]}"
+    choice = BackendChoice(sub.label, "thunder", "", problems=problems, backward=bool(leaves))
+    if "thunder" not in runners:
+        choice.reason = "kept on Thunder: it failed when run alone, so it was not timed"
+        return choice
+    names = list(runners)
+    samples = interleaved_us([_step(runners[n], inputs, leaves) for n in names], (), reps=rounds, warmup=WARMUP)
+    choice.times_us = {n: round(median(s), 3) for n, s in zip(names, samples, strict=True)}
+    best = min(choice.times_us, key=choice.times_us.__getitem__)
+    thunder_us, best_us = choice.times_us["thunder"], choice.times_us[best]
+    timed = ", ".join(f"{n} {us:.1f} µs" for n, us in choice.times_us.items())
+    what = "forward and backward" if leaves else "forward"
+    if best != "thunder" and best_us < thunder_us * (1 - margin):
+        choice.chosen = best
+        choice.reason = f"{best} is faster by {1 - best_us / thunder_us:.0%} ({what}: {timed}; margin {margin:.0%})"
+        th.replace_subgraph(sub, _Chosen(runners[best], sub, choice))
+    else:
+        choice.reason = f"kept on Thunder ({what}: {timed}; another backend must be faster by {margin:.0%})"
+    return choice
+
+
+def _build(name: str, sub: th.FxSubgraph, inputs: list[Any]) -> Any:
+    if name == "thunder":
+        return sub.jitted
+    # a copy of the graph: Inductor's passes may rewrite the one it is given, and Thunder may trace it again
+    module = torch.fx.GraphModule(sub.module, copy.deepcopy(sub.module.graph))
+    if name == "eager":
+        return module
+    return torch._inductor.compile(module, inputs)
+
+
+def _step(fn: Any, inputs: list[Any], leaves: list[torch.Tensor]) -> Any:
+    """One forward of ``fn`` and, where inputs require grad, the backward of its outputs' sum."""
+
+    def step() -> None:
+        out = fn(*inputs)
+        outs = [o for o in _flat(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+        if outs and leaves:
+            torch.autograd.grad(outs, leaves, [torch.ones_like(o) for o in outs], allow_unused=True)
+
+    return step
+
+
+def _flat(out: Any) -> list[Any]:
+    if isinstance(out, (tuple, list)):
+        return [x for o in out for x in _flat(o)]
+    return [out]
