@@ -179,3 +179,23 @@ def test_a_chosen_backend_failing_on_a_later_call_hands_the_subgraph_back_to_thu
     assert choices[0].problems == {"eager": "failed on a call, back on Thunder: RuntimeError: stride mismatch"}
     assert "eager failed: failed on a call, back on Thunder: RuntimeError: stride mismatch" in str(g.report)
     assert runners(fx) == {"ThunderModule", "_Chosen"}
+
+
+def test_each_subgraph_is_timed_on_inputs_made_after_the_choices_before_it(timings, monkeypatch):
+    """A backend chosen for one subgraph may hand the next its tensors in other strides: the next is recorded
+    on a call made after that choice (each piece's runner as the recording call saw it)."""
+    timings(thunder=100.0, inductor=80.0, eager=30.0)
+    fx = compiled()
+    seen = []
+    record = backends._record_inputs
+
+    def spy(compiled_, subs, args, kwargs):
+        seen.append((subs[0].label, [type(i.split_graph_module.thunder_0).__name__ for i in fx._backend.subgraph_infos]))
+        return record(compiled_, subs, args, kwargs)
+
+    monkeypatch.setattr(backends, "_record_inputs", spy)
+    choose_backends(fx, *inputs())
+    assert seen == [
+        ("dynamo graph 0, thunder_0", ["ThunderModule", "ThunderModule"]),
+        ("dynamo graph 1, thunder_0", ["_Chosen", "ThunderModule"]),
+    ]

@@ -62,8 +62,9 @@ def choose_backends(
     **kwargs: Any,
 ) -> list[BackendChoice]:
     """Time every Thunder subgraph of the ThunderFX object ``compiled`` under each of ``backends`` on the
-    inputs it receives from ``compiled(*args, **kwargs)``, and run each from now on by the fastest, where
-    that beats Thunder by ``margin``. A subgraph a backend was chosen for before is left as it is.
+    inputs it receives from ``compiled(*args, **kwargs)`` (one call per subgraph), and run each from now on by
+    the fastest, where that beats Thunder by ``margin``. A subgraph a backend was chosen for before is left as
+    it is; none is timed where ThunderFX compiled no Thunder subgraph.
 
     ``guard`` (a ``FusionGuard`` in ``compiled``'s transforms) gets the choices in ``report.backend_choices``.
     Returns one :class:`BackendChoice` per subgraph timed.
@@ -77,9 +78,13 @@ def choose_backends(
         raise ValueError(f"choose_backends option 'rounds' must be a whole number >= 1, got {rounds!r}")
     if not _still_thunder(th.thunderfx_subgraphs(compiled)):
         compiled(*args, **kwargs)  # compiles
-    subs = _still_thunder(th.thunderfx_subgraphs(compiled))
-    inputs = _record_inputs(compiled, subs, args, kwargs)
-    choices = [_choose(sub, inputs[sub.label], backends, margin, rounds) for sub in subs if sub.label in inputs]
+    choices = []
+    # One at a time, in the order they were made, each on the inputs of a call made after the choices before it:
+    # the backend chosen for one subgraph can hand the next its tensors in other strides, which Inductor checks.
+    for sub in _still_thunder(th.thunderfx_subgraphs(compiled)):
+        inputs = _record_inputs(compiled, [sub], args, kwargs)
+        if sub.label in inputs:
+            choices.append(_choose(sub, inputs[sub.label], backends, margin, rounds))
     if guard is not None:  # sharing each choice's problems: a later failure on a call shows in the report too
         guard.report.backend_choices += [{**c.to_dict(), "problems": c.problems} for c in choices]
     return choices
