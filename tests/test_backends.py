@@ -190,7 +190,8 @@ def test_each_subgraph_is_timed_on_inputs_made_after_the_choices_before_it(timin
     record = backends._record_inputs
 
     def spy(compiled_, subs, args, kwargs):
-        seen.append((subs[0].label, [type(i.split_graph_module.thunder_0).__name__ for i in fx._backend.subgraph_infos]))
+        pieces = [type(i.split_graph_module.thunder_0).__name__ for i in fx._backend.subgraph_infos]
+        seen.append((subs[0].label, pieces))
         return record(compiled_, subs, args, kwargs)
 
     monkeypatch.setattr(backends, "_record_inputs", spy)
