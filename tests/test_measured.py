@@ -457,6 +457,37 @@ def test_summary_counts():
     assert "decisions" in bench_decisions.format_summary(s, "cpu")
 
 
+def test_executor_choice_verdicts_and_summary():
+    assert bench_decisions.choice_verdict_of(True, "other") == "right"
+    assert bench_decisions.choice_verdict_of(True, "own") == "wrong switch"
+    assert bench_decisions.choice_verdict_of(False, "other") == "wrong stay"
+    assert bench_decisions.choice_verdict_of(False, "own") == "right"
+    assert bench_decisions.choice_verdict_of(False, "noise") == "within noise"
+
+    def row(action, choice_truth, timed_by_guard=True):
+        r = bench_decisions.Row("ops", "p", "tune", "forward", "R", ["add"], action, "measured", "keep")
+        r.other_executor, r.choice_truth = "torchcompile", choice_truth
+        if timed_by_guard:
+            r.choice_verdict = bench_decisions.choice_verdict_of(action == "switch", choice_truth)
+        return r
+
+    rows = [row("switch", "other"), row("keep", "own"), row("keep", "other"), row("keep", "other", False)]
+    choice = bench_decisions.summarize(rows)["executor_choice"]
+    assert choice == {
+        "right": 2,
+        "wrong switch": 0,
+        "wrong stay": 1,
+        "within noise": 0,
+        "agree_where_clear": round(2 / 3, 3),
+        "eligible": 4,
+        "eligible_not_timed_by_guard": 1,
+        "other_faster": 3,
+    }
+    text = bench_decisions.format_summary(bench_decisions.summarize(rows), "cuda")
+    assert "executor choice (regions another fusion executor could run with the same bits: 4, faster there: 3" in text
+    assert "2 right, 0 wrong switch, 1 wrong stay, 0 within noise; agree where clear 66.7%" in text
+
+
 def test_bench_decisions_quick_runs_on_cpu():
     doc = bench_decisions.run("cpu", quick=True, reps=5, region_s=0.01, log=lambda m: None)
     assert {r["program"] for r in doc["rows"]} == {"add-4KiB", "softmax-4KiB"}

@@ -208,6 +208,11 @@ class Row:
     verdict: str | None = None
     model_verdict: str | None = None
     error: str | None = None
+    # where another fusion executor can run the region without changing its bits (the guard may switch it)
+    other_executor: str | None = None
+    other_us: float | None = None
+    choice_truth: str | None = None  # 'other' (faster than fused and eager), 'own', or 'noise'
+    choice_verdict: str | None = None  # right, wrong switch, wrong stay, within noise; None: the guard did not time it
 
 
 def truth_of(fused: list[float], eager: list[float], noise: float = NOISE) -> tuple[str, float, float]:
@@ -231,15 +236,29 @@ def verdict_of(action: str | None, truth: str | None) -> str | None:
     return "right" if truth == "fusion" else "wrong keep"
 
 
+def choice_verdict_of(switched: bool, truth: str | None) -> str | None:
+    """right, wrong switch, wrong stay, or within noise, of the guard's executor choice."""
+    if truth is None:
+        return None
+    if truth == "noise":
+        return "within noise"
+    if switched:
+        return "right" if truth == "other" else "wrong switch"
+    return "right" if truth == "own" else "wrong stay"
+
+
 def measure_program(program: Program, device: str, reps: int, region_s: float) -> tuple[list[Row], dict[str, Any]]:
-    """Jit ``program`` with a default report-only guard, then time each region fused vs eager."""
+    """Jit ``program`` with a default report-only guard, then time each region fused vs eager (and, where the
+    guard could hand it to another fusion executor, fused by that executor)."""
     import thunder
 
     from .. import FusionGuard
+    from .. import _thunder as th
     from ..cost import UnknownSize, estimate
     from ..examine.calls import program_calls
     from ..measure.breakeven import region_pair
     from ..measure.timing import interleaved_us
+    from ..ops import switch_keeps_bits
 
     fn, args, backward, options = program.build(device)
     if device != "cuda":
@@ -281,16 +300,28 @@ def measure_program(program: Program, device: str, reps: int, region_s: float) -
         if replay is None:
             row.error = "region was not called"
             continue
+        other = th.alternative_fuser(call.region.bsym)
+        if other is not None and switch_keeps_bits(call.region.body):
+            row.other_executor = other.name
         try:
-            fusion, eager = region_pair(calls.traces[call.trace], call.region)
+            fns = list(region_pair(calls.traces[call.trace], call.region))
+            if row.other_executor:
+                fns.append(th.region_callable(th.fuse_with(other, call.region.bsym, 0)))
             deadline = time.perf_counter_ns() + int(region_s * 1e9)
             with torch.no_grad():
-                fused_s, eager_s = interleaved_us(
-                    [fusion, eager], replay, reps=reps, warmup=3, deadline_ns=deadline, min_reps=5
+                fused_s, eager_s, *other_s = interleaved_us(
+                    fns, replay, reps=reps, warmup=3, deadline_ns=deadline, min_reps=5
                 )
         except Exception as e:
             row.error = f"{type(e).__name__}: {str(e).strip()[:160]}"
             continue
+        if other_s:
+            row.other_us = round(statistics.median(other_s[0]), 3)
+            best = fused_s if statistics.median(fused_s) <= statistics.median(eager_s) else eager_s
+            truth, _, _ = truth_of(other_s[0], best)  # 'fusion' here: the other executor is the faster
+            row.choice_truth = {"fusion": "other", "eager": "own"}.get(truth, "noise")
+            if d is not None and "measured_other_us" in d.details:
+                row.choice_verdict = choice_verdict_of(row.action == "switch", row.choice_truth)
         row.fused_us, row.eager_us = round(statistics.median(fused_s), 3), round(statistics.median(eager_s), 3)
         row.truth, row.ratio_q1, row.ratio_q3 = truth_of(fused_s, eager_s)
         row.ratio_q1, row.ratio_q3 = round(row.ratio_q1, 3), round(row.ratio_q3, 3)
@@ -304,6 +335,7 @@ def measure_program(program: Program, device: str, reps: int, region_s: float) -
 # --- summarising ---------------------------------------------------------------------------------------
 
 VERDICTS = ("right", "wrong reject", "wrong keep", "within noise")
+CHOICE_VERDICTS = ("right", "wrong switch", "wrong stay", "within noise")
 # Decisions the guard could have made either way; the others are fixed by a rule (exactness, random ops,
 # unknown sizes) or by missing constants.
 CHOICES = ("metadata", "model", "measured")
@@ -329,6 +361,15 @@ def summarize(rows: Sequence[Row]) -> dict[str, Any]:
         return out
 
     chosen = [r for r in timed if r.decided_by in CHOICES]
+    choice_counts = Counter(r.choice_verdict for r in rows if r.choice_verdict)
+    choice_clear = sum(choice_counts[v] for v in ("right", "wrong switch", "wrong stay"))
+    executor_choice: dict[str, Any] = {v: choice_counts[v] for v in CHOICE_VERDICTS}
+    executor_choice["agree_where_clear"] = round(choice_counts["right"] / choice_clear, 3) if choice_clear else None
+    executor_choice["eligible"] = sum(1 for r in rows if r.other_executor)
+    executor_choice["eligible_not_timed_by_guard"] = sum(
+        1 for r in rows if r.other_executor and r.choice_truth and not r.choice_verdict
+    )
+    executor_choice["other_faster"] = sum(1 for r in rows if r.choice_truth == "other")
     margin_keeps = [r for r in timed if r.verdict == "wrong keep" and r.eager_us >= r.fused_us * (1 - MARGIN)]
     wrong_rejects = [r for r in timed if r.verdict == "wrong reject"]
     worst = max(((r.eager_us - r.fused_us) / r.fused_us for r in wrong_rejects), default=0.0)
@@ -347,6 +388,7 @@ def summarize(rows: Sequence[Row]) -> dict[str, Any]:
         "by_split": {s: confusion([r for r in timed if r.split == s]) for s in ("tune", "holdout")},
         "model_only": confusion([r for r in timed if r.model_verdict], "model_verdict"),
         "worst_wrong_reject": round(worst, 3),
+        "executor_choice": executor_choice,
         "estimates": {
             "with_estimates": len(ratio_rows),
             "fused_within_2x": _fraction([_within(r.est_region_us, r.fused_us) for r in timed]),
@@ -398,6 +440,16 @@ def format_summary(summary: dict[str, Any], device: str) -> str:
         f"est/measured quantiles 10/25/50/75/90%: fused {est['fused_ratio_quartiles']}, "
         f"eager {est['eager_ratio_quartiles']}",
     ]
+    choice = summary.get("executor_choice") or {}
+    if choice.get("eligible"):
+        agree = choice["agree_where_clear"]
+        lines.append(
+            f"executor choice (regions another fusion executor could run with the same bits: {choice['eligible']}, "
+            f"faster there: {choice['other_faster']}; not timed by the guard: "
+            f"{choice['eligible_not_timed_by_guard']}): "
+            + ", ".join(f"{choice[v]} {v}" for v in CHOICE_VERDICTS)
+            + f"; agree where clear {'-' if agree is None else f'{agree:.1%}'}"
+        )
     return "\n".join(lines)
 
 
