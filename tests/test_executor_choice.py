@@ -315,3 +315,30 @@ def test_real_timings_on_cuda_keep_the_bits_whatever_they_say(tmp_path, monkeypa
     (d,) = region_decisions(g)
     assert d.action in ("keep", "reject", "switch") and d.details["decided_by"] == "measured"
     assert d.details["measured_other_executor"] == "torchcompile" and d.details["measured_other_us"] > 0
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_switch_that_cannot_be_built_keeps_the_region(inject_timings, monkeypatch, strict):
+    from thunder_fusion_guard import FusionGuardError
+
+    inject_timings(10.0, 12.0, other_us=1.0)
+    fuse_with = th.fuse_with
+
+    def fails_in_the_trace(executor, fusion, counter):  # the timing's copy (number 0) builds, the trace's does not
+        if counter:
+            raise RuntimeError("no room")
+        return fuse_with(executor, fusion, counter)
+
+    monkeypatch.setattr(th, "fuse_with", fails_in_the_trace)
+    g = guard(strict=strict)
+    a, b = rounding_inputs(torch.float32)
+    if strict:
+        with pytest.raises(FusionGuardError, match="could not switch TorchCompile0 to torchcompile"):
+            jit(exact_sum, g)(a, b)
+        return
+    guarded = jit(exact_sum, g)
+    assert torch.equal(guarded(a, b), jit(exact_sum)(a, b))
+    (d,) = region_decisions(g)
+    assert d.action == "keep" and d.error == "RuntimeError: no room"
+    assert d.reason.startswith("kept as it was: fusing it with torchcompile failed (switched to torchcompile")
+    assert [r.executor for r in regions(guarded)] == [SHAPED]

@@ -128,27 +128,23 @@ def unfuse_rejected(
         if not_measured:
             decision.details["not_measured"] = not_measured
         decision.applied = verdict.action == "keep" or not options.report_only
-        if verdict.action == "switch" and not options.report_only:
+        if verdict.action in ("reject", "switch"):
+            switch = verdict.action == "switch"
             try:
-                switched = th.fuse_with(other, region.bsym, counter)
-                counter += 1
-                replacements[region.position] = [switched]
-                decision.details["switched_to"] = th.op_name(switched)
+                if switch:
+                    replacements[region.position] = [th.fuse_with(other, region.bsym, counter)]
+                    decision.details["switched_to"] = th.op_name(replacements[region.position][0])
+                    counter += 1
+                else:
+                    replacements[region.position] = lower_region(trace, region)
             except Exception as e:
+                what = f"fusing it with {other_name}" if switch else "rewriting"
                 if options.strict:
-                    raise FusionGuardError(f"could not switch {region.name} ({where.trace}): {e}") from e
+                    change = f"switch {region.name} to {other_name}" if switch else f"rewrite {region.name}"
+                    raise FusionGuardError(f"could not {change} ({where.trace}): {e}") from e
                 decision.action, decision.applied = "keep", True
                 decision.error = f"{type(e).__name__}: {e}"
-                decision.reason = f"kept as it was: fusing it with {other_name} failed ({verdict.reason})"
-        if verdict.action == "reject":
-            try:
-                replacements[region.position] = lower_region(trace, region)
-            except Exception as e:
-                if options.strict:
-                    raise FusionGuardError(f"could not rewrite {region.name} ({where.trace}): {e}") from e
-                decision.action, decision.applied = "keep", True
-                decision.error = f"{type(e).__name__}: {e}"
-                decision.reason = f"kept as it was: rewriting failed ({verdict.reason})"
+                decision.reason = f"kept as it was: {what} failed ({verdict.reason})"
         decided.append(decision)
     made.extend(decided)
     if not replacements:
