@@ -32,7 +32,7 @@ def jit(fn, guard=None):
 
 
 def guard(**options):
-    return FusionGuard(calibration=NEAR_BREAK_EVEN, **options)
+    return FusionGuard(calibration=NEAR_BREAK_EVEN, **{"choose_executor": True, **options})
 
 
 def exact_sum(a, b):
@@ -200,9 +200,9 @@ def test_a_region_kept_for_exactness_is_never_rejected_by_the_timing(inject_timi
     assert d.action == "keep" and d.details["decided_by"] == "measured" and "kept for exactness" in d.reason
 
 
-def test_choose_executor_off_times_no_other_executor(inject_timings):
+def test_by_default_no_other_executor_is_timed(inject_timings):
     calls = inject_timings(10.0, 12.0, other_us=1.0)
-    g = guard(choose_executor=False)
+    g = FusionGuard(calibration=NEAR_BREAK_EVEN)
     a, b = rounding_inputs(torch.float32)
     jit(exact_sum, g)(a, b)
     (d,) = region_decisions(g)

@@ -466,9 +466,8 @@ def test_executor_choice_verdicts_and_summary():
 
     def row(action, choice_truth, timed_by_guard=True):
         r = bench_decisions.Row("ops", "p", "tune", "forward", "R", ["add"], action, "measured", "keep")
-        r.other_executor, r.choice_truth = "torchcompile", choice_truth
-        if timed_by_guard:
-            r.choice_verdict = bench_decisions.choice_verdict_of(action == "switch", choice_truth)
+        r.other_executor, r.choice_truth, r.other_timed_by_guard = "torchcompile", choice_truth, timed_by_guard
+        r.choice_verdict = bench_decisions.choice_verdict_of(action == "switch", choice_truth)
         return r
 
     rows = [row("switch", "other"), row("keep", "own"), row("keep", "other"), row("keep", "other", False)]
@@ -476,16 +475,16 @@ def test_executor_choice_verdicts_and_summary():
     assert choice == {
         "right": 2,
         "wrong switch": 0,
-        "wrong stay": 1,
+        "wrong stay": 2,
         "within noise": 0,
-        "agree_where_clear": round(2 / 3, 3),
+        "agree_where_clear": 0.5,
         "eligible": 4,
-        "eligible_not_timed_by_guard": 1,
+        "timed_by_guard": 3,
         "other_faster": 3,
     }
     text = bench_decisions.format_summary(bench_decisions.summarize(rows), "cuda")
     assert "executor choice (regions another fusion executor could run with the same bits: 4, faster there: 3" in text
-    assert "2 right, 0 wrong switch, 1 wrong stay, 0 within noise; agree where clear 66.7%" in text
+    assert "2 right, 0 wrong switch, 2 wrong stay, 0 within noise; agree where clear 50.0%" in text
 
 
 def test_bench_decisions_quick_runs_on_cpu():

@@ -122,7 +122,7 @@ class GuardOptions:
     calibration: CostConstants | str = _option("auto", _calibration, "CostConstants | dict | str | None")
     calibration_budget_s: float = _option(5.0, _budget)
     measure_budget_s: float = _option(5.0, _seconds)
-    choose_executor: bool = _option(True, _bool)
+    choose_executor: bool = _option(False, _bool)
     fold_setitem: bool = _option(True, _bool)
     remove_identities: bool = _option(True, _bool)
     rehome: bool = _option(True, _bool)

@@ -43,9 +43,10 @@ class FusionGuard(thunder.Transform):
       ``CostConstants``/dict set by hand.
     - ``calibration_budget_s``: seconds of timing a calibration may take (its probes' compilation aside).
     - ``measure_budget_s``: seconds this guard may spend timing regions near break-even; 0: never.
-    - ``choose_executor``: where another fusion executor can run a region (Thunder's torch.compile executor
-      for nvFuser's), time it too and switch the region to it when it is faster by ``margin``; with
-      ``exact_only`` only regions whose ops every compiler computes to the same bits.
+    - ``choose_executor`` (off): where another fusion executor can run a region (Thunder's torch.compile
+      executor for nvFuser's), time it too and switch the region to it when it is faster by ``margin``; with
+      ``exact_only`` only regions whose ops every compiler computes to the same bits. Off by default: on an
+      H100 it never won, and each timing costs the first call an Inductor compile.
     - ``fold_setitem``: fold Thunder's out-of-place setitem and its ``copy_`` back into one in-place setitem.
     - ``remove_identities``: remove ops that return their input unchanged (same-shape reshape, ...).
     - ``rehome``: move metadata ops run outside a fusion into the region that alone reads them.

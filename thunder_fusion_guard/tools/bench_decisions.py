@@ -212,7 +212,8 @@ class Row:
     other_executor: str | None = None
     other_us: float | None = None
     choice_truth: str | None = None  # 'other' (faster than fused and eager), 'own', or 'noise'
-    choice_verdict: str | None = None  # right, wrong switch, wrong stay, within noise; None: the guard did not time it
+    choice_verdict: str | None = None  # right, wrong switch, wrong stay, within noise
+    other_timed_by_guard: bool = False  # the guard timed the other executor (option choose_executor)
 
 
 def truth_of(fused: list[float], eager: list[float], noise: float = NOISE) -> tuple[str, float, float]:
@@ -320,8 +321,8 @@ def measure_program(program: Program, device: str, reps: int, region_s: float) -
             best = fused_s if statistics.median(fused_s) <= statistics.median(eager_s) else eager_s
             truth, _, _ = truth_of(other_s[0], best)  # 'fusion' here: the other executor is the faster
             row.choice_truth = {"fusion": "other", "eager": "own"}.get(truth, "noise")
-            if d is not None and "measured_other_us" in d.details:
-                row.choice_verdict = choice_verdict_of(row.action == "switch", row.choice_truth)
+            row.choice_verdict = choice_verdict_of(row.action == "switch", row.choice_truth)
+            row.other_timed_by_guard = d is not None and "measured_other_us" in d.details
         row.fused_us, row.eager_us = round(statistics.median(fused_s), 3), round(statistics.median(eager_s), 3)
         row.truth, row.ratio_q1, row.ratio_q3 = truth_of(fused_s, eager_s)
         row.ratio_q1, row.ratio_q3 = round(row.ratio_q1, 3), round(row.ratio_q3, 3)
@@ -366,9 +367,7 @@ def summarize(rows: Sequence[Row]) -> dict[str, Any]:
     executor_choice: dict[str, Any] = {v: choice_counts[v] for v in CHOICE_VERDICTS}
     executor_choice["agree_where_clear"] = round(choice_counts["right"] / choice_clear, 3) if choice_clear else None
     executor_choice["eligible"] = sum(1 for r in rows if r.other_executor)
-    executor_choice["eligible_not_timed_by_guard"] = sum(
-        1 for r in rows if r.other_executor and r.choice_truth and not r.choice_verdict
-    )
+    executor_choice["timed_by_guard"] = sum(1 for r in rows if r.other_timed_by_guard)
     executor_choice["other_faster"] = sum(1 for r in rows if r.choice_truth == "other")
     margin_keeps = [r for r in timed if r.verdict == "wrong keep" and r.eager_us >= r.fused_us * (1 - MARGIN)]
     wrong_rejects = [r for r in timed if r.verdict == "wrong reject"]
@@ -445,8 +444,7 @@ def format_summary(summary: dict[str, Any], device: str) -> str:
         agree = choice["agree_where_clear"]
         lines.append(
             f"executor choice (regions another fusion executor could run with the same bits: {choice['eligible']}, "
-            f"faster there: {choice['other_faster']}; not timed by the guard: "
-            f"{choice['eligible_not_timed_by_guard']}): "
+            f"faster there: {choice['other_faster']}; timed by the guard: {choice['timed_by_guard']}): "
             + ", ".join(f"{choice[v]} {v}" for v in CHOICE_VERDICTS)
             + f"; agree where clear {'-' if agree is None else f'{agree:.1%}'}"
         )
