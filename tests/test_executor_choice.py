@@ -65,7 +65,7 @@ def region_decisions(g, trace="forward"):
     return [d for d in g.report if d.about_region and d.trace == trace]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.slow), torch.float32])
 def test_an_exact_region_switches_when_the_other_executor_is_faster(inject_timings, dtype):
     calls = inject_timings(10.0, 12.0, other_us=4.0)
     args = rounding_inputs(dtype)
