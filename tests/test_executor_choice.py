@@ -197,7 +197,8 @@ def test_a_region_kept_for_exactness_is_never_rejected_by_the_timing(inject_timi
     x, y = (t.detach() for t in rounding_inputs(torch.bfloat16))
     jit(cat_pair, g)(x, y)
     (d,) = region_decisions(g)
-    assert d.action == "keep" and d.details["decided_by"] == "measured" and "kept for exactness" in d.reason
+    assert d.action == "keep" and "kept for exactness" in d.reason
+    assert d.details["decided_by"] == "exactness" and d.details["measured_other_us"] == 9.9  # timed, kept by the rule
 
 
 def test_by_default_no_other_executor_is_timed(inject_timings):
@@ -317,21 +318,40 @@ def test_real_timings_on_cuda_keep_the_bits_whatever_they_say(tmp_path, monkeypa
     assert d.details["measured_other_executor"] == "torchcompile" and d.details["measured_other_us"] > 0
 
 
+def test_the_symbol_timed_is_the_one_switched_in(inject_timings, monkeypatch):
+    """The other executor's fusion is built once: the timing's callable is the trace's, compiled once."""
+    inject_timings(10.0, 12.0, other_us=1.0)
+    fuse_with, built = th.fuse_with, []
+
+    def counting(executor, fusion, counter):
+        built.append(fuse_with(executor, fusion, counter))
+        return built[-1]
+
+    monkeypatch.setattr(th, "fuse_with", counting)
+    g = guard()
+    a, b = rounding_inputs(torch.float32)
+    guarded = jit(exact_sum, g)
+    assert torch.equal(guarded(a, b), jit(exact_sum)(a, b))
+    (d,) = region_decisions(g)
+    assert d.action == "switch" and len(built) == 1
+    (switched,) = regions(guarded)
+    assert switched.bsym.sym.name == built[0].sym.name == d.details["switched_to"]
+    assert th.region_callable(switched.bsym) is th.region_callable(built[0])
+
+
 @pytest.mark.parametrize("strict", [False, True])
 def test_a_switch_that_cannot_be_built_keeps_the_region(inject_timings, monkeypatch, strict):
     from thunder_fusion_guard import FusionGuardError
 
     inject_timings(10.0, 12.0, other_us=1.0)
-    fuse_with = th.fuse_with
+    a, b = rounding_inputs(torch.float32)
+    jit(exact_sum, guard())(a, b)  # timed and cached: the next guard reads the timing and builds only the switch
 
-    def fails_in_the_trace(executor, fusion, counter):  # the timing's copy (number 0) builds, the trace's does not
-        if counter:
-            raise RuntimeError("no room")
-        return fuse_with(executor, fusion, counter)
+    def fails_in_the_trace(executor, fusion, counter):
+        raise RuntimeError("no room")
 
     monkeypatch.setattr(th, "fuse_with", fails_in_the_trace)
     g = guard(strict=strict)
-    a, b = rounding_inputs(torch.float32)
     if strict:
         with pytest.raises(FusionGuardError, match="could not switch TorchCompile0 to torchcompile"):
             jit(exact_sum, g)(a, b)
@@ -339,6 +359,7 @@ def test_a_switch_that_cannot_be_built_keeps_the_region(inject_timings, monkeypa
     guarded = jit(exact_sum, g)
     assert torch.equal(guarded(a, b), jit(exact_sum)(a, b))
     (d,) = region_decisions(g)
+    assert d.details["measured_from"] == "cache"
     assert d.action == "keep" and d.error == "RuntimeError: no room"
     assert d.reason.startswith("kept as it was: fusing it with torchcompile failed (switched to torchcompile")
     assert [r.executor for r in regions(guarded)] == [SHAPED]

@@ -38,13 +38,16 @@ MEASURED_MARGIN_FLOOR = 0.05
 class Verdict:
     """A region's fate, why, the model's numbers, and ``details``: ``decided_by`` (``option``,
     ``metadata``, ``rule``, ``no constants``, ``exactness``, ``model`` or ``measured``), what the model alone said,
-    and any measurement. ``measurable``: a measurement would decide it (near break-even, exact)."""
+    and any measurement. ``measurable``: a measurement would decide it (near break-even, exact);
+    ``alternative``: the other fusion executor a measurement may time it with (None: there is none, or it
+    may compute other bits)."""
 
     action: str
     reason: str
     estimates: dict[str, float] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
     measurable: bool = False
+    alternative: str | None = None
 
 
 def decide(
@@ -140,11 +143,14 @@ def decide(
         switched = _switch(region.executor, action, measured, margin)
         if switched is not None:
             action, reason = "switch", f"{switched}; {reason}"
-        return Verdict(action, reason, record, {**details, "decided_by": "measured", **measured.as_record()})
+        by = "exactness" if exactness is not None and switched is None else "measured"
+        return Verdict(
+            action, reason, record, {**details, "decided_by": by, **measured.as_record()}, False, alternative
+        )
     if exactness is not None:
-        return Verdict("keep", exactness, record, {**details, "decided_by": "exactness"}, measurable)
+        return Verdict("keep", exactness, record, {**details, "decided_by": "exactness"}, measurable, alternative)
     unmeasured = "" if near else "; not timed: the estimates are more than 3x apart"
-    return Verdict(model[0], f"cost model: {model[1]}{unmeasured}", record, details, measurable)
+    return Verdict(model[0], f"cost model: {model[1]}{unmeasured}", record, details, measurable, alternative)
 
 
 def measured_margin(margin: float, measured: Measured, constants: CostConstants) -> float:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,6 +30,9 @@ from ..passes.rewrite import lower_region
 from ..regions import Region
 from .cache import cache_dir, device_name, read_json, update_json
 from .timing import Clock, Timing, interleaved_us
+
+if TYPE_CHECKING:
+    from ..passes.pipeline import Alternative
 
 log = logging.getLogger("thunder_fusion_guard")
 
@@ -163,9 +166,9 @@ class RegionMeasurer:
     first_call_seconds: float = 0.0
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def __call__(self, trace: th.TraceCtx, region: Region, other: Any = None) -> Measured | str:
-        """Time ``region``'s fusion call against its ops run eagerly and, given, the region fused by the
-        fusion executor ``other``; or say why it is not timed."""
+    def __call__(self, trace: th.TraceCtx, region: Region, other: Alternative | None = None) -> Measured | str:
+        """Time ``region``'s fusion call against its ops run eagerly and, given, the region fused by another
+        fusion executor (``other``, :class:`..passes.pipeline.Alternative`); or say why it is not timed."""
         ranks = world_size()
         if ranks > 1:  # each rank's timing (or disk cache) differs; the model decides alike on all
             self.skipped += 1
@@ -207,7 +210,9 @@ class RegionMeasurer:
             self.pending[key] = entry
         return measured
 
-    def _time(self, trace: th.TraceCtx, region: Region, left_s: float, other: Any = None) -> Measured | str:
+    def _time(
+        self, trace: th.TraceCtx, region: Region, left_s: float, other: Alternative | None = None
+    ) -> Measured | str:
         args = region_inputs(trace, region)
         if isinstance(args, str):
             return f"not timed: {args}"
@@ -220,7 +225,7 @@ class RegionMeasurer:
                 fn(*args)
             if other is not None:
                 try:  # the other executor failing leaves the choice between the fusion and eager
-                    fns.append(th.region_callable(th.fuse_with(other, region.bsym, 0)))
+                    fns.append(th.region_callable(other.bsym()))
                     fns[-1](*args)
                 except Exception as e:
                     fns = fns[:2]
@@ -274,6 +279,3 @@ def args_device(args: list[Any]) -> str:
         if isinstance(a, torch.Tensor):
             return a.device.type
     return "cpu"
-
-
-MeasureFn = Callable[[th.TraceCtx, Region, Any], "Measured | str"]

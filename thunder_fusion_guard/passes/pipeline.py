@@ -45,9 +45,31 @@ class TraceContext:
 
 
 ConstantsFor = Callable[[str, str], "CostConstants | None"]
+
+
+@dataclass
+class Alternative:
+    """A region fused by another fusion ``executor`` as number ``counter``, built on first use and kept: the
+    symbol a measurement times is the one a switch puts into the trace (one build, one compile)."""
+
+    executor: Any
+    fusion: th.BoundSymbol
+    counter: int
+    _built: th.BoundSymbol | None = None
+
+    @property
+    def name(self) -> str:
+        return self.executor.name
+
+    def bsym(self) -> th.BoundSymbol:
+        if self._built is None:
+            self._built = th.fuse_with(self.executor, self.fusion, self.counter)
+        return self._built
+
+
 # Times a region on this machine (with, given, the region fused by another executor): a measurement, or why
 # there is none.
-MeasureRegion = Callable[[th.TraceCtx, Region, Any], "Measured | str"]
+MeasureRegion = Callable[[th.TraceCtx, Region, "Alternative | None"], "Measured | str"]
 
 
 def guard_trace(
@@ -101,21 +123,22 @@ def unfuse_rejected(
     constants_for: ConstantsFor | None = None,
     measure_region: MeasureRegion | None = None,
 ) -> th.TraceCtx:
-    """Decide every region; return ``trace`` with the rejected ones run by the torch executor."""
+    """Decide every region; return ``trace`` with the rejected ones run by the torch executor and the
+    switched ones fused by the other fusion executor that was timed faster."""
     replacements: dict[int, list[th.BoundSymbol]] = {}
     decided: list[Decision] = []
     counter = th.free_fusion_counter(trace)
     for region in find_regions(trace):
         device = th.proxy_device(region.inputs + region.outputs)
         constants = constants_for(device, region.executor) if constants_for and device else None
-        other = th.alternative_fuser(region.bsym) if options.choose_executor and measure_region else None
+        fuser = th.alternative_fuser(region.bsym) if options.choose_executor and measure_region else None
+        other = None if fuser is None else Alternative(fuser, region.bsym, counter)
         other_name = None if other is None else other.name
         verdict = decide(region, options, constants, None, where.compile_options, other_name)
         not_measured = None
         if verdict.measurable and measure_region is not None:
-            timed_other = other if other is not None and "alternative_not_timed" not in verdict.details else None
             try:
-                measured = measure_region(trace, region, timed_other)
+                measured = measure_region(trace, region, other if verdict.alternative else None)
             except Exception as e:  # measuring is an optimisation: it never breaks compilation
                 measured = f"measuring failed: {type(e).__name__}: {e}"
             if isinstance(measured, Measured):
@@ -132,7 +155,7 @@ def unfuse_rejected(
             switch = verdict.action == "switch"
             try:
                 if switch:
-                    replacements[region.position] = [th.fuse_with(other, region.bsym, counter)]
+                    replacements[region.position] = [other.bsym()]
                     decision.details["switched_to"] = th.op_name(replacements[region.position][0])
                     counter += 1
                 else:
