@@ -25,6 +25,7 @@ import torch
 
 import thunder_fusion_guard.measure.breakeven as breakeven
 import thunder_fusion_guard.measure.calibrate as calibrate
+from thunder_fusion_guard.measure.timing import HostDevice
 
 warnings.filterwarnings("ignore")
 
@@ -99,17 +100,25 @@ def _adversary(monkeypatch, mode: str) -> None:
 
 @pytest.fixture
 def inject_timings(monkeypatch, tmp_path):
-    """``inject_timings(fused_us, eager_us, spread=0.0, other_us=None)``: regions near break-even are "timed"
-    again, with fixed samples (the fusion and eager callables still run once each, on fresh tensors): medians
-    ``fused_us`` and ``eager_us``, each with interquartile range ``spread`` times its median; the region fused
-    by another executor, where one is timed, ``other_us`` (None: ten times the slower of the two). Returns the
-    list of calls made to the timing (the number of callables timed in each). The measurements are cached
-    in a cache of the test's own, so no other test reads them."""
+    """``inject_timings(fused_us, eager_us, spread=0.0, other_us=None, host=None, device=None)``: regions near
+    break-even are "timed" again, with fixed samples (the fusion and eager callables still run once each, on
+    fresh tensors): medians ``fused_us`` and ``eager_us``, each with interquartile range ``spread`` times its
+    median; the region fused by another executor, where one is timed, ``other_us`` (None: ten times the
+    slower of the two); host and device times apart, ``(fused, eager)`` µs each (None: not known, as off
+    CUDA). Returns the list of calls made to the timing (the number of callables timed in each). The
+    measurements are cached in a cache of the test's own, so no other test reads them."""
     calls: list[int] = []
     monkeypatch.setenv("TFG_CACHE_DIR", str(tmp_path))
     breakeven.clear_memory_cache()
 
-    def inject(fused_us: float, eager_us: float, spread: float = 0.0, other_us: float | None = None) -> list[int]:
+    def inject(
+        fused_us: float,
+        eager_us: float,
+        spread: float = 0.0,
+        other_us: float | None = None,
+        host: tuple[float, float] | None = None,
+        device: tuple[float, float] | None = None,
+    ) -> list[int]:
         def samples(median: float) -> list[float]:
             half = median * spread / 2
             return [median - half, median - half, median, median + half, median + half]
@@ -120,8 +129,14 @@ def inject_timings(monkeypatch, tmp_path):
             third = [samples(other_us if other_us is not None else 10 * max(fused_us, eager_us))]
             return [samples(fused_us), samples(eager_us), *third[: len(fns) - 2]]
 
+        def host_device_us(fns, args, **kwargs):
+            if host is None or device is None:
+                return None
+            return [HostDevice(h, d) for h, d in zip(host, device, strict=True)]
+
         monkeypatch.setattr(breakeven.RegionMeasurer, "_time", _REAL_TIME)
         monkeypatch.setattr(breakeven, "interleaved_us", interleaved_us)
+        monkeypatch.setattr(breakeven, "host_device_us", host_device_us)
         return calls
 
     yield inject

@@ -365,7 +365,7 @@ def test_reason_when_fusion_wins_and_when_measured_within_margin(inject_timings)
         (0.0, False, 0.2, "reject", "5%"),  # eager 12% faster, clearer than the 5% floor
         (0.08, False, 0.2, "reject", "8%"),
         (0.15, False, 0.2, "keep", "15%"),  # eager 12% faster, inside the timing's own spread
-        (0.0, True, 0.2, "keep", "20%"),  # CUDA-like: the option's margin holds
+        (0.0, True, 0.2, "keep", "20%"),  # CUDA-like, host and device not timed apart: the option's margin holds
         (0.0, False, 0.02, "reject", "2%"),  # the option caps the narrowed margin
     ],
 )
@@ -381,6 +381,74 @@ def test_measured_margin_follows_the_timings_spread(inject_timings, spread, over
     assert f"margin {used}" in d.reason
     assert d.details["measured_spread"] == pytest.approx(spread, abs=1e-3)
     assert ("narrowed" in d.reason) == (used != f"{margin:.0%}")
+
+
+@pytest.mark.parametrize(
+    "host,device,action,used",
+    [
+        ((6.0, 3.0), (9.0, 8.6), "reject", "5%"),  # eager cheaper on both: cheaper whatever bounds the program
+        ((6.0, 3.0), (9.0, 9.4), "reject", "5%"),  # dearer on the device by less than the spread floor
+        ((6.0, 3.0), (4.0, 8.8), "keep", "20%"),  # dearer on the device: a device-bound program would lose
+        ((3.0, 6.0), (9.0, 8.8), "keep", "20%"),  # dearer on the host: a host-bound program would lose
+    ],
+)
+def test_on_cuda_the_margin_narrows_where_eager_is_no_dearer_on_host_and_device(
+    inject_timings, host, device, action, used
+):
+    """Where the host runs ahead of the device, a timed region is rejected by the narrow margin only when
+    eager, timed apart on the host and on the device, is no dearer on either (within the timing's spread):
+    then it is cheaper in the program whichever of the two bounds it. Otherwise the option 'margin' holds."""
+    inject_timings(10.0, 8.8, 0.0, host=host, device=device)
+    guard = FusionGuard(calibration=dict(NEAR_BREAK_EVEN, overlapped=True), strict=True)
+    a, b = _inputs()
+    assert_same([jit_cpu(lone_add, guard)(a, b)], [jit_cpu(lone_add)(a, b)])
+    (d,) = guard.report
+    assert (d.action, d.details["decided_by"]) == (action, "measured")
+    assert f"margin {used}" in d.reason
+    assert (d.details["measured_region_host_us"], d.details["measured_eager_host_us"]) == host
+    assert (d.details["measured_region_device_us"], d.details["measured_eager_device_us"]) == device
+    assert ("whichever bounds the program" in d.reason) == (action == "reject")
+
+
+def test_host_and_device_times_are_cached_with_the_measurement(inject_timings):
+    inject_timings(10.0, 8.8, 0.0, host=(6.0, 3.0), device=(9.0, 8.6))
+    a, b = _inputs()
+    jit_cpu(lone_add, FusionGuard(calibration=dict(NEAR_BREAK_EVEN, overlapped=True)))(a, b)
+    breakeven.clear_memory_cache()
+    again = FusionGuard(calibration=dict(NEAR_BREAK_EVEN, overlapped=True))
+    jit_cpu(lone_add, again)(a, b)
+    (d,) = again.report
+    assert d.action == "reject" and d.details["measured_from"] == "cache"
+    assert d.details["measured_region_device_us"] == 9.0 and d.details["measured_eager_host_us"] == 3.0
+
+
+def test_host_device_us_is_none_off_cuda():
+    from thunder_fusion_guard.measure.timing import host_device_us
+
+    assert host_device_us([torch.neg], [torch.ones(4)]) is None
+
+
+@pytest.mark.cuda
+@pytest.mark.real_timings
+def test_host_device_us_tells_device_time_from_host_time():
+    """A call that only keeps the device busy (~1 ms) and one that only keeps the host busy (~0.5 ms): each
+    side's time is the other's a hundred times over, far beyond any noise."""
+    import time
+
+    from thunder_fusion_guard.measure.timing import host_device_us
+
+    def device_bound(x):
+        torch.cuda._sleep(2_000_000)
+
+    def host_bound(x):
+        time.sleep(0.0005)
+
+    x = torch.ones(4, device="cuda")
+    for fn in (device_bound, host_bound):
+        fn(x)
+    on_device, on_host = host_device_us([device_bound, host_bound], [x], reps=3)
+    assert on_device.device_us > 10 * on_device.host_us
+    assert on_host.host_us > 10 * on_host.device_us
 
 
 # --- options -------------------------------------------------------------------------------------------

@@ -151,7 +151,9 @@ class Measured:
     the same region fused by ``other`` executor (µs per call).
 
     ``source`` is ``"timed"`` (measured during this compilation) or ``"cache"`` (an earlier one's);
-    ``spread`` the larger relative interquartile range of the two timings (None: not known).
+    ``spread`` the larger relative interquartile range of the two timings (None: not known). On CUDA the
+    times are the stream's (the larger of host and device); ``host`` and ``device`` give the fusion call's
+    and eager's apart, ``(fused, eager)`` µs per call (None: not known).
     """
 
     region_us: float
@@ -161,6 +163,8 @@ class Measured:
     other: str | None = None  # another fusion executor timed on the same region, its time, or why it has none
     other_us: float | None = None
     other_problem: str | None = None
+    host: tuple[float, float] | None = None
+    device: tuple[float, float] | None = None
 
     def as_record(self) -> dict[str, float | str]:
         record: dict[str, float | str] = {
@@ -175,6 +179,10 @@ class Measured:
             record["measured_other_us"] = round(self.other_us, 3)
         if self.other_problem:
             record["measured_other_problem"] = self.other_problem
+        for side, pair in (("host", self.host), ("device", self.device)):
+            if pair is not None:
+                record[f"measured_region_{side}_us"] = round(pair[0], 3)
+                record[f"measured_eager_{side}_us"] = round(pair[1], 3)
         return record
 
 

@@ -28,9 +28,11 @@ BOOKEND = "nv_enable_bookend"  # views at nvFuser region edges run outside the r
 # model's errors seen so far are 2-5x (benchmarks/RESULTS.md, "decision accuracy"); outside 3x its
 # verdict was right, and timing every region would cost a compilation per region on CPU.
 MEASURE_BAND = 3.0
-# Where calls run synchronously (CPU), a region timed here is rejected once eager is faster by more than
-# the timing's own spread, and by at least this much; the option 'margin' still caps it. On CUDA, where
-# the host runs ahead of the device, an isolated timing may not be what the stream sees: 'margin' holds.
+# A timed region is rejected once eager is faster by more than the timing's own spread, and by at least
+# this much (the option 'margin' still caps it), where the timing is what the program sees: calls run
+# synchronously (CPU), or eager is no dearer on the host nor on the device, timed apart (CUDA). Elsewhere
+# on CUDA, where the host runs ahead of the device, an isolated timing may not be what the stream sees in
+# the program: 'margin' holds.
 MEASURED_MARGIN_FLOOR = 0.05
 
 
@@ -128,7 +130,7 @@ def decide(
         )
     measurable = alternative is not None or (near and exactness is None)
     if measured is not None and measurable:
-        margin = measured_margin(options.margin, measured, constants)
+        margin, narrowed = measured_margin(options.margin, measured, constants)
         if exactness is not None:
             action, reason = "keep", f"{exactness}; measured {measured.region_us:.1f} µs fused"
         else:
@@ -139,7 +141,7 @@ def decide(
                 f"fused vs {est.eager_us:.1f}"
             )
         if margin != options.margin:
-            reason += f"; margin narrowed from {options.margin:.0%} to the timing's spread, calls here are synchronous"
+            reason += f"; margin narrowed from {options.margin:.0%} to the timing's spread: {narrowed}"
         switched = _switch(region.executor, action, measured, margin)
         if switched is not None:
             action, reason = "switch", f"{switched}; {reason}"
@@ -153,12 +155,24 @@ def decide(
     return Verdict(model[0], f"cost model: {model[1]}{unmeasured}", record, details, measurable, alternative)
 
 
-def measured_margin(margin: float, measured: Measured, constants: CostConstants) -> float:
-    """The margin a measured decision uses: ``margin``, narrowed on synchronous devices to the timing's
-    spread (at least :data:`MEASURED_MARGIN_FLOOR`), since there the timing is what the program sees."""
-    if constants.overlapped or measured.spread is None:
-        return margin
-    return min(margin, max(MEASURED_MARGIN_FLOOR, measured.spread))
+def measured_margin(margin: float, measured: Measured, constants: CostConstants) -> tuple[float, str]:
+    """The margin a measured decision uses, and why it is narrower than ``margin`` when it is: the timing's
+    spread (at least :data:`MEASURED_MARGIN_FLOOR`) where the timing is what the program sees (calls
+    are synchronous, or eager is no dearer on the host nor on the device, each within that spread)."""
+    if measured.spread is None:
+        return margin, ""
+    narrow = min(margin, max(MEASURED_MARGIN_FLOOR, measured.spread))
+    if not constants.overlapped:
+        return narrow, "calls here are synchronous"
+    if measured.host is None or measured.device is None:
+        return margin, ""
+    (fused_host, eager_host), (fused_device, eager_device) = measured.host, measured.device
+    if eager_host <= fused_host * (1 + narrow) and eager_device <= fused_device * (1 + narrow):
+        return narrow, (
+            f"eager is no dearer on the host ({eager_host:.1f} vs {fused_host:.1f} µs) nor on the device "
+            f"({eager_device:.1f} vs {fused_device:.1f} µs), whichever bounds the program"
+        )
+    return margin, ""
 
 
 def _switch(executor: str, action: str, measured: Measured, margin: float) -> str | None:

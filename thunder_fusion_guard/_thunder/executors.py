@@ -105,7 +105,6 @@ def software_versions() -> dict[str, str | None]:
     return {"torch": torch.__version__, "thunder": getattr(thunder, "__version__", "?"), "nvfuser": nvf}
 
 
-_INPLACE_SETITEM = None
 _GUARD_EXECUTOR = None
 
 

@@ -29,7 +29,7 @@ from ..ops import WRITES_BY_INDEX
 from ..passes.rewrite import lower_region
 from ..regions import Region
 from .cache import cache_dir, device_name, read_json, update_json
-from .timing import Clock, Timing, interleaved_us
+from .timing import Clock, Timing, host_device_us, interleaved_us
 
 if TYPE_CHECKING:
     from ..passes.pipeline import Alternative
@@ -38,6 +38,9 @@ log = logging.getLogger("thunder_fusion_guard")
 
 REPS = 15
 WARMUP = 2
+SPLIT_REPS = 5  # rounds timing host and device apart, on CUDA
+# Part of every region's signature: a measurement taken another way is taken again.
+METHOD = "stream+host/device"
 # A region's timing rounds stop after this many seconds (the budget permitting), its first calls aside.
 REGION_TIMING_S = 0.25
 
@@ -67,6 +70,7 @@ def _store() -> dict[str, dict[str, Any]]:
 def _cached(entry: Any) -> Measured | None:
     try:
         spread, other_us = entry.get("spread"), entry.get("other_us")
+        host, device = entry.get("host"), entry.get("device")
         return Measured(
             float(entry["region_us"]),
             float(entry["eager_us"]),
@@ -75,8 +79,10 @@ def _cached(entry: Any) -> Measured | None:
             entry.get("other"),
             None if other_us is None else float(other_us),
             entry.get("other_problem"),
+            None if host is None else (float(host[0]), float(host[1])),
+            None if device is None else (float(device[0]), float(device[1])),
         )
-    except (AttributeError, KeyError, TypeError, ValueError):
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError):
         return None
 
 
@@ -106,7 +112,7 @@ def signature(trace: th.TraceCtx, region: Region, other: str | None = None) -> s
     threads = torch.get_num_threads() if device == "cpu" else 0
     text = "\n".join(
         [
-            f"{device_name(device)}|{region.executor}|{versions}|threads {threads}|other {other}",
+            f"{device_name(device)}|{region.executor}|{versions}|threads {threads}|other {other}|{METHOD}",
             "|".join(inputs),
             th.canonical_ops(region.body),
         ]
@@ -203,6 +209,8 @@ class RegionMeasurer:
             "other": measured.other,
             "other_us": measured.other_us,
             "other_problem": measured.other_problem,
+            "host": measured.host,
+            "device": measured.device,
             "ops": region.ops[:20],
         }
         with _lock:
@@ -233,6 +241,7 @@ class RegionMeasurer:
             self.first_call_seconds += (self.clock() - first) / 1e9
             deadline = self.clock() + int(min(REGION_TIMING_S, max(left_s - (self.clock() - first) / 1e9, 0)) * 1e9)
             samples = interleaved_us(fns, args, reps=REPS, warmup=WARMUP, deadline_ns=deadline, clock=self.clock)
+            apart = host_device_us(fns[:2], args, reps=SPLIT_REPS, clock=self.clock)
         medians = [statistics.median(s) for s in samples]
         timed_other = other is not None and len(fns) == 3
         return Measured(
@@ -243,6 +252,8 @@ class RegionMeasurer:
             other.name if timed_other else None,
             medians[2] if timed_other else None,
             problem,
+            None if apart is None else (apart[0].host_us, apart[1].host_us),
+            None if apart is None else (apart[0].device_us, apart[1].device_us),
         )
 
     def flush(self) -> None:

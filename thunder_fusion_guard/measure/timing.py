@@ -142,3 +142,79 @@ def interleaved_us(
             _sync(cuda)
             samples[i].append((clock() - start) / 1e3 / inner)
     return samples
+
+
+@dataclass(frozen=True)
+class HostDevice:
+    """Per-call µs of a CUDA callable, apart: the host's time to issue it, and the device's time to run it."""
+
+    host_us: float
+    device_us: float
+
+
+_cycles_per_us: float | None = None
+
+
+def _sleep_cycles_per_us() -> float:
+    """GPU clock cycles per µs of ``torch.cuda._sleep``, measured once per process."""
+    global _cycles_per_us
+    if _cycles_per_us is None:
+        cycles = 2_000_000
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(cycles // 10)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        _cycles_per_us = cycles / max(start.elapsed_time(end) * 1e3, 1.0)
+    return _cycles_per_us
+
+
+def host_device_us(
+    fns: Sequence[Callable[..., Any]],
+    args: Sequence[Any],
+    *,
+    reps: int = 5,
+    target_sample_us: float = 200.0,
+    max_inner: int = 200,
+    clock: Clock = time.perf_counter_ns,
+) -> list[HostDevice] | None:
+    """Host and device µs per call of each of ``fns`` (already warm) on ``args``, medians of ``reps`` rounds in
+    alternating order; None off CUDA, or where a call waits for the device (its host time then is not its own).
+
+    A sample queues a sleeping kernel first, long enough that every call of the sample is issued while the
+    device still sleeps: the host time is then the issuing alone, and CUDA events around the calls time the
+    device's work alone, without the gaps a host-bound stream leaves.
+    """
+    if not uses_cuda(*args):
+        return None
+    stream_us = []
+    for fn in fns:
+        torch.cuda.synchronize()
+        start = clock()
+        fn(*args)
+        torch.cuda.synchronize()
+        stream_us.append((clock() - start) / 1e3)
+    inner = max(1, min(max_inner, int(target_sample_us / max(min(stream_us), 1e-3))))
+    sleep_us = 2 * max(stream_us) * inner + 100
+    cycles = int(sleep_us * _sleep_cycles_per_us())
+    host: list[list[float]] = [[] for _ in fns]
+    device: list[list[float]] = [[] for _ in fns]
+    order = list(range(len(fns)))
+    for round_index in range(reps):
+        for i in order if round_index % 2 == 0 else reversed(order):
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            torch.cuda._sleep(cycles)
+            begin.record()
+            start = clock()
+            for _ in range(inner):
+                fns[i](*args)
+            issued_us = (clock() - start) / 1e3
+            end.record()
+            end.synchronize()
+            if issued_us > 0.8 * sleep_us:  # the calls outlasted the sleep: they waited for the device
+                return None
+            host[i].append(issued_us / inner)
+            device[i].append(begin.elapsed_time(end) * 1e3 / inner)
+    return [HostDevice(statistics.median(h), statistics.median(d)) for h, d in zip(host, device, strict=True)]

@@ -214,6 +214,7 @@ class Row:
     choice_truth: str | None = None  # 'other' (faster than fused and eager), 'own', or 'noise'
     choice_verdict: str | None = None  # right, wrong switch, wrong stay, within noise
     other_timed_by_guard: bool = False  # the guard timed the other executor (option choose_executor)
+    guard_measured: dict[str, Any] | None = None  # what the guard itself timed while compiling (measured_*)
 
 
 def truth_of(fused: list[float], eager: list[float], noise: float = NOISE) -> tuple[str, float, float]:
@@ -285,6 +286,8 @@ def measure_program(program: Program, device: str, reps: int, region_s: float) -
             d.details.get("decided_by") if d else None,
             d.details.get("model_action") if d else None,
         )
+        if d is not None and "measured_region_us" in d.details:
+            row.guard_measured = {k: v for k, v in d.details.items() if k.startswith("measured_")}
         if d is not None and "est_region_us" in d.estimates:
             row.est_region_us, row.est_eager_us = d.estimates["est_region_us"], d.estimates["est_eager_us"]
         else:
