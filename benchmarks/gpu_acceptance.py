@@ -76,6 +76,7 @@ PYTEST_FILES = (
     "tests/test_rounding.py",
     "tests/test_hoist.py",
     "tests/test_executor_choice.py",
+    "tests/test_measured.py",
 )
 MAX_GUARDED_OVER_EAGER = 0.35
 MAX_CUDAGRAPH_MS_H100 = 5.5
