@@ -40,7 +40,7 @@ REPS = 15
 WARMUP = 2
 SPLIT_REPS = 5  # rounds timing host and device apart, on CUDA
 # Part of every region's signature: a measurement taken another way is taken again.
-METHOD = "stream+host/device"
+METHOD = "stream+host/device, paired spread"
 # A region's timing rounds stop after this many seconds (the budget permitting), its first calls aside.
 REGION_TIMING_S = 0.25
 
@@ -86,13 +86,14 @@ def _cached(entry: Any) -> Measured | None:
         return None
 
 
-def relative_spread(*samples: list[float]) -> float:
-    """The larger interquartile range, relative to its median, of several timings' samples."""
-    spreads = []
-    for s in samples:
-        t = Timing.of(s)
-        spreads.append((t.q3 - t.q1) / t.median if t.median > 0 else 0.0)
-    return max(spreads)
+def paired_spread(fused: list[float], eager: list[float]) -> float:
+    """The relative interquartile range of the rounds' eager/fused ratios: how far one round's verdict
+    strays from the median's. Pairing the rounds, timed back to back, cancels the host's slow drifts."""
+    ratios = [e / f for f, e in zip(fused, eager, strict=False) if f > 0]
+    if not ratios:
+        return 0.0
+    t = Timing.of(ratios)
+    return (t.q3 - t.q1) / t.median if t.median > 0 else 0.0
 
 
 def signature(trace: th.TraceCtx, region: Region, other: str | None = None) -> str:
@@ -248,7 +249,7 @@ class RegionMeasurer:
             medians[0],
             medians[1],
             "timed",
-            relative_spread(*samples),
+            paired_spread(samples[0], samples[1]),
             other.name if timed_other else None,
             medians[2] if timed_other else None,
             problem,
