@@ -102,8 +102,8 @@ def _adversary(monkeypatch, mode: str) -> None:
 def inject_timings(monkeypatch, tmp_path):
     """``inject_timings(fused_us, eager_us, spread=0.0, other_us=None, host=None, device=None)``: regions near
     break-even are "timed" again, with fixed samples (the fusion and eager callables still run once each, on
-    fresh tensors): medians ``fused_us`` and ``eager_us``, the rounds' eager/fused ratios with relative
-    interquartile range ``spread``; the region fused by another executor, where one is timed, ``other_us``
+    fresh tensors): medians ``fused_us`` and ``eager_us``, the median eager/fused ratio uncertain by
+    ``spread`` (relative); the region fused by another executor, where one is timed, ``other_us``
     (None: ten times the slower of the two); host and device times apart, ``(fused, eager)`` µs each
     (None: not known, as off CUDA). Returns the list of calls made to the timing (the number of callables
     timed in each). The measurements are cached in a cache of the test's own, so no other test reads them."""
@@ -127,7 +127,8 @@ def inject_timings(monkeypatch, tmp_path):
             calls.append(len(fns))
             # a third callable is the region fused by another executor: 'other_us', else slower than both
             third = [samples(other_us if other_us is not None else 10 * max(fused_us, eager_us))]
-            return [samples(fused_us), samples(eager_us, spread), *third[: len(fns) - 2]]
+            # five rounds: the ratios' interquartile range over √5 is the measurement's 'spread'
+            return [samples(fused_us), samples(eager_us, spread * 5**0.5), *third[: len(fns) - 2]]
 
         def host_device_us(fns, args, **kwargs):
             if host is None or device is None:

@@ -151,7 +151,8 @@ class Measured:
     the same region fused by ``other`` executor (µs per call).
 
     ``source`` is ``"timed"`` (measured during this compilation) or ``"cache"`` (an earlier one's);
-    ``spread`` the relative interquartile range of the timing rounds' eager/fused ratios (None: not known). On CUDA the
+    ``spread`` how far the median eager/fused ratio may be off, relative (see
+    :func:`..measure.breakeven.paired_spread`; None: not known). On CUDA the
     times are the stream's (the larger of host and device); ``host`` and ``device`` give the fusion call's
     and eager's apart, ``(fused, eager)`` µs per call (None: not known).
     """

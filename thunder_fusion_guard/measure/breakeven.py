@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import logging
+import math
 import statistics
 import threading
 import time
@@ -40,7 +41,7 @@ REPS = 15
 WARMUP = 2
 SPLIT_REPS = 5  # rounds timing host and device apart, on CUDA
 # Part of every region's signature: a measurement taken another way is taken again.
-METHOD = "stream+host/device, paired spread"
+METHOD = "stream+host/device, paired median error"
 # A region's timing rounds stop after this many seconds (the budget permitting), its first calls aside.
 REGION_TIMING_S = 0.25
 
@@ -87,13 +88,14 @@ def _cached(entry: Any) -> Measured | None:
 
 
 def paired_spread(fused: list[float], eager: list[float]) -> float:
-    """The relative interquartile range of the rounds' eager/fused ratios: how far one round's verdict
-    strays from the median's. Pairing the rounds, timed back to back, cancels the host's slow drifts."""
+    """How far the median eager/fused ratio may be off, relative: the interquartile range of the rounds'
+    ratios over the square root of their number (the median's standard error is about that). Pairing the
+    rounds, timed back to back, cancels the host's slow drifts."""
     ratios = [e / f for f, e in zip(fused, eager, strict=False) if f > 0]
     if not ratios:
         return 0.0
     t = Timing.of(ratios)
-    return (t.q3 - t.q1) / t.median if t.median > 0 else 0.0
+    return (t.q3 - t.q1) / t.median / math.sqrt(len(ratios)) if t.median > 0 else 0.0
 
 
 def signature(trace: th.TraceCtx, region: Region, other: str | None = None) -> str:
@@ -226,7 +228,8 @@ class RegionMeasurer:
         if isinstance(args, str):
             return f"not timed: {args}"
         fns = list(region_pair(trace, region))
-        device = args_device(args)
+        device = th.proxy_device(region.inputs + region.outputs) or args_device(args)
+        cuda = device == "cuda"
         problem = None
         with torch.no_grad(), torch.autocast(device, enabled=False):
             first = self.clock()
@@ -241,8 +244,10 @@ class RegionMeasurer:
                     problem = f"{other.name} failed on it: {type(e).__name__}: {str(e).strip()[:160]}"
             self.first_call_seconds += (self.clock() - first) / 1e9
             deadline = self.clock() + int(min(REGION_TIMING_S, max(left_s - (self.clock() - first) / 1e9, 0)) * 1e9)
-            samples = interleaved_us(fns, args, reps=REPS, warmup=WARMUP, deadline_ns=deadline, clock=self.clock)
-            apart = host_device_us(fns[:2], args, reps=SPLIT_REPS, clock=self.clock)
+            samples = interleaved_us(
+                fns, args, reps=REPS, warmup=WARMUP, deadline_ns=deadline, clock=self.clock, cuda=cuda
+            )
+            apart = host_device_us(fns[:2], args, reps=SPLIT_REPS, clock=self.clock, cuda=cuda)
         medians = [statistics.median(s) for s in samples]
         timed_other = other is not None and len(fns) == 3
         return Measured(

@@ -178,15 +178,17 @@ def host_device_us(
     target_sample_us: float = 200.0,
     max_inner: int = 200,
     clock: Clock = time.perf_counter_ns,
+    cuda: bool | None = None,
 ) -> list[HostDevice] | None:
     """Host and device µs per call of each of ``fns`` (already warm) on ``args``, medians of ``reps`` rounds in
-    alternating order; None off CUDA, or where a call waits for the device (its host time then is not its own).
+    alternating order; None off CUDA (``cuda``, default: any CUDA tensor argument), or where a call waits for
+    the device (its host time then is not its own).
 
     A sample queues a sleeping kernel first, long enough that every call of the sample is issued while the
     device still sleeps: the host time is then the issuing alone, and CUDA events around the calls time the
     device's work alone, without the gaps a host-bound stream leaves.
     """
-    if not uses_cuda(*args):
+    if not (uses_cuda(*args) if cuda is None else cuda):
         return None
     stream_us = []
     for fn in fns:

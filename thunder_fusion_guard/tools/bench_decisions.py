@@ -314,7 +314,7 @@ def measure_program(program: Program, device: str, reps: int, region_s: float) -
             deadline = time.perf_counter_ns() + int(region_s * 1e9)
             with torch.no_grad():
                 fused_s, eager_s, *other_s = interleaved_us(
-                    fns, replay, reps=reps, warmup=3, deadline_ns=deadline, min_reps=5
+                    fns, replay, reps=reps, warmup=3, deadline_ns=deadline, min_reps=5, cuda=device == "cuda"
                 )
         except Exception as e:
             row.error = f"{type(e).__name__}: {str(e).strip()[:160]}"
