@@ -525,6 +525,19 @@ def test_summary_counts():
     assert "decisions" in bench_decisions.format_summary(s, "cpu")
 
 
+def test_summary_counts_keeps_where_the_guard_timed_eager_dearer_on_the_device():
+    def row(device_us):
+        r = bench_decisions.Row("ops", "p", "tune", "forward", "R", ["add"], "keep", "measured", "keep")
+        r.fused_us, r.eager_us, r.truth, r.verdict = 10.0, 9.0, "eager", "wrong keep"
+        if device_us is not None:
+            r.guard_measured = {"measured_region_device_us": device_us[0], "measured_eager_device_us": device_us[1]}
+        return r
+
+    s = bench_decisions.summarize([row((8.0, 9.0)), row((8.0, 8.2)), row(None)])
+    assert s["wrong_keeps_eager_dearer_on_device"] == 1 and s["wrong_keeps_within_margin"] == 3
+    assert "1 have eager dearer on the device as the guard timed it" in bench_decisions.format_summary(s, "cuda")
+
+
 def test_executor_choice_verdicts_and_summary():
     assert bench_decisions.choice_verdict_of(True, "other") == "right"
     assert bench_decisions.choice_verdict_of(True, "own") == "wrong switch"
@@ -553,6 +566,8 @@ def test_executor_choice_verdicts_and_summary():
     text = bench_decisions.format_summary(bench_decisions.summarize(rows), "cuda")
     assert "executor choice (regions another fusion executor could run with the same bits: 4, faster there: 3" in text
     assert "2 right, 0 wrong switch, 2 wrong stay, 0 within noise; agree where clear 50.0%" in text
+    # the region decisions (all four 'measured', no fused/eager truth) and the executor choices, pooled
+    assert "where it had a choice, executor choices included: agree where clear 50.0%" in text
 
 
 def test_bench_decisions_quick_runs_on_cpu():

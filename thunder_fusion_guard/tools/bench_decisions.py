@@ -373,6 +373,10 @@ def summarize(rows: Sequence[Row]) -> dict[str, Any]:
     executor_choice["timed_by_guard"] = sum(1 for r in rows if r.other_timed_by_guard)
     executor_choice["other_faster"] = sum(1 for r in rows if r.choice_truth == "other")
     margin_keeps = [r for r in timed if r.verdict == "wrong keep" and r.eager_us >= r.fused_us * (1 - MARGIN)]
+    device_keeps = [r for r in timed if r.verdict == "wrong keep" and _eager_dearer_on_device(r)]
+    where_chose = confusion(chosen)
+    chose_clear = sum(where_chose[v] for v in ("right", "wrong reject", "wrong keep"))
+    pooled_clear = chose_clear + choice_clear
     wrong_rejects = [r for r in timed if r.verdict == "wrong reject"]
     worst = max(((r.eager_us - r.fused_us) / r.fused_us for r in wrong_rejects), default=0.0)
     ratio_rows = [(r.est_region_us / r.fused_us, r.est_eager_us / r.eager_us) for r in timed if r.est_region_us]
@@ -384,8 +388,12 @@ def summarize(rows: Sequence[Row]) -> dict[str, Any]:
         "timed": len(timed),
         "errors": sum(1 for r in rows if r.error),
         "confusion": confusion(timed),
-        "where_the_guard_chose": confusion(chosen),
+        "where_the_guard_chose": where_chose,
+        "with_executor_choices": (
+            round((where_chose["right"] + choice_counts["right"]) / pooled_clear, 3) if pooled_clear else None
+        ),
         "wrong_keeps_within_margin": len(margin_keeps),
+        "wrong_keeps_eager_dearer_on_device": len(device_keeps),
         "by_decided_by": {k: confusion([r for r in timed if (r.decided_by or "-") == k]) for k in decided_by},
         "by_split": {s: confusion([r for r in timed if r.split == s]) for s in ("tune", "holdout")},
         "model_only": confusion([r for r in timed if r.model_verdict], "model_verdict"),
@@ -400,6 +408,16 @@ def summarize(rows: Sequence[Row]) -> dict[str, Any]:
             "eager_ratio_quartiles": _deciles([b for _, b in ratio_rows]),
         },
     }
+
+
+def _eager_dearer_on_device(row: Row) -> bool:
+    """The guard timed the region's device time apart, and eager's was dearer by more than the spread floor:
+    a device-bound program would lose by rejecting it, so the guard keeps it on purpose."""
+    from ..decide import MEASURED_MARGIN_FLOOR
+
+    g = row.guard_measured or {}
+    fused, eager = g.get("measured_region_device_us"), g.get("measured_eager_device_us")
+    return fused is not None and eager is not None and eager > fused * (1 + MEASURED_MARGIN_FLOOR)
 
 
 def _fraction(flags: list[bool | None]) -> float | None:
@@ -436,7 +454,9 @@ def format_summary(summary: dict[str, Any], device: str) -> str:
         f"({summary['errors']} could not be timed); truth = interleaved A/B, noise band {NOISE:.0%}",
         *text_table(table),
         f"worst wrong reject: eager {summary['worst_wrong_reject']:.0%} slower than the fusion call; "
-        f"{summary['wrong_keeps_within_margin']} wrong keeps are within the {MARGIN:.0%} margin",
+        f"{summary['wrong_keeps_within_margin']} wrong keeps are within the {MARGIN:.0%} margin, "
+        f"{summary.get('wrong_keeps_eager_dearer_on_device', 0)} have eager dearer on the device as the guard "
+        "timed it (kept on purpose: a device-bound program would lose)",
         f"estimates within 2x of measured: fused {_pct(est['fused_within_2x'])}, eager {_pct(est['eager_within_2x'])}, "
         f"both {_pct(est['both_within_2x'])} (of {est['with_estimates']} regions with estimates)",
         f"est/measured quantiles 10/25/50/75/90%: fused {est['fused_ratio_quartiles']}, "
@@ -451,6 +471,9 @@ def format_summary(summary: dict[str, Any], device: str) -> str:
             + ", ".join(f"{choice[v]} {v}" for v in CHOICE_VERDICTS)
             + f"; agree where clear {'-' if agree is None else f'{agree:.1%}'}"
         )
+        pooled = summary.get("with_executor_choices")
+        if pooled is not None:
+            lines.append(f"where it had a choice, executor choices included: agree where clear {pooled:.1%}")
     return "\n".join(lines)
 
 
