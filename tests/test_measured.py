@@ -422,6 +422,20 @@ def test_host_and_device_times_are_cached_with_the_measurement(inject_timings):
     assert d.details["measured_region_device_us"] == 9.0 and d.details["measured_eager_host_us"] == 3.0
 
 
+def test_a_failing_host_and_device_timing_leaves_the_measurement(inject_timings, monkeypatch):
+    inject_timings(10.0, 8.8, 0.0)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no sleeping kernel here")
+
+    monkeypatch.setattr(breakeven, "host_device_us", broken)
+    guard = FusionGuard(calibration=dict(NEAR_BREAK_EVEN, overlapped=True))
+    jit_cpu(lone_add, guard)(*_inputs())
+    (d,) = guard.report
+    assert d.details["decided_by"] == "measured" and "measured_region_host_us" not in d.details
+    assert d.action == "keep" and "margin 20%" in d.reason
+
+
 def test_host_device_us_is_none_off_cuda():
     from thunder_fusion_guard.measure.timing import host_device_us
 
