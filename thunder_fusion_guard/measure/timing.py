@@ -119,29 +119,44 @@ def interleaved_us(
     if reps < 1 or warmup < 0 or min_reps < 1:
         raise ValueError("interleaved_us: reps and min_reps must be >= 1 and warmup >= 0")
     cuda = uses_cuda(*args) if cuda is None else cuda
-    fastest = None
     for fn in fns:
         for _ in range(1 + warmup):
             fn(*args)
-        _sync(cuda)
-        start = clock()
-        fn(*args)
-        _sync(cuda)
-        took = (clock() - start) / 1e3
-        fastest = took if fastest is None else min(fastest, took)
-    inner = max(1, min(max_inner, int(target_sample_us / max(fastest or 0.0, 1e-3))))
+    one_call = _one_call_us(fns, args, cuda, clock)
+    inner = _calls_per_sample(min(one_call), target_sample_us, max_inner)
     samples: list[list[float]] = [[] for _ in fns]
-    order = list(range(len(fns)))
     for round_index in range(reps):
         if round_index >= min_reps and deadline_ns is not None and clock() > deadline_ns:
             break
-        for i in order if round_index % 2 == 0 else reversed(order):
+        for i in _round_order(len(fns), round_index):
             start = clock()
             for _ in range(inner):
                 fns[i](*args)
             _sync(cuda)
             samples[i].append((clock() - start) / 1e3 / inner)
     return samples
+
+
+def _one_call_us(fns: Sequence[Callable[..., Any]], args: Sequence[Any], cuda: bool, clock: Clock) -> list[float]:
+    """µs of one call of each of ``fns``, from a synchronised start to a synchronised end."""
+    took = []
+    for fn in fns:
+        _sync(cuda)
+        start = clock()
+        fn(*args)
+        _sync(cuda)
+        took.append((clock() - start) / 1e3)
+    return took
+
+
+def _calls_per_sample(one_call_us: float, target_sample_us: float, max_inner: int) -> int:
+    """Calls a sample times so that it lasts about ``target_sample_us`` (1 to ``max_inner``)."""
+    return max(1, min(max_inner, int(target_sample_us / max(one_call_us, 1e-3))))
+
+
+def _round_order(count: int, round_index: int) -> Sequence[int]:
+    """The functions' order in a round: forward in even rounds, backward in odd ones."""
+    return range(count) if round_index % 2 == 0 else range(count - 1, -1, -1)
 
 
 @dataclass(frozen=True)
@@ -190,21 +205,14 @@ def host_device_us(
     """
     if not (uses_cuda(*args) if cuda is None else cuda):
         return None
-    stream_us = []
-    for fn in fns:
-        torch.cuda.synchronize()
-        start = clock()
-        fn(*args)
-        torch.cuda.synchronize()
-        stream_us.append((clock() - start) / 1e3)
-    inner = max(1, min(max_inner, int(target_sample_us / max(min(stream_us), 1e-3))))
+    stream_us = _one_call_us(fns, args, True, clock)
+    inner = _calls_per_sample(min(stream_us), target_sample_us, max_inner)
     sleep_us = 2 * max(stream_us) * inner + 100
     cycles = int(sleep_us * _sleep_cycles_per_us())
     host: list[list[float]] = [[] for _ in fns]
     device: list[list[float]] = [[] for _ in fns]
-    order = list(range(len(fns)))
     for round_index in range(reps):
-        for i in order if round_index % 2 == 0 else reversed(order):
+        for i in _round_order(len(fns), round_index):
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize()
             torch.cuda._sleep(cycles)

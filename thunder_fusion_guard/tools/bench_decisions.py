@@ -454,9 +454,8 @@ def format_summary(summary: dict[str, Any], device: str) -> str:
         f"({summary['errors']} could not be timed); truth = interleaved A/B, noise band {NOISE:.0%}",
         *text_table(table),
         f"worst wrong reject: eager {summary['worst_wrong_reject']:.0%} slower than the fusion call; "
-        f"{summary['wrong_keeps_within_margin']} wrong keeps are within the {MARGIN:.0%} margin, "
-        f"{summary.get('wrong_keeps_eager_dearer_on_device', 0)} have eager dearer on the device as the guard "
-        "timed it (kept on purpose: a device-bound program would lose)",
+        f"{summary['wrong_keeps_within_margin']} wrong keeps are within the {MARGIN:.0%} margin"
+        + _device_keeps_text(summary.get("wrong_keeps_eager_dearer_on_device", 0)),
         f"estimates within 2x of measured: fused {_pct(est['fused_within_2x'])}, eager {_pct(est['eager_within_2x'])}, "
         f"both {_pct(est['both_within_2x'])} (of {est['with_estimates']} regions with estimates)",
         f"est/measured quantiles 10/25/50/75/90%: fused {est['fused_ratio_quartiles']}, "
@@ -475,6 +474,15 @@ def format_summary(summary: dict[str, Any], device: str) -> str:
         if pooled is not None:
             lines.append(f"where it had a choice, executor choices included: agree where clear {pooled:.1%}")
     return "\n".join(lines)
+
+
+def _device_keeps_text(count: int) -> str:
+    if not count:
+        return ""
+    return (
+        f", {count} have eager dearer on the device as the guard timed it "
+        "(kept on purpose: a device-bound program would lose)"
+    )
 
 
 def _pct(value: float | None) -> str:
