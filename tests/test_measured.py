@@ -590,3 +590,30 @@ def test_bench_decisions_quick_runs_on_cpu():
     assert all(r["verdict"] in bench_decisions.VERDICTS for r in doc["rows"])
     assert doc["summary"]["timed"] == len(doc["rows"]) == 2
     json.dumps(doc, default=str)
+
+
+def test_interleaved_us_alternates_the_order_and_times_each_call_on_the_given_clock():
+    """A fake clock that each call advances by its function's cost: the samples are those costs, the calls per
+    sample follow the fastest single call, rounds alternate their order, and a deadline stops after min_reps."""
+    from thunder_fusion_guard.measure.timing import interleaved_us
+
+    now, calls = [0], []
+
+    def costing(name: str, us: int):
+        def fn():
+            now[0] += us * 1000
+            calls.append(name)
+
+        return fn
+
+    fns = [costing("a", 10), costing("b", 30)]
+    samples = interleaved_us(fns, [], reps=6, warmup=1, target_sample_us=100, clock=lambda: now[0])
+    assert samples == [[10.0] * 6, [30.0] * 6]
+    timed = calls[6:]  # two untimed calls each (first and warm-up), then one single call each to size samples
+    rounds = [timed[i : i + 20] for i in range(0, len(timed), 20)]
+    assert [(r[0], r[-1]) for r in rounds] == [("a", "b"), ("b", "a")] * 3
+    assert all(r.count("a") == r.count("b") == 10 for r in rounds)  # 100 µs / 10 µs, the fastest call
+
+    now[0], calls[:] = 0, []
+    stopped = interleaved_us(fns, [], reps=6, warmup=0, min_reps=2, deadline_ns=1, clock=lambda: now[0])
+    assert [len(s) for s in stopped] == [2, 2]
