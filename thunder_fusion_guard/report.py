@@ -143,14 +143,18 @@ class Report:
             )
         for c in self.calibrations:
             text += f"\ncalibration of {c['executor']} on {c['device']}: {c['result']}"
-        for c in self.backend_choices:
-            failed = "".join(f"; {name} failed: {problem}" for name, problem in c.get("problems", {}).items())
-            text += f"\nbackend of {c['subgraph']}: {c['chosen']}: {c['reason']}{failed}"
+        text += "".join(f"\nbackend of {backend_choice_line(c)}" for c in self.backend_choices)
         text += "".join(f"\nwarning: {w}" for w in self.warnings)
         return text if notice is None else f"{text}\n{notice}"
 
     def __repr__(self) -> str:
         return f"Report({self.counts()})"
+
+
+def backend_choice_line(choice: dict[str, Any]) -> str:
+    """'subgraph: backend: why', and each backend that failed on it, of one ``choose_backends`` choice."""
+    failed = "".join(f"; {name} failed: {problem}" for name, problem in choice.get("problems", {}).items())
+    return f"{choice['subgraph']}: {choice['chosen']}: {choice['reason']}{failed}"
 
 
 def _header(with_kernels: bool) -> tuple[str, ...]:

@@ -123,10 +123,20 @@ def rebuild_fusion(
 
     Built the way Thunder itself rebuilds a fusion after editing it (``passes._update_fusion_call_ctx``).
     """
-    name = fusion.sym.name
-    counter = int(name[len(name.rstrip("0123456789")) :] or 0)
+    return _fuse(fusion.sym.executor, body, inputs, outputs, _fusion_number(fusion.sym.name) or 0)
+
+
+def _fuse(
+    executor: Any, body: Sequence[BoundSymbol], inputs: Sequence[Proxy], outputs: Sequence[Proxy], counter: int
+) -> BoundSymbol:
     region = _FusedRegion(tuple(variableify(p) for p in inputs), tuple(variableify(p) for p in outputs), tuple(body))
-    return fusion.sym.executor.fuse(region, counter)
+    return executor.fuse(region, counter)
+
+
+def _fusion_number(name: str) -> int | None:
+    """The number a fusion's name ends in (``nvFusion3``: 3), None where it ends in none."""
+    digits = name[len(name.rstrip("0123456789")) :]
+    return int(digits) if digits else None
 
 
 def fuse_with(executor: Any, fusion: BoundSymbol, counter: int) -> BoundSymbol:
@@ -135,12 +145,7 @@ def fuse_with(executor: Any, fusion: BoundSymbol, counter: int) -> BoundSymbol:
 
     Where that executor leaves its symbol without a meta function (Thunder 0.2.6's torch.compile executor), it
     gets the one nvFuser's regions have, so that Thunder's trace checking passes where it passed before."""
-    region = _FusedRegion(
-        tuple(variableify(p) for p in fusion.flat_proxy_args),
-        tuple(variableify(p) for p in fusion.flat_proxy_outs),
-        tuple(fusion.subsymbols),
-    )
-    bsym = executor.fuse(region, counter)
+    bsym = _fuse(executor, fusion.subsymbols, fusion.flat_proxy_args, fusion.flat_proxy_outs, counter)
     if bsym.sym.meta is None:
         output = bsym.output
         bsym = bsym.from_bsym(sym=dataclasses.replace(bsym.sym, meta=lambda *args, **kwargs: output))
@@ -164,12 +169,8 @@ def alternative_fuser(fusion: BoundSymbol) -> Any | None:
 def free_fusion_counter(trace: TraceCtx) -> int:
     """A fusion number above every one in ``trace``: a region fused with it (and the next ones) takes a name
     no fusion call of the trace has, whatever its executor's prefix."""
-    numbers = [0]
-    for b in trace.bound_symbols:
-        if is_fusion(b):
-            digits = b.sym.name[len(b.sym.name.rstrip("0123456789")) :]
-            numbers.append(int(digits) + 1 if digits else 0)
-    return max(numbers)
+    numbers = [_fusion_number(b.sym.name) for b in trace.bound_symbols if is_fusion(b)]
+    return max([0] + [n + 1 for n in numbers if n is not None])
 
 
 def executor_claims(fusion: BoundSymbol, bsym: BoundSymbol) -> bool:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from .. import _thunder as th
+from ..report import backend_choice_line
 from .timing import interleaved_us
 
 BACKENDS = ("thunder", "inductor", "eager")
@@ -48,8 +49,7 @@ class BackendChoice:
         return asdict(self)
 
     def line(self) -> str:
-        failed = "".join(f"; {name} failed: {problem}" for name, problem in self.problems.items())
-        return f"{self.subgraph}: {self.chosen}: {self.reason}{failed}"
+        return backend_choice_line(self.to_dict())
 
 
 def choose_backends(

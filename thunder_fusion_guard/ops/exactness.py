@@ -3,7 +3,7 @@ rounds differently from one fusion of them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -307,10 +307,18 @@ def hoist_keeps_bits(body: Iterable[th.BoundSymbol], metadata_ops: Iterable[str]
 
 
 def _op_keeps_bits(bsym: th.BoundSymbol, metadata_ops: tuple[str, ...]) -> bool:
-    if th.op_name(bsym) in DATA_MOVEMENT_OPS or _integers_only(bsym) or rebuild_keeps_bits([bsym], metadata_ops):
+    return _all_the_way_down(
+        bsym,
+        lambda b: th.op_name(b) in DATA_MOVEMENT_OPS or _integers_only(b) or rebuild_keeps_bits([b], metadata_ops),
+    )
+
+
+def _all_the_way_down(bsym: th.BoundSymbol, ok: Callable[[th.BoundSymbol], bool]) -> bool:
+    """Whether ``ok`` holds for ``bsym`` or, where it does not, for every op it decomposes into, recursively."""
+    if ok(bsym):
         return True
     subs = [s for s in th.subsymbols(bsym) if not th.is_comment_or_del(s)]
-    return bool(subs) and all(_op_keeps_bits(s, metadata_ops) for s in subs)
+    return bool(subs) and all(_all_the_way_down(s, ok) for s in subs)
 
 
 def switch_keeps_bits(body: Iterable[th.BoundSymbol], metadata_ops: Iterable[str] = ()) -> bool:
@@ -322,12 +330,9 @@ def switch_keeps_bits(body: Iterable[th.BoundSymbol], metadata_ops: Iterable[str
     metadata_ops = tuple(metadata_ops)
     alone = len([n for b in body for n in _leaf_names(b, metadata_ops)]) == 1
     exact = EXACT_OPS | EXACT_ALONE if alone else EXACT_OPS
-    return all(_exact_anywhere(b, metadata_ops, exact) for b in body) and not rounding_hazards(body, metadata_ops)
 
+    def exact_anywhere(b: th.BoundSymbol) -> bool:
+        name = th.op_name(b)
+        return is_metadata(b, metadata_ops) or name in exact or name in DATA_MOVEMENT_OPS or _integers_only(b)
 
-def _exact_anywhere(bsym: th.BoundSymbol, metadata_ops: tuple[str, ...], exact: frozenset[str]) -> bool:
-    name = th.op_name(bsym)
-    if is_metadata(bsym, metadata_ops) or name in exact or name in DATA_MOVEMENT_OPS or _integers_only(bsym):
-        return True
-    subs = [s for s in th.subsymbols(bsym) if not th.is_comment_or_del(s)]
-    return bool(subs) and all(_exact_anywhere(s, metadata_ops, exact) for s in subs)
+    return all(_all_the_way_down(b, exact_anywhere) for b in body) and not rounding_hazards(body, metadata_ops)
