@@ -55,6 +55,8 @@ VARIANT_BUILDS = {
     "guarded+prune": "thunder.jit(model, transforms=[FusionGuard(), PrunePrologueChecks()])",
     # the opt-in where speed may win over bits: regions with ops that round are decided by cost too
     "guarded-inexact": "thunder.jit(model, transforms=[FusionGuard(exact_only=False)])",
+    # nvFuser regions through Thunder's own per-call wrapper (the direct calls off)
+    "guarded-thunderscall": "thunder.jit(model, transforms=[FusionGuard(direct_calls=False)])",
     "inductor": "torch.compile(model)",
     "inductor-ro": 'torch.compile(model, mode="reduce-overhead")',
 }
@@ -242,7 +244,12 @@ def compile_variant(model: Any, variant: str, device: str) -> tuple[Callable[...
     workload = Workload(model, ())
     if variant == "eager" or variant.startswith("inductor"):
         return compile_case(workload, variant, device), None
-    guard = FusionGuard(exact_only=not variant.startswith("guarded-inexact")) if variant.startswith("guarded") else None
+    guard = None
+    if variant.startswith("guarded"):
+        guard = FusionGuard(
+            exact_only=not variant.startswith("guarded-inexact"),
+            direct_calls=not variant.startswith("guarded-thunderscall"),
+        )
     transforms: list[Any] = [guard] if guard else []
     if variant.endswith("+prune"):
         from thunder.transforms.prune_prologue_checks import PrunePrologueChecks

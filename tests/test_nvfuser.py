@@ -9,6 +9,7 @@ from helpers import assert_same, run_with_grads
 from test_guard import metadata_chain, mixed, rearrange_heads
 
 from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard._thunder import DirectNvFuserCall, executor_name, is_fusion, region_callable
 from thunder_fusion_guard._thunder.compat import applied_fixes
 from thunder_fusion_guard.ops import region_is_metadata_only
 from thunder_fusion_guard.regions import find_regions
@@ -64,3 +65,50 @@ def test_mixed_program_keeps_compute_regions():
     assert_same(grad_g, grad_p)
     kept = [r for r in nv_regions(guarded) if not region_is_metadata_only(r.body)]
     assert kept and len(kept) == len([r for r in nv_regions(plain) if not region_is_metadata_only(r.body)])
+
+
+def norm_rotate_gate(x, w, cos, sin):
+    """bf16 work that rounds: an RMS norm, a rotary-style mix in float32, a SiLU gate."""
+    xf = x.float()
+    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype) * w
+    a, b = y.chunk(2, dim=-1)
+    z = (y.float() * cos + torch.cat((-b, a), dim=-1).float() * sin).to(x.dtype)
+    return torch.nn.functional.silu(z) * y
+
+
+def test_direct_calls_keep_thunders_bits():
+    torch.manual_seed(0)
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(64, **bf16, requires_grad=True)
+    cos, sin = torch.randn(16, 64, device="cuda"), torch.randn(16, 64, device="cuda")
+    direct, thunders_call = FusionGuard(strict=True), FusionGuard(strict=True, direct_calls=False)
+    guarded = thunder.jit(norm_rotate_gate, transforms=[direct])
+    kept = thunder.jit(norm_rotate_gate, transforms=[thunders_call])
+    plain = thunder.jit(norm_rotate_gate)
+    contiguous = torch.randn(4, 16, 64, **bf16, requires_grad=True)
+    transposed = torch.randn(4, 64, 16, **bf16).transpose(1, 2).requires_grad_()  # other strides, same shape
+    for x in (contiguous, transposed, contiguous):
+        inputs = [x, w, cos, sin]
+        out_d, grad_d = run_with_grads(guarded, inputs)
+        out_k, grad_k = run_with_grads(kept, inputs)
+        out_p, grad_p = run_with_grads(plain, inputs)
+        assert_same(out_d, out_p)
+        assert_same(grad_d, grad_p)
+        assert_same(out_k, out_p)
+        assert_same(grad_k, grad_p)
+        eager = norm_rotate_gate(*[t.detach() for t in inputs])
+        torch.testing.assert_close(out_d[0].float(), eager.float(), atol=0.05, rtol=0.02)
+    assert thunder.cache_misses(guarded) == 1  # one program: the prologue does not check strides
+    layouts = []
+    for trace in (thunder.last_traces(guarded)[-1], thunder.last_backward_traces(guarded)[-1]):
+        fusions = [b for b in trace.bound_symbols if is_fusion(b) and executor_name(b) == "nvfuser"]
+        assert fusions
+        assert all(isinstance(region_callable(b), DirectNvFuserCall) for b in fusions)
+        layouts += [len(region_callable(b)._by_layout) for b in fusions]
+    assert max(layouts) == 2  # the transposed input is a second layout, looked up once
+    called = [d.details.get("call") for d in direct.report if d.about_region and d.executor == "nvfuser"]
+    assert called and set(called) == {"direct"}
+    assert all("call" not in d.details for d in thunders_call.report)
+    for trace in (thunder.last_traces(kept)[-1], thunder.last_backward_traces(kept)[-1]):
+        fusions = [b for b in trace.bound_symbols if is_fusion(b)]
+        assert not any(isinstance(region_callable(b), DirectNvFuserCall) for b in fusions)

@@ -131,6 +131,7 @@ class GuardOptions:
     compare_ranks: bool = _option(False, _bool)
     hoist: bool = _option(True, _bool)
     hoist_max_bytes: int = _option(DEFAULT_HOIST_MAX_BYTES, _byte_count)
+    direct_calls: bool = _option(True, _bool)
 
     def __post_init__(self) -> None:
         for f in fields(self):

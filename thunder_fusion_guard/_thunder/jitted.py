@@ -40,6 +40,7 @@ __all__ = [
     "thunderfx_subgraphs",
     "thunderfx_transforms",
     "traces_before_guard",
+    "with_region_callable",
 ]
 
 
@@ -275,12 +276,17 @@ WrapCall = Callable[[str, str, Callable], Callable]
 WrapTrace = Callable[[str, Callable], Callable]
 
 
+def with_region_callable(bsym: BoundSymbol, fn: Callable) -> BoundSymbol:
+    """A copy of fusion bound symbol ``bsym`` that runs ``fn`` instead of its region callable."""
+    new = bsym.from_bsym()
+    # Set after from_bsym: nvFuser's symbols re-set their call context when bound.
+    new._call_ctx = {bsym.sym.name: fn}
+    return new
+
+
 def _instrumented_callable(trace: TraceCtx, kind: str, wrap_call: WrapCall) -> Callable:
     def wrapped(bsym: BoundSymbol) -> BoundSymbol:
-        new = bsym.from_bsym()
-        # Set after from_bsym: nvFuser's symbols re-set their call context when bound.
-        new._call_ctx = {bsym.sym.name: wrap_call(kind, bsym.sym.name, region_callable(bsym))}
-        return new
+        return with_region_callable(bsym, wrap_call(kind, bsym.sym.name, region_callable(bsym)))
 
     bsyms = [wrapped(b) if is_fusion(b) else b for b in trace.bound_symbols]
     return new_trace_like(trace, bsyms).python_callable()

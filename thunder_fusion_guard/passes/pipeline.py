@@ -16,6 +16,7 @@ from ..options import GuardOptions
 from ..regions import Region, find_regions
 from ..report import Report
 from .collectives import communication_changes
+from .direct_calls import direct_calls
 from .fold import SETITEM, fold_setitem_copies
 from .hoist import HoistLedger, check_backward, hoist_constants
 from .hoist_runtime import HOISTED_NAME, HoistedValues
@@ -103,16 +104,23 @@ def guard_trace(
         new_trace = _op_pass(_hoist_pass(hoisted or HoistLedger()), new_trace, options, made, where)
     for d in made:
         report.add(d)
-    if options.report_only or new_trace is trace:
+    if options.report_only:
         return trace
-    new_trace = th.refresh_dels(new_trace)
+    if new_trace is not trace:
+        new_trace = th.refresh_dels(new_trace)
+    if options.direct_calls:
+        new_trace = _op_pass(direct_call_pass, new_trace, options, made, where)
+    if new_trace is trace:
+        return trace
     th.set_provenance(new_trace, f"FusionGuard ({_summary(made)})")
     return new_trace
 
 
 def _summary(made: list[Decision]) -> str:
     counts = Counter(d.action for d in made if d.action != "keep")
-    return ", ".join(f"{n} {action}" for action, n in sorted(counts.items())) or "no change"
+    text = ", ".join(f"{n} {action}" for action, n in sorted(counts.items())) or "no change"
+    direct = sum(d.details.get("call") == DIRECT for d in made)
+    return f"{text}; {direct} regions called directly" if direct else text
 
 
 def unfuse_rejected(
@@ -309,6 +317,20 @@ def merge_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision], 
         d.applied = not options.report_only
         d.details.update(into=m.into)
         made.append(d)
+    return new
+
+
+DIRECT = "direct"
+
+
+def direct_call_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision], where: TraceContext):
+    """Call each nvFuser region without Thunder's per-call lookup; record how each region is called."""
+    new, changes = direct_calls(trace, lambda fusion: options.guards(th.executor_name(fusion)))
+    regions = {d.region: d for d in made if d.about_region and d.trace == where.trace}
+    for c in changes:
+        d = regions.get(c.region)
+        if d is not None:
+            d.details["call"] = DIRECT if c.direct else f"Thunder's: {c.because}"
     return new
 
 

@@ -1,0 +1,99 @@
+"""Calling nvFuser's fusion regions: a direct caller that does Thunder's per-call work once per input layout.
+
+On every call Thunder's ``FusionDefinitionWrapper`` turns each input into a descriptor (contiguity, stride
+order), looks the fusion definition up by them, and checks each input for distributed tensors before nvFuser
+runs. In a host-bound step that is 10-25 µs of a region's call. The descriptors depend only on each tensor's
+shape and strides, so :class:`DirectNvFuserCall` asks Thunder for the definition once per (shape, strides)
+of the inputs and then runs it the way Thunder would: the same definition, the same ``execute`` arguments,
+so the same kernels and the same bits.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["DirectNvFuserCall", "direct_nvfuser_call"]
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+# More layouts than this for one region (shapes that keep changing): start the table again.
+MAX_LAYOUTS = 1024
+
+
+def _wrapper_type() -> type | None:
+    """Thunder's nvFuser region callable type; None where Thunder's nvFuser executor is not loaded."""
+    impl = sys.modules.get("thunder.executors.nvfuserex_impl")
+    return getattr(impl, "FusionDefinitionWrapper", None)
+
+
+def _profiling_annotations() -> bool:
+    from thunder.core.profile import profiling_enabled
+
+    return profiling_enabled()
+
+
+class DirectNvFuserCall:
+    """Runs one nvFuser region as Thunder's ``FusionDefinitionWrapper`` ``wrapped`` would, with the fusion
+    definition found once per input layout. Inputs that are not plain tensors or numbers (distributed or other
+    tensor subclasses) go through ``wrapped`` itself. Other attributes (``name``, ``last_used``) are ``wrapped``'s.
+    """
+
+    __slots__ = ("_by_layout", "wrapped")
+
+    def __init__(self, wrapped: Any) -> None:
+        self.wrapped = wrapped
+        self._by_layout: dict[tuple, Any] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        key = []
+        for a in args:
+            if type(a) in _PLAIN:
+                key.append((a.shape, a.stride()))
+            elif isinstance(a, torch.Tensor):
+                return self.wrapped(*args)
+            else:
+                key.append(None)
+        w = self.wrapped
+        layout = tuple(key)
+        fd = self._by_layout.get(layout)
+        if fd is None:
+            if len(self._by_layout) >= MAX_LAYOUTS:
+                self._by_layout.clear()
+            fd = self._by_layout[layout] = w.get_fd(w.to_descriptors(args))
+        w.last_used = fd
+        return fd.execute(
+            args,
+            device=fd._selected_device,
+            save_repro_inputs=False,
+            _enable_options=w.enable_options,
+            _disable_options=w.disable_options,
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        if name in DirectNvFuserCall.__slots__:  # not set yet (a copy being made)
+            raise AttributeError(name)
+        return getattr(self.wrapped, name)
+
+    def __repr__(self) -> str:
+        return f"DirectNvFuserCall({self.wrapped!r})"
+
+
+def direct_nvfuser_call(fn: Callable) -> DirectNvFuserCall | str:
+    """A direct caller for nvFuser region callable ``fn``, or why ``fn`` keeps Thunder's own call."""
+    if isinstance(fn, DirectNvFuserCall):
+        return fn
+    wrapper = _wrapper_type()
+    if wrapper is None or type(fn) is not wrapper:
+        return f"not Thunder's nvFuser region callable ({type(fn).__name__})"
+    if not all(hasattr(fn, a) for a in ("get_fd", "to_descriptors", "enable_options", "disable_options")):
+        return "Thunder's nvFuser region callable lacks what a direct call needs (another Thunder version?)"
+    if not fn.use_cache:
+        return "nv_skip_cache is set: Thunder runs the fusion definition it used last"
+    if fn.store_inputs or fn.save_fake_inputs:
+        return "nv_store_fusion_inputs or nv_save_fake_inputs is set: Thunder's call keeps the inputs"
+    if _profiling_annotations():
+        return "THUNDER_ANNOTATE_TRACES is set: Thunder's call marks each region for the profiler"
+    return DirectNvFuserCall(fn)

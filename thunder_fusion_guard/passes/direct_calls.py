@@ -1,0 +1,41 @@
+"""Direct calls: each nvFuser region of a trace called through :class:`~.._thunder.DirectNvFuserCall`.
+
+The region, its fusion definition and its kernels stay Thunder's; only the Python around each call shrinks
+(the definition is looked up once per input layout instead of on every call), so the bits cannot change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .. import _thunder as th
+
+
+@dataclass(frozen=True)
+class CallChange:
+    """How one nvFuser region is called now: ``direct``, or Thunder's call kept ``because``."""
+
+    region: str
+    direct: bool
+    because: str | None = None
+
+
+def direct_calls(
+    trace: th.TraceCtx, may_change: Callable[[th.BoundSymbol], bool]
+) -> tuple[th.TraceCtx, list[CallChange]]:
+    """``trace`` with every nvFuser region that ``may_change`` allows called directly, and one record per region."""
+    changes: list[CallChange] = []
+    bsyms: list[th.BoundSymbol] = []
+    for bsym in trace.bound_symbols:
+        if th.is_fusion(bsym) and th.executor_name(bsym) == "nvfuser" and may_change(bsym):
+            call = th.direct_nvfuser_call(th.region_callable(bsym))
+            if isinstance(call, str):
+                changes.append(CallChange(bsym.sym.name, False, call))
+            else:
+                changes.append(CallChange(bsym.sym.name, True))
+                bsym = th.with_region_callable(bsym, call)
+        bsyms.append(bsym)
+    if not any(c.direct for c in changes):
+        return trace, changes
+    return th.new_trace_like(trace, bsyms), changes
