@@ -20,6 +20,9 @@ from opinfo_harness import CPU, CUDA, check_op, ci_subset, corpus, dtype_named, 
 CI = ci_subset(CPU)
 # Compute ops of the CI subset whose kind another op of the default run covers: slow, in CI_VARIANTS.
 CI_SLOW = {
+    "gelu",  # as add and where: element-wise
+    "tril",  # as where: a mask
+    "pad",  # as torch_pad
     "eq",  # as where: a comparison
     "bitwise_and",
     "var_mean",  # as sum and softmax: reductions
