@@ -20,7 +20,8 @@ def test_the_suite_checks_every_trace():
     assert thunder.compile_data(jitted).debug_options.check_traces is True
 
 
-@pytest.mark.parametrize("check_traces", [True, 2])
+# check_traces=True: every jit of the suite runs with it already (tests/conftest.py); here with --run-slow.
+@pytest.mark.parametrize("check_traces", [pytest.param(True, marks=pytest.mark.slow), 2])
 @pytest.mark.parametrize(
     "executors, actions", [("thunder defaults", {"hoist", "fold"}), ("nvfuser-shaped torch.compile", {"hoist"})]
 )
