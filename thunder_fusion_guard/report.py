@@ -256,8 +256,8 @@ def format_markdown(
     lines = [f"# {_md_cell(title if rank is None else f'{title} (rank {rank})')}", ""]
     for sub, mine in _groups(decisions, subgraphs) if grouped else [(None, decisions)]:
         if grouped:
-            title = sub.id if sub is None or sub.name is None else f"{sub.id} ({sub.name})"
-            lines += [f"## {title if sub else 'not from ThunderFX'}", ""]
+            heading = "not from ThunderFX" if sub is None else sub.id if sub.name is None else f"{sub.id} ({sub.name})"
+            lines += [f"## {_md_cell(heading)}", ""]
             if sub:
                 lines += [f"ops ({len(sub.ops)}): {_md_cell(', '.join(sub.ops))}", ""]
                 lines += [f"- split: {_md_cell(reason)}" for reason in sub.split_reasons]
