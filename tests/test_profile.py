@@ -210,7 +210,7 @@ def test_profile_table_marks_disagreements_with_injected_timings(monkeypatch):
 # A backward region's ops, as Thunder lists them: long names repeated, the list longer than any column.
 def c(text: str) -> str:
     """``text`` with each ``*`` the multiplication sign the tables count ops with (``mul*2``: ``mul`` twice)."""
-    from thunder_fusion_guard.decisions import TIMES
+    from thunder_fusion_guard.render.table import TIMES
 
     return text.replace("*", TIMES)
 
@@ -241,7 +241,7 @@ def test_profile_tables_say_what_host_means_and_count_ops_without_cutting_them(d
 
 def test_decision_tables_count_ops_and_never_cut_a_name():
     from thunder_fusion_guard import Decision
-    from thunder_fusion_guard.decisions import op_groups, ops_text
+    from thunder_fusion_guard.render.table import op_groups, ops_text
     from thunder_fusion_guard.report import Report
 
     assert op_groups(BACKWARD_OPS) == [c("transpose*3"), c("mul*2"), "reshape", "broadcast_in_dim", "sum", "add"]

@@ -8,8 +8,8 @@ from thunder.dynamo import thunderfx
 from thunder.executors.torch_compile import torch_compile_ex
 
 from thunder_fusion_guard import FusionGuard, collect_segments, explain
-from thunder_fusion_guard.decisions import kernels_text
 from thunder_fusion_guard.examine import segments
+from thunder_fusion_guard.render.table import kernels_text
 
 POINTWISE = "nvf::nvfuser_pointwise_f0_c1_r0_g0(nvf::Tensor<float, 2, 2>, nvf::Tensor<float, 2, 2>)"
 REDUCTION = "<unnamed>::nvfuser_reduction_f3_c1_r0_g2(nvf::Tensor<float, 2, 2>, nvf::Tensor<float, 1, 1>)"

@@ -7,18 +7,23 @@ from collections import Counter
 from typing import Any
 
 from . import _thunder as th
-from .decisions import (
-    ACTIONS,
-    Decision,
-    Subgraph,
-    action_text,
-    compilation_notes,
-    estimate_text,
-    kernels_text,
-    ops_text,
-    reason_text,
-)
+from .decisions import ACTIONS, Decision, Subgraph
 from .render import html_page
+from .render.table import (
+    Section,
+    action_text,
+    estimate_text,
+    explanation_text,
+    kernels_text,
+    markdown_table,
+    md_cell,
+    ops_text,
+    plural,
+    reason_text,
+    sections,
+    subgraph_heading,
+    text_table,
+)
 
 
 class Report:
@@ -62,8 +67,8 @@ class Report:
         if any(d.about_region for d in self.decisions):
             return None
         return (
-            f"FusionGuard: called, but Thunder made no fusion region in the {self.traces_seen} "
-            f"trace{'s' if self.traces_seen != 1 else ''} it compiled; "
+            f"FusionGuard: called, but Thunder made no fusion region in the {plural(self.traces_seen, 'trace')} "
+            "it compiled; "
             f"{th.no_region_hint(self.executors)}."
         )
 
@@ -121,7 +126,7 @@ class Report:
 
     def to_markdown(self, title: str = "FusionGuard report") -> str:
         text = format_markdown(self.decisions, self.subgraphs, title, self.recompiles)
-        text += "".join(f"\nwarning: {_md_cell(w)}\n" for w in self.warnings)
+        text += "".join(f"\nwarning: {md_cell(w)}\n" for w in self.warnings)
         notice = self.notice()
         return text if notice is None else f"{text}\n{notice}\n"
 
@@ -138,7 +143,7 @@ class Report:
         m = self.measuring
         if m.get("timed") or m.get("from_cache"):
             text += (
-                f"\nmeasured near break-even: {m['timed']} regions timed in {m['seconds']:.2f} s, "
+                f"\nmeasured near break-even: {plural(m['timed'], 'region')} timed in {m['seconds']:.2f} s, "
                 f"{m['from_cache']} from the cache"
             )
         for c in self.calibrations:
@@ -170,18 +175,6 @@ def _row(d: Decision, with_kernels: bool, grouped: bool) -> tuple[str, ...]:
     return (where, d.region, d.executor, ops_text(d.ops), *kernels, action_text(d), estimate_text(d), reason_text(d))
 
 
-def _groups(decisions: list[Decision], subgraphs: dict[str, Subgraph]) -> list[tuple[Subgraph | None, list[Decision]]]:
-    """Decisions by subgraph, in the order the subgraphs were compiled; the rest (not ThunderFX) last."""
-    groups: list[tuple[Subgraph | None, list[Decision]]] = []
-    for key, sub in subgraphs.items():
-        mine = [d for d in decisions if d.subgraph == key]
-        groups.append((sub, mine))
-    rest = [d for d in decisions if d.subgraph not in subgraphs]
-    if rest:
-        groups.append((None, rest))
-    return groups
-
-
 def _rank_of(decisions: list[Decision]) -> int | None:
     ranks = {d.rank for d in decisions if d.rank is not None}
     return ranks.pop() if len(ranks) == 1 else None
@@ -190,10 +183,10 @@ def _rank_of(decisions: list[Decision]) -> int | None:
 def _summary(decisions: list[Decision], subgraphs: dict[str, Subgraph]) -> str:
     counts = Counter(d.action for d in decisions)
     summary = ", ".join(f"{counts[a]} {a}" for a in ACTIONS if counts[a])
-    where = f" in {len(subgraphs)} subgraphs" if subgraphs else ""
+    where = f" in {plural(len(subgraphs), 'subgraph')}" if subgraphs else ""
     rank = _rank_of(decisions)
     who = "FusionGuard" if rank is None else f"FusionGuard (rank {rank})"
-    return f"{who}: {len(decisions)} decisions ({summary}){where}"
+    return f"{who}: {plural(len(decisions), 'decision')} ({summary}){where}"
 
 
 def format_table(
@@ -201,8 +194,8 @@ def format_table(
     subgraphs: dict[str, Subgraph] | None = None,
     recompiles: dict[str, list[str]] | None = None,
 ) -> str:
-    """A fixed-width table, one row per decision; under ThunderFX a heading per subgraph with its ops. A
-    program Thunder compiled more than once gets a line saying so (:func:`compilation_notes`).
+    """A fixed-width table, one row per decision; under ThunderFX a heading per subgraph with its ops (the
+    groups of :func:`~.render.table.sections`). A program Thunder compiled more than once gets a line saying so.
 
     A ``kernels`` column (count and nvFuser schedulers) appears once kernel details were collected.
     """
@@ -210,35 +203,45 @@ def format_table(
     if not decisions and not subgraphs:
         return "FusionGuard: no fusion regions seen yet (call the jitted function first)."
     with_kernels = any("kernels" in d.details for d in decisions)
-    header = _header(with_kernels)
     grouped = bool(subgraphs)
-    groups = _groups(decisions, subgraphs) if grouped else [(None, decisions)]
-    rows = {id(d): _row(d, with_kernels, grouped) for d in decisions}
-    widths = [max(len(str(r[i])) for r in [header, *rows.values()]) for i in range(len(header) - 1)]
-
-    def line(r: tuple[str, ...]) -> str:
-        return "  ".join(str(c).ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
-
-    lines = [line(header), "-" * min(160, sum(widths) + 2 * len(widths) + 20)]
+    table = text_table(
+        [_header(with_kernels), *(_row(d, with_kernels, grouped) for d in decisions)], last_free=True, rule=True
+    )
+    line_of = {id(d): line for d, line in zip(decisions, table[2:], strict=True)}
+    lines = table[:2]
     rank = _rank_of(decisions)
     if rank is not None:
         lines.insert(0, f"FusionGuard report (rank {rank})")
-    for sub, mine in groups:
-        if grouped:
-            lines.append(sub.heading() if sub else "not from ThunderFX:")
-            lines += [f"  split: {reason}" for reason in (sub.split_reasons if sub else [])]
-            lines += [f"  {note}" for note in compilation_notes(sub, mine, recompiles)]
-            if not mine:
-                lines.append("  (no fusion region)")
-        lines += [line(rows[id(d)]) for d in mine]
-        if not grouped:
-            lines += compilation_notes(None, mine, recompiles)
+    for section in sections(decisions, subgraphs, recompiles):
+        if section.title is None:
+            lines += [line_of[id(d)] for d in section.decisions] + section.notes
+            continue
+        lines.append(subgraph_heading(section.subgraph) if section.subgraph else f"{section.title}:")
+        lines += [f"  split: {reason}" for reason in section.split_reasons]
+        lines += [f"  {note}" for note in section.notes]
+        lines += [line_of[id(d)] for d in section.decisions] or ["  (no fusion region)"]
     lines.append(_summary(decisions, subgraphs))
     return "\n".join(lines)
 
 
-def _md_cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+def _markdown_section(section: Section, with_kernels: bool, grouped: bool) -> list[str]:
+    lines = []
+    if section.title is not None:
+        lines += [f"## {md_cell(section.title)}", ""]
+        if section.subgraph is not None:
+            lines += [f"ops ({len(section.subgraph.ops)}): {md_cell(', '.join(section.subgraph.ops))}", ""]
+        lines += [f"- split: {md_cell(reason)}" for reason in section.split_reasons]
+    lines += [f"- {md_cell(note)}" for note in section.notes] + ([""] if section.notes else [])
+    if not section.decisions:
+        return [*lines, "no fusion region", ""]
+    rows = []
+    for d in section.decisions:
+        cells = list(_row(d, with_kernels, grouped))
+        cells[3] = ops_text(d.ops, None)  # every op, counted
+        explanation = explanation_text(d)
+        cells[-1] += f" — {explanation}" if explanation else ""
+        rows.append(cells)
+    return [*lines, *markdown_table(_header(with_kernels), rows), ""]
 
 
 def format_markdown(
@@ -247,30 +250,14 @@ def format_markdown(
     title: str = "FusionGuard report",
     recompiles: dict[str, list[str]] | None = None,
 ) -> str:
-    """The report as Markdown: a table per ThunderFX subgraph (or one table), then the summary."""
+    """The report as Markdown: a table per ThunderFX subgraph and one of the decisions outside them (or one
+    table; the groups of :func:`~.render.table.sections`), each reason followed by its long explanation, then
+    the summary."""
     subgraphs = subgraphs or {}
     with_kernels = any("kernels" in d.details for d in decisions)
-    header = _header(with_kernels)
-    grouped = bool(subgraphs)
     rank = _rank_of(decisions)
-    lines = [f"# {_md_cell(title if rank is None else f'{title} (rank {rank})')}", ""]
-    for sub, mine in _groups(decisions, subgraphs) if grouped else [(None, decisions)]:
-        if grouped:
-            heading = "not from ThunderFX" if sub is None else sub.id if sub.name is None else f"{sub.id} ({sub.name})"
-            lines += [f"## {_md_cell(heading)}", ""]
-            if sub:
-                lines += [f"ops ({len(sub.ops)}): {_md_cell(', '.join(sub.ops))}", ""]
-                lines += [f"- split: {_md_cell(reason)}" for reason in sub.split_reasons]
-        notes = compilation_notes(sub, mine, recompiles)
-        lines += [f"- {_md_cell(note)}" for note in notes] + ([""] if notes else [])
-        if not mine:
-            lines += ["no fusion region", ""]
-            continue
-        lines += ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
-        for d in mine:
-            cells = list(_row(d, with_kernels, grouped))
-            cells[3] = ops_text(d.ops, None)  # every op, counted
-            lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
-        lines.append("")
+    lines = [f"# {md_cell(title if rank is None else f'{title} (rank {rank})')}", ""]
+    for section in sections(decisions, subgraphs, recompiles):
+        lines += _markdown_section(section, with_kernels, bool(subgraphs))
     lines.append(_summary(decisions, subgraphs))
     return "\n".join(lines) + "\n"

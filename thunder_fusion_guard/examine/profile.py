@@ -21,12 +21,13 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from .. import _thunder as th
-from ..decisions import Decision, Subgraph, kernels_text, ops_text, percent_text, text_table
+from ..decisions import Decision, Subgraph
 from ..distributed import current_rank
-from ..measure.timing import spread_text, time_us, uses_cuda
+from ..measure.timing import time_us, uses_cuda
 from ..ops import is_communication
 from ..passes.rewrite import lower_region
 from ..render import HOST_LEGEND_CPU, HOST_LEGEND_CUDA, html_page
+from ..render.table import kernels_text, ops_text, percent_text, plural, spread_text, text_table
 from .bandwidth import Peak, gbps, peak_bandwidth
 from .calls import ProgramCalls, RegionCall, program_calls
 from .dataflow import GraphPair, graphs_to_dot, trace_graphs
@@ -409,7 +410,7 @@ def _fmt(value: float | int | None, digits: int = 1) -> str:
 def format_profile(profile: RegionProfile) -> str:
     """A fixed-width table, one row per region, then the guard's decisions for regions no longer there."""
     cuda = profile.device == "cuda"
-    threads = "" if profile.threads is None else f"; {profile.threads} intra-op thread{'s' * (profile.threads > 1)}"
+    threads = "" if profile.threads is None else f"; {plural(profile.threads, 'intra-op thread')}"
     on = profile.device if profile.rank is None else f"{profile.device}, rank {profile.rank}"
     title = (
         f"profile of {profile.function or 'jitted function'} on {on} (µs: median (first-third "

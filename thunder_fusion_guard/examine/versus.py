@@ -23,10 +23,10 @@ from typing import Any
 import torch
 
 from .. import _thunder as th
-from ..decisions import text_table
 from ..ops import work_kind
 from ..regions import find_regions
 from ..render.bars import grouped_bars_svg
+from ..render.table import text_table
 from .calls import programs
 
 RANGE = "fusion_guard::"  # profiler ranges around Thunder's fusion calls: fusion_guard::<pass>::<region>

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from ..render.table import spread_text
+
 
 def _sync(device_is_cuda: bool) -> None:
     if device_is_cuda:
@@ -55,11 +57,6 @@ def quartiles(samples: Sequence[float]) -> tuple[float, float, float]:
     if n == 1:
         return ordered[0], ordered[0], ordered[0]
     return statistics.median(ordered[: n // 2]), statistics.median(ordered), statistics.median(ordered[(n + 1) // 2 :])
-
-
-def spread_text(median: float, q1: float, q3: float, digits: int = 1) -> str:
-    """'12.3 (11.9-13.0)': a median and, in brackets, its first and third quartiles."""
-    return f"{median:.{digits}f} ({q1:.{digits}f}-{q3:.{digits}f})"
 
 
 def time_us(

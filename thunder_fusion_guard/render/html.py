@@ -6,17 +6,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from ..decisions import (
-    ACTIONS,
-    Decision,
-    Subgraph,
-    action_text,
-    compilation_notes,
-    estimate_text,
-    kernels_text,
-    reason_text,
-)
+from ..decisions import ACTIONS, Decision, Subgraph
 from .svg import graph_svg
+from .table import Section, action_text, estimate_text, explanation_text, kernels_text, plural, reason_text, sections
 from .text import ACTION_STYLE, HOST_LEGEND_CPU, HOST_LEGEND_CUDA, MINUS, attr, human_bytes, ops_summary, totals_text
 
 _CSS = """
@@ -30,6 +22,7 @@ th { background: #eceff1; } table.sortable th { cursor: pointer; user-select: no
 table.sortable th:after { content: " ⇅"; color: #90a4ae; font-size: 11px; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 td.ops { max-width: 360px; } td.reason { max-width: 520px; color: #37474f; }
+td.reason summary { cursor: pointer; } td.reason details p { margin: 4px 0 0; color: #546e7a; }
 .down { color: #2e7d32; font-weight: bold; } .up { color: #c62828; font-weight: bold; }
 .pair { display: flex; flex-wrap: wrap; gap: 18px; align-items: flex-start; }
 figure { margin: 0; border: 1px solid #cfd8dc; border-radius: 6px; padding: 8px; background: #fff;
@@ -144,7 +137,19 @@ def _summary_table(pairs: Sequence[Any], subgraphs: dict[str, Subgraph]) -> str:
     return _table(header, rows, "summary") + foot
 
 
-def _decision_table(decisions: Sequence[Decision], subgraphs: dict[str, Subgraph]) -> str:
+def _reason_cell(d: Decision) -> str:
+    """The short reason; where the decision has a long explanation, the reason opens it (and hovering shows it)."""
+    reason, explanation = reason_text(d), explanation_text(d)
+    if not explanation:
+        return _cell(reason, cls="reason")
+    return (
+        f'<td class="reason" data-v="{attr(reason)}" title="{attr(explanation)}"><details><summary>{attr(reason)}'
+        f"</summary><p>{attr(explanation)}</p></details></td>"
+    )
+
+
+def _decision_table(groups: Sequence[Section], subgraphs: dict[str, Subgraph]) -> str:
+    decisions = [d for group in groups for d in group.decisions]
     with_kernels = any("kernels" in d.details for d in decisions)
     header = ["where", "region", "executor", "ops", *(["kernels"] if with_kernels else [])]
     header += ["action", "est µs region / eager", "reason"]
@@ -159,7 +164,7 @@ def _decision_table(decisions: Sequence[Decision], subgraphs: dict[str, Subgraph
         cells += [
             f'<td class="action-{attr(d.action)}">{attr(action_text(d))}</td>',
             _cell(estimate_text(d), d.estimates.get("est_region_us", ""), "num"),
-            _cell(reason_text(d), cls="reason"),
+            _reason_cell(d),
         ]
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return _table(header, rows, "decisions")
@@ -240,10 +245,11 @@ def _program_title(subgraph: str | None, function: str | None, subgraphs: dict[s
     return subgraph if sub is None or sub.name is None else f"{subgraph} ({sub.name})"
 
 
-def _pictures(pairs: Sequence[Any], subgraphs: dict[str, Subgraph], decisions: Sequence[Decision]) -> str:
+def _pictures(pairs: Sequence[Any], subgraphs: dict[str, Subgraph], groups: Sequence[Section]) -> str:
     """A heading per program (the function, or each ThunderFX subgraph), then its pictures side by side:
     forward and backward, before and after the guard (one picture where the guard changed nothing)."""
     parts = [_legend()]
+    notes = {id(group.subgraph): group.notes for group in groups if group.subgraph is not None}
     programs: dict[str | None, list[Any]] = {}
     for p in pairs:
         programs.setdefault(p.subgraph, []).append(p)
@@ -253,8 +259,7 @@ def _pictures(pairs: Sequence[Any], subgraphs: dict[str, Subgraph], decisions: S
         if sub is not None:
             parts.append(f"<p class='meta'>fx ops: {attr(', '.join(sub.ops))}</p>")
             parts += [f"<p class='meta'>split: {attr(r)}</p>" for r in sub.split_reasons]
-            decided = [d for d in decisions if d.subgraph == subgraph]
-            parts += [f"<p class='meta'>{attr(note)}</p>" for note in compilation_notes(sub, decided)]
+            parts += [f"<p class='meta'>{attr(note)}</p>" for note in notes.get(id(sub), [])]
         parts.append('<div class="pair">')
         for p in mine:
             stages = [("before the guard", p.before), ("after the guard", p.after)] if p.changed else []
@@ -281,35 +286,34 @@ def html_page(
     """The HTML report: summary of bytes at kernel boundaries, the pictures, the profile, the decisions.
     A program Thunder compiled more than once gets a line saying so, why, and which compilation is shown."""
     subgraphs = subgraphs or {}
-    sections = []
+    groups = sections(decisions, subgraphs, recompiles)
+    parts = []
     nav = []
     if graphs:
         nav += ['<a href="#summary">bytes at kernel boundaries</a>', '<a href="#pictures">pictures</a>']
-        sections.append("<h2 id='summary'>Bytes at kernel boundaries, fusion calls and kernels</h2>")
-        sections.append(_summary_table(graphs, subgraphs))
-        pictures = _pictures(graphs, subgraphs, decisions)
-        sections.append("<h2 id='pictures'>Dataflow before and after the guard</h2>" + pictures)
+        parts.append("<h2 id='summary'>Bytes at kernel boundaries, fusion calls and kernels</h2>")
+        parts.append(_summary_table(graphs, subgraphs))
+        pictures = _pictures(graphs, subgraphs, groups)
+        parts.append("<h2 id='pictures'>Dataflow before and after the guard</h2>" + pictures)
     if profile is not None:
         nav.append('<a href="#profile">profile</a>')
-        sections.append("<h2 id='profile'>Profile</h2>" + _profile_table(profile, subgraphs))
+        parts.append("<h2 id='profile'>Profile</h2>" + _profile_table(profile, subgraphs))
     nav.append('<a href="#decisions">decisions</a>')
     counts = Counter(d.action for d in decisions)
     summary = ", ".join(f"{counts[a]} {a}" for a in ACTIONS if counts[a]) or "none"
-    sections.append(f"<h2 id='decisions'>Decisions ({len(decisions)}: {attr(summary)})</h2>")
+    where = f" in {plural(len(subgraphs), 'subgraph')}" if subgraphs else ""
+    parts.append(f"<h2 id='decisions'>Decisions ({len(decisions)}: {attr(summary)}){where}</h2>")
     if profile is not None:
-        sections.append("<p class='meta'>Of the latest compilation of each program: the one profiled and pictured.</p>")
-    for key, sub in subgraphs.items():
-        mine = [d for d in decisions if d.subgraph == key]
-        notes = compilation_notes(sub, mine)
-        sections += [f"<p class='meta'>{attr(_program_title(key, None, subgraphs))}: {attr(n)}</p>" for n in notes]
-    rest = [d for d in decisions if d.subgraph not in subgraphs]
-    sections += [f"<p class='meta'>{attr(n)}</p>" for n in compilation_notes(None, rest, recompiles)]
-    sections.append(_decision_table(decisions, subgraphs) if decisions else "<p>No fusion region seen.</p>")
+        parts.append("<p class='meta'>Of the latest compilation of each program: the one profiled and pictured.</p>")
+    for group in groups:
+        prefix = f"{group.title}: " if group.subgraph is not None else ""
+        parts += [f"<p class='meta'>{attr(prefix + note)}</p>" for note in group.notes]
+    parts.append(_decision_table(groups, subgraphs) if decisions else "<p>No fusion region seen.</p>")
     head_meta = "".join(f"<p class='meta'>{attr(m)}</p>" for m in meta)
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<title>{attr(title)}</title><style>{_CSS}</style></head>\n<body>"
         f"<h1>{attr(title)}</h1>{head_meta}<nav>{''.join(nav)}</nav>\n"
-        + "\n".join(sections)
+        + "\n".join(parts)
         + f"\n<script>{_JS}</script></body></html>\n"
     )

@@ -6,7 +6,8 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-from ..decisions import Subgraph, op_groups, percent_text
+from ..decisions import Subgraph
+from .table import op_groups, percent_text, plural
 
 # (fill, stroke) per guard action; regions without a decision, ops, views and the function's inputs/outputs.
 ACTION_STYLE: dict[str | None, tuple[str, str]] = {
@@ -98,7 +99,7 @@ def node_lines(node: Any, chars: int = 46) -> list[str]:
         return [fit(f"{display_name(node.name)}{suffix}{action}", chars)]
     title = " · ".join(x for x in (node.name, node.executor, node.action) if x)
     n = len(node.ops)
-    lines = [fit(title, chars), *wrap(f"{n} op{'s' if n != 1 else ''}: {ops_summary(node.ops)}", chars, 2)]
+    lines = [fit(title, chars), *wrap(f"{plural(n, 'op')}: {ops_summary(node.ops)}", chars, 2)]
     if node.device_us is not None:
         lines.append(f"device {node.device_us:.1f} µs · host {node.host_us or 0:.1f} µs")
     elif node.host_us is not None:

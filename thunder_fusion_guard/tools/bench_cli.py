@@ -23,8 +23,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..decisions import text_table
 from ..measure.timing import Timing, quartiles
+from ..render.table import text_table
 from .bench_cases import (
     ALL_VARIANTS,
     SUITES,

@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from ..decisions import text_table
 from ..measure.timing import quartiles
+from ..render.table import text_table
 from .common import check_output, count, positive_float, resolve_device, write_output
 from .machine import machine_info
 

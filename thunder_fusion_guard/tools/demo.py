@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 from einops import rearrange
 
-from ..decisions import text_table
 from ..measure.timing import time_us
+from ..render.table import text_table
 
 
 def rearrange_heads(scores: torch.Tensor) -> torch.Tensor:

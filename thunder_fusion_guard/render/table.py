@@ -1,0 +1,224 @@
+"""The one home of text tables and of the text every report writes decisions with: fixed-width and Markdown
+table lines, counts in words, ops as counted groups, and the decisions grouped by ThunderFX subgraph
+(:func:`sections`), so the text table, the Markdown and the HTML page cannot group them differently.
+
+Reads decisions and subgraphs by attribute; imports nothing of the package but :mod:`..decisions`'s types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..decisions import Decision, Details, Subgraph
+
+TIMES = "\u00d7"
+NOT_THUNDERFX = "not from ThunderFX"
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """'1 region', '3 regions' (``words``: the plural where it is not ``word`` + 's')."""
+    return f"{n} {word if n == 1 else words or word + 's'}"
+
+
+def text_table(rows: Sequence[Sequence[str]], *, last_free: bool = False, rule: bool = False) -> list[str]:
+    """Rows of cells as fixed-width lines, columns two spaces apart, trailing blanks cut. ``last_free``: the
+    last column (a long reason) is not padded nor counted in the widths; ``rule``: a line of dashes under
+    the first row (the header)."""
+    padded = len(rows[0]) - 1 if last_free else len(rows[0])
+    widths = [max(len(str(r[i])) for r in rows) for i in range(padded)]
+    lines = [
+        "  ".join([*(str(c).ljust(w) for c, w in zip(r[:padded], widths, strict=True)), *map(str, r[padded:])]).rstrip()
+        for r in rows
+    ]
+    if rule:
+        lines.insert(1, "-" * min(160, sum(widths) + 2 * len(widths) + 20))
+    return lines
+
+
+def md_cell(text: Any) -> str:
+    """``text`` fit for a Markdown table cell or line: pipes escaped, line breaks as spaces."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A Markdown table's lines, every cell escaped (:func:`md_cell`)."""
+    lines = ["| " + " | ".join(md_cell(h) for h in header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    return lines + ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows]
+
+
+def spread_text(median: float, q1: float, q3: float, digits: int = 1) -> str:
+    """'12.3 (11.9-13.0)': a median and, in brackets, its first and third quartiles."""
+    return f"{median:.{digits}f} ({q1:.{digits}f}-{q3:.{digits}f})"
+
+
+def percent_text(fraction: float | None, missing: str = "") -> str:
+    """'42%' of a fraction; ``missing`` when there is none."""
+    return missing if fraction is None else f"{100 * fraction:.0f}%"
+
+
+def _counted(ops: Sequence[str]) -> list[tuple[str, int]]:
+    counts: dict[str, int] = {}
+    for op in ops:
+        counts[op] = counts.get(op, 0) + 1
+    return list(counts.items())
+
+
+def op_groups(ops: Sequence[str]) -> list[str]:
+    """``['transpose x3', 'mul x2', 'add']`` (with a multiplication sign, no space): each op name once, with
+    its count when above one, in order of first use."""
+    return [f"{op}{TIMES}{n}" if n > 1 else op for op, n in _counted(ops)]
+
+
+def ops_text(ops: Sequence[str], limit: int | None = 48) -> str:
+    """The ops as counted groups (``transpose x3, mul x2, add``, see :func:`op_groups`), whole groups only:
+    where they do not fit in ``limit`` characters, the last groups are left out and counted
+    (``transpose x3, … +5 ops``), never cut inside a name. ``limit=None``: all of them."""
+    groups, sizes = op_groups(ops), [n for _, n in _counted(ops)]
+    text = ", ".join(groups)
+    if limit is None or len(text) <= limit:
+        return text
+
+    def cut(shown: int) -> str:
+        return f"{', '.join(groups[:shown])}, … +{plural(sum(sizes[shown:]), 'op')}"
+
+    shown = len(groups) - 1
+    while shown > 1 and len(cut(shown)) > limit:
+        shown -= 1
+    return cut(shown)
+
+
+def subgraph_label(sub: Subgraph) -> str:
+    """'subgraph0 (dynamo graph 0, thunder_0)': a subgraph's id and, once known, Thunder's name for it."""
+    return sub.id if sub.name is None else f"{sub.id} ({sub.name})"
+
+
+def subgraph_heading(sub: Subgraph) -> str:
+    """A subgraph's heading line in the text table: its label, how many fx ops and which."""
+    return f"{subgraph_label(sub)}, {plural(len(sub.ops), 'op')}: {ops_text(sub.ops, 100)}"
+
+
+def estimate_text(d: Decision) -> str:
+    """'12.0 / 3.5': the model's µs for the region as a fusion call and run eagerly, and what was measured."""
+    region, eager = d.estimates.get("est_region_us"), d.estimates.get("est_eager_us")
+    if region is None or eager is None:
+        return ""
+    text = f"{region:.1f} / {eager:.1f}"
+    if d.details.get("decided_by") == "measured":
+        text += f" (measured {d.details['measured_region_us']:.1f} / {d.details['measured_eager_us']:.1f})"
+    return text
+
+
+def kernels_text(details: Details | Mapping[str, Any]) -> str:
+    """'2 segmented: reduction+pointwise' from a region's kernel details; '' when none were recorded."""
+    count = details.get("kernels")
+    if count is None:
+        return ""
+    schedulers = "+".join(details.get("schedulers") or [])
+    flag = " segmented" if details.get("segmented") else ""
+    return f"{count}{flag}: {schedulers}" if schedulers else f"{count}{flag}"
+
+
+def action_text(d: Decision) -> str:
+    """The action, marked ``(not applied)`` where the guard only recorded it."""
+    return d.action if d.applied else f"{d.action} (not applied)"
+
+
+def reason_text(d: Decision) -> str:
+    """The short reason, with the error in brackets where something failed."""
+    return d.reason if d.error is None else f"{d.reason} [{d.error}]"
+
+
+def explanation_text(d: Decision) -> str:
+    """The long explanation of a decision (``details["explanation"]``), '' where it has none."""
+    return str(d.details.get("explanation") or "")
+
+
+def compilations_note(decisions: Sequence[Decision], reasons: Sequence[str] | None = None) -> str | None:
+    """A line for a program (a function, a ThunderFX subgraph) that Thunder compiled more than once: how
+    many times, under which indices, what differed each time (``reasons``, as in
+    :attr:`Subgraph.recompiles`), and whether the compilations decided alike. None for one compilation.
+
+    Thunder compiles a program again for inputs that fail the checks of its earlier compilations (another
+    shape, dtype or requires_grad, other inputs sharing memory, grad mode): the report then lists the
+    decisions of each compilation, under ``function#index``.
+    """
+    reasons = list(reasons or [])
+    indices = sorted({d.compile_index for d in decisions})
+    count = max(len(indices), len(reasons) + 1)
+    if count < 2:
+        return None
+    function = next((d.function for d in decisions if d.function), None)
+    which, labels = "", [f"compilation {k}" for k in range(2, count + 1)]
+    if function and len(indices) == count:
+        which = f" ({function}#{indices[0]}, {', '.join(f'#{i}' for i in indices[1:])})"
+        labels = [f"#{i}" for i in indices[1:]]
+    why = "; ".join(f"{label} {reason}" for label, reason in zip(labels, reasons, strict=False) if reason) or (
+        "what its inputs failed is not known (another shape, dtype or requires_grad, other inputs sharing "
+        "memory, grad mode)"
+    )
+    text = f"compiled {count} times{which}, each time for inputs the compilation before did not accept: {why}"
+    if len(indices) < 2:
+        return f"{text}; shown: the latest compilation"
+    decided = {frozenset(_decided(d) for d in decisions if d.compile_index == i) for i in indices}
+    alike = "each compilation made the same decisions" if len(decided) == 1 else "the compilations decided differently"
+    return f"{text}; {alike}, listed for each"
+
+
+def compilation_notes(
+    sub: Subgraph | None, decisions: Sequence[Decision], recompiles: Mapping[str, Sequence[str]] | None = None
+) -> list[str]:
+    """A line per program of ``decisions`` (the subgraph ``sub``, else each function) that Thunder compiled
+    more than once (:func:`compilations_note`)."""
+    if sub is not None:
+        note = compilations_note(decisions, sub.recompiles)
+        return [note] if note else []
+    notes = []
+    for function in dict.fromkeys(d.function for d in decisions):
+        mine = [d for d in decisions if d.function == function]
+        note = compilations_note(mine, (recompiles or {}).get(function or ""))
+        if note:
+            notes.append(f"{function}: {note}" if function else note)
+    return notes
+
+
+def _decided(d: Decision) -> tuple[Any, ...]:
+    return (d.trace, d.region, tuple(d.ops), d.action, d.reason, d.applied)
+
+
+@dataclass
+class Section:
+    """One group of a report's decisions: a ThunderFX subgraph's (``subgraph``), or, under ``title`` 'not from
+    ThunderFX', those of no subgraph; a report without subgraphs is one section with ``title`` None. ``notes``
+    say where Thunder compiled the program more than once."""
+
+    title: str | None
+    subgraph: Subgraph | None
+    decisions: list[Decision]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def split_reasons(self) -> list[str]:
+        return list(self.subgraph.split_reasons) if self.subgraph is not None else []
+
+
+def sections(
+    decisions: Sequence[Decision],
+    subgraphs: Mapping[str, Subgraph] | None = None,
+    recompiles: Mapping[str, Sequence[str]] | None = None,
+) -> list[Section]:
+    """The decisions grouped as every report shows them: by ThunderFX subgraph in the order the subgraphs were
+    compiled (a subgraph without decisions included), those of no known subgraph last; with no subgraphs,
+    one untitled section of them all."""
+    if not subgraphs:
+        return [Section(None, None, list(decisions), compilation_notes(None, decisions, recompiles))]
+    groups = []
+    for key, sub in subgraphs.items():
+        mine = [d for d in decisions if d.subgraph == key]
+        groups.append(Section(subgraph_label(sub), sub, mine, compilation_notes(sub, mine)))
+    rest = [d for d in decisions if d.subgraph not in subgraphs]
+    if rest:
+        groups.append(Section(NOT_THUNDERFX, None, rest, compilation_notes(None, rest, recompiles)))
+    return groups
