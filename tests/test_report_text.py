@@ -1,6 +1,14 @@
 """The report's text, Markdown and HTML from hand-made decisions: grouping by ThunderFX subgraph, counts in words."""
 
-from thunder_fusion_guard.decisions import Decision, Subgraph
+import re
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+import thunder_fusion_guard
+from thunder_fusion_guard.decisions import ACTIONS, Action, Decision, Details, Subgraph
+from thunder_fusion_guard.render.table import NOT_THUNDERFX, markdown_table, plural, sections, text_table
 from thunder_fusion_guard.report import Report, format_markdown
 
 
@@ -24,3 +32,107 @@ def test_markdown_lists_decisions_outside_thunderfx_under_their_own_heading():
     outside = text.index("## not from ThunderFX")
     assert text.index("nvFusion0") < outside < text.index("nvFusion1")
     assert "why nvFusion1" in report.to_markdown()
+
+
+def test_text_markdown_and_html_group_decisions_alike():
+    """The three formats take their groups from one function: decisions outside ThunderFX come after the
+    subgraphs' whatever order they were made in, under a heading of their own."""
+    report = Report()
+    report.add_subgraph(Subgraph("subgraph0", ["mul", "add"], name="dynamo graph 0, thunder_0"))
+    report.add(_decision("nvFusion9", "reject", function="f"))  # made first, listed last
+    report.add(_decision("nvFusion0", subgraph="subgraph0"))
+    groups = sections(report.decisions, report.subgraphs)
+    assert [(g.title, [d.region for d in g.decisions]) for g in groups] == [
+        ("subgraph0 (dynamo graph 0, thunder_0)", ["nvFusion0"]),
+        (NOT_THUNDERFX, ["nvFusion9"]),
+    ]
+    text, markdown, page = str(report), report.to_markdown(), report.to_html()
+    assert text.index("nvFusion0") < text.index(f"\n{NOT_THUNDERFX}:\n") < text.index("nvFusion9")
+    assert markdown.index("nvFusion0") < markdown.index(f"## {NOT_THUNDERFX}") < markdown.index("nvFusion9")
+    assert page.index(">nvFusion0<") < page.index(">nvFusion9<")
+
+
+def test_a_subgraph_without_decisions_keeps_its_heading():
+    report = Report()
+    report.add_subgraph(Subgraph("subgraph0", ["sin"]))
+    report.add_subgraph(Subgraph("subgraph1", ["mul", "add"]))
+    report.add(_decision("nvFusion0", subgraph="subgraph1"))
+    lines = str(report).splitlines()
+    assert lines[lines.index("subgraph0, 1 op: sin") + 1] == "  (no fusion region)"
+    assert "## subgraph0\n\nops (1): sin\n\nno fusion region\n" in report.to_markdown()
+
+
+def test_summaries_count_in_words():
+    one = Report()
+    one.add_subgraph(Subgraph("subgraph0", ["mul", "add"]))
+    one.add(_decision("nvFusion0", subgraph="subgraph0"))
+    one.measuring = {"timed": 1, "seconds": 0.5, "from_cache": 0}
+    text = str(one)
+    assert "FusionGuard: 1 decision (1 keep) in 1 subgraph" in text.splitlines()
+    assert "measured near break-even: 1 region timed in 0.50 s, 0 from the cache" in text.splitlines()
+    assert one.to_markdown().rstrip().endswith("1 decision (1 keep) in 1 subgraph")
+    assert "(1: 1 keep) in 1 subgraph</h2>" in one.to_html()
+    two = Report()
+    for k in range(2):
+        two.add_subgraph(Subgraph(f"subgraph{k}", ["mul"]))
+        two.add(_decision(f"nvFusion{k}", subgraph=f"subgraph{k}"))
+    assert str(two).splitlines()[-1] == "FusionGuard: 2 decisions (2 keep) in 2 subgraphs"
+    empty = Report()
+    empty.saw_trace([("torch", False)])
+    assert "in the 1 trace it compiled" in str(empty)
+    assert [plural(0, "op"), plural(1, "op"), plural(2, "op"), plural(2, "body", "bodies")] == [
+        "0 ops",
+        "1 op",
+        "2 ops",
+        "2 bodies",
+    ]
+
+
+def test_the_long_explanation_shows_in_html_and_markdown_not_in_the_text_table():
+    report = _mixed_report()
+    report.decisions[1].details["explanation"] = "the long story | <with markup>"
+    assert "long story" not in str(report)
+    assert "why nvFusion1 — the long story \\| <with markup> |" in report.to_markdown()
+    page = report.to_html()
+    assert 'title="the long story | &lt;with markup&gt;"' in page
+    assert "<summary>why nvFusion1</summary><p>the long story | &lt;with markup&gt;</p>" in page
+    assert "why nvFusion0</td>" in page  # no explanation: the plain reason
+
+
+def test_table_lines():
+    rows = [["a", "bb", "reason"], ["ccc", "d", "a long last cell"]]
+    assert text_table(rows) == ["a    bb  reason", "ccc  d   a long last cell"]
+    free = text_table(rows, last_free=True, rule=True)
+    assert (
+        free[0] == "a    bb  reason"
+        and free[1] == "-" * (3 + 2 + 2 + 2 + 20)
+        and free[2] == "ccc  d   a long last cell"
+    )
+    assert text_table([["x", ""], ["yy", ""]]) == ["x", "yy"]  # no trailing blanks
+    assert markdown_table(["a", "b"], [["1|2", "x\ny"]]) == ["| a | b |", "| --- | --- |", "| 1\\|2 | x y |"]
+
+
+def test_actions_and_details_are_typed_records():
+    assert ACTIONS == get_args(Action) == ("keep", "reject", "switch", "rehome", "remove", "fold", "hoist")
+    with pytest.raises(ValueError, match="unknown action 'drop'"):
+        Report().add(_decision("nvFusion0", "drop"))
+
+
+def test_details_lists_every_key_the_package_reads_or_writes():
+    """Each ``details`` key used in the package's source is declared in :class:`Details`."""
+    package = Path(thunder_fusion_guard.__file__).parent
+    pattern = re.compile(
+        r"details(?:\[|\.get\()\s*\"(\w+)\""  # details["key"], details.get("key"
+        r"|details\.update\(((?:[^()]|\([^()]*\))*)\)"  # details.update(key=..., ...)
+        r"|details=\{([^}]*)\}"  # details={"key": ...}
+        r"|\"(\w+)\" in \w+\.details"  # "key" in d.details
+    )
+    used = set()
+    for path in package.rglob("*.py"):
+        for match in pattern.finditer(path.read_text()):
+            key, update, literal, member = match.groups()
+            used |= {key, member} - {None}
+            used |= set(re.findall(r"(\w+)=", update or ""))
+            used |= set(re.findall(r"\"(\w+)\":", literal or ""))
+    assert {"scope", "decided_by", "kernels", "into", "piece", "explanation"} <= used  # the search finds them
+    assert used <= set(Details.__annotations__), sorted(used - set(Details.__annotations__))
