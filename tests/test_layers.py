@@ -14,7 +14,7 @@ LAYERS = [
     ["_thunder"],  # the only place touching Thunder's internals (and the nvFuser compat fix)
     ["ops"],  # every rule about ops
     ["regions", "defaults", "cost", "options", "decisions", "distributed"],
-    ["render"],  # a leaf: reads decisions, profiles and graphs by attribute
+    ["render"],  # a leaf: text tables and pictures; reads decisions, profiles and graphs by attribute
     ["report"],
     ["decide"],
     ["passes"],  # the hoist runtime included

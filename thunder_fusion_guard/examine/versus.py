@@ -26,7 +26,7 @@ from .. import _thunder as th
 from ..ops import work_kind
 from ..regions import find_regions
 from ..render.bars import grouped_bars_svg
-from ..render.table import text_table
+from ..render.table import markdown_table, text_table
 from .calls import programs
 
 RANGE = "fusion_guard::"  # profiler ranges around Thunder's fusion calls: fusion_guard::<pass>::<region>
@@ -107,8 +107,7 @@ class SideBySide:
                 if len(names) > 1:
                     rows[-1].append("")
         if markdown:
-            lines = [head, ["---"] * len(head), *rows]
-            return "\n".join("| " + " | ".join(cell.replace("|", "\\|") for cell in r) + " |" for r in lines)
+            return "\n".join(markdown_table(head, rows))
         return "\n".join(text_table([head, *rows]))
 
     def findings(self) -> list[str]:

@@ -1,5 +1,6 @@
-"""Pictures without dependencies: dataflow graphs as SVG (:mod:`.svg`, own layered layout) and Graphviz DOT
-(:mod:`.dot`), and the self-contained HTML report (:mod:`.html`).
+"""Text and pictures without dependencies: the one text-table module (:mod:`.table`: fixed-width and Markdown
+tables, the decision text, decisions grouped by ThunderFX subgraph), dataflow graphs as SVG (:mod:`.svg`, own
+layered layout) and Graphviz DOT (:mod:`.dot`), and the self-contained HTML report (:mod:`.html`).
 
 A leaf: it reads decisions, profile rows and dataflow graphs by attribute only, and imports nothing of the
 package but :mod:`..decisions`.

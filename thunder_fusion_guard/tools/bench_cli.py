@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..measure.timing import Timing, quartiles
-from ..render.table import text_table
+from ..render.table import markdown_table, text_table
 from .bench_cases import (
     ALL_VARIANTS,
     SUITES,
@@ -359,8 +359,7 @@ def summary_rows(results: Sequence[CaseResult]) -> list[list[str]]:
 def format_rows(rows: list[list[str]], markdown: bool = False) -> str:
     """Rows as a fixed-width text table, or as a markdown table."""
     if markdown:
-        lines = ["| " + " | ".join(rows[0]) + " |", "|" + "|".join(" --- " for _ in rows[0]) + "|"]
-        return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows[1:])])
+        return "\n".join(markdown_table(rows[0], rows[1:]))
     return "\n".join(text_table(rows))
 
 
