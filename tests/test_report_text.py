@@ -136,3 +136,12 @@ def test_details_lists_every_key_the_package_reads_or_writes():
             used |= set(re.findall(r"\"(\w+)\":", literal or ""))
     assert {"scope", "decided_by", "kernels", "into", "piece", "explanation"} <= used  # the search finds them
     assert used <= set(Details.__annotations__), sorted(used - set(Details.__annotations__))
+
+
+def test_profile_title_counts_threads_in_words():
+    from thunder_fusion_guard.examine.profile import RegionProfile
+
+    assert "of 10 calls of each region's own callable with its real inputs; 1 intra-op thread)" in str(
+        RegionProfile("f", "cpu", 10, [], threads=1)
+    )
+    assert "; 2 intra-op threads)" in str(RegionProfile("f", "cpu", 10, [], threads=2))
