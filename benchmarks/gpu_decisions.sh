@@ -20,7 +20,7 @@ timeout 360 python3 -m thunder_fusion_guard bench decisions --device cuda --time
 echo "bench decisions exit status: $?"
 python3 - "$OUT/decisions-cuda.json" <<'PY'
 import json, sys
-from thunder_fusion_guard.tools.bench_decisions import format_summary
+from thunder_fusion_guard.bench.decisions import format_summary
 doc = json.load(open(sys.argv[1]))
 print(f"{len(doc['programs'])} programs in {doc['seconds']} s; not run: {doc['skipped'] or 'none'}")
 print(format_summary(doc["summary"], doc["machine_info"].get("device_name", "cuda")))

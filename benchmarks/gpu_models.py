@@ -104,7 +104,7 @@ def log(case: Case | None, message: str) -> None:
 
 def parse_variants(text: str) -> tuple[str, ...]:
     """Variant names from ``"eager,thunder"`` (``all`` for every one), in order; ``ValueError`` for an unknown one."""
-    from thunder_fusion_guard.tools.bench_cases import parse_variants as parse
+    from thunder_fusion_guard.bench.cases import parse_variants as parse
 
     return parse(text, tuple(VARIANT_BUILDS))
 
@@ -223,7 +223,7 @@ def build(case: Case, tokens: int, device: str) -> tuple[Any, tuple, dict]:
     """The model, its positional and keyword inputs, for one case (as the ``bench run`` litgpt cases build them)."""
     import torch
 
-    from thunder_fusion_guard.tools.bench_cases import litgpt_model, prefilled_kv_cache
+    from thunder_fusion_guard.bench.cases import litgpt_model, prefilled_kv_cache
 
     model = litgpt_model(case.model, device, tokens)
     vocab = model.config.padded_vocab_size
@@ -238,8 +238,8 @@ def build(case: Case, tokens: int, device: str) -> tuple[Any, tuple, dict]:
 def compile_variant(model: Any, variant: str, device: str) -> tuple[Callable[..., Any], Any]:
     """The callable of one variant and its FusionGuard (or None): the bench harness's, plus CUDA graphs."""
     from thunder_fusion_guard import FusionGuard
-    from thunder_fusion_guard.tools.bench_cases import Workload, thunder_compile
-    from thunder_fusion_guard.tools.bench_cases import compile_variant as compile_case
+    from thunder_fusion_guard.bench.cases import Workload, thunder_compile
+    from thunder_fusion_guard.bench.cases import compile_variant as compile_case
 
     workload = Workload(model, ())
     if variant == "eager" or variant.startswith("inductor"):
@@ -573,7 +573,7 @@ def write_outputs(doc: dict, out_dir: Path, tag: str, json_path: str | None) -> 
 
 def machine(device: str) -> dict:
     """The device's name and the software versions (from the bench harness's machine_info)."""
-    from thunder_fusion_guard.tools.machine import machine_info
+    from thunder_fusion_guard.bench.machine import machine_info
 
     info = machine_info(device)
     return {

@@ -72,7 +72,7 @@ from pathlib import Path
 import thunder
 
 from thunder_fusion_guard import FusionGuard, profile_regions
-from thunder_fusion_guard.tools.bench_cases import case_named
+from thunder_fusion_guard.bench.cases import case_named
 
 out, parts = Path(sys.argv[1]), Path(sys.argv[2])
 workload = case_named("nanogpt-block-fwdbwd").build("cuda")

@@ -37,9 +37,9 @@ def no_work(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the command started its work before checking its arguments")
 
+    import thunder_fusion_guard.bench.decisions as bench_decisions
     import thunder_fusion_guard.measure.calibrate as calibrate
     import thunder_fusion_guard.tools.bench_cli as bench_cli
-    import thunder_fusion_guard.tools.bench_decisions as bench_decisions
     import thunder_fusion_guard.tools.demo as demo
     import thunder_fusion_guard.tools.report_cli as report_cli
 
