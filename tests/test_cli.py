@@ -197,6 +197,30 @@ def test_threads_are_pinned_for_cpu_timing():
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("command", ["demo", "report", "calibrate", "bench run", "bench decisions", "bench versus"])
+def test_every_timing_command_takes_threads(command, capsys):
+    """One thread setting for every command that times on CPU: --threads N, one intra-op thread by default."""
+    with pytest.raises(SystemExit) as e:
+        main([*command.split(), "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert e.value.code == 0 and "--threads N" in out and "(default 1:" in out, out
+
+
+def test_report_pins_one_thread_and_says_so(capsys):
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert main(["report", "examples/report_target.py:make", "--device", "cpu"]) == 0
+        assert torch.get_num_threads() == 1
+        assert capsys.readouterr().out.strip().splitlines()[-1].startswith("(timed with 1 intra-op thread ")
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_plural():
+    assert [common.plural(n, "decision") for n in (0, 1, 2)] == ["0 decisions", "1 decision", "2 decisions"]
+
+
 def _env() -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     env.pop("PYTHONWARNINGS", None)

@@ -190,7 +190,7 @@ def test_reports_and_files_name_the_rank(monkeypatch):
     report.add(_decision(rank=3))
     text = str(report)
     assert text.splitlines()[0] == "FusionGuard report (rank 3)"
-    assert text.splitlines()[-1] == "FusionGuard (rank 3): 1 decisions (1 keep)"
+    assert text.splitlines()[-1] == "FusionGuard (rank 3): 1 decision (1 keep)"
     assert report.to_markdown().startswith("# FusionGuard report (rank 3)")
     assert report.to_dict()["rank"] == 3 and report.rank == 3
     assert rank_path("out/report.json", 1) == "out/report.rank1.json"

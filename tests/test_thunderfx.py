@@ -166,7 +166,7 @@ def test_jitted_report_has_no_subgraph_section():
     assert guard.report.subgraphs == {} and "subgraphs" not in guard.report.to_dict()
     text = explain(jitted)
     assert not any(line.startswith("subgraph") for line in text.splitlines())
-    assert text.splitlines()[-1] == "FusionGuard: 1 decisions (1 reject)"
+    assert text.splitlines()[-1] == "FusionGuard: 1 decision (1 reject)"
 
 
 def test_profile_regions_through_thunderfx():

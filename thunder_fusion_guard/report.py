@@ -190,10 +190,10 @@ def _rank_of(decisions: list[Decision]) -> int | None:
 def _summary(decisions: list[Decision], subgraphs: dict[str, Subgraph]) -> str:
     counts = Counter(d.action for d in decisions)
     summary = ", ".join(f"{counts[a]} {a}" for a in ACTIONS if counts[a])
-    where = f" in {len(subgraphs)} subgraphs" if subgraphs else ""
+    where = f" in {len(subgraphs)} subgraph{'s' * (len(subgraphs) != 1)}" if subgraphs else ""
     rank = _rank_of(decisions)
     who = "FusionGuard" if rank is None else f"FusionGuard (rank {rank})"
-    return f"{who}: {len(decisions)} decisions ({summary}){where}"
+    return f"{who}: {len(decisions)} decision{'s' * (len(decisions) != 1)} ({summary}){where}"
 
 
 def format_table(

@@ -447,14 +447,14 @@ def format_summary(summary: dict[str, Any], device: str) -> str:
     table.append(line("cost model alone (compute)", summary["model_only"]))
     est = summary["estimates"]
     lines = [
-        f"decision accuracy on {device}: {summary['timed']} regions timed of {summary['regions']} "
+        f"decision accuracy on {device}: {_n(summary['timed'], 'region')} timed of {summary['regions']} "
         f"({summary['errors']} could not be timed); truth = interleaved A/B, noise band {NOISE:.0%}",
         *text_table(table),
         f"worst wrong reject: eager {summary['worst_wrong_reject']:.0%} slower than the fusion call; "
-        f"{summary['wrong_keeps_within_margin']} wrong keeps are within the {MARGIN:.0%} margin"
+        f"{_n(summary['wrong_keeps_within_margin'], 'wrong keep')} within the {MARGIN:.0%} margin"
         + _device_keeps_text(summary.get("wrong_keeps_eager_dearer_on_device", 0)),
         f"estimates within 2x of measured: fused {_pct(est['fused_within_2x'])}, eager {_pct(est['eager_within_2x'])}, "
-        f"both {_pct(est['both_within_2x'])} (of {est['with_estimates']} regions with estimates)",
+        f"both {_pct(est['both_within_2x'])} (of {_n(est['with_estimates'], 'region')} with estimates)",
         f"est/measured quantiles 10/25/50/75/90%: fused {est['fused_ratio_quartiles']}, "
         f"eager {est['eager_ratio_quartiles']}",
     ]
@@ -480,6 +480,11 @@ def _device_keeps_text(count: int) -> str:
         f", {count} have eager dearer on the device as the guard timed it "
         "(kept on purpose: a device-bound program would lose)"
     )
+
+
+def _n(count: int, word: str) -> str:
+    """'1 region', '2 regions'."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
 
 
 def _pct(value: float | None) -> str:
@@ -553,7 +558,7 @@ def run(
         if after_each is not None:
             after_each(document())
     if skipped:
-        log(f"time limit: {len(skipped)} programs not run: {', '.join(skipped)}")
+        log(f"time limit: {_n(len(skipped), 'program')} not run: {', '.join(skipped)}")
     return document()
 
 

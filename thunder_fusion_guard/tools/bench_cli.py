@@ -18,6 +18,7 @@ from .common import (
     check_output,
     count,
     pin_threads,
+    plural,
     positive_float,
     progress,
     resolve_device,
@@ -119,8 +120,8 @@ def _run_command(args: argparse.Namespace) -> int:
     results = run_cases(cases, device, args.reps, args.warmup, after_each=save, variants=variants)
     print(format_rows(summary_rows(results)))
     print(
-        f"(µs per call: median (first-third quartile) of {args.reps} rounds per variant, variants interleaved "
-        f"in alternating order{'; ' + note if note else ''})"
+        f"(µs per call: median (first-third quartile) of {plural(args.reps, 'round')} per variant, "
+        f"variants interleaved in alternating order{'; ' + note if note else ''})"
     )
     for path in (args.json, args.markdown):
         if path:
@@ -169,12 +170,14 @@ def _register_decisions(bench_sub: Any) -> None:
     p.add_argument("--quick", action="store_true", help="two tiny programs only (a smoke test)")
     p.add_argument("--rows", action="store_true", help="also print one line per region")
     p.add_argument("--json", metavar="OUT", help="write rows and summary as JSON here")
+    add_threads_option(p)
     p.set_defaults(run=_decisions_command)
 
 
 def _decisions_command(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     check_output("--json", args.json)
+    note = pin_threads(args.threads, device)
 
     def save(doc: dict[str, Any]) -> None:
         if args.json:
@@ -193,6 +196,8 @@ def _decisions_command(args: argparse.Namespace) -> int:
     if args.rows:
         print(bench_decisions.rows_table([bench_decisions.Row(**r) for r in doc["rows"]]))
     print(bench_decisions.format_summary(doc["summary"], device))
+    if note:
+        print(f"({note})")
     return 0
 
 

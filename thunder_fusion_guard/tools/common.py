@@ -107,7 +107,12 @@ def pin_threads(threads: int | None, device: str) -> str:
     n = 1 if threads is None else threads
     torch.set_num_threads(n)
     why = "--threads N to change" if threads is None else "--threads"
-    return f"timed with {n} intra-op thread{'s' if n != 1 else ''} (torch.set_num_threads({n}); {why})"
+    return f"timed with {plural(n, 'intra-op thread')} (torch.set_num_threads({n}); {why})"
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """'1 decision', '2 decisions': ``n`` and the word, plural unless ``n`` is 1 (``words`` for an irregular one)."""
+    return f"{n} {word if n == 1 else words or word + 's'}"
 
 
 def resolve_device(device: str | None) -> str:
