@@ -1,4 +1,4 @@
-"""The suites' cases, defined once in :mod:`thunder_fusion_guard.tools.bench_cases` (``fusion-guard bench run``
+"""The suites' cases, defined once in :mod:`thunder_fusion_guard.bench.cases` (``fusion-guard bench run``
 uses the same ones), and the one way each suite's test times a variant."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from thunder_fusion_guard.tools.bench_cases import (
+from thunder_fusion_guard.bench.cases import (
     CASES,
     HEAVY_ENV,
     Workload,

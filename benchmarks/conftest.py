@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 
-from thunder_fusion_guard.tools.bench_cases import default_device
+from thunder_fusion_guard.bench.cases import default_device
 
 warnings.filterwarnings("ignore")
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")

@@ -1,6 +1,6 @@
-"""The GPU acceptance run of a commit (issue 20, item 5), under 9 minutes on one H100.
+"""The GPU acceptance run of a commit, under 9 minutes on one H100.
 
-    source .gpu/setup.sh && TFG_COMMIT=<full sha> bash benchmarks/gpu_acceptance.sh
+    source .gpu/setup.sh && TFG_COMMIT=<full sha> bash benchmarks/gpu.sh acceptance   # or gpu_acceptance.sh
     python3 benchmarks/gpu_acceptance.py --smoke --out /tmp/acc     # CPU, a tiny Mistral, to check the script
 
 What it measures, in one process that is also the timing process:
@@ -21,8 +21,8 @@ What it measures, in one process that is also the timing process:
 - While the Mistral variants compile (never while timing): ``pytest -q -m cuda`` of the nvFuser
   rejection, compile options, rounding and hoisting tests, in a side process.
 
-Time budget (``--budget-s``, default 480 s from this script's start, leaving room for the kit's setup
-inside the device's 9 minutes): the CUDA-graph variant is not started when its compile (estimated from
+Time budget (``--budget-s``, default 480 s from this script's start, leaving room for the setup of
+the GPU machine inside 9 minutes): the CUDA-graph variant is not started when its compile (estimated from
 the others) would run past it, a compile is cut at it (never in a CUDA-graph capture), and pytest is
 stopped before the timing starts; what was skipped or cut is named in the JSON.
 
@@ -57,8 +57,9 @@ ROOT = HERE.parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-import gpu_models as harness  # noqa: E402  (the bench harness: steps, interleaved timing, the compile cut)
 from package_hash import package_sha256  # noqa: E402
+
+from thunder_fusion_guard.bench import models as harness  # noqa: E402  (steps, interleaved timing, the compile cut)
 
 NAME = "Mistral-7B-v0.1"
 # --smoke: a tiny Mistral on CPU (a window of 4 tokens, so the mask loop still masks something).

@@ -1,6 +1,6 @@
-"""The first guarded ``thunder.jit`` on a GPU with nothing cached: it calibrates by itself (issue 10).
+"""The first guarded ``thunder.jit`` on a GPU with nothing cached: it calibrates by itself.
 
-Run by benchmarks/gpu_decisions.sh with ``TFG_CACHE_DIR`` pointing at an empty folder. Prints the
+Run by ``benchmarks/gpu.sh decisions`` with ``TFG_CACHE_DIR`` pointing at an empty folder. Prints the
 calibration's time and constants, the first call's time (nanoGPT block, forward and backward, bf16:
 compilation, calibration and measuring included), the regions by how they were decided, and the
 measuring the guard did.

@@ -277,4 +277,4 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     code = main()
     sys.stdout.flush()
-    os._exit(code)  # the kit's lazily bound nvFuser dies at interpreter teardown
+    os._exit(code)  # an nvFuser bound lazily (.gpu/setup.sh) dies at interpreter teardown

@@ -1,4 +1,4 @@
-"""Hoisting on litgpt Mistral-7B-v0.1 (issue 11): one forward+backward step, variants interleaved in one process.
+"""Hoisting on litgpt Mistral-7B-v0.1: one forward+backward step, variants interleaved in one process.
 
 Run on a CUDA machine from the repo root (6-8 minutes on an H100; a variant that would start compiling
 after --budget-s seconds, default 360, is skipped and named, so the run stays under 9 minutes; with

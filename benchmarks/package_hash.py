@@ -1,6 +1,6 @@
 """A hash of the package's files, so that a result JSON can be matched to the commit it was measured on.
 
-The device machine gets a copy of the working tree without ``.git``, so a result cannot name its
+A GPU machine may get a copy of the working tree without ``.git``, so a result cannot name its
 commit by itself: the caller names the commit (``TFG_COMMIT``), and the result also records this hash
 of every file under ``thunder_fusion_guard/`` (sorted paths and contents; ``__pycache__`` and
 ``*.pyc`` skipped). Anyone can then check that a result's package is a commit's package:

@@ -15,7 +15,7 @@ import torch
 def nanogpt_block(device: str = "cpu") -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
     """A nanoGPT transformer block and its input (requires grad: the backward is reported too); the one the
     benchmark suites time."""
-    from thunder_fusion_guard.tools.bench_cases import nanogpt_block as make
+    from thunder_fusion_guard.bench.cases import nanogpt_block as make
 
     torch.manual_seed(0)
     block, x = make(device, requires_grad=True)

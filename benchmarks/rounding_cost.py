@@ -1,4 +1,4 @@
-"""What the rounding rule (issue 17) costs: low-precision element-wise regions the rule now keeps, timed
+"""What the rounding rule costs: low-precision element-wise regions the rule now keeps, timed
 against the same guard with ``exact_only=False`` (which rejects them, as the guard did before the rule),
 unguarded Thunder and eager. Interleaved rounds in one process; median µs per call and min-max.
 

@@ -11,8 +11,8 @@ from dataclasses import asdict
 
 import pytest
 
-from thunder_fusion_guard.tools import bench_decisions as decisions
-from thunder_fusion_guard.tools.bench_cases import default_device
+from thunder_fusion_guard.bench import decisions
+from thunder_fusion_guard.bench.cases import default_device
 
 PROGRAMS = decisions.corpus(os.environ.get("TFG_BENCH_DEVICE") or default_device())
 

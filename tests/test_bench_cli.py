@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from thunder_fusion_guard.tools.bench_cases import (
+from thunder_fusion_guard.bench.cases import (
     ALL_VARIANTS,
     CASES,
     SUITES,
@@ -16,7 +16,8 @@ from thunder_fusion_guard.tools.bench_cases import (
     requested_variants,
     select,
 )
-from thunder_fusion_guard.tools.bench_cli import parse_threshold, sample_stats
+from thunder_fusion_guard.bench.run import sample_stats
+from thunder_fusion_guard.tools.bench_cli import parse_threshold
 from thunder_fusion_guard.tools.cli import main
 
 
@@ -217,16 +218,16 @@ def test_shape_only_micro_cases_are_cuda_only_and_labelled():
 
 
 def test_a_failing_variant_keeps_the_others(monkeypatch, tmp_path, capsys):
-    import thunder_fusion_guard.tools.bench_cli as bench_cli
+    import thunder_fusion_guard.bench.run as bench_run
 
-    real = bench_cli.make_step
+    real = bench_run.make_step
 
     def failing(workload, variant, device):
         if variant == "guarded":
             raise RuntimeError("compiler broke\nmore lines")
         return real(workload, variant, device)
 
-    monkeypatch.setattr(bench_cli, "make_step", failing)
+    monkeypatch.setattr(bench_run, "make_step", failing)
     out = tmp_path / "run.json"
     argv = ["bench", "run", "--suite", "micro", "--case", "view-small", "--device", "cpu", "--reps", "2"]
     assert main([*argv, "--warmup", "0", "--json", str(out)]) == 1

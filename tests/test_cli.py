@@ -37,9 +37,9 @@ def no_work(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the command started its work before checking its arguments")
 
+    import thunder_fusion_guard.bench.decisions as bench_decisions
     import thunder_fusion_guard.measure.calibrate as calibrate
     import thunder_fusion_guard.tools.bench_cli as bench_cli
-    import thunder_fusion_guard.tools.bench_decisions as bench_decisions
     import thunder_fusion_guard.tools.demo as demo
     import thunder_fusion_guard.tools.report_cli as report_cli
 
@@ -193,6 +193,26 @@ def test_threads_are_pinned_for_cpu_timing():
         assert "timed with 2 intra-op threads" in common.pin_threads(2, "cpu")
         assert torch.get_num_threads() == 2
         assert common.pin_threads(None, "cuda") == ""
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("command", ["demo", "report", "calibrate", "bench run", "bench decisions", "bench versus"])
+def test_every_timing_command_takes_threads(command, capsys):
+    """One thread setting for every command that times on CPU: --threads N, one intra-op thread by default."""
+    with pytest.raises(SystemExit) as e:
+        main([*command.split(), "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert e.value.code == 0 and "--threads N" in out and "(default 1:" in out, out
+
+
+def test_report_pins_one_thread_and_says_so(capsys):
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert main(["report", "examples/report_target.py:make", "--device", "cpu"]) == 0
+        assert torch.get_num_threads() == 1
+        assert capsys.readouterr().out.strip().splitlines()[-1].startswith("(timed with 1 intra-op thread ")
     finally:
         torch.set_num_threads(threads)
 

@@ -21,5 +21,18 @@ def test_demo_acts_on_cpu_and_names_thunders_per_call_cost(monkeypatch):
 
 
 def test_the_demo_mask_case_is_exact_and_hoisted():
-    x = torch.randn(2, 8, 8)
-    assert torch.equal(demo.banded_mask(x)[0, 0, :1], x[0, 0, :1])
+    """The demo's mask case as run_demo compiles it on CPU: the guard records a hoist of the mask, and the
+    guarded outputs equal the unguarded ones and eager's bit for bit, on the whole tensor, call after call."""
+    from thunder_fusion_guard import FusionGuard
+    from thunder_fusion_guard._thunder import fusion_executors
+
+    executors = fusion_executors("cpu")
+    guard = FusionGuard()
+    plain = demo._jit(demo.banded_mask, None, executors, nvfuser=False)
+    guarded = demo._jit(demo.banded_mask, guard, executors, nvfuser=False)
+    for _ in range(2):  # the second call runs with the mask computed once, at the first
+        x = torch.randn(2, 8, 8)
+        out = guarded(x)
+        assert torch.equal(out, plain(x)) and torch.equal(out, demo.banded_mask(x))
+    hoists = [d for d in guard.report if d.action == "hoist"]
+    assert hoists, [(d.action, d.reason) for d in guard.report]

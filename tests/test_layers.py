@@ -21,7 +21,8 @@ LAYERS = [
     ["measure"],  # what runs while compiling: calibration, its cache, break-even timing
     ["transform"],
     ["examine"],  # after compiling: explain, calls, profile, segments, dataflow, bandwidth
-    ["tools"],
+    ["bench"],  # the benchmark harness: cases, interleaved timing, decision accuracy, side-by-side profiles
+    ["tools"],  # the command line
     ["__init__", "__main__"],
 ]
 LAYER_OF = {top: index for index, names in enumerate(LAYERS) for top in names}

@@ -15,8 +15,8 @@ from helpers import NEAR_BREAK_EVEN, assert_same, fragmenting_executor, jit_cpu,
 import thunder_fusion_guard.measure.breakeven as breakeven
 import thunder_fusion_guard.measure.calibrate as calibrate
 from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard.bench import decisions as bench_decisions
 from thunder_fusion_guard.cost import CostConstants
-from thunder_fusion_guard.tools import bench_decisions
 
 FAKE = CostConstants(**NEAR_BREAK_EVEN, source="fake calibration")
 

@@ -151,7 +151,7 @@ def test_versus_bad_arguments_are_one_line_before_any_work(capsys, monkeypatch, 
 
 
 def test_versus_output_folder_is_checked_before_any_work(capsys, tmp_path, monkeypatch):
-    import thunder_fusion_guard.tools.bench_versus as bench_versus
+    import thunder_fusion_guard.bench.versus as bench_versus
 
     monkeypatch.setattr(bench_versus, "compile_variant", lambda *a, **k: pytest.fail("compiled before checking"))
     status = main(

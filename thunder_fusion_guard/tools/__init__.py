@@ -1,1 +1,2 @@
-"""Command-line tools and the benchmark harness (``fusion-guard ...``); the library never imports them."""
+"""The command line (``fusion-guard ...``); the library never imports it. The benchmark harness it runs lives
+in :mod:`..bench`."""

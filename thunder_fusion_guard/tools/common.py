@@ -10,6 +10,8 @@ import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ..render.table import plural
+
 HELP_HINT = "see --help"
 
 
@@ -107,7 +109,7 @@ def pin_threads(threads: int | None, device: str) -> str:
     n = 1 if threads is None else threads
     torch.set_num_threads(n)
     why = "--threads N to change" if threads is None else "--threads"
-    return f"timed with {n} intra-op thread{'s' if n != 1 else ''} (torch.set_num_threads({n}); {why})"
+    return f"timed with {plural(n, 'intra-op thread')} (torch.set_num_threads({n}); {why})"
 
 
 def resolve_device(device: str | None) -> str:

@@ -13,7 +13,7 @@ import torch
 from einops import rearrange
 
 from ..measure.timing import time_us
-from ..render.table import text_table
+from ..render.table import plural, text_table
 
 
 def rearrange_heads(scores: torch.Tensor) -> torch.Tensor:
@@ -113,7 +113,7 @@ def run_demo(
         if not torch.equal(plain(x), guarded(x)):
             raise AssertionError(f"{case.name}: guarded output differs from unguarded thunder")
         compiled = time.perf_counter() - began
-        say(f"[{i}/{len(CASES)}] {case.name}: compiled in {compiled:.1f} s; timing {reps} calls x 3 ...")
+        say(f"[{i}/{len(CASES)}] {case.name}: compiled in {compiled:.1f} s; timing {plural(reps, 'call')} x 3 ...")
         timings = [time_us(fn, x, reps=reps) for fn in (plain, guarded, case.fn)]
         rows.append((case.name, *timings))
     say("Thunder's own per-call cost: timing an identity function, jitted ...")
@@ -127,8 +127,8 @@ def run_demo(
     ]
     lines += text_table(table)
     lines.append(
-        f"(µs per call: median (first-third quartile) of {reps} calls each; one process; outputs of guarded and "
-        "unguarded are identical)"
+        f"(µs per call: median (first-third quartile) of {plural(reps, 'call')} each; one process; "
+        "outputs of guarded and unguarded are identical)"
     )
     lines.append(
         f"Thunder's per-call cost (prologue checks of the inputs, cache lookup, Python call): {floor.text()} µs, "

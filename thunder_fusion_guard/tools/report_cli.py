@@ -23,7 +23,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from .common import UsageError, check_output, resolve_device, write_output
+from .common import UsageError, add_threads_option, check_output, pin_threads, resolve_device, write_output
 
 FORMAT = "TARGET must look like 'path/to/file.py:make' or 'package.module:make'"
 
@@ -231,6 +231,7 @@ def register(subparsers: Any) -> None:
     )
     for option, what in OUTPUTS.items():
         report.add_argument(f"--{option}", metavar="PATH", help=f"{what} (its folder must exist)")
+    add_threads_option(report)
     report.set_defaults(run=_report_command)
 
 
@@ -247,6 +248,7 @@ def _report_command(args: argparse.Namespace) -> int:
         check_output(f"--{option}", path)
     traceback = getattr(args, "traceback", False)
     hint = " (--traceback for the full traceback)"
+    note = pin_threads(args.threads, device)
     try:
         doc = run_report(
             args.target,
@@ -271,6 +273,8 @@ def _report_command(args: argparse.Namespace) -> int:
     profile = doc.get("profile")
     if profile is not None:
         print(profile)
+    if note:
+        print(f"({note})")
     json_path, md_path, html_path, dot_path = paths["json"], paths["markdown"], paths["html"], paths["dot"]
     if json_path:
         saved = {**doc, "rank": current_rank(), "report": report.to_dict()}

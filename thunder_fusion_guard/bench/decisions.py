@@ -1,4 +1,4 @@
-"""``fusion-guard bench decisions``: how often the guard's decisions agree with what is measured.
+"""How often the guard's decisions agree with what is measured.
 
 Each program of the corpus is jitted with a default ``FusionGuard(report_only=True)`` (it decides and
 records, the traces keep every region), run once more recording every fusion call's real arguments
@@ -14,10 +14,8 @@ a hash of the program's name: a change to the cost model should be tuned on one 
 
 from __future__ import annotations
 
-import argparse
 import gc
 import hashlib
-import json
 import math
 import statistics
 import sys
@@ -31,7 +29,6 @@ import torch
 
 from ..measure.timing import quartiles
 from ..render.table import text_table
-from .common import check_output, count, positive_float, resolve_device, write_output
 from .machine import machine_info
 
 GROUPS = ("ops", "nanogpt", "litgpt", "opinfo")
@@ -450,14 +447,14 @@ def format_summary(summary: dict[str, Any], device: str) -> str:
     table.append(line("cost model alone (compute)", summary["model_only"]))
     est = summary["estimates"]
     lines = [
-        f"decision accuracy on {device}: {summary['timed']} regions timed of {summary['regions']} "
+        f"decision accuracy on {device}: {_n(summary['timed'], 'region')} timed of {summary['regions']} "
         f"({summary['errors']} could not be timed); truth = interleaved A/B, noise band {NOISE:.0%}",
         *text_table(table),
         f"worst wrong reject: eager {summary['worst_wrong_reject']:.0%} slower than the fusion call; "
-        f"{summary['wrong_keeps_within_margin']} wrong keeps are within the {MARGIN:.0%} margin"
+        f"{_n(summary['wrong_keeps_within_margin'], 'wrong keep')} within the {MARGIN:.0%} margin"
         + _device_keeps_text(summary.get("wrong_keeps_eager_dearer_on_device", 0)),
         f"estimates within 2x of measured: fused {_pct(est['fused_within_2x'])}, eager {_pct(est['eager_within_2x'])}, "
-        f"both {_pct(est['both_within_2x'])} (of {est['with_estimates']} regions with estimates)",
+        f"both {_pct(est['both_within_2x'])} (of {_n(est['with_estimates'], 'region')} with estimates)",
         f"est/measured quantiles 10/25/50/75/90%: fused {est['fused_ratio_quartiles']}, "
         f"eager {est['eager_ratio_quartiles']}",
     ]
@@ -485,6 +482,11 @@ def _device_keeps_text(count: int) -> str:
     )
 
 
+def _n(count: int, word: str) -> str:
+    """'1 region', '2 regions'."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
@@ -500,7 +502,7 @@ def rows_table(rows: Sequence[Row]) -> str:
     return "\n".join(text_table(table))
 
 
-# --- the command ---------------------------------------------------------------------------------------
+# --- the run ---------------------------------------------------------------------------------------
 
 
 def run(
@@ -556,58 +558,8 @@ def run(
         if after_each is not None:
             after_each(document())
     if skipped:
-        log(f"time limit: {len(skipped)} programs not run: {', '.join(skipped)}")
+        log(f"time limit: {_n(len(skipped), 'program')} not run: {', '.join(skipped)}")
     return document()
-
-
-def register(bench_sub: Any) -> None:
-    """Add ``bench decisions`` to the ``fusion-guard bench`` subcommands."""
-    p = bench_sub.add_parser(
-        "decisions",
-        help="decision accuracy: the guard's decisions against interleaved A/B timings per region",
-        description="Decide each region of a corpus no rule was tuned on with a default FusionGuard(report_only="
-        "True), then time its fusion call against its eager lowering on its real inputs, interleaved; the truth "
-        "is the faster side unless they differ by less than 5%%. Prints the confusion table (right, wrong "
-        "reject, wrong keep, within noise) by how each region was decided, and how close the estimates come "
-        "to the measurements. Output files are checked before any work (their folder must exist).",
-    )
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
-    p.add_argument("--group", nargs="+", choices=GROUPS, default=list(GROUPS), help="corpus groups (default: all)")
-    p.add_argument("--reps", type=count(5), default=25, help="A/B rounds per region at most (default 25)")
-    p.add_argument(
-        "--region-s", type=positive_float, default=0.5, help="seconds of A/B rounds per region at most (default 0.5)"
-    )
-    p.add_argument(
-        "--time-limit", type=positive_float, default=None, metavar="S", help="start no program after S seconds (> 0)"
-    )
-    p.add_argument("--quick", action="store_true", help="two tiny programs only (a smoke test)")
-    p.add_argument("--rows", action="store_true", help="also print one line per region")
-    p.add_argument("--json", metavar="OUT", help="write rows and summary as JSON here")
-    p.set_defaults(run=_command)
-
-
-def _command(args: argparse.Namespace) -> int:
-    device = resolve_device(args.device)
-    check_output("--json", args.json)
-
-    def save(doc: dict[str, Any]) -> None:
-        if args.json:
-            write_output(args.json, json.dumps(doc, indent=1, default=str))
-
-    doc = run(
-        device,
-        args.group,
-        reps=args.reps,
-        region_s=args.region_s,
-        time_limit_s=args.time_limit,
-        quick=args.quick,
-        after_each=save,
-    )
-    save(doc)
-    if args.rows:
-        print(rows_table([Row(**r) for r in doc["rows"]]))
-    print(format_summary(doc["summary"], device))
-    return 0
 
 
 def guarded_step(program: Program, device: str) -> Callable[[], None]:

@@ -323,7 +323,7 @@ def _thunderfx(backward: bool) -> Callable[[str], Workload]:
     return build
 
 
-# --- hoisting (issue 11): litgpt Mistral's sliding-window mask loop feeding a softmax, at several T ---
+# --- hoisting: litgpt Mistral's sliding-window mask loop feeding a softmax, at several T ---
 
 # Mask sizes T (one setitem per row): small, medium, large.
 HOIST_MASK_SIZES = {"cpu": (16, 32, 64), "cuda": (64, 256, 512)}
