@@ -164,15 +164,22 @@ def _walk(ex: FusionExecutor, bsym: BoundSymbol, path: list[BoundSymbol]) -> Ref
 
 def implementing_executor(bsym: BoundSymbol, executors: Sequence[Executor]) -> tuple[Executor | None, Any]:
     """(The operator executor whose implementation ``bsym`` is, the id of the op it implements); the id is
-    None where ``bsym`` is no executor's implementation of another op."""
+    None where ``bsym`` is no executor's implementation of another op. Where one implementation serves
+    several ops (the torch executor's for ``ltorch.tanh`` and ``prims.tanh``), the op ``bsym`` decomposes
+    into wins, then a torch-level op over a prim."""
     ex = bsym.sym.executor
     for candidate in [ex, *executors] if ex is not None else executors:
         if not isinstance(candidate, OperatorExecutor):
             continue
-        for op_id, impl in candidate.implmap.items():
-            symbol = getattr(impl, "symbol", None)
-            if symbol is not None and (symbol is bsym.sym or symbol.id == bsym.sym.id):
-                return candidate, op_id
+        ids = [
+            op_id
+            for op_id, impl in candidate.implmap.items()
+            if getattr(impl, "symbol", None) is not None and (impl.symbol is bsym.sym or impl.symbol.id == bsym.sym.id)
+        ]
+        if ids:
+            inside = {sub.sym.id for sub in bsym.subsymbols}
+            ids.sort(key=lambda i: (i not in inside, isinstance(i, prims.PrimIDs)))
+            return candidate, ids[0]
     return ex, None
 
 

@@ -187,11 +187,12 @@ def why_not_fused(fn: Any) -> WhyReport:
     else:
         raise TypeError(f"{type(fn).__name__} is neither a thunder.jit function nor a thunderfx object")
     rows: list[WhyRow] = []
-    regions = 0
+    regions = ran = 0
     for jitted, subgraph, frontend in programs:
         forward, backward = th.traces_before_guard(jitted)
-        if forward is None:
-            raise RuntimeError("no trace to read: call the compiled function first")
+        if forward is None:  # a subgraph compiled but not run yet
+            continue
+        ran += 1
         cd = pt.compile_data_of(jitted)
         context = _Context(cd, pt.executors_list(cd), subgraph, frontend, _auto_registered(jitted))
         for kind, trace in (("forward", forward), ("backward", backward)):
@@ -201,6 +202,8 @@ def why_not_fused(fn: Any) -> WhyReport:
         if backward is not None:
             rows += _recomputed_in_backward(forward, backward, subgraph)
         rows += _numbering_gaps([("forward", forward), ("backward", backward)], subgraph)
+    if not ran:
+        raise RuntimeError("no trace to read: call the compiled function first")
     return WhyReport(rows, regions)
 
 
@@ -319,9 +322,7 @@ def explain_op(bsym: Any, kind: str, context: _Context) -> WhyRow:
             and context.index(claimer) < context.index(fuser)
         ):
             row.kind, row.established_by = "claimed", "executor order"
-            row.reason = (
-                f"{claimer.name} comes before {fuser.name} in executors and claims it; {fuser.name} can fuse it"
-            )
+            row.reason = f"{claimer.name} is before {fuser.name} in executors and claims it; {fuser.name} can fuse it"
             row.try_ = f"put {fuser.name} before {claimer.name} in executors=[...], or drop {claimer.name}"
             return row
         return _refused_region(row, bsym, original, fuser, context)
