@@ -21,7 +21,7 @@ import thunder
 from thunder.core import prims
 from thunder.core.compile_data import compile_data_and_stats
 from thunder.core.symbol import BoundSymbol, Symbol, has_tags
-from thunder.core.trace import detached_trace, get_tracectx
+from thunder.core.trace import TraceCtx, reset_tracectx, set_tracectx
 from thunder.extend import Executor, FusionExecutor, OperatorExecutor, get_always_executors
 
 __all__ = [
@@ -216,13 +216,16 @@ def original_op(bsym: BoundSymbol, executors: Sequence[Executor]) -> BoundSymbol
     symbol = _symbol_by_id(op_id)
     if symbol is None:
         return bsym
+    # Thunder's detached_trace does not restore the trace context when the call raises: set and reset it here.
+    scratch = TraceCtx(None)
+    token = set_tracectx(scratch)
     try:
-        with detached_trace():
-            symbol(*bsym.args, **bsym.kwargs)
-            traced = get_tracectx().bound_symbols
-        return traced[-1] if traced else bsym
+        symbol(*bsym.args, **bsym.kwargs)
     except Exception:
         return bsym
+    finally:
+        reset_tracectx(token)
+    return scratch.bound_symbols[-1] if scratch.bound_symbols else bsym
 
 
 def qualified_name(bsym: BoundSymbol) -> str:
