@@ -29,6 +29,7 @@ _EXPORTS = {
     "nvfuser_problem": "._thunder",
     "profile_regions": ".examine.profile",
     "trace_graphs": ".examine.dataflow",
+    "why_not_fused": ".examine.why",
 }
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "nvfuser_problem",
     "profile_regions",
     "trace_graphs",
+    "why_not_fused",
 ]
 
 
@@ -73,6 +75,7 @@ if TYPE_CHECKING:
     from .examine.explain import explain
     from .examine.profile import RegionProfile, profile_regions
     from .examine.segments import RegionKernels, collect_segments
+    from .examine.why import why_not_fused
     from .measure.backends import choose_backends
     from .passes import CommunicationChanged, FusionGuardError, guard_trace
     from .report import Report

@@ -207,7 +207,7 @@ def _extensions():
     """Subcommands living in their own modules (bench, report), registered if present."""
     import importlib
 
-    for name in ("bench_cli", "report_cli"):
+    for name in ("bench_cli", "report_cli", "why_cli"):
         try:
             module = importlib.import_module(f"{__package__}.{name}")
         except ModuleNotFoundError as e:

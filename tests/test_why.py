@@ -1,0 +1,233 @@
+"""why_not_fused: each op outside a fusion region, with the reason Thunder's own decision steps give when
+re-run. On CPU with Thunder's torch.compile executor and small executors of the tests' own."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import thunder
+import thunder.torch as ltorch
+import torch
+from thunder.core import prims
+from thunder.core.compile_data import get_compile_option
+from thunder.core.proxies import TensorProxy
+from thunder.core.transforms import get_grad, put_grad
+from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
+from thunder.extend import ImplInfo, OperatorExecutor
+
+from thunder_fusion_guard.examine.why import NO_FIX, why_not_fused
+
+# An operator executor that claims ltorch.mul by a number (its op has no decomposition a fuser could take),
+# and an opaque op no fusion executor has a translation for.
+claims = OperatorExecutor("claims_mul", version="0.1")
+_mul = claims.register_operator(
+    "claimed_mul", meta=lambda a, b: TensorProxy(like=a if isinstance(a, TensorProxy) else b), fn=torch.mul
+)
+claims.register_implementation(
+    ltorch.mul, _mul, checker=lambda a, b: not isinstance(a, TensorProxy) or not isinstance(b, TensorProxy)
+)
+opaque = claims.register_operator("opaque_double", meta=lambda a: TensorProxy(like=a), fn=lambda a: a * 2)
+
+
+def _opaque_grad(a):
+    out = opaque(a)
+    put_grad(a, get_grad(out) * 2)
+    return out
+
+
+claims.register_implementation(opaque, opaque, grad_transform=_opaque_grad)
+
+# A torch.compile fusion executor whose tanh needs a compile option and whose sin refuses 2-D tensors.
+picky = TorchCompileExecutor(name="picky_tc")
+picky._implmap = {k: v for k, v in torch_compile_ex._implmap.items() if k not in (ltorch.tanh.id, ltorch.sin.id)}
+picky._implmap[prims.PrimIDs.TANH] = ImplInfo(checker=lambda a: bool(get_compile_option("picky_tanh", "tanh")))
+picky._implmap[prims.PrimIDs.SIN] = ImplInfo(checker=lambda a: a.ndim < 2)
+
+# A torch.compile fusion executor that makes regions only around a cat.
+cat_only = TorchCompileExecutor(name="cat_only_tc", required_ops={"torch.cat"})
+cat_only._implmap = dict(torch_compile_ex._implmap)
+
+
+def f(x, w, v):
+    y = x * 2
+    b = torch.nn.functional.linear(torch.tanh(y) + 1, w)
+    return (b * opaque(v)).sin().reshape(-1)
+
+
+def _inputs():
+    torch.manual_seed(0)
+    return torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True), torch.randn(4, 4)
+
+
+def _run(jitted, backward=True):
+    args = _inputs()
+    out = jitted(*args)
+    if backward:
+        out.sum().backward()
+    return out, args
+
+
+def _ops_in_regions(trace) -> set[str]:
+    found = set()
+    for b in trace.bound_symbols:
+        if b.sym.is_fusion:
+            stack = list(b.subsymbols)
+            while stack:
+                s = stack.pop()
+                found.add(s.sym.name)
+                stack.extend(s.subsymbols)
+    return found
+
+
+@pytest.fixture(scope="module")
+def claimed_program():
+    jf = thunder.jit(f, executors=[claims, torch_compile_ex])
+    out, args = _run(jf)
+    return jf, out, args
+
+
+def test_claimed_no_translation_split_forward(claimed_program):
+    jf, _, _ = claimed_program
+    report = why_not_fused(jf)
+    forward = [r for r in report.rows if r.trace == "forward"]
+    [claimed] = [r for r in forward if r.kind == "claimed"]
+    assert claimed.op == "ltorch.mul" and claimed.executor == "claims_mul"
+    assert claimed.established_by == "executor order"
+    assert "claims_mul is before torchcompile" in claimed.reason and "can fuse it" in claimed.reason
+    assert claimed.try_.startswith("put torchcompile before claims_mul")
+    assert claimed.source is not None and claimed.source.endswith(f"test_why.py:{f.__code__.co_firstlineno + 1}")
+    assert claimed.bytes == 2 * 4 * 4 * 4  # x read, y written (float32 4x4 each)
+    [missing] = [r for r in forward if r.kind == "no_translation"]
+    assert missing.op == "opaque_double" and missing.try_ == NO_FIX
+    assert missing.established_by == "checker re-run" and "no translation for opaque_double" in missing.reason
+    [split] = [r for r in forward if r.kind == "split"]
+    assert split.ops == ["opaque_double"] and split.established_by == "consecutive fusion re-run"
+    assert "could not take: opaque_double" in split.reason
+
+
+def test_backward_rows_and_rematerialized(claimed_program):
+    jf, _, _ = claimed_program
+    report = why_not_fused(jf)
+    backward = [r for r in report.rows if r.trace == "backward"]
+    # the backward's mul by 2 (x * 2's gradient) is claimed too; tanh and add are recomputed, not saved
+    assert any(r.kind == "claimed" and r.op == "ltorch.mul" for r in backward)
+    remat = [r for r in backward if r.kind == "rematerialized"]
+    assert remat and "again in backward" in remat[0].reason and remat[0].established_by == "output names"
+    assert "prims.tanh" in remat[0].ops
+
+
+def test_report_forms(claimed_program):
+    jf, _, _ = claimed_program
+    report = why_not_fused(jf)
+    text = str(report)
+    assert text.splitlines()[0] == report.summary() and "claimed by claims_mul" in report.summary()
+    assert "1 region split" in report.summary() or "regions split" in report.summary()
+    ranked = report.ranked()
+    assert [r.bytes or 0 for r in ranked] == sorted((r.bytes or 0 for r in ranked), reverse=True)
+    doc = json.loads(json.dumps(report.to_dict()))
+    assert {row["kind"] for row in doc["rows"]} >= {"claimed", "no_translation", "split"}
+    page = report.to_html()
+    assert page.startswith('<section class="why-not-fused">') and "<script" not in page
+
+
+def test_outputs_and_traces_unchanged(claimed_program):
+    jf, out, _ = claimed_program
+    before = (list(thunder.last_traces(jf)), list(thunder.last_backward_traces(jf)))
+    printed = str(before[0][-1])
+    why_not_fused(jf)
+    after = (list(thunder.last_traces(jf)), list(thunder.last_backward_traces(jf)))
+    assert all(a is b for a, b in zip(before[0] + before[1], after[0] + after[1], strict=True))
+    assert str(after[0][-1]) == printed
+    again, _ = _run(jf, backward=False)
+    assert torch.equal(again, out)
+
+
+def test_claimed_fix_puts_the_op_in_a_region():
+    jf = thunder.jit(f, executors=[torch_compile_ex, claims])
+    _run(jf)
+    report = why_not_fused(jf)
+    assert not [r for r in report.rows if r.kind == "claimed"]
+    assert "mul" in _ops_in_regions(thunder.last_traces(jf)[-1])
+
+
+def g(x):
+    return torch.tanh(x).exp().sin()
+
+
+def test_option_and_checker_and_option_fix():
+    jg = thunder.jit(g, executors=[picky])
+    with torch.no_grad():
+        jg(torch.randn(4, 4))
+    rows = why_not_fused(jg).rows
+    [option] = [r for r in rows if r.kind == "option"]
+    assert option.op == "ltorch.tanh" and option.established_by == "checker re-run"
+    assert "picky_tanh" in option.reason and option.try_ == "thunder.jit(fn, picky_tanh=True)"
+    [checker] = [r for r in rows if r.kind == "checker"]
+    assert checker.op == "ltorch.sin" and "refuses these arguments" in checker.reason
+    assert checker.try_ == NO_FIX and checker.established_by == "checker re-run"
+    fixed = thunder.jit(g, executors=[picky], picky_tanh=True)
+    with torch.no_grad():
+        fixed(torch.randn(4, 4))
+    assert not [r for r in why_not_fused(fixed).rows if r.kind == "option"]
+    assert "tanh" in _ops_in_regions(thunder.last_traces(fixed)[-1])
+
+
+def test_region_refused_by_required_ops():
+    jg = thunder.jit(lambda x: x.exp() + 1, executors=[cat_only])
+    with torch.no_grad():
+        jg(torch.randn(4, 4))
+    rows = [r for r in why_not_fused(jg).rows if r.kind != "rematerialized"]
+    assert rows and all(r.kind == "region_refused" for r in rows)
+    assert "only around torch.cat" in rows[0].reason and rows[0].established_by == "fusion pass re-run"
+
+
+def test_thunderfx_subgraphs():
+    from thunder.dynamo import thunderfx
+
+    compiled = thunderfx(lambda x: (x * 2).tanh(), executors=[claims, torch_compile_ex])
+    compiled(torch.randn(4, 4, requires_grad=True)).sum().backward()
+    report = why_not_fused(compiled)
+    claimed = [r for r in report.rows if r.kind == "claimed"]
+    assert claimed and all(r.subgraph and "thunder_" in r.subgraph for r in claimed)
+
+
+def test_not_a_program():
+    with pytest.raises(TypeError, match=r"neither a thunder\.jit function nor a thunderfx object"):
+        why_not_fused(f)
+
+
+@pytest.mark.cuda
+def test_segmented_region_on_cuda():
+    """An nvFuser region holding a reduction and a pointwise op on its result (two schedulers) is read back
+    from its scheduled IR: a 'segmented' row with its kernels, or [] where nvFuser ran it as one kernel."""
+    from thunder_fusion_guard import _thunder as th
+    from thunder_fusion_guard.examine.why import segmented_rows
+
+    def h(x):
+        return (x.softmax(-1) @ x.t()).sum(0) + x.sum()
+
+    jh = thunder.jit(h, executors=th.fusion_executors("cuda"))
+    x = torch.randn(256, 512, device="cuda")
+    with torch.no_grad(), th.recording_fusion_calls(jh) as calls:
+        jh(x)
+    trace = thunder.last_traces(jh)[-1]
+    found = []
+    for b in trace.bound_symbols:
+        if th.is_fusion(b) and b.sym.name.startswith("nvFusion"):
+            found += segmented_rows(th.region_callable(b), calls[("forward", b.sym.name)], "forward", b.sym.name)
+    for row in found:
+        assert row.kind in ("segmented", "unknown")
+        if row.kind == "segmented":
+            assert row.count >= 2 and "kernels" in row.reason and row.established_by == "scheduled IR + can_schedule"
+
+
+def test_cli_bad_args_exit_2_and_writes(tmp_path, capsys):
+    from thunder_fusion_guard.tools.cli import main
+
+    assert main(["why", "examples/report_target.py:make", "--json", str(tmp_path / "no" / "x.json")]) == 2
+    assert main(["why", "no_such_file.py:make"]) == 2
+    out = tmp_path / "why.json"
+    assert main(["why", "examples/report_target.py:make", "--device", "cpu", "--json", str(out)]) == 0
+    assert "outside fusions" in capsys.readouterr().out
+    assert "rows" in json.loads(out.read_text())

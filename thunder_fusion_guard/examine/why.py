@@ -1,0 +1,584 @@
+"""Why an op is not in a fusion region: every op left outside the regions of a compiled program, with the
+reason recovered by re-running Thunder's own decision steps (executor claims in ``executors_list`` order,
+the fusion executor's ``can_fuse`` walking the op's decomposition, its checkers under the program's compile
+options, the fusion pass's region rules), and each split, rematerialized and (nvFuser) segmented region.
+
+Runs only when asked, after the program ran; it reads the last traces and changes neither them nor outputs.
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .. import _thunder as th
+from .._thunder import partition as pt
+from ..ops.metadata import runs_as_view
+
+KINDS = (
+    "claimed",
+    "no_translation",
+    "checker",
+    "option",
+    "region_refused",
+    "split",
+    "rematerialized",
+    "segmented",
+    "unknown",
+)
+NO_FIX = "none: no executor here can fuse it"
+HOISTED_NAME = "hoisted_constants"
+
+
+@dataclass
+class WhyRow:
+    """One op (or counted group of cost-free view ops, or one split/rematerialized/segmented region) and why
+    it is not inside a fusion region."""
+
+    trace: str
+    subgraph: str | None
+    op: str
+    source: str | None
+    kind: str
+    reason: str
+    established_by: str
+    bytes: int | None
+    try_: str
+    count: int = 1
+    executor: str | None = None
+    ops: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class WhyReport:
+    """Every op outside a fusion region of a program's last forward and backward traces, with why."""
+
+    rows: list[WhyRow]
+    regions: int = 0
+    kernels: int | None = None
+
+    def ranked(self) -> list[WhyRow]:
+        return sorted(self.rows, key=lambda r: (-(r.bytes or 0), r.trace, r.kind, r.op))
+
+    def of_kind(self, kind: str) -> list[WhyRow]:
+        return [r for r in self.rows if r.kind == kind]
+
+    def summary(self) -> str:
+        """One line of counts: ops outside fusions by kind, splits, rematerializations, segmented regions."""
+        outside = [r for r in self.rows if r.kind not in ("split", "rematerialized", "segmented")]
+        n = sum(r.count for r in outside)
+        parts = []
+        claimed = [r for r in outside if r.kind == "claimed"]
+        if claimed:
+            by = sorted({r.executor or "?" for r in claimed})
+            parts.append(f"{sum(r.count for r in claimed)} claimed by {'/'.join(by)}")
+        labels = {
+            "no_translation": "no translation",
+            "checker": "refused by a checker",
+            "option": "behind a compile option",
+            "region_refused": "in refused regions",
+            "unknown": "unknown",
+        }
+        for kind, label in labels.items():
+            count = sum(r.count for r in outside if r.kind == kind)
+            if count:
+                parts.append(f"{count} {label}")
+        text = f"{n} op{'s' if n != 1 else ''} outside fusions" + (f": {', '.join(parts)}" if parts else "")
+        splits = len(self.of_kind("split"))
+        if splits:
+            text += f"; {splits} region{'s' if splits != 1 else ''} split"
+        remat = self.of_kind("rematerialized")
+        if remat:
+            text += f"; {len(remat)} rematerialization{'s' if len(remat) != 1 else ''}"
+        seg = self.of_kind("segmented")
+        if seg:
+            kernels = sum(r.count for r in seg)
+            text += f"; {len(seg)} region{'s' if len(seg) != 1 else ''} run as {kernels} kernels"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"summary": self.summary(), "regions": self.regions, "rows": [r.to_dict() for r in self.ranked()]}
+
+    def __str__(self) -> str:
+        header = ("trace", "subgraph", "op", "kind", "bytes", "reason", "try", "source")
+        lines = [
+            (
+                r.trace,
+                r.subgraph or "",
+                r.op + (f" x{r.count}" if r.count > 1 and r.kind not in ("segmented",) else ""),
+                r.kind,
+                _bytes(r.bytes),
+                r.reason,
+                r.try_,
+                r.source or "",
+            )
+            for r in self.ranked()
+        ]
+        return self.summary() + "\n" + _table(header, lines)
+
+    def to_html(self) -> str:
+        """An HTML ``<section>`` with the summary and the ranked table (all text escaped)."""
+        e = html.escape
+        cells = "".join(
+            "<tr>"
+            + "".join(
+                f"<td>{e(str(v))}</td>"
+                for v in (
+                    r.trace,
+                    r.subgraph or "",
+                    r.op,
+                    r.count,
+                    r.kind,
+                    _bytes(r.bytes),
+                    r.reason,
+                    r.established_by,
+                    r.try_,
+                    r.source or "",
+                )
+            )
+            + "</tr>"
+            for r in self.ranked()
+        )
+        head = "".join(
+            f"<th>{h}</th>"
+            for h in ("trace", "subgraph", "op", "count", "kind", "bytes", "reason", "established by", "try", "source")
+        )
+        return (
+            f'<section class="why-not-fused"><h2>Why not fused</h2><p>{e(self.summary())}</p>'
+            f"<table><thead><tr>{head}</tr></thead><tbody>{cells}</tbody></table></section>"
+        )
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _table(header: Sequence[str], lines: Sequence[Sequence[str]], width: int = 60) -> str:
+    clipped = [[c if len(c) <= width else c[: width - 1] + "…" for c in line] for line in lines]
+    widths = [max([len(h)] + [len(line[i]) for line in clipped]) for i, h in enumerate(header)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+    out += ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in clipped]
+    return "\n".join(out)
+
+
+# --- what to explain -------------------------------------------------------------------------------------
+
+
+def why_not_fused(fn: Any) -> WhyReport:
+    """Why each op of ``fn``'s last run is outside a fusion region. ``fn``: a ``thunder.jit`` function or
+    module, a ThunderFX-compiled module (``thunder.dynamo.thunderfx``) or its ``ThunderCompiler``, after it
+    ran. Where a FusionGuard rewrote the traces, the traces as Thunder made them are read."""
+    if th.is_thunderfx(fn):
+        programs = [(sub.jitted, sub.label, "thunderfx") for sub in th.thunderfx_subgraphs(fn)]
+    elif th.is_jitted(fn):
+        programs = [(fn, None, "thunder.jit")]
+    else:
+        raise TypeError(f"{type(fn).__name__} is neither a thunder.jit function nor a thunderfx object")
+    rows: list[WhyRow] = []
+    regions = ran = 0
+    for jitted, subgraph, frontend in programs:
+        forward, backward = th.traces_before_guard(jitted)
+        if forward is None:  # a subgraph compiled but not run yet
+            continue
+        ran += 1
+        cd = pt.compile_data_of(jitted)
+        context = _Context(cd, pt.executors_list(cd), subgraph, frontend, _auto_registered(jitted))
+        for kind, trace in (("forward", forward), ("backward", backward)):
+            if trace is not None:
+                rows += explain_trace(trace, kind, context)
+                regions += sum(1 for b in trace.bound_symbols if th.is_fusion(b))
+        if backward is not None:
+            rows += _recomputed_in_backward(forward, backward, subgraph)
+        rows += _numbering_gaps([("forward", forward), ("backward", backward)], subgraph)
+    if not ran:
+        raise RuntimeError("no trace to read: call the compiled function first")
+    return WhyReport(rows, regions)
+
+
+def _auto_registered(jitted: Any) -> set[str]:
+    import thunder
+
+    try:
+        return set(thunder.get_auto_registered_torch_op_names(jitted) or ())
+    except Exception:
+        return set()
+
+
+@dataclass
+class _Context:
+    cd: Any
+    executors: list[Any]
+    subgraph: str | None
+    frontend: str
+    auto_registered: set[str]
+
+    @property
+    def fusers(self) -> list[Any]:
+        return [ex for ex in self.executors if isinstance(ex, th.FusionExecutor)]
+
+    def index(self, ex: Any) -> int:
+        return next((i for i, e in enumerate(self.executors) if e is ex), len(self.executors))
+
+    def option_fix(self, option: str) -> str:
+        call = "thunderfx" if self.frontend == "thunderfx" else "thunder.jit"
+        return f"{call}(fn, {option}=True)"
+
+
+def _is_work(bsym: Any) -> bool:
+    return not (th.is_plumbing(bsym) or bsym.sym.name == HOISTED_NAME or th.is_fusion(bsym))
+
+
+def _source(*bsyms: Any) -> str | None:
+    for bsym in bsyms:
+        stack = [bsym]
+        while stack:
+            b = stack.pop(0)
+            positions = getattr(b, "source_positions", None)
+            if getattr(b, "source_filename", None) and positions is not None and positions.lineno is not None:
+                return f"{b.source_filename}:{positions.lineno}"
+            stack.extend(b.subsymbols)
+    return None
+
+
+def _io_bytes(bsym: Any) -> int | None:
+    total = 0
+    for p in {id(x): x for x in th.tensor_proxies([*bsym.flat_args, *bsym.flat_outs])}.values():
+        n = th.tensor_nbytes(p)
+        if n is None:
+            return None
+        total += n
+    return total
+
+
+def explain_trace(trace: Any, kind: str, context: _Context) -> list[WhyRow]:
+    """The rows of one final trace: each op outside a region, each split, each numbering gap and each output
+    computed in two regions."""
+    rows: list[WhyRow] = []
+    views: dict[tuple[str, str], list[WhyRow]] = {}
+    for bsym in trace.bound_symbols:
+        if not _is_work(bsym):
+            continue
+        row = explain_op(bsym, kind, context)
+        if runs_as_view(bsym) or not th.tensor_proxies([*bsym.flat_args, *bsym.flat_outs]):
+            row.bytes = 0
+            views.setdefault((row.kind, row.executor or ""), []).append(row)
+        else:
+            rows.append(row)
+    for group in views.values():
+        first = group[0]
+        if len(group) > 1:
+            names = [r.op for r in group]
+            first.op = "views: " + ", ".join(dict.fromkeys(names))
+            first.count = len(group)
+            first.ops = names
+            first.source = None
+        rows.append(first)
+    rows += _splits(trace, kind, context)
+    rows += _rematerialized(trace, kind, context.subgraph)
+    return rows
+
+
+def explain_op(bsym: Any, kind: str, context: _Context) -> WhyRow:
+    """Why ``bsym`` (an op of a final trace, outside every region) is not in a region."""
+    claimer, _ = pt.implementing_executor(bsym, context.executors)
+    original = pt.original_op(bsym, context.executors)
+    name = pt.qualified_name(original)
+    row = WhyRow(
+        kind,
+        context.subgraph,
+        name,
+        _source(bsym, original),
+        "unknown",
+        "",
+        "",
+        _io_bytes(bsym),
+        "",
+        1,
+        getattr(claimer, "name", None),
+    )
+    fusers = context.fusers
+    if not fusers:
+        row.reason, row.established_by = "no fusion executor in executors_list", "executors_list"
+        row.try_ = "add a fusion executor to executors=[...]"
+        return row
+    takers = [f for f in fusers if pt.can_fuse(f, original, context.cd)]
+    if takers:
+        fuser = takers[0]
+        if (
+            claimer is not None
+            and not isinstance(claimer, th.FusionExecutor)
+            and context.index(claimer) < context.index(fuser)
+        ):
+            row.kind, row.established_by = "claimed", "executor order"
+            row.reason = f"{claimer.name} is before {fuser.name} in executors and claims it; {fuser.name} can fuse it"
+            row.try_ = f"put {fuser.name} before {claimer.name} in executors=[...], or drop {claimer.name}"
+            return row
+        return _refused_region(row, bsym, original, fuser, context)
+    fuser = _primary(fusers)
+    refusal = pt.first_refusal(fuser, original, context.cd)
+    if refusal is None:  # can_fuse said no, the walk found nothing: report what was tried
+        row.reason = f"{fuser.name}.can_fuse says no; its decomposition walk finds no refusing op"
+        row.established_by, row.try_ = "decomposition walk", NO_FIX
+        return row
+    refused = refusal.checker_refused
+    if refused is not None:
+        option = pt.refusing_option(fuser, refused, context.cd)
+        what = pt.qualified_name(refused)
+        if option is not None:
+            row.kind, row.established_by = "option", "checker re-run"
+            row.reason = f"{fuser.name}'s checker for {what} needs compile option {option} (off)"
+            row.try_ = context.option_fix(option)
+            return row
+        row.kind, row.established_by = "checker", "checker re-run"
+        row.reason = f"{fuser.name}'s checker for {what} refuses these arguments ({_args_text(refused)})"
+        row.try_ = NO_FIX
+        return row
+    leaf = refusal.leaf
+    row.kind = "no_translation"
+    row.established_by = "checker re-run" if leaf is original else "decomposition walk"
+    auto = pt.is_auto_registered(original) or original.sym.id in context.auto_registered
+    where = "" if leaf is original else f" (first in its decomposition: {pt.qualified_name(leaf)})"
+    row.reason = f"{fuser.name} has no translation for {pt.qualified_name(leaf)}{where if where else ''}" + (
+        "; a torch fallback Thunder registered itself" if auto else ""
+    )
+    if leaf is not original:
+        row.reason = f"{fuser.name} cannot execute {pt.qualified_name(leaf)}, first in its decomposition"
+        if auto:
+            row.reason += "; a torch fallback Thunder registered itself"
+    row.try_ = NO_FIX
+    return row
+
+
+def _primary(fusers: Sequence[Any]) -> Any:
+    general = [f for f in fusers if f.name in th.GENERAL_FUSERS]
+    return (general or list(fusers))[0]
+
+
+def _args_text(bsym: Any) -> str:
+    parts = []
+    for a in bsym.flat_args:
+        if th.tensor_proxies([a]):
+            spec = th.tensor_spec(a)
+            parts.append(f"{spec[1]}{list(spec[0])} on {spec[2]}".replace("torch.", "") if spec else a.name)
+        elif th.is_number_like(a):
+            parts.append(repr(a))
+    text = ", ".join(parts)
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+def _refused_region(row: WhyRow, bsym: Any, original: Any, fuser: Any, context: _Context) -> WhyRow:
+    """``fuser`` can fuse the op, yet the fusion pass left it out: re-run the pass's region rules."""
+    row.established_by = "fusion pass re-run"
+    required = getattr(fuser, "required_ops", None)
+    if required is not None and original.sym.id not in required:
+        row.kind = "region_refused"
+        row.reason = f"{fuser.name} makes regions only around {', '.join(sorted(map(str, required)))}"
+        row.try_ = NO_FIX if not [f for f in context.fusers if f.name in th.GENERAL_FUSERS] else "none needed"
+        return row
+    cuda = pt.has_cuda_io(fuser, original)
+    if cuda is False:
+        row.kind = "region_refused"
+        row.reason = f"{fuser.name} fuses ops with a CUDA tensor input or output only"
+        row.try_ = "move the tensors to CUDA, or use a fusion executor for this device"
+        return row
+    if fuser.name == "nvfuser" and pt.is_shape_only([original]):
+        options = getattr(context.cd, "compile_options", None) or {}
+        if not options.get("nv_enable_shape_only_fusion"):
+            row.kind = "region_refused"
+            row.reason = "nvfuser makes no region of shape ops alone"
+            row.try_ = context.option_fix("nv_enable_shape_only_fusion")
+            return row
+    row.reason = (
+        f"{fuser.name} can fuse it and no executor before it claims it; tried: region rules (required ops, "
+        "CUDA input/output, shape-only), none applies"
+    )
+    row.try_ = NO_FIX
+    return row
+
+
+# --- regions: splits, rematerialization ------------------------------------------------------------------
+
+_NUMBERED = re.compile(r"^(?P<stem>.*?)(?P<n>\d+)$")
+
+
+def _regions(trace: Any) -> list[tuple[int, Any]]:
+    return [(i, b) for i, b in enumerate(trace.bound_symbols) if th.is_fusion(b)]
+
+
+def _names(values: Iterable[Any]) -> set[str]:
+    return {getattr(p, "name", None) for p in th.tensor_proxies(list(values))} - {None}
+
+
+def _splits(trace: Any, kind: str, context: _Context) -> list[WhyRow]:
+    rows = []
+    by_executor: dict[str, list[tuple[int, Any]]] = {}
+    for i, b in _regions(trace):
+        by_executor.setdefault(th.executor_name(b), []).append((i, b))
+    mode = pt.fusion_type(context.cd)
+    for executor, regions in by_executor.items():
+        for (i, first), (j, second) in itertools.pairwise(regions):
+            between = [b for b in trace.bound_symbols[i + 1 : j] if _is_work(b) and not th.is_fusion(b)]
+            crossing = _names(first.flat_outs) & _names(second.flat_args)
+            nbytes = 2 * sum(th.tensor_nbytes(p) or 0 for p in th.tensor_proxies(first.flat_outs) if p.name in crossing)
+            names = [pt.qualified_name(b) for b in between]
+            row = WhyRow(
+                kind,
+                context.subgraph,
+                f"{first.sym.name} | {second.sym.name}",
+                None,
+                "split",
+                "",
+                "",
+                nbytes,
+                "",
+                1,
+                executor,
+                names,
+            )
+            if mode == "consecutive" and between:
+                row.reason = f"{len(between)} op(s) between that {executor} could not take: {', '.join(names[:4])}"
+                row.established_by = "consecutive fusion re-run"
+            elif between and _depends_through(trace, i, j, between):
+                row.reason = f"merging would make a cycle through {', '.join(names[:4])}"
+                row.established_by = "dataflow re-run"
+            else:
+                row.kind = "unknown"
+                row.reason = f"two {executor} regions not merged; tried: ops between ({len(between)}), cycle check"
+                row.established_by = f"{mode} fusion re-run"
+            row.try_ = "see the rows of the ops between" if between else NO_FIX
+            rows.append(row)
+    return rows
+
+
+def _depends_through(trace: Any, i: int, j: int, between: list[Any]) -> bool:
+    """True when region ``j`` reads, through ops of ``between``, what region ``i`` wrote."""
+    reached = _names(trace.bound_symbols[i].flat_outs)
+    via = False
+    for b in between:
+        if _names(b.flat_args) & reached:
+            reached |= _names(b.flat_outs)
+            via = True
+    return via and bool(_names(trace.bound_symbols[j].flat_args) & reached)
+
+
+def _numbering_gaps(traces: list[tuple[str, Any]], subgraph: str | None) -> list[WhyRow]:
+    """A row per fusion number missing across a program's traces (Thunder numbers the backward's regions on
+    from the forward's): rematerialization moved that region's ops into its consumers and it was removed."""
+    numbers: dict[tuple[str, str], dict[int, str]] = {}
+    for kind, trace in traces:
+        for _, region in _regions(trace) if trace is not None else []:
+            match = _NUMBERED.match(region.sym.name)
+            if match:
+                numbers.setdefault((th.executor_name(region), match["stem"]), {})[int(match["n"])] = kind
+    rows = []
+    for (executor, stem), seen in numbers.items():
+        for n in sorted(set(range(max(seen) + 1)) - set(seen)):
+            kind = seen.get(max(k for k in seen if k < n), "forward") if any(k < n for k in seen) else "forward"
+            rows.append(
+                WhyRow(
+                    kind, subgraph, f"{stem}{n}", None, "rematerialized",
+                    f"{stem}{n} is gone: rematerialization moved its ops into the regions that consume them",
+                    "fusion numbering", 0, "none needed: recomputing saves the write and read", 1, executor,
+                )
+            )  # fmt: skip
+    return rows
+
+
+def _rematerialized(trace: Any, kind: str, subgraph: str | None) -> list[WhyRow]:
+    """A row per pair of regions of one trace that both compute the same outputs."""
+    produced: dict[str, list[tuple[str, Any]]] = {}
+    for _, region in _regions(trace):
+        for sub in region.subsymbols:
+            for name in _names(sub.flat_outs):
+                produced.setdefault(name, []).append((region.sym.name, sub))
+    rows = []
+    pairs: dict[tuple[str, ...], list[Any]] = {}
+    for places in produced.values():
+        regions = tuple(dict.fromkeys(r for r, _ in places))
+        if len(regions) > 1:
+            pairs.setdefault(regions, []).append(places[0][1])
+    for regions, subs in pairs.items():
+        names = [pt.qualified_name(s) for s in subs]
+        rows.append(
+            WhyRow(
+                kind, subgraph, ", ".join(dict.fromkeys(names)), _source(*subs), "rematerialized",
+                f"computed in each of {', '.join(regions)} (rematerialization)", "output names", 0,
+                "none needed: recomputing saves the write and read", len(subs), None, names,
+            )
+        )  # fmt: skip
+    return rows
+
+
+def _recomputed_in_backward(forward: Any, backward: Any, subgraph: str | None) -> list[WhyRow]:
+    """Ops a forward region computes and a backward region computes again instead of reading it saved."""
+    made = {}
+    for _, region in _regions(forward):
+        for sub in region.subsymbols:
+            for name in _names(sub.flat_outs):
+                made[name] = region.sym.name
+    pairs: dict[tuple[str, str], list[Any]] = {}
+    for _, region in _regions(backward):
+        for sub in region.subsymbols:
+            hit = [made[n] for n in _names(sub.flat_outs) if n in made]
+            if hit:
+                pairs.setdefault((hit[0], region.sym.name), []).append(sub)
+    rows = []
+    for (fwd, bwd), subs in pairs.items():
+        names = [pt.qualified_name(s) for s in subs]
+        rows.append(
+            WhyRow(
+                "backward", subgraph, ", ".join(dict.fromkeys(names)), _source(*subs), "rematerialized",
+                f"computed in forward {fwd} and again in backward {bwd} instead of saved", "output names", 0,
+                "none needed: recomputing saves storing the result for backward", len(subs), None, names,
+            )
+        )  # fmt: skip
+    return rows
+
+
+# --- nvFuser: one region run as several kernels ----------------------------------------------------------
+
+
+def segmented_rows(
+    region_fn: Any, inputs: Sequence[Any], trace: str, region: str, subgraph: str | None = None
+) -> list[WhyRow]:
+    """A row for an nvFuser region that ran as several kernels (CUDA only, after a run): the groups and edge
+    tensors of nvFuser's segmented-fusion dump in its most recent scheduled IR, and for each scheduler used
+    ``nvfuser_direct.schedule.can_schedule`` on the whole fusion (why that scheduler could not take it all).
+    ``region_fn`` is the region's callable (Thunder's ``FusionDefinitionWrapper``), ``inputs`` its last
+    arguments. [] where the region ran as one kernel; a row saying what is missing where nvFuser does not
+    expose the IR."""
+    fec = getattr(getattr(region_fn, "last_used", None), "fec", None)
+    ir = th.nvfuser_scheduled_ir(region_fn)
+    if ir is None:
+        return [
+            WhyRow(
+                trace, subgraph, region, None, "unknown",
+                "nvFuser's scheduled IR is not exposed here (no fec.get_most_recent_scheduled_ir)",
+                "scheduled IR", None, NO_FIX, 1, "nvfuser",
+            )
+        ]  # fmt: skip
+    groups = pt.segmented_groups(ir)
+    if groups is None or len(groups[0]) < 2:
+        return []
+    schedulers, edges = groups
+    verdicts = pt.scheduler_verdicts(fec, inputs, list(dict.fromkeys(schedulers)))
+    why = "; ".join(f"{name}: {text[:80]}" for name, text in verdicts.items())
+    return [
+        WhyRow(
+            trace, subgraph, region, None, "segmented",
+            f"{len(schedulers)} kernels ({', '.join(schedulers)}) through {', '.join(edges[:4]) or 'no edge'}; {why}",
+            "scheduled IR + can_schedule", None, NO_FIX, len(schedulers), "nvfuser", edges,
+        )
+    ]  # fmt: skip

@@ -1,0 +1,84 @@
+"""``fusion-guard why TARGET``: run a model under Thunder and print why each op outside a fusion region is
+there (the reason re-derived from Thunder's own decision steps), ranked by the bytes it moves.
+
+TARGET, --device, --thunderfx and --backward are those of ``fusion-guard report``. Output files are
+checked before any work (their folder must exist); bad arguments exit 2 before any work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import nullcontext
+from typing import Any
+
+from .common import UsageError, check_output, resolve_device, write_output
+from .report_cli import TargetError, _first_line, load_target, make_workload
+
+
+def register(subparsers: Any) -> None:
+    """Add ``why`` to the ``fusion-guard`` command line."""
+    why = subparsers.add_parser(
+        "why",
+        help="run TARGET under Thunder and print why each op outside a fusion region is there",
+        description=(__doc__ or "").replace("``", "") or None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    why.add_argument("target", metavar="TARGET", help="path/to/file.py:make or package.module:make")
+    why.add_argument("--thunderfx", action="store_true", help="compile through ThunderFX instead of thunder.jit")
+    why.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    why.add_argument(
+        "--backward",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the backward when an output requires grad (default); --no-backward: forward under no_grad",
+    )
+    why.add_argument("--json", metavar="PATH", help="write the rows as JSON here (its folder must exist)")
+    why.add_argument("--html", metavar="PATH", help="write the table as an HTML section here (its folder must exist)")
+    why.set_defaults(run=_why_command)
+
+
+def _why_command(args: argparse.Namespace) -> int:
+    import json
+
+    device = resolve_device(args.device)
+    check_output("--json", args.json)
+    check_output("--html", args.html)
+    try:
+        make = load_target(args.target)
+    except TargetError as e:
+        raise UsageError(str(e)) from e
+    import torch
+
+    from .._thunder import fusion_executors
+    from ..examine.calls import step
+    from ..examine.why import why_not_fused
+
+    try:
+        fn, call_args, kwargs = make_workload(make, device)
+    except TargetError as e:
+        raise UsageError(str(e)) from e
+    options: dict[str, Any] = {"executors": fusion_executors(device)}
+    try:
+        if args.thunderfx:
+            from thunder.dynamo import thunderfx
+
+            compiled = thunderfx(fn, **options)
+        else:
+            import thunder
+
+            compiled = thunder.jit(fn, **options)
+        with nullcontext() if args.backward else torch.no_grad():
+            step(compiled, call_args, kwargs, args.backward)
+        report = why_not_fused(compiled)
+    except Exception as e:
+        if getattr(args, "traceback", False):
+            raise
+        print(f"fusion-guard why: {args.target} failed: {_first_line(e)}", file=sys.stderr)
+        return 1
+    print(report)
+    if args.json:
+        write_output(args.json, json.dumps(report.to_dict(), indent=1) + "\n")
+    if args.html:
+        write_output(args.html, report.to_html() + "\n")
+    return 0
