@@ -1,0 +1,279 @@
+"""The zoo: third-party models through eager, torch.compile, ``thunder.jit`` and ThunderFX, each Thunder path
+unguarded and guarded. Per model and path: does it run, is it bitwise equal to unguarded Thunder (or within
+Thunder's own run-to-run difference), its step time, first-call seconds, the guard's actions and why ops sit
+outside fusions.
+
+Each model runs in a process of its own with a time limit, so that one slow compile never hides the others;
+``fusion-guard bench zoo`` is the command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+PATHS = (
+    "eager",
+    "inductor",
+    "inductor-ro",
+    "thunder",
+    "guarded",
+    "guarded+cudagraph",
+    "fx",
+    "fx-guarded",
+    "fx-guarded+cudagraph",
+)
+CUDA_ONLY = ("inductor-ro", "guarded+cudagraph", "fx-guarded+cudagraph")
+# Which unguarded Thunder path a guarded path is compared with, bit for bit.
+BASELINE = {"guarded": "thunder", "guarded+cudagraph": "thunder", "fx-guarded": "fx", "fx-guarded+cudagraph": "fx"}
+GUARDED = tuple(BASELINE)
+
+
+def paths_for(device: str, paths: Sequence[str] = PATHS) -> list[str]:
+    """The paths that apply on ``device`` (CUDA graphs and reduce-overhead only on CUDA)."""
+    return [p for p in paths if device == "cuda" or p not in CUDA_ONLY]
+
+
+def _compile(module: Any, path: str, device: str) -> tuple[Callable[..., Any], Any]:
+    """``module`` compiled as ``path``, and the FusionGuard it runs with (None for unguarded paths)."""
+    import torch
+
+    if path == "eager":
+        return module, None
+    if path.startswith("inductor"):
+        return torch.compile(module, mode="reduce-overhead" if path.endswith("-ro") else None), None
+    import thunder
+    from thunder.dynamo import thunderfx
+    from thunder.transforms.cudagraph import CUDAGraphTransform
+
+    from .. import FusionGuard, fusion_executors
+
+    guard = FusionGuard() if "guarded" in path else None
+    transforms = ([guard] if guard else []) + ([CUDAGraphTransform()] if path.endswith("cudagraph") else [])
+    jit = thunderfx if path.startswith("fx") else thunder.jit
+    return jit(module, executors=fusion_executors(device), transforms=transforms), guard
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:240] if text else ''}"
+
+
+class _Step:
+    """One training step of a zoo model through a compiled callable: forward, loss, backward."""
+
+    def __init__(self, model: Any, fn: Callable[..., Any], device: str) -> None:
+        import torch
+
+        self.model, self.fn, self.cuda = model, fn, device == "cuda"
+        self.params = [p for p in model.module.parameters() if p.requires_grad]
+        self.leaves = [x for x in model.inputs if isinstance(x, torch.Tensor) and x.requires_grad]
+        self.loss: Any = None
+
+    def __call__(self) -> None:
+        import torch
+
+        for t in (*self.params, *self.leaves):
+            t.grad = None
+        self.loss = self.model.loss(self.fn(*self.model.inputs))
+        self.loss.backward()
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def values(self) -> list[Any]:
+        """The step's results: its loss and every gradient, copied."""
+        return [self.loss.detach().clone()] + [
+            None if t.grad is None else t.grad.detach().clone() for t in (*self.params, *self.leaves)
+        ]
+
+
+def _difference(a: list[Any], b: list[Any]) -> float | None:
+    """The largest absolute difference between two steps' results (0.0: bitwise equal); None where they do not
+    even have the same tensors."""
+    worst = 0.0
+    if len(a) != len(b):
+        return None
+    for x, y in zip(a, b, strict=True):
+        if x is None or y is None:
+            if (x is None) != (y is None):
+                return None
+            continue
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return None
+        if not (x.isnan() == y.isnan()).all():
+            return float("inf")
+        if not x.equal(y):
+            worst = max(worst, float((x.double() - y.double()).abs().nan_to_num(0.0).max()))
+    return worst
+
+
+def _why_lines(fn: Any, limit: int = 3) -> list[str]:
+    """The summary and first rows of the why-not-fused report of a compiled Thunder path, where it can be made."""
+    try:
+        from .. import why_not_fused
+
+        why = why_not_fused(fn)
+    except Exception as e:  # a diagnosis failing must not lose the model's numbers
+        return [f"why_not_fused failed: {_first_line(e)}"]
+    return [why.summary(), *str(why).splitlines()[2 : 2 + limit]]
+
+
+def run_model(
+    name: str, device: str, paths: Sequence[str], rounds: int, deadline: float, out: Path, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """Build zoo model ``name`` and run every path on it, writing the result to ``out`` after each phase so that a
+    run cut short by its time limit keeps what it measured."""
+    import torch
+
+    from .zoo_models import ZOO
+
+    torch.manual_seed(0)
+    model = ZOO[name].build(device)
+    result: dict[str, Any] = {"model": name, "library": ZOO[name].library, "what": ZOO[name].what, "paths": {}}
+
+    def save() -> None:
+        out.write_text(json.dumps(result))
+
+    steps: dict[str, _Step] = {}
+    values: dict[str, list[Any]] = {}
+    guards: dict[str, Any] = {}
+    for path in paths:
+        row: dict[str, Any] = {"runs": False}
+        result["paths"][path] = row
+        try:
+            fn, guard = _compile(model.module, path, device)
+            step = _Step(model, fn, device)
+            began = time.perf_counter()
+            step()
+            row["first_call_s"] = round(time.perf_counter() - began, 3)
+            step()
+            values[path] = step.values()
+            if path in ("thunder", "fx"):  # Thunder against itself: its own run-to-run difference
+                step()
+                row["self_difference"] = _difference(values[path], step.values())
+        except Exception as e:  # one path failing must not lose the others
+            row["error"] = _first_line(e)
+            log(f"zoo: {name}: {path} FAILED: {row['error']}")
+            save()
+            continue
+        row["runs"] = True
+        steps[path], guards[path] = step, guard
+        if guard is not None:
+            row["actions"] = dict(Counter(d.action for d in guard.report.decisions))
+        log(f"zoo: {name}: {path} runs, first call {row['first_call_s']:.1f} s")
+        save()
+    for path, baseline in BASELINE.items():
+        if path in values and baseline in values:
+            row = result["paths"][path]
+            row["difference"] = _difference(values[path], values[baseline])
+            floor = result["paths"][baseline].get("self_difference")
+            row["bits"] = (
+                "different tensors" if row["difference"] is None
+                else "bitwise" if row["difference"] == 0.0
+                else "within Thunder's own difference" if floor is not None and row["difference"] <= floor
+                else "differs"
+            )  # fmt: skip
+    for path in GUARDED:
+        if path in steps:
+            result["paths"][path]["why"] = _why_lines(steps[path].fn)
+    save()
+    order = list(steps)
+    samples: dict[str, list[float]] = {p: [] for p in order}
+    for r in range(rounds):
+        if time.time() > deadline:
+            result["rounds_cut"] = r
+            break
+        for path in order if r % 2 == 0 else reversed(order):
+            began = time.perf_counter()
+            steps[path]()
+            samples[path].append(time.perf_counter() - began)
+    for path in order:
+        result["paths"][path]["samples_s"] = samples[path]
+    save()
+    return result
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    ordered = sorted(xs)
+    return ordered[len(ordered) // 2] if ordered else None
+
+
+def run_zoo(
+    models: Sequence[str],
+    device: str,
+    paths: Sequence[str],
+    rounds: int,
+    time_limit_s: float,
+    log: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """Each model in a process of its own, at most ``time_limit_s`` seconds each (timing stops early enough to
+    leave results); a model that times out or crashes keeps what it had written."""
+    results = []
+    for i, name in enumerate(models, 1):
+        log(f"zoo: [{i}/{len(models)}] {name} on {device} ...")
+        with tempfile.TemporaryDirectory() as folder:
+            out = Path(folder) / "result.json"
+            command = [sys.executable, "-m", "thunder_fusion_guard.bench.zoo", name, device, ",".join(paths),
+                       str(rounds), str(time.time() + 0.8 * time_limit_s), str(out)]  # fmt: skip
+            try:
+                done = subprocess.run(command, timeout=time_limit_s, stdout=subprocess.DEVNULL)
+                problem = None if done.returncode == 0 else f"the model's process exited {done.returncode}"
+            except subprocess.TimeoutExpired:
+                problem = f"over its time limit of {time_limit_s:.0f} s"
+            result = json.loads(out.read_text()) if out.exists() else {"model": name, "paths": {}}
+        if problem:
+            result["problem"] = problem
+            log(f"zoo: {name}: {problem}")
+        results.append(result)
+    return results
+
+
+def summary_rows(results: Sequence[dict[str, Any]]) -> list[list[str]]:
+    """One row per model and path: runs, bits against unguarded Thunder, median step ms, ratios, first call."""
+    rows = [["model", "path", "runs", "bits vs Thunder", "step ms", "x thunder", "x eager", "x inductor", "first s",
+             "guard actions"]]  # fmt: skip
+    for result in results:
+        medians = {p: _median(r.get("samples_s", [])) for p, r in result["paths"].items()}
+
+        def ratio(path: str, of: str, m: dict[str, float | None] = medians) -> str:
+            a, b = m.get(path), m.get(of)
+            return f"{a / b:.2f}" if a and b else "-"
+
+        for path, row in result["paths"].items():
+            base = "fx" if path.startswith("fx") else "thunder"
+            median = medians.get(path)
+            actions = ", ".join(f"{n} {a}" for a, n in sorted(row.get("actions", {}).items()))
+            rows.append([
+                result["model"], path, "yes" if row["runs"] else f"no: {row.get('error', '')[:60]}",
+                row.get("bits", ""), f"{median * 1e3:.2f}" if median else "-",
+                ratio(path, base) if path in BASELINE else "-", ratio(path, "eager"), ratio(path, "inductor"),
+                f"{row['first_call_s']:.1f}" if "first_call_s" in row else "-", actions,
+            ])  # fmt: skip
+        if result.get("problem"):
+            rows.append([result["model"], "-", f"stopped: {result['problem']}", "", "", "", "", "", "", ""])
+    return rows
+
+
+def _main(argv: Sequence[str]) -> int:
+    """One model, in its own process: ``python -m thunder_fusion_guard.bench.zoo NAME DEVICE PATHS ROUNDS
+    DEADLINE OUT``."""
+    name, device, paths, rounds, deadline, out = argv
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    run_model(name, device, paths.split(","), int(rounds), float(deadline), Path(out), _stderr)
+    return 0
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

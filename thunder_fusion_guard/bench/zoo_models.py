@@ -1,0 +1,306 @@
+"""Models nobody on this project wrote, built from their libraries' configs with random weights (nothing is
+downloaded): Hugging Face transformers, timm, torchvision, torch.nn, e3nn and torch_geometric.
+
+Each builder returns a :class:`ZooModel`: the module (eval mode, so dropout draws nothing), the inputs of one
+training step, and how the step's loss is read from the module's output. Sizes are small (2 layers where
+layered); ``device="cuda"`` builds wider ones, the transformers in bf16.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+
+@dataclass
+class ZooModel:
+    """One model of the zoo, ready for a training step: ``loss(module(*inputs))`` then ``backward()``."""
+
+    module: nn.Module
+    inputs: tuple[Any, ...]
+    loss: Callable[[Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    """A zoo model's name, the library it comes from, what it is, and its builder (``build(device)``)."""
+
+    name: str
+    library: str
+    what: str
+    build: Callable[[str], ZooModel]
+    requires: str  # the module that must import for it to be built
+    small: bool = False  # cheap enough to compile and run on a 2-core CPU in the test suite
+
+    def available(self) -> bool:
+        """Whether its library is installed here."""
+        return importlib.util.find_spec(self.requires) is not None
+
+
+def _mean_square(out: Any) -> torch.Tensor:
+    """A scalar loss from any output: the model's own ``loss`` where it computed one, else the mean square of its
+    first tensor, in float32."""
+    loss = getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss.float()
+    if not isinstance(out, torch.Tensor):
+        out = out[0] if isinstance(out, (tuple, list)) else next(v for v in out.values() if isinstance(v, torch.Tensor))
+    return out.float().pow(2).mean()
+
+
+def _sum(out: Any) -> torch.Tensor:
+    return out.float().sum()
+
+
+def _hf_dtype(device: str) -> torch.dtype:
+    return torch.bfloat16 if device == "cuda" else torch.float32
+
+
+def _width(device: str, cpu: int, cuda: int) -> int:
+    return cuda if device == "cuda" else cpu
+
+
+def _tokens(device: str, vocab: int, seq: int) -> torch.Tensor:
+    batch = 4 if device == "cuda" else 2
+    return torch.randint(0, vocab, (batch, seq), device=device)
+
+
+def _hf(model: nn.Module, device: str) -> nn.Module:
+    return model.to(device=device, dtype=_hf_dtype(device)).eval()
+
+
+class WithLabels(nn.Module):
+    """A Hugging Face model called with ``input_ids`` and ``labels``, returning its own loss."""
+
+    def __init__(self, model: nn.Module, **kwargs: Any) -> None:
+        super().__init__()
+        self.model, self.kwargs = model, kwargs
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, labels=labels, **self.kwargs).loss
+
+
+def _hf_model(config_name: str, model_name: str, call: dict[str, Any], **config: Any) -> Callable[[str], ZooModel]:
+    """A builder of a small Hugging Face model (2 layers, 4 heads, vocabulary 1024) with labels as its inputs."""
+
+    def build(device: str) -> ZooModel:
+        import transformers
+
+        hidden = _width(device, 64, 512)
+        shape = {"hidden_size": hidden, "num_hidden_layers": 2, "num_attention_heads": 4}
+        if config_name == "T5Config":
+            shape = {"d_model": hidden, "d_kv": hidden // 4, "d_ff": 4 * hidden, "num_layers": 2,
+                     "num_decoder_layers": 2, "num_heads": 4, "dropout_rate": 0.0,
+                     "decoder_start_token_id": 0, "pad_token_id": 0}  # fmt: skip
+        made = getattr(transformers, config_name)(vocab_size=1024, attn_implementation="eager", **shape, **config)
+        model = _hf(getattr(transformers, model_name)(made), device)
+        ids = _tokens(device, 1024, _width(device, 32, 256))
+        return ZooModel(WithLabels(model, **call).eval(), (ids, ids), _sum)
+
+    return build
+
+
+_LLM = {"intermediate_size": 256, "num_key_value_heads": 2, "max_position_embeddings": 1024}
+
+
+def vit(device: str) -> ZooModel:
+    """timm's ViT (tiny, 2 blocks), on 64x64 images."""
+    import timm
+
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=64, depth=2, num_classes=10)
+    images = torch.randn(_width(device, 2, 32), 3, 64, 64, device=device)
+    return ZooModel(model.to(device).eval(), (images,), _mean_square)
+
+
+def convnext(device: str) -> ZooModel:
+    """timm's ConvNeXt (atto), on 64x64 images."""
+    import timm
+
+    model = timm.create_model("convnext_atto", pretrained=False, num_classes=10)
+    images = torch.randn(_width(device, 2, 32), 3, 64, 64, device=device)
+    return ZooModel(model.to(device).eval(), (images,), _mean_square)
+
+
+def resnet(device: str) -> ZooModel:
+    """torchvision's ResNet-18, on 64x64 images (batch norm in eval mode: running statistics)."""
+    import torchvision
+
+    model = torchvision.models.resnet18(weights=None, num_classes=10)
+    images = torch.randn(_width(device, 2, 32), 3, 64, 64, device=device)
+    return ZooModel(model.to(device).eval(), (images,), _mean_square)
+
+
+def mha_block(device: str) -> ZooModel:
+    """torch.nn's TransformerEncoder (2 layers of nn.MultiheadAttention and an MLP), batch first."""
+    width = _width(device, 64, 512)
+    layer = nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.0, batch_first=True)
+    model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    x = torch.randn(_width(device, 2, 4), _width(device, 32, 256), width, device=device)
+    return ZooModel(model.to(device).eval(), (x,), _mean_square)
+
+
+def gcn(device: str) -> ZooModel:
+    """torch_geometric: a 2-layer graph attention network on a random graph, node classification loss."""
+    from torch_geometric.nn import GATConv
+
+    class GAT(nn.Module):
+        def __init__(self, features: int, hidden: int) -> None:
+            super().__init__()
+            self.conv1 = GATConv(features, hidden, heads=4)
+            self.conv2 = GATConv(4 * hidden, 8, heads=1)
+
+        def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+            return self.conv2(torch.nn.functional.elu(self.conv1(x, edge_index)), edge_index)
+
+    nodes = _width(device, 64, 2048)
+    generator = torch.Generator().manual_seed(0)
+    edge_index = torch.randint(0, nodes, (2, 8 * nodes), generator=generator).to(device)
+    x = torch.randn(nodes, 32, generator=generator).to(device)
+    return ZooModel(GAT(32, 16).to(device).eval(), (x, edge_index), _mean_square)
+
+
+class NequIPLike(nn.Module):
+    """A NequIP-style interatomic potential: spherical harmonics of the edge vectors (e3nn), Bessel radial basis
+    with NequIP's polynomial cutoff, a radial MLP giving each edge's tensor-product weights, a "uvu" tensor
+    product per path (outer product, then a matmul) with e3nn's Clebsch-Gordan coefficients, scatter-sum (``index_add``) to the atoms, linear
+    self-interaction, gated nonlinearity, residuals; three layers of 16 channels for l = 0, 1, 2; summed energy.
+
+    The tensor product is written in plain PyTorch: e3nn 0.6's own modules keep ``Irreps``
+    objects whose ``__len__`` raises, which neither Dynamo nor Thunder's interpreter can trace.
+    """
+
+    def __init__(
+        self, species: int = 4, channels: int = 16, layers: int = 3, lmax: int = 2, r_max: float = 4.0, basis: int = 8
+    ) -> None:
+        from e3nn import o3
+
+        super().__init__()
+        self.r_max, self.lmax, self.channels, self.layers = r_max, lmax, channels, layers
+        self.sh = o3.SphericalHarmonics(list(range(lmax + 1)), normalize=True, normalization="component")
+        self.embed = nn.Embedding(species, channels)
+        self.register_buffer("frequencies", torch.arange(1, basis + 1) * math.pi / r_max)
+        degrees = range(lmax + 1)
+        self.paths = [
+            (l1, l2, l3)
+            for l1 in degrees
+            for l2 in degrees
+            for l3 in degrees
+            if abs(l1 - l2) <= l3 <= l1 + l2 and (l1 + l2 + l3) % 2 == 0
+        ]
+        for i, (l1, l2, l3) in enumerate(self.paths):
+            self.register_buffer(f"cg{i}", o3.wigner_3j(l1, l2, l3) * math.sqrt(2 * l3 + 1))
+        self.radials = nn.ModuleList(
+            nn.Sequential(nn.Linear(basis, 32), nn.SiLU(), nn.Linear(32, len(self.paths) * channels))
+            for _ in range(layers)
+        )
+        # Per layer and degree: channels in -> channels out; for l = 0 also the gates of l = 1..lmax.
+        self.linears = nn.ModuleList(
+            nn.ParameterList(
+                nn.Parameter(torch.randn(channels, channels * (lmax + 1 if l == 0 else 1)) / math.sqrt(channels))
+                for l in degrees
+            )
+            for _ in range(layers)
+        )
+        self.readout = nn.Linear(channels, 1)
+
+    def bessel(self, length: torch.Tensor) -> torch.Tensor:
+        """NequIP's radial basis: Bessel functions times its polynomial cutoff (p = 6)."""
+        r = length[:, None]
+        u = r / self.r_max
+        cutoff = (1 - 28 * u**6 + 48 * u**7 - 21 * u**8) * (u < 1)
+        return math.sqrt(2 / self.r_max) * torch.sin(self.frequencies * r) / r * cutoff
+
+    def forward(self, pos: torch.Tensor, species: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+        vec = pos[dst] - pos[src]
+        sh = self.sh(vec)
+        sh_l = [sh[:, l * l : (l + 1) * (l + 1)] for l in range(self.lmax + 1)]
+        basis = self.bessel(vec.norm(dim=1))
+        atoms, c = pos.shape[0], self.channels
+        x = [self.embed(species)[:, :, None]] + [pos.new_zeros(atoms, c, 2 * l + 1) for l in range(1, self.lmax + 1)]
+        norm = math.sqrt(src.shape[0] / atoms)
+        for layer in range(self.layers):
+            weights = self.radials[layer](basis).view(-1, len(self.paths), c)
+            messages = [None] * (self.lmax + 1)
+            for i, (l1, l2, l3) in enumerate(self.paths):
+                cg = getattr(self, f"cg{i}")
+                outer = (x[l1][src][:, :, :, None] * sh_l[l2][:, None, None, :]).flatten(2)
+                term = (outer @ cg.flatten(0, 1)) * weights[:, i, :, None]
+                messages[l3] = term if messages[l3] is None else messages[l3] + term
+            summed = [
+                torch.zeros(atoms, c, 2 * l + 1, dtype=pos.dtype, device=pos.device).index_add(0, dst, m) / norm
+                for l, m in enumerate(messages)
+            ]
+            mixed = [w.T @ s for s, w in zip(summed, self.linears[layer], strict=True)]
+            scalars, gates = mixed[0][:, :c], torch.sigmoid(mixed[0][:, c:, 0])
+            new = [torch.nn.functional.silu(scalars)]
+            new += [mixed[l] * gates[:, (l - 1) * c : l * c, None] for l in range(1, self.lmax + 1)]
+            x = [a + b for a, b in zip(x, new, strict=True)]
+        return self.readout(x[0][:, :, 0]).sum()
+
+
+def nequip(device: str) -> ZooModel:
+    """The NequIP-style potential on a random cluster of atoms; the step is the energy and its gradient with
+    respect to the positions (the forces) and the weights."""
+    atoms = _width(device, 24, 256)
+    generator = torch.Generator().manual_seed(0)
+    pos = (torch.rand(atoms, 3, generator=generator) * atoms ** (1 / 3) * 1.6).to(device)
+    species = torch.randint(0, 4, (atoms,), generator=generator).to(device)
+    distance = torch.cdist(pos, pos)
+    src, dst = ((distance < 4.0) & (distance > 0)).nonzero().T
+    pos.requires_grad_(True)
+    return ZooModel(NequIPLike().to(device).eval(), (pos, species, src.contiguous(), dst.contiguous()), _sum)
+
+
+ZOO: dict[str, ZooEntry] = {
+    e.name: e
+    for e in [
+        ZooEntry(
+            "hf-bert",
+            "transformers",
+            "encoder, masked-LM loss",
+            _hf_model("BertConfig", "BertForMaskedLM", {}, intermediate_size=256),
+            "transformers",
+            small=True,
+        ),
+        ZooEntry(
+            "hf-t5",
+            "transformers",
+            "encoder-decoder",
+            _hf_model("T5Config", "T5ForConditionalGeneration", {}),
+            "transformers",
+        ),
+        ZooEntry(
+            "hf-llama",
+            "transformers",
+            "decoder-only LLM",
+            _hf_model("LlamaConfig", "LlamaForCausalLM", {"use_cache": False}, **_LLM),
+            "transformers",
+        ),
+        ZooEntry(
+            "hf-mixtral",
+            "transformers",
+            "mixture of experts (4 experts, top 2)",
+            _hf_model(
+                "MixtralConfig",
+                "MixtralForCausalLM",
+                {"use_cache": False},
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                **_LLM,
+            ),
+            "transformers",
+        ),
+        ZooEntry("timm-vit", "timm", "vision transformer", vit, "timm"),
+        ZooEntry("timm-convnext", "timm", "ConvNet", convnext, "timm"),
+        ZooEntry("tv-resnet18", "torchvision", "ConvNet with batch norm", resnet, "torchvision"),
+        ZooEntry("nn-mha", "torch.nn", "nn.MultiheadAttention encoder", mha_block, "torch", small=True),
+        ZooEntry("pyg-gat", "torch_geometric", "graph attention network", gcn, "torch_geometric"),
+        ZooEntry("e3nn-nequip", "e3nn", "NequIP-style potential, energy and forces", nequip, "e3nn", small=True),
+    ]
+}
