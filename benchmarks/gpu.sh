@@ -33,6 +33,10 @@ usage: bash benchmarks/gpu.sh SUBCOMMAND [ARGS...]    (files go to $OUT)
   pictures             HTML reports with pictures (nanoGPT block, litgpt Llama-2 layer, ThunderFX example)
   run [STAGE...]       the GPU measurements of benchmarks/RESULTS.md within TFG_GPU_BUDGET_S (default 460 s);
                        stages micro profile mistral llama2 phi2 (default) and decode
+  why                  why ops sit outside fusions in litgpt Llama-2's training step (fusion-guard why, with
+                       nvFuser's segments), and the CUDA tests of why_not_fused; writes why-llama2.json, .txt
+  zoo [ARGS]           fusion-guard bench zoo --device cuda (third-party models, every compiler path); ARGS go
+                       to it (default: --jobs 4 --time-limit 420); writes zoo-cuda.json, .md
   wheels download|install WHEELS
                        fetch the GPU dependencies as wheels (on a machine with network), or install them from
                        that folder with no network (pip --no-index)
@@ -348,6 +352,17 @@ wheels() {
   esac
 }
 
+why() {
+  python3 -m pytest -q -m cuda tests/test_why.py -p no:randomly 2>&1 | tail -5
+  python3 -m thunder_fusion_guard why benchmarks/why_targets.py:llama2 --device cuda \
+    --json "$OUT/why-llama2.json" --traceback | tee "$OUT/why-llama2.txt"
+}
+
+zoo() {
+  [ $# -gt 0 ] || set -- --jobs 4 --time-limit 420
+  python3 -m thunder_fusion_guard bench zoo --device cuda --json "$OUT/zoo-cuda.json" --markdown "$OUT/zoo-cuda.md" "$@"
+}
+
 subcommand=${1:-}
 [ $# -gt 0 ] && shift
 case "$subcommand" in
@@ -364,6 +379,8 @@ case "$subcommand" in
   models) exec python3 benchmarks/gpu_models.py "$@" ;;
   pictures) pictures ;;
   run) run "$@" ;;
+  why) why ;;
+  zoo) zoo "$@" ;;
   wheels) wheels "$@" ;;
   "") echo "gpu.sh: a subcommand is required (see bash benchmarks/gpu.sh --help)" >&2; exit 2 ;;
   *) echo "gpu.sh: unknown subcommand '$subcommand' (see bash benchmarks/gpu.sh --help)" >&2; exit 2 ;;

@@ -180,7 +180,7 @@ def sample_stats(data: Sequence[float]) -> dict[str, Any]:
     }
 
 
-def _benchmark_version() -> str:
+def benchmark_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -227,7 +227,7 @@ def to_json(results: Sequence[CaseResult], device: str, reps: int, warmup: int) 
         "commit_info": commit_info(),
         "benchmarks": benchmarks,
         "datetime": datetime.now(timezone.utc).isoformat(),
-        "version": _benchmark_version(),
+        "version": benchmark_version(),
     }
     errors = [{"group": r.case.group, "error": r.error} for r in results if r.error]
     errors += [{"group": r.case.group, "variant": v, "error": e} for r in results for v, e in r.variant_errors.items()]

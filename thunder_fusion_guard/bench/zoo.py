@@ -9,6 +9,8 @@ Each model runs in a process of its own with a time limit, so that one slow comp
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
@@ -16,7 +18,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,7 @@ CUDA_ONLY = ("inductor-ro", "guarded+cudagraph", "fx-guarded+cudagraph")
 # Which unguarded Thunder path a guarded path is compared with, bit for bit.
 BASELINE = {"guarded": "thunder", "guarded+cudagraph": "thunder", "fx-guarded": "fx", "fx-guarded+cudagraph": "fx"}
 GUARDED = tuple(BASELINE)
+LOCK_ENV = "TFG_ZOO_LOCK"
 
 
 def paths_for(device: str, paths: Sequence[str] = PATHS) -> list[str]:
@@ -60,6 +64,22 @@ def _compile(module: Any, path: str, device: str) -> tuple[Callable[..., Any], A
     transforms = ([guard] if guard else []) + ([CUDAGraphTransform()] if path.endswith("cudagraph") else [])
     jit = thunderfx if path.startswith("fx") else thunder.jit
     return jit(module, executors=fusion_executors(device), transforms=transforms), guard
+
+
+@contextlib.contextmanager
+def _phase(exclusive: bool) -> Iterator[None]:
+    """With ``--jobs`` above one, models compile side by side (shared lock) but time alone (exclusive lock), so
+    that no model is timed while another compiles; without the lock file (one job) a no-op."""
+    path = os.environ.get(LOCK_ENV)
+    if not path:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _first_line(error: BaseException) -> str:
@@ -131,6 +151,21 @@ def run_model(
 ) -> dict[str, Any]:
     """Build zoo model ``name`` and run every path on it, writing the result to ``out`` after each phase so that a
     run cut short by its time limit keeps what it measured."""
+
+
+    with _phase(exclusive=False):
+        result, steps = _compile_paths(name, device, paths, out, log)
+    with _phase(exclusive=True):
+        _time_paths(result, steps, rounds, deadline)
+    out.write_text(json.dumps(result))
+    return result
+
+
+def _compile_paths(
+    name: str, device: str, paths: Sequence[str], out: Path, log: Callable[[str], None]
+) -> tuple[dict[str, Any], dict[str, _Step]]:
+    """Compile and run every path on zoo model ``name``: runs, first call, bits against unguarded Thunder, the
+    guard's actions and why-not-fused lines."""
     import torch
 
     from .zoo_models import ZOO
@@ -185,6 +220,11 @@ def run_model(
         if path in steps:
             result["paths"][path]["why"] = _why_lines(steps[path].fn)
     save()
+    return result, steps
+
+
+def _time_paths(result: dict[str, Any], steps: dict[str, _Step], rounds: int, deadline: float) -> None:
+    """Time every path that runs, ``rounds`` rounds in alternating order, until ``deadline``."""
     order = list(steps)
     samples: dict[str, list[float]] = {p: [] for p in order}
     for r in range(rounds):
@@ -197,8 +237,6 @@ def run_model(
             samples[path].append(time.perf_counter() - began)
     for path in order:
         result["paths"][path]["samples_s"] = samples[path]
-    save()
-    return result
 
 
 def _median(xs: Sequence[float]) -> float | None:
@@ -213,27 +251,35 @@ def run_zoo(
     rounds: int,
     time_limit_s: float,
     log: Callable[[str], None],
+    threads: int = 0,
+    jobs: int = 1,
 ) -> list[dict[str, Any]]:
     """Each model in a process of its own, at most ``time_limit_s`` seconds each (timing stops early enough to
-    leave results); a model that times out or crashes keeps what it had written."""
-    results = []
-    for i, name in enumerate(models, 1):
-        log(f"zoo: [{i}/{len(models)}] {name} on {device} ...")
-        with tempfile.TemporaryDirectory() as folder:
-            out = Path(folder) / "result.json"
+    leave results); a model that times out or crashes keeps what it had written. ``threads``: torch's intra-op
+    threads in each model's process (0: torch's default). ``jobs``: models compiled side by side; each is timed
+    alone, once no other compiles."""
+    with tempfile.TemporaryDirectory() as folder:
+        env = {**os.environ, **({LOCK_ENV: str(Path(folder) / "lock")} if jobs > 1 else {})}
+
+        def one(item: tuple[int, str]) -> dict[str, Any]:
+            i, name = item
+            log(f"zoo: [{i}/{len(models)}] {name} on {device} ...")
+            out = Path(folder) / f"{name}.json"
             command = [sys.executable, "-m", "thunder_fusion_guard.bench.zoo", name, device, ",".join(paths),
-                       str(rounds), str(time.time() + 0.8 * time_limit_s), str(out)]  # fmt: skip
+                       str(rounds), str(time.time() + 0.8 * time_limit_s), str(out), str(threads)]  # fmt: skip
             try:
-                done = subprocess.run(command, timeout=time_limit_s, stdout=subprocess.DEVNULL)
+                done = subprocess.run(command, timeout=time_limit_s, stdout=subprocess.DEVNULL, env=env)
                 problem = None if done.returncode == 0 else f"the model's process exited {done.returncode}"
             except subprocess.TimeoutExpired:
                 problem = f"over its time limit of {time_limit_s:.0f} s"
             result = json.loads(out.read_text()) if out.exists() else {"model": name, "paths": {}}
-        if problem:
-            result["problem"] = problem
-            log(f"zoo: {name}: {problem}")
-        results.append(result)
-    return results
+            if problem:
+                result["problem"] = problem
+                log(f"zoo: {name}: {problem}")
+            return result
+
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            return list(pool.map(one, enumerate(models, 1)))
 
 
 def summary_rows(results: Sequence[dict[str, Any]]) -> list[list[str]]:
@@ -262,11 +308,51 @@ def summary_rows(results: Sequence[dict[str, Any]]) -> list[list[str]]:
     return rows
 
 
+def to_json(results: Sequence[dict[str, Any]], device: str) -> dict[str, Any]:
+    """The zoo as a pytest-benchmark JSON document: one benchmark per model and path that was timed, and every
+    model's full record (runs, bits, first calls, errors, guard actions, why-not-fused lines) under ``zoo``."""
+    from datetime import datetime, timezone
+
+    from .machine import commit_info, machine_info
+    from .run import benchmark_version, sample_stats
+
+    benchmarks = [
+        {
+            "group": f"zoo/{result['model']}",
+            "name": f"{result['model']}[{path}]",
+            "fullname": f"zoo/{result['model']}[{path}]",
+            "params": {"model": result["model"], "path": path},
+            "param": f"{result['model']}-{path}",
+            "extra_info": {k: v for k, v in row.items() if k != "samples_s"},
+            "options": {"timer": "perf_counter", "interleaved": True},
+            "stats": {**sample_stats(row["samples_s"]), "iterations": 1},
+        }
+        for result in results
+        for path, row in result["paths"].items()
+        if row.get("samples_s")
+    ]
+    return {
+        "machine_info": machine_info(device),
+        "commit_info": commit_info(),
+        "benchmarks": benchmarks,
+        "datetime": datetime.now(timezone.utc).isoformat(),
+        "version": benchmark_version(),
+        "zoo": [
+            {**r, "paths": {p: {k: v for k, v in row.items() if k != "samples_s"} for p, row in r["paths"].items()}}
+            for r in results
+        ],
+    }
+
+
 def _main(argv: Sequence[str]) -> int:
     """One model, in its own process: ``python -m thunder_fusion_guard.bench.zoo NAME DEVICE PATHS ROUNDS
-    DEADLINE OUT``."""
-    name, device, paths, rounds, deadline, out = argv
+    DEADLINE OUT THREADS``."""
+    name, device, paths, rounds, deadline, out, threads = argv
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if int(threads):
+        import torch
+
+        torch.set_num_threads(int(threads))
     run_model(name, device, paths.split(","), int(rounds), float(deadline), Path(out), _stderr)
     return 0
 

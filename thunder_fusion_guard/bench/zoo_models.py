@@ -168,11 +168,12 @@ def gcn(device: str) -> ZooModel:
 class NequIPLike(nn.Module):
     """A NequIP-style interatomic potential: spherical harmonics of the edge vectors (e3nn), Bessel radial basis
     with NequIP's polynomial cutoff, a radial MLP giving each edge's tensor-product weights, a "uvu" tensor
-    product per path (outer product, then a matmul) with e3nn's Clebsch-Gordan coefficients, scatter-sum (``index_add``) to the atoms, linear
-    self-interaction, gated nonlinearity, residuals; three layers of 16 channels for l = 0, 1, 2; summed energy.
+    product per path (outer product, then a matmul with e3nn's Clebsch-Gordan coefficients), scatter-sum
+    (``index_add``) to the atoms, linear self-interaction, gated nonlinearity, residuals; three layers of 16
+    channels for l = 0, 1, 2; summed energy.
 
-    The tensor product is written in plain PyTorch: e3nn 0.6's own modules keep ``Irreps``
-    objects whose ``__len__`` raises, which neither Dynamo nor Thunder's interpreter can trace.
+    The tensor product is written in plain PyTorch: e3nn 0.6's own modules keep ``Irreps`` objects whose
+    ``__len__`` raises, which neither Dynamo nor Thunder's interpreter can trace.
     """
 
     def __init__(
@@ -202,8 +203,8 @@ class NequIPLike(nn.Module):
         # Per layer and degree: channels in -> channels out; for l = 0 also the gates of l = 1..lmax.
         self.linears = nn.ModuleList(
             nn.ParameterList(
-                nn.Parameter(torch.randn(channels, channels * (lmax + 1 if l == 0 else 1)) / math.sqrt(channels))
-                for l in degrees
+                nn.Parameter(torch.randn(channels, channels * (lmax + 1 if degree == 0 else 1)) / math.sqrt(channels))
+                for degree in degrees
             )
             for _ in range(layers)
         )
@@ -219,10 +220,10 @@ class NequIPLike(nn.Module):
     def forward(self, pos: torch.Tensor, species: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
         vec = pos[dst] - pos[src]
         sh = self.sh(vec)
-        sh_l = [sh[:, l * l : (l + 1) * (l + 1)] for l in range(self.lmax + 1)]
+        sh_l = [sh[:, d * d : (d + 1) * (d + 1)] for d in range(self.lmax + 1)]
         basis = self.bessel(vec.norm(dim=1))
         atoms, c = pos.shape[0], self.channels
-        x = [self.embed(species)[:, :, None]] + [pos.new_zeros(atoms, c, 2 * l + 1) for l in range(1, self.lmax + 1)]
+        x = [self.embed(species)[:, :, None]] + [pos.new_zeros(atoms, c, 2 * d + 1) for d in range(1, self.lmax + 1)]
         norm = math.sqrt(src.shape[0] / atoms)
         for layer in range(self.layers):
             weights = self.radials[layer](basis).view(-1, len(self.paths), c)
@@ -233,13 +234,13 @@ class NequIPLike(nn.Module):
                 term = (outer @ cg.flatten(0, 1)) * weights[:, i, :, None]
                 messages[l3] = term if messages[l3] is None else messages[l3] + term
             summed = [
-                torch.zeros(atoms, c, 2 * l + 1, dtype=pos.dtype, device=pos.device).index_add(0, dst, m) / norm
-                for l, m in enumerate(messages)
+                torch.zeros(atoms, c, 2 * d + 1, dtype=pos.dtype, device=pos.device).index_add(0, dst, m) / norm
+                for d, m in enumerate(messages)
             ]
             mixed = [w.T @ s for s, w in zip(summed, self.linears[layer], strict=True)]
             scalars, gates = mixed[0][:, :c], torch.sigmoid(mixed[0][:, c:, 0])
             new = [torch.nn.functional.silu(scalars)]
-            new += [mixed[l] * gates[:, (l - 1) * c : l * c, None] for l in range(1, self.lmax + 1)]
+            new += [mixed[d] * gates[:, (d - 1) * c : d * c, None] for d in range(1, self.lmax + 1)]
             x = [a + b for a, b in zip(x, new, strict=True)]
         return self.readout(x[0][:, :, 0]).sum()
 

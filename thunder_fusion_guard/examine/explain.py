@@ -7,6 +7,7 @@ from typing import Any
 from .. import _thunder as th
 from ..report import Report
 from ..transform import FusionGuard
+from .why import why_not_fused
 
 
 def guards_of(obj: Any) -> list[Any]:
@@ -63,5 +64,11 @@ def name_subgraphs(obj: Any, guards: list[Any]) -> None:
 
 
 def explain(obj: Any) -> str:
-    """The decision table of the guard(s) attached to a function jitted with FusionGuard or a ThunderFX object."""
-    return str(report_of(obj))
+    """The decision table of the guard(s) attached to a function jitted with FusionGuard or a ThunderFX object,
+    and a line counting why ops sit outside fusions (``why_not_fused(obj)`` has the rows)."""
+    text = str(report_of(obj))
+    try:
+        why = why_not_fused(obj)
+    except Exception:  # nothing run yet, or not a Thunder program: the decision table says so
+        return text
+    return f"{text}\nwhy not fused: {why.summary()} (why_not_fused() for the rows)"

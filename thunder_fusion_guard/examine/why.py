@@ -176,10 +176,13 @@ def _table(header: Sequence[str], lines: Sequence[Sequence[str]], width: int = 6
 # --- what to explain -------------------------------------------------------------------------------------
 
 
-def why_not_fused(fn: Any) -> WhyReport:
+def why_not_fused(fn: Any, *args: Any, backward: bool = True, **kwargs: Any) -> WhyReport:
     """Why each op of ``fn``'s last run is outside a fusion region. ``fn``: a ``thunder.jit`` function or
     module, a ThunderFX-compiled module (``thunder.dynamo.thunderfx``) or its ``ThunderCompiler``, after it
-    ran. Where a FusionGuard rewrote the traces, the traces as Thunder made them are read."""
+    ran. Where a FusionGuard rewrote the traces, the traces as Thunder made them are read.
+
+    Given ``args`` (and ``kwargs``), ``fn`` runs once more (and its backward, with ``backward``) to record each
+    nvFuser region's arguments, and every region nvFuser ran as several kernels gets a ``segmented`` row."""
     if th.is_thunderfx(fn):
         programs = [(sub.jitted, sub.label, "thunderfx") for sub in th.thunderfx_subgraphs(fn)]
     elif th.is_jitted(fn):
@@ -204,7 +207,25 @@ def why_not_fused(fn: Any) -> WhyReport:
         rows += _numbering_gaps([("forward", forward), ("backward", backward)], subgraph)
     if not ran:
         raise RuntimeError("no trace to read: call the compiled function first")
+    if args or kwargs:
+        rows += _kernel_rows(fn, args, kwargs, backward)
     return WhyReport(rows, regions)
+
+
+def _kernel_rows(fn: Any, args: tuple, kwargs: dict, backward: bool) -> list[WhyRow]:
+    """``segmented`` rows for the nvFuser regions of one more run of ``fn`` (none off CUDA)."""
+    from .calls import program_calls
+
+    rows: list[WhyRow] = []
+    for program in program_calls(fn, args, kwargs, backward):
+        for call in program.calls:
+            replay = call.replay_args()
+            if call.region.executor != "nvfuser" or replay is None:
+                continue
+            region_fn = th.region_callable(call.region.bsym)
+            region_fn(*replay)  # the most recent scheduled IR is then this region's, for these inputs
+            rows += segmented_rows(region_fn, replay, call.trace, call.region.name, program.subgraph)
+    return rows
 
 
 def _auto_registered(jitted: Any) -> set[str]:

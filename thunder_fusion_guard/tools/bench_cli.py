@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from ..bench import decisions as bench_decisions
@@ -51,9 +52,10 @@ def register(subparsers: Any) -> None:
         help="benchmark thunder vs guarded vs eager (vs torch.compile), compare result files",
         description="Time the guard: 'bench run' times the benchmark cases, 'bench compare' checks two result "
         "files for regressions, 'bench decisions' checks the guard's decisions against measurement, 'bench versus' "
-        "profiles one case under guarded Thunder and torch.compile side by side.",
+        "profiles one case under guarded Thunder and torch.compile side by side, 'bench zoo' runs third-party "
+        "models through every compiler path.",
     )
-    sub = bench.add_subparsers(dest="bench_command", required=True, metavar="{run,compare,decisions,versus}")
+    sub = bench.add_subparsers(dest="bench_command", required=True, metavar="{run,compare,decisions,versus,zoo}")
     run = sub.add_parser(
         "run",
         help="run benchmark cases, variants interleaved; pytest-benchmark JSON out",
@@ -96,6 +98,82 @@ def register(subparsers: Any) -> None:
     compare.set_defaults(run=_compare_command)
     _register_decisions(sub)
     _register_versus(sub)
+    _register_zoo(sub)
+
+
+def _register_zoo(bench_sub: Any) -> None:
+    """Add ``bench zoo`` to the ``fusion-guard bench`` subcommands."""
+    from ..bench.zoo import PATHS
+
+    p = bench_sub.add_parser(
+        "zoo",
+        help="third-party models through eager, torch.compile, thunder.jit and ThunderFX, guarded and not",
+        description="Build each zoo model from its library's config with random weights and run one training step "
+        "through every path: does it run, is the guarded path bitwise equal to unguarded Thunder (or within "
+        "Thunder's own run-to-run difference), step time (paths interleaved), first-call seconds, the guard's "
+        "actions, and why ops sit outside fusions. Each model runs in a process of its own under --time-limit; "
+        "progress goes to stderr. Output files are checked before any work (their folder must exist).",
+    )
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    p.add_argument("--models", metavar="LIST", default=None, help="comma-separated zoo models (default: all)")
+    p.add_argument(
+        "--paths", metavar="LIST", default=",".join(PATHS), help="comma-separated paths (default: %(default)s)"
+    )
+    p.add_argument("--rounds", type=count(0), default=20, help="timed rounds per path (default 20; 0: no timing)")
+    p.add_argument(
+        "--time-limit", type=positive_float, default=600.0, metavar="S", help="seconds per model (default 600)"
+    )
+    p.add_argument(
+        "--jobs", type=count(1), default=1, help="models compiled side by side, each timed alone (default 1)"
+    )
+    p.add_argument("--json", metavar="OUT", help="write pytest-benchmark JSON (with every model's record) here")
+    p.add_argument("--markdown", metavar="OUT", help="write the table as markdown here")
+    add_threads_option(p)
+    p.set_defaults(run=_zoo_command)
+
+
+def _names(option: str, text: str, allowed: Sequence[str]) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in allowed]
+    if unknown or not names:
+        raise UsageError(f"{option}: unknown {', '.join(unknown) or 'empty list'}; allowed: {', '.join(allowed)}")
+    return names
+
+
+def _zoo_command(args: argparse.Namespace) -> int:
+    from ..bench import zoo
+    from ..bench.zoo_models import ZOO
+
+    models = _names("--models", args.models, list(ZOO)) if args.models else list(ZOO)
+    paths = _names("--paths", args.paths, zoo.PATHS)
+    device = resolve_device(args.device)
+    check_output("--json", args.json)
+    check_output("--markdown", args.markdown)
+    missing = [m for m in models if not ZOO[m].available()]
+    if missing:
+        raise UsageError(
+            f"--models: {', '.join(missing)} need libraries not installed here "
+            f"({', '.join(sorted({ZOO[m].requires for m in missing}))}); pip install them or leave the models out"
+        )
+    note = pin_threads(args.threads, device)
+    import torch
+
+    threads = torch.get_num_threads() if note else 0
+    results = zoo.run_zoo(
+        models, device, zoo.paths_for(device, paths), args.rounds, args.time_limit, progress, threads, args.jobs
+    )
+    rows = zoo.summary_rows(results)
+    if args.json:
+        write_output(args.json, json.dumps(zoo.to_json(results, device), indent=1))
+    if args.markdown:
+        write_output(args.markdown, format_rows(rows, markdown=True) + "\n")
+    print(format_rows(rows))
+    for result in results:
+        for path in zoo.GUARDED:
+            for line in result["paths"].get(path, {}).get("why", [])[:1]:
+                print(f"{result['model']} {path}: {line}")
+    print(f"(step ms: median of {plural(args.rounds, 'round')}, paths interleaved{'; ' + note if note else ''})")
+    return 0
 
 
 def _run_command(args: argparse.Namespace) -> int:

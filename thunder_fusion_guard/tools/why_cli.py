@@ -70,7 +70,7 @@ def _why_command(args: argparse.Namespace) -> int:
             compiled = thunder.jit(fn, **options)
         with nullcontext() if args.backward else torch.no_grad():
             step(compiled, call_args, kwargs, args.backward)
-        report = why_not_fused(compiled)
+        report = why_not_fused(compiled, *call_args, backward=args.backward, **kwargs)
     except Exception as e:
         if getattr(args, "traceback", False):
             raise
