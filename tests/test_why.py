@@ -199,27 +199,27 @@ def test_not_a_program():
 
 @pytest.mark.cuda
 def test_segmented_region_on_cuda():
-    """An nvFuser region holding a reduction and a pointwise op on its result (two schedulers) is read back
-    from its scheduled IR: a 'segmented' row with its kernels, or [] where nvFuser ran it as one kernel."""
+    """The regions nvFuser ran as several kernels (as the kernel collector counts launches) are exactly those with
+    a 'segmented' row, each naming its kernels, the tensors on its edges and the schedulers' verdicts."""
     from thunder_fusion_guard import _thunder as th
-    from thunder_fusion_guard.examine.why import segmented_rows
+    from thunder_fusion_guard import collect_segments, why_not_fused
 
-    def h(x):
-        return (x.softmax(-1) @ x.t()).sum(0) + x.sum()
+    def h(x):  # reductions over both axes in one region: nvFuser schedules them as separate kernels
+        return (x * x.sum(0)).sum(1) + x.softmax(-1).amax(1)
 
     jh = thunder.jit(h, executors=th.fusion_executors("cuda"))
-    x = torch.randn(256, 512, device="cuda")
-    with torch.no_grad(), th.recording_fusion_calls(jh) as calls:
-        jh(x)
-    trace = thunder.last_traces(jh)[-1]
-    found = []
-    for b in trace.bound_symbols:
-        if th.is_fusion(b) and b.sym.name.startswith("nvFusion"):
-            found += segmented_rows(th.region_callable(b), calls[("forward", b.sym.name)], "forward", b.sym.name)
-    for row in found:
-        assert row.kind in ("segmented", "unknown")
-        if row.kind == "segmented":
-            assert row.count >= 2 and "kernels" in row.reason and row.established_by == "scheduled IR + can_schedule"
+    x = torch.randn(1024, 2048, device="cuda")
+    expected = jh(x)
+    why = why_not_fused(jh, x, backward=False)
+    assert torch.equal(jh(x), expected)  # the report changes nothing
+    launched = {k.region: k.details["kernels"] for k in collect_segments(jh, x, backward=False)}
+    segmented = {r.op: r for r in why.rows if r.kind == "segmented"}
+    assert segmented, f"nvFuser ran every region as one kernel: {launched}"
+    assert set(segmented) == {region for region, n in launched.items() if n > 1}
+    for row in segmented.values():
+        assert row.count >= 2 and row.established_by == "scheduled IR + can_schedule"
+        assert f"{row.count} kernels" in row.reason and ":" in row.reason  # each scheduler's verdict
+    assert "run as" in why.summary()
 
 
 def test_cli_bad_args_exit_2_and_writes(tmp_path, capsys):

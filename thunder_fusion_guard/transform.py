@@ -187,3 +187,12 @@ class FusionGuard(thunder.Transform):
 
 
 FusionGuard.__init__.__signature__ = options_signature()
+
+
+def guards_of(obj: Any) -> list[Any]:
+    """The FusionGuard instances attached to a ``thunder.jit`` result or a ThunderFX object."""
+    found = [t for t in th.jitted_transforms(obj) if isinstance(t, FusionGuard)]
+    for t in th.thunderfx_transforms(obj):
+        if isinstance(t, FusionGuard) and t not in found:
+            found.append(t)
+    return found

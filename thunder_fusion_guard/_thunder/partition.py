@@ -241,10 +241,13 @@ def is_auto_registered(bsym: BoundSymbol) -> bool:
 
 
 def is_shape_only(bsyms: Sequence[BoundSymbol]) -> bool:
-    """True when every op is tagged a shape op: nvFuser's fusion pass makes no region of those alone."""
-    from thunder.core.symbol import all_tagged
+    """True when every op and its subsymbols are tagged shape ops (nvFuser's ``all_tagged``): nvFuser's fusion
+    pass makes no region of those alone."""
 
-    return bool(bsyms) and all(all_tagged(b, prims.OpTags.SHAPE_OP) for b in bsyms)
+    def all_tagged(bsym: BoundSymbol) -> bool:
+        return all(has_tags(b, {prims.OpTags.SHAPE_OP}) for b in (bsym, *bsym.subsymbols))
+
+    return bool(bsyms) and all(all_tagged(b) for b in bsyms)
 
 
 def has_cuda_io(ex: FusionExecutor, bsym: BoundSymbol) -> bool | None:

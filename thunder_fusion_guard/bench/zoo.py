@@ -152,7 +152,6 @@ def run_model(
     """Build zoo model ``name`` and run every path on it, writing the result to ``out`` after each phase so that a
     run cut short by its time limit keeps what it measured."""
 
-
     with _phase(exclusive=False):
         result, steps = _compile_paths(name, device, paths, out, log)
     with _phase(exclusive=True):

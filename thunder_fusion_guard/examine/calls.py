@@ -16,7 +16,7 @@ from .. import _thunder as th
 from ..decisions import Decision
 from ..ops import is_in_place_name
 from ..regions import Region, find_regions
-from .explain import guards_of
+from ..transform import guards_of
 
 
 @dataclass

@@ -6,17 +6,8 @@ from typing import Any
 
 from .. import _thunder as th
 from ..report import Report
-from ..transform import FusionGuard
+from ..transform import guards_of
 from .why import why_not_fused
-
-
-def guards_of(obj: Any) -> list[Any]:
-    """The FusionGuard instances attached to a ``thunder.jit`` result or a ThunderFX object."""
-    found = [t for t in th.jitted_transforms(obj) if isinstance(t, FusionGuard)]
-    for t in th.thunderfx_transforms(obj):
-        if isinstance(t, FusionGuard) and t not in found:
-            found.append(t)
-    return found
 
 
 def report_of(obj: Any) -> Report:

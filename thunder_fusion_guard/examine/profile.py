@@ -28,10 +28,11 @@ from ..ops import is_communication
 from ..passes.rewrite import lower_region
 from ..render import HOST_LEGEND_CPU, HOST_LEGEND_CUDA, html_page
 from ..render.table import kernels_text, ops_text, percent_text, plural, spread_text, text_table
+from ..transform import guards_of
 from .bandwidth import Peak, gbps, peak_bandwidth
 from .calls import ProgramCalls, RegionCall, program_calls
 from .dataflow import GraphPair, graphs_to_dot, trace_graphs
-from .explain import guards_of, name_subgraphs
+from .explain import name_subgraphs
 from .segments import device_kernels, summarize
 
 logger = logging.getLogger("thunder_fusion_guard")

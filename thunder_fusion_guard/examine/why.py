@@ -18,6 +18,8 @@ from typing import Any
 from .. import _thunder as th
 from .._thunder import partition as pt
 from ..ops.metadata import runs_as_view
+from ..render.table import plural, text_table
+from ..render.text import human_bytes
 
 KINDS = (
     "claimed",
@@ -90,17 +92,17 @@ class WhyReport:
             count = sum(r.count for r in outside if r.kind == kind)
             if count:
                 parts.append(f"{count} {label}")
-        text = f"{n} op{'s' if n != 1 else ''} outside fusions" + (f": {', '.join(parts)}" if parts else "")
+        text = f"{plural(n, 'op')} outside fusions" + (f": {', '.join(parts)}" if parts else "")
         splits = len(self.of_kind("split"))
         if splits:
-            text += f"; {splits} region{'s' if splits != 1 else ''} split"
+            text += f"; {plural(splits, 'region')} split"
         remat = self.of_kind("rematerialized")
         if remat:
-            text += f"; {len(remat)} rematerialization{'s' if len(remat) != 1 else ''}"
+            text += f"; {plural(len(remat), 'rematerialization')}"
         seg = self.of_kind("segmented")
         if seg:
             kernels = sum(r.count for r in seg)
-            text += f"; {len(seg)} region{'s' if len(seg) != 1 else ''} run as {kernels} kernels"
+            text += f"; {plural(len(seg), 'region')} run as {kernels} kernels"
         return text
 
     def to_dict(self) -> dict[str, Any]:
@@ -157,20 +159,13 @@ class WhyReport:
 
 
 def _bytes(n: int | None) -> str:
-    if n is None:
-        return "?"
-    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
+    return "?" if n is None else human_bytes(n)
 
 
 def _table(header: Sequence[str], lines: Sequence[Sequence[str]], width: int = 60) -> str:
+    """The rows through the package's one text table, long cells clipped to ``width`` characters."""
     clipped = [[c if len(c) <= width else c[: width - 1] + "…" for c in line] for line in lines]
-    widths = [max([len(h)] + [len(line[i]) for line in clipped]) for i, h in enumerate(header)]
-    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
-    out += ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in clipped]
-    return "\n".join(out)
+    return "\n".join(text_table([list(header), *clipped]))
 
 
 # --- what to explain -------------------------------------------------------------------------------------
