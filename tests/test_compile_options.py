@@ -12,8 +12,8 @@ from helpers import assert_same, fragmenting_executor, jit_cpu, regions
 from thunder.core import prims
 
 from thunder_fusion_guard import FusionGuard
-from thunder_fusion_guard.decide import decide
 from thunder_fusion_guard.options import make_options
+from thunder_fusion_guard.policy import decide
 
 
 def view_transpose(x):

@@ -13,14 +13,15 @@ PACKAGE = Path(__file__).resolve().parents[1] / "thunder_fusion_guard"
 LAYERS = [
     ["_thunder"],  # the only place touching Thunder's internals (and the nvFuser compat fix)
     ["ops"],  # every rule about ops
-    ["regions", "defaults", "cost", "options", "decisions", "distributed"],
+    ["regions", "shipped_constants", "cost", "options", "decisions", "distributed"],
     ["render"],  # a leaf: reads decisions, profiles and graphs by attribute
     ["report"],
-    ["decide"],
+    ["policy"],  # a region's fate
     ["passes"],  # the hoist runtime included
     ["measure"],  # what runs while compiling: calibration, its cache, break-even timing
     ["transform"],
-    ["examine"],  # after compiling: explain, calls, profile, segments, dataflow, bandwidth
+    ["examine", "backend_choice"],  # after compiling: explain, calls, profile, segments, dataflow, bandwidth;
+    # choosing each ThunderFX subgraph's backend by timing
     ["tools"],
     ["__init__", "__main__"],
 ]

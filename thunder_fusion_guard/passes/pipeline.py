@@ -9,10 +9,10 @@ from typing import Any
 
 from .. import _thunder as th
 from ..cost import CostConstants, Measured
-from ..decide import BOOKEND, decide
 from ..decisions import Decision
 from ..ops import hoist_keeps_bits, is_communication, rebuild_keeps_bits, rounding_at_cut
 from ..options import GuardOptions
+from ..policy import BOOKEND, decide
 from ..regions import Region, find_regions
 from ..report import Report
 from .collectives import communication_changes
