@@ -102,14 +102,15 @@ def guard_trace(
         new_trace = _op_pass(merge_pass, new_trace, options, made, where)
     if options.hoist:
         new_trace = _op_pass(_hoist_pass(hoisted or HoistLedger()), new_trace, options, made, where)
+    if not options.report_only:
+        if new_trace is not trace:
+            new_trace = th.refresh_dels(new_trace)
+        if options.direct_calls:
+            new_trace = _op_pass(direct_call_pass, new_trace, options, made, where)
     for d in made:
         report.add(d)
     if options.report_only:
         return trace
-    if new_trace is not trace:
-        new_trace = th.refresh_dels(new_trace)
-    if options.direct_calls:
-        new_trace = _op_pass(direct_call_pass, new_trace, options, made, where)
     if new_trace is trace:
         return trace
     th.set_provenance(new_trace, f"FusionGuard ({_summary(made)})")
