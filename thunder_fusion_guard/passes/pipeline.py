@@ -12,7 +12,7 @@ from ..cost import CostConstants, Measured
 from ..decisions import Decision
 from ..ops import hoist_keeps_bits, is_communication, rebuild_keeps_bits, rounding_at_cut
 from ..options import GuardOptions
-from ..policy import BOOKEND, decide
+from ..policy import BOOKEND, decide, explained
 from ..regions import Region, find_regions
 from ..report import Report
 from .collectives import communication_changes
@@ -242,7 +242,9 @@ def region_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
                     raise FusionGuardError(f"could not {change} ({where.trace}): {e}") from e
                 decision.action, decision.applied = "keep", True
                 decision.error = f"{type(e).__name__}: {e}"
-                decision.reason = f"kept as it was: {what} failed ({verdict.reason})"
+                decision.reason = f"kept as it was: {what} failed"
+                explanation = verdict.details.get("explanation", verdict.reason)
+                decision.details["explanation"] = f"kept as it was: {what} failed ({explanation})"
         decided.append(decision)
     if not replacements:
         return trace, decided
@@ -260,6 +262,7 @@ def region_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
             if d.action in ("reject", "switch"):
                 d.action, d.error = "keep", f"{type(e).__name__}: {e}"
                 why = "it would change the communication ops" if moved else "rebuilding the trace failed"
+                d.details["explanation"] = f"kept as it was: {why} ({d.details.get('explanation', d.reason)})"
                 d.reason = f"kept as it was: {why}"
         return trace, decided
 
@@ -298,13 +301,18 @@ def fold_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, li
     saves = "one in-place setitem: no clone of the tensor, no copy back"
     made = []
     for f in folds:
-        reason = f"a setitem and the copy_ of its result back into its input, folded into {saves}"
         kept = regions.get(f.region) if f.region else None
         if kept is not None:
-            reason = f"its lone copy_ writes back the setitem before it: both folded into {saves}"
-            made.append(_instead(kept, action="fold", reason=reason, applied=not options.report_only))
+            reason, told = explained(
+                "setitem + its copy_ back folded into one in-place setitem",
+                f"its lone copy_ writes back the setitem before it: both folded into {saves}",
+            )
+            details = {**kept.details, **told}
+            made.append(_instead(kept, action="fold", reason=reason, applied=not options.report_only, details=details))
             continue
-        d = _op_decision(where, f.output, "torch", [SETITEM, "copy_"], "fold", reason)
+        reason = "setitem + the copy_ of its result back folded into one in-place setitem"
+        explanation = f"a setitem and the copy_ of its result back into its input, folded into {saves}"
+        d = _op_decision(where, f.output, "torch", [SETITEM, "copy_"], "fold", reason, explanation)
         d.applied = not options.report_only
         made.append(d)
     return new, made
@@ -339,18 +347,22 @@ def rehome_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
     made = []
     for m in moves:
         if m.blocked_by:
-            reason = f"metadata op read only by {m.into} kept outside: {m.blocked_by} stands between them"
-            d = _op_decision(where, m.into, m.executor, [m.op], "keep", reason)
+            reason = f"kept outside {m.into}: {m.blocked_by} stands between them"
+            explanation = f"metadata op read only by {m.into} kept outside: {m.blocked_by} stands between them"
+            d = _op_decision(where, m.into, m.executor, [m.op], "keep", reason, explanation)
         elif m.error:
             reason = f"metadata op read only by {m.into} kept outside: rebuilding {m.into} failed"
             d = _op_decision(where, m.into, m.executor, [m.op], "keep", reason)
             d.error = m.error
         elif m.skipped:
-            reason = f"metadata op kept outside {m.into}: {m.skipped}"
-            d = _op_decision(where, m.into, m.executor, [m.op], "keep", reason)
+            reason = f"kept outside {m.into}: {m.skipped}"
+            d = _op_decision(where, m.into, m.executor, [m.op], "keep", reason, f"metadata op {reason}")
         else:
-            reason = f"metadata op run outside a fusion and read only by {m.into}: moved into it (no eager dispatch)"
-            d = _op_decision(where, m.into, m.executor, [m.op], "rehome", reason)
+            reason = f"metadata op read only by {m.into}: moved into it (no eager dispatch)"
+            explanation = (
+                f"metadata op run outside a fusion and read only by {m.into}: moved into it (no eager dispatch)"
+            )
+            d = _op_decision(where, m.into, m.executor, [m.op], "rehome", reason, explanation)
             d.applied = not options.report_only
         d.details.update(output=m.moved, into=m.into)
         made.append(d)
@@ -366,8 +378,9 @@ def merge_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, l
     )
     made = []
     for m in merges:
-        reason = f"next to {m.into}, same executor, nothing between: merged into it (one fusion call, not two)"
-        d = _op_decision(context.where, m.moved, m.executor, [], "rehome", reason)
+        reason = f"merged into {m.into}: next to it, same executor (one fusion call, not two)"
+        explanation = f"next to {m.into}, same executor, nothing between: merged into it (one fusion call, not two)"
+        d = _op_decision(context.where, m.moved, m.executor, [], "rehome", reason, explanation)
         d.applied = not options.report_only
         d.details.update(into=m.into)
         made.append(d)
@@ -380,8 +393,9 @@ def hoist_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, l
     made = []
     if where.trace == "backward":
         for name in check_backward(trace, ledger.take(), options.metadata_ops):
-            reason = f"hoisted {name} is saved for the backward, which may write it: computed on every call again"
-            made.append(_op_decision(where, HOISTED_NAME, "fusion_guard", [], "keep", reason))
+            reason = f"hoisted {name} may be written by the backward: computed on every call again"
+            explanation = f"hoisted {name} is saved for the backward, which may write it: computed on every call again"
+            made.append(_op_decision(where, HOISTED_NAME, "fusion_guard", [], "keep", reason, explanation))
 
     def may_rebuild(fusion: th.BoundSymbol, body: list[th.BoundSymbol], crossing: Sequence[th.Proxy]) -> bool:
         if not options.guards(th.executor_name(fusion)):
@@ -400,8 +414,13 @@ def hoist_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, l
             for name in piece.regions:
                 kept = regions.get(name)
                 if kept is not None:
-                    reason = f"every input is input-independent: run once per compiled program in {piece.call}"
-                    made.append(_instead(kept, action="hoist", applied=not options.report_only, reason=reason))
+                    reason, told = explained(
+                        f"input-independent: run once per compiled program in {piece.call}",
+                        f"every input is input-independent: run once per compiled program in {piece.call}",
+                    )
+                    applied = not options.report_only
+                    details = {**kept.details, **told}
+                    made.append(_instead(kept, action="hoist", applied=applied, reason=reason, details=details))
     if where.trace == "forward":
         ledger.forward_done({} if options.report_only else saved)
     return new, made
@@ -453,15 +472,16 @@ def _hoist_decision(where: TraceContext, index: int, piece, options: GuardOption
         if piece.duplicated:
             what.append(f"computed again from {', '.join(piece.duplicated)}, which is left whole")
         more = f"; {'; '.join(what)}" if what else ""
-        reason = (
+        reason = f"input-independent: computed once, reused: {piece.ops_saved} ops fewer per call, {kib:.1f} KiB kept"
+        explanation = (
             f"input-independent: computed once on the first call of this compiled program and reused, "
             f"{piece.ops_saved} ops fewer per call, {kib:.1f} KiB kept{more}"
         )
-        d = _op_decision(where, piece.call, "fusion_guard", piece.ops, "hoist", reason)
+        d = _op_decision(where, piece.call, "fusion_guard", piece.ops, "hoist", reason, explanation)
         d.applied = not options.report_only
     else:
         d = _op_decision(
-            where, HOISTED_NAME, "fusion_guard", piece.ops, "keep", f"input-independent but not hoisted: {piece.reason}"
+            where, HOISTED_NAME, "fusion_guard", piece.ops, "keep", f"input-independent, not hoisted: {piece.reason}"
         )
     d.details.update(
         piece=index,
@@ -479,8 +499,12 @@ def _hoist_decision(where: TraceContext, index: int, piece, options: GuardOption
     return d
 
 
-def _op_decision(where: TraceContext, region: str, executor: str, ops: list[str], action: str, reason: str) -> Decision:
-    """A decision about ops (``details["scope"] == "op"``), not about a whole region."""
+def _op_decision(
+    where: TraceContext, region: str, executor: str, ops: list[str], action: str, reason: str, explanation: str = ""
+) -> Decision:
+    """A decision about ops (``details["scope"] == "op"``), not about a whole region; ``reason`` is cut to one
+    short line, the whole of it (or ``explanation``) kept in ``details["explanation"]``."""
+    reason, told = explained(reason, explanation or None)
     return Decision(
         trace=where.trace,
         region=region,
@@ -492,7 +516,7 @@ def _op_decision(where: TraceContext, region: str, executor: str, ops: list[str]
         compile_index=where.compile_index,
         subgraph=where.subgraph,
         rank=where.rank,
-        details={"scope": "op"},
+        details={"scope": "op", **told},
     )
 
 
