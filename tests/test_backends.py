@@ -10,7 +10,7 @@ import pytest
 import torch
 from thunder.dynamo import thunderfx
 
-import thunder_fusion_guard.measure.backends as backends
+import thunder_fusion_guard.backend_choice as backends
 from thunder_fusion_guard import FusionGuard, choose_backends, fusion_executors
 
 

@@ -255,7 +255,7 @@ def test_calibrate_prints_a_readable_summary_and_json_on_request(tmp_path, capsy
 
     import thunder_fusion_guard.measure.calibrate as calibrate
     from thunder_fusion_guard.cost import CostConstants
-    from thunder_fusion_guard.defaults import SHIPPED
+    from thunder_fusion_guard.shipped_constants import SHIPPED
 
     constants = CostConstants.from_dict(SHIPPED[0][2])
     monkeypatch.setattr(calibrate, "calibrate", lambda device, executor, save: constants)

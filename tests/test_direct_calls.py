@@ -167,3 +167,24 @@ def test_other_executors_regions_untouched():
 def test_option_is_checked():
     with pytest.raises(ValueError, match="direct_calls"):
         FusionGuard(direct_calls="yes")
+
+
+def test_a_failing_direct_call_pass_is_in_the_report(monkeypatch):
+    """The pass runs last; its failure is still recorded (and the program runs on with Thunder's calls)."""
+    import thunder_fusion_guard.passes.pipeline as pipeline
+
+    def broken(trace, may_change):
+        raise RuntimeError("planted direct-call failure")
+
+    monkeypatch.setattr(pipeline, "direct_calls", broken)
+
+    def f(x):
+        return torch.sigmoid(x * 2.0) + 1.0
+
+    guard = FusionGuard()
+    jitted = thunder.jit(f, transforms=[guard], executors=[thunder.executors.torch_compile.torch_compile_ex])
+    x = torch.randn(8, 8)
+    assert torch.equal(jitted(x), f(x))
+    failed = [d for d in guard.report if d.error == "RuntimeError: planted direct-call failure"]
+    assert len(failed) == 1 and failed[0].action == "keep"
+    assert "direct_call" in failed[0].reason and "skipped" in failed[0].reason

@@ -31,7 +31,7 @@ from thunder_fusion_guard.ops import identity_reason, is_communication
 from thunder_fusion_guard.options import make_options
 from thunder_fusion_guard.passes import TraceContext, guard_trace
 from thunder_fusion_guard.passes.collectives import communication_changes, communication_sequence
-from thunder_fusion_guard.passes.pipeline import _op_pass
+from thunder_fusion_guard.passes.pipeline import Pass, PassContext, run_pass
 from thunder_fusion_guard.report import Report
 from thunder_fusion_guard.tools.cli import main
 
@@ -167,18 +167,18 @@ def test_communication_check_drops_a_pass_that_moves_across(group):
         trace, _swapped_collectives(trace)
     )
 
-    def careless_pass(trace, options, made, where):
+    def careless_pass(trace, context):
         """Move a view past a wait."""
-        return _moved_across(trace)
+        return _moved_across(trace), []
 
-    made: list[Decision] = []
-    kept = _op_pass(careless_pass, trace, make_options(), made, TraceContext("forward"))
+    careless = Pass("careless_pass", None, careless_pass)
+    kept, made = run_pass(careless, trace, PassContext(make_options(), TraceContext("forward"), trace))
     assert kept is trace
     (decision,) = made
     assert decision.action == "keep" and "would change the communication ops" in decision.reason
     assert decision.error.startswith("CommunicationChanged")
     with pytest.raises(CommunicationChanged, match="careless_pass would change the communication"):
-        _op_pass(careless_pass, trace, make_options(strict=True), [], TraceContext("forward"))
+        run_pass(careless, trace, PassContext(make_options(strict=True), TraceContext("forward"), trace))
 
 
 def _decision(rank=None, action="keep") -> Decision:

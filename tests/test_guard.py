@@ -155,7 +155,35 @@ def test_signature_is_the_options():
     from thunder_fusion_guard.options import GuardOptions
 
     params = inspect.signature(FusionGuard).parameters
-    assert list(params) == [f.name for f in dataclasses.fields(GuardOptions)]
+    fields = dataclasses.fields(GuardOptions)
+    assert list(params) == [f.name for f in fields]
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
-    assert {n: p.default for n, p in params.items()} == {f.name: f.default for f in dataclasses.fields(GuardOptions)}
+    assert [p.default for p in params.values()] == [f.default for f in fields]
+    assert [p.annotation for p in params.values()] == [f.metadata["accepts"] or f.type for f in fields]
     assert FusionGuard().options == GuardOptions()
+    # Written out in the source (what an IDE reads), not patched on at import.
+    assert "__signature__" not in vars(FusionGuard.__init__)
+    assert list(inspect.signature(FusionGuard.__init__.__wrapped__).parameters)[1:] == list(params)
+
+
+def test_every_option_has_a_one_line_doc():
+    import dataclasses
+
+    from thunder_fusion_guard.options import GuardOptions
+
+    for f in dataclasses.fields(GuardOptions):
+        doc = f.metadata["doc"]
+        assert doc and "\n" not in doc, f.name
+
+
+def test_unknown_option_lists_the_options():
+    with pytest.raises(TypeError) as caught:
+        FusionGuard(hoist=True, bogus=1)
+    message = str(caught.value)
+    assert "\n" not in message and "'bogus'" in message
+    assert message.endswith(
+        "its options are executors, metadata_ops, report_only, strict, cost_model, margin, "
+        "exact_only, calibration, calibration_budget_s, measure_budget_s, choose_executor, "
+        "fold_setitem, remove_identities, rehome, merge_regions, override_compile_options, "
+        "compare_ranks, hoist, hoist_max_bytes, direct_calls"
+    )

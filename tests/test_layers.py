@@ -13,15 +13,16 @@ PACKAGE = Path(__file__).resolve().parents[1] / "thunder_fusion_guard"
 LAYERS = [
     ["_thunder"],  # the only place touching Thunder's internals (and the nvFuser compat fix)
     ["ops"],  # every rule about ops
-    ["regions", "defaults", "cost", "options", "decisions", "distributed"],
+    ["regions", "shipped_constants", "cost", "options", "decisions", "distributed"],
     ["render"],  # a leaf: text tables and pictures; reads decisions, profiles and graphs by attribute
     ["report"],
-    ["decide"],
+    ["policy"],  # a region's fate
     ["passes"],  # the hoist runtime included
     ["measure"],  # what runs while compiling: calibration, its cache, break-even timing
     ["transform"],
-    ["examine"],  # after compiling: explain, calls, profile, segments, dataflow, bandwidth
-    ["bench"],  # the benchmark harness: cases, interleaved timing, decision accuracy, side-by-side profiles
+    ["examine", "backend_choice"],  # after compiling: explain, calls, profile, segments, dataflow, bandwidth, why;
+    # choosing each ThunderFX subgraph's backend by timing
+    ["bench"],  # the benchmark harness: cases, interleaved timing, decision accuracy, side-by-side profiles, zoo
     ["tools"],  # the command line
     ["__init__", "__main__"],
 ]

@@ -150,3 +150,35 @@ def test_random_ops_by_tag_or_name_and_normalize_is_not_one():
     plain = jit_cpu(normalized)
     plain(x)
     assert [random_ops(r) for r in regions(plain)] == [[]]
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_dropout_is_random_only_where_it_draws(training):
+    """Eval-mode dropout (training=False, or nn.Dropout under eval()) draws nothing: a copy, free to leave the
+    fusion. In training mode it draws and the region is kept by the random-ops rule."""
+    import torch.nn.functional as F
+    from helpers import jit_cpu, regions
+
+    from thunder_fusion_guard import FusionGuard
+    from thunder_fusion_guard.ops import random_ops
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5)).train(training)
+
+    def functional(x):
+        return F.dropout(torch.tanh(x), 0.5, training=training) * 2
+
+    x = torch.randn(4, 8)
+    for fn in (model, functional):
+        guard = FusionGuard()
+        torch.manual_seed(1)
+        got = jit_cpu(fn, guard)(x)
+        torch.manual_seed(1)
+        plain = jit_cpu(fn)
+        expected = plain(x)
+        assert torch.equal(got, expected)
+        named = [d for d in guard.report if "random ops" in d.reason]
+        assert bool(named) == training, [d.reason for d in guard.report]
+        if not training:
+            assert all(random_ops(r) == [] for r in regions(plain))
+            assert not any("dropout" in d.reason for d in guard.report)

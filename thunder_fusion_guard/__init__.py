@@ -21,7 +21,7 @@ _EXPORTS = {
     "RegionProfile": ".examine.profile",
     "RankMismatch": ".transform",
     "Report": ".report",
-    "choose_backends": ".measure.backends",
+    "choose_backends": ".backend_choice",
     "collect_segments": ".examine.segments",
     "explain": ".examine.explain",
     "fusion_executors": "._thunder",
@@ -70,13 +70,13 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from ._thunder import fusion_executors, nvfuser_problem
+    from .backend_choice import choose_backends
     from .decisions import Decision
     from .examine.dataflow import trace_graphs
     from .examine.explain import explain
     from .examine.profile import RegionProfile, profile_regions
     from .examine.segments import RegionKernels, collect_segments
     from .examine.why import why_not_fused
-    from .measure.backends import choose_backends
     from .passes import CommunicationChanged, FusionGuardError, guard_trace
     from .report import Report
     from .transform import FusionGuard, RankMismatch

@@ -3,10 +3,10 @@ that validates it (errors name the option). ``FusionGuard``'s keyword-only signa
 
 from __future__ import annotations
 
-import inspect
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, ParamSpec
 
 from . import _thunder as th
 from .cost import CostConstants
@@ -99,39 +99,126 @@ def _budget(name: str, value: Any) -> float:
     return _seconds(name, value, zero=False)
 
 
-def _option(default: Any, check: Callable[[str, Any], Any], accepts: str | None = None) -> Any:
+def _option(default: Any, check: Callable[[str, Any], Any], doc: str, accepts: str | None = None) -> Any:
     """A field holding a user option: its default as a user writes it, the check that validates and
-    normalises a value, and (where it differs from the field's type) what a user may pass."""
-    return field(default=default, metadata={"check": check, "accepts": accepts})
+    normalises a value, its description (``doc``, one line: the README's options table shows it) and (where it
+    differs from the field's type) what a user may pass."""
+    return field(default=default, metadata={"check": check, "doc": doc, "accepts": accepts})
 
 
 @dataclass(frozen=True)
 class GuardOptions:
-    """What the guard may do (see ``FusionGuard``'s docstring). ``executors=None`` guards every fusion executor.
-
-    Every value is checked and normalised when the record is made; a bad one raises ``ValueError`` naming it.
+    """What the guard may do: ``FusionGuard``'s keyword-only options, each field's ``doc`` metadata saying what it
+    does. Every value is checked and normalised when the record is made; a bad one raises ``ValueError`` naming it.
     """
 
-    executors: frozenset[str] | None = _option(None, _executors, "Iterable[str | FusionExecutor] | None")
-    metadata_ops: frozenset[str] = _option((), _op_names, "Iterable[str]")
-    report_only: bool = _option(False, _bool)
-    strict: bool = _option(False, _bool)
-    cost_model: bool = _option(True, _bool)
-    margin: float = _option(0.2, _fraction)
-    exact_only: bool = _option(True, _bool)
-    calibration: CostConstants | str = _option("auto", _calibration, "CostConstants | dict | str | None")
-    calibration_budget_s: float = _option(5.0, _budget)
-    measure_budget_s: float = _option(5.0, _seconds)
-    choose_executor: bool = _option(False, _bool)
-    fold_setitem: bool = _option(True, _bool)
-    remove_identities: bool = _option(True, _bool)
-    rehome: bool = _option(True, _bool)
-    merge_regions: bool = _option(False, _bool)
-    override_compile_options: bool = _option(False, _bool)
-    compare_ranks: bool = _option(False, _bool)
-    hoist: bool = _option(True, _bool)
-    hoist_max_bytes: int = _option(DEFAULT_HOIST_MAX_BYTES, _byte_count)
-    direct_calls: bool = _option(True, _bool)
+    executors: frozenset[str] | None = _option(
+        None,
+        _executors,
+        "names (or executor objects) of the fusion executors whose regions are guarded; None: all of them",
+        "Iterable[str | FusionExecutor] | None",
+    )
+    metadata_ops: frozenset[str] = _option(
+        (), _op_names, "extra operation names to count as metadata-only", "Iterable[str]"
+    )
+    report_only: bool = _option(False, _bool, "decide and record, change nothing (decisions show `applied=False`)")
+    strict: bool = _option(
+        False, _bool, "raise `FusionGuardError` where the default keeps a region it could not rewrite"
+    )
+    cost_model: bool = _option(
+        True, _bool, "also reject compute regions that the cost model says eager PyTorch runs faster"
+    )
+    margin: float = _option(
+        0.2, _fraction, "eager must be estimated at least this fraction cheaper before a compute region is rejected"
+    )
+    exact_only: bool = _option(
+        True,
+        _bool,
+        "reject (or rebuild) compute regions only if running their ops one by one gives the fusion's bits: no "
+        "reductions, transcendentals, `abs` (nvFuser's gives -0.0 for +0.0), or mul/div next to other ops that a "
+        "compiler could contract; in bf16/fp16 no rounding the fusion skips (a narrowing cast read again inside the "
+        "region) and no number the tensor's dtype cannot hold (`ops.rounding_hazards`)",
+    )
+    calibration: CostConstants | str = _option(
+        "auto",
+        _calibration,
+        'where the cost constants come from: `"auto"` = this machine\'s cached calibration, else the shipped '
+        'defaults (CPU, H200), else calibrate now and cache it; `"cached"` (or `None`) = cached, else shipped, never '
+        'measure; `"shipped"` = shipped only; `"measure"` = cached, else calibrate now (shipped ignored); or a '
+        "`CostConstants`/dict set by hand",
+        "CostConstants | dict | str | None",
+    )
+    calibration_budget_s: float = _option(
+        5.0,
+        _budget,
+        "seconds of timing a calibration run by the guard may take (the executor compiling its four probes comes "
+        "on top)",
+    )
+    measure_budget_s: float = _option(
+        5.0,
+        _seconds,
+        "seconds this guard may spend timing compute regions near break-even while compiling, first calls "
+        "included; `0`: never, the model decides",
+    )
+    choose_executor: bool = _option(
+        False,
+        _bool,
+        "where another fusion executor can run a region (Thunder's torch.compile executor for nvFuser's regions), "
+        "time it with the region and switch the region to it when it is faster by `margin` (action `switch`); with "
+        "`exact_only`, only regions whose ops every compiler computes to the same bits (see Deciding on your machine)",
+    )
+    fold_setitem: bool = _option(
+        True,
+        _bool,
+        "fold Thunder's out-of-place setitem and the `copy_` of its result back into one in-place setitem",
+    )
+    remove_identities: bool = _option(
+        True,
+        _bool,
+        "remove ops that return their input unchanged (same-shape reshape/view, identity permute, same-dtype "
+        "conversion, shallow copy)",
+    )
+    rehome: bool = _option(True, _bool, "move metadata ops run outside a fusion into the region that alone reads them")
+    merge_regions: bool = _option(
+        False,
+        _bool,
+        "merge adjacent regions of one executor into one call (off: the merged code may round differently)",
+    )
+    override_compile_options: bool = _option(
+        False,
+        _bool,
+        "undo what the program asked Thunder for by name: shape-only nvFuser regions "
+        "(`nv_enable_shape_only_fusion=True`) and views at nvFuser region edges (`nv_enable_bookend=True`); off: "
+        "kept, the decision names the option",
+    )
+    compare_ranks: bool = _option(
+        False,
+        _bool,
+        "in a distributed run, gather every rank's decisions after each trace and compare them (a collective "
+        "inside compilation; see Distributed)",
+    )
+    hoist: bool = _option(
+        True,
+        _bool,
+        "compute the input-independent part of each trace (masks, position ids, tables built from shapes and "
+        "constants) once per compiled program and reuse it (see Hoisting)",
+    )
+    hoist_max_bytes: int = _option(
+        DEFAULT_HOIST_MAX_BYTES,
+        _byte_count,
+        "the most bytes of hoisted tensors one compiled trace keeps; pieces that would pass it run every call (a "
+        "`keep` decision says so)",
+    )
+    direct_calls: bool = _option(
+        True,
+        _bool,
+        "call each nvFuser region with its fusion definition looked up once per input layout (shape and strides of "
+        "each input) instead of on every call: the same fusion and kernels, so the same bits, and less host time per "
+        "region; each region's decision says how it is called (`details[\"call\"]`); regions keep Thunder's own call "
+        "where Thunder was asked to keep inputs (`nv_store_fusion_inputs`, `nv_save_fake_inputs`), to reuse its last "
+        "definition (`nv_skip_cache`) or to annotate traces (`THUNDER_ANNOTATE_TRACES`), and for calls with "
+        "distributed or other tensor subclasses",
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -142,25 +229,41 @@ class GuardOptions:
         return self.executors is None or executor in self.executors
 
 
+OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in fields(GuardOptions))
+
+
+def unknown_option(options: Iterable[str]) -> TypeError | None:
+    """The error for the first name of ``options`` that is not an option: one line naming it and listing the
+    options (None when every name is one)."""
+    unknown = [name for name in options if name not in OPTION_NAMES]
+    if not unknown:
+        return None
+    return TypeError(
+        f"FusionGuard() got an unexpected keyword argument {unknown[0]!r}; its options are {', '.join(OPTION_NAMES)}"
+    )
+
+
 def make_options(**options: Any) -> GuardOptions:
     """Validate user options into a :class:`GuardOptions`: an unknown name is a ``TypeError`` naming it and
     ``FusionGuard``, a bad value a ``ValueError`` naming the option."""
-    known = [f.name for f in fields(GuardOptions)]
-    unknown = [name for name in options if name not in known]
-    if unknown:
-        raise TypeError(
-            f"FusionGuard() got an unexpected keyword argument {unknown[0]!r}; its options are {', '.join(known)}"
-        )
+    error = unknown_option(options)
+    if error is not None:
+        raise error
     return GuardOptions(**options)
 
 
-def options_signature() -> inspect.Signature:
-    """``FusionGuard(*, option=default, ...)``: one keyword-only parameter per field of :class:`GuardOptions`."""
-    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    params += [
-        inspect.Parameter(
-            f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.metadata["accepts"] or f.type
-        )
-        for f in fields(GuardOptions)
-    ]
-    return inspect.Signature(params, return_annotation=None)
+P = ParamSpec("P")
+
+
+def checked_options(init: Callable[P, None]) -> Callable[P, None]:
+    """``FusionGuard.__init__`` as written (its signature is what ``inspect`` and type checkers see), an
+    unknown keyword raising the one-line error of :func:`unknown_option` instead of Python's."""
+
+    @functools.wraps(init)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> None:
+        error = unknown_option(kwargs)
+        if error is not None:
+            raise error
+        init(*args, **kwargs)
+
+    return checked

@@ -23,7 +23,7 @@ class Region:
 
     @property
     def body(self) -> list[th.BoundSymbol]:
-        return [b for b in th.subsymbols(self.bsym) if not th.is_comment_or_del(b)]
+        return th.fusion_body(self.bsym)
 
     @property
     def deep_op_names(self) -> set[str]:

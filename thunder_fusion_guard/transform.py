@@ -5,17 +5,19 @@ from __future__ import annotations
 import threading
 import warnings
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import thunder
 
 from . import _thunder as th
+from ._thunder import FusionExecutor
 from .cost import CostConstants
 from .decisions import Subgraph
 from .distributed import compare_ranks, current_rank, world_size
 from .measure import calibrate
 from .measure.breakeven import RegionMeasurer
-from .options import make_options, options_signature
+from .options import DEFAULT_HOIST_MAX_BYTES, GuardOptions, checked_options
 from .passes import FusionGuardError, TraceContext, guard_trace
 from .passes.hoist import HoistLedger
 from .report import Report
@@ -28,46 +30,60 @@ class RankMismatch(FusionGuardError):
 class FusionGuard(thunder.Transform):
     """Reject fusion regions that cost more than plain PyTorch, and record every decision.
 
-    Use as ``thunder.jit(fn, transforms=[FusionGuard()])``. Options are keyword-only:
-
-    - ``executors``: names (or objects) of the fusion executors to guard; default all of them.
-    - ``metadata_ops``: extra operation names to count as metadata-only.
-    - ``report_only``: decide and record, change nothing.
-    - ``strict``: raise instead of keeping a region the guard could not rewrite (for tests).
-    - ``cost_model``: also reject compute regions the cost model says eager PyTorch runs faster.
-    - ``margin``: eager must be estimated at least this fraction cheaper to reject (default 0.2).
-    - ``exact_only``: reject compute regions only when every op gives the same bits outside the fusion.
-    - ``calibration``: where cost constants come from: ``"auto"`` (default: cached calibration, else
-      shipped defaults, else calibrate now), ``"cached"`` or None (cached, else shipped; never measure),
-      ``"shipped"`` (shipped only), ``"measure"`` (cached, else calibrate now; shipped ignored), or a
-      ``CostConstants``/dict set by hand.
-    - ``calibration_budget_s``: seconds of timing a calibration may take (its probes' compilation aside).
-    - ``measure_budget_s``: seconds this guard may spend timing regions near break-even; 0: never.
-    - ``choose_executor`` (off): where another fusion executor can run a region (Thunder's torch.compile
-      executor for nvFuser's), time it too and switch the region to it when it is faster by ``margin``; with
-      ``exact_only`` only regions whose ops every compiler computes to the same bits. Off by default: on an
-      H100 it never won, and each timing costs the first call an Inductor compile.
-    - ``fold_setitem``: fold Thunder's out-of-place setitem and its ``copy_`` back into one in-place setitem.
-    - ``remove_identities``: remove ops that return their input unchanged (same-shape reshape, ...).
-    - ``rehome``: move metadata ops run outside a fusion into the region that alone reads them.
-    - ``merge_regions``: merge adjacent regions of one executor (off: the fused code may round differently).
-    - ``override_compile_options``: undo regions the program asked Thunder for by name
-      (``nv_enable_shape_only_fusion=True``, ``nv_enable_bookend=True``); off: they are kept, and the
-      decision names the option.
-    - ``compare_ranks``: in a distributed run, after each trace, gather every rank's decisions and compare
-      them (a collective inside compilation: every rank must compile the same traces at the same time).
-    - ``hoist``: compute the input-independent part of each trace (masks, position ids built from shapes and
-      constants) once per compiled program, on its first call, and reuse it.
-    - ``hoist_max_bytes``: the most bytes of hoisted tensors one compiled trace keeps (default 64 MiB).
-    - ``direct_calls``: call each nvFuser region with its fusion definition looked up once per input layout,
-      not on every call (Thunder's wrapper does it each time): the same fusion, the same bits, less host time.
+    Use as ``thunder.jit(fn, transforms=[FusionGuard()])``. The options are keyword-only, one per field of
+    :class:`~.options.GuardOptions`, whose field docs (the README's options table) say what each does.
 
     Communication ops (collectives, their waits, gradient buckets) are never rewritten, moved or moved
     across; :meth:`check_ranks` compares the decisions of all ranks.
     """
 
-    def __init__(self, **options: Any) -> None:
-        self.options = make_options(**options)
+    @checked_options
+    def __init__(
+        self,
+        *,
+        executors: Iterable[str | FusionExecutor] | None = None,
+        metadata_ops: Iterable[str] = (),
+        report_only: bool = False,
+        strict: bool = False,
+        cost_model: bool = True,
+        margin: float = 0.2,
+        exact_only: bool = True,
+        calibration: CostConstants | dict | str | None = "auto",
+        calibration_budget_s: float = 5.0,
+        measure_budget_s: float = 5.0,
+        choose_executor: bool = False,
+        fold_setitem: bool = True,
+        remove_identities: bool = True,
+        rehome: bool = True,
+        merge_regions: bool = False,
+        override_compile_options: bool = False,
+        compare_ranks: bool = False,
+        hoist: bool = True,
+        hoist_max_bytes: int = DEFAULT_HOIST_MAX_BYTES,
+        direct_calls: bool = True,
+    ) -> None:
+        self.options = GuardOptions(
+            executors=executors,
+            metadata_ops=metadata_ops,
+            report_only=report_only,
+            strict=strict,
+            cost_model=cost_model,
+            margin=margin,
+            exact_only=exact_only,
+            calibration=calibration,
+            calibration_budget_s=calibration_budget_s,
+            measure_budget_s=measure_budget_s,
+            choose_executor=choose_executor,
+            fold_setitem=fold_setitem,
+            remove_identities=remove_identities,
+            rehome=rehome,
+            merge_regions=merge_regions,
+            override_compile_options=override_compile_options,
+            compare_ranks=compare_ranks,
+            hoist=hoist,
+            hoist_max_bytes=hoist_max_bytes,
+            direct_calls=direct_calls,
+        )
         self._constants: dict[tuple[str, str], CostConstants | None] = {}
         self.report = Report()
         self.measurer = RegionMeasurer(self.options.measure_budget_s)
@@ -184,9 +200,6 @@ class FusionGuard(thunder.Transform):
 
     def __repr__(self) -> str:
         return f"FusionGuard({self.options})"
-
-
-FusionGuard.__init__.__signature__ = options_signature()
 
 
 def guards_of(obj: Any) -> list[Any]:

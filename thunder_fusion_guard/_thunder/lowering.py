@@ -18,7 +18,7 @@ from thunder.executors.passes import _del_last_used, _transform_for_operator_exe
 from thunder.extend import FusionExecutor, get_all_executors, get_always_executors
 
 from .executors import ALTERNATIVE_FUSERS, guard_executor, torch_executor
-from .traces import is_backward, is_comment_or_del, is_fusion
+from .traces import fusion_body, is_backward, is_comment_or_del, is_fusion
 
 __all__ = [
     "GUARD_PROVENANCE",
@@ -160,7 +160,7 @@ def alternative_fuser(fusion: BoundSymbol) -> Any | None:
     if not found:
         return None
     try:
-        claims = all(found[0].can_fuse(b) for b in fusion.subsymbols if not is_comment_or_del(b))
+        claims = all(found[0].can_fuse(b) for b in fusion_body(fusion))
     except Exception:
         return None
     return found[0] if claims else None

@@ -31,6 +31,7 @@ __all__ = [
     "conversion",
     "executed_by",
     "executor_name",
+    "fusion_body",
     "has_symbolic_shape",
     "is_backward",
     "is_comment_or_del",
@@ -122,6 +123,11 @@ def is_prim(bsym: BoundSymbol) -> bool:
 def is_comment_or_del(bsym: BoundSymbol) -> bool:
     """True for a ``del`` or a comment: trace statements that compute nothing."""
     return bsym.sym.id in (prims.PrimIDs.DEL, prims.PrimIDs.COMMENT)
+
+
+def fusion_body(bsym: BoundSymbol) -> list[BoundSymbol]:
+    """The ops a fusion region (or a composite op) runs, one level down: its subsymbols without comments and dels."""
+    return [b for b in bsym.subsymbols if not is_comment_or_del(b)]
 
 
 def is_torch_op(bsym: BoundSymbol, name: str) -> bool:

@@ -410,7 +410,7 @@ def summarize(rows: Sequence[Row]) -> dict[str, Any]:
 def _eager_dearer_on_device(row: Row) -> bool:
     """The guard timed the region's device time apart, and eager's was dearer by more than the spread floor:
     a device-bound program would lose by rejecting it, so the guard keeps it on purpose."""
-    from ..decide import MEASURED_MARGIN_FLOOR
+    from ..policy import MEASURED_MARGIN_FLOOR
 
     g = row.guard_measured or {}
     fused, eager = g.get("measured_region_device_us"), g.get("measured_eager_device_us")

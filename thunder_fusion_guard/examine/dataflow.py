@@ -218,7 +218,7 @@ def trace_graph(
         outs = th.tensor_proxies(bsym.flat_proxy_outs)
         if th.is_fusion(bsym):
             node = Node(bsym.sym.name, "region", bsym.sym.name, th.executor_name(bsym))
-            node.ops = [th.op_name(b) for b in th.subsymbols(bsym) if not th.is_comment_or_del(b)]
+            node.ops = [th.op_name(b) for b in th.fusion_body(bsym)]
         elif outs:
             view = runs_as_view(bsym, metadata_ops)
             node = Node(f"{th.op_name(bsym)}:{outs[0].name}", "view" if view else "op", th.op_name(bsym))

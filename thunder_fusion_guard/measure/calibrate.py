@@ -20,8 +20,8 @@ import torch
 
 from .. import _thunder as th
 from ..cost import PROBE_TENSORS, CostConstants, curve_gbps
-from ..defaults import SHIPPED
 from ..regions import find_regions
+from ..shipped_constants import SHIPPED
 from .breakeven import region_pair
 from .cache import cache_key, cache_path, device_name, read_json, update_json
 from .timing import median_us

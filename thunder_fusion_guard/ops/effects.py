@@ -52,10 +52,16 @@ def _random_name(name: str) -> bool:
 
 
 def is_random(bsym: th.BoundSymbol) -> bool:
-    """Whether ``bsym`` (or an op inside it) draws random numbers or touches the random state."""
-    if "RANDOM_OP" in th.tag_names(bsym):
+    """Whether ``bsym`` draws random numbers or touches the random state: it carries Thunder's ``RANDOM_OP`` tag,
+    an op it decomposes into is random (all the way down), or, decomposing into nothing, its name says so
+    (:data:`RANDOM_HINTS`). So a composite whose decomposition draws nothing is not random: dropout with
+    ``training=False`` or ``p=0`` is a copy."""
+    if "RANDOM_OP" in th.tag_names(bsym, deep=False):
         return True
-    return any(_random_name(n) for n in th.op_names_deep(bsym))
+    body = th.fusion_body(bsym)
+    if body:
+        return any(is_random(b) for b in body)
+    return _random_name(bsym.sym.name)
 
 
 # Tags of ops whose result may differ from call to call, or that act beyond their outputs.

@@ -317,7 +317,7 @@ def _all_the_way_down(bsym: th.BoundSymbol, ok: Callable[[th.BoundSymbol], bool]
     """Whether ``ok`` holds for ``bsym`` or, where it does not, for every op it decomposes into, recursively."""
     if ok(bsym):
         return True
-    subs = [s for s in th.subsymbols(bsym) if not th.is_comment_or_del(s)]
+    subs = th.fusion_body(bsym)
     return bool(subs) and all(_all_the_way_down(s, ok) for s in subs)
 
 

@@ -47,7 +47,7 @@ def identity_reason(bsym: th.BoundSymbol) -> str | None:
     reason = _prim_identity(bsym)
     if reason is not None:
         return reason
-    subs = [s for s in th.subsymbols(bsym) if not th.is_comment_or_del(s)]
+    subs = th.fusion_body(bsym)
     if len(subs) != 1 or not bsym.args or not isinstance(bsym.args[0], th.TensorProxy):
         return None
     (sub,) = subs

@@ -1,5 +1,6 @@
-"""The guard's passes: plain functions over a Thunder trace, run find → decide → rewrite → fold → remove →
-rehome → hoist → record by :func:`guard_trace`."""
+"""The guard's passes: plain functions ``(trace, context) -> (new trace, new decisions)`` over a Thunder trace,
+run in the order of the table ``pipeline.PASSES`` (decide and rewrite regions → fold → remove → rehome → merge →
+hoist → direct calls) by :func:`guard_trace`, which records their decisions once, after the last."""
 
 from .pipeline import CommunicationChanged, FusionGuardError, TraceContext, guard_trace
 

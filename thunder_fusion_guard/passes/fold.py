@@ -31,7 +31,7 @@ def _copy_of(bsym: th.BoundSymbol, may_fold_region: Callable[[th.BoundSymbol], b
     if th.is_torch_op(bsym, "copy_"):
         return bsym
     if th.is_fusion(bsym) and may_fold_region(bsym) and len(bsym.flat_proxy_outs) == 1:
-        body = [b for b in th.subsymbols(bsym) if not th.is_comment_or_del(b)]
+        body = th.fusion_body(bsym)
         copies = [b for b in body if th.op_name(b) == "copy_"]
         if len(copies) == 1 and all(b is copies[0] or th.op_name(b) == "update_aliases" for b in body):
             return copies[0]

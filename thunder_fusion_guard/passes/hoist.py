@@ -138,7 +138,7 @@ def _region_part(
     the hoisted work outside needs some of the region's input-independent outputs, the ops making
     them are run once more in the hoisted call and the region is left whole.
     """
-    body = [s for s in th.subsymbols(fusion) if not th.is_comment_or_del(s)]
+    body = th.fusion_body(fusion)
     known = {p.name for p in fusion.flat_proxy_args if p.name in constant}
     part: list[th.BoundSymbol] = []
     rest: list[th.BoundSymbol] = []
@@ -353,7 +353,7 @@ def _describe(
     ops = []
     for pos in piece:
         unit = units[pos]
-        inner = [s for s in th.subsymbols(unit.bsym) if not th.is_comment_or_del(s)]
+        inner = th.fusion_body(unit.bsym)
         ops.extend([th.op_name(s) for s in inner] if unit.kind != "op" else [th.op_name(unit.bsym)])
     saved_groups = {groups.find(p.name) for p in boundary}
     return Hoist(
@@ -475,7 +475,7 @@ class _Signature:
             # Thunder lists the tensors of an alias update in no fixed order: take them by place in the piece.
             pairs.sort(key=lambda pair: self.names.get(pair[0].name, len(self.names)))
             return (name, executor, tuple((self._canon(a), self._canon(o)) for a, o in pairs))
-        subs = tuple(self._of(s) for s in th.subsymbols(b) if not th.is_comment_or_del(s))
+        subs = tuple(self._of(s) for s in th.fusion_body(b))
         return (name, executor, self._canon(b.args), self._canon(b.kwargs), self._canon(b.output), subs)
 
     def counterpart(self, other: _Signature, p: th.Proxy) -> th.Proxy:
@@ -528,7 +528,7 @@ def _within_budget(pieces: list[tuple[list[int], Hoist]], max_bytes: int) -> set
             kept.add(i)
         else:
             described.hoisted = False
-            described.reason = f"keeping its outputs takes {described.nbytes} bytes, {left} left under hoist_max_bytes"
+            described.reason = f"its outputs take {described.nbytes} bytes, {left} left under hoist_max_bytes"
     for i, (_, described) in enumerate(pieces):
         if described.same_as is not None:
             if described.same_as in kept:

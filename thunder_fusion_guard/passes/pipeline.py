@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import _thunder as th
 from ..cost import CostConstants, Measured
-from ..decide import BOOKEND, decide
 from ..decisions import Decision
 from ..ops import hoist_keeps_bits, is_communication, rebuild_keeps_bits, rounding_at_cut
 from ..options import GuardOptions
+from ..policy import BOOKEND, decide, explained
 from ..regions import Region, find_regions
 from ..report import Report
 from .collectives import communication_changes
@@ -73,6 +73,44 @@ class Alternative:
 MeasureRegion = Callable[[th.TraceCtx, Region, "Alternative | None"], "Measured | str"]
 
 
+@dataclass(frozen=True)
+class PassContext:
+    """What a pass reads besides its trace: the options, where the trace comes from, the trace the guard was
+    given, the decisions of the passes before it (read only) and what the region pass and hoisting need."""
+
+    options: GuardOptions
+    where: TraceContext
+    original: th.TraceCtx
+    decided: tuple[Decision, ...] = ()
+    constants_for: ConstantsFor | None = None
+    measure_region: MeasureRegion | None = None
+    hoisted: HoistLedger = field(default_factory=HoistLedger)
+
+    def region_decisions(self) -> dict[str, Decision]:
+        """The decisions so far about each region of this trace, by region name."""
+        return {d.region: d for d in self.decided if d.about_region and d.trace == self.where.trace}
+
+
+# A pass: the trace it was given, or a new one, and the decisions it made. A decision about a whole region
+# replaces the earlier one about that region (a pass that changes a region's fate returns its new decision).
+PassFunction = Callable[[th.TraceCtx, PassContext], tuple[th.TraceCtx, list[Decision]]]
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One step of :func:`guard_trace`: its name (the report names a failed pass by it), the option that turns it
+    on (None: always on), and whether it runs in ``report_only`` mode too (it then records what it would do)."""
+
+    name: str
+    option: str | None
+    function: PassFunction
+    report_only: bool = True
+
+    def enabled(self, options: GuardOptions) -> bool:
+        on = self.option is None or bool(getattr(options, self.option))
+        return on and (self.report_only or not options.report_only)
+
+
 def guard_trace(
     trace: th.TraceCtx,
     options: GuardOptions,
@@ -85,35 +123,40 @@ def guard_trace(
     """Return ``trace`` with every rejected region unfused, setitem copies folded, identity ops
     removed and input-independent work hoisted, recording a decision for each region and each op changed.
 
+    Runs the passes of :data:`PASSES` in order, each enabled by its option, and adds their decisions to
+    ``report`` once, after the last.
     ``constants_for(device, executor)`` gives the cost model's constants (None: no cost decisions);
     ``measure_region(trace, region)`` times a region the model puts near break-even (None: never);
     ``hoisted`` carries what a forward trace hoisted and saved over to its backward trace.
-    With ``report_only`` every pass runs and records, and the trace comes back unchanged.
+    With ``report_only`` every pass that may runs and records, and the trace comes back unchanged.
     """
-    made: list[Decision] = []
-    new_trace = unfuse_rejected(trace, options, made, where, constants_for, measure_region)
-    if options.fold_setitem:
-        new_trace = _op_pass(fold_pass, new_trace, options, made, where)
-    if options.remove_identities:
-        new_trace = _op_pass(identity_pass, new_trace, options, made, where)
-    if options.rehome:
-        new_trace = _op_pass(rehome_pass, new_trace, options, made, where)
-    if options.merge_regions:
-        new_trace = _op_pass(merge_pass, new_trace, options, made, where)
-    if options.hoist:
-        new_trace = _op_pass(_hoist_pass(hoisted or HoistLedger()), new_trace, options, made, where)
-    for d in made:
+    context = PassContext(options, where, trace, (), constants_for, measure_region, hoisted or HoistLedger())
+    new_trace = trace
+    for step in PASSES:
+        if step.enabled(options):
+            new_trace, made = run_pass(step, new_trace, context)
+            context = replace(context, decided=_merged(context.decided, made))
+    for d in context.decided:
         report.add(d)
-    if options.report_only:
+    if options.report_only or new_trace is trace:
         return trace
-    if new_trace is not trace:
-        new_trace = th.refresh_dels(new_trace)
-    if options.direct_calls:
-        new_trace = _op_pass(direct_call_pass, new_trace, options, made, where)
-    if new_trace is trace:
-        return trace
-    th.set_provenance(new_trace, f"FusionGuard ({_summary(made)})")
+    th.set_provenance(new_trace, f"FusionGuard ({_summary(list(context.decided))})")
     return new_trace
+
+
+def _merged(decided: tuple[Decision, ...], made: list[Decision]) -> tuple[Decision, ...]:
+    """``decided`` and then ``made``, a decision about a region already decided taking the earlier one's place."""
+    out = list(decided)
+    at = {(d.trace, d.region): i for i, d in enumerate(out) if d.about_region}
+    for d in made:
+        i = at.get((d.trace, d.region)) if d.about_region else None
+        if i is None:
+            if d.about_region:
+                at[(d.trace, d.region)] = len(out)
+            out.append(d)
+        else:
+            out[i] = d
+    return tuple(out)
 
 
 def _summary(made: list[Decision]) -> str:
@@ -123,22 +166,46 @@ def _summary(made: list[Decision]) -> str:
     return f"{text}; {direct} regions called directly" if direct else text
 
 
-def unfuse_rejected(
-    trace: th.TraceCtx,
-    options: GuardOptions,
-    made: list[Decision],
-    where: TraceContext,
-    constants_for: ConstantsFor | None = None,
-    measure_region: MeasureRegion | None = None,
-) -> th.TraceCtx:
+def run_pass(step: Pass, trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
+    """Run one pass; if it fails or would change the communication ops, keep the trace as it was and return one
+    decision saying why in place of the pass's own (strict mode: raise)."""
+    try:
+        new, made = step.function(trace, context)
+    except FusionGuardError:
+        raise  # strict mode's own errors, worded where they happen
+    except Exception as e:
+        return trace, [_pass_failed(step, e, context)]
+    try:
+        if new is not trace:
+            check_communication(trace, new)
+    except CommunicationChanged as e:
+        return trace, [_pass_failed(step, e, context)]
+    return new, made
+
+
+def _pass_failed(step: Pass, e: Exception, context: PassContext) -> Decision:
+    moved = isinstance(e, CommunicationChanged)
+    where = context.where
+    if context.options.strict:
+        error = CommunicationChanged if moved else FusionGuardError
+        what = "would change the communication of" if moved else "failed on"
+        raise error(f"{step.name} {what} the {where.trace} trace: {e}") from e
+    why = "it would change the communication ops" if moved else "it failed"
+    failed = _op_decision(where, "-", "-", [], "keep", f"{step.name} skipped: {why}")
+    failed.error = f"{type(e).__name__}: {e}"
+    return failed
+
+
+def region_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
     """Decide every region; return ``trace`` with the rejected ones run by the torch executor and the
     switched ones fused by the other fusion executor that was timed faster."""
+    options, where, measure_region = context.options, context.where, context.measure_region
     replacements: dict[int, list[th.BoundSymbol]] = {}
     decided: list[Decision] = []
     counter = th.free_fusion_counter(trace)
     for region in find_regions(trace):
         device = th.proxy_device(region.inputs + region.outputs)
-        constants = constants_for(device, region.executor) if constants_for and device else None
+        constants = context.constants_for(device, region.executor) if context.constants_for and device else None
         fuser = th.alternative_fuser(region.bsym) if options.choose_executor and measure_region else None
         other = None if fuser is None else Alternative(fuser, region.bsym, counter)
         other_name = None if other is None else other.name
@@ -153,7 +220,7 @@ def unfuse_rejected(
                 verdict = decide(region, options, constants, measured, where.compile_options, other_name)
             else:
                 not_measured = measured
-        decision = _decision(where, region.name, region.executor, region.ops, verdict.action, verdict.reason, op=False)
+        decision = _region_decision(where, region, verdict.action, verdict.reason)
         decision.estimates = dict(verdict.estimates)
         decision.details.update(verdict.details)
         if not_measured:
@@ -175,15 +242,16 @@ def unfuse_rejected(
                     raise FusionGuardError(f"could not {change} ({where.trace}): {e}") from e
                 decision.action, decision.applied = "keep", True
                 decision.error = f"{type(e).__name__}: {e}"
-                decision.reason = f"kept as it was: {what} failed ({verdict.reason})"
+                decision.reason = f"kept as it was: {what} failed"
+                explanation = verdict.details.get("explanation", verdict.reason)
+                decision.details["explanation"] = f"kept as it was: {what} failed ({explanation})"
         decided.append(decision)
-    made.extend(decided)
     if not replacements:
-        return trace
+        return trace, decided
     try:
         new = replace_regions(trace, replacements, f"FusionGuard: {len(replacements)} regions rejected or switched")
         check_communication(trace, new)
-        return new
+        return new, decided
     except Exception as e:
         moved = isinstance(e, CommunicationChanged)
         if options.strict:
@@ -194,8 +262,9 @@ def unfuse_rejected(
             if d.action in ("reject", "switch"):
                 d.action, d.error = "keep", f"{type(e).__name__}: {e}"
                 why = "it would change the communication ops" if moved else "rebuilding the trace failed"
+                d.details["explanation"] = f"kept as it was: {why} ({d.details.get('explanation', d.reason)})"
                 d.reason = f"kept as it was: {why}"
-        return trace
+        return trace, decided
 
 
 def check_communication(before: th.TraceCtx, after: th.TraceCtx) -> None:
@@ -204,31 +273,6 @@ def check_communication(before: th.TraceCtx, after: th.TraceCtx) -> None:
     problem = communication_changes(before, after)
     if problem is not None:
         raise CommunicationChanged(problem)
-
-
-OpPass = Callable[[th.TraceCtx, GuardOptions, list[Decision], TraceContext], th.TraceCtx]
-
-
-def _op_pass(op_pass: OpPass, trace: th.TraceCtx, options: GuardOptions, made: list[Decision], where) -> th.TraceCtx:
-    """Run one op-level pass; if it fails, keep the trace as it was and record why (strict: raise)."""
-    before = len(made)
-    try:
-        new = op_pass(trace, options, made, where)
-        if new is not trace:
-            check_communication(trace, new)
-        return new
-    except Exception as e:
-        moved = isinstance(e, CommunicationChanged)
-        if options.strict:
-            error = CommunicationChanged if moved else FusionGuardError
-            what = "would change the communication of" if moved else "failed on"
-            raise error(f"{op_pass.__name__} {what} the {where.trace} trace: {e}") from e
-        del made[before:]
-        why = "it would change the communication ops" if moved else "it failed"
-        failed = _decision(where, "-", "-", [], "keep", f"{op_pass.__name__} skipped: {why}")
-        failed.error = f"{type(e).__name__}: {e}"
-        made.append(failed)
-        return trace
 
 
 def _may_change(options: GuardOptions) -> Callable[[th.BoundSymbol], bool]:
@@ -243,39 +287,53 @@ def _may_change(options: GuardOptions) -> Callable[[th.BoundSymbol], bool]:
     return may_change
 
 
-def fold_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision], where: TraceContext) -> th.TraceCtx:
+def _instead(earlier: Decision, **changes: Any) -> Decision:
+    """A new decision about the region of ``earlier``, which stays as it was: its fields with ``changes``."""
+    copies = {"ops": list(earlier.ops), "estimates": dict(earlier.estimates), "details": dict(earlier.details)}
+    return replace(earlier, **{**copies, **changes})
+
+
+def fold_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
     """Fold setitem + copy_ pairs into one in-place setitem."""
+    options, where = context.options, context.where
     new, folds = fold_setitem_copies(trace, _may_change(options))
-    regions = {(d.region, d.trace): d for d in made if d.about_region}
+    regions = context.region_decisions()
     saves = "one in-place setitem: no clone of the tensor, no copy back"
+    made = []
     for f in folds:
-        reason = f"a setitem and the copy_ of its result back into its input, folded into {saves}"
-        kept = regions.get((f.region, where.trace)) if f.region else None
+        kept = regions.get(f.region) if f.region else None
         if kept is not None:
-            kept.action = "fold"
-            kept.reason = f"its lone copy_ writes back the setitem before it: both folded into {saves}"
-            kept.applied = not options.report_only
+            reason, told = explained(
+                "setitem + its copy_ back folded into one in-place setitem",
+                f"its lone copy_ writes back the setitem before it: both folded into {saves}",
+            )
+            details = {**kept.details, **told}
+            made.append(_instead(kept, action="fold", reason=reason, applied=not options.report_only, details=details))
             continue
-        d = _decision(where, f.output, "torch", [SETITEM, "copy_"], "fold", reason)
+        reason = "setitem + the copy_ of its result back folded into one in-place setitem"
+        explanation = f"a setitem and the copy_ of its result back into its input, folded into {saves}"
+        d = _op_decision(where, f.output, "torch", [SETITEM, "copy_"], "fold", reason, explanation)
         d.applied = not options.report_only
         made.append(d)
-    return new
+    return new, made
 
 
-def identity_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision], where: TraceContext) -> th.TraceCtx:
+def identity_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
     """Remove identity ops, renaming their uses."""
-    new, removals = remove_identities(trace, _may_change(options))
+    new, removals = remove_identities(trace, _may_change(context.options))
+    made = []
     for r in removals:
         reason = f"identity op ({r.reason}): its uses now read {r.replaced_by}"
-        d = _decision(where, r.region or r.output, r.executor, [r.op], "remove", reason)
-        d.applied = not options.report_only
+        d = _op_decision(context.where, r.region or r.output, r.executor, [r.op], "remove", reason)
+        d.applied = not context.options.report_only
         d.details.update(output=r.output, replaced_by=r.replaced_by)
         made.append(d)
-    return new
+    return new, made
 
 
-def rehome_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision], where: TraceContext) -> th.TraceCtx:
+def rehome_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
     """Move metadata ops run outside a fusion into the region that alone reads them."""
+    options, where = context.options, context.where
 
     def refused(fusion: th.BoundSymbol, op: th.BoundSymbol) -> str | None:
         ex = th.executor_name(fusion)
@@ -286,86 +344,121 @@ def rehome_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision],
         return None
 
     new, moves = absorb_metadata_ops(trace, _may_change(options), options.metadata_ops, refused)
+    made = []
     for m in moves:
         if m.blocked_by:
-            reason = f"metadata op read only by {m.into} kept outside: {m.blocked_by} stands between them"
-            d = _decision(where, m.into, m.executor, [m.op], "keep", reason)
+            reason = f"kept outside {m.into}: {m.blocked_by} stands between them"
+            explanation = f"metadata op read only by {m.into} kept outside: {m.blocked_by} stands between them"
+            d = _op_decision(where, m.into, m.executor, [m.op], "keep", reason, explanation)
         elif m.error:
             reason = f"metadata op read only by {m.into} kept outside: rebuilding {m.into} failed"
-            d = _decision(where, m.into, m.executor, [m.op], "keep", reason)
+            d = _op_decision(where, m.into, m.executor, [m.op], "keep", reason)
             d.error = m.error
         elif m.skipped:
-            d = _decision(where, m.into, m.executor, [m.op], "keep", f"metadata op kept outside {m.into}: {m.skipped}")
+            reason = f"kept outside {m.into}: {m.skipped}"
+            d = _op_decision(where, m.into, m.executor, [m.op], "keep", reason, f"metadata op {reason}")
         else:
-            reason = f"metadata op run outside a fusion and read only by {m.into}: moved into it (no eager dispatch)"
-            d = _decision(where, m.into, m.executor, [m.op], "rehome", reason)
+            reason = f"metadata op read only by {m.into}: moved into it (no eager dispatch)"
+            explanation = (
+                f"metadata op run outside a fusion and read only by {m.into}: moved into it (no eager dispatch)"
+            )
+            d = _op_decision(where, m.into, m.executor, [m.op], "rehome", reason, explanation)
             d.applied = not options.report_only
         d.details.update(output=m.moved, into=m.into)
         made.append(d)
-    return new
+    return new, made
 
 
-def merge_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision], where: TraceContext) -> th.TraceCtx:
+def merge_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
     """Merge adjacent regions of one executor into one fusion call."""
+    options = context.options
     # Opted into knowing the merged code may round differently, so exact_only does not hold it back.
     new, merges = merge_adjacent_regions(
         trace, lambda fusion: options.guards(th.executor_name(fusion)) and not is_communication(fusion)
     )
+    made = []
     for m in merges:
-        reason = f"next to {m.into}, same executor, nothing between: merged into it (one fusion call, not two)"
-        d = _decision(where, m.moved, m.executor, [], "rehome", reason)
+        reason = f"merged into {m.into}: next to it, same executor (one fusion call, not two)"
+        explanation = f"next to {m.into}, same executor, nothing between: merged into it (one fusion call, not two)"
+        d = _op_decision(context.where, m.moved, m.executor, [], "rehome", reason, explanation)
         d.applied = not options.report_only
         d.details.update(into=m.into)
         made.append(d)
-    return new
+    return new, made
+
+
+def hoist_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
+    """Compute input-independent work once per compiled program."""
+    options, where, ledger = context.options, context.where, context.hoisted
+    made = []
+    if where.trace == "backward":
+        for name in check_backward(trace, ledger.take(), options.metadata_ops):
+            reason = f"hoisted {name} may be written by the backward: computed on every call again"
+            explanation = f"hoisted {name} is saved for the backward, which may write it: computed on every call again"
+            made.append(_op_decision(where, HOISTED_NAME, "fusion_guard", [], "keep", reason, explanation))
+
+    def may_rebuild(fusion: th.BoundSymbol, body: list[th.BoundSymbol], crossing: Sequence[th.Proxy]) -> bool:
+        if not options.guards(th.executor_name(fusion)):
+            return False
+        if not options.exact_only:
+            return True
+        return hoist_keeps_bits(body, options.metadata_ops) and not rounding_at_cut(body, crossing)
+
+    new, pieces, caches = hoist_constants(trace, may_rebuild, options.hoist_max_bytes, options.metadata_ops)
+    regions = context.region_decisions()
+    saved: dict[str, HoistedValues] = {}
+    for index, piece in enumerate(pieces):
+        made.append(_hoist_decision(where, index, piece, options))
+        if piece.hoisted:
+            saved.update({name: caches[piece.call] for name in piece.saved_for_backward})
+            for name in piece.regions:
+                kept = regions.get(name)
+                if kept is not None:
+                    reason, told = explained(
+                        f"input-independent: run once per compiled program in {piece.call}",
+                        f"every input is input-independent: run once per compiled program in {piece.call}",
+                    )
+                    applied = not options.report_only
+                    details = {**kept.details, **told}
+                    made.append(_instead(kept, action="hoist", applied=applied, reason=reason, details=details))
+    if where.trace == "forward":
+        ledger.forward_done({} if options.report_only else saved)
+    return new, made
+
+
+def dels_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
+    """Re-derive the ``del`` statements of a trace the passes before changed."""
+    return (trace if trace is context.original else th.refresh_dels(trace)), []
 
 
 DIRECT = "direct"
 
 
-def direct_call_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision], where: TraceContext):
+def direct_call_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
     """Call each nvFuser region without Thunder's per-call lookup; record how each region is called."""
+    options = context.options
     new, changes = direct_calls(trace, lambda fusion: options.guards(th.executor_name(fusion)))
-    regions = {d.region: d for d in made if d.about_region and d.trace == where.trace}
+    regions = context.region_decisions()
+    made = []
     for c in changes:
         d = regions.get(c.region)
         if d is not None:
-            d.details["call"] = DIRECT if c.direct else f"Thunder's: {c.because}"
-    return new
+            call = DIRECT if c.direct else f"Thunder's: {c.because}"
+            made.append(_instead(d, details={**d.details, "call": call}))
+    return new, made
 
 
-def _hoist_pass(ledger: HoistLedger) -> OpPass:
-    def hoist_pass(trace: th.TraceCtx, options: GuardOptions, made: list[Decision], where: TraceContext):
-        """Compute input-independent work once per compiled program."""
-        if where.trace == "backward":
-            for name in check_backward(trace, ledger.take(), options.metadata_ops):
-                reason = f"hoisted {name} is saved for the backward, which may write it: computed on every call again"
-                made.append(_decision(where, HOISTED_NAME, "fusion_guard", [], "keep", reason))
-
-        def may_rebuild(fusion: th.BoundSymbol, body: list[th.BoundSymbol], crossing: Sequence[th.Proxy]) -> bool:
-            if not options.guards(th.executor_name(fusion)):
-                return False
-            if not options.exact_only:
-                return True
-            return hoist_keeps_bits(body, options.metadata_ops) and not rounding_at_cut(body, crossing)
-
-        new, pieces, caches = hoist_constants(trace, may_rebuild, options.hoist_max_bytes, options.metadata_ops)
-        regions = {(d.region, d.trace): d for d in made if d.about_region}
-        saved: dict[str, HoistedValues] = {}
-        for index, piece in enumerate(pieces):
-            made.append(_hoist_decision(where, index, piece, options))
-            if piece.hoisted:
-                saved.update({name: caches[piece.call] for name in piece.saved_for_backward})
-                for name in piece.regions:
-                    kept = regions.get((name, where.trace))
-                    if kept is not None:
-                        kept.action, kept.applied = "hoist", not options.report_only
-                        kept.reason = f"every input is input-independent: run once per compiled program in {piece.call}"
-        if where.trace == "forward":
-            ledger.forward_done({} if options.report_only else saved)
-        return new
-
-    return hoist_pass
+# The passes of guard_trace, in order: (name, the option that turns it on, the function, runs in report_only).
+PASSES: tuple[Pass, ...] = (
+    Pass("region_pass", None, region_pass),
+    Pass("fold_pass", "fold_setitem", fold_pass),
+    Pass("identity_pass", "remove_identities", identity_pass),
+    Pass("rehome_pass", "rehome", rehome_pass),
+    Pass("merge_pass", "merge_regions", merge_pass),
+    Pass("hoist_pass", "hoist", hoist_pass),
+    Pass("dels_pass", None, dels_pass, report_only=False),
+    Pass("direct_call_pass", "direct_calls", direct_call_pass, report_only=False),
+)
 
 
 def _hoist_decision(where: TraceContext, index: int, piece, options: GuardOptions) -> Decision:
@@ -379,15 +472,16 @@ def _hoist_decision(where: TraceContext, index: int, piece, options: GuardOption
         if piece.duplicated:
             what.append(f"computed again from {', '.join(piece.duplicated)}, which is left whole")
         more = f"; {'; '.join(what)}" if what else ""
-        reason = (
+        reason = f"input-independent: computed once, reused: {piece.ops_saved} ops fewer per call, {kib:.1f} KiB kept"
+        explanation = (
             f"input-independent: computed once on the first call of this compiled program and reused, "
             f"{piece.ops_saved} ops fewer per call, {kib:.1f} KiB kept{more}"
         )
-        d = _decision(where, piece.call, "fusion_guard", piece.ops, "hoist", reason)
+        d = _op_decision(where, piece.call, "fusion_guard", piece.ops, "hoist", reason, explanation)
         d.applied = not options.report_only
     else:
-        d = _decision(
-            where, HOISTED_NAME, "fusion_guard", piece.ops, "keep", f"input-independent but not hoisted: {piece.reason}"
+        d = _op_decision(
+            where, HOISTED_NAME, "fusion_guard", piece.ops, "keep", f"input-independent, not hoisted: {piece.reason}"
         )
     d.details.update(
         piece=index,
@@ -405,10 +499,12 @@ def _hoist_decision(where: TraceContext, index: int, piece, options: GuardOption
     return d
 
 
-def _decision(
-    where: TraceContext, region: str, executor: str, ops: list[str], action: str, reason: str, *, op: bool = True
+def _op_decision(
+    where: TraceContext, region: str, executor: str, ops: list[str], action: str, reason: str, explanation: str = ""
 ) -> Decision:
-    """A decision; ``op=True`` (the default) marks one about ops rather than about a whole region."""
+    """A decision about ops (``details["scope"] == "op"``), not about a whole region; ``reason`` is cut to one
+    short line, the whole of it (or ``explanation``) kept in ``details["explanation"]``."""
+    reason, told = explained(reason, explanation or None)
     return Decision(
         trace=where.trace,
         region=region,
@@ -420,5 +516,21 @@ def _decision(
         compile_index=where.compile_index,
         subgraph=where.subgraph,
         rank=where.rank,
-        details={"scope": "op"} if op else {},
+        details={"scope": "op", **told},
+    )
+
+
+def _region_decision(where: TraceContext, region: Region, action: str, reason: str) -> Decision:
+    """A decision about the whole ``region``."""
+    return Decision(
+        trace=where.trace,
+        region=region.name,
+        executor=region.executor,
+        ops=region.ops,
+        action=action,
+        reason=reason,
+        function=where.function,
+        compile_index=where.compile_index,
+        subgraph=where.subgraph,
+        rank=where.rank,
     )

@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from .. import _thunder as th
-from ..report import backend_choice_line
-from .timing import interleaved_us
+from . import _thunder as th
+from .measure.timing import interleaved_us
+from .report import backend_choice_line
 
 BACKENDS = ("thunder", "inductor", "eager")
 WARMUP = 2

@@ -35,6 +35,24 @@ MEASURE_BAND = 3.0
 # the program: 'margin' holds.
 MEASURED_MARGIN_FLOOR = 0.05
 
+# A decision's reason is one line of at most this many characters (terminal tables show it); the whole story
+# goes into ``details["explanation"]``.
+REASON_LIMIT = 100
+
+
+def one_line(text: str, limit: int = REASON_LIMIT) -> str:
+    """``text`` on one line, cut to ``limit`` characters (ending in '…') where longer."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def explained(reason: str, explanation: str | None = None) -> tuple[str, dict[str, str]]:
+    """A short reason (:func:`one_line`) and the ``details`` holding the long ``explanation`` (default: ``reason``
+    itself, where it had to be cut); no details where the reason says it all."""
+    short = one_line(reason)
+    full = explanation if explanation is not None else reason
+    return short, ({"explanation": full} if full != short else {})
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -70,8 +88,9 @@ def decide(
     """
     comms = [op for op, b in zip(region.ops, region.body, strict=True) if is_communication(b)]
     if comms:
-        why = f"kept by rule: region holds communication ops {sorted(set(comms))}: never rewritten or moved"
-        return _verdict("keep", why, "rule")
+        ops = sorted(set(comms))
+        why = f"kept by rule: region holds communication ops {ops}: never rewritten or moved"
+        return _verdict("keep", f"kept by rule: communication ops {ops}", "rule", why)
     if not options.guards(region.executor):
         return _verdict(
             "keep", f"kept by option: executor {region.executor!r} is not guarded (option 'executors')", "option"
@@ -81,28 +100,34 @@ def decide(
         if asked and not options.override_compile_options:
             return _verdict(
                 "keep",
+                f"kept by option: the program asked for shape-only regions ({SHAPE_ONLY}=True)",
+                "option",
                 f"kept by option: shape-only region kept: the program asked for them ({SHAPE_ONLY}=True); "
                 "FusionGuard(override_compile_options=True) rejects them",
-                "option",
             )
         return _verdict(
             "reject",
+            "metadata-only region: PyTorch re-describes tensors without a kernel",
+            "metadata",
             "metadata-only region: its ops only re-describe tensors, which PyTorch does without a kernel "
             "or a fusion call",
-            "metadata",
         )
     if not options.cost_model:
         return _verdict("keep", "kept by option: region computes (cost model off)", "option")
     if constants is None:
         return _verdict(
             "keep",
-            f"kept without cost constants: region computes; {_no_constants(region.executor, options)}",
+            f"kept without cost constants for {region.executor!r} here",
             "no constants",
+            f"kept without cost constants: region computes; {_no_constants(region.executor, options)}",
         )
     randoms = random_ops(region)
     if randoms:
         return _verdict(
-            "keep", f"kept by rule: random ops {randoms}: running them elsewhere would change the random stream", "rule"
+            "keep",
+            f"kept by rule: random ops {randoms}",
+            "rule",
+            f"kept by rule: random ops {randoms}: running them elsewhere would change the random stream",
         )
     try:
         est = estimate(region.body, region.inputs, region.outputs, constants, options.metadata_ops)
@@ -120,7 +145,7 @@ def decide(
             "(option 'exact_only')"
         )
         alternative = None
-    exactness = None
+    exactness = short_exactness = None
     if inexact:  # never rejected, whatever the numbers say; timed only to choose its fusion executor
         cheaper = "eager looks cheaper" if est.eager_us < est.region_us else "the fusion looks cheaper"
         exactness = (
@@ -128,31 +153,35 @@ def decide(
             f"cost aside: estimated {est.region_us:.1f} µs fused vs {est.eager_us:.1f} µs "
             f"eager ({cheaper})"
         )
+        short_exactness = f"kept for exactness: {exactness_reason(inexact)}"
     measurable = alternative is not None or (near and exactness is None)
     if measured is not None and measurable:
         margin, narrowed = measured_margin(options.margin, measured, constants)
         if exactness is not None:
             action, reason = "keep", f"{exactness}; measured {measured.region_us:.1f} µs fused"
+            short = short_exactness
         else:
-            action, reason = _by_numbers(measured.region_us, measured.eager_us, margin, "measured", est.eager_ops)
+            action, short = _by_numbers(measured.region_us, measured.eager_us, margin, "measured", est.eager_ops)
             why = "near break-even" if near else "another executor could run it"
             reason = (
-                f"measured while compiling ({why}): {reason}; the model estimated {est.region_us:.1f} µs "
+                f"measured while compiling ({why}): {short}; the model estimated {est.region_us:.1f} µs "
                 f"fused vs {est.eager_us:.1f}"
             )
         if margin != options.margin:
             reason += f"; margin narrowed from {options.margin:.0%} to the timing's spread: {narrowed}"
         switched = _switch(region.executor, action, measured, margin)
         if switched is not None:
-            action, reason = "switch", f"{switched}; {reason}"
+            action, reason, short = "switch", f"{switched[1]}; {reason}", switched[0]
         by = "exactness" if exactness is not None and switched is None else "measured"
-        return Verdict(
-            action, reason, record, {**details, "decided_by": by, **measured.as_record()}, False, alternative
-        )
+        short, told = explained(short, reason)
+        details = {**details, "decided_by": by, **measured.as_record(), **told}
+        return Verdict(action, short, record, details, False, alternative)
     if exactness is not None:
-        return Verdict("keep", exactness, record, {**details, "decided_by": "exactness"}, measurable, alternative)
+        short, told = explained(short_exactness, exactness)
+        return Verdict("keep", short, record, {**details, "decided_by": "exactness", **told}, measurable, alternative)
     unmeasured = "" if near else "; not timed: the estimates are more than 3x apart"
-    return Verdict(model[0], f"cost model: {model[1]}{unmeasured}", record, details, measurable, alternative)
+    short, told = explained(f"cost model: {model[1]}", f"cost model: {model[1]}{unmeasured}")
+    return Verdict(model[0], short, record, {**details, **told}, measurable, alternative)
 
 
 def measured_margin(margin: float, measured: Measured, constants: CostConstants) -> tuple[float, str]:
@@ -175,36 +204,37 @@ def measured_margin(margin: float, measured: Measured, constants: CostConstants)
     return margin, ""
 
 
-def _switch(executor: str, action: str, measured: Measured, margin: float) -> str | None:
+def _switch(executor: str, action: str, measured: Measured, margin: float) -> tuple[str, str] | None:
     """Why the region goes to the other executor ``measured`` timed, when that beats what ``action`` chose
-    (its own fusion call, or eager for a reject) by ``margin``; None when it does not."""
+    (its own fusion call, or eager for a reject) by ``margin``, in short and in full; None when it does not."""
     if measured.other is None or measured.other_us is None:
         return None
     chosen, chosen_us = ("eager", measured.eager_us) if action == "reject" else (executor, measured.region_us)
     if measured.other_us >= chosen_us * (1 - margin):
         return None
-    return (
-        f"switched to {measured.other}: measured {measured.other_us:.1f} µs there vs {chosen_us:.1f} µs {chosen} "
-        f"(margin {margin:.0%}; {measured.region_us:.1f} µs by {executor}, {measured.eager_us:.1f} µs eager)"
+    short = f"switched to {measured.other}: measured {measured.other_us:.1f} µs there vs {chosen_us:.1f} µs {chosen}"
+    return short, (
+        f"{short} (margin {margin:.0%}; {measured.region_us:.1f} µs by {executor}, {measured.eager_us:.1f} µs eager)"
     )
 
 
-def _verdict(action: str, reason: str, decided_by: str) -> Verdict:
-    return Verdict(action, reason, details={"decided_by": decided_by})
+def _verdict(action: str, reason: str, decided_by: str, explanation: str | None = None) -> Verdict:
+    short, told = explained(reason, explanation)
+    return Verdict(action, short, details={"decided_by": decided_by, **told})
 
 
 def _by_numbers(region_us: float, eager_us: float, margin: float, how: str, eager_ops: int) -> tuple[str, str]:
     """Reject when eager is cheaper by at least ``margin``; the reason says which side won and by how much."""
     if eager_us < region_us * (1 - margin):
-        return "reject", (
-            f"eager is cheaper: {how} {eager_us:.1f} µs for {eager_ops} eager ops vs "
-            f"{region_us:.1f} µs as a fusion call (margin {margin:.0%})"
+        return (
+            "reject",
+            f"eager is cheaper: {how} {eager_us:.1f} µs eager vs {region_us:.1f} µs fused (margin {margin:.0%})",
         )
     if eager_us < region_us:
         saved = 1 - eager_us / region_us
         return "keep", (
-            f"eager {how} cheaper, but by less than the margin: {eager_us:.1f} µs eager vs {region_us:.1f} µs "
-            f"fused is {saved:.0%} cheaper (margin {margin:.0%})"
+            f"eager {how} {saved:.0%} cheaper, under the margin: {eager_us:.1f} µs eager vs {region_us:.1f} µs fused "
+            f"(margin {margin:.0%})"
         )
     return "keep", f"fusion call is worth it: {how} {region_us:.1f} µs fused vs {eager_us:.1f} µs eager"
 
