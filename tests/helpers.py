@@ -28,6 +28,14 @@ def region_actions(guard: FusionGuard, trace: str = "forward") -> dict[str, tupl
     }
 
 
+def decision_text(explained: str) -> str:
+    """What ``explain()`` printed above its closing why-not-fused line (the report's own text), after checking that
+    the line is there."""
+    text, line = explained.rsplit("\nwhy not fused: ", 1)
+    assert "outside fusions" in line, explained
+    return text
+
+
 def jit_cpu(fn, guard: FusionGuard | None = None, **options):
     transforms = [] if guard is None else [guard]
     return thunder.jit(fn, executors=[torch_compile_ex], transforms=transforms, **options)

@@ -46,8 +46,11 @@ def paths_for(device: str, paths: Sequence[str] = PATHS) -> list[str]:
     return [p for p in paths if device == "cuda" or p not in CUDA_ONLY]
 
 
-def _compile(module: Any, path: str, device: str) -> tuple[Callable[..., Any], Any]:
-    """``module`` compiled as ``path``, and the FusionGuard it runs with (None for unguarded paths)."""
+def _compile(
+    module: Any, path: str, device: str, guard_options: dict[str, Any] | None = None
+) -> tuple[Callable[..., Any], Any]:
+    """``module`` compiled as ``path``, and the FusionGuard (made with ``guard_options``) it runs with (None for
+    unguarded paths)."""
     import torch
 
     if path == "eager":
@@ -60,7 +63,7 @@ def _compile(module: Any, path: str, device: str) -> tuple[Callable[..., Any], A
 
     from .. import FusionGuard, fusion_executors
 
-    guard = FusionGuard() if "guarded" in path else None
+    guard = FusionGuard(**(guard_options or {})) if "guarded" in path else None
     transforms = ([guard] if guard else []) + ([CUDAGraphTransform()] if path.endswith("cudagraph") else [])
     jit = thunderfx if path.startswith("fx") else thunder.jit
     return jit(module, executors=fusion_executors(device), transforms=transforms), guard
@@ -147,13 +150,20 @@ def _why_lines(fn: Any, limit: int = 3) -> list[str]:
 
 
 def run_model(
-    name: str, device: str, paths: Sequence[str], rounds: int, deadline: float, out: Path, log: Callable[[str], None]
+    name: str,
+    device: str,
+    paths: Sequence[str],
+    rounds: int,
+    deadline: float,
+    out: Path,
+    log: Callable[[str], None],
+    guard_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build zoo model ``name`` and run every path on it, writing the result to ``out`` after each phase so that a
     run cut short by its time limit keeps what it measured."""
 
     with _phase(exclusive=False):
-        result, steps = _compile_paths(name, device, paths, out, log)
+        result, steps = _compile_paths(name, device, paths, out, log, guard_options)
     with _phase(exclusive=True):
         _time_paths(result, steps, rounds, deadline)
     out.write_text(json.dumps(result))
@@ -161,7 +171,12 @@ def run_model(
 
 
 def _compile_paths(
-    name: str, device: str, paths: Sequence[str], out: Path, log: Callable[[str], None]
+    name: str,
+    device: str,
+    paths: Sequence[str],
+    out: Path,
+    log: Callable[[str], None],
+    guard_options: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, _Step]]:
     """Compile and run every path on zoo model ``name``: runs, first call, bits against unguarded Thunder, the
     guard's actions and why-not-fused lines."""
@@ -183,7 +198,7 @@ def _compile_paths(
         row: dict[str, Any] = {"runs": False}
         result["paths"][path] = row
         try:
-            fn, guard = _compile(model.module, path, device)
+            fn, guard = _compile(model.module, path, device, guard_options)
             step = _Step(model, fn, device)
             began = time.perf_counter()
             step()
@@ -252,11 +267,13 @@ def run_zoo(
     log: Callable[[str], None],
     threads: int = 0,
     jobs: int = 1,
+    guard_options: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Each model in a process of its own, at most ``time_limit_s`` seconds each (timing stops early enough to
     leave results); a model that times out or crashes keeps what it had written. ``threads``: torch's intra-op
     threads in each model's process (0: torch's default). ``jobs``: models compiled side by side; each is timed
-    alone, once no other compiles."""
+    alone, once no other compiles. ``guard_options``: the FusionGuard's options on the guarded paths (default:
+    its defaults)."""
     with tempfile.TemporaryDirectory() as folder:
         env = {**os.environ, **({LOCK_ENV: str(Path(folder) / "lock")} if jobs > 1 else {})}
 
@@ -265,7 +282,8 @@ def run_zoo(
             log(f"zoo: [{i}/{len(models)}] {name} on {device} ...")
             out = Path(folder) / f"{name}.json"
             command = [sys.executable, "-m", "thunder_fusion_guard.bench.zoo", name, device, ",".join(paths),
-                       str(rounds), str(time.time() + 0.8 * time_limit_s), str(out), str(threads)]  # fmt: skip
+                       str(rounds), str(time.time() + 0.8 * time_limit_s), str(out), str(threads),
+                       json.dumps(guard_options or {})]  # fmt: skip
             try:
                 done = subprocess.run(command, timeout=time_limit_s, stdout=subprocess.DEVNULL, env=env)
                 problem = None if done.returncode == 0 else f"the model's process exited {done.returncode}"
@@ -345,14 +363,16 @@ def to_json(results: Sequence[dict[str, Any]], device: str) -> dict[str, Any]:
 
 def _main(argv: Sequence[str]) -> int:
     """One model, in its own process: ``python -m thunder_fusion_guard.bench.zoo NAME DEVICE PATHS ROUNDS
-    DEADLINE OUT THREADS``."""
-    name, device, paths, rounds, deadline, out, threads = argv
+    DEADLINE OUT THREADS GUARD_OPTIONS``."""
+    name, device, paths, rounds, deadline, out, threads, guard_options = argv
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if int(threads):
         import torch
 
         torch.set_num_threads(int(threads))
-    run_model(name, device, paths.split(","), int(rounds), float(deadline), Path(out), _stderr)
+    run_model(
+        name, device, paths.split(","), int(rounds), float(deadline), Path(out), _stderr, json.loads(guard_options)
+    )
     return 0
 
 

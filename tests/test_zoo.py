@@ -1,0 +1,80 @@
+"""The zoo on CPU: three third-party models through Thunder unguarded and guarded (torch.compile executor), each in
+a process of its own as `fusion-guard bench zoo` runs them. The guard must never turn a program that runs into one
+that fails, and its outputs and gradients must equal unguarded Thunder's to the bit (or stay within Thunder's own
+run-to-run difference). No timing: ``rounds=0``, and the guard decides by its cost model alone."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from thunder_fusion_guard.bench import zoo
+from thunder_fusion_guard.bench.zoo_models import ZOO
+
+# A path pair each model runs on with thunder 0.2.6 on CPU: ViT through thunder.jit; the nn.MultiheadAttention
+# encoder and BERT only through ThunderFX (thunder.jit fails on both without the guard).
+CPU_CASES = {"timm-vit": ("thunder", "guarded"), "nn-mha": ("fx", "fx-guarded"), "hf-bert": ("fx", "fx-guarded")}
+GUARD = {"measure_budget_s": 0}  # no real timing decides a region: the model does
+
+
+def _zoo(lane, folder):
+    results = {}
+    for name, paths in CPU_CASES.items():
+        if not ZOO[name].available():
+            results[name] = None
+            continue
+        out = folder / f"{name}.json"
+        code = (
+            "import json, sys, time, torch; from pathlib import Path; torch.set_num_threads(1);"
+            "from thunder_fusion_guard.bench import zoo;"
+            f"zoo.run_model({name!r}, 'cpu', {list(paths)!r}, 0, time.time() + 600, Path({str(out)!r}),"
+            f" lambda m: print(m, file=sys.stderr), {GUARD!r})"
+        )
+        done = lane.run([sys.executable, "-c", code], timeout=600)
+        results[name] = (done.returncode, done.stderr[-2000:], json.loads(out.read_text()) if out.exists() else None)
+    return results
+
+
+@pytest.mark.background.with_args(_zoo)  # the models compile beside the other tests (tests/conftest.py)
+@pytest.mark.parametrize("name", list(CPU_CASES))
+def test_guard_runs_where_thunder_runs_and_keeps_its_bits(background, name):
+    if background[name] is None:
+        pytest.skip(f"{ZOO[name].requires} is not installed")
+    returncode, stderr, result = background[name]
+    assert returncode == 0 and result is not None, stderr
+    unguarded, guarded = CPU_CASES[name]
+    rows = result["paths"]
+    assert rows[unguarded]["runs"], rows[unguarded].get("error")
+    assert rows[guarded]["runs"], f"the guard broke a program Thunder runs: {rows[guarded].get('error')}"
+    assert rows[guarded]["bits"] in ("bitwise", "within Thunder's own difference"), rows[guarded]
+    assert sum(rows[guarded]["actions"].values()) > 0  # the guard saw the regions and decided each
+
+
+def test_zoo_models_are_from_four_libraries_at_least():
+    assert len(ZOO) >= 10 and len({e.library for e in ZOO.values()}) >= 4
+
+
+def test_summary_rows_say_what_failed_and_compare_to_thunder():
+    result = {
+        "model": "m",
+        "paths": {
+            "eager": {"runs": True, "samples_s": [0.004, 0.004, 0.004]},
+            "thunder": {"runs": True, "samples_s": [0.002, 0.002, 0.002], "first_call_s": 3.0},
+            "guarded": {"runs": True, "samples_s": [0.001, 0.001, 0.001], "bits": "bitwise", "actions": {"keep": 2}},
+            "fx": {"runs": False, "error": "AssertionError: expected size"},
+        },
+    }
+    rows = {r[1]: r for r in zoo.summary_rows([result])[1:]}
+    assert rows["guarded"][3] == "bitwise" and rows["guarded"][5] == "0.50" and rows["guarded"][6] == "0.25"
+    assert rows["fx"][2].startswith("no: AssertionError") and rows["guarded"][9] == "2 keep"
+
+
+def test_difference_is_zero_only_for_equal_bits():
+    import torch
+
+    a = [torch.tensor([1.0, 2.0]), None]
+    assert zoo._difference(a, [torch.tensor([1.0, 2.0]), None]) == 0.0
+    assert zoo._difference(a, [torch.tensor([1.0, 2.5]), None]) == 0.5
+    assert zoo._difference(a, [torch.tensor([1.0, 2.0]), torch.zeros(1)]) is None
