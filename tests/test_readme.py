@@ -1,8 +1,10 @@
 """README.md's Python snippets run as written, each alone in a fresh process in an empty folder (as a reader
-pastes one into a new session), and print what the README says they print: on CPU with the default run, on
+pastes one into a new file), and print what the README says they print: on CPU with the default run, on
 CUDA (nvFuser) with ``-m cuda``. In the default run the snippets run one at a time from the start of the
-session, beside the other tests (tests/conftest.py, BackgroundLane)."""
+test run, beside the other tests (tests/conftest.py, BackgroundLane). README's options table is the one
+GuardOptions' fields make, and every file under benchmarks/results is cited by RESULTS.md or README.md."""
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -21,8 +23,6 @@ EXPECTED = {
     "class BandedScores": ("FusionGuard:", "hoist", "x faster"),
     "print(profile)": ("profile of",),
     "thunderfx(Scores()": ("subgraph 0",),
-    "choose_backends(compiled, x, w": ("dynamo graph 0, thunder_0: ", "dynamo graph 1, thunder_0: "),
-    "report.html": ("wrote report.html and decisions.html",),
 }
 
 
@@ -73,7 +73,7 @@ def snippets_in_background(lane, folder: Path) -> list[subprocess.CompletedProce
 
 def check(done: list[subprocess.CompletedProcess], device: str) -> None:
     blocks = snippets()
-    assert len(done) >= 4, "README lost its snippets"
+    assert len(done) >= 3, "README lost its snippets"
     for i, (code, result) in enumerate(zip(blocks, done, strict=True)):
         where = f"README python block {i + 1}"
         assert result.returncode == 0, f"{where} failed on its own:\n{result.stderr[-3000:]}"
@@ -103,3 +103,56 @@ def test_readme_snippets_run_alone_and_decide_on_cuda(tmp_path):
     done = run_snippets(tmp_path)
     check(done, "cuda")
     assert "nvfuser" in done[0].stdout
+
+
+def options_table(text: str) -> list[str]:
+    """The rows between README's ``<!-- options -->`` markers, header and rule left out."""
+    found = re.search(r"^<!-- options -->\n(.*?)^<!-- /options -->", text, flags=re.M | re.S)
+    assert found, "README.md lost its options markers"
+    return [line for line in found.group(1).splitlines() if line.startswith("| `")]
+
+
+def test_readme_options_table_is_the_one_guard_options_makes():
+    from thunder_fusion_guard.options import GuardOptions
+
+    fields = dataclasses.fields(GuardOptions)
+    undocumented = [f.name for f in fields if "doc" not in f.metadata]
+    if undocumented:
+        pytest.skip(f"GuardOptions fields without a one-line metadata['doc'] yet: {', '.join(undocumented)}")
+    expected = [f"| `{f.name}` | `{f.default!r}` | {f.metadata['doc']} |" for f in fields]
+    assert options_table(README.read_text()) == expected
+
+
+def test_readme_options_table_names_every_option_in_field_order():
+    """Holds before the meanings are reconciled: one row per field, in order, with the field's default."""
+    from thunder_fusion_guard.options import GuardOptions
+
+    rows = [re.match(r"\| `(\w+)` \| `(.*?)` \|", row).groups() for row in options_table(README.read_text())]
+    assert rows == [(f.name, repr(f.default)) for f in dataclasses.fields(GuardOptions)]
+
+
+def test_readme_lists_every_public_name():
+    import thunder_fusion_guard
+
+    api = README.read_text().split("## Public API", 1)[1].split("\n## ", 1)[0]
+    missing = [name for name in thunder_fusion_guard.__all__ if f"- `{name}" not in api]
+    assert not missing, f"README's Public API does not list {missing}"
+
+
+def test_every_result_file_is_cited():
+    """Each file under benchmarks/results is named, by its path or a folder of it, in RESULTS.md or README.md."""
+    results = REPO / "benchmarks" / "results"
+    cited = (REPO / "benchmarks" / "RESULTS.md").read_text() + README.read_text()
+    listed = subprocess.run(["git", "ls-files", "-z", "benchmarks/results"], cwd=REPO, capture_output=True, text=True)
+    if listed.returncode == 0:  # the files in the repository, not a GPU run's output left in the folder
+        files = [REPO / name for name in listed.stdout.split("\0") if name]
+    else:  # a copy without git
+        files = [p for p in results.rglob("*") if p.is_file()]
+    uncited = []
+    for path in sorted(files):
+        parts = path.relative_to(results).parts
+        folders = ["/".join(parts[:i]) + "/" for i in range(1, len(parts))]  # a folder is cited as `results/NAME/`
+        names = [*folders, "/".join(parts)]
+        if not any(re.search(rf"results/{re.escape(name)}(?![\w./-])", cited) for name in names):
+            uncited.append("/".join(parts))
+    assert not uncited, f"files under benchmarks/results named in neither RESULTS.md nor README.md: {uncited}"
