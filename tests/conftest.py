@@ -184,7 +184,7 @@ class BackgroundLane:
 
     ``@pytest.mark.background.with_args(job, *args)`` calls ``job(lane, folder, *args)`` with this lane and
     a fresh folder. A job starts its processes with :meth:`popen` (or hands a way to end them to
-    :meth:`track`), so that whatever still runs when the session ends is killed."""
+    :meth:`track`), so that whatever still runs when the test run ends is killed."""
 
     def __init__(self) -> None:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="tests-background")
@@ -201,7 +201,7 @@ class BackgroundLane:
 
     def popen(self, *args: Any, **kwargs: Any) -> subprocess.Popen:
         if self.closing:
-            raise RuntimeError("the test session is over")
+            raise RuntimeError("the test run is over")
         process = subprocess.Popen(*args, **kwargs)
         self.track(lambda: process.poll() is None and process.kill())
         return process

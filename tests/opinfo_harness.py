@@ -15,7 +15,7 @@ fail the suite: on CUDA every run uses torch's deterministic algorithms, and a b
 only when RERUNS more runs of each side show both sides reproducible and still different.
 
 Thunder failing without the guard is Thunder's, not ours: such ops are skipped with the reason.
-Every outcome goes to ``COVERAGE``; tests/conftest.py prints its summary at the end of the session and
+Every outcome goes to ``COVERAGE``; tests/conftest.py prints its summary at the end of the test run and
 writes it as JSON to the path in ``TFG_COVERAGE_JSON`` when set.
 """
 
@@ -219,7 +219,7 @@ class Outcome:
 
 
 class Coverage:
-    """Every outcome of a session, for the summary printed at its end."""
+    """Every outcome of a test run, for the summary printed at its end."""
 
     def __init__(self) -> None:
         self.outcomes: list[Outcome] = []

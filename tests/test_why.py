@@ -215,11 +215,29 @@ def test_segmented_region_on_cuda():
     launched = {k.region: k.details["kernels"] for k in collect_segments(jh, x, backward=False)}
     segmented = {r.op: r for r in why.rows if r.kind == "segmented"}
     assert segmented, f"nvFuser ran every region as one kernel: {launched}"
-    assert set(segmented) == {region for region, n in launched.items() if n > 1}
+    assert {region for region, n in launched.items() if n > 1} <= set(segmented)
     for row in segmented.values():
         assert row.count >= 2 and row.established_by == "scheduled IR + can_schedule"
-        assert f"{row.count} kernels" in row.reason and ":" in row.reason  # each scheduler's verdict
+        assert f"{row.count} segments" in row.reason and "on the whole fusion: " in row.detail  # the verdicts
+        assert all(f"edge {tensor}: " in row.detail for tensor in row.ops)  # each edge tensor with its bytes
     assert "run as" in why.summary()
+
+
+def test_segmented_dump_is_read_with_edge_bytes():
+    """nvFuser 0.2.36's segmented-fusion dump: segments in order, each edge tensor's bytes from its extents
+    (a broadcast dimension holds one element)."""
+    from thunder_fusion_guard._thunder import partition as pt
+
+    dump = (
+        "Segmented_Fusion{ \ngroups: \n  expr_eval{90}\n  resize{1, 7, 12}\n  pointwise{3, 9}\nedges: \n"
+        "  e{ expr_eval{90} -> resize{1, 7, 12}(T48_g___bfloat[bS213{1}, iS214{512}, iS215{12288}]) }\n"
+        "  e{ resize{1, 7, 12} -> pointwise{3, 9}(T25_g_float[bS107{1}, bS108{1 ex 32}, iS109{512}, iS110{128}]) }\n"
+        "\ngroup details:\ng{(expr_eval)\n}\n} //Segmented_Fusion"
+    )
+    schedulers, edges = pt.segmented_groups(dump)
+    assert schedulers == ["expr_eval", "resize", "pointwise"]
+    assert [(e.tensor, e.bytes) for e in edges] == [("T48_g___bfloat", 512 * 12288 * 2), ("T25_g_float", 512 * 128 * 4)]
+    assert pt.segmented_groups("%kernel {\n}") is None
 
 
 def test_cli_bad_args_exit_2_and_writes(tmp_path, capsys):

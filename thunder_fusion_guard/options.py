@@ -115,7 +115,7 @@ class GuardOptions:
     executors: frozenset[str] | None = _option(
         None,
         _executors,
-        "names (or executor objects) of the fusion executors whose regions are guarded; None: all of them",
+        "names (or executor objects) of the fusion executors whose regions are guarded; None: all",
         "Iterable[str | FusionExecutor] | None",
     )
     metadata_ops: frozenset[str] = _option(
@@ -126,98 +126,77 @@ class GuardOptions:
         False, _bool, "raise `FusionGuardError` where the default keeps a region it could not rewrite"
     )
     cost_model: bool = _option(
-        True, _bool, "also reject compute regions that the cost model says eager PyTorch runs faster"
+        True, _bool, "also reject compute regions that eager PyTorch runs faster, by estimate or measurement"
     )
     margin: float = _option(
-        0.2, _fraction, "eager must be estimated at least this fraction cheaper before a compute region is rejected"
+        0.2, _fraction, "how much cheaper (a fraction) eager must be before a compute region is rejected"
     )
     exact_only: bool = _option(
         True,
         _bool,
-        "reject (or rebuild) compute regions only if running their ops one by one gives the fusion's bits: no "
-        "reductions, transcendentals, `abs` (nvFuser's gives -0.0 for +0.0), or mul/div next to other ops that a "
-        "compiler could contract; in bf16/fp16 no rounding the fusion skips (a narrowing cast read again inside the "
-        "region) and no number the tensor's dtype cannot hold (`ops.rounding_hazards`)",
+        "reject or rebuild a region only where its ops run one by one give the fusion's bits",
     )
     calibration: CostConstants | str = _option(
         "auto",
         _calibration,
-        'where the cost constants come from: `"auto"` = this machine\'s cached calibration, else the shipped '
-        'defaults (CPU, H200), else calibrate now and cache it; `"cached"` (or `None`) = cached, else shipped, never '
-        'measure; `"shipped"` = shipped only; `"measure"` = cached, else calibrate now (shipped ignored); or a '
-        "`CostConstants`/dict set by hand",
+        "where cost constants come from: `'auto'`, `'cached'`, `'shipped'`, `'measure'`, or a dict",
         "CostConstants | dict | str | None",
     )
     calibration_budget_s: float = _option(
         5.0,
         _budget,
-        "seconds of timing a calibration run by the guard may take (the executor compiling its four probes comes "
-        "on top)",
+        "seconds of timing a calibration started by the guard may take",
     )
     measure_budget_s: float = _option(
         5.0,
         _seconds,
-        "seconds this guard may spend timing compute regions near break-even while compiling, first calls "
-        "included; `0`: never, the model decides",
+        "seconds this guard may spend timing regions near break-even; `0`: the model decides",
     )
     choose_executor: bool = _option(
         False,
         _bool,
-        "where another fusion executor can run a region (Thunder's torch.compile executor for nvFuser's regions), "
-        "time it with the region and switch the region to it when it is faster by `margin` (action `switch`); with "
-        "`exact_only`, only regions whose ops every compiler computes to the same bits (see Deciding on your machine)",
+        "time another fusion executor on a region and switch to it when faster by `margin`",
     )
     fold_setitem: bool = _option(
         True,
         _bool,
-        "fold Thunder's out-of-place setitem and the `copy_` of its result back into one in-place setitem",
+        "fold Thunder's out-of-place setitem and its `copy_` back into one in-place setitem",
     )
     remove_identities: bool = _option(
         True,
         _bool,
-        "remove ops that return their input unchanged (same-shape reshape/view, identity permute, same-dtype "
-        "conversion, shallow copy)",
+        "remove ops that return their input unchanged (same-shape reshape, same-dtype cast, ...)",
     )
-    rehome: bool = _option(True, _bool, "move metadata ops run outside a fusion into the region that alone reads them")
+    rehome: bool = _option(True, _bool, "move metadata ops run outside a fusion into the one region that reads them")
     merge_regions: bool = _option(
         False,
         _bool,
-        "merge adjacent regions of one executor into one call (off: the merged code may round differently)",
+        "merge adjacent regions of one executor into one call (may round differently)",
     )
     override_compile_options: bool = _option(
         False,
         _bool,
-        "undo what the program asked Thunder for by name: shape-only nvFuser regions "
-        "(`nv_enable_shape_only_fusion=True`) and views at nvFuser region edges (`nv_enable_bookend=True`); off: "
-        "kept, the decision names the option",
+        "undo `nv_enable_shape_only_fusion=True` and `nv_enable_bookend=True` asked of Thunder",
     )
     compare_ranks: bool = _option(
         False,
         _bool,
-        "in a distributed run, gather every rank's decisions after each trace and compare them (a collective "
-        "inside compilation; see Distributed)",
+        "in a distributed run, compare every rank's decisions after each trace (a collective)",
     )
     hoist: bool = _option(
         True,
         _bool,
-        "compute the input-independent part of each trace (masks, position ids, tables built from shapes and "
-        "constants) once per compiled program and reuse it (see Hoisting)",
+        "compute each trace's input-independent work (masks, position ids) once per compiled program",
     )
     hoist_max_bytes: int = _option(
         DEFAULT_HOIST_MAX_BYTES,
         _byte_count,
-        "the most bytes of hoisted tensors one compiled trace keeps; pieces that would pass it run every call (a "
-        "`keep` decision says so)",
+        "the most bytes of hoisted tensors one compiled trace keeps (64 MiB)",
     )
     direct_calls: bool = _option(
         True,
         _bool,
-        "call each nvFuser region with its fusion definition looked up once per input layout (shape and strides of "
-        "each input) instead of on every call: the same fusion and kernels, so the same bits, and less host time per "
-        "region; each region's decision says how it is called (`details[\"call\"]`); regions keep Thunder's own call "
-        "where Thunder was asked to keep inputs (`nv_store_fusion_inputs`, `nv_save_fake_inputs`), to reuse its last "
-        "definition (`nv_skip_cache`) or to annotate traces (`THUNDER_ANNOTATE_TRACES`), and for calls with "
-        "distributed or other tensor subclasses",
+        "call each nvFuser region with its definition looked up once per input layout, not per call",
     )
 
     def __post_init__(self) -> None:

@@ -9,6 +9,7 @@ under a copy of the compile data and a throwaway stats object, so the compile op
 from __future__ import annotations
 
 import copy
+import math
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -256,21 +257,42 @@ def has_cuda_io(ex: FusionExecutor, bsym: BoundSymbol) -> bool | None:
     return None if test is None else bool(test(bsym))
 
 
-# nvFuser's segmented-fusion dump (``SegmentedFusion`` printed before the kernels in the scheduled IR):
-# ``g{(pointwise)`` opens each group's details, ``e{ g{...} -> g{...}(T3_g_float[...]) }`` is an edge.
-_GROUP = re.compile(r"^g\{\((?P<scheduler>[A-Za-z_ ]+)\)", re.M)
-_EDGE = re.compile(r"^e\{.*?->.*?\((?P<tensor>T\d+\w*)", re.M)
+# nvFuser's segmented-fusion dump (``SegmentedFusion`` printed before the kernels in the scheduled IR, as
+# nvFuser 0.2.36 prints it): ``groups:`` lists each segment as ``scheduler{expr ids}`` in order, ``edges:`` each
+# tensor written by one segment and read by another as ``e{ from -> to(T3_g_float[iS6{512}, bS7{1 ex 32}]) }``.
+_GROUP = re.compile(r"^\s*(?P<scheduler>[a-z_]+)\{[\d, ]*\}\s*$", re.M)
+_EDGE = re.compile(r"^\s*e\{.*?->.*?\((?P<tensor>T\d+_g_(?P<dtype>\w+?))\[(?P<dims>[^\]]*)\]\) \}\s*$", re.M)
+_EXTENT = re.compile(r"(?P<kind>[a-zA-Z]+)\d+\{(?P<extent>\d+)[^}]*\}")
+_ITEM_BYTES = {"float": 4, "__bfloat": 2, "__half": 2, "double": 8, "int64_t": 8, "int": 4, "bool": 1, "int32_t": 4}
 
 
-def segmented_groups(scheduled_ir: str) -> tuple[list[str], list[str]] | None:
-    """(the scheduler of each group, the tensor of each edge between groups) read from nvFuser's
-    segmented-fusion dump in a scheduled IR; None where the IR holds no such dump (one kernel)."""
-    if "Segmented_Fusion" not in scheduled_ir:
+@dataclass(frozen=True)
+class SegmentEdge:
+    """A tensor one nvFuser segment writes to global memory and another reads back: its name and bytes (None where
+    its dtype or extents are not printed as numbers)."""
+
+    tensor: str
+    bytes: int | None
+
+
+def _edge_bytes(dtype: str, dims: str) -> int | None:
+    """Bytes of an edge tensor from its printed extents: broadcast dimensions (``bS``) hold one element."""
+    item = _ITEM_BYTES.get(dtype)
+    extents = [1 if m["kind"].startswith("b") else int(m["extent"]) for m in _EXTENT.finditer(dims)]
+    if item is None or (not extents and dims.strip()):
         return None
-    dump = scheduled_ir.split("} //Segmented_Fusion", 1)[0]
-    details = dump.split("group details:", 1)
-    groups = [m["scheduler"].strip() for m in _GROUP.finditer(details[1] if len(details) > 1 else dump)]
-    edges = [m["tensor"] for m in _EDGE.finditer(details[0])]
+    return item * math.prod(extents)
+
+
+def segmented_groups(scheduled_ir: str) -> tuple[list[str], list[SegmentEdge]] | None:
+    """(the scheduler of each segment, in the order nvFuser lists them; the tensors on the edges between segments)
+    read from nvFuser's segmented-fusion dump in a scheduled IR; None where the IR holds no such dump."""
+    if "Segmented_Fusion{" not in scheduled_ir:
+        return None
+    dump = scheduled_ir.split("Segmented_Fusion{", 1)[1].split("group details:", 1)[0]
+    groups_text, _, edges_text = dump.partition("edges:")
+    groups = [m["scheduler"] for m in _GROUP.finditer(groups_text.split("groups:", 1)[-1])]
+    edges = [SegmentEdge(m["tensor"], _edge_bytes(m["dtype"], m["dims"])) for m in _EDGE.finditer(edges_text)]
     return groups, edges
 
 

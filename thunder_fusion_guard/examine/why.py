@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import itertools
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -53,6 +54,7 @@ class WhyRow:
     count: int = 1
     executor: str | None = None
     ops: list[str] = field(default_factory=list)
+    detail: str = ""  # what does not fit the one-line reason (nvFuser's verdicts, each edge tensor's bytes)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,7 +104,7 @@ class WhyReport:
         seg = self.of_kind("segmented")
         if seg:
             kernels = sum(r.count for r in seg)
-            text += f"; {plural(len(seg), 'region')} run as {kernels} kernels"
+            text += f"; {plural(len(seg), 'region')} run as {kernels} segments"
         return text
 
     def to_dict(self) -> dict[str, Any]:
@@ -589,12 +591,27 @@ def segmented_rows(
     if groups is None or len(groups[0]) < 2:
         return []
     schedulers, edges = groups
-    verdicts = pt.scheduler_verdicts(fec, inputs, list(dict.fromkeys(schedulers)))
-    why = "; ".join(f"{name}: {text[:80]}" for name, text in verdicts.items())
+    kernels = [name for name in schedulers if name != "expr_eval"]
+    verdicts = pt.scheduler_verdicts(fec, inputs, [name for name in dict.fromkeys(kernels)])
+    known = [e.bytes for e in edges if e.bytes is not None]
+    crossing = 2 * sum(known) if edges and len(known) == len(edges) else None  # written once, read back once
+    counted = ", ".join(f"{n} {name}" for name, n in Counter(schedulers).items())
+    through = f"{plural(len(edges), 'edge tensor')}" + (
+        f", {human_bytes(crossing)} written and read back" if crossing else ""
+    )
+    first = next(iter(verdicts.items()), None)
+    why = f"; {first[0]}: {first[1][:60]}" if first else ""
+    detail = "; ".join(
+        [f"segments in nvFuser's order: {', '.join(schedulers)}"]
+        + [f"edge {e.tensor}: {human_bytes(e.bytes)}" for e in edges]
+        + [f"{name} on the whole fusion: {text}" for name, text in verdicts.items()]
+        + ["expr_eval segments run through nvFuser's expression evaluator (ATen or aliasing), no generated kernel"]
+    )
     return [
         WhyRow(
             trace, subgraph, region, None, "segmented",
-            f"{len(schedulers)} kernels ({', '.join(schedulers)}) through {', '.join(edges[:4]) or 'no edge'}; {why}",
-            "scheduled IR + can_schedule", None, NO_FIX, len(schedulers), "nvfuser", edges,
+            f"{len(schedulers)} segments ({counted}), {through}{why}",
+            "scheduled IR + can_schedule", crossing, NO_FIX, len(schedulers), "nvfuser",
+            [e.tensor for e in edges], detail,
         )
     ]  # fmt: skip
