@@ -252,8 +252,10 @@ def test_report_cli_writes_html_and_dot(tmp_path, capsys):
     tags = _parse(html_path.read_text())
     assert len([a for t, a in tags if t == "svg"]) >= 2
     check_dot(dot_path.read_text())
+    html_text = html_path.read_text()
+    assert "<section class=\"why-not-fused\">" in html_text and "href=\"#section-0\">why not fused<" in html_text
     doc = json.loads(json_path.read_text())
-    assert doc["graphs"] and doc["profile"]["rows"]
+    assert doc["graphs"] and doc["profile"]["rows"] and "outside fusions" in doc["why"]["summary"]
     with uncompiled():
         assert main(["report", f"{target}:make", "--device", "cpu", "--dot", str(dot_path)]) == 0
     assert "profile of" not in capsys.readouterr().out, "--dot alone does not profile"

@@ -127,11 +127,13 @@ class RegionProfile:
             "graphs": [g.to_dict() for g in self.graphs],
         }
 
-    def to_html(self, title: str | None = None, meta: Sequence[str] = ()) -> str:
+    def to_html(self, title: str | None = None, meta: Sequence[str] = (), sections: Sequence[str] = ()) -> str:
         """A self-contained HTML page: the pictures, the profile and the decisions, in sortable tables;
-        ``meta`` lines go under the title."""
+        ``meta`` lines go under the title, ``sections`` (HTML, e.g. ``why_not_fused(...).to_html()``) last."""
         title = title or f"FusionGuard profile of {self.function or 'jitted function'} on {self.device}"
-        return html_page(title, self.decisions, self.subgraphs, profile=self, graphs=self.graphs, meta=meta)
+        return html_page(
+            title, self.decisions, self.subgraphs, profile=self, graphs=self.graphs, meta=meta, extra_sections=sections
+        )
 
     def to_dot(self) -> str:
         """The dataflow graphs as Graphviz DOT text."""

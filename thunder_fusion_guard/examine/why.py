@@ -141,7 +141,7 @@ class WhyReport:
                     r.count,
                     r.kind,
                     _bytes(r.bytes),
-                    r.reason,
+                    r.reason + (f" ({r.detail})" if r.detail else ""),
                     r.established_by,
                     r.try_,
                     r.source or "",

@@ -282,8 +282,10 @@ def html_page(
     graphs: Sequence[Any] = (),
     meta: Sequence[str] = (),
     recompiles: dict[str, list[str]] | None = None,
+    extra_sections: Sequence[str] = (),
 ) -> str:
-    """The HTML report: summary of bytes at kernel boundaries, the pictures, the profile, the decisions.
+    """The HTML report: summary of bytes at kernel boundaries, the pictures, the profile, the decisions, and
+    ``extra_sections`` (pre-rendered HTML, such as the why-not-fused table) last.
     A program Thunder compiled more than once gets a line saying so, why, and which compilation is shown."""
     subgraphs = subgraphs or {}
     groups = sections(decisions, subgraphs, recompiles)
@@ -309,6 +311,9 @@ def html_page(
         prefix = f"{group.title}: " if group.subgraph is not None else ""
         parts += [f"<p class='meta'>{attr(prefix + note)}</p>" for note in group.notes]
     parts.append(_decision_table(groups, subgraphs) if decisions else "<p>No fusion region seen.</p>")
+    for i, section in enumerate(extra_sections):
+        nav.append(f'<a href="#section-{i}">{"why not fused" if "why-not-fused" in section else "more"}</a>')
+        parts.append(f"<div id='section-{i}'>{section}</div>")
     head_meta = "".join(f"<p class='meta'>{attr(m)}</p>" for m in meta)
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"

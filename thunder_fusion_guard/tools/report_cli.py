@@ -185,8 +185,11 @@ def run_report(
             collect_segments(compiled, *args, backward=backward, **kwargs)
         extra: dict[str, Any] = {}
         if profile:
+            from ..examine.why import why_not_fused
+
             extra["profile"] = profile_regions(compiled, *args, **kwargs)
             extra["graphs"] = extra["profile"].graphs
+            extra["why"] = why_not_fused(compiled)
         elif pictures:
             extra["graphs"] = trace_graphs(compiled)
     report = report_of(compiled)
@@ -280,12 +283,14 @@ def _report_command(args: argparse.Namespace) -> int:
         saved = {**doc, "rank": current_rank(), "report": report.to_dict()}
         saved.update({k: doc[k].to_dict() for k in ("profile",) if k in doc})
         saved.update({k: [g.to_dict() for g in doc[k]] for k in ("graphs",) if k in doc})
+        saved.update({k: doc[k].to_dict() for k in ("why",) if k in doc})
         write_output(json_path, json.dumps(saved, indent=1) + "\n")
     if md_path:
         write_output(md_path, report.to_markdown(f"FusionGuard report: {title}"))
     if html_path:
         versions = ", ".join(f"{k} {v}" for k, v in doc["versions"].items() if v)
-        write_output(html_path, profile.to_html(f"FusionGuard report: {title}", meta=[versions]))
+        why = [doc["why"].to_html()] if "why" in doc else []
+        write_output(html_path, profile.to_html(f"FusionGuard report: {title}", meta=[versions], sections=why))
     if dot_path:
         write_output(dot_path, graphs_to_dot(doc["graphs"], f"FusionGuard dataflow: {title}", report.subgraphs))
     for path in paths.values():
