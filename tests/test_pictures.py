@@ -253,7 +253,7 @@ def test_report_cli_writes_html_and_dot(tmp_path, capsys):
     assert len([a for t, a in tags if t == "svg"]) >= 2
     check_dot(dot_path.read_text())
     html_text = html_path.read_text()
-    assert "<section class=\"why-not-fused\">" in html_text and "href=\"#section-0\">why not fused<" in html_text
+    assert '<section class="why-not-fused">' in html_text and 'href="#section-0">why not fused<' in html_text
     doc = json.loads(json_path.read_text())
     assert doc["graphs"] and doc["profile"]["rows"] and "outside fusions" in doc["why"]["summary"]
     with uncompiled():

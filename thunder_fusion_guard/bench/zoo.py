@@ -29,14 +29,22 @@ PATHS = (
     "inductor-ro",
     "thunder",
     "guarded",
+    "cudagraph",
     "guarded+cudagraph",
     "fx",
     "fx-guarded",
+    "fx-cudagraph",
     "fx-guarded+cudagraph",
 )
-CUDA_ONLY = ("inductor-ro", "guarded+cudagraph", "fx-guarded+cudagraph")
-# Which unguarded Thunder path a guarded path is compared with, bit for bit.
-BASELINE = {"guarded": "thunder", "guarded+cudagraph": "thunder", "fx-guarded": "fx", "fx-guarded+cudagraph": "fx"}
+CUDA_ONLY = ("inductor-ro", "cudagraph", "guarded+cudagraph", "fx-cudagraph", "fx-guarded+cudagraph")
+# Which unguarded Thunder path a guarded path is compared with, bit for bit (the CUDA-graph one where it ran).
+BASELINE = {
+    "guarded": "thunder",
+    "guarded+cudagraph": "cudagraph",
+    "fx-guarded": "fx",
+    "fx-guarded+cudagraph": "fx-cudagraph",
+}
+SELF_REPEATS = 3  # extra steps of each unguarded path: Thunder's own run-to-run difference is their largest
 GUARDED = tuple(BASELINE)
 LOCK_ENV = "TFG_ZOO_LOCK"
 
@@ -70,15 +78,15 @@ def _compile(
 
 
 @contextlib.contextmanager
-def _phase(exclusive: bool) -> Iterator[None]:
-    """With ``--jobs`` above one, models compile side by side (shared lock) but time alone (exclusive lock), so
-    that no model is timed while another compiles; without the lock file (one job) a no-op."""
+def _timing_alone() -> Iterator[None]:
+    """With ``--jobs`` above one, models compile side by side but are timed one at a time (an exclusive lock on a
+    file the models share; other models may still be compiling on other cores meanwhile); one job: a no-op."""
     path = os.environ.get(LOCK_ENV)
     if not path:
         yield
         return
     with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -162,9 +170,8 @@ def run_model(
     """Build zoo model ``name`` and run every path on it, writing the result to ``out`` after each phase so that a
     run cut short by its time limit keeps what it measured."""
 
-    with _phase(exclusive=False):
-        result, steps = _compile_paths(name, device, paths, out, log, guard_options)
-    with _phase(exclusive=True):
+    result, steps = _compile_paths(name, device, paths, out, log, guard_options)
+    with _timing_alone():
         _time_paths(result, steps, rounds, deadline)
     out.write_text(json.dumps(result))
     return result
@@ -205,9 +212,12 @@ def _compile_paths(
             row["first_call_s"] = round(time.perf_counter() - began, 3)
             step()
             values[path] = step.values()
-            if path in ("thunder", "fx"):  # Thunder against itself: its own run-to-run difference
-                step()
-                row["self_difference"] = _difference(values[path], step.values())
+            if path in BASELINE.values():  # Thunder against itself: its own run-to-run difference
+                repeats = []
+                for _ in range(SELF_REPEATS):
+                    step()
+                    repeats.append(_difference(values[path], step.values()))
+                row["self_difference"] = None if None in repeats else max(repeats)
         except Exception as e:  # one path failing must not lose the others
             row["error"] = _first_line(e)
             log(f"zoo: {name}: {path} FAILED: {row['error']}")
@@ -220,9 +230,11 @@ def _compile_paths(
         log(f"zoo: {name}: {path} runs, first call {row['first_call_s']:.1f} s")
         save()
     for path, baseline in BASELINE.items():
+        if baseline not in values and baseline.endswith("cudagraph"):  # unguarded CUDA graphs did not run
+            baseline = "fx" if baseline.startswith("fx") else "thunder"
         if path in values and baseline in values:
             row = result["paths"][path]
-            row["difference"] = _difference(values[path], values[baseline])
+            row["difference"], row["compared_with"] = _difference(values[path], values[baseline]), baseline
             floor = result["paths"][baseline].get("self_difference")
             row["bits"] = (
                 "different tensors" if row["difference"] is None
@@ -238,11 +250,12 @@ def _compile_paths(
 
 
 def _time_paths(result: dict[str, Any], steps: dict[str, _Step], rounds: int, deadline: float) -> None:
-    """Time every path that runs, ``rounds`` rounds in alternating order, until ``deadline``."""
+    """Time every path that runs, ``rounds`` rounds in alternating order, until ``deadline`` (three rounds at
+    least, so that a model that waited its turn still gets medians)."""
     order = list(steps)
     samples: dict[str, list[float]] = {p: [] for p in order}
     for r in range(rounds):
-        if time.time() > deadline:
+        if r >= 3 and time.time() > deadline:
             result["rounds_cut"] = r
             break
         for path in order if r % 2 == 0 else reversed(order):
@@ -311,7 +324,7 @@ def summary_rows(results: Sequence[dict[str, Any]]) -> list[list[str]]:
             return f"{a / b:.2f}" if a and b else "-"
 
         for path, row in result["paths"].items():
-            base = "fx" if path.startswith("fx") else "thunder"
+            base = row.get("compared_with") or ("fx" if path.startswith("fx") else "thunder")
             median = medians.get(path)
             actions = ", ".join(f"{n} {a}" for a, n in sorted(row.get("actions", {}).items()))
             rows.append([
