@@ -249,3 +249,65 @@ def test_cli_bad_args_exit_2_and_writes(tmp_path, capsys):
     assert main(["why", "examples/report_target.py:make", "--device", "cpu", "--json", str(out)]) == 0
     assert "outside fusions" in capsys.readouterr().out
     assert "rows" in json.loads(out.read_text())
+
+
+def _readme_programs(device: str):
+    """The programs of README's snippets: the banded mask, the MLP under thunder.jit, the scores under ThunderFX."""
+    from thunder.dynamo import thunderfx
+
+    from thunder_fusion_guard import FusionGuard, fusion_executors
+
+    class BandedScores(torch.nn.Module):
+        def forward(self, scores):
+            t = scores.shape[-1]
+            mask = torch.full((t, t), float("-inf"), device=scores.device)
+            for i in range(t):
+                mask[i, max(0, i - 3) : i + 1] = 0.0
+            return scores + mask
+
+    class Scores(torch.nn.Module):
+        def forward(self, q, k):
+            return torch.softmax(q @ k.transpose(-2, -1) * 0.125, dim=-1).flatten(0, 1)
+
+    mlp = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)).to(device)
+    ex = fusion_executors(device)
+    banded = thunder.jit(BandedScores(), executors=ex, transforms=[FusionGuard(measure_budget_s=0)])
+    banded(torch.randn(4, 16, 16, device=device))
+    jitted = thunder.jit(mlp, executors=ex, transforms=[FusionGuard(measure_budget_s=0)])
+    jitted(torch.randn(32, 64, device=device, requires_grad=True)).sum().backward()
+    q, k = (torch.randn(2, 4, 16, 8, device=device, requires_grad=True) for _ in range(2))
+    compiled = thunderfx(Scores(), executors=ex, transforms=[FusionGuard(measure_budget_s=0)])
+    compiled(q, k).sum().backward()
+    return [banded, jitted, compiled]
+
+
+def test_readme_programs_have_no_unknown_row():
+    """Every op outside a fusion in README's examples has a mechanism that explains it."""
+    for program in _readme_programs("cpu"):
+        why = why_not_fused(program)
+        assert not why.of_kind("unknown"), [r.reason for r in why.of_kind("unknown")]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("option", ["nv_enable_linear", "nv_enable_matmul"])
+def test_nvfuser_option_rows_and_their_fix_on_cuda(option):
+    """nvFuser leaves linear and matmul to other executors unless asked: the row names the compile option, and
+    jitting with it puts the op inside an nvFuser region."""
+    from thunder_fusion_guard import _thunder as th
+
+    def f(x, w):
+        y = torch.nn.functional.linear(x, w) if option == "nv_enable_linear" else x @ w.t()
+        return torch.relu(y) * 2
+
+    x, w = torch.randn(64, 128, device="cuda"), torch.randn(96, 128, device="cuda")
+    jf = thunder.jit(f, executors=th.fusion_executors("cuda"))
+    expected = jf(x, w)
+    rows = [r for r in why_not_fused(jf).rows if r.kind == "option"]
+    assert rows and all(option in r.reason for r in rows), [r.reason for r in why_not_fused(jf).rows]
+    assert rows[0].try_ == f"thunder.jit(fn, {option}=True)"
+    fixed = thunder.jit(f, executors=th.fusion_executors("cuda"), **{option: True})
+    torch.testing.assert_close(fixed(x, w), expected)
+    trace = thunder.last_traces(fixed)[-1]
+    inside = [s.sym.name for b in trace.bound_symbols if th.is_fusion(b) for s in th.fusion_body(b)]
+    assert {"linear", "matmul"} & set(inside), inside
+    assert not [r for r in why_not_fused(fixed).rows if r.kind == "option"]
