@@ -192,6 +192,51 @@ def test_thunderfx_subgraphs():
     assert claimed and all(r.subgraph and "thunder_" in r.subgraph for r in claimed)
 
 
+def _scatter_program(x, index, src, w):
+    summed = torch.zeros(4, 3, 2).index_add(0, index, src * 2)  # no gradient in Thunder: split off
+    return (summed * w).norm(dim=1).sum() + x.new_zeros(3).sum()  # only torch fallbacks: split off
+
+
+def _scatter_program_rewritten(x, index, src, w):
+    """_scatter_program with each outside_thunder row's try applied."""
+    summed = torch.zeros(4, 3, 2).scatter_add(0, index[:, None, None].expand_as(src), src * 2)
+    return (summed * w).pow(2).sum(1).sqrt().sum() + torch.zeros(3, dtype=x.dtype, device=x.device).sum()
+
+
+def _scatter_inputs():
+    torch.manual_seed(0)
+    return torch.randn(3), torch.tensor([0, 2, 2]), torch.randn(3, 3, 2, requires_grad=True), torch.randn(4, 3, 2)
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_ops_thunderfx_keeps_out_of_thunder_and_their_fix(guarded):
+    from thunder.dynamo import thunderfx
+
+    from thunder_fusion_guard import FusionGuard
+
+    transforms = [FusionGuard()] if guarded else []
+    compiled = thunderfx(_scatter_program, executors=[torch_compile_ex], transforms=transforms)
+    compiled(*_scatter_inputs()).backward()
+    report = why_not_fused(compiled)
+    rows = {r.op: r for r in report.of_kind("outside_thunder")}
+    assert set(rows) == {"Tensor.index_add", "Tensor.norm", "Tensor.new_zeros"}
+    assert "VJP for PrimIDs.INDEX_ADD is not implemented" in rows["Tensor.index_add"].reason
+    assert rows["Tensor.norm"].reason == "Thunder has only an automatic torch fallback for it"
+    assert rows["Tensor.index_add"].try_.startswith("scatter_add(")
+    line = _scatter_program.__code__.co_firstlineno
+    assert rows["Tensor.index_add"].source.endswith(f"test_why.py:{line + 1}")
+    assert rows["Tensor.new_zeros"].source.endswith(f"test_why.py:{line + 2}")
+    assert rows["Tensor.index_add"].bytes == 4 * (24 + 24 + 18) + 8 * 3  # out, zeros, src, index
+    assert all(r.subgraph == "dynamo graph 0" for r in rows.values())
+    assert "3 outside Thunder (ThunderFX split)" in report.summary()
+    # Each try applied: nothing is split off, one Thunder program runs it all.
+    fixed = thunderfx(_scatter_program_rewritten, executors=[torch_compile_ex], transforms=transforms)
+    fixed(*_scatter_inputs()).backward()
+    assert why_not_fused(fixed).of_kind("outside_thunder") == []
+    infos = fixed._backend.subgraph_infos
+    assert len(infos) == 1 and not infos[0].split_reasons and len(infos[0].thunder_compiled_fns) == 1
+
+
 def test_not_a_program():
     with pytest.raises(TypeError, match=r"neither a thunder\.jit function nor a thunderfx object"):
         why_not_fused(f)

@@ -4,6 +4,7 @@ recording the arguments of the fusion calls of a run."""
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from .lowering import GUARD_PROVENANCE, new_trace_like
 from .traces import is_fusion
 
 __all__ = [
+    "FxSplitOp",
     "FxSubgraph",
     "call_targets",
     "compiled_module",
@@ -37,6 +39,7 @@ __all__ = [
     "region_callable",
     "replace_subgraph",
     "thunderfx_function_name",
+    "thunderfx_split_ops",
     "thunderfx_subgraphs",
     "thunderfx_transforms",
     "traces_before_guard",
@@ -158,6 +161,80 @@ def thunderfx_subgraphs(obj: Any) -> list[FxSubgraph]:
             if any(child is fn for fn in compiled):
                 found.append(FxSubgraph(index, name, compiled_module(child), child, reasons, info.split_graph_module))
     return found
+
+
+@dataclass(frozen=True)
+class FxSplitOp:
+    """One node of a Dynamo graph that ThunderFX kept out of Thunder (it runs through Inductor between the
+    Thunder subgraphs): its name and target, the splitter's reason (``kind`` is the ``SplitReasonType``
+    name), the user's source line and the bytes of its tensor inputs and outputs."""
+
+    graph: int
+    node: str
+    target: str
+    kind: str
+    info: str
+    exception: str | None
+    source: str | None
+    nbytes: int | None
+
+
+_SPLIT_NODE = re.compile(r"node with name: (\S+) and target: ")
+
+
+def thunderfx_split_ops(obj: Any) -> list[FxSplitOp]:
+    """The nodes ThunderFX's splitter kept out of Thunder in every Dynamo graph of ``obj`` so far, in order."""
+    found = []
+    for index, info in enumerate(getattr(obj, "_backend", obj).subgraph_infos):
+        nodes = {n.name: n for n in info.original_graph_module.graph.nodes}
+        for reason in info.split_reasons or ():
+            text = getattr(reason, "info", None) or ""
+            match = _SPLIT_NODE.search(text)
+            node = nodes.get(match.group(1)) if match else None
+            found.append(
+                FxSplitOp(
+                    index,
+                    node.name if node is not None else (match.group(1) if match else "?"),
+                    _target_name(node) if node is not None else "?",
+                    getattr(getattr(reason, "reason_type", None), "name", "split"),
+                    text,
+                    getattr(reason, "exception", None),
+                    _node_source(node),
+                    _node_bytes(node),
+                )
+            )
+    return found
+
+
+def _target_name(node: Any) -> str:
+    target = node.target
+    if isinstance(target, str):
+        return f"Tensor.{target}" if node.op == "call_method" else target
+    name = getattr(target, "__name__", None) or str(target)
+    module = getattr(target, "__module__", None)
+    return f"{module}.{name}" if module and module not in ("builtins", "_operator") else name
+
+
+_STACK_LINE = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def _node_source(node: Any) -> str | None:
+    """``file:line`` of the innermost user frame Dynamo recorded for ``node``."""
+    trace = (node.meta.get("stack_trace") or "") if node is not None else ""
+    found = _STACK_LINE.findall(trace)
+    return f"{found[-1][0]}:{found[-1][1]}" if found else None
+
+
+def _node_bytes(node: Any) -> int | None:
+    """Bytes of the tensors ``node`` reads and writes, from Dynamo's fake example values (None if unknown)."""
+    if node is None:
+        return None
+    values = [node.meta.get("example_value")] + [a.meta.get("example_value") for a in node.all_input_nodes]
+    tensors = {id(v): v for v in values if isinstance(v, torch.Tensor)}
+    try:
+        return sum(int(v.numel()) * v.element_size() for v in tensors.values())
+    except Exception:  # symbolic sizes
+        return None
 
 
 def replace_subgraph(sub: FxSubgraph, runner: torch.nn.Module) -> None:

@@ -220,6 +220,8 @@ def _compile_paths(
                 row["self_difference"] = None if None in repeats else max(repeats)
         except Exception as e:  # one path failing must not lose the others
             row["error"] = _first_line(e)
+            if "\n" in str(e).strip():  # nvFuser's asserts say what failed after their first line
+                row["error_detail"] = str(e).strip()[:3000]
             log(f"zoo: {name}: {path} FAILED: {row['error']}")
             save()
             continue

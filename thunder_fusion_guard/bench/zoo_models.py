@@ -8,6 +8,7 @@ layered); ``device="cuda"`` builds wider ones, the transformers in bf16.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 from collections.abc import Callable
@@ -173,15 +174,25 @@ class NequIPLike(nn.Module):
     channels for l = 0, 1, 2; summed energy.
 
     The tensor product is written in plain PyTorch: e3nn 0.6's own modules keep ``Irreps`` objects whose
-    ``__len__`` raises, which neither Dynamo nor Thunder's interpreter can trace.
+    ``__len__`` raises, which neither Dynamo nor Thunder's interpreter can trace. ``rewritten``: the same model
+    with the changes why-not-fused suggests for the ops ThunderFX keeps out of Thunder (``scatter_add`` for
+    ``index_add``, ``pow(2).sum().sqrt()`` for ``norm``, ``torch.zeros`` for ``new_zeros``).
     """
 
     def __init__(
-        self, species: int = 4, channels: int = 16, layers: int = 3, lmax: int = 2, r_max: float = 4.0, basis: int = 8
+        self,
+        species: int = 4,
+        channels: int = 16,
+        layers: int = 3,
+        lmax: int = 2,
+        r_max: float = 4.0,
+        basis: int = 8,
+        rewritten: bool = False,
     ) -> None:
         from e3nn import o3
 
         super().__init__()
+        self.rewritten = rewritten
         self.r_max, self.lmax, self.channels, self.layers = r_max, lmax, channels, layers
         self.sh = o3.SphericalHarmonics(list(range(lmax + 1)), normalize=True, normalization="component")
         self.embed = nn.Embedding(species, channels)
@@ -217,13 +228,25 @@ class NequIPLike(nn.Module):
         cutoff = (1 - 28 * u**6 + 48 * u**7 - 21 * u**8) * (u < 1)
         return math.sqrt(2 / self.r_max) * torch.sin(self.frequencies * r) / r * cutoff
 
+    def scatter_sum(self, messages: torch.Tensor, dst: torch.Tensor, atoms: int) -> torch.Tensor:
+        """Each edge's message summed into its destination atom."""
+        out = torch.zeros(atoms, *messages.shape[1:], dtype=messages.dtype, device=messages.device)
+        if self.rewritten:
+            return out.scatter_add(0, dst[:, None, None].expand_as(messages), messages)
+        return out.index_add(0, dst, messages)
+
     def forward(self, pos: torch.Tensor, species: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
         vec = pos[dst] - pos[src]
         sh = self.sh(vec)
         sh_l = [sh[:, d * d : (d + 1) * (d + 1)] for d in range(self.lmax + 1)]
-        basis = self.bessel(vec.norm(dim=1))
+        basis = self.bessel(vec.pow(2).sum(1).sqrt() if self.rewritten else vec.norm(dim=1))
         atoms, c = pos.shape[0], self.channels
-        x = [self.embed(species)[:, :, None]] + [pos.new_zeros(atoms, c, 2 * d + 1) for d in range(1, self.lmax + 1)]
+        x = [self.embed(species)[:, :, None]] + [
+            torch.zeros(atoms, c, 2 * d + 1, dtype=pos.dtype, device=pos.device)
+            if self.rewritten
+            else pos.new_zeros(atoms, c, 2 * d + 1)
+            for d in range(1, self.lmax + 1)
+        ]
         norm = math.sqrt(src.shape[0] / atoms)
         for layer in range(self.layers):
             weights = self.radials[layer](basis).view(-1, len(self.paths), c)
@@ -233,10 +256,7 @@ class NequIPLike(nn.Module):
                 outer = (x[l1][src][:, :, :, None] * sh_l[l2][:, None, None, :]).flatten(2)
                 term = (outer @ cg.flatten(0, 1)) * weights[:, i, :, None]
                 messages[l3] = term if messages[l3] is None else messages[l3] + term
-            summed = [
-                torch.zeros(atoms, c, 2 * d + 1, dtype=pos.dtype, device=pos.device).index_add(0, dst, m) / norm
-                for d, m in enumerate(messages)
-            ]
+            summed = [self.scatter_sum(m, dst, atoms) / norm for m in messages]
             mixed = [w.T @ s for s, w in zip(summed, self.linears[layer], strict=True)]
             scalars, gates = mixed[0][:, :c], torch.sigmoid(mixed[0][:, c:, 0])
             new = [torch.nn.functional.silu(scalars)]
@@ -245,7 +265,7 @@ class NequIPLike(nn.Module):
         return self.readout(x[0][:, :, 0]).sum()
 
 
-def nequip(device: str) -> ZooModel:
+def nequip(device: str, rewritten: bool = False) -> ZooModel:
     """The NequIP-style potential on a random cluster of atoms; the step is the energy and its gradient with
     respect to the positions (the forces) and the weights."""
     atoms = _width(device, 24, 256)
@@ -255,7 +275,8 @@ def nequip(device: str) -> ZooModel:
     distance = torch.cdist(pos, pos)
     src, dst = ((distance < 4.0) & (distance > 0)).nonzero().T
     pos.requires_grad_(True)
-    return ZooModel(NequIPLike().to(device).eval(), (pos, species, src.contiguous(), dst.contiguous()), _sum)
+    model = NequIPLike(rewritten=rewritten).to(device).eval()
+    return ZooModel(model, (pos, species, src.contiguous(), dst.contiguous()), _sum)
 
 
 ZOO: dict[str, ZooEntry] = {
@@ -303,5 +324,13 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry("nn-mha", "torch.nn", "nn.MultiheadAttention encoder", mha_block, "torch", small=True),
         ZooEntry("pyg-gat", "torch_geometric", "graph attention network", gcn, "torch_geometric"),
         ZooEntry("e3nn-nequip", "e3nn", "NequIP-style potential, energy and forces", nequip, "e3nn", small=True),
+        ZooEntry(
+            "e3nn-nequip-rewritten",
+            "e3nn",
+            "the same, with why-not-fused's rewrites (scatter_add, no norm or new_zeros)",
+            functools.partial(nequip, rewritten=True),
+            "e3nn",
+            small=True,
+        ),
     ]
 }

@@ -23,6 +23,7 @@ from ..render.table import plural, text_table
 from ..render.text import human_bytes
 
 KINDS = (
+    "outside_thunder",
     "claimed",
     "no_translation",
     "checker",
@@ -84,6 +85,7 @@ class WhyReport:
             by = sorted({r.executor or "?" for r in claimed})
             parts.append(f"{sum(r.count for r in claimed)} claimed by {'/'.join(by)}")
         labels = {
+            "outside_thunder": "outside Thunder (ThunderFX split)",
             "no_translation": "no translation",
             "checker": "refused by a checker",
             "option": "behind a compile option",
@@ -180,13 +182,14 @@ def why_not_fused(fn: Any, *args: Any, backward: bool = True, **kwargs: Any) -> 
 
     Given ``args`` (and ``kwargs``), ``fn`` runs once more (and its backward, with ``backward``) to record each
     nvFuser region's arguments, and every region nvFuser ran as several kernels gets a ``segmented`` row."""
+    rows: list[WhyRow] = []
     if th.is_thunderfx(fn):
         programs = [(sub.jitted, sub.label, "thunderfx") for sub in th.thunderfx_subgraphs(fn)]
+        rows += [outside_thunder_row(op) for op in th.thunderfx_split_ops(fn)]
     elif th.is_jitted(fn):
         programs = [(fn, None, "thunder.jit")]
     else:
         raise TypeError(f"{type(fn).__name__} is neither a thunder.jit function nor a thunderfx object")
-    rows: list[WhyRow] = []
     regions = ran = 0
     for jitted, subgraph, frontend in programs:
         forward, backward = th.traces_before_guard(jitted)
@@ -202,11 +205,51 @@ def why_not_fused(fn: Any, *args: Any, backward: bool = True, **kwargs: Any) -> 
         if backward is not None:
             rows += _recomputed_in_backward(forward, backward, subgraph)
         rows += _numbering_gaps([("forward", forward), ("backward", backward)], subgraph)
-    if not ran:
+    if not ran and not rows:
         raise RuntimeError("no trace to read: call the compiled function first")
     if args or kwargs:
         rows += _kernel_rows(fn, args, kwargs, backward)
     return WhyReport(rows, regions)
+
+
+# Rewrites that keep an op ThunderFX splits off inside Thunder, checked on thunder 0.2.6 (tests/test_why.py).
+OUTSIDE_THUNDER_FIX = {
+    "Tensor.index_add": "scatter_add(dim, index expanded to src's shape, src): Thunder has its gradient",
+    "torch.index_add": "scatter_add(dim, index expanded to src's shape, src): Thunder has its gradient",
+    "Tensor.norm": "x.pow(2).sum(dim).sqrt() (rounds differently from norm)",
+    "torch.norm": "x.pow(2).sum(dim).sqrt() (rounds differently from norm)",
+    "Tensor.new_zeros": "torch.zeros(shape, dtype=x.dtype, device=x.device)",
+    "Tensor.new_ones": "torch.ones(shape, dtype=x.dtype, device=x.device)",
+}
+_SPLIT_REASONS = {
+    "MISSING_OP_SUPPORT": "Thunder has no mapping for it",
+    "UNSUPPORTED_NODE": "it is in a context Thunder does not support",
+    "EXCEPTION_PROXY_THUNDER_OP": "Thunder failed to trace it",
+    "EXCEPTION_META_THUNDER_OP": "Thunder failed to trace it",
+}
+
+
+def outside_thunder_row(op: th.FxSplitOp) -> WhyRow:
+    """The row of a node ThunderFX kept out of Thunder: it runs through Inductor between Thunder subgraphs,
+    each boundary a graph split (a Thunder program call more, and its inputs and outputs in memory)."""
+    if "automatic torch fallback" in op.info:
+        reason = "Thunder has only an automatic torch fallback for it"
+    else:
+        reason = _SPLIT_REASONS.get(op.kind, "ThunderFX split the graph here")
+    if op.exception:
+        reason += ": " + op.exception.strip().splitlines()[0]
+    return WhyRow(
+        "forward",
+        f"dynamo graph {op.graph}",
+        op.target,
+        op.source,
+        "outside_thunder",
+        reason[:100],
+        f"thunder.dynamo splitter ({op.kind})",
+        op.nbytes,
+        OUTSIDE_THUNDER_FIX.get(op.target, "none here: ThunderFX runs it with Inductor"),
+        detail=op.info + (f" ({op.exception})" if op.exception else ""),
+    )
 
 
 def _kernel_rows(fn: Any, args: tuple, kwargs: dict, backward: bool) -> list[WhyRow]:
