@@ -64,11 +64,14 @@ def test_summary_rows_say_what_failed_and_compare_to_thunder():
             "thunder": {"runs": True, "samples_s": [0.002, 0.002, 0.002], "first_call_s": 3.0},
             "guarded": {"runs": True, "samples_s": [0.001, 0.001, 0.001], "bits": "bitwise", "actions": {"keep": 2}},
             "fx": {"runs": False, "error": "AssertionError: expected size"},
+            zoo.BACKEND_CHOICE: {"runs": True, "actions": {"keep": 1}, "backends": {"inductor": 2, "thunder": 1}},
         },
     }
     rows = {r[1]: r for r in zoo.summary_rows([result])[1:]}
     assert rows["guarded"][3] == "bitwise" and rows["guarded"][5] == "0.50" and rows["guarded"][6] == "0.25"
     assert rows["fx"][2].startswith("no: AssertionError") and rows["guarded"][9] == "2 keep"
+    assert rows[zoo.BACKEND_CHOICE][9] == "1 keep; subgraphs to inductor 2, thunder 1"
+    assert zoo.BACKEND_CHOICE not in zoo.BASELINE  # it may round differently: compared with no Thunder path
 
 
 def test_difference_is_zero_only_for_equal_bits():

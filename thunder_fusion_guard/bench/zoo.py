@@ -35,7 +35,11 @@ PATHS = (
     "fx-guarded",
     "fx-cudagraph",
     "fx-guarded+cudagraph",
+    "fx-guarded+backends",
 )
+# ThunderFX with the guard, then choose_backends: each subgraph by the fastest of Thunder, Inductor and eager
+# (the opt-in that may change bits, so it is compared with nothing).
+BACKEND_CHOICE = "fx-guarded+backends"
 CUDA_ONLY = ("inductor-ro", "cudagraph", "guarded+cudagraph", "fx-cudagraph", "fx-guarded+cudagraph")
 # Which unguarded Thunder path a guarded path is compared with, bit for bit (the CUDA-graph one where it ran).
 BASELINE = {
@@ -210,6 +214,11 @@ def _compile_paths(
             began = time.perf_counter()
             step()
             row["first_call_s"] = round(time.perf_counter() - began, 3)
+            if path == BACKEND_CHOICE:
+                from ..backend_choice import choose_backends
+
+                chosen = choose_backends(fn, *model.inputs, guard=guard)
+                row["backends"] = dict(Counter(c.chosen for c in chosen))
             step()
             values[path] = step.values()
             if path in BASELINE.values():  # Thunder against itself: its own run-to-run difference
@@ -329,6 +338,8 @@ def summary_rows(results: Sequence[dict[str, Any]]) -> list[list[str]]:
             base = row.get("compared_with") or ("fx" if path.startswith("fx") else "thunder")
             median = medians.get(path)
             actions = ", ".join(f"{n} {a}" for a, n in sorted(row.get("actions", {}).items()))
+            if row.get("backends"):
+                actions += "; subgraphs to " + ", ".join(f"{b} {n}" for b, n in sorted(row["backends"].items()))
             rows.append([
                 result["model"], path, "yes" if row["runs"] else f"no: {row.get('error', '')[:60]}",
                 row.get("bits", ""), f"{median * 1e3:.2f}" if median else "-",
