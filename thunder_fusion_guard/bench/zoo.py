@@ -299,7 +299,9 @@ def run_zoo(
     alone, once no other compiles. ``guard_options``: the FusionGuard's options on the guarded paths (default:
     its defaults)."""
     with tempfile.TemporaryDirectory() as folder:
-        env = {**os.environ, **({LOCK_ENV: str(Path(folder) / "lock")} if jobs > 1 else {})}
+        # A lock given in the environment is shared with other zoo runs on the machine (timed one at a time too).
+        lock = os.environ.get(LOCK_ENV) or (str(Path(folder) / "lock") if jobs > 1 else "")
+        env = {**os.environ, **({LOCK_ENV: lock} if lock else {})}
 
         def one(item: tuple[int, str]) -> dict[str, Any]:
             i, name = item
