@@ -57,9 +57,8 @@ ROOT = HERE.parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
+import litgpt_harness as harness  # noqa: E402  (steps, interleaved timing, the compile cut)
 from package_hash import package_sha256  # noqa: E402
-
-from thunder_fusion_guard.bench import models as harness  # noqa: E402  (steps, interleaved timing, the compile cut)
 
 NAME = "Mistral-7B-v0.1"
 # --smoke: a tiny Mistral on CPU (a window of 4 tokens, so the mask loop still masks something).

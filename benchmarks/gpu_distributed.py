@@ -51,6 +51,7 @@ os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
 
 import argparse
 import hashlib
+import itertools
 import json
 import statistics
 import sys
@@ -68,6 +69,7 @@ import torch.nn.functional as F
 from thunder_fusion_guard import FusionGuard
 from thunder_fusion_guard._thunder import software_versions
 from thunder_fusion_guard.distributed import decision_key
+from thunder_fusion_guard.measure.timing import interleaved_rounds
 from thunder_fusion_guard.passes.collectives import communication_sequence
 from thunder_fusion_guard.regions import find_regions
 
@@ -327,21 +329,19 @@ def run_setup(run: Run, setup: str, name: str) -> dict[str, Any]:
         run.sync()
     # Timing: the variants that ran, interleaved round by round.
     ready = [k for k in VARIANTS if k in made]
-    samples: dict[str, list[float]] = {k: [] for k in ready}
-    for i in range(run.args.warmup + run.args.rounds):
-        if run.time_left() < 20:
-            info["timing_cut_short"] = True
-            break
-        for variant in ready:
-            run.sync()
-            t0 = time.perf_counter()
-            step(run, made[variant], i)
-            run.sync()
-            if i >= run.args.warmup:
-                samples[variant].append((time.perf_counter() - t0) * 1e3)
-    for variant, s in samples.items():
+    indices = {k: itertools.count() for k in ready}  # each variant sees batches 0, 1, 2, ... as before
+    timed = interleaved_rounds(
+        {k: (lambda v=made[k], i=indices[k]: step(run, v, next(i))) for k in ready},
+        run.args.rounds,
+        warmup=run.args.warmup,
+        sync=run.sync,
+        stop=lambda _round: run.time_left() < 20,
+    )
+    if timed.cut_at is not None:
+        info["timing_cut_short"] = True
+    for variant, s in timed.samples.items():
         if s:
-            info["variants"][variant]["median_ms"] = round(statistics.median(s), 3)
+            info["variants"][variant]["median_ms"] = round(statistics.median(s) * 1e3, 3)
             info["variants"][variant]["rounds"] = len(s)
     del made, trained, guarded
     if run.device.type == "cuda":

@@ -120,7 +120,7 @@ def compile_variant(model: Any, variant: str) -> tuple[Any, Any]:
 def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from thunder_fusion_guard.measure.timing import quartiles
+    from thunder_fusion_guard.measure.timing import interleaved_rounds, quartiles
 
     device = args.device
     model, ids = build(name, device, args.tokens, args.attn)
@@ -175,17 +175,9 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
             for d in guard.report:
                 actions[d.action] = actions.get(d.action, 0) + 1
             out["variants"][variant]["decisions"] = actions
-    samples: dict[str, list[float]] = {v: [] for v in steps}
-    for r in range(args.rounds):
-        order = list(steps) if r % 2 == 0 else list(reversed(steps))
-        for variant in order:
-            sync()
-            start = time.perf_counter()
-            steps[variant]()
-            sync()
-            samples[variant].append((time.perf_counter() - start) * 1e3)
-    for variant, s in samples.items():
-        q1, median, q3 = quartiles(s)
+    timed = interleaved_rounds(steps, args.rounds, sync=sync)
+    for variant, s in timed.samples.items():
+        q1, median, q3 = quartiles([t * 1e3 for t in s])
         out["variants"][variant].update(median_ms=round(median, 3), q1=round(q1, 3), q3=round(q3, 3))
     if "guarded" in results and "thunderfx" in results:
         same = all(torch.equal(a, b) for a, b in zip(results["guarded"], results["thunderfx"], strict=True))

@@ -31,6 +31,7 @@ import torch
 import thunder_fusion_guard.passes.pipeline as pipeline
 from thunder_fusion_guard import FusionGuard
 from thunder_fusion_guard._thunder import software_versions
+from thunder_fusion_guard.measure.timing import interleaved_rounds
 from thunder_fusion_guard.passes.hoist_runtime import hoisted_values
 from thunder_fusion_guard.regions import find_regions
 
@@ -208,19 +209,10 @@ def main() -> None:
                 torch.equal(a, b) for a, b in zip(grads, ref_grads, strict=True)
             )
 
-    for _ in range(3):
-        for m, fn, _g in vs.values():
-            step(m, fn, x)
-    samples: dict = {k: [] for k in vs}
-    for _ in range(args.rounds):
-        for label, (m, fn, _g) in vs.items():
-            sync()
-            t0 = time.perf_counter()
-            step(m, fn, x)
-            sync()
-            samples[label].append((time.perf_counter() - t0) * 1e3)
-    for label, s in samples.items():
-        results["variants"][label]["median_ms"] = round(statistics.median(s), 3)
+    steps = {label: (lambda m=m, fn=fn: step(m, fn, x)) for label, (m, fn, _g) in vs.items()}
+    timed = interleaved_rounds(steps, args.rounds, warmup=3, sync=sync)
+    for label, s in timed.samples.items():
+        results["variants"][label]["median_ms"] = round(statistics.median(s) * 1e3, 3)
         vs_label = vs[label]
         if vs_label[2] is not None:
             results["variants"][label]["caches_after"] = hoist_summary(vs_label[1], vs_label[2])["caches"]

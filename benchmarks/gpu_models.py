@@ -41,8 +41,12 @@ from collections.abc import Callable, Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from thunder_fusion_guard.bench import models  # noqa: E402
-from thunder_fusion_guard.bench.models import (  # noqa: E402  (the harness; the names tests and callers use)
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # the harness beside this script, also when a test loads it by path
+    sys.path.insert(0, str(HERE))
+
+import litgpt_harness as models  # noqa: E402
+from litgpt_harness import (  # noqa: E402  (the harness; the names tests and callers use)
     DEFAULT_VARIANTS,
     TRAIN_MODELS,
     VARIANT_BUILDS,

@@ -102,6 +102,7 @@ def test_markdown_names_the_fastest_and_what_was_not_timed(gpu_models):
 @pytest.mark.slow
 def test_cpu_smoke_run_parallel(tmp_path):
     """Two cases compiled in parallel processes on CPU (tiny widths), then timed one at a time; JSON and markdown."""
+    pytest.importorskip("litgpt")
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_models.py"), "--device", "cpu", "--model", "phi-2"]
     cmd += ["--decode", "Llama-2-7b-hf", "--variants", "eager,thunder,guarded,inductor", "--rounds", "2"]
     cmd += ["--warmup", "0", "--tokens", "16", "--jobs", "2", "--out", str(tmp_path), "--tag", "smoke"]

@@ -623,3 +623,35 @@ def test_interleaved_us_alternates_the_order_and_times_each_call_on_the_given_cl
     now[0], calls[:] = 0, []
     stopped = interleaved_us(fns, [], reps=6, warmup=0, min_reps=2, deadline_ns=1, clock=lambda: now[0])
     assert [len(s) for s in stopped] == [2, 2]
+
+
+def test_interleaved_rounds_warms_up_alternates_syncs_each_sample_and_stops_when_asked():
+    """The one timing loop of the benchmarks, on a fake clock: warm-up rounds untimed, samples are the calls'
+    costs per call (``inner`` calls each), a sync on each side of every sample, the order reversed in odd
+    rounds, and ``stop`` ends the rounds at the round it names."""
+    from thunder_fusion_guard.measure.timing import interleaved_rounds
+
+    now, calls = [0.0], []
+
+    def costing(name: str, cost: float):
+        def step():
+            now[0] += cost
+            calls.append(name)
+
+        return step
+
+    def sync():
+        calls.append("sync")
+
+    steps = {"a": costing("a", 1.0), "b": costing("b", 3.0)}
+    timed = interleaved_rounds(steps, 4, warmup=2, inner=2, sync=sync, clock=lambda: now[0])
+    assert timed.samples == {"a": [1.0] * 4, "b": [3.0] * 4} and timed.cut_at is None
+    assert calls[:4] == ["a", "b", "a", "b"]  # the warm-up rounds, neither timed nor synced
+    samples = [calls[i : i + 4] for i in range(4, len(calls), 4)]
+    assert all(s[0] == s[-1] == "sync" and s[1] == s[2] for s in samples)
+    assert [s[1] for s in samples] == ["a", "b", "b", "a", "a", "b", "b", "a"]
+
+    cut = interleaved_rounds(steps, 10, stop=lambda r: r >= 3, clock=lambda: now[0])
+    assert cut.cut_at == 3 and [len(s) for s in cut.samples.values()] == [3, 3]
+    with pytest.raises(ValueError, match="inner >= 1"):
+        interleaved_rounds(steps, 1, inner=0)

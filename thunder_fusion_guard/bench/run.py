@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..measure.timing import Timing, quartiles
+from ..measure.timing import Timing, interleaved_rounds, quartiles
 from ..render.table import markdown_table, text_table
 from .cases import (
     VARIANT_BUILDS,
@@ -99,16 +99,8 @@ def measure_case(
             step()
     fastest = min(_time_once(step) for step in steps.values())
     result.inner = max(1, min(MAX_INNER, math.ceil(TARGET_SAMPLE_S / max(fastest, 1e-9))))
-    order = list(steps)
-    result.samples = {v: [] for v in order}
     graphs = _dynamo_graphs()
-    for round_index in range(reps):
-        for variant in order if round_index % 2 == 0 else reversed(order):
-            step = steps[variant]
-            start = time.perf_counter_ns()
-            for _ in range(result.inner):
-                step()
-            result.samples[variant].append((time.perf_counter_ns() - start) / 1e9 / result.inner)
+    result.samples = interleaved_rounds(steps, reps, inner=result.inner).samples
     if _dynamo_graphs() != graphs:
         result.recompiled_while_timing = True
         _log(f"    {case.group}: WARNING torch.compile compiled a graph during the timed rounds (a recompilation)")

@@ -263,18 +263,13 @@ def _compile_paths(
 def _time_paths(result: dict[str, Any], steps: dict[str, _Step], rounds: int, deadline: float) -> None:
     """Time every path that runs, ``rounds`` rounds in alternating order, until ``deadline`` (three rounds at
     least, so that a model that waited its turn still gets medians)."""
-    order = list(steps)
-    samples: dict[str, list[float]] = {p: [] for p in order}
-    for r in range(rounds):
-        if r >= 3 and time.time() > deadline:
-            result["rounds_cut"] = r
-            break
-        for path in order if r % 2 == 0 else reversed(order):
-            began = time.perf_counter()
-            steps[path]()
-            samples[path].append(time.perf_counter() - began)
-    for path in order:
-        result["paths"][path]["samples_s"] = samples[path]
+    from ..measure.timing import interleaved_rounds
+
+    timed = interleaved_rounds(steps, rounds, stop=lambda r: r >= 3 and time.time() > deadline)
+    if timed.cut_at is not None:
+        result["rounds_cut"] = timed.cut_at
+    for path, samples in timed.samples.items():
+        result["paths"][path]["samples_s"] = samples
 
 
 def _median(xs: Sequence[float]) -> float | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,17 +121,61 @@ def interleaved_us(
             fn(*args)
     one_call = _one_call_us(fns, args, cuda, clock)
     inner = _calls_per_sample(min(one_call), target_sample_us, max_inner)
-    samples: list[list[float]] = [[] for _ in fns]
-    for round_index in range(reps):
-        if round_index >= min_reps and deadline_ns is not None and clock() > deadline_ns:
+    calls = {i: (lambda fn=fn: fn(*args)) for i, fn in enumerate(fns)}
+    rounds = interleaved_rounds(
+        calls,
+        reps,
+        inner=inner,
+        sync=(lambda: _sync(cuda)),
+        stop=lambda r: r >= min_reps and deadline_ns is not None and clock() > deadline_ns,
+        clock=clock,
+    )
+    return [[s / 1e3 for s in rounds.samples[i]] for i in calls]
+
+
+@dataclass
+class Rounds:
+    """Samples of interleaved rounds: per step, one time per round (the clock's unit per call); ``cut_at``, the
+    round the ``stop`` test ended them at (None: all rounds ran)."""
+
+    samples: dict[Any, list[float]]
+    cut_at: int | None = None
+
+
+def interleaved_rounds(
+    steps: Mapping[Any, Callable[[], Any]],
+    rounds: int,
+    *,
+    warmup: int = 0,
+    inner: int = 1,
+    sync: Callable[[], None] = lambda: None,
+    stop: Callable[[int], bool] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Rounds:
+    """The one timing loop of the benchmarks: ``warmup`` untimed rounds, then ``rounds`` rounds of one sample of
+    each step, in order in even rounds and reversed in odd ones, so that a slow drift of the machine weighs on
+    every step alike. A sample is ``inner`` calls between two ``sync()`` calls, divided by ``inner``;
+    ``stop(round_index)``, asked before each timed round, ends the rounds early."""
+    if rounds < 0 or warmup < 0 or inner < 1:
+        raise ValueError("interleaved_rounds: rounds and warmup must be >= 0 and inner >= 1")
+    order = list(steps)
+    for _ in range(warmup):
+        for key in order:
+            steps[key]()
+    result = Rounds({key: [] for key in order})
+    for round_index in range(rounds):
+        if stop is not None and stop(round_index):
+            result.cut_at = round_index
             break
-        for i in _round_order(len(fns), round_index):
+        for i in _round_order(len(order), round_index):
+            step = steps[order[i]]
+            sync()
             start = clock()
             for _ in range(inner):
-                fns[i](*args)
-            _sync(cuda)
-            samples[i].append((clock() - start) / 1e3 / inner)
-    return samples
+                step()
+            sync()
+            result.samples[order[i]].append((clock() - start) / inner)
+    return result
 
 
 def _one_call_us(fns: Sequence[Callable[..., Any]], args: Sequence[Any], cuda: bool, clock: Clock) -> list[float]:

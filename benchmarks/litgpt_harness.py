@@ -1,6 +1,6 @@
 """litgpt models as benchmark cases: eager, Thunder, guarded Thunder, CUDA graphs and torch.compile built from
 one model, one training or decode step per variant, timed in interleaved rounds, compared bit for bit, written as
-JSON and markdown. ``benchmarks/gpu_models.py`` and ``benchmarks/gpu_acceptance.py`` are scripts over it.
+JSON and markdown. ``gpu_models.py`` and ``gpu_acceptance.py`` beside it are scripts over it.
 
 Settings as the scripts use them: 2 layers, batch 1, bf16, real widths, random weights. ``train``: one
 forward+backward step (``model.zero_grad(set_to_none=True); model(x).float().sum().backward()``). ``decode``: one
@@ -70,7 +70,7 @@ def log(case: Case | None, message: str) -> None:
 
 def parse_variants(text: str) -> tuple[str, ...]:
     """Variant names from ``"eager,thunder"`` (``all`` for every one), in order; ``ValueError`` for an unknown one."""
-    from .cases import parse_variants as parse
+    from thunder_fusion_guard.bench.cases import parse_variants as parse
 
     return parse(text, tuple(VARIANT_BUILDS))
 
@@ -154,7 +154,7 @@ def build(case: Case, tokens: int, device: str) -> tuple[Any, tuple, dict]:
     """The model, its positional and keyword inputs, for one case (as the ``bench run`` litgpt cases build them)."""
     import torch
 
-    from .cases import litgpt_model, prefilled_kv_cache
+    from thunder_fusion_guard.bench.cases import litgpt_model, prefilled_kv_cache
 
     model = litgpt_model(case.model, device, tokens)
     vocab = model.config.padded_vocab_size
@@ -168,9 +168,9 @@ def build(case: Case, tokens: int, device: str) -> tuple[Any, tuple, dict]:
 
 def compile_variant(model: Any, variant: str, device: str) -> tuple[Callable[..., Any], Any]:
     """The callable of one variant and its FusionGuard (or None): the bench harness's, plus CUDA graphs."""
-    from .. import FusionGuard
-    from .cases import Workload, thunder_compile
-    from .cases import compile_variant as compile_case
+    from thunder_fusion_guard import FusionGuard
+    from thunder_fusion_guard.bench.cases import Workload, thunder_compile
+    from thunder_fusion_guard.bench.cases import compile_variant as compile_case
 
     workload = Workload(model, ())
     if variant == "eager" or variant.startswith("inductor"):
@@ -231,7 +231,7 @@ def sync_device(device: str) -> None:
 
 def stats_ms(samples: list[float]) -> dict[str, Any]:
     """Median, quartiles, IQR and range of per-round milliseconds (the bench harness's quartiles)."""
-    from ..measure.timing import Timing
+    from thunder_fusion_guard.measure.timing import Timing
 
     t = Timing.of(samples)
     return {
@@ -249,29 +249,26 @@ def time_variants(case: Case, steps: dict, info: dict, *, rounds: int, warmup: i
     """Warmup, then ``rounds`` rounds of every step in alternating order (fewer if ``until`` comes first)."""
     from torch._dynamo.utils import counters
 
+    from thunder_fusion_guard.measure.timing import interleaved_rounds
+
     if not steps:
         return
-    for _ in range(warmup):
-        for step in steps.values():
-            step()
-    order = list(steps)
-    samples: dict[str, list[float]] = {v: [] for v in order}
+
     graphs = counters["stats"]["unique_graphs"]
-    for index in range(rounds):
-        if index and time.time() > until:
-            info["rounds_cut"] = f"time budget: {index} of {rounds} rounds"
-            break
-        for variant in order if index % 2 == 0 else reversed(order):
-            sync_device(device)
-            began = time.perf_counter()
-            steps[variant]()
-            sync_device(device)
-            samples[variant].append((time.perf_counter() - began) * 1e3)
+    timed = interleaved_rounds(
+        steps,
+        rounds,
+        warmup=warmup,
+        sync=lambda: sync_device(device),
+        stop=lambda index: index > 0 and time.time() > until,
+    )
+    if timed.cut_at is not None:
+        info["rounds_cut"] = f"time budget: {timed.cut_at} of {rounds} rounds"
     if counters["stats"]["unique_graphs"] != graphs:
         info["recompiled_while_timing"] = True
-    for variant, s in samples.items():
-        info["variants"][variant].update(stats_ms(s))
-    medians = {v: info["variants"][v]["median_ms"] for v in order}
+    for variant, seconds in timed.samples.items():
+        info["variants"][variant].update(stats_ms([t * 1e3 for t in seconds]))
+    medians = {v: info["variants"][v]["median_ms"] for v in steps}
     if "thunder" in medians and "guarded" in medians:
         info["guarded_over_thunder"] = round(medians["guarded"] / medians["thunder"], 3)
     log(case, "median ms: " + ", ".join(f"{v} {m:.3f}" for v, m in medians.items()))
@@ -359,7 +356,7 @@ def write_outputs(doc: dict, out_dir: Path, tag: str, json_path: str | None) -> 
 
 def machine(device: str) -> dict:
     """The device's name and the software versions (from the bench harness's machine_info)."""
-    from .machine import machine_info
+    from thunder_fusion_guard.bench.machine import machine_info
 
     info = machine_info(device)
     return {
