@@ -272,6 +272,11 @@ def run_case(
 # --- drivers ----------------------------------------------------------------------------------------------
 
 
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The command line's settings every case runs with."""
+    return {k: getattr(args, k) for k in ("tokens", "rounds", "warmup", "device", "deadline")}
+
+
 def run_here(cases: list[Case], args: argparse.Namespace, variants: Sequence[str], doc: dict, save: Callable) -> None:
     """Cases one after another in this process; a case that no longer fits the budget is not started."""
     for case in cases:
@@ -284,11 +289,7 @@ def run_here(cases: list[Case], args: argparse.Namespace, variants: Sequence[str
             info = run_case(
                 case,
                 variants,
-                tokens=args.tokens,
-                rounds=args.rounds,
-                warmup=args.warmup,
-                device=args.device,
-                deadline=args.deadline,
+                **_settings(args),
                 reserve=reserve,
                 prewarm=args.device == "cuda" if args.prewarm is None else args.prewarm,
             )
@@ -316,11 +317,7 @@ def run_worker(args: argparse.Namespace, variants: Sequence[str]) -> None:
         run_case(
             case,
             variants,
-            tokens=args.tokens,
-            rounds=args.rounds,
-            warmup=args.warmup,
-            device=args.device,
-            deadline=args.deadline,
+            **_settings(args),
             reserve=args.timing_reserve,
             sync=sync,
             save=save,

@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import thunder
 import torch
 
 from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard.measure.timing import interleaved_rounds
 
 
 def add3(a, b, c):
@@ -50,15 +50,6 @@ def _tc():
     return torch_compile_ex
 
 
-def _sample(fn, args, cuda: bool, inner: int) -> float:
-    start = time.perf_counter_ns()
-    for _ in range(inner):
-        fn(*args)
-    if cuda:
-        torch.cuda.synchronize()
-    return (time.perf_counter_ns() - start) / 1e3 / inner
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -66,6 +57,7 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     cuda = args.device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     rows = []
     for pname, fn in PROGRAMS.items():
         for size_name, shape in SIZES[args.device].items():
@@ -79,10 +71,9 @@ def main() -> None:
                 equal = torch.equal(fns["guarded"](*inputs), ref)
                 before_equal = torch.equal(fns["guarded-before-rule"](*inputs), ref)
                 inner = 20 if size_name == "small" else 2
-                samples = {name: [] for name in fns}
-                for _ in range(args.rounds):
-                    for name, f in fns.items():
-                        samples[name].append(_sample(f, inputs, cuda, inner))
+                calls = {name: (lambda f=f, xs=inputs: f(*xs)) for name, f in fns.items()}
+                timed = interleaved_rounds(calls, args.rounds, inner=inner, sync=sync)
+                samples = {name: [t * 1e6 for t in s] for name, s in timed.samples.items()}
                 row = {
                     "program": pname,
                     "size": size_name,
