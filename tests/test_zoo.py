@@ -81,3 +81,52 @@ def test_difference_is_zero_only_for_equal_bits():
     assert zoo._difference(a, [torch.tensor([1.0, 2.0]), None]) == 0.0
     assert zoo._difference(a, [torch.tensor([1.0, 2.5]), None]) == 0.5
     assert zoo._difference(a, [torch.tensor([1.0, 2.0]), torch.zeros(1)]) is None
+
+
+def test_path_groups_keep_each_guarded_path_with_its_twin_and_eager_in_every_group():
+    groups = zoo.path_groups(zoo.paths_for("cuda"))
+    assert groups == [
+        ["eager", "inductor", "inductor-ro"],
+        ["eager", "thunder", "guarded"],
+        ["eager", "cudagraph", "guarded+cudagraph"],
+        ["eager", "fx", "fx-guarded"],
+        ["eager", "fx-cudagraph", "fx-guarded+cudagraph"],
+        ["eager", zoo.BACKEND_CHOICE],
+    ]
+    assert sorted({p for g in groups for p in g}) == sorted(zoo.paths_for("cuda"))
+    assert zoo.path_groups(["fx", "thunder"]) == [["fx"], ["thunder"]]
+
+
+def test_merge_groups_keeps_each_paths_first_record_and_every_problem():
+    parts = [
+        {"model": "m", "paths": {"eager": {"runs": True, "n": 1}, "inductor": {"runs": True}}},
+        {"model": "m", "paths": {"eager": {"runs": True, "n": 2}, "thunder": {"runs": False}}, "problem": "a (x)"},
+        {"model": "m", "paths": {}, "problem": "b (y)"},
+    ]
+    merged = zoo.merge_groups(parts)
+    assert list(merged["paths"]) == ["eager", "inductor", "thunder"] and merged["paths"]["eager"]["n"] == 1
+    assert merged["problem"] == "a (x); b (y)"
+    assert "problem" not in zoo.merge_groups(parts[:1])
+
+
+def test_a_thunder_path_whose_compile_would_pass_the_deadline_is_not_started(monkeypatch, tmp_path):
+    """The guess is the longest Thunder first call so far: once it would end past the deadline the path is
+    recorded as not compiled and the paths that compiled are still there to time. No clock is read for real."""
+    import torch
+
+    from thunder_fusion_guard.bench import zoo_models
+
+    model = zoo_models.ZooModel(torch.nn.Linear(2, 2), (torch.ones(1, 2),), zoo_models._sum)
+    entry = zoo_models.ZooEntry("tiny", "torch", "a linear layer", lambda device: model, "torch")
+    monkeypatch.setitem(zoo_models.ZOO, "tiny", entry)
+    monkeypatch.setattr(zoo, "_compile", lambda module, path, device, options=None: (module, None))
+    now = [1000.0]
+    calls = iter([0.0, 0.0, 0.0, 40.0])  # perf_counter around each first call: eager's takes 0 s, thunder's 40 s
+
+    monkeypatch.setattr(zoo.time, "perf_counter", lambda: next(calls))
+    monkeypatch.setattr(zoo.time, "time", lambda: now[0])
+    result, steps = zoo._compile_paths(
+        "tiny", "cpu", ["eager", "thunder", "fx"], tmp_path / "r.json", lambda m: None, None, deadline=1050.0
+    )
+    assert list(steps) == ["eager", "thunder"]
+    assert result["paths"]["fx"]["error"].startswith("not compiled: its compile (about 52 s) would end past")

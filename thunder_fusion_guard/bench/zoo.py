@@ -48,6 +48,7 @@ BASELINE = {
     "fx-guarded": "fx",
     "fx-guarded+cudagraph": "fx-cudagraph",
 }
+COMPILE_MARGIN = 1.3  # a Thunder path's compile is guessed as this times the longest one so far
 SELF_REPEATS = 3  # extra steps of each unguarded path: Thunder's own run-to-run difference is their largest
 GUARDED = tuple(BASELINE)
 LOCK_ENV = "TFG_ZOO_LOCK"
@@ -56,6 +57,34 @@ LOCK_ENV = "TFG_ZOO_LOCK"
 def paths_for(device: str, paths: Sequence[str] = PATHS) -> list[str]:
     """The paths that apply on ``device`` (CUDA graphs and reduce-overhead only on CUDA)."""
     return [p for p in paths if device == "cuda" or p not in CUDA_ONLY]
+
+
+def path_groups(paths: Sequence[str]) -> list[list[str]]:
+    """``paths`` cut into groups that can run in processes of their own: each guarded path with the unguarded
+    path its bits are compared with, every other Thunder path alone, the rest (eager, torch.compile) together;
+    eager, when asked for, heads every group, so that each group's times have the same yardstick."""
+    rest = [p for p in paths if p not in BASELINE and p not in BASELINE.values() and p != BACKEND_CHOICE]
+    groups = [[g, *([BASELINE[g]] if BASELINE[g] in paths else [])] for g in GUARDED if g in paths]
+    paired = {p for g in groups for p in g}
+    groups += [[p] for p in paths if p not in paired and p not in rest]
+    head = ["eager"] if "eager" in paths else []
+    return [rest] * bool(rest) + [head + [p for p in PATHS if p in g] for g in groups]
+
+
+def merge_groups(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One model's records from its path groups as one record: the paths of each in group order (a path that
+    ran in several groups keeps its first record), the groups' problems joined."""
+    merged: dict[str, Any] = {**parts[0], "paths": {}}
+    if len(parts) > 1:  # the paths timed together (interleaved) in one process
+        merged["path_groups"] = [list(part.get("paths", {})) for part in parts]
+    for part in parts:
+        for path, row in part.get("paths", {}).items():
+            merged["paths"].setdefault(path, row)
+    problems = [p["problem"] for p in parts if p.get("problem")]
+    merged.pop("problem", None)
+    if problems:
+        merged["problem"] = "; ".join(dict.fromkeys(problems))
+    return merged
 
 
 def _compile(
@@ -95,6 +124,10 @@ def _timing_alone() -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _is_thunder(path: str) -> bool:
+    return path not in ("eager", "inductor", "inductor-ro")
 
 
 def _first_line(error: BaseException) -> str:
@@ -174,7 +207,7 @@ def run_model(
     """Build zoo model ``name`` and run every path on it, writing the result to ``out`` after each phase so that a
     run cut short by its time limit keeps what it measured."""
 
-    result, steps = _compile_paths(name, device, paths, out, log, guard_options)
+    result, steps = _compile_paths(name, device, paths, out, log, guard_options, deadline)
     with _timing_alone():
         _time_paths(result, steps, rounds, deadline)
     out.write_text(json.dumps(result))
@@ -188,9 +221,11 @@ def _compile_paths(
     out: Path,
     log: Callable[[str], None],
     guard_options: dict[str, Any] | None = None,
+    deadline: float | None = None,
 ) -> tuple[dict[str, Any], dict[str, _Step]]:
     """Compile and run every path on zoo model ``name``: runs, first call, bits against unguarded Thunder, the
-    guard's actions and why-not-fused lines."""
+    guard's actions and why-not-fused lines. A Thunder path whose compile (guessed from the longest one so far)
+    would end past ``deadline`` is not started, so that what compiled is still timed."""
     import torch
 
     from .zoo_models import ZOO
@@ -205,9 +240,16 @@ def _compile_paths(
     steps: dict[str, _Step] = {}
     values: dict[str, list[Any]] = {}
     guards: dict[str, Any] = {}
+    longest_thunder = 0.0
     for path in paths:
         row: dict[str, Any] = {"runs": False}
         result["paths"][path] = row
+        guess = COMPILE_MARGIN * longest_thunder
+        if _is_thunder(path) and deadline is not None and guess and time.time() + guess > deadline:
+            row["error"] = f"not compiled: its compile (about {guess:.0f} s) would end past the time limit"
+            log(f"zoo: {name}: {path} {row['error']}")
+            save()
+            continue
         try:
             fn, guard = _compile(model.module, path, device, guard_options)
             step = _Step(model, fn, device)
@@ -235,6 +277,8 @@ def _compile_paths(
             save()
             continue
         row["runs"] = True
+        if _is_thunder(path):
+            longest_thunder = max(longest_thunder, row["first_call_s"])
         steps[path], guards[path] = step, guard
         if guard is not None:
             row["actions"] = dict(Counter(d.action for d in guard.report.decisions))
@@ -287,22 +331,27 @@ def run_zoo(
     threads: int = 0,
     jobs: int = 1,
     guard_options: dict[str, Any] | None = None,
+    split: bool = False,
 ) -> list[dict[str, Any]]:
     """Each model in a process of its own, at most ``time_limit_s`` seconds each (timing stops early enough to
     leave results); a model that times out or crashes keeps what it had written. ``threads``: torch's intra-op
-    threads in each model's process (0: torch's default). ``jobs``: models compiled side by side; each is timed
-    alone, once no other compiles. ``guard_options``: the FusionGuard's options on the guarded paths (default:
-    its defaults)."""
+    threads in each model's process (0: torch's default). ``jobs``: processes compiling side by side; each times
+    alone. ``guard_options``: the FusionGuard's options on the guarded paths (default: its defaults). ``split``:
+    each model's :func:`path_groups` in processes of their own (each with the time limit), merged per model."""
     with tempfile.TemporaryDirectory() as folder:
         # A lock given in the environment is shared with other zoo runs on the machine (timed one at a time too).
         lock = os.environ.get(LOCK_ENV) or (str(Path(folder) / "lock") if jobs > 1 else "")
         env = {**os.environ, **({LOCK_ENV: lock} if lock else {})}
 
-        def one(item: tuple[int, str]) -> dict[str, Any]:
-            i, name = item
-            log(f"zoo: [{i}/{len(models)}] {name} on {device} ...")
-            out = Path(folder) / f"{name}.json"
-            command = [sys.executable, "-m", "thunder_fusion_guard.bench.zoo", name, device, ",".join(paths),
+        groups = path_groups(paths) if split else [list(paths)]
+        units = [(name, g, group) for name in models for g, group in enumerate(groups)]
+
+        def one(item: tuple[int, tuple[str, int, list[str]]]) -> dict[str, Any]:
+            i, (name, g, group) = item
+            part = f" ({','.join(group)})" if split else ""
+            log(f"zoo: [{i}/{len(units)}] {name}{part} on {device} ...")
+            out = Path(folder) / f"{name}-{g}.json"
+            command = [sys.executable, "-m", "thunder_fusion_guard.bench.zoo", name, device, ",".join(group),
                        str(rounds), str(time.time() + 0.8 * time_limit_s), str(out), str(threads),
                        json.dumps(guard_options or {})]  # fmt: skip
             try:
@@ -312,12 +361,13 @@ def run_zoo(
                 problem = f"over its time limit of {time_limit_s:.0f} s"
             result = json.loads(out.read_text()) if out.exists() else {"model": name, "paths": {}}
             if problem:
-                result["problem"] = problem
-                log(f"zoo: {name}: {problem}")
+                result["problem"] = problem + part
+                log(f"zoo: {name}: {problem}{part}")
             return result
 
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            return list(pool.map(one, enumerate(models, 1)))
+            parts = list(pool.map(one, enumerate(units, 1)))
+        return [merge_groups(parts[i : i + len(groups)]) for i in range(0, len(parts), len(groups))]
 
 
 def summary_rows(results: Sequence[dict[str, Any]]) -> list[list[str]]:
