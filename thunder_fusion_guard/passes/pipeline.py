@@ -499,38 +499,35 @@ def _hoist_decision(where: TraceContext, index: int, piece, options: GuardOption
     return d
 
 
+def _decision(
+    where: TraceContext, region: str, executor: str, ops: list[str], action: str, reason: str, **more: Any
+) -> Decision:
+    """A decision placed where ``where`` says (trace, function, compiled program, subgraph, rank); ``more``:
+    further Decision fields."""
+    return Decision(
+        trace=where.trace,
+        region=region,
+        executor=executor,
+        ops=ops,
+        action=action,
+        reason=reason,
+        function=where.function,
+        compile_index=where.compile_index,
+        subgraph=where.subgraph,
+        rank=where.rank,
+        **more,
+    )
+
+
 def _op_decision(
     where: TraceContext, region: str, executor: str, ops: list[str], action: str, reason: str, explanation: str = ""
 ) -> Decision:
     """A decision about ops (``details["scope"] == "op"``), not about a whole region; ``reason`` is cut to one
     short line, the whole of it (or ``explanation``) kept in ``details["explanation"]``."""
     reason, told = explained(reason, explanation or None)
-    return Decision(
-        trace=where.trace,
-        region=region,
-        executor=executor,
-        ops=list(ops),
-        action=action,
-        reason=reason,
-        function=where.function,
-        compile_index=where.compile_index,
-        subgraph=where.subgraph,
-        rank=where.rank,
-        details={"scope": "op", **told},
-    )
+    return _decision(where, region, executor, list(ops), action, reason, details={"scope": "op", **told})
 
 
 def _region_decision(where: TraceContext, region: Region, action: str, reason: str) -> Decision:
     """A decision about the whole ``region``."""
-    return Decision(
-        trace=where.trace,
-        region=region.name,
-        executor=region.executor,
-        ops=region.ops,
-        action=action,
-        reason=reason,
-        function=where.function,
-        compile_index=where.compile_index,
-        subgraph=where.subgraph,
-        rank=where.rank,
-    )
+    return _decision(where, region.name, region.executor, region.ops, action, reason)

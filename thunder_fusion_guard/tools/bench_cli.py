@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..bench import decisions as bench_decisions
@@ -16,8 +16,10 @@ from ..bench.versus import DEFAULT_VERSUS, versus
 from ..render.table import plural
 from .common import (
     UsageError,
+    add_command,
+    add_device_option,
     add_threads_option,
-    check_output,
+    check_outputs,
     count,
     pin_threads,
     positive_float,
@@ -45,30 +47,23 @@ def parse_threshold(text: str) -> float:
     return value
 
 
-def register(subparsers: Any) -> None:
-    """Add ``bench run`` and ``bench compare`` to the ``fusion-guard`` command line."""
-    bench = subparsers.add_parser(
-        "bench",
-        help="benchmark thunder vs guarded vs eager (vs torch.compile), compare result files",
-        description="Time the guard: 'bench run' times the benchmark cases, 'bench compare' checks two result "
-        "files for regressions, 'bench decisions' checks the guard's decisions against measurement, 'bench versus' "
-        "profiles one case under guarded Thunder and torch.compile side by side, 'bench zoo' runs third-party "
-        "models through every compiler path.",
-    )
-    sub = bench.add_subparsers(dest="bench_command", required=True, metavar="{run,compare,decisions,versus,zoo}")
-    run = sub.add_parser(
+def _register_run(bench_sub: Any) -> None:
+    """Add ``bench run`` to the ``fusion-guard bench`` subcommands."""
+    run = add_command(
+        bench_sub,
         "run",
-        help="run benchmark cases, variants interleaved; pytest-benchmark JSON out",
-        description="Time each benchmark case as unguarded Thunder, guarded Thunder and eager PyTorch (and "
+        "run benchmark cases, variants interleaved; pytest-benchmark JSON out",
+        "Time each benchmark case as unguarded Thunder, guarded Thunder and eager PyTorch (and "
         "torch.compile with --variants) in one process, round after round in alternating order, so drift of "
         "the machine falls on every variant alike. Prints a table of medians with quartiles; --json writes "
         "pytest-benchmark JSON for 'bench compare'. Progress goes to stderr. Output files are checked before "
         "any work (their folder must exist).",
+        _run_command,
     )
     run.add_argument("--suite", nargs="+", choices=SUITES, default=list(SUITES), help="default: all suites")
     run.add_argument("--case", action="append", metavar="TEXT", help="only cases whose name contains TEXT")
     run.add_argument("--heavy", action="store_true", help="include heavy cases (litgpt models)")
-    run.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    add_device_option(run)
     run.add_argument(
         "--variants",
         metavar="LIST",
@@ -82,20 +77,34 @@ def register(subparsers: Any) -> None:
     run.add_argument("--json", metavar="OUT", help="write pytest-benchmark compatible JSON here")
     run.add_argument("--markdown", metavar="OUT", help="write the summary table as markdown here")
     add_threads_option(run)
-    run.set_defaults(run=_run_command)
-    compare = sub.add_parser(
+
+
+def register(subparsers: Any) -> None:
+    """Add ``bench`` and its subcommands (run, compare, decisions, versus, zoo) to the ``fusion-guard`` command line."""
+    bench = subparsers.add_parser(
+        "bench",
+        help="benchmark thunder vs guarded vs eager (vs torch.compile), compare result files",
+        description="Time the guard: 'bench run' times the benchmark cases, 'bench compare' checks two result "
+        "files for regressions, 'bench decisions' checks the guard's decisions against measurement, 'bench versus' "
+        "profiles one case under guarded Thunder and torch.compile side by side, 'bench zoo' runs third-party "
+        "models through every compiler path.",
+    )
+    sub = bench.add_subparsers(dest="bench_command", required=True, metavar="{run,compare,decisions,versus,zoo}")
+    _register_run(sub)
+    compare = add_command(
+        sub,
         "compare",
-        help="per-case ratios head/base; exit 1 when one regressed",
-        description="Compare two result files (bench run --json, or pytest --benchmark-json) case by case: "
+        "per-case ratios head/base; exit 1 when one regressed",
+        "Compare two result files (bench run --json, or pytest --benchmark-json) case by case: "
         "the ratio of the medians head/base. Exits 1 when a case got slower than --threshold allows and names "
         "each regressed case in its last line; 0 otherwise.",
+        _compare_command,
     )
     compare.add_argument("base", help="baseline JSON (bench run --json, or pytest --benchmark-json)")
     compare.add_argument("head", help="JSON to check against the baseline")
     compare.add_argument(
         "--threshold", type=parse_threshold, default=0.05, help="allowed slowdown: '5%%' or 0.05 (default 5%%)"
     )
-    compare.set_defaults(run=_compare_command)
     _register_decisions(sub)
     _register_versus(sub)
     _register_zoo(sub)
@@ -105,16 +114,18 @@ def _register_zoo(bench_sub: Any) -> None:
     """Add ``bench zoo`` to the ``fusion-guard bench`` subcommands."""
     from ..bench.zoo import PATHS
 
-    p = bench_sub.add_parser(
+    p = add_command(
+        bench_sub,
         "zoo",
-        help="third-party models through eager, torch.compile, thunder.jit and ThunderFX, guarded and not",
-        description="Build each zoo model from its library's config with random weights and run one training step "
+        "third-party models through eager, torch.compile, thunder.jit and ThunderFX, guarded and not",
+        "Build each zoo model from its library's config with random weights and run one training step "
         "through every path: does it run, is the guarded path bitwise equal to unguarded Thunder (or within "
         "Thunder's own run-to-run difference), step time (paths interleaved), first-call seconds, the guard's "
         "actions, and why ops sit outside fusions. Each model runs in a process of its own under --time-limit; "
         "progress goes to stderr. Output files are checked before any work (their folder must exist).",
+        _zoo_command,
     )
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    add_device_option(p)
     p.add_argument("--models", metavar="LIST", default=None, help="comma-separated zoo models (default: all)")
     p.add_argument(
         "--paths", metavar="LIST", default=",".join(PATHS), help="comma-separated paths (default: %(default)s)"
@@ -129,7 +140,6 @@ def _register_zoo(bench_sub: Any) -> None:
     p.add_argument("--json", metavar="OUT", help="write pytest-benchmark JSON (with every model's record) here")
     p.add_argument("--markdown", metavar="OUT", help="write the table as markdown here")
     add_threads_option(p)
-    p.set_defaults(run=_zoo_command)
 
 
 def _names(option: str, text: str, allowed: Sequence[str]) -> list[str]:
@@ -140,6 +150,23 @@ def _names(option: str, text: str, allowed: Sequence[str]) -> list[str]:
     return names
 
 
+def _variants(args: argparse.Namespace) -> tuple[str, ...]:
+    """The variants --variants names, or a UsageError saying what is allowed."""
+    try:
+        return parse_variants(args.variants)
+    except ValueError as e:
+        raise UsageError(f"--variants: {e}") from e
+
+
+def _write_tables(args: argparse.Namespace, doc: Callable[[], Any], rows: Callable[[], list[list[str]]]) -> None:
+    """Write ``doc()`` as JSON to --json and ``rows()`` as a markdown table to --markdown, each built only when
+    its option is given."""
+    if args.json:
+        write_output(args.json, json.dumps(doc(), indent=1))
+    if args.markdown:
+        write_output(args.markdown, format_rows(rows(), markdown=True) + "\n")
+
+
 def _zoo_command(args: argparse.Namespace) -> int:
     from ..bench import zoo
     from ..bench.zoo_models import ZOO
@@ -147,8 +174,7 @@ def _zoo_command(args: argparse.Namespace) -> int:
     models = _names("--models", args.models, list(ZOO)) if args.models else list(ZOO)
     paths = _names("--paths", args.paths, zoo.PATHS)
     device = resolve_device(args.device)
-    check_output("--json", args.json)
-    check_output("--markdown", args.markdown)
+    check_outputs(args, "json", "markdown")
     missing = [m for m in models if not ZOO[m].available()]
     if missing:
         raise UsageError(
@@ -163,10 +189,7 @@ def _zoo_command(args: argparse.Namespace) -> int:
         models, device, zoo.paths_for(device, paths), args.rounds, args.time_limit, progress, threads, args.jobs
     )
     rows = zoo.summary_rows(results)
-    if args.json:
-        write_output(args.json, json.dumps(zoo.to_json(results, device), indent=1))
-    if args.markdown:
-        write_output(args.markdown, format_rows(rows, markdown=True) + "\n")
+    _write_tables(args, lambda: zoo.to_json(results, device), lambda: rows)
     print(format_rows(rows))
     for result in results:
         for path in zoo.GUARDED:
@@ -177,22 +200,15 @@ def _zoo_command(args: argparse.Namespace) -> int:
 
 
 def _run_command(args: argparse.Namespace) -> int:
-    try:
-        variants = parse_variants(args.variants)
-    except ValueError as e:
-        raise UsageError(f"--variants: {e}") from e
+    variants = _variants(args)
     device = resolve_device(args.device)
     cases = select(args.suite, args.case, heavy=args.heavy, device=device)
     if not cases:
         raise UsageError("no case matches the given --suite/--case (heavy cases need --heavy)")
-    check_output("--json", args.json)
-    check_output("--markdown", args.markdown)
+    check_outputs(args, "json", "markdown")
 
     def save(results: list[CaseResult]) -> None:
-        if args.json:
-            write_output(args.json, json.dumps(to_json(results, device, args.reps, args.warmup), indent=1))
-        if args.markdown:
-            write_output(args.markdown, format_rows(summary_rows(results), markdown=True) + "\n")
+        _write_tables(args, lambda: to_json(results, device, args.reps, args.warmup), lambda: summary_rows(results))
 
     note = pin_threads(args.threads, device)
     results = run_cases(cases, device, args.reps, args.warmup, after_each=save, variants=variants)
@@ -221,16 +237,18 @@ def _compare_command(args: argparse.Namespace) -> int:
 
 def _register_decisions(bench_sub: Any) -> None:
     """Add ``bench decisions`` to the ``fusion-guard bench`` subcommands."""
-    p = bench_sub.add_parser(
+    p = add_command(
+        bench_sub,
         "decisions",
-        help="decision accuracy: the guard's decisions against interleaved A/B timings per region",
-        description="Decide each region of a corpus no rule was tuned on with a default FusionGuard(report_only="
+        "decision accuracy: the guard's decisions against interleaved A/B timings per region",
+        "Decide each region of a corpus no rule was tuned on with a default FusionGuard(report_only="
         "True), then time its fusion call against its eager lowering on its real inputs, interleaved; the truth "
         "is the faster side unless they differ by less than 5%%. Prints the confusion table (right, wrong "
         "reject, wrong keep, within noise) by how each region was decided, and how close the estimates come "
         "to the measurements. Output files are checked before any work (their folder must exist).",
+        _decisions_command,
     )
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    add_device_option(p)
     p.add_argument(
         "--group",
         nargs="+",
@@ -249,12 +267,11 @@ def _register_decisions(bench_sub: Any) -> None:
     p.add_argument("--rows", action="store_true", help="also print one line per region")
     p.add_argument("--json", metavar="OUT", help="write rows and summary as JSON here")
     add_threads_option(p)
-    p.set_defaults(run=_decisions_command)
 
 
 def _decisions_command(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
-    check_output("--json", args.json)
+    check_outputs(args, "json")
     note = pin_threads(args.threads, device)
 
     def save(doc: dict[str, Any]) -> None:
@@ -281,18 +298,20 @@ def _decisions_command(args: argparse.Namespace) -> int:
 
 def _register_versus(bench_sub: Any) -> None:
     """Add ``bench versus`` to the ``fusion-guard bench`` subcommands."""
-    p = bench_sub.add_parser(
+    p = add_command(
+        bench_sub,
         "versus",
-        help="profile one case under guarded Thunder and torch.compile side by side: where the time goes",
-        description="Run one benchmark case under each variant (default: guarded Thunder, then torch.compile), "
+        "profile one case under guarded Thunder and torch.compile side by side: where the time goes",
+        "Run one benchmark case under each variant (default: guarded Thunder, then torch.compile), "
         "time its step (synchronised, and the host's time until the step returns), then profile it: device time "
         "and launches (on CPU: calls and their CPU time) by pass and kind of work (attention, matmul, norm, rope, "
         "activation, ...), and for Thunder the host time of its prologue, forward and backward traces and fusion "
         "calls. Prints the table and where the first variant loses to the others. Output files are checked "
         "before any work (their folder must exist).",
+        _versus_command,
     )
     p.add_argument("case", help="a benchmark case name, or a unique part of one (see 'bench run --help')")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    add_device_option(p)
     p.add_argument(
         "--variants",
         metavar="LIST",
@@ -306,14 +325,10 @@ def _register_versus(bench_sub: Any) -> None:
     p.add_argument("--markdown", metavar="OUT", help="write the table and findings as markdown here")
     p.add_argument("--html", metavar="OUT", help="write the picture, findings and table as one HTML page here")
     add_threads_option(p)
-    p.set_defaults(run=_versus_command)
 
 
 def _versus_command(args: argparse.Namespace) -> int:
-    try:
-        variants = parse_variants(args.variants)
-    except ValueError as e:
-        raise UsageError(f"--variants: {e}") from e
+    variants = _variants(args)
     device = resolve_device(args.device)
     cases = select(None, [args.case], heavy=True, device=device)
     exact = [c for c in cases if c.name == args.case]
@@ -321,9 +336,7 @@ def _versus_command(args: argparse.Namespace) -> int:
     if len(cases) != 1:
         found = ", ".join(c.name for c in cases[:8]) or "none"
         raise UsageError(f"case {args.case!r} must name exactly one benchmark case; it matches: {found}")
-    check_output("--json", args.json)
-    check_output("--markdown", args.markdown)
-    check_output("--html", args.html)
+    check_outputs(args, "json", "markdown", "html")
     note = pin_threads(args.threads, device)
     result = versus(cases[0], variants, device, rounds=args.rounds, profiled=args.profiled, log=progress)
     findings = result.findings()

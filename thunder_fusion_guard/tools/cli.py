@@ -12,6 +12,8 @@ from typing import Any
 from .common import (
     Parser,
     UsageError,
+    add_command,
+    add_device_option,
     add_threads_option,
     check_output,
     count,
@@ -168,26 +170,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    demo = sub.add_parser(
+    demo = add_command(
+        sub,
         "demo",
-        help="run the built-in example guarded vs unguarded; print the decisions and per-call times",
-        description="Jit four small functions (a mask built in forward, an einops rearrange, a chain of views, "
+        "run the built-in example guarded vs unguarded; print the decisions and per-call times",
+        "Jit four small functions (a mask built in forward, an einops rearrange, a chain of views, "
         "a softmax) with and without the guard, check the outputs are identical, print every decision, the "
         "per-call times of unguarded, guarded and eager, and Thunder's own per-call cost (a jitted identity "
         "function), which no trace rewrite removes. Progress goes to stderr.",
+        _demo,
     )
-    demo.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    add_device_option(demo)
     demo.add_argument("--reps", type=count(1), default=200, help="timed calls per case and variant (default 200)")
     add_threads_option(demo)
-    demo.set_defaults(run=_demo)
-    cal = sub.add_parser(
+    cal = add_command(
+        sub,
         "calibrate",
-        help="measure the cost model's constants on this machine and cache them",
-        description="Time a lone add through the fusion executor and eagerly, and cache the constants the "
+        "measure the cost model's constants on this machine and cache them",
+        "Time a lone add through the fusion executor and eagerly, and cache the constants the "
         "cost model uses for this device and software versions (the guard reads them). Prints them as a few "
         "labelled lines (--json OUT for the raw form). Takes 10-60 s.",
+        _calibrate,
     )
-    cal.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    add_device_option(cal)
     cal.add_argument(
         "--executor",
         default=None,
@@ -197,7 +202,6 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--no-save", action="store_true", help="print only, do not write the cache")
     cal.add_argument("--json", metavar="OUT", help="also write the constants as JSON here (its folder must exist)")
     add_threads_option(cal)
-    cal.set_defaults(run=_calibrate)
     for register in _extensions():
         register(sub)
     return parser

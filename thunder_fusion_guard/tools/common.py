@@ -1,5 +1,6 @@
-"""What every ``fusion-guard`` command shares: the argument parser that errs in one line, the --threads
-option, checks of --device and --executor made before any work, and quieting import-time warnings."""
+"""What every ``fusion-guard`` command shares: the argument parser that errs in one line, adding a
+subcommand, the --device and --threads options, checks of --device and --executor made before any work, and
+quieting import-time warnings."""
 
 from __future__ import annotations
 
@@ -83,9 +84,29 @@ def check_output(option: str, path: str | None) -> None:
         raise UsageError(f"{option} {path}: folder {folder} does not exist (create it first)")
 
 
+def check_outputs(args: argparse.Namespace, *options: str) -> None:
+    """The files that the options named in ``options`` (``"json"`` for --json) will write, each checked as by
+    :func:`check_output`."""
+    for option in options:
+        check_output(f"--{option}", getattr(args, option))
+
+
 def write_output(path: str, text: str) -> None:
     """Write a file checked by :func:`check_output` (its folder is not created)."""
     Path(path).write_text(text)
+
+
+def add_command(subparsers: Any, name: str, help: str, description: str | None, run: Any, **kwargs: Any) -> Any:
+    """The parser of the subcommand ``name`` (``help`` in the list of commands, ``description`` atop its own
+    --help; ``kwargs`` go to ``add_parser``), which calls ``run(args)``; the caller adds its options."""
+    parser = subparsers.add_parser(name, help=help, description=description, **kwargs)
+    parser.set_defaults(run=run)
+    return parser
+
+
+def add_device_option(parser: argparse.ArgumentParser) -> None:
+    """``--device {cpu,cuda}``, None when not given (see :func:`resolve_device`)."""
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
 
 
 def add_threads_option(parser: argparse.ArgumentParser) -> None:

@@ -23,7 +23,15 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from .common import UsageError, add_threads_option, check_output, pin_threads, resolve_device, write_output
+from .common import (
+    UsageError,
+    add_device_option,
+    add_threads_option,
+    check_output,
+    pin_threads,
+    resolve_device,
+    write_output,
+)
 
 FORMAT = "TARGET must look like 'path/to/file.py:make' or 'package.module:make'"
 
@@ -215,6 +223,19 @@ OUTPUTS = {
 }
 
 
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    """TARGET, --thunderfx, --device and --backward: how ``report`` and ``why`` run a model."""
+    parser.add_argument("target", metavar="TARGET", help="path/to/file.py:make or package.module:make")
+    parser.add_argument("--thunderfx", action="store_true", help="compile through ThunderFX instead of thunder.jit")
+    add_device_option(parser)
+    parser.add_argument(
+        "--backward",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the backward when an output requires grad (default); --no-backward: forward under no_grad",
+    )
+
+
 def register(subparsers: Any) -> None:
     """Add ``report`` to the ``fusion-guard`` command line."""
     report = subparsers.add_parser(
@@ -223,15 +244,7 @@ def register(subparsers: Any) -> None:
         description=(__doc__ or "").replace("``", "") or None,  # python -OO drops the docstring
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    report.add_argument("target", metavar="TARGET", help="path/to/file.py:make or package.module:make")
-    report.add_argument("--thunderfx", action="store_true", help="compile through ThunderFX instead of thunder.jit")
-    report.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
-    report.add_argument(
-        "--backward",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="run the backward when an output requires grad (default); --no-backward: forward under no_grad",
-    )
+    add_target_arguments(report)
     for option, what in OUTPUTS.items():
         report.add_argument(f"--{option}", metavar="PATH", help=f"{what} (its folder must exist)")
     add_threads_option(report)

@@ -13,7 +13,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from .common import UsageError, check_output, resolve_device, write_output
-from .report_cli import TargetError, _first_line, load_target, make_workload
+from .report_cli import TargetError, _first_line, add_target_arguments, load_target, make_workload
 
 
 def register(subparsers: Any) -> None:
@@ -24,15 +24,7 @@ def register(subparsers: Any) -> None:
         description=(__doc__ or "").replace("``", "") or None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    why.add_argument("target", metavar="TARGET", help="path/to/file.py:make or package.module:make")
-    why.add_argument("--thunderfx", action="store_true", help="compile through ThunderFX instead of thunder.jit")
-    why.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
-    why.add_argument(
-        "--backward",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="run the backward when an output requires grad (default); --no-backward: forward under no_grad",
-    )
+    add_target_arguments(why)
     why.add_argument("--json", metavar="PATH", help="write the rows as JSON here (its folder must exist)")
     why.add_argument("--html", metavar="PATH", help="write the table as an HTML section here (its folder must exist)")
     why.set_defaults(run=_why_command)
