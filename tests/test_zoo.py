@@ -130,3 +130,26 @@ def test_a_thunder_path_whose_compile_would_pass_the_deadline_is_not_started(mon
     )
     assert list(steps) == ["eager", "thunder"]
     assert result["paths"]["fx"]["error"].startswith("not compiled: its compile (about 52 s) would end past")
+
+
+def test_bench_zoo_split_runs_path_groups_and_says_so(monkeypatch, capsys, tmp_path):
+    """`bench zoo --split` hands split=True to run_zoo and the footnote says which paths were interleaved; a bad
+    model name exits 2 before any work."""
+    from thunder_fusion_guard.tools.cli import main
+
+    seen = {}
+
+    def fake_run_zoo(models, device, paths, rounds, limit, log, threads, jobs, split=False):
+        seen.update(models=models, paths=paths, jobs=jobs, split=split)
+        return [{"model": models[0], "paths": {"eager": {"runs": True, "samples_s": [0.001]}}}]
+
+    monkeypatch.setattr(zoo, "run_zoo", fake_run_zoo)
+    out = tmp_path / "z.json"
+    argv = ["bench", "zoo", "--device", "cpu", "--models", "nn-mha", "--paths", "eager,thunder,guarded"]
+    assert main([*argv, "--split", "--jobs", "3", "--rounds", "1", "--json", str(out)]) == 0
+    assert seen == {"models": ["nn-mha"], "paths": ["eager", "thunder", "guarded"], "jobs": 3, "split": True}
+    assert "paths of one process interleaved" in capsys.readouterr().out
+    assert json.loads(out.read_text())["zoo"][0]["model"] == "nn-mha"
+    seen.clear()
+    assert main(["bench", "zoo", "--models", "no-such-model"]) == 2 and seen == {}
+    assert "--models: unknown no-such-model" in capsys.readouterr().err

@@ -135,7 +135,13 @@ def _register_zoo(bench_sub: Any) -> None:
         "--time-limit", type=positive_float, default=600.0, metavar="S", help="seconds per model (default 600)"
     )
     p.add_argument(
-        "--jobs", type=count(1), default=1, help="models compiled side by side, each timed alone (default 1)"
+        "--jobs", type=count(1), default=1, help="processes compiling side by side, each timed alone (default 1)"
+    )
+    p.add_argument(
+        "--split",
+        action="store_true",
+        help="each guarded path with its unguarded twin (and eager) in a process of its own, --time-limit each, "
+        "so that one model's slow compiles run side by side with --jobs; the paths of a process are interleaved",
     )
     p.add_argument("--json", metavar="OUT", help="write pytest-benchmark JSON (with every model's record) here")
     p.add_argument("--markdown", metavar="OUT", help="write the table as markdown here")
@@ -186,8 +192,9 @@ def _zoo_command(args: argparse.Namespace) -> int:
 
     threads = torch.get_num_threads() if note else 0
     results = zoo.run_zoo(
-        models, device, zoo.paths_for(device, paths), args.rounds, args.time_limit, progress, threads, args.jobs
-    )
+        models, device, zoo.paths_for(device, paths), args.rounds, args.time_limit, progress, threads, args.jobs,
+        split=args.split,
+    )  # fmt: skip
     rows = zoo.summary_rows(results)
     _write_tables(args, lambda: zoo.to_json(results, device), lambda: rows)
     print(format_rows(rows))
@@ -195,7 +202,8 @@ def _zoo_command(args: argparse.Namespace) -> int:
         for path in zoo.GUARDED:
             for line in result["paths"].get(path, {}).get("why", [])[:1]:
                 print(f"{result['model']} {path}: {line}")
-    print(f"(step ms: median of {plural(args.rounds, 'round')}, paths interleaved{'; ' + note if note else ''})")
+    together = "paths of one process interleaved" if args.split else "paths interleaved"
+    print(f"(step ms: median of {plural(args.rounds, 'round')}, {together}{'; ' + note if note else ''})")
     return 0
 
 
