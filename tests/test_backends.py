@@ -209,3 +209,29 @@ def test_each_subgraph_is_timed_on_inputs_made_after_the_choices_before_it(timin
         ("dynamo graph 0, thunder_0", ["ThunderModule", "ThunderModule"]),
         ("dynamo graph 1, thunder_0", ["_Chosen", "ThunderModule"]),
     ]
+
+
+def bucketed(x, table):
+    """A second dynamo graph that adds to the index it receives in place, as Hugging Face T5's relative-position
+    buckets do (``relative_buckets += ...``): every run of that graph on one set of inputs reads other indices."""
+    idx = (x.abs() * 2).long() % 4
+    torch._dynamo.graph_break()
+    idx += 1
+    return table[idx].sum() + x.sum()
+
+
+def test_a_subgraph_that_updates_its_inputs_in_place_is_kept_on_thunder_untimed(timings):
+    """Timed again and again on one recorded set of inputs, such a subgraph would index past its table (on CUDA
+    a device-side assert that ends the process); it is kept on Thunder, the reason naming the input, and the
+    program's results are unguarded Thunder's."""
+    calls = timings(thunder=100.0, eager=10.0)
+    g = torch.Generator().manual_seed(0)
+    x, table = torch.randn(8, generator=g), torch.randn(5, generator=g)
+    fx = thunderfx(bucketed, executors=fusion_executors("cpu"))
+    expected = bucketed(x, table)
+    choices = choose_backends(fx, x, table, backends=THUNDER_OR_EAGER)
+    mutating = [c for c in choices if "in place" in c.reason]
+    assert len(mutating) == 1 and mutating[0].chosen == "thunder" and mutating[0].times_us == {}
+    assert mutating[0].reason.startswith("kept on Thunder: it updates its input 0 in place")
+    assert calls == [2] * (len(choices) - 1)  # the others were timed
+    assert torch.equal(fx(x, table), expected)

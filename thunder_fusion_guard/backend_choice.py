@@ -175,17 +175,25 @@ def _choose(
     leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
     runners: dict[str, Any] = {}
     problems: dict[str, str] = {}
-    for name in backends:
+    choice = BackendChoice(sub.label, "thunder", "", problems=problems, backward=bool(leaves))
+    before = [_copy(x) for x in inputs]
+    for name in ("thunder", *(b for b in backends if b != "thunder")):  # Thunder first: it shows what a run changes
         try:
             runner = _build(name, sub, inputs)
             _step(runner, inputs, leaves)()
             runners[name] = runner
         except Exception as e:
             problems[name] = f"{type(e).__name__}: {str(e).strip()[:200]}"
-    choice = BackendChoice(sub.label, "thunder", "", problems=problems, backward=bool(leaves))
-    if "thunder" not in runners:
-        choice.reason = "kept on Thunder: it failed when run alone, so it was not timed"
-        return choice
+        if name == "thunder" and "thunder" not in runners:
+            choice.reason = "kept on Thunder: it failed when run alone, so it was not timed"
+            return choice
+        if name == "thunder" and (changed := _updated_in_place(before, inputs)):
+            # Run again, it would read the values its last run wrote (an index that grows past its table, say).
+            choice.reason = (
+                f"kept on Thunder: it updates its input{'s' if len(changed) > 1 else ''} "
+                f"{', '.join(map(str, changed))} in place, so runs on one set of inputs differ; not timed"
+            )
+            return choice
     names = list(runners)
     samples = interleaved_us([_step(runners[n], inputs, leaves) for n in names], (), reps=rounds, warmup=WARMUP)
     choice.times_us = {n: round(median(s), 3) for n, s in zip(names, samples, strict=True)}
@@ -200,6 +208,15 @@ def _choose(
     else:
         choice.reason = f"kept on Thunder ({what}: {timed}; another backend must be faster by {margin:.0%})"
     return choice
+
+
+def _updated_in_place(before: list[Any], after: list[Any]) -> list[int]:
+    """The positions of the tensors whose values a run changed (``before``: copies taken ahead of it)."""
+    return [
+        i
+        for i, (b, a) in enumerate(zip(before, after, strict=True))
+        if isinstance(a, torch.Tensor) and not torch.equal(b.detach(), a.detach())
+    ]
 
 
 def _build(name: str, sub: th.FxSubgraph, inputs: list[Any]) -> Any:
