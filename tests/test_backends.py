@@ -235,3 +235,37 @@ def test_a_subgraph_that_updates_its_inputs_in_place_is_kept_on_thunder_untimed(
     assert mutating[0].reason.startswith("kept on Thunder: it updates its input 0 in place")
     assert calls == [2] * (len(choices) - 1)  # the others were timed
     assert torch.equal(fx(x, table), expected)
+
+
+def scaled_rows(x, row):
+    return torch.sin(x) * row + 1.0
+
+
+def test_a_subgraph_given_an_expanded_input_is_timed_on_a_copy_with_the_same_strides(timings):
+    """An input whose elements share memory (an ``expand``, as T5's position bias) cannot be copied into its own
+    layout; the copy keeps its sizes and strides all the same, and the choice is made and used."""
+    calls = timings(thunder=100.0, eager=10.0)
+    g = torch.Generator().manual_seed(0)
+    x, row = torch.randn(4, 8, generator=g), torch.randn(1, 8, generator=g).expand(4, 8)
+    fx = thunderfx(scaled_rows, executors=fusion_executors("cpu"))
+    choices = choose_backends(fx, x, row, backends=THUNDER_OR_EAGER)
+    assert [c.chosen for c in choices] == ["eager"] and calls == [2]
+    assert torch.equal(fx(x, row), scaled_rows(x, row))
+    copied = backends._copy(row)
+    assert copied.stride() == (0, 1) and torch.equal(copied, row) and copied.data_ptr() != row.data_ptr()
+
+
+def test_a_subgraph_whose_inputs_cannot_be_copied_stays_on_thunder_and_the_call_goes_on(monkeypatch, timings):
+    calls = timings(thunder=100.0, eager=10.0)
+    x, row = torch.randn(4, 8), torch.randn(1, 8).expand(4, 8)
+    fx = thunderfx(scaled_rows, executors=fusion_executors("cpu"))
+    expected = fx(x, row)
+
+    def refuse(t):
+        raise RuntimeError("no copy")
+
+    monkeypatch.setattr(backends, "_copy", refuse)
+    [choice] = choose_backends(fx, x, row, backends=THUNDER_OR_EAGER)
+    assert choice.chosen == "thunder" and calls == [] and choice.times_us == {}
+    assert choice.reason == "kept on Thunder: its inputs could not be copied to time it (RuntimeError: no copy)"
+    assert torch.equal(fx(x, row), expected)

@@ -82,9 +82,12 @@ def choose_backends(
     # One at a time, in the order they were made, each on the inputs of a call made after the choices before it:
     # the backend chosen for one subgraph can hand the next its tensors in other strides, which Inductor checks.
     for sub in _still_thunder(th.thunderfx_subgraphs(compiled)):
-        inputs = _record_inputs(compiled, [sub], args, kwargs)
-        if sub.label in inputs:
-            choices.append(_choose(sub, inputs[sub.label], backends, margin, rounds))
+        inputs = _record_inputs(compiled, [sub], args, kwargs).get(sub.label)
+        if isinstance(inputs, str):
+            reason = f"kept on Thunder: its inputs could not be copied to time it ({inputs})"
+            choices.append(BackendChoice(sub.label, "thunder", reason, problems={"copy": inputs}))
+        elif inputs is not None:
+            choices.append(_choose(sub, inputs, backends, margin, rounds))
     if guard is not None:  # sharing each choice's problems: a later failure on a call shows in the report too
         guard.report.backend_choices += [{**c.to_dict(), "problems": c.problems} for c in choices]
     return choices
@@ -139,14 +142,21 @@ class _Chosen(torch.nn.Module):
             return self.thunder(*args)
 
 
-def _record_inputs(compiled: Any, subs: Sequence[th.FxSubgraph], args: tuple, kwargs: dict) -> dict[str, list[Any]]:
+def _record_inputs(
+    compiled: Any, subs: Sequence[th.FxSubgraph], args: tuple, kwargs: dict
+) -> dict[str, list[Any] | str]:
     """Copies of the inputs each subgraph receives in one call of ``compiled`` (tensors detached, each keeping
-    whether it requires grad, so that timing a backward touches no real ``.grad``)."""
-    seen: dict[str, list[Any]] = {}
+    whether it requires grad, so that timing a backward touches no real ``.grad``), or why they could not be
+    copied."""
+    seen: dict[str, list[Any] | str] = {}
 
     def recorder(sub: th.FxSubgraph) -> _Runner:
         def record(*a: Any) -> Any:
-            seen.setdefault(sub.label, [_copy(x) for x in a])
+            if sub.label not in seen:
+                try:
+                    seen[sub.label] = [_copy(x) for x in a]
+                except Exception as e:  # the call goes on; the subgraph stays on Thunder, with this reason
+                    seen[sub.label] = f"{type(e).__name__}: {str(e).strip()[:200]}"
             return sub.jitted(*a)
 
         return _Runner(record)
@@ -162,11 +172,18 @@ def _record_inputs(compiled: Any, subs: Sequence[th.FxSubgraph], args: tuple, kw
 
 
 def _copy(x: Any) -> Any:
-    """A copy with the same sizes and strides (Inductor compiles for the strides it is shown, and checks them)."""
+    """A copy with the same sizes and strides (Inductor compiles for the strides it is shown, and checks them),
+    also where elements share memory (an ``expand``ed tensor: no copy can write into such a layout, so the span
+    of memory it reads is copied and viewed the same way)."""
     if not isinstance(x, torch.Tensor):
         return x
-    copied = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device).copy_(x.detach())
-    return copied.requires_grad_(x.requires_grad)
+    grad, x = x.requires_grad, x.detach()
+    if x.numel() and any(st == 0 and n > 1 for n, st in zip(x.size(), x.stride(), strict=True)):
+        span = 1 + sum((n - 1) * st for n, st in zip(x.size(), x.stride(), strict=True))
+        copied = x.as_strided((span,), (1,)).clone().as_strided(x.size(), x.stride())
+    else:
+        copied = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device).copy_(x)
+    return copied.requires_grad_(grad)
 
 
 def _choose(
