@@ -109,6 +109,24 @@ def test_merge_groups_keeps_each_paths_first_record_and_every_problem():
     assert "problem" not in zoo.merge_groups(parts[:1])
 
 
+def test_with_split_each_path_is_compared_with_the_eager_timed_in_its_own_process():
+    """Eager heads every group; a path's x eager uses its own group's eager, not the first group's."""
+    ms = 1e-3
+    parts = [
+        {"model": "m", "paths": {"eager": {"runs": True, "samples_s": [10 * ms]}, "inductor": {"runs": True,
+                                                                                      "samples_s": [5 * ms]}}},
+        {"model": "m", "paths": {"eager": {"runs": True, "samples_s": [20 * ms]},
+                                 "thunder": {"runs": True, "samples_s": [18 * ms]},
+                                 "guarded": {"runs": True, "bits": "bitwise", "samples_s": [16 * ms]}}},
+    ]  # fmt: skip
+    rows = {(r[0], r[1]): r for r in zoo.summary_rows([zoo.merge_groups(parts)])[1:]}
+    assert rows["m", "eager"][4] == "10.00" and rows["m", "inductor"][6] == "0.50"
+    assert rows["m", "thunder"][6] == "0.90" and rows["m", "guarded"][6] == "0.80"  # against 20 ms, not 10
+    assert rows["m", "guarded"][5] == "0.89" and rows["m", "guarded"][7] == "3.20"
+    one = {"model": "m", "paths": {**parts[0]["paths"], **parts[1]["paths"]}}  # one process: one eager
+    assert "eager_samples_s" not in zoo.merge_groups([one])["paths"]["guarded"]
+
+
 def test_a_thunder_path_whose_compile_would_pass_the_deadline_is_not_started(monkeypatch, tmp_path):
     """The guess is the longest Thunder first call so far: once it would end past the deadline the path is
     recorded as not compiled and the paths that compiled are still there to time. No clock is read for real."""

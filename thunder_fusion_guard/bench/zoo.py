@@ -73,13 +73,16 @@ def path_groups(paths: Sequence[str]) -> list[list[str]]:
 
 def merge_groups(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One model's records from its path groups as one record: the paths of each in group order (a path that
-    ran in several groups keeps its first record), the groups' problems joined."""
+    ran in several groups keeps its first record, and each other path the eager samples of its own group, its
+    yardstick), the groups' problems joined."""
     merged: dict[str, Any] = {**parts[0], "paths": {}}
     if len(parts) > 1:  # the paths timed together (interleaved) in one process
         merged["path_groups"] = [list(part.get("paths", {})) for part in parts]
     for part in parts:
+        eager = part.get("paths", {}).get("eager", {}).get("samples_s")
         for path, row in part.get("paths", {}).items():
-            merged["paths"].setdefault(path, row)
+            yardstick = {"eager_samples_s": eager} if eager and path != "eager" and len(parts) > 1 else {}
+            merged["paths"].setdefault(path, {**row, **yardstick})
     problems = [p["problem"] for p in parts if p.get("problem")]
     merged.pop("problem", None)
     if problems:
@@ -384,13 +387,14 @@ def summary_rows(results: Sequence[dict[str, Any]]) -> list[list[str]]:
         for path, row in result["paths"].items():
             base = row.get("compared_with") or ("fx" if path.startswith("fx") else "thunder")
             median = medians.get(path)
+            own = {**medians, "eager": _median(row["eager_samples_s"])} if row.get("eager_samples_s") else medians
             actions = ", ".join(f"{n} {a}" for a, n in sorted(row.get("actions", {}).items()))
             if row.get("backends"):
                 actions += "; subgraphs to " + ", ".join(f"{b} {n}" for b, n in sorted(row["backends"].items()))
             rows.append([
                 result["model"], path, "yes" if row["runs"] else f"no: {row.get('error', '')[:60]}",
                 row.get("bits", ""), f"{median * 1e3:.2f}" if median else "-",
-                ratio(path, base) if path in BASELINE else "-", ratio(path, "eager"), ratio(path, "inductor"),
+                ratio(path, base) if path in BASELINE else "-", ratio(path, "eager", own), ratio(path, "inductor"),
                 f"{row['first_call_s']:.1f}" if "first_call_s" in row else "-", actions,
             ])  # fmt: skip
         if result.get("problem"):
@@ -413,7 +417,7 @@ def to_json(results: Sequence[dict[str, Any]], device: str) -> dict[str, Any]:
             "fullname": f"zoo/{result['model']}[{path}]",
             "params": {"model": result["model"], "path": path},
             "param": f"{result['model']}-{path}",
-            "extra_info": {k: v for k, v in row.items() if k != "samples_s"},
+            "extra_info": {k: v for k, v in row.items() if k not in ("samples_s", "eager_samples_s")},
             "options": {"timer": "perf_counter", "interleaved": True},
             "stats": {**sample_stats(row["samples_s"]), "iterations": 1},
         }

@@ -202,7 +202,9 @@ def _zoo_command(args: argparse.Namespace) -> int:
         for path in zoo.GUARDED:
             for line in result["paths"].get(path, {}).get("why", [])[:1]:
                 print(f"{result['model']} {path}: {line}")
-    together = "paths of one process interleaved" if args.split else "paths interleaved"
+    together = "paths interleaved"
+    if args.split:
+        together = "paths of one process interleaved, x eager against the eager of the same process"
     print(f"(step ms: median of {plural(args.rounds, 'round')}, {together}{'; ' + note if note else ''})")
     return 0
 
