@@ -37,6 +37,8 @@ usage: bash benchmarks/gpu.sh SUBCOMMAND [ARGS...]    (files go to $OUT)
                        nvFuser's segments), and the CUDA tests of why_not_fused; writes why-llama2.json, .txt
   zoo [ARGS]           fusion-guard bench zoo --device cuda (third-party models, every compiler path); ARGS go
                        to it (default: --jobs 4 --time-limit 420); writes zoo-cuda.json, .md
+  zoo-kernels [ARGS]   benchmarks/zoo_kernels.py: kernels, device and wall ms per step of one zoo model per path
+                       (default: the rewritten NequIP-style model; inductor, inductor-ro, guarded, + CUDA graphs)
   wheels download|install WHEELS
                        fetch the GPU dependencies as wheels (on a machine with network), or install them from
                        that folder with no network (pip --no-index)
@@ -381,6 +383,7 @@ case "$subcommand" in
   run) run "$@" ;;
   why) why ;;
   zoo) zoo "$@" ;;
+  zoo-kernels) exec python3 benchmarks/zoo_kernels.py "$@" ;;
   wheels) wheels "$@" ;;
   "") echo "gpu.sh: a subcommand is required (see bash benchmarks/gpu.sh --help)" >&2; exit 2 ;;
   *) echo "gpu.sh: unknown subcommand '$subcommand' (see bash benchmarks/gpu.sh --help)" >&2; exit 2 ;;

@@ -1,0 +1,105 @@
+"""Where a zoo model's training step goes on the GPU, per compiler path: kernels launched, device time (the sum of
+their durations) and wall time per step, from torch.profiler over a few steps after warm-up.
+
+    python3 benchmarks/zoo_kernels.py --model e3nn-nequip-rewritten \
+        --paths inductor,inductor-ro,guarded,guarded+cudagraph --json OUT.json
+
+A path whose step takes much longer than its device time waits on the host (Python, launches); one whose device
+time is high runs more or slower kernels. The model and paths are those of `fusion-guard bench zoo`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from thunder_fusion_guard.bench.machine import machine_info
+from thunder_fusion_guard.bench.zoo import PATHS, _compile, _Step
+from thunder_fusion_guard.bench.zoo_models import ZOO
+
+
+def profile_path(name: str, path: str, steps: int, warmup: int) -> dict[str, object]:
+    """Compile zoo model ``name`` as ``path``; kernels, device ms and wall ms per step over ``steps`` steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    model = ZOO[name].build("cuda")
+    fn, _ = _compile(model.module, path, "cuda")
+    step = _Step(model, fn, "cuda")
+    began = time.perf_counter()
+    step()
+    first = time.perf_counter() - began
+    for _ in range(warmup):
+        step()
+    walls = []
+    for _ in range(steps):
+        began = time.perf_counter()
+        step()
+        walls.append((time.perf_counter() - began) * 1e3)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    device_ms = sum(e.device_time_total for e in kernels) / 1e3 / steps  # µs -> ms
+    by_name: dict[str, float] = {}
+    for e in kernels:
+        by_name[e.name] = by_name.get(e.name, 0.0) + e.device_time_total / 1e3 / steps
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
+    return {
+        "path": path,
+        "first_call_s": round(first, 1),
+        "step_ms": round(statistics.median(walls), 3),
+        "kernels_per_step": round(len(kernels) / steps, 1),
+        "device_ms_per_step": round(device_ms, 3),
+        "top_kernels_ms": [[k[:90], round(v, 3)] for k, v in top],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="e3nn-nequip-rewritten", choices=sorted(ZOO))
+    parser.add_argument("--paths", default="inductor,inductor-ro,guarded,guarded+cudagraph")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    paths = args.paths.split(",")
+    unknown = [p for p in paths if p not in PATHS]
+    if unknown:
+        parser.error(f"--paths: unknown {unknown}; allowed: {', '.join(PATHS)}")
+    if not torch.cuda.is_available():
+        parser.error("needs CUDA")
+    rows = []
+    for path in paths:
+        try:
+            row = profile_path(args.model, path, args.steps, args.warmup)
+        except Exception as e:  # one path failing must not lose the others
+            row = {"path": path, "error": f"{type(e).__name__}: {str(e).strip()[:200]}"}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.json:
+        from package_hash import package_sha256
+
+        root = Path(__file__).resolve().parent.parent
+        record = {
+            "model": args.model,
+            "commit": os.environ.get("TFG_COMMIT", ""),
+            "package_sha256": package_sha256(str(root)),
+            "machine": machine_info("cuda"),
+            "paths": rows,
+        }
+        args.json.write_text(json.dumps(record, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
