@@ -58,7 +58,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import litgpt_harness as harness  # noqa: E402  (steps, interleaved timing, the compile cut)
-from package_hash import package_sha256  # noqa: E402
+from package_hash import package_sha256, resolve_commit  # noqa: E402
 
 NAME = "Mistral-7B-v0.1"
 # --smoke: a tiny Mistral on CPU (a window of 4 tokens, so the mask loop still masks something).
@@ -99,24 +99,6 @@ def gpu_slug(device_name: str) -> str:
     if match:
         return match.group(1).lower()
     return re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") or "unknown"
-
-
-def resolve_commit(given: str | None) -> tuple[str | None, str]:
-    """The commit (``--commit``, else ``TFG_COMMIT``, else ``git rev-parse HEAD`` where there is a .git) and
-    where it came from."""
-    if given:
-        return given, "--commit"
-    if os.environ.get("TFG_COMMIT"):
-        return os.environ["TFG_COMMIT"], "TFG_COMMIT"
-    if (ROOT / ".git").exists():
-        try:
-            head = subprocess.run(
-                ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-            ).stdout.strip()
-            return head, "git rev-parse HEAD (working tree may differ: see package_sha256)"
-        except (OSError, subprocess.CalledProcessError):
-            pass
-    return None, "not given: set TFG_COMMIT=$(git rev-parse HEAD) on the machine that has the checkout"
 
 
 def result_name(device_name: str, commit: str | None, smoke: bool) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import subprocess
 import sys
 import tarfile
@@ -66,6 +67,24 @@ def commit_package_sha256(commit: str, repo: str | Path = ROOT) -> str:
                 relative = member.name.removeprefix(PACKAGE + "/")
                 files.append((relative, archive.extractfile(member).read()))
     return hash_files(files)
+
+
+def resolve_commit(given: str | None, root: str | Path = ROOT) -> tuple[str | None, str]:
+    """The commit (``--commit``, else ``TFG_COMMIT``, else ``git rev-parse HEAD`` where there is a .git) and
+    where it came from."""
+    if given:
+        return given, "--commit"
+    if os.environ.get("TFG_COMMIT"):
+        return os.environ["TFG_COMMIT"], "TFG_COMMIT"
+    if (Path(root) / ".git").exists():
+        try:
+            head = subprocess.run(
+                ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+            ).stdout.strip()
+            return head, "git rev-parse HEAD (working tree may differ: see package_sha256)"
+        except (OSError, subprocess.CalledProcessError):
+            pass
+    return None, "not given: set TFG_COMMIT=$(git rev-parse HEAD) on the machine that has the checkout"
 
 
 def main(argv: list[str]) -> int:

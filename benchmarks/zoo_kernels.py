@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -20,11 +19,15 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # package_hash, beside this script
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package
+
+from package_hash import package_sha256, resolve_commit
 
 from thunder_fusion_guard.bench.machine import machine_info
 from thunder_fusion_guard.bench.zoo import PATHS, _compile, _Step
 from thunder_fusion_guard.bench.zoo_models import ZOO
+from thunder_fusion_guard.measure.timing import interleaved_rounds
 
 
 def profile_path(name: str, path: str, steps: int, warmup: int) -> dict[str, object]:
@@ -38,28 +41,21 @@ def profile_path(name: str, path: str, steps: int, warmup: int) -> dict[str, obj
     began = time.perf_counter()
     step()
     first = time.perf_counter() - began
-    for _ in range(warmup):
-        step()
-    walls = []
-    for _ in range(steps):
-        began = time.perf_counter()
-        step()
-        walls.append((time.perf_counter() - began) * 1e3)
+    walls = interleaved_rounds({path: step}, steps, warmup=warmup).samples[path]
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    device_ms = sum(e.device_time_total for e in kernels) / 1e3 / steps  # µs -> ms
     by_name: dict[str, float] = {}
     for e in kernels:
-        by_name[e.name] = by_name.get(e.name, 0.0) + e.device_time_total / 1e3 / steps
+        by_name[e.name] = by_name.get(e.name, 0.0) + e.device_time_total / 1e3 / steps  # µs -> ms per step
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
     return {
         "path": path,
         "first_call_s": round(first, 1),
-        "step_ms": round(statistics.median(walls), 3),
+        "step_ms": round(statistics.median(walls) * 1e3, 3),
         "kernels_per_step": round(len(kernels) / steps, 1),
-        "device_ms_per_step": round(device_ms, 3),
+        "device_ms_per_step": round(sum(by_name.values()), 3),
         "top_kernels_ms": [[k[:90], round(v, 3)] for k, v in top],
     }
 
@@ -87,13 +83,12 @@ def main() -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.json:
-        from package_hash import package_sha256
-
-        root = Path(__file__).resolve().parent.parent
+        commit, commit_source = resolve_commit(None)
         record = {
             "model": args.model,
-            "commit": os.environ.get("TFG_COMMIT", ""),
-            "package_sha256": package_sha256(str(root)),
+            "commit": commit,
+            "commit_source": commit_source,
+            "package_sha256": package_sha256(),
             "machine": machine_info("cuda"),
             "paths": rows,
         }
