@@ -13,15 +13,15 @@ PACKAGE = Path(__file__).resolve().parents[1] / "thunder_fusion_guard"
 LAYERS = [
     ["_thunder"],  # the only place touching Thunder's internals (and the nvFuser compat fix)
     ["ops"],  # every rule about ops
-    ["regions", "shipped_constants", "cost", "options", "decisions", "distributed"],
+    ["regions", "shipped_constants", "cost", "options", "decisions", "distributed", "errors"],
     ["render"],  # a leaf: text tables and pictures; reads decisions, profiles and graphs by attribute
     ["report"],
     ["policy"],  # a region's fate
     ["passes"],  # the hoist runtime included
     ["measure"],  # what runs while compiling: calibration, its cache, break-even timing
+    ["fx_rescue", "backend_choice"],  # ThunderFX subgraphs run another way: after a failure, or chosen by timing
     ["transform"],
-    ["examine", "backend_choice"],  # after compiling: explain, calls, profile, segments, dataflow, bandwidth, why;
-    # choosing each ThunderFX subgraph's backend by timing
+    ["examine"],  # after compiling: explain, calls, profile, segments, dataflow, bandwidth, why
     ["bench"],  # the benchmark harness: cases, interleaved timing, decision accuracy, side-by-side profiles, zoo
     ["tools"],  # the command line
     ["__init__", "__main__"],

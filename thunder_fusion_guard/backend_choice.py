@@ -16,7 +16,6 @@ by default: a program calls :func:`choose_backends` itself, after a first call o
 
 from __future__ import annotations
 
-import copy
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -26,6 +25,8 @@ from typing import Any
 import torch
 
 from . import _thunder as th
+from .errors import error_line
+from .fx_rescue import compile_fx_module
 from .measure.timing import interleaved_us
 from .report import backend_choice_line
 
@@ -130,7 +131,7 @@ class _Chosen(torch.nn.Module):
         try:
             return self.backend(*args)
         except Exception as e:
-            problem = f"{type(e).__name__}: {str(e).strip()[:200]}"
+            problem = error_line(e)
             self._choice.problems[self._choice.chosen] = f"failed on a call, back on Thunder: {problem}"
             warnings.warn(
                 f"choose_backends: {self._choice.chosen} failed on {self._sub.label} ({problem}); it runs on Thunder "
@@ -156,7 +157,7 @@ def _record_inputs(
                 try:
                     seen[sub.label] = [_copy(x) for x in a]
                 except Exception as e:  # the call goes on; the subgraph stays on Thunder, with this reason
-                    seen[sub.label] = f"{type(e).__name__}: {str(e).strip()[:200]}"
+                    seen[sub.label] = error_line(e)
             return sub.jitted(*a)
 
         return _Runner(record)
@@ -200,7 +201,7 @@ def _choose(
             _step(runner, inputs, leaves)()
             runners[name] = runner
         except Exception as e:
-            problems[name] = f"{type(e).__name__}: {str(e).strip()[:200]}"
+            problems[name] = error_line(e)
         if name == "thunder" and "thunder" not in runners:
             choice.reason = "kept on Thunder: it failed when run alone, so it was not timed"
             return choice
@@ -237,13 +238,7 @@ def _updated_in_place(before: list[Any], after: list[Any]) -> list[int]:
 
 
 def _build(name: str, sub: th.FxSubgraph, inputs: list[Any]) -> Any:
-    if name == "thunder":
-        return sub.jitted
-    # a copy of the graph: Inductor's passes may rewrite the one it is given, and Thunder may trace it again
-    module = torch.fx.GraphModule(sub.module, copy.deepcopy(sub.module.graph))
-    if name == "eager":
-        return module
-    return torch._inductor.compile(module, inputs)
+    return sub.jitted if name == "thunder" else compile_fx_module(sub.module, inputs, name)
 
 
 def _step(fn: Any, inputs: list[Any], leaves: list[torch.Tensor]) -> Any:

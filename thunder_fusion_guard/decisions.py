@@ -7,7 +7,7 @@ import typing
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypedDict
 
-Action = Literal["keep", "reject", "switch", "rehome", "remove", "fold", "hoist"]
+Action = Literal["keep", "reject", "switch", "rehome", "remove", "fold", "hoist", "rescue"]
 ACTIONS: tuple[Action, ...] = typing.get_args(Action)
 
 
@@ -57,12 +57,21 @@ class Details(TypedDict, total=False):
     split: list[str]
     duplicated: list[str]
     saved_for_backward: list[str]
+    # rescued regions and ThunderFX subgraphs (action rescue)
+    rescued_by: str  # what runs it now: Thunder's torch executor, Inductor, eager PyTorch, Thunder without a transform
+    failed_at_call: int  # the call (1: the first) at which it failed
+    error_type: str  # the failure's exception type
+    inputs: list[str]  # each input of the failing call: shape, dtype, strides, device (or the value's type)
+    reproduction: str  # a script that reproduces the failure alone (nvFuser's definition and such inputs)
+    source: str  # the user's source line of the region's or subgraph's first op
+    outputs_restrided: list[int]  # outputs handed back in the layout the FX graph recorded
 
 
 @dataclass
 class Decision:
-    """The fate of one fusion region (kept, rejected to the torch executor, switched to another fusion executor)
-    or of ops (folded, removed, re-homed, hoisted; ``details["scope"] == "op"``) in one trace."""
+    """The fate of one fusion region (kept, rejected to the torch executor, switched to another fusion executor,
+    rescued after it failed) or of ops (folded, removed, re-homed, hoisted; ``details["scope"] == "op"``) in one
+    trace, or of a ThunderFX subgraph Thunder failed on (``region`` is the subgraph's id, action ``rescue``)."""
 
     trace: str
     region: str

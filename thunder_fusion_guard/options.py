@@ -198,6 +198,11 @@ class GuardOptions:
         _bool,
         "call each nvFuser region with its definition looked up once per input layout, not per call",
     )
+    rescue: bool = _option(
+        True,
+        _bool,
+        "run a region or ThunderFX subgraph that fails to compile or run another way (torch ops, Inductor), recorded",
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -15,11 +15,13 @@ from ._thunder import FusionExecutor
 from .cost import CostConstants
 from .decisions import Subgraph
 from .distributed import compare_ranks, current_rank, world_size
+from .fx_rescue import Rescued, SubgraphRescue, rescue_decision
 from .measure import calibrate
 from .measure.breakeven import RegionMeasurer
 from .options import DEFAULT_HOIST_MAX_BYTES, GuardOptions, checked_options
 from .passes import FusionGuardError, TraceContext, guard_trace
 from .passes.hoist import HoistLedger
+from .passes.rescue import describe_inputs
 from .report import Report
 
 
@@ -61,6 +63,7 @@ class FusionGuard(thunder.Transform):
         hoist: bool = True,
         hoist_max_bytes: int = DEFAULT_HOIST_MAX_BYTES,
         direct_calls: bool = True,
+        rescue: bool = True,
     ) -> None:
         self.options = GuardOptions(
             executors=executors,
@@ -83,6 +86,7 @@ class FusionGuard(thunder.Transform):
             hoist=hoist,
             hoist_max_bytes=hoist_max_bytes,
             direct_calls=direct_calls,
+            rescue=rescue,
         )
         self._constants: dict[tuple[str, str], CostConstants | None] = {}
         self.report = Report()
@@ -123,6 +127,20 @@ class FusionGuard(thunder.Transform):
         if self.options.compare_ranks:  # a collective: outside the lock
             self._rank_problems(compare_ranks(made))
         return new_trace
+
+    def transform_module(self, model: Any) -> None:
+        """Under ThunderFX, stand between each split subgraph and Thunder's compiled function, so that a subgraph
+        Thunder fails on runs another way (:mod:`.fx_rescue`), recorded; strict mode: the failure is raised."""
+        module = th.thunderfx_subgraph_module(model)
+        options = self.options
+        if module is None or not options.rescue or options.strict or options.report_only:
+            return
+
+        def on_rescue(what: Rescued) -> None:
+            with self._lock:
+                self.report.add(rescue_decision(self._subgraph_id(module), module, what, describe_inputs))
+
+        th.set_module_call(model, SubgraphRescue(model, th.module_call(model), module, on_rescue))
 
     def check_ranks(self, group: Any = None) -> list[str]:
         """Compare every decision so far with those of the other ranks; one line per rank that differs.

@@ -10,13 +10,14 @@ so the same kernels and the same bits.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["DirectNvFuserCall", "direct_nvfuser_call"]
+__all__ = ["DirectNvFuserCall", "RescuingCall", "direct_nvfuser_call", "nvfuser_definition"]
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 # More layouts than this for one region (shapes that keep changing): start the table again.
@@ -97,3 +98,67 @@ def direct_nvfuser_call(fn: Callable) -> DirectNvFuserCall | str:
     if _profiling_annotations():
         return "THUNDER_ANNOTATE_TRACES is set: Thunder's call marks each region for the profiler"
     return DirectNvFuserCall(fn)
+
+
+class RescuingCall:
+    """Runs one fusion region's callable ``fused``; where a call raises, runs ``make_fallback()`` (the region's
+    ops one by one) on the same arguments instead, and from then on, and hands ``on_rescue(error, args)`` the
+    failure. Where the fallback raises too, its error (the one eager PyTorch gives for those ops) reaches the
+    caller and the region stays as it was; where no fallback can be built, the original error does. Nothing
+    more than one call and a ``try`` runs while the fusion works, so its outputs are the fusion's own.
+    Other attributes are ``fused``'s (``name``, ``last_used``)."""
+
+    __slots__ = ("_make_fallback", "_on_rescue", "_run", "fused")
+
+    def __init__(self, fused: Callable, make_fallback: Callable[[], Callable], on_rescue: Callable) -> None:
+        self.fused = fused
+        self._run = fused
+        self._make_fallback = make_fallback
+        self._on_rescue = on_rescue
+
+    def __call__(self, *args: Any) -> Any:
+        try:
+            return self._run(*args)
+        except Exception as error:
+            if self._run is not self.fused:
+                raise
+            return self._rescue(error, args)
+
+    @property
+    def rescued(self) -> bool:
+        """Whether the region runs by its fallback now."""
+        return self._run is not self.fused
+
+    def _rescue(self, error: Exception, args: tuple) -> Any:
+        try:
+            fallback = self._make_fallback()
+        except Exception:
+            raise error from None
+        out = fallback(*args)  # its error is the user's, as eager PyTorch raises it
+        self._run = fallback
+        with contextlib.suppress(Exception):  # recording never breaks the call
+            self._on_rescue(error, args)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        if name in RescuingCall.__slots__:  # not set yet (a copy being made)
+            raise AttributeError(name)
+        return getattr(self.fused, name)
+
+    def __repr__(self) -> str:
+        return f"RescuingCall({self.fused!r})"
+
+
+def nvfuser_definition(fn: Callable, args: tuple) -> str | None:
+    """nvFuser's Python definition of the fusion that region callable ``fn`` runs for ``args`` (a function
+    ``nvfuser_fusion(fd)``, as ``nvfuser_direct`` prints it); None where ``fn`` is no nvFuser region or nvFuser
+    cannot say."""
+    while isinstance(fn, (RescuingCall, DirectNvFuserCall)):
+        fn = fn.fused if isinstance(fn, RescuingCall) else fn.wrapped
+    wrapper = _wrapper_type()
+    if wrapper is None or type(fn) is not wrapper:
+        return None
+    try:
+        return repr(fn.get_fd(fn.to_descriptors(args)))
+    except Exception:
+        return None

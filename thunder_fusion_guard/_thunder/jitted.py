@@ -15,7 +15,7 @@ import torch
 from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx
 
-from .compiling import function_name
+from .compiling import _THUNDERFX_OPTION, function_name
 from .executors import executor_names
 from .lowering import GUARD_PROVENANCE, new_trace_like
 from .traces import is_fusion
@@ -26,20 +26,28 @@ __all__ = [
     "call_targets",
     "compiled_module",
     "executors_of",
+    "forget_forward",
+    "fx_module_source",
+    "fx_output_examples",
     "instrumenting_program",
+    "is_cudagraph_transform",
     "is_jitted",
     "is_thunderfx",
+    "jit_again_without",
     "jitted_function_name",
     "jitted_transforms",
     "last_prologue_ns",
     "last_traces",
+    "module_call",
     "nvfuser_scheduled_ir",
     "recompile_reasons",
     "recording_fusion_calls",
     "region_callable",
     "replace_subgraph",
+    "set_module_call",
     "thunderfx_function_name",
     "thunderfx_split_ops",
+    "thunderfx_subgraph_module",
     "thunderfx_subgraphs",
     "thunderfx_transforms",
     "traces_before_guard",
@@ -416,3 +424,71 @@ def recording_fusion_calls(jitted: Any) -> Iterator[dict[tuple[str, str], tuple]
 
     with instrumenting_program(jitted, recorder):
         yield calls
+
+
+def thunderfx_subgraph_module(jitted: Any) -> torch.fx.GraphModule | None:
+    """The fx GraphModule of a ThunderFX split subgraph's ``thunder.jit`` result (a ThunderModule); None for any
+    other jitted function or module."""
+    cd = getattr(jitted, "_lc_cd", None)
+    module = getattr(jitted, "_model", None)
+    options = getattr(cd, "compile_options", None) or {}
+    if isinstance(module, torch.fx.GraphModule) and _THUNDERFX_OPTION in options:
+        return module
+    return None
+
+
+def jit_again_without(jitted: Any, dropped: Any) -> Any:
+    """``jitted`` (a ``thunder.jit`` module) compiled anew from its module with the same executors and options,
+    and its transforms but ``dropped``."""
+    cd = jitted._lc_cd
+    return thunder.jit(
+        jitted._model,
+        executors=cd.executors_list,
+        sharp_edges=cd.sharp_edges,
+        cache=cd.cache_option,
+        disable_torch_autograd=cd.disable_torch_autograd_support,
+        transforms=[t for t in jitted_transforms(jitted) if t is not dropped],
+        debug_options=cd.debug_options,
+        **cd.compile_options,
+    )
+
+
+def is_cudagraph_transform(transform: Any) -> bool:
+    """True for Thunder's ``CUDAGraphTransform``, which only captures and replays: dropping it changes no value."""
+    from thunder.transforms.cudagraph import CUDAGraphTransform
+
+    return isinstance(transform, CUDAGraphTransform)
+
+
+def forget_forward(transform: Any) -> None:
+    """Clear what a ``CUDAGraphTransform`` kept of a forward trace for its backward, after a compilation that
+    failed between the two (its next forward would otherwise assert)."""
+    if is_cudagraph_transform(transform):
+        transform.outputs_from_forward = None
+
+
+def fx_module_source(gm: torch.fx.GraphModule) -> str | None:
+    """``file:line`` of the user's code of the first op of ``gm`` that Dynamo recorded a stack for."""
+    for node in gm.graph.nodes:
+        if node.op.startswith("call_") and (found := _node_source(node)):
+            return found
+    return None
+
+
+def fx_output_examples(gm: torch.fx.GraphModule) -> list[Any]:
+    """Dynamo's example value of each output of ``gm`` in order (None for one it has none of); a ``gm`` that returns
+    one value, not a tuple, has one."""
+    (output,) = gm.graph.find_nodes(op="output")
+    returned = output.args[0]
+    returned = returned if isinstance(returned, (tuple, list)) else [returned]
+    return [getattr(n, "meta", {}).get("example_value") for n in returned]
+
+
+def module_call(jitted: Any) -> Callable:
+    """The compiled function a ``thunder.jit`` module (a ThunderModule) calls in its ``forward``."""
+    return jitted._forward_fn
+
+
+def set_module_call(jitted: Any, fn: Callable) -> None:
+    """Make the ThunderModule ``jitted`` call ``fn`` in its ``forward`` instead."""
+    jitted._forward_fn = fn

@@ -51,6 +51,7 @@ __all__ = [
     "reinterpreted_itemsizes",
     "returned_names",
     "returned_proxies",
+    "source_line",
     "subsymbols",
     "tag_names",
     "tensor_nbytes",
@@ -323,3 +324,16 @@ def canonical_ops(bsyms: Sequence[BoundSymbol]) -> str:
         outs = text(b.flat_outs)
         lines.append(f"{outs}={op_id(b)}({text(b.args)},{text(b.kwargs)})")
     return "\n".join(lines)
+
+
+def source_line(*bsyms: BoundSymbol) -> str | None:
+    """``file:line`` of the first of ``bsyms`` (or of their subsymbols, breadth first) that knows its source."""
+    for bsym in bsyms:
+        stack = [bsym]
+        while stack:
+            b = stack.pop(0)
+            positions = getattr(b, "source_positions", None)
+            if getattr(b, "source_filename", None) and positions is not None and positions.lineno is not None:
+                return f"{b.source_filename}:{positions.lineno}"
+            stack.extend(b.subsymbols)
+    return None

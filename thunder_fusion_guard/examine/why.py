@@ -18,9 +18,11 @@ from typing import Any
 
 from .. import _thunder as th
 from .._thunder import partition as pt
+from ..errors import error_line
 from ..ops.metadata import runs_as_view
 from ..render.table import plural, text_table
 from ..render.text import human_bytes
+from ..transform import guards_of
 
 KINDS = (
     "outside_thunder",
@@ -32,6 +34,8 @@ KINDS = (
     "split",
     "rematerialized",
     "segmented",
+    "rescue",
+    "not_analysed",
     "unknown",
 )
 NO_FIX = "none: no executor here can fuse it"
@@ -77,7 +81,9 @@ class WhyReport:
 
     def summary(self) -> str:
         """One line of counts: ops outside fusions by kind, splits, rematerializations, segmented regions."""
-        outside = [r for r in self.rows if r.kind not in ("split", "rematerialized", "segmented")]
+        outside = [
+            r for r in self.rows if r.kind not in ("split", "rematerialized", "segmented", "rescue", "not_analysed")
+        ]
         n = sum(r.count for r in outside)
         parts = []
         claimed = [r for r in outside if r.kind == "claimed"]
@@ -107,6 +113,12 @@ class WhyReport:
         if seg:
             kernels = sum(r.count for r in seg)
             text += f"; {plural(len(seg), 'region')} run as {kernels} segments"
+        rescued = self.of_kind("rescue")
+        if rescued:
+            text += f"; {plural(len(rescued), 'rescue')} (failed, run another way)"
+        unread = self.of_kind("not_analysed")
+        if unread:
+            text += f"; {len(unread)} not analysed"
         return text
 
     def to_dict(self) -> dict[str, Any]:
@@ -190,26 +202,70 @@ def why_not_fused(fn: Any, *args: Any, backward: bool = True, **kwargs: Any) -> 
         programs = [(fn, None, "thunder.jit")]
     else:
         raise TypeError(f"{type(fn).__name__} is neither a thunder.jit function nor a thunderfx object")
+    rescues = rescue_rows(fn)
+    rows += rescues
     regions = ran = 0
     for jitted, subgraph, frontend in programs:
+        if getattr(th.module_call(jitted), "rescued", False) if frontend == "thunderfx" else False:
+            continue  # Thunder failed on it: its rescue row says what runs it
         forward, backward = th.traces_before_guard(jitted)
         if forward is None:  # a subgraph compiled but not run yet
             continue
         ran += 1
-        cd = pt.compile_data_of(jitted)
-        context = _Context(cd, pt.executors_list(cd), subgraph, frontend, _auto_registered(jitted))
-        for kind, trace in (("forward", forward), ("backward", backward)):
-            if trace is not None:
-                rows += explain_trace(trace, kind, context)
-                regions += sum(1 for b in trace.bound_symbols if th.is_fusion(b))
-        if backward is not None:
-            rows += _recomputed_in_backward(forward, backward, subgraph)
-        rows += _numbering_gaps([("forward", forward), ("backward", backward)], subgraph)
+        try:
+            rows += _program_rows(jitted, forward, backward, subgraph, frontend)
+        except Exception as e:  # the report is still returned, saying what it could not read
+            rows.append(_not_analysed(subgraph, "forward", "the program's traces", e))
+        regions += sum(1 for t in (forward, backward) if t is not None for b in t.bound_symbols if th.is_fusion(b))
     if not ran and not rows:
         raise RuntimeError("no trace to read: call the compiled function first")
     if args or kwargs:
-        rows += _kernel_rows(fn, args, kwargs, backward)
+        try:
+            rows += _kernel_rows(fn, args, kwargs, backward)
+        except Exception as e:
+            rows.append(_not_analysed(None, "forward", "nvFuser's kernels of one more run", e))
     return WhyReport(rows, regions)
+
+
+def _program_rows(jitted: Any, forward: Any, backward: Any, subgraph: str | None, frontend: str) -> list[WhyRow]:
+    rows: list[WhyRow] = []
+    cd = pt.compile_data_of(jitted)
+    context = _Context(cd, pt.executors_list(cd), subgraph, frontend, _auto_registered(jitted))
+    for kind, trace in (("forward", forward), ("backward", backward)):
+        if trace is not None:
+            rows += explain_trace(trace, kind, context)
+    if backward is not None:
+        rows += _recomputed_in_backward(forward, backward, subgraph)
+    rows += _numbering_gaps([("forward", forward), ("backward", backward)], subgraph)
+    return rows
+
+
+def _not_analysed(subgraph: str | None, trace: str, what: str, error: Exception, region: str = "-") -> WhyRow:
+    return WhyRow(
+        trace, subgraph, region, None, "not_analysed", f"{what} could not be analysed: {error_line(error)}",
+        "FusionGuard", None, NO_FIX, detail=str(error),
+    )  # fmt: skip
+
+
+def rescue_rows(fn: Any) -> list[WhyRow]:
+    """A ``rescue`` row for each region or ThunderFX subgraph the guards of ``fn`` rescued: it failed in Thunder
+    or its fusion executor, and runs another way (the decision's ``details`` say how)."""
+    rows = []
+    for guard in guards_of(fn):
+        for d in guard.report.filter(action="rescue"):
+            if d.error is None:
+                continue  # outputs restrided: nothing failed
+            sub = guard.report.subgraphs.get(d.subgraph) if d.subgraph else None
+            label = (sub.name or sub.id) if sub is not None else d.subgraph
+            repro = "; details['reproduction'] reproduces it alone" if d.details.get("reproduction") else ""
+            rows.append(
+                WhyRow(
+                    d.trace, label, d.region, d.details.get("source"), "rescue", d.reason, "FusionGuard rescue",
+                    None, f"runs by {d.details.get('rescued_by', '?')} now{repro}", executor=d.executor,
+                    ops=list(d.ops), detail=str(d.details.get("explanation", "")),
+                )
+            )  # fmt: skip
+    return rows
 
 
 # Rewrites that keep an op ThunderFX splits off inside Thunder, checked on thunder 0.2.6 (tests/test_why.py).
@@ -263,8 +319,14 @@ def _kernel_rows(fn: Any, args: tuple, kwargs: dict, backward: bool) -> list[Why
             if call.region.executor != "nvfuser" or replay is None:
                 continue
             region_fn = th.region_callable(call.region.bsym)
-            region_fn(*replay)  # the most recent scheduled IR is then this region's, for these inputs
-            rows += segmented_rows(region_fn, replay, call.trace, call.region.name, program.subgraph)
+            if getattr(region_fn, "rescued", False):
+                continue  # nvFuser failed on it: its rescue row says so
+            try:
+                region_fn(*replay)  # the most recent scheduled IR is then this region's, for these inputs
+                rows += segmented_rows(region_fn, replay, call.trace, call.region.name, program.subgraph)
+            except Exception as e:  # a region nvFuser's scheduler queries cannot analyse
+                what = f"{call.region.name}'s nvFuser segments"
+                rows.append(_not_analysed(program.subgraph, call.trace, what, e, call.region.name))
     return rows
 
 
@@ -299,18 +361,6 @@ class _Context:
 
 def _is_work(bsym: Any) -> bool:
     return not (th.is_plumbing(bsym) or bsym.sym.name == HOISTED_NAME or th.is_fusion(bsym))
-
-
-def _source(*bsyms: Any) -> str | None:
-    for bsym in bsyms:
-        stack = [bsym]
-        while stack:
-            b = stack.pop(0)
-            positions = getattr(b, "source_positions", None)
-            if getattr(b, "source_filename", None) and positions is not None and positions.lineno is not None:
-                return f"{b.source_filename}:{positions.lineno}"
-            stack.extend(b.subsymbols)
-    return None
 
 
 def _io_bytes(bsym: Any) -> int | None:
@@ -360,7 +410,7 @@ def explain_op(bsym: Any, kind: str, context: _Context) -> WhyRow:
         kind,
         context.subgraph,
         name,
-        _source(bsym, original),
+        th.source_line(bsym, original),
         "unknown",
         "",
         "",
@@ -574,7 +624,7 @@ def _rematerialized(trace: Any, kind: str, subgraph: str | None) -> list[WhyRow]
         names = [pt.qualified_name(s) for s in subs]
         rows.append(
             WhyRow(
-                kind, subgraph, ", ".join(dict.fromkeys(names)), _source(*subs), "rematerialized",
+                kind, subgraph, ", ".join(dict.fromkeys(names)), th.source_line(*subs), "rematerialized",
                 f"computed in each of {', '.join(regions)} (rematerialization)", "output names", 0,
                 "none needed: recomputing saves the write and read", len(subs), None, names,
             )
@@ -600,7 +650,7 @@ def _recomputed_in_backward(forward: Any, backward: Any, subgraph: str | None) -
         names = [pt.qualified_name(s) for s in subs]
         rows.append(
             WhyRow(
-                "backward", subgraph, ", ".join(dict.fromkeys(names)), _source(*subs), "rematerialized",
+                "backward", subgraph, ", ".join(dict.fromkeys(names)), th.source_line(*subs), "rematerialized",
                 f"computed in forward {fwd} and again in backward {bwd} instead of saved", "output names", 0,
                 "none needed: recomputing saves storing the result for backward", len(subs), None, names,
             )

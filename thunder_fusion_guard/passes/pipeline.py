@@ -10,6 +10,7 @@ from typing import Any
 from .. import _thunder as th
 from ..cost import CostConstants, Measured
 from ..decisions import Decision
+from ..errors import error_line, error_text
 from ..ops import hoist_keeps_bits, is_communication, rebuild_keeps_bits, rounding_at_cut
 from ..options import GuardOptions
 from ..policy import BOOKEND, decide, explained
@@ -22,6 +23,7 @@ from .hoist import HoistLedger, check_backward, hoist_constants
 from .hoist_runtime import HOISTED_NAME, HoistedValues
 from .identity import remove_identities
 from .rehome import absorb_metadata_ops, merge_adjacent_regions
+from .rescue import describe_inputs, nvfuser_reproduction, rescue_calls
 from .rewrite import lower_region, replace_regions
 
 
@@ -76,7 +78,8 @@ MeasureRegion = Callable[[th.TraceCtx, Region, "Alternative | None"], "Measured 
 @dataclass(frozen=True)
 class PassContext:
     """What a pass reads besides its trace: the options, where the trace comes from, the trace the guard was
-    given, the decisions of the passes before it (read only) and what the region pass and hoisting need."""
+    given, the decisions of the passes before it (read only), what the region pass and hoisting need, and
+    ``record``, which takes a decision made later, while the program runs (a region rescued at a call)."""
 
     options: GuardOptions
     where: TraceContext
@@ -85,6 +88,7 @@ class PassContext:
     constants_for: ConstantsFor | None = None
     measure_region: MeasureRegion | None = None
     hoisted: HoistLedger = field(default_factory=HoistLedger)
+    record: Callable[[Decision], None] | None = None
 
     def region_decisions(self) -> dict[str, Decision]:
         """The decisions so far about each region of this trace, by region name."""
@@ -127,10 +131,13 @@ def guard_trace(
     ``report`` once, after the last.
     ``constants_for(device, executor)`` gives the cost model's constants (None: no cost decisions);
     ``measure_region(trace, region)`` times a region the model puts near break-even (None: never);
-    ``hoisted`` carries what a forward trace hoisted and saved over to its backward trace.
+    ``hoisted`` carries what a forward trace hoisted and saved over to its backward trace. A region rescued
+    while the program runs adds its decision to ``report`` then.
     With ``report_only`` every pass that may runs and records, and the trace comes back unchanged.
     """
-    context = PassContext(options, where, trace, (), constants_for, measure_region, hoisted or HoistLedger())
+    context = PassContext(
+        options, where, trace, (), constants_for, measure_region, hoisted or HoistLedger(), record=report.add
+    )
     new_trace = trace
     for step in PASSES:
         if step.enabled(options):
@@ -448,6 +455,45 @@ def direct_call_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.Trace
     return new, made
 
 
+def rescue_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
+    """Call each region so that, should its fusion fail to compile or to run, Thunder's torch executor runs it
+    instead, and the failure is recorded then (strict mode: the failure is raised as it was)."""
+    options, where, record = context.options, context.where, context.record
+    if options.strict or record is None:
+        return trace, []
+
+    def may_rescue(fusion: th.BoundSymbol) -> bool:
+        return options.guards(th.executor_name(fusion)) and not is_communication(fusion)
+
+    def on_rescue(region: Region, error: Exception, args: tuple) -> None:
+        record(_rescue_decision(where, region, error, args))
+
+    new, _ = rescue_calls(trace, may_rescue, on_rescue)
+    return new, []
+
+
+def _rescue_decision(where: TraceContext, region: Region, error: Exception, args: tuple) -> Decision:
+    explanation = (
+        f"{region.executor} failed on {region.name} ({error_line(error)}); Thunder's torch executor runs its "
+        f"{len(region.ops)} ops one by one from then on, as a rejected region's"
+    )
+    d = _region_decision(where, region, "rescue", error_line(error))
+    d.error = error_text(error)
+    d.details.update(
+        explanation=explanation,
+        rescued_by="Thunder's torch executor",
+        error_type=type(error).__name__,
+        inputs=describe_inputs(args),
+    )
+    source = th.source_line(*region.body)
+    if source:
+        d.details["source"] = source
+    reproduction = nvfuser_reproduction(th.region_callable(region.bsym), args, f"{region.name} ({where.trace})")
+    if reproduction:
+        d.details["reproduction"] = reproduction
+    return d
+
+
 # The passes of guard_trace, in order: (name, the option that turns it on, the function, runs in report_only).
 PASSES: tuple[Pass, ...] = (
     Pass("region_pass", None, region_pass),
@@ -458,6 +504,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("hoist_pass", "hoist", hoist_pass),
     Pass("dels_pass", None, dels_pass, report_only=False),
     Pass("direct_call_pass", "direct_calls", direct_call_pass, report_only=False),
+    Pass("rescue_pass", "rescue", rescue_pass, report_only=False),
 )
 
 

@@ -127,8 +127,12 @@ def action_text(d: Decision) -> str:
 
 
 def reason_text(d: Decision) -> str:
-    """The short reason, with the error in brackets where something failed."""
-    return d.reason if d.error is None else f"{d.reason} [{d.error}]"
+    """The short reason, with the error's first line in brackets where something failed (a rescue's reason is
+    that line already)."""
+    if d.error is None or d.action == "rescue":
+        return d.reason
+    lines = d.error.strip().splitlines()
+    return f"{d.reason} [{lines[0] if lines else d.error}]"
 
 
 def explanation_text(d: Decision) -> str:

@@ -18,6 +18,7 @@ ACTION_STYLE: dict[str | None, tuple[str, str]] = {
     "fold": ("#efe2f8", "#6a1b9a"),
     "remove": ("#fff2cc", "#b26a00"),
     "hoist": ("#e0f2f1", "#00695c"),
+    "rescue": ("#fce4ec", "#ad1457"),
     None: ("#eceff1", "#455a64"),
 }
 KIND_STYLE: dict[str, tuple[str, str]] = {

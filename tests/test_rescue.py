@@ -1,0 +1,262 @@
+"""Rescue: a fusion region or ThunderFX subgraph that fails is run another way, recorded, and the step completes;
+unguarded Thunder still fails, ``strict=True`` raises the original error, an error eager PyTorch raises reaches the
+user as eager raises it, and a program that does not fail keeps unguarded Thunder's bits."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import thunder
+import torch
+from helpers import assert_same, flat
+from thunder.dynamo import thunderfx
+from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
+
+from thunder_fusion_guard import FusionGuard, explain, fusion_executors, why_not_fused
+from thunder_fusion_guard._thunder import RescuingCall, region_callable
+from thunder_fusion_guard.regions import find_regions
+
+
+class SimulatedFusionFailure(RuntimeError):
+    """What the failing executor's regions raise (an nvFuser assert, say)."""
+
+
+def failing_executor(op: str, calls: list[str]) -> TorchCompileExecutor:
+    """torch.compile, but each region holding ``op`` raises :class:`SimulatedFusionFailure` when called, before
+    running anything (a compile that fails); ``calls`` gets the region's name at each such call."""
+
+    class Failing(TorchCompileExecutor):
+        def fuse(self, region, fusion_counter):
+            bsym = super().fuse(region, fusion_counter)
+            if op not in {b.sym.name for b in region.bound_symbols}:
+                return bsym
+
+            def fails(*args):
+                calls.append(bsym.sym.name)
+                raise SimulatedFusionFailure(f"INTERNAL ASSERT FAILED: {op} cannot be scheduled\nsecond line")
+
+            bsym._call_ctx = {bsym.sym.name: fails}
+            return bsym
+
+    ex = Failing(f"tc_failing_{op}")
+    ex._implmap = dict(torch_compile_ex._implmap)
+    return ex
+
+
+def program(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (torch.sin(x) * w + 1).sum(-1)
+
+
+def inputs(dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    return torch.randn(4, 8, dtype=dtype, requires_grad=True), torch.randn(8, dtype=dtype, requires_grad=True)
+
+
+def step(fn, x, w):
+    out = fn(x, w)
+    grads = torch.autograd.grad(out.sum(), (x, w))
+    return out, grads
+
+
+# sin runs in the forward only, cos (its derivative) in the backward only.
+@pytest.mark.parametrize(("op", "trace"), [("sin", "forward"), ("cos", "backward")])
+def test_failing_region_is_rescued_recorded_and_not_retried(op, trace):
+    calls: list[str] = []
+    guard = FusionGuard()
+    jitted = thunder.jit(program, executors=[failing_executor(op, calls)], transforms=[guard])
+    x, w = inputs()
+    for _ in range(3):
+        out, grads = step(jitted, x, w)
+        want_out, want_grads = step(program, x, w)
+        torch.testing.assert_close(out, want_out)
+        torch.testing.assert_close(grads, want_grads)
+    assert calls and len(calls) == len(set(calls)), "a later call tried a failing fusion again"
+    rescues = guard.report.filter(action="rescue")
+    assert len(rescues) == len(calls)  # sin also runs again in the backward: two regions fail there
+    (rescue,) = [d for d in rescues if d.trace == trace]
+    assert rescue.function == "program"
+    assert op in {o.lower() for o in rescue.ops}
+    assert rescue.reason == f"SimulatedFusionFailure: INTERNAL ASSERT FAILED: {op} cannot be scheduled"
+    assert rescue.error.endswith("second line")  # the whole error
+    assert rescue.details["rescued_by"] == "Thunder's torch executor"
+    assert rescue.details["error_type"] == "SimulatedFusionFailure"
+    assert "(4, 8) torch.float32 stride (8, 1) cpu" in rescue.details["inputs"]
+    line = program.__code__.co_firstlineno + 1
+    assert rescue.details["source"].endswith(f"test_rescue.py:{line}")
+    text = explain(jitted)
+    assert "rescue" in text and "SimulatedFusionFailure: INTERNAL ASSERT FAILED" in text
+    assert "second line" not in text  # the table has the first line; JSON and details the whole
+    assert guard.report.to_dict()["decisions"][-1]["error"].endswith("second line")
+    for render in (guard.report.to_markdown(), guard.report.to_html()):
+        assert "rescue" in render and "cannot be scheduled" in render
+
+
+@pytest.mark.parametrize("op", ["sin", "cos"])
+def test_unguarded_strict_and_rescue_off_fail_with_the_original_error(op):
+    for transforms in ([], [FusionGuard(strict=True)], [FusionGuard(rescue=False)]):
+        jitted = thunder.jit(program, executors=[failing_executor(op, [])], transforms=transforms)
+        with pytest.raises(SimulatedFusionFailure, match="cannot be scheduled"):
+            step(jitted, *inputs())
+
+
+def test_a_program_that_does_not_fail_keeps_the_bits_in_bf16():
+    """Every region is called through the rescuing call, which changes no bit: bf16 outputs and gradients of values
+    that really round equal unguarded Thunder's."""
+    guard = FusionGuard()
+    jitted = thunder.jit(program, executors=fusion_executors("cpu"), transforms=[guard])
+    plain = thunder.jit(program, executors=fusion_executors("cpu"))
+    x, w = inputs(torch.bfloat16)
+    out, grads = step(jitted, x, w)
+    want, want_grads = step(plain, x, w)
+    assert out.dtype == torch.bfloat16 and not torch.equal(out, out.float().round().bfloat16())
+    assert_same(flat([out, *grads]), flat([want, *want_grads]))
+    for backward in (False, True):
+        traces = thunder.last_backward_traces(jitted) if backward else thunder.last_traces(jitted)
+        regions = find_regions(traces[-1])
+        assert regions and all(isinstance(region_callable(r.bsym), RescuingCall) for r in regions)
+    assert guard.report.filter(action="rescue") == []
+
+
+def test_report_only_changes_nothing():
+    jitted = thunder.jit(program, executors=[failing_executor("sin", [])], transforms=[FusionGuard(report_only=True)])
+    with pytest.raises(SimulatedFusionFailure):
+        step(jitted, *inputs())
+
+
+# ThunderFX
+
+
+def aliased_inplace(buffer: torch.Tensor, expanded: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Thunder 0.2.6 fails on this subgraph (tests/test_thunder_limitations.py); it updates ``buffer`` in place."""
+    buffer.add_(1)
+    return expanded * 2 + index[:, None]
+
+
+def aliased_inputs():
+    index = torch.tensor([0, 1, 1])
+    return torch.zeros(2), index.view(-1, 1).expand(3, 2), index
+
+
+def test_failing_thunderfx_subgraph_runs_through_inductor_and_its_inplace_update_holds():
+    guard = FusionGuard()
+    compiled = thunderfx(aliased_inplace, executors=fusion_executors("cpu"), transforms=[guard])
+    buffer, expanded, index = aliased_inputs()
+    eager_buffer = torch.zeros(2)
+    for _ in range(3):
+        out = compiled(buffer, expanded, index)
+        want = aliased_inplace(eager_buffer, expanded, index)
+        assert torch.equal(out, want)
+    assert torch.equal(buffer, eager_buffer) and buffer.tolist() == [3.0, 3.0]  # each call added 1 once
+    (rescue,) = guard.report.filter(action="rescue")
+    assert rescue.subgraph == "subgraph 0" and rescue.executor == "thunder"
+    assert rescue.reason.startswith("RuntimeError: Attempting to reshape")
+    assert rescue.details["rescued_by"] == "Inductor"
+    line = aliased_inplace.__code__.co_firstlineno + 2
+    assert rescue.details["source"].endswith(f"test_rescue.py:{line}")
+    text = explain(compiled)
+    assert "subgraph 0" in text and "rescue" in text and "Attempting to reshape" in text
+
+
+def test_failing_thunderfx_subgraph_unguarded_and_strict():
+    for transforms in ([], [FusionGuard(strict=True)]):
+        compiled = thunderfx(aliased_inplace, executors=fusion_executors("cpu"), transforms=transforms)
+        with pytest.raises(RuntimeError, match="Attempting to reshape"):
+            compiled(*aliased_inputs())
+
+
+def test_failing_region_inside_a_thunderfx_subgraph_is_rescued_with_its_subgraph():
+    guard = FusionGuard()
+    compiled = thunderfx(program, executors=[failing_executor("cos", [])], transforms=[guard])
+    x, w = inputs()
+    out, grads = step(compiled, x, w)
+    want, want_grads = step(program, x, w)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(grads, want_grads)
+    (rescue,) = guard.report.filter(action="rescue")
+    assert rescue.trace == "backward" and rescue.subgraph == "subgraph 0"
+
+
+def gather(x, index):
+    return torch.index_select(x * 2, 0, index) + 1
+
+
+@pytest.mark.parametrize("frontend", ["jit", "thunderfx"])
+def test_an_error_eager_raises_reaches_the_user_as_eager_raises_it(frontend):
+    """An index out of range: Inductor's generated code fails on it, the region's ops one by one fail as eager
+    PyTorch does, and that error is the one the user gets (nothing recorded as rescued)."""
+    x, index = torch.randn(4, 3), torch.tensor([0, 7])
+    with pytest.raises(Exception) as eager:
+        gather(x, index)
+    guard = FusionGuard()
+    jit = thunder.jit if frontend == "jit" else thunderfx
+    with pytest.raises(type(eager.value), match=re.escape(str(eager.value).splitlines()[0])):
+        jit(gather, executors=fusion_executors("cpu"), transforms=[guard])(x, index)
+    assert guard.report.filter(action="rescue") == []
+
+
+def test_a_shape_error_thunderfx_raises_is_unchanged():
+    """Dynamo finds it while tracing, before Thunder or the guard: the same error guarded and not."""
+
+    def mismatched(a, b):
+        return torch.sin(a) @ b
+
+    errors = []
+    for transforms in ([], [FusionGuard()]):
+        compiled = thunderfx(mismatched, executors=fusion_executors("cpu"), transforms=transforms)
+        with pytest.raises(RuntimeError, match="must have same reduction dim") as caught:
+            compiled(torch.randn(3, 4), torch.randn(5, 2))
+        errors.append(type(caught.value))
+    assert errors[0] is errors[1]
+
+
+def column_major_executor() -> TorchCompileExecutor:
+    """torch.compile, but each region's 2-d outputs come back column-major (the values unchanged): a fusion
+    executor whose layouts differ from eager's, as nvFuser's broadcasts do."""
+
+    class ColumnMajor(TorchCompileExecutor):
+        def fuse(self, region, fusion_counter):
+            bsym = super().fuse(region, fusion_counter)
+            fn = region_callable(bsym)
+
+            def column_major(*args):
+                return [o.t().contiguous().t() if isinstance(o, torch.Tensor) and o.ndim == 2 else o for o in fn(*args)]
+
+            bsym._call_ctx = {bsym.sym.name: column_major}
+            return bsym
+
+    ex = ColumnMajor("tc_column_major")
+    ex._implmap = dict(torch_compile_ex._implmap)
+    return ex
+
+
+def scaled_norm(x: torch.Tensor) -> torch.Tensor:
+    y = torch.sin(x) * 2  # Thunder
+    return y.norm(dim=1)  # split off by ThunderFX, compiled by Inductor for y's recorded strides
+
+
+def test_thunderfx_outputs_in_another_layout_are_handed_back_in_the_recorded_one():
+    x = torch.randn(4, 3)
+    unguarded = thunderfx(scaled_norm, executors=[column_major_executor()])
+    with pytest.raises(AssertionError, match="stride"):
+        unguarded(x)
+    guard = FusionGuard()
+    compiled = thunderfx(scaled_norm, executors=[column_major_executor()], transforms=[guard])
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), scaled_norm(x))
+    (rescue,) = guard.report.filter(action="rescue")
+    assert rescue.details["outputs_restrided"] == [0]
+    assert rescue.reason == "outputs 0 handed back in the strides Dynamo recorded"
+
+
+def test_why_not_fused_shows_each_rescue():
+    guard = FusionGuard()
+    jitted = thunder.jit(program, executors=[failing_executor("sin", [])], transforms=[guard])
+    step(jitted, *inputs())
+    report = why_not_fused(jitted, *inputs())
+    rows = report.of_kind("rescue")
+    assert len(rows) == len(guard.report.filter(action="rescue")) == 2  # sin: the forward, again in the backward
+    (row,) = [r for r in rows if r.trace == "forward"]
+    assert "cannot be scheduled" in row.reason and row.try_ == "runs by Thunder's torch executor now"
+    assert row.source.endswith(f"test_rescue.py:{program.__code__.co_firstlineno + 1}")
+    assert "2 rescues (failed, run another way)" in report.summary()

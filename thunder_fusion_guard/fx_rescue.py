@@ -1,0 +1,211 @@
+"""Rescue of ThunderFX subgraphs: a split subgraph that Thunder fails to compile or to run is run the way ThunderFX
+runs the ops it splits off, and one whose outputs come back in another layout than Dynamo recorded hands them
+back in the recorded one.
+
+ThunderFX compiles each split subgraph with ``thunder.jit`` at its first call; an error there (Thunder's
+interpreter, a transform, a fusion executor) ends the user's step. :class:`SubgraphRescue` stands between the
+subgraph's ThunderModule and Thunder's compiled function. Where a call fails it runs, from then on:
+
+1. where the failure came from ``CUDAGraphTransform``, the same subgraph compiled by Thunder without it (it
+   only captures and replays, so no value changes: that part stays uncaptured);
+2. otherwise the subgraph's fx module compiled by Inductor, as ThunderFX compiles the ops it splits off;
+3. that module run eagerly, where Inductor fails too.
+
+An error the eager module raises as well is the user's: it reaches the caller unchanged. The parts that follow a
+Thunder subgraph were compiled for the strides Dynamo recorded (Inductor checks them), so on its first call each
+output whose strides differ from the recorded ones, and that is no view of an input, is copied into that layout
+from then on (same values).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import _thunder as th
+from .decisions import Decision
+from .errors import error_line, error_text
+
+# Told of each rescue, and of outputs restrided.
+OnRescue = Callable[["Rescued"], None]
+
+
+@dataclass(frozen=True)
+class Rescued:
+    """What happened to one subgraph: ``by`` runs it now after ``error`` (None: only ``restrided`` outputs)."""
+
+    by: str | None
+    error: Exception | None
+    args: tuple
+    restrided: tuple[int, ...] = ()
+    problems: tuple[str, ...] = ()
+
+
+def compile_fx_module(module: torch.fx.GraphModule, inputs: list[Any], backend: str) -> Callable:
+    """A copy of ``module`` run eagerly (``backend='eager'``) or compiled by Inductor for ``inputs``
+    (``'inductor'``); a copy, since Inductor's passes may rewrite the graph they are given."""
+    copied = torch.fx.GraphModule(module, copy.deepcopy(module.graph))
+    if backend == "eager":
+        return copied
+    if backend == "inductor":
+        return torch._inductor.compile(copied, list(inputs))
+    raise ValueError(f"unknown backend {backend!r}; allowed: 'eager', 'inductor'")
+
+
+class SubgraphRescue:
+    """What a ThunderFX subgraph's ThunderModule calls instead of Thunder's compiled function ``thunder_fn``."""
+
+    def __init__(self, jitted: Any, thunder_fn: Callable, module: torch.fx.GraphModule, on_rescue: OnRescue) -> None:
+        self.jitted, self.thunder_fn, self.module = jitted, thunder_fn, module
+        self._run: Callable = thunder_fn
+        self._after: Callable[[Any, tuple], Any] | None = self._check_layout
+        self._restrided: tuple[int, ...] = ()
+        self._examples: list[Any] = []
+        self._on_rescue = on_rescue
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            out = self._run(*args, **kwargs)
+        except Exception as error:
+            if self._run is not self.thunder_fn:
+                raise
+            return self._rescue(error, args, kwargs)
+        return out if self._after is None else self._after(out, args)
+
+    @property
+    def rescued(self) -> bool:
+        return self._run is not self.thunder_fn
+
+    def _rescue(self, error: Exception, args: tuple, kwargs: dict) -> Any:
+        problems: list[str] = []
+        for transform in th.jitted_transforms(self.jitted):
+            th.forget_forward(transform)  # a failed compilation may have left its forward's state behind
+        culprit = _failing_transform(error, th.jitted_transforms(self.jitted))
+        if culprit is not None and th.is_cudagraph_transform(culprit):
+            try:
+                again = th.jit_again_without(self.jitted, culprit)
+                out = again(*args, **kwargs)
+                return self._rescued(f"Thunder without {type(culprit).__name__}", again, out, error, args, problems)
+            except Exception as e:
+                problems.append(f"Thunder without {type(culprit).__name__}: {error_line(e)}")
+                th.forget_forward(culprit)
+        try:
+            inductor = compile_fx_module(self.module, list(args), "inductor")
+            out = inductor(*args)
+            return self._rescued("Inductor", inductor, out, error, args, problems)
+        except Exception as e:
+            problems.append(f"Inductor: {error_line(e)}")
+        eager = compile_fx_module(self.module, list(args), "eager")
+        out = eager(*args, **kwargs)  # its error is the user's, as eager PyTorch raises it
+        return self._rescued("eager PyTorch", eager, out, error, args, problems)
+
+    def _rescued(self, by: str, run: Callable, out: Any, error: Exception, args: tuple, problems: list[str]) -> Any:
+        self._run, self._after = run, None
+        self._tell(Rescued(by, error, args, problems=tuple(problems)))
+        return out
+
+    def _check_layout(self, out: Any, args: tuple) -> Any:
+        """The first call's outputs against Dynamo's record; from then on, the mismatched ones restrided."""
+        self._after = None
+        outputs = list(out) if isinstance(out, (tuple, list)) else [out]
+        self._examples = examples = th.fx_output_examples(self.module)
+        if len(examples) != len(outputs):
+            return out
+        inputs = [a for a in args if isinstance(a, torch.Tensor)]
+        self._restrided = tuple(
+            i
+            for i, (o, ex) in enumerate(zip(outputs, examples, strict=True))
+            if _layout_differs(o, ex) and not any(_shares_memory(o, a) for a in inputs)
+        )
+        if not self._restrided:
+            return out
+        self._after = self._restride
+        self._tell(Rescued(None, None, args, restrided=self._restrided))
+        return self._restride(out, args)
+
+    def _restride(self, out: Any, args: tuple) -> Any:
+        single = not isinstance(out, (tuple, list))
+        outputs = [out] if single else list(out)
+        for i in self._restrided:
+            o, ex = outputs[i], self._examples[i]
+            if isinstance(o, torch.Tensor) and _layout_differs(o, ex):
+                outputs[i] = torch.empty_strided(ex.size(), ex.stride(), dtype=o.dtype, device=o.device).copy_(o)
+        return outputs[0] if single else type(out)(outputs)
+
+    def _tell(self, what: Rescued) -> None:
+        with contextlib.suppress(Exception):  # recording never breaks the call
+            self._on_rescue(what)
+
+
+def _failing_transform(error: BaseException, transforms: list[Any]) -> Any | None:
+    """The transform of ``transforms`` whose method raised ``error`` (the innermost on its traceback), if any."""
+    found = None
+    tb = error.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if any(owner is t for t in transforms):
+            found = owner
+        tb = tb.tb_next
+    return found
+
+
+def _layout_differs(out: Any, example: Any) -> bool:
+    """Whether tensor ``out`` has the sizes of Dynamo's ``example`` but other strides, in a layout a copy can
+    take (dense, no two elements in one place); False where either is no tensor or sizes are symbolic."""
+    if not isinstance(out, torch.Tensor) or not isinstance(example, torch.Tensor):
+        return False
+    try:
+        size, stride = tuple(int(n) for n in example.size()), tuple(int(s) for s in example.stride())
+    except Exception:
+        return False
+    if tuple(out.size()) != size or tuple(out.stride()) == stride:
+        return False
+    return _dense(size, stride)
+
+
+def _dense(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Whether a tensor of ``size`` and ``stride`` covers its memory exactly once (a permuted contiguous layout)."""
+    expected = 1
+    for n, s in sorted((d for d in zip(size, stride, strict=True) if d[0] != 1), key=lambda d: d[1]):
+        if s != expected:
+            return False
+        expected *= n
+    return True
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    try:
+        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    except Exception:
+        return True
+
+
+def rescue_decision(subgraph: str, module: torch.fx.GraphModule, what: Rescued, describe: Callable) -> Decision:
+    """The decision recording ``what`` happened to ThunderFX subgraph ``subgraph`` (its fx ``module``);
+    ``describe(args)`` words the failing call's inputs."""
+    ops = th.fx_graph_ops(module)
+    if what.error is None:
+        outputs = ", ".join(map(str, what.restrided))
+        reason = f"outputs {outputs} handed back in the strides Dynamo recorded"
+        explanation = (
+            f"Thunder returned outputs {outputs} of {subgraph} with other strides than Dynamo recorded, which the "
+            "parts compiled after it check: each is copied into the recorded layout (the same values)"
+        )
+        d = Decision("forward", subgraph, "thunder", ops, "rescue", reason, subgraph=subgraph)
+        d.details.update(explanation=explanation, outputs_restrided=list(what.restrided))
+    else:
+        tried = "".join(f"; {p} failed too" for p in what.problems)
+        explanation = f"Thunder failed on {subgraph} ({error_line(what.error)}); {what.by} runs it from then on{tried}"
+        d = Decision("forward", subgraph, "thunder", ops, "rescue", error_line(what.error), subgraph=subgraph)
+        d.error = error_text(what.error)
+        d.details.update(explanation=explanation, rescued_by=what.by, error_type=type(what.error).__name__)
+        d.details["inputs"] = describe(what.args)
+    source = th.fx_module_source(module)
+    if source:
+        d.details["source"] = source
+    return d

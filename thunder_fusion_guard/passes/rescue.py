@@ -1,0 +1,105 @@
+"""Rescue: each fusion region of a trace called through :class:`~.._thunder.RescuingCall`, so that a region its
+fusion executor fails to compile or to run is run by Thunder's torch executor instead (its ops one by one, as a
+rejected region is), and the failure is recorded.
+
+While a region's fusion works, the call is the fusion's own: the bits cannot change. The fallback is built only
+when a region fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import _thunder as th
+from ..regions import Region, find_regions
+from .rewrite import lower_region
+
+# What a rescue tells: the region, the error and the arguments of the call that failed.
+OnRescue = Callable[[Region, Exception, tuple], None]
+
+
+@dataclass(frozen=True)
+class RescueWrap:
+    """One region now called through a rescuing call (``wrapped``), or why it is called as it was."""
+
+    region: str
+    wrapped: bool
+    because: str | None = None
+
+
+def rescue_calls(
+    trace: th.TraceCtx, may_rescue: Callable[[th.BoundSymbol], bool], on_rescue: OnRescue
+) -> tuple[th.TraceCtx, list[RescueWrap]]:
+    """``trace`` with every fusion region that ``may_rescue`` allows called through a rescuing call; a region
+    that fails is lowered to Thunder's torch executor then, and ``on_rescue(region, error, args)`` is told."""
+    wraps: list[RescueWrap] = []
+    bsyms = list(trace.bound_symbols)
+    for region in find_regions(trace):
+        if not may_rescue(region.bsym):
+            continue
+        if not all(isinstance(a, th.Proxy) for a in region.bsym.args):
+            wraps.append(RescueWrap(region.name, False, "its call takes values that are not proxies"))
+            continue
+        call = th.RescuingCall(
+            th.region_callable(region.bsym),
+            _fallback_maker(trace, region),
+            lambda error, args, region=region: on_rescue(region, error, args),
+        )
+        bsyms[region.position] = th.with_region_callable(region.bsym, call)
+        wraps.append(RescueWrap(region.name, True))
+    if not any(w.wrapped for w in wraps):
+        return trace, wraps
+    return th.new_trace_like(trace, bsyms), wraps
+
+
+def _fallback_maker(trace: th.TraceCtx, region: Region) -> Callable[[], Callable]:
+    def make() -> Callable:
+        body = lower_region(trace, region)
+        return th.python_callable_from_symbols(
+            f"{region.name}_rescued", body, list(region.bsym.args), list(region.outputs)
+        )
+
+    return make
+
+
+def describe_inputs(args: tuple) -> list[str]:
+    """Each argument as one line: a tensor's shape, dtype, strides and device, else the value's type and value."""
+    return [describe_value(a) for a in args]
+
+
+def describe_value(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{tuple(value.shape)} {value.dtype} stride {tuple(value.stride())} {value.device}"
+    return f"{type(value).__name__} {value!r}"[:120]
+
+
+def nvfuser_reproduction(fn: Callable, args: tuple, name: str) -> str | None:
+    """A script that runs the fusion region ``fn`` on inputs of the failing call's shapes, dtypes and strides
+    with nvFuser alone (its definition as nvFuser prints it); None where ``fn`` is no nvFuser region."""
+    definition = th.nvfuser_definition(fn, args)
+    if definition is None:
+        return None
+    inputs = ",\n    ".join(_input_code(a) for a in args)
+    versions = th.software_versions()
+    return (
+        f"# {name}: the fusion that failed, alone (nvFuser {versions['nvfuser']}, torch {versions['torch']})\n"
+        "import torch\nfrom nvfuser_direct import FusionDefinition, DataType  # noqa: F401\n\n"
+        f"{definition.strip()}\n\n"
+        f"inputs = [\n    {inputs},\n]\n"
+        "with FusionDefinition() as fd:\n    nvfuser_fusion(fd)\nprint(fd.execute(inputs))\n"
+    )
+
+
+def _input_code(value: Any) -> str:
+    """Python that makes a tensor of ``value``'s shape, dtype, strides and device (random floats, zeros
+    otherwise), or ``value`` itself."""
+    if not isinstance(value, torch.Tensor):
+        return repr(value)
+    size, stride = tuple(value.shape), tuple(value.stride())
+    span = 1 + sum((n - 1) * s for n, s in zip(size, stride, strict=True)) if value.numel() else 0
+    fill = "randn" if value.dtype.is_floating_point or value.dtype.is_complex else "zeros"
+    return f"torch.{fill}({span}, dtype={value.dtype}, device={str(value.device)!r}).as_strided({size}, {stride})"
