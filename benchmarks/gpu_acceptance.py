@@ -78,8 +78,10 @@ PYTEST_FILES = (
     "tests/test_executor_choice.py",
     "tests/test_measured.py",
 )
-MAX_GUARDED_OVER_EAGER = 0.35
-MAX_CUDAGRAPH_MS_H100 = 5.5
+MAX_GUARDED_OVER_EAGER = 0.30
+# A ratio, not milliseconds: the same package's step moved 2x between H100 hosts (eager 16.9 ms on one, 33.1 on
+# another), the ratio far less.
+MAX_CUDAGRAPH_OVER_EAGER = 0.22
 # Seconds kept back after the compiles: equality checks, the wait for pytest, warmup, timed rounds, writing.
 TIMING_RESERVE_S = 30.0
 # A first guess at one Thunder compile of the Mistral step (an H100, 16 cores), before one was measured.
@@ -191,15 +193,12 @@ def done_when(doc: dict[str, Any]) -> dict[str, Any]:
     hoisted = v.get("guarded", {}).get("hoist", {}).get("decisions")
     checks["hoist_decisions_recorded"] = {"value": hoisted, "pass": None if hoisted is None else hoisted > 0}
     graphs = med.get("guarded+cudagraph")
-    on_h100 = "H100" in doc["device"]
-    checks["guarded_cudagraph_ms_h100"] = {
-        "value": graphs,
-        "threshold": f"< {MAX_CUDAGRAPH_MS_H100} ms on an H100",
-        "applies": on_h100,
-        "pass": (graphs < MAX_CUDAGRAPH_MS_H100 if graphs is not None else None) if on_h100 else None,
+    graphs_ratio = graphs / med["eager"] if graphs and med.get("eager") else None
+    checks["guarded_cudagraph_over_eager"] = {
+        "value": None if graphs_ratio is None else round(graphs_ratio, 3),
+        "threshold": f"<= {MAX_CUDAGRAPH_OVER_EAGER}",
+        "pass": None if graphs_ratio is None else graphs_ratio <= MAX_CUDAGRAPH_OVER_EAGER,
     }
-    if not on_h100:
-        checks["guarded_cudagraph_ms_h100"]["note"] = f"not applicable: measured on {doc['device']}"
     equal = {}
     for label, e in v.items():
         for key in ("output_equal", "grads_equal", "second_step_output_equal", "second_step_grads_equal"):
