@@ -399,7 +399,7 @@ def compile_variant(workload: Workload, variant: str, device: str) -> Callable[.
         raise ValueError(f"unknown variant {variant!r}; allowed: {', '.join(ALL_VARIANTS)}")
     if variant in INDUCTOR_MODES:
         return torch.compile(workload.fn, mode=INDUCTOR_MODES[variant])
-    from .. import FusionGuard
+    from ..transform import FusionGuard
 
     return thunder_compile(workload, device, [FusionGuard(**workload.guard_options)] if variant == "guarded" else [])
 

@@ -29,6 +29,7 @@ import torch
 
 from ..measure.timing import quartiles
 from ..render.table import text_table
+from ..wording import error_line
 from .machine import machine_info
 
 GROUPS = ("ops", "nanogpt", "litgpt", "opinfo")
@@ -251,13 +252,13 @@ def measure_program(program: Program, device: str, reps: int, region_s: float) -
     guard could hand it to another fusion executor, fused by that executor)."""
     import thunder
 
-    from .. import FusionGuard
     from .. import _thunder as th
     from ..cost import UnknownSize, estimate
     from ..examine.calls import program_calls
     from ..measure.breakeven import region_pair
     from ..measure.timing import interleaved_us
     from ..ops import switch_keeps_bits
+    from ..transform import FusionGuard
 
     fn, args, backward, options = program.build(device)
     if device != "cuda":
@@ -314,7 +315,7 @@ def measure_program(program: Program, device: str, reps: int, region_s: float) -
                     fns, replay, reps=reps, warmup=3, deadline_ns=deadline, min_reps=5, cuda=device == "cuda"
                 )
         except Exception as e:
-            row.error = f"{type(e).__name__}: {str(e).strip()[:160]}"
+            row.error = error_line(e)
             continue
         if other_s:
             row.other_us = round(statistics.median(other_s[0]), 3)
@@ -548,7 +549,7 @@ def run(
         try:
             got, info[label] = measure_program(program, device, reps, region_s)
         except Exception as e:
-            info[label] = {"error": f"{type(e).__name__}: {str(e).strip()[:200]}"}
+            info[label] = {"error": error_line(e)}
             log(f"[{i}/{len(programs)}] {label} FAILED: {info[label]['error']}")
         else:
             rows += got
@@ -566,8 +567,8 @@ def guarded_step(program: Program, device: str) -> Callable[[], None]:
     """One call of ``program`` (and its backward) jitted with a default, applied ``FusionGuard``."""
     import thunder
 
-    from .. import FusionGuard
     from ..examine.calls import step
+    from ..transform import FusionGuard
 
     fn, args, backward, options = program.build(device)
     if device != "cuda":

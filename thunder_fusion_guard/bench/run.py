@@ -23,6 +23,7 @@ from typing import Any
 
 from ..measure.timing import Timing, interleaved_rounds, quartiles
 from ..render.table import markdown_table, text_table
+from ..wording import error_line
 from .cases import (
     VARIANT_BUILDS,
     VARIANTS,
@@ -87,7 +88,7 @@ def measure_case(
             step = make_step(workload, variant, device)
             result.first_call_s[variant] = _time_once(step)
         except Exception as e:  # one variant failing must not lose the others' numbers
-            result.variant_errors[variant] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
+            result.variant_errors[variant] = error_line(e)
             _log(f"    {case.group}: {variant} FAILED: {result.variant_errors[variant]}")
             continue
         steps[variant] = step
@@ -178,7 +179,7 @@ def benchmark_version() -> str:
     try:
         return version("pytest-benchmark")
     except PackageNotFoundError:
-        from .. import __version__
+        from .._version import __version__
 
         return f"thunder-fusion-guard {__version__}"
 

@@ -142,7 +142,7 @@ def _version() -> str:
     """This package's version and those of torch, Thunder and nvFuser, read without importing them."""
     from importlib import metadata
 
-    from .. import __version__
+    from .._version import __version__
 
     def version(name: str) -> str:
         try:

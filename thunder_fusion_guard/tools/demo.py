@@ -84,9 +84,9 @@ def run_demo(
 
     ``progress`` gets a line as each case compiles and is timed; ``note`` ends the table (how it was timed).
     """
-    from .. import FusionGuard
     from .._thunder import fusion_executors
     from .._thunder.compat import applied_fixes
+    from ..transform import FusionGuard
 
     if reps < 1:
         raise ValueError(f"run_demo: reps must be >= 1, got {reps}")

@@ -177,11 +177,13 @@ def run_report(
     """
     import torch
 
-    from .. import FusionGuard, collect_segments, profile_regions
     from .._thunder import software_versions
     from ..examine.calls import step
     from ..examine.dataflow import trace_graphs
     from ..examine.explain import report_of
+    from ..examine.profile import profile_regions
+    from ..examine.segments import collect_segments
+    from ..transform import FusionGuard
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     fn, args, kwargs = make_workload(load_target(spec), device)
