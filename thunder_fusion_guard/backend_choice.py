@@ -25,10 +25,10 @@ from typing import Any
 import torch
 
 from . import _thunder as th
-from .errors import error_line
 from .fx_rescue import compile_fx_module
 from .measure.timing import interleaved_us
 from .report import backend_choice_line
+from .wording import error_line
 
 BACKENDS = ("thunder", "inductor", "eager")
 WARMUP = 2

@@ -29,7 +29,7 @@ import torch
 
 from . import _thunder as th
 from .decisions import Decision
-from .errors import error_line, error_text
+from .wording import error_line, error_text
 
 # Told of each rescue, and of outputs restrided.
 OnRescue = Callable[["Rescued"], None]

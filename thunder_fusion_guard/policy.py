@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import wording
 from .cost import CostConstants, Measured, UnknownSize, estimate
 from .ops import (
     exactness_reason,
@@ -42,8 +43,7 @@ REASON_LIMIT = 100
 
 def one_line(text: str, limit: int = REASON_LIMIT) -> str:
     """``text`` on one line, cut to ``limit`` characters (ending in '…') where longer."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+    return wording.one_line(text, limit)
 
 
 def explained(reason: str, explanation: str | None = None) -> tuple[str, dict[str, str]]:

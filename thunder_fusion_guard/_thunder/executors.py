@@ -11,6 +11,8 @@ import thunder
 import torch
 from thunder.extend import FusionExecutor, OperatorExecutor, get_all_executors
 
+from ..wording import error_line
+
 __all__ = [
     "ALTERNATIVE_FUSERS",
     "GENERAL_FUSERS",
@@ -79,8 +81,7 @@ def nvfuser_problem() -> str | None:
             if e.name != module:
                 errors.append(f"{module} fails to load: {e}")
         except (ImportError, OSError) as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            errors.append(f"{module} fails to load: {first}")
+            errors.append(f"{module} fails to load: {error_line(e).split(': ', 1)[-1]}")
     else:
         if not errors:
             return "no nvFuser package is installed"

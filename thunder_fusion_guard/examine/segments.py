@@ -17,6 +17,7 @@ import torch
 
 from .. import _thunder as th
 from ..measure.timing import uses_cuda
+from ..wording import fit
 from .calls import program_calls
 
 KERNEL_NAME = re.compile(r"nvfuser_(?P<scheduler>[a-z_]+?)_f\d+_c\d+_r\d+_g\d+")
@@ -38,7 +39,7 @@ def short_name(kernel_name: str) -> str:
     if match:
         return match[0]
     base = kernel_name.split("(", 1)[0]
-    return base if len(base) <= 96 else base[:95] + "…"
+    return fit(base, 96)
 
 
 _KERNEL_BLOCK = re.compile(r"%kernel \{\n(.*?)^\}", re.S | re.M)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from .. import _thunder as th
+from ..measure.timing import interleaved_rounds
 from ..ops import work_kind
 from ..regions import find_regions
 from ..render.bars import grouped_bars_svg
@@ -221,16 +222,17 @@ def _sync(device: str) -> None:
 
 
 def _time(step: Callable[[], Any], rounds: int, device: str) -> tuple[float, float]:
-    walls, hosts = [], []
-    for _ in range(rounds):
-        _sync(device)
+    """Median µs of a step, synchronised (the benchmarks' one timing loop), and of its host part alone (until the
+    step returns)."""
+    hosts: list[float] = []
+
+    def timed() -> None:
         start = time.perf_counter_ns()
         step()
-        returned = time.perf_counter_ns()
-        _sync(device)
-        walls.append((time.perf_counter_ns() - start) / 1e3)
-        hosts.append((returned - start) / 1e3)
-    return statistics.median(walls), statistics.median(hosts)
+        hosts.append((time.perf_counter_ns() - start) / 1e3)
+
+    walls = interleaved_rounds({"step": timed}, rounds, sync=lambda: _sync(device)).samples["step"]
+    return statistics.median(walls) * 1e6, statistics.median(hosts)
 
 
 @dataclass

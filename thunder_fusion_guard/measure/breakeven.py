@@ -29,6 +29,7 @@ from ..distributed import world_size
 from ..ops import WRITES_BY_INDEX
 from ..passes.rewrite import lower_region
 from ..regions import Region
+from ..wording import error_line
 from .cache import cache_dir, device_name, read_json, update_json
 from .timing import Clock, Timing, host_device_us, interleaved_us
 
@@ -198,7 +199,7 @@ class RegionMeasurer:
         try:
             measured = contextvars.Context().run(self._time, trace, region, left, other)
         except Exception as e:  # never into the user's program: the model decides instead
-            measured = f"not timed: {type(e).__name__}: {str(e).strip()[:200]}"
+            measured = f"not timed: {error_line(e)}"
         finally:
             self.seconds += (self.clock() - start) / 1e9
         if isinstance(measured, str):
@@ -241,7 +242,7 @@ class RegionMeasurer:
                     fns[-1](*args)
                 except Exception as e:
                     fns = fns[:2]
-                    problem = f"{other.name} failed on it: {type(e).__name__}: {str(e).strip()[:160]}"
+                    problem = f"{other.name} failed on it: {error_line(e)}"
             self.first_call_seconds += (self.clock() - first) / 1e9
             deadline = self.clock() + int(min(REGION_TIMING_S, max(left_s - (self.clock() - first) / 1e9, 0)) * 1e9)
             samples = interleaved_us(

@@ -10,12 +10,12 @@ from typing import Any
 from .. import _thunder as th
 from ..cost import CostConstants, Measured
 from ..decisions import Decision
-from ..errors import error_line, error_text
 from ..ops import hoist_keeps_bits, is_communication, rebuild_keeps_bits, rounding_at_cut
 from ..options import GuardOptions
 from ..policy import BOOKEND, decide, explained
 from ..regions import Region, find_regions
 from ..report import Report
+from ..wording import error_line, error_text
 from .collectives import communication_changes
 from .direct_calls import direct_calls
 from .fold import SETITEM, fold_setitem_copies

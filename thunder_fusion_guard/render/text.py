@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..decisions import Subgraph
+from ..wording import fit
 from .table import op_groups, percent_text, plural
 
 # (fill, stroke) per guard action; regions without a decision, ops, views and the function's inputs/outputs.
@@ -67,11 +68,6 @@ def display_name(op: str) -> str:
         if op.startswith(prefix) and op.endswith("_impl"):
             return op[len(prefix) : -len("_impl")]
     return op
-
-
-def fit(text: str, chars: int) -> str:
-    """``text`` cut with an ellipsis to ``chars`` characters."""
-    return text if len(text) <= chars else text[: max(1, chars - 1)] + "…"
 
 
 def wrap(text: str, chars: int, lines: int) -> list[str]:
