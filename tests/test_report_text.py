@@ -113,7 +113,7 @@ def test_table_lines():
 
 
 def test_actions_and_details_are_typed_records():
-    assert ACTIONS == get_args(Action) == ("keep", "reject", "switch", "rehome", "remove", "fold", "hoist")
+    assert ACTIONS == get_args(Action) == ("keep", "reject", "switch", "rehome", "remove", "fold", "hoist", "rescue")
     with pytest.raises(ValueError, match="unknown action 'drop'"):
         Report().add(_decision("nvFusion0", "drop"))
 

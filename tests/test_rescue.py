@@ -260,3 +260,64 @@ def test_why_not_fused_shows_each_rescue():
     assert "cannot be scheduled" in row.reason and row.try_ == "runs by Thunder's torch executor now"
     assert row.source.endswith(f"test_rescue.py:{program.__code__.co_firstlineno + 1}")
     assert "2 rescues (failed, run another way)" in report.summary()
+
+
+def test_a_cuda_graph_transform_that_fails_leaves_that_subgraph_uncaptured_on_thunder():
+    """A ``CUDAGraphTransform`` that fails on a subgraph's backward trace (the NequIP-style model's bare
+    ``AssertionError`` on an H100): the subgraph is compiled again by Thunder without it, so it is still fused and
+    guarded, only not captured; made on CPU with a subclass that fails where the real one asserted."""
+    from thunder.transforms.cudagraph import CUDAGraphTransform
+
+    class FailsOnBackward(CUDAGraphTransform):
+        def transform_trace_post_optimization(self, trace, **kwargs):
+            if trace.siginfo().name == "backward_fn":
+                raise AssertionError
+            return trace  # captures nothing here: CPU
+
+    guard, graphs = FusionGuard(), FailsOnBackward()
+    compiled = thunderfx(program, executors=fusion_executors("cpu"), transforms=[guard, graphs])
+    plain = thunderfx(program, executors=fusion_executors("cpu"))
+    x, w = inputs()
+    out, grads = step(compiled, x, w)
+    want, want_grads = step(plain, x, w)
+    assert_same(flat([out, *grads]), flat([want, *want_grads]))  # Thunder still runs it: unguarded Thunder's bits
+    (rescue,) = guard.report.filter(action="rescue")
+    assert rescue.details["rescued_by"] == "Thunder without FailsOnBackward"
+    assert rescue.reason == "AssertionError" and rescue.subgraph == "subgraph 0"
+    # The compilation again without it went through the guard: its regions were decided and are called by it.
+    assert any(d.action == "keep" and d.trace == "backward" for d in guard.report.decisions)
+    step(compiled, x, w)
+    assert len(guard.report.filter(action="rescue")) == 1
+
+
+@pytest.mark.cuda
+def test_nvfuser_failure_on_timm_convnext_is_rescued_and_reproduced_alone():
+    """timm's ConvNeXt (the zoo's) through thunder.jit: nvFuser 0.2.36 fails to compile some of its regions
+    (``Vectorized dim for producer has to be from an inner most position``); guarded, each runs by Thunder's
+    torch executor, the step agrees with eager, and each rescue's reproduction fails alone as it did."""
+    import subprocess
+    import sys
+
+    from thunder_fusion_guard.bench.zoo_models import ZOO
+
+    pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = ZOO["timm-convnext"].build("cuda")
+    guard = FusionGuard()
+    jitted = thunder.jit(model.module, transforms=[guard])
+    loss = model.loss(jitted(*model.inputs))
+    loss.backward()
+    grads = [p.grad.clone() for p in model.module.parameters()]
+    model.module.zero_grad(set_to_none=True)
+    want = model.loss(model.module(*model.inputs))
+    want.backward()
+    torch.testing.assert_close(loss, want)
+    torch.testing.assert_close(grads, [p.grad for p in model.module.parameters()], rtol=1e-3, atol=1e-4)
+    rescues = guard.report.filter(action="rescue")
+    assert rescues and {d.executor for d in rescues} == {"nvfuser"}, [d.reason for d in rescues]
+    first = rescues[0]
+    assert first.details["rescued_by"] == "Thunder's torch executor" and first.details["inputs"]
+    repro = first.details["reproduction"]
+    done = subprocess.run([sys.executable, "-c", repro], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0, done.stdout[-2000:]
+    assert first.reason.split(": ", 1)[-1][:60] in done.stderr, done.stderr[-3000:]

@@ -74,6 +74,37 @@ def test_summary_rows_say_what_failed_and_compare_to_thunder():
     assert zoo.BACKEND_CHOICE not in zoo.BASELINE  # it may round differently: compared with no Thunder path
 
 
+def test_a_rescued_path_is_compared_with_eager_and_its_rescues_listed():
+    import torch
+
+    result = {
+        "model": "m",
+        "paths": {
+            "eager": {"runs": True, "samples_s": [0.004] * 3},
+            "fx": {"runs": False, "error": "RuntimeError: Attempting to reshape"},
+            "fx-guarded": {
+                "runs": True, "samples_s": [0.006] * 3, "compared_with": "eager", "bits": "within eager's tolerance",
+                "rescues": [
+                    {"where": "subgraph 0", "reason": "RuntimeError: Attempting to reshape", "rescued_by": "Inductor"},
+                    {"where": "subgraph 1", "reason": "RuntimeError: Attempting to reshape", "rescued_by": "Inductor"},
+                    {"where": "subgraph 2", "reason": "outputs 0 handed back in the strides Dynamo recorded"},
+                ],
+            },
+        },
+    }  # fmt: skip
+    rows = {r[1]: r for r in zoo.summary_rows([result])[1:]}
+    assert rows["fx-guarded"][3] == "within eager's tolerance"
+    assert rows["fx-guarded"][5] == "-" and rows["fx-guarded"][6] == "1.50"  # no x thunder: thunder failed
+    assert zoo.rescue_lines([result]) == [
+        "m fx-guarded: rescue x2: Inductor: RuntimeError: Attempting to reshape",
+        "m fx-guarded: rescue x1: restrided: outputs 0 handed back in the strides Dynamo recorded",
+    ]
+    eager = [torch.tensor([1.0, 2.0], dtype=torch.bfloat16)]
+    assert zoo._against_eager(eager, eager) == "bitwise equal to eager"
+    assert zoo._against_eager([eager[0] + 0.01], eager) == "within eager's tolerance"
+    assert zoo._against_eager([eager[0] + 1], eager) == "outside eager's tolerance"
+
+
 def test_difference_is_zero_only_for_equal_bits():
     import torch
 

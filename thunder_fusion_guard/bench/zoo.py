@@ -23,6 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ..wording import error_line
+
 PATHS = (
     "eager",
     "inductor",
@@ -105,7 +107,8 @@ def _compile(
     from thunder.dynamo import thunderfx
     from thunder.transforms.cudagraph import CUDAGraphTransform
 
-    from .. import FusionGuard, fusion_executors
+    from .._thunder import fusion_executors
+    from ..transform import FusionGuard
 
     guard = FusionGuard(**(guard_options or {})) if "guarded" in path else None
     transforms = ([guard] if guard else []) + ([CUDAGraphTransform()] if path.endswith("cudagraph") else [])
@@ -131,11 +134,6 @@ def _timing_alone() -> Iterator[None]:
 
 def _is_thunder(path: str) -> bool:
     return path not in ("eager", "inductor", "inductor-ro")
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0][:240] if text else ''}"
 
 
 class _Step:
@@ -186,14 +184,54 @@ def _difference(a: list[Any], b: list[Any]) -> float | None:
     return worst
 
 
-def _why_lines(fn: Any, limit: int = 3) -> list[str]:
-    """The summary and first rows of the why-not-fused report of a compiled Thunder path, where it can be made."""
-    try:
-        from .. import why_not_fused
+def _against_eager(guarded: list[Any], eager: list[Any]) -> str:
+    """How a guarded path's results compare with eager's where unguarded Thunder has none: bitwise, within
+    ``torch.testing.assert_close``'s tolerance for their dtype (what Thunder's own tests compare with), or not."""
+    import torch
 
-        why = why_not_fused(fn)
+    if _difference(guarded, eager) is None:
+        return "different tensors from eager"
+    try:
+        for a, b in zip(guarded, eager, strict=True):
+            if a is not None:
+                torch.testing.assert_close(a, b)
+    except AssertionError:
+        return "outside eager's tolerance"
+    return "bitwise equal to eager" if _difference(guarded, eager) == 0.0 else "within eager's tolerance"
+
+
+def _rescue_record(d: Any) -> dict[str, Any]:
+    """What the zoo keeps of one rescue decision: where, what failed, what runs it now."""
+    return {
+        "where": d.subgraph or d.trace,
+        "region": d.region,
+        "trace": d.trace,
+        "reason": d.reason,
+        "rescued_by": d.details.get("rescued_by"),
+        "outputs_restrided": d.details.get("outputs_restrided"),
+        "source": d.details.get("source"),
+    }
+
+
+def rescue_lines(results: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per distinct rescue of each model's guarded paths: what failed and what runs it now, counted."""
+    lines = []
+    for result in results:
+        for path, row in result["paths"].items():
+            seen = Counter(f"{r.get('rescued_by') or 'restrided'}: {r['reason']}" for r in row.get("rescues", []))
+            lines += [f"{result['model']} {path}: rescue x{n}: {what}" for what, n in seen.items()]
+    return lines
+
+
+def _why_lines(fn: Any, args: Sequence[Any] = (), limit: int = 3) -> list[str]:
+    """The summary and first rows of the why-not-fused report of a compiled Thunder path, where it can be made;
+    given ``args`` (on CUDA: one more step, for nvFuser's segments), as ``why_not_fused(fn, *args)``."""
+    try:
+        from ..examine.why import why_not_fused
+
+        why = why_not_fused(fn, *args)
     except Exception as e:  # a diagnosis failing must not lose the model's numbers
-        return [f"why_not_fused failed: {_first_line(e)}"]
+        return [f"why_not_fused failed: {error_line(e)}"]
     return [why.summary(), *str(why).splitlines()[2 : 2 + limit]]
 
 
@@ -273,9 +311,9 @@ def _compile_paths(
                     repeats.append(_difference(values[path], step.values()))
                 row["self_difference"] = None if None in repeats else max(repeats)
         except Exception as e:  # one path failing must not lose the others
-            row["error"] = _first_line(e)
+            row["error"] = error_line(e)
             if "\n" in str(e).strip():  # nvFuser's asserts say what failed after their first line
-                row["error_detail"] = str(e).strip()[:3000]
+                row["error_detail"] = str(e).strip()
             log(f"zoo: {name}: {path} FAILED: {row['error']}")
             save()
             continue
@@ -285,12 +323,19 @@ def _compile_paths(
         steps[path], guards[path] = step, guard
         if guard is not None:
             row["actions"] = dict(Counter(d.action for d in guard.report.decisions))
+            rescues = [_rescue_record(d) for d in guard.report.decisions if d.action == "rescue"]
+            if rescues:
+                row["rescues"] = rescues
         log(f"zoo: {name}: {path} runs, first call {row['first_call_s']:.1f} s")
         save()
     for path, baseline in BASELINE.items():
         if baseline not in values and baseline.endswith("cudagraph"):  # unguarded CUDA graphs did not run
             baseline = "fx" if baseline.startswith("fx") else "thunder"
-        if path in values and baseline in values:
+        if path in values and baseline not in values and "eager" in values:  # unguarded Thunder failed
+            row = result["paths"][path]
+            row["difference"], row["compared_with"] = _difference(values[path], values["eager"]), "eager"
+            row["bits"] = _against_eager(values[path], values["eager"])
+        elif path in values and baseline in values:
             row = result["paths"][path]
             row["difference"], row["compared_with"] = _difference(values[path], values[baseline]), baseline
             floor = result["paths"][baseline].get("self_difference")
@@ -302,7 +347,7 @@ def _compile_paths(
             )  # fmt: skip
     for path in GUARDED:
         if path in steps:
-            result["paths"][path]["why"] = _why_lines(steps[path].fn)
+            result["paths"][path]["why"] = _why_lines(steps[path].fn, model.inputs if device == "cuda" else ())
     save()
     return result, steps
 
@@ -375,7 +420,7 @@ def run_zoo(
 
 def summary_rows(results: Sequence[dict[str, Any]]) -> list[list[str]]:
     """One row per model and path: runs, bits against unguarded Thunder, median step ms, ratios, first call."""
-    rows = [["model", "path", "runs", "bits vs Thunder", "step ms", "x thunder", "x eager", "x inductor", "first s",
+    rows = [["model", "path", "runs", "bits", "step ms", "x thunder", "x eager", "x inductor", "first s",
              "guard actions"]]  # fmt: skip
     for result in results:
         medians = {p: _median(r.get("samples_s", [])) for p, r in result["paths"].items()}
@@ -393,13 +438,20 @@ def summary_rows(results: Sequence[dict[str, Any]]) -> list[list[str]]:
                 actions += "; subgraphs to " + ", ".join(f"{b} {n}" for b, n in sorted(row["backends"].items()))
             rows.append([
                 result["model"], path, "yes" if row["runs"] else f"no: {row.get('error', '')[:60]}",
-                row.get("bits", ""), f"{median * 1e3:.2f}" if median else "-",
-                ratio(path, base) if path in BASELINE else "-", ratio(path, "eager", own), ratio(path, "inductor"),
+                _bits_text(row), f"{median * 1e3:.2f}" if median else "-",
+                ratio(path, base) if path in BASELINE and base != "eager" else "-",
+                ratio(path, "eager", own), ratio(path, "inductor"),
                 f"{row['first_call_s']:.1f}" if "first_call_s" in row else "-", actions,
             ])  # fmt: skip
         if result.get("problem"):
             rows.append([result["model"], "-", f"stopped: {result['problem']}", "", "", "", "", "", "", ""])
     return rows
+
+
+def _bits_text(row: dict[str, Any]) -> str:
+    """The bits column: the comparison, and against which path where it is not the unguarded twin."""
+    bits = row.get("bits", "")
+    return f"{bits} (vs eager)" if bits and row.get("compared_with") == "eager" and "eager" not in bits else bits
 
 
 def to_json(results: Sequence[dict[str, Any]], device: str) -> dict[str, Any]:

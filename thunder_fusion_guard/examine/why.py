@@ -18,11 +18,12 @@ from typing import Any
 
 from .. import _thunder as th
 from .._thunder import partition as pt
-from ..errors import error_line
 from ..ops.metadata import runs_as_view
+from ..passes.hoist_runtime import HOISTED_NAME
 from ..render.table import plural, text_table
 from ..render.text import human_bytes
 from ..transform import guards_of
+from ..wording import error_line, fit
 
 KINDS = (
     "outside_thunder",
@@ -39,7 +40,6 @@ KINDS = (
     "unknown",
 )
 NO_FIX = "none: no executor here can fuse it"
-HOISTED_NAME = "hoisted_constants"
 
 
 @dataclass
@@ -180,7 +180,7 @@ def _bytes(n: int | None) -> str:
 
 def _table(header: Sequence[str], lines: Sequence[Sequence[str]], width: int = 60) -> str:
     """The rows through the package's one text table, long cells clipped to ``width`` characters."""
-    clipped = [[c if len(c) <= width else c[: width - 1] + "…" for c in line] for line in lines]
+    clipped = [[fit(c, width) for c in line] for line in lines]
     return "\n".join(text_table([list(header), *clipped]))
 
 
@@ -485,8 +485,7 @@ def _args_text(bsym: Any) -> str:
             parts.append(f"{spec[1]}{list(spec[0])} on {spec[2]}".replace("torch.", "") if spec else a.name)
         elif th.is_number_like(a):
             parts.append(repr(a))
-    text = ", ".join(parts)
-    return text if len(text) <= 60 else text[:59] + "…"
+    return fit(", ".join(parts), 60)
 
 
 def _refused_region(row: WhyRow, bsym: Any, original: Any, fuser: Any, context: _Context) -> WhyRow:

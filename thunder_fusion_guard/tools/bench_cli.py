@@ -202,6 +202,8 @@ def _zoo_command(args: argparse.Namespace) -> int:
         for path in zoo.GUARDED:
             for line in result["paths"].get(path, {}).get("why", [])[:1]:
                 print(f"{result['model']} {path}: {line}")
+    for line in zoo.rescue_lines(results):
+        print(line)
     together = "paths interleaved"
     if args.split:
         together = "paths of one process interleaved, x eager against the eager of the same process"
