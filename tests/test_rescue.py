@@ -321,3 +321,22 @@ def test_nvfuser_failure_on_timm_convnext_is_rescued_and_reproduced_alone():
     done = subprocess.run([sys.executable, "-c", repro], capture_output=True, text=True, timeout=300)
     assert done.returncode != 0, done.stdout[-2000:]
     assert first.reason.split(": ", 1)[-1][:60] in done.stderr, done.stderr[-3000:]
+
+
+def test_the_failing_transform_is_found_by_its_method_or_its_module():
+    from thunder.transforms.cudagraph import CUDAGraphRunner, CUDAGraphTransform
+
+    from thunder_fusion_guard.fx_rescue import _failing_transform
+
+    graphs, guard = CUDAGraphTransform(), FusionGuard()
+
+    def raised(fn):
+        try:
+            fn()
+        except Exception as e:
+            return e
+        raise AssertionError("did not raise")
+
+    in_runner = raised(lambda: CUDAGraphRunner.build_cuda_graph(None, None, None, None))  # the capture's module
+    assert _failing_transform(in_runner, [guard, graphs]) is graphs
+    assert _failing_transform(raised(lambda: 1 / 0), [guard, graphs]) is None

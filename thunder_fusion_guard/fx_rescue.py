@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -143,13 +144,19 @@ class SubgraphRescue:
 
 
 def _failing_transform(error: BaseException, transforms: list[Any]) -> Any | None:
-    """The transform of ``transforms`` whose method raised ``error`` (the innermost on its traceback), if any."""
+    """The transform of ``transforms`` that raised ``error``: the innermost frame of its traceback that is one of
+    the transform's methods, or code of the module that defines its class (``CUDAGraphTransform``'s capture runs
+    in a runner object of its module)."""
+    files = {}
+    for t in transforms:
+        with contextlib.suppress(TypeError, OSError):
+            files.setdefault(inspect.getfile(type(t)), t)
     found = None
     tb = error.__traceback__
     while tb is not None:
         owner = tb.tb_frame.f_locals.get("self")
-        if any(owner is t for t in transforms):
-            found = owner
+        by_method = next((t for t in transforms if owner is t), None)
+        found = by_method or files.get(tb.tb_frame.f_code.co_filename) or found
         tb = tb.tb_next
     return found
 
