@@ -340,3 +340,17 @@ def test_the_failing_transform_is_found_by_its_method_or_its_module():
     in_runner = raised(lambda: CUDAGraphRunner.build_cuda_graph(None, None, None, None))  # the capture's module
     assert _failing_transform(in_runner, [guard, graphs]) is graphs
     assert _failing_transform(raised(lambda: 1 / 0), [guard, graphs]) is None
+
+
+def scaled_then_thunder_only(x: torch.Tensor) -> torch.Tensor:
+    return (torch.sin(x) * 2).exp()  # one Thunder subgraph: nothing compiled for Dynamo's strides reads y
+
+
+def test_outputs_in_another_layout_that_only_thunder_reads_are_left_as_they_are():
+    guard = FusionGuard()
+    compiled = thunderfx(scaled_then_thunder_only, executors=[column_major_executor()], transforms=[guard])
+    x = torch.randn(4, 3)
+    out = compiled(x)
+    torch.testing.assert_close(out, scaled_then_thunder_only(x))
+    assert out.stride() == (1, 4)  # the executor's layout, not copied
+    assert guard.report.filter(action="rescue") == []

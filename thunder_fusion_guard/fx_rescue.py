@@ -11,10 +11,10 @@ subgraph's ThunderModule and Thunder's compiled function. Where a call fails it 
 2. otherwise the subgraph's fx module compiled by Inductor, as ThunderFX compiles the ops it splits off;
 3. that module run eagerly, where Inductor fails too.
 
-An error the eager module raises as well is the user's: it reaches the caller unchanged. The parts that follow a
-Thunder subgraph were compiled for the strides Dynamo recorded (Inductor checks them), so on its first call each
-output whose strides differ from the recorded ones, and that is no view of an input, is copied into that layout
-from then on (same values).
+An error the eager module raises as well is the user's: it reaches the caller unchanged. The parts ThunderFX
+compiled with Inductor were compiled for the strides Dynamo recorded, and check them, so on a subgraph's first
+call each output whose strides differ from the recorded ones, that is no view of an input and that such a part
+reads, is copied into that layout from then on (same values).
 """
 
 from __future__ import annotations
@@ -118,11 +118,14 @@ class SubgraphRescue:
         if len(examples) != len(outputs):
             return out
         inputs = [a for a in args if isinstance(a, torch.Tensor)]
-        self._restrided = tuple(
+        differ = [
             i
             for i, (o, ex) in enumerate(zip(outputs, examples, strict=True))
             if _layout_differs(o, ex) and not any(_shares_memory(o, a) for a in inputs)
-        )
+        ]
+        # Only where a part compiled for the recorded strides reads it (unknown: every one that differs).
+        readers = th.split_graph_readers(self.jitted) if differ else None
+        self._restrided = tuple(i for i in differ if readers is None or i >= len(readers) or "other" in readers[i])
         if not self._restrided:
             return out
         self._after = self._restride

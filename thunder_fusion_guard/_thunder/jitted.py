@@ -4,7 +4,9 @@ recording the arguments of the fusion calls of a run."""
 from __future__ import annotations
 
 import itertools
+import operator
 import re
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -45,6 +47,7 @@ __all__ = [
     "region_callable",
     "replace_subgraph",
     "set_module_call",
+    "split_graph_readers",
     "thunderfx_function_name",
     "thunderfx_split_ops",
     "thunderfx_subgraph_module",
@@ -492,3 +495,36 @@ def module_call(jitted: Any) -> Callable:
 def set_module_call(jitted: Any, fn: Callable) -> None:
     """Make the ThunderModule ``jitted`` call ``fn`` in its ``forward`` instead."""
     jitted._forward_fn = fn
+
+
+def split_graph_readers(jitted: Any) -> list[set[str]] | None:
+    """For each output of the ThunderFX subgraph ``jitted`` (its ThunderModule), what reads it in the split graph
+    calling it: ``thunder`` (another Thunder subgraph), ``other`` (a part ThunderFX compiled with Inductor or runs
+    eagerly) or ``output`` (the graph's own output). Found on the call stack, so only while the split graph runs;
+    None where no calling split graph is found."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, torch.fx.GraphModule):
+            for node in owner.graph.nodes:
+                if node.op == "call_module" and getattr(owner, str(node.target), None) is jitted:
+                    return _readers(owner, node)
+        frame = frame.f_back
+    return None
+
+
+def _readers(owner: torch.fx.GraphModule, node: torch.fx.Node) -> list[set[str]]:
+    def kind(user: torch.fx.Node) -> str:
+        if user.op == "output":
+            return "output"
+        if user.op == "call_module" and isinstance(getattr(owner, str(user.target), None), thunder.ThunderModule):
+            return "thunder"
+        return "other"
+
+    getitems = [u for u in node.users if u.op == "call_function" and u.target is operator.getitem]
+    if not getitems or len(getitems) != len(node.users):
+        return [{kind(u) for u in node.users}]
+    readers: dict[int, set[str]] = {}
+    for g in getitems:
+        readers.setdefault(int(g.args[1]), set()).update(kind(u) for u in g.users)
+    return [readers.get(i, set()) for i in range(max(readers) + 1)]
