@@ -138,7 +138,7 @@ def aliased_inputs():
     return torch.zeros(2), index.view(-1, 1).expand(3, 2), index
 
 
-def test_failing_thunderfx_subgraph_runs_through_inductor_and_its_inplace_update_holds():
+def test_failing_thunderfx_subgraph_runs_eagerly_and_its_inplace_update_holds():
     guard = FusionGuard()
     compiled = thunderfx(aliased_inplace, executors=fusion_executors("cpu"), transforms=[guard])
     buffer, expanded, index = aliased_inputs()
@@ -151,7 +151,8 @@ def test_failing_thunderfx_subgraph_runs_through_inductor_and_its_inplace_update
     (rescue,) = guard.report.filter(action="rescue")
     assert rescue.subgraph == "subgraph 0" and rescue.executor == "thunder"
     assert rescue.reason.startswith("RuntimeError: Attempting to reshape")
-    assert rescue.details["rescued_by"] == "Inductor"
+    assert rescue.details["rescued_by"] == "eager PyTorch"  # it updates an input in place: not Inductor
+    assert "not tried, the subgraph updates its inputs in place" in rescue.details["explanation"]
     line = aliased_inplace.__code__.co_firstlineno + 2
     assert rescue.details["source"].endswith(f"test_rescue.py:{line}")
     text = explain(compiled)
@@ -354,3 +355,29 @@ def test_outputs_in_another_layout_that_only_thunder_reads_are_left_as_they_are(
     torch.testing.assert_close(out, scaled_then_thunder_only(x))
     assert out.stride() == (1, 4)  # the executor's layout, not copied
     assert guard.report.filter(action="rescue") == []
+
+
+def narrow_copies(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """e3nn's tensor products write each path into a narrow of one output; ThunderFX splits narrow off."""
+    out = torch.zeros(4, 6)
+    y = torch.sin(x) * w
+    out.narrow(1, 0, 3).copy_(y)
+    out.narrow(1, 3, 3).copy_(y * 2)
+    return (out * out).sum()
+
+
+def test_a_subgraph_updating_a_view_with_grad_is_not_rescued_and_says_why():
+    """Run another way, the update of a view another compiled part made gave wrong gradients: the guard leaves
+    the failure as unguarded ThunderFX raises it, and records why it did not rescue."""
+    x, w = torch.randn(4, 3, requires_grad=True), torch.randn(3, requires_grad=True)
+    guard = FusionGuard()
+    for transforms in ([], [guard]):
+        compiled = thunderfx(narrow_copies, executors=fusion_executors("cpu"), transforms=transforms)
+        with pytest.raises(RuntimeError, match="Attempting to reshape"):
+            compiled(x, w)
+    (kept,) = [d for d in guard.report.decisions if d.reason.startswith("not rescued")]
+    assert kept.action == "keep" and "updates input views [1] in place with grad on" in kept.reason
+    assert kept.error.startswith("RuntimeError: Attempting to reshape")
+    with torch.no_grad():  # no gradient to lose: rescued, eagerly
+        out = thunderfx(narrow_copies, executors=fusion_executors("cpu"), transforms=[FusionGuard()])(x, w)
+    assert torch.equal(out, narrow_copies(x, w))

@@ -356,3 +356,22 @@ def test_nvfuser_option_rows_and_their_fix_on_cuda(option):
     inside = [s.sym.name for b in trace.bound_symbols if th.is_fusion(b) for s in th.fusion_body(b)]
     assert {"linear", "matmul"} & set(inside), inside
     assert not [r for r in why_not_fused(fixed).rows if r.kind == "option"]
+
+
+def test_without_a_fusion_executor_one_row_says_how_to_add_one():
+    """Thunder's own CPU executors fuse nothing but cross entropy: one row with the advice, not one per op."""
+    import thunder
+
+    from thunder_fusion_guard import why_not_fused
+
+    def block(x, w):
+        return torch.tanh(x @ w).mul(2).add(1).sum()
+
+    jitted = thunder.jit(block)
+    jitted(torch.randn(4, 4), torch.randn(4, 4))
+    report = why_not_fused(jitted)
+    (row,) = report.of_kind("no_fusion_executor")
+    assert row.count >= 4 and row.try_.startswith("thunder.jit(fn, executors=fusion_executors(device))")
+    assert "no general fusion executor in executors" in row.reason
+    assert [r for r in report.rows if r.kind in ("no_translation", "unknown")] == []
+    assert f"{row.count} with no general fusion executor" in report.summary()

@@ -67,14 +67,17 @@ class SubgraphRescue:
         self._after: Callable[[Any, tuple], Any] | None = self._check_layout
         self._restrided: tuple[int, ...] = ()
         self._examples: list[Any] = []
+        self._refused = False
         self._on_rescue = on_rescue
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        grad = torch.is_grad_enabled()
         try:
             out = self._run(*args, **kwargs)
         except Exception as error:
             if self._run is not self.thunder_fn:
                 raise
+            torch.set_grad_enabled(grad)  # a compilation that failed can leave Thunder's no-grad mode on
             return self._rescue(error, args, kwargs)
         return out if self._after is None else self._after(out, args)
 
@@ -83,6 +86,19 @@ class SubgraphRescue:
         return self._run is not self.thunder_fn
 
     def _rescue(self, error: Exception, args: tuple, kwargs: dict) -> Any:
+        updated = updated_inputs(self.module)
+        views = [
+            i
+            for i in sorted(updated)
+            if i < len(args) and isinstance(args[i], torch.Tensor) and args[i]._base is not None
+        ]
+        if views and torch.is_grad_enabled():
+            # Autograd through an update of a view made by another compiled part is where a run could go wrong
+            # without a word (gradients lost or wrong): the failure is the user's to see, as unguarded.
+            if not self._refused:
+                self._refused = True
+                self._tell(Rescued(None, error, args, problems=(f"updates input views {views} in place with grad on",)))
+            raise error
         problems: list[str] = []
         for transform in th.jitted_transforms(self.jitted):
             th.forget_forward(transform)  # a failed compilation may have left its forward's state behind
@@ -95,12 +111,16 @@ class SubgraphRescue:
             except Exception as e:
                 problems.append(f"Thunder without {type(culprit).__name__}: {error_line(e)}")
                 th.forget_forward(culprit)
-        try:
-            inductor = compile_fx_module(self.module, list(args), "inductor")
-            out = inductor(*args)
-            return self._rescued("Inductor", inductor, out, error, args, problems)
-        except Exception as e:
-            problems.append(f"Inductor: {error_line(e)}")
+        if updated:
+            # Inductor applies an update of an input outside autograd's view: gradients through it would be lost.
+            problems.append("Inductor: not tried, the subgraph updates its inputs in place")
+        else:
+            try:
+                inductor = compile_fx_module(self.module, list(args), "inductor")
+                out = inductor(*args)
+                return self._rescued("Inductor", inductor, out, error, args, problems)
+            except Exception as e:
+                problems.append(f"Inductor: {error_line(e)}")
         eager = compile_fx_module(self.module, list(args), "eager")
         out = eager(*args, **kwargs)  # its error is the user's, as eager PyTorch raises it
         return self._rescued("eager PyTorch", eager, out, error, args, problems)
@@ -144,6 +164,26 @@ class SubgraphRescue:
     def _tell(self, what: Rescued) -> None:
         with contextlib.suppress(Exception):  # recording never breaks the call
             self._on_rescue(what)
+
+
+def updated_inputs(gm: torch.fx.GraphModule) -> set[int]:
+    """The positions of the inputs of ``gm`` that it updates in place (through views of them too): the first
+    argument of each in-place op (a method or function whose name ends in one ``_``: ``copy_``, ``add_``) and of
+    each item set, followed back to a placeholder."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    found = set()
+    for node in gm.graph.nodes:
+        if node.op not in ("call_method", "call_function") or not node.args:
+            continue
+        name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+        if name != "setitem" and not (name.endswith("_") and not name.endswith("__")):
+            continue
+        target = node.args[0]
+        while isinstance(target, torch.fx.Node) and target.op != "placeholder" and target.args:
+            target = target.args[0]
+        if isinstance(target, torch.fx.Node) and target in placeholders:
+            found.add(placeholders.index(target))
+    return found
 
 
 def _failing_transform(error: BaseException, transforms: list[Any]) -> Any | None:
@@ -199,7 +239,16 @@ def rescue_decision(subgraph: str, module: torch.fx.GraphModule, what: Rescued, 
     """The decision recording ``what`` happened to ThunderFX subgraph ``subgraph`` (its fx ``module``);
     ``describe(args)`` words the failing call's inputs."""
     ops = th.fx_graph_ops(module)
-    if what.error is None:
+    if what.error is not None and what.by is None:
+        reason = f"not rescued: {what.problems[0]}"
+        explanation = (
+            f"Thunder failed on {subgraph} ({error_line(what.error)}); not rescued: it {what.problems[0]}, and "
+            "gradients through such an update across compiled parts could come out wrong without a word"
+        )
+        d = Decision("forward", subgraph, "thunder", ops, "keep", reason, subgraph=subgraph)
+        d.error = error_text(what.error)
+        d.details.update(explanation=explanation, error_type=type(what.error).__name__)
+    elif what.error is None:
         outputs = ", ".join(map(str, what.restrided))
         reason = f"outputs {outputs} handed back in the strides Dynamo recorded"
         explanation = (

@@ -16,6 +16,7 @@ from ..wording import error_line
 __all__ = [
     "ALTERNATIVE_FUSERS",
     "GENERAL_FUSERS",
+    "NARROW_FUSERS",
     "NVFUSER_INSTALL",
     "FusionExecutor",
     "default_executors",
@@ -134,6 +135,9 @@ def fusion_executors(device: Any = None) -> list[Any]:
 # Fusion executors that take general programs; Thunder's others fuse one pattern (torchcompile_cat: cat,
 # torchcompile_xentropy: cross-entropy) and are among its CPU defaults.
 GENERAL_FUSERS = ("nvfuser", "torchcompile")
+# Thunder's fusion executors that fuse only around a few ops (torch.cat, cross entropy): with no other, nothing else
+# is fused.
+NARROW_FUSERS = ("torchcompile_cat", "torchcompile_xentropy")
 
 
 def no_region_hint(executors: list[tuple[str, bool]]) -> str:

@@ -1,5 +1,7 @@
-"""Models nobody on this project wrote, built from their libraries' configs with random weights (nothing is
-downloaded): Hugging Face transformers, timm, torchvision, torch.nn, e3nn and torch_geometric.
+"""Third-party models, built from their libraries' configs and modules with random weights (nothing is
+downloaded): Hugging Face transformers, timm, torchvision, torch.nn, e3nn and torch_geometric. Two are written
+here, each saying so: the NequIP-style potential with hand-written tensor products, and the one assembled from
+e3nn's own modules as NequIP's users assemble it.
 
 Each builder returns a :class:`ZooModel`: the module (eval mode, so dropout draws nothing), the inputs of one
 training step, and how the step's loss is read from the module's output. Sizes are small (2 layers where
@@ -173,8 +175,8 @@ class NequIPLike(nn.Module):
     (``index_add``) to the atoms, linear self-interaction, gated nonlinearity, residuals; three layers of 16
     channels for l = 0, 1, 2; summed energy.
 
-    The tensor product is written in plain PyTorch: e3nn 0.6's own modules keep ``Irreps`` objects whose
-    ``__len__`` raises, which neither Dynamo nor Thunder's interpreter can trace. ``rewritten``: the same model
+    The tensor product is written here in plain PyTorch; :class:`E3nnNequIP` is the same kind of model from e3nn's
+    own modules. ``rewritten``: the same model
     with the changes why-not-fused suggests for the ops ThunderFX keeps out of Thunder (``scatter_add`` for
     ``index_add``, ``pow(2).sum().sqrt()`` for ``norm``, ``torch.zeros`` for ``new_zeros``).
     """
@@ -268,15 +270,92 @@ class NequIPLike(nn.Module):
 def nequip(device: str, rewritten: bool = False) -> ZooModel:
     """The NequIP-style potential on a random cluster of atoms; the step is the energy and its gradient with
     respect to the positions (the forces) and the weights."""
+    inputs = _atoms(device)
+    model = NequIPLike(rewritten=rewritten).to(device).eval()
+    return ZooModel(model, inputs, _sum)
+
+
+class E3nnInteraction(nn.Module):
+    """One NequIP interaction block from e3nn's modules: a fully connected tensor product of the atoms' features
+    (gathered on each edge) with the edge's spherical harmonics, its per-edge weights given by a radial MLP,
+    summed into the destination atoms with ``index_add``, then an equivariant linear layer."""
+
+    def __init__(self, irreps_in: Any, irreps_sh: Any, irreps_out: Any, basis: int) -> None:
+        from e3nn import o3
+
+        super().__init__()
+        self.tp = o3.FullyConnectedTensorProduct(
+            irreps_in, irreps_sh, irreps_out, shared_weights=False, internal_weights=False
+        )
+        self.radial = nn.Sequential(nn.Linear(basis, 32), nn.SiLU(), nn.Linear(32, self.tp.weight_numel))
+        self.linear = o3.Linear(irreps_out, irreps_out)
+
+    def forward(
+        self, x: torch.Tensor, sh: torch.Tensor, basis: torch.Tensor, src: torch.Tensor, dst: torch.Tensor
+    ) -> torch.Tensor:
+        messages = self.tp(x[src], sh, self.radial(basis))
+        zeros = torch.zeros(x.shape[0], messages.shape[1], dtype=messages.dtype, device=messages.device)
+        return self.linear(zeros.index_add(0, dst, messages))
+
+
+class E3nnNequIP(nn.Module):
+    """A NequIP potential as its users build it, from e3nn's own modules (written here, from NequIP's recipe):
+    ``o3.SphericalHarmonics`` of the edge vectors, a Bessel basis with NequIP's polynomial cutoff, interaction
+    blocks of ``o3.FullyConnectedTensorProduct`` (e3nn's instructions and path weights) and ``o3.Linear``, the
+    ``nn.Gate`` nonlinearity (SiLU on scalars, sigmoid gates on l = 1, 2), and a linear readout summed to the
+    energy. e3nn generates the tensor products' code with torch.fx."""
+
+    def __init__(self, channels: int = 8, lmax: int = 2, layers: int = 2, r_max: float = 4.0, basis: int = 8) -> None:
+        from e3nn import o3
+        from e3nn.nn import Gate
+
+        super().__init__()
+        self.r_max = r_max
+        irreps_sh = o3.Irreps.spherical_harmonics(lmax)
+        self.sh = o3.SphericalHarmonics(irreps_sh, normalize=True, normalization="component")
+        self.embed = nn.Embedding(4, channels)
+        self.register_buffer("frequencies", torch.arange(1, basis + 1) * math.pi / r_max)
+        irreps = o3.Irreps(f"{channels}x0e")
+        gated = o3.Irreps(" + ".join(f"{channels}x{d}{'e' if d % 2 == 0 else 'o'}" for d in range(1, lmax + 1)))
+        self.interactions, self.gates = nn.ModuleList(), nn.ModuleList()
+        for _ in range(layers):
+            gate = Gate(f"{channels}x0e", [nn.functional.silu], f"{gated.num_irreps}x0e", [torch.sigmoid], gated)
+            self.interactions.append(E3nnInteraction(irreps, irreps_sh, gate.irreps_in, basis))
+            self.gates.append(gate)
+            irreps = gate.irreps_out
+        self.readout = o3.Linear(irreps, "1x0e")
+
+    def forward(self, pos: torch.Tensor, species: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+        vec = pos[dst] - pos[src]
+        sh = self.sh(vec)
+        r = vec.norm(dim=1)[:, None]
+        u = r / self.r_max
+        cutoff = (1 - 28 * u**6 + 48 * u**7 - 21 * u**8) * (u < 1)
+        basis = math.sqrt(2 / self.r_max) * torch.sin(self.frequencies * r) / r * cutoff
+        x = self.embed(species)
+        for interaction, gate in zip(self.interactions, self.gates, strict=True):
+            x = gate(interaction(x, sh, basis, src, dst))
+        return self.readout(x).sum()
+
+
+def _atoms(device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A random cluster of atoms: positions (requiring grad: the forces), species, and the edges within 4 Å."""
     atoms = _width(device, 24, 256)
     generator = torch.Generator().manual_seed(0)
     pos = (torch.rand(atoms, 3, generator=generator) * atoms ** (1 / 3) * 1.6).to(device)
     species = torch.randint(0, 4, (atoms,), generator=generator).to(device)
     distance = torch.cdist(pos, pos)
     src, dst = ((distance < 4.0) & (distance > 0)).nonzero().T
-    pos.requires_grad_(True)
-    model = NequIPLike(rewritten=rewritten).to(device).eval()
-    return ZooModel(model, (pos, species, src.contiguous(), dst.contiguous()), _sum)
+    return pos.requires_grad_(True), species, src.contiguous(), dst.contiguous()
+
+
+def e3nn_nequip(device: str) -> ZooModel:
+    """The e3nn-built NequIP potential; the step is the energy and its gradient with respect to the positions and
+    the weights."""
+    torch.manual_seed(0)
+    channels = _width(device, 8, 32)
+    model = E3nnNequIP(channels=channels).to(device).eval()
+    return ZooModel(model, _atoms(device), _sum)
 
 
 ZOO: dict[str, ZooEntry] = {
@@ -323,12 +402,27 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry("tv-resnet18", "torchvision", "ConvNet with batch norm", resnet, "torchvision"),
         ZooEntry("nn-mha", "torch.nn", "nn.MultiheadAttention encoder", mha_block, "torch", small=True),
         ZooEntry("pyg-gat", "torch_geometric", "graph attention network", gcn, "torch_geometric"),
-        ZooEntry("e3nn-nequip", "e3nn", "NequIP-style potential, energy and forces", nequip, "e3nn", small=True),
+        ZooEntry(
+            "e3nn-nequip",
+            "e3nn",
+            "NequIP-style potential, energy and forces (tensor products written here)",
+            nequip,
+            "e3nn",
+            small=True,
+        ),
         ZooEntry(
             "e3nn-nequip-rewritten",
             "e3nn",
             "the same, with why-not-fused's rewrites (scatter_add, no norm or new_zeros)",
             functools.partial(nequip, rewritten=True),
+            "e3nn",
+            small=True,
+        ),
+        ZooEntry(
+            "e3nn-nequip-modules",
+            "e3nn",
+            "NequIP from e3nn's own modules (TensorProduct, Linear, Gate), energy and forces",
+            e3nn_nequip,
             "e3nn",
             small=True,
         ),

@@ -37,6 +37,7 @@ KINDS = (
     "segmented",
     "rescue",
     "not_analysed",
+    "no_fusion_executor",
     "unknown",
 )
 NO_FIX = "none: no executor here can fuse it"
@@ -96,6 +97,7 @@ class WhyReport:
             "checker": "refused by a checker",
             "option": "behind a compile option",
             "region_refused": "in refused regions",
+            "no_fusion_executor": "with no general fusion executor",
             "unknown": "unknown",
         }
         for kind, label in labels.items():
@@ -224,7 +226,7 @@ def why_not_fused(fn: Any, *args: Any, backward: bool = True, **kwargs: Any) -> 
             rows += _kernel_rows(fn, args, kwargs, backward)
         except Exception as e:
             rows.append(_not_analysed(None, "forward", "nvFuser's kernels of one more run", e))
-    return WhyReport(rows, regions)
+    return WhyReport(_grouped(rows), regions)
 
 
 def _program_rows(jitted: Any, forward: Any, backward: Any, subgraph: str | None, frontend: str) -> list[WhyRow]:
@@ -420,11 +422,14 @@ def explain_op(bsym: Any, kind: str, context: _Context) -> WhyRow:
         getattr(claimer, "name", None),
     )
     fusers = context.fusers
-    if not fusers:
-        row.reason, row.established_by = "no fusion executor in executors_list", "executors_list"
-        row.try_ = "add a fusion executor to executors=[...]"
+    takers = takers_of(fusers, original, context)
+    if not takers and all(f.name in th.NARROW_FUSERS for f in fusers):
+        row.kind, row.established_by = "no_fusion_executor", "executors_list"
+        few = f" (only {', '.join(f.name for f in fusers)}, which fuses a few ops)" if fusers else ""
+        row.reason = f"no general fusion executor in executors{few}"
+        call = "thunderfx" if context.frontend == "thunderfx" else "thunder.jit"
+        row.try_ = f"{call}(fn, executors=fusion_executors(device)) (thunder_fusion_guard)"
         return row
-    takers = [f for f in fusers if pt.can_fuse(f, original, context.cd)]
     if takers:
         fuser = takers[0]
         if (
@@ -470,6 +475,35 @@ def explain_op(bsym: Any, kind: str, context: _Context) -> WhyRow:
             row.reason += "; a torch fallback Thunder registered itself"
     row.try_ = NO_FIX
     return row
+
+
+def takers_of(fusers: Sequence[Any], original: Any, context: _Context) -> list[Any]:
+    """The fusion executors of ``fusers`` that can fuse ``original``."""
+    return [f for f in fusers if pt.can_fuse(f, original, context.cd)]
+
+
+def _grouped(rows: list[WhyRow]) -> list[WhyRow]:
+    """Rows that say the same (trace, subgraph, kind, reason, try) of different ops as one row with a count, where
+    they are of kind ``no_fusion_executor`` (one piece of advice, not one per op)."""
+    out: list[WhyRow] = []
+    groups: dict[tuple, WhyRow] = {}
+    for r in rows:
+        if r.kind != "no_fusion_executor":
+            out.append(r)
+            continue
+        key = (r.trace, r.subgraph, r.kind, r.reason, r.try_)
+        first = groups.get(key)
+        if first is None:
+            groups[key] = r
+            r.ops = r.ops or [r.op]
+            out.append(r)
+            continue
+        first.count += r.count
+        first.ops.append(r.op)
+        first.bytes = None if first.bytes is None or r.bytes is None else first.bytes + r.bytes
+        first.op = f"{first.count} ops"
+        first.source = None
+    return out
 
 
 def _primary(fusers: Sequence[Any]) -> Any:
