@@ -66,12 +66,14 @@ def test_failing_region_is_rescued_recorded_and_not_retried(op, trace):
     guard = FusionGuard()
     jitted = thunder.jit(program, executors=[failing_executor(op, calls)], transforms=[guard])
     x, w = inputs()
+    with pytest.warns(RuntimeWarning, match=r"FusionGuard: .*cannot be scheduled.*rescued: Thunder's torch executor"):
+        step(jitted, x, w)
     for _ in range(3):
         out, grads = step(jitted, x, w)
         want_out, want_grads = step(program, x, w)
         torch.testing.assert_close(out, want_out)
         torch.testing.assert_close(grads, want_grads)
-    assert calls and len(calls) == len(set(calls)), "a later call tried a failing fusion again"
+    assert calls and len(calls) == len(set(calls)), "a later call tried a failing fusion again"  # 4 steps
     rescues = guard.report.filter(action="rescue")
     assert len(rescues) == len(calls)  # sin also runs again in the backward: two regions fail there
     (rescue,) = [d for d in rescues if d.trace == trace]

@@ -21,7 +21,7 @@ from .measure.breakeven import RegionMeasurer
 from .options import DEFAULT_HOIST_MAX_BYTES, GuardOptions, checked_options
 from .passes import FusionGuardError, TraceContext, guard_trace
 from .passes.hoist import HoistLedger
-from .passes.rescue import describe_inputs
+from .passes.rescue import announce, describe_inputs
 from .report import Report
 
 
@@ -138,7 +138,9 @@ class FusionGuard(thunder.Transform):
 
         def on_rescue(what: Rescued) -> None:
             with self._lock:
-                self.report.add(rescue_decision(self._subgraph_id(module), module, what, describe_inputs))
+                decision = rescue_decision(self._subgraph_id(module), module, what, describe_inputs)
+                self.report.add(decision)
+            announce(decision)
 
         th.set_module_call(model, SubgraphRescue(model, th.module_call(model), module, on_rescue))
 

@@ -23,7 +23,7 @@ from .hoist import HoistLedger, check_backward, hoist_constants
 from .hoist_runtime import HOISTED_NAME, HoistedValues
 from .identity import remove_identities
 from .rehome import absorb_metadata_ops, merge_adjacent_regions
-from .rescue import describe_inputs, nvfuser_reproduction, rescue_calls
+from .rescue import announce, describe_inputs, nvfuser_reproduction, rescue_calls
 from .rewrite import lower_region, replace_regions
 
 
@@ -466,7 +466,9 @@ def rescue_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
         return options.guards(th.executor_name(fusion)) and not is_communication(fusion)
 
     def on_rescue(region: Region, error: Exception, args: tuple) -> None:
-        record(_rescue_decision(where, region, error, args))
+        decision = _rescue_decision(where, region, error, args)
+        record(decision)
+        announce(decision)
 
     new, _ = rescue_calls(trace, may_rescue, on_rescue)
     return new, []

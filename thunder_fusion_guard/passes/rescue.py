@@ -8,6 +8,7 @@ when a region fails.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,20 @@ def _fallback_maker(trace: th.TraceCtx, region: Region) -> Callable[[], Callable
         )
 
     return make
+
+
+def announce(decision: Any) -> None:
+    """Say a rescue (or a failure left unrescued) as it happens, once: a ``RuntimeWarning`` naming where, what
+    failed and what runs it now; ``explain()`` and the report have the rest."""
+    where = f"{decision.subgraph}, " if decision.subgraph else ""
+    by = decision.details.get("rescued_by")
+    what = f"rescued: {by} runs it from now on" if by else decision.reason
+    failed = (decision.error or decision.reason).strip().splitlines()[0]
+    warnings.warn(
+        f"FusionGuard: {where}{decision.trace} {decision.region}: {failed}; {what} (explain() has the details)",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 
 def describe_inputs(args: tuple) -> list[str]:
