@@ -5,8 +5,8 @@ TARGET names a callable: ``path/to/file.py:make`` or ``package.module:make``. ``
 called as ``make(device=...)``, otherwise the model and the tensors it returns are moved to the device.
 The model runs with a FusionGuard under ``thunder.jit`` (``--thunderfx``: through ThunderFX), on CPU
 with Thunder's torch.compile executor; when an output requires grad its backward runs too. On CUDA the
-kernels of each nvFuser region are collected. Exit status 2 means a bad TARGET or option (make() raising
-included), 1 that the model failed under Thunder; either is one line, --traceback adds the full traceback
+kernels of each nvFuser region are collected. Exit status 2 means a bad TARGET or option, 1 that the work
+failed (make() raising, or the model under Thunder); either is one line, --traceback adds the full traceback
 (the status stays). Output files (--json, --markdown, --html, --dot) are checked before any work: their
 folder must exist.
 """
@@ -23,6 +23,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from ..wording import error_line
 from .common import (
     UsageError,
     add_device_option,
@@ -38,6 +39,19 @@ FORMAT = "TARGET must look like 'path/to/file.py:make' or 'package.module:make'"
 
 class TargetError(ValueError):
     """A TARGET that cannot be loaded, or whose ``make()`` does not return (model_or_fn, args[, kwargs])."""
+
+
+def failed(command: str, line: str, traceback: bool) -> int:
+    """The end of a command whose work failed: with ``traceback`` the exception goes on (the full traceback),
+    else one line with the hint; exit status 1."""
+    if traceback:
+        raise
+    print(f"fusion-guard {command}: {line} (--traceback for the full traceback)", file=sys.stderr)
+    return 1
+
+
+class MakeFailed(RuntimeError):
+    """The TARGET's ``make()`` raised: the user's code failed, not an argument (exit status 1)."""
 
 
 def load_target(spec: str) -> Callable[..., Any]:
@@ -97,7 +111,7 @@ def make_workload(make: Callable[..., Any], device: str) -> tuple[Callable[..., 
     try:
         result = make(device=device) if takes_device else make()
     except Exception as e:
-        raise TargetError(f"make() raised {_first_line(e)}") from e
+        raise MakeFailed(f"make() raised {error_line(e)}") from e
     if not isinstance(result, (tuple, list)) or len(result) not in (2, 3):
         raise TargetError(
             f"make() must return (model_or_fn, args) or (model_or_fn, args, kwargs), got {_describe(result)}"
@@ -116,11 +130,6 @@ def make_workload(make: Callable[..., Any], device: str) -> tuple[Callable[..., 
             fn = fn.to(device)
         args, kwargs = tree_map(lambda v: _to_device(v, device), (tuple(args), dict(kwargs)))
     return fn, tuple(args), dict(kwargs)
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
 def _parameters(fn: Callable[..., Any]) -> dict[str, Any]:
@@ -278,12 +287,11 @@ def _report_command(args: argparse.Namespace) -> int:
         )
     except TargetError as e:
         raise UsageError(f"{e}{hint if e.__cause__ is not None and not traceback else ''}") from e
+    except MakeFailed as e:
+        return failed("report", str(e), traceback)
     except Exception as e:
-        if traceback:
-            raise
         frontend = "ThunderFX" if args.thunderfx else "thunder.jit"
-        print(f"fusion-guard report: {args.target} failed under {frontend}: {_first_line(e)}{hint}", file=sys.stderr)
-        return 1
+        return failed("report", f"{args.target} failed under {frontend}: {error_line(e)}", traceback)
     report = doc["report"]
     title = f"{doc['target']} via {doc['frontend']} on {doc['device']}"
     print(f"FusionGuard report: {title}")

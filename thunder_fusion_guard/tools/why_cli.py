@@ -8,12 +8,12 @@ checked before any work (their folder must exist); bad arguments exit 2 before a
 from __future__ import annotations
 
 import argparse
-import sys
 from contextlib import nullcontext
 from typing import Any
 
+from ..wording import error_line
 from .common import UsageError, check_output, resolve_device, write_output
-from .report_cli import TargetError, _first_line, add_target_arguments, load_target, make_workload
+from .report_cli import MakeFailed, TargetError, add_target_arguments, failed, load_target, make_workload
 
 
 def register(subparsers: Any) -> None:
@@ -46,10 +46,13 @@ def _why_command(args: argparse.Namespace) -> int:
     from ..examine.calls import step
     from ..examine.why import why_not_fused
 
+    traceback = getattr(args, "traceback", False)
     try:
         fn, call_args, kwargs = make_workload(make, device)
     except TargetError as e:
         raise UsageError(str(e)) from e
+    except MakeFailed as e:
+        return failed("why", str(e), traceback)
     options: dict[str, Any] = {"executors": fusion_executors(device)}
     try:
         if args.thunderfx:
@@ -64,10 +67,7 @@ def _why_command(args: argparse.Namespace) -> int:
             step(compiled, call_args, kwargs, args.backward)
         report = why_not_fused(compiled, *call_args, backward=args.backward, **kwargs)
     except Exception as e:
-        if getattr(args, "traceback", False):
-            raise
-        print(f"fusion-guard why: {args.target} failed: {_first_line(e)}", file=sys.stderr)
-        return 1
+        return failed("why", f"{args.target} failed: {error_line(e)}", traceback)
     print(report)
     if args.json:
         write_output(args.json, json.dumps(report.to_dict(), indent=1) + "\n")
