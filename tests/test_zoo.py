@@ -202,3 +202,18 @@ def test_bench_zoo_split_runs_path_groups_and_says_so(monkeypatch, capsys, tmp_p
     seen.clear()
     assert main(["bench", "zoo", "--models", "no-such-model"]) == 2 and seen == {}
     assert "--models: unknown no-such-model" in capsys.readouterr().err
+
+
+def test_help_names_every_zoo_model_and_failures_name_their_limitation():
+    assert set(zoo.MODEL_NAMES) == set(ZOO)
+    result = {
+        "model": "m",
+        "paths": {
+            "thunder": {"runs": False, "error": "RuntimeError: Failed to find a gradient transform for bound symbol"},
+            "fx": {"runs": False, "error": "RuntimeError: " + "x" * 300},
+            "eager": {"runs": True},
+        },
+    }
+    known, unknown = zoo.error_lines([result])
+    assert known.endswith("[known Thunder limitation: tests/test_thunder_limitations.py::test_index_add_grad]")
+    assert len(known) <= 120 and len(unknown) == 120 and unknown.endswith("…")

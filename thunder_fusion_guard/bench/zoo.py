@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..wording import error_line
+from ..wording import error_line, fit
 
 PATHS = (
     "eager",
@@ -49,6 +49,21 @@ BASELINE = {
     "guarded+cudagraph": "cudagraph",
     "fx-guarded": "fx",
     "fx-guarded+cudagraph": "fx-cudagraph",
+}
+# The zoo's models (zoo_models.ZOO, which imports torch), named here for --help.
+MODEL_NAMES = (
+    "hf-bert", "hf-t5", "hf-llama", "hf-mixtral", "timm-vit", "timm-convnext", "tv-resnet18", "nn-mha", "pyg-gat",
+    "e3nn-nequip", "e3nn-nequip-rewritten", "e3nn-nequip-modules",
+)  # fmt: skip
+# Thunder's failures the zoo meets, by a piece of their message, with the test that shows each on CPU.
+KNOWN_LIMITATIONS = {
+    "trying to set .global_var of ProvenanceRecord": "test_setting_attribute_of_global_object_to_dict",
+    "Expected a.dtype=": "test_dtype_compared_with_torch_dtype",
+    "is not registered": "test_unregistered_custom_op",
+    "Unknown attribute layout": "test_tensor_layout",
+    "Attempting to reshape": "test_aliased_inputs_of_different_sizes_with_inplace",
+    "Failed to find a gradient transform for bound symbol": "test_index_add_grad",
+    "multi_head_attention_forward": "test_multihead_attention_backward",
 }
 COMPILE_MARGIN = 1.3  # a Thunder path's compile is guessed as this times the longest one so far
 SELF_REPEATS = 3  # extra steps of each unguarded path: Thunder's own run-to-run difference is their largest
@@ -446,6 +461,28 @@ def summary_rows(results: Sequence[dict[str, Any]]) -> list[list[str]]:
         if result.get("problem"):
             rows.append([result["model"], "-", f"stopped: {result['problem']}", "", "", "", "", "", "", ""])
     return rows
+
+
+def known_limitation(error: str) -> str | None:
+    """The test of tests/test_thunder_limitations.py that shows Thunder failing as ``error`` says, if any."""
+    for piece, test in KNOWN_LIMITATIONS.items():
+        if piece in error:
+            return f"tests/test_thunder_limitations.py::{test}"
+    return None
+
+
+def error_lines(results: Sequence[dict[str, Any]], width: int = 120) -> list[str]:
+    """One line per path that failed: the model, the path and the error's first line to ``width`` characters,
+    labelled where it is a known Thunder limitation (the JSON has the whole error)."""
+    lines = []
+    for result in results:
+        for path, row in result["paths"].items():
+            if row.get("runs") or not row.get("error"):
+                continue
+            known = known_limitation(row["error"] + row.get("error_detail", ""))
+            label = f" [known Thunder limitation: {known}]" if known else ""
+            lines.append(fit(f"{result['model']} {path}: {row['error']}", width - len(label)) + label)
+    return lines
 
 
 def _bits_text(row: dict[str, Any]) -> str:

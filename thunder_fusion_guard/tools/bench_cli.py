@@ -112,6 +112,7 @@ def register(subparsers: Any) -> None:
 
 def _register_zoo(bench_sub: Any) -> None:
     """Add ``bench zoo`` to the ``fusion-guard bench`` subcommands."""
+    from ..bench.zoo import MODEL_NAMES as zoo_names
     from ..bench.zoo import PATHS
 
     p = add_command(
@@ -126,7 +127,12 @@ def _register_zoo(bench_sub: Any) -> None:
         _zoo_command,
     )
     add_device_option(p)
-    p.add_argument("--models", metavar="LIST", default=None, help="comma-separated zoo models (default: all)")
+    p.add_argument(
+        "--models",
+        metavar="LIST",
+        default=None,
+        help=f"comma-separated zoo models (default: all): {', '.join(zoo_names)}",
+    )
     p.add_argument(
         "--paths", metavar="LIST", default=",".join(PATHS), help="comma-separated paths (default: %(default)s)"
     )
@@ -202,7 +208,7 @@ def _zoo_command(args: argparse.Namespace) -> int:
         for path in zoo.GUARDED:
             for line in result["paths"].get(path, {}).get("why", [])[:1]:
                 print(f"{result['model']} {path}: {line}")
-    for line in zoo.rescue_lines(results):
+    for line in zoo.rescue_lines(results) + zoo.error_lines(results):
         print(line)
     together = "paths interleaved"
     if args.split:
