@@ -13,7 +13,7 @@ from ..bench import decisions as bench_decisions
 from ..bench.cases import ALL_VARIANTS, SUITES, VARIANT_BUILDS, VARIANTS, parse_variants, select
 from ..bench.run import CaseResult, CompareError, compare, format_rows, load_medians, run_cases, summary_rows, to_json
 from ..bench.versus import DEFAULT_VERSUS, versus
-from ..render.table import plural
+from ..render.table import md_cell, plural
 from .common import (
     UsageError,
     add_command,
@@ -170,13 +170,16 @@ def _variants(args: argparse.Namespace) -> tuple[str, ...]:
         raise UsageError(f"--variants: {e}") from e
 
 
-def _write_tables(args: argparse.Namespace, doc: Callable[[], Any], rows: Callable[[], list[list[str]]]) -> None:
-    """Write ``doc()`` as JSON to --json and ``rows()`` as a markdown table to --markdown, each built only when
-    its option is given."""
+def _write_tables(
+    args: argparse.Namespace, doc: Callable[[], Any], rows: Callable[[], list[list[str]]], notes: Sequence[str] = ()
+) -> None:
+    """Write ``doc()`` as JSON to --json and ``rows()`` as a markdown table to --markdown (``notes`` as a list
+    under it), each built only when its option is given."""
     if args.json:
         write_output(args.json, json.dumps(doc(), indent=1))
     if args.markdown:
-        write_output(args.markdown, format_rows(rows(), markdown=True) + "\n")
+        listed = "".join(f"- {md_cell(note)}\n" for note in notes)
+        write_output(args.markdown, format_rows(rows(), markdown=True) + "\n" + ("\n" + listed if listed else ""))
 
 
 def _zoo_command(args: argparse.Namespace) -> int:
@@ -202,13 +205,16 @@ def _zoo_command(args: argparse.Namespace) -> int:
         split=args.split,
     )  # fmt: skip
     rows = zoo.summary_rows(results)
-    _write_tables(args, lambda: zoo.to_json(results, device), lambda: rows)
+    notes = [
+        f"{result['model']} {path}: {line}"
+        for result in results
+        for path in zoo.GUARDED
+        for line in result["paths"].get(path, {}).get("why", [])[:1]
+    ]
+    notes += zoo.rescue_lines(results) + zoo.error_lines(results)
+    _write_tables(args, lambda: zoo.to_json(results, device), lambda: rows, notes)
     print(format_rows(rows))
-    for result in results:
-        for path in zoo.GUARDED:
-            for line in result["paths"].get(path, {}).get("why", [])[:1]:
-                print(f"{result['model']} {path}: {line}")
-    for line in zoo.rescue_lines(results) + zoo.error_lines(results):
+    for line in notes:
         print(line)
     together = "paths interleaved"
     if args.split:
