@@ -383,3 +383,34 @@ def test_a_subgraph_updating_a_view_with_grad_is_not_rescued_and_says_why():
     with torch.no_grad():  # no gradient to lose: rescued, eagerly
         out = thunderfx(narrow_copies, executors=fusion_executors("cpu"), transforms=[FusionGuard()])(x, w)
     assert torch.equal(out, narrow_copies(x, w))
+
+
+def test_scatter_reduce_with_grad_runs_under_the_packages_cpu_executors():
+    """A newcomer's graph layer: the torch.compile region holding ``scatter_reduce_vjp`` (a gradient Thunder
+    registered automatically) fails in dynamo (``Unsupported: Unexpected type in sourceless builder``); guarded, that
+    backward region runs by Thunder's torch executor and the step matches eager."""
+
+    def layer(x, index, w):
+        h = x @ w
+        out = torch.zeros(4, h.shape[1]).scatter_reduce(0, index.unsqueeze(1).expand_as(h), h, reduce="sum")
+        return torch.tanh(out).sum()
+
+    torch.manual_seed(0)
+    x, w, index = (
+        torch.randn(10, 8, requires_grad=True),
+        torch.randn(8, 8, requires_grad=True),
+        torch.randint(0, 4, (10,)),
+    )
+    with pytest.raises(Exception, match="Unexpected type in sourceless builder"):
+        loss = thunder.jit(layer, executors=fusion_executors("cpu"))(x, index, w)
+        torch.autograd.grad(loss, (x, w))
+    guard = FusionGuard()
+    jitted = thunder.jit(layer, executors=fusion_executors("cpu"), transforms=[guard])
+    loss = jitted(x, index, w)
+    grads = torch.autograd.grad(loss, (x, w))
+    want = layer(x, index, w)
+    torch.testing.assert_close(loss, want)
+    torch.testing.assert_close(grads, torch.autograd.grad(want, (x, w)))
+    (rescue,) = guard.report.filter(action="rescue")
+    assert rescue.trace == "backward" and "scatter_reduce_vjp" in rescue.ops
+    assert rescue.reason.startswith("Unsupported: Unexpected type in sourceless builder")

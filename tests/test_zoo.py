@@ -102,7 +102,7 @@ def test_a_rescued_path_is_compared_with_eager_and_its_rescues_listed():
     eager = [torch.tensor([1.0, 2.0], dtype=torch.bfloat16)]
     assert zoo._against_eager(eager, eager) == "bitwise equal to eager"
     assert zoo._against_eager([eager[0] + 0.01], eager) == "within eager's tolerance"
-    assert zoo._against_eager([eager[0] + 1], eager) == "outside eager's tolerance"
+    assert zoo._against_eager([eager[0] + 1], eager) == "outside eager's tolerance (max abs difference 1)"
 
 
 def test_difference_is_zero_only_for_equal_bits():
@@ -215,5 +215,5 @@ def test_help_names_every_zoo_model_and_failures_name_their_limitation():
         },
     }
     known, unknown = zoo.error_lines([result])
-    assert known.endswith("[known Thunder limitation: tests/test_thunder_limitations.py::test_index_add_grad]")
+    assert known.endswith("[known Thunder limitation: ::test_index_add_grad]") and "Failed to find a gradient" in known
     assert len(known) <= 120 and len(unknown) == 120 and unknown.endswith("…")

@@ -86,6 +86,19 @@ class SubgraphRescue:
         return self._run is not self.thunder_fn
 
     def _rescue(self, error: Exception, args: tuple, kwargs: dict) -> Any:
+        problems: list[str] = []
+        for transform in th.jitted_transforms(self.jitted):
+            th.forget_forward(transform)  # a failed compilation may have left its forward's state behind
+        culprit = _failing_transform(error, th.jitted_transforms(self.jitted))
+        if culprit is not None and th.is_cudagraph_transform(culprit):
+            try:
+                again = th.jit_again_without(self.jitted, culprit)
+                out = again(*args, **kwargs)
+                return self._rescued(f"Thunder without {type(culprit).__name__}", again, out, error, args, problems)
+            except Exception as e:  # what remains of the failure once the capture is out of the way
+                problems.append(f"Thunder without {type(culprit).__name__}: {error_line(e)}")
+                th.forget_forward(culprit)
+                error = e
         updated = updated_inputs(self.module)
         views = [
             i
@@ -99,18 +112,6 @@ class SubgraphRescue:
                 self._refused = True
                 self._tell(Rescued(None, error, args, problems=(f"updates input views {views} in place with grad on",)))
             raise error
-        problems: list[str] = []
-        for transform in th.jitted_transforms(self.jitted):
-            th.forget_forward(transform)  # a failed compilation may have left its forward's state behind
-        culprit = _failing_transform(error, th.jitted_transforms(self.jitted))
-        if culprit is not None and th.is_cudagraph_transform(culprit):
-            try:
-                again = th.jit_again_without(self.jitted, culprit)
-                out = again(*args, **kwargs)
-                return self._rescued(f"Thunder without {type(culprit).__name__}", again, out, error, args, problems)
-            except Exception as e:
-                problems.append(f"Thunder without {type(culprit).__name__}: {error_line(e)}")
-                th.forget_forward(culprit)
         if updated:
             # Inductor applies an update of an input outside autograd's view: gradients through it would be lost.
             problems.append("Inductor: not tried, the subgraph updates its inputs in place")

@@ -211,7 +211,7 @@ def _against_eager(guarded: list[Any], eager: list[Any]) -> str:
             if a is not None:
                 torch.testing.assert_close(a, b)
     except AssertionError:
-        return "outside eager's tolerance"
+        return f"outside eager's tolerance (max abs difference {_difference(guarded, eager):.3g})"
     return "bitwise equal to eager" if _difference(guarded, eager) == 0.0 else "within eager's tolerance"
 
 
@@ -473,15 +473,16 @@ def known_limitation(error: str) -> str | None:
 
 def error_lines(results: Sequence[dict[str, Any]], width: int = 120) -> list[str]:
     """One line per path that failed: the model, the path and the error's first line to ``width`` characters,
-    labelled where it is a known Thunder limitation (the JSON has the whole error)."""
+    labelled where it is a known Thunder limitation with its test in tests/test_thunder_limitations.py (the JSON
+    has the whole error)."""
     lines = []
     for result in results:
         for path, row in result["paths"].items():
             if row.get("runs") or not row.get("error"):
                 continue
             known = known_limitation(row["error"] + row.get("error_detail", ""))
-            label = f" [known Thunder limitation: {known}]" if known else ""
-            lines.append(fit(f"{result['model']} {path}: {row['error']}", width - len(label)) + label)
+            label = f" [known Thunder limitation: ::{known.split('::')[-1]}]" if known else ""
+            lines.append(fit(f"{result['model']} {path}: {row['error']}", max(60, width - len(label))) + label)
     return lines
 
 
