@@ -414,3 +414,31 @@ def test_scatter_reduce_with_grad_runs_under_the_packages_cpu_executors():
     (rescue,) = guard.report.filter(action="rescue")
     assert rescue.trace == "backward" and "scatter_reduce_vjp" in rescue.ops
     assert rescue.reason.startswith("Unsupported: Unexpected type in sourceless builder")
+
+
+def test_a_region_copying_into_a_tensor_that_requires_grad_stays_fused():
+    """Thunder's torch executor refuses a copy_ into a leaf that requires grad, nvFuser runs it: the guard keeps
+    such a region fused, as unguarded Thunder runs it, instead of rejecting it into an error (NequIP from e3nn's
+    modules, ThunderFX on an H100), and says why. On CPU the torch.compile executor traces the refusal too, so
+    guarded and unguarded fail alike here."""
+
+    def write_back(buffer, x):
+        buffer.copy_(x * 2)
+        return buffer + 1
+
+    from thunder_fusion_guard.passes.rewrite import RewriteError, lower_region
+
+    x = torch.randn(3)
+    errors = []
+    guard = FusionGuard()
+    for transforms in ([], [guard]):
+        jitted = thunder.jit(write_back, executors=fusion_executors("cpu"), transforms=transforms)
+        with pytest.raises(Exception, match="Observed exception") as caught:
+            jitted(torch.zeros(3, requires_grad=True), x)
+        errors.append(type(caught.value))
+    assert errors[0] is errors[1]
+    assert guard.report.filter(action="rescue") == []  # the ops one by one cannot run it either
+    trace = thunder.last_traces(jitted)[-1]
+    (region,) = [r for r in find_regions(trace) if "copy_" in r.ops]
+    with pytest.raises(RewriteError, match=r"copies into \w+, which requires grad"):
+        lower_region(trace, region)

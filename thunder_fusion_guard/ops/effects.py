@@ -16,6 +16,7 @@ __all__ = [
     "RANDOM_HINTS",
     "WRITES_BY_INDEX",
     "HasBody",
+    "copies_into_grad_tensor",
     "effect_count",
     "hoistable",
     "is_in_place_name",
@@ -93,6 +94,19 @@ def writes_inputs(bsym: th.BoundSymbol) -> bool:
 # Ops that write through an index tensor: with all-zero indices every write collides, which times nothing
 # like the real call.
 WRITES_BY_INDEX = ("scatter", "index_put", "index_add", "index_copy")
+
+
+def copies_into_grad_tensor(bsym: th.BoundSymbol) -> str | None:
+    """The name of a tensor that requires grad which ``bsym`` (or an op inside it) ``copy_``-es into, if any.
+    Thunder's torch executor refuses such a copy where the tensor is a leaf (``a leaf Variable that requires grad
+    is being used in an in-place operation``, with grad on when traced); a fusion executor runs it, so a region
+    holding one stays fused."""
+    for leaf in th.leaves(bsym):
+        if th.op_name(leaf) == "copy_" and len(leaf.args) > 1:
+            target = leaf.args[1]
+            if isinstance(target, th.TensorProxy) and getattr(target, "requires_grad", False):
+                return target.name
+    return None
 
 
 def effect_count(bsym: th.BoundSymbol) -> int:

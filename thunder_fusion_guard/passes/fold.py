@@ -66,6 +66,8 @@ def fold_setitem_copies(
         source, target = copy.args[0], copy.args[1]
         if not (isinstance(source, th.Proxy) and source.name == b.output.name and target.name == a.name):
             continue
+        if th.is_fusion(bsyms[j]) and getattr(target, "requires_grad", False):
+            continue  # the fusion runs this copy where the setitem would refuse a leaf that requires grad
         grad_enabled = copy.kwargs.get("grad_enabled", copy.args[2] if len(copy.args) > 2 else True)
         (out,) = bsyms[j].flat_proxy_outs
         region = bsyms[j] if th.is_fusion(bsyms[j]) else None

@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from .. import _thunder as th
-from ..ops import effect_count
+from ..ops import copies_into_grad_tensor, effect_count
 from ..regions import Region
 
 
@@ -17,6 +17,13 @@ class RewriteError(RuntimeError):
 def lower_region(trace: th.TraceCtx, region: Region) -> list[th.BoundSymbol]:
     """The region's operations as torch-executor calls, checked to run on the torch (or Python) executor
     only, to keep every in-place write of the region and to define every region output."""
+    for bsym in region.body:
+        target = copies_into_grad_tensor(bsym)
+        if target is not None:
+            raise RewriteError(
+                f"{region.name} copies into {target}, which requires grad: Thunder's torch executor refuses that "
+                "for a leaf tensor, where the fusion runs it"
+            )
     lowered = th.lower_to_torch(trace, region.body, region.outputs)
     allowed = th.lowering_executor_names()
     defined = {p.name for p in region.inputs}
