@@ -11,7 +11,7 @@ usage() {
   cat <<'EOF'
 usage: bash benchmarks/gpu.sh SUBCOMMAND [ARGS...]    (files go to $OUT)
 
-  acceptance [ARGS]    the acceptance run of a commit, < 9 min on one H100: litgpt Mistral-7B-v0.1 (2 layers,
+  acceptance [ARGS]    the acceptance run of a commit, 5-8 min on one H100: litgpt Mistral-7B-v0.1 (2 layers,
                        bf16, 512 tokens, forward+backward) as eager, guarded hoist=False, guarded and guarded +
                        CUDA graphs, timed interleaved, bitwise checks, the first guarded jit with an empty cache,
                        pytest -m cuda; TFG_COMMIT=<full sha> names the commit. ARGS go to gpu_acceptance.py

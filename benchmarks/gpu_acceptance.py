@@ -27,9 +27,9 @@ the others) would run past it, a compile is cut at it (never in a CUDA-graph cap
 stopped before the timing starts; what was skipped or cut is named in the JSON.
 
 Writes to ``--out`` (default ``$OUT``): ``acceptance-<gpu>-<short commit>.json`` (commit, package hash,
-versions, results, the done-when checks), the same as ``.md``, and the pytest and first-jit logs; prints
-a compact table last. The commit comes from ``--commit`` or ``TFG_COMMIT`` (the device gets no ``.git``);
-``package_sha256`` (benchmarks/package_hash.py) lets anyone check that the measured package is the commit's.
+versions, results, the acceptance gates), the same as ``.md``, and the pytest and first-jit logs; prints
+a compact table last. The commit comes from ``--commit`` or ``TFG_COMMIT`` (a copy of the tree without
+``.git`` cannot tell); ``package_sha256`` (benchmarks/package_hash.py) lets anyone check that the measured package is the commit's.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def hoist_record(decisions: list[Any]) -> dict[str, Any]:
 
 
 def done_when(doc: dict[str, Any]) -> dict[str, Any]:
-    """The issue's done-when checks: ``pass`` True/False, None where not measured or not applicable."""
+    """The acceptance gates: ``pass`` True/False, None where not measured or not applicable."""
     v = doc["variants"]
     med = {k: e.get("median_ms") for k, e in v.items()}
     checks: dict[str, Any] = {}
@@ -654,7 +654,7 @@ def markdown(doc: dict[str, Any]) -> str:
             + (f"; {pt['cut']}" if pt.get("cut") else "")
         )
         lines.append("")
-    lines.append("Done when:")
+    lines.append("Gates:")
     for name, check in dw.items():
         if name != "all_pass":
             value = check["value"] if not isinstance(check["value"], dict) else f"{len(check['value'])} comparisons"

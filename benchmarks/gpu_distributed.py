@@ -2,7 +2,7 @@
 DDP / FSDP2, per rank.
 
 Run from the repo root on a machine with two GPUs (nvidia-h200-x2), after ``source .gpu/setup.sh``; two
-invocations, each under 9.5 minutes on H200s (``timeout`` keeps each under the device's 10-minute limit;
+invocations, each under 9.5 minutes on H200s (``timeout`` keeps each under 10 minutes;
 the JSON and Markdown are rewritten after every set-up, so a cut run keeps what it finished):
 
     timeout 570 torchrun --nproc-per-node 2 benchmarks/gpu_distributed.py \\
@@ -350,7 +350,7 @@ def run_setup(run: Run, setup: str, name: str) -> dict[str, Any]:
 
 
 def summary(entry: dict[str, Any], world: int) -> dict[str, Any]:
-    """One set-up's checks over all ranks (what the issue's done-when asks)."""
+    """One set-up's checks over all ranks: bits, decisions alike on every rank, collectives unchanged."""
     ranks = entry["ranks"]
     guarded = [r["variants"].get("guarded", {}) for r in ranks]
     out: dict[str, Any] = {}

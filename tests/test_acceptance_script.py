@@ -196,4 +196,4 @@ def test_smoke_run_on_cpu(tmp_path):
     assert doc["first_jit"]["cache_was_empty"] is True and "first_call_s" in doc["first_jit"]
     assert doc["pytest"]["rc"] is not None and doc["pytest"]["failed"] == 0
     assert (tmp_path / "acceptance-cpu-smoke-0123456.md").exists()
-    assert "Done when:" in result.stdout
+    assert "Gates:" in result.stdout
