@@ -29,7 +29,8 @@ stopped before the timing starts; what was skipped or cut is named in the JSON.
 Writes to ``--out`` (default ``$OUT``): ``acceptance-<gpu>-<short commit>.json`` (commit, package hash,
 versions, results, the acceptance gates), the same as ``.md``, and the pytest and first-jit logs; prints
 a compact table last. The commit comes from ``--commit`` or ``TFG_COMMIT`` (a copy of the tree without
-``.git`` cannot tell); ``package_sha256`` (benchmarks/package_hash.py) lets anyone check that the measured package is the commit's.
+``.git`` cannot tell); ``package_sha256`` (benchmarks/package_hash.py) lets anyone check that the measured
+package is the commit's.
 """
 
 from __future__ import annotations
