@@ -286,11 +286,45 @@ def test_a_cuda_graph_transform_that_fails_leaves_that_subgraph_uncaptured_on_th
     assert_same(flat([out, *grads]), flat([want, *want_grads]))  # Thunder still runs it: unguarded Thunder's bits
     (rescue,) = guard.report.filter(action="rescue")
     assert rescue.details["rescued_by"] == "Thunder without FailsOnBackward"
-    assert rescue.reason == "AssertionError" and rescue.subgraph == "subgraph 0"
+    assert rescue.reason.startswith("AssertionError (no message) at ") and "tests/test_rescue.py:" in rescue.reason
+    assert rescue.subgraph == "subgraph 0"
     # The compilation again without it went through the guard: its regions were decided and are called by it.
     assert any(d.action == "keep" and d.trace == "backward" for d in guard.report.decisions)
     step(compiled, x, w)
     assert len(guard.report.filter(action="rescue")) == 1
+
+
+def scaled(x: torch.Tensor) -> torch.Tensor:
+    return (x * 3 + 1).sum()  # its gradient needs none of its values: its backward trace gets no saved tensors
+
+
+def test_a_backward_that_saves_nothing_keeps_its_cuda_graphs(monkeypatch):
+    """Thunder's ``CUDAGraphTransform`` checks a backward trace by fixed positions and asserts where it gets no
+    saved tensors (most of the e3nn-built NequIP's subgraphs under ThunderFX): guarded, the subgraph is compiled
+    again with the same capture adapted to it, so it stays captured; on CPU the capture itself is left out."""
+    from thunder.transforms.cudagraph import CUDAGraphTransform
+
+    from thunder_fusion_guard._thunder import capture_for_any_trace
+
+    monkeypatch.setattr(CUDAGraphTransform, "generate_fused_trace", lambda self, trace, **kwargs: trace)
+    x = torch.randn(4, 8, requires_grad=True)
+    with pytest.raises(AssertionError):
+        torch.autograd.grad(thunderfx(scaled, transforms=[CUDAGraphTransform()])(x), x)
+    guard, graphs = FusionGuard(), CUDAGraphTransform()
+    compiled = thunderfx(scaled, executors=fusion_executors("cpu"), transforms=[guard, graphs])
+    plain = thunderfx(scaled, executors=fusion_executors("cpu"))
+    for _ in range(2):
+        out, grad = compiled(x), None
+        (grad,) = torch.autograd.grad(out, x)
+        want = plain(x)
+        assert_same([out, grad], [want, *torch.autograd.grad(want, x)])
+    (rescue,) = guard.report.filter(action="rescue")
+    assert rescue.details["rescued_by"] == "Thunder with CUDAGraphTransform adapted to a trace its checks refuse"
+    assert rescue.reason.startswith("AssertionError (no message) at thunder/transforms/cudagraph.py:")
+    assert rescue.reason.endswith("in transform_trace_post_optimization")
+    adapted = capture_for_any_trace(graphs)
+    assert adapted is capture_for_any_trace(graphs) and adapted.cuda_graph_runner is graphs.cuda_graph_runner
+    assert adapted.outputs_from_forward is None and graphs.outputs_from_forward is None
 
 
 @pytest.mark.cuda

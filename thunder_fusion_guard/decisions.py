@@ -59,7 +59,7 @@ class Details(TypedDict, total=False):
     saved_for_backward: list[str]
     # rescued regions and ThunderFX subgraphs (action rescue)
     rescued_by: str  # what runs it now: Thunder's torch executor, Inductor, eager PyTorch, Thunder without a transform
-    failed_at_call: int  # the call (1: the first) at which it failed
+    rescue: str  # on a region that could not be made rescuable: "none: " and why
     error_type: str  # the failure's exception type
     inputs: list[str]  # each input of the failing call: shape, dtype, strides, device (or the value's type)
     reproduction: str  # a script that reproduces the failure alone (nvFuser's definition and such inputs)

@@ -6,7 +6,9 @@ ThunderFX compiles each split subgraph with ``thunder.jit`` at its first call; a
 interpreter, a transform, a fusion executor) ends the user's step. :class:`SubgraphRescue` stands between the
 subgraph's ThunderModule and Thunder's compiled function. Where a call fails it runs, from then on:
 
-1. where the failure came from ``CUDAGraphTransform``, the same subgraph compiled by Thunder without it (it
+1. where the failure came from ``CUDAGraphTransform``: where one of its own checks refused the trace (a
+   backward that gets no saved tensors), the same subgraph compiled by Thunder with the same capture adapted
+   to it (:func:`~._thunder.capture_for_any_trace`); else, or where that fails too, compiled without it (it
    only captures and replays, so no value changes: that part stays uncaptured);
 2. otherwise the subgraph's fx module compiled by Inductor, as ThunderFX compiles the ops it splits off;
 3. that module run eagerly, where Inductor fails too.
@@ -87,16 +89,28 @@ class SubgraphRescue:
 
     def _rescue(self, error: Exception, args: tuple, kwargs: dict) -> Any:
         problems: list[str] = []
-        for transform in th.jitted_transforms(self.jitted):
+        transforms = th.jitted_transforms(self.jitted)
+        for transform in transforms:
             th.forget_forward(transform)  # a failed compilation may have left its forward's state behind
-        culprit = _failing_transform(error, th.jitted_transforms(self.jitted))
+        culprit = _failing_transform(error, transforms)
         if culprit is not None and th.is_cudagraph_transform(culprit):
+            name = type(culprit).__name__
+            adapted = th.capture_for_any_trace(culprit) if th.refused_by_its_checks(error) else None
+            if adapted is not None:
+                try:
+                    again = _unrescued(th.jit_again_without(self.jitted, culprit, instead=adapted))
+                    out = again(*args, **kwargs)
+                    by = f"Thunder with {name} adapted to a trace its checks refuse"
+                    return self._rescued(by, again, out, error, args, problems, thunder=True)
+                except Exception as e:
+                    problems.append(f"Thunder with {name} adapted: {error_line(e)}")
+                    th.forget_forward(adapted)
             try:
-                again = th.jit_again_without(self.jitted, culprit)
+                again = _unrescued(th.jit_again_without(self.jitted, culprit))
                 out = again(*args, **kwargs)
-                return self._rescued(f"Thunder without {type(culprit).__name__}", again, out, error, args, problems)
+                return self._rescued(f"Thunder without {name}", again, out, error, args, problems, thunder=True)
             except Exception as e:  # what remains of the failure once the capture is out of the way
-                problems.append(f"Thunder without {type(culprit).__name__}: {error_line(e)}")
+                problems.append(f"Thunder without {name}: {error_line(e)}")
                 th.forget_forward(culprit)
                 error = e
         updated = updated_inputs(self.module)
@@ -126,10 +140,21 @@ class SubgraphRescue:
         out = eager(*args, **kwargs)  # its error is the user's, as eager PyTorch raises it
         return self._rescued("eager PyTorch", eager, out, error, args, problems)
 
-    def _rescued(self, by: str, run: Callable, out: Any, error: Exception, args: tuple, problems: list[str]) -> Any:
-        self._run, self._after = run, None
+    def _rescued(
+        self,
+        by: str,
+        run: Callable,
+        out: Any,
+        error: Exception,
+        args: tuple,
+        problems: list[str],
+        thunder: bool = False,
+    ) -> Any:
+        """``run`` runs the subgraph from now on; Thunder's outputs (``thunder``) still go through the layout
+        check."""
+        self._run, self._after = run, (self._check_layout if thunder else None)
         self._tell(Rescued(by, error, args, problems=tuple(problems)))
-        return out
+        return out if self._after is None else self._after(out, args)
 
     def _check_layout(self, out: Any, args: tuple) -> Any:
         """The first call's outputs against Dynamo's record; from then on, the mismatched ones restrided."""
@@ -165,6 +190,15 @@ class SubgraphRescue:
     def _tell(self, what: Rescued) -> None:
         with contextlib.suppress(Exception):  # recording never breaks the call
             self._on_rescue(what)
+
+
+def _unrescued(jitted: Any) -> Any:
+    """``jitted``, a subgraph compiled again by the rescue, without the rescue the guard gave it as it was built
+    (this rescue goes on where it fails)."""
+    call = th.module_call(jitted)
+    if isinstance(call, SubgraphRescue):
+        th.set_module_call(jitted, call.thunder_fn)
+    return jitted
 
 
 def updated_inputs(gm: torch.fx.GraphModule) -> set[int]:

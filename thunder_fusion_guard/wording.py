@@ -15,12 +15,26 @@ def one_line(text: str, chars: int) -> str:
 
 
 def error_line(error: BaseException) -> str:
-    """``Type: first line of the message`` (the type alone where the message is empty), never cut."""
+    """``Type: first line of the message`` (where the message is empty, the type and where it was raised: a
+    bare ``assert`` says nothing else), never cut."""
     text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else _bare(error)
 
 
 def error_text(error: BaseException) -> str:
-    """``Type: the whole message``."""
+    """``Type: the whole message`` (as :func:`error_line` where it is empty)."""
     text = str(error).strip()
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return f"{type(error).__name__}: {text}" if text else _bare(error)
+
+
+def _bare(error: BaseException) -> str:
+    """An error without a message: its type and the innermost line that raised it (``package/module.py:line in
+    function``)."""
+    tb, last = error.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    if last is None:
+        return type(error).__name__
+    code = last.tb_frame.f_code
+    where = "/".join(code.co_filename.replace("\\", "/").split("/")[-3:])
+    return f"{type(error).__name__} (no message) at {where}:{last.tb_lineno} in {code.co_name}"

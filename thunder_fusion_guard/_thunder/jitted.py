@@ -28,11 +28,9 @@ __all__ = [
     "call_targets",
     "compiled_module",
     "executors_of",
-    "forget_forward",
     "fx_module_source",
     "fx_output_examples",
     "instrumenting_program",
-    "is_cudagraph_transform",
     "is_jitted",
     "is_thunderfx",
     "jit_again_without",
@@ -440,9 +438,9 @@ def thunderfx_subgraph_module(jitted: Any) -> torch.fx.GraphModule | None:
     return None
 
 
-def jit_again_without(jitted: Any, dropped: Any) -> Any:
+def jit_again_without(jitted: Any, dropped: Any, instead: Any = None) -> Any:
     """``jitted`` (a ``thunder.jit`` module) compiled anew from its module with the same executors and options,
-    and its transforms but ``dropped``."""
+    and its transforms but ``dropped`` (``instead`` in its place, where given)."""
     cd = jitted._lc_cd
     return thunder.jit(
         jitted._model,
@@ -450,24 +448,10 @@ def jit_again_without(jitted: Any, dropped: Any) -> Any:
         sharp_edges=cd.sharp_edges,
         cache=cd.cache_option,
         disable_torch_autograd=cd.disable_torch_autograd_support,
-        transforms=[t for t in jitted_transforms(jitted) if t is not dropped],
+        transforms=[u for t in jitted_transforms(jitted) for u in ([t] if t is not dropped else [instead]) if u],
         debug_options=cd.debug_options,
         **cd.compile_options,
     )
-
-
-def is_cudagraph_transform(transform: Any) -> bool:
-    """True for Thunder's ``CUDAGraphTransform``, which only captures and replays: dropping it changes no value."""
-    from thunder.transforms.cudagraph import CUDAGraphTransform
-
-    return isinstance(transform, CUDAGraphTransform)
-
-
-def forget_forward(transform: Any) -> None:
-    """Clear what a ``CUDAGraphTransform`` kept of a forward trace for its backward, after a compilation that
-    failed between the two (its next forward would otherwise assert)."""
-    if is_cudagraph_transform(transform):
-        transform.outputs_from_forward = None
 
 
 def fx_module_source(gm: torch.fx.GraphModule) -> str | None:

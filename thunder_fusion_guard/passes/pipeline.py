@@ -470,8 +470,10 @@ def rescue_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
         record(decision)
         announce(decision)
 
-    new, _ = rescue_calls(trace, may_rescue, on_rescue)
-    return new, []
+    new, wraps = rescue_calls(trace, may_rescue, on_rescue)
+    regions = context.region_decisions()
+    unwrapped = [(regions.get(w.region), w.because) for w in wraps if not w.wrapped]
+    return new, [_instead(d, details={**d.details, "rescue": f"none: {why}"}) for d, why in unwrapped if d]
 
 
 def _rescue_decision(where: TraceContext, region: Region, error: Exception, args: tuple) -> Decision:
