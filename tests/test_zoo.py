@@ -112,6 +112,13 @@ def test_difference_is_zero_only_for_equal_bits():
     assert zoo._difference(a, [torch.tensor([1.0, 2.0]), None]) == 0.0
     assert zoo._difference(a, [torch.tensor([1.0, 2.5]), None]) == 0.5
     assert zoo._difference(a, [torch.tensor([1.0, 2.0]), torch.zeros(1)]) is None
+    names = ["the loss", "the gradient of w"]
+    assert zoo._against_eager(a, [torch.tensor([1.0, 2.0]), torch.zeros(1)], names) == (
+        "different tensors from eager (the gradient of w is None here, a tensor there)"
+    )
+    assert zoo._mismatch([torch.zeros(2)], [torch.zeros(3)], names) == (
+        "the loss is (2,) torch.float32 here, (3,) torch.float32 there"
+    )
 
 
 def test_path_groups_keep_each_guarded_path_with_its_twin_and_eager_in_every_group():

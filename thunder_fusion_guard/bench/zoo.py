@@ -158,8 +158,16 @@ class _Step:
         import torch
 
         self.model, self.fn, self.cuda = model, fn, device == "cuda"
-        self.params = [p for p in model.module.parameters() if p.requires_grad]
+        named = [(n, p) for n, p in model.module.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in named]
         self.leaves = [x for x in model.inputs if isinstance(x, torch.Tensor) and x.requires_grad]
+        inputs = [i for i, x in enumerate(model.inputs) if isinstance(x, torch.Tensor) and x.requires_grad]
+        # What each of values() is, for saying which differs.
+        self.names = [
+            "the loss",
+            *(f"the gradient of {n}" for n, _ in named),
+            *(f"the gradient of input {i}" for i in inputs),
+        ]
         self.loss: Any = None
 
     def __call__(self) -> None:
@@ -199,13 +207,26 @@ def _difference(a: list[Any], b: list[Any]) -> float | None:
     return worst
 
 
-def _against_eager(guarded: list[Any], eager: list[Any]) -> str:
-    """How a guarded path's results compare with eager's where unguarded Thunder has none: bitwise, within
-    ``torch.testing.assert_close``'s tolerance for their dtype (what Thunder's own tests compare with), or not."""
+def _mismatch(a: list[Any], b: list[Any], names: Sequence[str]) -> str:
+    """Which result of ``a`` has no counterpart of the same kind in ``b`` (``names``: what each result is)."""
+    if len(a) != len(b):
+        return f"{len(a)} results, not {len(b)}"
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        name = names[i] if i < len(names) else f"result {i}"
+        if (x is None) != (y is None):
+            return f"{name} is {'None' if x is None else 'a tensor'} here, {'None' if y is None else 'a tensor'} there"
+        if x is not None and (x.shape != y.shape or x.dtype != y.dtype):
+            return f"{name} is {tuple(x.shape)} {x.dtype} here, {tuple(y.shape)} {y.dtype} there"
+    return "the same tensors"
+
+
+def _against_eager(guarded: list[Any], eager: list[Any], names: Sequence[str] = ()) -> str:
+    """How a path's results compare with eager's: bitwise, within ``torch.testing.assert_close``'s tolerance for
+    their dtype (what Thunder's own tests compare with), or not; ``names`` says what each result is."""
     import torch
 
     if _difference(guarded, eager) is None:
-        return "different tensors from eager"
+        return f"different tensors from eager ({_mismatch(guarded, eager, names)})"
     try:
         for a, b in zip(guarded, eager, strict=True):
             if a is not None:
@@ -349,17 +370,23 @@ def _compile_paths(
         if path in values and baseline not in values and "eager" in values:  # unguarded Thunder failed
             row = result["paths"][path]
             row["difference"], row["compared_with"] = _difference(values[path], values["eager"]), "eager"
-            row["bits"] = _against_eager(values[path], values["eager"])
+            row["bits"] = _against_eager(values[path], values["eager"], steps[path].names)
         elif path in values and baseline in values:
             row = result["paths"][path]
             row["difference"], row["compared_with"] = _difference(values[path], values[baseline]), baseline
             floor = result["paths"][baseline].get("self_difference")
             row["bits"] = (
-                "different tensors" if row["difference"] is None
+                f"different tensors ({_mismatch(values[path], values[baseline], steps[path].names)})"
+                if row["difference"] is None
                 else "bitwise" if row["difference"] == 0.0
                 else "within Thunder's own difference" if floor is not None and row["difference"] <= floor
                 else "differs"
             )  # fmt: skip
+    for path in set(BASELINE.values()) & set(values):  # unguarded Thunder against eager: where it differs itself
+        if "eager" in values and "bits" not in result["paths"][path]:
+            row = result["paths"][path]
+            row["difference"], row["compared_with"] = _difference(values[path], values["eager"]), "eager"
+            row["bits"] = _against_eager(values[path], values["eager"], steps[path].names)
     for path in GUARDED:
         if path in steps:
             result["paths"][path]["why"] = _why_lines(steps[path].fn, model.inputs if device == "cuda" else ())

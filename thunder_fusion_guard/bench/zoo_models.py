@@ -344,8 +344,9 @@ def _atoms(device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch
     generator = torch.Generator().manual_seed(0)
     pos = (torch.rand(atoms, 3, generator=generator) * atoms ** (1 / 3) * 1.6).to(device)
     species = torch.randint(0, 4, (atoms,), generator=generator).to(device)
-    distance = torch.cdist(pos, pos)
-    src, dst = ((distance < 4.0) & (distance > 0)).nonzero().T
+    near = torch.cdist(pos, pos) < 4.0
+    near.fill_diagonal_(False)  # no atom is its own neighbour (cdist's matmul path gives it a distance near, not at, 0)
+    src, dst = near.nonzero().T
     return pos.requires_grad_(True), species, src.contiguous(), dst.contiguous()
 
 
