@@ -146,3 +146,21 @@ def test_region_that_also_returns_its_input_is_lowered():
     passthrough = region.bsym.from_bsym(output=[*region.bsym.output, *region.bsym.flat_proxy_args])
     lowered = lower_region(trace, Region(region.position, region.name, region.executor, passthrough))
     assert [(b.sym.name, th.executed_by(b)) for b in lowered] == [("reshape", "torch")]
+
+
+def test_region_built_without_one_of_its_inputs_is_not_lowered():
+    """Thunder 0.2.6's torch.compile executor made, in an e3nn model's backward with narrow translated, a region
+    called with no arguments whose ops read values: lowering it would hand the rescue a program that cannot run."""
+    import thunder
+
+    from thunder_fusion_guard.passes.rewrite import RewriteError, lower_region
+    from thunder_fusion_guard.regions import Region
+
+    jitted = jit_cpu(rearrange_heads)
+    jitted(torch.randn(2, 3, 4, 5))
+    trace = thunder.last_traces(jitted)[-1]
+    (region,) = regions(jitted)
+    given = [p.name for p in region.bsym.flat_proxy_args]
+    argless = region.bsym.from_bsym(args=())
+    with pytest.raises(RewriteError, match=f"{region.name} reads {given[0]}, which it is not given"):
+        lower_region(trace, Region(region.position, region.name, region.executor, argless))

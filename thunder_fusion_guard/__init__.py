@@ -29,6 +29,9 @@ _EXPORTS = {
     "nvfuser_problem": "._thunder",
     "profile_regions": ".examine.profile",
     "trace_graphs": ".examine.dataflow",
+    "translate_library_ops": "._thunder",
+    "library_ops_translated": "._thunder",
+    "untranslate_library_ops": "._thunder",
     "why_not_fused": ".examine.why",
 }
 
@@ -46,9 +49,12 @@ __all__ = [
     "explain",
     "fusion_executors",
     "guard_trace",
+    "library_ops_translated",
     "nvfuser_problem",
     "profile_regions",
     "trace_graphs",
+    "translate_library_ops",
+    "untranslate_library_ops",
     "why_not_fused",
 ]
 

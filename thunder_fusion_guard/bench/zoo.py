@@ -280,10 +280,15 @@ def run_model(
     out: Path,
     log: Callable[[str], None],
     guard_options: dict[str, Any] | None = None,
+    translate: bool = False,
 ) -> dict[str, Any]:
     """Build zoo model ``name`` and run every path on it, writing the result to ``out`` after each phase so that a
-    run cut short by its time limit keeps what it measured."""
+    run cut short by its time limit keeps what it measured; ``translate``: with the package's translations of
+    library ops in place (process-wide) first."""
+    if translate:
+        from .._thunder import translate_library_ops
 
+        translate_library_ops()
     result, steps = _compile_paths(name, device, paths, out, log, guard_options, deadline)
     with _timing_alone():
         _time_paths(result, steps, rounds, deadline)
@@ -310,6 +315,10 @@ def _compile_paths(
     torch.manual_seed(0)
     model = ZOO[name].build(device)
     result: dict[str, Any] = {"model": name, "library": ZOO[name].library, "what": ZOO[name].what, "paths": {}}
+    from .._thunder import library_ops_are_translated
+
+    if library_ops_are_translated():
+        result["translated"] = True
 
     def save() -> None:
         out.write_text(json.dumps(result))
@@ -422,12 +431,14 @@ def run_zoo(
     jobs: int = 1,
     guard_options: dict[str, Any] | None = None,
     split: bool = False,
+    translate: bool = False,
 ) -> list[dict[str, Any]]:
     """Each model in a process of its own, at most ``time_limit_s`` seconds each (timing stops early enough to
     leave results); a model that times out or crashes keeps what it had written. ``threads``: torch's intra-op
     threads in each model's process (0: torch's default). ``jobs``: processes compiling side by side; each times
     alone. ``guard_options``: the FusionGuard's options on the guarded paths (default: its defaults). ``split``:
-    each model's :func:`path_groups` in processes of their own (each with the time limit), merged per model."""
+    each model's :func:`path_groups` in processes of their own (each with the time limit), merged per model.
+    ``translate``: the package's translations of library ops in place in each process (``translate_library_ops``)."""
     with tempfile.TemporaryDirectory() as folder:
         # A lock given in the environment is shared with other zoo runs on the machine (timed one at a time too).
         lock = os.environ.get(LOCK_ENV) or (str(Path(folder) / "lock") if jobs > 1 else "")
@@ -443,7 +454,7 @@ def run_zoo(
             out = Path(folder) / f"{name}-{g}.json"
             command = [sys.executable, "-m", "thunder_fusion_guard.bench.zoo", name, device, ",".join(group),
                        str(rounds), str(time.time() + 0.8 * time_limit_s), str(out), str(threads),
-                       json.dumps(guard_options or {})]  # fmt: skip
+                       json.dumps(guard_options or {}), str(int(translate))]  # fmt: skip
             try:
                 done = subprocess.run(command, timeout=time_limit_s, stdout=subprocess.DEVNULL, env=env)
                 problem = None if done.returncode == 0 else f"the model's process exited {done.returncode}"
@@ -557,16 +568,17 @@ def to_json(results: Sequence[dict[str, Any]], device: str) -> dict[str, Any]:
 
 def _main(argv: Sequence[str]) -> int:
     """One model, in its own process: ``python -m thunder_fusion_guard.bench.zoo NAME DEVICE PATHS ROUNDS
-    DEADLINE OUT THREADS GUARD_OPTIONS``."""
-    name, device, paths, rounds, deadline, out, threads, guard_options = argv
+    DEADLINE OUT THREADS GUARD_OPTIONS TRANSLATE``."""
+    name, device, paths, rounds, deadline, out, threads, guard_options, translate = argv
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if int(threads):
         import torch
 
         torch.set_num_threads(int(threads))
     run_model(
-        name, device, paths.split(","), int(rounds), float(deadline), Path(out), _stderr, json.loads(guard_options)
-    )
+        name, device, paths.split(","), int(rounds), float(deadline), Path(out), _stderr, json.loads(guard_options),
+        translate == "1",
+    )  # fmt: skip
     return 0
 
 

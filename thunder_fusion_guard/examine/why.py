@@ -287,6 +287,15 @@ _SPLIT_REASONS = {
 }
 
 
+def _outside_thunder_fix(target: str) -> str:
+    """What keeps the op ``target`` in Thunder: the package's translation where it has one (no code to edit),
+    else a rewrite, else nothing."""
+    translation = th.translation_for([target])
+    if translation is not None:
+        return f"thunder_fusion_guard.translate_library_ops() before compiling: {translation.built_from} in Thunder"
+    return OUTSIDE_THUNDER_FIX.get(target, "none here: ThunderFX runs it with Inductor")
+
+
 def outside_thunder_row(op: th.FxSplitOp) -> WhyRow:
     """The row of a node ThunderFX kept out of Thunder: it runs through Inductor between Thunder subgraphs,
     each boundary a graph split (a Thunder program call more, and its inputs and outputs in memory)."""
@@ -305,7 +314,7 @@ def outside_thunder_row(op: th.FxSplitOp) -> WhyRow:
         reason[:100],
         f"thunder.dynamo splitter ({op.kind})",
         op.nbytes,
-        OUTSIDE_THUNDER_FIX.get(op.target, "none here: ThunderFX runs it with Inductor"),
+        _outside_thunder_fix(op.target),
         detail=op.info + (f" ({op.exception})" if op.exception else ""),
     )
 

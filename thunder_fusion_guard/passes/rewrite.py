@@ -27,9 +27,11 @@ def lower_region(trace: th.TraceCtx, region: Region) -> list[th.BoundSymbol]:
     lowered = th.lower_to_torch(trace, region.body, region.outputs)
     allowed = th.lowering_executor_names()
     defined = {p.name for p in region.inputs}
+    unknown: list[str] = []  # read before anything defines them
     for bsym in lowered:
         if th.is_fusion(bsym):
             raise RewriteError(f"lowering {region.name} produced a fusion call {bsym.sym.name}")
+        unknown.extend(sorted({p.name for p in bsym.flat_proxy_args} - defined - set(unknown)))
         if th.executed_by(bsym) not in allowed:
             raise RewriteError(
                 f"lowering {region.name} left {bsym.sym.name} to executor {th.executed_by(bsym)!r}, not torch"
@@ -43,6 +45,8 @@ def lower_region(trace: th.TraceCtx, region: Region) -> list[th.BoundSymbol]:
     missing = sorted(p.name for p in region.outputs if p.name not in defined)
     if missing:
         raise RewriteError(f"lowering {region.name} does not define its outputs {missing}")
+    if unknown:  # a region Thunder built without some of its inputs: its ops cannot run either
+        raise RewriteError(f"{region.name} reads {', '.join(unknown)}, which it is not given")
     return lowered
 
 

@@ -149,6 +149,12 @@ def _register_zoo(bench_sub: Any) -> None:
         help="each guarded path with its unguarded twin (and eager) in a process of its own, --time-limit each, "
         "so that one model's slow compiles run side by side with --jobs; the paths of a process are interleaved",
     )
+    p.add_argument(
+        "--translate",
+        action="store_true",
+        help="translate_library_ops() in each model's process first: Thunder runs narrow and tensordot with its "
+        "own ops and has index_add's gradient (every Thunder path, guarded or not)",
+    )
     p.add_argument("--json", metavar="OUT", help="write pytest-benchmark JSON (with every model's record) here")
     p.add_argument("--markdown", metavar="OUT", help="write the table as markdown here")
     add_threads_option(p)
@@ -202,7 +208,7 @@ def _zoo_command(args: argparse.Namespace) -> int:
     threads = torch.get_num_threads() if note else 0
     results = zoo.run_zoo(
         models, device, zoo.paths_for(device, paths), args.rounds, args.time_limit, progress, threads, args.jobs,
-        split=args.split,
+        split=args.split, translate=args.translate,
     )  # fmt: skip
     rows = zoo.summary_rows(results)
     notes = [
@@ -219,6 +225,8 @@ def _zoo_command(args: argparse.Namespace) -> int:
     together = "paths interleaved"
     if args.split:
         together = "paths of one process interleaved, x eager against the eager of the same process"
+    if args.translate:
+        together += "; Thunder with the package's translations of library ops (translate_library_ops())"
     print(f"(step ms: median of {plural(args.rounds, 'round')}, {together}{'; ' + note if note else ''})")
     return 0
 

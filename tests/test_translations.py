@@ -1,0 +1,110 @@
+"""Translations of library ops Thunder only registered automatically (``narrow``, ``tensordot``) and the gradient
+of ``index_add``: op by op against torch, values and gradients in fp32 and bf16; ThunderFX keeps the ops in
+Thunder only while they are in place; ``why_not_fused`` names the translation."""
+
+from __future__ import annotations
+
+import pytest
+import thunder
+import torch
+from thunder.dynamo import thunderfx
+
+from thunder_fusion_guard import (
+    library_ops_translated,
+    translate_library_ops,
+    untranslate_library_ops,
+    why_not_fused,
+)
+from thunder_fusion_guard._thunder import thunderfx_split_ops
+
+CASES = {
+    "narrow": (lambda a, b: a.narrow(1, 2, 3) * b[0, :3], [(4, 6), (3, 5)]),
+    "narrow negative start": (lambda a, b: torch.narrow(a, 0, -2, 1)[:, :5] * b[:1], [(4, 6), (3, 5)]),
+    "tensordot dims lists": (lambda a, b: torch.tensordot(a.narrow(1, 0, 3), b, dims=([1], [0])), [(4, 6), (3, 5)]),
+    "tensordot dims int": (lambda a, b: torch.tensordot(a, b, dims=1), [(4, 3), (3, 5)]),
+    "tensordot e3nn": (lambda a, b: torch.tensordot(a, b, dims=([0, 1], [1, 2])), [(2, 3, 4), (5, 2, 3)]),
+    "index_add": (lambda a, b: a.index_add(0, torch.tensor([0, 2, 2]), b), [(4, 5), (3, 5)]),
+}
+
+
+def _inputs(shapes, dtype):
+    torch.manual_seed(0)
+    return [torch.randn(s, dtype=dtype, requires_grad=True) for s in shapes]
+
+
+def _step(fn, args):
+    out = fn(*args)
+    return [out, *torch.autograd.grad((out.float() * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum(), args)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_translation_gives_torchs_values_and_gradients(case, dtype):
+    fn, shapes = CASES[case]
+    args = _inputs(shapes, dtype)
+    with library_ops_translated():
+        jitted = thunder.jit(fn)
+        got = _step(jitted, args)
+    ids = {str(b.sym.id) for b in thunder.last_traces(jitted)[0].bound_symbols}
+    if "index_add" not in case:  # Thunder traced the translation, not its automatic registration
+        assert {i for i in ids if i.startswith("thunder_fusion_guard.")}, ids
+    want = _step(fn, args)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        torch.testing.assert_close(g, w)  # the dtype's own tolerance: bf16 rounds in matmul's accumulation
+    if "narrow" in case and "tensordot" not in case:
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))  # a slice: the same bits
+
+
+def test_index_add_gradient_exists_only_while_translated():
+    fn, shapes = CASES["index_add"]
+    args = _inputs(shapes, torch.float32)
+    with pytest.raises(RuntimeError, match="Failed to find a gradient transform"):
+        _step(thunder.jit(fn), args)
+    with library_ops_translated() as translations:
+        assert [t.op for t in translations][-1] == "index_add (its gradient)"
+        _step(thunder.jit(fn), args)
+    with pytest.raises(RuntimeError, match="Failed to find a gradient transform"):
+        _step(thunder.jit(fn), args)
+
+
+def e3nn_like(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """What e3nn's generated tensor-product code does: narrow the input per irrep, contract with tensordot."""
+    a, b = x.narrow(-1, 0, 4), x.narrow(-1, 4, 4)
+    return torch.tensordot(a * b, w, dims=([1], [0])).sin()
+
+
+def test_thunderfx_keeps_translated_ops_in_thunder_and_why_names_the_translation():
+    torch.manual_seed(0)
+    x, w = torch.randn(5, 8, requires_grad=True), torch.randn(4, 3, requires_grad=True)
+
+    def split_off(compiled):
+        compiled(x, w)
+        return sorted(op.target for op in thunderfx_split_ops(compiled))
+
+    plain = thunderfx(e3nn_like)
+    assert split_off(plain) == ["Tensor.narrow", "Tensor.narrow", "torch.functional.tensordot"]
+    why = why_not_fused(plain, x, w)
+    fixes = {r.op: r.try_ for r in why.rows if r.kind == "outside_thunder"}
+    assert any("translate_library_ops()" in fix for fix in fixes.values()), fixes
+    with library_ops_translated():
+        translated = thunderfx(e3nn_like)
+        assert split_off(translated) == []
+        out = translated(x, w)
+    torch.testing.assert_close(out, e3nn_like(x, w))
+    assert split_off(thunderfx(e3nn_like)) == split_off(plain)  # removed: split off again
+
+
+def test_translating_twice_changes_nothing_and_untranslating_restores():
+    from thunder.torch import _torch_to_thunder_function_map
+
+    before = _torch_to_thunder_function_map[torch.tensordot]
+    first = translate_library_ops()
+    try:
+        symbol = _torch_to_thunder_function_map[torch.tensordot]
+        assert translate_library_ops() == first and _torch_to_thunder_function_map[torch.tensordot] is symbol
+        assert symbol is not before
+    finally:
+        untranslate_library_ops()
+    assert _torch_to_thunder_function_map[torch.tensordot] is before
+    untranslate_library_ops()  # again: nothing to restore
