@@ -51,8 +51,11 @@ def _git(*args: str) -> str:
 
 
 def commit_info() -> dict[str, Any]:
-    """The checked-out commit, as pytest-benchmark records it (read-only git calls)."""
+    """The checked-out commit, as pytest-benchmark records it (read-only git calls); ``TFG_COMMIT`` names it
+    instead where set (a copy of the tree on another machine may carry no, or an old, ``.git``)."""
     project = Path.cwd().name
+    if os.environ.get("TFG_COMMIT"):
+        return {"id": os.environ["TFG_COMMIT"], "source": "TFG_COMMIT", "project": project}
     try:
         return {
             "id": _git("rev-parse", "HEAD"),
