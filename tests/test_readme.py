@@ -23,6 +23,7 @@ EXPECTED = {
     "class BandedScores": ("FusionGuard:", "hoist", "x faster"),
     "print(profile)": ("profile of",),
     "thunderfx(Scores()": ("subgraph 0",),
+    "for t in tfg.translate_library_ops()": ("torch.tensordot: permute, reshape and matmul",),
 }
 
 

@@ -195,16 +195,18 @@ def test_bench_zoo_split_runs_path_groups_and_says_so(monkeypatch, capsys, tmp_p
 
     seen = {}
 
-    def fake_run_zoo(models, device, paths, rounds, limit, log, threads, jobs, split=False):
-        seen.update(models=models, paths=paths, jobs=jobs, split=split)
+    def fake_run_zoo(models, device, paths, rounds, limit, log, threads, jobs, split=False, translate=False):
+        seen.update(models=models, paths=paths, jobs=jobs, split=split, translate=translate)
         return [{"model": models[0], "paths": {"eager": {"runs": True, "samples_s": [0.001]}}}]
 
     monkeypatch.setattr(zoo, "run_zoo", fake_run_zoo)
     out = tmp_path / "z.json"
     argv = ["bench", "zoo", "--device", "cpu", "--models", "nn-mha", "--paths", "eager,thunder,guarded"]
-    assert main([*argv, "--split", "--jobs", "3", "--rounds", "1", "--json", str(out)]) == 0
-    assert seen == {"models": ["nn-mha"], "paths": ["eager", "thunder", "guarded"], "jobs": 3, "split": True}
-    assert "paths of one process interleaved" in capsys.readouterr().out
+    assert main([*argv, "--split", "--jobs", "3", "--rounds", "1", "--translate", "--json", str(out)]) == 0
+    want = {"models": ["nn-mha"], "paths": ["eager", "thunder", "guarded"], "jobs": 3, "split": True, "translate": True}
+    assert seen == want
+    printed = capsys.readouterr().out
+    assert "paths of one process interleaved" in printed and "translate_library_ops()" in printed
     assert json.loads(out.read_text())["zoo"][0]["model"] == "nn-mha"
     seen.clear()
     assert main(["bench", "zoo", "--models", "no-such-model"]) == 2 and seen == {}
