@@ -157,3 +157,19 @@ def test_every_result_file_is_cited():
         if not any(re.search(rf"results/{re.escape(name)}(?![\w./-])", cited) for name in names):
             uncited.append("/".join(parts))
     assert not uncited, f"files under benchmarks/results named in neither RESULTS.md nor README.md: {uncited}"
+
+
+def test_every_cited_result_file_exists():
+    """The reverse: each `results/...` path that RESULTS.md or README.md names is there (a file, or a folder
+    named with its trailing slash), so that a superseded file can leave the tree only with its citation."""
+    cited = (REPO / "benchmarks" / "RESULTS.md").read_text() + README.read_text()
+    names = set(re.findall(r"`results/([\w./-]+)`", cited))
+    assert names, "RESULTS.md cites no result file"
+    missing = sorted(n for n in names if not (REPO / "benchmarks" / "results" / n).exists())
+    assert not missing, f"cited in RESULTS.md or README.md but not under benchmarks/results: {missing}"
+
+
+def test_results_is_a_reference_not_a_notebook():
+    """RESULTS.md holds each topic's current figure and a short history: at most 200 lines."""
+    lines = (REPO / "benchmarks" / "RESULTS.md").read_text().count("\n")
+    assert lines <= 200, f"RESULTS.md has {lines} lines; keep the current figure of each topic, history short"

@@ -327,6 +327,29 @@ def test_a_backward_that_saves_nothing_keeps_its_cuda_graphs(monkeypatch):
     assert adapted.outputs_from_forward is None and graphs.outputs_from_forward is None
 
 
+def test_the_adapted_capture_takes_saved_tensors_by_name_and_a_stale_forward(monkeypatch):
+    """The adapted ``CUDAGraphTransform`` on a subgraph whose backward does get saved tensors (sin saves x, w)
+    compiles as Thunder's own, and a forward left behind without its backward (Thunder's own asserts "called on
+    augmented forward twice") does not stop the next compilation."""
+    from thunder.transforms.cudagraph import CUDAGraphTransform
+
+    from thunder_fusion_guard._thunder import capture_for_any_trace
+
+    monkeypatch.setattr(CUDAGraphTransform, "generate_fused_trace", lambda self, trace, **kwargs: trace)
+    x, w = inputs()
+    want = step(thunderfx(program, executors=fusion_executors("cpu")), x, w)
+    stale = CUDAGraphTransform()
+    stale.outputs_from_forward = [True]
+    with pytest.raises(AssertionError, match="called on augmented forward twice"):
+        step(thunderfx(program, executors=fusion_executors("cpu"), transforms=[stale]), x, w)
+    adapted = capture_for_any_trace(CUDAGraphTransform())
+    adapted.outputs_from_forward = [True]
+    got = step(thunderfx(program, executors=fusion_executors("cpu"), transforms=[adapted]), x, w)
+    assert_same(flat([got[0], *got[1]]), flat([want[0], *want[1]]))
+    assert adapted.outputs_from_forward is None  # handed from the forward to its backward, then cleared
+    assert capture_for_any_trace(adapted) is None  # only Thunder's own class is adapted
+
+
 @pytest.mark.cuda
 def test_nvfuser_failure_on_timm_convnext_is_rescued_and_reproduced_alone():
     """timm's ConvNeXt (the zoo's) through thunder.jit: nvFuser 0.2.36 fails to compile some of its regions
