@@ -68,6 +68,28 @@ def test_index_add_grad(transforms):
         compiled(scatter_sum, transforms)(src, torch.tensor([0, 1, 1, 3, 2])).sum().backward()
 
 
+# thunder.jit: an in-place copy into a slice of a tensor made in the program, with grad (e3nn's tensor products
+# write each path into a narrow of one output: with translate_library_ops() the narrow is a slice, and the
+# e3nn-built NequIP fails so on an H100). Thunder's backward trace reads a value nothing defines: with the
+# torch.compile executor its own check says so ("unknown proxy"); with Thunder's default executors the backward
+# fails in its autograd bridge at a bare ``assert not args`` (thunder/executors/torch_autograd.py:113).
+
+
+def test_copy_into_a_slice_of_a_new_tensor_with_grad(transforms):
+    def paths_into_one_output(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(x.shape[0], 8)
+        out[:, 0:4].copy_(x @ w)
+        return out.sin().sum()
+
+    x, w = torch.randn(5, 3, requires_grad=True), torch.randn(3, 4, requires_grad=True)
+    torch.autograd.grad(paths_into_one_output(x, w), (x, w))  # eager runs it
+    with fails(AssertionError, match=r"unknown proxy t\d+ is used in"):
+        torch.autograd.grad(compiled(paths_into_one_output, transforms)(x, w), (x, w))
+    plain = thunder.jit(paths_into_one_output, transforms=transforms)  # Thunder's default executors
+    with fails(AssertionError, match=r"^$"):
+        torch.autograd.grad(plain(x, w), (x, w))
+
+
 # thunder.jit: nn.MultiheadAttention's backward (the nn.TransformerEncoder of the zoo calls it with
 # need_weights=False; F.multi_head_attention_forward then returns None as its second output).
 
