@@ -435,11 +435,33 @@ def test_a_subgraph_updating_a_view_with_grad_is_not_rescued_and_says_why():
         with pytest.raises(RuntimeError, match="Attempting to reshape"):
             compiled(x, w)
     (kept,) = [d for d in guard.report.decisions if d.reason.startswith("not rescued")]
-    assert kept.action == "keep" and "updates input views [1] in place with grad on" in kept.reason
+    assert kept.action == "keep" and "updates inputs [1] in place, whose memory other tensors hold too" in kept.reason
     assert kept.error.startswith("RuntimeError: Attempting to reshape")
     with torch.no_grad():  # no gradient to lose: rescued, eagerly
         out = thunderfx(narrow_copies, executors=fusion_executors("cpu"), transforms=[FusionGuard()])(x, w)
     assert torch.equal(out, narrow_copies(x, w))
+
+
+def narrow_of_a_split_off_buffer(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """ThunderFX runs new_zeros and narrow by Inductor, which hands the Thunder subgraph the view and its base
+    as two tensors autograd does not relate; the subgraph copies into the view and reads the base."""
+    out = x.new_zeros(x.shape[0], 8)
+    out.narrow(1, 0, 4).copy_(x @ w)
+    return out.sin().sum() + x.sum()
+
+
+def test_an_update_of_memory_another_input_holds_is_not_rescued_with_grad():
+    """Run eagerly, the copy into the view would not reach the base's gradient: the step would run with `w`'s
+    gradient missing and `x`'s wrong, where unguarded ThunderFX fails. The guard raises as unguarded does."""
+    x, w = torch.randn(5, 3, requires_grad=True), torch.randn(3, 4, requires_grad=True)
+    guard = FusionGuard()
+    for transforms in ([], [guard]):
+        compiled = thunderfx(narrow_of_a_split_off_buffer, transforms=transforms)
+        with pytest.raises(RuntimeError, match="Attempting to reshape"):
+            torch.autograd.grad(compiled(x, w), (x, w))
+    (kept,) = [d for d in guard.report.decisions if d.reason.startswith("not rescued")]
+    assert "updates inputs [2] in place, whose memory other tensors hold too, with grad on" in kept.reason
+    assert not guard.report.filter(action="rescue")
 
 
 def test_scatter_reduce_with_grad_runs_under_the_packages_cpu_executors():

@@ -114,17 +114,15 @@ class SubgraphRescue:
                 th.forget_forward(culprit)
                 error = e
         updated = updated_inputs(self.module)
-        views = [
-            i
-            for i in sorted(updated)
-            if i < len(args) and isinstance(args[i], torch.Tensor) and args[i]._base is not None
-        ]
-        if views and torch.is_grad_enabled():
-            # Autograd through an update of a view made by another compiled part is where a run could go wrong
-            # without a word (gradients lost or wrong): the failure is the user's to see, as unguarded.
+        aliased = [i for i in sorted(updated) if i < len(args) and shares_memory_beyond_itself(args[i], args)]
+        if aliased and torch.is_grad_enabled():
+            # Autograd through an update of memory another tensor also holds (a view another compiled part made,
+            # which may reach autograd as a tensor of its own) is where a run could go wrong without a word
+            # (gradients lost or wrong): the failure is the user's to see, as unguarded.
             if not self._refused:
                 self._refused = True
-                self._tell(Rescued(None, error, args, problems=(f"updates input views {views} in place with grad on",)))
+                problem = f"updates inputs {aliased} in place, whose memory other tensors hold too, with grad on"
+                self._tell(Rescued(None, error, args, problems=(problem,)))
             raise error
         if updated:
             # Inductor applies an update of an input outside autograd's view: gradients through it would be lost.
@@ -199,6 +197,25 @@ def _unrescued(jitted: Any) -> Any:
     if isinstance(call, SubgraphRescue):
         th.set_module_call(jitted, call.thunder_fn)
     return jitted
+
+
+def shares_memory_beyond_itself(tensor: Any, args: tuple) -> bool:
+    """Whether ``tensor`` is a view, shares its storage with another tensor of ``args``, or holds less than its
+    whole storage (so another tensor may hold the rest: a view that reached autograd as a tensor of its own)."""
+    if not isinstance(tensor, torch.Tensor):
+        return False
+    if tensor._base is not None:
+        return True
+    try:
+        storage = tensor.untyped_storage()
+        if tensor.storage_offset() or storage.nbytes() != tensor.numel() * tensor.element_size():
+            return True
+        return any(
+            isinstance(a, torch.Tensor) and a is not tensor and a.untyped_storage().data_ptr() == storage.data_ptr()
+            for a in args
+        )
+    except Exception:  # a tensor without storage (fake, some subclasses): nothing known, so assume the worst
+        return True
 
 
 def updated_inputs(gm: torch.fx.GraphModule) -> set[int]:
