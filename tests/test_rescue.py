@@ -464,6 +464,37 @@ def test_an_update_of_memory_another_input_holds_is_not_rescued_with_grad():
     assert not guard.report.filter(action="rescue")
 
 
+def copy_into_input(buf: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    buf.copy_(x * 2)  # eager: buf now has x's history; Thunder returns it without
+    return buf
+
+
+def test_an_output_that_loses_its_gradient_is_said_and_left_as_thunder_returns_it():
+    """Thunder leaves an input it updated in place without autograd history, where eager's has it: a gradient
+    lost without an error. Guarded, the values are unguarded Thunder's, and a decision and a warning say which
+    value lost it."""
+    x = torch.randn(4, requires_grad=True)
+    assert copy_into_input(torch.zeros(4), x).requires_grad
+    plain_buf, guarded_buf = torch.zeros(4), torch.zeros(4)
+    want = thunderfx(copy_into_input, executors=fusion_executors("cpu"))(plain_buf, x)
+    guard = FusionGuard()
+    compiled = thunderfx(copy_into_input, executors=fusion_executors("cpu"), transforms=[guard])
+    with pytest.warns(RuntimeWarning, match=r"subgraph 0: gradients lost: input 1 \(updated in place\) without"):
+        got = compiled(guarded_buf, x)
+    assert not want.requires_grad and not got.requires_grad  # Thunder's, guarded or not
+    assert torch.equal(got, want) and torch.equal(guarded_buf, plain_buf)
+    (lost,) = [d for d in guard.report.decisions if d.reason.startswith("gradients lost")]
+    assert lost.action == "keep" and lost.subgraph == "subgraph 0"
+    assert lost.details["without_grad"] == ["input 1 (updated in place)"]  # the subgraph takes (x, buf)
+    assert "eager gives it a gradient" in lost.details["explanation"]
+    compiled(guarded_buf, x)
+    assert len([d for d in guard.report.decisions if d.reason.startswith("gradients lost")]) == 1  # said once
+    with torch.no_grad():  # nothing to lose
+        guard2 = FusionGuard()
+        thunderfx(copy_into_input, executors=fusion_executors("cpu"), transforms=[guard2])(torch.zeros(4), x)
+    assert not guard2.report.decisions or all(not d.reason.startswith("gradients") for d in guard2.report.decisions)
+
+
 def test_scatter_reduce_with_grad_runs_under_the_packages_cpu_executors():
     """A newcomer's graph layer: the torch.compile region holding ``scatter_reduce_vjp`` (a gradient Thunder
     registered automatically) fails in dynamo (``Unsupported: Unexpected type in sourceless builder``); guarded, that

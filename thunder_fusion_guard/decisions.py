@@ -65,6 +65,9 @@ class Details(TypedDict, total=False):
     reproduction: str  # a script that reproduces the failure alone (nvFuser's definition and such inputs)
     source: str  # the user's source line of the region's or subgraph's first op
     outputs_restrided: list[int]  # outputs handed back in the layout the FX graph recorded
+    without_grad: list[
+        str
+    ]  # the outputs or updated inputs a ThunderFX subgraph left without the autograd history recorded
 
 
 @dataclass

@@ -16,7 +16,8 @@ subgraph's ThunderModule and Thunder's compiled function. Where a call fails it 
 An error the eager module raises as well is the user's: it reaches the caller unchanged. The parts ThunderFX
 compiled with Inductor were compiled for the strides Dynamo recorded, and check them, so on a subgraph's first
 call each output whose strides differ from the recorded ones, that is no view of an input and that such a part
-reads, is copied into that layout from then on (same values).
+reads, is copied into that layout from then on (same values). An output that comes back without the autograd
+history Dynamo recorded for it (its gradient would be lost without an error) is said, not changed.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Rescued:
     args: tuple
     restrided: tuple[int, ...] = ()
     problems: tuple[str, ...] = ()
+    lost_grad: tuple[str, ...] = ()  # values Thunder left without the autograd history Dynamo recorded
 
 
 def compile_fx_module(module: torch.fx.GraphModule, inputs: list[Any], backend: str) -> Callable:
@@ -155,10 +157,14 @@ class SubgraphRescue:
         return out if self._after is None else self._after(out, args)
 
     def _check_layout(self, out: Any, args: tuple) -> Any:
-        """The first call's outputs against Dynamo's record; from then on, the mismatched ones restrided."""
+        """The first call's outputs against Dynamo's record (their autograd history, their strides); from then on,
+        the mismatched ones restrided."""
         self._after = None
         outputs = list(out) if isinstance(out, (tuple, list)) else [out]
         self._examples = examples = th.fx_output_examples(self.module)
+        lost = gradients_lost(self.module, outputs if len(examples) == len(outputs) else [], examples, args)
+        if lost:  # said, not changed: the values stay Thunder's, as unguarded
+            self._tell(Rescued(None, None, args, lost_grad=lost))
         if len(examples) != len(outputs):
             return out
         inputs = [a for a in args if isinstance(a, torch.Tensor)]
@@ -199,6 +205,27 @@ def _unrescued(jitted: Any) -> Any:
     return jitted
 
 
+def gradients_lost(gm: torch.fx.GraphModule, outputs: list[Any], examples: list[Any], args: tuple) -> tuple[str, ...]:
+    """The outputs, and the inputs updated in place, that Dynamo recorded as requiring grad (eager gives them a
+    gradient) but that came back from ``gm``'s call without autograd history, with grad on: gradients through them
+    would be lost without an error (Thunder leaves an input it updated in place, ``buf.copy_(x)``, so)."""
+    if not torch.is_grad_enabled():
+        return ()
+
+    def lost(value: Any, example: Any) -> bool:
+        return (
+            isinstance(value, torch.Tensor)
+            and isinstance(example, torch.Tensor)
+            and example.requires_grad
+            and not value.requires_grad
+        )
+
+    found = [f"output {i}" for i, (o, ex) in enumerate(zip(outputs, examples, strict=True)) if lost(o, ex)]
+    updated = {i: node.meta.get("example_value") for i, node in in_place_updates(gm) if i < len(args)}
+    found += [f"input {i} (updated in place)" for i, ex in sorted(updated.items()) if lost(args[i], ex)]
+    return tuple(found)
+
+
 def shares_memory_beyond_itself(tensor: Any, args: tuple) -> bool:
     """Whether ``tensor`` is a view, shares its storage with another tensor of ``args``, or holds less than its
     whole storage (so another tensor may hold the rest: a view that reached autograd as a tensor of its own)."""
@@ -222,8 +249,13 @@ def updated_inputs(gm: torch.fx.GraphModule) -> set[int]:
     """The positions of the inputs of ``gm`` that it updates in place (through views of them too): the first
     argument of each in-place op (a method or function whose name ends in one ``_``: ``copy_``, ``add_``) and of
     each item set, followed back to a placeholder."""
+    return {i for i, _ in in_place_updates(gm)}
+
+
+def in_place_updates(gm: torch.fx.GraphModule) -> list[tuple[int, torch.fx.Node]]:
+    """Each in-place op of ``gm`` on one of its inputs: (the input's position, the op's node)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    found = set()
+    found = []
     for node in gm.graph.nodes:
         if node.op not in ("call_method", "call_function") or not node.args:
             continue
@@ -234,7 +266,7 @@ def updated_inputs(gm: torch.fx.GraphModule) -> set[int]:
         while isinstance(target, torch.fx.Node) and target.op != "placeholder" and target.args:
             target = target.args[0]
         if isinstance(target, torch.fx.Node) and target in placeholders:
-            found.add(placeholders.index(target))
+            found.append((placeholders.index(target), node))
     return found
 
 
@@ -291,7 +323,17 @@ def rescue_decision(subgraph: str, module: torch.fx.GraphModule, what: Rescued, 
     """The decision recording ``what`` happened to ThunderFX subgraph ``subgraph`` (its fx ``module``);
     ``describe(args)`` words the failing call's inputs."""
     ops = th.fx_graph_ops(module)
-    if what.error is not None and what.by is None:
+    if what.lost_grad:
+        values = ", ".join(what.lost_grad)
+        reason = f"gradients lost: {values} without autograd history"
+        explanation = (
+            f"Thunder left {values} of {subgraph} without autograd history where Dynamo recorded it requiring grad "
+            "(eager gives it a gradient): gradients through it are lost without an error. The guard keeps "
+            "Thunder's values, as unguarded; run this part eagerly or write the update out of place"
+        )
+        d = Decision("forward", subgraph, "thunder", ops, "keep", reason, subgraph=subgraph)
+        d.details.update(explanation=explanation, without_grad=list(what.lost_grad))
+    elif what.error is not None and what.by is None:
         reason = f"not rescued: {what.problems[0]}"
         explanation = (
             f"Thunder failed on {subgraph} ({error_line(what.error)}); not rescued: it {what.problems[0]}, and "

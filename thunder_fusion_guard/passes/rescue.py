@@ -74,8 +74,9 @@ def announce(decision: Any) -> None:
     by = decision.details.get("rescued_by")
     what = f"rescued: {by} runs it from now on" if by else decision.reason
     failed = (decision.error or decision.reason).strip().splitlines()[0]
+    said = failed if failed == what else f"{failed}; {what}"
     warnings.warn(
-        f"FusionGuard: {where}{decision.trace} {decision.region}: {failed}; {what} (explain() has the details)",
+        f"FusionGuard: {where}{decision.trace} {decision.region}: {said} (explain() has the details)",
         RuntimeWarning,
         stacklevel=2,
     )
