@@ -552,3 +552,12 @@ def test_a_region_copying_into_a_tensor_that_requires_grad_stays_fused():
     (region,) = [r for r in find_regions(trace) if "copy_" in r.ops]
     with pytest.raises(RewriteError, match=r"copies into \w+, which requires grad"):
         lower_region(trace, region)
+
+
+def test_gradients_lost_checks_outputs_only_where_dynamo_recorded_as_many():
+    from thunder_fusion_guard.fx_rescue import gradients_lost
+
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    recorded = torch.zeros(2, requires_grad=True)
+    assert gradients_lost(gm, [torch.zeros(2), torch.zeros(2)], [recorded], (torch.zeros(2),)) == ()
+    assert gradients_lost(gm, [torch.zeros(2)], [recorded], (torch.zeros(2),)) == ("output 0",)

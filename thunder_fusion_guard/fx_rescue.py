@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -162,7 +163,7 @@ class SubgraphRescue:
         self._after = None
         outputs = list(out) if isinstance(out, (tuple, list)) else [out]
         self._examples = examples = th.fx_output_examples(self.module)
-        lost = gradients_lost(self.module, outputs if len(examples) == len(outputs) else [], examples, args)
+        lost = gradients_lost(self.module, outputs, examples, args)
         if lost:  # said, not changed: the values stay Thunder's, as unguarded
             self._tell(Rescued(None, None, args, lost_grad=lost))
         if len(examples) != len(outputs):
@@ -206,9 +207,10 @@ def _unrescued(jitted: Any) -> Any:
 
 
 def gradients_lost(gm: torch.fx.GraphModule, outputs: list[Any], examples: list[Any], args: tuple) -> tuple[str, ...]:
-    """The outputs, and the inputs updated in place, that Dynamo recorded as requiring grad (eager gives them a
-    gradient) but that came back from ``gm``'s call without autograd history, with grad on: gradients through them
-    would be lost without an error (Thunder leaves an input it updated in place, ``buf.copy_(x)``, so)."""
+    """The outputs (where there are as many as Dynamo recorded), and the inputs updated in place, that Dynamo
+    recorded as requiring grad (eager gives them a gradient) but that came back from ``gm``'s call without
+    autograd history, with grad on: gradients through them would be lost without an error (Thunder leaves an
+    input it updated in place, ``buf.copy_(x)``, so)."""
     if not torch.is_grad_enabled():
         return ()
 
@@ -220,7 +222,8 @@ def gradients_lost(gm: torch.fx.GraphModule, outputs: list[Any], examples: list[
             and not value.requires_grad
         )
 
-    found = [f"output {i}" for i, (o, ex) in enumerate(zip(outputs, examples, strict=True)) if lost(o, ex)]
+    pairs = enumerate(zip(outputs, examples, strict=True)) if len(outputs) == len(examples) else ()
+    found = [f"output {i}" for i, (o, ex) in pairs if lost(o, ex)]
     updated = {i: node.meta.get("example_value") for i, node in in_place_updates(gm) if i < len(args)}
     found += [f"input {i} (updated in place)" for i, ex in sorted(updated.items()) if lost(args[i], ex)]
     return tuple(found)
@@ -279,12 +282,10 @@ def _failing_transform(error: BaseException, transforms: list[Any]) -> Any | Non
         with contextlib.suppress(TypeError, OSError):
             files.setdefault(inspect.getfile(type(t)), t)
     found = None
-    tb = error.__traceback__
-    while tb is not None:
-        owner = tb.tb_frame.f_locals.get("self")
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        owner = frame.f_locals.get("self")
         by_method = next((t for t in transforms if owner is t), None)
-        found = by_method or files.get(tb.tb_frame.f_code.co_filename) or found
-        tb = tb.tb_next
+        found = by_method or files.get(frame.f_code.co_filename) or found
     return found
 
 

@@ -3,6 +3,8 @@ for tables and reasons or whole for JSON and details."""
 
 from __future__ import annotations
 
+import traceback
+
 
 def fit(text: str, chars: int) -> str:
     """``text`` cut with an ellipsis to ``chars`` characters."""
@@ -30,11 +32,9 @@ def error_text(error: BaseException) -> str:
 def _bare(error: BaseException) -> str:
     """An error without a message: its type and the innermost line that raised it (``package/module.py:line in
     function``)."""
-    tb, last = error.__traceback__, None
-    while tb is not None:
-        last, tb = tb, tb.tb_next
-    if last is None:
+    frames = list(traceback.walk_tb(error.__traceback__))
+    if not frames:
         return type(error).__name__
-    code = last.tb_frame.f_code
-    where = "/".join(code.co_filename.replace("\\", "/").split("/")[-3:])
-    return f"{type(error).__name__} (no message) at {where}:{last.tb_lineno} in {code.co_name}"
+    frame, line = frames[-1]
+    where = "/".join(frame.f_code.co_filename.replace("\\", "/").split("/")[-3:])
+    return f"{type(error).__name__} (no message) at {where}:{line} in {frame.f_code.co_name}"

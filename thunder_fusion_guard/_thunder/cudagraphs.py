@@ -10,6 +10,7 @@ fail another. Neither says anything about the capture itself.
 
 from __future__ import annotations
 
+import traceback
 import weakref
 from typing import Any
 
@@ -37,13 +38,12 @@ def refused_by_its_checks(error: BaseException) -> bool:
     ``AssertionError`` raised in that method), not a failure of a capture."""
     if not isinstance(error, AssertionError):
         return False
-    tb, last = error.__traceback__, None
-    while tb is not None:
-        last, tb = tb, tb.tb_next
-    return (
-        last is not None
-        and last.tb_frame.f_code.co_name == "transform_trace_post_optimization"
-        and (last.tb_frame.f_code.co_filename.endswith(("transforms/cudagraph.py", "transforms\\cudagraph.py")))
+    frames = list(traceback.walk_tb(error.__traceback__))
+    if not frames:
+        return False
+    code = frames[-1][0].f_code
+    return code.co_name == "transform_trace_post_optimization" and code.co_filename.endswith(
+        ("transforms/cudagraph.py", "transforms\\cudagraph.py")
     )
 
 
