@@ -2,7 +2,7 @@
 their durations) and wall time per step, from torch.profiler over a few steps after warm-up.
 
     python3 benchmarks/zoo_kernels.py --model e3nn-nequip-rewritten \
-        --paths inductor,inductor-ro,guarded,guarded+cudagraph --json OUT.json
+        --paths inductor,inductor-ro,guarded,guarded+cudagraph --json OUT.json [--translate]
 
 A path whose step takes much longer than its device time waits on the host (Python, launches); one whose device
 time is high runs more or slower kernels. The model and paths are those of `fusion-guard bench zoo`.
@@ -67,6 +67,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--translate", action="store_true", help="translate_library_ops() first (every Thunder path)")
     args = parser.parse_args()
     paths = args.paths.split(",")
     unknown = [p for p in paths if p not in PATHS]
@@ -74,6 +75,10 @@ def main() -> int:
         parser.error(f"--paths: unknown {unknown}; allowed: {', '.join(PATHS)}")
     if not torch.cuda.is_available():
         parser.error("needs CUDA")
+    if args.translate:
+        from thunder_fusion_guard import translate_library_ops
+
+        translate_library_ops()
     rows = []
     for path in paths:
         try:
@@ -86,6 +91,7 @@ def main() -> int:
         commit, commit_source = resolve_commit(None)
         record = {
             "model": args.model,
+            "translated": args.translate,
             "commit": commit,
             "commit_source": commit_source,
             "package_sha256": package_sha256(),

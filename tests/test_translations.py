@@ -1,6 +1,7 @@
-"""Translations of library ops Thunder only registered automatically (``narrow``, ``tensordot``) and the gradient
-of ``index_add``: op by op against torch, values and gradients in fp32 and bf16; ThunderFX keeps the ops in
-Thunder only while they are in place; ``why_not_fused`` names the translation."""
+"""Translations of library ops Thunder only registered automatically (``narrow``, ``tensordot``,
+``broadcast_tensors``, the 2-norm), the gradient of ``index_add`` and e3nn's ``Extract`` out of place: op by op
+against torch, values and gradients in fp32 and bf16; ThunderFX keeps the ops in Thunder only while they are in
+place; ``why_not_fused`` names the translation; the e3nn-built NequIP trains as one Thunder program."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ CASES = {
     "tensordot dims int": (lambda a, b: torch.tensordot(a, b, dims=1), [(4, 3), (3, 5)]),
     "tensordot e3nn": (lambda a, b: torch.tensordot(a, b, dims=([0, 1], [1, 2])), [(2, 3, 4), (5, 2, 3)]),
     "index_add": (lambda a, b: a.index_add(0, torch.tensor([0, 2, 2]), b), [(4, 5), (3, 5)]),
+    "broadcast_tensors": (lambda a, b: torch.broadcast_tensors(a[:, :1], b)[0] * b, [(4, 6), (4, 5)]),
+    # a row of zeros: torch's gradient there is 0, where a sum of squares' would be NaN
+    "norm dim": (lambda a, b: (a * (torch.arange(4) > 0)[:, None]).norm(dim=1) * b[:, 0], [(4, 3), (4, 2)]),
+    "norm of all": (lambda a, b: torch.norm(a) * b.sum(), [(4, 3), (2,)]),
+    "vector_norm keepdim": (lambda a, b: torch.linalg.vector_norm(a, dim=(0, 1), keepdim=True) * b, [(2, 3), (4, 1)]),
 }
 
 
@@ -52,8 +58,8 @@ def test_each_translation_gives_torchs_values_and_gradients(case, dtype):
     for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape
         torch.testing.assert_close(g, w)  # the dtype's own tolerance: bf16 rounds in matmul's accumulation
-    if "narrow" in case and "tensordot" not in case:
-        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))  # a slice: the same bits
+    if ("narrow" in case and "tensordot" not in case) or case == "broadcast_tensors":
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))  # a slice, an expand: the same bits
 
 
 def test_index_add_gradient_exists_only_while_translated():
@@ -62,7 +68,7 @@ def test_index_add_gradient_exists_only_while_translated():
     with pytest.raises(RuntimeError, match="Failed to find a gradient transform"):
         _step(thunder.jit(fn), args)
     with library_ops_translated() as translations:
-        assert [t.op for t in translations][-1] == "index_add (its gradient)"
+        assert "index_add (its gradient)" in [t.op for t in translations]
         _step(thunder.jit(fn), args)
     with pytest.raises(RuntimeError, match="Failed to find a gradient transform"):
         _step(thunder.jit(fn), args)
@@ -108,3 +114,62 @@ def test_translating_twice_changes_nothing_and_untranslating_restores():
         untranslate_library_ops()
     assert _torch_to_thunder_function_map[torch.tensordot] is before
     untranslate_library_ops()  # again: nothing to restore
+
+
+def test_other_norms_run_as_thunder_registered_them():
+    """Only the 2-norm of a real floating tensor is translated; another order runs as Thunder registered it."""
+    a = torch.randn(3, 4)
+    with library_ops_translated():
+        jitted = thunder.jit(lambda a: a.norm(p=1, dim=1) + torch.linalg.vector_norm(a, ord=3, dim=1))
+        torch.testing.assert_close(jitted(a), a.norm(p=1, dim=1) + torch.linalg.vector_norm(a, ord=3, dim=1))
+    ids = {str(b.sym.id) for b in thunder.last_traces(jitted)[0].bound_symbols}
+    assert not {i for i in ids if "l2_norm" in i}, ids
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_e3nn_extract_out_of_place_gives_its_values_and_gradients(dtype):
+    """``nn.Gate``'s Extract, written with slices and cat: the same bits as e3nn's in-place copies, and
+    Thunder now gives its input a gradient."""
+    nn = pytest.importorskip("e3nn.nn")
+    extract = nn.Extract(
+        "1e + 0e + 0e + 2x1o", ["0e + 1e", "0e", "2x1o", "1e + 0e + 0e + 2x1o"], [(1, 0), (2,), (3,), (0, 1, 2, 3)]
+    )
+    torch.manual_seed(0)
+    x = torch.randn(5, 11, dtype=dtype, requires_grad=True)
+    weights = [torch.linspace(-1, 1, n, dtype=dtype) for n in (4, 1, 6, 11)]
+
+    def step(fn):
+        outs = fn(x)
+        grad = torch.autograd.grad(sum((o * w).sum() for o, w in zip(outs, weights, strict=True)), x)[0]
+        return [*outs, grad]
+
+    want = step(extract)
+    with library_ops_translated():
+        eager = step(extract)
+        jitted = step(thunder.jit(extract))
+    assert all(torch.equal(g, w) for g, w in zip(eager, want, strict=True))
+    for g, w in zip(jitted, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    assert step(extract)[0].data_ptr() != x.data_ptr()  # restored: e3nn's own forward again
+
+
+def test_e3nn_built_nequip_trains_as_one_thunder_program_when_translated():
+    """The zoo's NequIP of e3nn's own modules: unguarded ThunderFX splits off dozens of ops and leaves 11 parameters
+    without gradient; translated and guarded, it is one Thunder program and every gradient is eager's."""
+    pytest.importorskip("e3nn")
+    from thunder_fusion_guard import FusionGuard
+    from thunder_fusion_guard.bench.zoo_models import ZOO
+
+    model = ZOO["e3nn-nequip-modules"].build("cpu")
+    params = [p for p in model.module.parameters() if p.requires_grad]
+    inputs = model.inputs
+    wants = torch.autograd.grad(model.loss(model.module(*inputs)), [*params, inputs[0]])
+    guard = FusionGuard(measure_budget_s=0)
+    with library_ops_translated():
+        compiled = thunderfx(model.module, transforms=[guard])
+        gots = torch.autograd.grad(model.loss(compiled(*inputs)), [*params, inputs[0]], allow_unused=True)
+    assert thunderfx_split_ops(compiled) == []
+    assert all(g is not None for g in gots)
+    for got, want in zip(gots, wants, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert not [d for d in guard.report.decisions if d.reason.startswith(("gradients lost", "not rescued"))]

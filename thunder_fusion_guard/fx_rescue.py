@@ -330,7 +330,8 @@ def rescue_decision(subgraph: str, module: torch.fx.GraphModule, what: Rescued, 
         explanation = (
             f"Thunder left {values} of {subgraph} without autograd history where Dynamo recorded it requiring grad "
             "(eager gives it a gradient): gradients through it are lost without an error. The guard keeps "
-            "Thunder's values, as unguarded; run this part eagerly or write the update out of place"
+            "Thunder's values, as unguarded; write the update out of place (translate_library_ops() does so for e3nn's "
+            "Extract, in nn.Gate) or run this part eagerly"
         )
         d = Decision("forward", subgraph, "thunder", ops, "keep", reason, subgraph=subgraph)
         d.details.update(explanation=explanation, without_grad=list(what.lost_grad))

@@ -1,13 +1,16 @@
-"""Translations of library ops Thunder has only its automatic registration for into Thunder's own ops, and the
-gradient of ``index_add`` Thunder lacks.
+"""Translations of library ops Thunder has only its automatic registration for into Thunder's own ops, the
+gradient of ``index_add`` Thunder lacks, and e3nn's ``Extract`` written out of place.
 
 An op Thunder registered automatically runs as one opaque call to PyTorch (its gradient likewise: ``narrow_vjp``,
 ``tensordot_vjp``), and ThunderFX splits every such op off to Inductor, so a library that calls it (e3nn's
 tensor products call ``tensordot`` and ``narrow`` in generated code the user cannot edit) leaves Thunder in many
 pieces. A translation replaces the automatic registration (a symbol beside it changes nothing): Thunder maps the
 torch function to a symbol made of its own ops, which fusion executors can fuse and whose gradient Thunder
-derives; ThunderFX no longer splits it off. Process-wide, as Thunder's registrations are (so the user turns it
-on: it changes what plain ``thunder.jit`` does too); :func:`untranslate_library_ops` restores what was there.
+derives; ThunderFX no longer splits it off. e3nn's ``Extract`` (inside ``nn.Gate``) copies slices of its input
+into new zero tensors in place: Thunder's gradient of a copy into a slice is lost or fails, and ThunderFX, which
+splits ``narrow`` off, leaves such a buffer without autograd history; written out of place (slices and ``cat``,
+the same values) it keeps its gradient. Process-wide, as Thunder's registrations are (so the user turns it on: it
+changes what plain ``thunder.jit`` does too); :func:`untranslate_library_ops` restores what was there.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ import torch
 from thunder import clang
 from thunder import torch as ltorch
 from thunder.core import prims
-from thunder.core.proxies import TensorProxy
-from thunder.core.transforms import _grad_fn_map, get_grad, put_grads, register_grad
+from thunder.core.proxies import IntegerProxy, TensorProxy
+from thunder.core.transforms import _grad_fn_map, get_grad, put_grad, put_grads, register_grad
 from thunder.torch import _syms_returning_views, _torch_to_thunder_function_map, torchsymbol
 
 # thunder.torch.langctx, the module (thunder.torch exports a function of that name over it).
@@ -54,8 +57,31 @@ class Translation:
 TRANSLATIONS = (
     Translation("torch.narrow / Tensor.narrow", "a slice (a view)", "Thunder's automatic registration"),
     Translation("torch.tensordot", "permute, reshape and matmul", "Thunder's automatic registration"),
+    Translation("torch.broadcast_tensors", "expand to the common shape", "Thunder's automatic registration"),
+    Translation(
+        "torch.norm / Tensor.norm / torch.linalg.vector_norm (2-norm)",
+        "sqrt of a sum of squares, torch's gradient (0 where the norm is 0)",
+        "Thunder's automatic registration",
+    ),
     Translation("index_add (its gradient)", "the gradient itself and index_select of it", "no gradient in Thunder"),
+    Translation(
+        "e3nn.nn.Extract (in nn.Gate)",
+        "slices and cat, out of place",
+        "copies into slices of new tensors, whose gradient Thunder loses",
+    ),
 )
+# The names (as why_not_fused and ThunderFX's split reasons give them) each translation keeps in Thunder.
+_KEYS = ({"narrow"}, {"tensordot"}, {"broadcast_tensors"}, {"norm", "vector_norm"}, {"index_add", "index_add_"}, set())
+_FUNCTIONS = (
+    torch.narrow,
+    torch.Tensor.narrow,
+    torch.tensordot,
+    torch.broadcast_tensors,
+    torch.norm,
+    torch.Tensor.norm,
+    torch.linalg.vector_norm,
+)
+_METHODS = ("narrow", "norm")
 
 _saved: dict[str, Any] = {}
 
@@ -64,11 +90,14 @@ def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _make_symbols(old_narrow: Any, old_tensordot: Any) -> tuple[Any, Any]:
+def _make_symbols(old: dict[Any, Any]) -> tuple[Any, ...]:
+    """The translated symbols, each falling back to ``old`` (Thunder's registration, by torch function) for the
+    calls it does not cover."""
+
     @torchsymbol(torch.narrow, is_method=True, id="thunder_fusion_guard.narrow")
     def narrow(a: TensorProxy, dim: int, start: Any, length: int) -> TensorProxy:
         if not (_int(dim) and _int(start) and _int(length)):
-            return old_narrow(a, dim, start, length)  # a tensor start: as Thunder registered it
+            return old[torch.narrow](a, dim, start, length)  # a tensor start: as Thunder registered it
         dim = dim % a.ndim
         start = start + a.shape[dim] if start < 0 else start
         return clang.slice_in_dim(a, start, start + length, dim=dim)
@@ -76,7 +105,7 @@ def _make_symbols(old_narrow: Any, old_tensordot: Any) -> tuple[Any, Any]:
     @torchsymbol(torch.tensordot, id="thunder_fusion_guard.tensordot")
     def tensordot(a: TensorProxy, b: TensorProxy, dims: Any = 2, out: Any = None) -> TensorProxy:
         if out is not None:
-            return old_tensordot(a, b, dims, out=out)
+            return old[torch.tensordot](a, b, dims, out=out)
         da, db = _contracted(a.ndim, b.ndim, dims)
         free_a = [d for d in range(a.ndim) if d not in da]
         free_b = [d for d in range(b.ndim) if d not in db]
@@ -88,7 +117,70 @@ def _make_symbols(old_narrow: Any, old_tensordot: Any) -> tuple[Any, Any]:
         shape = [a.shape[d] for d in free_a] + [b.shape[d] for d in free_b]
         return ltorch.reshape(ltorch.matmul(left, right), shape)
 
-    return narrow, tensordot
+    @torchsymbol(torch.broadcast_tensors, id="thunder_fusion_guard.broadcast_tensors")
+    def broadcast_tensors(*tensors: TensorProxy) -> tuple[TensorProxy, ...]:
+        if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)):
+            tensors = tuple(tensors[0])
+        return tuple(clang.maybe_broadcast(*tensors))
+
+    l2 = torchsymbol(id="thunder_fusion_guard.l2_norm")(_l2_norm)
+
+    @torchsymbol(torch.norm, is_method=True, id="thunder_fusion_guard.norm")
+    def norm(
+        a: TensorProxy, p: Any = "fro", dim: Any = None, keepdim: bool = False, out: Any = None, dtype: Any = None
+    ):
+        dims = _l2_dims(a, p, dim, out, dtype)
+        if dims is None:
+            return old[torch.norm](a, p, dim, keepdim, out=out, dtype=dtype)
+        return l2(a, dims, keepdim)
+
+    @torchsymbol(torch.linalg.vector_norm, id="thunder_fusion_guard.vector_norm")
+    def vector_norm(a: TensorProxy, ord: Any = 2, dim: Any = None, keepdim: bool = False, *, dtype=None, out=None):
+        dims = _l2_dims(a, ord, dim, out, dtype)
+        if dims is None:
+            return old[torch.linalg.vector_norm](a, ord, dim, keepdim, dtype=dtype, out=out)
+        return l2(a, dims, keepdim)
+
+    return narrow, tensordot, broadcast_tensors, l2, norm, vector_norm
+
+
+def _l2_dims(a: TensorProxy, p: Any, dim: Any, out: Any, dtype: Any) -> tuple[int, ...] | None:
+    """The dimensions a 2-norm of real floating ``a`` reduces, or None where the call is another norm (then it runs
+    as Thunder registered it)."""
+    if p not in (2, 2.0, "fro") or out is not None or dtype is not None or not prims.dtypes.is_float_dtype(a.dtype):
+        return None
+    if dim is None:
+        return tuple(range(a.ndim))
+    dims = [_static_int(d) for d in (dim if isinstance(dim, (list, tuple)) else [dim])]
+    if None in dims or (p == "fro" and len(dims) > 2):
+        return None
+    return tuple(sorted(d % max(a.ndim, 1) for d in dims))
+
+
+def _static_int(value: Any) -> int | None:
+    """``value`` as an int, where it is one or a proxy of a known one (ThunderFX checks ops with proxied ints)."""
+    if isinstance(value, IntegerProxy):
+        value = value.value
+    return value if _int(value) else None
+
+
+def _l2_norm(a: TensorProxy, dims: tuple[int, ...], keepdim: bool) -> TensorProxy:
+    """The 2-norm over ``dims``, summed in fp32 for low-precision inputs as torch does."""
+    wide = ltorch.to(a, torch.float32) if a.dtype in (prims.dtypes.bfloat16, prims.dtypes.float16) else a
+    return ltorch.to(ltorch.sqrt(ltorch.sum(wide * wide, dims, keepdim)), a.dtype)
+
+
+def _l2_norm_grad(a: TensorProxy, dims: tuple[int, ...], keepdim: bool) -> TensorProxy:
+    """torch's gradient of the norm: ``a * g / norm``, 0 where the norm is 0 (a sum of squares would give NaN)."""
+    fwd = _l2_norm(a, dims, keepdim)
+    g = get_grad(fwd)
+    n = fwd
+    if not keepdim:
+        for d in dims:
+            g, n = ltorch.unsqueeze(g, d), ltorch.unsqueeze(n, d)
+    scale = ltorch.where(n == 0, 0, g / n)
+    put_grad(a, ltorch.to(a * scale, a.dtype))
+    return fwd
 
 
 def _contracted(a_ndim: int, b_ndim: int, dims: Any) -> tuple[list[int], list[int]]:
@@ -119,24 +211,26 @@ def translate_library_ops() -> tuple[Translation, ...]:
 
     methods = _torch_langctx._method_name_to_fn_map
     _saved.update(
-        map={f: _torch_to_thunder_function_map.get(f) for f in (torch.narrow, torch.Tensor.narrow, torch.tensordot)},
-        method=methods.get("narrow"),
-        split_off={f for f in (torch.narrow, torch.Tensor.narrow, torch.tensordot) if f in fx_utils.auto_register_ops},
+        map={f: _torch_to_thunder_function_map.get(f) for f in _FUNCTIONS},
+        methods={m: methods.get(m) for m in _METHODS},
+        split_off={f for f in _FUNCTIONS if f in fx_utils.auto_register_ops},
         grad=_grad_fn_map.get(prims.PrimIDs.INDEX_ADD),
     )
-    narrow, tensordot = _make_symbols(_saved["map"][torch.narrow], _saved["map"][torch.tensordot])
+    symbols = _make_symbols(_saved["map"])
     # Thunder's interpreter looks torch functions up in a map of its own, made from the one above at its import.
-    _saved["lookaside"] = {f: _lookaside.get(f) for f in _saved["map"]}
-    for f in _saved["map"]:
+    _saved["lookaside"] = {f: _lookaside.get(f) for f in _FUNCTIONS}
+    for f in _FUNCTIONS:
         _lookaside[f] = _jit_ext.ensure_recursive_proxies(
             _jit_ext.interpreter_needs_wrap(
                 _jit_ext.record_source_loc_in_symbol_header(_torch_to_thunder_function_map[f])
             )
         )
-    _syms_returning_views.add(narrow)
+    _syms_returning_views.add(symbols[0])
     fx_utils.auto_register_ops.difference_update(_saved["split_off"])
     register_grad(prims.PrimIDs.INDEX_ADD, _index_add_grad)
-    _saved["symbols"] = (narrow, tensordot)
+    register_grad(symbols[3], _l2_norm_grad)
+    _saved["symbols"] = symbols
+    _saved["extract"] = _write_extract_out_of_place()
     return TRANSLATIONS
 
 
@@ -156,15 +250,65 @@ def untranslate_library_ops() -> None:
             _lookaside.pop(f, None)
         else:
             _lookaside[f] = entry
-    if _saved["method"] is not None:
-        _torch_langctx.register_method("narrow", _saved["method"])
+    for name, method in _saved["methods"].items():
+        if method is not None:
+            _torch_langctx.register_method(name, method)
     _syms_returning_views.discard(_saved["symbols"][0])
     fx_utils.auto_register_ops.update(_saved["split_off"])
     if _saved["grad"] is None:
         _grad_fn_map.pop(prims.PrimIDs.INDEX_ADD, None)
     else:
         _grad_fn_map[prims.PrimIDs.INDEX_ADD] = _saved["grad"]
+    _grad_fn_map.pop(_saved["symbols"][3].id, None)
+    if _saved["extract"] is not None:
+        extract, forward = _saved["extract"]
+        extract.forward = forward
     _saved.clear()
+
+
+def _write_extract_out_of_place() -> tuple[type, Any] | None:
+    """e3nn's ``Extract`` given :func:`_extract_out_of_place` as its forward (where e3nn is installed); the class
+    and the forward it had."""
+    try:
+        from e3nn.nn._extract import Extract
+    except Exception:  # no e3nn, or one without this module: nothing to translate
+        return None
+    forward = Extract.__dict__.get("forward")
+    if forward is None:
+        return None
+    Extract.forward = _extract_out_of_place
+    return Extract, forward
+
+
+def _extract_out_of_place(self: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """What e3nn's ``Extract.forward`` returns (each output a copy of slices of ``x``, zeros where it has none),
+    built from slices and ``cat`` instead of copies into new zero tensors."""
+    plan = self.__dict__.get("_tfg_extract_plan")
+    if plan is None:
+        plan = _extract_plan(self)
+    outputs = []
+    for whole, dim, spans in plan:
+        if whole:
+            outputs.append(x.clone())
+        elif spans:
+            outputs.append(torch.cat([x[..., a:b] for a, b in spans], dim=-1))
+        else:
+            outputs.append(x.new_zeros((*x.shape[:-1], dim)))
+    return tuple(outputs)
+
+
+@torch.compiler.disable  # e3nn's Irreps cannot be guarded on by Dynamo; this runs once per module, outside it
+def _extract_plan(module: Any) -> tuple[tuple[bool, int, tuple[tuple[int, int], ...]], ...]:
+    """For each output of an ``Extract``: whether it is its whole input, its size, and the input's spans it
+    concatenates; kept on the module."""
+    irreps_in = module.irreps_in
+    plan = []
+    for irreps_out, ins in zip(module.irreps_outs, module.instructions, strict=True):
+        whole = tuple(ins) == tuple(range(len(irreps_in)))
+        spans = tuple((irreps_in[:i].dim, irreps_in[:i].dim + irreps_in[i].dim) for i in ins)
+        plan.append((whole, irreps_out.dim, spans))
+    module.__dict__["_tfg_extract_plan"] = tuple(plan)
+    return module.__dict__["_tfg_extract_plan"]
 
 
 def library_ops_are_translated() -> bool:
@@ -184,9 +328,9 @@ def library_ops_translated() -> Iterator[tuple[Translation, ...]]:
 
 
 def translation_for(op_names: Sequence[str]) -> Translation | None:
-    """The translation that keeps an op of these names (``narrow``, ``tensordot``, ``index_add``) in Thunder."""
+    """The translation that keeps an op of these names (``narrow``, ``tensordot``, ``norm``, ...) in Thunder."""
     names = {n.rsplit(".", 1)[-1] for n in op_names}
-    for t, keys in zip(TRANSLATIONS, ({"narrow"}, {"tensordot"}, {"index_add", "index_add_"}), strict=True):
+    for t, keys in zip(TRANSLATIONS, _KEYS, strict=True):
         if names & keys:
             return t
     return None

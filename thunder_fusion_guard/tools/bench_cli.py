@@ -152,8 +152,9 @@ def _register_zoo(bench_sub: Any) -> None:
     p.add_argument(
         "--translate",
         action="store_true",
-        help="translate_library_ops() in each model's process first: Thunder runs narrow and tensordot with its "
-        "own ops and has index_add's gradient (every Thunder path, guarded or not)",
+        help="translate_library_ops() in each model's process first: Thunder runs narrow, tensordot, "
+        "broadcast_tensors and the 2-norm with its own ops, has index_add's gradient, and e3nn's Extract runs out of "
+        "place (every Thunder path, guarded or not)",
     )
     p.add_argument("--json", metavar="OUT", help="write pytest-benchmark JSON (with every model's record) here")
     p.add_argument("--markdown", metavar="OUT", help="write the table as markdown here")
