@@ -79,7 +79,8 @@ def main() -> int:
         from thunder_fusion_guard import translate_library_ops
 
         translate_library_ops()
-    rows = []
+    rows: list[dict[str, object]] = []
+    commit, commit_source = resolve_commit(None)
     for path in paths:
         try:
             row = profile_path(args.model, path, args.steps, args.warmup)
@@ -87,18 +88,17 @@ def main() -> int:
             row = {"path": path, "error": f"{type(e).__name__}: {str(e).strip()[:200]}"}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    if args.json:
-        commit, commit_source = resolve_commit(None)
-        record = {
-            "model": args.model,
-            "translated": args.translate,
-            "commit": commit,
-            "commit_source": commit_source,
-            "package_sha256": package_sha256(),
-            "machine": machine_info("cuda"),
-            "paths": rows,
-        }
-        args.json.write_text(json.dumps(record, indent=1))
+        if args.json:  # after each path: a run cut short keeps what it measured
+            record = {
+                "model": args.model,
+                "translated": args.translate,
+                "commit": commit,
+                "commit_source": commit_source,
+                "package_sha256": package_sha256(),
+                "machine": machine_info("cuda"),
+                "paths": rows,
+            }
+            args.json.write_text(json.dumps(record, indent=1))
     return 0
 
 
