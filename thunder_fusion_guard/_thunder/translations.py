@@ -231,6 +231,8 @@ def translate_library_ops() -> tuple[Translation, ...]:
     register_grad(symbols[3], _l2_norm_grad)
     _saved["symbols"] = symbols
     _saved["extract"] = _write_extract_out_of_place()
+    # Thunder's interpreter runs the plan as Python does (tracing it, it trips on e3nn's Irrep, whose len() raises).
+    _lookaside[_extract_plan] = _jit_ext.interpreter_needs_wrap(_extract_plan)
     return TRANSLATIONS
 
 
@@ -263,6 +265,7 @@ def untranslate_library_ops() -> None:
     if _saved["extract"] is not None:
         extract, forward = _saved["extract"]
         extract.forward = forward
+    _lookaside.pop(_extract_plan, None)
     _saved.clear()
 
 
@@ -297,7 +300,7 @@ def _extract_out_of_place(self: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...
     return tuple(outputs)
 
 
-@torch.compiler.disable  # e3nn's Irreps cannot be guarded on by Dynamo; this runs once per module, outside it
+@torch.compiler.disable  # Dynamo cannot guard on e3nn's Irreps; this runs once per module, outside any tracing
 def _extract_plan(module: Any) -> tuple[tuple[bool, int, tuple[tuple[int, int], ...]], ...]:
     """For each output of an ``Extract``: whether it is its whole input, its size, and the input's spans it
     concatenates; kept on the module."""
