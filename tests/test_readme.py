@@ -24,6 +24,7 @@ EXPECTED = {
     "print(profile)": ("profile of",),
     "thunderfx(Scores()": ("subgraph 0",),
     "for t in tfg.translate_library_ops()": ("torch.tensordot: permute, reshape and matmul",),
+    "translate_library_ops()  # before the first call of anything compiled": ("subgraph 0", "why not fused:"),
 }
 
 
