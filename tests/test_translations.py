@@ -151,6 +151,9 @@ def test_e3nn_extract_out_of_place_gives_its_values_and_gradients(dtype):
     for g, w in zip(jitted, want, strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
     assert step(extract)[0].data_ptr() != x.data_ptr()  # restored: e3nn's own forward again
+    with library_ops_translated():  # a module made while translated has its plan from the start
+        assert "_tfg_extract_plan" in nn.Extract("0e + 1o", ["1o"], [(1,)]).__dict__
+    assert "_tfg_extract_plan" not in nn.Extract("0e + 1o", ["1o"], [(1,)]).__dict__  # e3nn's constructor again
 
 
 def test_e3nn_built_nequip_trains_as_one_thunder_program_when_translated():
@@ -160,14 +163,15 @@ def test_e3nn_built_nequip_trains_as_one_thunder_program_when_translated():
     from thunder_fusion_guard import FusionGuard
     from thunder_fusion_guard.bench.zoo_models import ZOO
 
-    model = ZOO["e3nn-nequip-modules"].build("cpu")
+    model = ZOO["e3nn-nequip-modules"].build("cpu")  # before the translation, compiled before any eager call
     params = [p for p in model.module.parameters() if p.requires_grad]
     inputs = model.inputs
-    wants = torch.autograd.grad(model.loss(model.module(*inputs)), [*params, inputs[0]])
     guard = FusionGuard(measure_budget_s=0)
     with library_ops_translated():
         compiled = thunderfx(model.module, transforms=[guard])
         gots = torch.autograd.grad(model.loss(compiled(*inputs)), [*params, inputs[0]], allow_unused=True)
+    wants = torch.autograd.grad(model.loss(model.module(*inputs)), [*params, inputs[0]])
+    assert len(compiled._backend.subgraph_infos) == 1  # one Dynamo graph: no break at e3nn's Extract
     assert thunderfx_split_ops(compiled) == []
     assert all(g is not None for g in gots)
     for got, want in zip(gots, wants, strict=True):
@@ -187,13 +191,13 @@ def test_a_second_e3nn_built_model_runs_guarded_as_unguarded_when_translated():
     model = E3nnNequIP(channels=16, lmax=3, layers=3)
     inputs = _atoms("cpu")
     params = [p for p in model.parameters() if p.requires_grad]
-    wants = torch.autograd.grad(model(*inputs), [*params, inputs[0]])
     results = []
     with library_ops_translated():
         for transforms in ([], [FusionGuard(measure_budget_s=0)]):
             compiled = thunderfx(model, transforms=transforms)
             results.append(torch.autograd.grad(compiled(*inputs), [*params, inputs[0]]))
-            assert thunderfx_split_ops(compiled) == []
+            assert len(compiled._backend.subgraph_infos) == 1 and thunderfx_split_ops(compiled) == []
+    wants = torch.autograd.grad(model(*inputs), [*params, inputs[0]])
     unguarded, guarded = results
     assert all(torch.equal(g, u) for g, u in zip(guarded, unguarded, strict=True))
     for got, want in zip(guarded, wants, strict=True):

@@ -15,6 +15,10 @@ changes what plain ``thunder.jit`` does too); :func:`untranslate_library_ops` re
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import gc
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -263,24 +267,38 @@ def untranslate_library_ops() -> None:
         _grad_fn_map[prims.PrimIDs.INDEX_ADD] = _saved["grad"]
     _grad_fn_map.pop(_saved["symbols"][3].id, None)
     if _saved["extract"] is not None:
-        extract, forward = _saved["extract"]
-        extract.forward = forward
+        extract, forward, init = _saved["extract"]
+        extract.forward, extract.__init__ = forward, init
     _lookaside.pop(_extract_plan, None)
     _saved.clear()
 
 
-def _write_extract_out_of_place() -> tuple[type, Any] | None:
-    """e3nn's ``Extract`` given :func:`_extract_out_of_place` as its forward (where e3nn is installed); the class
-    and the forward it had."""
+def _write_extract_out_of_place() -> tuple[type, Any, Any] | None:
+    """e3nn's ``Extract`` given :func:`_extract_out_of_place` as its forward and a constructor that makes each new
+    module's plan, and every module made before given its plan now (where e3nn is installed): made at the first
+    call instead, inside Dynamo, the plan would break the user's graph at each ``Extract``. The class, and the
+    forward and constructor it had."""
+    made_before = "e3nn.nn._extract" in sys.modules
     try:
         from e3nn.nn._extract import Extract
     except Exception:  # no e3nn, or one without this module: nothing to translate
         return None
-    forward = Extract.__dict__.get("forward")
-    if forward is None:
+    forward, init = Extract.__dict__.get("forward"), Extract.__dict__.get("__init__")
+    if forward is None or init is None:
         return None
-    Extract.forward = _extract_out_of_place
-    return Extract, forward
+
+    @functools.wraps(init)
+    def planned_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        _extract_plan(self)
+
+    Extract.forward, Extract.__init__ = _extract_out_of_place, planned_init
+    if made_before:
+        for obj in gc.get_objects():
+            with contextlib.suppress(Exception):  # an object whose class cannot be asked is no Extract
+                if isinstance(obj, Extract) and "_tfg_extract_plan" not in obj.__dict__:
+                    _extract_plan(obj)
+    return Extract, forward, init
 
 
 def _extract_out_of_place(self: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -300,7 +318,7 @@ def _extract_out_of_place(self: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...
     return tuple(outputs)
 
 
-@torch.compiler.disable  # Dynamo cannot guard on e3nn's Irreps; this runs once per module, outside any tracing
+@torch.compiler.disable  # Dynamo cannot guard on e3nn's Irreps; made with the module, or here outside any tracing
 def _extract_plan(module: Any) -> tuple[tuple[bool, int, tuple[tuple[int, int], ...]], ...]:
     """For each output of an ``Extract``: whether it is its whole input, its size, and the input's spans it
     concatenates; kept on the module."""
