@@ -26,6 +26,10 @@ from thunder_fusion_guard.bench.zoo_models import ZOO
 
 # region name -> [replays, tensor inputs, inputs copied, parameters copied, bytes copied], over the counted steps
 COUNTS: dict[str, list[int]] = {}
+# region name -> {copied input's name in the region's trace: bytes per replay}
+COPIED: dict[str, dict[str, int]] = {}
+# every capture's output names, by runner: an input among them is another capture's output, copied all the same
+OUTPUTS: dict[str, str] = {}
 _call = CUDAGraphRunner.call_cuda_graph
 
 
@@ -44,6 +48,13 @@ def _counting_call(self: CUDAGraphRunner, fn_name: str, *args: object) -> object
         row[2] = len(copied)
         row[3] = sum(isinstance(a, torch.nn.Parameter) for a in copied)
         row[4] += sum(a.numel() * a.element_size() for a in copied)
+        _bsyms, inputs, outputs = self.trace_symbols[fn_name]
+        for p in outputs:
+            OUTPUTS.setdefault(getattr(p, "name", str(p)), fn_name)
+        names = COPIED.setdefault(fn_name, {})
+        for p, s, a in zip(inputs, entry[1], args, strict=True):
+            if isinstance(a, torch.Tensor) and isinstance(s, torch.Tensor) and s is not a:
+                names[getattr(p, "name", str(p))] = a.numel() * a.element_size()
     return _call(self, fn_name, *args)
 
 
@@ -82,6 +93,10 @@ def main() -> None:
             kib = nbytes / steps / 1024
             say(f"{name:16} {replays / steps:12.1f}  {inputs:13}  {copied:6}  {params:18}  {kib:15.1f}")
         say(f"{len(COUNTS)} captured regions; {total / steps / 2**20:.2f} MiB copied per step")
+        say("largest copied inputs (name in the region's trace, KiB, the capture whose output it is, if any):")
+        biggest = sorted(((b, n, r) for r, names in COPIED.items() for n, b in names.items()), reverse=True)[:25]
+        for nbytes, name, region in biggest:
+            say(f"  {region:12} {name:10} {nbytes / 1024:12.1f}  {OUTPUTS.get(name, '-')}")
 
 
 if __name__ == "__main__":
