@@ -22,6 +22,7 @@ if os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") is None:
 
 import pytest
 import torch
+from torch.utils._pytree import tree_flatten
 
 import thunder_fusion_guard.measure.breakeven as breakeven
 import thunder_fusion_guard.measure.calibrate as calibrate
@@ -307,3 +308,34 @@ def one_rank(tmp_path):
         yield dist.new_group()
     finally:
         dist.destroy_process_group()
+
+
+class _Replay:
+    """A CPU stand-in for a captured graph: a replay runs the function on the static inputs again and writes its
+    results into the tensors the capture returned."""
+
+    def __init__(self, fn, inputs, outputs):
+        self.fn, self.inputs, self.outputs = fn, inputs, tree_flatten(outputs)[0]
+
+    def replay(self):
+        for old, new in zip(self.outputs, tree_flatten(self.fn(*self.inputs))[0], strict=True):
+            if isinstance(old, torch.Tensor):
+                # a broadcast output (stride 0) is written through the one element each broadcast dim repeats
+                one = tuple(0 if stride == 0 else slice(None) for stride in old.stride())
+                old[one].copy_(new[one])
+
+
+@pytest.fixture
+def cpu_graphs(monkeypatch):
+    """CUDA-graph captures on CPU, for Thunder's ``CUDAGraphTransform``: static input buffers copied into at each
+    replay unless the input is static, outputs written into the same tensors at every replay (:class:`_Replay`)."""
+    from thunder.transforms.cudagraph import CUDAGraphRunner
+
+    def build(self, fn, args, static_args_mask):
+        inputs = tuple(
+            a if static else self.get_static_buffer(a) for a, static in zip(args, static_args_mask, strict=True)
+        )
+        outputs = fn(*inputs)
+        return _Replay(fn, inputs, outputs), inputs, outputs
+
+    monkeypatch.setattr(CUDAGraphRunner, "build_cuda_graph", build)

@@ -298,15 +298,14 @@ def scaled(x: torch.Tensor) -> torch.Tensor:
     return (x * 3 + 1).sum()  # its gradient needs none of its values: its backward trace gets no saved tensors
 
 
-def test_a_backward_that_saves_nothing_keeps_its_cuda_graphs(monkeypatch):
+def test_a_backward_that_saves_nothing_keeps_its_cuda_graphs(cpu_graphs):
     """Thunder's ``CUDAGraphTransform`` checks a backward trace by fixed positions and asserts where it gets no
     saved tensors (most of the e3nn-built NequIP's subgraphs under ThunderFX): guarded, the subgraph is compiled
-    again with the same capture adapted to it, so it stays captured; on CPU the capture itself is left out."""
+    again with the same capture adapted to it, so it stays captured (on CPU: ``cpu_graphs``)."""
     from thunder.transforms.cudagraph import CUDAGraphTransform
 
     from thunder_fusion_guard._thunder import capture_for_any_trace
 
-    monkeypatch.setattr(CUDAGraphTransform, "generate_fused_trace", lambda self, trace, **kwargs: trace)
     x = torch.randn(4, 8, requires_grad=True)
     with pytest.raises(AssertionError):
         torch.autograd.grad(thunderfx(scaled, transforms=[CUDAGraphTransform()])(x), x)
@@ -327,7 +326,7 @@ def test_a_backward_that_saves_nothing_keeps_its_cuda_graphs(monkeypatch):
     assert adapted.outputs_from_forward is None and graphs.outputs_from_forward is None
 
 
-def test_the_adapted_capture_takes_saved_tensors_by_name_and_a_stale_forward(monkeypatch):
+def test_the_adapted_capture_takes_saved_tensors_by_name_and_a_stale_forward(cpu_graphs):
     """The adapted ``CUDAGraphTransform`` on a subgraph whose backward does get saved tensors (sin saves x, w)
     compiles as Thunder's own, and a forward left behind without its backward (Thunder's own asserts "called on
     augmented forward twice") does not stop the next compilation."""
@@ -335,7 +334,6 @@ def test_the_adapted_capture_takes_saved_tensors_by_name_and_a_stale_forward(mon
 
     from thunder_fusion_guard._thunder import capture_for_any_trace
 
-    monkeypatch.setattr(CUDAGraphTransform, "generate_fused_trace", lambda self, trace, **kwargs: trace)
     x, w = inputs()
     want = step(thunderfx(program, executors=fusion_executors("cpu")), x, w)
     stale = CUDAGraphTransform()

@@ -7,7 +7,7 @@ import typing
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypedDict
 
-Action = Literal["keep", "reject", "switch", "rehome", "remove", "fold", "hoist", "rescue"]
+Action = Literal["keep", "reject", "switch", "rehome", "remove", "fold", "hoist", "rescue", "capture"]
 ACTIONS: tuple[Action, ...] = typing.get_args(Action)
 
 
@@ -68,13 +68,21 @@ class Details(TypedDict, total=False):
     without_grad: list[
         str
     ]  # the outputs or updated inputs a ThunderFX subgraph left without the autograd history recorded
+    # CUDA graphs of a trace (action capture): Thunder's CUDAGraphTransform made to share buffers
+    captures: list[str]  # the graphs made
+    thunder_captures: int  # the graphs Thunder's own grouping made of the same trace
+    thunder_empty_captures: int  # of those, graphs of nothing but deletions
+    read_in_place: list[str]  # inputs read in an earlier graph's buffer, not copied at each replay
+    bytes_not_copied: int  # their bytes, per replay
+    still_copied: list[str]  # earlier graphs' outputs a graph writes, copied as Thunder copies them
 
 
 @dataclass
 class Decision:
     """The fate of one fusion region (kept, rejected to the torch executor, switched to another fusion executor,
-    rescued after it failed) or of ops (folded, removed, re-homed, hoisted; ``details["scope"] == "op"``) in one
-    trace, or of a ThunderFX subgraph Thunder failed on (``region`` is the subgraph's id, action ``rescue``)."""
+    rescued after it failed) or of ops (folded, removed, re-homed, hoisted, captured in CUDA graphs;
+    ``details["scope"] == "op"``) in one trace, or of a ThunderFX subgraph Thunder failed on (``region`` is the
+    subgraph's id, action ``rescue``)."""
 
     trace: str
     region: str

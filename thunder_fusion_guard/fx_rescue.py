@@ -97,7 +97,7 @@ class SubgraphRescue:
             th.forget_forward(transform)  # a failed compilation may have left its forward's state behind
         culprit = _failing_transform(error, transforms)
         if culprit is not None and th.is_cudagraph_transform(culprit):
-            name = type(culprit).__name__
+            name = th.transform_name(culprit)
             adapted = th.capture_for_any_trace(culprit) if th.refused_by_its_checks(error) else None
             if adapted is not None:
                 try:
@@ -275,12 +275,13 @@ def in_place_updates(gm: torch.fx.GraphModule) -> list[tuple[int, torch.fx.Node]
 
 def _failing_transform(error: BaseException, transforms: list[Any]) -> Any | None:
     """The transform of ``transforms`` that raised ``error``: the innermost frame of its traceback that is one of
-    the transform's methods, or code of the module that defines its class (``CUDAGraphTransform``'s capture runs
-    in a runner object of its module)."""
+    the transform's methods, or code of a module that defines its class or a base of it (``CUDAGraphTransform``'s
+    capture runs in a runner object of its module)."""
     files = {}
     for t in transforms:
-        with contextlib.suppress(TypeError, OSError):
-            files.setdefault(inspect.getfile(type(t)), t)
+        for cls in th.transform_classes(t):
+            with contextlib.suppress(TypeError, OSError):
+                files.setdefault(inspect.getfile(cls), t)
     found = None
     for frame, _ in traceback.walk_tb(error.__traceback__):
         owner = frame.f_locals.get("self")

@@ -203,6 +203,11 @@ class GuardOptions:
         _bool,
         "run a region or ThunderFX subgraph that fails to compile or run another way (torch ops, Inductor), recorded",
     )
+    share_capture_buffers: bool = _option(
+        True,
+        _bool,
+        "with `CUDAGraphTransform`: a graph per run of consecutive ops, reading earlier graphs' outputs in place",
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -18,8 +18,10 @@ from .distributed import compare_ranks, current_rank, world_size
 from .fx_rescue import Rescued, SubgraphRescue, rescue_decision
 from .measure import calibrate
 from .measure.breakeven import RegionMeasurer
+from .ops import writes_inputs
 from .options import DEFAULT_HOIST_MAX_BYTES, GuardOptions, checked_options
 from .passes import FusionGuardError, TraceContext, guard_trace
+from .passes.capture import capture_decision
 from .passes.hoist import HoistLedger
 from .passes.rescue import announce, describe_inputs
 from .report import Report
@@ -64,6 +66,7 @@ class FusionGuard(thunder.Transform):
         hoist_max_bytes: int = DEFAULT_HOIST_MAX_BYTES,
         direct_calls: bool = True,
         rescue: bool = True,
+        share_capture_buffers: bool = True,
     ) -> None:
         self.options = GuardOptions(
             executors=executors,
@@ -87,6 +90,7 @@ class FusionGuard(thunder.Transform):
             hoist_max_bytes=hoist_max_bytes,
             direct_calls=direct_calls,
             rescue=rescue,
+            share_capture_buffers=share_capture_buffers,
         )
         self._constants: dict[tuple[str, str], CostConstants | None] = {}
         self.report = Report()
@@ -105,14 +109,10 @@ class FusionGuard(thunder.Transform):
             # distinct indices keep (function, compile_index) naming one compilation in the report.
             if not backward:
                 self._compiles[function] = self._compiles.get(function, 0) + 1
-            where = TraceContext(
-                trace="backward" if backward else "forward",
-                function=function,
-                compile_index=self._compiles.get(function, 0),
-                subgraph=self._subgraph_id(th.compiling_fx_subgraph()),
-                compile_options=th.explicit_compile_options(),
-                rank=current_rank(),
-            )
+            where = self._where("backward" if backward else "forward")
+            if self.options.share_capture_buffers and not self.options.report_only:
+                for transform in th.compiling_transforms():
+                    th.share_capture_buffers(transform, writes_inputs)
             seen = len(self.report)
             measure = self.measurer if self.options.measure_budget_s > 0 else None
             try:
@@ -127,6 +127,25 @@ class FusionGuard(thunder.Transform):
         if self.options.compare_ranks:  # a collective: outside the lock
             self._rank_problems(compare_ranks(made))
         return new_trace
+
+    def _where(self, trace: str) -> TraceContext:
+        """Where the trace Thunder compiles now comes from: function, compiled program, subgraph, rank."""
+        function = th.compile_function_name()
+        return TraceContext(
+            trace=trace,
+            function=function,
+            compile_index=self._compiles.get(function, 0),
+            subgraph=self._subgraph_id(th.compiling_fx_subgraph()),
+            compile_options=th.explicit_compile_options(),
+            rank=current_rank(),
+        )
+
+    def cuda_graphs_captured(self, summary: th.CaptureSummary) -> None:
+        """Record what Thunder's ``CUDAGraphTransform``, made to share buffers, captured in a trace of a program
+        this guard compiles too (it calls this right after capturing)."""
+        with self._lock:
+            where = self._where("backward" if summary.backward else "forward")
+            self.report.add(capture_decision(where, summary))
 
     def transform_module(self, model: Any) -> None:
         """Under ThunderFX, stand between each split subgraph and Thunder's compiled function, so that a subgraph

@@ -13,6 +13,7 @@ __all__ = [
     "compile_function_name",
     "compiling_executors",
     "compiling_fx_subgraph",
+    "compiling_transforms",
     "explicit_compile_options",
     "function_name",
     "fx_graph_ops",
@@ -35,6 +36,14 @@ def compiling_executors() -> list[tuple[str, bool]]:
     except LookupError:
         return []
     return executor_names(executors)
+
+
+def compiling_transforms() -> list[Any]:
+    """The transforms (``thunder.jit(..., transforms=...)``) of the compilation Thunder runs right now."""
+    try:
+        return list(getattr(get_compile_data(), "transforms", None) or ())
+    except LookupError:
+        return []
 
 
 def compile_function_name() -> str | None:

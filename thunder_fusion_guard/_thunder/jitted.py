@@ -51,6 +51,7 @@ __all__ = [
     "thunderfx_subgraph_module",
     "thunderfx_subgraphs",
     "thunderfx_transforms",
+    "transform_classes",
     "traces_before_guard",
     "with_region_callable",
 ]
@@ -60,6 +61,16 @@ def executors_of(jitted: Any) -> list[tuple[str, bool]]:
     """(name, is a fusion executor) of each executor a ``thunder.jit`` result compiles with."""
     cd = thunder.compile_data(jitted)
     return executor_names(getattr(cd, "executors_list", None) or ()) if cd is not None else []
+
+
+def transform_classes(transform: Any) -> list[type]:
+    """The class of ``transform`` and its bases down to Thunder's ``Transform`` (which every transform shares)."""
+    classes = []
+    for cls in type(transform).__mro__:
+        if cls in (thunder.Transform, object):
+            break
+        classes.append(cls)
+    return classes
 
 
 def jitted_transforms(jitted: Any) -> list[Any]:

@@ -20,6 +20,7 @@ ACTION_STYLE: dict[str | None, tuple[str, str]] = {
     "remove": ("#fff2cc", "#b26a00"),
     "hoist": ("#e0f2f1", "#00695c"),
     "rescue": ("#fce4ec", "#ad1457"),
+    "capture": ("#f3e5f5", "#4a148c"),
     None: ("#eceff1", "#455a64"),
 }
 KIND_STYLE: dict[str, tuple[str, str]] = {

@@ -1,0 +1,60 @@
+"""The record of Thunder's CUDA graphs in one trace, made to share buffers (the guard's
+``share_capture_buffers``): how many graphs, against Thunder's own grouping, and what is no longer copied."""
+
+from __future__ import annotations
+
+from .. import _thunder as th
+from ..decisions import Decision
+from ..policy import explained
+from ..render.table import plural
+from ..render.text import human_bytes
+from .pipeline import TraceContext
+
+
+def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decision:
+    """A ``capture`` decision for the graphs ``summary`` tells of, placed where ``where`` says."""
+    in_place = sum(nbytes for _, _, nbytes in summary.in_place)
+    reason = f"{plural(len(summary.captures), 'CUDA graph')} of {summary.ops} ops"
+    if summary.thunder_captures != len(summary.captures) or summary.thunder_empty:
+        reason += f" where Thunder's grouping made {summary.thunder_captures}"
+        if summary.thunder_empty:
+            reason += (
+                f" ({summary.thunder_empty} of nothing but deletions, their {summary.thunder_empty_inputs} inputs "
+                "copied at each replay)"
+            )
+    if summary.in_place:
+        reason += (
+            f"; {plural(len(summary.in_place), 'input')} read in an earlier graph's buffer, not copied "
+            f"({human_bytes(in_place)} a replay)"
+        )
+    explanation = (
+        f"{reason}. Thunder's CUDAGraphTransform groups the ops it captures by the compile option fusion_type "
+        "(ThunderFX sets 'dataflow'), copies each input of a graph into the graph's own buffer at every replay "
+        "unless it is a parameter or a forward graph's output saved for the backward, and captures a group of "
+        "deletions alone. With share_capture_buffers (the default) each run of consecutive ops is one graph, as "
+        "under thunder.jit, and a graph reads an earlier graph's output where that graph leaves it (the same "
+        "tensor at every replay): the same ops and kernels in the trace's order, without the copies."
+    )
+    short, told = explained(reason, explanation)
+    return Decision(
+        trace="backward" if summary.backward else "forward",
+        region=", ".join(summary.captures),
+        executor="cudagraph",
+        ops=list(summary.captures),
+        action="capture",
+        reason=short,
+        function=where.function,
+        compile_index=where.compile_index,
+        subgraph=where.subgraph,
+        rank=where.rank,
+        details={
+            "scope": "op",
+            **told,
+            "captures": list(summary.captures),
+            "thunder_captures": summary.thunder_captures,
+            "thunder_empty_captures": summary.thunder_empty,
+            "read_in_place": [name for name, _, _ in summary.in_place],
+            "bytes_not_copied": in_place,
+            "still_copied": list(summary.written),
+        },
+    )
