@@ -16,7 +16,8 @@ from thunder.core.transforms import get_grad, put_grad
 from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
 from thunder.extend import ImplInfo, OperatorExecutor
 
-from thunder_fusion_guard.examine.why import NO_FIX, why_not_fused
+from thunder_fusion_guard.examine.why import why_not_fused
+from thunder_fusion_guard.examine.why_rows import NO_FIX
 
 # An operator executor that claims ltorch.mul by a number (its op has no decomposition a fuser could take),
 # and an opaque op no fusion executor has a translation for.
@@ -279,7 +280,7 @@ def test_segmented_region_on_cuda():
 def test_segmented_dump_is_read_with_edge_bytes():
     """nvFuser 0.2.36's segmented-fusion dump: segments in order, each edge tensor's bytes from its extents
     (a broadcast dimension holds one element)."""
-    from thunder_fusion_guard._thunder import partition as pt
+    from thunder_fusion_guard.examine.why_segments import segmented_groups
 
     dump = (
         "Segmented_Fusion{ \ngroups: \n  expr_eval{90}\n  resize{1, 7, 12}\n  pointwise{3, 9}\nedges: \n"
@@ -287,10 +288,10 @@ def test_segmented_dump_is_read_with_edge_bytes():
         "  e{ resize{1, 7, 12} -> pointwise{3, 9}(T25_g_float[bS107{1}, bS108{1 ex 32}, iS109{512}, iS110{128}]) }\n"
         "\ngroup details:\ng{(expr_eval)\n}\n} //Segmented_Fusion"
     )
-    schedulers, edges = pt.segmented_groups(dump)
+    schedulers, edges = segmented_groups(dump)
     assert schedulers == ["expr_eval", "resize", "pointwise"]
     assert [(e.tensor, e.bytes) for e in edges] == [("T48_g___bfloat", 512 * 12288 * 2), ("T25_g_float", 512 * 128 * 4)]
-    assert pt.segmented_groups("%kernel {\n}") is None
+    assert segmented_groups("%kernel {\n}") is None
 
 
 def test_cli_bad_args_exit_2_and_writes(tmp_path, capsys):
