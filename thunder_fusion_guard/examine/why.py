@@ -1,7 +1,7 @@
 """Why an op is not in a fusion region: every op left outside the regions of a compiled program (classified in
 ``why_classify.py``), each split and rematerialized region, each node ThunderFX left to torch, each rescue and,
-given the arguments, each region nvFuser ran as several kernels (``why_segments.py``); the rows are
-``why_rows.py``'s.
+given the arguments, each region nvFuser ran as several kernels (``why_segments.py``); the rows that say the
+same as one (``why_rows.py``).
 
 Runs only when asked, after the program ran; it reads the last traces and changes neither them nor outputs.
 """
@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import _thunder as th
 from .._thunder import partition as pt
+from ..render.table import op_groups
 from ..transform import guards_of
 from .why_classify import WhyContext, classify, context_of, is_cost_free, is_work, outside_thunder_row
 from .why_rows import NO_FIX, WhyKind, WhyReport, WhyRow, grouped, not_analysed
@@ -86,7 +87,7 @@ def trace_rows(trace: Any, context: WhyContext) -> list[WhyRow]:
             rows.append(row)
     for group in views.values():
         names = [r.op for r in group]
-        many = {"op": "views: " + ", ".join(dict.fromkeys(names)), "count": len(group), "ops": names, "source": None}
+        many = {"op": "views: " + ", ".join(op_groups(names)), "count": len(group), "ops": names, "source": None}
         rows.append(replace(group[0], **many) if len(group) > 1 else group[0])
     return rows + split_rows(trace, context)
 

@@ -121,12 +121,18 @@ def _why(original: Any, claimer: Any, context: WhyContext) -> _Why:
     fusers = context.fusers
     takers = takers_of(fusers, original, context)
     if not takers and all(f.name in th.NARROW_FUSERS for f in fusers):
-        few = f" (only {', '.join(f.name for f in fusers)}, which fuses a few ops)" if fusers else ""
+        names = ", ".join(f.name for f in fusers)
+        in_use = (
+            f"no general fusion executor is in use (only {names}, fusing a few ops)"
+            if fusers
+            else "no fusion executor is in use"
+        )
         return _Why(
             WhyKind.NO_FUSION_EXECUTOR,
-            f"no general fusion executor in executors{few}",
+            in_use,
             "executors_list",
-            f"{context.frontend}(fn, executors=fusion_executors(device)) (thunder_fusion_guard)",
+            f"{context.frontend}(fn, executors=fusion_executors(device)), "
+            "with from thunder_fusion_guard import fusion_executors",
         )
     if takers:
         fuser = takers[0]

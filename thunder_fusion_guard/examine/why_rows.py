@@ -1,6 +1,6 @@
 """The rows of ``why_not_fused``: what kind of reason keeps an op (or a region) out of one fusion
 (:class:`WhyKind`, each kind with the words the summary counts it in), one row (:class:`WhyRow`), built by
-keyword only, and the report (:class:`WhyReport`).
+keyword only, and the report (:class:`WhyReport`), whose rows that say the same are one row with a count.
 
 Data only: the text and HTML of a report are ``render/why.py``'s.
 """
@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
+from ..render.table import plural
 from ..render.why import summary_text, why_html, why_text
 from ..wording import error_line
 
@@ -68,8 +69,10 @@ class WhyRow:
     """One op, or a counted group of ops (cost-free views, identical rows), or one split, rematerialized,
     segmented or rescued region, and why it is not inside a fusion region.
 
-    ``trace``: 'forward' or 'backward'; ``kind``: a :class:`WhyKind`; ``count``: the ops it stands for (a
-    segmented row: its segments); ``bytes``: of all of them."""
+    ``trace``: 'forward' or 'backward' (or both, for the one row of a program without a fusion executor);
+    ``kind``: a :class:`WhyKind`; ``count``: the ops it stands for (a segmented row: its segments);
+    ``repeats``: how many rows that said the same it stands for (the table's op ends in a multiplication sign
+    and that number); ``bytes``: of all of them."""
 
     trace: str
     op: str
@@ -81,6 +84,7 @@ class WhyRow:
     source: str | None = None
     bytes: int | None = None
     count: int = 1
+    repeats: int = 1
     executor: str | None = None
     ops: list[str] = field(default_factory=list)
     detail: str = ""  # what does not fit the one-line reason (nvFuser's verdicts, each edge tensor's bytes)
@@ -125,22 +129,32 @@ class WhyReport:
 def not_analysed(trace: str, subgraph: str | None, what: str, error: Exception, region: str = "-") -> WhyRow:
     """The row saying that ``what`` could not be analysed, and the error: the report is made all the same."""
     return WhyRow(
-        trace=trace, subgraph=subgraph, op=region, kind=WhyKind.NOT_ANALYSED,
-        reason=f"{what} could not be analysed: {error_line(error)}", established_by="FusionGuard", try_=NO_FIX,
+        trace=trace,
+        subgraph=subgraph,
+        op=region,
+        kind=WhyKind.NOT_ANALYSED,
+        reason=f"{what} could not be analysed: {error_line(error)}",
+        established_by="FusionGuard",
+        try_=NO_FIX,
         detail=str(error),
-    )  # fmt: skip
+    )
 
 
 def grouped(rows: Iterable[WhyRow]) -> list[WhyRow]:
-    """Rows of kind ``no_fusion_executor`` that say the same (trace, subgraph, reason, try) of different ops as one
-    row with a count (one piece of advice, not one per op); the other rows as they are."""
+    """``rows`` with those that say the same as one: every ``no_fusion_executor`` row of the program as one
+    (one piece of advice, not one per op, trace or subgraph), and rows of one trace alike in kind, op, source,
+    reason and try as one with their count (of the ops of each ThunderFX subgraph alike, or of a loop's).
+    Segmented rows stay apart: their count is the region's segments."""
     out: list[WhyRow | list[WhyRow]] = []
     groups: dict[tuple, list[WhyRow]] = {}
     for row in rows:
-        if row.kind != WhyKind.NO_FUSION_EXECUTOR:
+        if row.kind == WhyKind.SEGMENTED:
             out.append(row)
             continue
-        key = (row.trace, row.subgraph, row.kind, row.reason, row.try_)
+        if row.kind == WhyKind.NO_FUSION_EXECUTOR:
+            key: tuple = (row.kind, row.reason, row.try_)
+        else:
+            key = (row.trace, row.kind, row.op, row.source, row.reason, row.try_)
         if key not in groups:
             groups[key] = []
             out.append(groups[key])
@@ -150,10 +164,23 @@ def grouped(rows: Iterable[WhyRow]) -> list[WhyRow]:
 
 def _one(same: Sequence[WhyRow]) -> WhyRow:
     first = same[0]
-    ops = [op for r in same for op in (r.ops or [r.op])]
-    if len(same) == 1:
-        return replace(first, ops=ops)
+    if len(same) == 1 and first.kind != WhyKind.NO_FUSION_EXECUTOR:
+        return first
     known = [r.bytes for r in same]
     nbytes = None if None in known else sum(b for b in known if b is not None)
+    subgraphs = "; ".join(dict.fromkeys(r.subgraph for r in same if r.subgraph)) or None
     count = sum(r.count for r in same)
-    return replace(first, op=f"{count} ops", source=None, bytes=nbytes, count=count, ops=ops)
+    if first.kind == WhyKind.NO_FUSION_EXECUTOR:
+        ops = [op for r in same for op in (r.ops or [r.op])]
+        return replace(
+            first,
+            trace=", ".join(dict.fromkeys(r.trace for r in same)),
+            subgraph=subgraphs,
+            op=plural(count, "op"),
+            source=None,
+            bytes=nbytes,
+            count=count,
+            ops=ops,
+            executor=None,
+        )
+    return replace(first, subgraph=subgraphs, bytes=nbytes, count=count, repeats=sum(r.repeats for r in same))

@@ -1,6 +1,6 @@
 """The why-not-fused report as text and HTML: its summary line, its table through the one text-table module, and
 its HTML section. Reads rows by attribute (``trace``, ``subgraph``, ``op``, ``kind`` with its ``label``,
-``labels``, ``of_ops`` and ``rank``, ``count``, ``bytes``, ``reason``, ``detail``,
+``labels``, ``of_ops`` and ``rank``, ``count``, ``repeats``, ``bytes``, ``reason``, ``detail``,
 ``established_by``, ``try_``, ``source``, ``executor``); imports nothing of the package above ``render``."""
 
 from __future__ import annotations
@@ -10,17 +10,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..wording import fit
-from .table import plural, text_table
+from .table import TIMES, plural, text_table
 from .text import human_bytes
 
-# Cells cut to these widths in the text table.
-WIDTHS = {"subgraph": 60, "op": 60, "reason": 60, "try": 60, "source": 60}
+# Cells cut to these widths in the text table (the try column is the advice, kept whole where it can be).
+WIDTHS = {"subgraph": 60, "op": 60, "reason": 60, "try": 110, "source": 60}
 HEADER = ("trace", "subgraph", "op", "kind", "bytes", "reason", "try", "source")
 
 
 def op_text(row: Any) -> str:
-    """The row's op, with its count where it stands for several (a segmented row's count is its segments)."""
-    return f"{row.op} x{row.count}" if row.count > 1 and row.kind != "segmented" else row.op
+    """The row's op, with ``TIMES`` N (a multiplication sign) where it stands for N rows that said the same."""
+    return f"{row.op} {TIMES}{row.repeats}" if row.repeats > 1 else row.op
 
 
 def summary_text(rows: Sequence[Any]) -> str:
@@ -42,7 +42,7 @@ def summary_text(rows: Sequence[Any]) -> str:
         if kind == "segmented":
             text += f"; {plural(len(mine), 'region')} run as {sum(r.count for r in mine)} segments"
         else:
-            text += f"; {plural(len(mine), kind.label, kind.labels)}"
+            text += f"; {plural(sum(r.repeats for r in mine), kind.label, kind.labels)}"
     return text
 
 
