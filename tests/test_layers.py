@@ -15,14 +15,14 @@ LAYERS = [
     ["_thunder"],  # the only place touching Thunder's internals (and the nvFuser compat fix)
     ["ops"],  # every rule about ops
     ["regions", "shipped_constants", "cost", "options", "decisions", "distributed"],
-    ["render"],  # a leaf: text tables and pictures; reads decisions, profiles and graphs by attribute
+    ["render"],  # a leaf: text tables and pictures; reads decisions, profiles, graphs and why rows by attribute
     ["report"],
     ["policy"],  # a region's fate
     ["passes"],  # the hoist runtime included
     ["measure"],  # what runs while compiling: calibration, its cache, break-even timing
     ["fx_rescue", "backend_choice"],  # ThunderFX subgraphs run another way: after a failure, or chosen by timing
     ["transform"],
-    ["examine"],  # after compiling: explain, calls, profile, segments, dataflow, bandwidth, why
+    ["examine"],  # after compiling: explain, calls, profile, segments, dataflow, bandwidth, why and its parts
     ["bench"],  # the benchmark harness: cases, interleaved timing, decision accuracy, side-by-side profiles, zoo
     ["tools"],  # the command line
     ["__init__", "__main__"],

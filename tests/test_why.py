@@ -16,7 +16,8 @@ from thunder.core.transforms import get_grad, put_grad
 from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
 from thunder.extend import ImplInfo, OperatorExecutor
 
-from thunder_fusion_guard.examine.why import NO_FIX, why_not_fused
+from thunder_fusion_guard.examine.why import why_not_fused
+from thunder_fusion_guard.examine.why_rows import NO_FIX
 
 # An operator executor that claims ltorch.mul by a number (its op has no decomposition a fuser could take),
 # and an opaque op no fusion executor has a translation for.
@@ -279,7 +280,7 @@ def test_segmented_region_on_cuda():
 def test_segmented_dump_is_read_with_edge_bytes():
     """nvFuser 0.2.36's segmented-fusion dump: segments in order, each edge tensor's bytes from its extents
     (a broadcast dimension holds one element)."""
-    from thunder_fusion_guard._thunder import partition as pt
+    from thunder_fusion_guard.examine.why_segments import segmented_groups
 
     dump = (
         "Segmented_Fusion{ \ngroups: \n  expr_eval{90}\n  resize{1, 7, 12}\n  pointwise{3, 9}\nedges: \n"
@@ -287,10 +288,10 @@ def test_segmented_dump_is_read_with_edge_bytes():
         "  e{ resize{1, 7, 12} -> pointwise{3, 9}(T25_g_float[bS107{1}, bS108{1 ex 32}, iS109{512}, iS110{128}]) }\n"
         "\ngroup details:\ng{(expr_eval)\n}\n} //Segmented_Fusion"
     )
-    schedulers, edges = pt.segmented_groups(dump)
+    schedulers, edges = segmented_groups(dump)
     assert schedulers == ["expr_eval", "resize", "pointwise"]
     assert [(e.tensor, e.bytes) for e in edges] == [("T48_g___bfloat", 512 * 12288 * 2), ("T25_g_float", 512 * 128 * 4)]
-    assert pt.segmented_groups("%kernel {\n}") is None
+    assert segmented_groups("%kernel {\n}") is None
 
 
 def test_cli_bad_args_exit_2_and_writes(tmp_path, capsys):
@@ -366,20 +367,107 @@ def test_nvfuser_option_rows_and_their_fix_on_cuda(option):
     assert not [r for r in why_not_fused(fixed).rows if r.kind == "option"]
 
 
-def test_without_a_fusion_executor_one_row_says_how_to_add_one():
-    """Thunder's own CPU executors fuse nothing but cross entropy: one row with the advice, not one per op."""
-    import thunder
+def _block(x, w):
+    return torch.tanh(x @ w).mul(2).add(1).sum()
 
-    from thunder_fusion_guard import why_not_fused
 
-    def block(x, w):
-        return torch.tanh(x @ w).mul(2).add(1).sum()
+@pytest.mark.parametrize("frontend", ["thunder.jit", "thunderfx"])
+def test_without_a_fusion_executor_one_row_says_how_to_add_one(frontend):
+    """Thunder's own CPU executors fuse nothing but cross entropy: one row for the whole program, forward and
+    backward (and every ThunderFX subgraph), with the advice; not a row per op, trace or subgraph."""
+    from thunder.dynamo import thunderfx
 
-    jitted = thunder.jit(block)
-    jitted(torch.randn(4, 4), torch.randn(4, 4))
-    report = why_not_fused(jitted)
+    def split_block(x, w):  # ThunderFX splits new_zeros off: two Thunder subgraphs
+        return _block(x, w) + x.new_zeros(3).sum() + torch.sin(x).sum()
+
+    compiled = thunder.jit(_block) if frontend == "thunder.jit" else thunderfx(split_block)
+    compiled(torch.randn(4, 4, requires_grad=True), torch.randn(4, 4)).backward()
+    report = why_not_fused(compiled)
     (row,) = report.of_kind("no_fusion_executor")
-    assert row.count >= 4 and row.try_.startswith("thunder.jit(fn, executors=fusion_executors(device))")
-    assert "no general fusion executor in executors" in row.reason
-    assert [r for r in report.rows if r.kind in ("no_translation", "unknown")] == []
+    assert row.trace == "forward, backward" and row.count >= 8 and len(row.ops) == row.count
+    assert row.try_.startswith(f"{frontend}(fn, executors=fusion_executors(device))")
+    assert "thunder_fusion_guard" in row.try_ and "no general fusion executor is in use" in row.reason
+    assert [r for r in report.rows if r.kind not in ("no_fusion_executor", "outside_thunder")] == []
     assert f"{row.count} with no general fusion executor" in report.summary()
+    assert len(str(report).splitlines()) == 2 + len(report.rows)  # the summary, the header, a line a row
+
+
+def repeated(x):
+    for _ in range(4):
+        x = opaque(x)  # one line, four ops no fusion executor can take: one row, x4
+    return x.sin()
+
+
+def test_identical_rows_are_one_row_with_a_count():
+    jitted = thunder.jit(repeated, executors=[claims, torch_compile_ex])
+    with torch.no_grad():
+        jitted(torch.randn(4, 4))
+    report = why_not_fused(jitted)
+    (row,) = report.of_kind("no_translation")
+    assert row.op == "opaque_double" and row.repeats == 4 and row.count == 4
+    assert row.source.endswith(f"test_why.py:{repeated.__code__.co_firstlineno + 2}")
+    assert row.bytes == 4 * (2 * 4 * 4 * 4)  # each reads and writes a float32 4x4
+    assert "no translation for opaque_double" in row.reason
+    assert "opaque_double \u00d74" in str(report) and row.to_dict()["repeats"] == 4
+    assert "4 no translation" in report.summary()
+
+
+def _splits_off(x):
+    return (x * 2).sin() + x.new_zeros(x.shape)  # new_zeros: ThunderFX leaves it to torch
+
+
+def test_ops_thunderfx_leaves_to_torch_appear_once():
+    """A second shape makes Dynamo compile a second graph with the same split: the op has one row."""
+    from thunder.dynamo import thunderfx
+
+    compiled = thunderfx(_splits_off, executors=[torch_compile_ex])
+    compiled(torch.randn(4, 3))
+    compiled(torch.randn(5, 3))
+    assert len(compiled._backend.subgraph_infos) == 2  # two Dynamo graphs, new_zeros split off in each
+    report = why_not_fused(compiled)
+    (row,) = report.of_kind("outside_thunder")
+    assert row.op == "Tensor.new_zeros" and row.repeats == 2
+    assert row.subgraph == "dynamo graph 0; dynamo graph 1"
+    assert row.source.endswith(f"test_why.py:{_splits_off.__code__.co_firstlineno + 1}")
+    assert str(report).count("Tensor.new_zeros") == 1
+
+
+def test_grouping_rows_that_say_the_same():
+    """Rows alike in trace, kind, op, source, reason and try are one (their bytes and ops added, their subgraphs
+    named); every no-fusion-executor row is one; a segmented row, whose count is its segments, stays apart."""
+    from thunder_fusion_guard.examine.why_rows import WhyKind, WhyReport, WhyRow, grouped
+
+    def row(op="ltorch.mul", trace="forward", kind="claimed", subgraph=None, source="m.py:3", nbytes=8, count=1):
+        return WhyRow(
+            trace=trace, subgraph=subgraph, op=op, source=source, kind=kind, reason="r", established_by="e",
+            bytes=nbytes, try_="t", count=count,
+        )  # fmt: skip
+
+    rows = grouped(
+        [
+            row(subgraph="g0"),
+            row(subgraph="g1"),
+            row(subgraph="g1", nbytes=None),
+            row(source="m.py:4"),
+            row(trace="backward"),
+            row(op="exp", kind="no_fusion_executor", subgraph="g0"),
+            row(op="sin", kind="no_fusion_executor", trace="backward", subgraph="g1"),
+            row(op="nvFusion0", kind="segmented", count=3),
+            row(op="nvFusion0", kind="segmented", count=3),
+        ]
+    )
+    assert [(r.op, r.trace, r.repeats, r.count) for r in rows] == [
+        ("ltorch.mul", "forward", 3, 3),
+        ("ltorch.mul", "forward", 1, 1),
+        ("ltorch.mul", "backward", 1, 1),
+        ("2 ops", "forward, backward", 1, 2),
+        ("nvFusion0", "forward", 1, 3),
+        ("nvFusion0", "forward", 1, 3),
+    ]
+    assert rows[0].subgraph == "g0; g1" and rows[0].bytes is None and rows[0].kind is WhyKind.CLAIMED
+    assert rows[3].ops == ["exp", "sin"] and rows[3].bytes == 16 and rows[3].source is None
+    summary = WhyReport(rows).summary()
+    assert (
+        summary
+        == "7 ops outside fusions: 5 claimed by ?, 2 with no general fusion executor; 2 regions run as 6 segments"
+    )

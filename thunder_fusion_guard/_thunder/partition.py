@@ -1,6 +1,7 @@
 """Re-running Thunder's own partition decisions on a finished trace: which executor claimed an op, whether a
 fusion executor's ``can_fuse`` takes it (walking its decomposition as Thunder does), which checker refused it
-and which compile option it read, the fusion pass's rules for refusing a region, and nvFuser's segmentation.
+and which compile option it read, the fusion pass's rules for refusing a region, and nvFuser's schedulers'
+verdicts on a whole fusion (``examine/why_segments.py`` reads its segmented-fusion dump).
 
 Every function reads; none changes a trace, an executor or the compile data of the program (checkers run
 under a copy of the compile data and a throwaway stats object, so the compile options resolve as they did).
@@ -9,8 +10,6 @@ under a copy of the compile data and a throwaway stats object, so the compile op
 from __future__ import annotations
 
 import copy
-import math
-import re
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -41,7 +40,6 @@ __all__ = [
     "refusing_option",
     "run_checker",
     "scheduler_verdicts",
-    "segmented_groups",
 ]
 
 # The compile options whose checkers turn an nvFuser translation off by default.
@@ -255,45 +253,6 @@ def has_cuda_io(ex: FusionExecutor, bsym: BoundSymbol) -> bool | None:
     """nvFuser's own test that ``bsym`` has a CUDA tensor input or output; None for another executor."""
     test: Callable | None = getattr(ex, "has_cuda_input_or_output", None)
     return None if test is None else bool(test(bsym))
-
-
-# nvFuser's segmented-fusion dump (``SegmentedFusion`` printed before the kernels in the scheduled IR, as
-# nvFuser 0.2.36 prints it): ``groups:`` lists each segment as ``scheduler{expr ids}`` in order, ``edges:`` each
-# tensor written by one segment and read by another as ``e{ from -> to(T3_g_float[iS6{512}, bS7{1 ex 32}]) }``.
-_GROUP = re.compile(r"^\s*(?P<scheduler>[a-z_]+)\{[\d, ]*\}\s*$", re.M)
-_EDGE = re.compile(r"^\s*e\{.*?->.*?\((?P<tensor>T\d+_g_(?P<dtype>\w+?))\[(?P<dims>[^\]]*)\]\) \}\s*$", re.M)
-_EXTENT = re.compile(r"(?P<kind>[a-zA-Z]+)\d+\{(?P<extent>\d+)[^}]*\}")
-_ITEM_BYTES = {"float": 4, "__bfloat": 2, "__half": 2, "double": 8, "int64_t": 8, "int": 4, "bool": 1, "int32_t": 4}
-
-
-@dataclass(frozen=True)
-class SegmentEdge:
-    """A tensor one nvFuser segment writes to global memory and another reads back: its name and bytes (None where
-    its dtype or extents are not printed as numbers)."""
-
-    tensor: str
-    bytes: int | None
-
-
-def _edge_bytes(dtype: str, dims: str) -> int | None:
-    """Bytes of an edge tensor from its printed extents: broadcast dimensions (``bS``) hold one element."""
-    item = _ITEM_BYTES.get(dtype)
-    extents = [1 if m["kind"].startswith("b") else int(m["extent"]) for m in _EXTENT.finditer(dims)]
-    if item is None or (not extents and dims.strip()):
-        return None
-    return item * math.prod(extents)
-
-
-def segmented_groups(scheduled_ir: str) -> tuple[list[str], list[SegmentEdge]] | None:
-    """(the scheduler of each segment, in the order nvFuser lists them; the tensors on the edges between segments)
-    read from nvFuser's segmented-fusion dump in a scheduled IR; None where the IR holds no such dump."""
-    if "Segmented_Fusion{" not in scheduled_ir:
-        return None
-    dump = scheduled_ir.split("Segmented_Fusion{", 1)[1].split("group details:", 1)[0]
-    groups_text, _, edges_text = dump.partition("edges:")
-    groups = [m["scheduler"] for m in _GROUP.finditer(groups_text.split("groups:", 1)[-1])]
-    edges = [SegmentEdge(m["tensor"], _edge_bytes(m["dtype"], m["dims"])) for m in _EDGE.finditer(edges_text)]
-    return groups, edges
 
 
 def scheduler_verdicts(fec: Any, inputs: Sequence[Any], schedulers: Sequence[str]) -> dict[str, str]:

@@ -1,0 +1,271 @@
+"""Why one op of a final trace is outside every fusion region, re-derived from Thunder's own decision steps:
+the executor claims in ``executors_list`` order, the fusion executor's ``can_fuse`` walking the op's
+decomposition, its checkers under the program's compile options and the fusion pass's region rules. Also why
+ThunderFX's splitter left a node to torch. Each a pure function of the op and a :class:`WhyContext`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from .. import _thunder as th
+from .._thunder import partition as pt
+from ..ops.metadata import runs_as_view
+from ..passes.hoist_runtime import HOISTED_NAME
+from ..wording import fit
+from .why_rows import NO_FIX, WhyKind, WhyRow
+
+__all__ = [
+    "WhyContext",
+    "classify",
+    "context_of",
+    "io_bytes",
+    "is_cost_free",
+    "is_work",
+    "outside_thunder_fix",
+    "outside_thunder_row",
+    "takers_of",
+]
+
+
+@dataclass(frozen=True)
+class WhyContext:
+    """Where an op is: its program's compile data and executors in priority order, which trace ('forward' or
+    'backward'), the ThunderFX subgraph's label (None under ``thunder.jit``), the frontend ('thunder.jit' or
+    'thunderfx', the call a fix names) and the torch ops Thunder registered by itself for this program."""
+
+    cd: Any
+    executors: Sequence[Any]
+    trace: str = "forward"
+    subgraph: str | None = None
+    frontend: str = "thunder.jit"
+    auto_registered: frozenset[str] = frozenset()
+
+    @property
+    def fusers(self) -> list[Any]:
+        return [ex for ex in self.executors if isinstance(ex, th.FusionExecutor)]
+
+    def index(self, ex: Any) -> int:
+        return next((i for i, e in enumerate(self.executors) if e is ex), len(self.executors))
+
+    def option_fix(self, option: str) -> str:
+        return f"{self.frontend}(fn, {option}=True)"
+
+
+def context_of(
+    jitted: Any, *, trace: str = "forward", subgraph: str | None = None, frontend: str = "thunder.jit"
+) -> WhyContext:
+    """The context of the ops of ``jitted`` (a ``thunder.jit`` result that ran): its compile data, executors
+    and Thunder's own registrations."""
+    cd = pt.compile_data_of(jitted)
+    return WhyContext(cd, tuple(pt.executors_list(cd)), trace, subgraph, frontend, frozenset(_auto_registered(jitted)))
+
+
+def _auto_registered(jitted: Any) -> set[str]:
+    import thunder
+
+    try:
+        return set(thunder.get_auto_registered_torch_op_names(jitted) or ())
+    except Exception:
+        return set()
+
+
+def is_work(bsym: Any) -> bool:
+    """True for an op that does work: not plumbing, the guard's hoisted calls or a fusion region."""
+    return not (th.is_plumbing(bsym) or bsym.sym.name == HOISTED_NAME or th.is_fusion(bsym))
+
+
+def is_cost_free(bsym: Any) -> bool:
+    """True for a view or an op without tensors: it moves no bytes of its own."""
+    return runs_as_view(bsym) or not th.tensor_proxies([*bsym.flat_args, *bsym.flat_outs])
+
+
+def io_bytes(bsym: Any) -> int | None:
+    """Bytes of the tensors ``bsym`` reads and writes (each once); None where a size is not known."""
+    total = 0
+    for p in {id(x): x for x in th.tensor_proxies([*bsym.flat_args, *bsym.flat_outs])}.values():
+        n = th.tensor_nbytes(p)
+        if n is None:
+            return None
+        total += n
+    return total
+
+
+class _Why(NamedTuple):
+    kind: WhyKind
+    reason: str
+    established_by: str
+    try_: str
+
+
+def classify(bsym: Any, context: WhyContext) -> WhyRow:
+    """The row of ``bsym``, an op of a final trace outside every region: which step of Thunder's kept it out,
+    in words, and the change that would fuse it. Reads; changes nothing."""
+    claimer, _ = pt.implementing_executor(bsym, context.executors)
+    original = pt.original_op(bsym, context.executors)
+    why = _why(original, claimer, context)
+    return WhyRow(
+        trace=context.trace,
+        subgraph=context.subgraph,
+        op=pt.qualified_name(original),
+        source=th.source_line(bsym, original),
+        bytes=0 if is_cost_free(bsym) else io_bytes(bsym),
+        executor=getattr(claimer, "name", None),
+        **why._asdict(),
+    )
+
+
+def _why(original: Any, claimer: Any, context: WhyContext) -> _Why:
+    fusers = context.fusers
+    takers = takers_of(fusers, original, context)
+    if not takers and all(f.name in th.NARROW_FUSERS for f in fusers):
+        names = ", ".join(f.name for f in fusers)
+        in_use = (
+            f"no general fusion executor is in use (only {names}, fusing a few ops)"
+            if fusers
+            else "no fusion executor is in use"
+        )
+        return _Why(
+            WhyKind.NO_FUSION_EXECUTOR,
+            in_use,
+            "executors_list",
+            f"{context.frontend}(fn, executors=fusion_executors(device)), "
+            "with from thunder_fusion_guard import fusion_executors",
+        )
+    if takers:
+        fuser = takers[0]
+        if (
+            claimer is not None
+            and not isinstance(claimer, th.FusionExecutor)
+            and context.index(claimer) < context.index(fuser)
+        ):
+            return _Why(
+                WhyKind.CLAIMED,
+                f"{claimer.name} is before {fuser.name} in executors and claims it; {fuser.name} can fuse it",
+                "executor order",
+                f"put {fuser.name} before {claimer.name} in executors=[...], or drop {claimer.name}",
+            )
+        return _refused_region(original, fuser, context)
+    fuser = _primary(fusers)
+    refusal = pt.first_refusal(fuser, original, context.cd)
+    if refusal is None:  # can_fuse said no, the walk found nothing: say what was tried
+        reason = f"{fuser.name}.can_fuse says no; its decomposition walk finds no refusing op"
+        return _Why(WhyKind.UNKNOWN, reason, "decomposition walk", NO_FIX)
+    refused = refusal.checker_refused
+    if refused is not None:
+        option = pt.refusing_option(fuser, refused, context.cd)
+        what = pt.qualified_name(refused)
+        if option is not None:
+            reason = f"{fuser.name}'s checker for {what} needs compile option {option} (off)"
+            return _Why(WhyKind.OPTION, reason, "checker re-run", context.option_fix(option))
+        reason = f"{fuser.name}'s checker for {what} refuses these arguments ({_args_text(refused)})"
+        return _Why(WhyKind.CHECKER, reason, "checker re-run", NO_FIX)
+    leaf = refusal.leaf
+    if leaf is original:
+        reason, established_by = f"{fuser.name} has no translation for {pt.qualified_name(leaf)}", "checker re-run"
+    else:
+        reason = f"{fuser.name} cannot execute {pt.qualified_name(leaf)}, first in its decomposition"
+        established_by = "decomposition walk"
+    if pt.is_auto_registered(original) or original.sym.id in context.auto_registered:
+        reason += "; a torch fallback Thunder registered itself"
+    return _Why(WhyKind.NO_TRANSLATION, reason, established_by, NO_FIX)
+
+
+def takers_of(fusers: Sequence[Any], original: Any, context: WhyContext) -> list[Any]:
+    """The fusion executors of ``fusers`` that can fuse ``original``."""
+    return [f for f in fusers if pt.can_fuse(f, original, context.cd)]
+
+
+def _primary(fusers: Sequence[Any]) -> Any:
+    general = [f for f in fusers if f.name in th.GENERAL_FUSERS]
+    return (general or list(fusers))[0]
+
+
+def _args_text(bsym: Any) -> str:
+    parts = []
+    for a in bsym.flat_args:
+        if th.tensor_proxies([a]):
+            spec = th.tensor_spec(a)
+            parts.append(f"{spec[1]}{list(spec[0])} on {spec[2]}".replace("torch.", "") if spec else a.name)
+        elif th.is_number_like(a):
+            parts.append(repr(a))
+    return fit(", ".join(parts), 60)
+
+
+def _refused_region(original: Any, fuser: Any, context: WhyContext) -> _Why:
+    """``fuser`` can fuse the op and no executor before it claims it, yet the fusion pass left it out: the
+    pass's region rules re-run."""
+    by = "fusion pass re-run"
+    required = getattr(fuser, "required_ops", None)
+    if required is not None and original.sym.id not in required:
+        general = [f for f in context.fusers if f.name in th.GENERAL_FUSERS]
+        reason = f"{fuser.name} makes regions only around {', '.join(sorted(map(str, required)))}"
+        return _Why(WhyKind.REGION_REFUSED, reason, by, "none needed" if general else NO_FIX)
+    if pt.has_cuda_io(fuser, original) is False:
+        reason = f"{fuser.name} fuses ops with a CUDA tensor input or output only"
+        return _Why(
+            WhyKind.REGION_REFUSED, reason, by, "move the tensors to CUDA, or use a fusion executor for this device"
+        )
+    if fuser.name == "nvfuser" and pt.is_shape_only([original]):
+        options = getattr(context.cd, "compile_options", None) or {}
+        if not options.get("nv_enable_shape_only_fusion"):
+            reason = "nvfuser makes no region of shape ops alone"
+            return _Why(WhyKind.REGION_REFUSED, reason, by, context.option_fix("nv_enable_shape_only_fusion"))
+    reason = (
+        f"{fuser.name} can fuse it and no executor before it claims it; tried: region rules (required ops, "
+        "CUDA input/output, shape-only), none applies"
+    )
+    return _Why(WhyKind.UNKNOWN, reason, by, NO_FIX)
+
+
+# --- a node ThunderFX's splitter left to torch -------------------------------------------------------------
+
+# Rewrites that keep an op ThunderFX splits off inside Thunder, checked on thunder 0.2.6 (tests/test_why.py).
+OUTSIDE_THUNDER_FIX = {
+    "Tensor.index_add": "scatter_add(dim, index expanded to src's shape, src): Thunder has its gradient",
+    "torch.index_add": "scatter_add(dim, index expanded to src's shape, src): Thunder has its gradient",
+    "Tensor.norm": "x.pow(2).sum(dim).sqrt() (rounds differently from norm)",
+    "torch.norm": "x.pow(2).sum(dim).sqrt() (rounds differently from norm)",
+    "Tensor.new_zeros": "torch.zeros(shape, dtype=x.dtype, device=x.device)",
+    "Tensor.new_ones": "torch.ones(shape, dtype=x.dtype, device=x.device)",
+}
+_SPLIT_REASONS = {
+    "MISSING_OP_SUPPORT": "Thunder has no mapping for it",
+    "UNSUPPORTED_NODE": "it is in a context Thunder does not support",
+    "EXCEPTION_PROXY_THUNDER_OP": "Thunder failed to trace it",
+    "EXCEPTION_META_THUNDER_OP": "Thunder failed to trace it",
+}
+
+
+def outside_thunder_fix(target: str) -> str:
+    """What keeps the op ``target`` in Thunder: the package's translation where it has one (no code to edit),
+    else a rewrite, else nothing."""
+    translation = th.translation_for([target])
+    if translation is not None:
+        return f"thunder_fusion_guard.translate_library_ops() before compiling: {translation.built_from} in Thunder"
+    return OUTSIDE_THUNDER_FIX.get(target, "none here: ThunderFX runs it with Inductor")
+
+
+def outside_thunder_row(op: th.FxSplitOp) -> WhyRow:
+    """The row of a node ThunderFX kept out of Thunder: it runs through Inductor between Thunder subgraphs,
+    each boundary a graph split (a Thunder program call more, and its inputs and outputs in memory)."""
+    if "automatic torch fallback" in op.info:
+        reason = "Thunder has only an automatic torch fallback for it"
+    else:
+        reason = _SPLIT_REASONS.get(op.kind, "ThunderFX split the graph here")
+    if op.exception:
+        reason += ": " + op.exception.strip().splitlines()[0]
+    return WhyRow(
+        trace="forward",
+        subgraph=f"dynamo graph {op.graph}",
+        op=op.target,
+        source=op.source,
+        kind=WhyKind.OUTSIDE_THUNDER,
+        reason=fit(reason, 100),
+        established_by=f"thunder.dynamo splitter ({op.kind})",
+        bytes=op.nbytes,
+        try_=outside_thunder_fix(op.target),
+        detail=op.info + (f" ({op.exception})" if op.exception else ""),
+    )
