@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import import_module
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from thunder import clang
@@ -94,7 +94,19 @@ def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _make_symbols(old: dict[Any, Any]) -> tuple[Any, ...]:
+class _Symbols(NamedTuple):
+    """The symbols :func:`translate_library_ops` makes, one a field: each translated op, and ``l2_norm``, the 2-norm
+    both norms call, whose gradient is registered apart."""
+
+    narrow: Any
+    tensordot: Any
+    broadcast_tensors: Any
+    l2_norm: Any
+    norm: Any
+    vector_norm: Any
+
+
+def _make_symbols(old: dict[Any, Any]) -> _Symbols:
     """The translated symbols, each falling back to ``old`` (Thunder's registration, by torch function) for the
     calls it does not cover."""
 
@@ -145,7 +157,7 @@ def _make_symbols(old: dict[Any, Any]) -> tuple[Any, ...]:
             return old[torch.linalg.vector_norm](a, ord, dim, keepdim, dtype=dtype, out=out)
         return l2(a, dims, keepdim)
 
-    return narrow, tensordot, broadcast_tensors, l2, norm, vector_norm
+    return _Symbols(narrow, tensordot, broadcast_tensors, l2, norm, vector_norm)
 
 
 def _l2_dims(a: TensorProxy, p: Any, dim: Any, out: Any, dtype: Any) -> tuple[int, ...] | None:
@@ -229,10 +241,10 @@ def translate_library_ops() -> tuple[Translation, ...]:
                 _jit_ext.record_source_loc_in_symbol_header(_torch_to_thunder_function_map[f])
             )
         )
-    _syms_returning_views.add(symbols[0])
+    _syms_returning_views.add(symbols.narrow)
     fx_utils.auto_register_ops.difference_update(_saved["split_off"])
     register_grad(prims.PrimIDs.INDEX_ADD, _index_add_grad)
-    register_grad(symbols[3], _l2_norm_grad)
+    register_grad(symbols.l2_norm, _l2_norm_grad)
     _saved["symbols"] = symbols
     _saved["extract"] = _write_extract_out_of_place()
     # Thunder's interpreter runs the plan as Python does (tracing it, it trips on e3nn's Irrep, whose len() raises).
@@ -259,13 +271,14 @@ def untranslate_library_ops() -> None:
     for name, method in _saved["methods"].items():
         if method is not None:
             _torch_langctx.register_method(name, method)
-    _syms_returning_views.discard(_saved["symbols"][0])
+    symbols: _Symbols = _saved["symbols"]
+    _syms_returning_views.discard(symbols.narrow)
     fx_utils.auto_register_ops.update(_saved["split_off"])
     if _saved["grad"] is None:
         _grad_fn_map.pop(prims.PrimIDs.INDEX_ADD, None)
     else:
         _grad_fn_map[prims.PrimIDs.INDEX_ADD] = _saved["grad"]
-    _grad_fn_map.pop(_saved["symbols"][3].id, None)
+    _grad_fn_map.pop(symbols.l2_norm.id, None)
     if _saved["extract"] is not None:
         extract, forward, init = _saved["extract"]
         extract.forward, extract.__init__ = forward, init
