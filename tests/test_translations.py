@@ -127,6 +127,25 @@ def test_other_norms_run_as_thunder_registered_them():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_2_norm_in_another_dtype_runs_as_thunder_registered_it_with_its_gradient(dtype):
+    """A norm asked for in another dtype is not translated: Thunder's registration computes it, with torch's values
+    and gradients (the call handed to it leaves out the default p, on which Thunder's gradient of it fails)."""
+    a, b = _inputs([(4, 3), (4,)], dtype)
+
+    def fn(a, b):
+        return a.norm(dim=1, dtype=torch.float64) * b
+
+    with library_ops_translated():
+        jitted = thunder.jit(fn)
+        got = _step(jitted, [a, b])
+    ids = {str(b.sym.id) for b in thunder.last_traces(jitted)[0].bound_symbols}
+    assert "thunder_fusion_guard.norm" in ids and not {i for i in ids if "l2_norm" in i}, ids
+    for g, w in zip(got, _step(fn, [a, b]), strict=True):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_e3nn_extract_out_of_place_gives_its_values_and_gradients(dtype):
     """``nn.Gate``'s Extract, written with slices and cat: the same bits as e3nn's in-place copies, and
     Thunder now gives its input a gradient."""

@@ -146,8 +146,9 @@ def _make_symbols(old: dict[Any, Any]) -> _Symbols:
         a: TensorProxy, p: Any = "fro", dim: Any = None, keepdim: bool = False, out: Any = None, dtype: Any = None
     ):
         dims = _l2_dims(a, p, dim, out, dtype)
-        if dims is None:
-            return old[torch.norm](a, p, dim, keepdim, out=out, dtype=dtype)
+        if dims is None:  # p only where the caller's is not torch's default: Thunder's gradient fails on any p given
+            given_p = {} if isinstance(p, str) and p == "fro" else {"p": p}
+            return old[torch.norm](a, dim=dim, keepdim=keepdim, out=out, dtype=dtype, **given_p)
         return l2(a, dims, keepdim)
 
     @torchsymbol(torch.linalg.vector_norm, id="thunder_fusion_guard.vector_norm")
