@@ -74,6 +74,52 @@ def test_index_add_gradient_exists_only_while_translated():
         _step(thunder.jit(fn), args)
 
 
+def _narrow_after_a_branch(x: torch.Tensor, n: int) -> torch.Tensor:
+    if not n:  # under the "symbolic values" cache Thunder holds n fixed from here: its prologue checks the value
+        return x
+    return x.narrow(1, 1, n).exp()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_narrow_takes_an_int_thunder_holds_fixed(dtype):
+    """An int input reaches narrow as a proxy under Thunder's "symbolic values" cache; once the program has branched
+    on it Thunder holds it fixed, so narrow is translated (a slice) with its value, as the norm is, and another
+    value traces again: torch's values and gradients for each value."""
+    (x,) = _inputs([(3, 6)], dtype)
+    with library_ops_translated():
+        jitted = thunder.jit(_narrow_after_a_branch, cache="symbolic values")
+        for n in (2, 3, 2):
+            got = _step(lambda x: jitted(x, n), [x])  # noqa: B023 (called at once)
+            want = _step(lambda x: _narrow_after_a_branch(x, n), [x])  # noqa: B023
+            assert torch.equal(got[0], want[0]), n  # a slice: the same bits
+            torch.testing.assert_close(got[1], want[1])  # exp's gradient: bf16 rounds it otherwise in Thunder
+    [narrow] = [b for b in thunder.last_traces(jitted)[0].bound_symbols if b.sym.id == "thunder_fusion_guard.narrow"]
+    ids = [str(s.sym.id) for s in narrow.subsymbols]
+    assert "PrimIDs.SLICE" in ids and "torch.narrow" not in ids, ids  # not Thunder's automatic registration
+    assert (thunder.cache_misses(jitted), thunder.cache_hits(jitted)) == (2, 1)  # a trace for each value
+
+
+def _contract_and_norm(a: torch.Tensor, b: torch.Tensor, k: int) -> torch.Tensor:
+    return torch.tensordot(a, b, dims=([k], [k])).sum(0) + a.norm(dim=k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_int_thunder_leaves_symbolic_runs_as_thunder_registered_it(dtype):
+    """An int input the program never branched on may change from call to call under the "symbolic values" cache:
+    read into tensordot's dims or the norm's dim it would be built into the trace unchecked, so those calls run as
+    Thunder registered them, one trace for every value, each value with torch's values and gradients."""
+    a, b = _inputs([(3, 3), (3, 3)], dtype)
+    with library_ops_translated():
+        jitted = thunder.jit(_contract_and_norm, cache="symbolic values")
+        for k in (0, 1, 0):
+            got = _step(lambda a, b: jitted(a, b, k), [a, b])  # noqa: B023 (called at once)
+            want = _step(lambda a, b: _contract_and_norm(a, b, k), [a, b])  # noqa: B023
+            for g, w in zip(got, want, strict=True):
+                assert g.dtype == w.dtype and g.shape == w.shape, k
+                torch.testing.assert_close(g, w)
+    assert thunder.cache_misses(jitted) == 1
+
+
 def e3nn_like(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """What e3nn's generated tensor-product code does: narrow the input per irrep, contract with tensordot."""
     a, b = x.narrow(-1, 0, 4), x.narrow(-1, 4, 4)

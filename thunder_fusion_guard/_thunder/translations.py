@@ -90,10 +90,6 @@ _METHODS = ("narrow", "norm")
 _saved: dict[str, Any] = {}
 
 
-def _int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 class _Symbols(NamedTuple):
     """The symbols :func:`translate_library_ops` makes, one a field: each translated op, and ``l2_norm``, the 2-norm
     both norms call, whose gradient is registered apart."""
@@ -112,17 +108,20 @@ def _make_symbols(old: dict[Any, Any]) -> _Symbols:
 
     @torchsymbol(torch.narrow, is_method=True, id="thunder_fusion_guard.narrow")
     def narrow(a: TensorProxy, dim: int, start: Any, length: int) -> TensorProxy:
-        if not (_int(dim) and _int(start) and _int(length)):
-            return old[torch.narrow](a, dim, start, length)  # a tensor start: as Thunder registered it
+        ints = [_static_int(v) for v in (dim, start, length)]
+        if None in ints:  # a tensor start, a dynamic int: as Thunder registered it
+            return old[torch.narrow](a, dim, start, length)
+        dim, start, length = ints
         dim = dim % a.ndim
         start = start + a.shape[dim] if start < 0 else start
         return clang.slice_in_dim(a, start, start + length, dim=dim)
 
     @torchsymbol(torch.tensordot, id="thunder_fusion_guard.tensordot")
     def tensordot(a: TensorProxy, b: TensorProxy, dims: Any = 2, out: Any = None) -> TensorProxy:
-        if out is not None:
+        contracted = None if out is not None else _contracted(a.ndim, b.ndim, dims)
+        if contracted is None:
             return old[torch.tensordot](a, b, dims, out=out)
-        da, db = _contracted(a.ndim, b.ndim, dims)
+        da, db = contracted
         free_a = [d for d in range(a.ndim) if d not in da]
         free_b = [d for d in range(b.ndim) if d not in db]
         size = 1
@@ -175,10 +174,12 @@ def _l2_dims(a: TensorProxy, p: Any, dim: Any, out: Any, dtype: Any) -> tuple[in
 
 
 def _static_int(value: Any) -> int | None:
-    """``value`` as an int, where it is one or a proxy of a known one (ThunderFX checks ops with proxied ints)."""
+    """``value`` as an int, where it is one or a proxy Thunder holds fixed (ThunderFX checks ops with such proxies;
+    under the "symbolic values" cache, an int the program branched on), else None: then the op runs as Thunder
+    registered it, for a proxy whose value may change would be built into the trace unchecked."""
     if isinstance(value, IntegerProxy):
-        value = value.value
-    return value if _int(value) else None
+        value = value.value if value.is_static_constrained() else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _l2_norm(a: TensorProxy, dims: tuple[int, ...], keepdim: bool) -> TensorProxy:
@@ -200,14 +201,17 @@ def _l2_norm_grad(a: TensorProxy, dims: tuple[int, ...], keepdim: bool) -> Tenso
     return fwd
 
 
-def _contracted(a_ndim: int, b_ndim: int, dims: Any) -> tuple[list[int], list[int]]:
-    """The dimensions of ``a`` and ``b`` that ``tensordot`` contracts, as torch reads ``dims``."""
-    if _int(dims):
-        return list(range(a_ndim - dims, a_ndim)), list(range(dims))
+def _contracted(a_ndim: int, b_ndim: int, dims: Any) -> tuple[list[int], list[int]] | None:
+    """The dimensions of ``a`` and ``b`` that ``tensordot`` contracts, as torch reads ``dims``; None where one is no
+    static int (then it runs as Thunder registered it)."""
+    if isinstance(dims, (int, IntegerProxy)):
+        count = _static_int(dims)
+        return None if count is None else (list(range(a_ndim - count, a_ndim)), list(range(count)))
     if isinstance(dims, torch.Tensor):
         dims = dims.tolist()
-    da, db = dims
-    da, db = ([da], [db]) if _int(da) else (list(da), list(db))
+    da, db = ([_static_int(d) for d in (side if isinstance(side, (list, tuple)) else [side])] for side in dims)
+    if None in da or None in db:
+        return None
     return [d % a_ndim for d in da], [d % b_ndim for d in db]
 
 
