@@ -1,5 +1,6 @@
 """Translations of library ops Thunder has only its automatic registration for into Thunder's own ops, the
-gradient of ``index_add`` Thunder lacks, and e3nn's ``Extract`` written out of place.
+gradient of ``index_add`` Thunder lacks, and e3nn's ``Extract`` written out of place (its forward in
+``library_forwards.py``, which touches no Thunder internal; put in place and taken back here).
 
 An op Thunder registered automatically runs as one opaque call to PyTorch (its gradient likewise: ``narrow_vjp``,
 ``tensordot_vjp``), and ThunderFX splits every such op off to Inductor, so a library that calls it (e3nn's
@@ -15,10 +16,6 @@ changes what plain ``thunder.jit`` does too); :func:`untranslate_library_ops` re
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import gc
-import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,6 +29,8 @@ from thunder.core import prims
 from thunder.core.proxies import IntegerProxy, TensorProxy
 from thunder.core.transforms import _grad_fn_map, get_grad, put_grad, put_grads, register_grad
 from thunder.torch import _syms_returning_views, _torch_to_thunder_function_map, torchsymbol
+
+from ..library_forwards import extract_plan, restore_extract, write_extract_out_of_place
 
 # thunder.torch.langctx, the module (thunder.torch exports a function of that name over it).
 _torch_langctx = import_module("thunder.torch.langctx")
@@ -251,9 +250,9 @@ def translate_library_ops() -> tuple[Translation, ...]:
     register_grad(prims.PrimIDs.INDEX_ADD, _index_add_grad)
     register_grad(symbols.l2_norm, _l2_norm_grad)
     _saved["symbols"] = symbols
-    _saved["extract"] = _write_extract_out_of_place()
+    _saved["extract"] = write_extract_out_of_place()
     # Thunder's interpreter runs the plan as Python does (tracing it, it trips on e3nn's Irrep, whose len() raises).
-    _lookaside[_extract_plan] = _jit_ext.interpreter_needs_wrap(_extract_plan)
+    _lookaside[extract_plan] = _jit_ext.interpreter_needs_wrap(extract_plan)
     return TRANSLATIONS
 
 
@@ -284,70 +283,9 @@ def untranslate_library_ops() -> None:
     else:
         _grad_fn_map[prims.PrimIDs.INDEX_ADD] = _saved["grad"]
     _grad_fn_map.pop(symbols.l2_norm.id, None)
-    if _saved["extract"] is not None:
-        extract, forward, init = _saved["extract"]
-        extract.forward, extract.__init__ = forward, init
-    _lookaside.pop(_extract_plan, None)
+    restore_extract(_saved["extract"])
+    _lookaside.pop(extract_plan, None)
     _saved.clear()
-
-
-def _write_extract_out_of_place() -> tuple[type, Any, Any] | None:
-    """e3nn's ``Extract`` given :func:`_extract_out_of_place` as its forward and a constructor that makes each new
-    module's plan, and every module made before given its plan now (where e3nn is installed): made at the first
-    call instead, inside Dynamo, the plan would break the user's graph at each ``Extract``. The class, and the
-    forward and constructor it had."""
-    made_before = "e3nn.nn._extract" in sys.modules
-    try:
-        from e3nn.nn._extract import Extract
-    except Exception:  # no e3nn, or one without this module: nothing to translate
-        return None
-    forward, init = Extract.__dict__.get("forward"), Extract.__dict__.get("__init__")
-    if forward is None or init is None:
-        return None
-
-    @functools.wraps(init)
-    def planned_init(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        _extract_plan(self)
-
-    Extract.forward, Extract.__init__ = _extract_out_of_place, planned_init
-    if made_before:
-        for obj in gc.get_objects():
-            with contextlib.suppress(Exception):  # an object whose class cannot be asked is no Extract
-                if isinstance(obj, Extract) and "_tfg_extract_plan" not in obj.__dict__:
-                    _extract_plan(obj)
-    return Extract, forward, init
-
-
-def _extract_out_of_place(self: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """What e3nn's ``Extract.forward`` returns (each output a copy of slices of ``x``, zeros where it has none),
-    built from slices and ``cat`` instead of copies into new zero tensors."""
-    plan = self.__dict__.get("_tfg_extract_plan")
-    if plan is None:
-        plan = _extract_plan(self)
-    outputs = []
-    for whole, dim, spans in plan:
-        if whole:
-            outputs.append(x.clone())
-        elif spans:
-            outputs.append(torch.cat([x[..., a:b] for a, b in spans], dim=-1))
-        else:
-            outputs.append(x.new_zeros((*x.shape[:-1], dim)))
-    return tuple(outputs)
-
-
-@torch.compiler.disable  # Dynamo cannot guard on e3nn's Irreps; made with the module, or here outside any tracing
-def _extract_plan(module: Any) -> tuple[tuple[bool, int, tuple[tuple[int, int], ...]], ...]:
-    """For each output of an ``Extract``: whether it is its whole input, its size, and the input's spans it
-    concatenates; kept on the module."""
-    irreps_in = module.irreps_in
-    plan = []
-    for irreps_out, ins in zip(module.irreps_outs, module.instructions, strict=True):
-        whole = tuple(ins) == tuple(range(len(irreps_in)))
-        spans = tuple((irreps_in[:i].dim, irreps_in[:i].dim + irreps_in[i].dim) for i in ins)
-        plan.append((whole, irreps_out.dim, spans))
-    module.__dict__["_tfg_extract_plan"] = tuple(plan)
-    return module.__dict__["_tfg_extract_plan"]
 
 
 def library_ops_are_translated() -> bool:
