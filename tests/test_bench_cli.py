@@ -251,3 +251,4 @@ def test_bench_zoo_help_names_every_model_and_path_whole(monkeypatch, capsys, co
     assert done.value.code == 0
     words = set(re.split(r"[\s,]+", capsys.readouterr().out))
     assert set(MODEL_NAMES) <= words and set(PATH_NAMES) <= words
+    assert "e3nn-nequip-modules-l3" in MODEL_NAMES

@@ -353,6 +353,53 @@ def test_bench_zoo_split_runs_path_groups_and_says_so(monkeypatch, capsys, tmp_p
     assert "--models: unknown no-such-model" in capsys.readouterr().err
 
 
+def test_bench_zoo_runs_the_second_e3nn_built_model_on_cuda_split_and_translated(monkeypatch, capsys):
+    """`fusion-guard bench zoo --device cuda --split --translate --models e3nn-nequip-modules-l3` asks run_zoo for
+    that model on every path (no CUDA here: the device check is stood in for, nothing runs)."""
+    from thunder_fusion_guard.tools import bench_cli
+    from thunder_fusion_guard.tools.cli import main
+
+    seen = {}
+
+    def fake_run_zoo(models, device, paths, rounds, limit, log, threads, jobs, split=False, translate=False):
+        seen.update(models=models, device=device, paths=paths, split=split, translate=translate)
+        return []
+
+    monkeypatch.setattr(zoo, "run_zoo", fake_run_zoo)
+    monkeypatch.setattr(bench_cli, "resolve_device", lambda device: device)
+    argv = ["bench", "zoo", "--device", "cuda", "--split", "--translate", "--models", "e3nn-nequip-modules-l3"]
+    assert main(argv) == 0
+    assert seen == {"models": ["e3nn-nequip-modules-l3"], "device": "cuda", "paths": list(zoo.PATHS), "split": True,
+                    "translate": True}  # fmt: skip
+
+
+def test_the_second_e3nn_built_model_is_the_first_at_l3_with_three_blocks_and_four_times_the_channels_on_cuda(
+    monkeypatch,
+):
+    import torch
+
+    from thunder_fusion_guard.bench import zoo_models
+
+    entry = ZOO["e3nn-nequip-modules-l3"]
+    assert entry.library == entry.requires == "e3nn" and not entry.small  # the CPU suite runs it only --run-slow
+    made = []
+
+    class Recorded(torch.nn.Module):
+        def __init__(self, **kwargs):
+            super().__init__()
+            made.append(kwargs)
+
+    monkeypatch.setattr(zoo_models, "E3nnNequIP", Recorded)
+    monkeypatch.setattr(zoo_models, "_atoms", lambda device: ())
+    for name in ("e3nn-nequip-modules", "e3nn-nequip-modules-l3"):
+        for device in ("cpu", "cuda"):
+            ZOO[name].build(device)
+    assert made == [
+        {"channels": 8, "lmax": 2, "layers": 2}, {"channels": 32, "lmax": 2, "layers": 2},
+        {"channels": 16, "lmax": 3, "layers": 3}, {"channels": 64, "lmax": 3, "layers": 3},
+    ]  # fmt: skip
+
+
 def test_help_names_every_zoo_model_and_failures_name_their_limitation():
     import ast
     from pathlib import Path

@@ -2,7 +2,7 @@
 is downloaded): Hugging Face transformers, timm, torchvision, torch.nn, e3nn and torch_geometric. Three model
 classes are written here, each saying so: the graph attention network (two of torch_geometric's ``GATConv``
 layers), the NequIP-style potential with hand-written tensor products, and the NequIP potential assembled from
-e3nn's own modules as NequIP's users assemble it.
+e3nn's own modules as NequIP's users assemble it (in two configurations).
 
 Each builder returns a :class:`ZooModel`: the module (eval mode, so dropout draws nothing), the inputs of one
 training step, and how the step's loss is read from the module's output. Sizes are small (2 layers where
@@ -352,12 +352,12 @@ def _atoms(device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch
     return pos.requires_grad_(True), species, src.contiguous(), dst.contiguous()
 
 
-def e3nn_nequip(device: str) -> ZooModel:
-    """The e3nn-built NequIP potential; the step is the energy and its gradient with respect to the positions and
-    the weights."""
+def e3nn_nequip(device: str, lmax: int = 2, layers: int = 2, channels: int = 8) -> ZooModel:
+    """The e3nn-built NequIP potential (spherical harmonics to ``lmax``, ``layers`` interaction blocks, ``channels``
+    on CPU and four times as many on CUDA); the step is the energy and its gradient with respect to the positions
+    and the weights."""
     torch.manual_seed(0)
-    channels = _width(device, 8, 32)
-    model = E3nnNequIP(channels=channels).to(device).eval()
+    model = E3nnNequIP(channels=_width(device, channels, 4 * channels), lmax=lmax, layers=layers).to(device).eval()
     return ZooModel(model, _atoms(device), _sum)
 
 
@@ -434,6 +434,13 @@ ZOO: dict[str, ZooEntry] = {
             e3nn_nequip,
             "e3nn",
             small=True,
+        ),
+        ZooEntry(
+            "e3nn-nequip-modules-l3",
+            "e3nn",
+            "the same, spherical harmonics to l = 3, 16 channels (64 on CUDA), three blocks",
+            functools.partial(e3nn_nequip, lmax=3, layers=3, channels=16),
+            "e3nn",
         ),
     ]
 }
