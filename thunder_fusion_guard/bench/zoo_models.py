@@ -352,12 +352,14 @@ def _atoms(device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch
     return pos.requires_grad_(True), species, src.contiguous(), dst.contiguous()
 
 
-def e3nn_nequip(device: str, lmax: int = 2, layers: int = 2, channels: int = 8) -> ZooModel:
+def e3nn_nequip(device: str, lmax: int = 2, layers: int = 2, channels: int = 8, cuda_channels: int = 32) -> ZooModel:
     """The e3nn-built NequIP potential (spherical harmonics to ``lmax``, ``layers`` interaction blocks, ``channels``
-    on CPU and four times as many on CUDA); the step is the energy and its gradient with respect to the positions
-    and the weights."""
+    on CPU, ``cuda_channels`` on CUDA); the step is the energy and its gradient with respect to the positions and
+    the weights. Each edge's tensor-product weights grow with the channels squared and the paths (l = 3 has about
+    three times the paths of l = 2), so the l = 3 model keeps the l = 2 model's width on CUDA."""
     torch.manual_seed(0)
-    model = E3nnNequIP(channels=_width(device, channels, 4 * channels), lmax=lmax, layers=layers).to(device).eval()
+    width = _width(device, channels, cuda_channels)
+    model = E3nnNequIP(channels=width, lmax=lmax, layers=layers).to(device).eval()
     return ZooModel(model, _atoms(device), _sum)
 
 
@@ -438,8 +440,8 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry(
             "e3nn-nequip-modules-l3",
             "e3nn",
-            "the same, spherical harmonics to l = 3, 16 channels (64 on CUDA), three blocks",
-            functools.partial(e3nn_nequip, lmax=3, layers=3, channels=16),
+            "the same, spherical harmonics to l = 3, 16 channels (32 on CUDA), three blocks",
+            functools.partial(e3nn_nequip, lmax=3, layers=3, channels=16, cuda_channels=32),
             "e3nn",
         ),
     ]
