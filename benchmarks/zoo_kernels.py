@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package
 from package_hash import package_sha256, resolve_commit
 
 from thunder_fusion_guard.bench.machine import machine_info
-from thunder_fusion_guard.bench.zoo import PATH_NAMES, ZooPath, _compile, _Step
+from thunder_fusion_guard.bench.zoo import PATH_NAMES, ZooPath, _compile, _Step, _timing_alone
 from thunder_fusion_guard.bench.zoo_models import ZOO
 from thunder_fusion_guard.measure.timing import interleaved_rounds
 from thunder_fusion_guard.wording import error_text
@@ -42,10 +42,11 @@ def profile_path(name: str, path: ZooPath, steps: int, warmup: int) -> dict[str,
     began = time.perf_counter()
     step()
     first = time.perf_counter() - began
-    walls = interleaved_rounds({path: step}, steps, warmup=warmup).samples[path]
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
+    with _timing_alone():  # where TFG_ZOO_LOCK names a file: not while a zoo process beside it times
+        walls = interleaved_rounds({path: step}, steps, warmup=warmup).samples[path]
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                step()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     by_name: dict[str, float] = {}
     for e in kernels:
