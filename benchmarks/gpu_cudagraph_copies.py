@@ -1,9 +1,12 @@
 """What Thunder's CUDA graphs copy on the e3nn-built NequIP (with ``translate_library_ops()``, through ThunderFX
 guarded with ``CUDAGraphTransform``): per captured region, its tensor inputs, how many of them are copied into
 the capture's static buffers at each replay (and how many of those are parameters), and the bytes copied per
-training step. ``CUDAGraphTransform`` copies every input it does not know to stay in place.
+training step. ``CUDAGraphTransform`` copies every input it does not know to stay in place; the guard's
+``share_capture_buffers`` (on by default; ``--unshared``: off) has it capture a run of consecutive ops as one graph
+and read earlier graphs' outputs in place.
 
-    source .gpu/setup.sh && python3 benchmarks/gpu_cudagraph_copies.py   # prints, and writes $OUT/cudagraph-copies.txt
+    source .gpu/setup.sh && python3 benchmarks/gpu_cudagraph_copies.py [--unshared]
+    # prints, and writes $OUT/cudagraph-copies.txt ($OUT/cudagraph-copies-unshared.txt)
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from thunder.dynamo import thunderfx
 from thunder.transforms.cudagraph import CUDAGraphRunner, CUDAGraphTransform
 
 from thunder_fusion_guard import FusionGuard, translate_library_ops
+from thunder_fusion_guard.bench.zoo import _timing_alone
 from thunder_fusion_guard.bench.zoo_models import ZOO
 
 # region name -> [replays, tensor inputs, inputs copied, parameters copied, bytes copied], over the counted steps
@@ -58,10 +62,11 @@ def _counting_call(self: CUDAGraphRunner, fn_name: str, *args: object) -> object
     return _call(self, fn_name, *args)
 
 
-def main() -> None:
+def main(shared: bool) -> None:
     warnings.simplefilter("ignore")
     began = time.time()
-    out_path = Path(os.environ.get("OUT", ".")) / "cudagraph-copies.txt"
+    name = "cudagraph-copies.txt" if shared else "cudagraph-copies-unshared.txt"
+    out_path = Path(os.environ.get("OUT", ".")) / name
     with out_path.open("w") as out:
 
         def say(*parts: object) -> None:
@@ -71,7 +76,8 @@ def main() -> None:
         translate_library_ops()
         CUDAGraphRunner.call_cuda_graph = _counting_call
         model = ZOO["e3nn-nequip-modules"].build("cuda")
-        compiled = thunderfx(model.module, transforms=[FusionGuard(), CUDAGraphTransform()])
+        guard = FusionGuard(share_capture_buffers=shared)
+        compiled = thunderfx(model.module, transforms=[guard, CUDAGraphTransform()])
 
         def step() -> None:
             model.module.zero_grad(set_to_none=True)
@@ -83,9 +89,10 @@ def main() -> None:
         say(f"compiled and warmed up in {time.time() - began:.1f} s")
         COUNTS.clear()
         steps = 5
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
+        with _timing_alone():  # where TFG_ZOO_LOCK names a file: not while a zoo process beside it times
+            for _ in range(steps):
+                step()
+            torch.cuda.synchronize()
         say("region           replays/step  tensor inputs  copied  of them parameters  KiB copied/step")
         total = 0
         for name, (replays, inputs, copied, params, nbytes) in sorted(COUNTS.items()):
@@ -97,7 +104,9 @@ def main() -> None:
         biggest = sorted(((b, n, r) for r, names in COPIED.items() for n, b in names.items()), reverse=True)[:25]
         for nbytes, name, region in biggest:
             say(f"  {region:12} {name:10} {nbytes / 1024:12.1f}  {OUTPUTS.get(name, '-')}")
+        for d in guard.report.filter(action="capture"):
+            say(f"guard's capture decision, {d.subgraph} {d.trace}: {d.details.get('explanation', d.reason)}")
 
 
 if __name__ == "__main__":
-    main()
+    main(shared="--unshared" not in sys.argv[1:])

@@ -25,12 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package
 from package_hash import package_sha256, resolve_commit
 
 from thunder_fusion_guard.bench.machine import machine_info
-from thunder_fusion_guard.bench.zoo import PATHS, _compile, _Step
+from thunder_fusion_guard.bench.zoo import PATH_NAMES, ZooPath, _compile, _Step, _timing_alone
 from thunder_fusion_guard.bench.zoo_models import ZOO
 from thunder_fusion_guard.measure.timing import interleaved_rounds
+from thunder_fusion_guard.wording import error_text
 
 
-def profile_path(name: str, path: str, steps: int, warmup: int) -> dict[str, object]:
+def profile_path(name: str, path: ZooPath, steps: int, warmup: int) -> dict[str, object]:
     """Compile zoo model ``name`` as ``path``; kernels, device ms and wall ms per step over ``steps`` steps."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -41,17 +42,18 @@ def profile_path(name: str, path: str, steps: int, warmup: int) -> dict[str, obj
     began = time.perf_counter()
     step()
     first = time.perf_counter() - began
-    walls = interleaved_rounds({path: step}, steps, warmup=warmup).samples[path]
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
+    with _timing_alone():  # where TFG_ZOO_LOCK names a file: not while a zoo process beside it times
+        walls = interleaved_rounds({path: step}, steps, warmup=warmup).samples[path]
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                step()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     by_name: dict[str, float] = {}
     for e in kernels:
         by_name[e.name] = by_name.get(e.name, 0.0) + e.device_time_total / 1e3 / steps  # µs -> ms per step
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
     return {
-        "path": path,
+        "path": path.name,
         "first_call_s": round(first, 1),
         "step_ms": round(statistics.median(walls) * 1e3, 3),
         "kernels_per_step": round(len(kernels) / steps, 1),
@@ -69,10 +71,10 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--translate", action="store_true", help="translate_library_ops() first (every Thunder path)")
     args = parser.parse_args()
-    paths = args.paths.split(",")
-    unknown = [p for p in paths if p not in PATHS]
+    unknown = [p for p in args.paths.split(",") if p not in PATH_NAMES]
     if unknown:
-        parser.error(f"--paths: unknown {unknown}; allowed: {', '.join(PATHS)}")
+        parser.error(f"--paths: unknown {unknown}; allowed: {', '.join(PATH_NAMES)}")
+    paths = [ZooPath.parse(p) for p in args.paths.split(",")]
     if not torch.cuda.is_available():
         parser.error("needs CUDA")
     if args.translate:
@@ -85,7 +87,7 @@ def main() -> int:
         try:
             row = profile_path(args.model, path, args.steps, args.warmup)
         except Exception as e:  # one path failing must not lose the others
-            row = {"path": path, "error": f"{type(e).__name__}: {str(e).strip()[:200]}"}
+            row = {"path": path.name, "error": error_text(e)}
         rows.append(row)
         print(json.dumps(row), flush=True)
         if args.json:  # after each path: a run cut short keeps what it measured

@@ -237,3 +237,18 @@ def test_a_failing_variant_keeps_the_others(monkeypatch, tmp_path, capsys):
         {"group": "micro:view-small", "variant": "guarded", "error": "RuntimeError: compiler broke"}
     ]
     assert "guarded FAILED: RuntimeError: compiler broke" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("columns", ["80", "100"])
+def test_bench_zoo_help_names_every_model_and_path_whole(monkeypatch, capsys, columns):
+    """Every zoo model and path is in `bench zoo --help`, each on one line as it is typed (argparse's own
+    wrapping broke `e3nn-nequip-` from `rewritten` and `inductor-` from `ro`)."""
+    from thunder_fusion_guard.bench.zoo import MODEL_NAMES, PATH_NAMES
+
+    monkeypatch.setenv("COLUMNS", columns)
+    with pytest.raises(SystemExit) as done:
+        main(["bench", "zoo", "--help"])
+    assert done.value.code == 0
+    words = set(re.split(r"[\s,]+", capsys.readouterr().out))
+    assert set(MODEL_NAMES) <= words and set(PATH_NAMES) <= words
+    assert "e3nn-nequip-modules-l3" in MODEL_NAMES

@@ -246,23 +246,22 @@ def test_e3nn_built_nequip_trains_as_one_thunder_program_when_translated():
 
 @pytest.mark.slow
 def test_a_second_e3nn_built_model_runs_guarded_as_unguarded_when_translated():
-    """A second configuration of e3nn's modules (spherical harmonics to l = 3, 16 channels, three blocks):
+    """The zoo's second configuration of e3nn's modules (spherical harmonics to l = 3, 16 channels, three blocks):
     translated, ThunderFX runs it as one program, guarded and not, with the same bits, every gradient eager's."""
     pytest.importorskip("e3nn")
     from thunder_fusion_guard import FusionGuard
-    from thunder_fusion_guard.bench.zoo_models import E3nnNequIP, _atoms
+    from thunder_fusion_guard.bench.zoo_models import ZOO
 
-    torch.manual_seed(0)
-    model = E3nnNequIP(channels=16, lmax=3, layers=3)
-    inputs = _atoms("cpu")
-    params = [p for p in model.parameters() if p.requires_grad]
+    model = ZOO["e3nn-nequip-modules-l3"].build("cpu")
+    inputs = model.inputs
+    params = [p for p in model.module.parameters() if p.requires_grad]
     results = []
     with library_ops_translated():
         for transforms in ([], [FusionGuard(measure_budget_s=0)]):
-            compiled = thunderfx(model, transforms=transforms)
-            results.append(torch.autograd.grad(compiled(*inputs), [*params, inputs[0]]))
+            compiled = thunderfx(model.module, transforms=transforms)
+            results.append(torch.autograd.grad(model.loss(compiled(*inputs)), [*params, inputs[0]]))
             assert len(compiled._backend.subgraph_infos) == 1 and thunderfx_split_ops(compiled) == []
-    wants = torch.autograd.grad(model(*inputs), [*params, inputs[0]])
+    wants = torch.autograd.grad(model.loss(model.module(*inputs)), [*params, inputs[0]])
     unguarded, guarded = results
     assert all(torch.equal(g, u) for g, u in zip(guarded, unguarded, strict=True))
     for got, want in zip(guarded, wants, strict=True):

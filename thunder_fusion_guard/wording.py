@@ -1,8 +1,9 @@
-"""How the package words what it shows: text cut to a width (the one place that cuts), and exceptions as one line
-for tables and reasons or whole for JSON and details."""
+"""How the package words what it shows: text cut or wrapped to a width (the one place that does either), and
+exceptions as one line for tables and reasons or whole for JSON and details."""
 
 from __future__ import annotations
 
+import textwrap
 import traceback
 
 
@@ -14,6 +15,16 @@ def fit(text: str, chars: int) -> str:
 def one_line(text: str, chars: int) -> str:
     """``text`` with its whitespace runs (newlines too) made single spaces, then :func:`fit` to ``chars``."""
     return fit(" ".join(text.split()), chars)
+
+
+def wrap(text: str, chars: int, indent: str = "    ") -> list[str]:
+    """``text`` as lines of at most ``chars`` characters (every line after the first starting with ``indent``),
+    broken between words only: nothing is left out, and a name with hyphens stays whole (a single word longer than
+    a line stands alone on its line, uncut)."""
+    lines = textwrap.wrap(
+        " ".join(text.split()), chars, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+    )
+    return lines or [""]
 
 
 def error_line(error: BaseException) -> str:

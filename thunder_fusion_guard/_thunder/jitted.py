@@ -51,8 +51,8 @@ __all__ = [
     "thunderfx_subgraph_module",
     "thunderfx_subgraphs",
     "thunderfx_transforms",
-    "transform_classes",
     "traces_before_guard",
+    "transform_classes",
     "with_region_callable",
 ]
 

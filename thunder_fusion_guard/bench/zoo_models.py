@@ -1,7 +1,8 @@
-"""Third-party models, built from their libraries' configs and modules with random weights (nothing is
-downloaded): Hugging Face transformers, timm, torchvision, torch.nn, e3nn and torch_geometric. Two are written
-here, each saying so: the NequIP-style potential with hand-written tensor products, and the one assembled from
-e3nn's own modules as NequIP's users assemble it.
+"""Models of third-party libraries, built from their libraries' configs and modules with random weights (nothing
+is downloaded): Hugging Face transformers, timm, torchvision, torch.nn, e3nn and torch_geometric. Three model
+classes are written here, each saying so: the graph attention network (two of torch_geometric's ``GATConv``
+layers), the NequIP-style potential with hand-written tensor products, and the NequIP potential assembled from
+e3nn's own modules as NequIP's users assemble it (in two configurations).
 
 Each builder returns a :class:`ZooModel`: the module (eval mode, so dropout draws nothing), the inputs of one
 training step, and how the step's loss is read from the module's output. Sizes are small (2 layers where
@@ -148,8 +149,9 @@ def mha_block(device: str) -> ZooModel:
     return ZooModel(model.to(device).eval(), (x,), _mean_square)
 
 
-def gcn(device: str) -> ZooModel:
-    """torch_geometric: a 2-layer graph attention network on a random graph, node classification loss."""
+def gat(device: str) -> ZooModel:
+    """A 2-layer graph attention network (written here from torch_geometric's ``GATConv``) on a random graph, node
+    classification loss."""
     from torch_geometric.nn import GATConv
 
     class GAT(nn.Module):
@@ -302,7 +304,7 @@ class E3nnNequIP(nn.Module):
     """A NequIP potential as its users build it, from e3nn's own modules (written here, from NequIP's recipe):
     ``o3.SphericalHarmonics`` of the edge vectors, a Bessel basis with NequIP's polynomial cutoff, interaction
     blocks of ``o3.FullyConnectedTensorProduct`` (e3nn's instructions and path weights) and ``o3.Linear``, the
-    ``nn.Gate`` nonlinearity (SiLU on scalars, sigmoid gates on l = 1, 2), and a linear readout summed to the
+    ``nn.Gate`` nonlinearity (SiLU on scalars, sigmoid gates on l = 1 to ``lmax``), and a linear readout summed to the
     energy. e3nn generates the tensor products' code with torch.fx."""
 
     def __init__(self, channels: int = 8, lmax: int = 2, layers: int = 2, r_max: float = 4.0, basis: int = 8) -> None:
@@ -350,12 +352,14 @@ def _atoms(device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch
     return pos.requires_grad_(True), species, src.contiguous(), dst.contiguous()
 
 
-def e3nn_nequip(device: str) -> ZooModel:
-    """The e3nn-built NequIP potential; the step is the energy and its gradient with respect to the positions and
-    the weights."""
+def e3nn_nequip(device: str, lmax: int = 2, layers: int = 2, channels: int = 8, cuda_channels: int = 32) -> ZooModel:
+    """The e3nn-built NequIP potential (spherical harmonics to ``lmax``, ``layers`` interaction blocks, ``channels``
+    on CPU, ``cuda_channels`` on CUDA); the step is the energy and its gradient with respect to the positions and
+    the weights. Each edge's tensor-product weights grow with the channels squared and the paths (l = 3 has about
+    three times the paths of l = 2), so the l = 3 model keeps the l = 2 model's width on CUDA."""
     torch.manual_seed(0)
-    channels = _width(device, 8, 32)
-    model = E3nnNequIP(channels=channels).to(device).eval()
+    width = _width(device, channels, cuda_channels)
+    model = E3nnNequIP(channels=width, lmax=lmax, layers=layers).to(device).eval()
     return ZooModel(model, _atoms(device), _sum)
 
 
@@ -402,7 +406,13 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry("timm-convnext", "timm", "ConvNet", convnext, "timm"),
         ZooEntry("tv-resnet18", "torchvision", "ConvNet with batch norm", resnet, "torchvision"),
         ZooEntry("nn-mha", "torch.nn", "nn.MultiheadAttention encoder", mha_block, "torch", small=True),
-        ZooEntry("pyg-gat", "torch_geometric", "graph attention network", gcn, "torch_geometric"),
+        ZooEntry(
+            "pyg-gat",
+            "torch_geometric",
+            "graph attention network (two GATConv layers, assembled here)",
+            gat,
+            "torch_geometric",
+        ),
         ZooEntry(
             "e3nn-nequip",
             "e3nn",
@@ -422,10 +432,17 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry(
             "e3nn-nequip-modules",
             "e3nn",
-            "NequIP from e3nn's own modules (TensorProduct, Linear, Gate), energy and forces",
+            "NequIP assembled here from e3nn's own modules (TensorProduct, Linear, Gate), energy and forces",
             e3nn_nequip,
             "e3nn",
             small=True,
+        ),
+        ZooEntry(
+            "e3nn-nequip-modules-l3",
+            "e3nn",
+            "the same, spherical harmonics to l = 3, 16 channels (32 on CUDA), three blocks",
+            functools.partial(e3nn_nequip, lmax=3, layers=3, channels=16, cuda_channels=32),
+            "e3nn",
         ),
     ]
 }
