@@ -1,7 +1,8 @@
 """Translations of library ops Thunder only registered automatically (``narrow``, ``tensordot``,
 ``broadcast_tensors``, the 2-norm), the gradient of ``index_add`` and e3nn's ``Extract`` out of place: op by op
-against torch, values and gradients in fp32 and bf16; ThunderFX keeps the ops in Thunder only while they are in
-place; ``why_not_fused`` names the translation; the e3nn-built NequIP trains as one Thunder program."""
+against torch, values and gradients in fp32 and bf16, and ``narrow`` out of range raises torch's error; ThunderFX
+keeps the ops in Thunder only while they are in place; ``why_not_fused`` names the translation; the e3nn-built
+NequIP trains as one Thunder program."""
 
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ from thunder_fusion_guard._thunder import thunderfx_split_ops
 CASES = {
     "narrow": (lambda a, b: a.narrow(1, 2, 3) * b[0, :3], [(4, 6), (3, 5)]),
     "narrow negative start": (lambda a, b: torch.narrow(a, 0, -2, 1)[:, :5] * b[:1], [(4, 6), (3, 5)]),
+    # start -size with all of dim -1; start at the end with length 0 (nothing): torch's bounds, inclusive
+    "narrow at the bounds": (
+        lambda a, b: a.narrow(-1, -6, 6)[:3, :5] * b + torch.narrow(b, 0, 3, 0).sum(),
+        [(4, 6), (3, 5)],
+    ),
     "tensordot dims lists": (lambda a, b: torch.tensordot(a.narrow(1, 0, 3), b, dims=([1], [0])), [(4, 6), (3, 5)]),
     "tensordot dims int": (lambda a, b: torch.tensordot(a, b, dims=1), [(4, 3), (3, 5)]),
     "tensordot e3nn": (lambda a, b: torch.tensordot(a, b, dims=([0, 1], [1, 2])), [(2, 3, 4), (5, 2, 3)]),
@@ -60,6 +66,74 @@ def test_each_translation_gives_torchs_values_and_gradients(case, dtype):
         torch.testing.assert_close(g, w)  # the dtype's own tolerance: bf16 rounds in matmul's accumulation
     if ("narrow" in case and "tensordot" not in case) or case == "broadcast_tensors":
         assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))  # a slice, an expand: the same bits
+
+
+# Calls torch's narrow raises on (shape, dim, start, length): torch checks a 0-dim tensor, then the length, the dim,
+# start within [-size, size], then start (counted from the end where negative) + length against the size.
+NARROW_ERRORS = {
+    "start + length past the end": ((6, 2), 0, 4, 5),
+    "negative start + length past the end": ((6, 2), 0, -2, 3),
+    "start at the end, length 1": ((6, 2), 0, 6, 1),
+    "start below -size": ((6, 2), 0, -7, 1),
+    "start past the end, length 0": ((6, 2), -1, 3, 0),
+    "negative length": ((6, 2), 0, 0, -1),
+    "negative length, dim out of range": ((6, 2), 5, 9, -1),
+    "dim past the last": ((6, 2), 2, 0, 1),
+    "negative dim before the first": ((6, 2), -3, 0, 1),
+    "0-dim tensor": ((), 0, 0, 0),
+}
+
+
+def _eager_error(fn, *args) -> Exception:
+    with pytest.raises(Exception) as raised:
+        fn(*args)
+    return raised.value
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", list(NARROW_ERRORS))
+def test_narrow_out_of_range_raises_torchs_error_under_thunder_jit(case, dtype):
+    """Where torch's narrow raises, the translation raises the same error, of torch's type with torch's message
+    (a slice would clamp the request: ``x.narrow(0, 4, 5)`` of 6 rows gave 2), called as a function and as a method;
+    before the translation Thunder's registration raised a NotImplementedError around it."""
+    shape, dim, start, length = NARROW_ERRORS[case]
+    x = torch.randn(shape, dtype=dtype)
+    for fn in (lambda x: torch.narrow(x, dim, start, length) * 2, lambda x: x.narrow(dim, start, length) * 2):
+        want = _eager_error(fn, x)
+        with library_ops_translated():
+            got = _eager_error(thunder.jit(fn), x)
+        assert (type(got), str(got)) == (type(want), str(want))
+
+
+@pytest.mark.parametrize("case", list(NARROW_ERRORS))
+def test_narrow_out_of_range_under_thunderfx_raises_dynamos_error_naming_torchs(case):
+    """Under ThunderFX, Dynamo runs the graph on fake tensors before Thunder sees it and raises first, translated or
+    not: a TorchRuntimeError (a RuntimeError, also where torch's error is an IndexError) naming torch's error."""
+    torch._dynamo.reset()  # else Dynamo, seeing fn's code again, makes its ints symbolic and names them so
+    shape, dim, start, length = NARROW_ERRORS[case]
+    x = torch.randn(shape)
+
+    def fn(x):
+        return x.narrow(dim, start, length) * 2
+
+    want = _eager_error(fn, x)
+    with library_ops_translated():
+        got = _eager_error(thunderfx(fn), x)
+    assert isinstance(got, torch._dynamo.exc.TorchRuntimeError), repr(got)
+    assert f"got {type(want).__name__}({str(want)!r})" in str(got), str(got)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_narrow_under_thunderfx_gives_torchs_values_and_gradients(dtype):
+    """Valid calls at torch's bounds (negative dim and start, start -size, start at the end with length 0), kept in
+    Thunder by ThunderFX: the same bits as torch, values and gradients."""
+    fn, shapes = CASES["narrow at the bounds"]
+    args = _inputs(shapes, dtype)
+    with library_ops_translated():
+        compiled = thunderfx(fn)
+        got = _step(compiled, args)
+    assert thunderfx_split_ops(compiled) == []
+    assert all(torch.equal(g, w) for g, w in zip(got, _step(fn, args), strict=True))
 
 
 def test_index_add_gradient_exists_only_while_translated():
