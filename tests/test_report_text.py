@@ -113,7 +113,11 @@ def test_table_lines():
 
 
 def test_actions_and_details_are_typed_records():
-    assert ACTIONS == get_args(Action) == ("keep", "reject", "switch", "rehome", "remove", "fold", "hoist", "rescue")
+    assert (
+        ACTIONS
+        == get_args(Action)
+        == ("keep", "reject", "switch", "rehome", "remove", "fold", "hoist", "rescue", "capture")
+    )
     with pytest.raises(ValueError, match="unknown action 'drop'"):
         Report().add(_decision("nvFusion0", "drop"))
 
