@@ -1,9 +1,13 @@
-"""How the package words what it shows: text cut to a width (the one place that cuts), and exceptions as one line
-for tables and reasons or whole for JSON and details."""
+"""How the package words what it shows: text cut or wrapped to a width (the one place that cuts), and exceptions as
+one line for tables and reasons or whole for JSON and details."""
 
 from __future__ import annotations
 
+import textwrap
 import traceback
+
+# The width of every text table and wrapped line a terminal shows, unless asked for wide output.
+WIDTH = 120
 
 
 def fit(text: str, chars: int) -> str:
@@ -11,9 +15,23 @@ def fit(text: str, chars: int) -> str:
     return text if len(text) <= chars else text[: max(1, chars - 1)].rstrip() + "…"
 
 
-def one_line(text: str, chars: int) -> str:
-    """``text`` with its whitespace runs (newlines too) made single spaces, then :func:`fit` to ``chars``."""
-    return fit(" ".join(text.split()), chars)
+def one_line(text: str, chars: int | None = None) -> str:
+    """``text`` with its whitespace runs (newlines too) made single spaces, then :func:`fit` to ``chars`` (None:
+    whole)."""
+    flat = " ".join(text.split())
+    return flat if chars is None else fit(flat, chars)
+
+
+def wrap(text: str, chars: int | None, indent: str = "") -> list[str]:
+    """``text`` (made one line) as lines of at most ``chars`` characters, broken at spaces, never inside a word
+    unless the word alone is longer than a line; every line after the first starts with ``indent``. Nothing
+    is left out. ``chars`` None: one line."""
+    flat = " ".join(text.split())
+    if chars is None or len(flat) <= chars:
+        return [flat]
+    return textwrap.wrap(
+        flat, max(1, chars), subsequent_indent=indent, break_on_hyphens=False, break_long_words=True
+    ) or [""]
 
 
 def error_line(error: BaseException) -> str:

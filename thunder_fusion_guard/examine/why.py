@@ -20,10 +20,10 @@ from .. import _thunder as th
 from .._thunder import partition as pt
 from ..ops.metadata import runs_as_view
 from ..passes.hoist_runtime import HOISTED_NAME
-from ..render.table import plural, text_table
+from ..render.table import plural, text_table, wrapped
 from ..render.text import human_bytes
 from ..transform import guards_of
-from ..wording import error_line, fit
+from ..wording import WIDTH, error_line, fit
 
 KINDS = (
     "outside_thunder",
@@ -127,6 +127,11 @@ class WhyReport:
         return {"summary": self.summary(), "regions": self.regions, "rows": [r.to_dict() for r in self.ranked()]}
 
     def __str__(self) -> str:
+        return self.to_text()
+
+    def to_text(self, wide: bool = False) -> str:
+        """The summary and the ranked table: lines of at most 120 characters, long cells wrapped at spaces, never
+        cut; ``wide``: one line per row, however long."""
         header = ("trace", "subgraph", "op", "kind", "bytes", "reason", "try", "source")
         lines = [
             (
@@ -141,7 +146,8 @@ class WhyReport:
             )
             for r in self.ranked()
         ]
-        return self.summary() + "\n" + _table(header, lines)
+        width = None if wide else WIDTH
+        return "\n".join([*wrapped(self.summary(), width, "  "), _table(header, lines, width)])
 
     def to_html(self) -> str:
         """An HTML ``<section>`` with the summary and the ranked table (all text escaped)."""
@@ -180,10 +186,10 @@ def _bytes(n: int | None) -> str:
     return "?" if n is None else human_bytes(n)
 
 
-def _table(header: Sequence[str], lines: Sequence[Sequence[str]], width: int = 60) -> str:
-    """The rows through the package's one text table, long cells clipped to ``width`` characters."""
-    clipped = [[fit(c, width) for c in line] for line in lines]
-    return "\n".join(text_table([list(header), *clipped]))
+def _table(header: Sequence[str], lines: Sequence[Sequence[str]], width: int | None = WIDTH) -> str:
+    """The rows through the package's one text table, fitting ``width`` (subgraph, op, reason and try wrapped,
+    the last column under its row where it has too little room, never cut; None: one line each)."""
+    return "\n".join(text_table([list(header), *lines], last_free=True, width=width, wrap=(1, 2, 5, 6)))
 
 
 # --- what to explain -------------------------------------------------------------------------------------
