@@ -185,9 +185,9 @@ def _row(d: Decision, with_kernels: bool, grouped: bool) -> tuple[str, ...]:
     return (*cells, reason_text(d))
 
 
-# The columns of the text table that may wrap to fit its width: trace, region, ops, estimates (the reason always
-# may); by index from the end where a kernels column may come before them.
-_WRAPPED = (0, 1, 3, -2)
+# The columns of the text table that may wrap to fit its width: trace, region, ops, kernels (or the action: one
+# word), estimates (by index from the end: a kernels column may come before them); the reason always may.
+_WRAPPED = (0, 1, 3, 4, -2)
 
 
 def _rank_of(decisions: list[Decision]) -> int | None:

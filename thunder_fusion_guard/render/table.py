@@ -55,9 +55,9 @@ def table_blocks(
 ) -> list[list[str]]:
     """The lines of each row of :func:`text_table` (its rule left out). With ``width``, cells are broken at
     spaces onto further lines of their row, never cut: the columns whose indices are in ``wrap`` are narrowed
-    (the widest first; below their longest word only where nothing else fits) until the row fits, and a free last
-    column is wrapped where it starts or, with less than
-    a third of ``width`` left there, on the lines below the row, indented. None: one line per row."""
+    (the widest first; below their longest word only where nothing else fits) until the row fits, and a free
+    last column is wrapped where it starts or, with less than a third of ``width`` left there, on the lines
+    below the row, indented. None: one line per row."""
     return _layout(rows, last_free, width, wrap)[0]
 
 
