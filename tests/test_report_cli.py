@@ -122,7 +122,7 @@ def test_a_target_whose_import_raises_exits_1(tmp_path, capsys):
     target = _file(tmp_path, "import no_such_module_for_tfg\n", "bad_broken.py")
     assert main(["report", f"{target}:make"]) == 1
     assert capsys.readouterr().err.strip().endswith("(--traceback for the full traceback)")
-    with pytest.raises(MakeFailed, match="importing .* raised ModuleNotFoundError"):
+    with pytest.raises(MakeFailed, match=r"importing .* raised ModuleNotFoundError"):
         load_target(f"{target}:make")
 
 

@@ -40,8 +40,8 @@ MEASURED_MARGIN_FLOOR = 0.05
 def explained(reason: str, explanation: str | None = None) -> tuple[str, dict[str, str]]:
     """A decision's reason, whole on one line (what decided it, first), and the ``details`` holding the longer
     ``explanation`` where there is one that says more; never cut: tables wrap it (:mod:`.render.table`)."""
-    short = wording.one_line(reason)
-    full = wording.one_line(explanation) if explanation is not None else short
+    short = wording.whole_line(reason)
+    full = wording.whole_line(explanation) if explanation is not None else short
     return short, ({"explanation": full} if full != short else {})
 
 

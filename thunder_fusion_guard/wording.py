@@ -1,13 +1,10 @@
-"""How the package words what it shows: text cut or wrapped to a width (the one place that cuts), and exceptions as
-one line for tables and reasons or whole for JSON and details."""
+"""How the package words what it shows: text cut or wrapped to a width (the one place that does either), and
+exceptions as one line for tables and reasons or whole for JSON and details."""
 
 from __future__ import annotations
 
 import textwrap
 import traceback
-
-# The width of every text table and wrapped line a terminal shows, unless asked for wide output.
-WIDTH = 120
 
 
 def fit(text: str, chars: int) -> str:
@@ -15,23 +12,19 @@ def fit(text: str, chars: int) -> str:
     return text if len(text) <= chars else text[: max(1, chars - 1)].rstrip() + "…"
 
 
-def one_line(text: str, chars: int | None = None) -> str:
-    """``text`` with its whitespace runs (newlines too) made single spaces, then :func:`fit` to ``chars`` (None:
-    whole)."""
-    flat = " ".join(text.split())
-    return flat if chars is None else fit(flat, chars)
+def one_line(text: str, chars: int) -> str:
+    """``text`` with its whitespace runs (newlines too) made single spaces, then :func:`fit` to ``chars``."""
+    return fit(" ".join(text.split()), chars)
 
 
-def wrap(text: str, chars: int | None, indent: str = "") -> list[str]:
-    """``text`` (made one line) as lines of at most ``chars`` characters, broken at spaces, never inside a word
-    unless the word alone is longer than a line; every line after the first starts with ``indent``. Nothing
-    is left out. ``chars`` None: one line."""
-    flat = " ".join(text.split())
-    if chars is None or len(flat) <= chars:
-        return [flat]
-    return textwrap.wrap(
-        flat, max(1, chars), subsequent_indent=indent, break_on_hyphens=False, break_long_words=True
-    ) or [""]
+def wrap(text: str, chars: int, indent: str = "    ") -> list[str]:
+    """``text`` as lines of at most ``chars`` characters (every line after the first starting with ``indent``),
+    broken between words only: nothing is left out, and a name with hyphens stays whole (a single word longer than
+    a line stands alone on its line, uncut)."""
+    lines = textwrap.wrap(
+        " ".join(text.split()), chars, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+    )
+    return lines or [""]
 
 
 def error_line(error: BaseException) -> str:
@@ -56,3 +49,18 @@ def _bare(error: BaseException) -> str:
     frame, line = frames[-1]
     where = "/".join(frame.f_code.co_filename.replace("\\", "/").split("/")[-3:])
     return f"{type(error).__name__} (no message) at {where}:{line} in {frame.f_code.co_name}"
+
+
+# The width of every text table and wrapped line a terminal shows, unless asked for wide output.
+WIDTH = 120
+
+
+def whole_line(text: str) -> str:
+    """``text`` on one line and whole: its whitespace runs (newlines too) made single spaces, nothing cut."""
+    return " ".join(text.split())
+
+
+def lines_of(text: str, chars: int | None, indent: str = "") -> list[str]:
+    """``text`` on one line where it fits in ``chars`` (None: always), else :func:`wrap`'s lines."""
+    flat = whole_line(text)
+    return [flat] if chars is None or len(flat) <= chars else wrap(flat, chars, indent)

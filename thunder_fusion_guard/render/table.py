@@ -55,9 +55,9 @@ def table_blocks(
 ) -> list[list[str]]:
     """The lines of each row of :func:`text_table` (its rule left out). With ``width``, cells are broken at
     spaces onto further lines of their row, never cut: the columns whose indices are in ``wrap`` are narrowed
-    (the widest first; below their longest word only where nothing else fits) until the row fits, and a free
-    last column is wrapped where it starts or, with less than a third of ``width`` left there, on the lines
-    below the row, indented. None: one line per row."""
+    (the widest first, never below their longest word: a row too wide even then is left wider) until the row
+    fits, and a free last column is wrapped where it starts or, with less than a third of ``width`` left there,
+    on the lines below the row, indented. None: one line per row."""
     return _layout(rows, last_free, width, wrap)[0]
 
 
@@ -73,23 +73,22 @@ def _layout(
     if width is not None:
         narrowable = {i % count for i in wrap} & set(range(padded))
         budget = width - 2 * max(0, padded - (0 if last_free else 1))
-        words = {i: max(len(w) for r in cells for w in r[i].split() or [""]) for i in narrowable}
-        # the widest first, never below a column's longest word; then, if that is not enough, inside words
-        for floor in ({i: max(MIN_COLUMN, words[i]) for i in narrowable}, dict.fromkeys(narrowable, MIN_COLUMN)):
-            while sum(widths) > budget:
-                candidates = [i for i in narrowable if widths[i] > floor[i]]
-                if not candidates:
-                    break
-                widths[max(candidates, key=lambda i: widths[i])] -= 1
+        # the widest first, never below a column's longest word (a word is never broken)
+        floor = {i: max([MIN_COLUMN, *(len(w) for r in cells for w in r[i].split())]) for i in narrowable}
+        while sum(widths) > budget:
+            candidates = [i for i in narrowable if widths[i] > floor[i]]
+            if not candidates:
+                break
+            widths[max(candidates, key=lambda i: widths[i])] -= 1
     start = sum(widths) + 2 * padded
     room = None if width is None else width - start
     below = room is not None and last_free and room < width // 3 and any(len(r[-1]) > room for r in cells)
     blocks = []
     for r in cells:
-        columns = [wording.wrap(r[i], widths[i] if widths[i] < natural[i] else None) for i in range(padded)]
+        columns = [wording.lines_of(r[i], widths[i] if widths[i] < natural[i] else None) for i in range(padded)]
         free = r[padded:]
         if last_free and not below:
-            columns.append(wording.wrap(free[0], None if room is None else max(room, MIN_COLUMN)))
+            columns.append(wording.lines_of(free[0], None if room is None else max(room, MIN_COLUMN)))
         height = max(len(c) for c in columns)
         lines = []
         for k in range(height):
@@ -97,7 +96,7 @@ def _layout(
             parts += [c[k] if k < len(c) else "" for c in columns[padded:]]
             lines.append("  ".join(parts).rstrip())
         if below and free[0]:
-            lines += [INDENT + line for line in wording.wrap(free[0], width - len(INDENT))]
+            lines += [INDENT + line for line in wording.lines_of(free[0], width - len(INDENT))]
         blocks.append(lines)
     return blocks, widths
 
@@ -106,7 +105,7 @@ def wrapped(text: str, width: int | None, indent: str = "") -> list[str]:
     """A line of a table's text (a heading, a note) as lines of at most ``width`` characters (None: one line),
     every line after the first indented by ``indent`` more than the first."""
     lead = text[: len(text) - len(text.lstrip(" "))]
-    return [lead + line for line in wording.wrap(text, None if width is None else width - len(lead), indent)]
+    return [lead + line for line in wording.lines_of(text, None if width is None else width - len(lead), indent)]
 
 
 def md_cell(text: Any) -> str:
