@@ -246,13 +246,16 @@ def model_failure(spec: str, frontend: str, compiled: Any, error: BaseException)
 
 def unguarded_verdict(spec: str, device: str, thunderfx: bool, backward: bool, guarded: BaseException) -> str:
     """Whether TARGET fails unguarded too, run once more without the guard (same frontend, executors and
-    device): what a report of a failure needs to say whose failure it is."""
+    device): what a report of a failure needs to say whose failure it is ('' where TARGET cannot be made again)."""
     import torch
 
     from ..examine.calls import step
 
     try:
         fn, args, kwargs = make_workload(load_target(spec), device)
+    except Exception:  # make() did not work again: nothing to compare
+        return ""
+    try:
         if thunderfx:
             torch._dynamo.reset()  # compile afresh, without the guarded program's entries
         with nullcontext() if backward else torch.no_grad():
@@ -260,7 +263,7 @@ def unguarded_verdict(spec: str, device: str, thunderfx: bool, backward: bool, g
     except Exception as e:
         same = error_line(e) == error_line(guarded)
         return "it fails unguarded too" + ("" if same else f", with {error_line(e)}")
-    return "unguarded, it runs: the guard's failure (please report it with --traceback)"
+    return "unguarded, it runs: a failure of thunder-fusion-guard (please report it, with --traceback)"
 
 
 # The files ``fusion-guard report`` writes, by option.
