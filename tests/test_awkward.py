@@ -236,7 +236,7 @@ def test_recompiled_entries_stay_correct():
     assert [d.compile_index for d in guard.report] == [1, 2, 3]
     assert {d.action for d in guard.report} == {"reject"}
     # the report says why there are three rows: Thunder compiled the function three times, and for what
-    text = explain(jitted)
+    text = explain(jitted, wide=True)  # the note on one line
     note = (
         "rearrange_heads: compiled 3 times (rearrange_heads#1, #2, #3), each time for inputs the compilation "
         "before did not accept: #2 input t shape (2, 3, 4, 5) -> (2, 3, 6, 5); #3 input t shape (2, 3, 6, 5) -> "

@@ -151,6 +151,75 @@ def test_make_that_raises_is_one_line_with_a_hint_exit_1(tmp_path, capsys, comma
         main([command, f"{target}:make", "--device", "cpu", "--traceback"])
 
 
+@pytest.mark.parametrize("command", ["report", "why"])
+def test_a_target_that_raises_while_imported_is_one_line_with_a_hint_exit_1(tmp_path, capsys, command):
+    """TARGET's module raising is the user's code failing, as make() raising: exit 1 (it was 2), and report and
+    why word it alike, with the --traceback hint."""
+    target = tmp_path / "broken.py"
+    target.write_text("raise ImportError('no module for the weights')\n\ndef make():\n    pass\n")
+    line = _one_line_error(capsys, [command, f"{target}:make", "--device", "cpu"], code=1)
+    assert line == (
+        f"fusion-guard {command}: importing {target} raised ImportError: no module for the weights "
+        f"{common.TRACEBACK_HINT}"
+    )
+
+
+def test_one_rule_for_every_commands_errors(capsys):
+    """tools.common.error_exit: a bad argument is one line and 2; any other failure one line ending in the one
+    --traceback hint, and 1; with --traceback the failure goes on."""
+    assert common.error_exit("fusion-guard x", common.UsageError("--bad: no"), False) == 2
+    assert capsys.readouterr().err == "fusion-guard x: --bad: no\n"
+    assert common.error_exit("fusion-guard x", RuntimeError("first\nsecond"), False) == 1
+    assert capsys.readouterr().err == f"fusion-guard x: RuntimeError: first {common.TRACEBACK_HINT}\n"
+    assert common.error_exit("fusion-guard x", common.CommandFailed("the model failed; here"), False) == 1
+    assert capsys.readouterr().err == f"fusion-guard x: the model failed; here {common.TRACEBACK_HINT}\n"
+    with pytest.raises(RuntimeError, match="first"):
+        try:
+            raise RuntimeError("first")
+        except RuntimeError as e:
+            common.error_exit("fusion-guard x", e, True)
+
+
+SCATTER_LAYER = """
+import torch
+
+
+def layer(x, index, w):
+    h = x @ w
+    out = torch.zeros(4, h.shape[1]).scatter_reduce(0, index.unsqueeze(1).expand_as(h), h, reduce="sum")
+    return torch.tanh(out).sum()
+
+
+def make():
+    torch.manual_seed(0)
+    x, w = torch.randn(10, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    return layer, (x, torch.randint(0, 4, (10,)), w)
+"""
+
+
+def test_a_model_failing_in_a_region_says_where_whose_and_what_to_try(tmp_path, capsys, monkeypatch):
+    """A model Thunder cannot run (the torch.compile region holding scatter_reduce's automatic gradient; the guard
+    told not to rescue it): the one line names the region, its ops and the user's line, says that it fails
+    without the guard too, and gives what 'why --thunderfx' offers for the op; the hint once, exit 1."""
+    import functools
+
+    import thunder_fusion_guard.tools.report_cli as report_cli
+
+    target = tmp_path / "scatter.py"
+    target.write_text(SCATTER_LAYER)
+    no_rescue = functools.partial(report_cli.run_report, guard_options={"rescue": False})
+    monkeypatch.setattr(report_cli, "run_report", no_rescue)
+    assert main(["report", f"{target}:make", "--device", "cpu"]) == 1
+    *progress, line = capsys.readouterr().err.strip().splitlines()
+    assert progress == ["fusion-guard report: the model failed; running it once more without the guard ..."]
+    assert line.startswith(f"fusion-guard report: {target}:make failed under thunder.jit: Unsupported: "), line
+    assert "; it fails unguarded too; in the backward region TorchCompile" in line, line
+    assert "scatter_reduce_vjp is the gradient of torch.scatter_reduce at scatter.py:7" in line, line
+    assert "why --thunderfx on torch.scatter_reduce: Thunder has only an automatic torch fallback" in line, line
+    assert "ThunderFX runs it with Inductor" in line and line.endswith(common.TRACEBACK_HINT), line
+    assert line.count("--traceback") == 1
+
+
 def test_model_that_fails_under_thunder_is_one_line_exit_1(tmp_path, capsys):
     target = tmp_path / "failing.py"
     target.write_text(
@@ -166,8 +235,10 @@ def test_model_that_fails_under_thunder_is_one_line_exit_1(tmp_path, capsys):
             """
         )
     )
-    line = _one_line_error(capsys, ["report", f"{target}:make", "--device", "cpu"], code=1)
+    assert main(["report", f"{target}:make", "--device", "cpu"]) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith(f"fusion-guard report: {target}:make failed under thunder.jit: ValueError: shape mismatch")
+    assert "; it fails unguarded too" in line and "at failing.py:5" in line  # the line that raised
     assert line.endswith("(--traceback for the full traceback)")
 
 
@@ -213,9 +284,20 @@ def test_report_pins_one_thread_and_says_so(capsys):
         torch.set_num_threads(2)
         assert main(["report", "examples/report_target.py:make", "--device", "cpu"]) == 0
         assert torch.get_num_threads() == 1
-        assert capsys.readouterr().out.strip().splitlines()[-1].startswith("(timed with 1 intra-op thread ")
+        out = capsys.readouterr().out
+        assert out.strip().splitlines()[-1].startswith("(timed with 1 intra-op thread ")
+        assert max(len(line) for line in out.splitlines()) <= 120, out  # tables fit 120 columns
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("command", ["report", "why", "demo"])
+def test_every_command_printing_a_table_takes_wide(command, capsys):
+    """Tables fit 120 columns, long text wrapped; --wide prints each row on one line."""
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert e.value.code == 0 and "--wide print each table row on one line, however long" in out, out
 
 
 def _env() -> dict[str, str]:

@@ -240,7 +240,7 @@ def test_check_ranks_finds_a_rank_that_decided_otherwise(group, monkeypatch):
         warnings.simplefilter("always")
         (problem,) = guard.check_ranks()
     assert "rank 1 decided differently from rank 0" in problem and "rank 1 f#0:forward TorchCompile0" in problem
-    assert guard.report.warnings == [problem] and str(guard.report).endswith(f"warning: {problem}")
+    assert guard.report.warnings == [problem] and guard.report.to_text(wide=True).endswith(f"warning: {problem}")
     assert any(problem in str(w.message) for w in caught)
     strict = FusionGuard(strict=True)
     strict.report.add(_decision(rank=0))

@@ -155,7 +155,8 @@ def test_an_inexact_region_is_not_timed_with_the_other_executor_by_default(injec
     x = torch.randn(16, 16)
     assert torch.equal(jit(inexact, g)(x), jit(inexact)(x))
     (d,) = region_decisions(g)
-    assert d.action == "keep" and d.details["decided_by"] == "exactness"
+    # kept by the cost model or, where the model would reject it, for exactness: never timed either way
+    assert d.action == "keep" and d.details["decided_by"] in {"model", "exactness"}
     assert 3 not in calls
 
 
@@ -193,7 +194,7 @@ def test_a_data_movement_region_kept_for_exactness_may_still_switch(inject_timin
     guarded = jit(cat_pair, g)
     assert torch.equal(guarded(x, y), jit(cat_pair)(x, y))
     (d,) = region_decisions(g)
-    assert d.action == "switch" and "kept for exactness" in told(d)
+    assert d.action == "switch" and "exactness would keep it too" in told(d)  # timed faster fused: kept anyway
     assert [r.executor for r in regions(guarded)] == ["torchcompile"]
 
 

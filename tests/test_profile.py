@@ -202,8 +202,9 @@ def test_profile_table_marks_disagreements_with_injected_timings(monkeypatch):
     profile = profile_regions(jitted, torch.randn(4, 8), reps=2, warmup=0)
     (row,) = profile.rows
     assert row.decided_by == "exactness" and row.reason.startswith("kept for exactness")
-    text = str(profile)
-    assert "why kept though slower here" in text and "fused 400% slower here; kept for exactness" in text
+    text, wide = " ".join(str(profile).split()), profile.to_text(wide=True)  # wrapped at 120 columns, or not
+    assert "why kept though slower here: fused 400% slower here; kept for exactness" in text
+    assert "why kept though slower here" in wide.splitlines()[1] and "fused 400% slower here; kept for" in wide
     assert "host: wall time of one call of the region's fusion callable, the fusion call's own overhead" in text
 
 
@@ -228,9 +229,12 @@ def test_profile_tables_say_what_host_means_and_count_ops_without_cutting_them(d
     if device == "cuda":
         row.device_us, row.overhead_us = 4.0, 5.0
     profile = RegionProfile("f", device, 10, [row])
-    text, page = str(profile), profile.to_html()
+    text, page = profile.to_text(wide=True), profile.to_html()
     legend = HOST_LEGEND_CUDA if device == "cuda" else HOST_LEGEND_CPU
     assert legend in text.splitlines() and html.escape(legend) in page
+    assert legend in " ".join(str(profile).split())  # wrapped, whole
+    if device == "cpu":  # (CUDA's columns, with a torch.compile region's long executor name, do not fit 120)
+        assert max(len(line) for line in str(profile).splitlines()) <= 120
     assert legend.startswith("host: wall time of one call") and "own overhead included" in legend
     assert ("synchronised" in legend) == (device == "cuda")
     # the ops column: counted groups, whole names only, and how many were left out

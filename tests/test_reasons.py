@@ -1,4 +1,4 @@
-"""Every decision's reason is one short line (terminal tables show it); the long story is in
+"""Every decision's reason is one whole line, never cut (text tables wrap it); the long story is in
 ``details["explanation"]``."""
 
 import pytest
@@ -12,6 +12,16 @@ from test_rewrites import sliding_window_mask
 
 import thunder_fusion_guard.passes.pipeline as pipeline
 from thunder_fusion_guard import FusionGuard
+
+# Cost constants under which the fusion always wins by far (ALWAYS_EAGER's mirror).
+ALWAYS_FUSED = {
+    "fusion_call_us": 1e-6,
+    "fusion_gbps": 1e6,
+    "eager_op_us": 1e6,
+    "eager_meta_us": 1e6,
+    "eager_gbps": 1e-3,
+    "overlapped": False,
+}
 
 
 def noisy(x):
@@ -39,19 +49,19 @@ PROGRAMS = [
 def _check(guard: FusionGuard) -> None:
     assert guard.report.decisions
     for d in guard.report:
-        assert len(d.reason) <= 100 and "\n" not in d.reason, d.reason
+        assert not d.reason.endswith("…") and "\n" not in d.reason, d.reason
         explanation = d.details.get("explanation")
         assert explanation is None or (explanation != d.reason and "\n" not in explanation)
 
 
 @pytest.mark.parametrize("fn,make,options", PROGRAMS, ids=[f"{p[0].__name__}-{i}" for i, p in enumerate(PROGRAMS)])
-def test_reasons_are_short_single_lines(fn, make, options):
+def test_reasons_are_whole_single_lines(fn, make, options):
     guard = FusionGuard(**options)
     jit_cpu(fn, guard)(*make())
     _check(guard)
 
 
-def test_failure_reasons_are_short_and_the_error_kept(monkeypatch):
+def test_failure_reasons_are_whole_and_the_error_kept(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("planted failure " + "x" * 200)
 
@@ -64,9 +74,42 @@ def test_failure_reasons_are_short_and_the_error_kept(monkeypatch):
     assert any(d.error and "planted failure" in d.error for d in guard.report)
 
 
-def test_a_cut_reason_keeps_the_whole_text_in_the_explanation():
-    guard = FusionGuard()
+def test_the_long_story_stays_in_the_explanation():
+    guard = FusionGuard(calibration=ALWAYS_EAGER)  # the cost model would reject: exactness decides
     jit_cpu(long_chain, guard)(torch.randn(8, 8), torch.randn(8, 8))
     (d,) = [d for d in guard.report if d.about_region and d.trace == "forward"]
     assert d.reason.startswith("kept for exactness: ")
     assert "cost aside: estimated" in d.details["explanation"] and "cost aside" not in d.reason
+    kept = FusionGuard(calibration=ALWAYS_FUSED)  # the cost model keeps it: the numbers lead, exactness aside
+    jit_cpu(long_chain, kept)(torch.randn(8, 8), torch.randn(8, 8))
+    (d,) = [d for d in kept.report if d.about_region and d.trace == "forward"]
+    assert d.reason.startswith("cost model: fusion call is worth it") and d.details["decided_by"] == "model"
+    assert "exactness would keep it too" in d.details["explanation"] and "exactness" not in d.reason
+
+
+def many_rounding_ops(x):
+    return torch.rsqrt(x.abs() + 1).reciprocal() * torch.tanh(x).exp().sin().cos().log1p()
+
+
+def test_a_long_reason_is_whole_in_json_and_html_and_wrapped_in_the_table():
+    """The exactness reason naming seven ops (once cut at 100 characters, mid-name) is whole in the decision,
+    its JSON and its HTML; the text table keeps it whole in lines of at most 120 characters, and the wide
+    table on one line."""
+    import html
+    import json
+
+    guard = FusionGuard(calibration=ALWAYS_EAGER)  # the cost model would reject: exactness decides
+    jit_cpu(many_rounding_ops, guard)(torch.randn(8, 8))
+    (d,) = [d for d in guard.report if d.about_region]
+    assert d.details["decided_by"] == "exactness"
+    ops = ["'cos'", "'exp'", "'log1p'", "'reciprocal'", "'rsqrt'", "'sin'", "'tanh'"]
+    assert len(d.reason) > 100 and all(op in d.reason for op in ops), d.reason
+    assert "could round differently outside the fusion, op by op" in d.reason
+    (saved,) = [x for x in json.loads(guard.report.to_json())["decisions"] if x["action"] == "keep"]
+    assert saved["reason"] == d.reason
+    assert html.escape(d.reason) in guard.report.to_html()
+    text = str(guard.report)
+    assert max(len(line) for line in text.splitlines()) <= 120, text
+    assert d.reason in " ".join(text.split()), text  # every word, in order, broken only at spaces
+    wide = guard.report.to_text(wide=True)
+    assert any(line.endswith(d.reason) for line in wide.splitlines()), wide

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from thunder_fusion_guard.tools.cli import main
-from thunder_fusion_guard.tools.report_cli import TargetError, load_target, make_workload
+from thunder_fusion_guard.tools.report_cli import MakeFailed, TargetError, load_target, make_workload
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -102,7 +102,6 @@ BAD_MAKES = {
     "model": ("def make():\n    return 5, (1,)\n", "returned an int as the model"),
     "args": ("import torch\ndef make():\n    return torch.sin, torch.ones(2)\n", "as args: it must be a tuple"),
     "kwargs": ("import torch\ndef make():\n    return torch.sin, (torch.ones(2),), [1]\n", "as kwargs: it must be"),
-    "broken": ("import no_such_module_for_tfg\n", "importing .* failed: ModuleNotFoundError"),
 }
 
 
@@ -115,6 +114,16 @@ def test_bad_make_exits_2(tmp_path, capsys, case):
     assert err.startswith("fusion-guard report: ")
     with pytest.raises(TargetError, match=message):
         make_workload(load_target(f"{target}:make"), "cpu")
+
+
+def test_a_target_whose_import_raises_exits_1(tmp_path, capsys):
+    """Importing TARGET's file runs the user's code: its failure is the work failing (exit 1 with the --traceback
+    hint), not a bad argument."""
+    target = _file(tmp_path, "import no_such_module_for_tfg\n", "bad_broken.py")
+    assert main(["report", f"{target}:make"]) == 1
+    assert capsys.readouterr().err.strip().endswith("(--traceback for the full traceback)")
+    with pytest.raises(MakeFailed, match=r"importing .* raised ModuleNotFoundError"):
+        load_target(f"{target}:make")
 
 
 @pytest.mark.parametrize(

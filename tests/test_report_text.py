@@ -145,7 +145,73 @@ def test_details_lists_every_key_the_package_reads_or_writes():
 def test_profile_title_counts_threads_in_words():
     from thunder_fusion_guard.examine.profile import RegionProfile
 
-    assert "of 10 calls of each region's own callable with its real inputs; 1 intra-op thread)" in str(
-        RegionProfile("f", "cpu", 10, [], threads=1)
-    )
-    assert "; 2 intra-op threads)" in str(RegionProfile("f", "cpu", 10, [], threads=2))
+    assert "of 10 calls of each region's own callable with its real inputs; 1 intra-op thread)" in RegionProfile(
+        "f", "cpu", 10, [], threads=1
+    ).to_text(wide=True)
+    assert "; 2 intra-op threads)" in " ".join(str(RegionProfile("f", "cpu", 10, [], threads=2)).split())
+
+
+LONG_REASON = (
+    "kept for exactness: ops ['cos', 'exp', 'log1p', 'reciprocal', 'rsqrt', 'sin', 'tanh'] could round differently "
+    "outside the fusion, op by op"
+)
+OPS = ["tanh", "mul", "expand", "sub", "to", "scatter_reduce_vjp", "transpose", "matmul"]
+
+
+@pytest.mark.parametrize("width", [60, 90, 120])
+def test_text_tables_fit_their_width_and_cut_nothing(width):
+    """A table wraps long cells at spaces to fit its width: every line fits, every word is there whole (the
+    free last column on lines of its own where its row leaves it too little room); without a width, a row is
+    one line, as before."""
+    rows = [
+        ["trace", "region", "ops", "reason"],
+        ["backward", "model.py:12 (TorchCompile2)", ", ".join(OPS), LONG_REASON],
+    ]
+    lines = text_table(rows, last_free=True, rule=True, width=width, wrap=(1, 2))
+    assert max(len(line) for line in lines) <= width, lines
+    words = " ".join(lines).split()
+    assert all(op in words or f"{op}," in words for op in OPS), lines  # no op name broken
+    assert LONG_REASON in " ".join(words), lines  # the reason whole, in order
+    assert "…" not in "".join(lines)
+    assert len(text_table(rows, last_free=True)) == 2
+
+
+def test_the_report_wraps_to_120_columns_and_wide_keeps_one_line_a_decision():
+    report = Report()
+    report.add(Decision("backward", "TorchCompile2", "torchcompile", OPS, "keep", LONG_REASON, function="layer"))
+    text, wide = str(report), report.to_text(wide=True)
+    assert max(len(line) for line in text.splitlines()) <= 120, text
+    assert LONG_REASON in " ".join(text.split()) and "…" not in LONG_REASON
+    (row,) = [line for line in wide.splitlines() if line.startswith("layer#0:backward")]
+    assert row.endswith(LONG_REASON) and len(row) > 120
+
+
+def test_split_reasons_shared_by_subgraphs_are_listed_once():
+    """ThunderFX gives every subgraph of a Dynamo graph the same split reasons: a report lists each once, and
+    the later subgraphs point at the one that lists them."""
+    split = "MISSING_OP_SUPPORT: node with name: out and target: scatter_reduce only has an automatic torch fallback"
+    report = Report()
+    for k in range(4):
+        report.add_subgraph(
+            Subgraph(f"subgraph {k}", ["mul"], name=f"dynamo graph 0, thunder_{k}", split_reasons=[split])
+        )
+        report.add(_decision(f"nvFusion{k}", subgraph=f"subgraph {k}"))
+    text, markdown = str(report), report.to_markdown()
+    assert " ".join(text.split()).count(split) == 1 and markdown.count(split) == 1
+    assert text.count("split: as subgraph 0 (dynamo graph 0, thunder_0)") == 3
+    assert markdown.count("- split: as subgraph 0 (dynamo graph 0, thunder_0)") == 3
+
+
+def test_decisions_are_named_by_the_users_line_and_ops_the_trace_name_kept():
+    """A decision's region is named for a reader by the user's line and its ops (``name``, in JSON too); the
+    tables show the line with the trace's name beside it (``region``, unchanged, for those who read traces)."""
+    d = Decision("forward", "t953", "torch", ["copy_with_setitem", "copy_"], "fold", "folded", details={"scope": "op"})
+    assert d.name == "t953: copy_with_setitem, copy_"  # no line known: the trace's name
+    d.details["source"] = "/home/user/project/model.py:12"
+    assert d.name == "model.py:12: copy_with_setitem, copy_"
+    saved = d.to_dict()
+    assert saved["name"] == d.name and saved["region"] == "t953" and saved["details"]["source"].endswith("model.py:12")
+    report = Report()
+    report.add(d)
+    assert "model.py:12 (t953)" in str(report) and "model.py:12 (t953)" in report.to_markdown()
+    assert 'title="/home/user/project/model.py:12">model.py:12 (t953)</td>' in report.to_html()

@@ -168,7 +168,7 @@ def test_collected_kernels_reach_decisions_and_the_table(monkeypatch):
     region_decisions = [d for d in guard.report.filter(compile_index=latest) if d.details.get("scope") != "op"]
     for d in region_decisions:
         assert ("kernels" in d.details) == (d.action == "keep"), d
-    header, *rest = explain(jitted).splitlines()
+    header, *rest = explain(jitted, wide=True).splitlines()  # a row a line
     assert "kernels" in header.split()
     assert any("2 segmented: pointwise+reduction" in line for line in rest)
     assert region_decisions[-1].to_dict()["details"]["kernel_names"][0].startswith("nvfuser_pointwise")

@@ -238,7 +238,7 @@ def test_profiling_runs_the_compiled_subgraphs_and_a_recompile_is_labelled():
     q, k, v = (t.detach().clone().requires_grad_() for t in (x * 2).unbind(0))
     subs[1].jitted(q, k, v)
     assert thunder.cache_misses(subs[1].jitted) == 2
-    text = explain(compiled)
+    text = explain(compiled, wide=True)  # the note on one line
     note = (
         "compiled 2 times (GraphModule#2, #3), each time for inputs the compilation before did not accept: "
         "#3 inputs sharing memory: 0,1,2 -> none; each compilation made the same decisions, listed for each"

@@ -104,8 +104,28 @@ class Decision:
         """True for a decision about a whole region, False for one about ops."""
         return self.details.get("scope") != "op"
 
+    @property
+    def at(self) -> str:
+        """Where the user wrote it: the file's name and line of ``details["source"]`` (``model.py:12``), or
+        ``region``, the name traces give it (``nvFusion0``, ``t953``), where no line is known."""
+        source = self.details.get("source")
+        return short_source(source) if source else self.region
+
+    @property
+    def name(self) -> str:
+        """The region or ops named for a reader: where the user wrote them and which ops, ``model.py:12: linear,
+        gelu`` (each op once); ``region`` keeps the name traces give it."""
+        ops = ", ".join(dict.fromkeys(self.ops))
+        return f"{self.at}: {ops}" if ops else self.at
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields, and ``name`` (:attr:`name`)."""
+        return {**asdict(self), "name": self.name}
+
+
+def short_source(source: str) -> str:
+    """``model.py:12`` of ``/path/to/model.py:12``: a source line's file name and line."""
+    return source.replace("\\", "/").rsplit("/", 1)[-1]
 
 
 @dataclass

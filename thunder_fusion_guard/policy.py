@@ -36,21 +36,12 @@ MEASURE_BAND = 3.0
 # the program: 'margin' holds.
 MEASURED_MARGIN_FLOOR = 0.05
 
-# A decision's reason is one line of at most this many characters (terminal tables show it); the whole story
-# goes into ``details["explanation"]``.
-REASON_LIMIT = 100
-
-
-def one_line(text: str, limit: int = REASON_LIMIT) -> str:
-    """``text`` on one line, cut to ``limit`` characters (ending in '…') where longer."""
-    return wording.one_line(text, limit)
-
 
 def explained(reason: str, explanation: str | None = None) -> tuple[str, dict[str, str]]:
-    """A short reason (:func:`one_line`) and the ``details`` holding the long ``explanation`` (default: ``reason``
-    itself, where it had to be cut); no details where the reason says it all."""
-    short = one_line(reason)
-    full = explanation if explanation is not None else reason
+    """A decision's reason, whole on one line (what decided it, first), and the ``details`` holding the longer
+    ``explanation`` where there is one that says more; never cut: tables wrap it (:mod:`.render.table`)."""
+    short = wording.whole_line(reason)
+    full = wording.whole_line(explanation) if explanation is not None else short
     return short, ({"explanation": full} if full != short else {})
 
 
@@ -157,11 +148,16 @@ def decide(
     measurable = alternative is not None or (near and exactness is None)
     if measured is not None and measurable:
         margin, narrowed = measured_margin(options.margin, measured, constants)
-        if exactness is not None:
+        timed = _by_numbers(measured.region_us, measured.eager_us, margin, "measured", est.eager_ops)
+        by_rule = exactness is not None and timed[0] == "reject"  # the rule, not the timing, keeps it
+        if by_rule:
             action, reason = "keep", f"{exactness}; measured {measured.region_us:.1f} µs fused"
             short = short_exactness
+        elif exactness is not None:  # the timing keeps it anyway: that is the reason
+            action, short = timed
+            reason = f"measured while compiling: {short}; {_also_inexact(inexact)}"
         else:
-            action, short = _by_numbers(measured.region_us, measured.eager_us, margin, "measured", est.eager_ops)
+            action, short = timed
             why = "near break-even" if near else "another executor could run it"
             reason = (
                 f"measured while compiling ({why}): {short}; the model estimated {est.region_us:.1f} µs "
@@ -172,10 +168,13 @@ def decide(
         switched = _switch(region.executor, action, measured, margin)
         if switched is not None:
             action, reason, short = "switch", f"{switched[1]}; {reason}", switched[0]
-        by = "exactness" if exactness is not None and switched is None else "measured"
+        by = "exactness" if by_rule and switched is None else "measured"
         short, told = explained(short, reason)
         details = {**details, "decided_by": by, **measured.as_record(), **told}
         return Verdict(action, short, record, details, False, alternative)
+    if exactness is not None and model[0] == "keep":  # the cost model keeps it: exactness did not decide
+        short, told = explained(f"cost model: {model[1]}", f"cost model: {model[1]}; {_also_inexact(inexact)}")
+        return Verdict("keep", short, record, {**details, **told}, measurable, alternative)
     if exactness is not None:
         short, told = explained(short_exactness, exactness)
         return Verdict("keep", short, record, {**details, "decided_by": "exactness", **told}, measurable, alternative)
@@ -221,6 +220,11 @@ def _switch(executor: str, action: str, measured: Measured, margin: float) -> tu
 def _verdict(action: str, reason: str, decided_by: str, explanation: str | None = None) -> Verdict:
     short, told = explained(reason, explanation)
     return Verdict(action, short, details={"decided_by": decided_by, **told})
+
+
+def _also_inexact(inexact: list[str]) -> str:
+    """What a kept region's inexact ops add when the numbers kept it: they would have kept it too."""
+    return f"exactness would keep it too: {exactness_reason(inexact)} (option 'exact_only')"
 
 
 def _by_numbers(region_us: float, eager_us: float, margin: float, how: str, eager_ops: int) -> tuple[str, str]:

@@ -20,10 +20,13 @@ from .render.table import (
     ops_text,
     plural,
     reason_text,
+    region_text,
     sections,
     subgraph_heading,
-    text_table,
+    table_blocks,
+    wrapped,
 )
+from .wording import WIDTH
 
 
 class Report:
@@ -136,21 +139,27 @@ class Report:
         return html_page(title, self.decisions, self.subgraphs, graphs=list(graphs), recompiles=self.recompiles)
 
     def __str__(self) -> str:
+        return self.to_text()
+
+    def to_text(self, wide: bool = False) -> str:
+        """The decision table (what ``str(report)`` gives): lines of at most 120 characters, a long reason wrapped
+        onto lines of its own, never cut; ``wide``: one line per decision, however long."""
         notice = self.notice()
         if not self.decisions and not self.subgraphs:
             return notice or format_table([])
-        text = format_table(self.decisions, self.subgraphs, self.recompiles)
+        width = None if wide else WIDTH
+        text = format_table(self.decisions, self.subgraphs, self.recompiles, wide=wide)
         m = self.measuring
         if m.get("timed") or m.get("from_cache"):
             text += (
                 f"\nmeasured near break-even: {plural(m['timed'], 'region')} timed in {m['seconds']:.2f} s, "
                 f"{m['from_cache']} from the cache"
             )
-        for c in self.calibrations:
-            text += f"\ncalibration of {c['executor']} on {c['device']}: {c['result']}"
-        text += "".join(f"\nbackend of {backend_choice_line(c)}" for c in self.backend_choices)
-        text += "".join(f"\nwarning: {w}" for w in self.warnings)
-        return text if notice is None else f"{text}\n{notice}"
+        lines = [f"calibration of {c['executor']} on {c['device']}: {c['result']}" for c in self.calibrations]
+        lines += [f"backend of {backend_choice_line(c)}" for c in self.backend_choices]
+        lines += [f"warning: {w}" for w in self.warnings]
+        lines += [notice] if notice is not None else []
+        return "\n".join([text, *(part for line in lines for part in wrapped(line, width, "  "))])
 
     def __repr__(self) -> str:
         return f"Report({self.counts()})"
@@ -172,7 +181,13 @@ def _row(d: Decision, with_kernels: bool, grouped: bool) -> tuple[str, ...]:
     if d.function:
         where = f"{d.function}#{d.compile_index}:{where}"
     kernels = (kernels_text(d.details),) if with_kernels else ()
-    return (where, d.region, d.executor, ops_text(d.ops), *kernels, action_text(d), estimate_text(d), reason_text(d))
+    cells = (where, region_text(d), d.executor, ops_text(d.ops), *kernels, action_text(d), estimate_text(d))
+    return (*cells, reason_text(d))
+
+
+# The columns of the text table that may wrap to fit its width: trace, region, ops, kernels (or the action: one
+# word), estimates (by index from the end: a kernels column may come before them); the reason always may.
+_WRAPPED = (0, 1, 3, 4, -2)
 
 
 def _rank_of(decisions: list[Decision]) -> int | None:
@@ -193,33 +208,41 @@ def format_table(
     decisions: list[Decision],
     subgraphs: dict[str, Subgraph] | None = None,
     recompiles: dict[str, list[str]] | None = None,
+    wide: bool = False,
 ) -> str:
     """A fixed-width table, one row per decision; under ThunderFX a heading per subgraph with its ops (the
     groups of :func:`~.render.table.sections`). A program Thunder compiled more than once gets a line saying so.
 
-    A ``kernels`` column (count and nvFuser schedulers) appears once kernel details were collected.
+    A ``kernels`` column (count and nvFuser schedulers) appears once kernel details were collected. Lines fit
+    120 characters, long cells wrapped at spaces onto lines of their own, nothing cut; ``wide``: one line each.
     """
     subgraphs = subgraphs or {}
     if not decisions and not subgraphs:
         return "FusionGuard: no fusion regions seen yet (call the jitted function first)."
+    width = None if wide else WIDTH
     with_kernels = any("kernels" in d.details for d in decisions)
     grouped = bool(subgraphs)
-    table = text_table(
-        [_header(with_kernels), *(_row(d, with_kernels, grouped) for d in decisions)], last_free=True, rule=True
-    )
-    line_of = {id(d): line for d, line in zip(decisions, table[2:], strict=True)}
-    lines = table[:2]
+    rows = [_header(with_kernels), *(_row(d, with_kernels, grouped) for d in decisions)]
+    blocks = table_blocks(rows, last_free=True, width=width, wrap=_WRAPPED)
+    rule = "-" * min(width or 160, max(len(line) for block in blocks for line in block))
+    block_of = {id(d): block for d, block in zip(decisions, blocks[1:], strict=True)}
+    lines = [*blocks[0], rule]
     rank = _rank_of(decisions)
     if rank is not None:
         lines.insert(0, f"FusionGuard report (rank {rank})")
+
+    def text(line: str) -> list[str]:
+        return wrapped(line, width, "  ")
+
     for section in sections(decisions, subgraphs, recompiles):
+        rows_of = [line for d in section.decisions for line in block_of[id(d)]]
         if section.title is None:
-            lines += [line_of[id(d)] for d in section.decisions] + section.notes
+            lines += rows_of + [part for note in section.notes for part in text(note)]
             continue
-        lines.append(subgraph_heading(section.subgraph) if section.subgraph else f"{section.title}:")
-        lines += [f"  split: {reason}" for reason in section.split_reasons]
-        lines += [f"  {note}" for note in section.notes]
-        lines += [line_of[id(d)] for d in section.decisions] or ["  (no fusion region)"]
+        lines += text(subgraph_heading(section.subgraph) if section.subgraph else f"{section.title}:")
+        lines += [part for split in section.split_lines for part in text(f"  {split}")]
+        lines += [part for note in section.notes for part in text(f"  {note}")]
+        lines += rows_of or ["  (no fusion region)"]
     lines.append(_summary(decisions, subgraphs))
     return "\n".join(lines)
 
@@ -230,7 +253,7 @@ def _markdown_section(section: Section, with_kernels: bool, grouped: bool) -> li
         lines += [f"## {md_cell(section.title)}", ""]
         if section.subgraph is not None:
             lines += [f"ops ({len(section.subgraph.ops)}): {md_cell(', '.join(section.subgraph.ops))}", ""]
-        lines += [f"- split: {md_cell(reason)}" for reason in section.split_reasons]
+        lines += [f"- {md_cell(split)}" for split in section.split_lines]
     lines += [f"- {md_cell(note)}" for note in section.notes] + ([""] if section.notes else [])
     if not section.decisions:
         return [*lines, "no fusion region", ""]

@@ -49,3 +49,18 @@ def _bare(error: BaseException) -> str:
     frame, line = frames[-1]
     where = "/".join(frame.f_code.co_filename.replace("\\", "/").split("/")[-3:])
     return f"{type(error).__name__} (no message) at {where}:{line} in {frame.f_code.co_name}"
+
+
+# The width of every text table and wrapped line a terminal shows, unless asked for wide output.
+WIDTH = 120
+
+
+def whole_line(text: str) -> str:
+    """``text`` on one line and whole: its whitespace runs (newlines too) made single spaces, nothing cut."""
+    return " ".join(text.split())
+
+
+def lines_of(text: str, chars: int | None, indent: str = "") -> list[str]:
+    """``text`` on one line where it fits in ``chars`` (None: always), else :func:`wrap`'s lines."""
+    flat = whole_line(text)
+    return [flat] if chars is None or len(flat) <= chars else wrap(flat, chars, indent)

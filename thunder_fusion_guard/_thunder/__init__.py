@@ -44,3 +44,5 @@ __all__ = [
 
 # Thunder has loaded its executors by now: fix a broken Thunder/nvFuser pair before anything compiles.
 ensure_nvfuser_compat()
+# Each op traced from now on remembers the user's frame beside Thunder's innermost one (source lines).
+traces.record_user_frames()

@@ -4,9 +4,11 @@ recording the arguments of the fusion calls of a run."""
 from __future__ import annotations
 
 import itertools
+import linecache
 import operator
 import re
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,14 +22,16 @@ from thunder.core.trace import TraceCtx
 from .compiling import _THUNDERFX_OPTION, function_name
 from .executors import executor_names
 from .lowering import GUARD_PROVENANCE, new_trace_like
-from .traces import is_fusion
+from .traces import is_fusion, source_line, stack_trace_source
 
 __all__ = [
+    "FailedRegion",
     "FxSplitOp",
     "FxSubgraph",
     "call_targets",
     "compiled_module",
     "executors_of",
+    "failed_region",
     "fx_module_source",
     "fx_output_examples",
     "instrumenting_program",
@@ -130,6 +134,62 @@ def _before_guard(traces: list[TraceCtx]) -> TraceCtx | None:
         if provenance is not None and str(getattr(provenance, "pss", "")).startswith(GUARD_PROVENANCE):
             return traces[i - 1]
     return traces[-1] if traces else None
+
+
+@dataclass(frozen=True)
+class FailedRegion:
+    """The fusion region whose call raised an error: the trace it is in (``forward`` or ``backward``), its name
+    there, its ops, the user's source line, and its ops that are (or are the gradients of) torch ops Thunder only
+    registered automatically, as (op, the torch op, its source line)."""
+
+    trace: str
+    name: str
+    ops: list[str]
+    source: str | None
+    fallbacks: list[tuple[str, str, str | None]]
+
+
+_CALLED = re.compile(r"([A-Za-z_]\w*)\(")
+
+
+def failed_region(obj: Any, error: BaseException) -> FailedRegion | None:
+    """The fusion region of a program of ``obj`` (a ``thunder.jit`` function or a ThunderFX object) whose call
+    raised ``error``: read from the innermost frame of ``error``'s traceback that runs one of Thunder's programs,
+    the line it ran and the program's last traces. None where the error came from elsewhere (Thunder's
+    interpreter, the user's code)."""
+    frames = [frame for frame, _ in traceback.walk_tb(error.__traceback__)]
+    programs = [sub.jitted for sub in thunderfx_subgraphs(obj)] if is_thunderfx(obj) else [obj]
+    for frame in reversed(frames):
+        filename = frame.f_code.co_filename
+        if not filename.startswith("thunder."):
+            continue
+        kind = "backward" if "backward" in frame.f_code.co_name else "forward"
+        called = _CALLED.findall(linecache.getline(filename, frame.f_lineno))
+        for jitted in programs:
+            trace = last_traces(jitted)[kind == "backward"]
+            fusions = {b.sym.name: b for b in (trace.bound_symbols if trace is not None else ()) if is_fusion(b)}
+            found = next((fusions[name] for name in called if name in fusions), None)
+            if found is not None:
+                return _failed(jitted, kind, found)
+    return None
+
+
+def _failed(jitted: Any, kind: str, fusion: BoundSymbol) -> FailedRegion:
+    try:
+        auto = {name.rsplit(".", 1)[-1]: name for name in thunder.get_auto_registered_torch_op_names(jitted) or ()}
+    except Exception:  # not known for this program
+        auto = {}
+    forward = last_traces(jitted)[0]
+    made = [b for top in (forward.bound_symbols if forward is not None else ()) for b in (top, *top.subsymbols)]
+    fallbacks = []
+    for op in fusion.subsymbols:
+        base = op.sym.name.removesuffix("_vjp")
+        torch_op = auto.get(base)
+        if torch_op is not None:  # a gradient's line is its forward op's
+            line = source_line(op) or next((source_line(b) for b in made if b.sym.name == base), None)
+            fallbacks.append((op.sym.name, torch_op, line))
+    ops = [op.sym.name for op in fusion.subsymbols]
+    return FailedRegion(kind, fusion.sym.name, ops, source_line(*fusion.subsymbols), fallbacks)
 
 
 def thunderfx_transforms(obj: Any) -> list[Any]:
@@ -235,14 +295,9 @@ def _target_name(node: Any) -> str:
     return f"{module}.{name}" if module and module not in ("builtins", "_operator") else name
 
 
-_STACK_LINE = re.compile(r'File "([^"]+)", line (\d+)')
-
-
 def _node_source(node: Any) -> str | None:
-    """``file:line`` of the innermost user frame Dynamo recorded for ``node``."""
-    trace = (node.meta.get("stack_trace") or "") if node is not None else ""
-    found = _STACK_LINE.findall(trace)
-    return f"{found[-1][0]}:{found[-1][1]}" if found else None
+    """``file:line`` of the user's frame (outside torch, Thunder, this package) Dynamo recorded for ``node``."""
+    return stack_trace_source(node.meta.get("stack_trace")) if node is not None else None
 
 
 def _node_bytes(node: Any) -> int | None:

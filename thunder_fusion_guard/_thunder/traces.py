@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import dis
+import functools
+import itertools
+import os
+import re
+import sysconfig
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import thunder
 import thunder.core.devices as devices
 import thunder.core.dtypes as dtypes
 import torch
@@ -37,6 +44,7 @@ __all__ = [
     "is_comment_or_del",
     "is_distributed_prim",
     "is_fusion",
+    "is_library_file",
     "is_number_like",
     "is_plumbing",
     "is_prim",
@@ -48,10 +56,13 @@ __all__ = [
     "op_name",
     "op_names_deep",
     "proxy_device",
+    "record_user_frames",
     "reinterpreted_itemsizes",
     "returned_names",
     "returned_proxies",
+    "source_finder",
     "source_line",
+    "stack_trace_source",
     "subsymbols",
     "tag_names",
     "tensor_nbytes",
@@ -60,6 +71,7 @@ __all__ = [
     "tensor_text",
     "torch_dtype",
     "trace_inputs",
+    "user_frame",
 ]
 
 
@@ -327,13 +339,133 @@ def canonical_ops(bsyms: Sequence[BoundSymbol]) -> str:
 
 
 def source_line(*bsyms: BoundSymbol) -> str | None:
-    """``file:line`` of the first of ``bsyms`` (or of their subsymbols, breadth first) that knows its source."""
+    """``file:line`` of the user's frame that made the first of ``bsyms`` (or of their subsymbols, breadth first)
+    that knows its source: the first frame outside torch, Thunder, this package and Python's own library
+    (:func:`record_user_frames`), else the innermost frame Thunder recorded."""
     for bsym in bsyms:
         stack = [bsym]
         while stack:
             b = stack.pop(0)
             positions = getattr(b, "source_positions", None)
             if getattr(b, "source_filename", None) and positions is not None and positions.lineno is not None:
-                return f"{b.source_filename}:{positions.lineno}"
+                return getattr(positions, "user", None) or f"{b.source_filename}:{positions.lineno}"
             stack.extend(b.subsymbols)
     return None
+
+
+def source_finder(trace: TraceCtx) -> Callable[[Iterable[str]], str | None]:
+    """A function of names giving :func:`source_line` of the first that names a fusion region of ``trace`` or a
+    value one of its ops (or an op in one of its regions) makes; None where none is known."""
+    made: dict[str, BoundSymbol] = {}
+    for bsym in trace.bound_symbols:
+        if is_fusion(bsym):
+            made.setdefault(bsym.sym.name, bsym)
+        for b in (bsym, *bsym.subsymbols):
+            for out in b.flat_outs:
+                if isinstance(out, Proxy):
+                    made.setdefault(out.name, b)
+
+    def source_of(names: Iterable[str]) -> str | None:
+        for name in names:
+            line = source_line(made[name]) if name in made else None
+            if line:
+                return line
+        return None
+
+    return source_of
+
+
+# torch's, Thunder's and this package's folders; Python's own library (the packages installed in it aside)
+_LIBRARIES = tuple(
+    os.path.dirname(os.path.abspath(path)) + os.sep
+    for path in (torch.__file__, thunder.__file__, os.path.dirname(__file__))  # this package: _thunder's parent
+)
+_STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+_GENERATED = ("<eval_with_key>", "thunder.")  # torch.fx's and Thunder's generated programs
+_STACK_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+@functools.lru_cache(maxsize=4096)
+def is_library_file(filename: str) -> bool:
+    """True for a file of torch, Thunder, this package or Python's own library, or a program torch.fx or Thunder
+    generated: no frame a user wrote."""
+    path = os.path.abspath(filename)
+    if filename.startswith(_GENERATED) or path.startswith(_LIBRARIES):
+        return True
+    return path.startswith(_STDLIB) and not {"site-packages", "dist-packages"} & set(path.split(os.sep))
+
+
+def user_frame(frames: Iterable[tuple[str, int]]) -> str | None:
+    """``file:line`` of the first of ``frames`` ((file, line), innermost first) outside the libraries of
+    :func:`is_library_file`; None where all are inside."""
+    return next((f"{file}:{line}" for file, line in frames if not is_library_file(file)), None)
+
+
+def stack_trace_source(text: str | None) -> str | None:
+    """The user's frame (:func:`user_frame`) of a formatted stack (a torch.fx node's ``stack_trace``, outermost
+    first)."""
+    return user_frame(reversed(_STACK_FRAME.findall(text or "")))
+
+
+class _Located(dis.Positions):
+    """Thunder's position of an op in its innermost frame, and ``user``: the user's frame that led there."""
+
+    user: str | None = None
+
+
+def record_user_frames() -> None:
+    """Make each op Thunder traces remember the user's frame that led to it (the first outside torch, Thunder,
+    this package and Python's library; under ThunderFX the one torch.fx recorded for its node), beside the
+    innermost frame Thunder records and prints (``torch/nn/modules/linear.py`` for an ``nn.Linear``): read by
+    :func:`source_line`. Applied once per process; what Thunder records and prints is unchanged."""
+    from thunder.core.interpreter import InterpreterRuntimeCtx
+
+    original = InterpreterRuntimeCtx.get_current_user_source_location
+    if getattr(original, "_fusion_guard", False):
+        return
+
+    def located(self: Any) -> Any:
+        filename, positions = original(self)
+        if filename is None or positions is None or not is_library_file(filename):
+            return filename, positions
+        try:
+            user = _user_frame_of(self.frame_stack)
+        except Exception:  # a frame this reading does not know: Thunder's own position stays
+            user = None
+        if user is None:
+            return filename, positions
+        marked = _Located(*positions)
+        marked.user = user
+        return filename, marked
+
+    located._fusion_guard = True  # type: ignore[attr-defined]
+    located.__wrapped__ = original  # type: ignore[attr-defined]
+    InterpreterRuntimeCtx.get_current_user_source_location = located
+
+
+def _user_frame_of(frames: Sequence[Any]) -> str | None:
+    """The user's frame among the interpreter's ``frames`` (outermost first); in a torch.fx program, the frame
+    torch.fx recorded for the node of the line running."""
+    for frame in reversed(frames):
+        filename, positions = frame.code.co_filename, frame.positions
+        if positions is None or positions.lineno is None:
+            continue
+        if filename.startswith("<eval_with_key>"):
+            found = _fx_node_source(frame, positions.lineno)
+            if found:
+                return found
+        elif not is_library_file(filename):
+            return f"{filename}:{positions.lineno}"
+    return None
+
+
+def _fx_node_source(frame: Any, lineno: int) -> str | None:
+    """The user's frame of the torch.fx node whose generated line ``lineno`` the ``forward`` frame runs."""
+    module = frame.localsplus[0] if frame.localsplus else None
+    module = getattr(module, "value", module)  # the interpreter's wrapped value
+    index = (getattr(module, "_lineno_map", None) or {}).get(lineno - frame.code.co_firstlineno)  # body lines
+    graph = getattr(module, "graph", None)
+    if index is None or graph is None:
+        return None
+    node = next(itertools.islice(graph.nodes, index, None), None)
+    return stack_trace_source(node.meta.get("stack_trace")) if node is not None else None

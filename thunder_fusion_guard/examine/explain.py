@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _thunder as th
+from ..render.table import wrapped
 from ..report import Report
 from ..transform import guards_of
+from ..wording import WIDTH
 from .why import why_not_fused
 
 
@@ -54,12 +56,14 @@ def name_subgraphs(obj: Any, guards: list[Any]) -> None:
                 entry.recompiles = th.recompile_reasons(sub.jitted)
 
 
-def explain(obj: Any) -> str:
+def explain(obj: Any, wide: bool = False) -> str:
     """The decision table of the guard(s) attached to a function jitted with FusionGuard or a ThunderFX object,
-    and a line counting why ops sit outside fusions (``why_not_fused(obj)`` has the rows)."""
-    text = str(report_of(obj))
+    and a line counting why ops sit outside fusions (``why_not_fused(obj)`` has the rows); lines fit 120
+    columns, long text wrapped (``wide``: one line a row, however long)."""
+    text = report_of(obj).to_text(wide=wide)
     try:
         why = why_not_fused(obj)
     except Exception:  # nothing run yet, or not a Thunder program: the decision table says so
         return text
-    return f"{text}\nwhy not fused: {why.summary()} (why_not_fused() for the rows)"
+    line = f"why not fused: {why.summary()} (why_not_fused() for the rows)"
+    return "\n".join([text, *wrapped(line, None if wide else WIDTH, "  ")])

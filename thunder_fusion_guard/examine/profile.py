@@ -21,14 +21,24 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from .. import _thunder as th
-from ..decisions import Decision, Subgraph
+from ..decisions import Decision, Subgraph, short_source
 from ..distributed import current_rank
 from ..measure.timing import time_us, uses_cuda
 from ..ops import is_communication
 from ..passes.rewrite import lower_region
 from ..render import HOST_LEGEND_CPU, HOST_LEGEND_CUDA, html_page
-from ..render.table import kernels_text, ops_text, percent_text, plural, spread_text, text_table
+from ..render.table import (
+    kernels_text,
+    ops_text,
+    percent_text,
+    plural,
+    region_text,
+    spread_text,
+    text_table,
+    wrapped,
+)
 from ..transform import guards_of
+from ..wording import WIDTH
 from .bandwidth import Peak, gbps, peak_bandwidth
 from .calls import ProgramCalls, RegionCall, program_calls
 from .dataflow import GraphPair, graphs_to_dot, trace_graphs
@@ -81,6 +91,7 @@ class RegionRow:
     eager_spread_us: tuple[float, float] | None = None
     decided_by: str | None = None
     disagreement: str | None = None
+    source: str | None = None  # the user's source line of the region (its decision's ``details["source"]``)
 
     @property
     def excess_us(self) -> float | None:
@@ -146,6 +157,11 @@ class RegionProfile:
     def __str__(self) -> str:
         return format_profile(self)
 
+    def to_text(self, wide: bool = False) -> str:
+        """The profile table (what ``str(profile)`` gives): lines of at most 120 characters, long cells wrapped
+        at spaces, never cut; ``wide``: one line per region, however long."""
+        return format_profile(self, wide=wide)
+
     def plot(self, path: str | Path) -> Path:
         """Save a PNG bar chart of each region's excess time (needs matplotlib: the ``plot`` extra)."""
         try:
@@ -203,7 +219,7 @@ def profile_regions(jitted: Any, *args: Any, reps: int = 100, warmup: int = 10, 
             if call.decision is not None:
                 d = call.decision
                 row.action, row.reason, row.estimates = d.action, d.reason, dict(d.estimates)
-                row.decided_by = d.details.get("decided_by")
+                row.decided_by, row.source = d.details.get("decided_by"), d.details.get("source")
                 row.disagreement = disagreement(row, d, program.decisions)
             _bandwidth(row, peak)
             rows.append(row)
@@ -410,8 +426,10 @@ def _fmt(value: float | int | None, digits: int = 1) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
-def format_profile(profile: RegionProfile) -> str:
-    """A fixed-width table, one row per region, then the guard's decisions for regions no longer there."""
+def format_profile(profile: RegionProfile, wide: bool = False) -> str:
+    """A fixed-width table, one row per region, then the guard's decisions for regions no longer there; lines
+    of at most 120 characters, long cells wrapped at spaces, never cut (``wide``: one line each)."""
+    width = None if wide else WIDTH
     cuda = profile.device == "cuda"
     threads = "" if profile.threads is None else f"; {plural(profile.threads, 'intra-op thread')}"
     on = profile.device if profile.rank is None else f"{profile.device}, rank {profile.rank}"
@@ -420,18 +438,20 @@ def format_profile(profile: RegionProfile) -> str:
         f"quartile) of {profile.reps} calls of each region's own callable with its real inputs{threads})"
     )
     if not profile.rows and any(d.about_region for d in profile.decisions):
-        lines = [title, "no fusion region left in the final traces"]
+        lines = [*wrapped(title, width, "  "), "no fusion region left in the final traces"]
     elif not profile.rows:
-        lines = [title, f"no fusion region in the final traces: {th.no_region_hint(profile.executors)}"]
+        lines = [*wrapped(title, width, "  ")]
+        lines += wrapped(f"no fusion region in the final traces: {th.no_region_hint(profile.executors)}", width, "  ")
     else:
         header = ["trace", "region", "executor", "ops", "in KiB", "out KiB", "host", "eager"]
         header += ["device", "GB/s", "% peak", "kernels", "overhead"] if cuda else ["host-eager"]
-        notes = any(r.disagreement for r in profile.rows)
+        notes = wide and any(r.disagreement for r in profile.rows)  # else after the reason
         header += ["action", *(["why kept though slower here"] if notes else []), "reason"]
         table = [header]
         for r in profile.rows:
             where = r.trace if r.subgraph is None else f"{r.subgraph}/{r.trace}"
-            cells = [where, r.region, r.executor, f"{r.n_ops}: {ops_text(r.ops, 32)}"]
+            region = f"{short_source(r.source)} ({r.region})" if r.source else r.region
+            cells = [where, region, r.executor, f"{r.n_ops}: {ops_text(r.ops, 32)}"]
             cells += [_kib(r.input_bytes), _kib(r.output_bytes)]
             cells += [_spread(r.host_us, r.host_spread_us), _spread(r.eager_us, r.eager_spread_us)]
             bandwidth = [_fmt(r.gbps), percent_text(r.peak_fraction, "-")]
@@ -439,14 +459,20 @@ def format_profile(profile: RegionProfile) -> str:
             reason = r.reason or ""
             if r.error:
                 reason = f"{reason} [{r.error}]".strip()
+            if r.disagreement and not notes:
+                reason += f"; why kept though slower here: {r.disagreement}"
             table.append([*cells, r.action or "-", *([r.disagreement or ""] if notes else []), reason])
-        lines = [title, *text_table(table)]
-        lines.append(HOST_LEGEND_CUDA if cuda else HOST_LEGEND_CPU)
+        # trace, region, executor, ops, host, eager and (CUDA) kernels may wrap; the reason always may
+        narrow = (0, 1, 2, 3, 6, 7, 11) if cuda else (0, 1, 2, 3, 6, 7)
+        lines = wrapped(title, width, "  ") + text_table(table, last_free=True, width=width, wrap=narrow)
+        lines += wrapped(HOST_LEGEND_CUDA if cuda else HOST_LEGEND_CPU, width, "  ")
         if cuda:
             peak = "unknown" if profile.peak is None else f"{profile.peak.gbps:.0f} GB/s ({profile.peak.source})"
-            lines.append(
+            lines += wrapped(
                 f"GB/s: input + output bytes over device time; peak memory bandwidth {peak}; above 100%: the "
-                "region reads less than its whole inputs (an embedding table, a gather)"
+                "region reads less than its whole inputs (an embedding table, a gather)",
+                width,
+                "  ",
             )
     present = {(r.subgraph, r.trace, r.region) for r in profile.rows}
     gone = [d for d in profile.decisions if d.about_region and (d.subgraph, d.trace, d.region) not in present]
@@ -454,7 +480,8 @@ def format_profile(profile: RegionProfile) -> str:
         lines.append("guard decisions for regions no longer in the traces:")
         for d in gone:
             where = d.trace if d.subgraph is None else f"{d.subgraph}/{d.trace}"
-            lines.append(f"  {where} {d.region} ({', '.join(d.ops)}): {d.action}: {d.reason}")
+            line = f"  {where} {region_text(d)} ({', '.join(d.ops)}): {d.action}: {d.reason}"
+            lines += wrapped(line, width, "  ")
     return "\n".join(lines)
 
 

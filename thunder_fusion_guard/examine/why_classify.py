@@ -263,7 +263,7 @@ def outside_thunder_row(op: th.FxSplitOp) -> WhyRow:
         op=op.target,
         source=op.source,
         kind=WhyKind.OUTSIDE_THUNDER,
-        reason=fit(reason, 100),
+        reason=reason,
         established_by=f"thunder.dynamo splitter ({op.kind})",
         bytes=op.nbytes,
         try_=outside_thunder_fix(op.target),

@@ -119,7 +119,12 @@ class WhyReport:
         return {"summary": self.summary(), "regions": self.regions, "rows": [r.to_dict() for r in self.ranked()]}
 
     def __str__(self) -> str:
-        return why_text(self.summary(), self.ranked())
+        return self.to_text()
+
+    def to_text(self, wide: bool = False) -> str:
+        """The summary and the ranked table, fitting 120 columns, long text wrapped, never cut (``wide``: a row a
+        line)."""
+        return why_text(self.summary(), self.ranked(), wide)
 
     def to_html(self) -> str:
         """An HTML ``<section>`` with the summary and the ranked table (all text escaped)."""

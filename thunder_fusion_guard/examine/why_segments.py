@@ -16,7 +16,6 @@ from .. import _thunder as th
 from .._thunder import partition as pt
 from ..render.table import plural
 from ..render.text import human_bytes
-from ..wording import fit
 from .why_rows import NO_FIX, WhyKind, WhyRow, not_analysed
 
 __all__ = ["SegmentEdge", "kernel_rows", "segmented_groups", "segmented_rows"]
@@ -97,7 +96,7 @@ def segmented_rows(
         f", {human_bytes(crossing)} written and read back" if crossing else ""
     )
     first = next(iter(verdicts.items()), None)
-    why = f"; {first[0]}: {fit(first[1], 60)}" if first else ""
+    why = f"; {first[0]}: {first[1]}" if first else ""
     detail = "; ".join(
         [f"segments in nvFuser's order: {', '.join(schedulers)}"]
         + [f"edge {e.tensor}: {human_bytes(e.bytes)}" for e in edges]

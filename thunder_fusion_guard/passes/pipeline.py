@@ -143,12 +143,26 @@ def guard_trace(
         if step.enabled(options):
             new_trace, made = run_pass(step, new_trace, context)
             context = replace(context, decided=_merged(context.decided, made))
+    source_of = th.source_finder(trace)
     for d in context.decided:
+        _locate(d, source_of)
         report.add(d)
     if options.report_only or new_trace is trace:
         return trace
     th.set_provenance(new_trace, f"FusionGuard ({_summary(list(context.decided))})")
     return new_trace
+
+
+def _locate(d: Decision, source_of: Callable[[list[str]], str | None]) -> None:
+    """Give ``d`` the user's source line (``details["source"]``) of the region or values it is about, where
+    known: what names it for a reader (:attr:`Decision.name`)."""
+    if "source" in d.details:
+        return
+    names = [d.region, d.details.get("output"), d.details.get("into"), *(d.details.get("outputs") or [])]
+    names += [*(d.details.get("regions") or []), *(d.details.get("split") or [])]  # a hoisted piece's regions
+    source = source_of([n for n in names if n])
+    if source:
+        d.details["source"] = source
 
 
 def _merged(decided: tuple[Decision, ...], made: list[Decision]) -> tuple[Decision, ...]:

@@ -8,7 +8,17 @@ from typing import Any
 
 from ..decisions import ACTIONS, Decision, Subgraph
 from .svg import graph_svg
-from .table import Section, action_text, estimate_text, explanation_text, kernels_text, plural, reason_text, sections
+from .table import (
+    Section,
+    action_text,
+    estimate_text,
+    explanation_text,
+    kernels_text,
+    plural,
+    reason_text,
+    region_text,
+    sections,
+)
 from .text import ACTION_STYLE, HOST_LEGEND_CPU, HOST_LEGEND_CUDA, MINUS, attr, human_bytes, ops_summary, totals_text
 
 _CSS = """
@@ -148,6 +158,14 @@ def _reason_cell(d: Decision) -> str:
     )
 
 
+def _region_cell(d: Decision) -> str:
+    """Where the user wrote the region and its name in the traces; hovering shows the whole source path."""
+    source = d.details.get("source")
+    if not source:
+        return _cell(region_text(d))
+    return f'<td data-v="{attr(region_text(d))}" title="{attr(source)}">{attr(region_text(d))}</td>'
+
+
 def _decision_table(groups: Sequence[Section], subgraphs: dict[str, Subgraph]) -> str:
     decisions = [d for group in groups for d in group.decisions]
     with_kernels = any("kernels" in d.details for d in decisions)
@@ -158,7 +176,7 @@ def _decision_table(groups: Sequence[Section], subgraphs: dict[str, Subgraph]) -
         where = _where(d.subgraph, d.trace, subgraphs)
         if d.function:
             where = f"{d.function}#{d.compile_index}: {where}"
-        cells = [_cell(where), _cell(d.region), _cell(d.executor), _cell(ops_summary(d.ops), len(d.ops), "ops")]
+        cells = [_cell(where), _region_cell(d), _cell(d.executor), _cell(ops_summary(d.ops), len(d.ops), "ops")]
         if with_kernels:
             cells.append(_cell(kernels_text(d.details)))
         cells += [
@@ -250,6 +268,7 @@ def _pictures(pairs: Sequence[Any], subgraphs: dict[str, Subgraph], groups: Sequ
     forward and backward, before and after the guard (one picture where the guard changed nothing)."""
     parts = [_legend()]
     notes = {id(group.subgraph): group.notes for group in groups if group.subgraph is not None}
+    splits = {id(group.subgraph): group.split_lines for group in groups if group.subgraph is not None}
     programs: dict[str | None, list[Any]] = {}
     for p in pairs:
         programs.setdefault(p.subgraph, []).append(p)
@@ -258,7 +277,7 @@ def _pictures(pairs: Sequence[Any], subgraphs: dict[str, Subgraph], groups: Sequ
         sub = subgraphs.get(subgraph) if subgraph else None
         if sub is not None:
             parts.append(f"<p class='meta'>fx ops: {attr(', '.join(sub.ops))}</p>")
-            parts += [f"<p class='meta'>split: {attr(r)}</p>" for r in sub.split_reasons]
+            parts += [f"<p class='meta'>{attr(split)}</p>" for split in splits.get(id(sub), [])]
             parts += [f"<p class='meta'>{attr(note)}</p>" for note in notes.get(id(sub), [])]
         parts.append('<div class="pair">')
         for p in mine:

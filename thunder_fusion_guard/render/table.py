@@ -2,14 +2,17 @@
 table lines, counts in words, ops as counted groups, and the decisions grouped by ThunderFX subgraph
 (:func:`sections`), so the text table, the Markdown and the HTML page cannot group them differently.
 
-Reads decisions and subgraphs by attribute; imports nothing of the package but :mod:`..decisions`'s types.
+Reads decisions and subgraphs by attribute; imports nothing of the package but :mod:`..decisions`'s types and
+:mod:`..wording` (which breaks the lines).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from .. import wording
 
 if TYPE_CHECKING:
     from ..decisions import Decision, Details, Subgraph
@@ -23,19 +26,86 @@ def plural(n: int, word: str, words: str | None = None) -> str:
     return f"{n} {word if n == 1 else words or word + 's'}"
 
 
-def text_table(rows: Sequence[Sequence[str]], *, last_free: bool = False, rule: bool = False) -> list[str]:
+def text_table(
+    rows: Sequence[Sequence[str]],
+    *,
+    last_free: bool = False,
+    rule: bool = False,
+    width: int | None = None,
+    wrap: Collection[int] = (),
+) -> list[str]:
     """Rows of cells as fixed-width lines, columns two spaces apart, trailing blanks cut. ``last_free``: the
     last column (a long reason) is not padded nor counted in the widths; ``rule``: a line of dashes under
-    the first row (the header)."""
-    padded = len(rows[0]) - 1 if last_free else len(rows[0])
-    widths = [max(len(str(r[i])) for r in rows) for i in range(padded)]
-    lines = [
-        "  ".join([*(str(c).ljust(w) for c, w in zip(r[:padded], widths, strict=True)), *map(str, r[padded:])]).rstrip()
-        for r in rows
-    ]
+    the first row (the header). ``width``: every line fits in it, nothing cut (see :func:`table_blocks`)."""
+    blocks, widths = _layout(rows, last_free, width, wrap)
+    lines = [line for block in blocks for line in block]
     if rule:
-        lines.insert(1, "-" * min(160, sum(widths) + 2 * len(widths) + 20))
+        lines.insert(len(blocks[0]), "-" * min(160 if width is None else width, sum(widths) + 2 * len(widths) + 20))
     return lines
+
+
+# A wrapped column is never narrowed below this; a free last column with less room than a third of the width
+# goes on the lines below its row, indented by INDENT.
+MIN_COLUMN = 8
+INDENT = "    "
+
+
+def table_blocks(
+    rows: Sequence[Sequence[str]], *, last_free: bool = False, width: int | None = None, wrap: Collection[int] = ()
+) -> list[list[str]]:
+    """The lines of each row of :func:`text_table` (its rule left out). With ``width``, cells are broken at
+    spaces onto further lines of their row, never cut: the columns whose indices are in ``wrap`` are narrowed
+    (the widest first, never below their longest word: a row too wide even then is left wider) until the row
+    fits, and a free last column is wrapped where it starts or, with less than a third of ``width`` left there,
+    on the lines below the row, indented. None: one line per row."""
+    return _layout(rows, last_free, width, wrap)[0]
+
+
+def _layout(
+    rows: Sequence[Sequence[str]], last_free: bool, width: int | None, wrap: Collection[int]
+) -> tuple[list[list[str]], list[int]]:
+    """:func:`table_blocks`, and the widths of the padded columns."""
+    cells = [[str(c) for c in r] for r in rows]
+    count = len(cells[0])
+    padded = count - 1 if last_free else count
+    natural = [max(len(r[i]) for r in cells) for i in range(padded)]
+    widths = list(natural)
+    if width is not None:
+        narrowable = {i % count for i in wrap} & set(range(padded))
+        budget = width - 2 * max(0, padded - (0 if last_free else 1))
+        # the widest first, never below a column's longest word (a word is never broken)
+        floor = {i: max([MIN_COLUMN, *(len(w) for r in cells for w in r[i].split())]) for i in narrowable}
+        while sum(widths) > budget:
+            candidates = [i for i in narrowable if widths[i] > floor[i]]
+            if not candidates:
+                break
+            widths[max(candidates, key=lambda i: widths[i])] -= 1
+    start = sum(widths) + 2 * padded
+    room = None if width is None else width - start
+    below = room is not None and last_free and room < width // 3 and any(len(r[-1]) > room for r in cells)
+    blocks = []
+    for r in cells:
+        columns = [wording.lines_of(r[i], widths[i] if widths[i] < natural[i] else None) for i in range(padded)]
+        free = r[padded:]
+        if last_free and not below:
+            columns.append(wording.lines_of(free[0], None if room is None else max(room, MIN_COLUMN)))
+        height = max(len(c) for c in columns)
+        lines = []
+        for k in range(height):
+            parts = [(c[k] if k < len(c) else "").ljust(widths[i]) for i, c in enumerate(columns[:padded])]
+            parts += [c[k] if k < len(c) else "" for c in columns[padded:]]
+            lines.append("  ".join(parts).rstrip())
+        if below and free[0]:
+            lines += [INDENT + line for line in wording.lines_of(free[0], width - len(INDENT))]
+        blocks.append(lines)
+    return blocks, widths
+
+
+def wrapped(text: str, width: int | None, indent: str = "") -> list[str]:
+    """A line of a table's text (a heading, a note) as lines of at most ``width`` characters (None: one line),
+    every line after the first indented by ``indent`` more than the first."""
+    lead = text[: len(text) - len(text.lstrip(" "))]
+    return [lead + line for line in wording.lines_of(text, None if width is None else width - len(lead), indent)]
 
 
 def md_cell(text: Any) -> str:
@@ -121,6 +191,12 @@ def kernels_text(details: Details | Mapping[str, Any]) -> str:
     return f"{count}{flag}: {schedulers}" if schedulers else f"{count}{flag}"
 
 
+def region_text(d: Decision) -> str:
+    """The region column of a decision: where the user wrote it and, in brackets, the name traces give it
+    (``model.py:12 (nvFusion0)``); that name alone where no source line is known."""
+    return d.region if d.at == d.region else f"{d.at} ({d.region})"
+
+
 def action_text(d: Decision) -> str:
     """The action, marked ``(not applied)`` where the guard only recorded it."""
     return d.action if d.applied else f"{d.action} (not applied)"
@@ -202,10 +278,22 @@ class Section:
     subgraph: Subgraph | None
     decisions: list[Decision]
     notes: list[str] = field(default_factory=list)
+    shown_split: list[str] | None = None  # the split reasons no section before this one shows
+    split_as: str | None = None  # the title of the section before that shows this one's other split reasons
 
     @property
     def split_reasons(self) -> list[str]:
+        """The subgraph's split reasons that no earlier section shows (each reason once per report)."""
+        if self.shown_split is not None:
+            return list(self.shown_split)
         return list(self.subgraph.split_reasons) if self.subgraph is not None else []
+
+    @property
+    def split_lines(self) -> list[str]:
+        """What a report writes of this section's split reasons: each reason not shown before, and for those
+        already shown one line naming the section that shows them."""
+        lines = [f"split: {reason}" for reason in self.split_reasons]
+        return lines + ([f"split: as {self.split_as}"] if self.split_as else [])
 
 
 def sections(
@@ -219,9 +307,14 @@ def sections(
     if not subgraphs:
         return [Section(None, None, list(decisions), compilation_notes(None, decisions, recompiles))]
     groups = []
+    shown: dict[str, str] = {}  # each split reason, and the title of the section that shows it
     for key, sub in subgraphs.items():
         mine = [d for d in decisions if d.subgraph == key]
-        groups.append(Section(subgraph_label(sub), sub, mine, compilation_notes(sub, mine)))
+        title = subgraph_label(sub)
+        fresh = [r for r in dict.fromkeys(sub.split_reasons) if r not in shown]
+        earlier = next((shown[r] for r in sub.split_reasons if r in shown), None)
+        shown.update(dict.fromkeys(fresh, title))
+        groups.append(Section(title, sub, mine, compilation_notes(sub, mine), fresh, earlier))
     rest = [d for d in decisions if d.subgraph not in subgraphs]
     if rest:
         groups.append(Section(NOT_THUNDERFX, None, rest, compilation_notes(None, rest, recompiles)))

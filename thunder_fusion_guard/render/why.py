@@ -9,12 +9,10 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-from ..wording import fit
-from .table import TIMES, plural, text_table
+from ..wording import WIDTH
+from .table import TIMES, plural, text_table, wrapped
 from .text import human_bytes
 
-# Cells cut to these widths in the text table (the try column is the advice, kept whole where it can be).
-WIDTHS = {"subgraph": 60, "op": 60, "reason": 60, "try": 110, "source": 60}
 HEADER = ("trace", "subgraph", "op", "kind", "bytes", "reason", "try", "source")
 
 
@@ -46,22 +44,17 @@ def summary_text(rows: Sequence[Any]) -> str:
     return text
 
 
-def why_text(summary: str, ranked: Sequence[Any]) -> str:
-    """The summary line, then a line per row (ranked as given) under a header, long cells cut."""
+def why_text(summary: str, ranked: Sequence[Any], wide: bool = False) -> str:
+    """The summary, then the rows (ranked as given) under a header: lines of at most 120 characters, subgraph, op,
+    reason and try wrapped at spaces, the last column under its row where it has too little room, never cut;
+    ``wide``: one line per row, however long."""
     lines = [
-        (
-            r.trace,
-            fit(r.subgraph or "", WIDTHS["subgraph"]),
-            fit(op_text(r), WIDTHS["op"]),
-            str(r.kind),
-            human_bytes(r.bytes),
-            fit(r.reason, WIDTHS["reason"]),
-            fit(r.try_, WIDTHS["try"]),
-            fit(r.source or "", WIDTHS["source"]),
-        )
+        (r.trace, r.subgraph or "", op_text(r), str(r.kind), human_bytes(r.bytes), r.reason, r.try_, r.source or "")
         for r in ranked
     ]
-    return summary + "\n" + "\n".join(text_table([list(HEADER), *lines]))
+    width = None if wide else WIDTH
+    table = text_table([list(HEADER), *lines], last_free=True, width=width, wrap=(1, 2, 5, 6))
+    return "\n".join([*wrapped(summary, width, "  "), *table])
 
 
 def why_html(summary: str, ranked: Sequence[Any]) -> str:

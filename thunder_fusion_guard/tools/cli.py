@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,8 +14,10 @@ from .common import (
     add_command,
     add_device_option,
     add_threads_option,
+    add_wide_option,
     check_output,
     count,
+    error_exit,
     pin_threads,
     progress,
     quiet_imports,
@@ -53,7 +54,7 @@ def _demo(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     note = pin_threads(args.threads, device)
     progress(f"fusion-guard demo: {len(CASES)} cases on {device}, each compiled twice (unguarded, guarded) and timed")
-    print(run_demo(device=device, reps=args.reps, progress=progress, note=note))
+    print(run_demo(device=device, reps=args.reps, progress=progress, note=note, wide=args.wide))
     return 0
 
 
@@ -183,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_option(demo)
     demo.add_argument("--reps", type=count(1), default=200, help="timed calls per case and variant (default 200)")
     add_threads_option(demo)
+    add_wide_option(demo)
     cal = add_command(
         sub,
         "calibrate",
@@ -235,20 +237,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return args.run(args)
-    except UsageError as e:
-        if getattr(args, "traceback", False):  # the whole chain (what make() raised, say); the status stays 2
-            traceback.print_exception(e)
-        print(f"{name}: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:
-        if getattr(args, "traceback", False):
-            raise
-        text = str(e).strip().splitlines()
-        print(
-            f"{name}: {type(e).__name__}: {text[0] if text else ''} (--traceback for the full traceback)",
-            file=sys.stderr,
-        )
-        return 1
+    except Exception as e:  # one rule for every command (tools.common.error_exit)
+        return error_exit(name, e, getattr(args, "traceback", False))
 
 
 if __name__ == "__main__":

@@ -9,15 +9,40 @@ import logging
 import sys
 import warnings
 from pathlib import Path
+from traceback import print_exception
 from typing import Any, NoReturn
 
 from ..render.table import plural
+from ..wording import error_line
 
 HELP_HINT = "see --help"
+TRACEBACK_HINT = "(--traceback for the full traceback)"
 
 
 class UsageError(Exception):
     """A bad argument found before any work: printed as one line, exit status 2."""
+
+
+class CommandFailed(Exception):
+    """The work of a command failed (the user's code, the model under Thunder): its message is the one line
+    printed, exit status 1; its cause is what ``--traceback`` shows."""
+
+
+def error_exit(command: str, error: Exception, traceback: bool) -> int:
+    """The one rule for every command's errors; the exit status. A bad argument (:class:`UsageError`): one line,
+    exit status 2, with ``traceback`` the chain that led to it first. Any other failure: one line ending in
+    :data:`TRACEBACK_HINT`, exit status 1; with ``traceback`` the error goes on, its whole traceback shown (call
+    this inside the ``except`` block)."""
+    if isinstance(error, UsageError):
+        if traceback:
+            print_exception(error)
+        print(f"{command}: {error}", file=sys.stderr)
+        return 2
+    if traceback:
+        raise error
+    text = str(error) if isinstance(error, CommandFailed) else error_line(error)
+    print(f"{command}: {text} {TRACEBACK_HINT}", file=sys.stderr)
+    return 1
 
 
 class Parser(argparse.ArgumentParser):
@@ -118,6 +143,15 @@ def add_threads_option(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="torch intra-op threads for CPU timing (default 1: with more, a busy core makes µs-scale calls "
         "wait milliseconds; the figures swung 10-100x on a shared 2-core machine)",
+    )
+
+
+def add_wide_option(parser: argparse.ArgumentParser) -> None:
+    """``--wide``: tables one line a row, however long (by default they fit 120 columns, long cells wrapped)."""
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="print each table row on one line, however long (default: lines fit 120 columns, long text wrapped)",
     )
 
 

@@ -13,7 +13,8 @@ import torch
 from einops import rearrange
 
 from ..measure.timing import time_us
-from ..render.table import plural, text_table
+from ..render.table import plural, text_table, wrapped
+from ..wording import WIDTH
 
 
 def rearrange_heads(scores: torch.Tensor) -> torch.Tensor:
@@ -78,9 +79,15 @@ def _jit(fn, guard, executors: list, nvfuser: bool):
 
 
 def run_demo(
-    *, device: str | None = None, reps: int = 200, progress: Callable[[str], None] | None = None, note: str = ""
+    *,
+    device: str | None = None,
+    reps: int = 200,
+    progress: Callable[[str], None] | None = None,
+    note: str = "",
+    wide: bool = False,
 ) -> str:
-    """Run every case unguarded, guarded and eager; return the decisions and timing table as text.
+    """Run every case unguarded, guarded and eager; return the decisions and timing table as text, in lines of at
+    most 120 characters (``wide``: the tables one line a row, however long).
 
     ``progress`` gets a line as each case compiles and is timed; ``note`` ends the table (how it was timed).
     """
@@ -119,22 +126,20 @@ def run_demo(
     say("Thunder's own per-call cost: timing an identity function, jitted ...")
     x = torch.randn(CASES[0].shape, device=device)
     floor = time_us(_jit(identity, None, executors, nvfuser), x, reps=reps)
-    lines += ["", str(guard.report), ""]
+    width = None if wide else WIDTH
     table = [["case", "thunder µs", "guarded µs", "eager µs", "guarded vs thunder"]]
     table += [
         [name, *(t.text() for t in (plain, guarded, eager)), _speedup(plain, guarded)]
         for name, plain, guarded, eager in rows
     ]
-    lines += text_table(table)
-    lines.append(
+    after = [
         f"(µs per call: median (first-third quartile) of {plural(reps, 'call')} each; one process; "
-        "outputs of guarded and unguarded are identical)"
-    )
-    lines.append(
+        "outputs of guarded and unguarded are identical)",
         f"Thunder's per-call cost (prologue checks of the inputs, cache lookup, Python call): {floor.text()} µs, "
         "timed on a jitted identity function. Every jitted call pays it and no trace rewrite removes it: it is "
-        "most of what separates guarded from eager above."
-    )
-    if note:
-        lines.append(f"({note})")
-    return "\n".join(lines)
+        "most of what separates guarded from eager above.",
+        *([f"({note})"] if note else []),
+    ]
+    text = [part for line in lines for part in wrapped(line, width, "  ")]
+    text += ["", guard.report.to_text(wide=wide), "", *text_table(table, width=width, wrap=(0,))]
+    return "\n".join(text + [part for line in after for part in wrapped(line, width, "  ")])

@@ -5,10 +5,12 @@ TARGET names a callable: ``path/to/file.py:make`` or ``package.module:make``. ``
 called as ``make(device=...)``, otherwise the model and the tensors it returns are moved to the device.
 The model runs with a FusionGuard under ``thunder.jit`` (``--thunderfx``: through ThunderFX), on CPU
 with Thunder's torch.compile executor; when an output requires grad its backward runs too. On CUDA the
-kernels of each nvFuser region are collected. Exit status 2 means a bad TARGET or option, 1 that the work
-failed (make() raising, or the model under Thunder); either is one line, --traceback adds the full traceback
-(the status stays). Output files (--json, --markdown, --html, --dot) are checked before any work: their
-folder must exist.
+kernels of each nvFuser region are collected. Exit status 2 means a bad TARGET or option (one line), 1 that
+the work failed: TARGET's code raising (importing it, make()), or the model under Thunder; one line that says
+where (the region, its ops, your line), whether the model fails without the guard too, and for an op Thunder
+only registered automatically what 'why --thunderfx' offers, ending in the --traceback hint (--traceback: the
+full traceback; the status stays). Output files (--json, --markdown, --html, --dot) are checked before any
+work: their folder must exist. Tables fit 120 columns, long text wrapped (--wide: one line a row).
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ from typing import Any
 
 from ..wording import error_line
 from .common import (
+    CommandFailed,
     UsageError,
     add_device_option,
     add_threads_option,
+    add_wide_option,
     check_output,
     pin_threads,
+    progress,
     resolve_device,
     write_output,
 )
@@ -41,17 +46,18 @@ class TargetError(ValueError):
     """A TARGET that cannot be loaded, or whose ``make()`` does not return (model_or_fn, args[, kwargs])."""
 
 
-def failed(command: str, line: str, traceback: bool) -> int:
-    """The end of a command whose work failed: with ``traceback`` the exception goes on (the full traceback),
-    else one line with the hint; exit status 1."""
-    if traceback:
-        raise
-    print(f"fusion-guard {command}: {line} (--traceback for the full traceback)", file=sys.stderr)
-    return 1
+class MakeFailed(CommandFailed, RuntimeError):
+    """The TARGET's code raised, importing it or in ``make()``: the user's code failed, not an argument (exit
+    status 1)."""
 
 
-class MakeFailed(RuntimeError):
-    """The TARGET's ``make()`` raised: the user's code failed, not an argument (exit status 1)."""
+class ModelFailed(CommandFailed, RuntimeError):
+    """The model failed under Thunder (exit status 1): its line is ``parts`` joined by '; ': the error, then
+    what is known of it (whether it fails unguarded too, where it happened)."""
+
+    def __init__(self, *parts: str) -> None:
+        self.parts = [p for p in parts if p]
+        super().__init__("; ".join(self.parts))
 
 
 def load_target(spec: str) -> Callable[..., Any]:
@@ -88,7 +94,7 @@ def _load_file(path: str) -> Any:
         spec.loader.exec_module(module)
     except Exception as e:
         del sys.modules[name]
-        raise TargetError(f"importing {path} failed: {type(e).__name__}: {e}") from e
+        raise MakeFailed(f"importing {path} raised {error_line(e)}") from e
     return module
 
 
@@ -98,9 +104,9 @@ def _load_module(name: str) -> Any:
     except ModuleNotFoundError as e:
         if e.name and name.startswith(e.name):
             raise TargetError(f"no module named {e.name!r} (TARGET {name!r}; a file needs its .py path)") from e
-        raise TargetError(f"importing {name} failed: {e}") from e
+        raise MakeFailed(f"importing {name} raised {error_line(e)}") from e
     except Exception as e:
-        raise TargetError(f"importing {name} failed: {type(e).__name__}: {e}") from e
+        raise MakeFailed(f"importing {name} raised {error_line(e)}") from e
 
 
 def make_workload(make: Callable[..., Any], device: str) -> tuple[Callable[..., Any], tuple, dict]:
@@ -155,11 +161,12 @@ def _to_device(value: Any, device: str) -> Any:
 
 
 def compile_with_guard(fn: Callable[..., Any], guard: Any, device: str, thunderfx: bool) -> Any:
-    """``fn`` under thunder.jit or ThunderFX with ``guard`` and the fusion executors for ``device``
-    (:func:`~thunder_fusion_guard.executors.fusion_executors`: torch.compile on CPU, nvFuser on CUDA)."""
+    """``fn`` under thunder.jit or ThunderFX with ``guard`` (None: unguarded) and the fusion executors for
+    ``device`` (:func:`~thunder_fusion_guard.executors.fusion_executors`: torch.compile on CPU, nvFuser on CUDA)."""
     from .._thunder import fusion_executors
 
-    options: dict[str, Any] = {"transforms": [guard], "executors": fusion_executors(device)}
+    transforms = [] if guard is None else [guard]
+    options: dict[str, Any] = {"transforms": transforms, "executors": fusion_executors(device)}
     if thunderfx:
         from thunder.dynamo import thunderfx as compile_fx
 
@@ -177,12 +184,15 @@ def run_report(
     backward: bool = True,
     pictures: bool = False,
     profile: bool = False,
+    guard_options: dict[str, Any] | None = None,
 ) -> dict:
     """Load TARGET, run it guarded (and its kernels collected on CUDA); the JSON document of the report.
 
     Without ``backward`` the model runs forward only, under ``torch.no_grad()`` (an inference program).
     ``pictures`` adds the dataflow graphs of the traces (``graphs``); ``profile`` profiles every region
-    (``profile``, a :class:`RegionProfile` that carries the graphs too).
+    (``profile``, a :class:`RegionProfile` that carries the graphs too). ``guard_options`` are the
+    :class:`FusionGuard`'s (default: its defaults). Where the model fails under Thunder, :class:`ModelFailed`
+    says where (:func:`~thunder_fusion_guard.examine.failure.failure_handle`), the error as its cause.
     """
     import torch
 
@@ -196,21 +206,24 @@ def run_report(
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     fn, args, kwargs = make_workload(load_target(spec), device)
-    guard = FusionGuard()
+    guard = FusionGuard(**(guard_options or {}))
     compiled = compile_with_guard(fn, guard, device, thunderfx)
-    with nullcontext() if backward else torch.no_grad():
-        step(compiled, args, kwargs, backward)
-        if device == "cuda":
-            collect_segments(compiled, *args, backward=backward, **kwargs)
-        extra: dict[str, Any] = {}
-        if profile:
-            from ..examine.why import why_not_fused
+    extra: dict[str, Any] = {}
+    try:
+        with nullcontext() if backward else torch.no_grad():
+            step(compiled, args, kwargs, backward)
+            if device == "cuda":
+                collect_segments(compiled, *args, backward=backward, **kwargs)
+            if profile:
+                from ..examine.why import why_not_fused
 
-            extra["profile"] = profile_regions(compiled, *args, **kwargs)
-            extra["graphs"] = extra["profile"].graphs
-            extra["why"] = why_not_fused(compiled)
-        elif pictures:
-            extra["graphs"] = trace_graphs(compiled)
+                extra["profile"] = profile_regions(compiled, *args, **kwargs)
+                extra["graphs"] = extra["profile"].graphs
+                extra["why"] = why_not_fused(compiled)
+            elif pictures:
+                extra["graphs"] = trace_graphs(compiled)
+    except Exception as e:
+        raise ModelFailed(*model_failure(spec, "ThunderFX" if thunderfx else "thunder.jit", compiled, e)) from e
     report = report_of(compiled)
     return {
         "target": spec,
@@ -221,6 +234,36 @@ def run_report(
         "report": report,
         **extra,
     }
+
+
+def model_failure(spec: str, frontend: str, compiled: Any, error: BaseException) -> tuple[str, str]:
+    """What the line of a model that failed under Thunder says: the error, and where it happened (the region,
+    its ops, the user's line, what ``why --thunderfx`` offers for an op Thunder only registered automatically)."""
+    from ..examine.failure import failure_handle
+
+    return f"{spec} failed under {frontend}: {error_line(error)}", failure_handle(compiled, error)
+
+
+def unguarded_verdict(spec: str, device: str, thunderfx: bool, backward: bool, guarded: BaseException) -> str:
+    """Whether TARGET fails unguarded too, run once more without the guard (same frontend, executors and
+    device): what a report of a failure needs to say whose failure it is ('' where TARGET cannot be made again)."""
+    import torch
+
+    from ..examine.calls import step
+
+    try:
+        fn, args, kwargs = make_workload(load_target(spec), device)
+    except Exception:  # make() did not work again: nothing to compare
+        return ""
+    try:
+        if thunderfx:
+            torch._dynamo.reset()  # compile afresh, without the guarded program's entries
+        with nullcontext() if backward else torch.no_grad():
+            step(compile_with_guard(fn, None, device, thunderfx), args, kwargs, backward)
+    except Exception as e:
+        same = error_line(e) == error_line(guarded)
+        return "it fails unguarded too" + ("" if same else f", with {error_line(e)}")
+    return "unguarded, it runs: a failure of thunder-fusion-guard (please report it, with --traceback)"
 
 
 # The files ``fusion-guard report`` writes, by option.
@@ -259,6 +302,7 @@ def register(subparsers: Any) -> None:
     for option, what in OUTPUTS.items():
         report.add_argument(f"--{option}", metavar="PATH", help=f"{what} (its folder must exist)")
     add_threads_option(report)
+    add_wide_option(report)
     report.set_defaults(run=_report_command)
 
 
@@ -273,8 +317,6 @@ def _report_command(args: argparse.Namespace) -> int:
     paths = {option: rank_path(getattr(args, option)) if getattr(args, option) else None for option in OUTPUTS}
     for option, path in paths.items():
         check_output(f"--{option}", path)
-    traceback = getattr(args, "traceback", False)
-    hint = " (--traceback for the full traceback)"
     note = pin_threads(args.threads, device)
     try:
         doc = run_report(
@@ -286,19 +328,20 @@ def _report_command(args: argparse.Namespace) -> int:
             profile=bool(args.html),
         )
     except TargetError as e:
-        raise UsageError(f"{e}{hint if e.__cause__ is not None and not traceback else ''}") from e
-    except MakeFailed as e:
-        return failed("report", str(e), traceback)
-    except Exception as e:
-        frontend = "ThunderFX" if args.thunderfx else "thunder.jit"
-        return failed("report", f"{args.target} failed under {frontend}: {error_line(e)}", traceback)
+        raise UsageError(str(e)) from e
+    except ModelFailed as e:
+        if getattr(args, "traceback", False):
+            raise
+        progress("fusion-guard report: the model failed; running it once more without the guard ...")
+        verdict = unguarded_verdict(args.target, device, args.thunderfx, args.backward, e.__cause__ or e)
+        raise ModelFailed(e.parts[0], verdict, *e.parts[1:]) from e.__cause__
     report = doc["report"]
     title = f"{doc['target']} via {doc['frontend']} on {doc['device']}"
     print(f"FusionGuard report: {title}")
-    print(report)
+    print(report.to_text(wide=args.wide))
     profile = doc.get("profile")
     if profile is not None:
-        print(profile)
+        print(profile.to_text(wide=args.wide))
     if note:
         print(f"({note})")
     json_path, md_path, html_path, dot_path = paths["json"], paths["markdown"], paths["html"], paths["dot"]

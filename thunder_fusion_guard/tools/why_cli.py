@@ -2,7 +2,9 @@
 there (the reason re-derived from Thunder's own decision steps), ranked by the bytes it moves.
 
 TARGET, --device, --thunderfx and --backward are those of ``fusion-guard report``. Output files are
-checked before any work (their folder must exist); bad arguments exit 2 before any work.
+checked before any work (their folder must exist); bad arguments exit 2 before any work, with one line; a
+failure exits 1 with one line, as ``fusion-guard report``'s (where the model failed, the --traceback hint).
+The table fits 120 columns, long text wrapped (--wide: one line a row).
 """
 
 from __future__ import annotations
@@ -11,9 +13,8 @@ import argparse
 from contextlib import nullcontext
 from typing import Any
 
-from ..wording import error_line
-from .common import UsageError, check_output, resolve_device, write_output
-from .report_cli import MakeFailed, TargetError, add_target_arguments, failed, load_target, make_workload
+from .common import UsageError, add_wide_option, check_output, resolve_device, write_output
+from .report_cli import ModelFailed, TargetError, add_target_arguments, load_target, make_workload, model_failure
 
 
 def register(subparsers: Any) -> None:
@@ -27,6 +28,7 @@ def register(subparsers: Any) -> None:
     add_target_arguments(why)
     why.add_argument("--json", metavar="PATH", help="write the rows as JSON here (its folder must exist)")
     why.add_argument("--html", metavar="PATH", help="write the table as an HTML section here (its folder must exist)")
+    add_wide_option(why)
     why.set_defaults(run=_why_command)
 
 
@@ -46,29 +48,27 @@ def _why_command(args: argparse.Namespace) -> int:
     from ..examine.calls import step
     from ..examine.why import why_not_fused
 
-    traceback = getattr(args, "traceback", False)
     try:
         fn, call_args, kwargs = make_workload(make, device)
     except TargetError as e:
         raise UsageError(str(e)) from e
-    except MakeFailed as e:
-        return failed("why", str(e), traceback)
     options: dict[str, Any] = {"executors": fusion_executors(device)}
+    if args.thunderfx:
+        from thunder.dynamo import thunderfx
+
+        compiled = thunderfx(fn, **options)
+    else:
+        import thunder
+
+        compiled = thunder.jit(fn, **options)
     try:
-        if args.thunderfx:
-            from thunder.dynamo import thunderfx
-
-            compiled = thunderfx(fn, **options)
-        else:
-            import thunder
-
-            compiled = thunder.jit(fn, **options)
         with nullcontext() if args.backward else torch.no_grad():
             step(compiled, call_args, kwargs, args.backward)
         report = why_not_fused(compiled, *call_args, backward=args.backward, **kwargs)
     except Exception as e:
-        return failed("why", f"{args.target} failed: {error_line(e)}", traceback)
-    print(report)
+        frontend = "ThunderFX" if args.thunderfx else "thunder.jit"
+        raise ModelFailed(*model_failure(args.target, frontend, compiled, e)) from e
+    print(report.to_text(wide=args.wide))
     if args.json:
         write_output(args.json, json.dumps(report.to_dict(), indent=1) + "\n")
     if args.html:
