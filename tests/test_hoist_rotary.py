@@ -100,12 +100,14 @@ def test_exact_only_false_hoists_what_the_decision_said():
     """The option the decision names does what it says: the tables leave the per-call region (bits may change)."""
     block, x = block_and_input(torch.bfloat16)
     told = FusionGuard()
-    same_bits_as_unguarded(block, x, told)
+    with torch.no_grad():
+        thunder.jit(block, executors=fusion_executors("cpu"), transforms=[told])(x)
     (row,) = hoists(told, action="keep")
     loose = FusionGuard(exact_only=False, cost_model=False)
     guarded = thunder.jit(block, executors=fusion_executors("cpu"), transforms=[loose])
-    for _ in range(2):
-        torch.testing.assert_close(guarded(x), block(x), atol=0.05, rtol=0.05)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(guarded(x), block(x), atol=0.05, rtol=0.05)
     (done,) = hoists(loose)
     assert done.ops == row.ops and done.details["ops_saved_per_call"] == row.details["ops_saved_per_call"]
     assert not {"arange", "pow", "cos", "sin"} & set(per_call_ops(guarded))
