@@ -271,6 +271,18 @@ def test_identical_pieces_share_their_tensors():
     assert [s.sym.name for s in call.subsymbols].count("full") == 1  # one mask computed, handed out twice
 
 
+def test_a_region_left_unguarded_keeps_its_mask_and_a_decision_names_the_option():
+    guard = FusionGuard(executors=["torchcompile_cat"])  # not the torch.compile region: not the guard's to rebuild
+    x = torch.randn(2, 6, 6)
+    jitted = jit(mask_loop, guard)
+    assert_same([jitted(x)], [mask_loop(x)])
+    assert not hoists(guard)
+    (row,) = hoists(guard, action="keep")
+    assert row.details["would_hoist_with"] == "executors=None" and "full" in row.ops
+    assert row.reason.startswith("input-independent, not hoisted (executors=None would): TorchCompile0 runs on")
+    assert [b.sym.name for b in thunder.last_traces(jitted)[-1].bound_symbols].count(HOISTED_NAME) == 0
+
+
 def test_hoist_false_turns_it_off():
     guard = FusionGuard(hoist=False)
     jitted = jit(mask_softmax, guard, "torch")

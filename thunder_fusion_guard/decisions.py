@@ -57,6 +57,7 @@ class Details(TypedDict, total=False):
     split: list[str]
     duplicated: list[str]
     saved_for_backward: list[str]
+    would_hoist_with: str  # on work exactness (or the executors option) keeps: the option setting that hoists it
     # rescued regions and ThunderFX subgraphs (action rescue)
     rescued_by: str  # what runs it now: Thunder's torch executor, Inductor, eager PyTorch, Thunder without a transform
     rescue: str  # on a region that could not be made rescuable: "none: " and why

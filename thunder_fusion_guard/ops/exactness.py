@@ -14,11 +14,16 @@ from .metadata import is_metadata
 
 __all__ = [
     "DATA_MOVEMENT_OPS",
+    "ELEMENTWISE_ROUNDING_OPS",
     "EXACT_ALONE",
     "EXACT_OPS",
+    "PER_ELEMENT_EXECUTORS",
     "REBUILD_SAFE",
     "ROUNDING_OPS",
+    "cut_can_move",
+    "cut_hazards",
     "exactness_reason",
+    "hoist_inexact_ops",
     "hoist_keeps_bits",
     "holds_every_value",
     "inexact_ops",
@@ -68,6 +73,12 @@ EXACT_OPS: frozenset[str] = frozenset(
 EXACT_ALONE: frozenset[str] = frozenset({"mul"})  # nvFuser float division differs from torch.div by 1 ulp
 
 
+# Ops that only move or fill data (no arithmetic): the same bits whoever runs them.
+DATA_MOVEMENT_OPS: frozenset[str] = frozenset(
+    {"copy_with_setitem", "setitem", "setitem_", "inplace_setitem", "cat", "pad"}
+)
+
+
 # Element-wise ops whose bits do not depend on how a fusion is scheduled (a rebuilt fusion may be
 # scheduled differently). Division is here: a fusion divides the same way whatever its schedule; it
 # only differs from torch.div, which matters when a region is rejected, not when it is rebuilt.
@@ -81,12 +92,8 @@ REBUILD_SAFE: frozenset[str] = EXACT_OPS | EXACT_ALONE | {"abs", "div", "true_di
 # fusion compiler may compute otherwise, or on a neighbour a compiler may contract them with (mul, lerp).
 # An op neither here nor in EXACT_OPS is only not known to be exact: nobody has shown that running it
 # alone gives the fusion's bits (copy_with_setitem, index ops, ...), which does not mean that it rounds.
-ROUNDING_OPS: frozenset[str] = frozenset(
+ELEMENTWISE_ROUNDING_OPS: frozenset[str] = frozenset(
     {
-        # reductions and contractions
-        *("sum", "prod", "var", "var_mean", "std", "mean", "cumsum", "cumprod", "logsumexp", "softmax"),
-        *("log_softmax", "layer_norm", "batch_norm", "group_norm", "rms_norm", "cross_entropy", "nll_loss"),
-        *("matmul", "linear", "mm", "bmm", "addmm", "baddbmm", "einsum", "convolution", "_grouped_mm"),
         # division and products
         *("div", "true_divide", "reciprocal", "fmod", "remainder", "mul", "lerp", "addcmul", "addcdiv"),
         # transcendentals and the like
@@ -96,6 +103,22 @@ ROUNDING_OPS: frozenset[str] = frozenset(
         *("silu", "softplus", "mish", "elu", "selu", "celu", "logsigmoid", "hardswish", "hardsigmoid"),
     }
 )
+ROUNDING_OPS: frozenset[str] = ELEMENTWISE_ROUNDING_OPS | {
+    # reductions and contractions
+    *("sum", "prod", "var", "var_mean", "std", "mean", "cumsum", "cumprod", "logsumexp", "softmax"),
+    *("log_softmax", "layer_norm", "batch_norm", "group_norm", "rms_norm", "cross_entropy", "nll_loss"),
+    *("matmul", "linear", "mm", "bmm", "addmm", "baddbmm", "einsum", "convolution", "_grouped_mm"),
+}
+
+
+# Fusion executors that compute every element of an element-wise op (ELEMENTWISE_ROUNDING_OPS too) by one
+# function, whatever else the fusion holds: nvFuser emits one CUDA math call per op and dtype and compiles
+# without fast math, so a fusion rebuilt with fewer ops, or one of a few of them, gives those ops the same
+# bits. Not Thunder's torch.compile executor on CPU: Inductor's C++ computes cos, exp or pow with SLEEF's
+# vector functions in a loop it vectorizes and with the C library's in one it does not (a short loop, a
+# value constant along the vectorized dimension), which depends on the kernel around the op, and the two
+# differ in the last bit (cos: 908 of 16,384 values of a rotary table, x86-64).
+PER_ELEMENT_EXECUTORS: frozenset[str] = frozenset({"nvfuser"})
 
 
 def known_to_round(name: str) -> bool:
@@ -252,9 +275,16 @@ def rounding_at_cut(body: Iterable[th.BoundSymbol], crossing: Iterable[th.Proxy]
     (:func:`rounding_hazards`), so such a value changes the bits. Roundings on one side of the cut are
     made alike by the piece's own fusion, and values that never cross are stored as before.
     """
-    wanted = {p.name for p in crossing}
-    if not wanted:
-        return []
+    rounded = _rounded_values(body)
+    return [
+        f"{name}: {rounded[name]} inside the region and handed across the split, which would store it rounded"
+        for name in sorted({p.name for p in crossing} & rounded.keys())
+    ]
+
+
+def _rounded_values(body: Iterable[th.BoundSymbol]) -> dict[str, str]:
+    """Each value of ``body`` made by a narrowing conversion, directly or through ops that keep it in reduced
+    precision, with how it was rounded."""
     rounded: dict[str, str] = {}
     for b in body:
         for leaf in th.leaves(b):
@@ -271,10 +301,54 @@ def rounding_at_cut(body: Iterable[th.BoundSymbol], crossing: Iterable[th.Proxy]
             for out in leaf.flat_proxy_outs:
                 if _reduced(th.torch_dtype(out)):
                     rounded[out.name] = how
-    return [
-        f"{name}: {rounded[name]} inside the region and handed across the split, which would store it rounded"
-        for name in sorted(wanted & rounded.keys())
-    ]
+    return rounded
+
+
+# Ops that hand a product on unchanged, so that an addition reading their output may still be contracted with it.
+_KEEPS_A_PRODUCT: frozenset[str] = DATA_MOVEMENT_OPS | {"neg", "where"}
+
+
+def _products(body: Iterable[th.BoundSymbol]) -> set[str]:
+    """The floating-point values of ``body`` that are a product (``mul``), directly or through views, data movement
+    and ``neg``."""
+    found: set[str] = set()
+    for b in body:
+        for leaf in th.leaves(b):
+            if th.is_comment_or_del(leaf):
+                continue
+            name = th.op_name(leaf)
+            passes = is_metadata(leaf) or name in _KEEPS_A_PRODUCT
+            if name == "mul" or (passes and any(p.name in found for p in leaf.flat_proxy_args)):
+                found.update(p.name for p in leaf.flat_proxy_outs if _floating(p))
+    return found
+
+
+def _floating(p: Any) -> bool:
+    dtype = th.torch_dtype(p) if isinstance(p, th.TensorProxy) else None
+    return dtype is not None and dtype.is_floating_point
+
+
+def cut_can_move(executor: str) -> bool:
+    """Whether a split of a fusion of ``executor`` may leave some input-independent ops with the rest of the region
+    (reading what they read from the hoisted call) and still have them compute the same bits there: yes for
+    :data:`PER_ELEMENT_EXECUTORS`, whose conversions and products are explicit per element. Not Inductor: it
+    converts an index expression (an arange) to bfloat16 from the first element of each vector, a loaded tensor
+    element by element (300 relative positions cast to bfloat16: the whole fusion's bits and the split's differ)."""
+    return executor in PER_ELEMENT_EXECUTORS
+
+
+def cut_hazards(body: Iterable[th.BoundSymbol], crossing: Iterable[th.Proxy]) -> dict[str, str]:
+    """The values of ``crossing`` that ``body`` (one piece of a split region) must not hand across the cut, each
+    with why: a value it rounds to a narrower dtype (:func:`rounding_at_cut`: the whole fusion may have kept it
+    unrounded), and a product, which the whole fusion may have contracted with the addition that reads it into
+    one fused multiply-add (nvFuser compiles with contraction on); a stored value is rounded first. Handing
+    across the values such a value is computed from instead keeps the fusion's bits."""
+    body = list(body)
+    names = {p.name for p in crossing}
+    hazards = {name: f"{how}, a rounding the whole fusion may skip" for name, how in _rounded_values(body).items()}
+    for name in _products(body):
+        hazards.setdefault(name, "a product, which the whole fusion may contract with an addition")
+    return {name: why for name, why in hazards.items() if name in names}
 
 
 def _short(dtype: torch.dtype) -> str:
@@ -292,33 +366,48 @@ def _integers_only(bsym: th.BoundSymbol) -> bool:
     return bool(tensors) and all(is_integer_or_bool(p) for p in tensors)
 
 
-# Ops that only move or fill data (no arithmetic): the same bits whoever runs them.
-DATA_MOVEMENT_OPS: frozenset[str] = frozenset(
-    {"copy_with_setitem", "setitem", "setitem_", "inplace_setitem", "cat", "pad"}
-)
-
-
-def hoist_keeps_bits(body: Iterable[th.BoundSymbol], metadata_ops: Iterable[str] = ()) -> bool:
+def hoist_keeps_bits(
+    body: Iterable[th.BoundSymbol], metadata_ops: Iterable[str] = (), executor: str | None = None
+) -> bool:
     """Whether the ops of ``body`` give the same bits in a fusion rebuilt to hoist part of a region:
-    :func:`rebuild_keeps_bits` ops, ops that only move data (setitem, cat, pad), and ops that compute
-    on integers and booleans only (``arange``, index arithmetic, comparisons: no rounding)."""
+    :func:`rebuild_keeps_bits` ops, ops that only move data (setitem, cat, pad), ops that compute on integers
+    and booleans only (``arange``, index arithmetic, comparisons: no rounding) and, where ``executor`` is one
+    of :data:`PER_ELEMENT_EXECUTORS`, element-wise ops that round (cos, pow, division)."""
+    return not hoist_inexact_ops(body, metadata_ops, executor)
+
+
+def hoist_inexact_ops(
+    body: Iterable[th.BoundSymbol], metadata_ops: Iterable[str] = (), executor: str | None = None
+) -> list[str]:
+    """The names of the innermost ops of ``body`` that could round differently in a fusion of ``executor`` rebuilt
+    to hoist part of a region (empty: :func:`hoist_keeps_bits`)."""
     metadata_ops = tuple(metadata_ops)
-    return all(_op_keeps_bits(b, metadata_ops) for b in body if not th.is_comment_or_del(b))
+    per_element = executor in PER_ELEMENT_EXECUTORS
+    found: list[str] = []
+    for b in body:
+        if not th.is_comment_or_del(b):
+            found.extend(_failing(b, lambda op: _op_keeps_bits(op, metadata_ops, per_element)))
+    return sorted(set(found))
 
 
-def _op_keeps_bits(bsym: th.BoundSymbol, metadata_ops: tuple[str, ...]) -> bool:
-    return _all_the_way_down(
-        bsym,
-        lambda b: th.op_name(b) in DATA_MOVEMENT_OPS or _integers_only(b) or rebuild_keeps_bits([b], metadata_ops),
-    )
+def _op_keeps_bits(bsym: th.BoundSymbol, metadata_ops: tuple[str, ...], per_element: bool = False) -> bool:
+    name = th.op_name(bsym)
+    if per_element and name in ELEMENTWISE_ROUNDING_OPS:
+        return True
+    return name in DATA_MOVEMENT_OPS or _integers_only(bsym) or rebuild_keeps_bits([bsym], metadata_ops)
+
+
+def _failing(bsym: th.BoundSymbol, ok: Callable[[th.BoundSymbol], bool]) -> list[str]:
+    """The names of the innermost ops of ``bsym`` for which ``ok`` fails where ``ok`` fails for every op above them."""
+    if ok(bsym):
+        return []
+    subs = th.fusion_body(bsym)
+    return [n for s in subs for n in _failing(s, ok)] if subs else [th.op_name(bsym)]
 
 
 def _all_the_way_down(bsym: th.BoundSymbol, ok: Callable[[th.BoundSymbol], bool]) -> bool:
     """Whether ``ok`` holds for ``bsym`` or, where it does not, for every op it decomposes into, recursively."""
-    if ok(bsym):
-        return True
-    subs = th.fusion_body(bsym)
-    return bool(subs) and all(_all_the_way_down(s, ok) for s in subs)
+    return not _failing(bsym, ok)
 
 
 def switch_keeps_bits(body: Iterable[th.BoundSymbol], metadata_ops: Iterable[str] = ()) -> bool:

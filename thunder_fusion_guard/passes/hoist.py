@@ -16,9 +16,16 @@ backward are hoisted (the backward trace is checked for writes to them, see :fun
 
 Inside a fusion region, the input-independent ops can be taken out too: the region is rebuilt
 without them when ``may_rebuild`` allows it (the guard's ``exact_only`` rule: a rebuilt reduction
-may round differently, and a value handed across the split must not be one the fusion kept unrounded,
-``ops.rounding_at_cut``), or left whole when only its input-independent outputs are needed by the
-hoisted part (they are then computed once more, by a region of the same executor, in the hoisted call).
+may round differently, and so may cos or pow where the executor's code for them depends on the fusion
+around them, ``ops.hoist_keeps_bits``), or left whole when only its input-independent outputs are needed
+by the hoisted part (they are then computed once more, by a region of the same executor, in the hoisted
+call). On an executor that computes each element alike wherever an op sits (``ops.cut_can_move``:
+nvFuser), the cut is placed so that no value handed across it is one the whole fusion may not have
+stored as it is (``ops.cut_hazards``): a narrowing conversion (``cos.to(bfloat16)``, which the fusion
+may skip before widening again) or a product (which it may contract with the addition that reads it)
+stays with the rest of the region, which gets the value it is computed from; elsewhere such a value
+makes ``may_rebuild`` refuse. Where ``may_rebuild`` refuses, the work is still reported (not hoisted),
+with the refusal and the option that would hoist it.
 
 A piece of hoisted work that computes exactly what an earlier one does (litgpt builds the same mask
 in every layer) hands out the earlier one's tensors. Nothing moves across a communication op: each
@@ -32,13 +39,32 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .. import _thunder as th
-from ..ops import aliased_outputs, communication_segments, hoistable, may_alias_inputs, writes_inputs
+from ..ops import (
+    aliased_outputs,
+    communication_segments,
+    cut_can_move,
+    cut_hazards,
+    hoistable,
+    may_alias_inputs,
+    writes_inputs,
+)
 from .hoist_runtime import HOISTED_NAME, HoistedValues, hoisted_call
+from .rewrite import readers as readers_map
 from .rewrite import unique_proxies
 
-# may_rebuild(fusion, body, crossing): whether the pass may rebuild ``fusion`` with ``body`` (empty: move it
-# whole), where ``crossing`` are the values ``body`` hands to, or takes from, the other piece of a split region.
-MayRebuild = Callable[[th.BoundSymbol, list[th.BoundSymbol], Sequence[th.Proxy]], bool]
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why ``may_rebuild`` refused, and the option setting under which it would not (``exact_only=False``)."""
+
+    why: str
+    option: str
+
+
+# may_rebuild(fusion, body, crossing): None where the pass may rebuild ``fusion`` with ``body`` (empty: move it
+# whole), where ``crossing`` are the values ``body`` hands to, or takes from, the other piece of a split region;
+# otherwise why not.
+MayRebuild = Callable[[th.BoundSymbol, list[th.BoundSymbol], Sequence[th.Proxy]], "Refusal | None"]
 
 
 @dataclass
@@ -77,6 +103,7 @@ class Hoist:
     duplicated: list[str] = field(default_factory=list)
     saved_for_backward: list[str] = field(default_factory=list)
     same_as: int | None = None  # index (in trace order) of an identical piece whose tensors it shares
+    option: str = ""  # for work ``may_rebuild`` refused: the option setting that would hoist it
     call: str = ""  # the hoisted call that hands out its tensors
     segment: int = 0  # how many communication ops come before it in the trace
 
@@ -134,45 +161,77 @@ def _region_part(
 ) -> _Unit | None:
     """The input-independent part of a region some of whose inputs are not, if it can be taken out.
 
-    Split: the region is rebuilt without the part, which hands it what it still needs. Otherwise, when
-    the hoisted work outside needs some of the region's input-independent outputs, the ops making
-    them are run once more in the hoisted call and the region is left whole.
+    Split: the region is rebuilt without the part, which hands it what it still needs (never a value the
+    whole fusion may not have stored as it is: :func:`_cut`). Otherwise, when the hoisted work outside needs
+    some of the region's input-independent outputs, the ops making them are run once more in the hoisted
+    call and the region is left whole.
     """
     body = th.fusion_body(fusion)
     known = {p.name for p in fusion.flat_proxy_args if p.name in constant}
-    part: list[th.BoundSymbol] = []
-    rest: list[th.BoundSymbol] = []
+    whole_part: list[th.BoundSymbol] = []
     for s in body:
         outs = s.flat_proxy_outs
         if outs and all(p.name in known for p in s.flat_proxy_args) and hoistable(s):
             if not _fixed(outs):
                 return None
-            part.append(s)
+            whole_part.append(s)
             known.update(p.name for p in outs)
-        else:
-            rest.append(s)
-    if not part or any(writes_inputs(s) for s in rest):
+    if not whole_part or any(writes_inputs(s) for s in _others(body, whole_part)):
         return None
+    region_outs = list(fusion.flat_proxy_outs)
+    part = _cut(body, whole_part) if cut_can_move(th.executor_name(fusion)) else whole_part
+    rest = _others(body, part)
     made = {p.name for s in part for p in s.flat_proxy_outs}
     inside = unique_proxies(p for s in rest for p in s.flat_proxy_args if p.name in made)
-    region_outs = list(fusion.flat_proxy_outs)
     outside = [p for p in region_outs if p.name in made and read_outside(p.name)]
-    if rest and (inside or outside) and may_rebuild(fusion, part, inside) and may_rebuild(fusion, rest, inside):
-        outs = unique_proxies([*inside, *outside])
-        rest_outs = [p for p in region_outs if p.name not in made]
-        rest_bsym = None
-        if rest_outs:
-            rest_ins = [p for p in fusion.flat_proxy_args if any(_reads(s, p.name) for s in rest)]
-            rest_bsym = th.rebuild_fusion(fusion, rest, unique_proxies([*rest_ins, *inside]), rest_outs)
-        return _part_unit(fusion, position, constant, part, outs, rest_bsym)
+    if part and rest and (inside or outside):
+        refused = [may_rebuild(fusion, part, inside), may_rebuild(fusion, rest, inside)]
+        if not any(refused):
+            outs = unique_proxies([*inside, *outside])
+            rest_outs = [p for p in region_outs if p.name not in made]
+            rest_bsym = None
+            if rest_outs:
+                rest_ins = [p for p in fusion.flat_proxy_args if any(_reads(s, p.name) for s in rest)]
+                rest_bsym = th.rebuild_fusion(fusion, rest, unique_proxies([*rest_ins, *inside]), rest_outs)
+            return _part_unit(fusion, position, constant, part, outs, rest_bsym)
+    made = {p.name for s in whole_part for p in s.flat_proxy_outs}
+    outside = [p for p in region_outs if p.name in made and read_outside(p.name)]
     if not outside:
         return None
-    part = _needed(part, {p.name for p in outside})
-    if not may_rebuild(fusion, part, ()):
+    part = _needed(whole_part, {p.name for p in outside})
+    if may_rebuild(fusion, part, ()) is not None:
         return None
     unit = _part_unit(fusion, position, constant, part, outside, None)
     unit.split = False
     return unit
+
+
+def _others(body: list[th.BoundSymbol], part: list[th.BoundSymbol]) -> list[th.BoundSymbol]:
+    """The bound symbols of ``body`` not in ``part``, in order."""
+    taken = {id(b) for b in part}
+    return [b for b in body if id(b) not in taken]
+
+
+def _cut(body: list[th.BoundSymbol], part: list[th.BoundSymbol]) -> list[th.BoundSymbol]:
+    """``part`` less the ops that make a value it must not hand to the rest of the region (``ops.cut_hazards``:
+    one the whole fusion may have kept unrounded, or a product it may have contracted), and less every op of
+    ``part`` that reads what those make: they run with the rest, which then gets the values they read."""
+    while True:
+        made = {p.name for s in part for p in s.flat_proxy_outs}
+        rest = _others(body, part)
+        crossing = unique_proxies(p for s in rest for p in s.flat_proxy_args if p.name in made)
+        hazards = cut_hazards(part, crossing)
+        if not hazards:
+            return part
+        moved: set[str] = set(hazards)
+        kept = []
+        for s in part:
+            outs = {p.name for p in s.flat_proxy_outs}
+            if outs & moved or any(p.name in moved for p in s.flat_proxy_args):
+                moved |= outs
+            else:
+                kept.append(s)
+        part = kept
 
 
 def _part_unit(fusion, position, constant, part, outs, rest_bsym) -> _Unit:
@@ -211,7 +270,7 @@ def _units(bsyms: list[th.BoundSymbol], readers_of: dict[str, set[int]], may_reb
         reads = [p.name for p in unique_proxies(b.flat_proxy_args)]
         outs = list(b.flat_proxy_outs)
         whole = bool(outs) and all(n in constant for n in reads) and hoistable(b) and _fixed(outs)
-        whole = whole and (not th.is_fusion(b) or may_rebuild(b, [], ()))
+        whole = whole and (not th.is_fusion(b) or may_rebuild(b, [], ()) is None)
         unit = None
         if whole:
             unit = _Unit(i, "region" if th.is_fusion(b) else "op", b, reads, outs)
@@ -379,50 +438,103 @@ def hoist_constants(
 
     Returns the new trace, one :class:`Hoist` per connected piece of such work that would save an op
     per call, in trace order (hoisted, or kept with the reason: its values reach an in-place write of
-    an input, it spans a communication op, or its tensors would pass ``max_bytes``), and the cache of
-    each hoisted call by name (empty when nothing was hoisted). Pieces are taken by ops saved, most
-    first, while their kept bytes fit under ``max_bytes``; a piece that computes exactly what an
-    earlier one does shares its tensors. Nothing moves across a communication op: the pieces between
-    two of them get a hoisted call of their own there.
+    an input, it spans a communication op, or its tensors would pass ``max_bytes``), then one kept piece
+    for each piece of work that only ``may_rebuild``'s refusal keeps in the trace (with the refusal and
+    the option that would hoist it), and the cache of each hoisted call by name (empty when nothing was
+    hoisted). Pieces are taken by ops saved, most first, while their kept bytes fit under ``max_bytes``;
+    a piece that computes exactly what an earlier one does shares its tensors. Nothing moves across a
+    communication op: the pieces between two of them get a hoisted call of their own there.
     """
-    from .rewrite import readers as readers_map
-
     bsyms = list(trace.bound_symbols)
+    metadata_ops = frozenset(metadata_ops)
+    refusals: dict[str, list[Refusal]] = defaultdict(list)
+
+    def recorded(fusion: th.BoundSymbol, body: list[th.BoundSymbol], crossing: Sequence[th.Proxy]) -> Refusal | None:
+        refusal = may_rebuild(fusion, body, crossing)
+        if refusal is not None and refusal not in refusals[fusion.sym.name]:
+            refusals[fusion.sym.name].append(refusal)
+        return refusal
+
+    found = _analyse(trace, bsyms, recorded, metadata_ops)
+    saved = set(th.returned_names(trace)[1])
+    results: list[Hoist] = []
+    pieces: list[tuple[list[int], Hoist]] = []
+    if found is not None:
+        units, groups, chosen = found
+        readers = _readers_after(bsyms, units, chosen)
+        inputs = {groups.find(p.name) for p in th.trace_inputs(trace, unpacked=True)}
+        segments = communication_segments(bsyms)
+        for piece in _components(units, chosen, groups):
+            described = _describe(piece, units, readers, groups, saved)
+            if not (described.ops_saved and described.outputs):
+                continue
+            described.segment = segments[piece[0]]
+            if any(segments[pos] != described.segment for pos in piece):
+                described.hoisted = False
+                described.reason = "it spans a communication op (nothing is moved across one)"
+            elif _reaches_input_write(bsyms, units, chosen, set(described.outputs), groups, inputs):
+                described.hoisted = False
+                described.reason = "its values reach an in-place write of an input (an effect outside the trace)"
+            pieces.append((piece, described))
+        results = [d for _, d in pieces]
+    if refusals:
+        results += _refused(trace, bsyms, set() if found is None else found[2], refusals, metadata_ops)
+    if not pieces:
+        return trace, results, {}
+    signatures = _share_identical(pieces, units)
+    kept = _within_budget(pieces, max_bytes)
+    if not kept:
+        return trace, results, {}
+    new, caches = _rewrite(trace, bsyms, units, pieces, kept, signatures, segments)
+    return new, results, caches
+
+
+def _analyse(
+    trace: th.TraceCtx, bsyms: list[th.BoundSymbol], may_rebuild: MayRebuild, metadata_ops: frozenset[str]
+) -> tuple[dict[int, _Unit], _Groups, set[int]] | None:
+    """The units of input-independent work, the memory groups, and the units safe to compute once; None: no unit."""
     units = _units(bsyms, readers_map(bsyms), may_rebuild)
     if not units:
-        return trace, [], {}
-    caller, saved = th.returned_names(trace)
-    metadata_ops = frozenset(metadata_ops)
+        return None
+    caller, _ = th.returned_names(trace)
     groups = _alias_groups([*bsyms, *(u.rest for u in units.values() if u.rest is not None)], metadata_ops)
     for u in units.values():
         if u.kind == "part":
             for out, ins in aliased_outputs(u.bsym, metadata_ops).items():
                 for name in ins:
                     groups.union(out, name)
-    chosen = _settle(bsyms, units, set(units), groups, caller)
+    return units, groups, _settle(bsyms, units, set(units), groups, caller)
+
+
+def _refused(
+    trace: th.TraceCtx,
+    bsyms: list[th.BoundSymbol],
+    done: set[int],
+    refusals: dict[str, list[Refusal]],
+    metadata_ops: frozenset[str],
+) -> list[Hoist]:
+    """The work that would be hoisted were ``may_rebuild`` to allow everything, less what is (``done``): one kept
+    piece each, with the refusals of its regions and the option setting that would hoist it."""
+    found = _analyse(trace, bsyms, lambda fusion, body, crossing: None, metadata_ops)
+    if found is None:
+        return []
+    units, groups, chosen = found
     readers = _readers_after(bsyms, units, chosen)
-    inputs = {groups.find(p.name) for p in th.trace_inputs(trace, unpacked=True)}
-    segments = communication_segments(bsyms)
-    pieces = []
+    saved = set(th.returned_names(trace)[1])
+    kept = []
     for piece in _components(units, chosen, groups):
-        described = _describe(piece, units, readers, groups, saved)
+        left = [pos for pos in piece if pos not in done]
+        why = list(dict.fromkeys(r for pos in left for r in refusals.get(bsyms[pos].sym.name, ())))
+        if not why:
+            continue
+        described = _describe(left, units, readers, groups, saved)
         if not (described.ops_saved and described.outputs):
             continue
-        described.segment = segments[piece[0]]
-        if any(segments[pos] != described.segment for pos in piece):
-            described.hoisted = False
-            described.reason = "it spans a communication op (nothing is moved across one)"
-        elif _reaches_input_write(bsyms, units, chosen, set(described.outputs), groups, inputs):
-            described.hoisted = False
-            described.reason = "its values reach an in-place write of an input (an effect outside the trace)"
-        pieces.append((piece, described))
-    signatures = _share_identical(pieces, units)
-    kept = _within_budget(pieces, max_bytes)
-    results = [d for _, d in pieces]
-    if not kept:
-        return trace, results, {}
-    new, caches = _rewrite(trace, bsyms, units, pieces, kept, signatures, segments)
-    return new, results, caches
+        described.hoisted = False
+        described.option = ", ".join(dict.fromkeys(r.option for r in why))
+        described.reason = "; ".join(r.why for r in why)
+        kept.append(described)
+    return kept
 
 
 def _reaches_input_write(bsyms, units, chosen, outputs: set[str], groups: _Groups, inputs: set[str]) -> bool:

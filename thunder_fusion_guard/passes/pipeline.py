@@ -10,7 +10,14 @@ from typing import Any
 from .. import _thunder as th
 from ..cost import CostConstants, Measured
 from ..decisions import Decision
-from ..ops import hoist_keeps_bits, is_communication, rebuild_keeps_bits, rounding_at_cut
+from ..ops import (
+    ELEMENTWISE_ROUNDING_OPS,
+    hoist_inexact_ops,
+    hoist_keeps_bits,
+    is_communication,
+    rebuild_keeps_bits,
+    rounding_at_cut,
+)
 from ..options import GuardOptions
 from ..policy import BOOKEND, decide, explained
 from ..regions import Region, find_regions
@@ -19,7 +26,7 @@ from ..wording import error_line, error_text
 from .collectives import communication_changes
 from .direct_calls import direct_calls
 from .fold import SETITEM, fold_setitem_copies
-from .hoist import HoistLedger, check_backward, hoist_constants
+from .hoist import HoistLedger, Refusal, check_backward, hoist_constants
 from .hoist_runtime import HOISTED_NAME, HoistedValues
 from .identity import remove_identities
 from .rehome import absorb_metadata_ops, merge_adjacent_regions
@@ -418,12 +425,8 @@ def hoist_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, l
             explanation = f"hoisted {name} is saved for the backward, which may write it: computed on every call again"
             made.append(_op_decision(where, HOISTED_NAME, "fusion_guard", [], "keep", reason, explanation))
 
-    def may_rebuild(fusion: th.BoundSymbol, body: list[th.BoundSymbol], crossing: Sequence[th.Proxy]) -> bool:
-        if not options.guards(th.executor_name(fusion)):
-            return False
-        if not options.exact_only:
-            return True
-        return hoist_keeps_bits(body, options.metadata_ops) and not rounding_at_cut(body, crossing)
+    def may_rebuild(fusion: th.BoundSymbol, body: list[th.BoundSymbol], crossing: Sequence[th.Proxy]) -> Refusal | None:
+        return _rebuild_refusal(fusion, body, crossing, options)
 
     new, pieces, caches = hoist_constants(trace, may_rebuild, options.hoist_max_bytes, options.metadata_ops)
     regions = context.region_decisions()
@@ -445,6 +448,26 @@ def hoist_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, l
     if where.trace == "forward":
         ledger.forward_done({} if options.report_only else saved)
     return new, made
+
+
+def _rebuild_refusal(
+    fusion: th.BoundSymbol, body: list[th.BoundSymbol], crossing: Sequence[th.Proxy], options: GuardOptions
+) -> Refusal | None:
+    """Why hoisting may not rebuild ``fusion`` with ``body`` (handing ``crossing`` across the cut), and the option
+    setting that would let it; None where it may. The words are the region's, the same for each piece of it."""
+    region, executor = fusion.sym.name, th.executor_name(fusion)
+    if not options.guards(executor):
+        return Refusal(f"{region} runs on {executor}, which the executors option leaves unguarded", "executors=None")
+    if not options.exact_only:
+        return None
+    cut = rounding_at_cut(body, crossing)
+    if not cut and hoist_keeps_bits(body, options.metadata_ops, executor):
+        return None
+    inexact = hoist_inexact_ops(th.fusion_body(fusion), options.metadata_ops, executor)
+    per_element = [n for n in inexact if n in ELEMENTWISE_ROUNDING_OPS]
+    how = f" ({executor} computes {per_element} by code that depends on the fusion around them)" if per_element else ""
+    why = [f"ops {inexact} could round differently once rebuilt{how}"] if inexact else []
+    return Refusal(f"splitting {region} could change its bits: {'; '.join([*why, *cut])}", "exact_only=False")
 
 
 def dels_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
@@ -544,6 +567,14 @@ def _hoist_decision(where: TraceContext, index: int, piece, options: GuardOption
         )
         d = _op_decision(where, piece.call, "fusion_guard", piece.ops, "hoist", reason, explanation)
         d.applied = not options.report_only
+    elif piece.option:
+        reason = f"input-independent, not hoisted ({piece.option} would): {piece.reason}"
+        explanation = (
+            f"input-independent, not hoisted: {piece.reason}; {piece.option} would hoist it: {piece.ops_saved} ops "
+            f"fewer per call, {kib:.1f} KiB kept"
+        )
+        d = _op_decision(where, HOISTED_NAME, "fusion_guard", piece.ops, "keep", reason, explanation)
+        d.details["would_hoist_with"] = piece.option
     else:
         d = _op_decision(
             where, HOISTED_NAME, "fusion_guard", piece.ops, "keep", f"input-independent, not hoisted: {piece.reason}"
