@@ -19,7 +19,7 @@ What it measures, in one process that is also the timing process:
   empty ``TFG_CACHE_DIR``, so that it calibrates by itself where no shipped constants match the GPU
   (H100); the timing process then shares that cache, as a user's later compiles would.
 - While the Mistral variants compile (never while timing): ``pytest -q -m cuda`` of the nvFuser
-  rejection, compile options, rounding, hoisting and CUDA-graph buffer tests, in a side process.
+  rejection, compile options, rounding, hoisting (rotary tables too) and CUDA-graph buffer tests, in a side process.
 
 Time budget (``--budget-s``, default 480 s from this script's start, leaving room for the setup of
 the GPU machine inside 9 minutes): the CUDA-graph variant is not started when its compile (estimated from
@@ -79,6 +79,7 @@ PYTEST_FILES = (
     "tests/test_executor_choice.py",
     "tests/test_measured.py",
     "tests/test_cudagraph_buffers.py",
+    "tests/test_hoist_rotary.py",
 )
 MAX_GUARDED_OVER_EAGER = 0.30
 # A ratio, not milliseconds: the same package's step moved 2x between H100 hosts (eager 16.9 ms on one, 33.1 on
