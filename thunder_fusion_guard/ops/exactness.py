@@ -112,13 +112,14 @@ ROUNDING_OPS: frozenset[str] = ELEMENTWISE_ROUNDING_OPS | {
 
 
 # Fusion executors that compute every element of an element-wise op (ELEMENTWISE_ROUNDING_OPS too) by one
-# function, whatever else the fusion holds: nvFuser emits one CUDA math call per op and dtype and compiles
-# without fast math, so a fusion rebuilt with fewer ops, or one of a few of them, gives those ops the same
-# bits. Not Thunder's torch.compile executor on CPU: Inductor's C++ computes cos, exp or pow with SLEEF's
-# vector functions in a loop it vectorizes and with the C library's in one it does not (a short loop, a
-# value constant along the vectorized dimension), which depends on the kernel around the op, and the two
-# differ in the last bit (cos: 908 of 16,384 values of a rotary table, x86-64).
-PER_ELEMENT_EXECUTORS: frozenset[str] = frozenset({"nvfuser"})
+# function, whatever else the fusion holds, so that a fusion rebuilt with fewer ops, or one of a few of them,
+# gives those ops the same bits. None is known to: Thunder's torch.compile executor on CPU computes cos, exp or
+# pow with SLEEF's vector functions in a loop Inductor vectorizes and with the C library's in one it does not
+# (a short loop, a value constant along the vectorized dimension), which depends on the kernel around the op,
+# and the two differ in the last bit (cos: 908 of 16,384 values of a rotary table, x86-64); nvFuser, taken to
+# emit one CUDA math call per op, gave a float32 rotary block other bits once its tables were taken out of the
+# region (H100, nvFuser 0.2.36; tests/test_hoist_rotary.py, -m cuda), bfloat16 the same.
+PER_ELEMENT_EXECUTORS: frozenset[str] = frozenset()
 
 
 def known_to_round(name: str) -> bool:
