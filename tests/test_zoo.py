@@ -10,6 +10,7 @@ import json
 import re
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -116,11 +117,13 @@ def test_results_are_typed_and_read_back_from_the_json_they_write():
     assert zoo.ModelResult.from_dict(written) == result
 
 
-@pytest.mark.parametrize("name", ["zoo-h100-e581e7a.json", "zoo-cpu-e581e7a-e3nn-modules-translated.json"])
-def test_the_committed_zoo_results_read_as_typed_results(name):
-    from pathlib import Path
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+ZOO_RESULTS = sorted(p.name for p in RESULTS.glob("zoo-*.json") if not p.name.startswith("zoo-kernels"))
 
-    doc = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "results" / name).read_text())
+
+@pytest.mark.parametrize("name", ZOO_RESULTS)
+def test_the_committed_zoo_results_read_as_typed_results(name):
+    doc = json.loads((RESULTS / name).read_text())
     for record in doc["zoo"]:
         result = zoo.ModelResult.from_dict(record)
         assert [p.name for p in result.paths] == list(record["paths"])
