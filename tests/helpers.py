@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import thunder
+import thunder.torch as ltorch
 import torch
-from thunder.executors.torch_compile import torch_compile_ex
+from thunder.core.proxies import TensorProxy
+from thunder.core.transforms import get_grad, put_grad
+from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
+from thunder.extend import OperatorExecutor
 
 from thunder_fusion_guard import FusionGuard
 from thunder_fusion_guard.regions import find_regions
@@ -164,3 +168,27 @@ NEAR_BREAK_EVEN = {
     "eager_gbps": 10.0,
     "overlapped": False,
 }
+
+
+# why_not_fused's tests: an operator executor that claims ltorch.mul by a number (its op has no decomposition a
+# fuser could take), an opaque op no fusion executor has a translation for, and a torch.compile fusion executor
+# that makes regions only around a cat.
+claims = OperatorExecutor("claims_mul", version="0.1")
+claimed_mul = claims.register_operator(
+    "claimed_mul", meta=lambda a, b: TensorProxy(like=a if isinstance(a, TensorProxy) else b), fn=torch.mul
+)
+claims.register_implementation(
+    ltorch.mul, claimed_mul, checker=lambda a, b: not isinstance(a, TensorProxy) or not isinstance(b, TensorProxy)
+)
+opaque = claims.register_operator("opaque_double", meta=lambda a: TensorProxy(like=a), fn=lambda a: a * 2)
+
+
+def _opaque_grad(a):
+    out = opaque(a)
+    put_grad(a, get_grad(out) * 2)
+    return out
+
+
+claims.register_implementation(opaque, opaque, grad_transform=_opaque_grad)
+cat_only = TorchCompileExecutor(name="cat_only_tc", required_ops={"torch.cat"})
+cat_only._implmap = dict(torch_compile_ex._implmap)

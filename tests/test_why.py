@@ -9,45 +9,20 @@ import pytest
 import thunder
 import thunder.torch as ltorch
 import torch
+from helpers import cat_only, claims, opaque
 from thunder.core import prims
 from thunder.core.compile_data import get_compile_option
-from thunder.core.proxies import TensorProxy
-from thunder.core.transforms import get_grad, put_grad
 from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
-from thunder.extend import ImplInfo, OperatorExecutor
+from thunder.extend import ImplInfo
 
 from thunder_fusion_guard.examine.why import why_not_fused
 from thunder_fusion_guard.examine.why_rows import NO_FIX
-
-# An operator executor that claims ltorch.mul by a number (its op has no decomposition a fuser could take),
-# and an opaque op no fusion executor has a translation for.
-claims = OperatorExecutor("claims_mul", version="0.1")
-_mul = claims.register_operator(
-    "claimed_mul", meta=lambda a, b: TensorProxy(like=a if isinstance(a, TensorProxy) else b), fn=torch.mul
-)
-claims.register_implementation(
-    ltorch.mul, _mul, checker=lambda a, b: not isinstance(a, TensorProxy) or not isinstance(b, TensorProxy)
-)
-opaque = claims.register_operator("opaque_double", meta=lambda a: TensorProxy(like=a), fn=lambda a: a * 2)
-
-
-def _opaque_grad(a):
-    out = opaque(a)
-    put_grad(a, get_grad(out) * 2)
-    return out
-
-
-claims.register_implementation(opaque, opaque, grad_transform=_opaque_grad)
 
 # A torch.compile fusion executor whose tanh needs a compile option and whose sin refuses 2-D tensors.
 picky = TorchCompileExecutor(name="picky_tc")
 picky._implmap = {k: v for k, v in torch_compile_ex._implmap.items() if k not in (ltorch.tanh.id, ltorch.sin.id)}
 picky._implmap[prims.PrimIDs.TANH] = ImplInfo(checker=lambda a: bool(get_compile_option("picky_tanh", "tanh")))
 picky._implmap[prims.PrimIDs.SIN] = ImplInfo(checker=lambda a: a.ndim < 2)
-
-# A torch.compile fusion executor that makes regions only around a cat.
-cat_only = TorchCompileExecutor(name="cat_only_tc", required_ops={"torch.cat"})
-cat_only._implmap = dict(torch_compile_ex._implmap)
 
 
 def f(x, w, v):

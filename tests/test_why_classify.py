@@ -10,30 +10,19 @@ import pytest
 import thunder
 import thunder.torch as ltorch
 import torch
+from helpers import cat_only, claims, opaque
 from thunder.core import prims
 from thunder.core.compile_data import get_compile_option
-from thunder.core.proxies import TensorProxy
 from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
-from thunder.extend import ImplInfo, OperatorExecutor, get_executor
+from thunder.extend import ImplInfo, get_executor
 
 from thunder_fusion_guard import _thunder as th
 from thunder_fusion_guard.examine.why import numbering_gap_rows, recomputed_rows, split_rows
 from thunder_fusion_guard.examine.why_classify import WhyContext, classify, context_of, is_work, outside_thunder_row
 from thunder_fusion_guard.examine.why_rows import NO_FIX, WhyKind
 
-# An operator executor that claims ltorch.mul by a number, and an opaque op no fusion executor translates.
-claims = OperatorExecutor("unit_claims", version="0.1")
-_claimed_mul = claims.register_operator(
-    "unit_claimed_mul", meta=lambda a, b: TensorProxy(like=a if isinstance(a, TensorProxy) else b), fn=torch.mul
-)
-claims.register_implementation(
-    ltorch.mul, _claimed_mul, checker=lambda a, b: not isinstance(a, TensorProxy) or not isinstance(b, TensorProxy)
-)
-opaque = claims.register_operator("unit_opaque", meta=lambda a: TensorProxy(like=a), fn=lambda a: a * 2)
-claims.register_implementation(opaque, opaque)
-
 # torch.compile fusion executors: one whose tanh needs a compile option, whose sin refuses 2-D tensors and which
-# has no exp at all; one without Thunder's own torch fallback for norm; one that makes regions around a cat only.
+# has no exp at all; one without Thunder's own torch fallback for norm (claims, opaque and cat_only: helpers.py).
 picky = TorchCompileExecutor(name="unit_picky")
 picky._implmap = {
     k: v
@@ -44,8 +33,6 @@ picky._implmap[prims.PrimIDs.TANH] = ImplInfo(checker=lambda a: bool(get_compile
 picky._implmap[prims.PrimIDs.SIN] = ImplInfo(checker=lambda a: a.ndim < 2)
 no_norm = TorchCompileExecutor(name="unit_no_norm")
 no_norm._implmap = {k: v for k, v in torch_compile_ex._implmap.items() if k != "torch.norm"}
-cat_only = TorchCompileExecutor(name="unit_cat_only", required_ops={"torch.cat"})
-cat_only._implmap = dict(torch_compile_ex._implmap)
 
 
 def _ran(fn, executors, *shape, **options):
@@ -73,10 +60,10 @@ def claimed_program():
 
 def test_claimed_by_an_operator_executor_before_the_fuser(claimed_program):
     row = _outside(claimed_program)["ltorch.mul"]
-    assert row.kind == WhyKind.CLAIMED and row.kind.of_ops and row.executor == "unit_claims"
-    assert row.reason == "unit_claims is before torchcompile in executors and claims it; torchcompile can fuse it"
+    assert row.kind == WhyKind.CLAIMED and row.kind.of_ops and row.executor == "claims_mul"
+    assert row.reason == "claims_mul is before torchcompile in executors and claims it; torchcompile can fuse it"
     assert row.established_by == "executor order"
-    assert row.try_ == "put torchcompile before unit_claims in executors=[...], or drop unit_claims"
+    assert row.try_ == "put torchcompile before claims_mul in executors=[...], or drop claims_mul"
     assert row.bytes == 2 * 4 * 4 * 4 and row.trace == "forward" and row.subgraph is None
     assert row.source.endswith(f"test_why_classify.py:{claimed_between.__code__.co_firstlineno + 1}")
 
@@ -93,8 +80,8 @@ def test_the_same_op_in_another_context(claimed_program):
 
 
 def test_no_translation_for_an_opaque_op(claimed_program):
-    row = _outside(claimed_program)["unit_opaque"]
-    assert row.kind == WhyKind.NO_TRANSLATION and row.reason == "torchcompile has no translation for unit_opaque"
+    row = _outside(claimed_program)["opaque_double"]
+    assert row.kind == WhyKind.NO_TRANSLATION and row.reason == "torchcompile has no translation for opaque_double"
     assert row.established_by == "checker re-run" and row.try_ == NO_FIX
 
 
@@ -133,7 +120,7 @@ def test_region_refused_by_required_ops():
     rows = _outside(jitted)
     assert {r.kind for r in rows.values()} == {WhyKind.REGION_REFUSED}
     row = rows["ltorch.exp"]
-    assert row.reason == "unit_cat_only makes regions only around torch.cat" and row.try_ == NO_FIX
+    assert row.reason == "cat_only_tc makes regions only around torch.cat" and row.try_ == NO_FIX
     assert row.established_by == "fusion pass re-run"
     beside_a_general_fuser = replace(context_of(jitted), executors=(cat_only, torch_compile_ex))
     assert _outside(jitted, beside_a_general_fuser)["ltorch.exp"].try_ == "none needed"
@@ -187,12 +174,12 @@ def test_split_rows_consecutive_and_dataflow(claimed_program):
     dataflow fusion would have made a cycle through it."""
     trace = thunder.last_traces(claimed_program)[-1]
     (row,) = split_rows(trace, context_of(claimed_program))
-    assert row.kind == WhyKind.SPLIT and row.op == "TorchCompile0 | TorchCompile1" and row.ops == ["unit_claimed_mul"]
-    assert row.reason == "1 op(s) between that torchcompile could not take: unit_claimed_mul"
+    assert row.kind == WhyKind.SPLIT and row.op == "TorchCompile0 | TorchCompile1" and row.ops == ["claimed_mul"]
+    assert row.reason == "1 op(s) between that torchcompile could not take: claimed_mul"
     assert row.established_by == "consecutive fusion re-run" and row.try_ == "see the rows of the ops between"
     dataflow = _ran(claimed_between, [claims, torch_compile_ex], fusion_type="dataflow")
     (row,) = split_rows(thunder.last_traces(dataflow)[-1], context_of(dataflow))
-    assert row.reason == "merging would make a cycle through unit_claimed_mul"
+    assert row.reason == "merging would make a cycle through claimed_mul"
     assert row.established_by == "dataflow re-run"
 
 
