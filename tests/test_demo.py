@@ -38,3 +38,16 @@ def test_the_demo_mask_case_is_exact_and_hoisted():
         assert torch.equal(out, plain(x)) and torch.equal(out, demo.banded_mask(x))
     hoists = [d for d in guard.report if d.action == "hoist"]
     assert hoists, [(d.action, d.reason) for d in guard.report]
+
+
+def test_every_demo_decision_names_the_demo_line_that_made_it():
+    """The demo's functions are the user's code here: each decision's source is a line of tools/demo.py, not
+    Thunder's (a reshape's innermost frame) or einops' (rearrange's own code)."""
+    from thunder_fusion_guard import FusionGuard
+    from thunder_fusion_guard._thunder import fusion_executors
+
+    for fn, shape in ((demo.rearrange_heads, (2, 4, 8, 8)), (demo.view_chain, (2, 8, 8)), (demo.banded_mask, (2, 8, 8))):
+        guard = FusionGuard()
+        demo._jit(fn, guard, fusion_executors("cpu"), nvfuser=False)(torch.randn(*shape))
+        sources = {d.details.get("source") for d in guard.report}
+        assert sources and all(s and s.startswith(demo.__file__ + ":") for s in sources), (fn.__name__, sources)

@@ -36,7 +36,26 @@ def _profiling_annotations() -> bool:
     return profiling_enabled()
 
 
-class DirectNvFuserCall:
+class _Wrapper:
+    """A callable standing in for another (``inner``): attributes it does not have are the inner callable's
+    (``name``, ``last_used``), so Thunder's code that reads them keeps working."""
+
+    __slots__ = ()
+
+    @property
+    def inner(self) -> Any:
+        raise NotImplementedError
+
+    def __getattr__(self, name: str) -> Any:
+        if name in type(self).__slots__:  # not set yet (a copy being made)
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.inner!r})"
+
+
+class DirectNvFuserCall(_Wrapper):
     """Runs one nvFuser region as Thunder's ``FusionDefinitionWrapper`` ``wrapped`` would, with the fusion
     definition found once per input layout. Inputs that are not plain tensors or numbers (distributed or other
     tensor subclasses) go through ``wrapped`` itself. Other attributes (``name``, ``last_used``) are ``wrapped``'s.
@@ -73,13 +92,9 @@ class DirectNvFuserCall:
             _disable_options=w.disable_options,
         )
 
-    def __getattr__(self, name: str) -> Any:
-        if name in DirectNvFuserCall.__slots__:  # not set yet (a copy being made)
-            raise AttributeError(name)
-        return getattr(self.wrapped, name)
-
-    def __repr__(self) -> str:
-        return f"DirectNvFuserCall({self.wrapped!r})"
+    @property
+    def inner(self) -> Any:
+        return self.wrapped
 
 
 def direct_nvfuser_call(fn: Callable) -> DirectNvFuserCall | str:
@@ -100,7 +115,7 @@ def direct_nvfuser_call(fn: Callable) -> DirectNvFuserCall | str:
     return DirectNvFuserCall(fn)
 
 
-class RescuingCall:
+class RescuingCall(_Wrapper):
     """Runs one fusion region's callable ``fused``; where a call raises, runs ``make_fallback()`` (the region's
     ops one by one) on the same arguments instead, and from then on, and hands ``on_rescue(error, args)`` the
     failure. Where the fallback raises too, its error (the one eager PyTorch gives for those ops) reaches the
@@ -140,21 +155,17 @@ class RescuingCall:
             self._on_rescue(error, args)
         return out
 
-    def __getattr__(self, name: str) -> Any:
-        if name in RescuingCall.__slots__:  # not set yet (a copy being made)
-            raise AttributeError(name)
-        return getattr(self.fused, name)
-
-    def __repr__(self) -> str:
-        return f"RescuingCall({self.fused!r})"
+    @property
+    def inner(self) -> Any:
+        return self.fused
 
 
 def nvfuser_definition(fn: Callable, args: tuple) -> str | None:
     """nvFuser's Python definition of the fusion that region callable ``fn`` runs for ``args`` (a function
     ``nvfuser_fusion(fd)``, as ``nvfuser_direct`` prints it); None where ``fn`` is no nvFuser region or nvFuser
     cannot say."""
-    while isinstance(fn, (RescuingCall, DirectNvFuserCall)):
-        fn = fn.fused if isinstance(fn, RescuingCall) else fn.wrapped
+    while isinstance(fn, _Wrapper):
+        fn = fn.inner
     wrapper = _wrapper_type()
     if wrapper is None or type(fn) is not wrapper:
         return None

@@ -21,7 +21,8 @@ from __future__ import annotations
 import time
 import traceback
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,19 +109,16 @@ class _SharedBuffers(CUDAGraphTransform):
     _writes: Callable[[BoundSymbol], bool] = staticmethod(lambda bsym: True)
     _share = True  # False: Thunder's own grouping and copies (an adapted capture of a transform left as it was)
 
+    def _can_fuse_nodes(self, a: Node, b: Node) -> bool:
+        """Thunder's grouping predicate for capture: a node of several ops, or one op this transform captures."""
+        return all(len(n.group_bsyms) > 1 or self.can_fuse(n.group_bsyms[0]) for n in (a, b))
+
     def generate_fused_trace(self, trace: TraceCtx, **kwargs: Any) -> TraceCtx:
         if not self._share:
             return super().generate_fused_trace(trace, **kwargs)
         began = time.perf_counter_ns()
-
-        def can_fuse(a: Node, b: Node) -> bool:
-            return all(len(n.group_bsyms) > 1 or self.can_fuse(n.group_bsyms[0]) for n in (a, b))
-
-        fused_trace = from_trace(trace)
-        fused_trace.clear_collection_names = set()
-        token = set_tracectx(fused_trace)
-        try:
-            groups = consecutive_fusion(trace, can_fuse)
+        with _building_from(trace) as fused_trace:
+            groups = consecutive_fusion(trace, self._can_fuse_nodes)
             producers, consumers = utils.producers_and_consumers(trace)
             summary = CaptureSummary(trace.siginfo().name == "backward_fn", [], 0, 0, 0, 0)
             captured: dict[str, str] = {}  # output name -> the graph that writes it
@@ -141,9 +139,6 @@ class _SharedBuffers(CUDAGraphTransform):
                     f"CUDAGraph fusion, buffers shared (took {(time.perf_counter_ns() - began) // 10**6} ms)"
                 )
             )
-        finally:
-            del fused_trace.clear_collection_names
-            reset_tracectx(token)
         self._compare_with_thunders_grouping(trace, summary)
         _announce(summary)
         return fused_trace
@@ -177,24 +172,28 @@ class _SharedBuffers(CUDAGraphTransform):
     def _compare_with_thunders_grouping(self, trace: TraceCtx, summary: CaptureSummary) -> None:
         """How many graphs Thunder's own grouping (``fusion_type``) makes of ``trace``, and how many of nothing
         but deletions, with their inputs (what :class:`CaptureSummary` reports beside this transform's)."""
-        probe = from_trace(trace)
-        probe.clear_collection_names = set()
-        token = set_tracectx(probe)
-        try:
-
-            def can_fuse(a: Node, b: Node) -> bool:
-                return all(len(n.group_bsyms) > 1 or self.can_fuse(n.group_bsyms[0]) for n in (a, b))
-
+        with _building_from(trace):
             producers, consumers = utils.producers_and_consumers(trace)
-            for bsyms in fuse_bound_symbols(trace, can_fuse):
+            for bsyms in fuse_bound_symbols(trace, self._can_fuse_nodes):
                 if len(bsyms) == 1 or not self.can_fuse(bsyms[0]):
                     continue
                 summary.thunder_captures += 1
                 if _only_deletions(bsyms):
                     summary.thunder_empty += 1
                     summary.thunder_empty_inputs += len(Region(producers, consumers, bsyms).inputs)
-        finally:
-            reset_tracectx(token)
+
+
+@contextmanager
+def _building_from(trace: TraceCtx) -> Iterator[TraceCtx]:
+    """A new trace from ``trace``, current while the block builds regions into it (as Thunder's ``fuse`` does)."""
+    built = from_trace(trace)
+    built.clear_collection_names = set()
+    token = set_tracectx(built)
+    try:
+        yield built
+    finally:
+        del built.clear_collection_names
+        reset_tracectx(token)
 
 
 def _announce(summary: CaptureSummary) -> None:

@@ -98,7 +98,22 @@ def lower_to_torch(outer: TraceCtx, bsyms: Sequence[BoundSymbol], outputs: Seque
     ]
     if renames:
         body = [swap_proxies(b, renames) for b in body]
-    return [b.from_bsym(source_filename=None, source_positions=None) for b in body]
+    # Each lowered op keeps the user's line of the op it came from (what a decision names): one for one where the
+    # lowering kept the count of ops (it renames every value it makes), else by the name of the value it makes.
+    originals = region.bound_symbols[:-1]
+    made_by = {o.name: b for b in originals for o in b.flat_proxy_outs}
+    origins = (
+        originals
+        if len(originals) == len(body)
+        else [next((made_by[o.name] for o in b.flat_proxy_outs if o.name in made_by), None) for b in body]
+    )
+    return [
+        b.from_bsym(
+            source_filename=getattr(origin, "source_filename", None),
+            source_positions=getattr(origin, "source_positions", None),
+        )
+        for b, origin in zip(body, origins, strict=True)
+    ]
 
 
 def swap_proxies(bsym: BoundSymbol, renames: Iterable[tuple[Proxy, Proxy]]) -> BoundSymbol:

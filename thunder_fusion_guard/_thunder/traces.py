@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dis
 import functools
+import importlib.util
 import itertools
 import os
 import re
@@ -375,10 +376,35 @@ def source_finder(trace: TraceCtx) -> Callable[[Iterable[str]], str | None]:
     return source_of
 
 
-# torch's, Thunder's and this package's folders; Python's own library (the packages installed in it aside)
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this package: _thunder's parent
+# Libraries whose frames are no user's line: torch, Thunder, this package, and the tensor-notation libraries that
+# only hand their calls on to torch (einops' rearrange is the user's line that called it, not einops' own)
+_NOTATION_LIBRARIES = ("einops", "opt_einsum")
+
+
+def _package_dirs(names: Iterable[str]) -> list[str]:
+    """The folders of the installed packages ``names`` (found without importing them)."""
+    dirs = []
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            dirs.append(os.path.dirname(os.path.abspath(spec.origin)))
+    return dirs
+
+
 _LIBRARIES = tuple(
-    os.path.dirname(os.path.abspath(path)) + os.sep
-    for path in (torch.__file__, thunder.__file__, os.path.dirname(__file__))  # this package: _thunder's parent
+    path + os.sep
+    for path in (
+        os.path.dirname(os.path.abspath(torch.__file__)),
+        os.path.dirname(os.path.abspath(thunder.__file__)),
+        _PACKAGE,
+        *_package_dirs(_NOTATION_LIBRARIES),
+    )
+)
+# this package's example models (the demo's functions, the benchmark cases, the zoo's own models): a user's code
+_EXAMPLES = frozenset(
+    os.path.join(_PACKAGE, *parts)
+    for parts in (("tools", "demo.py"), ("bench", "cases.py"), ("bench", "zoo_models.py"))
 )
 _STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 _GENERATED = ("<eval_with_key>", "thunder.")  # torch.fx's and Thunder's generated programs
@@ -387,9 +413,11 @@ _STACK_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 @functools.lru_cache(maxsize=4096)
 def is_library_file(filename: str) -> bool:
-    """True for a file of torch, Thunder, this package or Python's own library, or a program torch.fx or Thunder
-    generated: no frame a user wrote."""
+    """True for a file of torch, Thunder, this package (its example models aside) or Python's own library, or a
+    program torch.fx or Thunder generated: no frame a user wrote."""
     path = os.path.abspath(filename)
+    if path in _EXAMPLES:
+        return False
     if filename.startswith(_GENERATED) or path.startswith(_LIBRARIES):
         return True
     return path.startswith(_STDLIB) and not {"site-packages", "dist-packages"} & set(path.split(os.sep))

@@ -16,7 +16,7 @@ from ..render.table import plural
 from ..render.why import summary_text, why_html, why_text
 from ..wording import error_line
 
-__all__ = ["NO_FIX", "WhyKind", "WhyReport", "WhyRow", "grouped", "not_analysed"]
+__all__ = ["NO_FIX", "WhyKind", "WhyReport", "WhyRow", "grouped", "not_analysed", "region_row"]
 
 NO_FIX = "none: no executor here can fuse it"
 
@@ -24,16 +24,17 @@ NO_FIX = "none: no executor here can fuse it"
 class WhyKind(str, Enum):
     """Why an op is outside every fusion region (the first eight: an op each), or what a row says of a region.
     A member equals its value (``WhyKind.CLAIMED == "claimed"``); ``label`` and ``labels`` are the words the
-    summary counts it in, one and several; ``of_ops``: its rows are ops outside fusions."""
+    summary counts it in, one and several; ``of_ops``: its rows are ops outside fusions. An op kind is declared
+    with one label (the summary counts ops, "12 ops claimed"), a region kind with its singular and plural."""
 
     label: str
     labels: str
     of_ops: bool
 
-    def __new__(cls, value: str, label: str, labels: str, of_ops: bool) -> WhyKind:
+    def __new__(cls, value: str, label: str, labels: str | None = None) -> WhyKind:
         member = str.__new__(cls, value)
         member._value_ = value
-        member.label, member.labels, member.of_ops = label, labels, of_ops
+        member.label, member.labels, member.of_ops = label, labels or label, labels is None
         return member
 
     def __str__(self) -> str:
@@ -44,24 +45,19 @@ class WhyKind(str, Enum):
         """Its place in the summary (the order the members are declared in)."""
         return list(type(self)).index(self)
 
-    CLAIMED = "claimed", "claimed", "claimed", True
-    OUTSIDE_THUNDER = "outside_thunder", "outside Thunder (ThunderFX split)", "outside Thunder (ThunderFX split)", True
-    NO_TRANSLATION = "no_translation", "no translation", "no translation", True
-    CHECKER = "checker", "refused by a checker", "refused by a checker", True
-    OPTION = "option", "behind a compile option", "behind a compile option", True
-    REGION_REFUSED = "region_refused", "in refused regions", "in refused regions", True
-    NO_FUSION_EXECUTOR = (
-        "no_fusion_executor",
-        "with no general fusion executor",
-        "with no general fusion executor",
-        True,
-    )
-    UNKNOWN = "unknown", "unknown", "unknown", True
-    SPLIT = "split", "region split", "regions split", False
-    REMATERIALIZED = "rematerialized", "rematerialization", "rematerializations", False
-    SEGMENTED = "segmented", "region run as several kernels", "regions run as several kernels", False
-    RESCUE = "rescue", "rescue (failed, run another way)", "rescues (failed, run another way)", False
-    NOT_ANALYSED = "not_analysed", "not analysed", "not analysed", False
+    CLAIMED = "claimed", "claimed"
+    OUTSIDE_THUNDER = "outside_thunder", "outside Thunder (ThunderFX split)"
+    NO_TRANSLATION = "no_translation", "no translation"
+    CHECKER = "checker", "refused by a checker"
+    OPTION = "option", "behind a compile option"
+    REGION_REFUSED = "region_refused", "in refused regions"
+    NO_FUSION_EXECUTOR = "no_fusion_executor", "with no general fusion executor"
+    UNKNOWN = "unknown", "unknown"
+    SPLIT = "split", "region split", "regions split"
+    REMATERIALIZED = "rematerialized", "rematerialization", "rematerializations"
+    SEGMENTED = "segmented", "region run as several kernels", "regions run as several kernels"
+    RESCUE = "rescue", "rescue (failed, run another way)", "rescues (failed, run another way)"
+    NOT_ANALYSED = "not_analysed", "program or region not analysed", "programs or regions not analysed"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,18 +127,26 @@ class WhyReport:
         return why_html(self.summary(), self.ranked())
 
 
-def not_analysed(trace: str, subgraph: str | None, what: str, error: Exception, region: str = "-") -> WhyRow:
-    """The row saying that ``what`` could not be analysed, and the error: the report is made all the same."""
+def region_row(
+    trace: str, subgraph: str | None, region: str, kind: WhyKind, reason: str, established_by: str, **more: Any
+) -> WhyRow:
+    """A row about a whole region (or the whole program), not one op: there is no rewrite to try for it."""
     return WhyRow(
         trace=trace,
         subgraph=subgraph,
         op=region,
-        kind=WhyKind.NOT_ANALYSED,
-        reason=f"{what} could not be analysed: {error_line(error)}",
-        established_by="FusionGuard",
+        kind=kind,
+        reason=reason,
+        established_by=established_by,
         try_=NO_FIX,
-        detail=str(error),
+        **more,
     )
+
+
+def not_analysed(trace: str, subgraph: str | None, what: str, error: Exception, region: str = "-") -> WhyRow:
+    """The row saying that ``what`` could not be analysed, and the error: the report is made all the same."""
+    reason = f"{what} could not be analysed: {error_line(error)}"
+    return region_row(trace, subgraph, region, WhyKind.NOT_ANALYSED, reason, "FusionGuard", detail=str(error))
 
 
 def grouped(rows: Iterable[WhyRow]) -> list[WhyRow]:

@@ -16,7 +16,7 @@ from .. import _thunder as th
 from .._thunder import partition as pt
 from ..render.table import plural
 from ..render.text import human_bytes
-from .why_rows import NO_FIX, WhyKind, WhyRow, not_analysed
+from .why_rows import WhyKind, WhyRow, not_analysed, region_row
 
 __all__ = ["SegmentEdge", "kernel_rows", "segmented_groups", "segmented_rows"]
 
@@ -71,18 +71,8 @@ def segmented_rows(
     fec = getattr(getattr(region_fn, "last_used", None), "fec", None)
     ir = th.nvfuser_scheduled_ir(region_fn)
     if ir is None:
-        return [
-            WhyRow(
-                trace=trace,
-                subgraph=subgraph,
-                op=region,
-                kind=WhyKind.UNKNOWN,
-                reason="nvFuser's scheduled IR is not exposed here (no fec.get_most_recent_scheduled_ir)",
-                established_by="scheduled IR",
-                try_=NO_FIX,
-                executor="nvfuser",
-            )
-        ]
+        missing = "nvFuser's scheduled IR is not exposed here (no fec.get_most_recent_scheduled_ir)"
+        return [region_row(trace, subgraph, region, WhyKind.UNKNOWN, missing, "scheduled IR", executor="nvfuser")]
     groups = segmented_groups(ir)
     if groups is None or len(groups[0]) < 2:
         return []
@@ -104,15 +94,14 @@ def segmented_rows(
         + ["expr_eval segments run through nvFuser's expression evaluator (ATen or aliasing), no generated kernel"]
     )
     return [
-        WhyRow(
-            trace=trace,
-            subgraph=subgraph,
-            op=region,
-            kind=WhyKind.SEGMENTED,
-            reason=f"{len(schedulers)} segments ({counted}), {through}{why}",
-            established_by="scheduled IR + can_schedule",
+        region_row(
+            trace,
+            subgraph,
+            region,
+            WhyKind.SEGMENTED,
+            f"{len(schedulers)} segments ({counted}), {through}{why}",
+            "scheduled IR + can_schedule",
             bytes=crossing,
-            try_=NO_FIX,
             count=len(schedulers),
             executor="nvfuser",
             ops=[e.tensor for e in edges],

@@ -7,24 +7,16 @@ The region, its fusion definition and its kernels stay Thunder's; only the Pytho
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from .. import _thunder as th
-
-
-@dataclass(frozen=True)
-class CallChange:
-    """How one nvFuser region is called now: ``direct``, or Thunder's call kept ``because``."""
-
-    region: str
-    direct: bool
-    because: str | None = None
+from .rewrite import CallChange
 
 
 def direct_calls(
     trace: th.TraceCtx, may_change: Callable[[th.BoundSymbol], bool]
 ) -> tuple[th.TraceCtx, list[CallChange]]:
-    """``trace`` with every nvFuser region that ``may_change`` allows called directly, and one record per region."""
+    """``trace`` with every nvFuser region that ``may_change`` allows called directly, and one record per region
+    (``changed``: called directly)."""
     changes: list[CallChange] = []
     bsyms: list[th.BoundSymbol] = []
     for bsym in trace.bound_symbols:
@@ -36,6 +28,6 @@ def direct_calls(
                 changes.append(CallChange(bsym.sym.name, True))
                 bsym = th.with_region_callable(bsym, call)
         bsyms.append(bsym)
-    if not any(c.direct for c in changes):
+    if not any(c.changed for c in changes):
         return trace, changes
     return th.new_trace_like(trace, bsyms), changes

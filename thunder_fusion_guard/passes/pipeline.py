@@ -146,11 +146,24 @@ def guard_trace(
         options, where, trace, (), constants_for, measure_region, hoisted or HoistLedger(), record=report.add
     )
     new_trace = trace
+    seen = [trace]  # every trace a pass got: a decision's values may be ones an earlier pass made (a region lowered)
     for step in PASSES:
         if step.enabled(options):
+            if new_trace is not seen[-1]:
+                seen.append(new_trace)
             new_trace, made = run_pass(step, new_trace, context)
             context = replace(context, decided=_merged(context.decided, made))
-    source_of = th.source_finder(trace)
+    finders: dict[int, Callable[[list[str]], str | None]] = {}
+
+    def source_of(names: list[str]) -> str | None:
+        for t in seen:
+            if id(t) not in finders:
+                finders[id(t)] = th.source_finder(t)
+            found = finders[id(t)](names)
+            if found:
+                return found
+        return None
+
     for d in context.decided:
         _locate(d, source_of)
         report.add(d)
@@ -487,7 +500,7 @@ def direct_call_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.Trace
     for c in changes:
         d = regions.get(c.region)
         if d is not None:
-            call = DIRECT if c.direct else f"Thunder's: {c.because}"
+            call = DIRECT if c.changed else f"Thunder's: {c.because}"
             made.append(_instead(d, details={**d.details, "call": call}))
     return new, made
 
@@ -509,7 +522,7 @@ def rescue_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
 
     new, wraps = rescue_calls(trace, may_rescue, on_rescue)
     regions = context.region_decisions()
-    unwrapped = [(regions.get(w.region), w.because) for w in wraps if not w.wrapped]
+    unwrapped = [(regions.get(w.region), w.because) for w in wraps if not w.changed]
     return new, [_instead(d, details={**d.details, "rescue": f"none: {why}"}) for d, why in unwrapped if d]
 
 

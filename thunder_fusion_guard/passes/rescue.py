@@ -10,40 +10,31 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .. import _thunder as th
 from ..regions import Region, find_regions
-from .rewrite import lower_region
+from .rewrite import CallChange, lower_region
 
 # What a rescue tells: the region, the error and the arguments of the call that failed.
 OnRescue = Callable[[Region, Exception, tuple], None]
 
 
-@dataclass(frozen=True)
-class RescueWrap:
-    """One region now called through a rescuing call (``wrapped``), or why it is called as it was."""
-
-    region: str
-    wrapped: bool
-    because: str | None = None
-
-
 def rescue_calls(
     trace: th.TraceCtx, may_rescue: Callable[[th.BoundSymbol], bool], on_rescue: OnRescue
-) -> tuple[th.TraceCtx, list[RescueWrap]]:
+) -> tuple[th.TraceCtx, list[CallChange]]:
     """``trace`` with every fusion region that ``may_rescue`` allows called through a rescuing call; a region
-    that fails is lowered to Thunder's torch executor then, and ``on_rescue(region, error, args)`` is told."""
-    wraps: list[RescueWrap] = []
+    that fails is lowered to Thunder's torch executor then, and ``on_rescue(region, error, args)`` is told. One
+    record per region (``changed``: called through a rescuing call)."""
+    wraps: list[CallChange] = []
     bsyms = list(trace.bound_symbols)
     for region in find_regions(trace):
         if not may_rescue(region.bsym):
             continue
         if not all(isinstance(a, th.Proxy) for a in region.bsym.args):
-            wraps.append(RescueWrap(region.name, False, "its call takes values that are not proxies"))
+            wraps.append(CallChange(region.name, False, "its call takes values that are not proxies"))
             continue
         call = th.RescuingCall(
             th.region_callable(region.bsym),
@@ -51,8 +42,8 @@ def rescue_calls(
             lambda error, args, region=region: on_rescue(region, error, args),
         )
         bsyms[region.position] = th.with_region_callable(region.bsym, call)
-        wraps.append(RescueWrap(region.name, True))
-    if not any(w.wrapped for w in wraps):
+        wraps.append(CallChange(region.name, True))
+    if not any(w.changed for w in wraps):
         return trace, wraps
     return th.new_trace_like(trace, bsyms), wraps
 

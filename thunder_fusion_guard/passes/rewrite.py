@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from .. import _thunder as th
 from ..ops import copies_into_grad_tensor, effect_count
@@ -12,6 +13,15 @@ from ..regions import Region
 
 class RewriteError(RuntimeError):
     """A region could not be rewritten safely; the guard keeps it as it was."""
+
+
+@dataclass(frozen=True)
+class CallChange:
+    """How one region is called now: through a new callable (``changed``), or as before ``because``."""
+
+    region: str
+    changed: bool
+    because: str | None = None
 
 
 def lower_region(trace: th.TraceCtx, region: Region) -> list[th.BoundSymbol]:
