@@ -46,7 +46,8 @@ def test_every_demo_decision_names_the_demo_line_that_made_it():
     from thunder_fusion_guard import FusionGuard
     from thunder_fusion_guard._thunder import fusion_executors
 
-    for fn, shape in ((demo.rearrange_heads, (2, 4, 8, 8)), (demo.view_chain, (2, 8, 8)), (demo.banded_mask, (2, 8, 8))):
+    cases = ((demo.rearrange_heads, (2, 4, 8, 8)), (demo.view_chain, (2, 8, 8)), (demo.banded_mask, (2, 8, 8)))
+    for fn, shape in cases:
         guard = FusionGuard()
         demo._jit(fn, guard, fusion_executors("cpu"), nvfuser=False)(torch.randn(*shape))
         sources = {d.details.get("source") for d in guard.report}

@@ -244,6 +244,43 @@ def test_path_groups_keep_each_guarded_path_with_its_twin_and_eager_in_every_gro
     assert zoo.path_groups([P("fx"), P("thunder")]) == [[P("fx")], [P("thunder")]]
 
 
+def test_apart_every_thunder_path_runs_in_a_process_of_its_own_headed_by_eager():
+    paths = [P("eager"), P("inductor"), P("fx"), P("fx-guarded"), P("fx-cudagraph"), P("fx-guarded+cudagraph")]
+    groups = [[p.name for p in g] for g in zoo.path_groups(paths, apart=True)]
+    assert groups == [["eager", "inductor"], ["eager", "fx"], ["eager", "fx-guarded"], ["eager", "fx-cudagraph"],
+                      ["eager", "fx-guarded+cudagraph"]]  # fmt: skip
+
+
+def test_paths_run_apart_are_compared_through_the_results_their_processes_saved(tmp_path):
+    """A guarded path and its twin from two processes: bitwise where every result is equal, within Thunder's own
+    difference where the twin differed from itself by as much, 'differs' beyond it, and which result is not the
+    same tensor; eager's results are not what a guarded path is compared with when its twin ran."""
+    import torch
+
+    names = ["the loss", "the gradient of w"]
+    twin = [torch.tensor(1.0), torch.tensor([0.5, 0.25], dtype=torch.bfloat16)]
+    cases = {
+        "bitwise": [t.clone() for t in twin],
+        "within Thunder's own difference": [twin[0] + 2**-10, twin[1]],
+        "differs": [twin[0] + 0.5, twin[1]],
+        "different tensors (the gradient of w is None here, a tensor there)": [twin[0], None],
+    }
+    for want, guarded in cases.items():
+        zoo.save_values(tmp_path / "twin.pt", {P("fx"): names}, {P("fx"): twin})
+        zoo.save_values(tmp_path / "guarded.pt", {P("fx-guarded"): names}, {P("fx-guarded"): guarded})
+        result = zoo.ModelResult("m", paths={
+            P("fx"): zoo.PathResult(runs=True, self_difference=2**-9),
+            P("fx-guarded"): zoo.PathResult(runs=True, bits="within eager's tolerance", compared_with=zoo.EAGER),
+        })  # fmt: skip
+        loaded = [zoo.load_values(tmp_path / f) for f in ("twin.pt", "guarded.pt")]
+        names_of = {p: n for got, _ in loaded for p, n in got.items()}
+        values = {p: v for _, got in loaded for p, v in got.items()}
+        assert zoo.compare_with_baselines(result, names_of, values) == {P("fx-guarded")}
+        row = result.paths[P("fx-guarded")]
+        assert (row.bits, row.compared_with) == (want, P("fx")), want
+    assert zoo.load_values(tmp_path / "no-such.pt") == ({}, {})  # a process that saved nothing
+
+
 def test_merge_groups_keeps_each_paths_first_record_and_every_problem():
     parts = [
         _result({"eager": {"runs": True, "first_call_s": 1.0}, "inductor": {"runs": True}}),
@@ -318,7 +355,7 @@ def test_bench_zoo_split_runs_path_groups_and_says_so(monkeypatch, capsys, tmp_p
     seen = {}
     detail = MHA_ERROR + "\n  while tracing line 7 of the encoder's forward"
 
-    def fake_run_zoo(models, device, paths, rounds, limit, log, threads, jobs, split=False, translate=False):
+    def fake_run_zoo(models, device, paths, rounds, limit, log, threads, jobs, split=False, translate=False, **kw):
         seen.update(models=models, paths=paths, jobs=jobs, split=split, translate=translate)
         return [
             zoo.ModelResult(models[0], paths={
@@ -364,8 +401,8 @@ def test_bench_zoo_runs_the_second_e3nn_built_model_on_cuda_split_and_translated
 
     seen = {}
 
-    def fake_run_zoo(models, device, paths, rounds, limit, log, threads, jobs, split=False, translate=False):
-        seen.update(models=models, device=device, paths=paths, split=split, translate=translate)
+    def fake_run_zoo(models, device, paths, rounds, limit, log, threads, jobs, split=False, translate=False, **kw):
+        seen.update(models=models, device=device, paths=paths, split=split, translate=translate, apart=kw.get("apart"))
         return []
 
     monkeypatch.setattr(zoo, "run_zoo", fake_run_zoo)
@@ -373,7 +410,9 @@ def test_bench_zoo_runs_the_second_e3nn_built_model_on_cuda_split_and_translated
     argv = ["bench", "zoo", "--device", "cuda", "--split", "--translate", "--models", "e3nn-nequip-modules-l3"]
     assert main(argv) == 0
     assert seen == {"models": ["e3nn-nequip-modules-l3"], "device": "cuda", "paths": list(zoo.PATHS), "split": True,
-                    "translate": True}  # fmt: skip
+                    "translate": True, "apart": False}  # fmt: skip
+    assert main([*argv[:4], "--apart", *argv[5:]]) == 0 and seen["apart"] and not seen["split"]
+    assert "each Thunder path timed alone in a process of its own" in " ".join(capsys.readouterr().out.split())
 
 
 def test_the_second_e3nn_built_model_is_the_first_at_l3_with_three_blocks_and_more_channels_on_cpu(

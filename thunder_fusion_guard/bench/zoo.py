@@ -296,7 +296,7 @@ class ModelResult:
 class ModelSpec:
     """What one model's process runs (as one JSON argument): the model, device and paths, ``rounds`` timed rounds
     until ``deadline`` (``time.time()``), the result file ``out``, torch's intra-op ``threads`` (0: its default),
-    the guard's options, and whether the library ops are translated first."""
+    the guard's options, whether the library ops are translated first, and where to save the step results."""
 
     model: str
     device: str
@@ -307,6 +307,7 @@ class ModelSpec:
     threads: int = 0
     guard_options: dict[str, Any] | None = None
     translate: bool = False
+    values_out: str = ""  # where to save each path's step results (for comparing paths run in other processes)
 
     def to_json(self) -> str:
         """The spec as JSON, paths by name."""
@@ -324,12 +325,14 @@ def paths_for(device: str, paths: Sequence[ZooPath] = PATHS) -> list[ZooPath]:
     return [p for p in paths if device == "cuda" or not p.cuda_only]
 
 
-def path_groups(paths: Sequence[ZooPath]) -> list[list[ZooPath]]:
+def path_groups(paths: Sequence[ZooPath], apart: bool = False) -> list[list[ZooPath]]:
     """``paths`` cut into groups that can run in processes of their own: each guarded path with the unguarded
-    path its bits are compared with, every other Thunder path alone, the rest (eager, torch.compile) together;
-    eager, when asked for, heads every group, so that each group's times have the same yardstick."""
+    path its bits are compared with (``apart``: every Thunder path alone), every other Thunder path alone, the
+    rest (eager, torch.compile) together; eager, when asked for, heads every group, so that each group's times
+    have the same yardstick."""
     rest = [p for p in paths if not p.is_thunder]
-    groups = [[g, *([g.baseline] if g.baseline in paths else [])] for g in GUARDED if g in paths]
+    pairs = [] if apart else [g for g in GUARDED if g in paths]
+    groups = [[g, *([g.baseline] if g.baseline in paths else [])] for g in pairs]
     paired = {p for g in groups for p in g}
     groups += [[p] for p in paths if p not in paired and p not in rest]
     head = [EAGER] if EAGER in paths else []
@@ -523,7 +526,9 @@ def run_model(spec: ModelSpec, log: Callable[[str], None]) -> ModelResult:
 
         translate_library_ops()
     out = Path(spec.out)
-    result, steps = _compile_paths(spec.model, spec.device, spec.paths, out, log, spec.guard_options, spec.deadline)
+    result, steps = _compile_paths(
+        spec.model, spec.device, spec.paths, out, log, spec.guard_options, spec.deadline, spec.values_out
+    )
     with _timing_alone():
         _time_paths(result, steps, spec.rounds, spec.deadline)
     _save(result, out)
@@ -538,10 +543,12 @@ def _compile_paths(
     log: Callable[[str], None],
     guard_options: dict[str, Any] | None = None,
     deadline: float | None = None,
+    values_out: str = "",
 ) -> tuple[ModelResult, dict[ZooPath, _Step]]:
     """Compile and run every path on zoo model ``name``: runs, first call, bits against unguarded Thunder, the
     guard's actions and why-not-fused lines. A Thunder path whose compile (guessed from the longest one so far)
-    would end past ``deadline`` is not started, so that what compiled is still timed."""
+    would end past ``deadline`` is not started, so that what compiled is still timed. With ``values_out``, each
+    path's step results are saved there (:func:`save_values`)."""
     import torch
 
     from .._thunder import library_ops_are_translated
@@ -597,7 +604,10 @@ def _compile_paths(
             row.rescues = [Rescue.of(d) for d in guard.report.decisions if d.action == "rescue"]
         log(f"zoo: {name}: {path} runs, first call {row.first_call_s:.1f} s")
         _save(result, out)
-    _compare(result, steps, values)
+    names = {path: step.names for path, step in steps.items()}
+    _compare(result, names, values)
+    if values_out:
+        save_values(Path(values_out), names, values)
     for path in GUARDED:
         if path in steps:
             result.paths[path].why = _why_lines(steps[path].fn, model.inputs if device == "cuda" else ())
@@ -605,32 +615,68 @@ def _compile_paths(
     return result, steps
 
 
-def _compare(result: ModelResult, steps: dict[ZooPath, _Step], values: dict[ZooPath, list[Any]]) -> None:
-    """Each guarded path's results against its baseline's (the one without CUDA graphs where that did not run;
-    eager's where unguarded Thunder failed), and each unguarded Thunder path's against eager's."""
+def save_values(out: Path, names: dict[ZooPath, list[str]], values: dict[ZooPath, list[Any]]) -> None:
+    """Each path's step results (on the CPU) and what each result is, to ``out`` (read by :func:`load_values`)."""
+    import torch
+
+    def cpu(x: Any) -> Any:
+        return None if x is None else x.cpu()
+
+    saved = {p.name: {"names": names[p], "values": [cpu(x) for x in v]} for p, v in values.items()}
+    torch.save(saved, out)
+
+
+def load_values(out: Path) -> tuple[dict[ZooPath, list[str]], dict[ZooPath, list[Any]]]:
+    """What :func:`save_values` saved: ({}, {}) where the process saved nothing (it failed or timed out first)."""
+    import torch
+
+    if not out.exists():
+        return {}, {}
+    saved = torch.load(out, weights_only=True)
+    paths = {ZooPath.parse(name): entry for name, entry in saved.items()}
+    return {p: e["names"] for p, e in paths.items()}, {p: e["values"] for p, e in paths.items()}
+
+
+def _compare(result: ModelResult, names: dict[ZooPath, list[str]], values: dict[ZooPath, list[Any]]) -> None:
+    """Each guarded path's results against its baseline's (:func:`compare_with_baselines`; eager's where unguarded
+    Thunder failed), and each unguarded Thunder path's against eager's. ``names``: what each result of a path is."""
+    compared = compare_with_baselines(result, names, values)
+    for path in GUARDED:
+        if path in values and path not in compared and path.baseline is not None and EAGER in values:
+            _compare_with_eager(result.paths[path], values[path], values[EAGER], names[path])  # Thunder failed
+    for path in values:  # unguarded Thunder against eager: where it differs itself
+        row = result.paths[path]
+        if path.is_baseline and EAGER in values and row.bits is None:
+            _compare_with_eager(row, values[path], values[EAGER], names[path])
+
+
+def compare_with_baselines(
+    result: ModelResult, names: dict[ZooPath, list[str]], values: dict[ZooPath, list[Any]]
+) -> set[ZooPath]:
+    """Each guarded path's results against its baseline's (the one without CUDA graphs where that did not run),
+    the baseline's own run-to-run difference as the floor; the guarded paths so compared. Also across processes:
+    the values of paths run apart (:func:`load_values`)."""
+    compared = set()
     for path in GUARDED:
         baseline = path.baseline
         if path not in values or baseline is None:
             continue
         if baseline not in values and baseline.cudagraphs:  # unguarded CUDA graphs did not run
             baseline = replace(baseline, cudagraphs=False)
+        if baseline not in values:
+            continue
         row = result.paths[path]
-        if baseline in values:
-            row.compared_with, row.difference = baseline, _difference(values[path], values[baseline])
-            floor = result.paths[baseline].self_difference
-            row.bits = (
-                f"different tensors ({_mismatch(values[path], values[baseline], steps[path].names)})"
-                if row.difference is None
-                else "bitwise" if row.difference == 0.0
-                else "within Thunder's own difference" if floor is not None and row.difference <= floor
-                else "differs"
-            )  # fmt: skip
-        elif EAGER in values:  # unguarded Thunder failed
-            _compare_with_eager(row, values[path], values[EAGER], steps[path].names)
-    for path in values:  # unguarded Thunder against eager: where it differs itself
-        row = result.paths[path]
-        if path.is_baseline and EAGER in values and row.bits is None:
-            _compare_with_eager(row, values[path], values[EAGER], steps[path].names)
+        row.compared_with, row.difference = baseline, _difference(values[path], values[baseline])
+        floor = result.paths[baseline].self_difference
+        row.bits = (
+            f"different tensors ({_mismatch(values[path], values[baseline], names[path])})"
+            if row.difference is None
+            else "bitwise" if row.difference == 0.0
+            else "within Thunder's own difference" if floor is not None and row.difference <= floor
+            else "differs"
+        )  # fmt: skip
+        compared.add(path)
+    return compared
 
 
 def _compare_with_eager(row: PathResult, got: list[Any], eager: list[Any], names: Sequence[str]) -> None:
@@ -662,29 +708,32 @@ def run_zoo(
     guard_options: dict[str, Any] | None = None,
     split: bool = False,
     translate: bool = False,
+    apart: bool = False,
 ) -> list[ModelResult]:
     """Each model in a process of its own, at most ``time_limit_s`` seconds each (timing stops early enough to
     leave results); a model that times out or crashes keeps what it had written. ``threads``: torch's intra-op
     threads in each model's process (0: torch's default). ``jobs``: processes compiling side by side; each times
     alone. ``guard_options``: the FusionGuard's options on the guarded paths (default: its defaults). ``split``:
     each model's :func:`path_groups` in processes of their own (each with the time limit), merged per model.
-    ``translate``: the package's translations of library ops in place in each process (``translate_library_ops``)."""
+    ``translate``: the package's translations of library ops in place in each process (``translate_library_ops``).
+    ``apart``: every Thunder path in a process of its own, each guarded path compared with its twin through the
+    results both processes saved (for a model whose two compiles do not fit one time limit)."""
     with tempfile.TemporaryDirectory() as folder:
         # A lock given in the environment is shared with other zoo runs on the machine (timed one at a time too).
         lock = os.environ.get(LOCK_ENV) or (str(Path(folder) / "lock") if jobs > 1 else "")
         env = {**os.environ, **({LOCK_ENV: lock} if lock else {})}
 
-        groups = path_groups(paths) if split else [list(paths)]
+        groups = path_groups(paths, apart) if split or apart else [list(paths)]
         units = [(name, g, group) for name in models for g, group in enumerate(groups)]
 
         def one(item: tuple[int, tuple[str, int, list[ZooPath]]]) -> ModelResult:
             i, (name, g, group) = item
-            part = f" ({','.join(p.name for p in group)})" if split else ""
+            part = f" ({','.join(p.name for p in group)})" if split or apart else ""
             log(f"zoo: [{i}/{len(units)}] {name}{part} on {device} ...")
             out = Path(folder) / f"{name}-{g}.json"
             spec = ModelSpec(
                 name, device, tuple(group), rounds, time.time() + 0.8 * time_limit_s, str(out), threads,
-                guard_options, translate,
+                guard_options, translate, str(out.with_suffix(".pt")) if apart else "",
             )  # fmt: skip
             command = [sys.executable, "-m", "thunder_fusion_guard.bench.zoo", spec.to_json()]
             try:
@@ -700,7 +749,17 @@ def run_zoo(
 
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             parts = list(pool.map(one, enumerate(units, 1)))
-        return [merge_groups(parts[i : i + len(groups)]) for i in range(0, len(parts), len(groups))]
+        merged = [merge_groups(parts[i : i + len(groups)]) for i in range(0, len(parts), len(groups))]
+        if apart:  # each guarded path against its twin, from the results their processes saved
+            for result in merged:
+                names: dict[ZooPath, list[str]] = {}
+                values: dict[ZooPath, list[Any]] = {}
+                for g in range(len(groups)):
+                    got_names, got = load_values(Path(folder) / f"{result.model}-{g}.pt")
+                    names.update((p, n) for p, n in got_names.items() if p != EAGER)
+                    values.update((p, v) for p, v in got.items() if p != EAGER)
+                compare_with_baselines(result, names, values)
+        return merged
 
 
 HEADER = ("model", "path", "runs", "bits", "step ms", "x unguarded", "x eager", "x inductor", "first s",

@@ -165,6 +165,13 @@ def _register_zoo(bench_sub: Any) -> None:
         "so that one model's slow compiles run side by side with --jobs; the paths of a process are interleaved",
     )
     p.add_argument(
+        "--apart",
+        action="store_true",
+        help="every Thunder path in a process of its own (eager heading each), --time-limit each, for a model whose "
+        "two compiles do not fit one limit; each guarded path is compared with its unguarded twin through the "
+        "results both processes save",
+    )
+    p.add_argument(
         "--translate",
         action="store_true",
         help="translate_library_ops() in each model's process first: Thunder runs narrow, tensordot, "
@@ -224,7 +231,7 @@ def _zoo_command(args: argparse.Namespace) -> int:
     threads = torch.get_num_threads() if note else 0
     results = zoo.run_zoo(
         models, device, zoo.paths_for(device, paths), args.rounds, args.time_limit, progress, threads, args.jobs,
-        split=args.split, translate=args.translate,
+        split=args.split, translate=args.translate, apart=args.apart,
     )  # fmt: skip
     rows = zoo.table_rows(results)
     notes = zoo.notes(results)
@@ -233,7 +240,9 @@ def _zoo_command(args: argparse.Namespace) -> int:
     for line in zoo.wrapped(notes):
         print(line)
     together = "paths interleaved"
-    if args.split:
+    if args.apart:
+        together = "each Thunder path timed alone in a process of its own, x eager against the eager of that process"
+    elif args.split:
         together = "paths of one process interleaved, x eager against the eager of the same process"
     if args.translate:
         together += "; Thunder with the package's translations of library ops (translate_library_ops())"
