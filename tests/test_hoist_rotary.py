@@ -1,10 +1,13 @@
 """Rotary tables built in every forward (arange, pow, cos, sin: input-independent work with transcendentals).
 
-nvFuser computes every element of cos or pow by one CUDA function, so they are taken out of its regions and
-hoisted with Thunder's bits (the CUDA test). Thunder's torch.compile executor on CPU computes them with SLEEF's
-vector code or the C library's scalar code depending on the kernel around them (split out of its region, a
-cos table broadcast along the vectorized dimension changed 4,031 of 16,384 outputs), so there they stay, and a
-decision says so and names the option that would hoist them."""
+Hoisting them out of a fusion region means rebuilding the region without them, and neither fusion executor gives
+the rebuilt region the same bits: Thunder's torch.compile executor on CPU computes cos and sin with SLEEF's vector
+code or the C library's scalar code depending on the kernel around them (split out of its region, a cos table
+broadcast along the vectorized dimension changed 4,031 of 16,384 outputs); nvFuser on an H100 computed the tables
+alike but segmented the rebuilt rest otherwise, contracting ``q * cos`` with the addition that reads it where
+Thunder's fusion rounded the product between two kernels (float32: 190 of 512 outputs differed). So the tables stay,
+a decision says so and names the option that would hoist them, and a split whose rest adds a product is refused
+where the executor contracts."""
 
 import pytest
 import thunder
@@ -190,11 +193,42 @@ def test_on_a_per_element_executor_the_cut_moves_before_the_cast(monkeypatch):
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rotary_tables_stay_in_nvfuser_regions_and_a_decision_names_the_option(dtype):
-    """Taken out of the region, nvFuser's float32 tables gave the block other bits (H100, nvFuser 0.2.36): they
-    stay, unguarded Thunder's bits kept, and a decision says which option would hoist them."""
+    """Taken out of the region, the tables gave the float32 block other bits (H100, nvFuser 0.2.36: the rebuilt rest
+    contracted a product with an addition): they stay, unguarded Thunder's bits kept, and a decision says which
+    option would hoist them."""
     block, x = block_and_input(dtype, "cuda")
     guard = FusionGuard(strict=True)
     guarded = same_bits_as_unguarded(block, x, guard, "cuda")
     assert not any({"cos", "sin"} & set(d.ops) for d in hoists(guard))
     assert any(d.details.get("would_hoist_with") == "exact_only=False" for d in hoists(guard, action="keep"))
     assert {"cos", "sin"} <= set(per_call_ops(guarded))
+
+
+def scaled_plus_positions(x):
+    """A product read by an addition beside an input-independent table (a scaled score plus position biases)."""
+    return x * 0.5 + torch.arange(x.shape[-1], dtype=x.dtype, device=x.device)
+
+
+def test_a_split_whose_rest_adds_a_product_is_refused_where_the_executor_contracts(monkeypatch):
+    """nvFuser contracts a product and the addition reading it into one multiply-add where both sit in one kernel,
+    and a rebuilt fusion may be segmented otherwise (the float32 rotary block on the H100): where the executor
+    contracts (stood in for by the CPU's torch.compile executor here), the split is refused and the decision says
+    which products; where it does not, the same table is hoisted. Both keep unguarded Thunder's bits."""
+    monkeypatch.setattr(exactness, "PER_ELEMENT_EXECUTORS", frozenset({"torchcompile"}))
+    x = grid(torch.float32, 4, 6).detach()
+    plain = thunder.jit(scaled_plus_positions, executors=fusion_executors("cpu"))
+    for contracting in (False, True):
+        pairs = exactness.CONTRACTING | ({("torchcompile", "cpu")} if contracting else set())
+        monkeypatch.setattr(exactness, "CONTRACTING", pairs)
+        guard = FusionGuard(strict=True)
+        guarded = thunder.jit(scaled_plus_positions, executors=fusion_executors("cpu"), transforms=[guard])
+        for _ in range(2):
+            assert_same([guarded(x)], [plain(x)])
+        if not contracting:
+            (piece,) = hoists(guard)
+            assert "arange" in piece.ops and not hoists(guard, action="keep")
+            continue
+        assert not hoists(guard)
+        (row,) = hoists(guard, action="keep")
+        assert row.details["would_hoist_with"] == "exact_only=False"
+        assert "are read by an addition, which torchcompile contracts into one multiply-add" in row.reason

@@ -13,6 +13,7 @@ from .effects import HasBody
 from .metadata import is_metadata
 
 __all__ = [
+    "CONTRACTING",
     "DATA_MOVEMENT_OPS",
     "ELEMENTWISE_ROUNDING_OPS",
     "EXACT_ALONE",
@@ -20,6 +21,8 @@ __all__ = [
     "PER_ELEMENT_EXECUTORS",
     "REBUILD_SAFE",
     "ROUNDING_OPS",
+    "contractible_products",
+    "contracts",
     "cut_can_move",
     "cut_hazards",
     "exactness_reason",
@@ -117,8 +120,10 @@ ROUNDING_OPS: frozenset[str] = ELEMENTWISE_ROUNDING_OPS | {
 # pow with SLEEF's vector functions in a loop Inductor vectorizes and with the C library's in one it does not
 # (a short loop, a value constant along the vectorized dimension), which depends on the kernel around the op,
 # and the two differ in the last bit (cos: 908 of 16,384 values of a rotary table, x86-64); nvFuser, taken to
-# emit one CUDA math call per op, gave a float32 rotary block other bits once its tables were taken out of the
-# region (H100, nvFuser 0.2.36; tests/test_hoist_rotary.py, -m cuda), bfloat16 the same.
+# emit one CUDA math call per op (cosf, sinf, pow in its generated kernels), gave a float32 rotary block other bits
+# once its tables were taken out of the region (H100, nvFuser 0.2.36; tests/test_hoist_rotary.py, -m cuda): the
+# tables had the same bits, the rebuilt rest contracted a product with an addition (see CONTRACTING). It stays out
+# until a rebuilt nvFuser region is shown to keep every element's code.
 PER_ELEMENT_EXECUTORS: frozenset[str] = frozenset()
 
 
@@ -307,6 +312,36 @@ def _rounded_values(body: Iterable[th.BoundSymbol]) -> dict[str, str]:
 
 # Ops that hand a product on unchanged, so that an addition reading their output may still be contracted with it.
 _KEEPS_A_PRODUCT: frozenset[str] = DATA_MOVEMENT_OPS | {"neg", "where"}
+
+# (executor, device type) pairs whose compiler contracts a product and the addition reading it into one fused
+# multiply-add where both sit in one kernel: nvFuser (nvrtc's default), Inductor's Triton kernels on CUDA (its C++
+# on CPU compiles with -ffp-contract=off). How the executor segments a fusion decides which pairs share a kernel,
+# and a rebuilt fusion may be segmented otherwise: a float32 rotary block split for hoisting gave 190 of its 512
+# outputs other bits on an H100 (nvFuser 0.2.36), ``q * cos`` rounded between two kernels of Thunder's fusion and
+# contracted with the addition in the one kernel of the rebuilt rest (the cos and sin tables had the same bits).
+CONTRACTING: frozenset[tuple[str, str]] = frozenset({("nvfuser", "cuda"), ("torchcompile", "cuda")})
+
+
+def contracts(executor: str, device_type: str | None) -> bool:
+    """Whether ``executor``'s fusions on ``device_type`` may contract a product with an addition (:data:`CONTRACTING`;
+    an unknown device counts as one that does)."""
+    if device_type is None:
+        return any(executor == ex for ex, _ in CONTRACTING)
+    return (executor, device_type) in CONTRACTING
+
+
+def contractible_products(body: Iterable[th.BoundSymbol]) -> list[str]:
+    """The floating-point products of ``body`` (:func:`_products`) that an addition or subtraction of ``body``
+    reads: pairs a contracting compiler (:func:`contracts`) may fuse into one multiply-add in one segmentation of a
+    rebuilt fusion and round apart in another."""
+    body = list(body)
+    products = _products(body)
+    found = []
+    for b in body:
+        for leaf in th.leaves(b):
+            if th.op_name(leaf) in ("add", "sub") and not th.is_comment_or_del(leaf):
+                found.extend(p.name for p in leaf.flat_proxy_args if p.name in products)
+    return sorted(set(found))
 
 
 def _products(body: Iterable[th.BoundSymbol]) -> set[str]:

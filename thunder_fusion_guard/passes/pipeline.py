@@ -12,6 +12,8 @@ from ..cost import CostConstants, Measured
 from ..decisions import Decision
 from ..ops import (
     ELEMENTWISE_ROUNDING_OPS,
+    contractible_products,
+    contracts,
     hoist_inexact_ops,
     hoist_keeps_bits,
     is_communication,
@@ -474,12 +476,19 @@ def _rebuild_refusal(
     if not options.exact_only:
         return None
     cut = rounding_at_cut(body, crossing)
-    if not cut and hoist_keeps_bits(body, options.metadata_ops, executor):
+    device = th.proxy_device([*fusion.flat_proxy_outs, *fusion.flat_proxy_args])
+    fma = contractible_products(body) if contracts(executor, device) else []
+    if not cut and not fma and hoist_keeps_bits(body, options.metadata_ops, executor):
         return None
     inexact = hoist_inexact_ops(th.fusion_body(fusion), options.metadata_ops, executor)
     per_element = [n for n in inexact if n in ELEMENTWISE_ROUNDING_OPS]
     how = f" ({executor} computes {per_element} by code that depends on the fusion around them)" if per_element else ""
     why = [f"ops {inexact} could round differently once rebuilt{how}"] if inexact else []
+    if fma:
+        why.append(
+            f"products {fma} are read by an addition, which {executor} contracts into one multiply-add or not "
+            "depending on how it segments the rebuilt fusion"
+        )
     return Refusal(f"splitting {region} could change its bits: {'; '.join([*why, *cut])}", "exact_only=False")
 
 
