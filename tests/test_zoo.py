@@ -470,3 +470,22 @@ def test_the_zoo_extra_installs_every_library_of_the_zoo():
     extra = re.search(r"^zoo = \[(.*)\]$", text, re.MULTILINE).group(1)
     names = {re.split(r"[<>=!~\[ ]", r.strip().strip('"'))[0].replace("-", "_") for r in extra.split(",")}
     assert {e.requires for e in ZOO.values()} - {"torch"} <= names
+
+
+def test_the_cuequivariance_anchor_is_the_e3nn_built_model_with_other_layers():
+    """cueq-nequip swaps e3nn's tensor products, linear layers and spherical harmonics for cuequivariance-torch's
+    (its plain PyTorch method on CPU): the same parameters from the same seed, the same energy, and the same forces
+    to float32 rounding, so its GPU step times read against e3nn-nequip-modules'."""
+    pytest.importorskip("cuequivariance_torch")
+    import torch
+
+    ours, theirs = ZOO["e3nn-nequip-modules"].build("cpu"), ZOO["cueq-nequip"].build("cpu")
+    assert [p.numel() for p in ours.module.parameters()] == [p.numel() for p in theirs.module.parameters()]
+    energies, forces = [], []
+    for model in (ours, theirs):
+        energy = model.module(*model.inputs)
+        (force,) = torch.autograd.grad(energy, [model.inputs[0]])
+        energies.append(energy.detach())
+        forces.append(force)
+    torch.testing.assert_close(energies[0], energies[1])
+    torch.testing.assert_close(forces[0], forces[1])

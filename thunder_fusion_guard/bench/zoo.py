@@ -131,7 +131,7 @@ GUARDED = tuple(p for p in PATHS if p.baseline)  # the guarded paths that have a
 # The zoo's models (zoo_models.ZOO, which imports torch), named here for --help.
 MODEL_NAMES = (
     "hf-bert", "hf-t5", "hf-llama", "hf-mixtral", "timm-vit", "timm-convnext", "tv-resnet18", "nn-mha", "pyg-gat",
-    "e3nn-nequip", "e3nn-nequip-rewritten", "e3nn-nequip-modules", "e3nn-nequip-modules-l3",
+    "e3nn-nequip", "e3nn-nequip-rewritten", "e3nn-nequip-modules", "e3nn-nequip-modules-l3", "cueq-nequip",
 )  # fmt: skip
 # Thunder's failures the zoo meets, by a piece of their message, with the test that shows each on CPU.
 LIMITATIONS_FILE = "tests/test_thunder_limitations.py"

@@ -1,8 +1,9 @@
 """Models of third-party libraries, built from their libraries' configs and modules with random weights (nothing
-is downloaded): Hugging Face transformers, timm, torchvision, torch.nn, e3nn and torch_geometric. Three model
-classes are written here, each saying so: the graph attention network (two of torch_geometric's ``GATConv``
-layers), the NequIP-style potential with hand-written tensor products, and the NequIP potential assembled from
-e3nn's own modules as NequIP's users assemble it (in two configurations).
+is downloaded): Hugging Face transformers, timm, torchvision, torch.nn, e3nn, cuequivariance and torch_geometric.
+Three model classes are written here, each saying so: the graph attention network (two of torch_geometric's
+``GATConv`` layers), the NequIP-style potential with hand-written tensor products, and the NequIP potential
+assembled from e3nn's own modules as NequIP's users assemble it (in two configurations, and once more with
+cuequivariance-torch's layers in place of e3nn's: the hand-fused anchor).
 
 Each builder returns a :class:`ZooModel`: the module (eval mode, so dropout draws nothing), the inputs of one
 training step, and how the step's loss is read from the module's output. Sizes are small (2 layers where
@@ -277,20 +278,67 @@ def nequip(device: str, rewritten: bool = False) -> ZooModel:
     return ZooModel(model, inputs, _sum)
 
 
+@dataclass(frozen=True)
+class EquivariantOps:
+    """Where the equivariant layers of :class:`E3nnNequIP` come from: builders of a fully connected tensor product
+    with per-edge weights ``(irreps_in, irreps_sh, irreps_out)``, a linear layer ``(irreps_in, irreps_out)`` and the
+    spherical harmonics ``(lmax)``, each taking and giving e3nn's layout (channels, then the irrep's components)."""
+
+    tensor_product: Callable[[Any, Any, Any], nn.Module]
+    linear: Callable[[Any, Any], nn.Module]
+    spherical_harmonics: Callable[[int], nn.Module]
+
+
+def e3nn_ops() -> EquivariantOps:
+    """e3nn's own modules (e3nn generates their code with torch.fx)."""
+    from e3nn import o3
+
+    return EquivariantOps(
+        lambda i1, i2, out: o3.FullyConnectedTensorProduct(i1, i2, out, shared_weights=False, internal_weights=False),
+        o3.Linear,
+        lambda lmax: o3.SphericalHarmonics(
+            o3.Irreps.spherical_harmonics(lmax), normalize=True, normalization="component"
+        ),
+    )
+
+
+def cueq_ops(device: str) -> EquivariantOps:
+    """NVIDIA's cuequivariance-torch modules in e3nn's layout: its fused CUDA kernels on CUDA ("fused_tp"), its
+    plain PyTorch method elsewhere ("naive")."""
+    import cuequivariance as cue
+    import cuequivariance_torch as cuet
+
+    method = "fused_tp" if device == "cuda" else "naive"
+    sh_method = "uniform_1d" if device == "cuda" else "naive"
+
+    def irreps(x: Any) -> Any:
+        return cue.Irreps("O3", str(x))
+
+    return EquivariantOps(
+        lambda i1, i2, out: cuet.FullyConnectedTensorProduct(
+            irreps(i1),
+            irreps(i2),
+            irreps(out),
+            layout=cue.mul_ir,
+            shared_weights=False,
+            internal_weights=False,
+            method=method,
+        ),
+        lambda i, out: cuet.Linear(irreps(i), irreps(out), layout=cue.mul_ir, method=method),
+        lambda lmax: cuet.SphericalHarmonics(list(range(lmax + 1)), normalize=True, method=sh_method),
+    )
+
+
 class E3nnInteraction(nn.Module):
     """One NequIP interaction block from e3nn's modules: a fully connected tensor product of the atoms' features
     (gathered on each edge) with the edge's spherical harmonics, its per-edge weights given by a radial MLP,
     summed into the destination atoms with ``index_add``, then an equivariant linear layer."""
 
-    def __init__(self, irreps_in: Any, irreps_sh: Any, irreps_out: Any, basis: int) -> None:
-        from e3nn import o3
-
+    def __init__(self, irreps_in: Any, irreps_sh: Any, irreps_out: Any, basis: int, ops: EquivariantOps) -> None:
         super().__init__()
-        self.tp = o3.FullyConnectedTensorProduct(
-            irreps_in, irreps_sh, irreps_out, shared_weights=False, internal_weights=False
-        )
+        self.tp = ops.tensor_product(irreps_in, irreps_sh, irreps_out)
         self.radial = nn.Sequential(nn.Linear(basis, 32), nn.SiLU(), nn.Linear(32, self.tp.weight_numel))
-        self.linear = o3.Linear(irreps_out, irreps_out)
+        self.linear = ops.linear(irreps_out, irreps_out)
 
     def forward(
         self, x: torch.Tensor, sh: torch.Tensor, basis: torch.Tensor, src: torch.Tensor, dst: torch.Tensor
@@ -305,16 +353,26 @@ class E3nnNequIP(nn.Module):
     ``o3.SphericalHarmonics`` of the edge vectors, a Bessel basis with NequIP's polynomial cutoff, interaction
     blocks of ``o3.FullyConnectedTensorProduct`` (e3nn's instructions and path weights) and ``o3.Linear``, the
     ``nn.Gate`` nonlinearity (SiLU on scalars, sigmoid gates on l = 1 to ``lmax``), and a linear readout summed to the
-    energy. e3nn generates the tensor products' code with torch.fx."""
+    energy. e3nn generates the tensor products' code with torch.fx. ``ops``: where the tensor products, linear
+    layers and spherical harmonics come from (default e3nn's; :func:`cueq_ops`: cuequivariance's)."""
 
-    def __init__(self, channels: int = 8, lmax: int = 2, layers: int = 2, r_max: float = 4.0, basis: int = 8) -> None:
+    def __init__(
+        self,
+        channels: int = 8,
+        lmax: int = 2,
+        layers: int = 2,
+        r_max: float = 4.0,
+        basis: int = 8,
+        ops: EquivariantOps | None = None,
+    ) -> None:
         from e3nn import o3
         from e3nn.nn import Gate
 
         super().__init__()
+        ops = ops or e3nn_ops()
         self.r_max = r_max
         irreps_sh = o3.Irreps.spherical_harmonics(lmax)
-        self.sh = o3.SphericalHarmonics(irreps_sh, normalize=True, normalization="component")
+        self.sh = ops.spherical_harmonics(lmax)
         self.embed = nn.Embedding(4, channels)
         self.register_buffer("frequencies", torch.arange(1, basis + 1) * math.pi / r_max)
         irreps = o3.Irreps(f"{channels}x0e")
@@ -322,10 +380,10 @@ class E3nnNequIP(nn.Module):
         self.interactions, self.gates = nn.ModuleList(), nn.ModuleList()
         for _ in range(layers):
             gate = Gate(f"{channels}x0e", [nn.functional.silu], f"{gated.num_irreps}x0e", [torch.sigmoid], gated)
-            self.interactions.append(E3nnInteraction(irreps, irreps_sh, gate.irreps_in, basis))
+            self.interactions.append(E3nnInteraction(irreps, irreps_sh, gate.irreps_in, basis, ops))
             self.gates.append(gate)
             irreps = gate.irreps_out
-        self.readout = o3.Linear(irreps, "1x0e")
+        self.readout = ops.linear(irreps, o3.Irreps("1x0e"))
 
     def forward(self, pos: torch.Tensor, species: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
         vec = pos[dst] - pos[src]
@@ -360,6 +418,15 @@ def e3nn_nequip(device: str, lmax: int = 2, layers: int = 2, channels: int = 8, 
     torch.manual_seed(0)
     width = _width(device, channels, cuda_channels)
     model = E3nnNequIP(channels=width, lmax=lmax, layers=layers).to(device).eval()
+    return ZooModel(model, _atoms(device), _sum)
+
+
+def cueq_nequip(device: str) -> ZooModel:
+    """The e3nn-built NequIP potential (l = 2, two blocks) with NVIDIA's cuequivariance-torch tensor products,
+    linear layers and spherical harmonics in place of e3nn's: on CUDA its hand-written fused kernels, the anchor
+    that the compiled paths of ``e3nn-nequip-modules`` are read against (same sizes, same atoms)."""
+    torch.manual_seed(0)
+    model = E3nnNequIP(channels=_width(device, 8, 32), ops=cueq_ops(device)).to(device).eval()
     return ZooModel(model, _atoms(device), _sum)
 
 
@@ -443,6 +510,13 @@ ZOO: dict[str, ZooEntry] = {
             "the same, spherical harmonics to l = 3, 16 channels (32 on CUDA), three blocks",
             functools.partial(e3nn_nequip, lmax=3, layers=3, channels=16, cuda_channels=32),
             "e3nn",
+        ),
+        ZooEntry(
+            "cueq-nequip",
+            "cuequivariance",
+            "the e3nn-built NequIP with cuequivariance-torch's tensor products (fused CUDA kernels on CUDA)",
+            cueq_nequip,
+            "cuequivariance_torch",
         ),
     ]
 }
