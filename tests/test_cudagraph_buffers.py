@@ -108,8 +108,10 @@ def test_a_graph_reads_an_earlier_graphs_output_in_place(monkeypatch, cpu_graphs
 def test_without_sharing_thunders_grouping_stays(cpu_graphs, options):
     guard, graphs = FusionGuard(**options), CUDAGraphTransform()
     _steps(thunderfx(gated, transforms=[guard, graphs]), seeds=(0,))
-    assert type(graphs) is CUDAGraphTransform and len(_graphs(graphs)) == 4
-    assert not guard.report.filter(action="capture")
+    assert len(_graphs(graphs)) == 4  # Thunder's grouping (its copies too)
+    assert isinstance(graphs, CUDAGraphTransform) and not guard.report.filter(action="capture")
+    if options.get("report_only"):
+        assert type(graphs) is CUDAGraphTransform  # a report changes nothing
 
 
 def test_a_subclass_of_the_transform_is_left_as_it_is(cpu_graphs):
@@ -120,6 +122,36 @@ def test_a_subclass_of_the_transform_is_left_as_it_is(cpu_graphs):
     _steps(thunderfx(gated, transforms=[guard, graphs]), seeds=(0,))
     assert type(graphs) is MyGraphs and len(_graphs(graphs)) == 4
     assert not guard.report.filter(action="capture")
+
+
+def bump(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    z.add_(y)  # writes a tensor the caller made, inside what the transform captures
+    return z * 2
+
+
+def _bumps(fn, rounds: int = 3) -> list[torch.Tensor]:
+    got = []
+    for seed in range(rounds):
+        torch.manual_seed(seed)
+        z, y = torch.zeros(8, 4), torch.randn(8, 4)
+        got += [fn(z, y).clone(), z.clone()]  # a graph's output is the same tensor at every replay
+    return got
+
+
+def test_thunders_graphs_leave_an_input_they_write_unwritten(cpu_graphs):
+    """Thunder's runner replays a graph on its own copies of the inputs: ``z.add_(y)`` writes the copy."""
+    got = _bumps(thunder.jit(bump, transforms=[CUDAGraphTransform()]))
+    assert not torch.equal(got[1], _bumps(bump)[1]) and not got[1].any()  # the caller's z: still zeros
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_a_graph_that_writes_an_input_writes_the_callers_tensor(cpu_graphs, share):
+    guard, graphs = FusionGuard(share_capture_buffers=share), CUDAGraphTransform()
+    assert_same(_bumps(thunder.jit(bump, transforms=[guard, graphs])), _bumps(bump))
+    if share:
+        (capture,) = guard.report.filter(action="capture")
+        assert capture.details["copied_back"] == ["z"]
+        assert "1 input the graph may write copied back to the caller's tensor after each replay" in capture.reason
 
 
 def test_unknown_value_of_the_option_is_refused():
@@ -136,3 +168,16 @@ def test_cuda_graphs_sharing_buffers_give_thunders_bits_on_cuda():
     assert_same(_steps(thunderfx(gated, transforms=[guard, graphs]), device="cuda"), want)
     assert len(_graphs(graphs)) == 2
     assert {d.trace for d in guard.report.filter(action="capture")} == {"forward", "backward"}
+
+
+@pytest.mark.cuda
+def test_a_cuda_graph_that_writes_an_input_writes_the_callers_tensor_on_cuda():
+    """A real capture: the graph's own copy of ``z`` is written, then copied back into the caller's ``z``."""
+    guard, graphs = FusionGuard(), CUDAGraphTransform()
+    compiled = thunder.jit(bump, transforms=[guard, graphs])
+    for seed in range(3):
+        torch.manual_seed(seed)
+        z, y = torch.zeros(8, 4, device="cuda"), torch.randn(8, 4, device="cuda")
+        out = compiled(z, y)
+        assert torch.equal(z, y) and torch.equal(out, 2 * y)
+    assert guard.report.filter(action="capture")[0].details["copied_back"] == ["z"]

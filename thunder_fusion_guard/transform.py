@@ -110,9 +110,9 @@ class FusionGuard(thunder.Transform):
             if not backward:
                 self._compiles[function] = self._compiles.get(function, 0) + 1
             where = self._where("backward" if backward else "forward")
-            if self.options.share_capture_buffers and not self.options.report_only:
+            if not self.options.report_only:
                 for transform in th.compiling_transforms():
-                    th.share_capture_buffers(transform, writes_inputs)
+                    th.share_capture_buffers(transform, writes_inputs, share=self.options.share_capture_buffers)
             seen = len(self.report)
             measure = self.measurer if self.options.measure_budget_s > 0 else None
             try:

@@ -43,6 +43,7 @@ __all__ = [
     "refused_by_its_checks",
     "share_capture_buffers",
     "transform_name",
+    "written_inputs",
 ]
 
 
@@ -86,6 +87,8 @@ class CaptureSummary:
     in_place: list[tuple[str, str, int]] = field(default_factory=list)  # (input, graph that wrote it, bytes) read
     # where it lies instead of copied at each replay
     written: list[str] = field(default_factory=list)  # earlier graphs' outputs a graph writes: still copied
+    copied_back: list[tuple[str, str, int]] = field(default_factory=list)  # (input, graph, bytes): an input the
+    # graph may write, copied from the graph's buffer back into the caller's tensor after each replay
 
 
 def _bytes(proxy: Any) -> int:
@@ -98,6 +101,49 @@ def _bytes(proxy: Any) -> int:
 
 def _only_deletions(bsyms: list[BoundSymbol]) -> bool:
     return all(b.sym.id is prims.PrimIDs.DEL for b in bsyms)
+
+
+# Words in the names of ops whose output may share memory with an input (a write to it writes the input).
+_ALIASING_WORDS = (
+    "alias", "view", "reshape", "slice", "getitem", "narrow", "select", "squeeze", "transpose", "permute",
+    "expand", "broadcast", "flatten", "split", "chunk", "unbind", "movedim", "swapaxes", "diagonal", "strided",
+    "unfold", "real", "imag", "contiguous", "copy", "detach", "t",
+)  # fmt: skip
+
+
+def _may_alias(bsym: BoundSymbol) -> bool:
+    name = bsym.sym.name.lower()
+    return name == "t" or any(w in name for w in _ALIASING_WORDS if w != "t")
+
+
+def _names(values: Any) -> set[str]:
+    return {v.name for v in values if isinstance(v, Proxy)}
+
+
+def written_inputs(bsyms: list[BoundSymbol], inputs: list[Any], writes: Callable[[BoundSymbol], bool]) -> list[int]:
+    """Positions of the ``inputs`` of a region made of ``bsyms`` that the region may write: a tensor given to an
+    op that ``writes`` says may write what it is given, or one an op hands on as a view or alias (at any depth)
+    to such an op. Over, never under: a graph that writes an input it copied into its own buffer leaves the
+    caller's tensor unwritten unless the buffer is copied back."""
+    writing = [b for b in bsyms if writes(b)]
+    if not writing:
+        return []
+    written: set[str] = set()
+    for b in writing:
+        written |= _names(b.flat_args)
+    aliasing = [op for b in bsyms for op in (b, *_deep(b)) if _may_alias(op)]
+    grew = True
+    while grew:  # to a fixed point: a view of a view of an input
+        before = len(written)
+        for op in aliasing:
+            if _names(op.flat_outs) & written:
+                written |= _names(op.flat_args)
+        grew = len(written) > before
+    return [i for i, p in enumerate(inputs) if isinstance(p, Proxy) and p.name in written]
+
+
+def _deep(bsym: BoundSymbol) -> list[BoundSymbol]:
+    return [d for s in bsym.subsymbols for d in (s, *_deep(s))]
 
 
 class _SharedBuffers(CUDAGraphTransform):
@@ -165,9 +211,24 @@ class _SharedBuffers(CUDAGraphTransform):
             mask.append(static)
         runner = self.cuda_graph_runner
         call, name = runner.make_cuda_graph_callable_from_symbols(region.bound_symbols, inputs, outputs, mask)
+        back = [i for i in written_inputs(region.bound_symbols, inputs, self._writes) if not mask[i]]
+        summary.copied_back += [(inputs[i].name, name, _bytes(inputs[i])) for i in back]
+        call = _copying_back(runner, name, call, back)
         # The meta gives the region's outputs, so that Thunder's trace checks (DebugOptions) can run over it.
         symbol = Symbol(name, meta=lambda *args, **kwargs: outputs, is_fusion=True, executor=self)
         return BoundSymbol(symbol, inputs, {}, outputs, region.bound_symbols, _call_ctx={name: call})
+
+    def fuse(self, region: Region, fusion_counter: int) -> BoundSymbol:
+        """Thunder's ``fuse`` (its own grouping and copies, where this transform does not share buffers), with
+        the inputs the graph may write copied back after each replay."""
+        fused = super().fuse(region, fusion_counter)
+        name = fused.sym.name
+        inputs = [unvariableify(i) for i in region.inputs]
+        static = self.cuda_graph_runner.python_callables[name][1]
+        back = [i for i in written_inputs(region.bound_symbols, inputs, self._writes) if not (static and static[i])]
+        if back:
+            fused._call_ctx[name] = _copying_back(self.cuda_graph_runner, name, fused._call_ctx[name], back)
+        return fused
 
     def _compare_with_thunders_grouping(self, trace: TraceCtx, summary: CaptureSummary) -> None:
         """How many graphs Thunder's own grouping (``fusion_type``) makes of ``trace``, and how many of nothing
@@ -181,6 +242,26 @@ class _SharedBuffers(CUDAGraphTransform):
                 if _only_deletions(bsyms):
                     summary.thunder_empty += 1
                     summary.thunder_empty_inputs += len(Region(producers, consumers, bsyms).inputs)
+
+
+def _copying_back(runner: Any, name: str, call: Callable, positions: list[int]) -> Callable:
+    """``call`` (graph ``name`` of ``runner``), then each argument at ``positions`` overwritten with what the
+    replay left in the graph's own copy of it. Thunder's runner copies a graph's inputs into buffers of its own
+    and replays on those, so an op of the graph that writes an input (``x += y`` on a tensor made before the
+    graph) writes the buffer only: without this the caller's tensor keeps its old values."""
+    if not positions:
+        return call
+
+    def replay(*args: Any) -> Any:
+        out = call(*args)
+        _, static_inputs, _ = runner.cuda_graph_cache[runner.make_cache_key(name, *args)]
+        for i in positions:
+            if static_inputs[i] is not args[i]:
+                args[i].copy_(static_inputs[i])
+        return out
+
+    replay.__name__ = replay.__qualname__ = getattr(call, "__name__", name)
+    return replay
 
 
 @contextmanager
@@ -214,16 +295,19 @@ def transform_name(transform: Any) -> str:
     return "CUDAGraphTransform" if isinstance(transform, _SharedBuffers) else type(transform).__name__
 
 
-def share_capture_buffers(transform: Any, writes: Callable[[BoundSymbol], bool]) -> bool:
+def share_capture_buffers(transform: Any, writes: Callable[[BoundSymbol], bool], share: bool = True) -> bool:
     """Make ``transform``, Thunder's ``CUDAGraphTransform`` itself, capture as :class:`_SharedBuffers` does (the
-    same ops, kernels and values; fewer graphs and copies). ``writes(bsym)``: whether an op may write a tensor it
-    reads. True where ``transform`` captures so now; False for anything else (a subclass may capture otherwise)."""
+    same ops, kernels and values; fewer graphs and copies; with ``share=False`` Thunder's own grouping and
+    copies), each graph copying back the inputs it may write. ``writes(bsym)``: whether an op may write a tensor
+    it reads. True where ``transform`` captures so now; False for anything else (a subclass may capture
+    otherwise)."""
     if isinstance(transform, _SharedBuffers):
         return True
     if type(transform) is not CUDAGraphTransform:
         return False
     transform.__class__ = _SharedBuffers
     transform._writes = writes
+    transform._share = share
     return True
 
 
@@ -261,7 +345,7 @@ def capture_for_any_trace(transform: Any) -> CUDAGraphTransform | None:
     if adapted is None:
         adapted = _CaptureForAnyTrace()
         adapted.cuda_graph_runner = transform.cuda_graph_runner
-        adapted._share = isinstance(transform, _SharedBuffers)
+        adapted._share = isinstance(transform, _SharedBuffers) and transform._share
         adapted._writes = getattr(transform, "_writes", adapted._writes)
         _ADAPTED[transform] = adapted
     return adapted

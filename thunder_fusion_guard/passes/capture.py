@@ -27,13 +27,21 @@ def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decisio
             f"; {plural(len(summary.in_place), 'input')} read in an earlier graph's buffer, not copied "
             f"({human_bytes(in_place)} a replay)"
         )
+    if summary.copied_back:
+        back = sum(nbytes for _, _, nbytes in summary.copied_back)
+        reason += (
+            f"; {plural(len(summary.copied_back), 'input')} the graph may write copied back to the caller's "
+            f"tensor after each replay ({human_bytes(back)} a replay)"
+        )
     explanation = (
         f"{reason}. Thunder's CUDAGraphTransform groups the ops it captures by the compile option fusion_type "
         "(ThunderFX sets 'dataflow'), copies each input of a graph into the graph's own buffer at every replay "
         "unless it is a parameter or a forward graph's output saved for the backward, and captures a group of "
         "deletions alone. With share_capture_buffers (the default) each run of consecutive ops is one graph, as "
         "under thunder.jit, and a graph reads an earlier graph's output where that graph leaves it (the same "
-        "tensor at every replay): the same ops and kernels in the trace's order, without the copies."
+        "tensor at every replay): the same ops and kernels in the trace's order, without the copies. Thunder's "
+        "graphs replay on their own copies of their inputs, so an op that writes an input (x += y on a tensor made "
+        "before the graph) would leave the caller's tensor unwritten: the guard copies such inputs back."
     )
     short, told = explained(reason, explanation)
     return Decision(
@@ -56,5 +64,6 @@ def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decisio
             "read_in_place": [name for name, _, _ in summary.in_place],
             "bytes_not_copied": in_place,
             "still_copied": list(summary.written),
+            "copied_back": [name for name, _, _ in summary.copied_back],
         },
     )
