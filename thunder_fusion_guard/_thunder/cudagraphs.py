@@ -120,17 +120,31 @@ def _names(values: Any) -> set[str]:
     return {v.name for v in values if isinstance(v, Proxy)}
 
 
+def _write_targets(bsym: BoundSymbol) -> set[str] | None:
+    """The tensors ``bsym`` (or an op inside it) writes: ``copy_``'s destination, an in-place op's first
+    argument; None where it holds neither (an op ``writes`` flags for another reason: all its tensors count)."""
+    found: set[str] | None = None
+    for op in (bsym, *_deep(bsym)):
+        name = op.sym.name
+        if name.endswith("copy_") and len(op.args) > 1:
+            found = (found or set()) | _names(op.args[1:2])
+        elif name.endswith("_") and not name.startswith("_") and op.args:
+            found = (found or set()) | _names(op.args[:1])
+    return found
+
+
 def written_inputs(bsyms: list[BoundSymbol], inputs: list[Any], writes: Callable[[BoundSymbol], bool]) -> list[int]:
-    """Positions of the ``inputs`` of a region made of ``bsyms`` that the region may write: a tensor given to an
-    op that ``writes`` says may write what it is given, or one an op hands on as a view or alias (at any depth)
-    to such an op. Over, never under: a graph that writes an input it copied into its own buffer leaves the
-    caller's tensor unwritten unless the buffer is copied back."""
-    writing = [b for b in bsyms if writes(b)]
-    if not writing:
-        return []
+    """Positions of the ``inputs`` of a region made of ``bsyms`` that the region may write: the destination of an
+    op that ``writes`` says may write what it is given (all its tensors where it names none), or a tensor an op
+    hands on as a view or alias (at any depth) to one. A graph that writes an input it copied into its own
+    buffer leaves the caller's tensor unwritten unless the buffer is copied back."""
     written: set[str] = set()
-    for b in writing:
-        written |= _names(b.flat_args)
+    for b in bsyms:
+        if writes(b):
+            targets = _write_targets(b)
+            written |= _names(b.flat_args) if targets is None else targets
+    if not written:
+        return []
     aliasing = [op for b in bsyms for op in (b, *_deep(b)) if _may_alias(op)]
     grew = True
     while grew:  # to a fixed point: a view of a view of an input
@@ -257,7 +271,9 @@ def _copying_back(runner: Any, name: str, call: Callable, positions: list[int]) 
         _, static_inputs, _ = runner.cuda_graph_cache[runner.make_cache_key(name, *args)]
         for i in positions:
             if static_inputs[i] is not args[i]:
-                args[i].copy_(static_inputs[i])
+                # Through .data: the write autograd saw when the graph was traced (Thunder's fusions write
+                # their inputs' memory the same way), not a second in-place op on a view autograd tracks.
+                args[i].data.copy_(static_inputs[i])
         return out
 
     replay.__name__ = replay.__qualname__ = getattr(call, "__name__", name)
