@@ -223,7 +223,13 @@ def test_difference_is_zero_only_for_equal_bits():
     assert zoo._difference(a, [torch.tensor([1.0, 2.0]), torch.zeros(1)]) is None
     names = ["the loss", "the gradient of w"]
     assert zoo._against_eager(a, [torch.tensor([1.0, 2.0]), torch.zeros(1)], names) == (
-        "different tensors from eager (the gradient of w is None here, a tensor there)"
+        "different tensors from eager (the gradient of w is None here, a tensor there); the tensors both have: "
+        "bitwise equal"
+    )
+    # A lost gradient does not hide a wrong loss: the tensors both have are compared all the same.
+    assert zoo._against_eager(a, [torch.tensor([1.0, 9.0]), torch.zeros(1)], names) == (
+        "different tensors from eager (the gradient of w is None here, a tensor there); the tensors both have: "
+        "outside tolerance (max abs difference 7)"
     )
     assert zoo._mismatch([torch.zeros(2)], [torch.zeros(3)], names) == (
         "the loss is (2,) torch.float32 here, (3,) torch.float32 there"
@@ -263,7 +269,14 @@ def test_paths_run_apart_are_compared_through_the_results_their_processes_saved(
         "bitwise": [t.clone() for t in twin],
         "within Thunder's own difference": [twin[0] + 2**-10, twin[1]],
         "differs": [twin[0] + 0.5, twin[1]],
-        "different tensors (the gradient of w is None here, a tensor there)": [twin[0], None],
+        "different tensors (the gradient of w is None here, a tensor there); the tensors both have: bitwise": [
+            twin[0],
+            None,
+        ],
+        "different tensors (the gradient of w is None here, a tensor there); the tensors both have: differs": [
+            twin[0] * 0,
+            None,
+        ],
     }
     for want, guarded in cases.items():
         zoo.save_values(tmp_path / "twin.pt", {P("fx"): names}, {P("fx"): twin})

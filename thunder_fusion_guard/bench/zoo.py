@@ -455,6 +455,19 @@ def _difference(a: list[Any], b: list[Any]) -> float | None:
     return worst
 
 
+def _both_have(a: list[Any], b: list[Any]) -> tuple[list[Any], list[Any]]:
+    """The results of ``a`` and ``b`` that are tensors of the same shape and dtype on both sides, paired (none
+    where the two do not have as many results)."""
+    if len(a) != len(b):
+        return [], []
+    pairs = [(x, y) for x, y in zip(a, b, strict=True) if _same_kind(x, y)]
+    return [x for x, _ in pairs], [y for _, y in pairs]
+
+
+def _same_kind(x: Any, y: Any) -> bool:
+    return x is not None and y is not None and x.shape == y.shape and x.dtype == y.dtype
+
+
 def _mismatch(a: list[Any], b: list[Any], names: Sequence[str]) -> str:
     """Which result of ``a`` has no counterpart of the same kind in ``b`` (``names``: what each result is)."""
     if len(a) != len(b):
@@ -474,7 +487,10 @@ def _against_eager(guarded: list[Any], eager: list[Any], names: Sequence[str] = 
     import torch
 
     if _difference(guarded, eager) is None:
-        return f"different tensors from eager ({_mismatch(guarded, eager, names)})"
+        # The tensors both have are still compared: a path that loses one gradient must not hide a wrong loss.
+        mine, theirs = _both_have(guarded, eager)
+        rest = _against_eager(mine, theirs).replace(" to eager", "").replace("eager's ", "") if mine else "none"
+        return f"different tensors from eager ({_mismatch(guarded, eager, names)}); the tensors both have: {rest}"
     try:
         for a, b in zip(guarded, eager, strict=True):
             if a is not None:
@@ -668,15 +684,24 @@ def compare_with_baselines(
         row = result.paths[path]
         row.compared_with, row.difference = baseline, _difference(values[path], values[baseline])
         floor = result.paths[baseline].self_difference
-        row.bits = (
-            f"different tensors ({_mismatch(values[path], values[baseline], names[path])})"
-            if row.difference is None
-            else "bitwise" if row.difference == 0.0
-            else "within Thunder's own difference" if floor is not None and row.difference <= floor
-            else "differs"
-        )  # fmt: skip
+        if row.difference is None:  # the tensors both have are still compared
+            mine, theirs = _both_have(values[path], values[baseline])
+            rest = _against_twin(_difference(mine, theirs), floor) if mine else "none"
+            row.bits = f"different tensors ({_mismatch(values[path], values[baseline], names[path])}); "
+            row.bits += f"the tensors both have: {rest}"
+        else:
+            row.bits = _against_twin(row.difference, floor)
         compared.add(path)
     return compared
+
+
+def _against_twin(difference: float | None, floor: float | None) -> str:
+    """A guarded path's difference from its unguarded twin, against the twin's own run-to-run difference."""
+    if difference == 0.0:
+        return "bitwise"
+    if difference is not None and floor is not None and difference <= floor:
+        return "within Thunder's own difference"
+    return "differs"
 
 
 def _compare_with_eager(row: PathResult, got: list[Any], eager: list[Any], names: Sequence[str]) -> None:
