@@ -166,7 +166,9 @@ class _SharedBuffers(CUDAGraphTransform):
     of the same trace in that graph's own buffer (the same tensor at every replay) instead of copying it in.
     An input a graph writes (an in-place op or ``copy_`` reading it, by ``_writes``) is copied as before."""
 
-    _writes: Callable[[BoundSymbol], bool] = staticmethod(lambda bsym: True)
+    # Whether an op may write a tensor it reads (the guard passes its own rule): by default, one that holds an
+    # in-place op or a copy_.
+    _writes: Callable[[BoundSymbol], bool] = staticmethod(lambda bsym: _write_targets(bsym) is not None)
     _share = True  # False: Thunder's own grouping and copies (an adapted capture of a transform left as it was)
 
     def _can_fuse_nodes(self, a: Node, b: Node) -> bool:
@@ -270,7 +272,7 @@ def _copying_back(runner: Any, name: str, call: Callable, positions: list[int]) 
         out = call(*args)
         _, static_inputs, _ = runner.cuda_graph_cache[runner.make_cache_key(name, *args)]
         for i in positions:
-            if static_inputs[i] is not args[i]:
+            if static_inputs[i] is not args[i] and not _overlapping(args[i]):
                 # Through .data: the write autograd saw when the graph was traced (Thunder's fusions write
                 # their inputs' memory the same way), not a second in-place op on a view autograd tracks.
                 args[i].data.copy_(static_inputs[i])
@@ -278,6 +280,11 @@ def _copying_back(runner: Any, name: str, call: Callable, positions: list[int]) 
 
     replay.__name__ = replay.__qualname__ = getattr(call, "__name__", name)
     return replay
+
+
+def _overlapping(tensor: Any) -> bool:
+    """Whether elements of ``tensor`` share memory (a broadcast): no op writes such a tensor, eagerly either."""
+    return any(stride == 0 and size > 1 for stride, size in zip(tensor.stride(), tensor.shape, strict=True))
 
 
 @contextmanager
