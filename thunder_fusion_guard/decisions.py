@@ -76,6 +76,7 @@ class Details(TypedDict, total=False):
     read_in_place: list[str]  # inputs read in an earlier graph's buffer, not copied at each replay
     bytes_not_copied: int  # their bytes, per replay
     still_copied: list[str]  # earlier graphs' outputs a graph writes, copied as Thunder copies them
+    copied_back: list[str]  # inputs a graph may write, copied back into the caller's tensors after each replay
 
 
 @dataclass
