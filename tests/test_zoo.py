@@ -214,6 +214,33 @@ def test_a_rescued_path_is_compared_with_eager_and_its_rescues_listed():
     assert zoo._against_eager([eager[0] + 1], eager) == "outside eager's tolerance (max abs difference 1)"
 
 
+def test_a_guarded_path_that_differs_from_a_wrong_thunder_or_rescued_a_capture_says_how_it_compares_with_eager():
+    """Unguarded ThunderFX's loss is wrong (a write lost); the guarded path's is eager's: the verdict says both. A
+    guarded path with CUDA graphs whose unguarded twin failed is compared with fx and with eager."""
+    import torch
+
+    names = ["loss", "the gradient of w"]
+    eager = [torch.tensor(-799.92), torch.tensor([1.0, 2.0])]
+    wrong = [torch.tensor(-1253.17), torch.tensor([1.0, 2.0])]
+    values = {zoo.EAGER: eager, P("fx"): wrong, P("fx-guarded"): list(eager), P("fx-guarded+cudagraph"): list(wrong)}
+    result = zoo.ModelResult("m", paths={
+        zoo.EAGER: zoo.PathResult(runs=True),
+        P("fx"): zoo.PathResult(runs=True, self_difference=0.0),
+        P("fx-cudagraph"): zoo.PathResult(runs=False, error="AssertionError"),
+        P("fx-guarded"): zoo.PathResult(runs=True),
+        P("fx-guarded+cudagraph"): zoo.PathResult(runs=True),
+    })  # fmt: skip
+    assert zoo.compare_with_baselines(result, {p: names for p in values}, values) == {
+        P("fx-guarded"),
+        P("fx-guarded+cudagraph"),
+    }
+    assert result.paths[P("fx-guarded")].bits == "differs vs fx; bitwise equal to eager"
+    got = result.paths[P("fx-guarded+cudagraph")].bits
+    assert got == "bitwise vs fx; outside eager's tolerance (max abs difference 453)"
+    rows = {r.path.name: r for r in zoo.summary_rows([result])}
+    assert rows["fx-guarded"].cells()[3] == "differs vs fx; bitwise equal to eager"  # no second "(vs fx)"
+
+
 def test_difference_is_zero_only_for_equal_bits():
     import torch
 
@@ -290,6 +317,8 @@ def test_paths_run_apart_are_compared_through_the_results_their_processes_saved(
         values = {p: v for _, got in loaded for p, v in got.items()}
         assert zoo.compare_with_baselines(result, names_of, values) == {P("fx-guarded")}
         row = result.paths[P("fx-guarded")]
+        if not want.startswith(("bitwise", "within")):  # where it differs from fx, its process's word on eager
+            want += " vs fx; within eager's tolerance"
         assert (row.bits, row.compared_with) == (want, P("fx")), want
     assert zoo.load_values(tmp_path / "no-such.pt") == ({}, {})  # a process that saved nothing
 

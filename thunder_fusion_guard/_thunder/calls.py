@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["DirectNvFuserCall", "RescuingCall", "direct_nvfuser_call", "nvfuser_definition"]
+__all__ = ["ContiguousWrites", "DirectNvFuserCall", "RescuingCall", "direct_nvfuser_call", "nvfuser_definition"]
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 # More layouts than this for one region (shapes that keep changing): start the table again.
@@ -158,6 +158,54 @@ class RescuingCall(_Wrapper):
     @property
     def inner(self) -> Any:
         return self.fused
+
+
+class ContiguousWrites(_Wrapper):
+    """Runs a fusion region that writes some of its inputs (positions ``written``) so that each write lands:
+    a written input that is not contiguous is handed to the fusion as a contiguous copy, copied into it after
+    the call, and an output that is that copy is handed back as the input itself. nvFuser 0.2.36 writes a
+    non-contiguous input (a ``narrow`` of a wider tensor) as if it were contiguous: the values land elsewhere in
+    its base. ``on_first(args, positions)`` is told the first call that needs it. A call whose written inputs
+    are all contiguous is the fusion's own. The copy in goes through ``.data``, as the fusion's own write
+    would: autograd's version counter does not move."""
+
+    __slots__ = ("_on_first", "fused", "written")
+
+    def __init__(self, fused: Callable, written: tuple[int, ...], on_first: Callable[[tuple, list[int]], None]) -> None:
+        self.fused = fused
+        self.written = written
+        self._on_first = on_first
+
+    def __call__(self, *args: Any) -> Any:
+        strided = [i for i in self.written if isinstance(args[i], torch.Tensor) and not args[i].is_contiguous()]
+        if not strided:
+            return self.fused(*args)
+        if self._on_first is not None:
+            on_first, self._on_first = self._on_first, None
+            with contextlib.suppress(Exception):  # recording never breaks the call
+                on_first(args, strided)
+        given = list(args)
+        copies = {i: args[i].detach().clone(memory_format=torch.contiguous_format) for i in strided}
+        for i, copy in copies.items():
+            given[i] = copy
+        out = self.fused(*given)
+        back = {}
+        for i, copy in copies.items():
+            args[i].data.copy_(copy)
+            back[(copy.data_ptr(), copy.shape)] = args[i]
+        if isinstance(out, (list, tuple)):
+            out = type(out)(_same_or(o, back) for o in out)
+        return _same_or(out, back)
+
+    @property
+    def inner(self) -> Any:
+        return self.fused
+
+
+def _same_or(value: Any, back: dict) -> Any:
+    if isinstance(value, torch.Tensor) and value.is_contiguous():
+        return back.get((value.data_ptr(), value.shape), value)
+    return value
 
 
 def nvfuser_definition(fn: Callable, args: tuple) -> str | None:

@@ -133,11 +133,15 @@ def _write_targets(bsym: BoundSymbol) -> set[str] | None:
     return found
 
 
-def written_inputs(bsyms: list[BoundSymbol], inputs: list[Any], writes: Callable[[BoundSymbol], bool]) -> list[int]:
+def written_inputs(
+    bsyms: list[BoundSymbol], inputs: list[Any], writes: Callable[[BoundSymbol], bool] | None = None
+) -> list[int]:
     """Positions of the ``inputs`` of a region made of ``bsyms`` that the region may write: the destination of an
-    op that ``writes`` says may write what it is given (all its tensors where it names none), or a tensor an op
-    hands on as a view or alias (at any depth) to one. A graph that writes an input it copied into its own
-    buffer leaves the caller's tensor unwritten unless the buffer is copied back."""
+    op that ``writes`` says may write what it is given (all its tensors where it names none; by default an op
+    that holds an in-place op or a ``copy_``), or a tensor an op hands on as a view or alias (at any depth) to
+    one. A graph that writes an input it copied into its own buffer leaves the caller's tensor unwritten unless
+    the buffer is copied back."""
+    writes = writes or _holds_a_write
     written: set[str] = set()
     for b in bsyms:
         if writes(b):
@@ -156,6 +160,10 @@ def written_inputs(bsyms: list[BoundSymbol], inputs: list[Any], writes: Callable
     return [i for i, p in enumerate(inputs) if isinstance(p, Proxy) and p.name in written]
 
 
+def _holds_a_write(bsym: BoundSymbol) -> bool:
+    return _write_targets(bsym) is not None
+
+
 def _deep(bsym: BoundSymbol) -> list[BoundSymbol]:
     return [d for s in bsym.subsymbols for d in (s, *_deep(s))]
 
@@ -168,7 +176,7 @@ class _SharedBuffers(CUDAGraphTransform):
 
     # Whether an op may write a tensor it reads (the guard passes its own rule): by default, one that holds an
     # in-place op or a copy_.
-    _writes: Callable[[BoundSymbol], bool] = staticmethod(lambda bsym: _write_targets(bsym) is not None)
+    _writes: Callable[[BoundSymbol], bool] = staticmethod(_holds_a_write)
     _share = True  # False: Thunder's own grouping and copies (an adapted capture of a transform left as it was)
 
     def _can_fuse_nodes(self, a: Node, b: Node) -> bool:

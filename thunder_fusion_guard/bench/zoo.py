@@ -671,7 +671,10 @@ def compare_with_baselines(
 ) -> set[ZooPath]:
     """Each guarded path's results against its baseline's (the one without CUDA graphs where that did not run),
     the baseline's own run-to-run difference as the floor; the guarded paths so compared. Also across processes:
-    the values of paths run apart (:func:`load_values`)."""
+    the values of paths run apart (:func:`load_values`). Where the guarded path differs from its baseline, or
+    its twin with CUDA graphs failed (the guard rescued the capture), how it compares with eager follows (from
+    eager's values where given, else from the comparison its own process made): a guarded path that differs
+    from a wrong unguarded Thunder says so."""
     compared = set()
     for path in GUARDED:
         baseline = path.baseline
@@ -682,6 +685,10 @@ def compare_with_baselines(
         if baseline not in values:
             continue
         row = result.paths[path]
+        if EAGER in values:
+            against_eager = _against_eager(values[path], values[EAGER], names[path])
+        else:
+            against_eager = row.bits if row.compared_with == EAGER else None
         row.compared_with, row.difference = baseline, _difference(values[path], values[baseline])
         floor = result.paths[baseline].self_difference
         if row.difference is None:  # the tensors both have are still compared
@@ -691,6 +698,9 @@ def compare_with_baselines(
             row.bits += f"the tensors both have: {rest}"
         else:
             row.bits = _against_twin(row.difference, floor)
+        rescued = baseline != path.baseline
+        if against_eager and (rescued or not row.bits.startswith(("bitwise", "within"))):
+            row.bits = f"{row.bits} vs {baseline}; {against_eager}"
         compared.add(path)
     return compared
 

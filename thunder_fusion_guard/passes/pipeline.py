@@ -529,7 +529,12 @@ def rescue_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
         record(decision)
         announce(decision)
 
-    new, wraps = rescue_calls(trace, may_rescue, on_rescue)
+    def on_strided_write(region: Region, args: tuple, at: list[int]) -> None:
+        decision = _strided_write_decision(where, region, args, at)
+        record(decision)
+        announce(decision)
+
+    new, wraps = rescue_calls(trace, may_rescue, on_rescue, on_strided_write)
     regions = context.region_decisions()
     unwrapped = [(regions.get(w.region), w.because) for w in wraps if not w.changed]
     return new, [_instead(d, details={**d.details, "rescue": f"none: {why}"}) for d, why in unwrapped if d]
@@ -554,6 +559,28 @@ def _rescue_decision(where: TraceContext, region: Region, error: Exception, args
     reproduction = nvfuser_reproduction(th.region_callable(region.bsym), args, f"{region.name} ({where.trace})")
     if reproduction:
         d.details["reproduction"] = reproduction
+    return d
+
+
+def _strided_write_decision(where: TraceContext, region: Region, args: tuple, at: list[int]) -> Decision:
+    names = ", ".join(region.bsym.args[i].name for i in at)
+    d = _region_decision(
+        where, region, "rescue", f"{region.executor} writes non-contiguous input {names} as if it were contiguous"
+    )
+    d.details.update(
+        explanation=(
+            f"{region.name} writes its input {names}, which is not contiguous (a narrow or slice of a wider tensor); "
+            f"{region.executor} writes such an input as if it were contiguous, so unguarded the values land "
+            "elsewhere in the tensor it is part of. Where such an input is not contiguous, the fusion writes a "
+            "contiguous copy, copied into the input after the call: the values the fusion computes, where the "
+            "program puts them"
+        ),
+        rescued_by=f"{region.executor}, through a contiguous copy of the input it writes",
+        inputs=describe_inputs(args),
+    )
+    source = th.source_line(*region.body)
+    if source:
+        d.details["source"] = source
     return d
 
 

@@ -20,14 +20,27 @@ from .rewrite import CallChange, lower_region
 
 # What a rescue tells: the region, the error and the arguments of the call that failed.
 OnRescue = Callable[[Region, Exception, tuple], None]
+# What a region's first call with a written input that is not contiguous tells: the region, the call's arguments
+# and the positions of those inputs.
+OnStridedWrite = Callable[[Region, tuple, list[int]], None]
+
+# The fusion executors that write an input that is not contiguous as if it were (nvFuser 0.2.36): a region of
+# theirs that writes an input writes a contiguous copy of it, copied in after the call.
+WRITES_AS_IF_CONTIGUOUS: frozenset[str] = frozenset({"nvfuser"})
 
 
 def rescue_calls(
-    trace: th.TraceCtx, may_rescue: Callable[[th.BoundSymbol], bool], on_rescue: OnRescue
+    trace: th.TraceCtx,
+    may_rescue: Callable[[th.BoundSymbol], bool],
+    on_rescue: OnRescue,
+    on_strided_write: OnStridedWrite | None = None,
 ) -> tuple[th.TraceCtx, list[CallChange]]:
     """``trace`` with every fusion region that ``may_rescue`` allows called through a rescuing call; a region
-    that fails is lowered to Thunder's torch executor then, and ``on_rescue(region, error, args)`` is told. One
-    record per region (``changed``: called through a rescuing call)."""
+    that fails is lowered to Thunder's torch executor then, and ``on_rescue(region, error, args)`` is told. A
+    region of an executor in :data:`WRITES_AS_IF_CONTIGUOUS` that writes one of its inputs writes it through a
+    contiguous copy where it is not contiguous (:class:`~.._thunder.ContiguousWrites`), and
+    ``on_strided_write`` is told the first such call. One record per region (``changed``: called through a
+    rescuing call)."""
     wraps: list[CallChange] = []
     bsyms = list(trace.bound_symbols)
     for region in find_regions(trace):
@@ -36,8 +49,14 @@ def rescue_calls(
         if not all(isinstance(a, th.Proxy) for a in region.bsym.args):
             wraps.append(CallChange(region.name, False, "its call takes values that are not proxies"))
             continue
+        fused = th.region_callable(region.bsym)
+        written = th.written_inputs(region.body, list(region.bsym.args))
+        if written and region.executor in WRITES_AS_IF_CONTIGUOUS and on_strided_write is not None:
+            fused = th.ContiguousWrites(
+                fused, tuple(written), lambda args, at, region=region: on_strided_write(region, args, at)
+            )
         call = th.RescuingCall(
-            th.region_callable(region.bsym),
+            fused,
             _fallback_maker(trace, region),
             lambda error, args, region=region: on_rescue(region, error, args),
         )
@@ -63,7 +82,7 @@ def announce(decision: Any) -> None:
     failed and what runs it now; ``explain()`` and the report have the rest."""
     where = f"{decision.subgraph}, " if decision.subgraph else ""
     by = decision.details.get("rescued_by")
-    what = f"rescued: {by} runs it from now on" if by else decision.reason
+    what = (f"rescued: {by} runs it from now on" if decision.error else f"rescued: {by}") if by else decision.reason
     failed = (decision.error or decision.reason).strip().splitlines()[0]
     said = failed if failed == what else f"{failed}; {what}"
     warnings.warn(
