@@ -24,29 +24,26 @@ GUARD = {"measure_budget_s": 0}  # no real timing decides a region: the model do
 P = zoo.ZooPath.parse
 
 
-def _zoo(lane, folder):
-    results = {}
-    for name, paths in CPU_CASES.items():
-        if not ZOO[name].available():
-            results[name] = None
-            continue
-        out = folder / f"{name}.json"
-        spec = zoo.ModelSpec(name, "cpu", tuple(map(P, paths)), 0, time.time() + 600, str(out), 1, GUARD)
-        code = (
-            "import sys; from thunder_fusion_guard.bench import zoo;"
-            f"zoo.run_model(zoo.ModelSpec.from_json({spec.to_json()!r}), lambda m: print(m, file=sys.stderr))"
-        )
-        done = lane.run([sys.executable, "-c", code], timeout=600)
-        results[name] = (done.returncode, done.stderr[-2000:], json.loads(out.read_text()) if out.exists() else None)
-    return results
+def _zoo(lane, folder, name):
+    """One model's two paths in a process of its own (each parametrized test's own background job)."""
+    if not ZOO[name].available():
+        return None
+    out = folder / f"{name}.json"
+    spec = zoo.ModelSpec(name, "cpu", tuple(map(P, CPU_CASES[name])), 0, time.time() + 600, str(out), 1, GUARD)
+    code = (
+        "import sys; from thunder_fusion_guard.bench import zoo;"
+        f"zoo.run_model(zoo.ModelSpec.from_json({spec.to_json()!r}), lambda m: print(m, file=sys.stderr))"
+    )
+    done = lane.run([sys.executable, "-c", code], timeout=600)
+    return done.returncode, done.stderr[-2000:], json.loads(out.read_text()) if out.exists() else None
 
 
-@pytest.mark.background.with_args(_zoo)  # the models compile beside the other tests (tests/conftest.py)
-@pytest.mark.parametrize("name", list(CPU_CASES))
+# Each model compiles beside the other tests (tests/conftest.py), one job a model.
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.background.with_args(_zoo, n)) for n in CPU_CASES])
 def test_guard_runs_where_thunder_runs_and_keeps_its_bits(background, name):
-    if background[name] is None:
+    if background is None:
         pytest.skip(f"{ZOO[name].requires} is not installed")
-    returncode, stderr, written = background[name]
+    returncode, stderr, written = background
     assert returncode == 0 and written is not None, stderr
     result = zoo.ModelResult.from_dict(written)
     unguarded, guarded = map(P, CPU_CASES[name])
