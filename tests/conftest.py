@@ -192,6 +192,25 @@ def _thunder_checks_every_trace():
     patch.undo()
 
 
+@pytest.fixture
+def no_inductor():
+    """helpers.without_inductor() for one test."""
+    from helpers import without_inductor
+
+    with without_inductor():
+        yield
+
+
+@pytest.fixture(scope="module")
+def no_inductor_module():
+    """helpers.without_inductor() for a whole test module, its module-scoped fixtures too
+    (``pytestmark = pytest.mark.usefixtures("no_inductor_module")``)."""
+    from helpers import without_inductor
+
+    with without_inductor():
+        yield
+
+
 class BackgroundLane:
     """Out-of-process work of the selected tests marked ``background`` (the README snippets, the two-rank
     runs), run one job after another on a thread of its own from the end of collection on: on a 2-core

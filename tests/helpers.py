@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import thunder
 import thunder.torch as ltorch
 import torch
@@ -23,6 +25,36 @@ ALWAYS_EAGER = {
     "eager_gbps": 1e6,
     "overlapped": False,
 }
+
+
+@contextlib.contextmanager
+def without_inductor():
+    """Thunder's torch.compile executor and ThunderFX without Inductor, for tests whose subject is not the code
+    Inductor generates (reports, why-not-fused rows, sources, the command line): a fusion region runs the trace
+    Thunder's ``make_compiled`` would hand ``torch.compile`` op by op (under ``no_grad``, as the compiled region
+    runs), and ThunderFX runs the pieces it leaves to ``torch._inductor.compile`` as their FX graphs. Executors,
+    regions and decisions are the same: only no C++ is generated and compiled (about 0.6 s of g++ for each small
+    program, cold). Tests of bits (guarded against unguarded Thunder or eager), of rescue and of the backend
+    choice keep Inductor."""
+    import thunder.executors.torch_compile as torch_compile
+    import torch._inductor
+
+    compiled, inductor_compile = torch_compile.make_compiled, torch._inductor.compile
+    real_compile = torch.compile
+
+    def make_uncompiled(*args, **kwargs):
+        torch.compile = lambda fn, **options: fn
+        try:
+            return compiled(*args, **kwargs)
+        finally:
+            torch.compile = real_compile
+
+    torch_compile.make_compiled = make_uncompiled
+    torch._inductor.compile = lambda graph_module, example_inputs: graph_module
+    try:
+        yield
+    finally:
+        torch_compile.make_compiled, torch._inductor.compile = compiled, inductor_compile
 
 
 def region_actions(guard: FusionGuard, trace: str = "forward") -> dict[str, tuple[str, str]]:

@@ -278,6 +278,7 @@ def test_every_timing_command_takes_threads(command, capsys):
     assert e.value.code == 0 and "--threads N" in out and "(default 1:" in out, out
 
 
+@pytest.mark.usefixtures("no_inductor")  # the pinning is the subject, not the kernels
 def test_report_pins_one_thread_and_says_so(capsys):
     threads = torch.get_num_threads()
     try:

@@ -1,12 +1,14 @@
 """The demo: a case where the guard acts (the mask built in forward is hoisted), the gain, and Thunder's own
 per-call cost named and measured. Timings are injected: nothing here depends on the machine's speed."""
 
+import pytest
 import torch
 
 import thunder_fusion_guard.tools.demo as demo
 from thunder_fusion_guard.measure.timing import Timing
 
 
+@pytest.mark.usefixtures("no_inductor")  # timings injected: the text is the subject
 def test_demo_acts_on_cpu_and_names_thunders_per_call_cost(monkeypatch):
     mask = next(c for c in demo.CASES if c.fn is demo.banded_mask)
     monkeypatch.setattr(demo, "CASES", [demo.Case(mask.name, mask.fn, (2, 8, 8))])
@@ -40,6 +42,7 @@ def test_the_demo_mask_case_is_exact_and_hoisted():
     assert hoists, [(d.action, d.reason) for d in guard.report]
 
 
+@pytest.mark.usefixtures("no_inductor")
 def test_every_demo_decision_names_the_demo_line_that_made_it():
     """The demo's functions are the user's code here: each decision's source is a line of tools/demo.py, not
     Thunder's (a reshape's innermost frame) or einops' (rearrange's own code)."""

@@ -127,6 +127,7 @@ def test_as_strided_region_is_kept():
     assert [d.action for d in guard.report] == ["keep"]
 
 
+@pytest.mark.usefixtures("no_inductor")
 def test_random_ops_by_tag_or_name_and_normalize_is_not_one():
     import torch.nn.functional as F
     from helpers import jit_cpu, regions

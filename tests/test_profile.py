@@ -13,6 +13,9 @@ from thunder_fusion_guard import FusionGuard, profile_regions
 from thunder_fusion_guard import _thunder as th
 from thunder_fusion_guard.examine.profile import RegionRow
 
+# The subject is not the code Inductor generates: regions run uncompiled (helpers.without_inductor).
+pytestmark = pytest.mark.usefixtures("no_inductor_module")
+
 
 def mixed(x, w):
     y = rearrange(x, "b h s d -> (b h) s d")

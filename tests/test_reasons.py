@@ -13,6 +13,9 @@ from test_rewrites import sliding_window_mask
 import thunder_fusion_guard.passes.pipeline as pipeline
 from thunder_fusion_guard import FusionGuard
 
+# The subject is not the code Inductor generates: regions run uncompiled (helpers.without_inductor).
+pytestmark = pytest.mark.usefixtures("no_inductor_module")
+
 # Cost constants under which the fusion always wins by far (ALWAYS_EAGER's mirror).
 ALWAYS_FUSED = {
     "fusion_call_us": 1e-6,

@@ -12,6 +12,9 @@ import pytest
 from thunder_fusion_guard.tools.cli import main
 from thunder_fusion_guard.tools.report_cli import MakeFailed, TargetError, load_target, make_workload
 
+# The report is the subject, not the code Inductor generates: regions run uncompiled (helpers.without_inductor).
+pytestmark = pytest.mark.usefixtures("no_inductor_module")
+
 REPO = Path(__file__).resolve().parents[1]
 
 OUTSIDE = """

@@ -11,6 +11,9 @@ from thunder_fusion_guard import FusionGuard, collect_segments, explain
 from thunder_fusion_guard.examine import segments
 from thunder_fusion_guard.render.table import kernels_text
 
+# The subject is not the code Inductor generates: regions run uncompiled (helpers.without_inductor).
+pytestmark = pytest.mark.usefixtures("no_inductor_module")
+
 POINTWISE = "nvf::nvfuser_pointwise_f0_c1_r0_g0(nvf::Tensor<float, 2, 2>, nvf::Tensor<float, 2, 2>)"
 REDUCTION = "<unnamed>::nvfuser_reduction_f3_c1_r0_g2(nvf::Tensor<float, 2, 2>, nvf::Tensor<float, 1, 1>)"
 PERSISTENT = "nvf::nvfuser_inner_outer_persistent_f12_c1_r0_g1(nvf::Tensor<__bfloat, 3, 3>)"

@@ -4,6 +4,7 @@ under ``thunder.jit`` and ThunderFX, and names the decision (``Decision.name``).
 
 import inspect
 
+import pytest
 import torch
 from helpers import jit_cpu
 from test_hoist import mask_loop
@@ -11,6 +12,9 @@ from thunder.dynamo import thunderfx
 
 from thunder_fusion_guard import FusionGuard, fusion_executors
 from thunder_fusion_guard._thunder import stack_trace_source
+
+# The subject is not the code Inductor generates: regions run uncompiled (helpers.without_inductor).
+pytestmark = pytest.mark.usefixtures("no_inductor_module")
 
 
 class Block(torch.nn.Module):

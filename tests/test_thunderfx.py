@@ -219,6 +219,7 @@ class SharedInputs(torch.nn.Module):
         return torch.tanh(q * k + v)
 
 
+@pytest.mark.usefixtures("no_inductor")
 def test_profiling_runs_the_compiled_subgraphs_and_a_recompile_is_labelled():
     """The profiler feeds each subgraph copies of its inputs that share memory as the originals did (else
     Thunder compiled the subgraph again for unaliased inputs, and the report listed it twice, unexplained);

@@ -18,6 +18,9 @@ from thunder.extend import ImplInfo
 from thunder_fusion_guard.examine.why import why_not_fused
 from thunder_fusion_guard.examine.why_rows import NO_FIX
 
+# The rows are the subject, not the code Inductor generates: regions run uncompiled (helpers.without_inductor).
+pytestmark = pytest.mark.usefixtures("no_inductor_module")
+
 # A torch.compile fusion executor whose tanh needs a compile option and whose sin refuses 2-D tensors.
 picky = TorchCompileExecutor(name="picky_tc")
 picky._implmap = {k: v for k, v in torch_compile_ex._implmap.items() if k not in (ltorch.tanh.id, ltorch.sin.id)}

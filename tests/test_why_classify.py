@@ -21,6 +21,9 @@ from thunder_fusion_guard.examine.why import numbering_gap_rows, recomputed_rows
 from thunder_fusion_guard.examine.why_classify import WhyContext, classify, context_of, is_work, outside_thunder_row
 from thunder_fusion_guard.examine.why_rows import NO_FIX, WhyKind
 
+# The subject is not the code Inductor generates: regions run uncompiled (helpers.without_inductor).
+pytestmark = pytest.mark.usefixtures("no_inductor_module")
+
 # torch.compile fusion executors: one whose tanh needs a compile option, whose sin refuses 2-D tensors and which
 # has no exp at all; one without Thunder's own torch fallback for norm (claims, opaque and cat_only: helpers.py).
 picky = TorchCompileExecutor(name="unit_picky")
