@@ -109,6 +109,7 @@ def test_exactness_reason_tells_ops_that_round_from_ops_not_known_to_be_exact():
     assert not set(ROUNDING_OPS) & set(EXACT_OPS)
 
 
+@pytest.mark.usefixtures("no_inductor")
 def test_the_headline_is_what_decided_a_region_the_fusion_wins_anyway():
     """An inexact region the cost model keeps (the fusion is cheaper) is kept by the cost model, not "for
     exactness": the reason leads with the numbers, exactness is the aside."""
@@ -130,12 +131,14 @@ def test_exact_only_off_rejects_small_inexact_regions():
     assert regions(guarded) == []
 
 
+@pytest.mark.usefixtures("no_inductor")
 def test_cost_model_off_keeps_compute():
     guard = FusionGuard(calibration=CPU, cost_model=False)
     jit_cpu(lone_add, guard)(torch.randn(4), torch.randn(4))
     assert {d.action for d in guard.report} == {"keep"}
 
 
+@pytest.mark.usefixtures("no_inductor")
 def test_hand_set_constants_and_estimates_in_report():
     slow_eager = dict(CPU.to_dict(), eager_op_us=1000.0)
     slow_eager.pop("source")
@@ -206,6 +209,7 @@ def _decision(fn, args, constants):
     return d.estimates
 
 
+@pytest.mark.usefixtures("no_inductor")
 def test_op_costs_add_per_element_on_both_sides_and_where_only_eagerly():
     x, y = torch.randn(64, 64), torch.randn(64, 64)
     base = _decision(tanh_add, [x, y], PLAIN)
@@ -221,6 +225,7 @@ def test_op_costs_add_per_element_on_both_sides_and_where_only_eagerly():
     assert costed["est_region_us"] == base["est_region_us"], "a fusion selects without branching"
 
 
+@pytest.mark.usefixtures("no_inductor")
 def test_matmul_costs_its_flops():
     x, w = torch.randn(32, 48), torch.randn(48, 16)
     base = _decision(project, [x, w], PLAIN)

@@ -69,6 +69,7 @@ def _inputs():
 # --- 1. calibration on first need ----------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("no_inductor")
 def test_auto_calibration_happens_once_and_is_cached(fake_calibration, cache_dir, caplog):
     guard = FusionGuard(calibration_budget_s=0.5, measure_budget_s=0)
     with caplog.at_level(logging.INFO, logger="thunder_fusion_guard"):
@@ -231,6 +232,7 @@ def test_other_shapes_are_measured_again(inject_timings):
     assert timings == [2, 2]
 
 
+@pytest.mark.usefixtures("no_inductor")
 def test_measuring_budget_caps_the_time(inject_timings):
     timings = inject_timings(10.0, 2.0)
     guard = FusionGuard(calibration=NEAR_BREAK_EVEN, measure_budget_s=0.5)
@@ -590,6 +592,7 @@ def test_executor_choice_verdicts_and_summary():
     assert "where it had a choice, executor choices included: agree where clear 50.0%" in text
 
 
+@pytest.mark.usefixtures("no_inductor")
 def test_bench_decisions_quick_runs_on_cpu():
     doc = bench_decisions.run("cpu", quick=True, reps=5, region_s=0.01, log=lambda m: None)
     assert {r["program"] for r in doc["rows"]} == {"add-4KiB", "softmax-4KiB"}
