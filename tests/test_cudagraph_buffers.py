@@ -181,3 +181,108 @@ def test_a_cuda_graph_that_writes_an_input_writes_the_callers_tensor_on_cuda():
         out = compiled(z, y)
         assert torch.equal(z, y) and torch.equal(out, 2 * y)
     assert guard.report.filter(action="capture")[0].details["copied_back"] == ["z"]  # y is only read
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.tanh(self.up(x)))
+
+
+def _train(compiled, model: torch.nn.Module, steps: int = 3, zero: bool = True, keep: list | None = None) -> list:
+    """The parameters' gradients after each of ``steps`` backward passes (set to None before each where ``zero``,
+    accumulated otherwise), cloned; ``keep`` gets a view of the first parameter's ``.grad`` at each step."""
+    got = []
+    device = next(model.parameters()).device
+    for seed in range(steps):
+        torch.manual_seed(seed)
+        x = torch.randn(8, 16, device=device)
+        if zero:
+            model.zero_grad(set_to_none=True)
+        compiled(x).square().sum().backward()
+        if keep is not None:
+            keep.append(next(model.parameters()).grad.view(-1))
+        got += [p.grad.clone() for p in model.parameters()]
+    return got
+
+
+def _unguarded(steps: int = 3, zero: bool = True, device: str = "cpu") -> list:
+    torch.manual_seed(0)
+    model = Mlp().to(device)
+    return _train(thunder.jit(model, transforms=[CUDAGraphTransform()]), model, steps, zero)
+
+
+def _static_outputs(graphs: CUDAGraphTransform) -> set[int]:
+    """The addresses of every static output of every graph the transform's runner holds now."""
+    entries = graphs.cuda_graph_runner.cuda_graph_cache.values()
+    return {t.data_ptr() for _, _, outs in entries for t in outs if isinstance(t, torch.Tensor)}
+
+
+def test_gradients_are_handed_to_autograd_on_the_graphs_buffers(cpu_graphs):
+    """Autograd copies a gradient another tensor holds (the runner holds its static outputs) before it becomes a
+    ``.grad``: handed on a tensor of their own, the gradients are the graph's buffers themselves, Thunder's values."""
+    torch.manual_seed(0)
+    model = Mlp()
+    guard, graphs = FusionGuard(), CUDAGraphTransform()
+    compiled = thunder.jit(model, transforms=[guard, graphs])
+    assert_same(_train(compiled, model), _unguarded())
+    assert {p.grad.data_ptr() for p in model.parameters()} <= _static_outputs(graphs)
+    (backward,) = guard.report.filter(action="capture", trace="backward")
+    assert (
+        len(backward.details["handed_over"]) == 4
+        and not guard.report.filter(action="capture", trace="forward")[0].details["handed_over"]
+    )
+    assert "4 gradients handed to autograd in the graph's own buffers, not copied by it (4.2 KiB a replay)" in (
+        backward.reason
+    )
+
+    plain = FusionGuard(share_capture_buffers=False)
+    graphs = CUDAGraphTransform()
+    _train(thunder.jit(model, transforms=[plain, graphs]), model, steps=1)
+    assert not {p.grad.data_ptr() for p in model.parameters()} & _static_outputs(graphs)  # copied, as in Thunder
+
+
+def test_a_gradient_still_held_at_the_next_replay_is_not_overwritten(cpu_graphs):
+    """Accumulated into (no ``zero_grad``), a ``.grad`` handed over is still the graph's buffer when it would
+    replay: the graph is captured anew, once, and the accumulation gives Thunder's values; a decision says so."""
+    torch.manual_seed(0)
+    model = Mlp()
+    guard, graphs = FusionGuard(), CUDAGraphTransform()
+    compiled = thunder.jit(model, transforms=[guard, graphs])
+    assert_same(_train(compiled, model, steps=4, zero=False), _unguarded(steps=4, zero=False))
+    (held,) = [d for d in guard.report.filter(action="capture") if d.details.get("held")]
+    assert held.trace == "backward" and len(held.details["held"]) == 4
+    assert "4 gradients of CUDAGraph" in held.reason and "captured anew" in held.reason
+    assert not {p.grad.data_ptr() for p in model.parameters()} & _static_outputs(graphs)
+
+
+def test_a_view_kept_of_a_gradient_keeps_its_values(cpu_graphs):
+    """A view of a ``.grad`` kept across steps (its ``.grad`` set to None) holds the graph's buffer: the next replay
+    goes to a new capture and the view keeps the values it had."""
+    torch.manual_seed(0)
+    model = Mlp()
+    kept: list[torch.Tensor] = []
+    guard = FusionGuard()
+    compiled = thunder.jit(model, transforms=[guard, CUDAGraphTransform()])
+    got = _train(compiled, model, keep=kept)
+    assert_same(got, _unguarded())
+    assert_same([k.view_as(g) for k, g in zip(kept, got[::4], strict=True)], got[::4])
+    assert len([d for d in guard.report.filter(action="capture") if d.details.get("held")]) == 1
+
+
+@pytest.mark.cuda
+def test_gradients_handed_over_give_thunders_bits_on_cuda():
+    """Real captures: the ``.grad`` of each parameter is the backward graph's buffer, with unguarded Thunder's bits
+    whether set to None at each step or accumulated (then captured anew, once)."""
+    for zero in (True, False):
+        torch.manual_seed(0)
+        model = Mlp().cuda()
+        guard, graphs = FusionGuard(), CUDAGraphTransform()
+        compiled = thunder.jit(model, transforms=[guard, graphs])
+        assert_same(_train(compiled, model, zero=zero), _unguarded(zero=zero, device="cuda"))
+        handed = {p.grad.data_ptr() for p in model.parameters()} <= _static_outputs(graphs)
+        held = [d for d in guard.report.filter(action="capture") if d.details.get("held")]
+        assert (handed, len(held)) == ((True, 0) if zero else (False, 1))

@@ -77,6 +77,8 @@ class Details(TypedDict, total=False):
     bytes_not_copied: int  # their bytes, per replay
     still_copied: list[str]  # earlier graphs' outputs a graph writes, copied as Thunder copies them
     copied_back: list[str]  # inputs a graph may write, copied back into the caller's tensors after each replay
+    handed_over: list[str]  # gradients handed to autograd on the graph's own buffers (autograd need not copy them)
+    held: list[str]  # gradients still held when their graph would replay: the graph captured anew
 
 
 @dataclass

@@ -13,7 +13,7 @@ import thunder
 from . import _thunder as th
 from ._thunder import FusionExecutor
 from .cost import CostConstants
-from .decisions import Subgraph
+from .decisions import Decision, Subgraph
 from .distributed import compare_ranks, current_rank, world_size
 from .fx_rescue import Rescued, SubgraphRescue, rescue_decision
 from .measure import calibrate
@@ -21,7 +21,7 @@ from .measure.breakeven import RegionMeasurer
 from .ops import writes_inputs
 from .options import DEFAULT_HOIST_MAX_BYTES, GuardOptions, checked_options
 from .passes import FusionGuardError, TraceContext, guard_trace
-from .passes.capture import capture_decision
+from .passes.capture import capture_decision, held_decision
 from .passes.hoist import HoistLedger
 from .passes.rescue import announce, describe_inputs
 from .report import Report
@@ -99,6 +99,7 @@ class FusionGuard(thunder.Transform):
         self._compiles: dict[str | None, int] = {}
         self._subgraph_ids: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._hoisted = HoistLedger()
+        self._captures: weakref.WeakKeyDictionary[th.CaptureSummary, Decision] = weakref.WeakKeyDictionary()
 
     def transform_trace_post_optimization(self, computation_trace: th.TraceCtx, **kwargs: Any) -> th.TraceCtx:
         with self._lock:
@@ -145,7 +146,17 @@ class FusionGuard(thunder.Transform):
         this guard compiles too (it calls this right after capturing)."""
         with self._lock:
             where = self._where("backward" if summary.backward else "forward")
-            self.report.add(capture_decision(where, summary))
+            decision = capture_decision(where, summary)
+            self.report.add(decision)
+            self._captures[summary] = decision
+
+    def cuda_graph_gradients_held(self, summary: th.CaptureSummary, graph: str, held: list[str]) -> None:
+        """Record that ``graph`` (of the capture ``summary`` tells of) found gradients it had handed to autograd
+        still held when it would replay, and was captured anew (it calls this before that replay)."""
+        with self._lock:
+            capture = self._captures.get(summary)
+            if capture is not None:
+                self.report.add(held_decision(capture, graph, held))
 
     def transform_module(self, model: Any) -> None:
         """Under ThunderFX, stand between each split subgraph and Thunder's compiled function, so that a subgraph

@@ -1,7 +1,10 @@
 """The record of Thunder's CUDA graphs in one trace, made to share buffers (the guard's
-``share_capture_buffers``): how many graphs, against Thunder's own grouping, and what is no longer copied."""
+``share_capture_buffers``): how many graphs, against Thunder's own grouping, what is no longer copied, and a
+graph whose gradients were still held when it would replay."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from .. import _thunder as th
 from ..decisions import Decision
@@ -33,6 +36,12 @@ def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decisio
             f"; {plural(len(summary.copied_back), 'input')} the graph may write copied back to the caller's "
             f"tensor after each replay ({human_bytes(back)} a replay)"
         )
+    if summary.handed_over:
+        handed = sum(nbytes for _, _, nbytes in summary.handed_over)
+        reason += (
+            f"; {plural(len(summary.handed_over), 'gradient')} handed to autograd in the graph's own buffers, "
+            f"not copied by it ({human_bytes(handed)} a replay)"
+        )
     explanation = (
         f"{reason}. Thunder's CUDAGraphTransform groups the ops it captures by the compile option fusion_type "
         "(ThunderFX sets 'dataflow'), copies each input of a graph into the graph's own buffer at every replay "
@@ -41,7 +50,12 @@ def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decisio
         "under thunder.jit, and a graph reads an earlier graph's output where that graph leaves it (the same "
         "tensor at every replay): the same ops and kernels in the trace's order, without the copies. Thunder's "
         "graphs replay on their own copies of their inputs, so an op that writes an input (x += y on a tensor made "
-        "before the graph) would leave the caller's tensor unwritten: the guard copies such inputs back."
+        "before the graph) would leave the caller's tensor unwritten: the guard copies such inputs back. A graph's "
+        "outputs are the buffers its next replay writes, which Thunder's runner keeps, and autograd copies a gradient "
+        "another tensor holds before it becomes a .grad: the guard hands each gradient on a tensor of its own over "
+        "the graph's buffer, which autograd takes as it is. Where a gradient handed so is still held when the graph "
+        "would replay (a .grad kept and accumulated into), the graph is captured anew and its gradients are handed "
+        "as Thunder hands them from then on (a decision says so)."
     )
     short, told = explained(reason, explanation)
     return Decision(
@@ -65,5 +79,17 @@ def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decisio
             "bytes_not_copied": in_place,
             "still_copied": list(summary.written),
             "copied_back": [name for name, _, _ in summary.copied_back],
+            "handed_over": [name for name, _, _ in summary.handed_over],
         },
     )
+
+
+def held_decision(capture: Decision, graph: str, held: list[str]) -> Decision:
+    """The decision for a graph of ``capture`` whose gradients ``held`` were still held when it would replay: it
+    was captured anew, and hands its gradients as Thunder does from then on."""
+    reason = (
+        f"{plural(len(held), 'gradient')} of {graph} still held when it would replay (a .grad kept across steps): "
+        f"{graph} captured anew, its gradients copied by autograd as without the guard"
+    )
+    details = {"scope": "op", "captures": [graph], "held": list(held)}
+    return dataclasses.replace(capture, region=graph, ops=[graph], reason=reason, details=details)
