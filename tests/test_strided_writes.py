@@ -1,5 +1,5 @@
 """A fusion region that writes an input that is not contiguous (a ``narrow`` of a wider tensor, as e3nn's ``Gate``
-hands a ThunderFX subgraph): nvFuser 0.2.36 writes it as if it were contiguous, so the values land elsewhere. The
+hands a ThunderFX subgraph): nvFuser 0.2.36 loses or misplaces the write, so the input keeps its values. The
 guard hands such a region a contiguous copy and copies it into the input after the call, and records it. On CPU a
 torch.compile executor written here loses such a write as nvFuser does; on CUDA, nvFuser itself."""
 
@@ -15,7 +15,7 @@ from thunder_fusion_guard import FusionGuard, explain, fusion_executors
 from thunder_fusion_guard._thunder import region_callable
 from thunder_fusion_guard.passes import rescue
 
-AS_IF_CONTIGUOUS = "tc_as_if_contiguous"
+LOSES_WRITES = "tc_as_if_contiguous"
 
 
 @pytest.fixture
@@ -40,9 +40,9 @@ def loses_strided_writes(monkeypatch: pytest.MonkeyPatch) -> list[TorchCompileEx
             bsym._call_ctx = {bsym.sym.name: writes_elsewhere}
             return bsym
 
-    ex = AsIfContiguous(AS_IF_CONTIGUOUS)
+    ex = AsIfContiguous(LOSES_WRITES)
     ex._implmap = dict(torch_compile_ex._implmap)
-    monkeypatch.setattr(rescue, "WRITES_AS_IF_CONTIGUOUS", rescue.WRITES_AS_IF_CONTIGUOUS | {AS_IF_CONTIGUOUS})
+    monkeypatch.setattr(rescue, "LOSES_STRIDED_WRITES", rescue.LOSES_STRIDED_WRITES | {LOSES_WRITES})
     return [ex]
 
 
@@ -75,15 +75,15 @@ def test_a_write_into_a_narrowed_input_lands_where_eager_puts_it(loses_strided_w
     guard = FusionGuard()
     compiled = compile_(write_view, executors=loses_strided_writes, transforms=[guard])
     base, view, _ = narrowed(dtype)
-    with pytest.warns(RuntimeWarning, match="writes non-contiguous input .* as if it were contiguous; rescued"):
+    with pytest.warns(RuntimeWarning, match="loses writes into non-contiguous input .*; rescued"):
         compiled(view, x)
     assert torch.equal(base, want)  # bitwise the fusion's own values, where eager puts them
     base, view, _ = narrowed(dtype)
     compiled(view, x)
     assert torch.equal(base, want)
     (d,) = guard.report.filter(action="rescue")  # recorded once, at the first call that needed it
-    assert d.reason.startswith(f"{AS_IF_CONTIGUOUS} writes non-contiguous input ")
-    assert d.details["rescued_by"] == f"{AS_IF_CONTIGUOUS}, through a contiguous copy of the input it writes"
+    assert d.reason.startswith(f"{LOSES_WRITES} loses writes into non-contiguous input ")
+    assert d.details["rescued_by"] == f"{LOSES_WRITES}, through a contiguous copy of the input it writes"
     assert "stride (16, 1)" in " ".join(d.details["inputs"])
     assert d.error is None
     assert "rescue" in explain(compiled)
@@ -122,7 +122,7 @@ def test_nvfuser_writes_a_narrowed_input_as_if_contiguous_and_the_guard_puts_it_
     assert not torch.equal(base, want)
     guard = FusionGuard()
     base, view, _ = narrowed(torch.float32, "cuda")
-    with pytest.warns(RuntimeWarning, match="as if it were contiguous"):
+    with pytest.warns(RuntimeWarning, match="loses writes into non-contiguous input"):
         thunder.jit(write_view, executors=executors, transforms=[guard])(view, x)
     torch.testing.assert_close(base, want)
     assert len(guard.report.filter(action="rescue")) == 1

@@ -163,11 +163,11 @@ class RescuingCall(_Wrapper):
 class ContiguousWrites(_Wrapper):
     """Runs a fusion region that writes some of its inputs (positions ``written``) so that each write lands:
     a written input that is not contiguous is handed to the fusion as a contiguous copy, copied into it after
-    the call, and an output that is that copy is handed back as the input itself. nvFuser 0.2.36 writes a
-    non-contiguous input (a ``narrow`` of a wider tensor) as if it were contiguous: the values land elsewhere in
-    its base. ``on_first(args, positions)`` is told the first call that needs it. A call whose written inputs
-    are all contiguous is the fusion's own. The copy in goes through ``.data``, as the fusion's own write
-    would: autograd's version counter does not move."""
+    the call, and an output that is that copy is handed back as the input itself. nvFuser 0.2.36 loses or
+    misplaces a write into a non-contiguous input (a ``narrow`` of a wider tensor): the input keeps its values.
+    ``on_first(args, positions)`` is told the first call that needs it. A call whose written inputs are all
+    contiguous is the fusion's own. The copy in goes through ``.data``, as the fusion's own write would:
+    autograd's version counter does not move."""
 
     __slots__ = ("_on_first", "fused", "written")
 

@@ -685,10 +685,7 @@ def compare_with_baselines(
         if baseline not in values:
             continue
         row = result.paths[path]
-        if EAGER in values:
-            against_eager = _against_eager(values[path], values[EAGER], names[path])
-        else:
-            against_eager = row.bits if row.compared_with == EAGER else None
+        own_eager = row.bits if row.compared_with == EAGER else None  # what its own process compared
         row.compared_with, row.difference = baseline, _difference(values[path], values[baseline])
         floor = result.paths[baseline].self_difference
         if row.difference is None:  # the tensors both have are still compared
@@ -699,8 +696,11 @@ def compare_with_baselines(
         else:
             row.bits = _against_twin(row.difference, floor)
         rescued = baseline != path.baseline
-        if against_eager and (rescued or not row.bits.startswith(("bitwise", "within"))):
-            row.bits = f"{row.bits} vs {baseline}; {against_eager}"
+        if rescued or not row.bits.startswith(("bitwise", "within")):
+            if EAGER in values:
+                own_eager = _against_eager(values[path], values[EAGER], names[path])
+            if own_eager:
+                row.bits = f"{row.bits} vs {baseline}; {own_eager}"
         compared.add(path)
     return compared
 

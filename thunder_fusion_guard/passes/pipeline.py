@@ -553,9 +553,7 @@ def _rescue_decision(where: TraceContext, region: Region, error: Exception, args
         error_type=type(error).__name__,
         inputs=describe_inputs(args),
     )
-    source = th.source_line(*region.body)
-    if source:
-        d.details["source"] = source
+    _add_source(d, region)
     reproduction = nvfuser_reproduction(th.region_callable(region.bsym), args, f"{region.name} ({where.trace})")
     if reproduction:
         d.details["reproduction"] = reproduction
@@ -564,24 +562,27 @@ def _rescue_decision(where: TraceContext, region: Region, error: Exception, args
 
 def _strided_write_decision(where: TraceContext, region: Region, args: tuple, at: list[int]) -> Decision:
     names = ", ".join(region.bsym.args[i].name for i in at)
-    d = _region_decision(
-        where, region, "rescue", f"{region.executor} writes non-contiguous input {names} as if it were contiguous"
-    )
+    d = _region_decision(where, region, "rescue", f"{region.executor} loses writes into non-contiguous input {names}")
     d.details.update(
         explanation=(
             f"{region.name} writes its input {names}, which is not contiguous (a narrow or slice of a wider tensor); "
-            f"{region.executor} writes such an input as if it were contiguous, so unguarded the values land "
-            "elsewhere in the tensor it is part of. Where such an input is not contiguous, the fusion writes a "
+            f"{region.executor} loses or misplaces a write into such an input (seen: a narrow of zeros left zeros), "
+            "so unguarded the input keeps its old values. Where such an input is not contiguous, the fusion writes a "
             "contiguous copy, copied into the input after the call: the values the fusion computes, where the "
             "program puts them"
         ),
         rescued_by=f"{region.executor}, through a contiguous copy of the input it writes",
         inputs=describe_inputs(args),
     )
+    _add_source(d, region)
+    return d
+
+
+def _add_source(d: Decision, region: Region) -> None:
+    """``d``'s details get the user's source line of ``region``'s first op, where the trace knows one."""
     source = th.source_line(*region.body)
     if source:
         d.details["source"] = source
-    return d
 
 
 # The passes of guard_trace, in order: (name, the option that turns it on, the function, runs in report_only).

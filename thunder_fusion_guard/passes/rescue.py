@@ -24,9 +24,9 @@ OnRescue = Callable[[Region, Exception, tuple], None]
 # and the positions of those inputs.
 OnStridedWrite = Callable[[Region, tuple, list[int]], None]
 
-# The fusion executors that write an input that is not contiguous as if it were (nvFuser 0.2.36): a region of
-# theirs that writes an input writes a contiguous copy of it, copied in after the call.
-WRITES_AS_IF_CONTIGUOUS: frozenset[str] = frozenset({"nvfuser"})
+# The fusion executors that lose or misplace a write into an input that is not contiguous (nvFuser 0.2.36): a
+# region of theirs that writes an input writes a contiguous copy of it, copied in after the call.
+LOSES_STRIDED_WRITES: frozenset[str] = frozenset({"nvfuser"})
 
 
 def rescue_calls(
@@ -37,7 +37,7 @@ def rescue_calls(
 ) -> tuple[th.TraceCtx, list[CallChange]]:
     """``trace`` with every fusion region that ``may_rescue`` allows called through a rescuing call; a region
     that fails is lowered to Thunder's torch executor then, and ``on_rescue(region, error, args)`` is told. A
-    region of an executor in :data:`WRITES_AS_IF_CONTIGUOUS` that writes one of its inputs writes it through a
+    region of an executor in :data:`LOSES_STRIDED_WRITES` that writes one of its inputs writes it through a
     contiguous copy where it is not contiguous (:class:`~.._thunder.ContiguousWrites`), and
     ``on_strided_write`` is told the first such call. One record per region (``changed``: called through a
     rescuing call)."""
@@ -50,8 +50,9 @@ def rescue_calls(
             wraps.append(CallChange(region.name, False, "its call takes values that are not proxies"))
             continue
         fused = th.region_callable(region.bsym)
-        written = th.written_inputs(region.body, list(region.bsym.args))
-        if written and region.executor in WRITES_AS_IF_CONTIGUOUS and on_strided_write is not None:
+        loses = region.executor in LOSES_STRIDED_WRITES and on_strided_write is not None
+        written = th.written_inputs(region.body, list(region.bsym.args)) if loses else []
+        if written:
             fused = th.ContiguousWrites(
                 fused, tuple(written), lambda args, at, region=region: on_strided_write(region, args, at)
             )
