@@ -18,7 +18,7 @@ GB a step. :func:`share_capture_buffers` makes a transform group consecutive ops
 And it hands a backward graph's gradients to autograd as the tensors it keeps for the next replay, so autograd,
 which takes over a gradient nobody else holds, copies each one into a ``.grad`` of its own (0.97 ms of the 4.41 ms
 of GPU work of a litgpt step on an H100). :func:`share_capture_buffers` hands each on its own tensor over the
-graph's buffer, and captures the graph anew where one is still held when it would replay (an accumulated ``.grad``).
+graph's buffer, and stops where one is still held when the graph would replay (an accumulated ``.grad``).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from thunder.executors.utils import Region
 from thunder.transforms.cudagraph import CUDAGraphTransform
 
 __all__ = [
+    "UNCAPTURED_WHILE_HELD",
     "CaptureSummary",
     "capture_for_any_trace",
     "forget_forward",
@@ -208,7 +209,7 @@ class _SharedBuffers(CUDAGraphTransform):
                     fused.extend(bsyms)
                     continue
                 region = Region(producers, consumers, bsyms)
-                fusion = self._fuse_sharing(region, captured, summary)
+                fusion = self._fuse_sharing(region, captured, summary, consumers)
                 summary.captures.append(fusion.sym.name)
                 summary.ops += sum(b.sym.id is not prims.PrimIDs.DEL for b in bsyms)
                 captured.update((o.name, fusion.sym.name) for o in fusion.flat_proxy_outs)
@@ -223,13 +224,16 @@ class _SharedBuffers(CUDAGraphTransform):
         _announce(summary)
         return fused_trace
 
-    def _fuse_sharing(self, region: Region, captured: dict[str, str], summary: CaptureSummary) -> BoundSymbol:
+    def _fuse_sharing(
+        self, region: Region, captured: dict[str, str], summary: CaptureSummary, consumers: Any
+    ) -> BoundSymbol:
         """Thunder's ``fuse``, with the static-input mask it would make from the inputs' tags widened to the
         outputs of earlier graphs that this graph does not write."""
         from thunder.executors.passes import _del_last_used
 
         inputs = [unvariableify(i) for i in region.inputs]
         outputs = [unvariableify(o) for o in region.outputs]
+        inside = {id(b) for b in region.bound_symbols}
         region.bound_symbols = _del_last_used(region.bound_symbols, outputs)
         written = {a.name for b in region.bound_symbols if self._writes(b) for a in b.flat_args if isinstance(a, Proxy)}
         mask = []
@@ -248,7 +252,15 @@ class _SharedBuffers(CUDAGraphTransform):
         back = [i for i in written_inputs(region.bound_symbols, inputs, self._writes) if not mask[i]]
         summary.copied_back += [(inputs[i].name, name, _bytes(inputs[i])) for i in back]
         call = _copying_back(runner, name, call, back)
-        handed = {k: o.name for k, o in enumerate(outputs) if isinstance(o, Proxy) and o.name in self._returned}
+        # A gradient the rest of the trace reads too stays the graph's own tensor: a later graph reads it in place
+        # only while it is the same object at every replay.
+        handed = {
+            k: o.name
+            for k, o in enumerate(outputs)
+            if isinstance(o, Proxy)
+            and o.name in self._returned
+            and all(id(b) in inside or b.sym.id in _LAST_USES for b in consumers.get(o, ()))
+        }
         summary.handed_over += [(outputs[k].name, name, _bytes(outputs[k])) for k in handed]
         hooks = _hooks("cuda_graph_gradients_held")
         call = _handing_over(runner, name, call, handed, lambda graph, held: [h(summary, graph, held) for h in hooks])
@@ -304,6 +316,9 @@ def _copying_back(runner: Any, name: str, call: Callable, positions: list[int]) 
     return replay
 
 
+_LAST_USES = (prims.PrimIDs.RETURN, prims.PrimIDs.DEL)
+
+
 def _gradients(trace: TraceCtx) -> frozenset[str]:
     """The names a backward trace returns (the gradients autograd gets); none for any other trace."""
     if trace.siginfo().name != "backward_fn" or not trace.bound_symbols:
@@ -315,43 +330,85 @@ def _gradients(trace: TraceCtx) -> frozenset[str]:
 _storage_use_count: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
 
 
+# Calls a graph whose handed-over gradients are still held runs its ops uncaptured (a .grad kept a few steps and
+# accumulated into); past this many in a row (one kept for good), the graph is captured anew instead.
+UNCAPTURED_WHILE_HELD = 8
+
+
 def _handing_over(
     runner: Any, name: str, call: Callable, positions: dict[int, str], on_held: Callable[[str, list[str]], Any]
 ) -> Callable:
     """``call`` (graph ``name`` of ``runner``), its outputs at ``positions`` (gradients the backward returns, by
-    name) each handed out as a new tensor on the graph's own buffer. Autograd takes over a gradient no other tensor
-    holds as the parameter's ``.grad``, and copies one the runner holds (its static output): this saves the copy.
-    Before each replay, where something still holds such a buffer (a ``.grad`` kept across steps and accumulated
-    into, a view of one), the graph is captured anew for its later replays and its outputs are handed as Thunder
-    hands them (a replay would overwrite what is held), and ``on_held(graph, gradients)`` is told which.
-    An output on the memory of an input (a gradient passed through) is handed as Thunder hands it."""
+    name) handed out as new tensors on the graph's own buffers (:class:`_Handover`)."""
     if not positions or _storage_use_count is None:
         return call
-    handed: dict[int, tuple[Any, list[tuple[int, Any, int]]]] = {}  # id(outputs): the outputs, and for each one
-    # handed over, its position, its storage and the references the runner alone holds on that storage
-    stopped = False
+    return _Handover(runner, name, call, positions, on_held)
 
-    def replay(*args: Any) -> Any:
-        nonlocal stopped
-        held = [positions[k] for _, own in handed.values() for k, s, base in own if _storage_use_count(s._cdata) > base]
-        if held and not stopped:
-            stopped = True
-            for key, entry in list(runner.cuda_graph_cache.items()):
-                if id(entry[2]) in handed:
-                    del runner.cuda_graph_cache[key]  # its buffers are the holder's now; the next call captures anew
-            handed.clear()
-            on_held(name, sorted(set(held)))
-        out = call(*args)
-        if stopped:
+
+class _Handover:
+    """A graph's call that hands each gradient it returns on a tensor of its own over the graph's buffer. Autograd
+    takes over a gradient no other tensor holds as the parameter's ``.grad``, and copies one the runner holds
+    (its static output): this saves the copy. Before each replay, where something other than the call's own
+    arguments still holds such a buffer (a ``.grad`` kept across steps and accumulated into, a view of one), the
+    replay would overwrite it: the call stops handing over, ``on_held(graph, gradients)`` is told,
+    and while the buffers are held the graph's ops run uncaptured on the arguments (fresh outputs, the same
+    kernels), up to :data:`UNCAPTURED_WHILE_HELD` calls in a row, after which the graph is captured anew (its old
+    buffers left to their holders). Then its outputs are handed as Thunder hands them. An output on the memory of
+    an input (a gradient passed through) is handed as Thunder hands it."""
+
+    def __init__(
+        self, runner: Any, name: str, call: Callable, positions: dict[int, str], on_held: Callable[..., Any]
+    ) -> None:
+        self.runner, self.name, self.call, self.positions, self.on_held = runner, name, call, positions, on_held
+        self.handing = True
+        self.seen: dict[int, set[int]] = {}  # id(static outputs) -> the positions handed over from them
+        self.watched: list[tuple[int, Any, int]] = []  # (position, storage, references the runner alone holds)
+        self.uncaptured = 0  # calls in a row run uncaptured
+        self.__name__ = self.__qualname__ = getattr(call, "__name__", name)
+
+    def __call__(self, *args: Any) -> Any:
+        if self.watched:
+            held = self._held(args)
+            if held:
+                return self._while_held(held, args)
+            if not self.handing:
+                self.watched = []  # every buffer held when handing stopped is free again
+        out = self.call(*args)
+        if not self.handing:
             return out
-        known = handed.get(id(out))
-        if known is None:
-            known = handed[id(out)] = (out, _own_buffers(runner, name, args, out, positions))
-        own = {k for k, _, _ in known[1]}
+        own = self.seen.get(id(out))
+        if own is None:
+            buffers = _own_buffers(self.runner, self.name, args, out, self.positions)
+            own = self.seen[id(out)] = {k for k, _, _ in buffers}
+            self.watched += buffers
         return type(out)(o.detach() if k in own else o for k, o in enumerate(out))
 
-    replay.__name__ = replay.__qualname__ = getattr(call, "__name__", name)
-    return replay
+    def _held(self, args: tuple[Any, ...]) -> list[tuple[int, Any, int]]:
+        """The watched buffers something holds now, other than the call's own arguments (an input gradient the
+        replay before handed over, given back to this call: it is copied in before the replay writes)."""
+        over = [(k, s, base) for k, s, base in self.watched if _storage_use_count(s._cdata) > base]
+        if not over:
+            return over
+        given: dict[int, int] = {}
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                ptr = a.untyped_storage().data_ptr()
+                given[ptr] = given.get(ptr, 0) + 1
+        return [(k, s, base) for k, s, base in over if _storage_use_count(s._cdata) > base + given.get(s.data_ptr(), 0)]
+
+    def _while_held(self, held: list[tuple[int, Any, int]], args: tuple[Any, ...]) -> Any:
+        if self.handing:
+            self.handing = False
+            self.on_held(self.name, sorted({self.positions[k] for k, _, _ in held}))
+        self.watched = held
+        self.uncaptured += 1
+        if self.uncaptured <= UNCAPTURED_WHILE_HELD:
+            fn, _ = self.runner.python_callables[self.name]
+            return fn(*args)
+        for key in [key for key in self.runner.cuda_graph_cache if key[0] == self.name]:
+            del self.runner.cuda_graph_cache[key]  # its buffers are their holders' now; this call captures anew
+        self.watched, self.uncaptured = [], 0
+        return self.call(*args)
 
 
 def _own_buffers(

@@ -86,10 +86,19 @@ def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decisio
 
 def held_decision(capture: Decision, graph: str, held: list[str]) -> Decision:
     """The decision for a graph of ``capture`` whose gradients ``held`` were still held when it would replay: it
-    was captured anew, and hands its gradients as Thunder does from then on."""
+    stops handing its gradients over, and runs uncaptured while they are held (captured anew if that lasts)."""
     reason = (
-        f"{plural(len(held), 'gradient')} of {graph} still held when it would replay (a .grad kept across steps): "
-        f"{graph} captured anew, its gradients copied by autograd as without the guard"
+        f"{plural(len(held), 'gradient')} of {graph} still held when it would replay: its ops run uncaptured while "
+        "they are held, its gradients copied by autograd from then on"
     )
-    details = {"scope": "op", "captures": [graph], "held": list(held)}
-    return dataclasses.replace(capture, region=graph, ops=[graph], reason=reason, details=details)
+    explanation = (
+        f"{reason}. A gradient handed to autograd in a graph's own buffer is the parameter's .grad; a replay writes "
+        "that buffer, so a .grad still held then (kept across steps and accumulated into, or a view of one) would be "
+        f"overwritten. The graph's ops run uncaptured on the call's arguments instead (the same kernels, fresh "
+        f"outputs) while the buffers are held; after {th.UNCAPTURED_WHILE_HELD} such calls in a row the graph is "
+        "captured anew and its old buffers are left to their holders. From then on its gradients are handed as "
+        "Thunder hands them, and autograd copies them."
+    )
+    short, told = explained(reason, explanation)
+    details = {"scope": "op", **told, "captures": [graph], "held": list(held)}
+    return dataclasses.replace(capture, region=graph, ops=[graph], reason=short, details=details)
