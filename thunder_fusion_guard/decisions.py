@@ -78,7 +78,7 @@ class Details(TypedDict, total=False):
     still_copied: list[str]  # earlier graphs' outputs a graph writes, copied as Thunder copies them
     copied_back: list[str]  # inputs a graph may write, copied back into the caller's tensors after each replay
     handed_over: list[str]  # gradients handed to autograd on the graph's own buffers (autograd need not copy them)
-    held: list[str]  # gradients still held when their graph would replay: the graph captured anew
+    held: list[str]  # gradients still held when their graph would replay: it runs uncaptured, recaptured after 8 calls
 
 
 @dataclass

@@ -206,7 +206,8 @@ class GuardOptions:
     share_capture_buffers: bool = _option(
         True,
         _bool,
-        "with `CUDAGraphTransform`: a graph per run of consecutive ops, reading earlier graphs' outputs in place",
+        "with `CUDAGraphTransform`: a graph per run of consecutive ops, reading earlier graphs' outputs in place "
+        "and handing its gradients to autograd without a copy",
     )
 
     def __post_init__(self) -> None:

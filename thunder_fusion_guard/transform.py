@@ -68,30 +68,9 @@ class FusionGuard(thunder.Transform):
         rescue: bool = True,
         share_capture_buffers: bool = True,
     ) -> None:
-        self.options = GuardOptions(
-            executors=executors,
-            metadata_ops=metadata_ops,
-            report_only=report_only,
-            strict=strict,
-            cost_model=cost_model,
-            margin=margin,
-            exact_only=exact_only,
-            calibration=calibration,
-            calibration_budget_s=calibration_budget_s,
-            measure_budget_s=measure_budget_s,
-            choose_executor=choose_executor,
-            fold_setitem=fold_setitem,
-            remove_identities=remove_identities,
-            rehome=rehome,
-            merge_regions=merge_regions,
-            override_compile_options=override_compile_options,
-            compare_ranks=compare_ranks,
-            hoist=hoist,
-            hoist_max_bytes=hoist_max_bytes,
-            direct_calls=direct_calls,
-            rescue=rescue,
-            share_capture_buffers=share_capture_buffers,
-        )
+        options = dict(locals())  # the keywords above, each a field of GuardOptions, which checks them
+        del options["self"]
+        self.options = GuardOptions(**options)
         self._constants: dict[tuple[str, str], CostConstants | None] = {}
         self.report = Report()
         self.measurer = RegionMeasurer(self.options.measure_budget_s)
@@ -152,7 +131,8 @@ class FusionGuard(thunder.Transform):
 
     def cuda_graph_gradients_held(self, summary: th.CaptureSummary, graph: str, held: list[str]) -> None:
         """Record that ``graph`` (of the capture ``summary`` tells of) found gradients it had handed to autograd
-        still held when it would replay, and was captured anew (it calls this before that replay)."""
+        still held when it would replay: it runs uncaptured while they are held, and is captured anew after
+        ``UNCAPTURED_WHILE_HELD`` such calls in a row (it calls this before the first of them)."""
         with self._lock:
             capture = self._captures.get(summary)
             if capture is not None:

@@ -187,7 +187,6 @@ class _SharedBuffers(CUDAGraphTransform):
     # in-place op or a copy_.
     _writes: Callable[[BoundSymbol], bool] = staticmethod(_holds_a_write)
     _share = True  # False: Thunder's own grouping and copies (an adapted capture of a transform left as it was)
-    _returned: frozenset[str] = frozenset()  # the names the backward trace being fused returns (its gradients)
 
     def _can_fuse_nodes(self, a: Node, b: Node) -> bool:
         """Thunder's grouping predicate for capture: a node of several ops, or one op this transform captures."""
@@ -197,7 +196,7 @@ class _SharedBuffers(CUDAGraphTransform):
         if not self._share:
             return super().generate_fused_trace(trace, **kwargs)
         began = time.perf_counter_ns()
-        self._returned = _gradients(trace)
+        gradients = _gradients(trace)
         with _building_from(trace) as fused_trace:
             groups = consecutive_fusion(trace, self._can_fuse_nodes)
             producers, consumers = utils.producers_and_consumers(trace)
@@ -209,7 +208,7 @@ class _SharedBuffers(CUDAGraphTransform):
                     fused.extend(bsyms)
                     continue
                 region = Region(producers, consumers, bsyms)
-                fusion = self._fuse_sharing(region, captured, summary, consumers)
+                fusion = self._fuse_sharing(region, captured, summary, consumers, gradients)
                 summary.captures.append(fusion.sym.name)
                 summary.ops += sum(b.sym.id is not prims.PrimIDs.DEL for b in bsyms)
                 captured.update((o.name, fusion.sym.name) for o in fusion.flat_proxy_outs)
@@ -225,10 +224,16 @@ class _SharedBuffers(CUDAGraphTransform):
         return fused_trace
 
     def _fuse_sharing(
-        self, region: Region, captured: dict[str, str], summary: CaptureSummary, consumers: Any
+        self,
+        region: Region,
+        captured: dict[str, str],
+        summary: CaptureSummary,
+        consumers: Any,
+        gradients: frozenset[str],
     ) -> BoundSymbol:
         """Thunder's ``fuse``, with the static-input mask it would make from the inputs' tags widened to the
-        outputs of earlier graphs that this graph does not write."""
+        outputs of earlier graphs that this graph does not write, and the ``gradients`` (names the backward
+        returns) it outputs handed to autograd on its own buffers."""
         from thunder.executors.passes import _del_last_used
 
         inputs = [unvariableify(i) for i in region.inputs]
@@ -258,12 +263,18 @@ class _SharedBuffers(CUDAGraphTransform):
             k: o.name
             for k, o in enumerate(outputs)
             if isinstance(o, Proxy)
-            and o.name in self._returned
+            and o.name in gradients
             and all(id(b) in inside or b.sym.id in _LAST_USES for b in consumers.get(o, ()))
         }
-        summary.handed_over += [(outputs[k].name, name, _bytes(outputs[k])) for k in handed]
-        hooks = _hooks("cuda_graph_gradients_held")
-        call = _handing_over(runner, name, call, handed, lambda graph, held: [h(summary, graph, held) for h in hooks])
+        if handed:
+            summary.handed_over += [(outputs[k].name, name, _bytes(outputs[k])) for k in handed]
+            hooks = _hooks("cuda_graph_gradients_held")
+
+            def on_held(graph: str, held: list[str]) -> None:
+                for hook in hooks:
+                    hook(summary, graph, held)
+
+            call = _handing_over(runner, name, call, handed, on_held)
         # The meta gives the region's outputs, so that Thunder's trace checks (DebugOptions) can run over it.
         symbol = Symbol(name, meta=lambda *args, **kwargs: outputs, is_fusion=True, executor=self)
         return BoundSymbol(symbol, inputs, {}, outputs, region.bound_symbols, _call_ctx={name: call})
@@ -419,12 +430,8 @@ def _own_buffers(
     a replay: someone else holds the buffer)."""
     _, static_inputs, _ = runner.cuda_graph_cache[runner.make_cache_key(name, *args)]
     theirs = {t.untyped_storage().data_ptr() for t in (*args, *static_inputs) if isinstance(t, torch.Tensor)}
-    own = [
-        (k, outputs[k].untyped_storage())
-        for k in positions
-        if isinstance(outputs[k], torch.Tensor) and outputs[k].untyped_storage().data_ptr() not in theirs
-    ]
-    return [(k, s, _storage_use_count(s._cdata)) for k, s in own]
+    storages = [(k, outputs[k].untyped_storage()) for k in positions if isinstance(outputs[k], torch.Tensor)]
+    return [(k, s, _storage_use_count(s._cdata)) for k, s in storages if s.data_ptr() not in theirs]
 
 
 def _overlapping(tensor: Any) -> bool:

@@ -184,19 +184,11 @@ class NequIPLike(nn.Module):
     ``index_add``, ``pow(2).sum().sqrt()`` for ``norm``, ``torch.zeros`` for ``new_zeros``).
     """
 
-    def __init__(
-        self,
-        species: int = 4,
-        channels: int = 16,
-        layers: int = 3,
-        lmax: int = 2,
-        r_max: float = 4.0,
-        basis: int = 8,
-        rewritten: bool = False,
-    ) -> None:
+    def __init__(self, rewritten: bool = False, channels: int = 16, layers: int = 3, lmax: int = 2) -> None:
         from e3nn import o3
 
         super().__init__()
+        species, r_max, basis = 4, 4.0, 8  # kinds of atom, cutoff radius, radial basis functions
         self.rewritten = rewritten
         self.r_max, self.lmax, self.channels, self.layers = r_max, lmax, channels, layers
         self.sh = o3.SphericalHarmonics(list(range(lmax + 1)), normalize=True, normalization="component")

@@ -92,6 +92,10 @@ def median_us(
 
 Clock = Callable[[], int]
 
+# A sample times enough calls in a row to last about this long (a short call's time is its mean), at most MAX_INNER.
+TARGET_SAMPLE_US = 200.0
+MAX_INNER = 200
+
 
 def interleaved_us(
     fns: Sequence[Callable[..., Any]],
@@ -99,8 +103,8 @@ def interleaved_us(
     *,
     reps: int = 20,
     warmup: int = 2,
-    target_sample_us: float = 200.0,
-    max_inner: int = 200,
+    target_sample_us: float = TARGET_SAMPLE_US,
+    max_inner: int = MAX_INNER,
     deadline_ns: int | None = None,
     min_reps: int = 3,
     clock: Clock = time.perf_counter_ns,
@@ -231,8 +235,6 @@ def host_device_us(
     args: Sequence[Any],
     *,
     reps: int = 5,
-    target_sample_us: float = 200.0,
-    max_inner: int = 200,
     clock: Clock = time.perf_counter_ns,
     cuda: bool | None = None,
 ) -> list[HostDevice] | None:
@@ -247,7 +249,7 @@ def host_device_us(
     if not (uses_cuda(*args) if cuda is None else cuda):
         return None
     stream_us = _one_call_us(fns, args, True, clock)
-    inner = _calls_per_sample(min(stream_us), target_sample_us, max_inner)
+    inner = _calls_per_sample(min(stream_us), TARGET_SAMPLE_US, MAX_INNER)
     sleep_us = 2 * max(stream_us) * inner + 100
     cycles = int(sleep_us * _sleep_cycles_per_us())
     host: list[list[float]] = [[] for _ in fns]

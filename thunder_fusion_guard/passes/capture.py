@@ -54,8 +54,9 @@ def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decisio
         "outputs are the buffers its next replay writes, which Thunder's runner keeps, and autograd copies a gradient "
         "another tensor holds before it becomes a .grad: the guard hands each gradient on a tensor of its own over "
         "the graph's buffer, which autograd takes as it is. Where a gradient handed so is still held when the graph "
-        "would replay (a .grad kept and accumulated into), the graph is captured anew and its gradients are handed "
-        "as Thunder hands them from then on (a decision says so)."
+        "would replay (a .grad kept and accumulated into), the graph stops handing its gradients over, runs its ops "
+        f"uncaptured while they are held and is captured anew after {th.UNCAPTURED_WHILE_HELD} such calls in a row "
+        "(a decision says so)."
     )
     short, told = explained(reason, explanation)
     return Decision(
@@ -86,7 +87,8 @@ def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decisio
 
 def held_decision(capture: Decision, graph: str, held: list[str]) -> Decision:
     """The decision for a graph of ``capture`` whose gradients ``held`` were still held when it would replay: it
-    stops handing its gradients over, and runs uncaptured while they are held (captured anew if that lasts)."""
+    stops handing its gradients over and runs uncaptured while they are held, captured anew after
+    :data:`UNCAPTURED_WHILE_HELD` such calls in a row."""
     reason = (
         f"{plural(len(held), 'gradient')} of {graph} still held when it would replay: its ops run uncaptured while "
         "they are held, its gradients copied by autograd from then on"
