@@ -268,12 +268,30 @@ class BackgroundLane:
 BACKGROUND = BackgroundLane()
 
 
+def _in_background(item: pytest.Item) -> bool:
+    return item.get_closest_marker("background") is not None and item.get_closest_marker("skip") is None
+
+
 def pytest_collection_finish(session):
-    if session.config.option.collectonly:
+    """One test process: every background job starts now. A pytest-xdist worker collects every test but runs
+    only the files handed to it (``--dist loadfile``), so it starts a file's jobs when it runs its first test."""
+    if session.config.option.collectonly or hasattr(session.config, "workerinput"):
         return
     for item in session.items:
-        if item.get_closest_marker("background") and not item.get_closest_marker("skip"):
+        if _in_background(item):
             BACKGROUND.start(item)
+
+
+_FILES_STARTED: set[Path] = set()
+
+
+def pytest_runtest_setup(item):
+    if not hasattr(item.config, "workerinput") or item.path in _FILES_STARTED:
+        return
+    _FILES_STARTED.add(item.path)
+    for other in item.session.items:
+        if other.path == item.path and _in_background(other):
+            BACKGROUND.start(other)
 
 
 def pytest_sessionfinish(session, exitstatus):
