@@ -295,14 +295,16 @@ def test_e3nn_extract_out_of_place_gives_its_values_and_gradients(dtype):
     assert "_tfg_extract_plan" not in nn.Extract("0e + 1o", ["1o"], [(1,)]).__dict__  # e3nn's constructor again
 
 
-def test_e3nn_built_nequip_trains_as_one_thunder_program_when_translated():
-    """The zoo's NequIP of e3nn's own modules: unguarded ThunderFX splits off dozens of ops and leaves 11 parameters
-    without gradient; translated and guarded, it is one Thunder program and every gradient is eager's."""
+@pytest.mark.parametrize("layers", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_e3nn_built_nequip_trains_as_one_thunder_program_when_translated(layers):
+    """The zoo's NequIP of e3nn's own modules, with one interaction block (its two blocks with --run-slow, as
+    the zoo runs it): unguarded ThunderFX splits off dozens of ops and leaves parameters without gradient;
+    translated and guarded, it is one Thunder program and every gradient is eager's."""
     pytest.importorskip("e3nn")
     from thunder_fusion_guard import FusionGuard
-    from thunder_fusion_guard.bench.zoo_models import ZOO
+    from thunder_fusion_guard.bench.zoo_models import e3nn_nequip
 
-    model = ZOO["e3nn-nequip-modules"].build("cpu")  # before the translation, compiled before any eager call
+    model = e3nn_nequip("cpu", layers=layers)  # before the translation, compiled before any eager call
     params = [p for p in model.module.parameters() if p.requires_grad]
     inputs = model.inputs
     guard = FusionGuard(measure_budget_s=0)

@@ -20,6 +20,8 @@ from thunder_fusion_guard.bench.zoo_models import ZOO
 # A path pair each model runs on with thunder 0.2.6 on CPU: ViT through thunder.jit; the nn.MultiheadAttention
 # encoder and BERT only through ThunderFX (thunder.jit fails on both without the guard).
 CPU_CASES = {"timm-vit": ("thunder", "guarded"), "nn-mha": ("fx", "fx-guarded"), "hf-bert": ("fx", "fx-guarded")}
+# ViT (thunder.jit) in the default run; the two ThunderFX models, 80 s of a cold run, with --run-slow.
+SLOW_CASES = {"nn-mha", "hf-bert"}
 GUARD = {"measure_budget_s": 0}  # no real timing decides a region: the model does
 P = zoo.ZooPath.parse
 
@@ -39,7 +41,15 @@ def _zoo(lane, folder, name):
 
 
 # Each model compiles beside the other tests (tests/conftest.py), one job a model.
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.background.with_args(_zoo, n)) for n in CPU_CASES])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(
+            n, marks=[pytest.mark.background.with_args(_zoo, n), *([pytest.mark.slow] if n in SLOW_CASES else [])]
+        )
+        for n in CPU_CASES
+    ],
+)
 def test_guard_runs_where_thunder_runs_and_keeps_its_bits(background, name):
     if background is None:
         pytest.skip(f"{ZOO[name].requires} is not installed")
