@@ -294,3 +294,101 @@ def test_gradients_handed_over_give_thunders_bits_on_cuda():
         assert_same(_train(compiled, model, zero=zero), _unguarded(zero=zero, device="cuda"))
         handed = {p.grad.data_ptr() for p in model.parameters()} <= _static_outputs(graphs)
         assert (handed, len(_held(guard))) == ((True, 0) if zero else (True, 1))
+
+
+def test_each_graph_captures_with_a_cublas_workspace_of_its_own(cpu_graphs, monkeypatch):
+    """cuBLAS's workspaces are cleared as each graph's capture begins (never outside a capture), so that its
+    matmuls take a workspace from the graph's own pool: Thunder's values, and the capture decisions name the
+    graphs."""
+    cleared = []
+    monkeypatch.setattr(th.cudagraphs, "_clear_blas_workspaces", lambda: cleared.append(1))
+    monkeypatch.setattr(th.cudagraphs, "_capturing", lambda: False)
+    torch.manual_seed(0)
+    model = Mlp()
+    guard = FusionGuard()
+    compiled = thunder.jit(model, transforms=[guard, CUDAGraphTransform()])
+    assert_same(_train(compiled, model, steps=1), _unguarded(steps=1))
+    assert not cleared  # nothing captured (the stand-in runs the ops outside any capture)
+    monkeypatch.setattr(th.cudagraphs, "_capturing", lambda: True)
+    assert_same(_train(compiled, model, steps=2), _unguarded(steps=2))
+    assert len(cleared) >= 2  # each graph's region, called while "capturing"
+    for decision in guard.report.filter(action="capture"):
+        assert decision.details["own_workspace"] == decision.details["captures"]
+
+
+def test_a_runner_sharing_one_pool_keeps_its_workspace_as_it_was():
+    """A block freed into a pool shared by several graphs may be given to another graph's tensors: the graph is
+    left as Thunder made it."""
+    from types import SimpleNamespace
+
+    def fn(x):
+        return x
+
+    runner = SimpleNamespace(mem_pool=[object()], python_callables={"CUDAGraph1": (fn, None)})
+    assert not th.own_blas_workspace(runner, "CUDAGraph1")
+    assert runner.python_callables["CUDAGraph1"] == (fn, None)
+
+
+def _free_blocks_filled() -> list[torch.Tensor]:
+    """Every free block of the caching allocator's own pools, taken by a tensor of its size filled with 0x5A."""
+    sizes = [
+        block["size"]
+        for segment in torch.cuda.memory_snapshot()
+        if tuple(segment.get("segment_pool_id", (0, 0))) == (0, 0)
+        for block in segment["blocks"]
+        if block["state"] == "inactive"
+    ]
+    return [torch.full((size,), 0x5A, dtype=torch.uint8, device="cuda") for size in sizes]
+
+
+@pytest.mark.cuda
+def test_a_graph_keeps_its_matmul_workspace_when_cublas_workspaces_are_cleared():
+    """torch.compile's CUDA graphs clear cuBLAS's workspaces at each capture. A graph of a matmul with a long inner
+    dimension (cuBLAS uses its workspace) captured by the guard then writes none of the memory the allocator
+    hands out next, and keeps giving the right values."""
+    torch.manual_seed(0)
+    a, b = torch.randn(64, 1 << 16, device="cuda"), torch.randn(1 << 16, 64, device="cuda")
+    want = (a @ b) * 2
+    guard = FusionGuard()
+    fn = thunder.jit(lambda a, b: (a @ b) * 2, transforms=[guard, CUDAGraphTransform()])
+    for _ in range(3):
+        fn(a, b)
+    torch.cuda.synchronize()
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.synchronize()
+    sentinels = _free_blocks_filled()
+    got = [fn(a, b).clone() for _ in range(3)]
+    torch.cuda.synchronize()
+    assert all(torch.equal(g, want) for g in got)
+    assert not [s for s in sentinels if (s != 0x5A).any()]
+    (capture,) = guard.report.filter(action="capture")
+    assert capture.details["own_workspace"] == capture.details["captures"]
+
+
+@pytest.mark.cuda
+def test_inductors_cuda_graphs_and_the_guards_run_side_by_side_on_one_module():
+    """torch.compile's reduce-overhead mode and guarded Thunder with CUDA graphs, compiled on one module in one
+    process and stepped in turn: each gives eager's loss and gradients, to the end."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4096, 256),
+        torch.nn.SiLU(),
+        torch.nn.Linear(256, 4096),
+        torch.nn.SiLU(),
+        torch.nn.Linear(4096, 1),
+    ).cuda()
+    inductor = torch.compile(model, mode="reduce-overhead")
+    guarded = thunder.jit(model, transforms=[FusionGuard(), CUDAGraphTransform()])
+
+    def step(fn, x):
+        model.zero_grad(set_to_none=True)
+        loss = fn(x).square().mean()
+        loss.backward()
+        return [loss.detach().clone(), *(p.grad.clone() for p in model.parameters())]
+
+    for i in range(6):
+        x = torch.randn(512, 4096, device="cuda", generator=torch.Generator("cuda").manual_seed(i))
+        want = step(model, x)
+        for fn in (inductor, guarded):
+            torch.testing.assert_close(step(fn, x), want, rtol=1e-3, atol=1e-4)
+    torch.cuda.synchronize()

@@ -79,6 +79,7 @@ class Details(TypedDict, total=False):
     copied_back: list[str]  # inputs a graph may write, copied back into the caller's tensors after each replay
     handed_over: list[str]  # gradients handed to autograd on the graph's own buffers (autograd need not copy them)
     held: list[str]  # gradients still held when their graph would replay: it runs uncaptured, recaptured after 8 calls
+    own_workspace: list[str]  # graphs whose matmuls use a cuBLAS workspace in the graph's own memory pool
 
 
 @dataclass

@@ -19,6 +19,14 @@ And it hands a backward graph's gradients to autograd as the tensors it keeps fo
 which takes over a gradient nobody else holds, copies each one into a ``.grad`` of its own (0.97 ms of the 4.41 ms
 of GPU work of a litgpt step on an H100). :func:`share_capture_buffers` hands each on its own tensor over the
 graph's buffer, and stops where one is still held when the graph would replay (an accumulated ``.grad``).
+
+Thunder's runner warms a graph up on its capture stream before capturing it, so the cuBLAS workspace the
+captured matmuls use was allocated outside the graph's memory pool, and the graph keeps its address. Whoever
+clears cuBLAS's workspaces then (torch.compile's CUDA graphs do, before and after each capture) frees memory the
+graph still writes at every replay: the next tensor allocated there is overwritten (an illegal memory access, or
+wrong values, with Inductor's CUDA graphs in the same process). Each graph made here clears them as its capture
+begins, so its matmuls take a workspace from the graph's own pool, where no other tensor is ever placed
+(:func:`own_blas_workspace`).
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ __all__ = [
     "capture_for_any_trace",
     "forget_forward",
     "is_cudagraph_transform",
+    "own_blas_workspace",
     "refused_by_its_checks",
     "share_capture_buffers",
     "transform_name",
@@ -98,6 +107,7 @@ class CaptureSummary:
     # graph may write, copied from the graph's buffer back into the caller's tensor after each replay
     handed_over: list[tuple[str, str, int]] = field(default_factory=list)  # (gradient, graph, bytes): a gradient
     # the backward returns, handed to autograd on the graph's own buffer rather than copied by autograd
+    own_workspace: list[str] = field(default_factory=list)  # graphs whose cuBLAS workspace is in their own pool
 
 
 def _bytes(proxy: Any) -> int:
@@ -254,6 +264,8 @@ class _SharedBuffers(CUDAGraphTransform):
             mask.append(static)
         runner = self.cuda_graph_runner
         call, name = runner.make_cuda_graph_callable_from_symbols(region.bound_symbols, inputs, outputs, mask)
+        if own_blas_workspace(runner, name):
+            summary.own_workspace.append(name)
         back = [i for i in written_inputs(region.bound_symbols, inputs, self._writes) if not mask[i]]
         summary.copied_back += [(inputs[i].name, name, _bytes(inputs[i])) for i in back]
         call = _copying_back(runner, name, call, back)
@@ -284,6 +296,7 @@ class _SharedBuffers(CUDAGraphTransform):
         the inputs the graph may write copied back after each replay."""
         fused = super().fuse(region, fusion_counter)
         name = fused.sym.name
+        own_blas_workspace(self.cuda_graph_runner, name)
         inputs = [unvariableify(i) for i in region.inputs]
         static = self.cuda_graph_runner.python_callables[name][1]
         back = [i for i in written_inputs(region.bound_symbols, inputs, self._writes) if not (static and static[i])]
@@ -325,6 +338,33 @@ def _copying_back(runner: Any, name: str, call: Callable, positions: list[int]) 
 
     replay.__name__ = replay.__qualname__ = getattr(call, "__name__", name)
     return replay
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+_clear_blas_workspaces: Callable[[], None] | None = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+
+
+def own_blas_workspace(runner: Any, name: str) -> bool:
+    """Make graph ``name`` of ``runner`` clear cuBLAS's workspaces as its capture begins, so that its matmuls
+    allocate theirs in the graph's own memory pool (as torch.compile's CUDA graphs do) instead of using one
+    allocated during the warm-up, which anyone may free while the graph still writes it at each replay. True
+    where done; False where the runner shares one pool among its graphs (a block freed there may be given to
+    another graph's tensors) or torch has no such call."""
+    if getattr(runner, "mem_pool", None) is not None or _clear_blas_workspaces is None:
+        return False
+    fn, mask = runner.python_callables[name]
+
+    def region(*args: Any) -> Any:
+        if _capturing():
+            _clear_blas_workspaces()
+        return fn(*args)
+
+    region.__name__ = region.__qualname__ = getattr(fn, "__name__", name)
+    runner.python_callables[name] = (region, mask)
+    return True
 
 
 _LAST_USES = (prims.PrimIDs.RETURN, prims.PrimIDs.DEL)

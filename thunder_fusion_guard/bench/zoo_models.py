@@ -413,6 +413,21 @@ def e3nn_nequip(device: str, lmax: int = 2, layers: int = 2, channels: int = 8, 
     return ZooModel(model, _atoms(device), _sum)
 
 
+def e3nn_nequip_small(device: str, atoms: int = 64, neighbours: int = 8) -> ZooModel:
+    """A small, host-bound e3nn-built NequIP step: 3 interaction blocks, l = 2, 8 channels, ``atoms`` atoms each
+    with its ``neighbours`` nearest as edges (64 and 8: 512 edges); energy and its gradients."""
+    torch.manual_seed(0)
+    model = E3nnNequIP(channels=8, lmax=2, layers=3).to(device).eval()
+    generator = torch.Generator().manual_seed(0)
+    pos = torch.rand(atoms, 3, generator=generator) * atoms ** (1 / 3) * 1.6
+    species = torch.randint(0, 4, (atoms,), generator=generator)
+    distance = torch.cdist(pos, pos).fill_diagonal_(float("inf"))
+    dst = distance.topk(neighbours, largest=False).indices.reshape(-1)
+    src = torch.arange(atoms).repeat_interleave(neighbours)
+    inputs = (pos.to(device).requires_grad_(True), species.to(device), src.to(device), dst.to(device))
+    return ZooModel(model, inputs, _sum)
+
+
 def cueq_nequip(device: str) -> ZooModel:
     """The e3nn-built NequIP potential (l = 2, two blocks) with NVIDIA's cuequivariance-torch tensor products,
     linear layers and spherical harmonics in place of e3nn's: on CUDA its hand-written fused kernels, the anchor

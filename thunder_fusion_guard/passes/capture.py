@@ -56,7 +56,10 @@ def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decisio
         "the graph's buffer, which autograd takes as it is. Where a gradient handed so is still held when the graph "
         "would replay (a .grad kept and accumulated into), the graph stops handing its gradients over, runs its ops "
         f"uncaptured while they are held and is captured anew after {th.UNCAPTURED_WHILE_HELD} such calls in a row "
-        "(a decision says so)."
+        "(a decision says so). Each graph clears cuBLAS's workspaces as its capture begins, so that its matmuls "
+        "use a workspace in the graph's own memory pool: one allocated during the warm-up before the capture is "
+        "freed by whoever clears them next (torch.compile's CUDA graphs do, at each capture), and the graph would "
+        "write memory given to other tensors at every replay."
     )
     short, told = explained(reason, explanation)
     return Decision(
@@ -81,6 +84,7 @@ def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decisio
             "still_copied": list(summary.written),
             "copied_back": [name for name, _, _ in summary.copied_back],
             "handed_over": [name for name, _, _ in summary.handed_over],
+            "own_workspace": list(summary.own_workspace),
         },
     )
 

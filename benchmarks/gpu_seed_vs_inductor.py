@@ -1,0 +1,163 @@
+"""The e3nn-built NequIP step against torch.compile, every path compiled on one module in one process, timed
+interleaved: eager, Inductor's reduce-overhead mode, ThunderFX + CUDA graphs unguarded and guarded (with
+``translate_library_ops()``). Per path: the first call, the median step, kernels and device time a step
+(torch.profiler), and how its loss and gradients compare with eager's and unguarded ThunderFX's.
+
+    source .gpu/setup.sh && python3 benchmarks/gpu_seed_vs_inductor.py --model small --json OUT.json
+    python3 benchmarks/gpu_seed_vs_inductor.py --workspace-check      # the cuBLAS-workspace reproduction alone
+
+Inductor's CUDA graphs clear cuBLAS's workspaces at each capture; a graph captured with a workspace from its
+warm-up then writes memory other tensors were given (``--workspace-check`` shows it on one matmul graph).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # package_hash, beside this script
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package
+
+from package_hash import resolve_commit
+
+from thunder_fusion_guard.bench.machine import machine_info
+from thunder_fusion_guard.bench.zoo import ZooPath, _compile, _difference, _Step
+from thunder_fusion_guard.bench.zoo_models import ZOO, e3nn_nequip_small
+from thunder_fusion_guard.measure.timing import interleaved_rounds
+from thunder_fusion_guard.wording import error_text
+
+PATHS = ("eager", "inductor-ro", "fx-cudagraph", "fx-guarded+cudagraph")
+MODELS = {
+    "small": lambda: e3nn_nequip_small("cuda"),
+    "e3nn-nequip-modules": lambda: ZOO["e3nn-nequip-modules"].build("cuda"),
+}
+
+
+def kernels_and_device_ms(step: _Step, steps: int = 5) -> tuple[float, float]:
+    """Kernels launched and their summed device time (ms), a step, over ``steps`` steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return len(kernels) / steps, sum(e.device_time_total for e in kernels) / 1e3 / steps
+
+
+def run_model(name: str, paths: list[str], rounds: int, out: Path | None, record: dict) -> None:
+    """Every path of ``paths`` on one module of model ``name``, one after another, then timed interleaved."""
+    model = MODELS[name]()
+    steps: dict[str, _Step] = {}
+    rows: dict[str, dict] = record["models"].setdefault(name, {})
+    for path in paths:
+        began = time.perf_counter()
+        try:
+            fn, _ = _compile(model.module, ZooPath.parse(path), "cuda")
+            step = _Step(model, fn, "cuda")
+            step()
+            rows[path] = {"first_call_s": round(time.perf_counter() - began, 1)}
+            for _ in range(3):
+                step()
+            steps[path] = step
+        except Exception as e:  # one path failing must not lose the others
+            rows[path] = {"error": error_text(e)[:2000]}
+        print(f"[{name}] {path}: {rows[path]}", flush=True)
+        _write(out, record)
+    values = {}
+    for path, step in steps.items():  # one more step each, from the same parameters: their results compared
+        step()
+        values[path] = step.values()
+    for path in steps:
+        for other in ("eager", "fx-cudagraph"):
+            if other in values and other != path:
+                rows[path][f"max_abs_diff_vs_{other}"] = _difference(values[path], values[other])
+    rounds_ = interleaved_rounds(steps, rounds, warmup=2)
+    for path, samples in rounds_.samples.items():
+        rows[path]["ms"] = round(statistics.median(samples) * 1e3, 3)
+        rows[path]["ms_min_max"] = [round(min(samples) * 1e3, 3), round(max(samples) * 1e3, 3)]
+    for path, step in steps.items():
+        kernels, device_ms = kernels_and_device_ms(step)
+        rows[path]["kernels"], rows[path]["device_ms"] = round(kernels, 1), round(device_ms, 3)
+        print(f"[{name}] {path}: {rows[path]}", flush=True)
+    _write(out, record)
+
+
+def workspace_check() -> dict[str, object]:
+    """A graph of one matmul with a long inner dimension (cuBLAS uses its workspace), captured through Thunder's
+    CUDAGraphTransform, unguarded and guarded; then cuBLAS's workspaces cleared (what Inductor's CUDA graphs do),
+    every free block of the caching allocator filled with a sentinel, the graph replayed: whether the sentinels
+    and the graph's output survive."""
+    import thunder
+    from thunder.transforms.cudagraph import CUDAGraphTransform
+
+    from thunder_fusion_guard import FusionGuard
+
+    found: dict[str, object] = {}
+    for name, transforms in (("unguarded", []), ("guarded", [FusionGuard()])):
+        torch.manual_seed(0)
+        a = torch.randn(64, 1 << 16, device="cuda")
+        b = torch.randn(1 << 16, 64, device="cuda")
+        fn = thunder.jit(lambda a, b: (a @ b) * 2, transforms=[*transforms, CUDAGraphTransform()])
+        want = (a @ b) * 2
+        for _ in range(3):
+            fn(a, b)
+        torch.cuda.synchronize()
+        torch._C._cuda_clearCublasWorkspaces()
+        torch.cuda.synchronize()
+        free = [
+            blk["size"]
+            for seg in torch.cuda.memory_snapshot()
+            if seg.get("segment_pool_id", (0, 0)) == (0, 0)
+            for blk in seg["blocks"]
+            if blk["state"] == "inactive"
+        ]
+        sentinels = [torch.full((size,), 0x5A, dtype=torch.uint8, device="cuda") for size in free]
+        got = [fn(a, b).clone() for _ in range(3)]
+        torch.cuda.synchronize()
+        found[name] = {
+            "free_blocks_filled": len(sentinels),
+            "sentinels_overwritten": sum(int((s != 0x5A).any()) for s in sentinels),
+            "output_equal": all(torch.equal(g, want) for g in got),
+        }
+        print(f"[workspace] {name}: {found[name]}", flush=True)
+        del sentinels
+    return found
+
+
+def _write(out: Path | None, record: dict) -> None:
+    if out:
+        out.write_text(json.dumps(record, indent=1))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(MODELS), action="append")
+    parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--workspace-check", action="store_true", help="only the cuBLAS-workspace reproduction")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("needs CUDA")
+    commit, _ = resolve_commit(None)
+    record: dict = {"commit": commit, "machine": machine_info("cuda"), "models": {}}
+    if args.workspace_check:
+        record["workspace_check"] = workspace_check()
+        _write(args.json, record)
+        return 0
+    from thunder_fusion_guard import translate_library_ops
+
+    translate_library_ops()
+    for name in args.model or ["small"]:
+        run_model(name, args.paths.split(","), args.rounds, args.json, record)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
