@@ -99,34 +99,38 @@ def workspace_check() -> dict[str, object]:
     from thunder_fusion_guard import FusionGuard
 
     found: dict[str, object] = {}
-    for name, transforms in (("unguarded", []), ("guarded", [FusionGuard()])):
-        torch.manual_seed(0)
-        a = torch.randn(64, 1 << 16, device="cuda")
-        b = torch.randn(1 << 16, 64, device="cuda")
-        fn = thunder.jit(lambda a, b: (a @ b) * 2, transforms=[*transforms, CUDAGraphTransform()])
-        want = (a @ b) * 2
-        for _ in range(3):
-            fn(a, b)
-        torch.cuda.synchronize()
-        torch._C._cuda_clearCublasWorkspaces()
-        torch.cuda.synchronize()
-        free = [
-            blk["size"]
-            for seg in torch.cuda.memory_snapshot()
-            if seg.get("segment_pool_id", (0, 0)) == (0, 0)
-            for blk in seg["blocks"]
-            if blk["state"] == "inactive"
-        ]
-        sentinels = [torch.full((size,), 0x5A, dtype=torch.uint8, device="cuda") for size in free]
-        got = [fn(a, b).clone() for _ in range(3)]
-        torch.cuda.synchronize()
-        found[name] = {
-            "free_blocks_filled": len(sentinels),
-            "sentinels_overwritten": sum(int((s != 0x5A).any()) for s in sentinels),
-            "output_equal": all(torch.equal(g, want) for g in got),
-        }
-        print(f"[workspace] {name}: {found[name]}", flush=True)
-        del sentinels
+    shapes = [(64, 1 << 16, 64, torch.float32), (128, 1 << 17, 128, torch.bfloat16), (2048, 4096, 2048, torch.float16)]
+    for m, k, n, dtype in shapes:
+        for name, transforms in (("unguarded", []), ("guarded", [FusionGuard()])):
+            torch.manual_seed(0)
+            a = torch.randn(m, k, device="cuda", dtype=dtype)
+            b = torch.randn(k, n, device="cuda", dtype=dtype)
+            fn = thunder.jit(lambda a, b: (a @ b) * 2, transforms=[*transforms, CUDAGraphTransform()])
+            want = (a @ b) * 2
+            for _ in range(3):
+                fn(a, b)
+            torch.cuda.synchronize()
+            torch._C._cuda_clearCublasWorkspaces()
+            torch.cuda.synchronize()
+            free = [
+                blk["size"]
+                for seg in torch.cuda.memory_snapshot()
+                if tuple(seg.get("segment_pool_id", (0, 0))) == (0, 0)
+                for blk in seg["blocks"]
+                if blk["state"] == "inactive"
+            ]
+            sentinels = [torch.full((size,), 0x5A, dtype=torch.uint8, device="cuda") for size in free]
+            got = [fn(a, b).clone() for _ in range(3)]
+            torch.cuda.synchronize()
+            key = f"{name} {m}x{k}x{n} {dtype}"
+            found[key] = {
+                "free_blocks_filled": len(sentinels),
+                "free_bytes": sum(free),
+                "sentinels_overwritten": sum(int((s != 0x5A).any()) for s in sentinels),
+                "output_equal": all(torch.equal(g, want) for g in got),
+            }
+            print(f"[workspace] {key}: {found[key]}", flush=True)
+            del sentinels, fn
     return found
 
 
