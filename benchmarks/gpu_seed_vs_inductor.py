@@ -32,7 +32,7 @@ from thunder_fusion_guard.bench.zoo_models import ZOO, e3nn_nequip_small
 from thunder_fusion_guard.measure.timing import interleaved_rounds
 from thunder_fusion_guard.wording import error_text
 
-PATHS = ("eager", "inductor-ro", "fx-cudagraph", "fx-guarded+cudagraph")
+PATHS = ("eager", "fx-cudagraph", "fx-guarded+cudagraph", "inductor-ro")
 MODELS = {
     "small": lambda: e3nn_nequip_small("cuda"),
     "e3nn-nequip-modules": lambda: ZOO["e3nn-nequip-modules"].build("cuda"),
@@ -51,7 +51,9 @@ def kernels_and_device_ms(step: _Step, steps: int = 5) -> tuple[float, float]:
 
 
 def run_model(name: str, paths: list[str], rounds: int, out: Path | None, record: dict) -> None:
-    """Every path of ``paths`` on one module of model ``name``, one after another, then timed interleaved."""
+    """Every path of ``paths`` on one module of model ``name``, compiled and called once in the order given, then
+    warmed up and timed interleaved (a path compiled before Inductor's reduce-overhead mode has its CUDA graphs
+    captured before Inductor's first captures, which clear cuBLAS's workspaces)."""
     model = MODELS[name]()
     steps: dict[str, _Step] = {}
     rows: dict[str, dict] = record["models"].setdefault(name, {})
@@ -62,13 +64,12 @@ def run_model(name: str, paths: list[str], rounds: int, out: Path | None, record
             step = _Step(model, fn, "cuda")
             step()
             rows[path] = {"first_call_s": round(time.perf_counter() - began, 1)}
-            for _ in range(3):
-                step()
             steps[path] = step
         except Exception as e:  # one path failing must not lose the others
             rows[path] = {"error": error_text(e)[:2000]}
         print(f"[{name}] {path}: {rows[path]}", flush=True)
         _write(out, record)
+    interleaved_rounds(steps, 0, warmup=3)
     values = {}
     for path, step in steps.items():  # one more step each, from the same parameters: their results compared
         step()
