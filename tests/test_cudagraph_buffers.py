@@ -329,66 +329,42 @@ def test_a_runner_sharing_one_pool_keeps_its_workspace_as_it_was():
     assert runner.python_callables["CUDAGraph1"] == (fn, None)
 
 
-def _free_blocks_filled() -> list[torch.Tensor]:
-    """Every free block of the caching allocator's own pools, taken by a tensor of its size filled with 0x5A."""
-    sizes = [
-        block["size"]
-        for segment in torch.cuda.memory_snapshot()
-        if tuple(segment.get("segment_pool_id", (0, 0))) == (0, 0)
-        for block in segment["blocks"]
-        if block["state"] == "inactive"
-    ]
-    return [torch.full((size,), 0x5A, dtype=torch.uint8, device="cuda") for size in sizes]
+SIDE_BY_SIDE = """
+import torch, thunder
+from thunder.transforms.cudagraph import CUDAGraphTransform
+from thunder_fusion_guard import FusionGuard
+torch.manual_seed(0)
+model = torch.nn.Sequential(
+    torch.nn.Linear(1024, 256), torch.nn.SiLU(), torch.nn.Linear(256, 1024), torch.nn.SiLU(), torch.nn.Linear(1024, 1)
+).cuda()
+guarded = thunder.jit(model, transforms=[FusionGuard(), CUDAGraphTransform()])
+inductor = torch.compile(model, mode="reduce-overhead")
+def step(fn, x):
+    model.zero_grad(set_to_none=True)
+    loss = fn(x).square().mean()
+    loss.backward()
+    return [loss.detach().clone(), *(p.grad.clone() for p in model.parameters())]
+for i in range(8):
+    x = torch.randn(512, 1024, device="cuda", generator=torch.Generator("cuda").manual_seed(i))
+    want = step(model, x)
+    for fn in (guarded, inductor):
+        torch.testing.assert_close(step(fn, x), want, rtol=1e-3, atol=1e-4)
+torch.cuda.synchronize()
+print("side by side: ran to the end")
+"""
 
 
 @pytest.mark.cuda
-def test_a_graph_keeps_its_matmul_workspace_when_cublas_workspaces_are_cleared():
-    """torch.compile's CUDA graphs clear cuBLAS's workspaces at each capture. A graph of a matmul with a long inner
-    dimension (cuBLAS uses its workspace) captured by the guard then writes none of the memory the allocator
-    hands out next, and keeps giving the right values."""
-    torch.manual_seed(0)
-    a, b = torch.randn(64, 1 << 16, device="cuda"), torch.randn(1 << 16, 64, device="cuda")
-    want = (a @ b) * 2
-    guard = FusionGuard()
-    fn = thunder.jit(lambda a, b: (a @ b) * 2, transforms=[guard, CUDAGraphTransform()])
-    for _ in range(3):
-        fn(a, b)
-    torch.cuda.synchronize()
-    torch._C._cuda_clearCublasWorkspaces()
-    torch.cuda.synchronize()
-    sentinels = _free_blocks_filled()
-    got = [fn(a, b).clone() for _ in range(3)]
-    torch.cuda.synchronize()
-    assert all(torch.equal(g, want) for g in got)
-    assert not [s for s in sentinels if (s != 0x5A).any()]
-    (capture,) = guard.report.filter(action="capture")
-    assert capture.details["own_workspace"] == capture.details["captures"]
+def test_inductors_cuda_graphs_and_the_guards_run_side_by_side_on_one_module(tmp_path):
+    """torch.compile's reduce-overhead mode and guarded Thunder with CUDA graphs on one module in one process,
+    Thunder's graphs captured first and then Inductor's (which clear cuBLAS's workspaces), stepped in turn: each
+    gives eager's loss and gradients, to the end. Unguarded, the same script ends in an illegal memory access on
+    an H200 (torch 2.11, thunder 0.2.6), so it runs in a process of its own."""
+    import subprocess
+    import sys
 
-
-@pytest.mark.cuda
-def test_inductors_cuda_graphs_and_the_guards_run_side_by_side_on_one_module():
-    """torch.compile's reduce-overhead mode and guarded Thunder with CUDA graphs, compiled on one module in one
-    process and stepped in turn: each gives eager's loss and gradients, to the end."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(4096, 256),
-        torch.nn.SiLU(),
-        torch.nn.Linear(256, 4096),
-        torch.nn.SiLU(),
-        torch.nn.Linear(4096, 1),
-    ).cuda()
-    inductor = torch.compile(model, mode="reduce-overhead")
-    guarded = thunder.jit(model, transforms=[FusionGuard(), CUDAGraphTransform()])
-
-    def step(fn, x):
-        model.zero_grad(set_to_none=True)
-        loss = fn(x).square().mean()
-        loss.backward()
-        return [loss.detach().clone(), *(p.grad.clone() for p in model.parameters())]
-
-    for i in range(6):
-        x = torch.randn(512, 4096, device="cuda", generator=torch.Generator("cuda").manual_seed(i))
-        want = step(model, x)
-        for fn in (inductor, guarded):
-            torch.testing.assert_close(step(fn, x), want, rtol=1e-3, atol=1e-4)
-    torch.cuda.synchronize()
+    script = tmp_path / "side_by_side.py"
+    script.write_text(SIDE_BY_SIDE)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ran to the end" in done.stdout
