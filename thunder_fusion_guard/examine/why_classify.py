@@ -1,7 +1,8 @@
 """Why one op of a final trace is outside every fusion region, re-derived from Thunder's own decision steps:
 the executor claims in ``executors_list`` order, the fusion executor's ``can_fuse`` walking the op's
 decomposition, its checkers under the program's compile options and the fusion pass's region rules. Also why
-ThunderFX's splitter left a node to torch. Each a pure function of the op and a :class:`WhyContext`.
+ThunderFX's splitter left a node to torch, and why Dynamo ran a statement in Python (a graph break). Each a pure
+function of the op and a :class:`WhyContext`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ __all__ = [
     "WhyContext",
     "classify",
     "context_of",
+    "graph_break_row",
     "io_bytes",
     "is_cost_free",
     "is_work",
@@ -268,4 +270,32 @@ def outside_thunder_row(op: th.FxSplitOp) -> WhyRow:
         bytes=op.nbytes,
         try_=outside_thunder_fix(op.target),
         detail=op.info + (f" ({op.exception})" if op.exception else ""),
+    )
+
+
+# --- a statement Dynamo ran in Python (a graph break) -------------------------------------------------------
+
+# Dynamo's reason for a break inside a call it could not trace (a GRU module, say): no more than this word.
+_BARE_STEP = "step_unsupported"
+BREAK_FIX = "rewrite it so that Dynamo can trace it, or move it out of the compiled code"
+
+
+def graph_break_row(brk: th.GraphBreak) -> WhyRow:
+    """The row of a statement Dynamo could not trace: it ends a Dynamo graph and runs in Python, uncompiled,
+    never reaching Thunder; the code after it runs in another graph (or in Python too)."""
+    if brk.title == _BARE_STEP:
+        reason = f"Dynamo could not trace this statement (its only reason: {_BARE_STEP})"
+    else:
+        reason = f"Dynamo cannot trace it: {brk.title}" + (f"; {brk.explanation}" if brk.explanation else "")
+    fix = "; ".join(brk.hints) or BREAK_FIX + (f" ({brk.link})" if brk.link else "")
+    return WhyRow(
+        trace="forward",
+        subgraph=f"after dynamo graph {brk.graph}",
+        op=brk.statement or "graph break",
+        source=brk.source,
+        kind=WhyKind.GRAPH_BREAK,
+        reason=reason,
+        established_by="torch._dynamo (graph break)",
+        try_=fix,
+        detail=brk.text,
     )
