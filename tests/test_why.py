@@ -438,6 +438,34 @@ def test_dynamo_graph_break_has_a_row_with_dynamos_reason_and_the_users_line():
     assert f"1 {WhyKind.GRAPH_BREAK.label}" in report.summary()
 
 
+class _Recurrent(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gru, self.head = torch.nn.GRU(4, 4, batch_first=True), torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        y = (x * 2).tanh()
+        y, _ = self.gru(y)  # Dynamo does not trace a GRU: the graph ends here
+        return self.head(y).sum()
+
+
+def test_a_gru_breaks_the_graph_and_the_code_after_it_runs_in_python():
+    """The issue's model: Dynamo stops at the GRU and resumes no graph after it (the head and the loss run in
+    Python too): the GRU's line has a row saying so."""
+    from thunder.dynamo import thunderfx
+
+    from thunder_fusion_guard import _thunder as th
+
+    model = _Recurrent()
+    compiled = thunderfx(model, executors=[torch_compile_ex])
+    compiled(torch.randn(2, 3, 4)).backward()
+    (brk,) = th.graph_breaks(compiled)
+    assert (brk.graph, brk.function, brk.resumed) == (0, "forward", False)
+    (row,) = why_not_fused(compiled).of_kind(WhyKind.GRAPH_BREAK)
+    assert row.op == "y, _ = self.gru(y)" and brk.function in row.reason
+    assert row.source.endswith(f"test_why.py:{_Recurrent.forward.__code__.co_firstlineno + 2}")
+
+
 def test_grouping_rows_that_say_the_same():
     """Rows alike in trace, kind, op, source, reason and try are one (their bytes and ops added, their subgraphs
     named); every no-fusion-executor row is one; a segmented row, whose count is its segments, stays apart."""

@@ -25,6 +25,7 @@ from thunder_fusion_guard.examine.why_classify import (
     classify,
     context_of,
     graph_break_row,
+    graph_break_rows,
     is_work,
     outside_thunder_row,
 )
@@ -213,6 +214,11 @@ def test_dynamo_break_reason_is_read_and_its_row_made():
     # No hint that names a change: the general fix, and Dynamo's page on the break.
     bare = graph_break_row(replace(brk, hints=(), statement=None))
     assert bare.try_.startswith(BREAK_FIX) and link in bare.try_ and bare.op == "graph break"
+    # One statement seen breaking several graphs (a recompilation; a callee's break seen from its caller too) is
+    # one row; the rest of the function ran in Python where no graph resumed it after any of them.
+    (row,) = graph_break_rows([brk, replace(brk, graph=3, function="inner", resumed=False)])
+    assert row.subgraph == "after dynamo graphs 1, 3" and row.count == 1
+    assert "inner" in row.reason and "inner" not in graph_break_row(brk).reason
 
 
 def test_split_rows_consecutive_and_dataflow(claimed_program):

@@ -2,7 +2,9 @@
 ``ThunderCompiler`` carries ``compile_subgraph_reason`` (Dynamo's ``GraphCompileReason``: its message and the
 user's stack), the record ``torch._dynamo.explain`` reads too, so nothing is compiled again.
 
-A break Dynamo makes before any op of a frame (an empty graph) reaches no backend and is not seen here."""
+After a break Dynamo runs the rest of the frame as a new function (``torch_dynamo_resume_in_<name>_at_<line>``)
+that it compiles again; where no graph of that function reached the backend, the rest ran in Python. A break
+Dynamo makes before any op of a frame (an empty graph) reaches no backend and is not seen here."""
 
 from __future__ import annotations
 
@@ -21,14 +23,17 @@ __all__ = ["GraphBreak", "graph_breaks", "parse_break_reason"]
 _GENERIC_HINT = re.compile(r"report an issue to PyTorch|likely to be a Dynamo bug", re.IGNORECASE)
 _SECTION = re.compile(r"^(Explanation|Hint|Developer debug context):\s*(.*)$")
 _LINK = re.compile(r"For more details about this graph break, please visit:\s*(\S+)")
+# The name Dynamo gives the function that resumes a frame after a break (torch._dynamo.resume_execution).
+_RESUME = re.compile(r"^torch_dynamo_resume_in_(?P<name>.+)_at_\d+$")
 
 
 @dataclass(frozen=True)
 class GraphBreak:
     """One graph break Dynamo made: the Dynamo graph it ended (its index among the backend's graphs), Dynamo's
     reason (``title``, its first line; ``explanation``; ``hints`` that name a change; ``link``, Dynamo's page
-    on it; ``text``, the whole message) and the user's frame (``source`` ``file:line``, ``statement`` its
-    code)."""
+    on it; ``text``, the whole message), the user's frame (``source`` ``file:line``, ``statement`` its
+    code), the function Dynamo was compiling (``function``) and whether a graph resumed it after the break
+    (``resumed``; False: the rest of it ran in Python)."""
 
     graph: int
     title: str
@@ -38,19 +43,51 @@ class GraphBreak:
     text: str
     source: str | None
     statement: str | None
+    function: str = "?"
+    resumed: bool = True
 
 
 def graph_breaks(obj: Any) -> list[GraphBreak]:
     """The graph breaks of a ThunderFX object or ``ThunderCompiler`` so far, in the order Dynamo compiled."""
+    reasons = [getattr(i.original_graph_module, "compile_subgraph_reason", None) for i in _infos(obj)]
+    roots = {_root(r) for r in reasons if r is not None}
     found = []
-    for index, info in enumerate(getattr(obj, "_backend", obj).subgraph_infos):
-        reason = getattr(info.original_graph_module, "compile_subgraph_reason", None)
+    for index, reason in enumerate(reasons):
         if reason is None or not getattr(reason, "graph_break", False):
             continue
         title, explanation, hints, link = parse_break_reason(str(reason.reason))
         source, statement = _user_frame(getattr(reason, "user_stack", None) or ())
-        found.append(GraphBreak(index, title, explanation, hints, link, str(reason.reason), source, statement))
+        filename, name = _root(reason)
+        resumed = any(f == filename and _resumes(n, name) for f, n in roots)
+        function = _function_name(name)
+        found.append(
+            GraphBreak(index, title, explanation, hints, link, str(reason.reason), source, statement, function, resumed)
+        )
     return found
+
+
+def _infos(obj: Any) -> list[Any]:
+    """The backend's records of the Dynamo graphs it received, in order."""
+    return list(getattr(obj, "_backend", obj).subgraph_infos)
+
+
+def _root(reason: Any) -> tuple[str, str]:
+    """File and name of the outermost frame Dynamo was compiling for ``reason``'s graph."""
+    stack = getattr(reason, "user_stack", None) or ()
+    return (stack[0].filename, stack[0].name) if stack else ("?", "?")
+
+
+def _resumes(name: str, broken: str) -> bool:
+    """True when ``name`` is the function Dynamo made to resume ``broken`` after a break."""
+    match = _RESUME.match(name)
+    return match is not None and match.group("name") == broken
+
+
+def _function_name(name: str) -> str:
+    """The user's name of a function Dynamo compiled (a resume function's: the function it resumes)."""
+    while match := _RESUME.match(name):
+        name = match.group("name")
+    return name
 
 
 def parse_break_reason(text: str) -> tuple[str, str, tuple[str, ...], str | None]:

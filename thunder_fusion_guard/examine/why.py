@@ -22,7 +22,7 @@ from .why_classify import (
     WhyContext,
     classify,
     context_of,
-    graph_break_row,
+    graph_break_rows,
     is_cost_free,
     is_work,
     outside_thunder_row,
@@ -44,7 +44,7 @@ def why_not_fused(fn: Any, *args: Any, backward: bool = True, **kwargs: Any) -> 
     if th.is_thunderfx(fn):
         programs = [(sub.jitted, sub.label, "thunderfx") for sub in th.thunderfx_subgraphs(fn)]
         rows += [outside_thunder_row(op) for op in th.thunderfx_split_ops(fn)]
-        rows += [graph_break_row(brk) for brk in th.graph_breaks(fn)]
+        rows += graph_break_rows(th.graph_breaks(fn))
     elif th.is_jitted(fn):
         programs = [(fn, None, "thunder.jit")]
     else:

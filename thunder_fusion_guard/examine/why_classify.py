@@ -23,6 +23,7 @@ __all__ = [
     "classify",
     "context_of",
     "graph_break_row",
+    "graph_break_rows",
     "io_bytes",
     "is_cost_free",
     "is_work",
@@ -280,17 +281,35 @@ _BARE_STEP = "step_unsupported"
 BREAK_FIX = "rewrite it so that Dynamo can trace it, or move it out of the compiled code"
 
 
-def graph_break_row(brk: th.GraphBreak) -> WhyRow:
-    """The row of a statement Dynamo could not trace: it ends a Dynamo graph and runs in Python, uncompiled,
-    never reaching Thunder; the code after it runs in another graph (or in Python too)."""
+def graph_break_rows(breaks: Sequence[th.GraphBreak]) -> list[WhyRow]:
+    """A row per statement Dynamo broke its graph at, however many graphs it ended (a recompilation, or a break
+    inside a call seen from the caller's frame and the callee's); said of the first that no graph resumed, if
+    any."""
+    same: dict[tuple, list[th.GraphBreak]] = {}
+    for brk in breaks:
+        same.setdefault((brk.source, brk.statement, brk.title, brk.explanation), []).append(brk)
+    return [
+        graph_break_row(next((b for b in group if not b.resumed), group[0]), graphs=[b.graph for b in group])
+        for group in same.values()
+    ]
+
+
+def graph_break_row(brk: th.GraphBreak, graphs: Sequence[int] = ()) -> WhyRow:
+    """The row of a statement Dynamo could not trace: it ends a Dynamo graph (those of ``graphs``, else its own)
+    and runs in Python, uncompiled, never reaching Thunder; so does the rest of its function where no graph
+    resumed it."""
     if brk.title == _BARE_STEP:
         reason = f"Dynamo could not trace this statement (its only reason: {_BARE_STEP})"
     else:
         reason = f"Dynamo cannot trace it: {brk.title}" + (f"; {brk.explanation}" if brk.explanation else "")
-    fix = "; ".join(brk.hints) or BREAK_FIX + (f" ({brk.link})" if brk.link else "")
+    if not brk.resumed:
+        reason += f"; no Dynamo graph resumed {brk.function} after it: the code after it ran in Python too"
+    fix = " ".join(brk.hints) or BREAK_FIX + (f" ({brk.link})" if brk.link else "")
+    graphs = list(graphs) or [brk.graph]
+    where = f"after dynamo graph{'s' if len(graphs) > 1 else ''} {', '.join(map(str, graphs))}"
     return WhyRow(
         trace="forward",
-        subgraph=f"after dynamo graph {brk.graph}",
+        subgraph=where,
         op=brk.statement or "graph break",
         source=brk.source,
         kind=WhyKind.GRAPH_BREAK,
