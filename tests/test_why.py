@@ -16,7 +16,7 @@ from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_
 from thunder.extend import ImplInfo
 
 from thunder_fusion_guard.examine.why import why_not_fused
-from thunder_fusion_guard.examine.why_rows import NO_FIX
+from thunder_fusion_guard.examine.why_rows import NO_FIX, WhyKind
 
 # The rows are the subject, not the code Inductor generates: regions run uncompiled (helpers.without_inductor).
 pytestmark = pytest.mark.usefixtures("no_inductor_module")
@@ -408,6 +408,62 @@ def test_ops_thunderfx_leaves_to_torch_appear_once():
     assert row.subgraph == "dynamo graph 0; dynamo graph 1"
     assert row.source.endswith(f"test_why.py:{_splits_off.__code__.co_firstlineno + 1}")
     assert report.to_text(wide=True).count("Tensor.new_zeros") == 1
+
+
+def _breaks_on_item(x):
+    y = (x * 2).sin()
+    if y.sum().item() > 0:  # a Python branch on a tensor's value: Dynamo breaks the graph at .item()
+        y = y + 1
+    return y.cos().sum()
+
+
+def test_dynamo_graph_break_has_a_row_with_dynamos_reason_and_the_users_line():
+    """A statement Dynamo cannot trace runs in Python between two Dynamo graphs, never in Thunder: its row has
+    Dynamo's reason and the user's line, and the ops outside Thunder are counted."""
+    from thunder.dynamo import thunderfx
+
+    from thunder_fusion_guard import FusionGuard
+
+    compiled = thunderfx(_breaks_on_item, executors=[torch_compile_ex], transforms=[FusionGuard(measure_budget_s=0)])
+    x = torch.randn(4, 3, requires_grad=True)
+    compiled(x).backward()
+    assert len(compiled._backend.subgraph_infos) == 2  # the graph before the break and the one resumed after it
+    report = why_not_fused(compiled)
+    (row,) = report.of_kind(WhyKind.GRAPH_BREAK)
+    assert "Tensor.item()" in row.reason and "capture_scalar_outputs" in row.try_  # Dynamo's reason and hint
+    assert row.source.endswith(f"test_why.py:{_breaks_on_item.__code__.co_firstlineno + 2}")
+    assert row.op == "if y.sum().item() > 0:"  # the user's statement, without its comment
+    assert row.subgraph == "after dynamo graph 0" and row.established_by == "torch._dynamo (graph break)"
+    assert sum(r.count for r in report.rows if r.kind.of_ops) >= 1
+    assert f"1 {WhyKind.GRAPH_BREAK.label}" in report.summary()
+
+
+class _Recurrent(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gru, self.head = torch.nn.GRU(4, 4, batch_first=True), torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        y = (x * 2).tanh()
+        y, _ = self.gru(y)  # Dynamo does not trace a GRU: the graph ends here
+        return self.head(y).sum()
+
+
+def test_a_gru_breaks_the_graph_and_the_code_after_it_runs_in_python():
+    """The issue's model: Dynamo stops at the GRU and resumes no graph after it (the head and the loss run in
+    Python too): the GRU's line has a row saying so."""
+    from thunder.dynamo import thunderfx
+
+    from thunder_fusion_guard import _thunder as th
+
+    model = _Recurrent()
+    compiled = thunderfx(model, executors=[torch_compile_ex])
+    compiled(torch.randn(2, 3, 4)).backward()
+    (brk,) = th.graph_breaks(compiled)
+    assert (brk.graph, brk.function, brk.resumed) == (0, "forward", False)
+    (row,) = why_not_fused(compiled).of_kind(WhyKind.GRAPH_BREAK)
+    assert row.op == "y, _ = self.gru(y)" and brk.function in row.reason
+    assert row.source.endswith(f"test_why.py:{_Recurrent.forward.__code__.co_firstlineno + 2}")
 
 
 def test_grouping_rows_that_say_the_same():

@@ -1,6 +1,7 @@
 """The classifier behind why_not_fused, one op at a time: small programs jitted on CPU, each op outside a region
 classified with its program's context (or that context changed), asserting the kind and the words; and the rows
-of what is no single op: a node ThunderFX left to torch, a split, outputs computed twice, a missing region."""
+of what is no single op: a node ThunderFX left to torch, a statement Dynamo ran in Python (a graph break), a
+split, outputs computed twice, a missing region."""
 
 from __future__ import annotations
 
@@ -18,7 +19,16 @@ from thunder.extend import ImplInfo, get_executor
 
 from thunder_fusion_guard import _thunder as th
 from thunder_fusion_guard.examine.why import numbering_gap_rows, recomputed_rows, split_rows
-from thunder_fusion_guard.examine.why_classify import WhyContext, classify, context_of, is_work, outside_thunder_row
+from thunder_fusion_guard.examine.why_classify import (
+    BREAK_FIX,
+    WhyContext,
+    classify,
+    context_of,
+    graph_break_row,
+    graph_break_rows,
+    is_work,
+    outside_thunder_row,
+)
 from thunder_fusion_guard.examine.why_rows import NO_FIX, WhyKind
 
 # The subject is not the code Inductor generates: regions run uncompiled (helpers.without_inductor).
@@ -172,6 +182,45 @@ def test_outside_thunder_rows():
     assert long.try_ == "none here: ThunderFX runs it with Inductor"
 
 
+# Dynamo's message for a break, as torch 2.11 writes it (torch._dynamo.exc.format_graph_break_message).
+_BREAK_TEXT = """Failed to trace builtin operator
+  Explanation: Dynamo does not know how to trace builtin operator `print` with argument types ['str']
+    (has_kwargs False)
+  Hint: Avoid calling builtin `print` with argument types ['str'].
+  Hint: Please report an issue to PyTorch.
+
+  Developer debug context: builtin print [<class 'ConstantVariable'>] False
+
+ For more details about this graph break, please visit: https://example.org/gb0059.html"""
+
+
+def test_dynamo_break_reason_is_read_and_its_row_made():
+    """Dynamo's message split into its first line, explanation (over lines), hints that name a change and link;
+    the row of the statement Dynamo ran in Python: that reason, its hints to try, the user's line."""
+    title, explanation, hints, link = th.parse_break_reason(_BREAK_TEXT)
+    assert title == "Failed to trace builtin operator"
+    assert explanation.endswith("argument types ['str'] (has_kwargs False)")
+    assert hints == ("Avoid calling builtin `print` with argument types ['str'].",)  # not "report an issue"
+    assert link == "https://example.org/gb0059.html"
+    brk = th.GraphBreak(1, title, explanation, hints, link, _BREAK_TEXT, "model.py:7", 'print("step")')
+    row = graph_break_row(brk)
+    assert (row.kind, row.op, row.source, row.subgraph) == (
+        WhyKind.GRAPH_BREAK,
+        'print("step")',
+        "model.py:7",
+        "after dynamo graph 1",
+    )
+    assert title in row.reason and explanation in row.reason and row.try_ == hints[0] and row.detail == _BREAK_TEXT
+    # No hint that names a change: the general fix, and Dynamo's page on the break.
+    bare = graph_break_row(replace(brk, hints=(), statement=None))
+    assert bare.try_.startswith(BREAK_FIX) and link in bare.try_ and bare.op == "graph break"
+    # One statement seen breaking several graphs (a recompilation; a callee's break seen from its caller too) is
+    # one row; the rest of the function ran in Python where no graph resumed it after any of them.
+    (row,) = graph_break_rows([brk, replace(brk, graph=3, function="inner", resumed=False)])
+    assert row.subgraph == "after dynamo graphs 1, 3" and row.count == 1
+    assert "inner" in row.reason and "inner" not in graph_break_row(brk).reason
+
+
 def test_split_rows_consecutive_and_dataflow(claimed_program):
     """Two torchcompile regions around the claimed mul: consecutive fusion could not take the op between,
     dataflow fusion would have made a cycle through it."""
@@ -213,6 +262,7 @@ def test_kinds_know_their_words():
     assert [k.value for k in WhyKind if k.of_ops] == [
         "claimed",
         "outside_thunder",
+        "graph_break",
         "no_translation",
         "checker",
         "option",

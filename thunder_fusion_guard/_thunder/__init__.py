@@ -8,6 +8,7 @@ functions here, one module a job, so that a new release means reading and fixing
 - :mod:`.executors`: which executors exist, which fusion executor runs where, software versions;
 - :mod:`.compiling`: the compilation Thunder runs right now;
 - :mod:`.jitted`: what ``thunder.jit`` and ThunderFX made;
+- :mod:`.dynamo_breaks`: Dynamo's graph breaks under ThunderFX, with Dynamo's reason and the user's line;
 - :mod:`.translations`: library ops Thunder only registered automatically, translated into its own ops;
 - :mod:`.cudagraphs`: Thunder's ``CUDAGraphTransform`` (its capture for the traces its own checks refuse);
 - :mod:`.calls`: calling nvFuser's regions directly (Thunder's per-call work once per input layout);
@@ -20,11 +21,12 @@ modules' own.
 from __future__ import annotations
 
 # _quiet first: it imports Thunder, its optional-dependency notices sent to our logger (its docstring says which)
-from . import _quiet, calls, compiling, cudagraphs, executors, jitted, lowering, traces, translations  # noqa: F401
+from . import _quiet, calls, compiling, cudagraphs, dynamo_breaks, executors, jitted, lowering, traces, translations  # noqa: F401
 from .calls import *  # noqa: F403
 from .compat import ensure_nvfuser_compat
 from .compiling import *  # noqa: F403
 from .cudagraphs import *  # noqa: F403
+from .dynamo_breaks import *  # noqa: F403
 from .executors import *  # noqa: F403
 from .jitted import *  # noqa: F403
 from .lowering import *  # noqa: F403
@@ -37,6 +39,7 @@ __all__ = [
     *executors.__all__,
     *compiling.__all__,
     *jitted.__all__,
+    *dynamo_breaks.__all__,
     *cudagraphs.__all__,
     *translations.__all__,
     *calls.__all__,

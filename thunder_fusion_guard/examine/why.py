@@ -1,7 +1,7 @@
 """Why an op is not in a fusion region: every op left outside the regions of a compiled program (classified in
-``why_classify.py``), each split and rematerialized region, each node ThunderFX left to torch, each rescue and,
-given the arguments, each region nvFuser ran as several kernels (``why_segments.py``); the rows that say the
-same as one (``why_rows.py``).
+``why_classify.py``), each split and rematerialized region, each node ThunderFX left to torch, each statement
+Dynamo ran in Python (a graph break, with Dynamo's reason), each rescue and, given the arguments, each region
+nvFuser ran as several kernels (``why_segments.py``); the rows that say the same as one (``why_rows.py``).
 
 Runs only when asked, after the program ran; it reads the last traces and changes neither them nor outputs.
 """
@@ -18,7 +18,15 @@ from .. import _thunder as th
 from .._thunder import partition as pt
 from ..render.table import op_groups
 from ..transform import guards_of
-from .why_classify import WhyContext, classify, context_of, is_cost_free, is_work, outside_thunder_row
+from .why_classify import (
+    WhyContext,
+    classify,
+    context_of,
+    graph_break_rows,
+    is_cost_free,
+    is_work,
+    outside_thunder_row,
+)
 from .why_rows import NO_FIX, WhyKind, WhyReport, WhyRow, grouped, not_analysed
 from .why_segments import kernel_rows
 
@@ -36,6 +44,7 @@ def why_not_fused(fn: Any, *args: Any, backward: bool = True, **kwargs: Any) -> 
     if th.is_thunderfx(fn):
         programs = [(sub.jitted, sub.label, "thunderfx") for sub in th.thunderfx_subgraphs(fn)]
         rows += [outside_thunder_row(op) for op in th.thunderfx_split_ops(fn)]
+        rows += graph_break_rows(th.graph_breaks(fn))
     elif th.is_jitted(fn):
         programs = [(fn, None, "thunder.jit")]
     else:

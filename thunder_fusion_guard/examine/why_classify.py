@@ -1,7 +1,8 @@
 """Why one op of a final trace is outside every fusion region, re-derived from Thunder's own decision steps:
 the executor claims in ``executors_list`` order, the fusion executor's ``can_fuse`` walking the op's
 decomposition, its checkers under the program's compile options and the fusion pass's region rules. Also why
-ThunderFX's splitter left a node to torch. Each a pure function of the op and a :class:`WhyContext`.
+ThunderFX's splitter left a node to torch, and why Dynamo ran a statement in Python (a graph break). Each a pure
+function of the op and a :class:`WhyContext`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ __all__ = [
     "WhyContext",
     "classify",
     "context_of",
+    "graph_break_row",
+    "graph_break_rows",
     "io_bytes",
     "is_cost_free",
     "is_work",
@@ -268,4 +271,50 @@ def outside_thunder_row(op: th.FxSplitOp) -> WhyRow:
         bytes=op.nbytes,
         try_=outside_thunder_fix(op.target),
         detail=op.info + (f" ({op.exception})" if op.exception else ""),
+    )
+
+
+# --- a statement Dynamo ran in Python (a graph break) -------------------------------------------------------
+
+# Dynamo's reason for a break inside a call it could not trace (a GRU module, say): no more than this word.
+_BARE_STEP = "step_unsupported"
+BREAK_FIX = "rewrite it so that Dynamo can trace it, or move it out of the compiled code"
+
+
+def graph_break_rows(breaks: Sequence[th.GraphBreak]) -> list[WhyRow]:
+    """A row per statement Dynamo broke its graph at, however many graphs it ended (a recompilation, or a break
+    inside a call seen from the caller's frame and the callee's); said of the first that no graph resumed, if
+    any."""
+    same: dict[tuple, list[th.GraphBreak]] = {}
+    for brk in breaks:
+        same.setdefault((brk.source, brk.statement, brk.title, brk.explanation), []).append(brk)
+    return [
+        graph_break_row(next((b for b in group if not b.resumed), group[0]), graphs=[b.graph for b in group])
+        for group in same.values()
+    ]
+
+
+def graph_break_row(brk: th.GraphBreak, graphs: Sequence[int] = ()) -> WhyRow:
+    """The row of a statement Dynamo could not trace: it ends a Dynamo graph (those of ``graphs``, else its own)
+    and runs in Python, uncompiled, never reaching Thunder; so does the rest of its function where no graph
+    resumed it."""
+    if brk.title == _BARE_STEP:
+        reason = f"Dynamo could not trace this statement (its only reason: {_BARE_STEP})"
+    else:
+        reason = f"Dynamo cannot trace it: {brk.title}" + (f"; {brk.explanation}" if brk.explanation else "")
+    if not brk.resumed:
+        reason += f"; no Dynamo graph resumed {brk.function} after it: the code after it ran in Python too"
+    fix = " ".join(brk.hints) or BREAK_FIX + (f" ({brk.link})" if brk.link else "")
+    graphs = list(graphs) or [brk.graph]
+    where = f"after dynamo graph{'s' if len(graphs) > 1 else ''} {', '.join(map(str, graphs))}"
+    return WhyRow(
+        trace="forward",
+        subgraph=where,
+        op=brk.statement or "graph break",
+        source=brk.source,
+        kind=WhyKind.GRAPH_BREAK,
+        reason=reason,
+        established_by="torch._dynamo (graph break)",
+        try_=fix,
+        detail=brk.text,
     )

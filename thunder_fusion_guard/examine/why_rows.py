@@ -22,7 +22,7 @@ NO_FIX = "none: no executor here can fuse it"
 
 
 class WhyKind(str, Enum):
-    """Why an op is outside every fusion region (the first eight: an op each), or what a row says of a region.
+    """Why an op is outside every fusion region (the first nine: an op each), or what a row says of a region.
     A member equals its value (``WhyKind.CLAIMED == "claimed"``); ``label`` and ``labels`` are the words the
     summary counts it in, one and several; ``of_ops``: its rows are ops outside fusions. An op kind is declared
     with one label (the summary counts ops, "12 ops claimed"), a region kind with its singular and plural."""
@@ -47,6 +47,7 @@ class WhyKind(str, Enum):
 
     CLAIMED = "claimed", "claimed"
     OUTSIDE_THUNDER = "outside_thunder", "outside Thunder (ThunderFX split)"
+    GRAPH_BREAK = "graph_break", "run in Python (Dynamo graph break)"
     NO_TRANSLATION = "no_translation", "no translation"
     CHECKER = "checker", "refused by a checker"
     OPTION = "option", "behind a compile option"
