@@ -13,6 +13,7 @@ import torch
 from helpers import NEAR_BREAK_EVEN, assert_same, fragmenting_executor, jit_cpu, regions, run_with_grads
 
 import thunder_fusion_guard.measure.breakeven as breakeven
+import thunder_fusion_guard.measure.cache as cache
 import thunder_fusion_guard.measure.calibrate as calibrate
 from thunder_fusion_guard import FusionGuard
 from thunder_fusion_guard.bench import decisions as bench_decisions
@@ -115,7 +116,7 @@ def test_auto_calibration_for_real_inside_the_transform(no_shipped, cache_dir):
     a, b = torch.randn(16, 16, requires_grad=True), torch.randn(16, 16, requires_grad=True)
     assert_same(*[run_with_grads(jit_cpu(lone_add, guard), [a, b])[0], run_with_grads(jit_cpu(lone_add), [a, b])[0]])
     constants = guard.constants_for("cpu", "torchcompile")
-    assert constants is not None and constants.source.startswith("measured: cpu|torchcompile")
+    assert constants is not None and constants.source.startswith(f"measured: {cache.cpu_identity()}|torchcompile")
     assert [b for b, _ in constants.bandwidth_curve] == [3 * 4 * n for n in calibrate.CURVE_CPU]
     assert set(dict(constants.op_ns)) == set(calibrate.OP_PROBES) and constants.matmul_gflops > 0
     assert calibrate.cached("cpu", "torchcompile") == constants
