@@ -26,6 +26,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 import thunder_fusion_guard.measure.breakeven as breakeven
+import thunder_fusion_guard.measure.cache as cache
 import thunder_fusion_guard.measure.calibrate as calibrate
 from thunder_fusion_guard.measure.timing import HostDevice
 
@@ -46,8 +47,23 @@ def _private_cache(tmp_path_factory):
     """Tests never read or write this machine's calibration and measurement caches."""
     patch = pytest.MonkeyPatch()
     patch.setenv("TFG_CACHE_DIR", str(tmp_path_factory.mktemp("tfg-cache")))
+    _seed_for_subprocesses()
     yield
     patch.undo()
+
+
+def _seed_for_subprocesses() -> None:
+    """The suite's processes of their own (README snippets, the command line) see this machine's real CPU:
+    the private cache holds the shipped CPU constants for it at each thread count they may use (what
+    ``fusion-guard calibrate`` leaves behind), so they decide as the tests in this process do, uncalibrated."""
+    constants = calibrate.shipped("cpu", "torchcompile")
+    patch = pytest.MonkeyPatch()
+    try:
+        for threads in sorted({1, torch.get_num_threads(), os.cpu_count() or 1}):
+            patch.setattr(cache, "cpu_threads", lambda threads=threads: threads)
+            calibrate.save_constants("cpu", "torchcompile", constants)
+    finally:
+        patch.undo()
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -64,6 +80,29 @@ def _older_objects_frozen():
     yield
 
 
+# The CPU every test runs on, whatever the machine: the shipped CPU constants are pinned to it (_pinned_cpu).
+TEST_CPU = ("test CPU (conftest)", 2, 1)  # model, cores, torch threads
+
+
+def pin_cpu(monkeypatch, model: str, cores: int, threads: int) -> str:
+    """Make the guard see a CPU of this model, cores and torch threads (its cache and shipped-constants
+    identity, ``measure.cache.cpu_identity``); returns that identity."""
+    monkeypatch.setattr(cache, "cpu_model", lambda: model)
+    monkeypatch.setattr(cache, "cpu_cores", lambda: cores)
+    monkeypatch.setattr(cache, "cpu_threads", lambda: threads)
+    return cache.cpu_identity()
+
+
+@pytest.fixture(autouse=True)
+def _pinned_cpu(monkeypatch):
+    """Every test sees the same CPU, :data:`TEST_CPU`, and the shipped CPU constants (which name no CPU) as
+    measured on it: ``calibration="auto"`` uses them there without calibrating, on any machine and thread
+    count, as it does on the machine they were measured on. A test of another CPU pins its own (``pin_cpu``)."""
+    identity = pin_cpu(monkeypatch, *TEST_CPU)
+    pinned = [(identity if key == "cpu" else key, ex, values) for key, ex, values in calibrate.SHIPPED]
+    monkeypatch.setattr(calibrate, "SHIPPED", pinned)
+
+
 @pytest.fixture(autouse=True)
 def _no_real_timings(request, monkeypatch):
     """No real timing decides anything in the suite: a region near break-even is not timed (the model
@@ -71,7 +110,8 @@ def _no_real_timings(request, monkeypatch):
     runs: ``calibration="auto"`` then leaves the executor without constants ("no constants": regions kept),
     as it did before for the tests' own executors (helpers.fragmenting_executor and the like are not
     registered with Thunder, so their calibration failed). torchcompile itself uses its shipped constants
-    (the tests' cache is empty), and tests/test_no_real_timings.py checks all of this.
+    (the tests' cache is empty, and ``_pinned_cpu`` makes them this CPU's), and tests/test_no_real_timings.py
+    checks all of this.
 
     A test of measured decisions injects fixed timings with :func:`inject_timings`; a test of the
     calibration replaces ``calibrate.measure`` itself. Only a test marked ``real_timings`` (whose verdict

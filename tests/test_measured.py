@@ -10,13 +10,16 @@ import logging
 import pytest
 import thunder
 import torch
+from conftest import pin_cpu
 from helpers import NEAR_BREAK_EVEN, assert_same, fragmenting_executor, jit_cpu, regions, run_with_grads
 
 import thunder_fusion_guard.measure.breakeven as breakeven
+import thunder_fusion_guard.measure.cache as cache
 import thunder_fusion_guard.measure.calibrate as calibrate
 from thunder_fusion_guard import FusionGuard
 from thunder_fusion_guard.bench import decisions as bench_decisions
 from thunder_fusion_guard.cost import CostConstants
+from thunder_fusion_guard.shipped_constants import SHIPPED
 
 
 def told(d):
@@ -115,7 +118,7 @@ def test_auto_calibration_for_real_inside_the_transform(no_shipped, cache_dir):
     a, b = torch.randn(16, 16, requires_grad=True), torch.randn(16, 16, requires_grad=True)
     assert_same(*[run_with_grads(jit_cpu(lone_add, guard), [a, b])[0], run_with_grads(jit_cpu(lone_add), [a, b])[0]])
     constants = guard.constants_for("cpu", "torchcompile")
-    assert constants is not None and constants.source.startswith("measured: cpu|torchcompile")
+    assert constants is not None and constants.source.startswith(f"measured: {cache.cpu_identity()}|torchcompile")
     assert [b for b, _ in constants.bandwidth_curve] == [3 * 4 * n for n in calibrate.CURVE_CPU]
     assert set(dict(constants.op_ns)) == set(calibrate.OP_PROBES) and constants.matmul_gflops > 0
     assert calibrate.cached("cpu", "torchcompile") == constants
@@ -161,6 +164,106 @@ def test_failed_calibration_is_recorded_never_raised(monkeypatch, no_shipped, ca
     assert "calibration='auto' could not measure them" in told(d)
     assert "planted calibration failure" in guard.report.calibrations[0]["result"]
     assert "planted calibration failure" in caplog.text
+
+
+def test_auto_calibrates_on_a_cpu_the_shipped_constants_do_not_name_and_caches_per_cpu(fake_calibration, monkeypatch):
+    """The shipped CPU constants name no CPU: on any CPU ``auto`` calibrates, and its cache entry serves only a
+    CPU of the same model, cores and torch threads."""
+    monkeypatch.setattr(calibrate, "SHIPPED", SHIPPED)  # as shipped, not pinned to the tests' CPU
+    cpus = [("Other CPU 9000", 8, 4), ("Other CPU 9001", 8, 4), ("Other CPU 9000", 16, 4), ("Other CPU 9000", 8, 2)]
+    keys = []
+    for n, cpu in enumerate(cpus, start=1):
+        pin_cpu(monkeypatch, *cpu)
+        guard = FusionGuard(measure_budget_s=0)
+        assert guard.constants_for("cpu", "torchcompile") == FAKE
+        assert len(fake_calibration) == n, f"{cpu} reused another CPU's calibration"
+        (event,) = guard.report.calibrations
+        assert event["result"].startswith("calibrated here")
+        keys.append(calibrate.cache_key("cpu", "torchcompile"))
+    assert len(set(keys)) == len(cpus)
+    assert set(json.loads((cache.cache_path()).read_text())) == set(keys)
+    pin_cpu(monkeypatch, *cpus[0])
+    again = FusionGuard(measure_budget_s=0)
+    assert again.constants_for("cpu", "torchcompile") == FAKE and not again.report.calibrations
+    assert len(fake_calibration) == len(cpus), "the same CPU reads its cached calibration"
+
+
+def test_shipped_constants_stand_in_on_the_cpu_they_were_measured_on(fake_calibration, monkeypatch):
+    identity = pin_cpu(monkeypatch, "Shipped CPU", 2, 1)
+    here = dict(NEAR_BREAK_EVEN, fusion_call_us=42.0)
+    monkeypatch.setattr(
+        calibrate, "SHIPPED", [(identity, "torchcompile", here), ("cpu", "torchcompile", NEAR_BREAK_EVEN)]
+    )
+    guard = FusionGuard()
+    jit_cpu(lone_add, guard)(*_inputs())
+    assert guard.constants_for("cpu", "torchcompile") == CostConstants.from_dict(here)
+    assert fake_calibration == [] and not guard.report.calibrations
+    assert all("model_doubted" not in d.details for d in guard.report)
+
+    pin_cpu(monkeypatch, "Shipped CPU", 2, 2)  # the same CPU with other threads is another machine kind
+    assert FusionGuard().constants_for("cpu", "torchcompile") == FAKE and len(fake_calibration) == 1
+
+
+# Far from break-even in the fusion's favour: 10 ops of 30 µs eagerly against one call of 3 µs.
+FUSION_FAR_CHEAPER = dict(NEAR_BREAK_EVEN, eager_op_us=30.0)
+
+
+def five_ops(x):
+    return ((((x + 1.0) - 2.0) + 3.0) - 4.0) + 5.0
+
+
+@pytest.mark.parametrize("mode", ["auto", "shipped"])
+def test_constants_not_calibrated_here_do_not_decide_alone(inject_timings, monkeypatch, mode):
+    """Another CPU's shipped constants (auto: the calibration failed) put the estimates far apart for the
+    fusion; the region is timed anyway, and the timing, fused slower, sends it to torch."""
+    monkeypatch.setattr(calibrate, "SHIPPED", [("cpu", "torchcompile", FUSION_FAR_CHEAPER)])
+    timings = inject_timings(10.0, 2.0)
+    guard = FusionGuard(calibration=mode, strict=True)
+    x = torch.randn(16, 16)
+    guarded = jit_cpu(five_ops, guard)
+    assert torch.equal(guarded(x), five_ops(x))
+    (d,) = guard.report
+    assert (d.action, d.details["decided_by"], d.details["model_action"]) == ("reject", "measured", "keep")
+    assert d.estimates["est_eager_us"] > 3 * d.estimates["est_region_us"]
+    assert "another CPU" in d.details["model_doubted"]
+    assert timings == [2] and regions(guarded) == []
+    if mode == "auto":
+        (event,) = guard.report.calibrations
+        assert not event["result"].startswith("calibrated")
+
+
+def test_constants_not_calibrated_here_are_timed_within_the_budget(inject_timings, monkeypatch):
+    monkeypatch.setattr(calibrate, "SHIPPED", [("cpu", "torchcompile", FUSION_FAR_CHEAPER)])
+    timings = inject_timings(10.0, 2.0)
+    guard = FusionGuard(calibration="shipped", measure_budget_s=0)
+    jit_cpu(five_ops, guard)(torch.randn(16, 16))
+    (d,) = guard.report
+    assert (d.action, d.details["decided_by"]) == ("keep", "model") and "model_doubted" in d.details
+    assert timings == []
+
+
+def test_a_timing_far_off_the_estimates_puts_the_model_in_doubt(inject_timings):
+    """Constants given by hand are trusted until a timing of the guard's own finds the estimated eager/fused
+    ratio off by more than the band: from then on its regions far from break-even are timed too."""
+    timings = inject_timings(10.0, 2.0)
+    guard = FusionGuard(calibration=NEAR_BREAK_EVEN, strict=True)  # five ops about 4.5x dearer eagerly, one add not
+    x = torch.randn(16, 16)
+    jit_cpu(five_ops, guard)(x)
+    (far,) = guard.report
+    assert (far.action, far.details["decided_by"]) == ("keep", "model") and timings == []
+
+    jit_cpu(lone_add, guard)(x, x)  # near break-even: timed, and 10 µs fused vs 2 eager is far off the estimate
+    near = guard.report.decisions[-1]
+    assert (near.action, near.details["decided_by"]) == ("reject", "measured") and timings == [2]
+
+    jit_cpu(lambda y: five_ops(y) + 6.0, guard)(x)
+    doubted = guard.report.decisions[-1]
+    assert (doubted.action, doubted.details["decided_by"], doubted.details["model_action"]) == (
+        "reject",
+        "measured",
+        "keep",
+    )
+    assert near.region in doubted.details["model_doubted"] and timings == [2, 2]
 
 
 # --- 2. measured decisions near break-even -------------------------------------------------------------

@@ -20,6 +20,7 @@ class Details(TypedDict, total=False):
     model_action: str  # what the cost model alone would have done
     explanation: str  # the long explanation; ``reason`` is its one short line
     not_measured: str  # why a region near break-even was not timed
+    model_doubted: str  # why estimates far apart did not decide alone: the region was to be timed (ModelDoubt)
     alternative_not_timed: str  # why another fusion executor was not timed
     switched_to: str  # the fusion call that replaced the region (action switch)
     call: str  # how the region's fusion is called: "direct", or Thunder's and why

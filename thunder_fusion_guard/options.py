@@ -150,7 +150,8 @@ class GuardOptions:
     measure_budget_s: float = _option(
         5.0,
         _seconds,
-        "seconds this guard may spend timing regions near break-even; `0`: the model decides",
+        "seconds this guard may spend timing regions near break-even (any exact one where it doubts its constants); "
+        "`0`: the model decides",
     )
     choose_executor: bool = _option(
         False,

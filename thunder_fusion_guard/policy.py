@@ -27,7 +27,9 @@ BOOKEND = "nv_enable_bookend"  # views at nvFuser region edges run outside the r
 
 # A compute region is timed when eager and fused are estimated within this factor of each other. The
 # model's errors seen so far are 2-5x (benchmarks/RESULTS.md, "decision accuracy"); outside 3x its
-# verdict was right, and timing every region would cost a compilation per region on CPU.
+# verdict was right, and timing every region would cost a compilation per region on CPU. Where the guard
+# doubts its constants (ModelDoubt: not calibrated on this machine, or a timing of its own the estimates
+# missed by more than this factor) it times every exact region instead, within 'measure_budget_s'.
 MEASURE_BAND = 3.0
 # A timed region is rejected once eager is faster by more than the timing's own spread, and by at least
 # this much (the option 'margin' still caps it), where the timing is what the program sees: calls run
@@ -43,6 +45,47 @@ def explained(reason: str, explanation: str | None = None) -> tuple[str, dict[st
     short = wording.whole_line(reason)
     full = wording.whole_line(explanation) if explanation is not None else short
     return short, ({"explanation": full} if full != short else {})
+
+
+def model_error(estimates: Mapping[str, float], measured: Measured) -> float | None:
+    """How far the estimated eager/fused ratio is from the measured one, as a factor >= 1 (None: unknown):
+    what decides whether a region outside :data:`MEASURE_BAND` could lie on the other side of break-even."""
+    est_fused, est_eager = estimates.get("est_region_us"), estimates.get("est_eager_us")
+    if not est_fused or not est_eager or measured.region_us <= 0 or measured.eager_us <= 0:
+        return None
+    off = (est_eager / est_fused) / (measured.eager_us / measured.region_us)
+    return max(off, 1 / off)
+
+
+@dataclass
+class ModelDoubt:
+    """Why one guard does not let its cost model decide alone where the estimates lie more than
+    :data:`MEASURE_BAND` apart, per (device, executor): its constants were not calibrated on this machine,
+    or a timing of its own showed the estimates off by more than that band. There it times every exact
+    region (``decide(doubt=...)``), within the option ``measure_budget_s``."""
+
+    reasons: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def why(self, device: str, executor: str) -> str | None:
+        """Why the model for ``executor`` on ``device`` is doubted (None: it is not)."""
+        return self.reasons.get((device, executor))
+
+    def note(self, device: str, executor: str, reason: str) -> None:
+        """Doubt the model for ``executor`` on ``device`` from now on, for ``reason`` (the first one stays)."""
+        self.reasons.setdefault((device, executor), reason)
+
+    def learn(
+        self, device: str, executor: str, region: str, estimates: Mapping[str, float], measured: Measured
+    ) -> None:
+        """Doubt the model once a timing of ``region`` shows its eager/fused ratio off by more than the band."""
+        off = model_error(estimates, measured)
+        if off is not None and off > MEASURE_BAND:
+            self.note(
+                device,
+                executor,
+                f"a timing of {region} found the estimated eager/fused ratio {off:.1f}x off "
+                f"(more than the {MEASURE_BAND:g}x band)",
+            )
 
 
 @dataclass(frozen=True)
@@ -68,6 +111,7 @@ def decide(
     measured: Measured | None = None,
     compile_options: Mapping[str, Any] | None = None,
     alternative: str | None = None,
+    doubt: str | None = None,
 ) -> Verdict:
     """Keep a region, reject it to the torch executor when its fusion call buys nothing, or switch it to
     the fusion executor ``alternative`` (one that can run all of it) when that runs it faster.
@@ -75,7 +119,9 @@ def decide(
     ``measured`` (a timing of this region on this machine) decides a region the model puts near
     break-even, and any region with an alternative it may switch to; elsewhere the model's estimate decides.
     ``compile_options`` are those the program passed to ``thunder.jit`` by name: a region kind it asked for
-    is kept unless ``override_compile_options``.
+    is kept unless ``override_compile_options``. ``doubt`` (:class:`ModelDoubt`'s reason): the model's
+    estimates are not trusted to decide alone, so a measurement decides any exact region, however far apart
+    its estimates (the decision's ``model_doubted`` says why).
     """
     comms = [op for op, b in zip(region.ops, region.body, strict=True) if is_communication(b)]
     if comms:
@@ -145,7 +191,10 @@ def decide(
             f"eager ({cheaper})"
         )
         short_exactness = f"kept for exactness: {exactness_reason(inexact)}"
-    measurable = alternative is not None or (near and exactness is None)
+    doubted = doubt is not None and not near and exactness is None
+    if doubted:
+        details["model_doubted"] = doubt
+    measurable = alternative is not None or ((near or doubted) and exactness is None)
     if measured is not None and measurable:
         margin, narrowed = measured_margin(options.margin, measured, constants)
         timed = _by_numbers(measured.region_us, measured.eager_us, margin, "measured", est.eager_ops)
@@ -159,6 +208,8 @@ def decide(
         else:
             action, short = timed
             why = "near break-even" if near else "another executor could run it"
+            if doubted:
+                why = f"estimates more than {MEASURE_BAND:g}x apart, but {doubt}"
             reason = (
                 f"measured while compiling ({why}): {short}; the model estimated {est.region_us:.1f} µs "
                 f"fused vs {est.eager_us:.1f}"
@@ -179,6 +230,8 @@ def decide(
         short, told = explained(short_exactness, exactness)
         return Verdict("keep", short, record, {**details, "decided_by": "exactness", **told}, measurable, alternative)
     unmeasured = "" if near else "; not timed: the estimates are more than 3x apart"
+    if doubted:
+        unmeasured = f"; the estimates are more than {MEASURE_BAND:g}x apart, but {doubt}"
     short, told = explained(f"cost model: {model[1]}", f"cost model: {model[1]}{unmeasured}")
     return Verdict(model[0], short, record, {**details, **told}, measurable, alternative)
 

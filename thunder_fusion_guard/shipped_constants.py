@@ -1,17 +1,24 @@
 """Shipped cost constants, measured with ``fusion-guard calibrate`` on the machines named in ``source``.
 
-Entries are (device-name substring, executor, constants); the first match wins, so a more specific
-substring goes first. The device name is ``torch.cuda.get_device_name()`` ("NVIDIA H100 80GB HBM3" is
-matched by "H100") or "cpu". A calibration cached on the user's own machine always takes precedence;
-where nothing matches, the guard calibrates by itself on first need (option ``calibration="auto"``).
-``fusion_io_us``, ``bandwidth_curve``, ``op_ns`` and ``matmul_gflops`` may be left out (constants
-measured before they were, or on a GPU: bytes and calls alone).
+Entries are (device key, executor, constants); the first match wins, so a more specific key goes first.
+On CUDA the key is a substring of ``torch.cuda.get_device_name()`` ("NVIDIA H100 80GB HBM3" is matched by
+"H100"). On CPU a key names the CPU the constants were measured on, as ``measure.cache.cpu_identity()``
+does ("cpu: AMD EPYC 9B14, 2 cores, 1 threads": model, cores and torch's threads), and stands in only on
+a CPU of that identity; a key of plain "cpu" records no CPU, so it matches no specific one: with
+``calibration="auto"`` the guard calibrates there (it uses such an entry only when asked for shipped
+constants, ``calibration="shipped"``, or where it cannot calibrate, and then times regions whatever their
+estimates). A calibration cached on the user's own machine always takes precedence; where nothing matches,
+the guard calibrates by itself on first need (option ``calibration="auto"``). ``fusion_io_us``,
+``bandwidth_curve``, ``op_ns`` and ``matmul_gflops`` may be left out (constants measured before they were,
+or on a GPU: bytes and calls alone).
 """
 
 from __future__ import annotations
 
 SHIPPED: list[tuple[str, str, dict]] = [
     (
+        # The CPU was not recorded with these constants (the benchmark files of that day name an "AMD EPYC"
+        # 2-core VM, but not the calibration's), so this entry matches no specific CPU.
         "cpu",
         "torchcompile",
         {

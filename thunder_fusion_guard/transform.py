@@ -18,12 +18,14 @@ from .distributed import compare_ranks, current_rank, world_size
 from .fx_rescue import Rescued, SubgraphRescue, rescue_decision
 from .measure import calibrate
 from .measure.breakeven import RegionMeasurer
+from .measure.cache import device_name
 from .ops import writes_inputs
 from .options import DEFAULT_HOIST_MAX_BYTES, GuardOptions, checked_options
 from .passes import FusionGuardError, TraceContext, guard_trace
 from .passes.capture import capture_decision, held_decision
 from .passes.hoist import HoistLedger
 from .passes.rescue import announce, describe_inputs
+from .policy import ModelDoubt
 from .report import Report
 
 
@@ -74,6 +76,7 @@ class FusionGuard(thunder.Transform):
         self._constants: dict[tuple[str, str], CostConstants | None] = {}
         self.report = Report()
         self.measurer = RegionMeasurer(self.options.measure_budget_s)
+        self.doubt = ModelDoubt()
         self._lock = threading.Lock()
         self._compiles: dict[str | None, int] = {}
         self._subgraph_ids: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
@@ -97,7 +100,14 @@ class FusionGuard(thunder.Transform):
             measure = self.measurer if self.options.measure_budget_s > 0 else None
             try:
                 new_trace = guard_trace(
-                    computation_trace, self.options, self.report, where, self.constants_for, measure, self._hoisted
+                    computation_trace,
+                    self.options,
+                    self.report,
+                    where,
+                    self.constants_for,
+                    measure,
+                    self._hoisted,
+                    self.doubt,
                 )
             finally:
                 if measure is not None:
@@ -199,14 +209,15 @@ class FusionGuard(thunder.Transform):
 
     def constants_for(self, device: str, executor: str) -> CostConstants | None:
         """The cost constants used for ``executor`` on ``device``, resolved once per guard (option
-        ``calibration``); with ``"auto"`` or ``"measure"`` this may calibrate, which never raises."""
+        ``calibration``); with ``"auto"`` or ``"measure"`` this may calibrate, which never raises. Constants
+        not calibrated on this machine (another CPU's shipped ones) put the model in doubt (:class:`ModelDoubt`)."""
         key = (device, executor)
         if key not in self._constants:
             mode = self.options.calibration
             if isinstance(mode, CostConstants):
                 chosen = mode
             elif mode == "shipped":
-                chosen = calibrate.shipped(device, executor)
+                chosen = calibrate.shipped_here(device, executor) or self._elsewhere(device, executor)
             elif mode == "measure":
                 chosen = calibrate.cached(device, executor)
             else:
@@ -225,8 +236,23 @@ class FusionGuard(thunder.Transform):
                 self.report.calibrations.append(
                     {"device": device, "executor": executor, "seconds": round(seconds, 3), "result": note}
                 )
+            if chosen is None and mode in ("auto", "cached"):
+                chosen = self._elsewhere(device, executor)
             self._constants[key] = chosen
         return self._constants[key]
+
+    def _elsewhere(self, device: str, executor: str) -> CostConstants | None:
+        """Another CPU's shipped constants, where there are some, with the model in doubt: they stand in for
+        constants of this machine only with every exact region timed."""
+        chosen = calibrate.shipped_elsewhere(device, executor)
+        if chosen is not None:
+            self.doubt.note(
+                device,
+                executor,
+                f"the cost constants were not calibrated on this machine ({device_name(device)}): "
+                "shipped ones, measured on another CPU",
+            )
+        return chosen
 
     def __repr__(self) -> str:
         return f"FusionGuard({self.options})"

@@ -36,14 +36,10 @@ def machine_info(device: str) -> dict[str, Any]:
 
 
 def cpu_brand() -> str:
-    """The CPU's model name."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    """The CPU's model name, as the guard's calibration cache names it."""
+    from ..measure.cache import cpu_model
+
+    return cpu_model()
 
 
 def _git(*args: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import threading
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,40 @@ def cache_path() -> Path:
     return cache_dir() / "calibration.json"
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``'s, else the platform's): part of what decides its costs."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_cores() -> int:
+    """The CPUs this machine has (``os.cpu_count()``): part of what decides its costs."""
+    return os.cpu_count() or 1
+
+
+def cpu_threads() -> int:
+    """The intra-op threads torch uses now: a calibration made with other threads costs other µs."""
+    return torch.get_num_threads()
+
+
+def cpu_identity() -> str:
+    """This CPU as what decides its costs: model, cores and torch's threads now, e.g.
+    ``cpu: AMD EPYC, 2 cores, 1 threads``; cached calibrations and timings are keyed by it."""
+    return f"cpu: {cpu_model()}, {cpu_cores()} cores, {cpu_threads()} threads"
+
+
 def device_name(device: str) -> str:
-    return torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    """The device as its costs tell it apart: the GPU's name, or :func:`cpu_identity`."""
+    return torch.cuda.get_device_name() if device == "cuda" else cpu_identity()
 
 
 def cache_key(device: str, executor: str) -> str:
+    """A calibration's key: the device as :func:`device_name` names it, the executor and the software versions."""
     v = th.software_versions()
     return f"{device_name(device)}|{executor}|torch {v['torch']}|thunder {v['thunder']}|nvfuser {v['nvfuser']}"
 

@@ -2,8 +2,9 @@
 
 Four probes (a tiny ``add``, a sum of eight tiny tensors, a large ``add``, a tiny ``reshape``), timed
 as the executor's fusion call and as the guard's torch lowering of them. Cached on disk
-per device and software versions; shipped defaults (measured on our machines) stand in until a
-calibration has been run. With ``calibration="auto"`` (the default) the guard calibrates by itself,
+per device (a CPU by its model, cores and torch's threads) and software versions; shipped defaults
+(measured on our machines) stand in on the machine kind they were measured on until a calibration has
+been run. With ``calibration="auto"`` (the default) the guard calibrates by itself,
 within a time budget, the first time it needs constants that are neither cached nor shipped
 (:func:`auto_calibrate`).
 """
@@ -252,13 +253,38 @@ def auto_calibrate(device: str, executor: str, budget_s: float) -> tuple[CostCon
     return constants, f"calibrated here in {took:.1f} s", took
 
 
-def shipped(device: str, executor: str) -> CostConstants | None:
-    """The shipped default for this device family and executor, if there is one."""
+def _shipped_key_matches(key: str, device: str, name: str) -> bool:
+    """Whether a shipped entry's device key names this device: on CUDA a substring of the GPU's name; on
+    CPU this CPU's identity exactly (model, cores, threads; a plain "cpu" names none)."""
+    is_cpu_key = key.lower() == "cpu" or key.lower().startswith("cpu:")
+    if device != "cuda":
+        return is_cpu_key and key == name
+    return not is_cpu_key and key.lower() in name.lower()
+
+
+def shipped_here(device: str, executor: str) -> CostConstants | None:
+    """The shipped default measured on this machine kind (this GPU family, or this very CPU identity), if any."""
     name = device_name(device)
-    for family, ex, values in SHIPPED:
-        if ex == executor and family.lower() in name.lower():
+    for key, ex, values in SHIPPED:
+        if ex == executor and _shipped_key_matches(key, device, name):
             return CostConstants.from_dict(values)
     return None
+
+
+def shipped_elsewhere(device: str, executor: str) -> CostConstants | None:
+    """A shipped CPU default measured on another or an unrecorded CPU (None on CUDA): what
+    ``calibration="shipped"`` falls back to, and ``"auto"`` where it cannot calibrate."""
+    if device == "cuda":
+        return None
+    for key, ex, values in SHIPPED:
+        if ex == executor and (key.lower() == "cpu" or key.lower().startswith("cpu:")):
+            return CostConstants.from_dict(values)
+    return None
+
+
+def shipped(device: str, executor: str) -> CostConstants | None:
+    """The shipped default for this device and executor: this machine kind's, else (CPU) another CPU's."""
+    return shipped_here(device, executor) or shipped_elsewhere(device, executor)
 
 
 def cached(device: str, executor: str) -> CostConstants | None:
@@ -273,5 +299,6 @@ def cached(device: str, executor: str) -> CostConstants | None:
 
 
 def lookup(device: str, executor: str) -> CostConstants | None:
-    """Cached calibration for this machine if there is one, else the shipped default, else None."""
-    return cached(device, executor) or shipped(device, executor)
+    """Cached calibration for this machine if there is one, else the shipped default measured on this machine
+    kind, else None (another CPU's shipped constants never stand in here: see :func:`shipped_here`)."""
+    return cached(device, executor) or shipped_here(device, executor)

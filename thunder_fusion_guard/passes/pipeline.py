@@ -21,7 +21,7 @@ from ..ops import (
     rounding_at_cut,
 )
 from ..options import GuardOptions
-from ..policy import BOOKEND, decide, explained
+from ..policy import BOOKEND, ModelDoubt, decide, explained
 from ..regions import Region, find_regions
 from ..report import Report
 from ..wording import error_line, error_text
@@ -98,6 +98,7 @@ class PassContext:
     measure_region: MeasureRegion | None = None
     hoisted: HoistLedger = field(default_factory=HoistLedger)
     record: Callable[[Decision], None] | None = None
+    doubt: ModelDoubt | None = None
 
     def region_decisions(self) -> dict[str, Decision]:
         """The decisions so far about each region of this trace, by region name."""
@@ -132,6 +133,7 @@ def guard_trace(
     constants_for: ConstantsFor | None = None,
     measure_region: MeasureRegion | None = None,
     hoisted: HoistLedger | None = None,
+    doubt: ModelDoubt | None = None,
 ) -> th.TraceCtx:
     """Return ``trace`` with every rejected region unfused, setitem copies folded, identity ops
     removed and input-independent work hoisted, recording a decision for each region and each op changed.
@@ -140,12 +142,21 @@ def guard_trace(
     ``report`` once, after the last.
     ``constants_for(device, executor)`` gives the cost model's constants (None: no cost decisions);
     ``measure_region(trace, region)`` times a region the model puts near break-even (None: never);
-    ``hoisted`` carries what a forward trace hoisted and saved over to its backward trace. A region rescued
+    ``hoisted`` carries what a forward trace hoisted and saved over to its backward trace; ``doubt`` says
+    where the guard does not let the model decide alone and learns from each timing. A region rescued
     while the program runs adds its decision to ``report`` then.
     With ``report_only`` every pass that may runs and records, and the trace comes back unchanged.
     """
     context = PassContext(
-        options, where, trace, (), constants_for, measure_region, hoisted or HoistLedger(), record=report.add
+        options,
+        where,
+        trace,
+        (),
+        constants_for,
+        measure_region,
+        hoisted or HoistLedger(),
+        record=report.add,
+        doubt=doubt,
     )
     new_trace = trace
     seen = [trace]  # every trace a pass got: a decision's values may be ones an earlier pass made (a region lowered)
@@ -252,7 +263,8 @@ def region_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
         fuser = th.alternative_fuser(region.bsym) if options.choose_executor and measure_region else None
         other = None if fuser is None else Alternative(fuser, region.bsym, counter)
         other_name = None if other is None else other.name
-        verdict = decide(region, options, constants, None, where.compile_options, other_name)
+        doubt = context.doubt.why(device, region.executor) if context.doubt is not None and device else None
+        verdict = decide(region, options, constants, None, where.compile_options, other_name, doubt)
         not_measured = None
         if verdict.measurable and measure_region is not None:
             try:
@@ -260,7 +272,9 @@ def region_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
             except Exception as e:  # measuring is an optimisation: it never breaks compilation
                 measured = f"measuring failed: {type(e).__name__}: {e}"
             if isinstance(measured, Measured):
-                verdict = decide(region, options, constants, measured, where.compile_options, other_name)
+                if context.doubt is not None and device:
+                    context.doubt.learn(device, region.executor, region.name, verdict.estimates, measured)
+                verdict = decide(region, options, constants, measured, where.compile_options, other_name, doubt)
             else:
                 not_measured = measured
         decision = _region_decision(where, region, verdict.action, verdict.reason)

@@ -66,6 +66,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     _check_executor(executor, device)
     check_output("--json", args.json)
     note = pin_threads(args.threads, device)
+    from ..measure.cache import device_name
     from ..measure.calibrate import CURVE_CPU, OP_PROBES, cache_path, calibrate
 
     eager = ""
@@ -79,7 +80,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     constants = calibrate(device, executor, save=not args.no_save)
     seconds = time.perf_counter() - began
     progress(f"fusion-guard calibrate: done in {seconds:.1f} s")
-    saved = None if args.no_save else str(cache_path())
+    saved = None if args.no_save else f"{cache_path()} for {device_name(device)}"
     print(calibration_summary(constants, device, executor, saved, note))
     if args.json:
         write_output(args.json, json.dumps(constants.to_dict(), indent=1) + "\n")
@@ -118,7 +119,10 @@ def calibration_summary(constants: Any, device: str, executor: str, saved: str |
     )
     lines.append(f"  host/device overlap    {overlap}")
     if saved:
-        lines.append(f"saved to {saved}: the guard uses these from now on on this machine (--json OUT: raw form)")
+        lines.append(
+            f"saved to {saved}: the guard uses these from now on on this device (on CPU: with as many torch threads; "
+            "--json OUT: raw form)"
+        )
     else:
         lines.append("not saved (--no-save); --json OUT writes the raw form")
     return "\n".join(lines)
