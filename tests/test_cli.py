@@ -2,6 +2,7 @@
 before any work; --version; one line and a --traceback hint for a target that raises; the import-time
 warnings of Thunder and torch silenced; --threads pinned for CPU timing."""
 
+import argparse
 import os
 import sys
 import textwrap
@@ -332,6 +333,23 @@ def test_every_command_help_has_a_description(capsys, argv):
     description = out.split("\n\n")[1]  # after the usage lines
     assert len(description.split()) >= 15 and not description.lstrip().startswith(("positional", "options")), out
     assert "``" not in out, out
+
+
+def _every_parser(parser, name="fusion-guard"):
+    """(command, parser) of ``parser`` and of each subcommand under it, however deep."""
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub_name, sub in action.choices.items():
+                yield from _every_parser(sub, f"{name} {sub_name}")
+
+
+def test_no_help_shows_a_doubled_percent_sign(monkeypatch):
+    """argparse unescapes %% in an option's help only; a description or epilog shows it as typed."""
+    monkeypatch.setenv("COLUMNS", "120")
+    helps = {name: parser.format_help() for name, parser in _every_parser(cli.build_parser())}
+    assert "fusion-guard bench decisions" in helps and "5%" in helps["fusion-guard bench decisions"]
+    assert [name for name, text in helps.items() if "%%" in text] == []
 
 
 def test_calibrate_prints_a_readable_summary_and_json_on_request(tmp_path, capsys, monkeypatch):
