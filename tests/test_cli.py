@@ -132,9 +132,11 @@ def test_traceback_keeps_the_status_of_a_usage_error(capsys, no_work):
 def test_calibrate_nvfuser_missing_is_named(capsys, monkeypatch, no_work):
     monkeypatch.setattr(common, "resolve_device", lambda device: "cuda")
     monkeypatch.setattr(cli, "resolve_device", lambda device: "cuda")
+    from thunder_fusion_guard import _thunder as th
+
     line = _one_line_error(capsys, ["calibrate", "--executor", "nvfuser"])
     assert line.startswith("fusion-guard calibrate: --executor nvfuser: nvfuser is not available here: "), line
-    assert "thunder-fusion-guard[nvfuser]" in line
+    assert th.NVFUSER_INSTALL in line
 
 
 @pytest.mark.parametrize("command", ["report", "why"])
