@@ -413,3 +413,36 @@ def test_library_import_prints_nothing_to_stderr(background):
     assert done.returncode == 0, done.stderr
     assert done.stderr == "", done.stderr
     assert "transformer_engine module not found" in done.stdout  # on the logger, at DEBUG
+
+
+PLAIN_IMPORT_THEN_THUNDER = textwrap.dedent(
+    """
+    import logging, sys
+    seen = []
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append((record.levelno, record.getMessage()))
+    logging.getLogger("thunder_fusion_guard").addHandler(Keep())
+    logging.getLogger("thunder_fusion_guard").setLevel(logging.DEBUG)
+    import thunder_fusion_guard
+    print(sorted(m for m in ("torch", "thunder") if m in sys.modules))
+    import thunder
+    print([m for level, m in seen if level == logging.DEBUG and "transformer_engine" in m])
+    """
+)
+
+
+def _plain_import_then_thunder(lane, folder):
+    return lane.run([sys.executable, "-c", PLAIN_IMPORT_THEN_THUNDER], cwd=folder, env=_env())
+
+
+@pytest.mark.background.with_args(_plain_import_then_thunder)  # its process runs beside the other tests
+def test_plain_package_import_then_thunder_prints_nothing_to_stderr(background):
+    """One import-order rule: after a plain ``import thunder_fusion_guard`` (which imports neither torch nor
+    Thunder), the user's own ``import thunder`` sends Thunder's notice to our logger, as a public name's import does."""
+    done = background
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "", done.stderr
+    light, logged = done.stdout.splitlines()
+    assert light == "[]"
+    assert "transformer_engine module not found" in logged
