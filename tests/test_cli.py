@@ -2,6 +2,7 @@
 before any work; --version; one line and a --traceback hint for a target that raises; the import-time
 warnings of Thunder and torch silenced; --threads pinned for CPU timing."""
 
+import argparse
 import os
 import sys
 import textwrap
@@ -131,9 +132,11 @@ def test_traceback_keeps_the_status_of_a_usage_error(capsys, no_work):
 def test_calibrate_nvfuser_missing_is_named(capsys, monkeypatch, no_work):
     monkeypatch.setattr(common, "resolve_device", lambda device: "cuda")
     monkeypatch.setattr(cli, "resolve_device", lambda device: "cuda")
+    from thunder_fusion_guard import _thunder as th
+
     line = _one_line_error(capsys, ["calibrate", "--executor", "nvfuser"])
     assert line.startswith("fusion-guard calibrate: --executor nvfuser: nvfuser is not available here: "), line
-    assert "thunder-fusion-guard[nvfuser]" in line
+    assert th.NVFUSER_INSTALL in line
 
 
 @pytest.mark.parametrize("command", ["report", "why"])
@@ -334,6 +337,23 @@ def test_every_command_help_has_a_description(capsys, argv):
     assert "``" not in out, out
 
 
+def _every_parser(parser, name="fusion-guard"):
+    """(command, parser) of ``parser`` and of each subcommand under it, however deep."""
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub_name, sub in action.choices.items():
+                yield from _every_parser(sub, f"{name} {sub_name}")
+
+
+def test_no_help_shows_a_doubled_percent_sign(monkeypatch):
+    """argparse unescapes %% in an option's help only; a description or epilog shows it as typed."""
+    monkeypatch.setenv("COLUMNS", "120")
+    helps = {name: parser.format_help() for name, parser in _every_parser(cli.build_parser())}
+    assert "fusion-guard bench decisions" in helps and "5%" in helps["fusion-guard bench decisions"]
+    assert [name for name, text in helps.items() if "%%" in text] == []
+
+
 def test_calibrate_prints_a_readable_summary_and_json_on_request(tmp_path, capsys, monkeypatch):
     import json
 
@@ -393,3 +413,36 @@ def test_library_import_prints_nothing_to_stderr(background):
     assert done.returncode == 0, done.stderr
     assert done.stderr == "", done.stderr
     assert "transformer_engine module not found" in done.stdout  # on the logger, at DEBUG
+
+
+PLAIN_IMPORT_THEN_THUNDER = textwrap.dedent(
+    """
+    import logging, sys
+    seen = []
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append((record.levelno, record.getMessage()))
+    logging.getLogger("thunder_fusion_guard").addHandler(Keep())
+    logging.getLogger("thunder_fusion_guard").setLevel(logging.DEBUG)
+    import thunder_fusion_guard
+    print(sorted(m for m in ("torch", "thunder") if m in sys.modules))
+    import thunder
+    print([m for level, m in seen if level == logging.DEBUG and "transformer_engine" in m])
+    """
+)
+
+
+def _plain_import_then_thunder(lane, folder):
+    return lane.run([sys.executable, "-c", PLAIN_IMPORT_THEN_THUNDER], cwd=folder, env=_env())
+
+
+@pytest.mark.background.with_args(_plain_import_then_thunder)  # its process runs beside the other tests
+def test_plain_package_import_then_thunder_prints_nothing_to_stderr(background):
+    """One import-order rule: after a plain ``import thunder_fusion_guard`` (which imports neither torch nor
+    Thunder), the user's own ``import thunder`` sends Thunder's notice to our logger, as a public name's import does."""
+    done = background
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "", done.stderr
+    light, logged = done.stdout.splitlines()
+    assert light == "[]"
+    assert "transformer_engine module not found" in logged

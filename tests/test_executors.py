@@ -1,8 +1,11 @@
 """Which fusion executor runs where: fusion_executors(device), a missing or unloadable nvFuser named as such,
 and explain()/profile_regions telling "not called yet" from "called, but Thunder made no fusion region"."""
 
+import ast
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import thunder
@@ -12,6 +15,7 @@ from thunder.executors.torch_compile import torch_compile_ex
 
 import thunder_fusion_guard
 from thunder_fusion_guard import FusionGuard, explain, fusion_executors, nvfuser_problem, profile_regions
+from thunder_fusion_guard import _thunder as th
 
 NO_CUDA = not torch.cuda.is_available()
 
@@ -67,7 +71,16 @@ def test_nvfuser_without_cuda_is_named_not_unknown():
     message = str(info.value)
     assert message.startswith("FusionGuard option 'executors': nvfuser is not available here: "), message
     assert "no CUDA device" in message or "without CUDA" in message
-    assert "thunder-fusion-guard[nvfuser]" in message and "unknown" not in message
+    assert th.NVFUSER_INSTALL in message and "unknown" not in message
+
+
+def test_nvfuser_install_advice_names_packages_on_the_registry():
+    """This package is not on PyPI: the advice names nvFuser's own package and its torch, as the extra does."""
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()  # tomllib: Python 3.11+
+    (extra,) = re.findall(r"^nvfuser = (\[.*\])$", pyproject, flags=re.MULTILINE)
+    assert tuple(ast.literal_eval(extra)) == th.NVFUSER_REQUIREMENTS
+    assert all(f"'{r}'" in th.NVFUSER_INSTALL for r in th.NVFUSER_REQUIREMENTS)
+    assert "thunder-fusion-guard[" not in th.NVFUSER_INSTALL
 
 
 def test_unloadable_nvfuser_is_named_with_the_load_error(cuda_without_nvfuser):
@@ -99,7 +112,7 @@ def test_explain_tells_not_called_from_no_region():
     assert "with no general fusion executor" in explain(jitted)  # one piece of advice, not a row per op
     assert text.startswith("FusionGuard: called, but Thunder made no fusion region in the 1 trace it compiled")
     assert "executors in use: " in text and "torch, python" in text, text
-    assert "executors=fusion_executors(device)" in text and "thunder-fusion-guard[nvfuser]" in text
+    assert "executors=fusion_executors(device)" in text and th.NVFUSER_INSTALL in text
     assert guard.report.to_dict()["notice"] == text
 
     guard = FusionGuard()

@@ -1,5 +1,6 @@
 """profile_regions on CPU: one row per region of the final traces, real inputs, decisions, JSON, plot."""
 
+import contextvars
 import html
 import json
 
@@ -11,7 +12,9 @@ from helpers import jit_cpu, regions
 
 from thunder_fusion_guard import FusionGuard, profile_regions
 from thunder_fusion_guard import _thunder as th
+from thunder_fusion_guard.examine import profile as profile_module
 from thunder_fusion_guard.examine.profile import RegionRow
+from thunder_fusion_guard.wording import error_line
 
 # The subject is not the code Inductor generates: regions run uncompiled (helpers.without_inductor).
 pytestmark = pytest.mark.usefixtures("no_inductor_module")
@@ -138,6 +141,59 @@ def test_recording_survives_symbols_that_reset_their_call_context():
         object.__setattr__(region.bsym.sym, "_bind_postprocess", reset)
     profile = profile_regions(jitted, x, w, reps=2, warmup=0)
     assert profile.rows and all(r.error is None and r.host_us is not None for r in profile.rows)
+
+
+class TinyGPT(torch.nn.Module):
+    """Token and position embeddings (positions from ``torch.arange``), a head and the cross-entropy loss."""
+
+    def __init__(self, vocab: int = 11, width: int = 8, length: int = 5):
+        super().__init__()
+        self.tokens, self.positions = torch.nn.Embedding(vocab, width), torch.nn.Embedding(length, width)
+        self.head = torch.nn.Linear(width, vocab)
+
+    def forward(self, idx, targets):
+        h = torch.tanh(self.tokens(idx) + self.positions(torch.arange(idx.shape[1])))
+        logits = self.head(h)
+        return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def test_eager_column_is_measured_for_embedding_arange_and_cross_entropy():
+    """The eager side is lowered after compiling, where ``arange`` reads the call's defaults Thunder records."""
+    idx, targets = torch.randint(0, 11, (2, 5)), torch.randint(0, 11, (2, 5))
+    profile = profile_regions(jit_cpu(TinyGPT()), idx, targets, reps=2, warmup=0)
+    ops = {op for r in profile.rows for op in r.ops}
+    assert {"embedding", "arange", "log_softmax"} <= ops
+    assert {r.trace for r in profile.rows} == {"forward", "backward"}
+    for row in profile.rows:
+        assert row.error is None, row.error
+        assert row.host_us is not None and row.eager_us is not None
+
+
+def test_a_column_not_measured_says_why_on_one_line(monkeypatch):
+    """Where the eager side cannot be built, the row says so in words, without an object's address."""
+    variable: contextvars.ContextVar[int] = contextvars.ContextVar("some_setting")
+
+    def unlowerable(trace, region):
+        return variable.get()
+
+    monkeypatch.setattr(profile_module, "lower_region", unlowerable)
+    profile = profile_regions(jit_cpu(mixed), *_inputs(requires_grad=False), reps=1, warmup=0)
+    assert profile.rows
+    for row in profile.rows:
+        assert row.eager_us is None and row.host_us is not None
+        assert row.error.startswith("eager not measured: ") and "some_setting" in row.error
+        assert "\n" not in row.error and " 0x" not in row.error
+    assert " 0x" not in str(profile) and " 0x" not in profile.to_html()
+
+
+def test_an_error_whose_message_is_an_object_repr_is_worded_without_the_address():
+    variable: contextvars.ContextVar[int] = contextvars.ContextVar("some_setting")
+    try:
+        variable.get()
+    except LookupError as e:
+        line = error_line(e)
+    assert line.startswith("LookupError: <ContextVar name='some_setting'> at ") and " 0x" not in line
+    assert "test_profile.py:" in line
 
 
 def test_op_level_decisions_are_not_listed_as_vanished_regions():

@@ -1,7 +1,9 @@
 """thunder-fusion-guard: keep Lightning Thunder from paying a fusion call where PyTorch is cheaper.
 
 The public names load on first use, so that ``fusion-guard --help`` and ``--version`` need neither torch
-nor Thunder, and the command line can quiet their import-time warnings before they load.
+nor Thunder, and the command line can quiet their import-time warnings before they load. Once this package is
+imported, Thunder's first import sends its optional-dependency notices to this package's logger, whoever imports it
+(``_quiet`` says which notices and how).
 """
 
 from __future__ import annotations
@@ -9,7 +11,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ._quiet import quiet_first_thunder_import
 from ._version import __version__ as __version__
+
+quiet_first_thunder_import()
 
 # public name -> module that defines it
 _EXPORTS = {
@@ -63,7 +68,7 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if module not in (".decisions", ".report"):  # Thunder first, its import-time notices on our logger
+    if module not in (".decisions", ".report"):  # Thunder first (its internals checked, user frames recorded)
         importlib.import_module("._thunder", __name__)
     value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value

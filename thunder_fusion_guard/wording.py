@@ -3,6 +3,7 @@ exceptions as one line for tables and reasons or whole for JSON and details."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 import traceback
 
@@ -27,11 +28,21 @@ def wrap(text: str, chars: int, indent: str = "    ") -> list[str]:
     return lines or [""]
 
 
+# A message that is only an object's repr (``LookupError(context_var)`` prints ``<ContextVar name='x' at 0x7f…>``).
+_OBJECT_REPR = re.compile(r"<([^<>]*) at 0x[0-9a-fA-F]+>")
+
+
 def error_line(error: BaseException) -> str:
     """``Type: first line of the message`` (where the message is empty, the type and where it was raised: a
-    bare ``assert`` says nothing else), never cut."""
+    bare ``assert`` says nothing else; where it is an object's repr, that object without its address and where
+    it was raised), never cut."""
     text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else _bare(error)
+    if not text:
+        return _bare(error)
+    bare_object = _OBJECT_REPR.fullmatch(text)
+    if bare_object:
+        return f"{type(error).__name__}: <{bare_object.group(1)}>{_raised_at(error)}"
+    return f"{type(error).__name__}: {text.splitlines()[0]}"
 
 
 def error_text(error: BaseException) -> str:
@@ -43,12 +54,18 @@ def error_text(error: BaseException) -> str:
 def _bare(error: BaseException) -> str:
     """An error without a message: its type and the innermost line that raised it (``package/module.py:line in
     function``)."""
+    where = _raised_at(error)
+    return f"{type(error).__name__} (no message){where}" if where else type(error).__name__
+
+
+def _raised_at(error: BaseException) -> str:
+    """`` at package/module.py:line in function``, the innermost line that raised ``error`` ('' where unknown)."""
     frames = list(traceback.walk_tb(error.__traceback__))
     if not frames:
-        return type(error).__name__
+        return ""
     frame, line = frames[-1]
     where = "/".join(frame.f_code.co_filename.replace("\\", "/").split("/")[-3:])
-    return f"{type(error).__name__} (no message) at {where}:{line} in {frame.f_code.co_name}"
+    return f" at {where}:{line} in {frame.f_code.co_name}"
 
 
 # The width of every text table and wrapped line a terminal shows, unless asked for wide output.

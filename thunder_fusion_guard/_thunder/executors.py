@@ -18,6 +18,7 @@ __all__ = [
     "GENERAL_FUSERS",
     "NARROW_FUSERS",
     "NVFUSER_INSTALL",
+    "NVFUSER_REQUIREMENTS",
     "FusionExecutor",
     "default_executors",
     "executor_names",
@@ -31,7 +32,13 @@ __all__ = [
     "torch_executor",
 ]
 
-NVFUSER_INSTALL = "pip install 'thunder-fusion-guard[nvfuser]' installs a torch and nvFuser built for each other"
+# pyproject.toml's `nvfuser` extra (tests/test_executors.py compares): nvFuser's own package from PyPI and the torch it
+# is built for. This package is installed from its source checkout, not PyPI, so the advice names these directly.
+NVFUSER_REQUIREMENTS = ("torch>=2.10,<2.11", "nvfuser-cu128-torch210==0.2.36.dev20260301")
+NVFUSER_INSTALL = (
+    f"pip install {' '.join(repr(r) for r in NVFUSER_REQUIREMENTS)} installs a torch and nvFuser built for each other "
+    "(from PyPI; in this project's source checkout, pip install '.[nvfuser]' does the same)"
+)
 
 
 def fusion_executor_names() -> list[str]:

@@ -4,11 +4,14 @@ Thunder's torch executor, and Python callables run from bound symbols."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from inspect import Parameter, Signature
 from typing import Any
 
+import thunder
+import torch
 from thunder.core import prims
 from thunder.core.proxies import Proxy, TensorProxy, variableify
 from thunder.core.symbol import BoundSymbol, Symbol
@@ -87,7 +90,8 @@ def lower_to_torch(outer: TraceCtx, bsyms: Sequence[BoundSymbol], outputs: Seque
     region.bound_symbols = [b for b in bsyms if not is_comment_or_del(b)]
     with tracectx(region):
         region.bound_symbols.append(prims.python_return.bind(list(outputs), output=None))
-    lowered = dce(_transform_for_operator_executor_execution(region, _lowering_executors()))
+    with _call_defaults():
+        lowered = dce(_transform_for_operator_executor_execution(region, _lowering_executors()))
     body = [b for b in lowered.bound_symbols if b.sym.id != prims.PrimIDs.RETURN]
     (returned,) = [b for b in lowered.bound_symbols if b.sym.id == prims.PrimIDs.RETURN]
     # The lowering gives re-created outputs fresh names; give them back the names the trace uses.
@@ -114,6 +118,23 @@ def lower_to_torch(outer: TraceCtx, bsyms: Sequence[BoundSymbol], outputs: Seque
         )
         for b, origin in zip(body, origins, strict=True)
     ]
+
+
+@contextmanager
+def _call_defaults() -> Iterator[None]:
+    """Thunder's record of a call's defaults (dtype, device), as ``thunder.jit`` makes one for each call, where no
+    call made one: lowering ``arange``, ``full`` and the like after compiling (``profile_regions``) reads it."""
+    try:
+        thunder._get_cache_info()
+    except LookupError:
+        defaults = {"default_dtype": torch.get_default_dtype(), "default_device": torch.get_default_device()}
+        token = thunder._cache_info_ctx.set(defaults)
+        try:
+            yield
+        finally:
+            thunder._cache_info_ctx.reset(token)
+    else:
+        yield
 
 
 def swap_proxies(bsym: BoundSymbol, renames: Iterable[tuple[Proxy, Proxy]]) -> BoundSymbol:

@@ -25,7 +25,8 @@ from ..decisions import Decision, Subgraph, short_source
 from ..distributed import current_rank
 from ..measure.timing import time_us, uses_cuda
 from ..ops import is_communication
-from ..passes.rewrite import lower_region
+from ..passes.rewrite import RewriteError, lower_region
+from ..regions import Region
 from ..render import HOST_LEGEND_CPU, HOST_LEGEND_CUDA, html_page
 from ..render.table import (
     kernels_text,
@@ -38,7 +39,7 @@ from ..render.table import (
     wrapped,
 )
 from ..transform import guards_of
-from ..wording import WIDTH
+from ..wording import WIDTH, error_line
 from .bandwidth import Peak, gbps, peak_bandwidth
 from .calls import ProgramCalls, RegionCall, program_calls
 from .dataflow import GraphPair, graphs_to_dot, trace_graphs
@@ -361,21 +362,37 @@ def _measure(trace: th.TraceCtx, call: RegionCall, reps: int, warmup: int) -> Re
     cuda = uses_cuda(*args)
     with torch.no_grad():
         row.input_bytes = _nbytes(args)
-        row.output_bytes = _nbytes([fn(*args)])
+        try:
+            row.output_bytes = _nbytes([fn(*args)])
+        except Exception as e:
+            row.error = f"not measured: the region fails on its recorded inputs ({error_line(e)})"
+            return row
         row.host_us, row.host_spread_us = _timed(fn, args, reps, warmup)
         if cuda:
             row.device_us, row.kernels, names, row.kernel_us = _device_time(fn, args, max(1, min(reps, 20)))
             kernels = summarize(names)
             row.kernel_names, row.schedulers = kernels["kernel_names"], kernels["schedulers"]
             row.overhead_us = row.host_us - row.device_us
+        eager = _eager_callable(trace, region)
+        if isinstance(eager, str):
+            row.error = eager
+            return row
         try:
-            eager = th.python_callable_from_symbols(
-                f"{region.name}_eager", lower_region(trace, region), region.inputs, region.outputs
-            )
             row.eager_us, row.eager_spread_us = _timed(eager, args, reps, warmup)
         except Exception as e:
-            row.error = f"eager: {type(e).__name__}: {e}"
+            row.error = f"eager not measured: Thunder's torch executor fails on these ops and inputs ({error_line(e)})"
     return row
+
+
+def _eager_callable(trace: th.TraceCtx, region: Region) -> Callable | str:
+    """The region's ops run one by one by Thunder's torch executor (the eager column), or why there is none."""
+    try:
+        body = lower_region(trace, region)
+    except RewriteError as e:
+        return f"eager not measured: {e}"
+    except Exception as e:
+        return f"eager not measured: Thunder's torch executor cannot take these ops ({error_line(e)})"
+    return th.python_callable_from_symbols(f"{region.name}_eager", body, region.inputs, region.outputs)
 
 
 def _timed(fn: Callable, args: tuple, reps: int, warmup: int) -> tuple[float, tuple[float, float]]:

@@ -296,7 +296,7 @@ def _register_decisions(bench_sub: Any) -> None:
         "decision accuracy: the guard's decisions against interleaved A/B timings per region",
         "Decide each region of a corpus no rule was tuned on with a default FusionGuard(report_only="
         "True), then time its fusion call against its eager lowering on its real inputs, interleaved; the truth "
-        "is the faster side unless they differ by less than 5%%. Prints the confusion table (right, wrong "
+        "is the faster side unless they differ by less than 5%. Prints the confusion table (right, wrong "
         "reject, wrong keep, within noise) by how each region was decided, and how close the estimates come "
         "to the measurements. Output files are checked before any work (their folder must exist).",
         _decisions_command,
