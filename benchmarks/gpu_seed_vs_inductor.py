@@ -28,14 +28,29 @@ from package_hash import resolve_commit
 
 from thunder_fusion_guard.bench.machine import machine_info
 from thunder_fusion_guard.bench.zoo import ZooPath, _compile, _difference, _Step
-from thunder_fusion_guard.bench.zoo_models import ZOO, e3nn_nequip_small
+from thunder_fusion_guard.bench.zoo_models import ZOO, ZooModel, e3nn_nequip_small
+from thunder_fusion_guard.examine.host_time import host_time
 from thunder_fusion_guard.measure.timing import interleaved_rounds
 from thunder_fusion_guard.wording import error_text
 
-PATHS = ("eager", "fx-cudagraph", "fx-guarded+cudagraph", "inductor-ro")
+PATHS = ("eager", "inductor-ro", "fx-cudagraph", "fx-guarded+cudagraph")
+
+
+def litgpt_step() -> ZooModel:
+    """The acceptance step: litgpt Mistral-7B-v0.1, 2 layers, bf16, 512 tokens; the loss sums the logits."""
+    from litgpt import GPT, Config
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = GPT(Config.from_name("Mistral-7B-v0.1", n_layer=2)).to(torch.bfloat16)
+    tokens = torch.randint(0, model.config.vocab_size, (1, 512), device="cuda")
+    return ZooModel(model, (tokens,), lambda out: out.float().sum())
+
+
 MODELS = {
     "small": lambda: e3nn_nequip_small("cuda"),
     "e3nn-nequip-modules": lambda: ZOO["e3nn-nequip-modules"].build("cuda"),
+    "mistral-2l": litgpt_step,
 }
 
 
@@ -50,7 +65,7 @@ def kernels_and_device_ms(step: _Step, steps: int = 5) -> tuple[float, float]:
     return len(kernels) / steps, sum(e.device_time_total for e in kernels) / 1e3 / steps
 
 
-def run_model(name: str, paths: list[str], rounds: int, out: Path | None, record: dict) -> None:
+def run_model(name: str, paths: list[str], rounds: int, out: Path | None, record: dict, host: bool = False) -> None:
     """Every path of ``paths`` on one module of model ``name``, compiled and called once in the order given, then
     warmed up and timed interleaved (a path compiled before Inductor's reduce-overhead mode has its CUDA graphs
     captured before Inductor's first captures, which clear cuBLAS's workspaces)."""
@@ -85,6 +100,11 @@ def run_model(name: str, paths: list[str], rounds: int, out: Path | None, record
     for path, step in steps.items():
         kernels, device_ms = kernels_and_device_ms(step)
         rows[path]["kernels"], rows[path]["device_ms"] = round(kernels, 1), round(device_ms, 3)
+        if host and path != "eager":
+            found = host_time(step, steps=20)
+            rows[path]["host_profiled_ms"], rows[path]["host_parts_ms"] = found.profiled_ms, found.parts_ms
+            rows[path]["host_top"] = found.top
+            print(f"[{name}] {path}:\n{found.table()}", flush=True)
         print(f"[{name}] {path}: {rows[path]}", flush=True)
     _write(out, record)
 
@@ -147,6 +167,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--workspace-check", action="store_true", help="only the cuBLAS-workspace reproduction")
+    parser.add_argument("--host-time", action="store_true", help="also where each compiled path's host time goes")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs CUDA")
@@ -160,7 +181,7 @@ def main() -> int:
 
     translate_library_ops()
     for name in args.model or ["small"]:
-        run_model(name, args.paths.split(","), args.rounds, args.json, record)
+        run_model(name, args.paths.split(","), args.rounds, args.json, record, args.host_time)
     return 0
 
 

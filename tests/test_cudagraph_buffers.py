@@ -75,6 +75,29 @@ def test_thunderfx_gets_one_graph_a_trace_with_thunders_values(cpu_graphs):
     assert "capture" in explain(compiled)
 
 
+def test_a_graphs_inputs_are_copied_in_one_batched_copy(cpu_graphs, monkeypatch):
+    """At each replay the inputs a graph does not read in place are copied into its buffers by one
+    ``torch._foreach_copy_`` (Thunder's runner: one ``copy_`` each): Thunder's values, and the capture decisions
+    name those inputs."""
+    batches: list[int] = []
+    foreach_copy = torch._foreach_copy_
+
+    def counting(buffers, given, **kwargs):
+        batches.append(len(buffers))
+        return foreach_copy(buffers, given, **kwargs)
+
+    monkeypatch.setattr(torch, "_foreach_copy_", counting)
+    want = _steps(thunderfx(gated, transforms=[CUDAGraphTransform()]))
+    assert not batches  # unguarded: Thunder's copies
+    guard = FusionGuard()
+    assert_same(_steps(thunderfx(gated, transforms=[guard, CUDAGraphTransform()])), want)
+    forward, backward = guard.report.filter(action="capture")
+    assert forward.details["copied_in"] == ["l_x_", "l_w1_", "l_w2_"]  # plain tensors, not parameters
+    assert backward.details["copied_in"] and backward.details["bytes_copied_in"] > 0
+    # three steps, the first of each graph its capture (Thunder's own copies): two replays of each, one batch each
+    assert batches == [3, len(backward.details["copied_in"])] * 2
+
+
 def staged(x: torch.Tensor) -> torch.Tensor:
     y = torch.sin(x) * 2
     scale = y.sum().item()  # not captured (below): the trace's two graphs meet at it

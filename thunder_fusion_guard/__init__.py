@@ -31,6 +31,7 @@ _EXPORTS = {
     "explain": ".examine.explain",
     "fusion_executors": "._thunder",
     "guard_trace": ".passes",
+    "host_time": ".examine.host_time",
     "nvfuser_problem": "._thunder",
     "profile_regions": ".examine.profile",
     "trace_graphs": ".examine.dataflow",
@@ -54,6 +55,7 @@ __all__ = [
     "explain",
     "fusion_executors",
     "guard_trace",
+    "host_time",
     "library_ops_translated",
     "nvfuser_problem",
     "profile_regions",
@@ -85,6 +87,7 @@ if TYPE_CHECKING:
     from .decisions import Decision
     from .examine.dataflow import trace_graphs
     from .examine.explain import explain
+    from .examine.host_time import host_time
     from .examine.profile import RegionProfile, profile_regions
     from .examine.segments import RegionKernels, collect_segments
     from .examine.why import why_not_fused

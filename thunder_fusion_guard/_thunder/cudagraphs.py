@@ -108,6 +108,8 @@ class CaptureSummary:
     handed_over: list[tuple[str, str, int]] = field(default_factory=list)  # (gradient, graph, bytes): a gradient
     # the backward returns, handed to autograd on the graph's own buffer rather than copied by autograd
     own_workspace: list[str] = field(default_factory=list)  # graphs whose cuBLAS workspace is in their own pool
+    copied_in: list[tuple[str, str, int]] = field(default_factory=list)  # (input, graph, bytes): copied into the
+    # graph's own buffer at each replay, all of a graph's in one batched copy
 
 
 def _bytes(proxy: Any) -> int:
@@ -263,12 +265,16 @@ class _SharedBuffers(CUDAGraphTransform):
                     summary.in_place.append((i.name, writer, _bytes(i)))
             mask.append(static)
         runner = self.cuda_graph_runner
-        call, name = runner.make_cuda_graph_callable_from_symbols(region.bound_symbols, inputs, outputs, mask)
+        _, name = runner.make_cuda_graph_callable_from_symbols(region.bound_symbols, inputs, outputs, mask)
         if own_blas_workspace(runner, name):
             summary.own_workspace.append(name)
+        graph_call = _GraphCall(runner, name)
+        summary.copied_in += [
+            (i.name, name, _bytes(i)) for i, m in zip(inputs, mask, strict=True) if not m and _bytes(i)
+        ]
         back = [i for i in written_inputs(region.bound_symbols, inputs, self._writes) if not mask[i]]
         summary.copied_back += [(inputs[i].name, name, _bytes(inputs[i])) for i in back]
-        call = _copying_back(runner, name, call, back)
+        call = _copying_back(graph_call, back, graph_call.last_static_inputs)
         # A gradient the rest of the trace reads too stays the graph's own tensor: a later graph reads it in place
         # only while it is the same object at every replay.
         handed = {
@@ -286,7 +292,7 @@ class _SharedBuffers(CUDAGraphTransform):
                 for hook in hooks:
                     hook(summary, graph, held)
 
-            call = _handing_over(runner, name, call, handed, on_held)
+            call = _handing_over(graph_call, call, handed, on_held)
         # The meta gives the region's outputs, so that Thunder's trace checks (DebugOptions) can run over it.
         symbol = Symbol(name, meta=lambda *args, **kwargs: outputs, is_fusion=True, executor=self)
         return BoundSymbol(symbol, inputs, {}, outputs, region.bound_symbols, _call_ctx={name: call})
@@ -301,7 +307,12 @@ class _SharedBuffers(CUDAGraphTransform):
         static = self.cuda_graph_runner.python_callables[name][1]
         back = [i for i in written_inputs(region.bound_symbols, inputs, self._writes) if not (static and static[i])]
         if back:
-            fused._call_ctx[name] = _copying_back(self.cuda_graph_runner, name, fused._call_ctx[name], back)
+            runner = self.cuda_graph_runner
+
+            def static_inputs(args: tuple[Any, ...]) -> tuple[Any, ...]:
+                return runner.cuda_graph_cache[runner.make_cache_key(name, *args)][1]
+
+            fused._call_ctx[name] = _copying_back(fused._call_ctx[name], back, static_inputs)
         return fused
 
     def _compare_with_thunders_grouping(self, trace: TraceCtx, summary: CaptureSummary) -> None:
@@ -318,25 +329,64 @@ class _SharedBuffers(CUDAGraphTransform):
                     summary.thunder_empty_inputs += len(Region(producers, consumers, bsyms).inputs)
 
 
-def _copying_back(runner: Any, name: str, call: Callable, positions: list[int]) -> Callable:
-    """``call`` (graph ``name`` of ``runner``), then each argument at ``positions`` overwritten with what the
-    replay left in the graph's own copy of it. Thunder's runner copies a graph's inputs into buffers of its own
-    and replays on those, so an op of the graph that writes an input (``x += y`` on a tensor made before the
+class _GraphCall:
+    """Graph ``name`` of Thunder's ``runner`` called as the runner calls it (its cache, key, capture on a miss and
+    replay), with the inputs it copies into the graph's own buffers copied in one batched copy
+    (``torch._foreach_copy_``, one C++ call and a few kernels) instead of one ``copy_`` each: the same bits in
+    the same buffers before the same replay. A buffer of the runner's is never an argument of its own graph, so
+    no copy reads what another writes."""
+
+    def __init__(self, runner: Any, name: str) -> None:
+        self.runner, self.name = runner, name
+        self.static_inputs: tuple[Any, ...] = ()  # the graph's buffers at the last call
+        self.__name__ = self.__qualname__ = f"{name}_fn"
+
+    def __call__(self, *args: Any) -> Any:
+        runner = self.runner
+        entry = runner.cuda_graph_cache.get(runner.make_cache_key(self.name, *args))
+        if entry is None:  # Thunder's runner captures it (and copies and replays as it does)
+            out = runner.call_cuda_graph(self.name, *args)
+            self.static_inputs = runner.cuda_graph_cache[runner.make_cache_key(self.name, *args)][1]
+            return out
+        graph, static_inputs, static_outputs = entry
+        pairs = [
+            (buffer, arg)
+            for buffer, arg in zip(static_inputs, args, strict=True)
+            if buffer is not arg and isinstance(buffer, torch.Tensor) and isinstance(arg, torch.Tensor)
+        ]
+        if pairs:
+            buffers, given = zip(*pairs, strict=True)
+            torch._foreach_copy_(list(buffers), list(given))
+        graph.replay()
+        self.static_inputs = static_inputs
+        return static_outputs
+
+    def last_static_inputs(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The graph's buffers its last call copied ``args`` into."""
+        return self.static_inputs
+
+
+def _copying_back(
+    call: Callable, positions: list[int], static_inputs: Callable[[tuple[Any, ...]], tuple[Any, ...]]
+) -> Callable:
+    """``call`` (a graph's), then each argument at ``positions`` overwritten with what the replay left in the
+    graph's own copy of it (``static_inputs(args)``). Thunder's runner copies a graph's inputs into buffers of its
+    own and replays on those, so an op of the graph that writes an input (``x += y`` on a tensor made before the
     graph) writes the buffer only: without this the caller's tensor keeps its old values."""
     if not positions:
         return call
 
     def replay(*args: Any) -> Any:
         out = call(*args)
-        _, static_inputs, _ = runner.cuda_graph_cache[runner.make_cache_key(name, *args)]
+        buffers = static_inputs(args)
         for i in positions:
-            if static_inputs[i] is not args[i] and not _overlapping(args[i]):
+            if buffers[i] is not args[i] and not _overlapping(args[i]):
                 # Through .data: the write autograd saw when the graph was traced (Thunder's fusions write
                 # their inputs' memory the same way), not a second in-place op on a view autograd tracks.
-                args[i].data.copy_(static_inputs[i])
+                args[i].data.copy_(buffers[i])
         return out
 
-    replay.__name__ = replay.__qualname__ = getattr(call, "__name__", name)
+    replay.__name__ = replay.__qualname__ = getattr(call, "__name__", "replay")
     return replay
 
 
@@ -387,13 +437,13 @@ UNCAPTURED_WHILE_HELD = 8
 
 
 def _handing_over(
-    runner: Any, name: str, call: Callable, positions: dict[int, str], on_held: Callable[[str, list[str]], Any]
+    graph: _GraphCall, call: Callable, positions: dict[int, str], on_held: Callable[[str, list[str]], Any]
 ) -> Callable:
-    """``call`` (graph ``name`` of ``runner``), its outputs at ``positions`` (gradients the backward returns, by
-    name) handed out as new tensors on the graph's own buffers (:class:`_Handover`)."""
+    """``call`` (of ``graph``), its outputs at ``positions`` (gradients the backward returns, by name) handed out as
+    new tensors on the graph's own buffers (:class:`_Handover`)."""
     if not positions or _storage_use_count is None:
         return call
-    return _Handover(runner, name, call, positions, on_held)
+    return _Handover(graph, call, positions, on_held)
 
 
 class _Handover:
@@ -408,14 +458,15 @@ class _Handover:
     an input (a gradient passed through) is handed as Thunder hands it."""
 
     def __init__(
-        self, runner: Any, name: str, call: Callable, positions: dict[int, str], on_held: Callable[..., Any]
+        self, graph: _GraphCall, call: Callable, positions: dict[int, str], on_held: Callable[..., Any]
     ) -> None:
-        self.runner, self.name, self.call, self.positions, self.on_held = runner, name, call, positions, on_held
+        self.graph, self.call, self.positions, self.on_held = graph, call, positions, on_held
+        self.runner, self.name = graph.runner, graph.name
         self.handing = True
         self.seen: dict[int, set[int]] = {}  # id(static outputs) -> the positions handed over from them
         self.watched: list[tuple[int, Any, int]] = []  # (position, storage, references the runner alone holds)
         self.uncaptured = 0  # calls in a row run uncaptured
-        self.__name__ = self.__qualname__ = getattr(call, "__name__", name)
+        self.__name__ = self.__qualname__ = getattr(call, "__name__", self.name)
 
     def __call__(self, *args: Any) -> Any:
         if self.watched:
@@ -429,7 +480,7 @@ class _Handover:
             return out
         own = self.seen.get(id(out))
         if own is None:
-            buffers = _own_buffers(self.runner, self.name, args, out, self.positions)
+            buffers = _own_buffers(self.graph.static_inputs, args, out, self.positions)
             own = self.seen[id(out)] = {k for k, _, _ in buffers}
             self.watched += buffers
         return type(out)(o.detach() if k in own else o for k, o in enumerate(out))
@@ -463,12 +514,11 @@ class _Handover:
 
 
 def _own_buffers(
-    runner: Any, name: str, args: tuple[Any, ...], outputs: Any, positions: dict[int, str]
+    static_inputs: tuple[Any, ...], args: tuple[Any, ...], outputs: Any, positions: dict[int, str]
 ) -> list[tuple[int, Any, int]]:
     """Of a graph's static ``outputs`` at ``positions``, right after its capture, those on memory of the graph's own
-    (not an input's): each position, its storage, and the references the runner holds on that storage (more before
-    a replay: someone else holds the buffer)."""
-    _, static_inputs, _ = runner.cuda_graph_cache[runner.make_cache_key(name, *args)]
+    (not an input's: ``args``, its buffers ``static_inputs``): each position, its storage, and the references the
+    runner holds on that storage (more before a replay: someone else holds the buffer)."""
     theirs = {t.untyped_storage().data_ptr() for t in (*args, *static_inputs) if isinstance(t, torch.Tensor)}
     storages = [(k, outputs[k].untyped_storage()) for k in positions if isinstance(outputs[k], torch.Tensor)]
     return [(k, s, _storage_use_count(s._cdata)) for k, s in storages if s.data_ptr() not in theirs]

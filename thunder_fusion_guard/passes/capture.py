@@ -30,6 +30,12 @@ def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decisio
             f"; {plural(len(summary.in_place), 'input')} read in an earlier graph's buffer, not copied "
             f"({human_bytes(in_place)} a replay)"
         )
+    if summary.copied_in:
+        copied = sum(nbytes for _, _, nbytes in summary.copied_in)
+        reason += (
+            f"; {plural(len(summary.copied_in), 'input')} copied into the graphs' own buffers at each replay, in one "
+            f"batched copy a graph ({human_bytes(copied)} a replay)"
+        )
     if summary.copied_back:
         back = sum(nbytes for _, _, nbytes in summary.copied_back)
         reason += (
@@ -59,7 +65,9 @@ def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decisio
         "(a decision says so). Each graph clears cuBLAS's workspaces as its capture begins, so that its matmuls "
         "use a workspace in the graph's own memory pool: one allocated during the warm-up before the capture is "
         "freed by whoever clears them next (torch.compile's CUDA graphs do, at each capture), and the graph would "
-        "write memory given to other tensors at every replay."
+        "write memory given to other tensors at every replay. Thunder's runner copies a graph's inputs into the "
+        "graph's own buffers one copy_ at a time; the guard copies them in one batched copy (torch._foreach_copy_): "
+        "the same bits in the same buffers before the same replay, with one call and a few kernels."
     )
     short, told = explained(reason, explanation)
     return Decision(
@@ -85,6 +93,8 @@ def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decisio
             "copied_back": [name for name, _, _ in summary.copied_back],
             "handed_over": [name for name, _, _ in summary.handed_over],
             "own_workspace": list(summary.own_workspace),
+            "copied_in": [name for name, _, _ in summary.copied_in],
+            "bytes_copied_in": sum(nbytes for _, _, nbytes in summary.copied_in),
         },
     )
 
