@@ -26,6 +26,9 @@ from thunder_fusion_guard.examine import host_time as ht
         ("/x/site-packages/torch/_dynamo/eval_frame.py", "_fn", None, ht.DYNAMO),
         ("/x/site-packages/thunder/__init__.py", "get_computation_and_inputs", None, ht.THUNDER),
         ("thunder.computation_10", "computation", None, ht.OPS),
+        ("/x/site-packages/torch/_inductor/cudagraph_trees.py", "expired", None, ht.BOOKKEEPING),
+        ("/x/site-packages/torch/_functorch/_aot_autograd/runtime_wrappers.py", "forward", None, ht.BRIDGE),
+        ("~", "<built-in method torch._C._dynamo.guards._reinterpret_tensor>", ht.OTHER, ht.DYNAMO),
         ("/home/me/model.py", "forward", None, ht.OTHER),
     ],
 )

@@ -331,8 +331,8 @@ class _SharedBuffers(CUDAGraphTransform):
 
 class _GraphCall:
     """Graph ``name`` of Thunder's ``runner`` called as the runner calls it (its cache, key, capture on a miss and
-    replay), with the inputs it copies into the graph's own buffers copied in one batched copy
-    (``torch._foreach_copy_``, one C++ call and a few kernels) instead of one ``copy_`` each: the same bits in
+    replay), with the inputs it copies into the graph's own buffers copied in one batched copy per dtype
+    (``torch._foreach_copy_``: one C++ call and a few kernels) instead of one ``copy_`` each: the same bits in
     the same buffers before the same replay. A buffer of the runner's is never an argument of its own graph, so
     no copy reads what another writes."""
 
@@ -349,14 +349,15 @@ class _GraphCall:
             self.static_inputs = runner.cuda_graph_cache[runner.make_cache_key(self.name, *args)][1]
             return out
         graph, static_inputs, static_outputs = entry
-        pairs = [
-            (buffer, arg)
-            for buffer, arg in zip(static_inputs, args, strict=True)
-            if buffer is not arg and isinstance(buffer, torch.Tensor) and isinstance(arg, torch.Tensor)
-        ]
-        if pairs:
-            buffers, given = zip(*pairs, strict=True)
-            torch._foreach_copy_(list(buffers), list(given))
+        batches: dict[Any, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        for buffer, arg in zip(static_inputs, args, strict=True):
+            if buffer is not arg and isinstance(buffer, torch.Tensor) and isinstance(arg, torch.Tensor):
+                # One batch per dtype and device: torch's fused multi-tensor copy takes lists of one of each.
+                buffers, given = batches.setdefault((arg.dtype, arg.device), ([], []))
+                buffers.append(buffer)
+                given.append(arg)
+        for buffers, given in batches.values():
+            torch._foreach_copy_(buffers, given)
         graph.replay()
         self.static_inputs = static_inputs
         return static_outputs

@@ -20,7 +20,7 @@ from typing import Any
 __all__ = ["PARTS", "HostTime", "host_time", "part_of"]
 
 PARTS = (
-    "Dynamo (frames, guards)",
+    "Dynamo and Inductor's wrappers (frames, guards)",
     "Thunder: cache lookup, prologue",
     "autograd bridge",
     "CUDA graphs: input copies",
@@ -38,6 +38,7 @@ _BY_NAME = (  # a C function by its name, whoever calls it
     ("run_backward", ENGINE),
     ("'replay' of", REPLAY),
     ("_foreach_copy_", COPIES),
+    ("_dynamo", DYNAMO),
 )
 _BY_FILE = (  # a Python function by its file
     ("transforms/cudagraph.py", BOOKKEEPING),
@@ -45,6 +46,9 @@ _BY_FILE = (  # a Python function by its file
     ("torch/cuda/graphs.py", REPLAY),
     ("torch/_dynamo/", DYNAMO),
     ("torch/_guards", DYNAMO),
+    ("torch/_inductor/cudagraph", BOOKKEEPING),
+    ("torch/_inductor/", DYNAMO),
+    ("torch/_functorch/", BRIDGE),
     ("thunder/executors/torch_autograd.py", BRIDGE),
     ("torch/autograd/function.py", BRIDGE),
     ("torch/autograd/", ENGINE),
