@@ -277,9 +277,19 @@ OUTPUTS = {
 }
 
 
-def add_target_arguments(parser: argparse.ArgumentParser) -> None:
-    """TARGET, --thunderfx, --device and --backward: how ``report`` and ``why`` run a model."""
-    parser.add_argument("target", metavar="TARGET", help="path/to/file.py:make or package.module:make")
+def add_target_arguments(parser: argparse.ArgumentParser, optional: bool = False) -> None:
+    """TARGET, --thunderfx, --device and --backward: how ``report``, ``why`` and ``bench`` run a model (``optional``:
+    TARGET may be left out, None)."""
+    what = "path/to/file.py:make or package.module:make"
+    if optional:
+        parser.add_argument("target", metavar="TARGET", nargs="?", default=None, help=f"{what} (optional)")
+    else:
+        parser.add_argument("target", metavar="TARGET", help=what)
+    add_target_options(parser)
+
+
+def add_target_options(parser: argparse.ArgumentParser) -> None:
+    """--thunderfx, --device and --backward: how a TARGET runs, for a command whose TARGET comes otherwise."""
     parser.add_argument("--thunderfx", action="store_true", help="compile through ThunderFX instead of thunder.jit")
     add_device_option(parser)
     parser.add_argument(
