@@ -361,3 +361,20 @@ def test_compare_target_says_whether_guarded_is_slower(capsys, tiny_target):
     assert last.startswith("guarded is ") and "unguarded Thunder" in last, out
     assert status == (1 if ": slower" in last else 0)
     assert {"eager", "thunder", "guarded"} <= set(_rows(out)) and "forward a call" in out
+
+
+def test_variant_rows_name_the_frontend_the_spread_and_the_rounds():
+    from thunder_fusion_guard.bench.cases import BenchCase
+    from thunder_fusion_guard.bench.run import CaseResult, guard_verdict, variant_rows
+
+    samples = {"thunder": [2e-3, 4e-3, 3e-3], "guarded": [1e-3, 2e-3, 1.5e-3], "eager": [1e-3, 1e-3, 1e-3]}
+    case = BenchCase("user", "m.py:make", lambda device: None)
+    result = CaseResult(case, samples, first_call_s=dict.fromkeys(samples, 1.0))
+    header, *rows = variant_rows(result, "thunderfx")
+    assert header[2:5] == ["median ms", "q1-q3 ms", "min-max ms"] and header[5] == "rounds"
+    by_variant = {row[0]: row for row in rows}
+    assert by_variant["guarded"][1] == "thunderfx(fn, transforms=[FusionGuard()])" and by_variant["eager"][1] == "fn"
+    assert by_variant["thunder"][2:6] == ["3", "2-4", "2-4", "3"] and by_variant["guarded"][-1] == "0.50"
+    assert guard_verdict(result, 0.05)[1] is False
+    slower = CaseResult(result.case, {"thunder": samples["guarded"], "guarded": samples["thunder"]})
+    assert guard_verdict(slower, 0.05)[1] is True

@@ -30,6 +30,7 @@ from .cases import (
     BenchCase,
     fresh_compile_state,
     make_step,
+    variant_build,
 )
 from .machine import commit_info, machine_info
 
@@ -324,7 +325,7 @@ def verdict_line(
     return f"{len(regressed)} of {total} regressed (threshold {threshold:.1%}): {named}"
 
 
-def variant_rows(result: CaseResult) -> list[list[str]]:
+def variant_rows(result: CaseResult, frontend: str = "jit") -> list[list[str]]:
     """One case's variants, a row each (header first): median, quartiles, fastest and slowest round, rounds, the
     first (compiling) call and the ratio to unguarded Thunder; the spread and count a reader needs to trust a
     median. Per call, in ms when the slowest median reaches one, else µs."""
@@ -340,7 +341,7 @@ def variant_rows(result: CaseResult) -> list[list[str]]:
         rows.append(
             [
                 variant,
-                VARIANT_BUILDS[variant],
+                variant_build(variant, frontend),
                 f"{timing.median:.3g}",
                 f"{timing.q1:.3g}-{timing.q3:.3g}",
                 f"{timing.min:.3g}-{timing.max:.3g}",
@@ -350,7 +351,7 @@ def variant_rows(result: CaseResult) -> list[list[str]]:
             ]
         )
     for variant, error in result.variant_errors.items():
-        rows.append([variant, VARIANT_BUILDS[variant], f"failed: {error}", "", "", "", "", ""])
+        rows.append([variant, variant_build(variant, frontend), f"failed: {error}", "", "", "", "", ""])
     return rows
 
 

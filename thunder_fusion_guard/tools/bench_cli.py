@@ -331,7 +331,7 @@ def _time_target(
     frontend = "ThunderFX" if args.thunderfx else "thunder.jit"
     steps = "forward and backward" if case.build(device).backward else "forward"
     print(f"{target} on {device} via {frontend}, {steps} a call")
-    print(format_rows(result_rows(result)))
+    print(format_rows(result_rows(result, "thunderfx" if args.thunderfx else "jit")))
     footnote = (
         f"(per call: {plural(args.reps, 'round')} per variant after {plural(args.warmup, 'untimed round')}, "
         f"{plural(result.inner, 'call')} a sample, variants interleaved in alternating order; the first variant's "
@@ -341,11 +341,12 @@ def _time_target(
     return result, device
 
 
-def result_rows(result: CaseResult) -> list[list[str]]:
-    """The rows of one timed TARGET: a row a variant, or one saying why nothing was timed."""
+def result_rows(result: CaseResult, frontend: str) -> list[list[str]]:
+    """The rows of one timed TARGET (Thunder's ``frontend``: jit or thunderfx): a row a variant, or one saying why
+    nothing was timed."""
     if result.error:
         return [["variant", "failed"], ["all", result.error]]
-    return variant_rows(result)
+    return variant_rows(result, frontend)
 
 
 def _run_command(args: argparse.Namespace) -> int:
@@ -353,7 +354,9 @@ def _run_command(args: argparse.Namespace) -> int:
         if args.suite or args.case or args.heavy:
             raise UsageError("--suite, --case and --heavy choose built-in cases: not with a TARGET")
         result, device = _time_target(args, args.target, _variants(args), ("json", "markdown"))
-        _write_tables(args, lambda: to_json([result], device, args.reps, args.warmup), lambda: result_rows(result))
+        frontend = "thunderfx" if args.thunderfx else "jit"
+        rows = result_rows(result, frontend)
+        _write_tables(args, lambda: to_json([result], device, args.reps, args.warmup), lambda: rows)
         return 1 if result.error or result.variant_errors else 0
     _check_target_options(args, None)
     variants = _variants(args)
