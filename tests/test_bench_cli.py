@@ -252,3 +252,129 @@ def test_bench_zoo_help_names_every_model_and_path_whole(monkeypatch, capsys, co
     words = set(re.split(r"[\s,]+", capsys.readouterr().out))
     assert set(MODEL_NAMES) <= words and set(PATH_NAMES) <= words
     assert "e3nn-nequip-modules-l3" in MODEL_NAMES
+
+
+TINY_MODEL = """
+import torch
+
+
+def make():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    return model, (torch.randn(4, 8),)
+"""
+
+
+@pytest.fixture
+def tiny_target(tmp_path):
+    """A tiny model file of the user's, ``file.py:make``."""
+    path = tmp_path / "tiny_model.py"
+    path.write_text(TINY_MODEL)
+    return f"{path}:make"
+
+
+@pytest.fixture
+def refuse_timing(monkeypatch):
+    """Fail the test if a bench command starts timing before rejecting its arguments."""
+    import thunder_fusion_guard.tools.bench_cli as bench_cli
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the command started its work before checking its arguments")
+
+    monkeypatch.setattr(bench_cli, "run_cases", refuse)
+
+
+def _status(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:  # argparse's own errors
+        return e.code
+
+
+@pytest.mark.parametrize("command", [["bench", "run"], ["bench", "compare"]])
+@pytest.mark.parametrize(
+    "bad,named",
+    [
+        (["{dir}/missing.py:make"], "missing.py"),
+        (["{nope}"], "'nope'"),
+        (["{target}", "--rounds", "0"], "--rounds"),
+        (["{target}", "--rounds", "x"], "--rounds"),
+        (["{target}", "--device", "tpu"], "--device"),
+    ],
+)
+def test_target_bad_input_is_one_line_and_exit_2_before_any_work(
+    tmp_path, capsys, refuse_timing, tiny_target, command, bad, named
+):
+    nope = tiny_target.rpartition(":")[0] + ":nope"
+    argv = [part.format(dir=tmp_path, target=tiny_target, nope=nope) for part in bad]
+    assert _status([*command, *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"fusion-guard {' '.join(command)}: "), err
+    assert named in err[0], err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "run", "--thunderfx"],  # --thunderfx without a TARGET
+        ["bench", "run", "{target}", "--case", "view"],  # built-in cases and a TARGET
+        ["bench", "compare", "base.json"],  # one file
+        ["bench", "compare", "a.json", "b.json", "--no-backward"],
+    ],
+)
+def test_target_options_misused_exit_2(capsys, refuse_timing, tiny_target, argv):
+    assert _status([part.format(target=tiny_target) for part in argv]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def _rows(out: str) -> dict[str, list[str]]:
+    """The table's rows by their first cell (two spaces or more apart)."""
+    return {cells[0]: cells for cells in (re.split(r"\s{2,}", line.strip()) for line in out.splitlines()) if cells}
+
+
+@pytest.mark.usefixtures("no_inductor")  # the command is the subject, not Inductor's kernels
+def test_run_times_the_users_model_three_ways(tmp_path, capsys, tiny_target):
+    out = tmp_path / "run.json"
+    argv = ["bench", "run", tiny_target, "--rounds", "2", "--warmup", "0", "--device", "cpu", "--json", str(out)]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    rows = _rows(captured.out)
+    header = rows["variant"]
+    assert header[:2] == ["variant", "built as"] and "rounds" in header and "x thunder" in header
+    assert any(h.startswith("median") for h in header) and any(h.startswith("q1-q3") for h in header)
+    assert any(h.startswith("min-max") for h in header)
+    for variant in ("eager", "thunder", "guarded"):
+        assert len(rows[variant]) == len(header), rows[variant]
+        assert rows[variant][header.index("rounds")] == "2"
+    assert "forward and backward" in captured.out and "user:tiny_model.py:make" in captured.err
+    doc = json.loads(out.read_text())
+    assert sorted(b["params"]["variant"] for b in doc["benchmarks"]) == ["eager", "guarded", "thunder"]
+    assert {b["stats"]["rounds"] for b in doc["benchmarks"]} == {2}
+
+
+@pytest.mark.usefixtures("no_inductor")
+def test_compare_target_says_whether_guarded_is_slower(capsys, tiny_target):
+    argv = ["bench", "compare", tiny_target, "--rounds", "2", "--warmup", "0", "--device", "cpu", "--no-backward"]
+    status = main(argv)
+    out = capsys.readouterr().out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("guarded is ") and "unguarded Thunder" in last, out
+    assert status == (1 if ": slower" in last else 0)
+    assert {"eager", "thunder", "guarded"} <= set(_rows(out)) and "forward a call" in out
+
+
+def test_variant_rows_name_the_frontend_the_spread_and_the_rounds():
+    from thunder_fusion_guard.bench.cases import BenchCase
+    from thunder_fusion_guard.bench.run import CaseResult, guard_verdict, variant_rows
+
+    samples = {"thunder": [2e-3, 4e-3, 3e-3], "guarded": [1e-3, 2e-3, 1.5e-3], "eager": [1e-3, 1e-3, 1e-3]}
+    case = BenchCase("user", "m.py:make", lambda device: None)
+    result = CaseResult(case, samples, first_call_s=dict.fromkeys(samples, 1.0))
+    header, *rows = variant_rows(result, "thunderfx")
+    assert header[2:5] == ["median ms", "q1-q3 ms", "min-max ms"] and header[5] == "rounds"
+    by_variant = {row[0]: row for row in rows}
+    assert by_variant["guarded"][1] == "thunderfx(fn, transforms=[FusionGuard()])" and by_variant["eager"][1] == "fn"
+    assert by_variant["thunder"][2:6] == ["3", "2-4", "2-4", "3"] and by_variant["guarded"][-1] == "0.50"
+    assert guard_verdict(result, 0.05)[1] is False
+    slower = CaseResult(result.case, {"thunder": samples["guarded"], "guarded": samples["thunder"]})
+    assert guard_verdict(slower, 0.05)[1] is True

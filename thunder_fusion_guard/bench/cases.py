@@ -32,6 +32,14 @@ VARIANT_BUILDS = {
     "inductor-ro": 'torch.compile(fn, mode="reduce-overhead")',
 }
 SUITES = ("micro", "models", "thunderfx")
+
+
+def variant_build(variant: str, frontend: str = "jit") -> str:
+    """How ``variant`` compiles the function (:data:`VARIANT_BUILDS`), through ThunderFX where ``frontend`` says so."""
+    build = VARIANT_BUILDS[variant]
+    return build.replace("thunder.jit(", "thunderfx(") if frontend == "thunderfx" else build
+
+
 HEAVY_ENV = "TFG_BENCH_HEAVY"
 VARIANTS_ENV = "TFG_BENCH_VARIANTS"
 

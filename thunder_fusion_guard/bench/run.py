@@ -30,6 +30,7 @@ from .cases import (
     BenchCase,
     fresh_compile_state,
     make_step,
+    variant_build,
 )
 from .machine import commit_info, machine_info
 
@@ -322,3 +323,50 @@ def verdict_line(
         for name in regressed
     )
     return f"{len(regressed)} of {total} regressed (threshold {threshold:.1%}): {named}"
+
+
+def variant_rows(result: CaseResult, frontend: str = "jit") -> list[list[str]]:
+    """One case's variants, a row each (header first): median, quartiles, fastest and slowest round, rounds, the
+    first (compiling) call and the ratio to unguarded Thunder; the spread and count a reader needs to trust a
+    median. Per call, in ms when the slowest median reaches one, else µs."""
+    medians = {v: statistics.median(s) for v, s in result.samples.items() if s}
+    scale, unit = (1e3, "ms") if max(medians.values(), default=0.0) >= 1e-3 else (1e6, "µs")
+    thunder = medians.get("thunder")
+    header = ["variant", "built as", f"median {unit}", f"q1-q3 {unit}", f"min-max {unit}", "rounds", "first call s"]
+    rows = [[*header, "x thunder"]]
+    for variant, samples in result.samples.items():
+        timing = Timing.of([v * scale for v in samples])
+        ratio = f"{medians[variant] / thunder:.2f}" if thunder and variant in medians else "-"
+        first = result.first_call_s.get(variant)
+        rows.append(
+            [
+                variant,
+                variant_build(variant, frontend),
+                f"{timing.median:.3g}",
+                f"{timing.q1:.3g}-{timing.q3:.3g}",
+                f"{timing.min:.3g}-{timing.max:.3g}",
+                str(timing.samples),
+                "-" if first is None else f"{first:.1f}",
+                ratio,
+            ]
+        )
+    for variant, error in result.variant_errors.items():
+        rows.append([variant, variant_build(variant, frontend), f"failed: {error}", "", "", "", "", ""])
+    return rows
+
+
+def guard_verdict(result: CaseResult, threshold: float) -> tuple[str, bool]:
+    """Whether guarded Thunder ran slower than unguarded Thunder by more than ``threshold`` (a fraction), by their
+    medians, with the quartiles saying whether the two overlap; the line that says so, and True on a slowdown."""
+    guarded, thunder = result.samples.get("guarded"), result.samples.get("thunder")
+    if not guarded or not thunder:
+        missing = ", ".join(v for v in ("thunder", "guarded") if not result.samples.get(v))
+        return f"no verdict: {missing} not timed", True
+    g, t = Timing.of(guarded), Timing.of(thunder)
+    ratio = g.median / t.median if t.median > 0 else math.inf
+    overlap = g.q1 <= t.q3 and t.q1 <= g.q3
+    spread = "their quartiles overlap" if overlap else "their quartiles do not overlap"
+    if ratio > 1 + threshold:
+        return f"guarded is {ratio:.2f}x unguarded Thunder: slower (threshold {threshold:.1%}; {spread})", True
+    word = "faster" if ratio < 1 / (1 + threshold) else "no slower"
+    return f"guarded is {ratio:.2f}x unguarded Thunder: {word} (threshold {threshold:.1%}; {spread})", False

@@ -26,6 +26,7 @@ from ..distributed import current_rank
 from ..measure.timing import time_us, uses_cuda
 from ..ops import is_communication
 from ..passes.rewrite import RewriteError, lower_region
+from ..progress import Progress
 from ..regions import Region
 from ..render import HOST_LEGEND_CPU, HOST_LEGEND_CUDA, html_page
 from ..render.table import (
@@ -210,20 +211,14 @@ def profile_regions(jitted: Any, *args: Any, reps: int = 100, warmup: int = 10, 
     rows, decisions, executors = [], [], []
     cuda = uses_cuda(*tree_flatten((args, kwargs))[0])
     peak = peak_bandwidth() if cuda else None
-    programs = program_calls(jitted, args, kwargs)
-    for program in programs:
-        decisions += program.decisions
-        executors += [e for e in th.executors_of(program.jitted) if e not in executors]
-        for call in program.calls:
-            row = _measure(program.traces[call.trace], call, reps, warmup)
-            row.subgraph = program.subgraph
-            if call.decision is not None:
-                d = call.decision
-                row.action, row.reason, row.estimates = d.action, d.reason, dict(d.estimates)
-                row.decided_by, row.source = d.details.get("decided_by"), d.details.get("source")
-                row.disagreement = disagreement(row, d, program.decisions)
-            _bandwidth(row, peak)
-            rows.append(row)
+    with Progress("profile_regions") as shown:
+        shown.update("running twice, recording each region's arguments")
+        programs = program_calls(jitted, args, kwargs)
+        total = sum(len(program.calls) for program in programs)
+        for program in programs:
+            decisions += program.decisions
+            executors += [e for e in th.executors_of(program.jitted) if e not in executors]
+            rows += _program_rows(program, reps, warmup, peak, shown, total, len(rows))
     try:
         graphs = trace_graphs(jitted, rows)
     except Exception as e:  # pictures are extra: a trace they cannot read must not cost the profile
@@ -238,6 +233,27 @@ def profile_regions(jitted: Any, *args: Any, reps: int = 100, warmup: int = 10, 
     return RegionProfile(
         name, device, reps, rows, decisions, graphs, peak, subgraphs, executors, threads, current_rank()
     )
+
+
+def _program_rows(
+    program: ProgramCalls, reps: int, warmup: int, peak: Peak | None, shown: Progress, total: int, done: int
+) -> list[RegionRow]:
+    """One program's regions, each timed on its recorded arguments and given its decision; ``shown`` counts them
+    (``done`` of ``total`` before this program)."""
+    rows = []
+    for call in program.calls:
+        shown.update("timing", done + len(rows), total, "regions")
+        row = _measure(program.traces[call.trace], call, reps, warmup)
+        row.subgraph = program.subgraph
+        if call.decision is not None:
+            d = call.decision
+            row.action, row.reason, row.estimates = d.action, d.reason, dict(d.estimates)
+            row.decided_by, row.source = d.details.get("decided_by"), d.details.get("source")
+            row.disagreement = disagreement(row, d, program.decisions)
+        _bandwidth(row, peak)
+        rows.append(row)
+    shown.update("timing", done + len(rows), total, "regions")
+    return rows
 
 
 def disagreement(row: RegionRow, decision: Decision, decisions: Sequence[Decision]) -> str | None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import _thunder as th
 from .._thunder import partition as pt
+from ..progress import Progress
 from ..render.table import op_groups
 from ..transform import guards_of
 from .why_classify import (
@@ -50,8 +51,26 @@ def why_not_fused(fn: Any, *args: Any, backward: bool = True, **kwargs: Any) -> 
     else:
         raise TypeError(f"{type(fn).__name__} is neither a thunder.jit function nor a thunderfx object")
     rows += rescue_rows(fn)
-    regions = ran = 0
-    for jitted, subgraph, frontend in programs:
+    with Progress("why_not_fused") as shown:
+        rows, regions, ran = _all_program_rows(programs, rows, shown)
+        if not ran and not rows:
+            raise RuntimeError("no trace to read: call the compiled function first")
+        if args or kwargs:
+            shown.update(f"running once more for nvFuser's kernels ({regions} regions found)")
+            try:
+                rows += kernel_rows(fn, args, kwargs, backward)
+            except Exception as e:
+                rows.append(not_analysed("forward", None, "nvFuser's kernels of one more run", e))
+    return WhyReport(grouped(rows), regions)
+
+
+def _all_program_rows(
+    programs: Sequence[tuple[Any, str | None, str]], rows: list[WhyRow], shown: Progress
+) -> tuple[list[WhyRow], int, int]:
+    """``rows`` and the rows of each program's traces; the regions found and the programs that ran."""
+    rows, regions, ran = list(rows), 0, 0
+    for index, (jitted, subgraph, frontend) in enumerate(programs):
+        shown.update(f"reading traces ({regions} regions found)", index, len(programs), "programs")
         if frontend == "thunderfx" and getattr(th.module_call(jitted), "rescued", False):
             continue  # Thunder failed on it: its rescue row says what runs it
         forward_trace, backward_trace = th.traces_before_guard(jitted)
@@ -64,14 +83,8 @@ def why_not_fused(fn: Any, *args: Any, backward: bool = True, **kwargs: Any) -> 
         except Exception as e:  # the report is still returned, saying what it could not read
             rows.append(not_analysed("forward", subgraph, "the program's traces", e))
         regions += sum(1 for _, t in traces for b in t.bound_symbols if th.is_fusion(b))
-    if not ran and not rows:
-        raise RuntimeError("no trace to read: call the compiled function first")
-    if args or kwargs:
-        try:
-            rows += kernel_rows(fn, args, kwargs, backward)
-        except Exception as e:
-            rows.append(not_analysed("forward", None, "nvFuser's kernels of one more run", e))
-    return WhyReport(grouped(rows), regions)
+    shown.update(f"reading traces ({regions} regions found)", len(programs), len(programs), "programs")
+    return rows, regions, ran
 
 
 def _program_rows(context: WhyContext, traces: Sequence[tuple[str, Any]]) -> list[WhyRow]:

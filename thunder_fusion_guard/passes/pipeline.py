@@ -22,6 +22,7 @@ from ..ops import (
 )
 from ..options import GuardOptions
 from ..policy import BOOKEND, ModelDoubt, decide, explained
+from ..progress import Progress
 from ..regions import Region, find_regions
 from ..report import Report
 from ..wording import error_line, error_text
@@ -99,6 +100,7 @@ class PassContext:
     hoisted: HoistLedger = field(default_factory=HoistLedger)
     record: Callable[[Decision], None] | None = None
     doubt: ModelDoubt | None = None
+    progress: Progress = field(default_factory=Progress.off)
 
     def region_decisions(self) -> dict[str, Decision]:
         """The decisions so far about each region of this trace, by region name."""
@@ -147,6 +149,7 @@ def guard_trace(
     while the program runs adds its decision to ``report`` then.
     With ``report_only`` every pass that may runs and records, and the trace comes back unchanged.
     """
+    shown = Progress(_progress_task(where))
     context = PassContext(
         options,
         where,
@@ -157,15 +160,19 @@ def guard_trace(
         hoisted or HoistLedger(),
         record=report.add,
         doubt=doubt,
+        progress=shown,
     )
     new_trace = trace
     seen = [trace]  # every trace a pass got: a decision's values may be ones an earlier pass made (a region lowered)
-    for step in PASSES:
-        if step.enabled(options):
-            if new_trace is not seen[-1]:
-                seen.append(new_trace)
-            new_trace, made = run_pass(step, new_trace, context)
-            context = replace(context, decided=_merged(context.decided, made))
+    with shown:
+        for step in PASSES:
+            if step.enabled(options):
+                if new_trace is not seen[-1]:
+                    seen.append(new_trace)
+                shown.update(step.name.replace("_", " "))
+                new_trace, made = run_pass(step, new_trace, context)
+                context = replace(context, decided=_merged(context.decided, made))
+        shown.update("done", *_regions_done(context.decided, where.trace))
     finders: dict[int, Callable[[list[str]], str | None]] = {}
 
     def source_of(names: list[str]) -> str | None:
@@ -184,6 +191,19 @@ def guard_trace(
         return trace
     th.set_provenance(new_trace, f"FusionGuard ({_summary(list(context.decided))})")
     return new_trace
+
+
+def _progress_task(where: TraceContext) -> str:
+    """What a first call's progress line names: the guard, the trace and where it comes from."""
+    of = f" of {where.function}" if where.function else ""
+    sub = f", subgraph {where.subgraph}" if where.subgraph else ""
+    return f"FusionGuard compiling: {where.trace} trace{of}{sub}"
+
+
+def _regions_done(decided: Sequence[Decision], trace: str) -> tuple[int, int, str]:
+    """(regions decided, regions found, "regions") of one trace, for its last progress line."""
+    regions = sum(1 for d in decided if d.about_region and d.trace == trace)
+    return regions, regions, "regions"
 
 
 def _locate(d: Decision, source_of: Callable[[list[str]], str | None]) -> None:
@@ -257,7 +277,10 @@ def region_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
     replacements: dict[int, list[th.BoundSymbol]] = {}
     decided: list[Decision] = []
     counter = th.free_fusion_counter(trace)
-    for region in find_regions(trace):
+    regions = find_regions(trace)
+    shown = context.progress
+    for index, region in enumerate(regions):
+        shown.update("deciding", index, len(regions), "regions")
         device = th.proxy_device(region.inputs + region.outputs)
         constants = context.constants_for(device, region.executor) if context.constants_for and device else None
         fuser = th.alternative_fuser(region.bsym) if options.choose_executor and measure_region else None
@@ -303,6 +326,7 @@ def region_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
                 explanation = verdict.details.get("explanation", verdict.reason)
                 decision.details["explanation"] = f"kept as it was: {what} failed ({explanation})"
         decided.append(decision)
+    shown.update("deciding", len(regions), len(regions), "regions")
     if not replacements:
         return trace, decided
     try:

@@ -7,14 +7,26 @@ import argparse
 import json
 import math
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from ..bench import decisions as bench_decisions
-from ..bench.cases import ALL_VARIANTS, SUITES, VARIANT_BUILDS, VARIANTS, parse_variants, select
-from ..bench.run import CaseResult, CompareError, compare, format_rows, load_medians, run_cases, summary_rows, to_json
+from ..bench.cases import ALL_VARIANTS, SUITES, VARIANT_BUILDS, VARIANTS, BenchCase, Workload, parse_variants, select
+from ..bench.run import (
+    CaseResult,
+    CompareError,
+    compare,
+    format_rows,
+    guard_verdict,
+    load_medians,
+    run_cases,
+    summary_rows,
+    to_json,
+    variant_rows,
+)
 from ..bench.versus import DEFAULT_VERSUS, versus
 from ..render.table import md_cell, plural
-from ..wording import wrap
+from ..wording import WIDTH, wrap
 from .common import (
     UsageError,
     add_command,
@@ -28,6 +40,7 @@ from .common import (
     resolve_device,
     write_output,
 )
+from .report_cli import TargetError, add_target_arguments, add_target_options, load_target, make_workload
 
 
 def parse_threshold(text: str) -> float:
@@ -58,13 +71,15 @@ def _register_run(bench_sub: Any) -> None:
         "torch.compile with --variants) in one process, round after round in alternating order, so drift of "
         "the machine falls on every variant alike. Prints a table of medians with quartiles; --json writes "
         "pytest-benchmark JSON for 'bench compare'. Progress goes to stderr. Output files are checked before "
-        "any work (their folder must exist).",
+        "any work (their folder must exist). With TARGET (path/to/file.py:make, as 'report' takes it) your "
+        "model is timed instead of the built-in cases: eager, unguarded and guarded Thunder interleaved, a row "
+        "each with the median, quartiles, fastest and slowest round and the rounds.",
         _run_command,
     )
-    run.add_argument("--suite", nargs="+", choices=SUITES, default=list(SUITES), help="default: all suites")
+    add_target_arguments(run, optional=True)
+    run.add_argument("--suite", nargs="+", choices=SUITES, default=None, help="default: all suites")
     run.add_argument("--case", action="append", metavar="TEXT", help="only cases whose name contains TEXT")
     run.add_argument("--heavy", action="store_true", help="include heavy cases (litgpt models)")
-    add_device_option(run)
     run.add_argument(
         "--variants",
         metavar="LIST",
@@ -73,11 +88,19 @@ def _register_run(bench_sub: Any) -> None:
         + "; ".join(f"{v} = {VARIANT_BUILDS[v]}" for v in ALL_VARIANTS if v not in VARIANTS)
         + " (on CPU no CUDA graphs: compiles as inductor)",
     )
-    run.add_argument("--reps", type=count(1), default=50, help="timed rounds per variant (default 50)")
-    run.add_argument("--warmup", type=count(0), default=3, help="untimed rounds after the first call (default 3)")
+    add_rounds_options(run)
     run.add_argument("--json", metavar="OUT", help="write pytest-benchmark compatible JSON here")
     run.add_argument("--markdown", metavar="OUT", help="write the summary table as markdown here")
     add_threads_option(run)
+
+
+def add_rounds_options(parser: argparse.ArgumentParser) -> None:
+    """``--rounds N`` (also ``--reps``) and ``--warmup N``: how many interleaved rounds are timed after how many
+    untimed ones."""
+    parser.add_argument(
+        "--rounds", "--reps", dest="reps", type=count(1), default=50, help="timed rounds per variant (default 50)"
+    )
+    parser.add_argument("--warmup", type=count(0), default=3, help="untimed rounds after the first call (default 3)")
 
 
 def register(subparsers: Any) -> None:
@@ -95,17 +118,25 @@ def register(subparsers: Any) -> None:
     compare = add_command(
         sub,
         "compare",
-        "per-case ratios head/base; exit 1 when one regressed",
+        "per-case ratios head/base, or guarded against unguarded on TARGET; exit 1 when slower",
         "Compare two result files (bench run --json, or pytest --benchmark-json) case by case: "
         "the ratio of the medians head/base. Exits 1 when a case got slower than --threshold allows and names "
-        "each regressed case in its last line; 0 otherwise.",
+        "each regressed case in its last line; 0 otherwise. Given one TARGET (path/to/file.py:make, as 'report' "
+        "takes it) instead, time your model as eager, unguarded and guarded Thunder interleaved, print a row each "
+        "(median, quartiles, fastest and slowest round, rounds) and exit 1 when guarded Thunder is slower than "
+        "unguarded Thunder by more than --threshold. Progress goes to stderr.",
         _compare_command,
     )
-    compare.add_argument("base", help="baseline JSON (bench run --json, or pytest --benchmark-json)")
-    compare.add_argument("head", help="JSON to check against the baseline")
+    compare.add_argument(
+        "base", metavar="BASE", help="baseline JSON (bench run --json, or pytest --benchmark-json), or TARGET alone"
+    )
+    compare.add_argument("head", metavar="HEAD", nargs="?", default=None, help="JSON to check against the baseline")
     compare.add_argument(
         "--threshold", type=parse_threshold, default=0.05, help="allowed slowdown: '5%%' or 0.05 (default 5%%)"
     )
+    add_target_options(compare)
+    add_rounds_options(compare)
+    add_threads_option(compare)
     _register_decisions(sub)
     _register_versus(sub)
     _register_zoo(sub)
@@ -252,7 +283,82 @@ def _zoo_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_target_options(args: argparse.Namespace, target: str | None) -> None:
+    """--thunderfx and --no-backward only with a TARGET: a UsageError otherwise."""
+    if target is None and (args.thunderfx or not args.backward):
+        given = "--thunderfx" if args.thunderfx else "--no-backward"
+        raise UsageError(f"{given} applies to a TARGET (path/to/file.py:make) only")
+
+
+def target_case(spec: str, device: str, thunderfx: bool, backward: bool) -> BenchCase:
+    """The model TARGET makes, as a benchmark case (suite ``user``): loaded and made now, so that a bad TARGET is
+    a UsageError before any timing; its backward runs where ``backward`` and a parameter or input requires grad,
+    forward alone under no_grad with ``backward`` False, as ``report`` runs it."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    try:
+        fn, args, kwargs = make_workload(load_target(spec), device)
+    except TargetError as e:
+        raise UsageError(str(e)) from e
+    params = list(fn.parameters()) if isinstance(fn, torch.nn.Module) else []
+    inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    leaves = [t for t in (*params, *inputs) if t.requires_grad] if backward else []
+    workload = Workload(
+        fn,
+        args,
+        backward=bool(leaves),
+        frontend="thunderfx" if thunderfx else "jit",
+        leaves=leaves,
+        kwargs=kwargs,
+        no_grad=not backward,
+    )
+    where, _, attr = spec.rpartition(":")
+    return BenchCase("user", f"{Path(where).name}:{attr}", lambda _device: workload)
+
+
+def _time_target(
+    args: argparse.Namespace, target: str, variants: Sequence[str], outputs: Sequence[str] = ()
+) -> tuple[CaseResult, str]:
+    """Time TARGET's model as ``variants`` interleaved, after checking every argument (``outputs``: the options of
+    the files to be written); print a row a variant and the footnote saying how it was timed. The result and the
+    device."""
+    device = resolve_device(args.device)
+    check_outputs(args, *outputs)
+    case = target_case(target, device, args.thunderfx, args.backward)
+    note = pin_threads(args.threads, device)
+    result = run_cases([case], device, args.reps, args.warmup, variants=variants)[0]
+    frontend = "ThunderFX" if args.thunderfx else "thunder.jit"
+    steps = "forward and backward" if case.build(device).backward else "forward"
+    print(f"{target} on {device} via {frontend}, {steps} a call")
+    print(format_rows(result_rows(result, "thunderfx" if args.thunderfx else "jit")))
+    footnote = (
+        f"(per call: {plural(args.reps, 'round')} per variant after {plural(args.warmup, 'untimed round')}, "
+        f"{plural(result.inner, 'call')} a sample, variants interleaved in alternating order; the first variant's "
+        f"first call also pays the process's one-time start-up{'; ' + note if note else ''})"
+    )
+    print("\n".join(wrap(footnote, WIDTH, indent="")))
+    return result, device
+
+
+def result_rows(result: CaseResult, frontend: str) -> list[list[str]]:
+    """The rows of one timed TARGET (Thunder's ``frontend``: jit or thunderfx): a row a variant, or one saying why
+    nothing was timed."""
+    if result.error:
+        return [["variant", "failed"], ["all", result.error]]
+    return variant_rows(result, frontend)
+
+
 def _run_command(args: argparse.Namespace) -> int:
+    if args.target is not None:
+        if args.suite or args.case or args.heavy:
+            raise UsageError("--suite, --case and --heavy choose built-in cases: not with a TARGET")
+        result, device = _time_target(args, args.target, _variants(args), ("json", "markdown"))
+        frontend = "thunderfx" if args.thunderfx else "jit"
+        rows = result_rows(result, frontend)
+        _write_tables(args, lambda: to_json([result], device, args.reps, args.warmup), lambda: rows)
+        return 1 if result.error or result.variant_errors else 0
+    _check_target_options(args, None)
     variants = _variants(args)
     device = resolve_device(args.device)
     cases = select(args.suite, args.case, heavy=args.heavy, device=device)
@@ -277,6 +383,14 @@ def _run_command(args: argparse.Namespace) -> int:
 
 
 def _compare_command(args: argparse.Namespace) -> int:
+    if args.head is None:
+        if args.base.endswith(".json"):
+            raise UsageError(f"{args.base}: compare needs BASE and HEAD files, or one TARGET (path/to/file.py:make)")
+        result, _ = _time_target(args, args.base, VARIANTS)
+        verdict, slower = guard_verdict(result, args.threshold)
+        print(verdict)
+        return 1 if slower or result.error or result.variant_errors else 0
+    _check_target_options(args, None)
     try:
         base, head = load_medians(args.base), load_medians(args.head)
     except CompareError as e:

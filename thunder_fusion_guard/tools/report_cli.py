@@ -25,6 +25,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from ..progress import Progress
 from ..wording import error_line
 from .common import (
     CommandFailed,
@@ -209,21 +210,28 @@ def run_report(
     guard = FusionGuard(**(guard_options or {}))
     compiled = compile_with_guard(fn, guard, device, thunderfx)
     extra: dict[str, Any] = {}
-    try:
-        with nullcontext() if backward else torch.no_grad():
-            step(compiled, args, kwargs, backward)
-            if device == "cuda":
-                collect_segments(compiled, *args, backward=backward, **kwargs)
-            if profile:
-                from ..examine.why import why_not_fused
+    with Progress("fusion-guard report") as shown:
+        try:
+            with nullcontext() if backward else torch.no_grad():
+                shown.update("first call (tracing, guarding, compiling)")
+                step(compiled, args, kwargs, backward)
+                if device == "cuda":
+                    shown.update("collecting nvFuser's kernels")
+                    collect_segments(compiled, *args, backward=backward, **kwargs)
+                if profile:
+                    from ..examine.why import why_not_fused
 
-                extra["profile"] = profile_regions(compiled, *args, **kwargs)
-                extra["graphs"] = extra["profile"].graphs
-                extra["why"] = why_not_fused(compiled)
-            elif pictures:
-                extra["graphs"] = trace_graphs(compiled)
-    except Exception as e:
-        raise ModelFailed(*model_failure(spec, "ThunderFX" if thunderfx else "thunder.jit", compiled, e)) from e
+                    shown.update("profiling every region")
+                    extra["profile"] = profile_regions(compiled, *args, **kwargs)
+                    extra["graphs"] = extra["profile"].graphs
+                    shown.update("why ops are not fused")
+                    extra["why"] = why_not_fused(compiled)
+                elif pictures:
+                    shown.update("dataflow graphs")
+                    extra["graphs"] = trace_graphs(compiled)
+        except Exception as e:
+            raise ModelFailed(*model_failure(spec, "ThunderFX" if thunderfx else "thunder.jit", compiled, e)) from e
+        shown.update("done")
     report = report_of(compiled)
     return {
         "target": spec,
@@ -277,9 +285,19 @@ OUTPUTS = {
 }
 
 
-def add_target_arguments(parser: argparse.ArgumentParser) -> None:
-    """TARGET, --thunderfx, --device and --backward: how ``report`` and ``why`` run a model."""
-    parser.add_argument("target", metavar="TARGET", help="path/to/file.py:make or package.module:make")
+def add_target_arguments(parser: argparse.ArgumentParser, optional: bool = False) -> None:
+    """TARGET, --thunderfx, --device and --backward: how ``report``, ``why`` and ``bench`` run a model (``optional``:
+    TARGET may be left out, None)."""
+    what = "path/to/file.py:make or package.module:make"
+    if optional:
+        parser.add_argument("target", metavar="TARGET", nargs="?", default=None, help=f"{what} (optional)")
+    else:
+        parser.add_argument("target", metavar="TARGET", help=what)
+    add_target_options(parser)
+
+
+def add_target_options(parser: argparse.ArgumentParser) -> None:
+    """--thunderfx, --device and --backward: how a TARGET runs, for a command whose TARGET comes otherwise."""
     parser.add_argument("--thunderfx", action="store_true", help="compile through ThunderFX instead of thunder.jit")
     add_device_option(parser)
     parser.add_argument(

@@ -13,6 +13,7 @@ import argparse
 from contextlib import nullcontext
 from typing import Any
 
+from ..progress import Progress
 from .common import UsageError, add_wide_option, check_output, resolve_device, write_output
 from .report_cli import ModelFailed, TargetError, add_target_arguments, load_target, make_workload, model_failure
 
@@ -62,7 +63,8 @@ def _why_command(args: argparse.Namespace) -> int:
 
         compiled = thunder.jit(fn, **options)
     try:
-        with nullcontext() if args.backward else torch.no_grad():
+        with nullcontext() if args.backward else torch.no_grad(), Progress("fusion-guard why") as shown:
+            shown.update("first call (tracing, compiling)")
             step(compiled, call_args, kwargs, args.backward)
         report = why_not_fused(compiled, *call_args, backward=args.backward, **kwargs)
     except Exception as e:

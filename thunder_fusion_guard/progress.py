@@ -1,0 +1,106 @@
+"""Progress of long work (a guarded program's first call, ``why_not_fused``, ``report``) on stderr: one line
+rewritten in place with ``\\r`` on a terminal and ended by a newline; nothing when stderr is no terminal, unless
+``TFG_PROGRESS`` says otherwise (``1``: on, a line each update, at most one a second; ``0``: off). No torch or
+Thunder import: any layer may use it."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from types import TracebackType
+from typing import TextIO
+
+ENV = "TFG_PROGRESS"
+# A terminal's line is rewritten at most this often; a file or pipe (TFG_PROGRESS=1) gets a line at most this often.
+TERMINAL_EVERY_S = 0.1
+LOG_EVERY_S = 1.0
+
+# The progress line a terminal shows now, not yet ended by a newline: a task that starts inside another (a first
+# call inside ``report``) ends it first, so that neither writes over the other.
+_open_line: list[Progress] = []
+
+
+def _stream() -> TextIO:
+    """Where progress goes: the stderr of now (a test's capture or a redirection included)."""
+    return sys.stderr
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    """Whether ``stream`` is a terminal, so that a line can be rewritten in place."""
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or unusual stream
+        return False
+
+
+def enabled() -> bool:
+    """Whether progress is shown: ``TFG_PROGRESS=1`` forces it on, ``0`` off; otherwise only on a terminal."""
+    forced = os.environ.get(ENV, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    return _is_terminal(_stream())
+
+
+class Progress:
+    """One task's progress line: ``task: phase done/total unit``, updated as the work goes and ended by
+    :meth:`close` (or leaving its ``with`` block); silent where :func:`enabled` is False when it starts."""
+
+    def __init__(self, task: str, on: bool | None = None) -> None:
+        self.task = task
+        self.on = enabled() if on is None else on
+        self.terminal = self.on and _is_terminal(_stream())
+        self.text = ""
+        self.shown = ""
+        self.width = 0
+        self.last = 0.0
+
+    @classmethod
+    def off(cls) -> Progress:
+        """A progress line that never shows: for work run where no one asked for progress."""
+        return cls("", on=False)
+
+    def update(self, phase: str, done: int | None = None, total: int | None = None, unit: str = "") -> None:
+        """Say the phase now running and, given ``total``, how much of it is done (``done`` of ``total`` ``unit``)."""
+        if not self.on:
+            return
+        count = "" if total is None else f" {done or 0}/{total}{' ' + unit if unit else ''}"
+        self.text = f"{self.task}: {phase}{count}"
+        now = time.monotonic()
+        finished = total is not None and done == total
+        if finished or now - self.last >= (TERMINAL_EVERY_S if self.terminal else LOG_EVERY_S):
+            self._show(now)
+
+    def _show(self, now: float) -> None:
+        """Write the line now: over the last one on a terminal, as a line of its own elsewhere."""
+        if self.text == self.shown:
+            return
+        stream = _stream()
+        if self.terminal:
+            if _open_line and _open_line[0] is not self:
+                _open_line[0].width = 0
+                stream.write("\n")
+            _open_line[:] = [self]
+            stream.write("\r" + self.text.ljust(self.width))
+            self.width = max(self.width, len(self.text))
+        else:
+            stream.write(self.text + "\n")
+        stream.flush()
+        self.shown, self.last = self.text, now
+
+    def close(self) -> None:
+        """Show the last state and end the line (a newline on a terminal), so that other output starts afresh."""
+        if not self.on or not self.text:
+            return
+        self._show(time.monotonic())
+        if self.terminal and _open_line and _open_line[0] is self:
+            _open_line.clear()
+            _stream().write("\n")
+            _stream().flush()
+        self.on = False
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
