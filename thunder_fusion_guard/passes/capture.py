@@ -33,8 +33,8 @@ def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decisio
     if summary.copied_in:
         copied = sum(nbytes for _, _, nbytes in summary.copied_in)
         reason += (
-            f"; {plural(len(summary.copied_in), 'input')} copied into the graphs' own buffers at each replay, batched by "
-            f"dtype ({human_bytes(copied)} a replay)"
+            f"; {plural(len(summary.copied_in), 'input')} copied into the graphs' own buffers at each replay, "
+            f"batched by dtype ({human_bytes(copied)} a replay)"
         )
     if summary.copied_back:
         back = sum(nbytes for _, _, nbytes in summary.copied_back)
