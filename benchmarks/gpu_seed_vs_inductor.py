@@ -75,10 +75,16 @@ def run_model(name: str, paths: list[str], rounds: int, out: Path | None, record
     for path in paths:
         began = time.perf_counter()
         try:
-            fn, _ = _compile(model.module, ZooPath.parse(path), "cuda")
+            fn, guard = _compile(model.module, ZooPath.parse(path), "cuda")
             step = _Step(model, fn, "cuda")
             step()
             rows[path] = {"first_call_s": round(time.perf_counter() - began, 1)}
+            if guard is not None:  # what its CUDA graphs copy at each replay
+                rows[path]["captures"] = [
+                    {k: d.details.get(k) for k in ("captures", "copied_in", "bytes_copied_in", "handed_over")}
+                    | {"trace": d.trace, "subgraph": d.subgraph}
+                    for d in guard.report.filter(action="capture")
+                ]
             steps[path] = step
         except Exception as e:  # one path failing must not lose the others
             rows[path] = {"error": error_text(e)[:2000]}
