@@ -156,14 +156,19 @@ def _doc(device, medians, equal=True, hoists=2):
 
 
 def test_done_when_on_an_h100_and_elsewhere(acceptance):
+    """Gated: guarded against the guard without hoisting (<= 0.40x) and CUDA graphs against guarded (<= 0.90x),
+    both within the run; the ratios to eager are reported, above the 0.35x line or not, and never fail the run."""
     medians = {"eager": 20.0, "guarded hoist=False": 14.0, "guarded": 5.0, "guarded+cudagraph": 4.0}
     checks = acceptance.done_when(_doc("NVIDIA H100 80GB HBM3", medians))
-    assert checks["guarded_over_eager"]["value"] == 0.25 and checks["guarded_over_eager"]["pass"] is True
-    assert checks["guarded_cudagraph_over_eager"]["value"] == 0.2
-    assert checks["guarded_cudagraph_over_eager"]["pass"] is True and checks["all_pass"] is True
-    slow = acceptance.done_when(_doc("NVIDIA H100 80GB HBM3", {**medians, "guarded": 6.2, "guarded+cudagraph": 4.5}))
-    assert slow["guarded_over_eager"]["pass"] is False and slow["guarded_cudagraph_over_eager"]["pass"] is False
+    assert checks["guarded_over_hoist_false"]["value"] == 0.357 and checks["guarded_over_hoist_false"]["pass"] is True
+    assert checks["guarded_cudagraph_over_guarded"]["value"] == 0.8
+    assert checks["guarded_cudagraph_over_guarded"]["pass"] is True and checks["all_pass"] is True
+    assert checks["guarded_over_eager"]["value"] == 0.25 and checks["guarded_over_eager"]["above_watch_line"] is False
+    slow = acceptance.done_when(_doc("NVIDIA H100 80GB HBM3", {**medians, "guarded": 6.2, "guarded+cudagraph": 6.0}))
+    assert slow["guarded_over_hoist_false"]["pass"] is False and slow["guarded_cudagraph_over_guarded"]["pass"] is False
     assert slow["all_pass"] is False
+    host_bound = acceptance.done_when(_doc("NVIDIA H100 80GB HBM3", {**medians, "eager": 12.0}))
+    assert host_bound["guarded_over_eager"]["above_watch_line"] is True and host_bound["all_pass"] is True
     # A host twice as slow: the same ratios pass on it.
     h200 = acceptance.done_when(_doc("NVIDIA H200", {k: 2 * v for k, v in medians.items()}))
     assert h200["all_pass"] is True
