@@ -391,3 +391,20 @@ def test_inductors_cuda_graphs_and_the_guards_run_side_by_side_on_one_module(tmp
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "ran to the end" in done.stdout
+
+
+def test_an_input_in_another_layout_gets_a_capture_of_its_own(cpu_graphs):
+    """The same shapes in other strides (a transposed copy): the graph is captured again for that layout, as
+    Thunder's runner keys its captures, and each layout gets its own values at every later call."""
+
+    def scaled(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x * 2) @ w
+
+    graphs = CUDAGraphTransform()
+    compiled = thunder.jit(scaled, transforms=[FusionGuard(), graphs])
+    torch.manual_seed(0)
+    w = torch.randn(8, 8)
+    for _ in range(2):
+        for x in (torch.randn(8, 8), torch.randn(8, 8).t()):
+            assert_same([compiled(x, w)], [thunder.jit(scaled)(x, w)])
+    assert len(graphs.cuda_graph_runner.cuda_graph_cache) == 2

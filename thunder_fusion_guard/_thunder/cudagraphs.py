@@ -329,24 +329,34 @@ class _SharedBuffers(CUDAGraphTransform):
                     summary.thunder_empty_inputs += len(Region(producers, consumers, bsyms).inputs)
 
 
+def _layout(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What Thunder's runner keys a graph's captures by (its ``to_arg_descriptor``): each tensor's dtype, sizes
+    and strides, each other argument's type and value; hashable, and cheaper to make."""
+    return tuple([(a.dtype, a.shape, a.stride()) if isinstance(a, torch.Tensor) else (type(a), a) for a in args])
+
+
 class _GraphCall:
-    """Graph ``name`` of Thunder's ``runner`` called as the runner calls it (its cache, key, capture on a miss and
-    replay), with the inputs it copies into the graph's own buffers copied in one batched copy per dtype
-    (``torch._foreach_copy_``: one C++ call and a few kernels) instead of one ``copy_`` each: the same bits in
-    the same buffers before the same replay. A buffer of the runner's is never an argument of its own graph, so
-    no copy reads what another writes."""
+    """Graph ``name`` of Thunder's ``runner`` called as the runner calls it (captured by the runner on a miss, then
+    its inputs copied into the graph's own buffers and the graph replayed), with two costs of the runner's call cut:
+    the inputs are copied in one batched copy per dtype (``torch._foreach_copy_``: one C++ call and a few kernels)
+    instead of one ``copy_`` each, and a capture is found by the same layout as the runner's key without making
+    that key. The same bits in the same buffers before the same replay: a buffer of the runner's is never an
+    argument of its own graph, so no copy reads what another writes."""
 
     def __init__(self, runner: Any, name: str) -> None:
         self.runner, self.name = runner, name
         self.static_inputs: tuple[Any, ...] = ()  # the graph's buffers at the last call
+        self.captures: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # layout -> the runner's cache entry
         self.__name__ = self.__qualname__ = f"{name}_fn"
 
     def __call__(self, *args: Any) -> Any:
-        runner = self.runner
-        entry = runner.cuda_graph_cache.get(runner.make_cache_key(self.name, *args))
+        layout = _layout(args)
+        entry = self.captures.get(layout)
         if entry is None:  # Thunder's runner captures it (and copies and replays as it does)
+            runner = self.runner
             out = runner.call_cuda_graph(self.name, *args)
-            self.static_inputs = runner.cuda_graph_cache[runner.make_cache_key(self.name, *args)][1]
+            entry = self.captures[layout] = runner.cuda_graph_cache[runner.make_cache_key(self.name, *args)]
+            self.static_inputs = entry[1]
             return out
         graph, static_inputs, static_outputs = entry
         batches: dict[Any, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
@@ -361,6 +371,12 @@ class _GraphCall:
         graph.replay()
         self.static_inputs = static_inputs
         return static_outputs
+
+    def forget(self) -> None:
+        """Drop every capture of this graph (the runner's and the layouts found here): the next call captures anew."""
+        for key in [key for key in self.runner.cuda_graph_cache if key[0] == self.name]:
+            del self.runner.cuda_graph_cache[key]
+        self.captures.clear()
 
     def last_static_inputs(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         """The graph's buffers its last call copied ``args`` into."""
@@ -508,8 +524,7 @@ class _Handover:
         if self.uncaptured <= UNCAPTURED_WHILE_HELD:
             fn, _ = self.runner.python_callables[self.name]
             return fn(*args)
-        for key in [key for key in self.runner.cuda_graph_cache if key[0] == self.name]:
-            del self.runner.cuda_graph_cache[key]  # its buffers are their holders' now; this call captures anew
+        self.graph.forget()  # its buffers are their holders' now; this call captures anew
         self.watched, self.uncaptured = [], 0
         return self.call(*args)
 
