@@ -22,7 +22,7 @@ from thunder.core.trace import TraceCtx
 from .compiling import _THUNDERFX_OPTION, function_name
 from .executors import executor_names
 from .lowering import GUARD_PROVENANCE, new_trace_like
-from .traces import is_fusion, source_line, stack_trace_source
+from .traces import fx_node_source, is_fusion, source_line
 
 __all__ = [
     "FailedRegion",
@@ -281,7 +281,7 @@ def thunderfx_split_ops(obj: Any) -> list[FxSplitOp]:
                     _split_kind(reason),
                     text,
                     getattr(reason, "exception", None),
-                    _node_source(node),
+                    fx_node_source(node),
                     _node_bytes(node),
                 )
             )
@@ -295,11 +295,6 @@ def _target_name(node: Any) -> str:
     name = getattr(target, "__name__", None) or str(target)
     module = getattr(target, "__module__", None)
     return f"{module}.{name}" if module and module not in ("builtins", "_operator") else name
-
-
-def _node_source(node: Any) -> str | None:
-    """``file:line`` of the user's frame (outside torch, Thunder, this package) Dynamo recorded for ``node``."""
-    return stack_trace_source(node.meta.get("stack_trace")) if node is not None else None
 
 
 def _node_bytes(node: Any) -> int | None:
@@ -558,7 +553,7 @@ def jit_again_without(jitted: Any, dropped: Any, instead: Any = None) -> Any:
 def fx_module_source(gm: torch.fx.GraphModule) -> str | None:
     """``file:line`` of the user's code of the first op of ``gm`` that Dynamo recorded a stack for."""
     for node in gm.graph.nodes:
-        if node.op.startswith("call_") and (found := _node_source(node)):
+        if node.op.startswith("call_") and (found := fx_node_source(node)):
             return found
     return None
 
