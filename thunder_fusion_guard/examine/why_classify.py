@@ -85,10 +85,11 @@ def is_cost_free(bsym: Any) -> bool:
     return runs_as_view(bsym) or not th.tensor_proxies([*bsym.flat_args, *bsym.flat_outs])
 
 
-def io_bytes(bsym: Any) -> int | None:
-    """Bytes of the tensors ``bsym`` reads and writes (each once); None where a size is not known."""
+def io_bytes(*bsyms: Any) -> int | None:
+    """Bytes of the tensors ``bsyms`` read and write (each tensor once, by name); None where a size is not known."""
     total = 0
-    for p in {id(x): x for x in th.tensor_proxies([*bsym.flat_args, *bsym.flat_outs])}.values():
+    values = [x for b in bsyms for x in (*b.flat_args, *b.flat_outs)]
+    for p in {x.name: x for x in th.tensor_proxies(values)}.values():
         n = th.tensor_nbytes(p)
         if n is None:
             return None
