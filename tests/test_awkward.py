@@ -247,6 +247,30 @@ def test_recompiled_entries_stay_correct():
     assert guard.report.to_dict()["recompiles"]["rearrange_heads"][0] == "input t shape (2, 3, 4, 5) -> (2, 3, 6, 5)"
 
 
+def test_threads_compiling_at_once_are_reported_as_that():
+    """Issue 55: two threads calling a jitted function at once each compile it (both miss the cache): the report says
+    that two threads compiled it at once for the same inputs, not that the second compilation was for inputs the
+    first did not accept."""
+    import threading
+
+    guard = FusionGuard()
+    jitted = jit_cpu(rearrange_heads, guard)
+    start = threading.Barrier(2)
+
+    def call():
+        start.wait()
+        jitted(torch.randn(2, 3, 4, 5))
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert thunder.cache_misses(jitted) == 2, "the two calls did not compile at once"
+    note = next(line for line in explain(jitted, wide=True).splitlines() if "compiled 2 times" in line)
+    assert "by 2 threads at once, for the same inputs" in note and "did not accept" not in note, note
+
+
 class Scale(torch.nn.Module):
     def forward(self, x):
         return x.flatten(1) * 3.0

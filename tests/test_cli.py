@@ -203,7 +203,8 @@ def make():
 def test_a_model_failing_in_a_region_says_where_whose_and_what_to_try(tmp_path, capsys, monkeypatch):
     """A model Thunder cannot run (the torch.compile region holding scatter_reduce's automatic gradient; the guard
     told not to rescue it): the one line names the region, its ops and the user's line, says that it fails
-    without the guard too, and gives what 'why --thunderfx' offers for the op; the hint once, exit 1."""
+    without the guard too but runs with --thunderfx, and gives what 'why --thunderfx' offers for the op; the hint
+    once, exit 1."""
     import functools
 
     import thunder_fusion_guard.tools.report_cli as report_cli
@@ -216,7 +217,8 @@ def test_a_model_failing_in_a_region_says_where_whose_and_what_to_try(tmp_path, 
     *progress, line = capsys.readouterr().err.strip().splitlines()
     assert progress == ["fusion-guard report: the model failed; running it once more without the guard ..."]
     assert line.startswith(f"fusion-guard report: {target}:make failed under thunder.jit: Unsupported: "), line
-    assert "; it fails unguarded too; in the backward region TorchCompile" in line, line
+    assert "; it fails unguarded too; with --thunderfx it runs" in line, line  # Inductor runs scatter_reduce there
+    assert "; in the backward region TorchCompile" in line, line
     assert "scatter_reduce_vjp is the gradient of torch.scatter_reduce at scatter.py:7" in line, line
     assert "why --thunderfx on torch.scatter_reduce: Thunder has only an automatic torch fallback" in line, line
     assert "ThunderFX runs it with Inductor" in line and line.endswith(common.TRACEBACK_HINT), line
@@ -242,7 +244,34 @@ def test_model_that_fails_under_thunder_is_one_line_exit_1(tmp_path, capsys):
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith(f"fusion-guard report: {target}:make failed under thunder.jit: ValueError: shape mismatch")
     assert "; it fails unguarded too" in line and "at failing.py:5" in line  # the line that raised
+    assert "--thunderfx" not in line  # it fails through ThunderFX too
     assert line.endswith("(--traceback for the full traceback)")
+
+
+DATA_DEPENDENT_BRANCH = """
+import torch
+
+def step(x):
+    y = x.sin()
+    if y.sum() > 0:  # thunder.jit cannot trace this branch; Dynamo breaks the graph at it
+        y = y * 2
+    return y.cos()
+
+def make():
+    return step, (torch.ones(4),)
+"""
+
+
+@pytest.mark.usefixtures("no_inductor")
+def test_a_model_thunder_jit_cannot_trace_is_pointed_to_thunderfx(tmp_path, capsys):
+    """Issue 55: where the model fails under thunder.jit unguarded too but runs through ThunderFX, the one line says
+    that --thunderfx works; a model that fails under ThunderFX too gets no such advice (the test above)."""
+    target = tmp_path / "branch.py"
+    target.write_text(DATA_DEPENDENT_BRANCH)
+    assert main(["report", f"{target}:make", "--device", "cpu"]) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "; it fails unguarded too; with --thunderfx it runs" in line, line
+    assert main(["report", f"{target}:make", "--device", "cpu", "--thunderfx"]) == 0
 
 
 def test_version(capsys):

@@ -8,7 +8,14 @@ import pytest
 
 import thunder_fusion_guard
 from thunder_fusion_guard.decisions import ACTIONS, Action, Decision, Details, Subgraph
-from thunder_fusion_guard.render.table import NOT_THUNDERFX, markdown_table, plural, sections, text_table
+from thunder_fusion_guard.render.table import (
+    NOT_THUNDERFX,
+    compilations_note,
+    markdown_table,
+    plural,
+    sections,
+    text_table,
+)
 from thunder_fusion_guard.report import Report, format_markdown
 
 
@@ -215,3 +222,12 @@ def test_decisions_are_named_by_the_users_line_and_ops_the_trace_name_kept():
     report.add(d)
     assert "model.py:12 (t953)" in str(report) and "model.py:12 (t953)" in report.to_markdown()
     assert 'title="/home/user/project/model.py:12">model.py:12 (t953)</td>' in report.to_html()
+
+
+def test_a_compilation_for_the_same_inputs_is_told_apart_from_one_for_other_inputs():
+    """A compilation whose checks are those of the one before (reason '') was made by a thread compiling at once
+    with another; one for other inputs says what differed."""
+    decisions = [_decision("nvFusion0", function="f", compile_index=i) for i in (1, 2, 3)]
+    note = compilations_note(decisions, ["input x shape (4,) -> (5,)", ""])
+    assert "did not accept: #2 input x shape (4,) -> (5,)" in note, note
+    assert "#3 by 2 threads at once, for the same inputs" in note, note

@@ -10,7 +10,7 @@ from helpers import jit_cpu
 from test_hoist import mask_loop
 from thunder.dynamo import thunderfx
 
-from thunder_fusion_guard import FusionGuard, fusion_executors
+from thunder_fusion_guard import FusionGuard, fusion_executors, why_not_fused
 from thunder_fusion_guard._thunder import stack_trace_source
 
 # The subject is not the code Inductor generates: regions run uncompiled (helpers.without_inductor).
@@ -69,3 +69,59 @@ def test_a_recorded_stack_names_the_users_frame_not_torchs():
     )
     assert stack_trace_source(stack) == "/home/user/model.py:40"
     assert stack_trace_source("") is None
+
+
+def _sequential():
+    """A model built of torch's modules alone: no line of it is the user's but the one that built it."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8))
+
+
+def _sources(guard, rows) -> list[str]:
+    """Every source a report and why_not_fused's rows show."""
+    return [d.details.get("source") or d.region for d in guard.report] + [r.source for r in rows if r.source]
+
+
+@pytest.mark.parametrize("frontend", ["thunder.jit", "thunderfx"])
+def test_a_model_of_torchs_modules_alone_is_named_by_its_modules_not_torchs_files(frontend):
+    """Issue 55: with no line of the user's in the forward (an ``nn.Sequential``), a region is named by the module of
+    the model that made it (``model.0 (Linear)``), never by torch's files (``linear.py:134``, ``activation.py:816``)
+    or Dynamo's generated program (``<eval_with_key>.4:5``)."""
+    guard = FusionGuard()
+    if frontend == "thunder.jit":
+        compiled = jit_cpu(_sequential(), guard)
+    else:
+        compiled = thunderfx(_sequential(), executors=fusion_executors("cpu"), transforms=[guard])
+    compiled(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    forward = _forward_region(guard)
+    assert forward.ops[0] == "linear" and forward.details["source"] == "model.0 (Linear)", forward.details
+    assert forward.name.startswith("model.0 (Linear): linear")
+    shown = _sources(guard, why_not_fused(compiled).rows)
+    assert all(s.startswith("model") for s in shown), shown
+    assert "model.1 (GELU)" in shown, shown
+
+
+class GeluBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.act = torch.nn.Linear(8, 8), torch.nn.GELU()
+
+    def forward(self, x):
+        return self.act(self.fc(x)) * 2  # the line every source must name
+
+
+GELU_LINE = f"{__file__}:{inspect.getsourcelines(GeluBlock.forward)[1] + 1}"
+
+
+@pytest.mark.parametrize("frontend", ["thunder.jit", "thunderfx"])
+def test_every_decision_and_row_of_a_user_module_names_the_users_line(frontend):
+    """nn.Linear and nn.GELU (ops from torch's module files): every decision and why_not_fused row names the line
+    of the user's forward, under thunder.jit and ThunderFX."""
+    guard = FusionGuard()
+    if frontend == "thunder.jit":
+        compiled = jit_cpu(GeluBlock(), guard)
+    else:
+        compiled = thunderfx(GeluBlock(), executors=fusion_executors("cpu"), transforms=[guard])
+    compiled(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    shown = _sources(guard, why_not_fused(compiled).rows)
+    assert shown and set(shown) == {GELU_LINE}, shown

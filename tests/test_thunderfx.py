@@ -157,6 +157,27 @@ def test_split_reasons_are_recorded():
     assert "  split: " in explain(compiled)
 
 
+def _two_cats_thunder_cannot_trace(x):
+    """Two ``torch.cat`` with an empty 1-d tensor (torch allows it, Thunder's meta not): ThunderFX splits at each."""
+    a = torch.cat([x.sin(), torch.zeros(0)]).cos()
+    return torch.cat([a.exp(), torch.zeros(0)]).tanh() * 2
+
+
+@pytest.mark.usefixtures("no_inductor")
+def test_a_split_note_is_listed_once_and_names_the_function_as_the_user_writes_it():
+    """Issue 55: every split at ``torch.cat`` for the same reason is one note, naming ``torch.cat`` (not the repr
+    ``<built-in method cat of type object at 0x...>``), with Thunder's reason."""
+    compiled = thunderfx(_two_cats_thunder_cannot_trace, executors=[torch_compile_ex], transforms=[FusionGuard()])
+    compiled(torch.randn(2, 4))
+    notes = {r for sub in report_of(compiled).subgraphs.values() for r in sub.split_reasons}
+    assert len(notes) == 1, notes
+    (note,) = notes
+    assert note.startswith("torch.cat: ") and "concatenate" in note and "0x" not in note
+    text = explain(compiled)
+    split_lines = [line for line in text.splitlines() if line.lstrip().startswith("split: ") and "as " not in line]
+    assert len(split_lines) == 1 and "0x" not in text, text
+
+
 def test_jitted_report_has_no_subgraph_section():
     import thunder
 

@@ -96,6 +96,25 @@ def test_backward_rows_and_rematerialized(claimed_program):
     assert "prims.tanh" in remat[0].ops
 
 
+def test_a_recomputed_convolution_row_counts_the_bytes_it_reads_and_writes():
+    """Issue 55: a rematerialized row says how many bytes the recomputation reads and writes, not 0 B: here a
+    convolution and the ops after it, computed again in backward."""
+    from helpers import without_inductor
+
+    conv = torch.nn.Conv2d(2, 4, 3, padding=1)
+
+    def block(x):
+        return torch.nn.functional.gelu(conv(torch.nn.functional.silu(x))) + 1
+
+    with without_inductor():
+        jitted = thunder.jit(block, executors=[torch_compile_ex])
+        jitted(torch.randn(1, 2, 6, 6, requires_grad=True)).sum().backward()
+        rows = [r for r in why_not_fused(jitted).rows if r.kind == "rematerialized"]
+    (row,) = [r for r in rows if "prims.convolution" in r.ops]
+    output = 1 * 4 * 6 * 6 * 4  # the convolution's float32 output alone
+    assert row.bytes is not None and row.bytes > output, row
+
+
 def test_report_forms(claimed_program):
     jf, _, _ = claimed_program
     report = why_not_fused(jf)

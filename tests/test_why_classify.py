@@ -246,7 +246,8 @@ def test_computed_in_forward_and_again_in_backward():
     (row,) = recomputed_rows(traces, "dynamo graph 0, thunder_0")
     assert row.kind == WhyKind.REMATERIALIZED and not row.kind.of_ops and row.trace == "backward"
     assert row.reason == "computed in forward TorchCompile0 and again in backward TorchCompile1 instead of saved"
-    assert row.ops == ["ltorch.mul", "prims.tanh"] and row.count == 2 and row.bytes == 0
+    assert row.ops == ["ltorch.mul", "prims.tanh"] and row.count == 2
+    assert row.bytes == 3 * 4 * 4 * 4  # what the recomputation reads and writes: x, x * 2 and its tanh (float32 4x4)
     assert row.try_ == "none needed: recomputing saves storing the result for backward"
     assert row.source.endswith(f"test_why_classify.py:{recomputed.__code__.co_firstlineno + 1}")
     assert numbering_gap_rows(traces, None) == []

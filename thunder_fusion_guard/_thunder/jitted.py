@@ -22,7 +22,7 @@ from thunder.core.trace import TraceCtx
 from .compiling import _THUNDERFX_OPTION, function_name
 from .executors import executor_names
 from .lowering import GUARD_PROVENANCE, new_trace_like
-from .traces import is_fusion, source_line, stack_trace_source
+from .traces import fx_node_source, is_fusion, source_line
 
 __all__ = [
     "FailedRegion",
@@ -50,6 +50,7 @@ __all__ = [
     "replace_subgraph",
     "set_module_call",
     "split_graph_readers",
+    "split_reason_words",
     "thunderfx_function_name",
     "thunderfx_split_ops",
     "thunderfx_subgraph_module",
@@ -235,7 +236,8 @@ def thunderfx_subgraphs(obj: Any) -> list[FxSubgraph]:
         raise TypeError(f"{type(obj).__name__} is not a thunderfx object or a ThunderCompiler")
     found = []
     for index, info in enumerate(getattr(obj, "_backend", obj).subgraph_infos):
-        reasons = tuple(_split_reason_text(r) for r in info.split_reasons or ())
+        nodes = {n.name: n for n in info.original_graph_module.graph.nodes}
+        reasons = tuple(dict.fromkeys(_split_reason_text(r, nodes) for r in info.split_reasons or ()))
         compiled = list(info.thunder_compiled_fns or ())
         for name, child in info.split_graph_module.named_children():
             if any(child is fn for fn in compiled):
@@ -276,10 +278,10 @@ def thunderfx_split_ops(obj: Any) -> list[FxSplitOp]:
                     index,
                     node.name if node is not None else (match.group(1) if match else "?"),
                     _target_name(node) if node is not None else "?",
-                    getattr(getattr(reason, "reason_type", None), "name", "split"),
+                    _split_kind(reason),
                     text,
                     getattr(reason, "exception", None),
-                    _node_source(node),
+                    fx_node_source(node),
                     _node_bytes(node),
                 )
             )
@@ -293,11 +295,6 @@ def _target_name(node: Any) -> str:
     name = getattr(target, "__name__", None) or str(target)
     module = getattr(target, "__module__", None)
     return f"{module}.{name}" if module and module not in ("builtins", "_operator") else name
-
-
-def _node_source(node: Any) -> str | None:
-    """``file:line`` of the user's frame (outside torch, Thunder, this package) Dynamo recorded for ``node``."""
-    return stack_trace_source(node.meta.get("stack_trace")) if node is not None else None
 
 
 def _node_bytes(node: Any) -> int | None:
@@ -376,11 +373,44 @@ def _value(value: Any) -> str:
     return str(value).removeprefix("torch.") if not isinstance(value, tuple) else str(tuple(value))
 
 
-def _split_reason_text(reason: Any) -> str:
-    kind = getattr(getattr(reason, "reason_type", None), "name", "split")
-    text = f"{kind}: {getattr(reason, 'info', None) or ''}".strip()
-    exception = getattr(reason, "exception", None)
-    return f"{text} ({exception})" if exception else text
+# What each of ThunderFX's split reasons (``SplitReasonType``) means, in the user's words.
+_SPLIT_WORDS = {
+    "MISSING_OP_SUPPORT": "Thunder has no mapping for it",
+    "UNSUPPORTED_NODE": "it is in a context Thunder does not support",
+    "EXCEPTION_PROXY_THUNDER_OP": "Thunder failed to trace it",
+    "EXCEPTION_META_THUNDER_OP": "Thunder failed to trace it",
+}
+# A callable's repr as ThunderFX's splitter quotes it: ``<built-in method cat of type object at 0x7f...>``.
+_CALLABLE_REPR = re.compile(r"<(?:built-in )?(?:method|function) ([\w.]+)[^>]*>")
+
+
+def _split_kind(reason: Any) -> str:
+    """The ``SplitReasonType`` name of one of ThunderFX's split reasons (``split`` where it has none)."""
+    return getattr(getattr(reason, "reason_type", None), "name", "split")
+
+
+def split_reason_words(kind: str, info: str) -> str:
+    """Why ThunderFX kept a node out of Thunder, in words: its ``SplitReasonType`` name ``kind`` and the splitter's
+    ``info`` read (one wording for the split notes of reports and the rows of ``why_not_fused``)."""
+    if "automatic torch fallback" in info:
+        return "Thunder has only an automatic torch fallback for it"
+    return _SPLIT_WORDS.get(kind, "ThunderFX split the graph here")
+
+
+def _split_reason_text(reason: Any, nodes: dict[str, Any]) -> str:
+    """One split note as a user reads it: the function as they write it (``torch.cat``, no object address), why
+    it left Thunder and the first line of the error; the same for every node of that function that left for the
+    same reason, so that a report lists it once."""
+    info = getattr(reason, "info", None) or ""
+    match = _SPLIT_NODE.search(info)
+    node = nodes.get(match.group(1)) if match else None
+    if node is not None:
+        target = _target_name(node)
+    else:
+        target = _CALLABLE_REPR.sub(r"\1", info.split(" and target: ", 1)[-1].split(" ", 1)[0]) or "?"
+    text = f"{target}: {split_reason_words(_split_kind(reason), info)}"
+    exception = (getattr(reason, "exception", None) or "").strip()
+    return f"{text} ({exception.splitlines()[0]})" if exception else text
 
 
 def thunderfx_function_name(obj: Any) -> str | None:
@@ -523,7 +553,7 @@ def jit_again_without(jitted: Any, dropped: Any, instead: Any = None) -> Any:
 def fx_module_source(gm: torch.fx.GraphModule) -> str | None:
     """``file:line`` of the user's code of the first op of ``gm`` that Dynamo recorded a stack for."""
     for node in gm.graph.nodes:
-        if node.op.startswith("call_") and (found := _node_source(node)):
+        if node.op.startswith("call_") and (found := fx_node_source(node)):
             return found
     return None
 

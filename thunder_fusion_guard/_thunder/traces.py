@@ -40,6 +40,7 @@ __all__ = [
     "executed_by",
     "executor_name",
     "fusion_body",
+    "fx_node_source",
     "has_symbolic_shape",
     "is_backward",
     "is_comment_or_del",
@@ -51,6 +52,7 @@ __all__ = [
     "is_prim",
     "is_torch_op",
     "leaves",
+    "module_path",
     "number_args",
     "number_value",
     "op_id",
@@ -340,16 +342,19 @@ def canonical_ops(bsyms: Sequence[BoundSymbol]) -> str:
 
 
 def source_line(*bsyms: BoundSymbol) -> str | None:
-    """``file:line`` of the user's frame that made the first of ``bsyms`` (or of their subsymbols, breadth first)
-    that knows its source: the first frame outside torch, Thunder, this package and Python's own library
-    (:func:`record_user_frames`), else the innermost frame Thunder recorded."""
+    """Where the user wrote the first of ``bsyms`` (or of their subsymbols, breadth first) that knows it: the
+    user's frame that made it (the first outside torch, Thunder, this package and Python's own library, or where
+    the user wrote no frame, the module of their model: :func:`record_user_frames`), else the innermost frame
+    Thunder recorded where that is the user's; never a line of torch, Thunder or a program torch.fx generated."""
     for bsym in bsyms:
         stack = [bsym]
         while stack:
             b = stack.pop(0)
-            positions = getattr(b, "source_positions", None)
-            if getattr(b, "source_filename", None) and positions is not None and positions.lineno is not None:
-                return getattr(positions, "user", None) or f"{b.source_filename}:{positions.lineno}"
+            positions, filename = getattr(b, "source_positions", None), getattr(b, "source_filename", None)
+            if filename and positions is not None and positions.lineno is not None:
+                user = getattr(positions, "user", None)
+                if user or not is_library_file(filename):
+                    return user or f"{filename}:{positions.lineno}"
             stack.extend(b.subsymbols)
     return None
 
@@ -472,28 +477,69 @@ def record_user_frames() -> None:
 
 
 def _user_frame_of(frames: Sequence[Any]) -> str | None:
-    """The user's frame among the interpreter's ``frames`` (outermost first); in a torch.fx program, the frame
-    torch.fx recorded for the node of the line running."""
+    """The user's frame among the interpreter's ``frames`` (outermost first); in a torch.fx program, what
+    :func:`fx_node_source` says of the node of the line running; where the user wrote no frame (a model built of
+    torch's modules alone, an ``nn.Sequential``), the module of their model that ran it (:func:`module_path`)."""
     for frame in reversed(frames):
         filename, positions = frame.code.co_filename, frame.positions
         if positions is None or positions.lineno is None:
             continue
         if filename.startswith("<eval_with_key>"):
-            found = _fx_node_source(frame, positions.lineno)
+            found = fx_node_source(_fx_node(frame, positions.lineno))
             if found:
                 return found
         elif not is_library_file(filename):
             return f"{filename}:{positions.lineno}"
-    return None
+    modules = [m for m in (_frame_self(f) for f in frames) if isinstance(m, torch.nn.Module)]
+    return module_path(modules[0], modules[-1]) if modules else None
 
 
-def _fx_node_source(frame: Any, lineno: int) -> str | None:
-    """The user's frame of the torch.fx node whose generated line ``lineno`` the ``forward`` frame runs."""
-    module = frame.localsplus[0] if frame.localsplus else None
-    module = getattr(module, "value", module)  # the interpreter's wrapped value
+def _frame_self(frame: Any) -> Any:
+    """The first local of an interpreter frame (``self`` in a method), unwrapped; None where it has none."""
+    first = frame.localsplus[0] if frame.localsplus else None
+    return getattr(first, "value", first)  # the interpreter's wrapped value
+
+
+def _fx_node(frame: Any, lineno: int) -> Any:
+    """The torch.fx node whose generated line ``lineno`` the ``forward`` frame of a GraphModule runs; None where
+    it is not known."""
+    module = _frame_self(frame)
     index = (getattr(module, "_lineno_map", None) or {}).get(lineno - frame.code.co_firstlineno)  # body lines
     graph = getattr(module, "graph", None)
     if index is None or graph is None:
         return None
-    node = next(itertools.islice(graph.nodes, index, None), None)
-    return stack_trace_source(node.meta.get("stack_trace")) if node is not None else None
+    return next(itertools.islice(graph.nodes, index, None), None)
+
+
+def module_path(root: torch.nn.Module, module: torch.nn.Module) -> str:
+    """``model.blocks.0.conv (Conv2d)``: where ``module`` sits in the user's model ``root`` (its name in
+    ``root.named_modules()``) and its class, how a user finds a line of a model built of torch's modules alone."""
+    if module is root:
+        return f"model ({type(root).__name__})"
+    name = next((n for n, m in root.named_modules() if m is module), None)
+    return f"model.{name} ({type(module).__name__})" if name else f"model ({type(module).__name__})"
+
+
+# Dynamo's name of a module in ``nn_module_stack``: ``L['self'].blocks[0]._modules['conv']``
+_DYNAMO_ROOT = re.compile(r"^L\['(\w+)'\]")
+_DYNAMO_MODEL = ("self", "fn")  # the compiled module itself: torch.compile's ``self``, ThunderFX's ``fn``
+_DYNAMO_ITEM = re.compile(r"(?:\._modules)?\[['\"]?([^'\"\]]+)['\"]?\]")
+
+
+def fx_node_source(node: Any) -> str | None:
+    """Where the user wrote a torch.fx node Dynamo made: their frame in its recorded stack
+    (:func:`stack_trace_source`), else, for a model built of torch's modules alone, the module of their model
+    Dynamo recorded it ran in (``model.0 (Linear)``, as :func:`module_path` names it); None where neither is
+    known."""
+    if node is None:
+        return None
+    found = stack_trace_source(node.meta.get("stack_trace"))
+    stack = node.meta.get("nn_module_stack") or {}
+    if found or not stack:
+        return found
+    path, cls = list(stack.values())[-1]
+    root = _DYNAMO_ROOT.match(path)
+    name = _DYNAMO_ITEM.sub(r".\1", path[root.end() :] if root else path)
+    base = "model" if root is None or root.group(1) in _DYNAMO_MODEL else root.group(1)
+    kind = getattr(cls, "__name__", None) or str(cls).rsplit(".", 1)[-1]
+    return f"{base}{name} ({kind})"

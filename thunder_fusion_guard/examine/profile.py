@@ -466,9 +466,12 @@ def format_profile(profile: RegionProfile, wide: bool = False) -> str:
     cuda = profile.device == "cuda"
     threads = "" if profile.threads is None else f"; {plural(profile.threads, 'intra-op thread')}"
     on = profile.device if profile.rank is None else f"{profile.device}, rank {profile.rank}"
+    executors = list(dict.fromkeys(r.executor for r in profile.rows))
+    one_executor = len(executors) == 1 and not wide  # named once in the title, not in a column of its own
+    of = f"{executors[0]} " if one_executor else ""
     title = (
         f"profile of {profile.function or 'jitted function'} on {on} (µs: median (first-third "
-        f"quartile) of {profile.reps} calls of each region's own callable with its real inputs{threads})"
+        f"quartile) of {profile.reps} calls of each {of}region's own callable with its real inputs{threads})"
     )
     if not profile.rows and any(d.about_region for d in profile.decisions):
         lines = [*wrapped(title, width, "  "), "no fusion region left in the final traces"]
@@ -477,6 +480,7 @@ def format_profile(profile: RegionProfile, wide: bool = False) -> str:
         lines += wrapped(f"no fusion region in the final traces: {th.no_region_hint(profile.executors)}", width, "  ")
     else:
         header = ["trace", "region", "executor", "ops", "in KiB", "out KiB", "host", "eager"]
+        # a column the same on every row is the title's word: the table fits 120 columns with CUDA's too
         header += ["device", "GB/s", "% peak", "kernels", "overhead"] if cuda else ["host-eager"]
         notes = wide and any(r.disagreement for r in profile.rows)  # else after the reason
         header += ["action", *(["why kept though slower here"] if notes else []), "reason"]
@@ -496,7 +500,10 @@ def format_profile(profile: RegionProfile, wide: bool = False) -> str:
                 reason += f"; why kept though slower here: {r.disagreement}"
             table.append([*cells, r.action or "-", *([r.disagreement or ""] if notes else []), reason])
         # trace, region, executor, ops, host, eager and (CUDA) kernels may wrap; the reason always may
-        narrow = (0, 1, 2, 3, 6, 7, 11) if cuda else (0, 1, 2, 3, 6, 7)
+        narrow = [0, 1, 2, 3, 6, 7, 11] if cuda else [0, 1, 2, 3, 6, 7]
+        if one_executor:
+            table = [[c for i, c in enumerate(row) if i != 2] for row in table]
+            narrow = [i - (i > 2) for i in narrow if i != 2]
         lines = wrapped(title, width, "  ") + text_table(table, last_free=True, width=width, wrap=narrow)
         lines += wrapped(HOST_LEGEND_CUDA if cuda else HOST_LEGEND_CPU, width, "  ")
         if cuda:

@@ -24,6 +24,7 @@ from .why_classify import (
     classify,
     context_of,
     graph_break_rows,
+    io_bytes,
     is_cost_free,
     is_work,
     outside_thunder_row,
@@ -245,7 +246,7 @@ def recomputed_rows(traces: Sequence[tuple[str, Any]], subgraph: str | None) -> 
                 kind=WhyKind.REMATERIALIZED,
                 reason=reason,
                 established_by="output names",
-                bytes=0,
+                bytes=io_bytes(*subs),  # what the recomputation reads and writes
                 try_=f"none needed: recomputing saves {saves}",
                 count=len(subs),
                 ops=names,

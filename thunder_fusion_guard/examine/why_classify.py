@@ -85,10 +85,11 @@ def is_cost_free(bsym: Any) -> bool:
     return runs_as_view(bsym) or not th.tensor_proxies([*bsym.flat_args, *bsym.flat_outs])
 
 
-def io_bytes(bsym: Any) -> int | None:
-    """Bytes of the tensors ``bsym`` reads and writes (each once); None where a size is not known."""
+def io_bytes(*bsyms: Any) -> int | None:
+    """Bytes of the tensors ``bsyms`` read and write (each tensor once, by name); None where a size is not known."""
     total = 0
-    for p in {id(x): x for x in th.tensor_proxies([*bsym.flat_args, *bsym.flat_outs])}.values():
+    values = [x for b in bsyms for x in (*b.flat_args, *b.flat_outs)]
+    for p in {x.name: x for x in th.tensor_proxies(values)}.values():
         n = th.tensor_nbytes(p)
         if n is None:
             return None
@@ -234,12 +235,6 @@ OUTSIDE_THUNDER_FIX = {
     "Tensor.new_zeros": "torch.zeros(shape, dtype=x.dtype, device=x.device)",
     "Tensor.new_ones": "torch.ones(shape, dtype=x.dtype, device=x.device)",
 }
-_SPLIT_REASONS = {
-    "MISSING_OP_SUPPORT": "Thunder has no mapping for it",
-    "UNSUPPORTED_NODE": "it is in a context Thunder does not support",
-    "EXCEPTION_PROXY_THUNDER_OP": "Thunder failed to trace it",
-    "EXCEPTION_META_THUNDER_OP": "Thunder failed to trace it",
-}
 
 
 def outside_thunder_fix(target: str) -> str:
@@ -254,10 +249,7 @@ def outside_thunder_fix(target: str) -> str:
 def outside_thunder_row(op: th.FxSplitOp) -> WhyRow:
     """The row of a node ThunderFX kept out of Thunder: it runs through Inductor between Thunder subgraphs,
     each boundary a graph split (a Thunder program call more, and its inputs and outputs in memory)."""
-    if "automatic torch fallback" in op.info:
-        reason = "Thunder has only an automatic torch fallback for it"
-    else:
-        reason = _SPLIT_REASONS.get(op.kind, "ThunderFX split the graph here")
+    reason = th.split_reason_words(op.kind, op.info)
     if op.exception:
         reason += ": " + op.exception.strip().splitlines()[0]
     return WhyRow(

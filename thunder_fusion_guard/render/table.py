@@ -223,7 +223,9 @@ def compilations_note(decisions: Sequence[Decision], reasons: Sequence[str] | No
 
     Thunder compiles a program again for inputs that fail the checks of its earlier compilations (another
     shape, dtype or requires_grad, other inputs sharing memory, grad mode): the report then lists the
-    decisions of each compilation, under ``function#index``.
+    decisions of each compilation, under ``function#index``. A compilation whose checks are those of the one
+    before (its reason '') was not for other inputs: threads calling the program at once each missed the cache
+    while another compiled it.
     """
     reasons = list(reasons or [])
     indices = sorted({d.compile_index for d in decisions})
@@ -235,16 +237,35 @@ def compilations_note(decisions: Sequence[Decision], reasons: Sequence[str] | No
     if function and len(indices) == count:
         which = f" ({function}#{indices[0]}, {', '.join(f'#{i}' for i in indices[1:])})"
         labels = [f"#{i}" for i in indices[1:]]
-    why = "; ".join(f"{label} {reason}" for label, reason in zip(labels, reasons, strict=False) if reason) or (
-        "what its inputs failed is not known (another shape, dtype or requires_grad, other inputs sharing "
-        "memory, grad mode)"
-    )
-    text = f"compiled {count} times{which}, each time for inputs the compilation before did not accept: {why}"
+    text = f"compiled {count} times{which}" + _recompiled_why(labels, reasons)
     if len(indices) < 2:
         return f"{text}; shown: the latest compilation"
     decided = {frozenset(_decided(d) for d in decisions if d.compile_index == i) for i in indices}
     alike = "each compilation made the same decisions" if len(decided) == 1 else "the compilations decided differently"
     return f"{text}; {alike}, listed for each"
+
+
+def _recompiled_why(labels: Sequence[str], reasons: Sequence[str]) -> str:
+    """After 'compiled N times': why each compilation after the first happened: for inputs the one before did not
+    accept (what differed), or, for one with the same checks (reason ''), by threads compiling the program at once;
+    unknown without reasons."""
+    if not reasons:
+        return (
+            ", each time for inputs the compilation before did not accept: what its inputs failed is not known "
+            "(another shape, dtype or requires_grad, other inputs sharing memory, grad mode)"
+        )
+    pairs = list(zip(labels, reasons, strict=False))
+    changed = "; ".join(f"{label} {reason}" for label, reason in pairs if reason)
+    same = [label for label, reason in pairs if not reason]
+    at_once = (
+        f"by {len(same) + 1} threads at once, for the same inputs (each call missed the cache while another "
+        "compilation was still running)"
+    )
+    if not changed:
+        return f" {at_once}"
+    if not same:
+        return f", each time for inputs the compilation before did not accept: {changed}"
+    return f", for inputs the compilation before did not accept: {changed}; {', '.join(same)} {at_once}"
 
 
 def compilation_notes(

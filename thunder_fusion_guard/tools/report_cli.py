@@ -254,24 +254,53 @@ def model_failure(spec: str, frontend: str, compiled: Any, error: BaseException)
 
 def unguarded_verdict(spec: str, device: str, thunderfx: bool, backward: bool, guarded: BaseException) -> str:
     """Whether TARGET fails unguarded too, run once more without the guard (same frontend, executors and
-    device): what a report of a failure needs to say whose failure it is ('' where TARGET cannot be made again)."""
+    device): what a report of a failure needs to say whose failure it is ('' where TARGET cannot be made again);
+    where it fails under thunder.jit unguarded too but runs through ThunderFX, that ``--thunderfx`` works."""
+    try:
+        error = _unguarded_error(spec, device, thunderfx, backward)
+    except _NotMadeAgain:
+        return ""
+    if error is None:
+        return "unguarded, it runs: a failure of thunder-fusion-guard (please report it, with --traceback)"
+    same = error_line(error) == error_line(guarded)
+    verdict = "it fails unguarded too" + ("" if same else f", with {error_line(error)}")
+    if not thunderfx and _runs_through_thunderfx(spec, device, backward):
+        verdict += "; with --thunderfx it runs (Dynamo hands Thunder only the code Thunder can trace)"
+    return verdict
+
+
+class _NotMadeAgain(Exception):
+    """TARGET's ``make()`` did not work a second time: there is nothing to run unguarded."""
+
+
+def _unguarded_error(spec: str, device: str, thunderfx: bool, backward: bool) -> BaseException | None:
+    """The error TARGET raises run once without the guard (thunder.jit or ThunderFX, same executors and device),
+    None where it runs; :class:`_NotMadeAgain` where TARGET cannot be made again."""
     import torch
 
     from ..examine.calls import step
 
     try:
         fn, args, kwargs = make_workload(load_target(spec), device)
-    except Exception:  # make() did not work again: nothing to compare
-        return ""
+    except Exception as e:  # make() did not work again: nothing to compare
+        raise _NotMadeAgain() from e
     try:
         if thunderfx:
             torch._dynamo.reset()  # compile afresh, without the guarded program's entries
         with nullcontext() if backward else torch.no_grad():
             step(compile_with_guard(fn, None, device, thunderfx), args, kwargs, backward)
     except Exception as e:
-        same = error_line(e) == error_line(guarded)
-        return "it fails unguarded too" + ("" if same else f", with {error_line(e)}")
-    return "unguarded, it runs: a failure of thunder-fusion-guard (please report it, with --traceback)"
+        return e
+    return None
+
+
+def _runs_through_thunderfx(spec: str, device: str, backward: bool) -> bool:
+    """True where TARGET runs unguarded through ThunderFX (to suggest ``--thunderfx`` for a model thunder.jit
+    cannot trace)."""
+    try:
+        return _unguarded_error(spec, device, True, backward) is None
+    except _NotMadeAgain:
+        return False
 
 
 # The files ``fusion-guard report`` writes, by option.
