@@ -24,9 +24,9 @@ Thunder's runner warms a graph up on its capture stream before capturing it, so 
 captured matmuls use was allocated outside the graph's memory pool, and the graph keeps its address. Whoever
 clears cuBLAS's workspaces then (torch.compile's CUDA graphs do, before and after each capture) frees memory the
 graph still writes at every replay: the next tensor allocated there is overwritten (an illegal memory access, or
-wrong values, with Inductor's CUDA graphs in the same process). Each graph made here clears them as its capture
-begins, so its matmuls take a workspace from the graph's own pool, where no other tensor is ever placed
-(:func:`own_blas_workspace`).
+wrong values, with Inductor's CUDA graphs in the same process). Each graph made here is warmed up on a stream of
+the guard's own, so the capture's first matmul allocates the workspace in the graph's own pool, where no other
+tensor is ever placed (:func:`own_blas_workspace`).
 """
 
 from __future__ import annotations
@@ -107,7 +107,9 @@ class CaptureSummary:
     # graph may write, copied from the graph's buffer back into the caller's tensor after each replay
     handed_over: list[tuple[str, str, int]] = field(default_factory=list)  # (gradient, graph, bytes): a gradient
     # the backward returns, handed to autograd on the graph's own buffer rather than copied by autograd
-    own_workspace: list[str] = field(default_factory=list)  # graphs whose cuBLAS workspace is in their own pool
+    own_workspace: list[str] = field(
+        default_factory=list
+    )  # graphs warmed up apart: their cuBLAS workspace in their pool
     copied_in: list[tuple[str, str, int]] = field(default_factory=list)  # (input, graph, bytes): copied into the
     # graph's own buffer at each replay, all of a graph's in one batched copy
 
@@ -411,25 +413,44 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-_clear_blas_workspaces: Callable[[], None] | None = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+def _cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+_WARM_UP_STREAMS: dict[Any, Any] = {}  # device -> the stream the guard's graphs are warmed up on
+
+
+def _on_warm_up_stream(fn: Callable, args: tuple[Any, ...]) -> Any:
+    """``fn(*args)`` on a high-priority stream of the guard's own (never a stream Thunder's runner captures on: those
+    come from the default-priority pool), ordered after and before the caller's stream."""
+    current = torch.cuda.current_stream()
+    side = _WARM_UP_STREAMS.get(current.device)
+    if side is None:
+        side = _WARM_UP_STREAMS[current.device] = torch.cuda.Stream(device=current.device, priority=-1)
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        out = fn(*args)
+    current.wait_stream(side)
+    return out
 
 
 def own_blas_workspace(runner: Any, name: str) -> bool:
-    """Make graph ``name`` of ``runner`` clear cuBLAS's workspaces as its capture begins, so that its matmuls
-    allocate theirs in the graph's own memory pool (as torch.compile's CUDA graphs do) instead of using one
-    allocated during the warm-up, which anyone may free while the graph still writes it at each replay. True
-    where done; False where the runner shares one pool among its graphs (a block freed there may be given to
-    another graph's tensors) or torch has no such call."""
-    if getattr(runner, "mem_pool", None) is not None or _clear_blas_workspaces is None:
+    """Make graph ``name`` of ``runner`` run its warm-up (the calls before its capture) on a stream of the guard's
+    own instead of the stream it is then captured on. cuBLAS keeps a workspace per stream, allocated at the first
+    matmul there: warmed up on the capture stream, the graph keeps a workspace allocated outside its memory pool
+    and writes it at every replay, and whoever clears cuBLAS's workspaces (torch.compile's CUDA graphs do, at each
+    capture) frees memory the graph still writes. Warmed up elsewhere, the capture's first matmul allocates the
+    workspace in the graph's own pool; nothing of anyone else's is freed. True where done; False without CUDA or
+    where the runner shares one pool among its graphs (a workspace there could be another graph's too)."""
+    if getattr(runner, "mem_pool", None) is not None or not _cuda():
         return False
     fn, mask = runner.python_callables[name]
 
     def region(*args: Any) -> Any:
-        if _capturing():
-            _clear_blas_workspaces()
-        return fn(*args)
+        return fn(*args) if _capturing() else _on_warm_up_stream(fn, args)
 
     region.__name__ = region.__qualname__ = getattr(fn, "__name__", name)
+    region.uncaptured = fn  # type: ignore[attr-defined]  # the ops on the caller's stream, for a call not captured
     runner.python_callables[name] = (region, mask)
     return True
 
@@ -523,6 +544,7 @@ class _Handover:
         self.uncaptured += 1
         if self.uncaptured <= UNCAPTURED_WHILE_HELD:
             fn, _ = self.runner.python_callables[self.name]
+            fn = getattr(fn, "uncaptured", fn)
             return fn(*args)
         self.graph.forget()  # its buffers are their holders' now; this call captures anew
         self.watched, self.uncaptured = [], 0
