@@ -4,10 +4,12 @@ interleaved: eager, Inductor's reduce-overhead mode, ThunderFX + CUDA graphs ung
 (torch.profiler), and how its loss and gradients compare with eager's and unguarded ThunderFX's.
 
     source .gpu/setup.sh && python3 benchmarks/gpu_seed_vs_inductor.py --model small --json OUT.json
-    python3 benchmarks/gpu_seed_vs_inductor.py --workspace-check      # the cuBLAS-workspace reproduction alone
+    (unguarded ThunderFX + CUDA graphs runs in a process of its own, with its own eager: beside Inductor's CUDA
+    graphs it crashes; ``--together`` keeps it in the one process)
 
 Inductor's CUDA graphs clear cuBLAS's workspaces at each capture; a graph captured with a workspace from its
-warm-up then writes memory other tensors were given (``--workspace-check`` shows it on one matmul graph).
+warm-up then writes memory other tensors were given. The guard's graphs are warmed up apart from their capture
+stream (tests/test_cudagraph_buffers.py runs both orders on CUDA).
 """
 
 from __future__ import annotations
@@ -115,50 +117,23 @@ def run_model(name: str, paths: list[str], rounds: int, out: Path | None, record
     _write(out, record)
 
 
-def workspace_check() -> dict[str, object]:
-    """A graph of one matmul with a long inner dimension (cuBLAS uses its workspace), captured through Thunder's
-    CUDAGraphTransform, unguarded and guarded; then cuBLAS's workspaces cleared (what Inductor's CUDA graphs do),
-    every free block of the caching allocator filled with a sentinel, the graph replayed: whether the sentinels
-    and the graph's output survive."""
-    import thunder
-    from thunder.transforms.cudagraph import CUDAGraphTransform
+def run_apart(name: str, paths: list[str], args: argparse.Namespace, record: dict) -> None:
+    """``paths`` (unguarded Thunder with CUDA graphs) and eager for model ``name`` in a process of their own, their
+    rows added to ``record`` (``"process": "apart"``): Thunder's runner keeps a cuBLAS workspace from its warm-up,
+    which Inductor's captures free, so beside reduce-overhead they end in an illegal memory access."""
+    import subprocess
+    import tempfile
 
-    from thunder_fusion_guard import FusionGuard
-
-    found: dict[str, object] = {}
-    shapes = [(64, 1 << 16, 64, torch.float32), (128, 1 << 17, 128, torch.bfloat16), (2048, 4096, 2048, torch.float16)]
-    for m, k, n, dtype in shapes:
-        for name, transforms in (("unguarded", []), ("guarded", [FusionGuard()])):
-            torch.manual_seed(0)
-            a = torch.randn(m, k, device="cuda", dtype=dtype)
-            b = torch.randn(k, n, device="cuda", dtype=dtype)
-            fn = thunder.jit(lambda a, b: (a @ b) * 2, transforms=[*transforms, CUDAGraphTransform()])
-            want = (a @ b) * 2
-            for _ in range(3):
-                fn(a, b)
-            torch.cuda.synchronize()
-            torch._C._cuda_clearCublasWorkspaces()
-            torch.cuda.synchronize()
-            free = [
-                blk["size"]
-                for seg in torch.cuda.memory_snapshot()
-                if tuple(seg.get("segment_pool_id", (0, 0))) == (0, 0)
-                for blk in seg["blocks"]
-                if blk["state"] == "inactive"
-            ]
-            sentinels = [torch.full((size,), 0x5A, dtype=torch.uint8, device="cuda") for size in free]
-            got = [fn(a, b).clone() for _ in range(3)]
-            torch.cuda.synchronize()
-            key = f"{name} {m}x{k}x{n} {dtype}"
-            found[key] = {
-                "free_blocks_filled": len(sentinels),
-                "free_bytes": sum(free),
-                "sentinels_overwritten": sum(int((s != 0x5A).any()) for s in sentinels),
-                "output_equal": all(torch.equal(g, want) for g in got),
-            }
-            print(f"[workspace] {key}: {found[key]}", flush=True)
-            del sentinels, fn
-    return found
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "apart.json"
+        command = [sys.executable, __file__, "--model", name, "--paths", ",".join(["eager", *paths]), "--together"]
+        command += ["--rounds", str(args.rounds), "--json", str(out)] + (["--host-time"] if args.host_time else [])
+        subprocess.run(command, check=False)
+        rows = json.loads(out.read_text())["models"].get(name, {}) if out.exists() else {}
+    for path in paths:
+        record["models"].setdefault(name, {})[path] = {**rows.get(path, {"error": "no result"}), "process": "apart"}
+        if "ms" in rows.get("eager", {}):
+            record["models"][name][path]["eager_ms_apart"] = rows["eager"]["ms"]
 
 
 def _write(out: Path | None, record: dict) -> None:
@@ -172,22 +147,27 @@ def main() -> int:
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--workspace-check", action="store_true", help="only the cuBLAS-workspace reproduction")
     parser.add_argument("--host-time", action="store_true", help="also where each compiled path's host time goes")
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="unguarded Thunder with CUDA graphs in the same process as reduce-overhead (it crashes there)",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs CUDA")
     commit, _ = resolve_commit(None)
     record: dict = {"commit": commit, "machine": machine_info("cuda"), "models": {}}
-    if args.workspace_check:
-        record["workspace_check"] = workspace_check()
-        _write(args.json, record)
-        return 0
     from thunder_fusion_guard import translate_library_ops
 
     translate_library_ops()
+    paths = args.paths.split(",")
+    apart = [p for p in paths if "cudagraph" in p and "guarded" not in p]
     for name in args.model or ["small"]:
-        run_model(name, args.paths.split(","), args.rounds, args.json, record, args.host_time)
+        if "inductor-ro" in paths and apart and not args.together:
+            run_apart(name, apart, args, record)
+            paths = [p for p in paths if p not in apart]
+        run_model(name, paths, args.rounds, args.json, record, args.host_time)
     return 0
 
 
