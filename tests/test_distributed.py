@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import json
 import socket
-import time
 import warnings
 
 import distributed_worker
@@ -263,19 +262,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _two_ranks(tmp_path, setups: list[str], failures: list[str], seconds: float, lane=None) -> list[dict]:
+def _two_ranks(tmp_path, setups: list[str], failures: list[str], lane=None) -> list[dict]:
     """Run tests/distributed_worker.py on two gloo processes; each rank's results. ``lane``: the
     BackgroundLane of tests/conftest.py running this, told how to end the ranks."""
     args = (2, _free_port(), str(tmp_path), setups, failures)
     context = mp.spawn(distributed_worker.main, args=args, nprocs=2, join=False)
     if lane is not None:
         lane.track(lambda: [p.kill() for p in context.processes if p.is_alive()])
-    deadline = time.monotonic() + seconds
-    while not context.join(timeout=5):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"the two ranks did not finish in {seconds:.0f} s (a hang?)")
+    while not context.join(timeout=5):  # a hang ends at pytest-timeout's limit, not at a bound of this test's
+        pass
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for rank, result in enumerate(ranks):
         for name in setups:
@@ -347,7 +342,7 @@ FSDP = "thunder.distributed.fsdp"
 
 
 def _fsdp_ranks(lane, folder) -> list[dict]:
-    return _two_ranks(folder, [FSDP], [], seconds=300, lane=lane)
+    return _two_ranks(folder, [FSDP], [], lane=lane)
 
 
 @pytest.mark.background.with_args(_fsdp_ranks)  # the two ranks train beside the other tests (tests/conftest.py)
@@ -366,7 +361,7 @@ def test_two_ranks_train_alike_guarded_and_unguarded(tmp_path):
     compared): the position table and the causal mask hoisted on every rank, guarded equal to unguarded
     Thunder to the bit, the same decisions on both ranks, the same collectives in the same order."""
     setups = list(distributed_worker.SETUPS)
-    ranks = _two_ranks(tmp_path, setups, [], seconds=400)
+    ranks = _two_ranks(tmp_path, setups, [])
     _check_main_setups(ranks, setups)
 
 
@@ -384,7 +379,7 @@ def test_two_ranks_extra_cases_and_thunders_own_failures(tmp_path):
     """
     extras = list(distributed_worker.EXTRAS)
     failures = ["ddp+torch_compile_ex", "fsdp+torch_compile_ex"]
-    ranks = _two_ranks(tmp_path, extras, [*failures, *(f"{f}+guard" for f in failures)], seconds=300)
+    ranks = _two_ranks(tmp_path, extras, [*failures, *(f"{f}+guard" for f in failures)])
     for name in extras:
         _alike(ranks, name)
     for name in ("thunder.distributed.ddp+matmul-in-regions", "thunder.distributed.fsdp+matmul-in-regions"):
