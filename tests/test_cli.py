@@ -413,15 +413,18 @@ def test_calibrate_prints_a_readable_summary_and_json_on_request(tmp_path, capsy
     assert json.loads((tmp_path / "c.json").read_text())["fusion_call_us"] == 13.408
 
 
-IMPORT_WITH_A_LOGGER = textwrap.dedent(
+KEEP_THE_LOGGER = """
+import logging, sys
+seen = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        seen.append((record.levelno, record.getMessage()))
+logging.getLogger("thunder_fusion_guard").addHandler(Keep())
+logging.getLogger("thunder_fusion_guard").setLevel(logging.DEBUG)
+"""  # a script's start: what the package logs, kept in `seen`
+
+IMPORT_WITH_A_LOGGER = KEEP_THE_LOGGER + textwrap.dedent(
     """
-    import logging
-    seen = []
-    class Keep(logging.Handler):
-        def emit(self, record):
-            seen.append((record.levelno, record.getMessage()))
-    logging.getLogger("thunder_fusion_guard").addHandler(Keep())
-    logging.getLogger("thunder_fusion_guard").setLevel(logging.DEBUG)
     from thunder_fusion_guard import FusionGuard
     import thunder, torch.utils.cpp_extension
     print([m for level, m in seen if level == logging.DEBUG and "transformer_engine" in m])
@@ -444,15 +447,8 @@ def test_library_import_prints_nothing_to_stderr(background):
     assert "transformer_engine module not found" in done.stdout  # on the logger, at DEBUG
 
 
-PLAIN_IMPORT_THEN_THUNDER = textwrap.dedent(
+PLAIN_IMPORT_THEN_THUNDER = KEEP_THE_LOGGER + textwrap.dedent(
     """
-    import logging, sys
-    seen = []
-    class Keep(logging.Handler):
-        def emit(self, record):
-            seen.append((record.levelno, record.getMessage()))
-    logging.getLogger("thunder_fusion_guard").addHandler(Keep())
-    logging.getLogger("thunder_fusion_guard").setLevel(logging.DEBUG)
     import thunder_fusion_guard
     print(sorted(m for m in ("torch", "thunder") if m in sys.modules))
     import thunder

@@ -366,7 +366,20 @@ def test_a_runner_sharing_one_pool_is_left_as_it_was(monkeypatch):
     assert not th.own_blas_workspace(runner, "CUDAGraph1")
 
 
-SIDE_BY_SIDE = """
+def _runs_to_the_end(folder, script: str) -> None:
+    """Run ``script`` in a Python process of its own (a CUDA error there ends only that process): it exits 0 and
+    says it ran to the end."""
+    import subprocess
+    import sys
+
+    path = folder / "script.py"
+    path.write_text(script)
+    done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ran to the end" in done.stdout
+
+
+IN_TURN = """
 import torch, thunder
 from thunder.transforms.cudagraph import CUDAGraphTransform
 from thunder_fusion_guard import FusionGuard
@@ -374,8 +387,7 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(
     torch.nn.Linear(1024, 256), torch.nn.SiLU(), torch.nn.Linear(256, 1024), torch.nn.SiLU(), torch.nn.Linear(1024, 1)
 ).cuda()
-guarded = thunder.jit(model, transforms=[FusionGuard(), CUDAGraphTransform()])
-inductor = torch.compile(model, mode="reduce-overhead")
+first, second = {first}, {second}
 def step(fn, x):
     model.zero_grad(set_to_none=True)
     loss = fn(x).square().mean()
@@ -383,12 +395,13 @@ def step(fn, x):
     return [loss.detach().clone(), *(p.grad.clone() for p in model.parameters())]
 for i in range(8):
     x = torch.randn(512, 1024, device="cuda", generator=torch.Generator("cuda").manual_seed(i))
-    want = step(model, x)
-    for fn in (guarded, inductor):
-        torch.testing.assert_close(step(fn, x), want, rtol=1e-3, atol=1e-4)
+    want = step({reference}, x)
+    for fn in (first, second):
+        torch.testing.assert_close(step(fn, x), want, {tolerance})
 torch.cuda.synchronize()
-print("side by side: ran to the end")
-"""
+print("ran to the end")
+"""  # two compiled forms of one module stepped in turn, each against a reference, in a process of its own
+GUARDED = "thunder.jit(model, transforms=[FusionGuard(), CUDAGraphTransform()])"
 
 
 @pytest.mark.cuda
@@ -397,14 +410,9 @@ def test_inductors_cuda_graphs_and_the_guards_run_side_by_side_on_one_module(tmp
     Thunder's graphs captured first and then Inductor's (which clear cuBLAS's workspaces), stepped in turn: each
     gives eager's loss and gradients, to the end. Unguarded, the same script ends in an illegal memory access on
     an H200 (torch 2.11, thunder 0.2.6), so it runs in a process of its own."""
-    import subprocess
-    import sys
-
-    script = tmp_path / "side_by_side.py"
-    script.write_text(SIDE_BY_SIDE)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "ran to the end" in done.stdout
+    inductor = 'torch.compile(model, mode="reduce-overhead")'
+    script = IN_TURN.format(first=GUARDED, second=inductor, reference="model", tolerance="rtol=1e-3, atol=1e-4")
+    _runs_to_the_end(tmp_path, script)
 
 
 def test_an_input_in_another_layout_gets_a_capture_of_its_own(cpu_graphs):
@@ -424,40 +432,11 @@ def test_an_input_in_another_layout_gets_a_capture_of_its_own(cpu_graphs):
     assert len(graphs.cuda_graph_runner.cuda_graph_cache) == 2
 
 
-UNGUARDED_BESIDE = """
-import torch, thunder
-from thunder.transforms.cudagraph import CUDAGraphTransform
-from thunder_fusion_guard import FusionGuard
-torch.manual_seed(0)
-model = torch.nn.Sequential(
-    torch.nn.Linear(1024, 256), torch.nn.SiLU(), torch.nn.Linear(256, 1024), torch.nn.SiLU(), torch.nn.Linear(1024, 1)
-).cuda()
-unguarded = thunder.jit(model, transforms=[CUDAGraphTransform()])
-guarded = thunder.jit(model, transforms=[FusionGuard(), CUDAGraphTransform()])
-def step(fn, x):
-    model.zero_grad(set_to_none=True)
-    loss = fn(x).square().mean()
-    loss.backward()
-    return [loss.detach().clone(), *(p.grad.clone() for p in model.parameters())]
-for i in range(8):
-    x = torch.randn(512, 1024, device="cuda", generator=torch.Generator("cuda").manual_seed(i))
-    want = step(unguarded, x)
-    torch.testing.assert_close(step(guarded, x), want, rtol=0, atol=0)
-torch.cuda.synchronize()
-print("beside unguarded: ran to the end")
-"""
-
-
 @pytest.mark.cuda
 def test_the_guards_graphs_leave_unguarded_thunders_graphs_in_the_same_process_alone(tmp_path):
     """Unguarded Thunder with CUDA graphs captured first, then guarded Thunder's on the same module, stepped in
     turn: the guard frees nothing the unguarded graphs use (clearing cuBLAS's workspaces did), and its values are
     the unguarded ones, to the end."""
-    import subprocess
-    import sys
-
-    script = tmp_path / "beside_unguarded.py"
-    script.write_text(UNGUARDED_BESIDE)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "ran to the end" in done.stdout
+    unguarded = "thunder.jit(model, transforms=[CUDAGraphTransform()])"
+    script = IN_TURN.format(first=unguarded, second=GUARDED, reference="first", tolerance="rtol=0, atol=0")
+    _runs_to_the_end(tmp_path, script)
