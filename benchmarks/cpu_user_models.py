@@ -1,6 +1,6 @@
 """Three models nobody in this repository wrote, each a CPU training step, under eager, unguarded and guarded Thunder.
 
-The acceptance check of issue 55's first "Done when" bullet: a diffusion-style U-Net (GroupNorm, SiLU, a
+Whether the guard decides right on a user's own model on CPU: a diffusion-style U-Net (GroupNorm, SiLU, a
 sinusoidal time embedding, skip connections; Thunder on CPU is slower than eager there), a GPT-style model from
 Hugging Face's ``GPTBigCodeForCausalLM`` (tiny config, random weights) and a conv + GRU audio model (also under
 ThunderFX, where ``thunder.jit`` fails on ``nn.GRU``). For each: the first call's seconds, the step time of every

@@ -248,7 +248,7 @@ def test_recompiled_entries_stay_correct():
 
 
 def test_threads_compiling_at_once_are_reported_as_that():
-    """Issue 55: two threads calling a jitted function at once each compile it (both miss the cache): the report says
+    """Two threads calling a jitted function at once each compile it (both miss the cache): the report says
     that two threads compiled it at once for the same inputs, not that the second compilation was for inputs the
     first did not accept."""
     import threading

@@ -264,7 +264,7 @@ def make():
 
 @pytest.mark.usefixtures("no_inductor")
 def test_a_model_thunder_jit_cannot_trace_is_pointed_to_thunderfx(tmp_path, capsys):
-    """Issue 55: where the model fails under thunder.jit unguarded too but runs through ThunderFX, the one line says
+    """Where the model fails under thunder.jit unguarded too but runs through ThunderFX, the one line says
     that --thunderfx works; a model that fails under ThunderFX too gets no such advice (the test above)."""
     target = tmp_path / "branch.py"
     target.write_text(DATA_DEPENDENT_BRANCH)

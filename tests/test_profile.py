@@ -285,7 +285,7 @@ def test_profile_tables_say_what_host_means_and_count_ops_without_cutting_them(d
 
     row = RegionRow("backward", "TorchCompile1", "torchcompile", len(BACKWARD_OPS), BACKWARD_OPS, host_us=9.0)
     row.eager_us = 12.0
-    # figures as wide as a real model's (issue 55: 130-145 columns); the table still fits 120
+    # figures as wide as a real model's (130-145 columns); the table still fits 120
     row.source, row.input_bytes, row.output_bytes = "/home/user/unet.py:27", 16_800, 8_200
     row.host_spread_us, row.eager_spread_us, row.action = (530.9, 616.9), (1443.4, 1603.4), "keep"
     if device == "cuda":

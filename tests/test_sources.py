@@ -84,7 +84,7 @@ def _sources(guard, rows) -> list[str]:
 
 @pytest.mark.parametrize("frontend", ["thunder.jit", "thunderfx"])
 def test_a_model_of_torchs_modules_alone_is_named_by_its_modules_not_torchs_files(frontend):
-    """Issue 55: with no line of the user's in the forward (an ``nn.Sequential``), a region is named by the module of
+    """With no line of the user's in the forward (an ``nn.Sequential``), a region is named by the module of
     the model that made it (``model.0 (Linear)``), never by torch's files (``linear.py:134``, ``activation.py:816``)
     or Dynamo's generated program (``<eval_with_key>.4:5``)."""
     guard = FusionGuard()

@@ -165,7 +165,7 @@ def _two_cats_thunder_cannot_trace(x):
 
 @pytest.mark.usefixtures("no_inductor")
 def test_a_split_note_is_listed_once_and_names_the_function_as_the_user_writes_it():
-    """Issue 55: every split at ``torch.cat`` for the same reason is one note, naming ``torch.cat`` (not the repr
+    """Every split at ``torch.cat`` for the same reason is one note, naming ``torch.cat`` (not the repr
     ``<built-in method cat of type object at 0x...>``), with Thunder's reason."""
     compiled = thunderfx(_two_cats_thunder_cannot_trace, executors=[torch_compile_ex], transforms=[FusionGuard()])
     compiled(torch.randn(2, 4))

@@ -97,7 +97,7 @@ def test_backward_rows_and_rematerialized(claimed_program):
 
 
 def test_a_recomputed_convolution_row_counts_the_bytes_it_reads_and_writes():
-    """Issue 55: a rematerialized row says how many bytes the recomputation reads and writes, not 0 B: here a
+    """A rematerialized row says how many bytes the recomputation reads and writes, not 0 B: here a
     convolution and the ops after it, computed again in backward."""
     from helpers import without_inductor
 
@@ -469,7 +469,7 @@ class _Recurrent(torch.nn.Module):
 
 
 def test_a_gru_breaks_the_graph_and_the_code_after_it_runs_in_python():
-    """The issue's model: Dynamo stops at the GRU and resumes no graph after it (the head and the loss run in
+    """A conv + GRU model: Dynamo stops at the GRU and resumes no graph after it (the head and the loss run in
     Python too): the GRU's line has a row saying so."""
     from thunder.dynamo import thunderfx
 
