@@ -79,7 +79,7 @@ def test_failing_region_is_rescued_recorded_and_not_retried(op, trace):
     (rescue,) = [d for d in rescues if d.trace == trace]
     assert rescue.function == "program"
     assert op in {o.lower() for o in rescue.ops}
-    assert rescue.reason == f"SimulatedFusionFailure: INTERNAL ASSERT FAILED: {op} cannot be scheduled"
+    assert rescue.error.startswith(f"SimulatedFusionFailure: INTERNAL ASSERT FAILED: {op} cannot be scheduled\n")
     assert rescue.error.endswith("second line")  # the whole error
     assert rescue.details["rescued_by"] == "Thunder's torch executor"
     assert rescue.details["error_type"] == "SimulatedFusionFailure"
@@ -152,7 +152,8 @@ def test_failing_thunderfx_subgraph_runs_eagerly_and_its_inplace_update_holds():
     assert torch.equal(buffer, eager_buffer) and buffer.tolist() == [3.0, 3.0]  # each call added 1 once
     (rescue,) = guard.report.filter(action="rescue")
     assert rescue.subgraph == "subgraph 0" and rescue.executor == "thunder"
-    assert rescue.reason.startswith("RuntimeError: Attempting to reshape")
+    assert rescue.details["error_type"] == "RuntimeError"
+    assert rescue.error.startswith("RuntimeError: Attempting to reshape")
     assert rescue.details["rescued_by"] == "eager PyTorch"  # it updates an input in place: not Inductor
     assert "not tried, the subgraph updates its inputs in place" in rescue.details["explanation"]
     line = aliased_inplace.__code__.co_firstlineno + 2
@@ -249,7 +250,7 @@ def test_thunderfx_outputs_in_another_layout_are_handed_back_in_the_recorded_one
         torch.testing.assert_close(compiled(x), scaled_norm(x))
     (rescue,) = guard.report.filter(action="rescue")
     assert rescue.details["outputs_restrided"] == [0]
-    assert rescue.reason == "outputs 0 handed back in the strides Dynamo recorded"
+    assert rescue.error is None and "rescued_by" not in rescue.details  # nothing failed: only the layout changed
 
 
 def test_why_not_fused_shows_each_rescue():
@@ -286,7 +287,8 @@ def test_a_cuda_graph_transform_that_fails_leaves_that_subgraph_uncaptured_on_th
     assert_same(flat([out, *grads]), flat([want, *want_grads]))  # Thunder still runs it: unguarded Thunder's bits
     (rescue,) = guard.report.filter(action="rescue")
     assert rescue.details["rescued_by"] == "Thunder without FailsOnBackward"
-    assert rescue.reason.startswith("AssertionError (no message) at ") and "tests/test_rescue.py:" in rescue.reason
+    assert rescue.details["error_type"] == "AssertionError"
+    assert rescue.error.startswith("AssertionError (no message) at ") and "tests/test_rescue.py:" in rescue.error
     assert rescue.subgraph == "subgraph 0"
     # The compilation again without it went through the guard: its regions were decided and are called by it.
     assert any(d.action == "keep" and d.trace == "backward" for d in guard.report.decisions)
@@ -319,8 +321,9 @@ def test_a_backward_that_saves_nothing_keeps_its_cuda_graphs(cpu_graphs):
         assert_same([out, grad], [want, *torch.autograd.grad(want, x)])
     (rescue,) = guard.report.filter(action="rescue")
     assert rescue.details["rescued_by"] == "Thunder with CUDAGraphTransform adapted to a trace its checks refuse"
-    assert rescue.reason.startswith("AssertionError (no message) at thunder/transforms/cudagraph.py:")
-    assert rescue.reason.endswith("in transform_trace_post_optimization")
+    assert rescue.details["error_type"] == "AssertionError"
+    assert rescue.error.startswith("AssertionError (no message) at thunder/transforms/cudagraph.py:")
+    assert rescue.error.endswith("in transform_trace_post_optimization")
     adapted = capture_for_any_trace(graphs)
     assert adapted is capture_for_any_trace(graphs) and adapted.cuda_graph_runner is graphs.cuda_graph_runner
     assert adapted.outputs_from_forward is None and graphs.outputs_from_forward is None
@@ -434,8 +437,9 @@ def test_a_subgraph_updating_a_view_with_grad_is_not_rescued_and_says_why():
         compiled = thunderfx(narrow_copies, executors=fusion_executors("cpu"), transforms=transforms)
         with pytest.raises(RuntimeError, match="Attempting to reshape"):
             compiled(x, w)
-    (kept,) = [d for d in guard.report.decisions if d.reason.startswith("not rescued")]
-    assert kept.action == "keep" and "updates inputs [1] in place, whose memory other tensors hold too" in kept.reason
+    (kept,) = [d for d in guard.report.decisions if "error_type" in d.details and "rescued_by" not in d.details]
+    assert kept.action == "keep" and kept.subgraph and kept.details["error_type"] == "RuntimeError"
+    assert "updates inputs [1] in place, whose memory other tensors hold too" in kept.reason  # no fact names it
     assert kept.error.startswith("RuntimeError: Attempting to reshape")
     rescuing = FusionGuard()
     with torch.no_grad():  # no gradient to lose: rescued, eagerly
@@ -463,7 +467,8 @@ def test_an_update_of_memory_another_input_holds_is_not_rescued_with_grad():
         compiled = thunderfx(narrow_of_a_split_off_buffer, transforms=transforms)
         with pytest.raises(RuntimeError, match="Attempting to reshape"):
             torch.autograd.grad(compiled(x, w), (x, w))
-    (kept,) = [d for d in guard.report.decisions if d.reason.startswith("not rescued")]
+    (kept,) = [d for d in guard.report.decisions if "error_type" in d.details and "rescued_by" not in d.details]
+    assert kept.action == "keep" and kept.details["error_type"] == "RuntimeError"
     assert "updates inputs [2] in place, whose memory other tensors hold too, with grad on" in kept.reason
     assert not guard.report.filter(action="rescue")
 
@@ -487,16 +492,16 @@ def test_an_output_that_loses_its_gradient_is_said_and_left_as_thunder_returns_i
         got = compiled(guarded_buf, x)
     assert not want.requires_grad and not got.requires_grad  # Thunder's, guarded or not
     assert torch.equal(got, want) and torch.equal(guarded_buf, plain_buf)
-    (lost,) = [d for d in guard.report.decisions if d.reason.startswith("gradients lost")]
+    (lost,) = [d for d in guard.report.decisions if "without_grad" in d.details]
     assert lost.action == "keep" and lost.subgraph == "subgraph 0"
     assert lost.details["without_grad"] == ["input 1 (updated in place)"]  # the subgraph takes (x, buf)
     assert "eager gives it a gradient" in lost.details["explanation"]
     compiled(guarded_buf, x)
-    assert len([d for d in guard.report.decisions if d.reason.startswith("gradients lost")]) == 1  # said once
+    assert len([d for d in guard.report.decisions if "without_grad" in d.details]) == 1  # said once
     with torch.no_grad():  # nothing to lose
         guard2 = FusionGuard()
         thunderfx(copy_into_input, executors=fusion_executors("cpu"), transforms=[guard2])(torch.zeros(4), x)
-    assert not guard2.report.decisions or all(not d.reason.startswith("gradients") for d in guard2.report.decisions)
+    assert not guard2.report.decisions or all("without_grad" not in d.details for d in guard2.report.decisions)
 
 
 def test_scatter_reduce_with_grad_runs_under_the_packages_cpu_executors():
@@ -527,7 +532,8 @@ def test_scatter_reduce_with_grad_runs_under_the_packages_cpu_executors():
     torch.testing.assert_close(grads, torch.autograd.grad(want, (x, w)))
     (rescue,) = guard.report.filter(action="rescue")
     assert rescue.trace == "backward" and "scatter_reduce_vjp" in rescue.ops
-    assert rescue.reason.startswith("Unsupported: Unexpected type in sourceless builder")
+    assert rescue.details["error_type"] == "Unsupported"
+    assert rescue.error.startswith("Unsupported: Unexpected type in sourceless builder")
 
 
 def test_a_region_copying_into_a_tensor_that_requires_grad_stays_fused():

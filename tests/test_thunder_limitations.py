@@ -47,7 +47,7 @@ def fails_unless_rescued(transforms: list[Any], kind: type[BaseException], match
     yield
     (rescue,) = [d for d in transforms[0].report.decisions if d.action == "rescue"]
     assert rescue.subgraph is not None and rescue.details["error_type"] == kind.__name__
-    assert re.search(match, rescue.reason), rescue.reason
+    assert re.search(match, rescue.error.splitlines()[0]), rescue.error
 
 
 def compiled(fn: Callable[..., Any], transforms: list[Any], path: str = "jit") -> Callable[..., Any]:
