@@ -28,7 +28,8 @@ def test_failed_rewrite_keeps_region_and_records_error(monkeypatch):
     assert torch.equal(jitted(x), rearrange_heads(x))
     assert len(regions(jitted)) == 1
     (d,) = guard.report
-    assert d.action == "keep" and "rewriting failed" in d.reason
+    # a reject (metadata-only) kept, its rewrite failed
+    assert d.action == "keep" and d.details["decided_by"] == "metadata" and "switched_to" not in d.details
     assert d.error == "RuntimeError: planted failure"
     assert "planted failure" in str(guard.report)
 
@@ -107,7 +108,7 @@ def test_failure_in_the_real_lowering_path(monkeypatch, break_lowering, error):
     assert_same(grads, grads_e)
     assert len(regions(jitted)) == 1, "the region is kept as it was"
     failed = [d for d in guard.report if d.error]
-    assert failed and all(d.action == "keep" and "rewriting failed" in d.reason for d in failed)
+    assert failed and all(d.action == "keep" and d.applied and "switched_to" not in d.details for d in failed)
     assert all(d.error.startswith(error) for d in failed), [d.error for d in failed]
     assert error.split(": ")[1] in str(guard.report)
     with pytest.raises(FusionGuardError, match="could not rewrite TorchCompile0"):
@@ -125,7 +126,7 @@ def test_lowering_that_loses_an_in_place_write_is_kept(monkeypatch):
     assert torch.equal(buf, buf_e), "the input is still written"
     assert len(regions(jitted)) == 1
     (d,) = guard.report
-    assert d.action == "keep" and d.reason.startswith("kept as it was: rewriting failed")
+    assert d.action == "keep" and d.details["decided_by"] == "model" and d.details["model_action"] == "reject"
     assert d.error == "RewriteError: lowering TorchCompile0 changes its in-place writes: 1 in the region, 0 lowered"
     with pytest.raises(FusionGuardError, match="changes its in-place writes"):
         jit_cpu(copy_into_input, FusionGuard(strict=True, calibration=EAGER_CHEAP, margin=0.0))(x, buf)

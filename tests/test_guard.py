@@ -41,7 +41,7 @@ def test_metadata_programs_leave_no_region_and_match(fn, make):
     assert not [r for r in regions(guarded, backward=True) if region_is_metadata_only(r.body)]
     rejected = guard.report.filter(action="reject")
     assert "forward" in {d.trace for d in rejected}
-    assert all("metadata-only" in d.reason for d in rejected)
+    assert all(d.details["decided_by"] == "metadata" for d in rejected)
     region_decisions = [d for d in guard.report if d.action in ("keep", "reject")]
     assert len(rejected) + len(regions(guarded, backward=True)) == len(region_decisions)
 
@@ -112,7 +112,7 @@ def test_executors_option_limits_the_guard():
     jitted(torch.randn(2, 3, 4, 5))
     assert len(regions(jitted)) == 1
     (d,) = guard.report
-    assert d.action == "keep" and "not guarded" in d.reason
+    assert d.action == "keep" and d.details["decided_by"] == "option" and d.executor != "torchcompile_cat"
 
 
 def test_metadata_ops_option_counts_extra_ops():
