@@ -87,7 +87,7 @@ def test_an_exact_region_switches_when_the_other_executor_is_faster(inject_timin
     assert d.action == "switch" and d.applied and d.executor == SHAPED
     assert d.details["decided_by"] == "measured"
     assert d.details["measured_other_executor"] == "torchcompile" and d.details["measured_other_us"] == 4.0
-    assert d.reason.startswith("switched to torchcompile: measured 4.0 µs there vs 10.0 µs tc_nvfuser_shaped")
+    assert (d.details["measured_region_us"], d.details["measured_eager_us"]) == (10.0, 12.0)  # beaten: its own call
     assert 3 in calls
     (now,) = regions(guarded)
     assert now.executor == "torchcompile" and now.name == d.details["switched_to"]
@@ -204,7 +204,7 @@ def test_a_region_kept_for_exactness_is_never_rejected_by_the_timing(inject_timi
     x, y = (t.detach() for t in rounding_inputs(torch.bfloat16))
     jit(cat_pair, g)(x, y)
     (d,) = region_decisions(g)
-    assert d.action == "keep" and "kept for exactness" in d.reason
+    assert d.action == "keep" and d.details["measured_eager_us"] == 1.0 and "switched_to" not in d.details
     assert d.details["decided_by"] == "exactness" and d.details["measured_other_us"] == 9.9  # timed, kept by the rule
 
 
@@ -370,6 +370,6 @@ def test_a_switch_that_cannot_be_built_keeps_the_region(inject_timings, monkeypa
     (d,) = region_decisions(g)
     assert d.details["measured_from"] == "cache"
     assert d.action == "keep" and d.error == "RuntimeError: no room"
-    assert d.reason == "kept as it was: fusing it with torchcompile failed"
-    assert told(d).startswith("kept as it was: fusing it with torchcompile failed (switched to torchcompile")
+    assert d.details["decided_by"] == "measured" and "switched_to" not in d.details  # the switch was not built
+    assert d.details["measured_other_executor"] == "torchcompile" and d.details["measured_other_us"] == 1.0
     assert [r.executor for r in regions(guarded)] == [SHAPED]
