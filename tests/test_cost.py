@@ -42,7 +42,7 @@ def test_lone_small_add_is_rejected():
     assert_same(*[run_with_grads(guarded, [a, b])[0], run_with_grads(plain, [a, b])[0]])
     assert regions(guarded) == []
     (d,) = guard.report.filter(trace="forward")
-    assert d.action == "reject" and d.reason.startswith("cost model: eager is cheaper")
+    assert d.action == "reject" and d.details["decided_by"] == "model" and d.details["model_action"] == "reject"
     assert d.estimates["est_eager_us"] < d.estimates["est_region_us"]
 
 

@@ -63,7 +63,7 @@ def test_shipped_example_through_thunderfx(background):
     assert len(report["subgraphs"]) == 3 and all(s["ops"] for s in report["subgraphs"].values())
     assert {d["subgraph"] for d in report["decisions"]} == set(report["subgraphs"])
     assert {d["trace"] for d in report["decisions"]} == {"forward", "backward"}
-    assert any(d["action"] == "reject" and "metadata-only" in d["reason"] for d in report["decisions"])
+    assert any(d["action"] == "reject" and d["details"]["decided_by"] == "metadata" for d in report["decisions"])
     assert markdown.startswith("# FusionGuard report: examples/report_target.py:make via thunderfx on cpu")
     assert markdown.count("\n## subgraph ") == 3 and "| trace | region |" in markdown
 
