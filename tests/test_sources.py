@@ -82,17 +82,24 @@ def _sources(guard, rows) -> list[str]:
     return [d.details.get("source") or d.region for d in guard.report] + [r.source for r in rows if r.source]
 
 
+def _trained_once(model: torch.nn.Module, frontend: str, guard: FusionGuard):
+    """``model`` compiled on CPU with ``guard`` through ``frontend`` (thunder.jit or ThunderFX), after one forward and
+    backward of a 4x8 input."""
+    if frontend == "thunder.jit":
+        compiled = jit_cpu(model, guard)
+    else:
+        compiled = thunderfx(model, executors=fusion_executors("cpu"), transforms=[guard])
+    compiled(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    return compiled
+
+
 @pytest.mark.parametrize("frontend", ["thunder.jit", "thunderfx"])
 def test_a_model_of_torchs_modules_alone_is_named_by_its_modules_not_torchs_files(frontend):
     """With no line of the user's in the forward (an ``nn.Sequential``), a region is named by the module of
     the model that made it (``model.0 (Linear)``), never by torch's files (``linear.py:134``, ``activation.py:816``)
     or Dynamo's generated program (``<eval_with_key>.4:5``)."""
     guard = FusionGuard()
-    if frontend == "thunder.jit":
-        compiled = jit_cpu(_sequential(), guard)
-    else:
-        compiled = thunderfx(_sequential(), executors=fusion_executors("cpu"), transforms=[guard])
-    compiled(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    compiled = _trained_once(_sequential(), frontend, guard)
     forward = _forward_region(guard)
     assert forward.ops[0] == "linear" and forward.details["source"] == "model.0 (Linear)", forward.details
     assert forward.name.startswith("model.0 (Linear): linear")
@@ -118,10 +125,6 @@ def test_every_decision_and_row_of_a_user_module_names_the_users_line(frontend):
     """nn.Linear and nn.GELU (ops from torch's module files): every decision and why_not_fused row names the line
     of the user's forward, under thunder.jit and ThunderFX."""
     guard = FusionGuard()
-    if frontend == "thunder.jit":
-        compiled = jit_cpu(GeluBlock(), guard)
-    else:
-        compiled = thunderfx(GeluBlock(), executors=fusion_executors("cpu"), transforms=[guard])
-    compiled(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    compiled = _trained_once(GeluBlock(), frontend, guard)
     shown = _sources(guard, why_not_fused(compiled).rows)
     assert shown and set(shown) == {GELU_LINE}, shown
