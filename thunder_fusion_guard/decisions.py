@@ -7,7 +7,7 @@ import typing
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypedDict
 
-Action = Literal["keep", "reject", "switch", "rehome", "remove", "fold", "hoist", "rescue", "capture"]
+Action = Literal["keep", "reject", "switch", "rehome", "remove", "fold", "hoist", "rescue", "capture", "enter"]
 ACTIONS: tuple[Action, ...] = typing.get_args(Action)
 
 
@@ -78,6 +78,9 @@ class Details(TypedDict, total=False):
     bytes_not_copied: int  # their bytes, per replay
     still_copied: list[str]  # earlier graphs' outputs a graph writes, copied as Thunder copies them
     copied_back: list[str]  # inputs a graph may write, copied back into the caller's tensors after each replay
+    # a ThunderFX subgraph's compiled function (action enter): entered directly, or why Thunder's call stays
+    entered: bool  # True: its one cache entry is called directly (``direct_entry``)
+    not_entered: str  # why not
     handed_over: list[str]  # gradients handed to autograd on the graph's own buffers (autograd need not copy them)
     held: list[str]  # gradients still held when their graph would replay: it runs uncaptured, recaptured after 8 calls
     own_workspace: list[str]  # graphs whose matmuls use a cuBLAS workspace in the graph's own memory pool

@@ -38,6 +38,8 @@ from .wording import error_line, error_text
 
 # Told of each rescue, and of outputs restrided.
 OnRescue = Callable[["Rescued"], None]
+# Called once, after the first call Thunder ran: may give the rescue a direct entry (:meth:`SubgraphRescue.enter`).
+OnFirstCall = Callable[["SubgraphRescue"], None]
 
 
 @dataclass(frozen=True)
@@ -66,9 +68,18 @@ def compile_fx_module(module: torch.fx.GraphModule, inputs: list[Any], backend: 
 class SubgraphRescue:
     """What a ThunderFX subgraph's ThunderModule calls instead of Thunder's compiled function ``thunder_fn``."""
 
-    def __init__(self, jitted: Any, thunder_fn: Callable, module: torch.fx.GraphModule, on_rescue: OnRescue) -> None:
+    def __init__(
+        self,
+        jitted: Any,
+        thunder_fn: Callable,
+        module: torch.fx.GraphModule,
+        on_rescue: OnRescue,
+        on_first_call: OnFirstCall | None = None,
+    ) -> None:
         self.jitted, self.thunder_fn, self.module = jitted, thunder_fn, module
         self._run: Callable = thunder_fn
+        self._entry: Callable | None = None  # Thunder's compiled function entered directly (``enter``)
+        self._on_first_call = on_first_call
         self._after: Callable[[Any, tuple], Any] | None = self._check_layout
         self._restrided: tuple[int, ...] = ()
         self._examples: list[Any] = []
@@ -80,15 +91,25 @@ class SubgraphRescue:
         try:
             out = self._run(*args, **kwargs)
         except Exception as error:
-            if self._run is not self.thunder_fn:
+            if self.rescued:
                 raise
             torch.set_grad_enabled(grad)  # a compilation that failed can leave Thunder's no-grad mode on
             return self._rescue(error, args, kwargs)
+        if self._on_first_call is not None and self._run is self.thunder_fn:
+            first, self._on_first_call = self._on_first_call, None
+            with contextlib.suppress(Exception):  # a direct entry is a shortcut: never a reason to fail the call
+                first(self)
         return out if self._after is None else self._after(out, args)
 
     @property
     def rescued(self) -> bool:
-        return self._run is not self.thunder_fn
+        return self._run is not self.thunder_fn and self._run is not self._entry
+
+    def enter(self, entry: Callable) -> None:
+        """Call ``entry`` (Thunder's compiled function entered directly, the same computation) from now on, until
+        a rescue replaces it."""
+        if not self.rescued:
+            self._entry = self._run = entry
 
     def _rescue(self, error: Exception, args: tuple, kwargs: dict) -> Any:
         problems: list[str] = []
@@ -319,6 +340,29 @@ def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
         return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
     except Exception:
         return True
+
+
+def entry_decision(subgraph: str, module: torch.fx.GraphModule, not_entered: str) -> Decision:
+    """The decision recording whether ThunderFX subgraph ``subgraph``'s compiled function is entered directly
+    (``not_entered`` empty) or keeps Thunder's call, and why."""
+    ops = th.fx_graph_ops(module)
+    if not_entered:
+        reason = f"Thunder's call kept: {not_entered}"
+        explanation = f"{reason}. The direct entry mirrors one cache entry of a Thunder 0.2.6 function only"
+    else:
+        reason = "its one compiled entry called directly, the prologue's checks kept"
+        explanation = (
+            f"{reason}. Thunder's call of a compiled function builds the call's cache info by flattening the "
+            "arguments, then tries each cached entry's prologue; the guard builds the same cache info from the "
+            "positional arguments and runs the one entry's prologue, computation, autograd connection and epilogue "
+            "in Thunder's order and contexts. A call the prologue refuses, with keyword arguments or autocast, "
+            "or once a second entry exists, goes through Thunder's call"
+        )
+    d = Decision("forward", subgraph, "thunder", ops, "enter", reason, subgraph=subgraph)
+    d.details.update(scope="op", explanation=explanation, entered=not not_entered)
+    if not_entered:
+        d.details["not_entered"] = not_entered
+    return d
 
 
 def rescue_decision(subgraph: str, module: torch.fx.GraphModule, what: Rescued, describe: Callable) -> Decision:

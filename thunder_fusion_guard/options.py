@@ -199,6 +199,11 @@ class GuardOptions:
         _bool,
         "call each nvFuser region with its definition looked up once per input layout, not per call",
     )
+    direct_entry: bool = _option(
+        True,
+        _bool,
+        "under ThunderFX, call each subgraph's one compiled entry without Thunder's per-call search of its cache",
+    )
     rescue: bool = _option(
         True,
         _bool,

@@ -15,7 +15,7 @@ from ._thunder import FusionExecutor
 from .cost import CostConstants
 from .decisions import Decision, Subgraph
 from .distributed import compare_ranks, current_rank, world_size
-from .fx_rescue import Rescued, SubgraphRescue, rescue_decision
+from .fx_rescue import Rescued, SubgraphRescue, entry_decision, rescue_decision
 from .measure import calibrate
 from .measure.breakeven import RegionMeasurer
 from .measure.cache import device_name
@@ -67,6 +67,7 @@ class FusionGuard(thunder.Transform):
         hoist: bool = True,
         hoist_max_bytes: int = DEFAULT_HOIST_MAX_BYTES,
         direct_calls: bool = True,
+        direct_entry: bool = True,
         rescue: bool = True,
         share_capture_buffers: bool = True,
     ) -> None:
@@ -162,7 +163,15 @@ class FusionGuard(thunder.Transform):
                 self.report.add(decision)
             announce(decision)
 
-        th.set_module_call(model, SubgraphRescue(model, th.module_call(model), module, on_rescue))
+        def on_first_call(rescue: SubgraphRescue) -> None:
+            entry, why = th.direct_entry(rescue.jitted, rescue.thunder_fn)
+            if entry is not None:
+                rescue.enter(entry)
+            with self._lock:
+                self.report.add(entry_decision(self._subgraph_id(module), module, why))
+
+        first = on_first_call if options.direct_entry else None
+        th.set_module_call(model, SubgraphRescue(model, th.module_call(model), module, on_rescue, first))
 
     def check_ranks(self, group: Any = None) -> list[str]:
         """Compare every decision so far with those of the other ranks; one line per rank that differs.

@@ -12,6 +12,7 @@ functions here, one module a job, so that a new release means reading and fixing
 - :mod:`.translations`: library ops Thunder only registered automatically, translated into its own ops;
 - :mod:`.cudagraphs`: Thunder's ``CUDAGraphTransform`` (its capture for the traces its own checks refuse);
 - :mod:`.calls`: calling nvFuser's regions directly (Thunder's per-call work once per input layout);
+- :mod:`.entry`: a compiled function's one cache entry called without Thunder's search of its cache;
 - :mod:`.compat`: the fix for a Thunder/nvFuser pair that does not work together as shipped.
 
 Callers use this package's names (``from .. import _thunder as th``); ``__all__`` is the union of the
@@ -21,12 +22,25 @@ modules' own.
 from __future__ import annotations
 
 # _quiet first: it imports Thunder, its optional-dependency notices sent to our logger (its docstring says which)
-from . import _quiet, calls, compiling, cudagraphs, dynamo_breaks, executors, jitted, lowering, traces, translations  # noqa: F401
+from . import (  # noqa: F401
+    _quiet,
+    calls,
+    compiling,
+    cudagraphs,
+    dynamo_breaks,
+    entry,
+    executors,
+    jitted,
+    lowering,
+    traces,
+    translations,
+)
 from .calls import *  # noqa: F403
 from .compat import ensure_nvfuser_compat
 from .compiling import *  # noqa: F403
 from .cudagraphs import *  # noqa: F403
 from .dynamo_breaks import *  # noqa: F403
+from .entry import *  # noqa: F403
 from .executors import *  # noqa: F403
 from .jitted import *  # noqa: F403
 from .lowering import *  # noqa: F403
@@ -43,6 +57,7 @@ __all__ = [
     *cudagraphs.__all__,
     *translations.__all__,
     *calls.__all__,
+    *entry.__all__,
 ]
 
 # Thunder has loaded its executors by now: fix a broken Thunder/nvFuser pair before anything compiles.

@@ -21,6 +21,7 @@ ACTION_STYLE: dict[str | None, tuple[str, str]] = {
     "hoist": ("#e0f2f1", "#00695c"),
     "rescue": ("#fce4ec", "#ad1457"),
     "capture": ("#f3e5f5", "#4a148c"),
+    "enter": ("#e0f2f1", "#00695c"),
     None: ("#eceff1", "#455a64"),
 }
 KIND_STYLE: dict[str, tuple[str, str]] = {
