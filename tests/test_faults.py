@@ -4,15 +4,25 @@ the user's own interrupt reaches them unchanged, and what it records is what a c
 
 from __future__ import annotations
 
+import json
+import multiprocessing
+import os
 import threading
+from pathlib import Path
 
+import pytest
 import thunder
 import torch
-from helpers import assert_same
+from conftest import pin_cpu
+from helpers import NEAR_BREAK_EVEN, assert_same, jit_cpu
 
 import thunder_fusion_guard._thunder as th
+import thunder_fusion_guard.measure.breakeven as breakeven
+import thunder_fusion_guard.measure.cache as cache
+import thunder_fusion_guard.measure.calibrate as calibrate
 import thunder_fusion_guard.passes.pipeline as pipeline
 from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard.cost import CostConstants
 from thunder_fusion_guard.passes.hoist_runtime import hoisted_values
 
 
@@ -25,6 +35,13 @@ class Scaled(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (x + torch.full((4,), 2.0) * self.w).transpose(0, 1) * 3.0
+
+
+FAKE = CostConstants(**NEAR_BREAK_EVEN, source="a calibration standing in")
+
+
+def lone_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a + b
 
 
 def facts(guard: FusionGuard) -> list[tuple]:
@@ -118,3 +135,147 @@ def test_two_threads_compiling_at_once_record_each_compilation_as_one_thread_doe
     # and the compiled programs still agree, called one after the other
     for _ in range(2):
         assert_same(step(jitted, model, x), want)
+
+
+# --- the calibration and measurement cache ------------------------------------------------------------------------
+
+
+def _write_entries(path: str, writer: int, count: int) -> None:
+    for k in range(count):
+        cache.update_json(Path(path), {f"writer {writer} entry {k}": [writer, k]})
+
+
+def test_four_processes_updating_one_cache_at_once_keep_every_entry(tmp_path):
+    path = tmp_path / "measurements.json"
+    cache.update_json(path, {"before": 1})
+    fork = multiprocessing.get_context("fork")  # the children only read and write JSON
+    writers = [fork.Process(target=_write_entries, args=(str(path), w, 25)) for w in range(4)]
+    for p in writers:
+        p.start()
+    for p in writers:
+        p.join(120)
+    assert [p.exitcode for p in writers] == [0] * 4
+    data = json.loads(path.read_text())
+    want = {"before": 1, **{f"writer {w} entry {k}": [w, k] for w in range(4) for k in range(25)}}
+    assert data == want, f"{len(want) - len(data)} entries lost"
+    assert not list(tmp_path.glob("*.tmp")), "no temporary file left behind"
+
+
+def test_an_interrupted_cache_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
+    path = tmp_path / "calibration.json"
+    cache.update_json(path, {"kept": 1})
+
+    def interrupted(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cache.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cache.update_json(path, {"new": 2})
+    monkeypatch.undo()
+    assert json.loads(path.read_text()) == {"kept": 1}
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == ["calibration.json"]
+
+
+def _corrupt(folder: Path, how: str) -> None:
+    """Both cache files of ``folder`` made unusable ``how``."""
+    for name in ("calibration.json", "measurements.json"):
+        path = folder / name
+        if how == "truncated":
+            path.write_text(json.dumps({cache.cache_key("cpu", "torchcompile"): FAKE.to_dict()})[:40])
+        elif how == "not an object":
+            path.write_text("[1, 2, 3]")
+        elif how == "entries of the wrong types":
+            key = cache.cache_key("cpu", "torchcompile")
+            path.write_text(json.dumps({key: {**FAKE.to_dict(), "fusion_call_us": "fast"}, "x": "y"}))
+        elif how == "unreadable":  # a folder in its place: reading it fails, as does writing it
+            path.mkdir()
+        elif how == "unreadable by permissions":
+            path.write_text(json.dumps({cache.cache_key("cpu", "torchcompile"): FAKE.to_dict()}))
+            path.chmod(0)
+
+
+CORRUPTIONS = ["truncated", "not an object", "entries of the wrong types", "unreadable", "unreadable by permissions"]
+
+
+@pytest.fixture
+def calibrates(monkeypatch):
+    """calibrate.measure replaced by a call counter returning FAKE."""
+    calls: list[str] = []
+
+    def measure(device, executor, budget_s=None):
+        calls.append(executor)
+        return FAKE
+
+    monkeypatch.setattr(calibrate, "measure", measure)
+    return calls
+
+
+@pytest.mark.parametrize("how", CORRUPTIONS)
+def test_a_cache_that_cannot_be_read_is_ignored_and_the_guard_still_decides(
+    tmp_path, monkeypatch, inject_timings, how, calibrates
+):
+    if how == "unreadable by permissions" and os.geteuid() == 0:
+        pytest.skip("root reads a file whatever its permissions")
+    timings = inject_timings(10.0, 2.0)  # the cache: tmp_path
+    _corrupt(tmp_path, how)
+    guard = FusionGuard(calibration="measure")
+    a, b = torch.randn(16, 16), torch.randn(16, 16)
+    assert torch.equal(jit_cpu(lone_add, guard)(a, b), jit_cpu(lone_add)(a, b))
+    assert calibrates == ["torchcompile"] and timings == [2], "calibrated and timed: nothing usable was read"
+    (event,) = guard.report.calibrations
+    (d,) = guard.report
+    assert (d.action, d.details["decided_by"], d.details["measured_from"]) == ("reject", "measured", "timed")
+    if how == "unreadable":  # nothing could be written either: said, not raised
+        assert "not cached" in event["result"] and "not_cached" in guard.report.measuring
+    else:  # the files are whole again, with this machine's entries
+        assert "not cached" not in event["result"] and "not_cached" not in guard.report.measuring
+        assert calibrate.cached("cpu", "torchcompile") == FAKE
+        measured = json.loads((tmp_path / "measurements.json").read_text()).values()
+        assert len([m for m in measured if isinstance(m, dict) and "region_us" in m]) == 1
+
+
+def test_a_cache_folder_that_cannot_be_written_is_said_and_decisions_are_still_made(
+    tmp_path, monkeypatch, inject_timings, calibrates
+):
+    """The cache folder cannot be made (a file is in the way: what a read-only folder does to a user who is not
+    root): the guard calibrates and times as without a cache, and says that nothing was cached."""
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    timings = inject_timings(10.0, 2.0)
+    monkeypatch.setenv("TFG_CACHE_DIR", str(blocker / "cache"))
+    guard = FusionGuard(calibration="measure")
+    a, b = torch.randn(16, 16), torch.randn(16, 16)
+    assert torch.equal(jit_cpu(lone_add, guard)(a, b), jit_cpu(lone_add)(a, b))
+    assert calibrates == ["torchcompile"] and timings == [2]
+    (event,) = guard.report.calibrations
+    (d,) = guard.report
+    assert (d.action, d.details["decided_by"]) == ("reject", "measured")
+    assert "not cached" in event["result"] and "not_cached" in guard.report.measuring
+
+
+@pytest.mark.parametrize("other", ["torch version", "thunder version", "device", "dtype"])
+def test_an_entry_made_under_other_software_another_device_or_dtype_is_never_used(
+    tmp_path, monkeypatch, inject_timings, other
+):
+    timings = inject_timings(10.0, 2.0)
+    versions = th.software_versions()
+    dtype = torch.float64 if other == "dtype" else torch.float32
+    with monkeypatch.context() as elsewhere:  # the cache is filled there
+        if other == "device":
+            pin_cpu(elsewhere, "another CPU", 2, 1)
+        elif other != "dtype":
+            changed = {**versions, other.split()[0]: "0.0.1"}
+            elsewhere.setattr(th, "software_versions", lambda: changed)
+        calibrate.save_constants("cpu", "torchcompile", FAKE)
+        a, b = torch.randn(16, 16, dtype=dtype), torch.randn(16, 16, dtype=dtype)
+        jit_cpu(lone_add, FusionGuard(calibration=NEAR_BREAK_EVEN))(a, b)
+    assert timings == [2] and len(json.loads((tmp_path / "measurements.json").read_text())) == 1
+    breakeven.clear_memory_cache()  # a fresh process here reads only the disk
+    # a calibration holds for every dtype; made elsewhere, it is not this machine's
+    assert calibrate.cached("cpu", "torchcompile") == (FAKE if other == "dtype" else None)
+    guard = FusionGuard(calibration=NEAR_BREAK_EVEN)
+    jit_cpu(lone_add, guard)(torch.randn(16, 16), torch.randn(16, 16))
+    assert timings == [2, 2], "timed again: the measurement made elsewhere is not used"
+    (d,) = guard.report
+    assert d.details["measured_from"] == "timed"
+    assert len(json.loads((tmp_path / "measurements.json").read_text())) == 2, "both entries kept, apart"
