@@ -37,6 +37,9 @@ class Scaled(torch.nn.Module):
         return (x + torch.full((4,), 2.0) * self.w).transpose(0, 1) * 3.0
 
 
+# The subject is the guard's handling of faults, not the code Inductor generates: regions run uncompiled.
+pytestmark = pytest.mark.usefixtures("no_inductor_module")
+
 FAKE = CostConstants(**NEAR_BREAK_EVEN, source="a calibration standing in")
 
 
@@ -279,3 +282,145 @@ def test_an_entry_made_under_other_software_another_device_or_dtype_is_never_use
     (d,) = guard.report
     assert d.details["measured_from"] == "timed"
     assert len(json.loads((tmp_path / "measurements.json").read_text())) == 2, "both entries kept, apart"
+
+
+# --- Ctrl-C during the first call ---------------------------------------------------------------------------------
+
+
+class Interrupts:
+    """A stand-in for the user pressing Ctrl-C: ``KeyboardInterrupt`` at the first ``times`` calls, then ``then``."""
+
+    def __init__(self, then, times: int = 1) -> None:
+        self.then, self.left = then, times
+
+    def __call__(self, *args, **kwargs):
+        if self.left:
+            self.left -= 1
+            raise KeyboardInterrupt
+        return self.then(*args, **kwargs)
+
+
+def clean_facts(make_guard, fn, *args) -> list[tuple]:
+    """The decisions of a guard that compiled ``fn`` uninterrupted."""
+    guard = make_guard()
+    jit_cpu(fn, guard)(*args)
+    return facts(guard)
+
+
+def test_ctrl_c_in_a_region_timing_reaches_the_user_and_leaves_nothing_half_measured(monkeypatch, inject_timings):
+    timings = inject_timings(10.0, 2.0)
+    a, b = torch.randn(16, 16), torch.randn(16, 16)
+    want = clean_facts(lambda: FusionGuard(calibration=NEAR_BREAK_EVEN), lone_add, a, b)
+    assert [f[4:6] for f in want] == [("reject", "measured")] and timings == [2]
+    breakeven.clear_memory_cache()
+    (cache.cache_dir() / "measurements.json").unlink()
+
+    monkeypatch.setattr(breakeven, "interleaved_us", Interrupts(breakeven.interleaved_us))
+    guard = FusionGuard(calibration=NEAR_BREAK_EVEN)
+    jitted = jit_cpu(lone_add, guard)
+    with pytest.raises(KeyboardInterrupt):
+        jitted(a, b)
+    assert not guard.report.decisions, "no decision from a cut timing"
+    assert not (cache.cache_dir() / "measurements.json").exists() and not breakeven._store(), "nothing cached"
+    assert torch.equal(jitted(a, b), jit_cpu(lone_add)(a, b))
+    assert timings == [2, 2], "timed again, in full"
+    assert facts(guard) == [(*want[0][:1], 2, *want[0][2:])], "the decisions of an uninterrupted compilation"
+    assert len(json.loads((cache.cache_dir() / "measurements.json").read_text())) == 1
+
+
+def test_ctrl_c_in_a_calibration_reaches_the_user_and_leaves_nothing_half_calibrated(monkeypatch, inject_timings):
+    inject_timings(10.0, 2.0)
+    calls: list[str] = []
+
+    def measure(device, executor, budget_s=None):
+        calls.append(executor)
+        return FAKE
+
+    monkeypatch.setattr(calibrate, "measure", Interrupts(measure))
+    guard = FusionGuard(calibration="measure")
+    jitted = jit_cpu(lone_add, guard)
+    a, b = torch.randn(16, 16), torch.randn(16, 16)
+    with pytest.raises(KeyboardInterrupt):
+        jitted(a, b)
+    assert not guard.report.decisions and not guard.report.calibrations
+    assert calibrate.cached("cpu", "torchcompile") is None, "no calibration cached"
+    assert torch.equal(jitted(a, b), jit_cpu(lone_add)(a, b))
+    (event,) = guard.report.calibrations
+    assert calls == ["torchcompile"] and event["result"].startswith("calibrated here")
+    assert calibrate.cached("cpu", "torchcompile") == FAKE
+    breakeven.clear_memory_cache()
+    want = clean_facts(lambda: FusionGuard(calibration=FAKE), lone_add, a, b)
+    assert facts(guard) == [(*want[0][:1], 2, *want[0][2:])]
+
+
+def test_ctrl_c_while_thunder_traces_reaches_the_user_and_the_next_call_compiles_cleanly():
+    pressed = [True]
+
+    def traced(x: torch.Tensor) -> torch.Tensor:
+        if pressed and pressed.pop():  # runs while Thunder traces: the first trace is interrupted
+            raise KeyboardInterrupt
+        return x.reshape(2, -1).transpose(0, 1) * 2.0
+
+    x = torch.randn(4, 6)
+    guard = FusionGuard()
+    jitted = jit_cpu(traced, guard)
+    with pytest.raises(KeyboardInterrupt):
+        jitted(x)
+    assert not guard.report.decisions
+    assert torch.equal(jitted(x), jit_cpu(traced)(x))
+    want = clean_facts(FusionGuard, traced, x)
+    assert by_compile(guard) == {1: by_compile_of(want)}
+
+
+def by_compile_of(found: list[tuple]) -> list[tuple]:
+    """The facts of one compilation, without the compile index."""
+    return [f[:1] + f[2:] for f in found]
+
+
+class ExpScaled(torch.nn.Module):
+    """One region the guard keeps (exp rounds differently alone): it runs through the guard's rescuing call."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.exp(x) * 2.0
+
+
+@pytest.mark.parametrize("make", [ExpScaled, Scaled], ids=["kept-region", "hoisted-region"])
+def test_ctrl_c_in_a_fusion_compile_reaches_the_user_and_no_region_is_rescued(make):
+    from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
+
+    class FirstCallInterrupted(TorchCompileExecutor):
+        """torch.compile regions: the first call of the first region called (its compile) is interrupted."""
+
+        interrupts = 1
+
+        def fuse(self, region, fusion_counter):
+            bsym = super().fuse(region, fusion_counter)
+            fused = th.region_callable(bsym)
+
+            def call(*args):
+                if self.interrupts:
+                    self.interrupts -= 1
+                    raise KeyboardInterrupt
+                return fused(*args)
+
+            return th.with_region_callable(bsym, call)
+
+    def run(guard: FusionGuard | None) -> tuple[list[torch.Tensor], object]:
+        ex = FirstCallInterrupted("tc_interrupted")
+        ex._implmap = dict(torch_compile_ex._implmap)
+        torch.manual_seed(0)
+        jitted = thunder.jit(make(), executors=[ex], transforms=[] if guard is None else [guard])
+        x = torch.randn(2, 4)
+        with pytest.raises(KeyboardInterrupt):
+            jitted(x)
+        return [jitted(x).detach(), jitted(x).detach()], jitted
+
+    got, guarded = run(guard := FusionGuard())
+    want, plain = run(None)
+    assert_same(got, want)
+    assert thunder.cache_misses(guarded) == thunder.cache_misses(plain) == 1, "the finished compilation is reused"
+    assert not [d for d in guard.report if d.action == "rescue"], "an interrupt is no failure to rescue"
+    assert {d.compile_index for d in guard.report} == {1}
+    if make is ExpScaled:
+        (d,) = guard.report
+        assert d.action == "keep" and "rescue" not in d.details, "called through the guard's rescuing call"
