@@ -80,8 +80,10 @@ class FusionGuard(thunder.Transform):
         self.doubt = ModelDoubt()
         self._lock = threading.Lock()
         self._compiles: dict[str | None, int] = {}
+        # Per thread (threads calling a program at once each compile it): the compile index of each function it
+        # compiles and what its forward hoisted, so that its backward trace is recorded with its own forward.
+        self._thread = threading.local()
         self._subgraph_ids: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-        self._hoisted = HoistLedger()
         self._captures: weakref.WeakKeyDictionary[th.CaptureSummary, Decision] = weakref.WeakKeyDictionary()
 
     def transform_trace_post_optimization(self, computation_trace: th.TraceCtx, **kwargs: Any) -> th.TraceCtx:
@@ -93,6 +95,7 @@ class FusionGuard(thunder.Transform):
             # distinct indices keep (function, compile_index) naming one compilation in the report.
             if not backward:
                 self._compiles[function] = self._compiles.get(function, 0) + 1
+                self._this_thread()[function] = self._compiles[function]
             where = self._where("backward" if backward else "forward")
             if not self.options.report_only:
                 for transform in th.compiling_transforms():
@@ -107,7 +110,7 @@ class FusionGuard(thunder.Transform):
                     where,
                     self.constants_for,
                     measure,
-                    self._hoisted,
+                    self._thread.hoisted,
                     self.doubt,
                 )
             finally:
@@ -125,11 +128,17 @@ class FusionGuard(thunder.Transform):
         return TraceContext(
             trace=trace,
             function=function,
-            compile_index=self._compiles.get(function, 0),
+            compile_index=self._this_thread().get(function, self._compiles.get(function, 0)),
             subgraph=self._subgraph_id(th.compiling_fx_subgraph()),
             compile_options=th.explicit_compile_options(),
             rank=current_rank(),
         )
+
+    def _this_thread(self) -> dict[str | None, int]:
+        """The compile index of each function this thread compiled last (its hoist ledger made on first use)."""
+        if not hasattr(self._thread, "compiles"):
+            self._thread.compiles, self._thread.hoisted = {}, HoistLedger()
+        return self._thread.compiles
 
     def cuda_graphs_captured(self, summary: th.CaptureSummary) -> None:
         """Record what Thunder's ``CUDAGraphTransform``, made to share buffers, captured in a trace of a program

@@ -175,6 +175,7 @@ class RegionMeasurer:
     seconds: float = 0.0
     first_call_seconds: float = 0.0
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)
+    not_cached: str | None = None  # why the last measurements could not be written to the disk cache
 
     def __call__(self, trace: th.TraceCtx, region: Region, other: Alternative | None = None) -> Measured | str:
         """Time ``region``'s fusion call against its ops run eagerly and, given, the region fused by another
@@ -268,13 +269,16 @@ class RegionMeasurer:
         )
 
     def flush(self) -> None:
-        """Write this guard's new measurements to the disk cache (a failure to write is logged, not raised)."""
+        """Write this guard's new measurements to the disk cache (a failure to write is logged and kept in
+        ``not_cached``, not raised)."""
         if not self.pending:
             return
         entries, self.pending = self.pending, {}
         try:
             update_json(cache_file(), entries)
+            self.not_cached = None
         except OSError as e:
+            self.not_cached = f"{cache_file()}: {error_line(e)}"
             log.warning("FusionGuard: could not cache region measurements in %s: %s", cache_file(), e)
 
     def to_dict(self) -> dict[str, Any]:
@@ -285,6 +289,7 @@ class RegionMeasurer:
             "timed": self.timed,
             "from_cache": self.from_cache,
             "not_timed": self.skipped,
+            **({"not_cached": self.not_cached} if self.not_cached else {}),
         }
 
 

@@ -3,10 +3,12 @@ reading and updating its JSON files safely from several processes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +74,33 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def update_json(path: Path, entries: dict[str, Any]) -> None:
-    """Add ``entries`` to the JSON object in ``path``, re-read just before writing, replaced atomically."""
+    """Add ``entries`` to the JSON object in ``path``: re-read and written under a lock (other processes updating
+    it wait, so none of their entries is lost), through a file of its own replaced atomically (a reader never
+    sees half a file, an interrupted write leaves the old one). An unreadable or corrupt file is started anew."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {**read_json(path), **entries}
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    with _locked(path):
+        data = {**read_json(path), **entries}
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` (its file ``PATH.lock``) while it is held; without ``fcntl`` (not POSIX),
+    none: updates are still atomic, and two at once may lose one's entries."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path.with_name(f"{path.name}.lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -250,7 +250,7 @@ def auto_calibrate(device: str, executor: str, budget_s: float) -> tuple[CostCon
     except OSError as e:
         saved = f"not cached ({e})"
     log.info("FusionGuard: calibrated %s in %.1f s, %s: %s", where, took, saved, constants.to_dict())
-    return constants, f"calibrated here in {took:.1f} s", took
+    return constants, f"calibrated here in {took:.1f} s" + ("" if saved.startswith("cached") else f", {saved}"), took
 
 
 def _shipped_key_matches(key: str, device: str, name: str) -> bool:
