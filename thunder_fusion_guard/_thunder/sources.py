@@ -20,6 +20,7 @@ from thunder.core.proxies import Proxy
 from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx
 
+from .. import shims
 from .traces import is_fusion
 
 __all__ = [
@@ -143,11 +144,13 @@ def record_user_frames() -> None:
     """Make each op Thunder traces remember the user's frame that led to it (the first outside torch, Thunder,
     this package and Python's library; under ThunderFX the one torch.fx recorded for its node), beside the
     innermost frame Thunder records and prints (``torch/nn/modules/linear.py`` for an ``nn.Linear``): read by
-    :func:`source_line`. Applied once per process; what Thunder records and prints is unchanged."""
+    :func:`source_line`. Applied once per process; what Thunder records and prints is unchanged. The shim
+    ``user-source-lines`` (:mod:`..shims`): only on the Thunder version it was written for, unless turned off;
+    without it a source line is Thunder's innermost frame where that is the user's."""
     from thunder.core.interpreter import InterpreterRuntimeCtx
 
     original = InterpreterRuntimeCtx.get_current_user_source_location
-    if getattr(original, "_fusion_guard", False):
+    if getattr(original, "_fusion_guard", False) or not shims.applies("user-source-lines"):
         return
 
     def located(self: Any) -> Any:
@@ -167,6 +170,11 @@ def record_user_frames() -> None:
     located._fusion_guard = True  # type: ignore[attr-defined]
     located.__wrapped__ = original  # type: ignore[attr-defined]
     InterpreterRuntimeCtx.get_current_user_source_location = located
+
+    def undo() -> None:
+        InterpreterRuntimeCtx.get_current_user_source_location = original
+
+    shims.record("user-source-lines", undo)
 
 
 def _user_frame_of(frames: Sequence[Any]) -> str | None:
