@@ -139,6 +139,63 @@ def test_without_sharing_thunders_grouping_stays(cpu_graphs, options):
         assert type(graphs) is CUDAGraphTransform  # a report changes nothing
 
 
+def _state(transform: CUDAGraphTransform) -> dict[str, int]:
+    """The identity of each attribute of ``transform``: what a change of its type or state would show."""
+    return {name: id(value) for name, value in vars(transform).items()}
+
+
+@pytest.mark.parametrize("frontend", ["jit", "thunderfx"])
+def test_the_users_transform_is_left_as_it_was_and_stays_thunders(cpu_graphs, frontend):
+    """The guard captures with a transform of its own made from the user's (its runner), run in its place for
+    one compilation: the user's object keeps its type and attributes, their list holds it again afterwards, and
+    the same object given to an unguarded jit after that captures as Thunder's own does."""
+    compile_with = thunder.jit if frontend == "jit" else thunderfx
+    torch._dynamo.reset()  # this file compiles ``gated`` often: past Dynamo's recompile limit it would run eagerly
+    graphs = CUDAGraphTransform()
+    before, guard = _state(graphs), FusionGuard()
+    transforms = [guard, graphs]
+    want = _steps(compile_with(gated, transforms=[CUDAGraphTransform()]), seeds=(0,))
+    assert_same(_steps(compile_with(gated, transforms=transforms), seeds=(0,)), want)
+    assert type(graphs) is CUDAGraphTransform and _state(graphs) == before and graphs.outputs_from_forward is None
+    assert transforms[0] is guard and transforms[1] is graphs  # (ThunderFX appends a transform of its own)
+    captures = guard.report.filter(action="capture")
+    assert captures and {d.details["replaced_transform"] for d in captures} == {"CUDAGraphTransform"}
+    shared = _graphs(graphs)  # the guard's graphs are in the user's runner, as their own would be
+
+    plain = CUDAGraphTransform()
+    assert_same(_steps(compile_with(gated, transforms=[graphs]), seeds=(0,)), want)
+    _steps(compile_with(gated, transforms=[plain]), seeds=(0,))
+    made = {name: n for name, n in _graphs(graphs).items() if name not in shared}
+    assert sorted(made.values()) == sorted(_graphs(plain).values())  # Thunder's own grouping, unguarded
+    assert type(graphs) is CUDAGraphTransform and len(guard.report.filter(action="capture")) == len(captures)
+
+
+def test_the_guards_transform_is_built_from_the_users_and_put_back(cpu_graphs):
+    """Unit: one transform of the guard's per user transform, sharing its runner; a stand-in that Thunder never
+    read (a compilation that failed before) is put back at the next one; a subclass gets none."""
+    from thunder_fusion_guard.ops import writes_inputs
+
+    graphs = CUDAGraphTransform()
+    before = _state(graphs)
+    mine = th.guard_capture(graphs, writes_inputs, share=False)
+    assert isinstance(mine, CUDAGraphTransform) and mine is not graphs and type(graphs) is CUDAGraphTransform
+    assert mine.cuda_graph_runner is graphs.cuda_graph_runner and not mine._share
+    assert th.guard_capture(graphs, writes_inputs) is mine and mine._share
+    assert th.user_transform(mine) is graphs and th.user_transform(graphs) is graphs
+    assert th.guard_capture(type("Mine", (CUDAGraphTransform,), {})(), writes_inputs) is None
+    assert th.transform_name(mine) == "CUDAGraphTransform"
+
+    class Failing(thunder.Transform):
+        def transform_trace_post_optimization(self, trace, **kwargs):
+            raise RuntimeError("fails between the guard and the capture")
+
+    transforms = [FusionGuard(), Failing(), graphs]
+    with pytest.raises(RuntimeError, match="fails between"):
+        thunder.jit(gated, transforms=transforms)(*_args(0))
+    th.put_back_cuda_graphs()
+    assert transforms[2] is graphs and _state(graphs) == before and graphs.outputs_from_forward is None
+
+
 def test_a_subclass_of_the_transform_is_left_as_it_is(cpu_graphs):
     class MyGraphs(CUDAGraphTransform):
         pass
@@ -329,9 +386,9 @@ def test_each_graph_is_warmed_up_apart_from_its_capture_stream(cpu_graphs, monke
         apart.append(fn.__name__)
         return fn(*args)
 
-    monkeypatch.setattr(th.cudagraphs, "_cuda", lambda: True)
-    monkeypatch.setattr(th.cudagraphs, "_on_warm_up_stream", warm_up)
-    monkeypatch.setattr(th.cudagraphs, "_capturing", lambda: False)
+    monkeypatch.setattr(th.graph_calls, "_cuda", lambda: True)
+    monkeypatch.setattr(th.graph_calls, "_on_warm_up_stream", warm_up)
+    monkeypatch.setattr(th.graph_calls, "capturing_cuda_graph", lambda: False)
     torch.manual_seed(0)
     model = Mlp()
     guard = FusionGuard()
@@ -342,7 +399,7 @@ def test_each_graph_is_warmed_up_apart_from_its_capture_stream(cpu_graphs, monke
     assert set(apart) == {name for d in captures for name in d.details["captures"]}
     for decision in captures:
         assert decision.details["own_workspace"] == decision.details["captures"]
-    monkeypatch.setattr(th.cudagraphs, "_capturing", lambda: True)
+    monkeypatch.setattr(th.graph_calls, "capturing_cuda_graph", lambda: True)
     apart.clear()
     assert_same(_train(thunder.jit(model, transforms=[FusionGuard(), CUDAGraphTransform()]), model), _unguarded())
     assert not apart  # captured calls stay on the capture stream
@@ -357,10 +414,10 @@ def test_a_runner_sharing_one_pool_is_left_as_it_was(monkeypatch):
         return x
 
     runner = SimpleNamespace(mem_pool=[object()], python_callables={"CUDAGraph1": (fn, None)})
-    monkeypatch.setattr(th.cudagraphs, "_cuda", lambda: True)
+    monkeypatch.setattr(th.graph_calls, "_cuda", lambda: True)
     assert not th.own_blas_workspace(runner, "CUDAGraph1")
     assert runner.python_callables["CUDAGraph1"] == (fn, None)
-    monkeypatch.setattr(th.cudagraphs, "_cuda", lambda: False)
+    monkeypatch.setattr(th.graph_calls, "_cuda", lambda: False)
     runner.mem_pool = None
     assert not th.own_blas_workspace(runner, "CUDAGraph1")
 

@@ -181,6 +181,28 @@ def test_failing_region_inside_a_thunderfx_subgraph_is_rescued_with_its_subgraph
     assert rescue.trace == "backward" and rescue.subgraph == "subgraph 0"
 
 
+def test_a_rescued_subgraphs_call_is_wrapped_and_can_be_put_back():
+    """The guard stands in front of a subgraph's compiled function, not in its place: the ThunderModule's call is
+    a rescue that keeps Thunder's function, and putting it back leaves the module calling Thunder's own again."""
+    from thunder_fusion_guard import _thunder as th
+
+    class Failing(thunder.Transform):
+        def transform_trace_post_optimization(self, trace, **kwargs):
+            raise SimulatedFusionFailure("fails while compiling")
+
+    guard = FusionGuard()
+    compiled = thunderfx(program, executors=fusion_executors("cpu"), transforms=[guard, Failing()])
+    x, w = inputs()
+    torch.testing.assert_close(flat(step(compiled, x, w)), flat(step(program, x, w)))  # Inductor runs it
+    (sub,) = th.thunderfx_subgraphs(compiled)
+    rescue = th.module_call(sub.jitted)
+    assert rescue.rescued and rescue.__wrapped__ is rescue.thunder_fn and rescue.thunder_fn is not rescue
+    assert th.unwrap_module_call(sub.jitted) and th.module_call(sub.jitted) is rescue.thunder_fn
+    assert not th.unwrap_module_call(sub.jitted)  # Thunder's own function: nothing of the guard's left to undo
+    with pytest.raises(SimulatedFusionFailure):  # Thunder's own compilation again, unrescued
+        step(compiled, x, w)
+
+
 def gather(x, index):
     return torch.index_select(x * 2, 0, index) + 1
 

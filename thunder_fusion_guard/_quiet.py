@@ -22,6 +22,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import ModuleType
 
+from . import shims
+
 logger = logging.getLogger("thunder_fusion_guard")
 
 NOTICES = ("transformer_engine module not found", "CUDA_HOME")
@@ -63,8 +65,14 @@ def _notices_to_debug() -> Iterator[None]:
 
 
 def import_quietly() -> None:
-    """Import thunder and torch.utils.cpp_extension, their optional-dependency notices on the logger."""
+    """Import thunder and torch.utils.cpp_extension, their optional-dependency notices on the logger (as they are
+    where the shim ``quiet-import`` does not apply)."""
     if "thunder" in sys.modules and "torch.utils.cpp_extension" in sys.modules:
+        return
+    if not shims.applies("quiet-import"):
+        import thunder
+        import torch.utils.cpp_extension
+
         return
     with _notices_to_debug():
         import thunder  # noqa: F401
@@ -108,7 +116,17 @@ class _QuietFirstThunderImport(importlib.abc.MetaPathFinder):
 
 
 def quiet_first_thunder_import() -> None:
-    """Make Thunder's first import quiet (see the module's docstring) where Thunder is not imported yet."""
+    """Make Thunder's first import quiet (see the module's docstring) where Thunder is not imported yet: the shim
+    ``quiet-import`` (:mod:`.shims`), undone by taking the finder off ``sys.meta_path``."""
     if "thunder" in sys.modules or any(isinstance(f, _QuietFirstThunderImport) for f in sys.meta_path):
         return
-    sys.meta_path.insert(0, _QuietFirstThunderImport())
+    if not shims.applies("quiet-import"):
+        return
+    finder = _QuietFirstThunderImport()
+    sys.meta_path.insert(0, finder)
+
+    def undo() -> None:
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
+
+    shims.record("quiet-import", undo)

@@ -77,6 +77,7 @@ class SubgraphRescue:
         on_first_call: OnFirstCall | None = None,
     ) -> None:
         self.jitted, self.thunder_fn, self.module = jitted, thunder_fn, module
+        self.__wrapped__ = thunder_fn  # the call it stands in front of (``unwrap_module_call`` puts it back)
         self._run: Callable = thunder_fn
         self._entry: Callable | None = None  # Thunder's compiled function entered directly (``enter``)
         self._on_first_call = on_first_call
@@ -113,6 +114,7 @@ class SubgraphRescue:
 
     def _rescue(self, error: Exception, args: tuple, kwargs: dict) -> Any:
         problems: list[str] = []
+        th.put_back_cuda_graphs()  # a compilation that failed before reading the guard's stand-ins
         transforms = th.jitted_transforms(self.jitted)
         for transform in transforms:
             th.forget_forward(transform)  # a failed compilation may have left its forward's state behind
@@ -221,9 +223,8 @@ class SubgraphRescue:
 def _unrescued(jitted: Any) -> Any:
     """``jitted``, a subgraph compiled again by the rescue, without the rescue the guard gave it as it was built
     (this rescue goes on where it fails)."""
-    call = th.module_call(jitted)
-    if isinstance(call, SubgraphRescue):
-        th.set_module_call(jitted, call.thunder_fn)
+    if isinstance(th.module_call(jitted), SubgraphRescue):
+        th.unwrap_module_call(jitted)
     return jitted
 
 
@@ -305,7 +306,7 @@ def _failing_transform(error: BaseException, transforms: list[Any]) -> Any | Non
                 files.setdefault(inspect.getfile(cls), t)
     found = None
     for frame, _ in traceback.walk_tb(error.__traceback__):
-        owner = frame.f_locals.get("self")
+        owner = th.user_transform(frame.f_locals.get("self"))
         by_method = next((t for t in transforms if owner is t), None)
         found = by_method or files.get(frame.f_code.co_filename) or found
     return found

@@ -86,6 +86,16 @@ class FusionGuard(thunder.Transform):
         self._subgraph_ids: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._captures: weakref.WeakKeyDictionary[th.CaptureSummary, Decision] = weakref.WeakKeyDictionary()
 
+    def transform_traces_pre_prologue(
+        self, prologue_trc: th.TraceCtx, computation_trc: th.TraceCtx, epilogue_trc: th.TraceCtx | None, **kwargs: Any
+    ) -> tuple[th.TraceCtx, th.TraceCtx, th.TraceCtx | None]:
+        """Before Thunder optimizes: in this compilation only, the guard's own ``CUDAGraphTransform`` (made from
+        the user's, which stays as it is) runs in place of each one given beside the guard. No trace changes."""
+        if not self.options.report_only:
+            with self._lock:
+                th.stand_in_for_cuda_graphs(writes_inputs, share=self.options.share_capture_buffers)
+        return prologue_trc, computation_trc, epilogue_trc
+
     def transform_trace_post_optimization(self, computation_trace: th.TraceCtx, **kwargs: Any) -> th.TraceCtx:
         with self._lock:
             backward = th.is_backward(computation_trace)
@@ -97,9 +107,6 @@ class FusionGuard(thunder.Transform):
                 self._compiles[function] = self._compiles.get(function, 0) + 1
                 self._this_thread()[function] = self._compiles[function]
             where = self._where("backward" if backward else "forward")
-            if not self.options.report_only:
-                for transform in th.compiling_transforms():
-                    th.share_capture_buffers(transform, writes_inputs, share=self.options.share_capture_buffers)
             seen = len(self.report)
             measure = self.measurer if self.options.measure_budget_s > 0 else None
             try:
@@ -141,8 +148,8 @@ class FusionGuard(thunder.Transform):
         return self._thread.compiles
 
     def cuda_graphs_captured(self, summary: th.CaptureSummary) -> None:
-        """Record what Thunder's ``CUDAGraphTransform``, made to share buffers, captured in a trace of a program
-        this guard compiles too (it calls this right after capturing)."""
+        """Record what the guard's own ``CUDAGraphTransform`` (run in place of the user's) captured in a trace of
+        a program this guard compiles too (it calls this right after capturing)."""
         with self._lock:
             where = self._where("backward" if summary.backward else "forward")
             decision = capture_decision(where, summary)
@@ -160,7 +167,8 @@ class FusionGuard(thunder.Transform):
 
     def transform_module(self, model: Any) -> None:
         """Under ThunderFX, stand between each split subgraph and Thunder's compiled function, so that a subgraph
-        Thunder fails on runs another way (:mod:`.fx_rescue`), recorded; strict mode: the failure is raised."""
+        Thunder fails on runs another way (:mod:`.fx_rescue`), recorded; strict mode: the failure is raised. The
+        ThunderModule's call is wrapped, kept as the rescue's ``__wrapped__`` (``unwrap_module_call`` restores it)."""
         module = th.thunderfx_subgraph_module(model)
         options = self.options
         if module is None or not options.rescue or options.strict or options.report_only:
@@ -180,7 +188,7 @@ class FusionGuard(thunder.Transform):
                 self.report.add(entry_decision(self._subgraph_id(module), module, why))
 
         first = on_first_call if options.direct_entry else None
-        th.set_module_call(model, SubgraphRescue(model, th.module_call(model), module, on_rescue, first))
+        th.wrap_module_call(model, lambda call: SubgraphRescue(model, call, module, on_rescue, first))
 
     def check_ranks(self, group: Any = None) -> list[str]:
         """Compare every decision so far with those of the other ranks; one line per rank that differs.

@@ -4,13 +4,16 @@ Thunder's internals move between releases; everything the guard needs from them 
 functions here, one module a job, so that a new release means reading and fixing this package only:
 
 - :mod:`.traces`: reading traces (what a bound symbol is and runs, its values, a trace's inputs and returns);
+- :mod:`.sources`: where the user wrote an op (their frame beside Thunder's, a torch.fx node's, a stack's);
 - :mod:`.lowering`: building traces and fusion calls, lowering ops to Thunder's torch executor;
 - :mod:`.executors`: which executors exist, which fusion executor runs where, software versions;
 - :mod:`.compiling`: the compilation Thunder runs right now;
-- :mod:`.jitted`: what ``thunder.jit`` and ThunderFX made;
+- :mod:`.jitted`: what ``thunder.jit`` made (transforms, traces, compiled calls; recording a run's fusion calls);
+- :mod:`.thunderfx`: what ThunderFX made (split subgraphs, the ops kept out of Thunder and why);
 - :mod:`.dynamo_breaks`: Dynamo's graph breaks under ThunderFX, with Dynamo's reason and the user's line;
 - :mod:`.translations`: library ops Thunder only registered automatically, translated into its own ops;
 - :mod:`.cudagraphs`: Thunder's ``CUDAGraphTransform`` (its capture for the traces its own checks refuse);
+- :mod:`.graph_calls`: calling a captured graph (inputs copied in one batch, writes copied back, warm-up apart);
 - :mod:`.calls`: calling nvFuser's regions directly (Thunder's per-call work once per input layout);
 - :mod:`.entry`: a compiled function's one cache entry called without Thunder's search of its cache;
 - :mod:`.compat`: the fix for a Thunder/nvFuser pair that does not work together as shipped.
@@ -22,16 +25,19 @@ modules' own.
 from __future__ import annotations
 
 # _quiet first: it imports Thunder, its optional-dependency notices sent to our logger (its docstring says which)
-from . import (  # noqa: F401
-    _quiet,
+from . import (
+    _quiet,  # noqa: F401
     calls,
     compiling,
     cudagraphs,
     dynamo_breaks,
     entry,
     executors,
+    graph_calls,
     jitted,
     lowering,
+    sources,
+    thunderfx,
     traces,
     translations,
 )
@@ -42,19 +48,25 @@ from .cudagraphs import *  # noqa: F403
 from .dynamo_breaks import *  # noqa: F403
 from .entry import *  # noqa: F403
 from .executors import *  # noqa: F403
+from .graph_calls import *  # noqa: F403
 from .jitted import *  # noqa: F403
 from .lowering import *  # noqa: F403
+from .sources import *  # noqa: F403
+from .thunderfx import *  # noqa: F403
 from .traces import *  # noqa: F403
 from .translations import *  # noqa: F403
 
 __all__ = [
     *traces.__all__,
+    *sources.__all__,
     *lowering.__all__,
     *executors.__all__,
     *compiling.__all__,
     *jitted.__all__,
+    *thunderfx.__all__,
     *dynamo_breaks.__all__,
     *cudagraphs.__all__,
+    *graph_calls.__all__,
     *translations.__all__,
     *calls.__all__,
     *entry.__all__,
@@ -63,4 +75,4 @@ __all__ = [
 # Thunder has loaded its executors by now: fix a broken Thunder/nvFuser pair before anything compiles.
 ensure_nvfuser_compat()
 # Each op traced from now on remembers the user's frame beside Thunder's innermost one (source lines).
-traces.record_user_frames()
+sources.record_user_frames()

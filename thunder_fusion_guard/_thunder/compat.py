@@ -1,4 +1,5 @@
-"""Compatibility fixes for the Thunder / nvFuser combinations we support, applied only where needed."""
+"""Compatibility fixes for the Thunder / nvFuser combinations supported, applied only where needed (each a shim of
+:mod:`..shims`: named, version-checked, undoable, and off with ``TFG_SHIMS_OFF``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import logging
 import sys
 from types import ModuleType
 
+from .. import shims
+
 logger = logging.getLogger("thunder_fusion_guard")
+SHIM = "nvfuser-direct-contiguity"  # its name in the registry of shims
 
 _applied: list[str] = []
 
@@ -32,10 +36,11 @@ def ensure_nvfuser_compat(
     module, which those builds lack, so the first nvFusion call fails. ``nvfuser_direct`` has the same
     function; this points Thunder at it. Applied only when Thunder's nvFuser executor is loaded, the
     legacy module is absent, Thunder's function still imports from it and ``nvfuser_direct`` has the
-    replacement. Returns whether the fix was applied now.
+    replacement, on the Thunder version the shim ``nvfuser-direct-contiguity`` (:mod:`..shims`) was written for and
+    unless turned off. Returns whether the fix was applied now.
     """
     impl = impl if impl is not None else sys.modules.get("thunder.executors.nvfuserex_impl")
-    if impl is None or getattr(impl, "_fusion_guard_compat", False):
+    if impl is None or getattr(impl, "_fusion_guard_compat", False) or not shims.applies(SHIM):
         return False
     if legacy_present is None:
         legacy_present = importlib.util.find_spec("nvfuser") is not None
@@ -63,5 +68,12 @@ def ensure_nvfuser_compat(
         "'nvfuser' module, which this nvFuser build lacks; using nvfuser_direct.compute_tensor_descriptor instead"
     )
     _applied.append(message)
+
+    def undo() -> None:
+        impl.compute_contiguity = original
+        del impl._fusion_guard_compat
+        _applied.remove(message)
+
+    shims.record(SHIM, undo)
     logger.info(message)
     return True

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .traces import is_library_file
+from .sources import is_library_file
 
 __all__ = ["GraphBreak", "graph_breaks", "parse_break_reason"]
 

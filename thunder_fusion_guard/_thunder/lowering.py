@@ -39,6 +39,7 @@ __all__ = [
     "refresh_dels",
     "set_provenance",
     "swap_proxies",
+    "with_call",
 ]
 
 
@@ -150,6 +151,13 @@ class _FusedRegion:
     inputs: tuple
     outputs: tuple
     bound_symbols: tuple
+
+
+def with_call(bsym: BoundSymbol, fn: Callable) -> BoundSymbol:
+    """A new bound symbol like ``bsym`` that calls ``fn`` under its name: built whole rather than edited, so the
+    trace ``bsym`` belongs to keeps its own call; the symbol's bind hook is not run (nvFuser's would set its
+    own call back)."""
+    return dataclasses.replace(bsym, tags=set(bsym.tags), _call_ctx={bsym.sym.name: fn})
 
 
 def rebuild_fusion(

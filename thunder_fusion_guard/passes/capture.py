@@ -67,6 +67,9 @@ def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decisio
         "capture: one allocated during a warm-up on the capture stream is freed by whoever clears cuBLAS's "
         "workspaces (torch.compile's CUDA graphs do, at each capture), and the graph would write memory given to "
         "other tensors at every replay. "
+        "The graphs are captured by a transform of the guard's own, made from the CUDAGraphTransform given (its "
+        "runner, so its memory pool and the graphs it holds), run in its place for this compilation only; the one "
+        "given is left as it is. "
         "Thunder's runner copies a graph's inputs into the "
         "graph's own buffers one copy_ at a time; the guard copies them in one batched copy (torch._foreach_copy_): "
         "the same bits in the same buffers before the same replay, with one call and a few kernels."
@@ -97,6 +100,7 @@ def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decisio
             "own_workspace": list(summary.own_workspace),
             "copied_in": [name for name, _, _ in summary.copied_in],
             "bytes_copied_in": sum(nbytes for _, _, nbytes in summary.copied_in),
+            "replaced_transform": summary.replaced,
         },
     )
 

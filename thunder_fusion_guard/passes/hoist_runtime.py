@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-import torch
-
 from .. import _thunder as th
 
 HOISTED_NAME = "hoisted_constants"
@@ -37,7 +35,7 @@ class HoistedValues:
             return values
         values = tuple(self.fn())
         self.computed += 1
-        if self.enabled and not _capturing_cuda_graph():
+        if self.enabled and not th.capturing_cuda_graph():
             self.values = values
         return values
 
@@ -50,10 +48,6 @@ class HoistedValues:
         return (
             f"HoistedValues({self.name}: {len(self.outputs)} outputs, computed {self.computed}, reused {self.reused})"
         )
-
-
-def _capturing_cuda_graph() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def hoisted_call(

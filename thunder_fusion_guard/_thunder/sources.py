@@ -1,0 +1,246 @@
+"""Where the user wrote an op: the user's frame Thunder's trace keeps of it (beside the innermost frame Thunder
+records), read from bound symbols, from a torch.fx node Dynamo made, or from a formatted stack; the frames of
+torch, Thunder, this package and Python's own library are never the user's."""
+
+from __future__ import annotations
+
+import dis
+import functools
+import importlib.util
+import itertools
+import os
+import re
+import sysconfig
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import thunder
+import torch
+from thunder.core.proxies import Proxy
+from thunder.core.symbol import BoundSymbol
+from thunder.core.trace import TraceCtx
+
+from .. import shims
+from .traces import is_fusion
+
+__all__ = [
+    "fx_node_source",
+    "is_library_file",
+    "module_path",
+    "record_user_frames",
+    "source_finder",
+    "source_line",
+    "stack_trace_source",
+    "user_frame",
+]
+
+
+def source_line(*bsyms: BoundSymbol) -> str | None:
+    """Where the user wrote the first of ``bsyms`` (or of their subsymbols, breadth first) that knows it: the
+    user's frame that made it (the first outside torch, Thunder, this package and Python's own library, or where
+    the user wrote no frame, the module of their model: :func:`record_user_frames`), else the innermost frame
+    Thunder recorded where that is the user's; never a line of torch, Thunder or a program torch.fx generated."""
+    for bsym in bsyms:
+        stack = [bsym]
+        while stack:
+            b = stack.pop(0)
+            positions, filename = getattr(b, "source_positions", None), getattr(b, "source_filename", None)
+            if filename and positions is not None and positions.lineno is not None:
+                user = getattr(positions, "user", None)
+                if user or not is_library_file(filename):
+                    return user or f"{filename}:{positions.lineno}"
+            stack.extend(b.subsymbols)
+    return None
+
+
+def source_finder(trace: TraceCtx) -> Callable[[Iterable[str]], str | None]:
+    """A function of names giving :func:`source_line` of the first that names a fusion region of ``trace`` or a
+    value one of its ops (or an op in one of its regions) makes; None where none is known."""
+    made: dict[str, BoundSymbol] = {}
+    for bsym in trace.bound_symbols:
+        if is_fusion(bsym):
+            made.setdefault(bsym.sym.name, bsym)
+        for b in (bsym, *bsym.subsymbols):
+            for out in b.flat_outs:
+                if isinstance(out, Proxy):
+                    made.setdefault(out.name, b)
+
+    def source_of(names: Iterable[str]) -> str | None:
+        for name in names:
+            line = source_line(made[name]) if name in made else None
+            if line:
+                return line
+        return None
+
+    return source_of
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this package: _thunder's parent
+# Libraries whose frames are no user's line: torch, Thunder, this package, and the tensor-notation libraries that
+# only hand their calls on to torch (einops' rearrange is the user's line that called it, not einops' own)
+_NOTATION_LIBRARIES = ("einops", "opt_einsum")
+
+
+def _package_dirs(names: Iterable[str]) -> list[str]:
+    """The folders of the installed packages ``names`` (found without importing them)."""
+    dirs = []
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            dirs.append(os.path.dirname(os.path.abspath(spec.origin)))
+    return dirs
+
+
+_LIBRARIES = tuple(
+    path + os.sep
+    for path in (
+        os.path.dirname(os.path.abspath(torch.__file__)),
+        os.path.dirname(os.path.abspath(thunder.__file__)),
+        _PACKAGE,
+        *_package_dirs(_NOTATION_LIBRARIES),
+    )
+)
+# this package's example models (the demo's functions, the benchmark cases, the zoo's own models): a user's code
+_EXAMPLES = frozenset(
+    os.path.join(_PACKAGE, *parts)
+    for parts in (("tools", "demo.py"), ("bench", "cases.py"), ("bench", "zoo_models.py"))
+)
+_STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+_GENERATED = ("<eval_with_key>", "thunder.")  # torch.fx's and Thunder's generated programs
+_STACK_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+@functools.lru_cache(maxsize=4096)
+def is_library_file(filename: str) -> bool:
+    """True for a file of torch, Thunder, this package (its example models aside) or Python's own library, or a
+    program torch.fx or Thunder generated: no frame a user wrote."""
+    path = os.path.abspath(filename)
+    if path in _EXAMPLES:
+        return False
+    if filename.startswith(_GENERATED) or path.startswith(_LIBRARIES):
+        return True
+    return path.startswith(_STDLIB) and not {"site-packages", "dist-packages"} & set(path.split(os.sep))
+
+
+def user_frame(frames: Iterable[tuple[str, int]]) -> str | None:
+    """``file:line`` of the first of ``frames`` ((file, line), innermost first) outside the libraries of
+    :func:`is_library_file`; None where all are inside."""
+    return next((f"{file}:{line}" for file, line in frames if not is_library_file(file)), None)
+
+
+def stack_trace_source(text: str | None) -> str | None:
+    """The user's frame (:func:`user_frame`) of a formatted stack (a torch.fx node's ``stack_trace``, outermost
+    first)."""
+    return user_frame(reversed(_STACK_FRAME.findall(text or "")))
+
+
+class _Located(dis.Positions):
+    """Thunder's position of an op in its innermost frame, and ``user``: the user's frame that led there."""
+
+    user: str | None = None
+
+
+def record_user_frames() -> None:
+    """Make each op Thunder traces remember the user's frame that led to it (the first outside torch, Thunder,
+    this package and Python's library; under ThunderFX the one torch.fx recorded for its node), beside the
+    innermost frame Thunder records and prints (``torch/nn/modules/linear.py`` for an ``nn.Linear``): read by
+    :func:`source_line`. Applied once per process; what Thunder records and prints is unchanged. The shim
+    ``user-source-lines`` (:mod:`..shims`): only on the Thunder version it was written for, unless turned off;
+    without it a source line is Thunder's innermost frame where that is the user's."""
+    from thunder.core.interpreter import InterpreterRuntimeCtx
+
+    original = InterpreterRuntimeCtx.get_current_user_source_location
+    if getattr(original, "_fusion_guard", False) or not shims.applies("user-source-lines"):
+        return
+
+    def located(self: Any) -> Any:
+        filename, positions = original(self)
+        if filename is None or positions is None or not is_library_file(filename):
+            return filename, positions
+        try:
+            user = _user_frame_of(self.frame_stack)
+        except Exception:  # a frame this reading does not know: Thunder's own position stays
+            user = None
+        if user is None:
+            return filename, positions
+        marked = _Located(*positions)
+        marked.user = user
+        return filename, marked
+
+    located._fusion_guard = True  # type: ignore[attr-defined]
+    located.__wrapped__ = original  # type: ignore[attr-defined]
+    InterpreterRuntimeCtx.get_current_user_source_location = located
+
+    def undo() -> None:
+        InterpreterRuntimeCtx.get_current_user_source_location = original
+
+    shims.record("user-source-lines", undo)
+
+
+def _user_frame_of(frames: Sequence[Any]) -> str | None:
+    """The user's frame among the interpreter's ``frames`` (outermost first); in a torch.fx program, what
+    :func:`fx_node_source` says of the node of the line running; where the user wrote no frame (a model built of
+    torch's modules alone, an ``nn.Sequential``), the module of their model that ran it (:func:`module_path`)."""
+    for frame in reversed(frames):
+        filename, positions = frame.code.co_filename, frame.positions
+        if positions is None or positions.lineno is None:
+            continue
+        if filename.startswith("<eval_with_key>"):
+            found = fx_node_source(_fx_node(frame, positions.lineno))
+            if found:
+                return found
+        elif not is_library_file(filename):
+            return f"{filename}:{positions.lineno}"
+    modules = [m for m in (_frame_self(f) for f in frames) if isinstance(m, torch.nn.Module)]
+    return module_path(modules[0], modules[-1]) if modules else None
+
+
+def _frame_self(frame: Any) -> Any:
+    """The first local of an interpreter frame (``self`` in a method), unwrapped; None where it has none."""
+    first = frame.localsplus[0] if frame.localsplus else None
+    return getattr(first, "value", first)  # the interpreter's wrapped value
+
+
+def _fx_node(frame: Any, lineno: int) -> Any:
+    """The torch.fx node whose generated line ``lineno`` the ``forward`` frame of a GraphModule runs; None where
+    it is not known."""
+    module = _frame_self(frame)
+    index = (getattr(module, "_lineno_map", None) or {}).get(lineno - frame.code.co_firstlineno)  # body lines
+    graph = getattr(module, "graph", None)
+    if index is None or graph is None:
+        return None
+    return next(itertools.islice(graph.nodes, index, None), None)
+
+
+def module_path(root: torch.nn.Module, module: torch.nn.Module) -> str:
+    """``model.blocks.0.conv (Conv2d)``: where ``module`` sits in the user's model ``root`` (its name in
+    ``root.named_modules()``) and its class, how a user finds a line of a model built of torch's modules alone."""
+    if module is root:
+        return f"model ({type(root).__name__})"
+    name = next((n for n, m in root.named_modules() if m is module), None)
+    return f"model.{name} ({type(module).__name__})" if name else f"model ({type(module).__name__})"
+
+
+# Dynamo's name of a module in ``nn_module_stack``: ``L['self'].blocks[0]._modules['conv']``
+_DYNAMO_ROOT = re.compile(r"^L\['(\w+)'\]")
+_DYNAMO_MODEL = ("self", "fn")  # the compiled module itself: torch.compile's ``self``, ThunderFX's ``fn``
+_DYNAMO_ITEM = re.compile(r"(?:\._modules)?\[['\"]?([^'\"\]]+)['\"]?\]")
+
+
+def fx_node_source(node: Any) -> str | None:
+    """Where the user wrote a torch.fx node Dynamo made: their frame in its recorded stack
+    (:func:`stack_trace_source`), else, for a model built of torch's modules alone, the module of their model
+    Dynamo recorded it ran in (``model.0 (Linear)``, as :func:`module_path` names it); None where neither is
+    known."""
+    if node is None:
+        return None
+    found = stack_trace_source(node.meta.get("stack_trace"))
+    stack = node.meta.get("nn_module_stack") or {}
+    if found or not stack:
+        return found
+    path, cls = list(stack.values())[-1]
+    root = _DYNAMO_ROOT.match(path)
+    name = _DYNAMO_ITEM.sub(r".\1", path[root.end() :] if root else path)
+    base = "model" if root is None or root.group(1) in _DYNAMO_MODEL else root.group(1)
+    kind = getattr(cls, "__name__", None) or str(cls).rsplit(".", 1)[-1]
+    return f"{base}{name} ({kind})"

@@ -1,0 +1,102 @@
+"""Compatibility shims: the few places where this package changes something that is not its own (a function of
+Thunder's, Python's import system) because the installed version needs it. Each is named here with what it changes
+and the Thunder versions it was written for; on any other version it does nothing. Each can be undone
+(:func:`undo`) and turned off before it applies: ``TFG_SHIMS_OFF=name,name`` (or ``all``) in the environment.
+README's "Compatibility shims" list is this registry (tests/test_shims.py compares). No torch or Thunder import.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["ENV", "SHIMS", "Shim", "applied_shims", "applies", "installed_version", "record", "switched_off", "undo"]
+
+ENV = "TFG_SHIMS_OFF"
+
+
+@dataclass(frozen=True)
+class Shim:
+    """One shim: its ``name`` (for ``TFG_SHIMS_OFF``), what it ``changes``, where (``module``), and the versions of
+    ``package`` it was written for (``versions``: exact releases, local suffixes such as ``+cu130`` aside)."""
+
+    name: str
+    changes: str
+    module: str
+    package: str = "lightning-thunder"
+    versions: tuple[str, ...] = ("0.2.6",)
+
+
+SHIMS: tuple[Shim, ...] = (
+    Shim(
+        "quiet-import",
+        "a finder on `sys.meta_path` sends Thunder's first import's `transformer_engine` and `CUDA_HOME` notices to "
+        "the logger at DEBUG",
+        "_quiet.py",
+    ),
+    Shim(
+        "nvfuser-direct-contiguity",
+        "`nvfuserex_impl.compute_contiguity` calls `nvfuser_direct.compute_tensor_descriptor` where legacy `nvfuser` "
+        "is missing",
+        "_thunder/compat.py",
+    ),
+    Shim(
+        "user-source-lines",
+        "`InterpreterRuntimeCtx.get_current_user_source_location` wrapped: each op also keeps your frame, Thunder's "
+        "own unchanged",
+        "_thunder/sources.py",
+    ),
+)
+_BY_NAME = {s.name: s for s in SHIMS}
+_UNDO: dict[str, Callable[[], None]] = {}  # name -> how to undo it, for each shim applied in this process
+
+
+def switched_off(environ: dict[str, str] | None = None) -> frozenset[str]:
+    """The shims ``TFG_SHIMS_OFF`` turns off (``all``: every one). A name it does not know is a ValueError naming
+    the variable and the names allowed."""
+    text = (os.environ if environ is None else environ).get(ENV, "")
+    names = {n.strip() for n in text.split(",") if n.strip()}
+    if "all" in names:
+        return frozenset(_BY_NAME)
+    unknown = sorted(names - set(_BY_NAME))
+    if unknown:
+        allowed = ", ".join(["all", *_BY_NAME])
+        raise ValueError(f"{ENV}: unknown shim {', '.join(map(repr, unknown))}; allowed: {allowed}")
+    return frozenset(names)
+
+
+def installed_version(package: str) -> str | None:
+    """The installed version of distribution ``package`` without its local part (``2.11.0`` of ``2.11.0+cu130``);
+    None where it is not installed."""
+    try:
+        return importlib.metadata.version(package).split("+", 1)[0]
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def applies(name: str) -> bool:
+    """Whether shim ``name`` may apply in this process: not turned off, and the installed version is one it was
+    written for."""
+    shim = _BY_NAME[name]
+    return name not in switched_off() and installed_version(shim.package) in shim.versions
+
+
+def record(name: str, undo_it: Callable[[], None]) -> None:
+    """Note that shim ``name`` was applied, and how to undo it."""
+    _UNDO[_BY_NAME[name].name] = undo_it
+
+
+def undo(name: str) -> bool:
+    """Undo shim ``name`` where it was applied in this process (what it changed is as before); False where not."""
+    undo_it = _UNDO.pop(_BY_NAME[name].name, None)
+    if undo_it is None:
+        return False
+    undo_it()
+    return True
+
+
+def applied_shims() -> list[str]:
+    """The names of the shims applied in this process and not undone."""
+    return [s.name for s in SHIMS if s.name in _UNDO]
