@@ -49,6 +49,8 @@ from thunder.executors.data_dependent_partition import Node, consecutive_fusion,
 from thunder.executors.utils import Region
 from thunder.transforms.cudagraph import CUDAGraphTransform
 
+from ..phases import CAPTURE, timing
+
 __all__ = [
     "UNCAPTURED_WHILE_HELD",
     "CaptureSummary",
@@ -356,7 +358,7 @@ class _GraphCall:
         entry = self.captures.get(layout)
         if entry is None:  # Thunder's runner captures it (and copies and replays as it does)
             runner = self.runner
-            out = runner.call_cuda_graph(self.name, *args)
+            out = timing(CAPTURE, runner.call_cuda_graph)(self.name, *args)
             entry = self.captures[layout] = runner.cuda_graph_cache[runner.make_cache_key(self.name, *args)]
             self.static_inputs = entry[1]
             return out
