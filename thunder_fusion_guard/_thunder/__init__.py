@@ -12,6 +12,7 @@ functions here, one module a job, so that a new release means reading and fixing
 - :mod:`.translations`: library ops Thunder only registered automatically, translated into its own ops;
 - :mod:`.cudagraphs`: Thunder's ``CUDAGraphTransform`` (its capture for the traces its own checks refuse);
 - :mod:`.calls`: calling nvFuser's regions directly (Thunder's per-call work once per input layout);
+- :mod:`.timestamps`: what Thunder's ``CompileStats`` and Dynamo record of a compilation's time;
 - :mod:`.compat`: the fix for a Thunder/nvFuser pair that does not work together as shipped.
 
 Callers use this package's names (``from .. import _thunder as th``); ``__all__`` is the union of the
@@ -21,7 +22,19 @@ modules' own.
 from __future__ import annotations
 
 # _quiet first: it imports Thunder, its optional-dependency notices sent to our logger (its docstring says which)
-from . import _quiet, calls, compiling, cudagraphs, dynamo_breaks, executors, jitted, lowering, traces, translations  # noqa: F401
+from . import (  # noqa: F401
+    _quiet,
+    calls,
+    compiling,
+    cudagraphs,
+    dynamo_breaks,
+    executors,
+    jitted,
+    lowering,
+    timestamps,
+    traces,
+    translations,
+)
 from .calls import *  # noqa: F403
 from .compat import ensure_nvfuser_compat
 from .compiling import *  # noqa: F403
@@ -30,6 +43,7 @@ from .dynamo_breaks import *  # noqa: F403
 from .executors import *  # noqa: F403
 from .jitted import *  # noqa: F403
 from .lowering import *  # noqa: F403
+from .timestamps import *  # noqa: F403
 from .traces import *  # noqa: F403
 from .translations import *  # noqa: F403
 
@@ -43,6 +57,7 @@ __all__ = [
     *cudagraphs.__all__,
     *translations.__all__,
     *calls.__all__,
+    *timestamps.__all__,
 ]
 
 # Thunder has loaded its executors by now: fix a broken Thunder/nvFuser pair before anything compiles.
