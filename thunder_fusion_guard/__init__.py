@@ -19,6 +19,7 @@ quiet_first_thunder_import()
 # public name -> module that defines it
 _EXPORTS = {
     "Decision": ".decisions",
+    "FirstCall": ".examine.first_call",
     "FusionGuard": ".transform",
     "CommunicationChanged": ".passes",
     "FusionGuardError": ".passes",
@@ -29,6 +30,7 @@ _EXPORTS = {
     "choose_backends": ".backend_choice",
     "collect_segments": ".examine.segments",
     "explain": ".examine.explain",
+    "first_call": ".examine.first_call",
     "fusion_executors": "._thunder",
     "guard_trace": ".passes",
     "host_time": ".examine.host_time",
@@ -44,6 +46,7 @@ _EXPORTS = {
 __all__ = [
     "CommunicationChanged",
     "Decision",
+    "FirstCall",
     "FusionGuard",
     "FusionGuardError",
     "RankMismatch",
@@ -53,6 +56,7 @@ __all__ = [
     "choose_backends",
     "collect_segments",
     "explain",
+    "first_call",
     "fusion_executors",
     "guard_trace",
     "host_time",
@@ -87,6 +91,7 @@ if TYPE_CHECKING:
     from .decisions import Decision
     from .examine.dataflow import trace_graphs
     from .examine.explain import explain
+    from .examine.first_call import FirstCall, first_call
     from .examine.host_time import host_time
     from .examine.profile import RegionProfile, profile_regions
     from .examine.segments import RegionKernels, collect_segments

@@ -41,7 +41,8 @@ class Report:
     decisions name their rank, and ``warnings`` says where ranks decided differently (see ``FusionGuard.check_ranks``).
     ``recompiles`` says, per function name, why Thunder compiled a ``thunder.jit`` function again (filled by
     ``explain``; a ThunderFX subgraph's are in its :class:`Subgraph`). ``backend_choices`` holds what
-    ``choose_backends`` chose for each ThunderFX subgraph (``BackendChoice.to_dict()``).
+    ``choose_backends`` chose for each ThunderFX subgraph (``BackendChoice.to_dict()``). ``first_call`` holds where
+    a first call timed with ``first_call()`` spent its seconds (``FirstCall.to_dict()``: ``phases_s`` by phase).
     """
 
     def __init__(self) -> None:
@@ -54,6 +55,7 @@ class Report:
         self.warnings: list[str] = []
         self.recompiles: dict[str, list[str]] = {}
         self.backend_choices: list[dict[str, Any]] = []
+        self.first_call: dict[str, Any] | None = None
 
     def saw_trace(self, executors: list[tuple[str, bool]]) -> None:
         """Count one trace handed to the guard, compiled with ``executors`` ((name, is fusion) pairs)."""
@@ -122,6 +124,8 @@ class Report:
             data["recompiles"] = {k: list(v) for k, v in self.recompiles.items()}
         if self.backend_choices:
             data["backend_choices"] = [dict(c) for c in self.backend_choices]
+        if self.first_call:
+            data["first_call"] = dict(self.first_call)
         return data
 
     def to_json(self, **kwargs: Any) -> str:
@@ -157,6 +161,7 @@ class Report:
             )
         lines = [f"calibration of {c['executor']} on {c['device']}: {c['result']}" for c in self.calibrations]
         lines += [f"backend of {backend_choice_line(c)}" for c in self.backend_choices]
+        lines += [first_call_line(self.first_call)] if self.first_call else []
         lines += [f"warning: {w}" for w in self.warnings]
         lines += [notice] if notice is not None else []
         return "\n".join([text, *(part for line in lines for part in wrapped(line, width, "  "))])
@@ -169,6 +174,13 @@ def backend_choice_line(choice: dict[str, Any]) -> str:
     """'subgraph: backend: why', and each backend that failed on it, of one ``choose_backends`` choice."""
     failed = "".join(f"; {name} failed: {problem}" for name, problem in choice.get("problems", {}).items())
     return f"{choice['subgraph']}: {choice['chosen']}: {choice['reason']}{failed}"
+
+
+def first_call_line(first: dict[str, Any]) -> str:
+    """'first call N s: phase s, ...' of a ``FirstCall.to_dict()``, its phases of 1 ms or more, largest first."""
+    phases = sorted(((s, p) for p, s in first["phases_s"].items() if s >= 5e-4), reverse=True)
+    parts = ", ".join(f"{p.replace('_', ' ')} {s:.3f} s" for s, p in phases)
+    return f"first call {first['wall_s']:.3f} s: {parts or 'no phase of 1 ms or more'}"
 
 
 def _header(with_kernels: bool) -> tuple[str, ...]:

@@ -25,6 +25,7 @@ from .passes import FusionGuardError, TraceContext, guard_trace
 from .passes.capture import capture_decision, held_decision
 from .passes.hoist import HoistLedger
 from .passes.rescue import announce, describe_inputs
+from .phases import GUARD_MEASUREMENTS, GUARD_PASSES, timing
 from .policy import ModelDoubt
 from .report import Report
 
@@ -108,9 +109,9 @@ class FusionGuard(thunder.Transform):
                 self._this_thread()[function] = self._compiles[function]
             where = self._where("backward" if backward else "forward")
             seen = len(self.report)
-            measure = self.measurer if self.options.measure_budget_s > 0 else None
+            measure = timing(GUARD_MEASUREMENTS, self.measurer) if self.options.measure_budget_s > 0 else None
             try:
-                new_trace = guard_trace(
+                new_trace = timing(GUARD_PASSES, guard_trace, where)(
                     computation_trace,
                     self.options,
                     self.report,
@@ -258,7 +259,8 @@ class FusionGuard(thunder.Transform):
                 event = {"device": device, "executor": executor, "seconds": 0.0, "result": note}
                 self.report.calibrations.append(event)
             elif chosen is None and mode in ("auto", "measure"):
-                chosen, note, seconds = calibrate.auto_calibrate(device, executor, self.options.calibration_budget_s)
+                calibrating = timing(GUARD_MEASUREMENTS, calibrate.auto_calibrate)
+                chosen, note, seconds = calibrating(device, executor, self.options.calibration_budget_s)
                 self.report.calibrations.append(
                     {"device": device, "executor": executor, "seconds": round(seconds, 3), "result": note}
                 )

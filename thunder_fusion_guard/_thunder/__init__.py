@@ -16,6 +16,7 @@ functions here, one module a job, so that a new release means reading and fixing
 - :mod:`.graph_calls`: calling a captured graph (inputs copied in one batch, writes copied back, warm-up apart);
 - :mod:`.calls`: calling nvFuser's regions directly (Thunder's per-call work once per input layout);
 - :mod:`.entry`: a compiled function's one cache entry called without Thunder's search of its cache;
+- :mod:`.timestamps`: what Thunder's ``CompileStats`` and Dynamo record of a compilation's time;
 - :mod:`.compat`: the fix for a Thunder/nvFuser pair that does not work together as shipped.
 
 Callers use this package's names (``from .. import _thunder as th``); ``__all__`` is the union of the
@@ -38,6 +39,7 @@ from . import (
     lowering,
     sources,
     thunderfx,
+    timestamps,
     traces,
     translations,
 )
@@ -53,6 +55,7 @@ from .jitted import *  # noqa: F403
 from .lowering import *  # noqa: F403
 from .sources import *  # noqa: F403
 from .thunderfx import *  # noqa: F403
+from .timestamps import *  # noqa: F403
 from .traces import *  # noqa: F403
 from .translations import *  # noqa: F403
 
@@ -70,6 +73,7 @@ __all__ = [
     *translations.__all__,
     *calls.__all__,
     *entry.__all__,
+    *timestamps.__all__,
 ]
 
 # Thunder has loaded its executors by now: fix a broken Thunder/nvFuser pair before anything compiles.

@@ -121,15 +121,28 @@ class RescuingCall(_Wrapper):
     failure. Where the fallback raises too, its error (the one eager PyTorch gives for those ops) reaches the
     caller and the region stays as it was; where no fallback can be built, the original error does. Nothing
     more than one call and a ``try`` runs while the fusion works, so its outputs are the fusion's own.
-    Other attributes are ``fused``'s (``name``, ``last_used``)."""
+    Other attributes are ``fused``'s (``name``, ``last_used``). ``first_call(fused, args)``, given, runs the first
+    call (timing it, where the fusion executor compiles); later calls are ``fused``'s own again."""
 
-    __slots__ = ("_make_fallback", "_on_rescue", "_run", "fused")
+    __slots__ = ("_first_call", "_make_fallback", "_on_rescue", "_run", "fused")
 
-    def __init__(self, fused: Callable, make_fallback: Callable[[], Callable], on_rescue: Callable) -> None:
+    def __init__(
+        self,
+        fused: Callable,
+        make_fallback: Callable[[], Callable],
+        on_rescue: Callable,
+        first_call: Callable[[Callable, tuple], Any] | None = None,
+    ) -> None:
         self.fused = fused
-        self._run = fused
+        self._first_call = first_call
+        self._run = fused if first_call is None else self._first
         self._make_fallback = make_fallback
         self._on_rescue = on_rescue
+
+    def _first(self, *args: Any) -> Any:
+        self._run = self.fused  # from now on (a failure of this call too) as without a first-call timer
+        first, self._first_call = self._first_call, None
+        return first(self.fused, args)
 
     def __call__(self, *args: Any) -> Any:
         try:
@@ -142,7 +155,7 @@ class RescuingCall(_Wrapper):
     @property
     def rescued(self) -> bool:
         """Whether the region runs by its fallback now."""
-        return self._run is not self.fused
+        return self._run is not self.fused and self._first_call is None
 
     def _rescue(self, error: Exception, args: tuple) -> Any:
         try:

@@ -13,6 +13,8 @@ import torch
 from thunder.core.proxies import Proxy
 from thunder.core.symbol import BoundSymbol
 
+from ..phases import CAPTURE, timing
+
 __all__ = [
     "UNCAPTURED_WHILE_HELD",
     "GraphCall",
@@ -118,7 +120,7 @@ class GraphCall:
         entry = self.captures.get(layout)
         if entry is None:  # Thunder's runner captures it (and copies and replays as it does)
             runner = self.runner
-            out = runner.call_cuda_graph(self.name, *args)
+            out = timing(CAPTURE, runner.call_cuda_graph)(self.name, *args)
             entry = self.captures[layout] = runner.cuda_graph_cache[runner.make_cache_key(self.name, *args)]
             self.static_inputs = entry[1]
             return out

@@ -202,6 +202,7 @@ class PathResult:
     error: str | None = None  # the error's first line, whole (error_line), or why the path was not started
     error_detail: str | None = None  # the whole error (error_text), where its message has more lines
     first_call_s: float | None = None
+    phases_s: dict[str, float] | None = None  # a Thunder path's first call by phase (examine.first_call)
     backends: dict[str, int] | None = None  # the backend choice: subgraphs per backend chosen
     self_difference: float | None = None  # an unguarded Thunder path: the largest difference of it against itself
     compared_with: ZooPath | None = None  # the path its results were compared with (its baseline, or eager)
@@ -568,6 +569,7 @@ def _compile_paths(
     import torch
 
     from .._thunder import library_ops_are_translated
+    from ..examine.first_call import first_call
     from .zoo_models import ZOO
 
     torch.manual_seed(0)
@@ -588,9 +590,12 @@ def _compile_paths(
         try:
             fn, guard = _compile(model.module, path, device, guard_options)
             step = _Step(model, fn, device)
+            timer = first_call(fn) if path.is_thunder else contextlib.nullcontext()
             began = time.perf_counter()
-            step()
+            with timer as first:
+                step()
             row.first_call_s = round(time.perf_counter() - began, 3)
+            row.phases_s = first.to_dict(3)["phases_s"] if first else None
             if path.backends:
                 from ..backend_choice import choose_backends
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from .. import _thunder as th
+from ..phases import first_call_timer
 from ..regions import Region, find_regions
 from .rewrite import CallChange, lower_region
 
@@ -40,7 +41,7 @@ def rescue_calls(
     region of an executor in :data:`LOSES_STRIDED_WRITES` that writes one of its inputs writes it through a
     contiguous copy where it is not contiguous (:class:`~.._thunder.ContiguousWrites`), and
     ``on_strided_write`` is told the first such call. One record per region (``changed``: called through a
-    rescuing call)."""
+    rescuing call). While a first call is timed, each region's first call is timed as its fusion compile."""
     wraps: list[CallChange] = []
     bsyms = list(trace.bound_symbols)
     for region in find_regions(trace):
@@ -60,6 +61,7 @@ def rescue_calls(
             fused,
             _fallback_maker(trace, region),
             lambda error, args, region=region: on_rescue(region, error, args),
+            first_call_timer(region.name),
         )
         bsyms[region.position] = th.with_region_callable(region.bsym, call)
         wraps.append(CallChange(region.name, True))
