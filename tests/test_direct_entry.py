@@ -102,11 +102,16 @@ def test_a_call_the_prologue_refuses_goes_through_thunders_call():
     expected = jfn(a, b)
     direct, why = th.direct_entry(None, jfn)
     assert why == "" and direct is not None
+    left = []
+    direct.on_leave = left.append
     assert torch.equal(direct(a, b), expected) and direct.calls == 1
     other = torch.randn(5, 2)
     assert torch.equal(direct(other, other), (other * other).sum(-1))  # another shape: Thunder compiles it
     assert direct.calls == 1 and len(jfn._lc_cs.interpreter_cache) == 2
     assert torch.equal(direct(a, b), expected) and direct.calls == 1  # two entries: Thunder chooses each time
+    assert len(left) == 1 and left[0].startswith("2 cache entries")  # told once
+    direct(a, b)
+    assert len(left) == 1
 
 
 def test_no_direct_entry_for_another_thunder_release(monkeypatch):

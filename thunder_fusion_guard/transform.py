@@ -181,12 +181,21 @@ class FusionGuard(thunder.Transform):
                 self.report.add(decision)
             announce(decision)
 
+        def entered(why: str) -> None:
+            with self._lock:
+                subgraph = self._subgraph_id(module)
+                decision = entry_decision(subgraph, module, why)
+                compiled = [d for d in self.report if d.subgraph == subgraph and d.action != "enter"]
+                if compiled:  # the compilation it is about: the subgraph's latest
+                    decision.function, decision.compile_index = compiled[-1].function, compiled[-1].compile_index
+                self.report.add(decision)
+
         def on_first_call(rescue: SubgraphRescue) -> None:
             entry, why = th.direct_entry(rescue.jitted, rescue.thunder_fn)
             if entry is not None:
                 rescue.enter(entry)
-            with self._lock:
-                self.report.add(entry_decision(self._subgraph_id(module), module, why))
+                entry.on_leave = entered
+            entered(why)
 
         first = on_first_call if options.direct_entry else None
         th.wrap_module_call(model, lambda call: SubgraphRescue(model, call, module, on_rescue, first))

@@ -37,6 +37,7 @@ class DirectEntry:
         self._split = options.get("thunderfx_disable_split_autograd", False)
         self._differentiable = options.get("is_differentiable_outputs", None)
         self.calls = 0  # calls that took this path (the rest went through Thunder's)
+        self.on_leave: Callable[[str], None] | None = None  # told once, when a second entry ends direct calls
         self.__name__ = self.__qualname__ = getattr(thunder_fn, "__name__", "direct_entry")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -46,14 +47,10 @@ class DirectEntry:
         from thunder.executors.torch_autograd import connect_to_autograd
 
         cd, cs, entry = self.cd, self.cs, self.entry
-        if (
-            kwargs
-            or is_tracing()
-            or torch.is_autocast_enabled()
-            or torch.is_autocast_cpu_enabled()
-            or len(cs.interpreter_cache) != 1
-            or cs.interpreter_cache[0] is not entry
-        ):
+        if len(cs.interpreter_cache) != 1 or cs.interpreter_cache[0] is not entry:
+            self._leave(f"{len(cs.interpreter_cache)} cache entries: Thunder chooses among them at each call")
+            return self.thunder_fn(*args, **kwargs)
+        if kwargs or is_tracing() or torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled():
             return self.thunder_fn(*args, **kwargs)
         info = _cache_info(args, self._alias_info)
         if info is None:
@@ -88,6 +85,11 @@ class DirectEntry:
         torch.set_grad_enabled(cd.is_grad_enabled)
         cs.last_computation = entry.computation_fn
         return result
+
+    def _leave(self, why: str) -> None:
+        told, self.on_leave = self.on_leave, None
+        if told is not None:
+            told(why)
 
 
 def _cache_info(args: tuple, alias_info: bool) -> dict[str, Any] | None:

@@ -240,7 +240,10 @@ def compilations_note(decisions: Sequence[Decision], reasons: Sequence[str] | No
     text = f"compiled {count} times{which}" + _recompiled_why(labels, reasons)
     if len(indices) < 2:
         return f"{text}; shown: the latest compilation"
-    decided = {frozenset(_decided(d) for d in decisions if d.compile_index == i) for i in indices}
+    # An entry decision is about the subgraph's calls, not what a compilation decided.
+    decided = {
+        frozenset(_decided(d) for d in decisions if d.compile_index == i and d.action != "enter") for i in indices
+    }
     alike = "each compilation made the same decisions" if len(decided) == 1 else "the compilations decided differently"
     return f"{text}; {alike}, listed for each"
 
