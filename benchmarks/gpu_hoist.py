@@ -28,7 +28,7 @@ import time
 import thunder
 import torch
 
-import thunder_fusion_guard.passes.pipeline as pipeline
+import thunder_fusion_guard.passes.hoist_pass as hoist_pass
 from thunder_fusion_guard import FusionGuard
 from thunder_fusion_guard._thunder import software_versions
 from thunder_fusion_guard.measure.timing import interleaved_rounds
@@ -57,7 +57,7 @@ def _timed_hoist(fn):
     return timed
 
 
-pipeline.hoist_constants = _timed_hoist(pipeline.hoist_constants)
+hoist_pass.hoist_constants = _timed_hoist(hoist_pass.hoist_constants)
 
 
 def build(tokens: int, window: bool, like=None):

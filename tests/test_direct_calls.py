@@ -171,12 +171,12 @@ def test_option_is_checked():
 
 def test_a_failing_direct_call_pass_is_in_the_report(monkeypatch):
     """The pass runs last; its failure is still recorded (and the program runs on with Thunder's calls)."""
-    import thunder_fusion_guard.passes.pipeline as pipeline
+    import thunder_fusion_guard.passes.direct_calls as direct_calls_module
 
     def broken(trace, may_change):
         raise RuntimeError("planted direct-call failure")
 
-    monkeypatch.setattr(pipeline, "direct_calls", broken)
+    monkeypatch.setattr(direct_calls_module, "direct_calls", broken)
 
     def f(x):
         return torch.sigmoid(x * 2.0) + 1.0

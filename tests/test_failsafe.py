@@ -11,7 +11,7 @@ from test_inplace import copy_into_input
 from thunder.extend import OperatorExecutor
 
 import thunder_fusion_guard._thunder as th
-import thunder_fusion_guard.passes.pipeline as passes
+import thunder_fusion_guard.passes.decide as passes
 from thunder_fusion_guard import FusionGuard, FusionGuardError
 from thunder_fusion_guard.ops import effect_count
 

@@ -15,7 +15,7 @@ LAYERS = [
     ["library_forwards"],  # library modules' forwards in plain torch (e3nn's Extract out of place); no Thunder
     ["_thunder"],  # the only place touching Thunder's internals (and the nvFuser compat fix)
     ["ops"],  # every rule about ops
-    ["regions", "shipped_constants", "cost", "options", "decisions", "distributed"],
+    ["regions", "shipped_constants", "cost", "options", "decisions", "reasons", "distributed"],
     ["render"],  # a leaf: text tables and pictures; reads decisions, profiles, graphs and why rows by attribute
     ["report"],
     ["policy"],  # a region's fate

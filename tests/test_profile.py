@@ -12,7 +12,7 @@ from helpers import jit_cpu, regions
 
 from thunder_fusion_guard import FusionGuard, profile_regions
 from thunder_fusion_guard import _thunder as th
-from thunder_fusion_guard.examine import profile as profile_module
+from thunder_fusion_guard.examine import profile_rows
 from thunder_fusion_guard.examine.profile import RegionRow
 from thunder_fusion_guard.wording import error_line
 
@@ -176,7 +176,7 @@ def test_a_column_not_measured_says_why_on_one_line(monkeypatch):
     def unlowerable(trace, region):
         return variable.get()
 
-    monkeypatch.setattr(profile_module, "lower_region", unlowerable)
+    monkeypatch.setattr(profile_rows, "lower_region", unlowerable)
     profile = profile_regions(jit_cpu(mixed), *_inputs(requires_grad=False), reps=1, warmup=0)
     assert profile.rows
     for row in profile.rows:
@@ -252,10 +252,9 @@ def test_profile_names_a_region_hoisting_split_after_the_decision():
 
 
 def test_profile_table_marks_disagreements_with_injected_timings(monkeypatch):
-    import thunder_fusion_guard.examine.profile as profile_module
 
     timings = iter([(50.0, (49.0, 51.0)), (10.0, (9.0, 11.0))] * 10)  # every region: fused 50 µs, eager 10 µs
-    monkeypatch.setattr(profile_module, "_timed", lambda fn, args, reps, warmup: next(timings))
+    monkeypatch.setattr(profile_rows, "_timed", lambda fn, args, reps, warmup: next(timings))
     guard = FusionGuard(measure_budget_s=0)
     jitted = jit_cpu(lambda t: torch.softmax(t * 2.0, dim=-1), guard)
     profile = profile_regions(jitted, torch.randn(4, 8), reps=2, warmup=0)

@@ -10,7 +10,8 @@ from test_hoist import mask_loop
 from test_inplace import copy_into_input
 from test_rewrites import sliding_window_mask
 
-import thunder_fusion_guard.passes.pipeline as pipeline
+import thunder_fusion_guard.passes.decide as decide
+import thunder_fusion_guard.passes.fold as fold
 from thunder_fusion_guard import FusionGuard
 
 # The subject is not the code Inductor generates: regions run uncompiled (helpers.without_inductor).
@@ -68,8 +69,8 @@ def test_failure_reasons_are_whole_and_the_error_kept(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("planted failure " + "x" * 200)
 
-    monkeypatch.setattr(pipeline, "lower_region", broken)
-    monkeypatch.setattr(pipeline, "fold_setitem_copies", broken)
+    monkeypatch.setattr(decide, "lower_region", broken)
+    monkeypatch.setattr(fold, "fold_setitem_copies", broken)
     guard = FusionGuard()
     jit_cpu(metadata_chain, guard)(torch.randn(3, 4, 6, 5))
     jit_cpu(sliding_window_mask, guard)(torch.randn(1, 2, 8, 8))

@@ -136,14 +136,15 @@ def test_details_lists_every_key_the_package_reads_or_writes():
         r"details(?:\[|\.get\()\s*\"(\w+)\""  # details["key"], details.get("key"
         r"|details\.update\(((?:[^()]|\([^()]*\))*)\)"  # details.update(key=..., ...)
         r"|details=\{([^}]*)\}"  # details={"key": ...}
+        r"|(?<!class )Details\(((?:[^()]|\([^()]*\))*)\)"  # Details(key=..., ...)
         r"|\"(\w+)\" in \w+\.details"  # "key" in d.details
     )
     used = set()
     for path in package.rglob("*.py"):
         for match in pattern.finditer(path.read_text()):
-            key, update, literal, member = match.groups()
+            key, update, literal, built, member = match.groups()
             used |= {key, member} - {None}
-            used |= set(re.findall(r"(\w+)=", update or ""))
+            used |= set(re.findall(r"(\w+)=", (update or "") + (built or "")))
             used |= set(re.findall(r"\"(\w+)\":", literal or ""))
     assert {"scope", "decided_by", "kernels", "into", "piece", "explanation"} <= used  # the search finds them
     assert used <= set(Details.__annotations__), sorted(used - set(Details.__annotations__))

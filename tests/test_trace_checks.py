@@ -68,14 +68,14 @@ def test_split_regions_and_thunderfx_pass_thunder_checks():
 PLANTED_FAILURE = """
 import thunder, torch
 from thunder.executors.torch_compile import torch_compile_ex
-import thunder_fusion_guard.passes.pipeline as pipeline
+import thunder_fusion_guard.passes.fold as fold
 from thunder_fusion_guard import FusionGuard
 
-if pipeline.fold_pass.__doc__ is not None or FusionGuard.__doc__ is not None:
+if fold.fold_pass.__doc__ is not None or FusionGuard.__doc__ is not None:
     raise SystemExit("the docstrings are still there")
 def broken(*args, **kwargs):
     raise RuntimeError("planted failure")
-pipeline.fold_setitem_copies = broken
+fold.fold_setitem_copies = broken
 
 def f(x):
     m = torch.zeros(4, 4)
@@ -120,11 +120,11 @@ def _drop_docstrings(monkeypatch) -> None:
 def test_a_failing_pass_is_kept_and_recorded_without_docstrings(monkeypatch, capsys):
     """The short form of the -OO test below, in this process: the package's docstrings removed as -OO
     removes them, a pass that fails still leaves the trace as it was and says which."""
-    import thunder_fusion_guard.passes.pipeline as pipeline
+    import thunder_fusion_guard.passes.fold as fold
     from thunder_fusion_guard import FusionGuard  # noqa: F401 (loaded, so that its docstrings go too)
 
     _drop_docstrings(monkeypatch)
-    monkeypatch.setattr(pipeline, "fold_setitem_copies", pipeline.fold_setitem_copies)  # restored afterwards
+    monkeypatch.setattr(fold, "fold_setitem_copies", fold.fold_setitem_copies)  # restored afterwards
     exec(compile(PLANTED_FAILURE, "planted_failure", "exec"), {})
     out = capsys.readouterr().out
     assert "fold_pass skipped: it failed" in out and "RuntimeError: planted failure" in out

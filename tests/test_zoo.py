@@ -445,7 +445,7 @@ def test_bench_zoo_split_runs_path_groups_and_says_so(monkeypatch, capsys, tmp_p
 def test_bench_zoo_runs_the_second_e3nn_built_model_on_cuda_split_and_translated(monkeypatch, capsys):
     """`fusion-guard bench zoo --device cuda --split --translate --models e3nn-nequip-modules-l3` asks run_zoo for
     that model on every path (no CUDA here: the device check is stood in for, nothing runs)."""
-    from thunder_fusion_guard.tools import bench_cli
+    from thunder_fusion_guard.tools import zoo_cli
     from thunder_fusion_guard.tools.cli import main
 
     seen = {}
@@ -455,7 +455,7 @@ def test_bench_zoo_runs_the_second_e3nn_built_model_on_cuda_split_and_translated
         return []
 
     monkeypatch.setattr(zoo, "run_zoo", fake_run_zoo)
-    monkeypatch.setattr(bench_cli, "resolve_device", lambda device: device)
+    monkeypatch.setattr(zoo_cli, "resolve_device", lambda device: device)
     argv = ["bench", "zoo", "--device", "cuda", "--split", "--translate", "--models", "e3nn-nequip-modules-l3"]
     assert main(argv) == 0
     assert seen == {"models": ["e3nn-nequip-modules-l3"], "device": "cuda", "paths": list(zoo.PATHS), "split": True,
@@ -469,7 +469,7 @@ def test_the_second_e3nn_built_model_is_the_first_at_l3_with_three_blocks_and_mo
 ):
     import torch
 
-    from thunder_fusion_guard.bench import zoo_models
+    from thunder_fusion_guard.bench import zoo_equivariant
 
     entry = ZOO["e3nn-nequip-modules-l3"]
     assert entry.library == entry.requires == "e3nn" and not entry.small  # the CPU suite runs it only --run-slow
@@ -480,8 +480,8 @@ def test_the_second_e3nn_built_model_is_the_first_at_l3_with_three_blocks_and_mo
             super().__init__()
             made.append(kwargs)
 
-    monkeypatch.setattr(zoo_models, "E3nnNequIP", Recorded)
-    monkeypatch.setattr(zoo_models, "_atoms", lambda device: ())
+    monkeypatch.setattr(zoo_equivariant, "E3nnNequIP", Recorded)
+    monkeypatch.setattr(zoo_equivariant, "_atoms", lambda device: ())
     for name in ("e3nn-nequip-modules", "e3nn-nequip-modules-l3"):
         for device in ("cpu", "cuda"):
             ZOO[name].build(device)

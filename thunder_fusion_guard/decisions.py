@@ -109,6 +109,7 @@ class Decision:
     subgraph: str | None = None
     details: Details = field(default_factory=lambda: Details())
     rank: int | None = None
+    code: str | None = None  # the reason's code (reasons.ReasonCode), where the reason is worded from facts
 
     @property
     def about_region(self) -> bool:

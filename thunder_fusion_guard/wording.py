@@ -13,11 +13,6 @@ def fit(text: str, chars: int) -> str:
     return text if len(text) <= chars else text[: max(1, chars - 1)].rstrip() + "…"
 
 
-def one_line(text: str, chars: int) -> str:
-    """``text`` with its whitespace runs (newlines too) made single spaces, then :func:`fit` to ``chars``."""
-    return fit(" ".join(text.split()), chars)
-
-
 def wrap(text: str, chars: int, indent: str = "    ") -> list[str]:
     """``text`` as lines of at most ``chars`` characters (every line after the first starting with ``indent``),
     broken between words only: nothing is left out, and a name with hyphens stays whole (a single word longer than

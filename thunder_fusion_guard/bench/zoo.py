@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from ..wording import error_line, error_text, wrap
+from ..wording import WIDTH, error_line, error_text, wrap
 
 Frontend = Literal["eager", "inductor", "inductor-ro", "thunder.jit", "ThunderFX"]
 FRONTENDS: tuple[str, ...] = ("eager", "inductor", "inductor-ro", "thunder.jit", "ThunderFX")
@@ -147,7 +147,6 @@ KNOWN_LIMITATIONS = {
 COMPILE_MARGIN = 1.3  # a Thunder path's compile is guessed as this times the longest one so far
 SELF_REPEATS = 3  # extra steps of each unguarded path: Thunder's own run-to-run difference is their largest
 LOCK_ENV = "TFG_ZOO_LOCK"
-WIDTH = 120  # columns of the lines under the table
 
 
 def known_limitation(error: str) -> str | None:

@@ -20,7 +20,7 @@ from typing import Any
 from .. import _thunder as th
 from ..decisions import Decision
 from ..ops import runs_as_view
-from ..render import graph_svg, pairs_dot
+from ..render import pairs_dot
 from .calls import latest_decisions, programs
 
 KERNEL_KINDS = ("region", "op")
@@ -170,9 +170,6 @@ class TraceGraph:
             "nodes": [asdict(n) for n in self.nodes],
             "edges": [{**asdict(e), "nbytes": e.nbytes} for e in self.edges],
         }
-
-    def to_svg(self, peak_gbps: float | None = None) -> str:
-        return graph_svg(self, peak_gbps)
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .. import _thunder as th
-from ..measure.timing import interleaved_rounds
+from ..measure.timing import interleaved_rounds, sync
 from ..ops import work_kind
 from ..regions import find_regions
 from ..render.bars import grouped_bars_svg
@@ -208,17 +208,12 @@ def side_by_side(
     for variant, step in steps.items():
         for _ in range(warmup):
             step()
-        _sync(device)
+        sync(device == "cuda")
         step_us, host_us = _time(step, rounds, device)
         profile = _profile(variant, step, compiled.get(variant), profiled_rounds, device)
         profile.step_us, profile.host_us = step_us, host_us
         out.append(profile)
     return SideBySide(case, out)
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def _time(step: Callable[[], Any], rounds: int, device: str) -> tuple[float, float]:
@@ -231,7 +226,7 @@ def _time(step: Callable[[], Any], rounds: int, device: str) -> tuple[float, flo
         step()
         hosts.append((time.perf_counter_ns() - start) / 1e3)
 
-    walls = interleaved_rounds({"step": timed}, rounds, sync=lambda: _sync(device)).samples["step"]
+    walls = interleaved_rounds({"step": timed}, rounds, sync=lambda: sync(device == "cuda")).samples["step"]
     return statistics.median(walls) * 1e6, statistics.median(hosts)
 
 
@@ -324,13 +319,13 @@ def _profile(variant: str, step: Callable[[], Any], obj: Any, rounds: int, devic
         if jitted:
             for _ in range(INSTRUMENTED_WARMUP):  # a rebuilt program's first calls warm its executors' caches
                 step()
-            _sync(device)
+            sync(device == "cuda")
             timed.trace_ns.clear()
             for samples in timed.call_ns.values():
                 samples.clear()
             for _ in range(rounds):
                 step()
-                _sync(device)
+                sync(device == "cuda")
                 prologue += [th.last_prologue_ns(j) for j in jitted]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     # Steps with the profiler on but not recording: the rebuilt program warms up, and a compiler that recompiles
@@ -340,7 +335,7 @@ def _profile(variant: str, step: Callable[[], Any], obj: Any, rounds: int, devic
     with _instrumented(obj, ranges, profiled=True), profile(activities=activities, schedule=plan) as prof:
         for _ in range(rounds + INSTRUMENTED_WARMUP):
             step()
-            _sync(device)
+            sync(device == "cuda")
             prof.step()
     _attribute(prof.events(), ranges, result, rounds, device)
     if jitted:

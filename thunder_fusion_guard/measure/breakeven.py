@@ -34,7 +34,7 @@ from .cache import cache_dir, device_name, read_json, update_json
 from .timing import Clock, Timing, host_device_us, interleaved_us
 
 if TYPE_CHECKING:
-    from ..passes.pipeline import Alternative
+    from ..passes.context import Alternative
 
 log = logging.getLogger("thunder_fusion_guard")
 
@@ -179,7 +179,7 @@ class RegionMeasurer:
 
     def __call__(self, trace: th.TraceCtx, region: Region, other: Alternative | None = None) -> Measured | str:
         """Time ``region``'s fusion call against its ops run eagerly and, given, the region fused by another
-        fusion executor (``other``, :class:`..passes.pipeline.Alternative`); or say why it is not timed."""
+        fusion executor (``other``, :class:`..passes.context.Alternative`); or say why it is not timed."""
         ranks = world_size()
         if ranks > 1:  # each rank's timing (or disk cache) differs; the model decides alike on all
             self.skipped += 1

@@ -13,7 +13,8 @@ import torch
 from ..render.table import spread_text
 
 
-def _sync(device_is_cuda: bool) -> None:
+def sync(device_is_cuda: bool) -> None:
+    """Wait for the work queued on CUDA, where the timed work runs there (nothing elsewhere)."""
     if device_is_cuda:
         torch.cuda.synchronize()
 
@@ -72,13 +73,13 @@ def time_us(
     cuda = uses_cuda(*args) if cuda is None else cuda
     for _ in range(warmup):
         fn(*args)
-    _sync(cuda)
+    sync(cuda)
     samples = []
     for _ in range(reps):
         start = time.perf_counter_ns()
         for _ in range(inner):
             fn(*args)
-        _sync(cuda)
+        sync(cuda)
         samples.append((time.perf_counter_ns() - start) / 1e3 / inner)
     return Timing.of(samples)
 
@@ -130,7 +131,7 @@ def interleaved_us(
         calls,
         reps,
         inner=inner,
-        sync=(lambda: _sync(cuda)),
+        sync=(lambda: sync(cuda)),
         stop=lambda r: r >= min_reps and deadline_ns is not None and clock() > deadline_ns,
         clock=clock,
     )
@@ -186,10 +187,10 @@ def _one_call_us(fns: Sequence[Callable[..., Any]], args: Sequence[Any], cuda: b
     """µs of one call of each of ``fns``, from a synchronised start to a synchronised end."""
     took = []
     for fn in fns:
-        _sync(cuda)
+        sync(cuda)
         start = clock()
         fn(*args)
-        _sync(cuda)
+        sync(cuda)
         took.append((clock() - start) / 1e3)
     return took
 

@@ -8,10 +8,10 @@ import dataclasses
 
 from .. import _thunder as th
 from ..decisions import Decision
-from ..policy import explained
+from ..reasons import explained
 from ..render.table import plural
 from ..render.text import human_bytes
-from .pipeline import TraceContext
+from .context import TraceContext
 
 
 def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decision:

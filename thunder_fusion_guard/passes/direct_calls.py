@@ -9,6 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .. import _thunder as th
+from ..decisions import Decision
+from .context import PassContext
+from .records import instead
 from .rewrite import CallChange
 
 
@@ -31,3 +34,21 @@ def direct_calls(
     if not any(c.changed for c in changes):
         return trace, changes
     return th.new_trace_like(trace, bsyms), changes
+
+
+# details["call"] of a region called directly.
+DIRECT = "direct"
+
+
+def direct_call_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
+    """Call each nvFuser region without Thunder's per-call lookup; record how each region is called."""
+    options = context.options
+    new, changes = direct_calls(trace, lambda fusion: options.guards(th.executor_name(fusion)))
+    regions = context.region_decisions()
+    made = []
+    for c in changes:
+        d = regions.get(c.region)
+        if d is not None:
+            call = DIRECT if c.changed else f"Thunder's: {c.because}"
+            made.append(instead(d, details={**d.details, "call": call}))
+    return new, made

@@ -12,7 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import _thunder as th
+from ..decisions import Decision
 from ..ops import SETITEM, is_basic_index
+from .context import PassContext, may_change
+from .records import op_decision, reworded
 from .rewrite import readers
 
 
@@ -78,3 +81,19 @@ def fold_setitem_copies(
         return trace, []
     new = th.new_trace_like(trace, [b for k, b in enumerate(bsyms) if k not in drop])
     return new, folds
+
+
+def fold_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
+    """Fold setitem + copy_ pairs into one in-place setitem."""
+    options, where = context.options, context.where
+    new, folds = fold_setitem_copies(trace, may_change(options))
+    regions = context.region_decisions()
+    applied = not options.report_only
+    made = []
+    for f in folds:
+        kept = regions.get(f.region) if f.region else None
+        if kept is not None:
+            made.append(reworded(kept, "folded_region", {}, action="fold", applied=applied))
+            continue
+        made.append(op_decision(where, f.output, "torch", [SETITEM, "copy_"], "fold", "folded", {}, applied=applied))
+    return new, made

@@ -12,7 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import _thunder as th
+from ..decisions import Decision, Details
 from ..ops import identity_reason
+from .context import PassContext, may_change
+from .records import op_decision
 from .rewrite import unique_proxies
 
 
@@ -115,3 +118,20 @@ def _region_without_identities(fusion, swap, renames, keep, removals) -> list[th
             raise RuntimeError(f"{fusion.sym.name} would keep ops but no output after removing identities")
         return []
     return [th.rebuild_fusion(fusion, body, inputs, kept_outputs)]
+
+
+def identity_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
+    """Remove identity ops, renaming their uses."""
+    new, removals = remove_identities(trace, may_change(context.options))
+    applied = not context.options.report_only
+    made = []
+    for r in removals:
+        facts = {"why": r.reason, "replaced_by": r.replaced_by}
+        details = Details(output=r.output, replaced_by=r.replaced_by)
+        region = r.region or r.output
+        made.append(
+            op_decision(
+                context.where, region, r.executor, [r.op], "remove", "identity_removed", facts, details, applied=applied
+            )
+        )
+    return new, made

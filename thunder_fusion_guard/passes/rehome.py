@@ -15,7 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import _thunder as th
-from ..ops import communication_segments, crosses_communication, is_metadata
+from ..decisions import Decision, Details
+from ..ops import communication_segments, crosses_communication, is_communication, is_metadata
+from ..policy import BOOKEND
+from .context import PassContext, may_change
+from .records import op_decision
 from .rewrite import readers, unique_proxies
 
 
@@ -137,3 +141,59 @@ def _merged(first: th.BoundSymbol, second: th.BoundSymbol, readers_of, merged: s
         return th.rebuild_fusion(second, [*th.subsymbols(first), *th.subsymbols(second)], inputs, outputs)
     except Exception:
         return None
+
+
+def rehome_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
+    """Move metadata ops run outside a fusion into the region that alone reads them."""
+    options, where = context.options, context.where
+
+    def refused(fusion: th.BoundSymbol, op: th.BoundSymbol) -> str | None:
+        ex = th.executor_name(fusion)
+        if not th.executor_claims(fusion, op):
+            return f"{ex} cannot run {th.op_name(op)} (Thunder's executor does not claim it)"
+        if ex == "nvfuser" and where.compile_options.get(BOOKEND) is True and not options.override_compile_options:
+            return f"the program asked for views at nvFuser region edges to run outside ({BOOKEND}=True)"
+        return None
+
+    new, moves = absorb_metadata_ops(trace, may_change(options), options.metadata_ops, refused)
+    made = []
+    for m in moves:
+        details = Details(output=m.moved, into=m.into)
+        facts = {"into": m.into}
+        if m.blocked_by:
+            code, action, more = "rehome_blocked", "keep", {}
+            facts["blocked_by"] = m.blocked_by
+        elif m.error:
+            code, action, more = "rehome_failed", "keep", {"error": m.error}
+        elif m.skipped:
+            code, action, more = "rehome_skipped", "keep", {}
+            facts["skipped"] = m.skipped
+        else:
+            code, action, more = "rehomed", "rehome", {"applied": not options.report_only}
+        made.append(op_decision(where, m.into, m.executor, [m.op], action, code, facts, details, **more))
+    return new, made
+
+
+def merge_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
+    """Merge adjacent regions of one executor into one fusion call."""
+    options = context.options
+    # Opted into knowing the merged code may round differently, so exact_only does not hold it back.
+    new, merges = merge_adjacent_regions(
+        trace, lambda fusion: options.guards(th.executor_name(fusion)) and not is_communication(fusion)
+    )
+    applied = not options.report_only
+    made = [
+        op_decision(
+            context.where,
+            m.moved,
+            m.executor,
+            [],
+            "rehome",
+            "merged",
+            {"into": m.into},
+            Details(into=m.into),
+            applied=applied,
+        )
+        for m in merges
+    ]
+    return new, made

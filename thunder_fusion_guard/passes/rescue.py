@@ -15,8 +15,14 @@ from typing import Any
 import torch
 
 from .. import _thunder as th
+from ..decisions import Decision, Details
+from ..ops import is_communication
 from ..phases import first_call_timer
+from ..reasons import strided_write_rescuer
 from ..regions import Region, find_regions
+from ..wording import error_line, error_text
+from .context import PassContext, TraceContext
+from .records import instead, region_decision
 from .rewrite import CallChange, lower_region
 
 # What a rescue tells: the region, the error and the arguments of the call that failed.
@@ -132,3 +138,60 @@ def _input_code(value: Any) -> str:
     span = 1 + sum((n - 1) * s for n, s in zip(size, stride, strict=True)) if value.numel() else 0
     fill = "randn" if value.dtype.is_floating_point or value.dtype.is_complex else "zeros"
     return f"torch.{fill}({span}, dtype={value.dtype}, device={str(value.device)!r}).as_strided({size}, {stride})"
+
+
+def rescue_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
+    """Call each region so that, should its fusion fail to compile or to run, Thunder's torch executor runs it
+    instead, and the failure is recorded then (strict mode: the failure is raised as it was)."""
+    options, where, record = context.options, context.where, context.record
+    if options.strict or record is None:
+        return trace, []
+
+    def may_rescue(fusion: th.BoundSymbol) -> bool:
+        return options.guards(th.executor_name(fusion)) and not is_communication(fusion)
+
+    def on_rescue(region: Region, error: Exception, args: tuple) -> None:
+        decision = rescue_decision(where, region, error, args)
+        record(decision)
+        announce(decision)
+
+    def on_strided_write(region: Region, args: tuple, at: list[int]) -> None:
+        decision = strided_write_decision(where, region, args, at)
+        record(decision)
+        announce(decision)
+
+    new, wraps = rescue_calls(trace, may_rescue, on_rescue, on_strided_write)
+    regions = context.region_decisions()
+    unwrapped = [(regions.get(w.region), w.because) for w in wraps if not w.changed]
+    return new, [instead(d, details={**d.details, "rescue": f"none: {why}"}) for d, why in unwrapped if d]
+
+
+def rescue_decision(where: TraceContext, region: Region, error: Exception, args: tuple) -> Decision:
+    """The decision a region's failure records: Thunder's torch executor runs it from then on."""
+    facts = {"executor": region.executor, "region": region.name, "error": error_line(error), "count": len(region.ops)}
+    details = Details(
+        rescued_by="Thunder's torch executor",
+        error_type=type(error).__name__,
+        inputs=describe_inputs(args),
+        **_source(region),
+    )
+    reproduction = nvfuser_reproduction(th.region_callable(region.bsym), args, f"{region.name} ({where.trace})")
+    if reproduction:
+        details["reproduction"] = reproduction
+    return region_decision(where, region, "rescue", "rescued", facts, details, error=error_text(error))
+
+
+def strided_write_decision(where: TraceContext, region: Region, args: tuple, at: list[int]) -> Decision:
+    """The decision a region's first call with a written input that is not contiguous records."""
+    names = ", ".join(region.bsym.args[i].name for i in at)
+    facts = {"executor": region.executor, "region": region.name, "name": names}
+    details = Details(
+        rescued_by=strided_write_rescuer(region.executor), inputs=describe_inputs(args), **_source(region)
+    )
+    return region_decision(where, region, "rescue", "strided_write", facts, details)
+
+
+def _source(region: Region) -> Details:
+    """The user's source line of ``region``'s first op, where the trace knows one."""
+    source = th.source_line(*region.body)
+    return Details(source=source) if source else Details()

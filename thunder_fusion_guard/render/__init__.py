@@ -3,7 +3,7 @@ tables, the decision text, decisions grouped by ThunderFX subgraph), dataflow gr
 layered layout) and Graphviz DOT (:mod:`.dot`), and the self-contained HTML report (:mod:`.html`).
 
 A leaf: it reads decisions, profile rows and dataflow graphs by attribute only, and imports nothing of the
-package but :mod:`..decisions`.
+package but :mod:`..decisions` (the records) and :mod:`..wording` (text cut or wrapped to a width).
 """
 
 from __future__ import annotations

@@ -5,14 +5,16 @@ quieting import-time warnings."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from traceback import print_exception
 from typing import Any, NoReturn
 
-from ..render.table import plural
+from ..render.table import md_cell, plural
 from ..wording import error_line
 
 HELP_HINT = "see --help"
@@ -119,6 +121,20 @@ def check_outputs(args: argparse.Namespace, *options: str) -> None:
 def write_output(path: str, text: str) -> None:
     """Write a file checked by :func:`check_output` (its folder is not created)."""
     Path(path).write_text(text)
+
+
+def write_tables(
+    args: argparse.Namespace, doc: Callable[[], Any], rows: Callable[[], list[list[str]]], notes: Sequence[str] = ()
+) -> None:
+    """Write ``doc()`` as JSON to --json and ``rows()`` as a markdown table to --markdown (``notes`` as a list
+    under it), each built only when its option is given."""
+    from ..bench.run import format_rows  # the bench harness, loaded by the commands that write tables only
+
+    if args.json:
+        write_output(args.json, json.dumps(doc(), indent=1))
+    if args.markdown:
+        listed = "".join(f"- {md_cell(note)}\n" for note in notes)
+        write_output(args.markdown, format_rows(rows(), markdown=True) + "\n" + ("\n" + listed if listed else ""))
 
 
 def add_command(subparsers: Any, name: str, help: str, description: str | None, run: Any, **kwargs: Any) -> Any:

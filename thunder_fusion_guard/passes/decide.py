@@ -1,0 +1,118 @@
+"""The region pass: each region decided (:func:`..policy.decide`, timed where a timing would decide it), the
+rejected ones lowered to Thunder's torch executor and the switched ones fused by the executor timed faster."""
+
+from __future__ import annotations
+
+from .. import _thunder as th
+from ..cost import Measured
+from ..decisions import Decision, Details
+from ..policy import Verdict, decide
+from ..regions import Region, find_regions
+from .context import Alternative, CommunicationChanged, FusionGuardError, PassContext, check_communication
+from .records import region_decision, reworded
+from .rewrite import lower_region, replace_regions
+
+
+def region_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
+    """Decide every region; return ``trace`` with the rejected ones run by the torch executor and the
+    switched ones fused by the other fusion executor that was timed faster."""
+    options, where = context.options, context.where
+    replacements: dict[int, list[th.BoundSymbol]] = {}
+    decided: list[Decision] = []
+    counter = th.free_fusion_counter(trace)
+    regions = find_regions(trace)
+    shown = context.progress
+    for index, region in enumerate(regions):
+        shown.update("deciding", index, len(regions), "regions")
+        verdict, other, not_measured = _verdict(trace, region, context, counter)
+        details = Details(**verdict.details)
+        if not_measured:
+            details["not_measured"] = not_measured
+        applied = verdict.action == "keep" or not options.report_only
+        if verdict.action not in ("reject", "switch"):
+            decided.append(_decided(context, region, verdict, details, applied))
+            continue
+        switch = verdict.action == "switch"
+        try:
+            if switch:
+                replacements[region.position] = [other.bsym()]
+                details["switched_to"] = th.op_name(replacements[region.position][0])
+                counter += 1
+            else:
+                replacements[region.position] = lower_region(trace, region)
+        except Exception as e:
+            other_name = None if other is None else other.name
+            if options.strict:
+                change = f"switch {region.name} to {other_name}" if switch else f"rewrite {region.name}"
+                raise FusionGuardError(f"could not {change} ({where.trace}): {e}") from e
+            what = f"fusing it with {other_name}" if switch else "rewriting"
+            facts = {"what": what, "before": verdict.explanation}
+            error = f"{type(e).__name__}: {e}"
+            estimates = dict(verdict.estimates)
+            decided.append(
+                region_decision(
+                    where, region, "keep", "rewrite_failed", facts, details, error=error, estimates=estimates
+                )
+            )
+            continue
+        decided.append(_decided(context, region, verdict, details, applied))
+    shown.update("deciding", len(regions), len(regions), "regions")
+    if not replacements:
+        return trace, decided
+    try:
+        new = replace_regions(trace, replacements, f"FusionGuard: {len(replacements)} regions rejected or switched")
+        check_communication(trace, new)
+        return new, decided
+    except Exception as e:
+        moved = isinstance(e, CommunicationChanged)
+        if options.strict:
+            raise (CommunicationChanged if moved else FusionGuardError)(
+                f"could not rebuild the {where.trace} trace: {e}"
+            ) from e
+        error = f"{type(e).__name__}: {e}"
+        return trace, [_kept(d, moved, error) if d.action in ("reject", "switch") else d for d in decided]
+
+
+def _verdict(
+    trace: th.TraceCtx, region: Region, context: PassContext, counter: int
+) -> tuple[Verdict, Alternative | None, str | None]:
+    """The region's verdict (timed where a timing would decide it), the other fusion executor it may switch to,
+    and why a region near break-even was not timed (None: it was, or needed not be)."""
+    options, where, measure_region = context.options, context.where, context.measure_region
+    device = th.proxy_device(region.inputs + region.outputs)
+    constants = context.constants_for(device, region.executor) if context.constants_for and device else None
+    fuser = th.alternative_fuser(region.bsym) if options.choose_executor and measure_region else None
+    other = None if fuser is None else Alternative(fuser, region.bsym, counter)
+    other_name = None if other is None else other.name
+    doubt = context.doubt.why(device, region.executor) if context.doubt is not None and device else None
+    verdict = decide(region, options, constants, None, where.compile_options, other_name, doubt)
+    if not verdict.measurable or measure_region is None:
+        return verdict, other, None
+    try:
+        measured = measure_region(trace, region, other if verdict.alternative else None)
+    except Exception as e:  # measuring is an optimisation: it never breaks compilation
+        measured = f"measuring failed: {type(e).__name__}: {e}"
+    if not isinstance(measured, Measured):
+        return verdict, other, measured
+    if context.doubt is not None and device:
+        context.doubt.learn(device, region.executor, region.name, verdict.estimates, measured)
+    return decide(region, options, constants, measured, where.compile_options, other_name, doubt), other, None
+
+
+def _decided(context: PassContext, region: Region, verdict: Verdict, details: Details, applied: bool) -> Decision:
+    return region_decision(
+        context.where,
+        region,
+        verdict.action,
+        verdict.code,
+        verdict.facts,
+        details,
+        applied=applied,
+        estimates=dict(verdict.estimates),
+    )
+
+
+def _kept(d: Decision, moved: bool, error: str) -> Decision:
+    """``d``, a reject or switch, kept as it was: rebuilding the trace failed, or would change its communication."""
+    before = d.details.get("explanation", d.reason)
+    return reworded(d, "rebuild_failed", {"moved": moved, "before": before}, action="keep", error=error)

@@ -1,0 +1,86 @@
+"""The decisions passes make, built whole: placed where the trace comes from, the reason worded from its code and
+facts by :mod:`..reasons`, every detail given at construction."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ..decisions import Action, Decision, Details
+from ..reasons import Facts, ReasonCode, words
+from ..regions import Region
+from .context import TraceContext
+
+
+def decision(
+    where: TraceContext,
+    region: str,
+    executor: str,
+    ops: list[str],
+    action: Action,
+    code: ReasonCode,
+    facts: Facts,
+    details: Details | None = None,
+    **more: Any,
+) -> Decision:
+    """A decision placed where ``where`` says (trace, function, compiled program, subgraph, rank), its reason
+    worded from ``code`` and ``facts`` (the explanation, where it says more, first in ``details``); ``more``:
+    further Decision fields."""
+    reason, told = words(code, facts)
+    return Decision(
+        trace=where.trace,
+        region=region,
+        executor=executor,
+        ops=ops,
+        action=action,
+        reason=reason,
+        code=code,
+        function=where.function,
+        compile_index=where.compile_index,
+        subgraph=where.subgraph,
+        rank=where.rank,
+        details=Details(**{**(details or {}), **told}),
+        **more,
+    )
+
+
+def op_decision(
+    where: TraceContext,
+    region: str,
+    executor: str,
+    ops: list[str],
+    action: Action,
+    code: ReasonCode,
+    facts: Facts,
+    details: Details | None = None,
+    **more: Any,
+) -> Decision:
+    """A decision about ops (``details["scope"] == "op"``), not about a whole region."""
+    scoped = Details(scope="op", **(details or {}))
+    return decision(where, region, executor, list(ops), action, code, facts, scoped, **more)
+
+
+def region_decision(
+    where: TraceContext,
+    region: Region,
+    action: Action,
+    code: ReasonCode,
+    facts: Facts,
+    details: Details | None = None,
+    **more: Any,
+) -> Decision:
+    """A decision about the whole ``region``."""
+    return decision(where, region.name, region.executor, region.ops, action, code, facts, details, **more)
+
+
+def instead(earlier: Decision, **changes: Any) -> Decision:
+    """A new decision about the region of ``earlier``, which stays as it was: its fields with ``changes``."""
+    copies = {"ops": list(earlier.ops), "estimates": dict(earlier.estimates), "details": dict(earlier.details)}
+    return replace(earlier, **{**copies, **changes})
+
+
+def reworded(earlier: Decision, code: ReasonCode, facts: Facts, **changes: Any) -> Decision:
+    """A new decision about the region of ``earlier`` for another reason: its details keep what they held (the
+    explanation now the new reason's, where it says more), its fields take ``changes``."""
+    reason, told = words(code, facts)
+    return instead(earlier, reason=reason, code=code, details=Details(**{**earlier.details, **told}), **changes)

@@ -1,0 +1,468 @@
+"""The words of the guard's decisions, in one place. Whoever decides names the reason by a code
+(:data:`ReasonCode`) and the facts that decided it (:class:`Facts`); :func:`words` makes them the decision's
+one-line ``reason`` (what decided it, first; never cut: tables wrap it) and, where it says more, the longer
+``details["explanation"]``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal, TypedDict
+
+from . import wording
+from .cost import Measured
+from .ops import exactness_reason
+
+ReasonCode = Literal[
+    # a region's fate (policy.decide)
+    "communication",
+    "not_guarded",
+    "shape_only_asked",
+    "metadata_only",
+    "cost_model_off",
+    "no_constants",
+    "random",
+    "unknown_size",
+    "cost_model",
+    "exactness",
+    "measured",
+    # a region's fate changed by a pass
+    "rewrite_failed",
+    "rebuild_failed",
+    "pass_failed",
+    "hoisted_region",
+    "folded_region",
+    "rescued",
+    "strided_write",
+    # ops changed or kept by a pass
+    "folded",
+    "identity_removed",
+    "rehome_blocked",
+    "rehome_failed",
+    "rehome_skipped",
+    "rehomed",
+    "merged",
+    "hoist_written_by_backward",
+    "hoisted",
+    "hoist_refused",
+    "hoist_not_taken",
+]
+
+# How a cost comparison came out: eager cheaper by the margin (reject), eager cheaper under it, fusion cheaper.
+Outcome = Literal["cheaper", "under_margin", "worth_it"]
+# Why a measured decision's margin is narrower than the option's: calls are synchronous here, or eager is no
+# dearer on the host nor on the device.
+Narrowing = Literal["synchronous", "host_and_device"]
+
+
+class Facts(TypedDict, total=False):
+    """What decided a decision, as values (the keys its reason code reads)."""
+
+    # whoever the decision is about
+    executor: str
+    region: str
+    ops: list[str]
+    count: int  # how many ops
+    option: str  # a compile option, or the guard's option setting that would do it
+    calibration: str  # the option 'calibration'
+    error: str  # a failure, as one line
+    # the cost model and timings (policy.decide)
+    inexact: list[str]  # ops exactness keeps
+    randoms: list[str]
+    est_region_us: float
+    est_eager_us: float
+    margin: float  # the margin the deciding numbers used
+    outcome: Outcome  # what the deciding numbers said
+    near: bool  # the estimates lie within the measuring band
+    band: float
+    doubt: str | None  # why the model was not let decide alone (ModelDoubt)
+    measured: Measured
+    by_rule: bool  # exactness, not the timing, keeps it
+    margin_from: float  # the option 'margin', where a timing narrowed it
+    narrowed: Narrowing | None
+    chosen: str  # with a switch: what the other executor beat (the region's executor, or eager)
+    chosen_us: float
+    switched_to: str
+    # passes
+    step: str  # a pass's name
+    moved: bool  # it would change the communication ops
+    what: str  # what failed: "rewriting", or fusing with another executor
+    before: str  # the explanation of the decision a failure overturned
+    into: str
+    blocked_by: str
+    skipped: str
+    why: str
+    replaced_by: str
+    name: str
+    call: str
+    ops_saved: int
+    nbytes: int
+    same_as: int | None
+    split: list[str]
+    duplicated: list[str]
+
+
+def explained(reason: str, explanation: str | None = None) -> tuple[str, dict[str, str]]:
+    """A decision's reason, whole on one line (what decided it, first), and the ``details`` holding the longer
+    ``explanation`` where there is one that says more; never cut: tables wrap it (:mod:`.render.table`)."""
+    short = wording.whole_line(reason)
+    full = wording.whole_line(explanation) if explanation is not None else short
+    return short, ({"explanation": full} if full != short else {})
+
+
+def words(code: ReasonCode, facts: Facts) -> tuple[str, dict[str, str]]:
+    """The reason of a decision made for ``code`` on ``facts``, and the ``details`` holding its explanation where
+    that says more (:func:`explained`)."""
+    short, long = _WORDS[code](facts)
+    return explained(short, long)
+
+
+def _communication(f: Facts) -> tuple[str, str | None]:
+    ops = f["ops"]
+    return (
+        f"kept by rule: communication ops {ops}",
+        f"kept by rule: region holds communication ops {ops}: never rewritten or moved",
+    )
+
+
+def _not_guarded(f: Facts) -> tuple[str, str | None]:
+    return f"kept by option: executor {f['executor']!r} is not guarded (option 'executors')", None
+
+
+def _shape_only_asked(f: Facts) -> tuple[str, str | None]:
+    option = f["option"]
+    return (
+        f"kept by option: the program asked for shape-only regions ({option}=True)",
+        f"kept by option: shape-only region kept: the program asked for them ({option}=True); "
+        "FusionGuard(override_compile_options=True) rejects them",
+    )
+
+
+def _metadata_only(f: Facts) -> tuple[str, str | None]:
+    return (
+        "metadata-only region: PyTorch re-describes tensors without a kernel",
+        "metadata-only region: its ops only re-describe tensors, which PyTorch does without a kernel or a fusion call",
+    )
+
+
+def _cost_model_off(f: Facts) -> tuple[str, str | None]:
+    return "kept by option: region computes (cost model off)", None
+
+
+def _no_constants(f: Facts) -> tuple[str, str | None]:
+    executor, mode = f["executor"], f["calibration"]
+    if mode in ("auto", "measure"):
+        why = f"calibration={mode!r} could not measure them (see the thunder_fusion_guard log)"
+    elif mode == "shipped":
+        why = "none shipped for this device (calibration='shipped')"
+    else:
+        why = "none cached or shipped for this device (calibration='cached'; run `fusion-guard calibrate`)"
+    return (
+        f"kept without cost constants for {executor!r} here",
+        f"kept without cost constants: region computes; no cost constants for executor {executor!r} here: {why}",
+    )
+
+
+def _random(f: Facts) -> tuple[str, str | None]:
+    randoms = f["randoms"]
+    return (
+        f"kept by rule: random ops {randoms}",
+        f"kept by rule: random ops {randoms}: running them elsewhere would change the random stream",
+    )
+
+
+def _unknown_size(f: Facts) -> tuple[str, str | None]:
+    return f"kept by rule: cannot estimate: {f['error']}", None
+
+
+def numbers(outcome: Outcome, region_us: float, eager_us: float, margin: float, how: str) -> str:
+    """Which side of a cost comparison won and by how much (``how``: estimated or measured)."""
+    if outcome == "cheaper":
+        return f"eager is cheaper: {how} {eager_us:.1f} µs eager vs {region_us:.1f} µs fused (margin {margin:.0%})"
+    if outcome == "under_margin":
+        saved = 1 - eager_us / region_us
+        return (
+            f"eager {how} {saved:.0%} cheaper, under the margin: {eager_us:.1f} µs eager vs {region_us:.1f} µs fused "
+            f"(margin {margin:.0%})"
+        )
+    return f"fusion call is worth it: {how} {region_us:.1f} µs fused vs {eager_us:.1f} µs eager"
+
+
+def _also_inexact(inexact: list[str]) -> str:
+    """What a kept region's inexact ops add when the numbers kept it: they would have kept it too."""
+    return f"exactness would keep it too: {exactness_reason(inexact)} (option 'exact_only')"
+
+
+def _model(f: Facts) -> str:
+    return numbers(f["outcome"], f["est_region_us"], f["est_eager_us"], f["margin"], "estimated")
+
+
+def _cost_model(f: Facts) -> tuple[str, str | None]:
+    model = _model(f)
+    if f.get("inexact"):
+        return f"cost model: {model}", f"cost model: {model}; {_also_inexact(f['inexact'])}"
+    doubt = f.get("doubt")
+    unmeasured = "" if f["near"] else "; not timed: the estimates are more than 3x apart"
+    if doubt is not None:
+        unmeasured = f"; the estimates are more than {f['band']:g}x apart, but {doubt}"
+    return f"cost model: {model}", f"cost model: {model}{unmeasured}"
+
+
+def _exactness_story(f: Facts) -> tuple[str, str]:
+    est_region, est_eager = f["est_region_us"], f["est_eager_us"]
+    cheaper = "eager looks cheaper" if est_eager < est_region else "the fusion looks cheaper"
+    short = f"kept for exactness: {exactness_reason(f['inexact'])}"
+    return short, (
+        f"{short} (option 'exact_only'); cost aside: estimated {est_region:.1f} µs fused vs {est_eager:.1f} µs "
+        f"eager ({cheaper})"
+    )
+
+
+def _exactness(f: Facts) -> tuple[str, str | None]:
+    return _exactness_story(f)
+
+
+def _measured(f: Facts) -> tuple[str, str | None]:
+    m = f["measured"]
+    if f.get("by_rule"):
+        short, exactness = _exactness_story(f)
+        reason = f"{exactness}; measured {m.region_us:.1f} µs fused"
+    else:
+        margin = f["margin"]
+        short = numbers(f["outcome"], m.region_us, m.eager_us, margin, "measured")
+        if f.get("inexact"):
+            reason = f"measured while compiling: {short}; {_also_inexact(f['inexact'])}"
+        else:
+            why = "near break-even" if f["near"] else "another executor could run it"
+            if f.get("doubt") is not None:
+                why = f"estimates more than {f['band']:g}x apart, but {f['doubt']}"
+            reason = (
+                f"measured while compiling ({why}): {short}; the model estimated {f['est_region_us']:.1f} µs "
+                f"fused vs {f['est_eager_us']:.1f}"
+            )
+    if "margin_from" in f:
+        reason += f"; margin narrowed from {f['margin_from']:.0%} to the timing's spread: {_narrowed(f)}"
+    if "switched_to" in f:
+        short = (
+            f"switched to {f['switched_to']}: measured {m.other_us:.1f} µs there vs {f['chosen_us']:.1f} µs "
+            f"{f['chosen']}"
+        )
+        switched = (
+            f"{short} (margin {f['margin']:.0%}; {m.region_us:.1f} µs by {f['executor']}, {m.eager_us:.1f} µs eager)"
+        )
+        reason = f"{switched}; {reason}"
+    return short, reason
+
+
+def _narrowed(f: Facts) -> str:
+    """Why a timing's margin is narrower than the option's."""
+    if f.get("narrowed") == "synchronous":
+        return "calls here are synchronous"
+    if f.get("narrowed") == "host_and_device":
+        (fused_host, eager_host), (fused_device, eager_device) = f["measured"].host, f["measured"].device
+        return (
+            f"eager is no dearer on the host ({eager_host:.1f} vs {fused_host:.1f} µs) nor on the device "
+            f"({eager_device:.1f} vs {fused_device:.1f} µs), whichever bounds the program"
+        )
+    return ""
+
+
+def alternative_not_timed(alternative: str) -> str:
+    """Why another fusion executor was not timed on a region whose ops are not exact."""
+    return (
+        f"{alternative} may compute it with other bits: its ops are not exact whoever runs them (option 'exact_only')"
+    )
+
+
+def model_off(region: str, off: float, band: float) -> str:
+    """Why a timing put the cost model in doubt (``ModelDoubt``)."""
+    return f"a timing of {region} found the estimated eager/fused ratio {off:.1f}x off (more than the {band:g}x band)"
+
+
+def _rewrite_failed(f: Facts) -> tuple[str, str | None]:
+    return f"kept as it was: {f['what']} failed", f"kept as it was: {f['what']} failed ({f['before']})"
+
+
+def _rebuild_failed(f: Facts) -> tuple[str, str | None]:
+    why = "it would change the communication ops" if f["moved"] else "rebuilding the trace failed"
+    return f"kept as it was: {why}", f"kept as it was: {why} ({f['before']})"
+
+
+def _pass_failed(f: Facts) -> tuple[str, str | None]:
+    why = "it would change the communication ops" if f["moved"] else "it failed"
+    return f"{f['step']} skipped: {why}", None
+
+
+def _hoisted_region(f: Facts) -> tuple[str, str | None]:
+    return (
+        f"input-independent: run once per compiled program in {f['call']}",
+        f"every input is input-independent: run once per compiled program in {f['call']}",
+    )
+
+
+_SAVES = "one in-place setitem: no clone of the tensor, no copy back"
+
+
+def _folded_region(f: Facts) -> tuple[str, str | None]:
+    return (
+        "setitem + its copy_ back folded into one in-place setitem",
+        f"its lone copy_ writes back the setitem before it: both folded into {_SAVES}",
+    )
+
+
+def _folded(f: Facts) -> tuple[str, str | None]:
+    return (
+        "setitem + the copy_ of its result back folded into one in-place setitem",
+        f"a setitem and the copy_ of its result back into its input, folded into {_SAVES}",
+    )
+
+
+def _rescued(f: Facts) -> tuple[str, str | None]:
+    return f["error"], (
+        f"{f['executor']} failed on {f['region']} ({f['error']}); Thunder's torch executor runs its "
+        f"{f['count']} ops one by one from then on, as a rejected region's"
+    )
+
+
+def _strided_write(f: Facts) -> tuple[str, str | None]:
+    executor, names = f["executor"], f["name"]
+    return f"{executor} loses writes into non-contiguous input {names}", (
+        f"{f['region']} writes its input {names}, which is not contiguous (a narrow or slice of a wider tensor); "
+        f"{executor} loses or misplaces a write into such an input (seen: a narrow of zeros left zeros), "
+        "so unguarded the input keeps its old values. Where such an input is not contiguous, the fusion writes a "
+        "contiguous copy, copied into the input after the call: the values the fusion computes, where the "
+        "program puts them"
+    )
+
+
+def strided_write_rescuer(executor: str) -> str:
+    """What runs a region that writes a non-contiguous input (``details["rescued_by"]``)."""
+    return f"{executor}, through a contiguous copy of the input it writes"
+
+
+def _identity_removed(f: Facts) -> tuple[str, str | None]:
+    return f"identity op ({f['why']}): its uses now read {f['replaced_by']}", None
+
+
+def _rehome_blocked(f: Facts) -> tuple[str, str | None]:
+    into, by = f["into"], f["blocked_by"]
+    return (
+        f"kept outside {into}: {by} stands between them",
+        f"metadata op read only by {into} kept outside: {by} stands between them",
+    )
+
+
+def _rehome_failed(f: Facts) -> tuple[str, str | None]:
+    return f"metadata op read only by {f['into']} kept outside: rebuilding {f['into']} failed", None
+
+
+def _rehome_skipped(f: Facts) -> tuple[str, str | None]:
+    reason = f"kept outside {f['into']}: {f['skipped']}"
+    return reason, f"metadata op {reason}"
+
+
+def _rehomed(f: Facts) -> tuple[str, str | None]:
+    into = f["into"]
+    return (
+        f"metadata op read only by {into}: moved into it (no eager dispatch)",
+        f"metadata op run outside a fusion and read only by {into}: moved into it (no eager dispatch)",
+    )
+
+
+def _merged(f: Facts) -> tuple[str, str | None]:
+    into = f["into"]
+    return (
+        f"merged into {into}: next to it, same executor (one fusion call, not two)",
+        f"next to {into}, same executor, nothing between: merged into it (one fusion call, not two)",
+    )
+
+
+def _hoist_written_by_backward(f: Facts) -> tuple[str, str | None]:
+    name = f["name"]
+    return (
+        f"hoisted {name} may be written by the backward: computed on every call again",
+        f"hoisted {name} is saved for the backward, which may write it: computed on every call again",
+    )
+
+
+def _hoisted(f: Facts) -> tuple[str, str | None]:
+    kib = f["nbytes"] / 1024
+    what = []
+    if f.get("same_as") is not None:
+        what.append(f"the same as piece {f['same_as']}: hands out its tensors")
+    if f.get("split"):
+        what.append(f"taken out of {', '.join(f['split'])}")
+    if f.get("duplicated"):
+        what.append(f"computed again from {', '.join(f['duplicated'])}, which is left whole")
+    more = f"; {'; '.join(what)}" if what else ""
+    saved = f"{f['ops_saved']} ops fewer per call, {kib:.1f} KiB kept"
+    return (
+        f"input-independent: computed once, reused: {saved}",
+        f"input-independent: computed once on the first call of this compiled program and reused, {saved}{more}",
+    )
+
+
+def _hoist_refused(f: Facts) -> tuple[str, str | None]:
+    kib = f["nbytes"] / 1024
+    option, why = f["option"], f["why"]
+    return (
+        f"input-independent, not hoisted ({option} would): {why}",
+        f"input-independent, not hoisted: {why}; {option} would hoist it: {f['ops_saved']} ops fewer per call, "
+        f"{kib:.1f} KiB kept",
+    )
+
+
+def _hoist_not_taken(f: Facts) -> tuple[str, str | None]:
+    return f"input-independent, not hoisted: {f['why']}", None
+
+
+def unguarded_rebuild(region: str, executor: str) -> str:
+    """Why hoisting may not rebuild a region of an executor the guard leaves alone."""
+    return f"{region} runs on {executor}, which the executors option leaves unguarded"
+
+
+def inexact_rebuild(
+    region: str, executor: str, inexact: list[str], per_element: list[str], fma: list[str], cut: list[str]
+) -> str:
+    """Why hoisting may not split ``region``: ops that could round differently once rebuilt (``per_element``: by
+    code that depends on the fusion around them), products the executor may contract, roundings at the cut."""
+    how = f" ({executor} computes {per_element} by code that depends on the fusion around them)" if per_element else ""
+    why = [f"ops {inexact} could round differently once rebuilt{how}"] if inexact else []
+    if fma:
+        why.append(
+            f"products {fma} are read by an addition, which {executor} contracts into one multiply-add or not "
+            "depending on how it segments the rebuilt fusion"
+        )
+    return f"splitting {region} could change its bits: {'; '.join([*why, *cut])}"
+
+
+_WORDS: dict[ReasonCode, Callable[[Facts], tuple[str, str | None]]] = {
+    "communication": _communication,
+    "not_guarded": _not_guarded,
+    "shape_only_asked": _shape_only_asked,
+    "metadata_only": _metadata_only,
+    "cost_model_off": _cost_model_off,
+    "no_constants": _no_constants,
+    "random": _random,
+    "unknown_size": _unknown_size,
+    "cost_model": _cost_model,
+    "exactness": _exactness,
+    "measured": _measured,
+    "rewrite_failed": _rewrite_failed,
+    "rebuild_failed": _rebuild_failed,
+    "pass_failed": _pass_failed,
+    "hoisted_region": _hoisted_region,
+    "folded_region": _folded_region,
+    "rescued": _rescued,
+    "strided_write": _strided_write,
+    "folded": _folded,
+    "identity_removed": _identity_removed,
+    "rehome_blocked": _rehome_blocked,
+    "rehome_failed": _rehome_failed,
+    "rehome_skipped": _rehome_skipped,
+    "rehomed": _rehomed,
+    "merged": _merged,
+    "hoist_written_by_backward": _hoist_written_by_backward,
+    "hoisted": _hoisted,
+    "hoist_refused": _hoist_refused,
+    "hoist_not_taken": _hoist_not_taken,
+}
