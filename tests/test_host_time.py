@@ -22,6 +22,8 @@ from thunder_fusion_guard.examine import host_time as ht
         ("~", "<method 'copy_' of 'torch._C.TensorBase' objects>", ht.OPS, ht.OPS),
         ("~", "<built-in method builtins.isinstance>", ht.THUNDER, ht.THUNDER),
         ("/x/site-packages/thunder/transforms/cudagraph.py", "call_cuda_graph", None, ht.BOOKKEEPING),
+        ("/x/thunder_fusion_guard/_thunder/graph_calls.py", "__call__", None, ht.BOOKKEEPING),
+        ("/x/thunder_fusion_guard/_thunder/entry.py", "__call__", None, ht.THUNDER),
         ("/x/site-packages/thunder/executors/torch_autograd.py", "forward", None, ht.BRIDGE),
         ("/x/site-packages/torch/_dynamo/eval_frame.py", "_fn", None, ht.DYNAMO),
         ("/x/site-packages/thunder/__init__.py", "get_computation_and_inputs", None, ht.THUNDER),

@@ -43,6 +43,8 @@ _BY_NAME = (  # a C function by its name, whoever calls it
 _BY_FILE = (  # a Python function by its file
     ("transforms/cudagraph.py", BOOKKEEPING),
     ("_thunder/cudagraphs.py", BOOKKEEPING),
+    ("_thunder/graph_calls.py", BOOKKEEPING),
+    ("_thunder/entry.py", THUNDER),
     ("torch/cuda/graphs.py", REPLAY),
     ("torch/_dynamo/", DYNAMO),
     ("torch/_guards", DYNAMO),
