@@ -20,7 +20,7 @@ import thunder_fusion_guard._thunder as th
 import thunder_fusion_guard.measure.breakeven as breakeven
 import thunder_fusion_guard.measure.cache as cache
 import thunder_fusion_guard.measure.calibrate as calibrate
-import thunder_fusion_guard.passes.pipeline as pipeline
+import thunder_fusion_guard.passes.hoist_pass as hoist_pass
 from thunder_fusion_guard import FusionGuard
 from thunder_fusion_guard.cost import CostConstants
 from thunder_fusion_guard.passes.hoist_runtime import hoisted_values
@@ -103,13 +103,13 @@ def test_two_threads_compiling_at_once_record_each_compilation_as_one_thread_doe
     assert_same(want, step(jit_torch(model), model, x))
 
     checked: dict[int, set[int]] = {}
-    real_check = pipeline.check_backward
+    real_check = hoist_pass.check_backward
 
     def check_backward(trace, saved, metadata_ops=frozenset()):
         checked[threading.get_ident()] = {id(v) for v in saved.values()}
         return real_check(trace, saved, metadata_ops)
 
-    monkeypatch.setattr(pipeline, "check_backward", check_backward)
+    monkeypatch.setattr(hoist_pass, "check_backward", check_backward)
     guard = ForwardsFirst()
     jitted = jit_torch(model, guard)
     got: dict[int, list[torch.Tensor]] = {}

@@ -78,6 +78,7 @@ class Details(TypedDict, total=False):
     bytes_not_copied: int  # their bytes, per replay
     still_copied: list[str]  # earlier graphs' outputs a graph writes, copied as Thunder copies them
     copied_back: list[str]  # inputs a graph may write, copied back into the caller's tensors after each replay
+    replaced_transform: str  # the CUDAGraphTransform given, in whose place the guard's own captured (a name)
     # a ThunderFX subgraph's compiled function (action enter): entered directly, or why Thunder's call stays
     entered: bool  # True: its one cache entry is called directly (``direct_entry``)
     not_entered: str  # why not

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from . import _thunder as th
-from .decisions import Decision
+from .decisions import Decision, Details
 from .wording import error_line, error_text
 
 # Told of each rescue, and of outputs restrided.
@@ -359,11 +359,13 @@ def entry_decision(subgraph: str, module: torch.fx.GraphModule, not_entered: str
             "in Thunder's order and contexts. A call the prologue refuses, with keyword arguments or autocast, "
             "or once a second entry exists, goes through Thunder's call"
         )
-    d = Decision("forward", subgraph, "thunder", ops, "enter", reason, subgraph=subgraph)
-    d.details.update(scope="op", explanation=explanation, entered=not not_entered)
+    details: Details = {"scope": "op", "explanation": explanation, "entered": not not_entered}
     if not_entered:
-        d.details["not_entered"] = not_entered
-    return d
+        details["not_entered"] = not_entered
+    source = th.fx_module_source(module)
+    if source:
+        details["source"] = source
+    return Decision("forward", subgraph, "thunder", ops, "enter", reason, subgraph=subgraph, details=details)
 
 
 def rescue_decision(subgraph: str, module: torch.fx.GraphModule, what: Rescued, describe: Callable) -> Decision:
