@@ -250,7 +250,7 @@ def test_an_executor_that_fuses_only_some_ops_is_not_calibrated_and_says_so_quie
     with pytest.raises(calibrate.NotCalibratable, match="0 fusion regions of the probe"):
         calibrate._probe("torchcompile_xentropy", calibrate._add, [torch.randn(4), torch.randn(4)])
 
-    def fuses_nothing(device, executor, budget_s=None):
+    def fuses_nothing(device, executor, budget_s=None, **_):
         calibrate._probe(executor, calibrate._add, [torch.randn(4), torch.randn(4)])
 
     monkeypatch.setattr(calibrate, "measure", fuses_nothing)
