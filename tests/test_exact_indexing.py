@@ -115,3 +115,18 @@ def test_a_float_cumsum_beside_them_keeps_the_region():
     guarded, _ = check_three_ways(fn, [ids, w], guard)
     (d,) = guard.report.filter(trace="forward")
     assert d.action == "keep" and d.details["decided_by"] == "exactness" and len(regions(guarded)) == 1
+
+
+def test_integer_bounds_follow_an_arange_through_numbers():
+    from thunder_fusion_guard import _thunder as th
+    from thunder_fusion_guard.ops import integer_bounds
+
+    def fn(x):
+        return (7 - torch.arange(4) * 3) + x
+
+    jitted = jit_cpu(fn)
+    jitted(torch.zeros(4, dtype=torch.int64))
+    (region,) = regions(jitted)
+    leaves = [leaf for b in region.body for leaf in th.leaves(b)]
+    found = integer_bounds(leaves)
+    assert (0, 3) in found.values() and (0, 9) in found.values() and (-2, 7) in found.values()

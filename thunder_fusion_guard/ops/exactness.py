@@ -321,7 +321,7 @@ def integer_bounds(leaves: Iterable[th.BoundSymbol]) -> dict[str, tuple[int, int
             elif name == "neg":
                 found = (-hi, -lo)
             elif name in ("add", "sub", "mul") and len(numbers) == 1 and type(numbers[0]) is int:
-                found = _with_number(name, lo, hi, numbers[0], number_first=leaf.flat_args[0] is numbers[0])
+                found = _with_number(name, lo, hi, numbers[0], number_first=not isinstance(leaf.flat_args[0], th.Proxy))
         if found is not None:
             bounds[out.name] = found
     return bounds
