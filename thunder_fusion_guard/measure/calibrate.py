@@ -297,7 +297,7 @@ def _spent_text(spent: dict[str, float], budget_s: float) -> str:
     """What a calibration's seconds went to, against its budget (empty where ``measure`` did not say)."""
     if "compile_s" not in spent or "timing_s" not in spent:
         return ""
-    over = " (compiling took longer than the budget: timings kept their floor)" if spent["compile_s"] > budget_s else ""
+    over = "; compiling took longer, so timing kept its floor" if spent["compile_s"] > budget_s else ""
     return (
         f": {spent['compile_s']:.1f} s compiling the probes, {spent['timing_s']:.1f} s timing them "
         f"(budget {budget_s:.3g} s for both{over})"
