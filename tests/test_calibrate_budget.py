@@ -93,3 +93,20 @@ def test_the_guard_records_what_its_calibration_spent(monkeypatch, tmp_path):
     assert guard.constants_for("cpu", "torchcompile") == fake
     (event,) = guard.report.calibrations
     assert event["compile_s"] == 33.0 and event["timing_s"] == 1.25 and event["result"].startswith("calibrated here")
+
+
+def test_the_allocator_is_settled_before_any_probe_is_timed(probes, monkeypatch):
+    """Memory as large as the large add's output is allocated and freed first, as in a program that has run a step."""
+    clock = probes[0]
+    order = []
+    monkeypatch.setattr(calibrate, "settle_allocator", lambda nbytes: order.append(("settle", nbytes)))
+    timed = calibrate._time
+
+    def time_in_order(*args, **kwargs):
+        order.append(("time", kwargs.get("bandwidth")))
+        return timed(*args, **kwargs)
+
+    monkeypatch.setattr(calibrate, "_time", time_in_order)
+    MEASURE("cpu", "torchcompile", 5.0, clock=clock)
+    (settle,) = [i for i, (what, _) in enumerate(order) if what == "settle"]
+    assert settle == 0 and order[0][1] >= 2048 * 2048 * 4 and len(order) == 1 + N_TIMINGS
