@@ -126,7 +126,7 @@ def _no_real_timings(request, monkeypatch):
     def not_timed(self, trace, region, left_s, other=None):
         return NOT_TIMED_IN_TESTS
 
-    def no_calibration(device, executor, budget_s=None):
+    def no_calibration(device, executor, budget_s=None, **_):
         raise NoCalibrationInTests(f"{executor} on {device}: {NOT_CALIBRATED_IN_TESTS}")
 
     monkeypatch.setattr(breakeven.RegionMeasurer, "_time", not_timed)

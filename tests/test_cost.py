@@ -250,7 +250,7 @@ def test_an_executor_that_fuses_only_some_ops_is_not_calibrated_and_says_so_quie
     with pytest.raises(calibrate.NotCalibratable, match="0 fusion regions of the probe"):
         calibrate._probe("torchcompile_xentropy", calibrate._add, [torch.randn(4), torch.randn(4)])
 
-    def fuses_nothing(device, executor, budget_s=None):
+    def fuses_nothing(device, executor, budget_s=None, **_):
         calibrate._probe(executor, calibrate._add, [torch.randn(4), torch.randn(4)])
 
     monkeypatch.setattr(calibrate, "measure", fuses_nothing)
@@ -258,3 +258,66 @@ def test_an_executor_that_fuses_only_some_ops_is_not_calibrated_and_says_so_quie
         constants, note, _ = calibrate.auto_calibrate("cpu", "torchcompile_xentropy", 1.0)
     assert constants is None and note.startswith("not calibrated: it makes 0 fusion regions"), note
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def convolutions(fn, *args, backward: bool = False) -> list:
+    """The ``convolution`` ops of unguarded Thunder's regions of ``fn(*args)`` (with ``backward``, of its backward)."""
+    from thunder_fusion_guard import _thunder as th
+
+    jitted = jit_cpu(fn)
+    out = jitted(*args)
+    if backward:
+        out.sum().backward()
+    found = []
+    for region in regions(jitted, backward=backward):
+        for bsym in region.body:
+            found.extend(s for s in [bsym, *th.subsymbols(bsym)] if th.op_name(s) == "convolution")
+    return found
+
+
+@pytest.mark.usefixtures("no_inductor")
+@pytest.mark.parametrize(
+    "shape, weight, options, flops",
+    [
+        # out (2, 6, 5, 5) = 300 elements, each 2 (channels per group) * 9 kernel elements
+        ((2, 4, 9, 9), (6, 2, 3, 3), dict(stride=2, padding=1, groups=2), 2 * 300 * 18),
+        # dilation 2: length 20 - 2 * 4 = 12, out (1, 8, 12)
+        ((1, 3, 20), (8, 3, 5), dict(dilation=2), 2 * 96 * 15),
+        # padding 2 on a 3x3x3 kernel: out (1, 4, 6, 6, 6), depthwise (1 channel per group)
+        ((1, 4, 4, 4, 4), (4, 1, 3, 3, 3), dict(padding=2, groups=4), 2 * 864 * 27),
+    ],
+)
+def test_convolution_flops_count_each_output_element_times_its_window(shape, weight, options, flops):
+    from thunder_fusion_guard.cost import compute_us, convolution_flops
+
+    gen = torch.Generator().manual_seed(4)
+    x, w = torch.randn(shape, generator=gen), torch.randn(weight, generator=gen)
+    conv = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d, 5: torch.nn.functional.conv3d}[len(shape)]
+    (op,) = convolutions(lambda a, b: conv(a, b, **options).neg(), x, w)
+    assert convolution_flops(op) == flops
+    one_gflops = CostConstants.from_dict({**CPU.to_dict(), "matmul_gflops": 1.0})  # 1e3 FLOPs a µs
+    assert compute_us(op, one_gflops, fused=False) == compute_us(op, one_gflops, fused=True) == flops / 1e3
+
+
+@pytest.mark.usefixtures("no_inductor")
+@pytest.mark.parametrize(
+    "stride, input_grad, weight_grad", [(1, 2 * 800 * 54, 2 * 216 * 128), (2, 2 * 648 * 54, 2 * 216 * 32)]
+)
+def test_a_convolutions_backward_is_counted_as_convolutions(stride, input_grad, weight_grad):
+    """Thunder writes a convolution's backward as two convolutions, counted as it computes them: the input's
+    gradient on the padded (at stride 2 also dilated) gradient with the flipped weight, (2, 4, 10, 10) outputs (stride
+    2: (2, 4, 9, 9)) of 6 * 9 each, cropped after; the weight's, (4, 6, 3, 3) outputs, each over the batch and the
+    output's positions (2 * 8 * 8; stride 2: 2 * 4 * 4)."""
+    from thunder_fusion_guard.cost import convolution_flops
+
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(2, 4, 8, 8, generator=gen, requires_grad=True)
+    w = torch.randn(6, 4, 3, 3, generator=gen, requires_grad=True)
+
+    def fn(a, b):
+        return torch.nn.functional.conv2d(a, b, stride=stride, padding=1).neg()
+
+    (forward,) = convolutions(fn, x, w)
+    assert convolution_flops(forward) == 2 * (2 * 6 * (8 // stride) ** 2) * 36
+    backward = sorted(convolution_flops(op) for op in convolutions(fn, x, w, backward=True))
+    assert backward == sorted([input_grad, weight_grad])

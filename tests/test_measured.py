@@ -57,7 +57,7 @@ def fake_calibration(monkeypatch, no_shipped):
     """calibrate.measure replaced by a call counter returning FAKE."""
     calls = []
 
-    def measure(device, executor, budget_s=None):
+    def measure(device, executor, budget_s=None, **_):
         calls.append((device, executor, budget_s))
         return FAKE
 
@@ -151,7 +151,7 @@ def test_calibration_measure_mode_ignores_shipped(fake_calibration, monkeypatch)
 
 
 def test_failed_calibration_is_recorded_never_raised(monkeypatch, no_shipped, caplog):
-    def broken(device, executor, budget_s=None):
+    def broken(device, executor, budget_s=None, **_):
         raise RuntimeError("planted calibration failure")
 
     monkeypatch.setattr(calibrate, "measure", broken)

@@ -39,9 +39,9 @@ def test_auto_calibration_uses_the_shipped_constants_here():
 def test_auto_calibration_never_measures(monkeypatch):
     monkeypatch.setattr(calibrate, "SHIPPED", [])
     probed, timed = [], []
-    real_probe, real_median = calibrate._probe, calibrate.median_us
+    real_probe, real_time = calibrate._probe, calibrate.time_us
     monkeypatch.setattr(calibrate, "_probe", lambda *a, **k: probed.append(a[0]) or real_probe(*a, **k))
-    monkeypatch.setattr(calibrate, "median_us", lambda *a, **k: timed.append(1) or real_median(*a, **k))
+    monkeypatch.setattr(calibrate, "time_us", lambda *a, **k: timed.append(1) or real_time(*a, **k))
     guard = FusionGuard()
     x = _inputs()
     assert torch.equal(jit_cpu(lone_add, guard)(*x), lone_add(*x))

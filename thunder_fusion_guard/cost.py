@@ -15,7 +15,7 @@ from functools import cached_property
 from typing import Any
 
 from . import _thunder as th
-from .ops import EAGER_ONLY_COMPUTE, IDENTITY_AT_RUN_TIME, MATMUL_OPS, is_metadata
+from .ops import CONVOLUTION_OPS, EAGER_ONLY_COMPUTE, IDENTITY_AT_RUN_TIME, MATMUL_OPS, is_metadata
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class CostConstants:
     ``bandwidth_curve`` (CPU): (bytes moved, GB/s) of an eager add at several sizes, since caches and
     the allocator make bandwidth depend on size there; empty: ``eager_gbps``/``fusion_gbps`` at any size.
     ``op_ns`` (CPU): ns per element an op costs beyond moving its bytes (a core computes a tanh or a
-    softmax more slowly than it streams memory); ``matmul_gflops`` the rate of matmuls. Empty or 0:
+    softmax more slowly than it streams memory); ``matmul_gflops`` the rate of matmuls (and convolutions). Empty or 0:
     bytes alone (a GPU's compute hides behind its bandwidth at the sizes that matter).
     """
 
@@ -220,12 +220,25 @@ def _matmul_flops(bsym: th.BoundSymbol) -> int:
     return 2 * math.prod(outs[0][0]) * args[0][0][-1]
 
 
+def convolution_flops(bsym: th.BoundSymbol) -> int:
+    """2 * the multiply-adds of a convolution: each output element takes the weight's input channels per group
+    times its kernel elements (``weight.shape[1:]``); stride, padding and dilation count through the output's
+    shape; the bias's additions aside, as a linear's are. (Thunder refuses transposed convolutions.)"""
+    specs = [th.tensor_spec(p) for p in th.tensor_proxies(bsym.flat_proxy_args)]
+    outs = [th.tensor_spec(p) for p in th.tensor_proxies(bsym.flat_proxy_outs)]
+    if len(specs) < 2 or not outs or None in (specs[1], outs[0]) or len(specs[1][0]) < 2:
+        return 0
+    return 2 * math.prod(outs[0][0]) * math.prod(specs[1][0][1:])
+
+
 def compute_us(bsym: th.BoundSymbol, c: CostConstants, fused: bool) -> float:
     """µs an op spends computing beyond moving its bytes: ``op_ns`` per element for an op named there,
-    else the sum over what it decomposes into; matmuls by ``matmul_gflops``."""
+    else the sum over what it decomposes into; matmuls and convolutions by ``matmul_gflops``."""
     name = th.op_name(bsym)
     if name in MATMUL_OPS:
         return _matmul_flops(bsym) / (c.matmul_gflops * 1e3) if c.matmul_gflops else 0.0
+    if name in CONVOLUTION_OPS:
+        return convolution_flops(bsym) / (c.matmul_gflops * 1e3) if c.matmul_gflops else 0.0
     ns = c.op_costs.get(name)
     if ns is not None:
         return 0.0 if fused and name in EAGER_ONLY_COMPUTE else ns * _elements(bsym) / 1e3

@@ -145,7 +145,7 @@ class GuardOptions:
     calibration_budget_s: float = _option(
         5.0,
         _budget,
-        "seconds of timing a calibration started by the guard may take",
+        "seconds a calibration started by the guard may take, compiling its probes included (timing keeps a quarter)",
     )
     measure_budget_s: float = _option(
         5.0,

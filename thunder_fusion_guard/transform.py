@@ -268,11 +268,13 @@ class FusionGuard(thunder.Transform):
                 event = {"device": device, "executor": executor, "seconds": 0.0, "result": note}
                 self.report.calibrations.append(event)
             elif chosen is None and mode in ("auto", "measure"):
-                calibrating = timing(GUARD_MEASUREMENTS, calibrate.auto_calibrate)
-                chosen, note, seconds = calibrating(device, executor, self.options.calibration_budget_s)
-                self.report.calibrations.append(
-                    {"device": device, "executor": executor, "seconds": round(seconds, 3), "result": note}
+                spent: dict[str, float] = {}
+                budget = self.options.calibration_budget_s
+                chosen, note, seconds = timing(GUARD_MEASUREMENTS, calibrate.auto_calibrate)(
+                    device, executor, budget, spent
                 )
+                event = {"device": device, "executor": executor, "seconds": round(seconds, 3), "result": note}
+                self.report.calibrations.append({**event, **spent})
             if chosen is None and mode in ("auto", "cached"):
                 chosen = self._elsewhere(device, executor)
             self._constants[key] = chosen

@@ -4,8 +4,8 @@ Four probes (a tiny ``add``, a sum of eight tiny tensors, a large ``add``, a tin
 as the executor's fusion call and as the guard's torch lowering of them. Cached on disk
 per device (a CPU by its model, cores and torch's threads) and software versions; shipped defaults
 (measured on our machines) stand in on the machine kind they were measured on until a calibration has
-been run. With ``calibration="auto"`` (the default) the guard calibrates by itself,
-within a time budget, the first time it needs constants that are neither cached nor shipped
+been run. With ``calibration="auto"`` (the default) the guard calibrates by itself, within a time budget that
+covers compiling the probes too, the first time it needs constants that are neither cached nor shipped
 (:func:`auto_calibrate`).
 """
 
@@ -25,7 +25,7 @@ from ..regions import find_regions
 from ..shipped_constants import SHIPPED
 from .breakeven import region_pair
 from .cache import cache_key, cache_path, device_name, read_json, update_json
-from .timing import median_us
+from .timing import time_us
 
 SMALL = (16, 16)
 LARGE_CPU = (2048, 2048)
@@ -54,6 +54,12 @@ MATMUL_SIDE = 256
 # shared among them.
 TIMINGS = 6
 CPU_TIMINGS = len(CURVE_CPU) + len(OP_PROBES) + 1
+# What a timing's budget keeps, as a share of the whole, however long compiling the probes took (a cold
+# torch.compile of the four probes takes half a minute on a small CPU; the timings still get this much).
+TIMING_FLOOR = 0.25
+# Samples of a bandwidth probe at most (a large add, the curve's adds): a shared machine's other work slows some
+# of them, so they take the first quartile of more samples than the host-cost probes' median does.
+BANDWIDTH_REPS = 60
 
 log = logging.getLogger("thunder_fusion_guard")
 
@@ -104,8 +110,11 @@ def _probe(executor: str, fn: Callable, args: list[torch.Tensor]) -> tuple[Calla
     return fusion, eager, [by_name[p.name] for p in region.inputs]
 
 
-def _time(fn: Callable, args: list, inner: int, budget_s: float | None) -> float:
-    reps, warmup = 30, 5
+def _time(fn: Callable, args: list, inner: int, budget_s: float | None, *, bandwidth: bool = False) -> float:
+    """µs of one call of ``fn(*args)``: the median of at most 30 samples of ``inner`` calls, as many as fit in
+    ``budget_s`` (at least 3); a ``bandwidth`` probe takes the first quartile of at most :data:`BANDWIDTH_REPS`
+    (other work on the machine only ever slows a sample, and moving many bytes is what it slows most)."""
+    reps, warmup = (BANDWIDTH_REPS, 3) if bandwidth else (30, 5)
     if budget_s is not None:
         start = time.perf_counter()
         fn(*args)
@@ -114,10 +123,31 @@ def _time(fn: Callable, args: list, inner: int, budget_s: float | None) -> float
         one = max(time.perf_counter() - start, 1e-7)
         reps = max(3, min(reps, int(budget_s / (one * inner * 1.2))))
         warmup = min(warmup, reps)
-    return median_us(fn, *args, reps=reps, warmup=warmup, inner=inner)
+    timing = time_us(fn, *args, reps=reps, warmup=warmup, inner=inner)
+    return timing.q1 if bandwidth else timing.median
 
 
-def measure(device: str, executor: str, budget_s: float | None = None) -> CostConstants:
+def settle_allocator(nbytes: int) -> None:
+    """Allocate, write and free ``nbytes``, as a program that has run a step has freed tensors that large: glibc's
+    malloc then serves later allocations up to that size (up to 32 MiB) from memory it keeps, where before it maps
+    fresh pages for each (a 16 MiB add at 12-13 GB/s before, 23-26 after, on a 2-core x86-64 VM)."""
+    torch.empty(nbytes, dtype=torch.uint8).fill_(1)
+
+
+def timing_budget(budget_s: float, compile_s: float) -> float:
+    """Seconds the timings of a calibration may take when compiling its probes took ``compile_s`` of ``budget_s``:
+    what is left, at least :data:`TIMING_FLOOR` of the budget."""
+    return max(budget_s - compile_s, TIMING_FLOOR * budget_s)
+
+
+def measure(
+    device: str,
+    executor: str,
+    budget_s: float | None = None,
+    *,
+    spent: dict[str, float] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> CostConstants:
     """Measure the constants for ``executor`` on ``device`` ('cpu' or 'cuda'): a few seconds.
 
     Four probes, each one region: a lone ``add`` of tiny tensors (the fixed cost of a fusion call and
@@ -125,34 +155,47 @@ def measure(device: str, executor: str, budget_s: float | None = None) -> CostCo
     ``add`` of large tensors (bandwidth), a lone ``reshape`` (an eager view). Eager times are those of
     the guard's own torch lowering of the probe. On CPU, eager adds at four sizes give the bandwidth
     curve, and eager probes of common ops and a matmul what computing costs (no compilation). With
-    ``budget_s``, fewer samples are taken so that the timings (not the executor's compilation of the
-    probes) fit in about that many seconds.
+    ``budget_s``, the probes are compiled first and fewer samples are taken, so that the whole takes about
+    that many seconds, or compiling plus :data:`TIMING_FLOOR` of them where compiling took longer
+    (:func:`timing_budget`). ``spent``, if given, receives the seconds spent compiling (``compile_s``) and
+    timing (``timing_s``).
     """
-    share = None if budget_s is None else budget_s / (TIMINGS + (CPU_TIMINGS if device == "cpu" else 0))
+    start = clock()
     large = LARGE_CUDA if device == "cuda" else LARGE_CPU
     small = [torch.randn(SMALL, device=device) for _ in range(WIDE)]
     la, lb = (torch.randn(large, device=device) for _ in range(2))
     big_bytes = 3 * la.numel() * la.element_size()
+    add_probe = _probe(executor, _add, small[:2])
+    wide_probe = _probe(executor, _wide_sum, small)
+    big_probe = _probe(executor, _add, [la, lb])
+    try:
+        _, eager_view, view_args = _probe(executor, _reshape, small[:1])
+    except ValueError:  # the executor makes no region of a lone reshape: time torch's own
+        eager_view, view_args = _reshape, small[:1]
+    compile_s = clock() - start
+    share = None
+    if budget_s is not None:
+        share = timing_budget(budget_s, compile_s) / (TIMINGS + (CPU_TIMINGS if device == "cpu" else 0))
+    if device == "cpu":
+        settle_allocator(la.numel() * la.element_size() + (1 << 16))  # what each large add allocates, and more
     # Streams of tiny calls measure host cost; single synchronised large calls measure bandwidth.
-    fusion, eager, args = _probe(executor, _add, small[:2])
+    fusion, eager, args = add_probe
     fusion_call_us = _time(fusion, args, 50, share)
     eager_op_us = _time(eager, args, 50, share)
-    fusion, _, args = _probe(executor, _wide_sum, small)
+    fusion, _, args = wide_probe
     fusion_wide_us = _time(fusion, args, 50, share)
-    fusion, eager, args = _probe(executor, _add, [la, lb])
-    fusion_big_us = _time(fusion, args, 1, share)
-    eager_big_us = _time(eager, args, 1, share)
-    try:
-        _, eager, args = _probe(executor, _reshape, small[:1])
-    except ValueError:  # the executor makes no region of a lone reshape: time torch's own
-        eager, args = _reshape, small[:1]
-    eager_meta_us = _time(eager, args, 50, share)
+    fusion, eager, args = big_probe
+    fusion_big_us = _time(fusion, args, 1, share, bandwidth=True)
+    eager_big_us = _time(eager, args, 1, share, bandwidth=True)
+    eager_meta_us = _time(eager_view, view_args, 50, share)
     io_us = max(0.0, (fusion_wide_us - fusion_call_us) / (WIDE + 1 - PROBE_TENSORS))
     curve = op_ns = ()
     gflops = 0.0
     if device == "cpu":
         curve = bandwidth_curve(eager_op_us, share)
         op_ns, gflops = compute_costs(eager_op_us, curve, share)
+    if spent is not None:
+        spent.update(compile_s=round(compile_s, 3), timing_s=round(clock() - start - compile_s, 3))
     return CostConstants(
         fusion_call_us=round(fusion_call_us, 3),
         fusion_gbps=round(big_bytes / (fusion_big_us * 1e3), 2),
@@ -190,12 +233,13 @@ def compute_costs(
 
 
 def bandwidth_curve(op_us: float, share: float | None) -> tuple[tuple[int, float], ...]:
-    """(bytes moved, GB/s) of an eager float32 add at each size of :data:`CURVE_CPU`, its fixed cost
-    ``op_us`` taken off (at most 80% of a timing, so that a noisy tiny timing cannot make it huge)."""
+    """(bytes moved, GB/s) of an eager float32 add at each size of :data:`CURVE_CPU` (the first quartile of its
+    samples, see :func:`_time`), its fixed cost ``op_us`` taken off (at most 80% of a timing, so that a noisy
+    tiny timing cannot make it huge)."""
     points = []
     for n in CURVE_CPU:
         a, b = torch.randn(n), torch.randn(n)
-        took = _time(torch.add, [a, b], 1 if n >= 1 << 20 else 10, share)
+        took = _time(torch.add, [a, b], 1 if n >= 1 << 20 else 10, share, bandwidth=True)
         moved = 3 * n * a.element_size()
         points.append((moved, round(moved / (max(took - op_us, 0.2 * took) * 1e3), 2)))
     return tuple(points)
@@ -213,8 +257,11 @@ def calibrate(device: str, executor: str, *, save: bool = True, budget_s: float 
     return constants
 
 
-def auto_calibrate(device: str, executor: str, budget_s: float) -> tuple[CostConstants | None, str, float]:
+def auto_calibrate(
+    device: str, executor: str, budget_s: float, spent: dict[str, float] | None = None
+) -> tuple[CostConstants | None, str, float]:
     """Calibrate from inside a compilation: (constants or None, what happened, seconds it took). Never raises.
+    ``spent``, if given, receives the seconds spent compiling the probes and timing them (see :func:`measure`).
 
     The probes are compiled by ``thunder.jit`` in a fresh context (no trace, compile data or language
     context of the compilation that asked leaks in), without gradients or autocast; progress and the
@@ -228,9 +275,11 @@ def auto_calibrate(device: str, executor: str, budget_s: float) -> tuple[CostCon
             return None, "not calibrated: a CUDA graph is being captured", 0.0
         log.info("FusionGuard: no cost constants for %s: calibrating (budget %.3g s) ...", where, budget_s)
 
+        spent = {} if spent is None else spent
+
         def run() -> CostConstants:
             with torch.no_grad(), torch.autocast(device, enabled=False):
-                return measure(device, executor, budget_s)
+                return measure(device, executor, budget_s, spent=spent)
 
         constants = contextvars.Context().run(run)
     except NotCalibratable as e:
@@ -250,7 +299,19 @@ def auto_calibrate(device: str, executor: str, budget_s: float) -> tuple[CostCon
     except OSError as e:
         saved = f"not cached ({e})"
     log.info("FusionGuard: calibrated %s in %.1f s, %s: %s", where, took, saved, constants.to_dict())
-    return constants, f"calibrated here in {took:.1f} s" + ("" if saved.startswith("cached") else f", {saved}"), took
+    cached = "" if saved.startswith("cached") else f", {saved}"
+    return constants, f"calibrated here in {took:.1f} s{_spent_text(spent, budget_s)}{cached}", took
+
+
+def _spent_text(spent: dict[str, float], budget_s: float) -> str:
+    """What a calibration's seconds went to, against its budget (empty where ``measure`` did not say)."""
+    if "compile_s" not in spent or "timing_s" not in spent:
+        return ""
+    over = "; compiling took longer, so timing kept its floor" if spent["compile_s"] > budget_s else ""
+    return (
+        f": {spent['compile_s']:.1f} s compiling the probes, {spent['timing_s']:.1f} s timing them "
+        f"(budget {budget_s:.3g} s for both{over})"
+    )
 
 
 def _shipped_key_matches(key: str, device: str, name: str) -> bool:

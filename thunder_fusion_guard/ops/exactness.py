@@ -18,6 +18,7 @@ __all__ = [
     "ELEMENTWISE_ROUNDING_OPS",
     "EXACT_ALONE",
     "EXACT_OPS",
+    "GATHER_OPS",
     "PER_ELEMENT_EXECUTORS",
     "REBUILD_SAFE",
     "ROUNDING_OPS",
@@ -30,6 +31,7 @@ __all__ = [
     "hoist_keeps_bits",
     "holds_every_value",
     "inexact_ops",
+    "integer_bounds",
     "is_integer_or_bool",
     "known_to_round",
     "rebuild_keeps_bits",
@@ -74,6 +76,12 @@ EXACT_OPS: frozenset[str] = frozenset(
 
 # Exact alone, but a fusing compiler may contract them with a neighbour (a*b+c into one FMA).
 EXACT_ALONE: frozenset[str] = frozenset({"mul"})  # nvFuser float division differs from torch.div by 1 ulp
+
+
+# Ops that copy elements picked by an index tensor (``embedding`` and ``index_select`` are ``take``): no
+# arithmetic on the values, so the same bits whoever runs them. Not the scatters (``index_add``, ``scatter_add``,
+# ``embedding_backward``: they add what several indices send to one place, in an order an executor picks).
+GATHER_OPS: frozenset[str] = frozenset({"take", "take_along_axis", "gather"})
 
 
 # Ops that only move or fill data (no arithmetic): the same bits whoever runs them.
@@ -150,23 +158,38 @@ def exactness_reason(inexact: list[str]) -> str:
     return "; ".join(parts)
 
 
-def _leaf_names(bsym: th.BoundSymbol, metadata_ops: Iterable[str]) -> list[str]:
+def _leaves(bsym: th.BoundSymbol, metadata_ops: Iterable[str]) -> list[th.BoundSymbol]:
+    """The ops exactness judges ``bsym`` by: none for a view, itself when it is exact by name or has no
+    decomposition, else what it decomposes into, recursively."""
     if is_metadata(bsym, metadata_ops):
         return []
     subs = th.subsymbols(bsym)
     name = th.op_name(bsym)
     if name in EXACT_OPS or name in EXACT_ALONE or not subs:
-        return [name]
-    return [n for s in subs for n in _leaf_names(s, metadata_ops)]
+        return [bsym]
+    return [leaf for s in subs for leaf in _leaves(s, metadata_ops)]
+
+
+def _leaf_names(bsym: th.BoundSymbol, metadata_ops: Iterable[str]) -> list[str]:
+    return [th.op_name(leaf) for leaf in _leaves(bsym, metadata_ops)]
+
+
+def _exact_leaf(leaf: th.BoundSymbol, alone: bool) -> bool:
+    """Whether one op gives the same bits whoever runs it: exact by name (:data:`EXACT_OPS`, a lone
+    :data:`EXACT_ALONE` op), a gather (:data:`GATHER_OPS`: it copies elements), or arithmetic on integers and
+    booleans only (``iota``, an integer ``cumsum`` or ``sum``, index arithmetic: integers modulo 2**n add and
+    multiply alike in any order). A float ``cumsum`` or ``sum`` is not: its order of additions rounds."""
+    name = th.op_name(leaf)
+    return name in EXACT_OPS or (alone and name in EXACT_ALONE) or name in GATHER_OPS or _integers_only(leaf)
 
 
 def inexact_ops(region: HasBody, metadata_ops: Iterable[str] = ()) -> list[str]:
     """Why the region's bits could change if PyTorch ran its ops one by one instead of the fusion: ops
     that round differently even alone, then roundings the fusion and the op-by-op run place differently
     (:func:`rounding_hazards`). Empty when rejecting the region keeps every bit."""
-    names = [n for b in region.body for n in _leaf_names(b, metadata_ops)]
-    alone = len(names) == 1
-    inexact = sorted({n for n in names if n not in EXACT_OPS and not (alone and n in EXACT_ALONE)})
+    leaves = [leaf for b in region.body for leaf in _leaves(b, metadata_ops)]
+    alone = len(leaves) == 1
+    inexact = sorted({th.op_name(leaf) for leaf in leaves if not _exact_leaf(leaf, alone)})
     return inexact + rounding_hazards(region.body, metadata_ops)
 
 
@@ -246,6 +269,7 @@ def rounding_hazards(body: Iterable[th.BoundSymbol], metadata_ops: Iterable[str]
     for leaf in leaves:
         for p in leaf.flat_proxy_args:
             read_by.setdefault(p.name, []).append(th.op_name(leaf))
+    bounds = integer_bounds(leaves)
     for leaf in leaves:
         conv = th.conversion(leaf)
         if conv is None:
@@ -253,6 +277,8 @@ def rounding_hazards(body: Iterable[th.BoundSymbol], metadata_ops: Iterable[str]
         source, target = conv
         source_dtype = th.torch_dtype(source)
         readers = read_by.get(leaf.output.name, []) if isinstance(leaf.output, th.Proxy) else []
+        if source.name in bounds and _holds_integers(target, bounds[source.name]):
+            continue  # an arange's values, each one a value of the target dtype: converting never rounds
         if source_dtype is not None and readers and not holds_every_value(target, source_dtype):
             found.append(
                 f"{leaf.output.name}: {_short(source_dtype)} rounded to {_short(target)} and read again inside "
@@ -271,6 +297,61 @@ def rounding_hazards(body: Iterable[th.BoundSymbol], metadata_ops: Iterable[str]
                             f"{_short(dtype)} value: eager rounds it first, the fusion does not)"
                         )
     return list(dict.fromkeys(found))
+
+
+def integer_bounds(leaves: Iterable[th.BoundSymbol]) -> dict[str, tuple[int, int]]:
+    """(lowest, highest) value of each integer tensor of ``leaves`` (innermost ops, in order) whose values are
+    known from the program alone: an ``iota`` of Python numbers (what ``arange`` becomes, a float one too) and
+    what views, negation, and additions and products with Python integers make of it."""
+    bounds: dict[str, tuple[int, int]] = {}
+    for leaf in leaves:
+        out = leaf.output if isinstance(leaf.output, th.TensorProxy) else None
+        if out is None or th.is_comment_or_del(leaf) or not is_integer_or_bool(out):
+            continue
+        name = th.op_name(leaf)
+        tensors = [p for p in leaf.flat_proxy_args if isinstance(p, th.TensorProxy)]
+        numbers = th.number_args(leaf)
+        found: tuple[int, int] | None = None
+        if name == "iota":
+            found = _iota_bounds(leaf)
+        elif len(tensors) == 1 and tensors[0].name in bounds:
+            lo, hi = bounds[tensors[0].name]
+            if is_metadata(leaf):
+                found = (lo, hi)
+            elif name == "neg":
+                found = (-hi, -lo)
+            elif name in ("add", "sub", "mul") and len(numbers) == 1 and type(numbers[0]) is int:
+                found = _with_number(name, lo, hi, numbers[0], number_first=not isinstance(leaf.flat_args[0], th.Proxy))
+        if found is not None:
+            bounds[out.name] = found
+    return bounds
+
+
+def _iota_bounds(leaf: th.BoundSymbol) -> tuple[int, int] | None:
+    """(lowest, highest) value of ``prims.iota(length, start=, step=)`` when all three are Python integers."""
+    length = leaf.args[0] if leaf.args else leaf.kwargs.get("length")
+    start, step = leaf.kwargs.get("start"), leaf.kwargs.get("step")
+    if not all(type(v) is int for v in (length, start, step)) or length <= 0:
+        return None
+    last = start + (length - 1) * step
+    return min(start, last), max(start, last)
+
+
+def _with_number(name: str, lo: int, hi: int, number: int, number_first: bool) -> tuple[int, int]:
+    if name == "add":
+        return lo + number, hi + number
+    if name == "sub":
+        return (number - hi, number - lo) if number_first else (lo - number, hi - number)
+    ends = (lo * number, hi * number)
+    return min(ends), max(ends)
+
+
+def _holds_integers(target: torch.dtype, bounds: tuple[int, int]) -> bool:
+    """Whether every integer from ``bounds[0]`` to ``bounds[1]`` is a value of ``target`` (an integer or boolean
+    target counts, as in :func:`holds_every_value`)."""
+    if target not in _FLOAT_BITS:
+        return True
+    return max(abs(bounds[0]), abs(bounds[1])) <= 2 ** _FLOAT_BITS[target][1]
 
 
 def rounding_at_cut(body: Iterable[th.BoundSymbol], crossing: Iterable[th.Proxy]) -> list[str]:
@@ -406,7 +487,7 @@ def hoist_keeps_bits(
     body: Iterable[th.BoundSymbol], metadata_ops: Iterable[str] = (), executor: str | None = None
 ) -> bool:
     """Whether the ops of ``body`` give the same bits in a fusion rebuilt to hoist part of a region:
-    :func:`rebuild_keeps_bits` ops, ops that only move data (setitem, cat, pad), ops that compute on integers
+    :func:`rebuild_keeps_bits` ops, ops that only move data (setitem, cat, pad, gathers), ops that compute on integers
     and booleans only (``arange``, index arithmetic, comparisons: no rounding) and, where ``executor`` is one
     of :data:`PER_ELEMENT_EXECUTORS`, element-wise ops that round (cos, pow, division)."""
     return not hoist_inexact_ops(body, metadata_ops, executor)
@@ -430,7 +511,8 @@ def _op_keeps_bits(bsym: th.BoundSymbol, metadata_ops: tuple[str, ...], per_elem
     name = th.op_name(bsym)
     if per_element and name in ELEMENTWISE_ROUNDING_OPS:
         return True
-    return name in DATA_MOVEMENT_OPS or _integers_only(bsym) or rebuild_keeps_bits([bsym], metadata_ops)
+    moves = name in DATA_MOVEMENT_OPS or name in GATHER_OPS
+    return moves or _integers_only(bsym) or rebuild_keeps_bits([bsym], metadata_ops)
 
 
 def _failing(bsym: th.BoundSymbol, ok: Callable[[th.BoundSymbol], bool]) -> list[str]:
@@ -458,6 +540,7 @@ def switch_keeps_bits(body: Iterable[th.BoundSymbol], metadata_ops: Iterable[str
 
     def exact_anywhere(b: th.BoundSymbol) -> bool:
         name = th.op_name(b)
-        return is_metadata(b, metadata_ops) or name in exact or name in DATA_MOVEMENT_OPS or _integers_only(b)
+        moves = name in DATA_MOVEMENT_OPS or name in GATHER_OPS
+        return is_metadata(b, metadata_ops) or name in exact or moves or _integers_only(b)
 
     return all(_all_the_way_down(b, exact_anywhere) for b in body) and not rounding_hazards(body, metadata_ops)

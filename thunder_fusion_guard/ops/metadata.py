@@ -21,6 +21,7 @@ from .. import _thunder as th
 from .effects import EFFECT_TAGS
 
 __all__ = [
+    "CONVOLUTION_OPS",
     "EAGER_ONLY_COMPUTE",
     "IDENTITY_AT_RUN_TIME",
     "MATMUL_OPS",
@@ -60,6 +61,13 @@ IDENTITY_AT_RUN_TIME: frozenset[str] = frozenset({"update_aliases"})
 
 # Ops whose cost is counted in FLOPs (2 * output elements * the reduced dimension), not per element.
 MATMUL_OPS: frozenset[str] = frozenset({"matmul", "linear"})
+
+
+# Convolutions, counted in FLOPs too (2 * output elements * input channels per group * kernel elements). Thunder
+# writes a convolution's backward as convolutions (the input's gradient a convolution of the padded gradient with
+# the flipped weight, the weight's a convolution of the input with the gradient), so these count it too;
+# ``conv1d``/``conv2d``/``conv3d`` decompose into ``convolution``.
+CONVOLUTION_OPS: frozenset[str] = frozenset({"convolution"})
 
 
 # Ops whose eager CPU kernel spends per element what a fused kernel does not: torch.where branches on
