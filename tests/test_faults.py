@@ -205,7 +205,7 @@ def calibrates(monkeypatch):
     """calibrate.measure replaced by a call counter returning FAKE."""
     calls: list[str] = []
 
-    def measure(device, executor, budget_s=None):
+    def measure(device, executor, budget_s=None, **_):
         calls.append(executor)
         return FAKE
 
@@ -332,7 +332,7 @@ def test_ctrl_c_in_a_calibration_reaches_the_user_and_leaves_nothing_half_calibr
     inject_timings(10.0, 2.0)
     calls: list[str] = []
 
-    def measure(device, executor, budget_s=None):
+    def measure(device, executor, budget_s=None, **_):
         calls.append(executor)
         return FAKE
 

@@ -97,7 +97,7 @@ def slow_compiles(monkeypatch, clock):
 
 
 def test_phases_of_a_jit_first_call_are_exact_where_the_guard_times(monkeypatch, clock, slow_compiles):
-    def calibration(device, executor, budget_s):  # 5 s of calibration, constants none
+    def calibration(device, executor, budget_s, spent=None):  # 5 s of calibration, constants none
         clock.jump(5)
         return None, "not calibrated (test)", 5.0
 
