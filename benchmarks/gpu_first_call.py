@@ -90,22 +90,30 @@ def main() -> int:
             cold = {"TORCHINDUCTOR_CACHE_DIR": inductor_cache, "TRITON_CACHE_DIR": f"{inductor_cache}/triton"}
             inductor = in_a_process(model, "inductor-ro", cold)
             print(f"[{model}] inductor cold: {inductor}", flush=True)
+            _record(record, model, guarded, first, inductor, {}, args.json)
             second = in_a_process(model, guarded, shared)
             print(f"[{model}] guarded, second process: {second}", flush=True)
-        record["models"][model] = {
-            "path": guarded,
-            "guarded_first_call_s": first.get("first_call_s"),
-            "inductor_cold_s": inductor.get("first_call_s"),
-            "second_process_s": second.get("first_call_s"),
-            "phases_s": first.get("phases_s"),
-            "second_process_phases_s": second.get("phases_s"),
-            "regions": first.get("regions"),
-            "slowest_regions_s": first.get("slowest_regions_s"),
-            **{k: v.get("error") for k, v in (("error", first), ("inductor_error", inductor)) if "error" in v},
-        }
-        if args.json:
-            args.json.write_text(json.dumps(record, indent=1))
+        _record(record, model, guarded, first, inductor, second, args.json)
     return 0
+
+
+def _record(
+    record: dict, model: str, guarded: str, first: dict, inductor: dict, second: dict, out: Path | None
+) -> None:
+    """The figures of ``model`` so far into ``record``, written to ``out`` (a run cut short keeps them)."""
+    record["models"][model] = {
+        "path": guarded,
+        "guarded_first_call_s": first.get("first_call_s"),
+        "inductor_cold_s": inductor.get("first_call_s"),
+        "second_process_s": second.get("first_call_s"),
+        "phases_s": first.get("phases_s"),
+        "second_process_phases_s": second.get("phases_s"),
+        "regions": first.get("regions"),
+        "slowest_regions_s": first.get("slowest_regions_s"),
+        **{k: v.get("error") for k, v in (("error", first), ("inductor_error", inductor)) if "error" in v},
+    }
+    if out:
+        out.write_text(json.dumps(record, indent=1))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,8 @@ from package_hash import resolve_commit
 
 from thunder_fusion_guard.bench.machine import machine_info
 from thunder_fusion_guard.bench.zoo import ZooPath, _compile, _difference, _Step
-from thunder_fusion_guard.bench.zoo_models import ZOO, ZooModel, e3nn_nequip_small
+from thunder_fusion_guard.bench.zoo_equivariant import e3nn_nequip_small
+from thunder_fusion_guard.bench.zoo_models import ZOO, ZooModel
 from thunder_fusion_guard.examine.host_time import host_time
 from thunder_fusion_guard.measure.timing import interleaved_rounds
 from thunder_fusion_guard.wording import error_text
