@@ -1,17 +1,21 @@
-"""litgpt on two GPUs: eager vs thunder vs guarded under Thunder's FSDP / DDP and ThunderFX under PyTorch's
-DDP / FSDP2, per rank.
+"""litgpt and an e3nn-built NequIP on several GPUs: eager vs thunder vs guarded (each also with CUDA graphs)
+under Thunder's FSDP / DDP and ThunderFX under PyTorch's DDP / FSDP2, per rank.
 
-Run from the repo root on a machine with two GPUs (nvidia-h200-x2), after ``source .gpu/setup.sh``; two
-invocations, each under 9.5 minutes on H200s (``timeout`` keeps each under 10 minutes;
-the JSON and Markdown are rewritten after every set-up, so a cut run keeps what it finished):
+Run from the repo root on a machine with several GPUs, after ``source .gpu/setup.sh``; each invocation under
+10 minutes (``timeout``; the JSON and Markdown are rewritten after every set-up, so a cut run keeps what it
+finished). Set-ups run side by side as separate jobs (another ``--master-port`` each), then merge:
 
-    timeout 570 torchrun --nproc-per-node 2 benchmarks/gpu_distributed.py \\
-        --models mistral --setups fsdp ddp --budget-s 500
-    timeout 570 torchrun --nproc-per-node 2 benchmarks/gpu_distributed.py \\
-        --models llama2 --setups fx-ddp fx-fsdp2 --budget-s 500
+    timeout 575 torchrun --nproc-per-node 4 --master-port 29501 benchmarks/gpu_distributed.py \
+        --models mistral --layers 3 --setups fsdp --budget-s 540 &
+    timeout 575 torchrun --nproc-per-node 4 --master-port 29502 benchmarks/gpu_distributed.py \
+        --models mistral --layers 3 --setups ddp --variants thunder+cg guarded+cg --budget-s 540 &
+    timeout 575 torchrun --nproc-per-node 4 --master-port 29503 benchmarks/gpu_distributed.py \
+        --models e3nn --setups fx-ddp --budget-s 540 &
+    wait; python3 benchmarks/gpu_distributed.py --merge $OUT/gpu-distributed-*.json --out distributed.json
 
-Setting: litgpt Mistral-7B-v0.1 / Llama-2-7b-hf at 2 layers, batch 1 per rank, 512 tokens, bf16, one
-training step (forward, cross-entropy, backward). Set-ups (``--setups``):
+Setting: litgpt Mistral-7B-v0.1 / Llama-2-7b-hf at ``--layers`` layers (2), batch 1 per rank, 512 tokens, bf16,
+one training step (forward, cross-entropy, backward); ``e3nn``: the zoo's ``e3nn-nequip-modules`` (fp32, the
+energy and its gradients, ``translate_library_ops()``), ThunderFX set-ups only. Set-ups (``--setups``):
 
 - ``fsdp``: eager = PyTorch FSDP2 (``fully_shard`` per block and the root); thunder =
   ``thunder.distributed.fsdp(thunder.jit(model))``; guarded = the same with the guard.
@@ -20,23 +24,25 @@ training step (forward, cross-entropy, backward). Set-ups (``--setups``):
 - ``fx-ddp`` / ``fx-fsdp2``: ThunderFX (``torch.compile`` with Thunder's backend) under PyTorch's DDP /
   FSDP2, with and without the guard (eager: the same wrapper without compiling).
 
-The guard is ``FusionGuard(compare_ranks=True)``, every other option at its default. For each set-up:
-first a correctness phase (eager, thunder and guarded each train 3 SGD steps from the same weights on
-the same batches; guarded against thunder: losses to the bit, gradients' max abs difference at the first
-step and over all three), then Thunder's own run-to-run difference, the noise floor: thunder takes two
-identical steps (same weights, same batch) and their gradients are compared the same way; the guarded
-gradients are "within the floor" when their first-step difference is at most that. Then the timing
-phase: ``--rounds`` steps of each variant interleaved, median ms per rank. Every rank must run the same
-variants in the same order (each step has collectives), so a set-up that no longer fits ``--budget-s``
-(counted once torch and thunder are imported) is skipped on all ranks (rank 0 decides). Decisions: each
-rank's decision keys are gathered and compared (and ``guard.check_ranks()`` run), hoist decisions
-counted. NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1).
+Variants (``--variants``): ``eager``, ``thunder``, ``guarded``, and ``thunder+cg`` / ``guarded+cg`` with Thunder's
+``CUDAGraphTransform`` after the guard (a variant Thunder cannot run records its error). The guard is
+``FusionGuard(compare_ranks=True)``, every other option at its default. For each set-up: first a correctness
+phase (each variant trains 3 SGD steps from the same weights on the same batches; each guarded variant against
+its unguarded twin: losses to the bit, gradients' max abs difference at the first step and over all three), then
+the twin's own run-to-run difference, the noise floor: it takes two identical steps (same weights, same batch)
+and their gradients are compared the same way; the guarded gradients are "within the floor" when their
+first-step difference is at most that. Then the timing phase: ``--rounds`` steps of each variant interleaved,
+median ms per rank. Every rank must run the same variants in the same order (each step has collectives), so a
+set-up that no longer fits ``--budget-s`` (counted once torch and thunder are imported) is skipped on all ranks
+(rank 0 decides). Decisions: each rank's decision keys are gathered and compared (and ``guard.check_ranks()``
+run), hoist decisions counted; the collectives of the final traces compared with the twin's, in order. NVLink
+multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1).
 
-Writes ``$OUT/gpu-distributed-<models>-<setups>.json`` and ``.md`` (rank 0; every rank's numbers
+Writes ``$OUT/gpu-distributed-<models>-<setups>-<variants>.json`` and ``.md`` (rank 0; every rank's numbers
 gathered) and prints the table last. ``--cpu-smoke`` runs the same code on CPU (gloo, tiny configs, the
 torch.compile executor without collectives, linear and matmul, as nvFuser leaves them) to check it:
 
-    torchrun --nproc-per-node 2 benchmarks/gpu_distributed.py --cpu-smoke \\
+    torchrun --nproc-per-node 2 benchmarks/gpu_distributed.py --cpu-smoke \
         --models mistral llama2 --setups fsdp ddp fx-ddp fx-fsdp2
 """
 
@@ -73,16 +79,20 @@ from thunder_fusion_guard.measure.timing import interleaved_rounds
 from thunder_fusion_guard.passes.collectives import communication_sequence
 from thunder_fusion_guard.regions import find_regions
 
+E3NN = "e3nn-nequip-modules"  # the zoo's e3nn-built NequIP (l = 2), under ThunderFX only
 START = time.monotonic()  # --budget-s counts from here (torch and thunder imported)
-MODELS = {"mistral": "Mistral-7B-v0.1", "llama2": "Llama-2-7b-hf"}
+MODELS = {"mistral": "Mistral-7B-v0.1", "llama2": "Llama-2-7b-hf", "e3nn": E3NN}
 # Seconds one set-up takes on an H200 (Thunder compiles the 2-layer model twice per process, both ranks
 # in parallel: ~100 s each for Mistral, whose mask loop makes long traces, ~30 s each for Llama-2 under
 # Thunder's FSDP, results/h200x2-distributed-llama2-fsdp.json), eager, the floor and timing on top: a
 # set-up starts only when this much of the budget is left (half as much again under ThunderFX, which
 # compiles through Dynamo).
-SETUP_S = {"mistral": 225.0, "llama2": 80.0}
+SETUP_S = {"mistral": 225.0, "llama2": 80.0, "e3nn": 200.0}
 SETUPS = ("fsdp", "ddp", "fx-ddp", "fx-fsdp2")
-VARIANTS = ("eager", "thunder", "guarded")
+# "+cg": with Thunder's CUDAGraphTransform after the guard (as README shows); each guarded variant is checked
+# against the unguarded one of the same kind.
+VARIANTS = ("eager", "thunder", "guarded", "thunder+cg", "guarded+cg")
+PAIRS = (("thunder", "guarded"), ("thunder+cg", "guarded+cg"))
 TRAIN_STEPS = 3
 
 
@@ -136,16 +146,24 @@ class Run:
 
 
 def build(run: Run, name: str) -> tuple[torch.nn.Module, Any]:
-    """The model, same weights on every rank and for every variant (seeded)."""
+    """The model, same weights on every rank and for every variant (seeded); for the e3nn model, its zoo
+    entry (module, inputs and loss) as the config."""
+    if name == E3NN:
+        from thunder_fusion_guard import translate_library_ops
+        from thunder_fusion_guard.bench.zoo_equivariant import e3nn_nequip
+
+        translate_library_ops()
+        built = e3nn_nequip(run.device.type)
+        return built.module, built
     import litgpt
     from litgpt.model import GPT
 
     if run.smoke:
-        from gpu_models import TINY_LITGPT
+        from litgpt_harness import TINY_LITGPT
 
-        config = litgpt.Config.from_name(name, n_layer=2, **TINY_LITGPT)
+        config = litgpt.Config.from_name(name, n_layer=run.args.layers, **TINY_LITGPT)
     else:
-        config = litgpt.Config.from_name(name, n_layer=2)
+        config = litgpt.Config.from_name(name, n_layer=run.args.layers)
     torch.manual_seed(0)
     with torch.device(run.device):
         model = GPT(config).to(run.dtype)
@@ -166,8 +184,12 @@ def batch(run: Run, config: Any, step: int) -> tuple[torch.Tensor, torch.Tensor]
 def make_variant(run: Run, setup: str, variant: str, name: str) -> dict[str, Any]:
     """One variant of a set-up: ``fn`` to call, ``module`` whose parameters train, the guard if any."""
     model, config = build(run, name)
-    guard = FusionGuard(compare_ranks=True) if variant == "guarded" else None
-    transforms = [guard] if guard else []
+    guard = FusionGuard(compare_ranks=True) if variant.startswith("guarded") else None
+    transforms: list[Any] = [guard] if guard else []
+    if variant.endswith("+cg"):
+        from thunder.transforms.cudagraph import CUDAGraphTransform
+
+        transforms.append(CUDAGraphTransform())
     jit_options = {"transforms": transforms, **run.executors()}
     fn: Any
     if setup == "fsdp":
@@ -209,8 +231,13 @@ def make_variant(run: Run, setup: str, variant: str, name: str) -> dict[str, Any
 
 def step(run: Run, v: dict[str, Any], index: int) -> torch.Tensor:
     """One training step without the optimizer: gradients are set afresh."""
-    x, target = batch(run, v["config"], index)
     v["module"].zero_grad(set_to_none=True)
+    if not hasattr(v["config"], "padded_vocab_size"):  # the e3nn model: its energy, then the gradients
+        built = v["config"]
+        loss = built.loss(v["fn"](*built.inputs))
+        loss.backward()
+        return loss.detach()
+    x, target = batch(run, v["config"], index)
     logits = v["fn"](x)
     loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), target.reshape(-1))
     loss.backward()
@@ -280,7 +307,7 @@ def run_setup(run: Run, setup: str, name: str) -> dict[str, Any]:
     made: dict[str, dict[str, Any]] = {}
     # Correctness: each variant trains 3 SGD steps from the same weights on the same batches.
     trained: dict[str, tuple] = {}
-    for variant in VARIANTS:
+    for variant in run.args.variants:
         entry: dict[str, Any] = {}
         info["variants"][variant] = entry
         try:
@@ -298,37 +325,19 @@ def run_setup(run: Run, setup: str, name: str) -> dict[str, Any]:
             entry["where"] = traceback.extract_tb(e.__traceback__)[-1].name
             log(f"{name} {setup} {variant} failed: {entry['error']}")
         dist.barrier()
-    # Outside the try above: check_ranks is a collective, so every rank calls it whatever happened.
-    guarded = made.get("guarded")
-    have_guard: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(have_guard, guarded is not None)
-    if all(have_guard):
-        info["variants"]["guarded"].update(guard_facts(guarded["guard"]))
-    if "thunder" in trained and "guarded" in trained:
-        (lt, gt), (lg, gg) = trained["thunder"], trained["guarded"]
-        per_step = [compare(a, b) for a, b in zip(gt, gg, strict=True)]
-        # Thunder against itself, same weights, same batch: the noise floor (atomics in backward kernels).
-        v = made["thunder"]
-        first = (step(run, v, 0), grads(v))
-        again = (step(run, v, 0), grads(v))
-        floor_equal, floor = compare(first[1], again[1])
-        info["thunder_repeat"] = {
-            "loss_equal": torch.equal(first[0], again[0]),
-            "grads_equal": floor_equal,
-            "diff": floor,
-        }
-        info["guarded_vs_thunder"] = {
-            "losses_equal": all(torch.equal(a, b) for a, b in zip(lt, lg, strict=True)),
-            "grads_equal": all(e for e, _ in per_step),
-            "grads_max_abs_diff_first_step": per_step[0][1],
-            "grads_max_abs_diff": max(d for _, d in per_step),
-            "grads_within_floor": per_step[0][1] <= floor,
-            "collectives_equal": info["variants"]["thunder"].get("collectives")
-            == info["variants"]["guarded"].get("collectives"),
-        }
-        run.sync()
+    for base, guarded_name in PAIRS:
+        if guarded_name not in run.args.variants:
+            continue
+        # Outside the try above: check_ranks is a collective, so every rank calls it whatever happened.
+        guarded = made.get(guarded_name)
+        have_guard: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(have_guard, guarded is not None)
+        if all(have_guard):
+            info["variants"][guarded_name].update(guard_facts(guarded["guard"]))
+        if base in trained and guarded_name in trained:
+            info.update(check_pair(run, info, made, trained, base, guarded_name))
     # Timing: the variants that ran, interleaved round by round.
-    ready = [k for k in VARIANTS if k in made]
+    ready = [k for k in run.args.variants if k in made]
     indices = {k: itertools.count() for k in ready}  # each variant sees batches 0, 1, 2, ... as before
     timed = interleaved_rounds(
         {k: (lambda v=made[k], i=indices[k]: step(run, v, next(i))) for k in ready},
@@ -343,87 +352,136 @@ def run_setup(run: Run, setup: str, name: str) -> dict[str, Any]:
         if s:
             info["variants"][variant]["median_ms"] = round(statistics.median(s) * 1e3, 3)
             info["variants"][variant]["rounds"] = len(s)
-    del made, trained, guarded
+    del made, trained
     if run.device.type == "cuda":
         torch.cuda.empty_cache()
     return info
 
 
+def check_pair(
+    run: Run, info: dict[str, Any], made: dict[str, Any], trained: dict[str, tuple], base: str, guarded: str
+) -> dict[str, Any]:
+    """A guarded variant against its unguarded twin: losses and gradients of the three training steps, the
+    twin against itself (two identical steps: the noise floor, atomics in backward kernels), collectives."""
+    (lt, gt), (lg, gg) = trained[base], trained[guarded]
+    per_step = [compare(a, b) for a, b in zip(gt, gg, strict=True)]
+    v = made[base]
+    first = (step(run, v, 0), grads(v))
+    again = (step(run, v, 0), grads(v))
+    floor_equal, floor = compare(first[1], again[1])
+    run.sync()
+    return {
+        f"{base}_repeat": {"loss_equal": torch.equal(first[0], again[0]), "grads_equal": floor_equal, "diff": floor},
+        f"{guarded}_vs_{base}": {
+            "losses_equal": all(torch.equal(a, b) for a, b in zip(lt, lg, strict=True)),
+            "grads_equal": all(e for e, _ in per_step),
+            "grads_max_abs_diff_first_step": per_step[0][1],
+            "grads_max_abs_diff": max(d for _, d in per_step),
+            "grads_within_floor": per_step[0][1] <= floor,
+            "collectives_equal": info["variants"][base].get("collectives")
+            == info["variants"][guarded].get("collectives"),
+        },
+    }
+
+
 def summary(entry: dict[str, Any], world: int) -> dict[str, Any]:
-    """One set-up's checks over all ranks: bits, decisions alike on every rank, collectives unchanged."""
+    """One set-up's checks over all ranks, per guarded variant: bits, decisions alike on every rank,
+    collectives unchanged, the step time against its unguarded twin."""
     ranks = entry["ranks"]
-    guarded = [r["variants"].get("guarded", {}) for r in ranks]
     out: dict[str, Any] = {}
     for r in range(world):
-        ms = {k: ranks[r]["variants"].get(k, {}).get("median_ms") for k in VARIANTS}
-        out[f"rank{r}_ms"] = ms
-        if ms["guarded"] and ms["thunder"]:
-            out[f"rank{r}_guarded_over_thunder"] = round(ms["guarded"] / ms["thunder"], 3)
-    checks = [r.get("guarded_vs_thunder") for r in ranks]
-    floors = [r.get("thunder_repeat") for r in ranks]
-    if all(checks) and all(floors):
-        out["losses_equal"] = all(c["losses_equal"] for c in checks)
-        out["grads_max_abs_diff_guarded_vs_thunder"] = max(c["grads_max_abs_diff_first_step"] for c in checks)
-        out["grads_max_abs_diff_thunder_vs_thunder"] = max(f["diff"] for f in floors)
-        out["grads_within_floor"] = all(c["grads_within_floor"] for c in checks)
-        out["grads_bitwise_equal"] = all(c["grads_equal"] for c in checks)
-        out["collectives_equal"] = all(c["collectives_equal"] for c in checks)
-    if all("decisions_digest" in g for g in guarded):
-        out["decisions_equal_on_all_ranks"] = len({g["decisions_digest"] for g in guarded}) == 1 and not any(
-            g["rank_problems"] for g in guarded
-        )
-        out["hoists_per_rank"] = [g["hoists"] for g in guarded]
-        out["decisions_rank0"] = guarded[0]["decisions"]
+        out[f"rank{r}_ms"] = {k: v.get("median_ms") for k, v in ranks[r]["variants"].items()}
+    for base, name in PAIRS:
+        ms = [
+            (r["variants"].get(name, {}).get("median_ms"), r["variants"].get(base, {}).get("median_ms")) for r in ranks
+        ]
+        if all(g and b for g, b in ms):
+            out[f"{name}_over_{base}_per_rank"] = [round(g / b, 3) for g, b in ms]
+        checks = [r.get(f"{name}_vs_{base}") for r in ranks]
+        floors = [r.get(f"{base}_repeat") for r in ranks]
+        if all(checks) and all(floors):
+            out[f"{name}_vs_{base}"] = {
+                "losses_equal": all(c["losses_equal"] for c in checks),
+                "grads_max_abs_diff": max(c["grads_max_abs_diff_first_step"] for c in checks),
+                "floor_max_abs_diff": max(f["diff"] for f in floors),
+                "grads_within_floor": all(c["grads_within_floor"] for c in checks),
+                "grads_bitwise_equal": all(c["grads_equal"] for c in checks),
+                "collectives_equal": all(c["collectives_equal"] for c in checks),
+            }
+        guarded = [r["variants"].get(name, {}) for r in ranks]
+        if all("decisions_digest" in g for g in guarded):
+            out[f"{name}_decisions"] = {
+                "equal_on_all_ranks": len({g["decisions_digest"] for g in guarded}) == 1
+                and not any(g["rank_problems"] for g in guarded),
+                "hoists_per_rank": [g["hoists"] for g in guarded],
+                "rank0": guarded[0]["decisions"],
+            }
     return out
 
 
 def table(results: dict[str, Any]) -> str:
-    """Markdown: one row per model, set-up and variant, median ms on each rank; then the checks."""
+    """Markdown: one row per model, set-up and variant, median ms on each rank and against the unguarded twin;
+    then the checks of each guarded variant."""
     world = results["world_size"]
-    header = ["model", "setup", "variant", *(f"rank {r} ms" for r in range(world))]
-    header += [f"vs thunder (rank {r})" for r in range(world)] + ["note"]
+    header = ["model", "setup", "variant", *(f"rank {r} ms" for r in range(world)), "vs unguarded", "note"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     checks = []
+    twin = {g: b for b, g in PAIRS}
     for entry in results["runs"]:
         per_rank = entry["ranks"]
         if "skipped" in entry:
-            lines.append(
-                f"| {entry['model']} | {entry['setup']} | - |{' - |' * (2 * world)} skipped: {entry['skipped']} |"
-            )
+            lines.append(f"| {entry['model']} | {entry['setup']} | - |{' - |' * world} - | {entry['skipped']} |")
             continue
-        for variant in VARIANTS:
-            cells = [per_rank[r]["variants"].get(variant, {}) for r in range(world)]
-            ms = [c.get("median_ms") for c in cells]
-            base = [per_rank[r]["variants"].get("thunder", {}).get("median_ms") for r in range(world)]
-            ratios = [f"{m / b:.3f}" if m and b else "" for m, b in zip(ms, base, strict=True)]
-            note = cells[0].get("error", "")
-            row = [entry["model"], entry["setup"], variant, *(f"{m:.2f}" if m else "-" for m in ms), *ratios, note]
-            lines.append("| " + " | ".join(str(c) for c in row) + " |")
         s = entry.get("summary", {})
-        if "losses_equal" in s or "decisions_equal_on_all_ranks" in s:
-            checks.append(
-                f"| {entry['model']} | {entry['setup']} | {s.get('losses_equal', '-')} | "
-                f"{s.get('grads_max_abs_diff_guarded_vs_thunder', '-')} | "
-                f"{s.get('grads_max_abs_diff_thunder_vs_thunder', '-')} | {s.get('grads_within_floor', '-')} | "
-                f"{s.get('collectives_equal', '-')} | {s.get('decisions_equal_on_all_ranks', '-')} | "
-                f"{s.get('hoists_per_rank', '-')} |"
-            )
+        for variant in VARIANTS:
+            cells = [per_rank[r]["variants"].get(variant) for r in range(world)]
+            if not any(cells):
+                continue
+            ms = [(c or {}).get("median_ms") for c in cells]
+            ratios = s.get(f"{variant}_over_{twin.get(variant)}_per_rank") or []
+            note = (cells[0] or {}).get("error", "")
+            row = [entry["model"], entry["setup"], variant, *(f"{m:.2f}" if m else "-" for m in ms)]
+            row += [" ".join(f"{r:.3f}" for r in ratios) or "-", note]
+            lines.append("| " + " | ".join(str(c) for c in row) + " |")
+        for base, name in PAIRS:
+            c, d = s.get(f"{name}_vs_{base}"), s.get(f"{name}_decisions", {})
+            if c or d:
+                c = c or {}
+                checks.append(
+                    f"| {entry['model']} | {entry['setup']} | {name} | {c.get('losses_equal', '-')} | "
+                    f"{c.get('grads_bitwise_equal', '-')} | {c.get('grads_max_abs_diff', '-')} | "
+                    f"{c.get('floor_max_abs_diff', '-')} | {c.get('grads_within_floor', '-')} | "
+                    f"{c.get('collectives_equal', '-')} | {d.get('equal_on_all_ranks', '-')} | "
+                    f"{d.get('hoists_per_rank', '-')} |"
+                )
     if checks:
         lines += [
             "",
-            "| model | setup | losses equal | grads max abs diff guarded vs thunder (step 1) | thunder vs thunder "
-            "(two identical steps) | within the floor | collectives equal | decisions equal on all ranks | "
-            "hoists per rank |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| model | setup | variant | losses equal | grads bitwise equal | grads max abs diff vs unguarded "
+            "(step 1) | unguarded vs itself (two identical steps) | within the floor | collectives equal | "
+            "decisions equal on all ranks | hoists per rank |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
             *checks,
         ]
     return "\n".join(lines)
+
+
+def merge(out: Path, parts: list[Path], commit: str) -> None:
+    """Several runs' JSON (set-ups run side by side as separate jobs) as one file, ``out`` (and its ``.md``)."""
+    runs = [json.loads(part.read_text()) for part in parts]
+    merged = {**runs[0], "commit": commit, "runs": [r for run in runs for r in run["runs"]]}
+    merged["jobs"] = [{"file": part.name, "wall_s": run.get("wall_s")} for part, run in zip(parts, runs, strict=True)]
+    out.write_text(json.dumps(merged, indent=1) + "\n")
+    head = f"# {merged['world_size']} ranks on {merged['device']}, {merged['versions']}, commit {commit}\n\n"
+    out.with_suffix(".md").write_text(head + table(merged) + "\n")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["llama2"])
     p.add_argument("--setups", nargs="+", choices=SETUPS, default=["fsdp"])
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=["eager", "thunder", "guarded"])
+    p.add_argument("--layers", type=int, default=2, help="litgpt layers (2)")
     p.add_argument("--tokens", type=int, default=512)
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
@@ -435,7 +493,13 @@ def main() -> None:
     )
     p.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results/gpu"))
     p.add_argument("--cpu-smoke", action="store_true", help="CPU, gloo, tiny configs: check the script itself")
+    p.add_argument("--merge", nargs="+", type=Path, metavar="JSON", help="merge runs' JSON into --out (a file)")
     args = p.parse_args()
+    if args.merge:
+        from package_hash import resolve_commit
+
+        merge(Path(args.out), args.merge, resolve_commit(None)[0])
+        return
     smoke = args.cpu_smoke
     if not smoke:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
@@ -445,12 +509,19 @@ def main() -> None:
         "device": "cpu" if smoke else torch.cuda.get_device_name(),
         "world_size": dist.get_world_size(),
         "versions": software_versions(),
-        "settings": {"tokens": run.tokens, "batch_per_rank": 1, "dtype": str(run.dtype), "rounds": args.rounds},
+        "settings": {
+            "tokens": run.tokens,
+            "layers": args.layers,
+            "batch_per_rank": 1,
+            "dtype": str(run.dtype),
+            "rounds": args.rounds,
+        },
         "env": {k: os.environ[k] for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
         "runs": [],
     }
     out = Path(args.out)
-    stem = f"gpu-distributed-{'-'.join(args.models)}-{'-'.join(args.setups)}" + ("-cpu-smoke" if smoke else "")
+    stem = f"gpu-distributed-{'-'.join(args.models)}-{'-'.join(args.setups)}-{'-'.join(args.variants)}"
+    stem += "-cpu-smoke" if smoke else ""
 
     def write() -> str:
         text = table(results)

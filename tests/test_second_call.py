@@ -80,4 +80,7 @@ def test_a_second_call_on_another_device_is_what_thunder_makes_of_it():
     guarded, plain = thunder.jit(fn, transforms=[guard]), thunder.jit(fn)
     for z in [x, x.cuda(), x, x.cuda()]:
         same(outcome(guarded, z), outcome(plain, z))
-    assert thunder.cache_misses(guarded) == thunder.cache_misses(plain) == 2
+    # Thunder refuses the CUDA input while tracing (the arange stays on the CPU), so it caches nothing for it and
+    # each CUDA call is a miss: the guard changes neither the error nor the count.
+    assert thunder.cache_misses(guarded) == thunder.cache_misses(plain) == 3
+    assert thunder.cache_hits(guarded) == thunder.cache_hits(plain) == 1
