@@ -25,8 +25,8 @@ from thunder.dynamo import thunderfx
 from thunder.transforms.cudagraph import CUDAGraphRunner, CUDAGraphTransform
 
 from thunder_fusion_guard import FusionGuard, translate_library_ops
-from thunder_fusion_guard.bench.zoo import _timing_alone
 from thunder_fusion_guard.bench.zoo_models import ZOO
+from thunder_fusion_guard.bench.zoo_run import _timing_alone
 
 # region name -> [replays, tensor inputs, inputs copied, parameters copied, bytes copied], over the counted steps
 COUNTS: dict[str, list[int]] = {}

@@ -33,7 +33,8 @@ def one(model: str, path: str) -> dict:
     from gpu_seed_vs_inductor import MODELS
 
     from thunder_fusion_guard import first_call, translate_library_ops
-    from thunder_fusion_guard.bench.zoo import ZooPath, _compile, _Step
+    from thunder_fusion_guard.bench.zoo_paths import ZooPath
+    from thunder_fusion_guard.bench.zoo_run import _compile, _Step
 
     if model != "mistral-2l":
         translate_library_ops()

@@ -29,9 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package
 from package_hash import resolve_commit
 
 from thunder_fusion_guard.bench.machine import machine_info
-from thunder_fusion_guard.bench.zoo import ZooPath, _compile, _difference, _Step
 from thunder_fusion_guard.bench.zoo_equivariant import e3nn_nequip_small
 from thunder_fusion_guard.bench.zoo_models import ZOO, ZooModel
+from thunder_fusion_guard.bench.zoo_paths import ZooPath
+from thunder_fusion_guard.bench.zoo_run import _compile, _Step
+from thunder_fusion_guard.bench.zoo_values import _difference
 from thunder_fusion_guard.examine.host_time import host_time
 from thunder_fusion_guard.measure.timing import interleaved_rounds
 from thunder_fusion_guard.wording import error_text

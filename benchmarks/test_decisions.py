@@ -11,19 +11,21 @@ from dataclasses import asdict
 
 import pytest
 
-from thunder_fusion_guard.bench import decisions
 from thunder_fusion_guard.bench.cases import default_device
+from thunder_fusion_guard.bench.decisions_corpus import corpus
+from thunder_fusion_guard.bench.decisions_measure import guarded_step, measure_program
+from thunder_fusion_guard.bench.decisions_summary import summarize
 
-PROGRAMS = decisions.corpus(os.environ.get("TFG_BENCH_DEVICE") or default_device())
+PROGRAMS = corpus(os.environ.get("TFG_BENCH_DEVICE") or default_device())
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=[f"{p.group}-{p.name}" for p in PROGRAMS])
 def test_decisions(benchmark, program, device):
-    rows, info = decisions.measure_program(program, device, reps=25, region_s=0.5)
+    rows, info = measure_program(program, device, reps=25, region_s=0.5)
     benchmark.group = f"decisions:{program.group}"
     benchmark.extra_info.update(
-        device=device, split=program.split, summary=decisions.summarize(rows), rows=[asdict(r) for r in rows], **info
+        device=device, split=program.split, summary=summarize(rows), rows=[asdict(r) for r in rows], **info
     )
-    step = decisions.guarded_step(program, device)
+    step = guarded_step(program, device)
     step()
     benchmark(step)

@@ -25,8 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package
 from package_hash import package_sha256, resolve_commit
 
 from thunder_fusion_guard.bench.machine import machine_info
-from thunder_fusion_guard.bench.zoo import PATH_NAMES, ZooPath, _compile, _Step, _timing_alone
 from thunder_fusion_guard.bench.zoo_models import ZOO
+from thunder_fusion_guard.bench.zoo_paths import PATH_NAMES, ZooPath
+from thunder_fusion_guard.bench.zoo_run import _compile, _Step, _timing_alone
 from thunder_fusion_guard.measure.timing import interleaved_rounds
 from thunder_fusion_guard.wording import error_text
 

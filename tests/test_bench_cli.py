@@ -243,7 +243,7 @@ def test_a_failing_variant_keeps_the_others(monkeypatch, tmp_path, capsys):
 def test_bench_zoo_help_names_every_model_and_path_whole(monkeypatch, capsys, columns):
     """Every zoo model and path is in `bench zoo --help`, each on one line as it is typed (argparse's own
     wrapping broke `e3nn-nequip-` from `rewritten` and `inductor-` from `ro`)."""
-    from thunder_fusion_guard.bench.zoo import MODEL_NAMES, PATH_NAMES
+    from thunder_fusion_guard.bench.zoo_paths import MODEL_NAMES, PATH_NAMES
 
     monkeypatch.setenv("COLUMNS", columns)
     with pytest.raises(SystemExit) as done:

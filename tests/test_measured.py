@@ -18,6 +18,8 @@ import thunder_fusion_guard.measure.cache as cache
 import thunder_fusion_guard.measure.calibrate as calibrate
 from thunder_fusion_guard import FusionGuard
 from thunder_fusion_guard.bench import decisions as bench_decisions
+from thunder_fusion_guard.bench.decisions_measure import Row, choice_verdict_of, truth_of, verdict_of
+from thunder_fusion_guard.bench.decisions_summary import VERDICTS, format_summary, summarize
 from thunder_fusion_guard.cost import CostConstants
 from thunder_fusion_guard.shipped_constants import SHIPPED
 
@@ -611,21 +613,21 @@ def test_constants_without_io_cost_still_load():
 
 
 def test_truth_and_verdicts():
-    assert bench_decisions.truth_of([10.0] * 5, [20.0] * 5)[0] == "fusion"
-    assert bench_decisions.truth_of([20.0] * 5, [10.0] * 5)[0] == "eager"
-    assert bench_decisions.truth_of([10.0] * 5, [10.2] * 5)[0] == "noise"
-    assert bench_decisions.truth_of([10, 10, 10, 10], [8, 9, 11, 12])[0] == "noise"  # ratios straddle 1
-    assert bench_decisions.verdict_of("reject", "eager") == "right"
-    assert bench_decisions.verdict_of("reject", "fusion") == "wrong reject"
-    assert bench_decisions.verdict_of("keep", "eager") == "wrong keep"
-    assert bench_decisions.verdict_of("keep", "noise") == "within noise"
+    assert truth_of([10.0] * 5, [20.0] * 5)[0] == "fusion"
+    assert truth_of([20.0] * 5, [10.0] * 5)[0] == "eager"
+    assert truth_of([10.0] * 5, [10.2] * 5)[0] == "noise"
+    assert truth_of([10, 10, 10, 10], [8, 9, 11, 12])[0] == "noise"  # ratios straddle 1
+    assert verdict_of("reject", "eager") == "right"
+    assert verdict_of("reject", "fusion") == "wrong reject"
+    assert verdict_of("keep", "eager") == "wrong keep"
+    assert verdict_of("keep", "noise") == "within noise"
 
 
 def test_summary_counts():
     def row(action, truth, fused, eager, est=(1.0, 1.0), by="model"):
-        r = bench_decisions.Row("ops", "p", "tune", "forward", "R", ["add"], action, by, action)
+        r = Row("ops", "p", "tune", "forward", "R", ["add"], action, by, action)
         r.est_region_us, r.est_eager_us, r.fused_us, r.eager_us = *est, fused, eager
-        r.truth, r.verdict = truth, bench_decisions.verdict_of(action, truth)
+        r.truth, r.verdict = truth, verdict_of(action, truth)
         r.model_verdict = r.verdict
         return r
 
@@ -635,7 +637,7 @@ def test_summary_counts():
         row("keep", "noise", 1.0, 1.0),
         row("keep", "fusion", 1.0, 4.0, (1.0, 9.0), by="measured"),
     ]
-    s = bench_decisions.summarize(rows)
+    s = summarize(rows)
     assert s["confusion"] == {
         "right": 2,
         "wrong reject": 1,
@@ -647,37 +649,37 @@ def test_summary_counts():
     assert s["where_the_guard_chose"]["right"] == 2 and s["wrong_keeps_within_margin"] == 0
     assert s["by_decided_by"]["measured"]["right"] == 1
     assert s["estimates"]["fused_within_2x"] == 0.75 and s["estimates"]["eager_within_2x"] == 0.75
-    assert "decisions" in bench_decisions.format_summary(s, "cpu")
+    assert "decisions" in format_summary(s, "cpu")
 
 
 def test_summary_counts_keeps_where_the_guard_timed_eager_dearer_on_the_device():
     def row(device_us):
-        r = bench_decisions.Row("ops", "p", "tune", "forward", "R", ["add"], "keep", "measured", "keep")
+        r = Row("ops", "p", "tune", "forward", "R", ["add"], "keep", "measured", "keep")
         r.fused_us, r.eager_us, r.truth, r.verdict = 10.0, 9.0, "eager", "wrong keep"
         if device_us is not None:
             r.guard_measured = {"measured_region_device_us": device_us[0], "measured_eager_device_us": device_us[1]}
         return r
 
-    s = bench_decisions.summarize([row((8.0, 9.0)), row((8.0, 8.2)), row(None)])
+    s = summarize([row((8.0, 9.0)), row((8.0, 8.2)), row(None)])
     assert s["wrong_keeps_eager_dearer_on_device"] == 1 and s["wrong_keeps_within_margin"] == 3
-    assert "1 have eager dearer on the device as the guard timed it" in bench_decisions.format_summary(s, "cuda")
+    assert "1 have eager dearer on the device as the guard timed it" in format_summary(s, "cuda")
 
 
 def test_executor_choice_verdicts_and_summary():
-    assert bench_decisions.choice_verdict_of(True, "other") == "right"
-    assert bench_decisions.choice_verdict_of(True, "own") == "wrong switch"
-    assert bench_decisions.choice_verdict_of(False, "other") == "wrong stay"
-    assert bench_decisions.choice_verdict_of(False, "own") == "right"
-    assert bench_decisions.choice_verdict_of(False, "noise") == "within noise"
+    assert choice_verdict_of(True, "other") == "right"
+    assert choice_verdict_of(True, "own") == "wrong switch"
+    assert choice_verdict_of(False, "other") == "wrong stay"
+    assert choice_verdict_of(False, "own") == "right"
+    assert choice_verdict_of(False, "noise") == "within noise"
 
     def row(action, choice_truth, timed_by_guard=True):
-        r = bench_decisions.Row("ops", "p", "tune", "forward", "R", ["add"], action, "measured", "keep")
+        r = Row("ops", "p", "tune", "forward", "R", ["add"], action, "measured", "keep")
         r.other_executor, r.choice_truth, r.other_timed_by_guard = "torchcompile", choice_truth, timed_by_guard
-        r.choice_verdict = bench_decisions.choice_verdict_of(action == "switch", choice_truth)
+        r.choice_verdict = choice_verdict_of(action == "switch", choice_truth)
         return r
 
     rows = [row("switch", "other"), row("keep", "own"), row("keep", "other"), row("keep", "other", False)]
-    choice = bench_decisions.summarize(rows)["executor_choice"]
+    choice = summarize(rows)["executor_choice"]
     assert choice == {
         "right": 2,
         "wrong switch": 0,
@@ -688,7 +690,7 @@ def test_executor_choice_verdicts_and_summary():
         "timed_by_guard": 3,
         "other_faster": 3,
     }
-    text = bench_decisions.format_summary(bench_decisions.summarize(rows), "cuda")
+    text = format_summary(summarize(rows), "cuda")
     assert "executor choice (regions another fusion executor could run with the same bits: 4, faster there: 3" in text
     assert "2 right, 0 wrong switch, 2 wrong stay, 0 within noise; agree where clear 50.0%" in text
     # the region decisions (all four 'measured', no fused/eager truth) and the executor choices, pooled
@@ -699,7 +701,7 @@ def test_executor_choice_verdicts_and_summary():
 def test_bench_decisions_quick_runs_on_cpu():
     doc = bench_decisions.run("cpu", quick=True, reps=5, region_s=0.01, log=lambda m: None)
     assert {r["program"] for r in doc["rows"]} == {"add-4KiB", "softmax-4KiB"}
-    assert all(r["verdict"] in bench_decisions.VERDICTS for r in doc["rows"])
+    assert all(r["verdict"] in VERDICTS for r in doc["rows"])
     assert doc["summary"]["timed"] == len(doc["rows"]) == 2
     json.dumps(doc, default=str)
 

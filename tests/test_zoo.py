@@ -14,8 +14,30 @@ from pathlib import Path
 
 import pytest
 
-from thunder_fusion_guard.bench import zoo
+from thunder_fusion_guard.bench import zoo, zoo_run
 from thunder_fusion_guard.bench.zoo_models import ZOO
+from thunder_fusion_guard.bench.zoo_output import HEADER, failure_lines, rescue_lines, summary_rows, table_rows, wrapped
+from thunder_fusion_guard.bench.zoo_paths import (
+    BACKEND_CHOICE,
+    EAGER,
+    GUARDED,
+    MODEL_NAMES,
+    PATH_NAMES,
+    PATHS,
+    ZooPath,
+    path_groups,
+    paths_for,
+)
+from thunder_fusion_guard.bench.zoo_records import KNOWN_LIMITATIONS, ModelResult, PathResult, Rescue, merge_groups
+from thunder_fusion_guard.bench.zoo_run import ModelSpec, _compile_paths
+from thunder_fusion_guard.bench.zoo_values import (
+    _against_eager,
+    _difference,
+    _mismatch,
+    compare_with_baselines,
+    load_values,
+    save_values,
+)
 
 # A path pair each model runs on with thunder 0.2.6 on CPU: ViT through thunder.jit; the nn.MultiheadAttention
 # encoder and BERT only through ThunderFX (thunder.jit fails on both without the guard).
@@ -23,7 +45,7 @@ CPU_CASES = {"timm-vit": ("thunder", "guarded"), "nn-mha": ("fx", "fx-guarded"),
 # ViT (thunder.jit) in the default run; the two ThunderFX models, 80 s of a cold run, with --run-slow.
 SLOW_CASES = {"nn-mha", "hf-bert"}
 GUARD = {"measure_budget_s": 0}  # no real timing decides a region: the model does
-P = zoo.ZooPath.parse
+P = ZooPath.parse
 
 
 def _zoo(lane, folder, name):
@@ -31,10 +53,10 @@ def _zoo(lane, folder, name):
     if not ZOO[name].available():
         return None
     out = folder / f"{name}.json"
-    spec = zoo.ModelSpec(name, "cpu", tuple(map(P, CPU_CASES[name])), 0, time.time() + 600, str(out), 1, GUARD)
+    spec = ModelSpec(name, "cpu", tuple(map(P, CPU_CASES[name])), 0, time.time() + 600, str(out), 1, GUARD)
     code = (
-        "import sys; from thunder_fusion_guard.bench import zoo;"
-        f"zoo.run_model(zoo.ModelSpec.from_json({spec.to_json()!r}), lambda m: print(m, file=sys.stderr))"
+        "import sys; from thunder_fusion_guard.bench import zoo_run;"
+        f"zoo_run.run_model(zoo_run.ModelSpec.from_json({spec.to_json()!r}), lambda m: print(m, file=sys.stderr))"
     )
     done = lane.run([sys.executable, "-c", code], timeout=600)
     return done.returncode, done.stderr[-2000:], json.loads(out.read_text()) if out.exists() else None
@@ -55,7 +77,7 @@ def test_guard_runs_where_thunder_runs_and_keeps_its_bits(background, name):
         pytest.skip(f"{ZOO[name].requires} is not installed")
     returncode, stderr, written = background
     assert returncode == 0 and written is not None, stderr
-    result = zoo.ModelResult.from_dict(written)
+    result = ModelResult.from_dict(written)
     unguarded, guarded = map(P, CPU_CASES[name])
     rows = result.paths
     assert guarded.baseline == unguarded
@@ -71,26 +93,26 @@ def test_zoo_models_are_from_four_libraries_at_least():
     assert len(ZOO) >= 10 and len({e.library for e in ZOO.values()}) >= 4
 
 
-def _result(paths: dict, **kwargs) -> zoo.ModelResult:
+def _result(paths: dict, **kwargs) -> ModelResult:
     """A made-up model result: path names to PathResult keyword arguments."""
-    return zoo.ModelResult("m", paths={P(p): zoo.PathResult(**row) for p, row in paths.items()}, **kwargs)
+    return ModelResult("m", paths={P(p): PathResult(**row) for p, row in paths.items()}, **kwargs)
 
 
 def test_every_zoo_path_is_parsed_from_its_name_and_printed_back_to_it():
-    assert [p.name for p in zoo.PATHS] == list(zoo.PATH_NAMES) and len(set(zoo.PATHS)) == 12
-    for path in zoo.PATHS:
-        assert zoo.ZooPath.parse(path.name) == path and str(path) == path.name
+    assert [p.name for p in PATHS] == list(PATH_NAMES) and len(set(PATHS)) == 12
+    for path in PATHS:
+        assert ZooPath.parse(path.name) == path and str(path) == path.name
     fx_cg = P("fx-guarded+cudagraph")
     assert (fx_cg.frontend, fx_cg.guarded, fx_cg.cudagraphs, fx_cg.backends) == ("ThunderFX", True, True, False)
-    assert P("guarded") == zoo.ZooPath("thunder.jit", guarded=True) and P("inductor-ro").cuda_only
-    assert P("fx-guarded+backends") == zoo.BACKEND_CHOICE and zoo.BACKEND_CHOICE.baseline is None
-    assert {g.name: g.baseline.name for g in zoo.GUARDED} == {
+    assert P("guarded") == ZooPath("thunder.jit", guarded=True) and P("inductor-ro").cuda_only
+    assert P("fx-guarded+backends") == BACKEND_CHOICE and BACKEND_CHOICE.baseline is None
+    assert {g.name: g.baseline.name for g in GUARDED} == {
         "guarded": "thunder", "guarded+cudagraph": "cudagraph", "fx-guarded": "fx",
         "fx-guarded+cudagraph": "fx-cudagraph",
     }  # fmt: skip
-    assert [p.name for p in zoo.PATHS if p.is_baseline] == ["thunder", "cudagraph", "fx", "fx-cudagraph"]
-    assert [p.name for p in zoo.paths_for("cpu")] == ["eager", "inductor", "thunder", "guarded", "fx", "fx-guarded",
-                                                      "fx-guarded+backends"]  # fmt: skip
+    assert [p.name for p in PATHS if p.is_baseline] == ["thunder", "cudagraph", "fx", "fx-cudagraph"]
+    assert [p.name for p in paths_for("cpu")] == ["eager", "inductor", "thunder", "guarded", "fx", "fx-guarded",
+                                                  "fx-guarded+backends"]  # fmt: skip
     for bad in ("cudagraph+guarded", "fx-", "thunder.jit", "fx-thunder", "guarded+guarded", "inductor+guarded"):
         with pytest.raises(ValueError, match="unknown zoo path"):
             P(bad)
@@ -98,7 +120,7 @@ def test_every_zoo_path_is_parsed_from_its_name_and_printed_back_to_it():
         with pytest.raises(ValueError, match="backend choice"):
             P(bad)
     with pytest.raises(ValueError, match="no guard"):
-        zoo.ZooPath("eager", guarded=True)
+        ZooPath("eager", guarded=True)
 
 
 def test_results_are_typed_and_read_back_from_the_json_they_write():
@@ -107,7 +129,7 @@ def test_results_are_typed_and_read_back_from_the_json_they_write():
             "eager": {"runs": True, "samples_s": [0.004]},
             "fx": {"runs": False, "error": "RuntimeError: Attempting to reshape", "error_detail": "RuntimeError: x\ny"},
             "fx-guarded": {"runs": True, "compared_with": P("eager"), "difference": None, "bits": "different tensors",
-                           "rescues": [zoo.Rescue("subgraph 0", "RuntimeError: Attempting to reshape", "Inductor")]},
+                           "rescues": [Rescue("subgraph 0", "RuntimeError: Attempting to reshape", "Inductor")]},
         },
         translated=True, path_groups=[[P("eager"), P("fx"), P("fx-guarded")]],
     )  # fmt: skip
@@ -121,7 +143,7 @@ def test_results_are_typed_and_read_back_from_the_json_they_write():
     assert written["paths"]["fx"]["known_limitation"] == (
         "tests/test_thunder_limitations.py::test_aliased_inputs_of_different_sizes_with_inplace"
     )
-    assert zoo.ModelResult.from_dict(written) == result
+    assert ModelResult.from_dict(written) == result
 
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -132,17 +154,17 @@ ZOO_RESULTS = sorted(p.name for p in RESULTS.glob("zoo-*.json") if not p.name.st
 def test_the_committed_zoo_results_read_as_typed_results(name):
     doc = json.loads((RESULTS / name).read_text())
     for record in doc["zoo"]:
-        result = zoo.ModelResult.from_dict(record)
+        result = ModelResult.from_dict(record)
         assert [p.name for p in result.paths] == list(record["paths"])
         for path, row in result.paths.items():
             assert row.runs == record["paths"][path.name]["runs"] and row.bits == record["paths"][path.name].get("bits")
-        assert zoo.summary_rows([result])  # the table can be made of it
+        assert summary_rows([result])  # the table can be made of it
 
 
 def test_model_spec_is_one_json_argument_of_the_models_process(monkeypatch, tmp_path):
-    spec = zoo.ModelSpec("nn-mha", "cpu", (P("eager"), P("fx-guarded")), 3, 12.5, str(tmp_path / "o.json"), 1,
-                         {"measure_budget_s": 0}, True)  # fmt: skip
-    assert zoo.ModelSpec.from_json(spec.to_json()) == spec
+    spec = ModelSpec("nn-mha", "cpu", (P("eager"), P("fx-guarded")), 3, 12.5, str(tmp_path / "o.json"), 1,
+                     {"measure_budget_s": 0}, True)  # fmt: skip
+    assert ModelSpec.from_json(spec.to_json()) == spec
     seen = []
     monkeypatch.setattr(zoo, "run_model", lambda spec, log: seen.append(spec))
     assert zoo._main([spec.to_json()]) == 0 and seen == [spec]
@@ -159,15 +181,15 @@ def test_summary_rows_say_what_failed_and_compare_to_thunder():
             "fx-guarded+backends": {"runs": True, "actions": {"keep": 1}, "backends": {"inductor": 2, "thunder": 1}},
         }
     )  # fmt: skip
-    rows = {r.path.name: r for r in zoo.summary_rows([result])}
+    rows = {r.path.name: r for r in summary_rows([result])}
     guarded = rows["guarded"]
     assert guarded.bits == "bitwise" and guarded.unguarded == P("thunder")
     assert guarded.x_unguarded == pytest.approx(0.5) and guarded.x_eager == pytest.approx(0.25)
     assert guarded.cells()[5] == "0.50 (thunder)" and guarded.cells()[9] == "2 keep"
     assert not rows["fx"].runs and rows["fx"].cells()[2] == "no: AssertionError"
     assert rows["fx-guarded+backends"].actions == "1 keep; subgraphs to inductor 2, thunder 1"
-    assert zoo.BACKEND_CHOICE not in zoo.GUARDED  # it may round differently: compared with no Thunder path
-    assert zoo.table_rows([result])[0] == list(zoo.HEADER) and len(zoo.table_rows([result])) == 6
+    assert BACKEND_CHOICE not in GUARDED  # it may round differently: compared with no Thunder path
+    assert table_rows([result])[0] == list(HEADER) and len(table_rows([result])) == 6
 
 
 def test_every_ratio_names_its_baseline_where_the_twin_with_cuda_graphs_failed():
@@ -180,11 +202,11 @@ def test_every_ratio_names_its_baseline_where_the_twin_with_cuda_graphs_failed()
                                      "difference": 0.0, "bits": "bitwise"},
         }
     )  # fmt: skip
-    rows = {r.path.name: r for r in zoo.summary_rows([result])}
+    rows = {r.path.name: r for r in summary_rows([result])}
     assert rows["fx-guarded+cudagraph"].unguarded == P("fx")
     assert rows["fx-guarded+cudagraph"].cells()[3:6] == ["bitwise (vs fx)", "2.00", "0.50 (fx)"]
     assert rows["fx-cudagraph"].cells()[2] == "no: AssertionError"
-    assert "x thunder" not in zoo.HEADER and "x unguarded" in zoo.HEADER
+    assert "x thunder" not in HEADER and "x unguarded" in HEADER
 
 
 def test_a_rescued_path_is_compared_with_eager_and_its_rescues_listed():
@@ -199,26 +221,26 @@ def test_a_rescued_path_is_compared_with_eager_and_its_rescues_listed():
                 "runs": True, "samples_s": [0.006] * 3, "compared_with": P("eager"), "difference": 0.01,
                 "bits": "within eager's tolerance",
                 "rescues": [
-                    zoo.Rescue("subgraph 0", reshape, "Inductor"),
-                    zoo.Rescue("subgraph 1", reshape, "Inductor"),
-                    zoo.Rescue("subgraph 2", "outputs 0 handed back in the strides Dynamo recorded"),
+                    Rescue("subgraph 0", reshape, "Inductor"),
+                    Rescue("subgraph 1", reshape, "Inductor"),
+                    Rescue("subgraph 2", "outputs 0 handed back in the strides Dynamo recorded"),
                 ],
             },
         }
     )  # fmt: skip
-    rows = {r.path.name: r for r in zoo.summary_rows([result])}
+    rows = {r.path.name: r for r in summary_rows([result])}
     assert rows["fx-guarded"].bits == "within eager's tolerance"
     assert rows["fx-guarded"].x_unguarded is None and rows["fx-guarded"].cells()[5] == "-"  # thunder failed
     assert rows["fx-guarded"].x_eager == pytest.approx(1.5)
     assert rows["fx"].cells()[2] == "no: RuntimeError (known Thunder limitation)"
-    assert zoo.rescue_lines([result]) == [
+    assert rescue_lines([result]) == [
         "m fx-guarded: rescue x2: Inductor: RuntimeError: Attempting to reshape",
         "m fx-guarded: rescue x1: restrided: outputs 0 handed back in the strides Dynamo recorded",
     ]
     eager = [torch.tensor([1.0, 2.0], dtype=torch.bfloat16)]
-    assert zoo._against_eager(eager, eager) == "bitwise equal to eager"
-    assert zoo._against_eager([eager[0] + 0.01], eager) == "within eager's tolerance"
-    assert zoo._against_eager([eager[0] + 1], eager) == "outside eager's tolerance (max abs difference 1)"
+    assert _against_eager(eager, eager) == "bitwise equal to eager"
+    assert _against_eager([eager[0] + 0.01], eager) == "within eager's tolerance"
+    assert _against_eager([eager[0] + 1], eager) == "outside eager's tolerance (max abs difference 1)"
 
 
 def test_a_guarded_path_that_differs_from_a_wrong_thunder_or_rescued_a_capture_says_how_it_compares_with_eager():
@@ -229,22 +251,22 @@ def test_a_guarded_path_that_differs_from_a_wrong_thunder_or_rescued_a_capture_s
     names = ["loss", "the gradient of w"]
     eager = [torch.tensor(-799.92), torch.tensor([1.0, 2.0])]
     wrong = [torch.tensor(-1253.17), torch.tensor([1.0, 2.0])]
-    values = {zoo.EAGER: eager, P("fx"): wrong, P("fx-guarded"): list(eager), P("fx-guarded+cudagraph"): list(wrong)}
-    result = zoo.ModelResult("m", paths={
-        zoo.EAGER: zoo.PathResult(runs=True),
-        P("fx"): zoo.PathResult(runs=True, self_difference=0.0),
-        P("fx-cudagraph"): zoo.PathResult(runs=False, error="AssertionError"),
-        P("fx-guarded"): zoo.PathResult(runs=True),
-        P("fx-guarded+cudagraph"): zoo.PathResult(runs=True),
+    values = {EAGER: eager, P("fx"): wrong, P("fx-guarded"): list(eager), P("fx-guarded+cudagraph"): list(wrong)}
+    result = ModelResult("m", paths={
+        EAGER: PathResult(runs=True),
+        P("fx"): PathResult(runs=True, self_difference=0.0),
+        P("fx-cudagraph"): PathResult(runs=False, error="AssertionError"),
+        P("fx-guarded"): PathResult(runs=True),
+        P("fx-guarded+cudagraph"): PathResult(runs=True),
     })  # fmt: skip
-    assert zoo.compare_with_baselines(result, {p: names for p in values}, values) == {
+    assert compare_with_baselines(result, {p: names for p in values}, values) == {
         P("fx-guarded"),
         P("fx-guarded+cudagraph"),
     }
     assert result.paths[P("fx-guarded")].bits == "differs vs fx; bitwise equal to eager"
     got = result.paths[P("fx-guarded+cudagraph")].bits
     assert got == "bitwise vs fx; outside eager's tolerance (max abs difference 453)"
-    rows = {r.path.name: r for r in zoo.summary_rows([result])}
+    rows = {r.path.name: r for r in summary_rows([result])}
     assert rows["fx-guarded"].cells()[3] == "differs vs fx; bitwise equal to eager"  # no second "(vs fx)"
 
 
@@ -252,26 +274,26 @@ def test_difference_is_zero_only_for_equal_bits():
     import torch
 
     a = [torch.tensor([1.0, 2.0]), None]
-    assert zoo._difference(a, [torch.tensor([1.0, 2.0]), None]) == 0.0
-    assert zoo._difference(a, [torch.tensor([1.0, 2.5]), None]) == 0.5
-    assert zoo._difference(a, [torch.tensor([1.0, 2.0]), torch.zeros(1)]) is None
+    assert _difference(a, [torch.tensor([1.0, 2.0]), None]) == 0.0
+    assert _difference(a, [torch.tensor([1.0, 2.5]), None]) == 0.5
+    assert _difference(a, [torch.tensor([1.0, 2.0]), torch.zeros(1)]) is None
     names = ["the loss", "the gradient of w"]
-    assert zoo._against_eager(a, [torch.tensor([1.0, 2.0]), torch.zeros(1)], names) == (
+    assert _against_eager(a, [torch.tensor([1.0, 2.0]), torch.zeros(1)], names) == (
         "different tensors from eager (the gradient of w is None here, a tensor there); the tensors both have: "
         "bitwise equal"
     )
     # A lost gradient does not hide a wrong loss: the tensors both have are compared all the same.
-    assert zoo._against_eager(a, [torch.tensor([1.0, 9.0]), torch.zeros(1)], names) == (
+    assert _against_eager(a, [torch.tensor([1.0, 9.0]), torch.zeros(1)], names) == (
         "different tensors from eager (the gradient of w is None here, a tensor there); the tensors both have: "
         "outside tolerance (max abs difference 7)"
     )
-    assert zoo._mismatch([torch.zeros(2)], [torch.zeros(3)], names) == (
+    assert _mismatch([torch.zeros(2)], [torch.zeros(3)], names) == (
         "the loss is (2,) torch.float32 here, (3,) torch.float32 there"
     )
 
 
 def test_path_groups_keep_each_guarded_path_with_its_twin_and_eager_in_every_group():
-    groups = [[p.name for p in g] for g in zoo.path_groups(zoo.paths_for("cuda"))]
+    groups = [[p.name for p in g] for g in path_groups(paths_for("cuda"))]
     assert groups == [
         ["eager", "inductor", "inductor-ro"],
         ["eager", "thunder", "guarded"],
@@ -280,13 +302,13 @@ def test_path_groups_keep_each_guarded_path_with_its_twin_and_eager_in_every_gro
         ["eager", "fx-cudagraph", "fx-guarded+cudagraph"],
         ["eager", "fx-guarded+backends"],
     ]
-    assert sorted({p for g in groups for p in g}) == sorted(zoo.PATH_NAMES)
-    assert zoo.path_groups([P("fx"), P("thunder")]) == [[P("fx")], [P("thunder")]]
+    assert sorted({p for g in groups for p in g}) == sorted(PATH_NAMES)
+    assert path_groups([P("fx"), P("thunder")]) == [[P("fx")], [P("thunder")]]
 
 
 def test_apart_every_thunder_path_runs_in_a_process_of_its_own_headed_by_eager():
     paths = [P("eager"), P("inductor"), P("fx"), P("fx-guarded"), P("fx-cudagraph"), P("fx-guarded+cudagraph")]
-    groups = [[p.name for p in g] for g in zoo.path_groups(paths, apart=True)]
+    groups = [[p.name for p in g] for g in path_groups(paths, apart=True)]
     assert groups == [["eager", "inductor"], ["eager", "fx"], ["eager", "fx-guarded"], ["eager", "fx-cudagraph"],
                       ["eager", "fx-guarded+cudagraph"]]  # fmt: skip
 
@@ -313,21 +335,21 @@ def test_paths_run_apart_are_compared_through_the_results_their_processes_saved(
         ],
     }
     for want, guarded in cases.items():
-        zoo.save_values(tmp_path / "twin.pt", {P("fx"): names}, {P("fx"): twin})
-        zoo.save_values(tmp_path / "guarded.pt", {P("fx-guarded"): names}, {P("fx-guarded"): guarded})
-        result = zoo.ModelResult("m", paths={
-            P("fx"): zoo.PathResult(runs=True, self_difference=2**-9),
-            P("fx-guarded"): zoo.PathResult(runs=True, bits="within eager's tolerance", compared_with=zoo.EAGER),
+        save_values(tmp_path / "twin.pt", {P("fx"): names}, {P("fx"): twin})
+        save_values(tmp_path / "guarded.pt", {P("fx-guarded"): names}, {P("fx-guarded"): guarded})
+        result = ModelResult("m", paths={
+            P("fx"): PathResult(runs=True, self_difference=2**-9),
+            P("fx-guarded"): PathResult(runs=True, bits="within eager's tolerance", compared_with=EAGER),
         })  # fmt: skip
-        loaded = [zoo.load_values(tmp_path / f) for f in ("twin.pt", "guarded.pt")]
+        loaded = [load_values(tmp_path / f) for f in ("twin.pt", "guarded.pt")]
         names_of = {p: n for got, _ in loaded for p, n in got.items()}
         values = {p: v for _, got in loaded for p, v in got.items()}
-        assert zoo.compare_with_baselines(result, names_of, values) == {P("fx-guarded")}
+        assert compare_with_baselines(result, names_of, values) == {P("fx-guarded")}
         row = result.paths[P("fx-guarded")]
         if not want.startswith(("bitwise", "within")):  # where it differs from fx, its process's word on eager
             want += " vs fx; within eager's tolerance"
         assert (row.bits, row.compared_with) == (want, P("fx")), want
-    assert zoo.load_values(tmp_path / "no-such.pt") == ({}, {})  # a process that saved nothing
+    assert load_values(tmp_path / "no-such.pt") == ({}, {})  # a process that saved nothing
 
 
 def test_merge_groups_keeps_each_paths_first_record_and_every_problem():
@@ -336,12 +358,12 @@ def test_merge_groups_keeps_each_paths_first_record_and_every_problem():
         _result({"eager": {"runs": True, "first_call_s": 2.0}, "thunder": {"runs": False}}, problem="a (x)"),
         _result({}, problem="b (y)"),
     ]
-    merged = zoo.merge_groups(parts)
+    merged = merge_groups(parts)
     assert list(merged.paths) == [P("eager"), P("inductor"), P("thunder")]
     assert merged.paths[P("eager")].first_call_s == 1.0
     assert merged.problem == "a (x); b (y)" and merged.path_groups == [[P("eager"), P("inductor")],
                                                                        [P("eager"), P("thunder")], []]  # fmt: skip
-    assert zoo.merge_groups(parts[:1]).problem is None and zoo.merge_groups(parts[:1]).path_groups is None
+    assert merge_groups(parts[:1]).problem is None and merge_groups(parts[:1]).path_groups is None
 
 
 def test_with_split_each_path_is_compared_with_the_eager_timed_in_its_own_process():
@@ -352,13 +374,13 @@ def test_with_split_each_path_is_compared_with_the_eager_timed_in_its_own_proces
         _result({"eager": {"runs": True, "samples_s": [20 * ms]}, "thunder": {"runs": True, "samples_s": [18 * ms]},
                  "guarded": {"runs": True, "bits": "bitwise", "samples_s": [16 * ms]}}),
     ]  # fmt: skip
-    rows = {r.path.name: r.cells() for r in zoo.summary_rows([zoo.merge_groups(parts)])}
+    rows = {r.path.name: r.cells() for r in summary_rows([merge_groups(parts)])}
     assert rows["eager"][4] == "10.00" and rows["inductor"][6] == "0.50"
     assert rows["thunder"][6] == "0.90" and rows["guarded"][6] == "0.80"  # against 20 ms, not 10
     assert rows["guarded"][5] == "0.89 (thunder)" and rows["guarded"][7] == "3.20"
     one = _result({**{p.name: vars(r) for p, r in parts[0].paths.items()},
                    **{p.name: vars(r) for p, r in parts[1].paths.items()}})  # fmt: skip
-    assert zoo.merge_groups([one]).paths[P("guarded")].eager_samples_s is None  # one process: one eager
+    assert merge_groups([one]).paths[P("guarded")].eager_samples_s is None  # one process: one eager
 
 
 def test_a_thunder_path_whose_compile_would_pass_the_deadline_is_not_started(monkeypatch, tmp_path):
@@ -371,19 +393,19 @@ def test_a_thunder_path_whose_compile_would_pass_the_deadline_is_not_started(mon
     model = zoo_models.ZooModel(torch.nn.Linear(2, 2), (torch.ones(1, 2),), zoo_models._sum)
     entry = zoo_models.ZooEntry("tiny", "torch", "a linear layer", lambda device: model, "torch")
     monkeypatch.setitem(zoo_models.ZOO, "tiny", entry)
-    monkeypatch.setattr(zoo, "_compile", lambda module, path, device, options=None: (module, None))
+    monkeypatch.setattr(zoo_run, "_compile", lambda module, path, device, options=None: (module, None))
     now = [1000.0]
     calls = iter([0.0, 0.0, 0.0, 40.0])  # perf_counter around each first call: eager's takes 0 s, thunder's 40 s
 
-    monkeypatch.setattr(zoo.time, "perf_counter", lambda: next(calls))
-    monkeypatch.setattr(zoo.time, "time", lambda: now[0])
+    monkeypatch.setattr(zoo_run.time, "perf_counter", lambda: next(calls))
+    monkeypatch.setattr(zoo_run.time, "time", lambda: now[0])
     out = tmp_path / "r.json"
     paths = [P("eager"), P("thunder"), P("fx")]
-    result, steps = zoo._compile_paths("tiny", "cpu", paths, out, lambda m: None, None, deadline=1050.0)
+    result, steps = _compile_paths("tiny", "cpu", paths, out, lambda m: None, None, deadline=1050.0)
     assert list(steps) == paths[:2]
     assert result.paths[P("fx")].error.startswith("not compiled: its compile (about 52 s) would end past")
     assert result.paths[P("fx")].error_kind == "not compiled"
-    assert zoo.ModelResult.from_dict(json.loads(out.read_text())) == result  # saved as it went
+    assert ModelResult.from_dict(json.loads(out.read_text())) == result  # saved as it went
 
 
 # Thunder's message at nn.MultiheadAttention's backward, which the table once cut mid-word.
@@ -407,9 +429,9 @@ def test_bench_zoo_split_runs_path_groups_and_says_so(monkeypatch, capsys, tmp_p
     def fake_run_zoo(models, device, paths, rounds, limit, log, threads, jobs, split=False, translate=False, **kw):
         seen.update(models=models, paths=paths, jobs=jobs, split=split, translate=translate)
         return [
-            zoo.ModelResult(models[0], paths={
-                P("eager"): zoo.PathResult(runs=True, samples_s=[0.001]),
-                P("thunder"): zoo.PathResult(error=MHA_ERROR, error_detail=detail),
+            ModelResult(models[0], paths={
+                P("eager"): PathResult(runs=True, samples_s=[0.001]),
+                P("thunder"): PathResult(error=MHA_ERROR, error_detail=detail),
             })
         ]  # fmt: skip
 
@@ -458,7 +480,7 @@ def test_bench_zoo_runs_the_second_e3nn_built_model_on_cuda_split_and_translated
     monkeypatch.setattr(zoo_cli, "resolve_device", lambda device: device)
     argv = ["bench", "zoo", "--device", "cuda", "--split", "--translate", "--models", "e3nn-nequip-modules-l3"]
     assert main(argv) == 0
-    assert seen == {"models": ["e3nn-nequip-modules-l3"], "device": "cuda", "paths": list(zoo.PATHS), "split": True,
+    assert seen == {"models": ["e3nn-nequip-modules-l3"], "device": "cuda", "paths": list(PATHS), "split": True,
                     "translate": True, "apart": False}  # fmt: skip
     assert main([*argv[:4], "--apart", *argv[5:]]) == 0 and seen["apart"] and not seen["split"]
     assert "each Thunder path timed alone in a process of its own" in " ".join(capsys.readouterr().out.split())
@@ -495,7 +517,7 @@ def test_help_names_every_zoo_model_and_failures_name_their_limitation():
     import ast
     from pathlib import Path
 
-    assert list(zoo.MODEL_NAMES) == list(ZOO)
+    assert list(MODEL_NAMES) == list(ZOO)
     result = _result(
         {
             "thunder": {"error": "RuntimeError: Failed to find a gradient transform for bound symbol"},
@@ -503,13 +525,13 @@ def test_help_names_every_zoo_model_and_failures_name_their_limitation():
             "eager": {"runs": True},
         }
     )
-    known, unknown = zoo.failure_lines([result])
+    known, unknown = failure_lines([result])
     assert known.endswith("[known Thunder limitation: tests/test_thunder_limitations.py::test_index_add_grad]")
     assert unknown == "m fx: RuntimeError: " + "word " * 60  # whole: the printing wraps it
-    assert all(len(line) <= 120 for line in zoo.wrapped([unknown])) and len(zoo.wrapped([unknown])) == 3
+    assert all(len(line) <= 120 for line in wrapped([unknown])) and len(wrapped([unknown])) == 3
     tree = ast.parse((Path(__file__).parent / "test_thunder_limitations.py").read_text())
     tests = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
-    assert set(zoo.KNOWN_LIMITATIONS.values()) <= tests  # every label points at a test that is there
+    assert set(KNOWN_LIMITATIONS.values()) <= tests  # every label points at a test that is there
 
 
 def test_the_zoo_extra_installs_every_library_of_the_zoo():

@@ -34,6 +34,7 @@ import torch
 
 from . import _thunder as th
 from .decisions import Decision, Details
+from .reasons import Facts, ReasonCode, words
 from .wording import error_line, error_text
 
 # Told of each rescue, and of outputs restrided.
@@ -345,27 +346,17 @@ def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def entry_decision(subgraph: str, module: torch.fx.GraphModule, not_entered: str) -> Decision:
     """The decision recording whether ThunderFX subgraph ``subgraph``'s compiled function is entered directly
-    (``not_entered`` empty) or keeps Thunder's call, and why."""
+    (``not_entered`` empty) or keeps Thunder's call, and why (worded by :func:`.reasons.words`)."""
     ops = th.fx_graph_ops(module)
-    if not_entered:
-        reason = f"Thunder's call kept: {not_entered}"
-        explanation = f"{reason}. The direct entry mirrors one cache entry of a Thunder 0.2.6 function only"
-    else:
-        reason = "its one compiled entry called directly, the prologue's checks kept"
-        explanation = (
-            f"{reason}. Thunder's call of a compiled function builds the call's cache info by flattening the "
-            "arguments, then tries each cached entry's prologue; the guard builds the same cache info from the "
-            "positional arguments and runs the one entry's prologue, computation, autograd connection and epilogue "
-            "in Thunder's order and contexts. A call the prologue refuses, with keyword arguments or autocast, "
-            "or once a second entry exists, goes through Thunder's call"
-        )
-    details: Details = {"scope": "op", "explanation": explanation, "entered": not not_entered}
+    code: ReasonCode = "entry_kept" if not_entered else "entered"
+    reason, told = words(code, Facts(why=not_entered) if not_entered else Facts())
+    details: Details = {"scope": "op", **told, "entered": not not_entered}
     if not_entered:
         details["not_entered"] = not_entered
     source = th.fx_module_source(module)
     if source:
         details["source"] = source
-    return Decision("forward", subgraph, "thunder", ops, "enter", reason, subgraph=subgraph, details=details)
+    return Decision("forward", subgraph, "thunder", ops, "enter", reason, subgraph=subgraph, details=details, code=code)
 
 
 def rescue_decision(subgraph: str, module: torch.fx.GraphModule, what: Rescued, describe: Callable) -> Decision:

@@ -45,6 +45,9 @@ ReasonCode = Literal[
     "hoisted",
     "hoist_refused",
     "hoist_not_taken",
+    # a ThunderFX subgraph's compiled function (action enter)
+    "entered",
+    "entry_kept",
 ]
 
 # How a cost comparison came out: eager cheaper by the margin (reject), eager cheaper under it, fusion cheaper.
@@ -415,6 +418,22 @@ def _hoist_not_taken(f: Facts) -> tuple[str, str | None]:
     return f"input-independent, not hoisted: {f['why']}", None
 
 
+def _entered(f: Facts) -> tuple[str, str | None]:
+    reason = "its one compiled entry called directly, the prologue's checks kept"
+    return reason, (
+        f"{reason}. Thunder's call of a compiled function builds the call's cache info by flattening the "
+        "arguments, then tries each cached entry's prologue; the guard builds the same cache info from the "
+        "positional arguments and runs the one entry's prologue, computation, autograd connection and epilogue "
+        "in Thunder's order and contexts. A call the prologue refuses, with keyword arguments or autocast, "
+        "or once a second entry exists, goes through Thunder's call"
+    )
+
+
+def _entry_kept(f: Facts) -> tuple[str, str | None]:
+    reason = f"Thunder's call kept: {f['why']}"
+    return reason, f"{reason}. The direct entry mirrors one cache entry of a Thunder 0.2.6 function only"
+
+
 def unguarded_rebuild(region: str, executor: str) -> str:
     """Why hoisting may not rebuild a region of an executor the guard leaves alone."""
     return f"{region} runs on {executor}, which the executors option leaves unguarded"
@@ -465,4 +484,6 @@ _WORDS: dict[ReasonCode, Callable[[Facts], tuple[str, str | None]]] = {
     "hoisted": _hoisted,
     "hoist_refused": _hoist_refused,
     "hoist_not_taken": _hoist_not_taken,
+    "entered": _entered,
+    "entry_kept": _entry_kept,
 }

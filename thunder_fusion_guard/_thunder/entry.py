@@ -17,7 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import thunder
 import torch
+from thunder.core.compile_data import compile_data_and_stats
+from thunder.core.langctxs import langctx
+from thunder.core.options import CACHE_OPTIONS
+from thunder.core.trace import is_tracing
+from thunder.executors.torch_autograd import connect_to_autograd
 
 __all__ = ["DirectEntry", "direct_entry"]
 
@@ -28,8 +34,6 @@ class DirectEntry:
     """``thunder_fn`` (a ``thunder.jit`` function of one cache entry) called without its search of the cache."""
 
     def __init__(self, thunder_fn: Callable, cd: Any, cs: Any, entry: Any) -> None:
-        from thunder.core.langctxs import langctx
-
         self.thunder_fn, self.cd, self.cs, self.entry = thunder_fn, cd, cs, entry
         self._langctx = langctx(cd.langctx)
         options = cd.compile_options
@@ -41,11 +45,6 @@ class DirectEntry:
         self.__name__ = self.__qualname__ = getattr(thunder_fn, "__name__", "direct_entry")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        import thunder
-        from thunder.core.compile_data import compile_data_and_stats
-        from thunder.core.trace import is_tracing
-        from thunder.executors.torch_autograd import connect_to_autograd
-
         cd, cs, entry = self.cd, self.cs, self.entry
         if len(cs.interpreter_cache) != 1 or cs.interpreter_cache[0] is not entry:
             self._leave(f"{len(cs.interpreter_cache)} cache entries: Thunder chooses among them at each call")
@@ -118,9 +117,6 @@ def direct_entry(jitted: Any, thunder_fn: Callable) -> tuple[DirectEntry | None,
     """A :class:`DirectEntry` for ``thunder_fn``, the function the ThunderModule ``jitted`` calls, once it has
     compiled; or None and why not (another Thunder release, DDP/FSDP, a cache option or a number of entries the
     direct call does not mirror). Thunder's debug options act while it compiles, so they change nothing here."""
-    import thunder
-    from thunder.core.options import CACHE_OPTIONS
-
     if thunder.__version__ != THUNDER_VERSION:
         return None, f"Thunder {thunder.__version__}: the direct call mirrors Thunder {THUNDER_VERSION}'s call"
     cd, cs = getattr(thunder_fn, "_lc_cd", None), getattr(thunder_fn, "_lc_cs", None)

@@ -12,6 +12,9 @@ from typing import Any
 
 from ..bench import decisions as bench_decisions
 from ..bench.cases import ALL_VARIANTS, SUITES, VARIANT_BUILDS, VARIANTS, BenchCase, Workload, parse_variants, select
+from ..bench.decisions_corpus import GROUPS as DECISION_GROUPS
+from ..bench.decisions_measure import Row as DecisionRow
+from ..bench.decisions_summary import format_summary, rows_table
 from ..bench.run import (
     CaseResult,
     CompareError,
@@ -288,8 +291,8 @@ def _register_decisions(bench_sub: Any) -> None:
     p.add_argument(
         "--group",
         nargs="+",
-        choices=bench_decisions.GROUPS,
-        default=list(bench_decisions.GROUPS),
+        choices=DECISION_GROUPS,
+        default=list(DECISION_GROUPS),
         help="corpus groups (default: all)",
     )
     p.add_argument("--reps", type=count(5), default=25, help="A/B rounds per region at most (default 25)")
@@ -325,8 +328,8 @@ def _decisions_command(args: argparse.Namespace) -> int:
     )
     save(doc)
     if args.rows:
-        print(bench_decisions.rows_table([bench_decisions.Row(**r) for r in doc["rows"]]))
-    print(bench_decisions.format_summary(doc["summary"], device))
+        print(rows_table([DecisionRow(**r) for r in doc["rows"]]))
+    print(format_summary(doc["summary"], device))
     if note:
         print(f"({note})")
     return 0

@@ -34,8 +34,8 @@ class _WordsFormatter(argparse.HelpFormatter):
 
 def register_zoo(bench_sub: Any) -> None:
     """Add ``bench zoo`` to the ``fusion-guard bench`` subcommands."""
-    from ..bench.zoo import MODEL_NAMES as zoo_names
-    from ..bench.zoo import PATH_NAMES
+    from ..bench.zoo_paths import MODEL_NAMES as zoo_names
+    from ..bench.zoo_paths import PATH_NAMES
 
     p = add_command(
         bench_sub,
@@ -107,9 +107,11 @@ def _names(option: str, text: str, allowed: Sequence[str]) -> list[str]:
 def _zoo_command(args: argparse.Namespace) -> int:
     from ..bench import zoo
     from ..bench.zoo_models import ZOO
+    from ..bench.zoo_output import notes, table_rows, to_json, wrapped
+    from ..bench.zoo_paths import PATH_NAMES, ZooPath, paths_for
 
     models = _names("--models", args.models, list(ZOO)) if args.models else list(ZOO)
-    paths = [zoo.ZooPath.parse(name) for name in _names("--paths", args.paths, zoo.PATH_NAMES)]
+    paths = [ZooPath.parse(name) for name in _names("--paths", args.paths, PATH_NAMES)]
     device = resolve_device(args.device)
     check_outputs(args, "json", "markdown")
     missing = [m for m in models if not ZOO[m].available()]
@@ -123,14 +125,14 @@ def _zoo_command(args: argparse.Namespace) -> int:
 
     threads = torch.get_num_threads() if note else 0
     results = zoo.run_zoo(
-        models, device, zoo.paths_for(device, paths), args.rounds, args.time_limit, progress, threads, args.jobs,
+        models, device, paths_for(device, paths), args.rounds, args.time_limit, progress, threads, args.jobs,
         split=args.split, translate=args.translate, apart=args.apart,
     )  # fmt: skip
-    rows = zoo.table_rows(results)
-    notes = zoo.notes(results)
-    write_tables(args, lambda: zoo.to_json(results, device), lambda: rows, notes)
+    rows = table_rows(results)
+    lines = notes(results)
+    write_tables(args, lambda: to_json(results, device), lambda: rows, lines)
     print(format_rows(rows))
-    for line in zoo.wrapped(notes):
+    for line in wrapped(lines):
         print(line)
     together = "paths interleaved"
     if args.apart:
@@ -141,5 +143,5 @@ def _zoo_command(args: argparse.Namespace) -> int:
         together += "; Thunder with the package's translations of library ops (translate_library_ops())"
     ratios = "x unguarded: against the unguarded path named in brackets"
     footnote = f"(step ms: median of {plural(args.rounds, 'round')}, {together}; {ratios}{'; ' + note if note else ''})"
-    print("\n".join(zoo.wrapped([footnote])))
+    print("\n".join(wrapped([footnote])))
     return 0
