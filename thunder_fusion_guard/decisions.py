@@ -18,6 +18,9 @@ class Details(TypedDict, total=False):
     scope: Literal["op"]  # a decision about ops, not a whole region
     decided_by: str  # option, rule, model, measured, exactness
     model_action: str  # what the cost model alone would have done
+    margin: float  # the margin the deciding numbers used (estimated or measured)
+    margin_narrowed: str  # why a measured margin is narrower than the option's: synchronous, host_and_device
+    inexact: list[str]  # the ops (and roundings) exactness would keep the region for (ops.inexact_ops)
     explanation: str  # the long explanation; ``reason`` is its one short line
     not_measured: str  # why a region near break-even was not timed
     model_doubted: str  # why estimates far apart did not decide alone: the region was to be timed (ModelDoubt)
