@@ -49,6 +49,7 @@ class Details(TypedDict, total=False):
     output: str
     replaced_by: str
     into: str
+    blocked_by: str  # the op that keeps a metadata op outside the region that alone reads it
     # hoisted input-independent pieces
     piece: int
     same_as: int | None
