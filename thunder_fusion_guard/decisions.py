@@ -87,6 +87,7 @@ class Details(TypedDict, total=False):
     entered: bool  # True: its one cache entry is called directly (``direct_entry``)
     not_entered: str  # why not
     handed_over: list[str]  # gradients handed to autograd on the graph's own buffers (autograd need not copy them)
+    bytes_handed_over: int  # their bytes, per replay
     held: list[str]  # gradients still held when their graph would replay: it runs uncaptured, recaptured after 8 calls
     own_workspace: list[str]  # graphs whose matmuls use a cuBLAS workspace in the graph's own memory pool
     copied_in: list[str]  # inputs copied into a graph's own buffers at each replay (one batched copy a graph)
