@@ -303,7 +303,7 @@ def known_failure(name: str) -> dict[str, Any]:
     return {
         "error": error,
         "actions": g.report.counts() if g else None,
-        "reasons": [d.reason for d in g.report.decisions] if g else None,
+        "codes": [d.code for d in g.report.decisions] if g else None,
     }
 
 

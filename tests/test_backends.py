@@ -82,7 +82,7 @@ def test_a_faster_backend_takes_the_subgraph_and_the_report_says_so(timings, win
     choices = choose_backends(fx, *inputs(), backends=backends_asked, guard=g)
     assert [c.chosen for c in choices] == [winner, winner]
     assert all(c.backward and c.times_us == times for c in choices)
-    assert choices[0].reason.startswith(f"{winner} is faster by 60% (forward and backward: thunder 100.0 µs")
+    assert all(n in choices[0].reason for n in ("60%", "100.0 µs", "40.0 µs")), choices[0].reason  # its numbers
     assert runners(fx) == {"_Chosen"}
     out, grads = run(fx, inputs())
     expected, expected_grads = run(two_pieces, inputs())
@@ -230,9 +230,9 @@ def test_a_subgraph_that_updates_its_inputs_in_place_is_kept_on_thunder_untimed(
     fx = thunderfx(bucketed, executors=fusion_executors("cpu"))
     expected = bucketed(x, table)
     choices = choose_backends(fx, x, table, backends=THUNDER_OR_EAGER)
-    mutating = [c for c in choices if "in place" in c.reason]
+    mutating = [c for c in choices if c.in_place]
     assert len(mutating) == 1 and mutating[0].chosen == "thunder" and mutating[0].times_us == {}
-    assert mutating[0].reason.startswith("kept on Thunder: it updates its input 0 in place")
+    assert mutating[0].in_place == [0]
     assert calls == [2] * (len(choices) - 1)  # the others were timed
     assert torch.equal(fx(x, table), expected)
 
@@ -267,5 +267,5 @@ def test_a_subgraph_whose_inputs_cannot_be_copied_stays_on_thunder_and_the_call_
     monkeypatch.setattr(backends, "_copy", refuse)
     [choice] = choose_backends(fx, x, row, backends=THUNDER_OR_EAGER)
     assert choice.chosen == "thunder" and calls == [] and choice.times_us == {}
-    assert choice.reason == "kept on Thunder: its inputs could not be copied to time it (RuntimeError: no copy)"
+    assert choice.problems == {"copy": "RuntimeError: no copy"} and not choice.in_place
     assert torch.equal(fx(x, row), expected)

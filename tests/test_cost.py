@@ -55,9 +55,8 @@ def test_big_pointwise_chain_is_kept():
     (d,) = guard.report
     assert d.action == "keep" and d.details["model_action"] == "keep" and d.details["decided_by"] == "model"
     assert d.estimates["est_region_us"] < d.estimates["est_eager_us"]
-    # the cost model decided: the headline says so, exactness (abs, maximum) is the aside
-    assert d.reason.startswith("cost model: fusion call is worth it: estimated") and "exactness" not in d.reason
-    assert "; exactness would keep it too: ops [" in told(d)
+    # the cost model decided (its code), exactness (abs, mul) is the aside
+    assert d.code == "cost_model" and d.details["inexact"] == ["abs", "mul"]
 
 
 # Eager ops cost a third of the CPU's: small regions lose to eager by far, whatever is measured.
@@ -69,11 +68,10 @@ def test_small_chain_with_mul_and_add_stays_fused_when_exact_only():
     guard = FusionGuard(calibration=CHEAP_EAGER)
     jit_cpu(pointwise_chain, guard)(x)
     (d,) = guard.report
-    assert d.action == "keep" and "exact_only" in told(d) and d.details["decided_by"] == "exactness"
-    assert d.details["model_action"] == "reject"
-    # the reason leads with what decided it, and gives the numbers only as "cost aside"
-    assert told(d).startswith("kept for exactness: ops ") and "cost aside: estimated" in told(d)
-    assert "worth it" not in told(d) and "(eager looks cheaper)" in told(d)
+    assert d.action == "keep" and d.code == "exactness" and d.details["decided_by"] == "exactness"
+    assert d.details["model_action"] == "reject" and d.details["inexact"] == ["abs", "mul"]
+    # exactness decided it (its code); the numbers, an aside, say eager looks cheaper
+    assert d.estimates["est_eager_us"] < d.estimates["est_region_us"]
 
 
 def set_row_from(x, y):
@@ -119,8 +117,7 @@ def test_the_headline_is_what_decided_a_region_the_fusion_wins_anyway():
     (d,) = guard.report
     assert d.estimates["est_region_us"] < d.estimates["est_eager_us"]
     assert d.details["decided_by"] == "model" and d.action == "keep"
-    assert d.reason.startswith("cost model: fusion call is worth it: estimated ") and "exactness" not in d.reason
-    assert "exactness would keep it too: ops [" in d.details["explanation"]
+    assert d.code == "cost_model" and d.details["inexact"] == ["amax", "div", "exp", "mul", "sum"]
 
 
 def test_exact_only_off_rejects_small_inexact_regions():

@@ -120,7 +120,11 @@ def test_view_is_not_moved_across_a_wait(group):
     report = Report()
     new = guard_trace(trace, make_options(cost_model=False, strict=True), report, TraceContext("forward"))
     (kept,) = [d for d in report if d.ops == ["reshape"]]
-    assert kept.action == "keep" and "torch_all_reduce_prim_impl stands between them" in kept.reason
+    assert (kept.action, kept.code, kept.details["blocked_by"]) == (
+        "keep",
+        "rehome_blocked",
+        "torch_all_reduce_prim_impl",
+    )
     assert _names(new) == _names(trace)
     assert _names(new).index("reshape") < _names(new).index("torch_all_reduce_prim_impl")
 
@@ -402,7 +406,5 @@ def test_two_ranks_extra_cases_and_thunders_own_failures(tmp_path):
         # and kept the regions that hold a collective, and torch.compile then fails on them as without it.
         assert found["ddp+torch_compile_ex+guard"]["actions"] == {}
         # Besides, a row says which input-independent work the default exact_only leaves in its region.
-        reasons = found["fsdp+torch_compile_ex+guard"]["reasons"]
-        kept = [r for r in reasons if r.startswith("kept by rule")]
-        assert kept and all("communication ops" in r for r in kept), reasons
-        assert all(r in kept or r.startswith("input-independent, not hoisted") for r in reasons), reasons
+        codes = found["fsdp+torch_compile_ex+guard"]["codes"]
+        assert set(codes) - {"hoist_refused", "hoist_not_taken"} == {"communication"}, codes

@@ -95,8 +95,8 @@ def test_rotary_tables_stay_in_a_torch_compile_region_and_a_decision_names_the_o
     (row,) = hoists(guard, action="keep")
     assert row.details["would_hoist_with"] == "exact_only=False" and row.details["split"] == ["TorchCompile0"]
     assert {"arange", "pow", "cos", "sin"} <= set(row.ops) and row.details["ops_saved_per_call"] >= 20
-    assert row.reason.startswith("input-independent, not hoisted (exact_only=False would): splitting TorchCompile0")
-    explanation = row.details["explanation"]
+    assert row.code == "hoist_refused"
+    explanation = row.details["explanation"]  # which ops round by code that depends on the fusion: no fact names it
     assert "torchcompile computes ['cos', 'exp', 'pow', 'sin'] by code that depends on the fusion" in explanation
     assert {"cos", "sin", "pow"} <= set(per_call_ops(guarded))  # still computed on every call
 
@@ -174,6 +174,8 @@ def test_a_table_cast_to_bfloat16_at_the_cut_of_a_torch_compile_region_is_not_ho
     assert not hoists(guard)
     (row,) = hoists(guard, action="keep")
     assert row.details["would_hoist_with"] == "exact_only=False" and "arange" in row.ops
+    assert row.code == "hoist_refused"
+    # the rounding at the cut: no fact names it
     assert "int64 rounded to bfloat16 inside the region and handed across the split" in row.details["explanation"]
 
 
@@ -233,4 +235,5 @@ def test_a_split_whose_rest_adds_a_product_is_refused_where_the_executor_contrac
         assert not hoists(guard)
         (row,) = hoists(guard, action="keep")
         assert row.details["would_hoist_with"] == "exact_only=False"
+        assert row.code == "hoist_refused"  # the products the executor contracts: no fact names them
         assert "are read by an addition, which torchcompile contracts into one multiply-add" in row.reason

@@ -32,12 +32,6 @@ from helpers import ALWAYS_EAGER, jit_cpu
 from thunder_fusion_guard import FusionGuard
 from thunder_fusion_guard.ops import rounding_hazards
 
-
-def told(d):
-    """The whole explanation of a decision (or verdict): ``details["explanation"]``, else its short reason."""
-    return d.details.get("explanation", d.reason)
-
-
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 NUMBERS = (0.5, 0.1, 3, 257, -1.25, 1e-3, 2.0)
 SIZES = ((1,), (3,), (64,), (4096,), (2, 3), (16, 33))
@@ -254,8 +248,9 @@ def test_issue_snippet_gives_unguarded_bits():
     assert jit_cpu(f)(a, b, b.clone()).item() == 1.0078125
     assert jit_cpu(f, guard)(a, b, b.clone()).item() == 1.0078125
     (decision,) = guard.report.decisions
-    assert decision.action == "keep"
-    assert "float32 rounded to bfloat16 and read again inside the region" in decision.reason
+    assert decision.action == "keep" and decision.code == "exactness"
+    (hazard,) = decision.details["inexact"]  # no op that rounds alone: one rounding the fusion skips
+    assert ": float32 rounded to bfloat16 and read again inside the region" in hazard, hazard
 
 
 @pytest.mark.parametrize(
@@ -281,7 +276,9 @@ def test_which_regions_the_rule_lets_go(dtype, line, rejected):
     assert actions == ({"reject"} if rejected else {"keep"}), guard.report
     if not rejected:
         (kept,) = [d for d in guard.report if d.about_region]
-        assert "could round differently outside the fusion" in told(kept)
+        # kept for exactness, by roundings the fusion skips (the programs' ops are exact alone)
+        assert kept.code == "exactness" and kept.details["inexact"]
+        assert not [op for op in kept.details["inexact"] if op in kept.ops], kept.details["inexact"]
 
 
 def test_rebuilds_follow_the_same_rule():

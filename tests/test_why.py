@@ -73,16 +73,16 @@ def test_claimed_no_translation_split_forward(claimed_program):
     [claimed] = [r for r in forward if r.kind == "claimed"]
     assert claimed.op == "ltorch.mul" and claimed.executor == "claims_mul"
     assert claimed.established_by == "executor order"
-    assert "claims_mul is before torchcompile" in claimed.reason and "can fuse it" in claimed.reason
+    assert claimed.facts == {"claimer": "claims_mul", "fuser": "torchcompile"}
     assert claimed.try_.startswith("put torchcompile before claims_mul")
     assert claimed.source is not None and claimed.source.endswith(f"test_why.py:{f.__code__.co_firstlineno + 1}")
     assert claimed.bytes == 2 * 4 * 4 * 4  # x read, y written (float32 4x4 each)
     [missing] = [r for r in forward if r.kind == "no_translation"]
     assert missing.op == "opaque_double" and missing.try_ == NO_FIX
-    assert missing.established_by == "checker re-run" and "no translation for opaque_double" in missing.reason
+    assert missing.established_by == "checker re-run" and missing.facts["refused"] == "opaque_double"
     [split] = [r for r in forward if r.kind == "split"]
     assert split.ops == ["opaque_double"] and split.established_by == "consecutive fusion re-run"
-    assert "could not take: opaque_double" in split.reason
+    assert split.executor == "torchcompile" and split.op == "TorchCompile0 | TorchCompile1"
 
 
 def test_backward_rows_and_rematerialized(claimed_program):
@@ -92,7 +92,8 @@ def test_backward_rows_and_rematerialized(claimed_program):
     # the backward's mul by 2 (x * 2's gradient) is claimed too; tanh and add are recomputed, not saved
     assert any(r.kind == "claimed" and r.op == "ltorch.mul" for r in backward)
     remat = [r for r in backward if r.kind == "rematerialized"]
-    assert remat and "again in backward" in remat[0].reason and remat[0].established_by == "output names"
+    assert remat and remat[0].established_by == "output names"
+    assert list(remat[0].facts["regions"]) == ["forward", "backward"]  # computed in the forward, again in backward
     assert "prims.tanh" in remat[0].ops
 
 
@@ -160,9 +161,10 @@ def test_option_and_checker_and_option_fix():
     rows = why_not_fused(jg).rows
     [option] = [r for r in rows if r.kind == "option"]
     assert option.op == "ltorch.tanh" and option.established_by == "checker re-run"
-    assert "picky_tanh" in option.reason and option.try_ == "thunder.jit(fn, picky_tanh=True)"
+    assert option.facts["option"] == "picky_tanh" and option.try_ == "thunder.jit(fn, picky_tanh=True)"
     [checker] = [r for r in rows if r.kind == "checker"]
-    assert checker.op == "ltorch.sin" and "refuses these arguments" in checker.reason
+    assert checker.op == "ltorch.sin"
+    assert checker.facts == {"fuser": "picky_tc", "refused": "prims.sin", "args": ["float32[4, 4] on cpu"]}
     assert checker.try_ == NO_FIX and checker.established_by == "checker re-run"
     fixed = thunder.jit(g, executors=[picky], picky_tanh=True)
     with torch.no_grad():
@@ -177,7 +179,7 @@ def test_region_refused_by_required_ops():
         jg(torch.randn(4, 4))
     rows = [r for r in why_not_fused(jg).rows if r.kind != "rematerialized"]
     assert rows and all(r.kind == "region_refused" for r in rows)
-    assert "only around torch.cat" in rows[0].reason and rows[0].established_by == "fusion pass re-run"
+    assert rows[0].facts["required"] == ["torch.cat"] and rows[0].established_by == "fusion pass re-run"
 
 
 def test_thunderfx_subgraphs():
@@ -218,8 +220,8 @@ def test_ops_thunderfx_keeps_out_of_thunder_and_their_fix(guarded):
     report = why_not_fused(compiled)
     rows = {r.op: r for r in report.of_kind("outside_thunder")}
     assert set(rows) == {"Tensor.index_add", "Tensor.norm", "Tensor.new_zeros"}
-    assert "VJP for PrimIDs.INDEX_ADD is not implemented" in rows["Tensor.index_add"].reason
-    assert rows["Tensor.norm"].reason == "Thunder has only an automatic torch fallback for it"
+    assert "VJP for PrimIDs.INDEX_ADD is not implemented" in rows["Tensor.index_add"].facts["error"]  # Thunder's
+    assert rows["Tensor.norm"].facts == {"split_kind": "MISSING_OP_SUPPORT", "error": None}
     for op in ("Tensor.index_add", "Tensor.norm"):
         assert rows[op].try_.startswith("thunder_fusion_guard.translate_library_ops() before compiling"), op
     line = _scatter_program.__code__.co_firstlineno
@@ -354,7 +356,7 @@ def test_nvfuser_option_rows_and_their_fix_on_cuda(option):
     jf = thunder.jit(f, executors=th.fusion_executors("cuda"))
     expected = jf(x, w)
     rows = [r for r in why_not_fused(jf).rows if r.kind == "option"]
-    assert rows and all(option in r.reason for r in rows), [r.reason for r in why_not_fused(jf).rows]
+    assert rows and all(r.facts["option"] == option for r in rows), [r.reason for r in why_not_fused(jf).rows]
     assert rows[0].try_ == f"thunder.jit(fn, {option}=True)"
     fixed = thunder.jit(f, executors=th.fusion_executors("cuda"), **{option: True})
     torch.testing.assert_close(fixed(x, w), expected)
@@ -383,7 +385,7 @@ def test_without_a_fusion_executor_one_row_says_how_to_add_one(frontend):
     (row,) = report.of_kind("no_fusion_executor")
     assert row.trace == "forward, backward" and row.count >= 8 and len(row.ops) == row.count
     assert row.try_.startswith(f"{frontend}(fn, executors=fusion_executors(device))")
-    assert "thunder_fusion_guard" in row.try_ and "no general fusion executor is in use" in row.reason
+    assert "thunder_fusion_guard" in row.try_ and row.facts == {"fusers": ["torchcompile_xentropy"]}
     assert [r for r in report.rows if r.kind not in ("no_fusion_executor", "outside_thunder")] == []
     assert f"{row.count} with no general fusion executor" in report.summary()
     assert len(report.to_text(wide=True).splitlines()) == 2 + len(report.rows)  # the summary, the header, a row
@@ -404,7 +406,7 @@ def test_identical_rows_are_one_row_with_a_count():
     assert row.op == "opaque_double" and row.repeats == 4 and row.count == 4
     assert row.source.endswith(f"test_why.py:{repeated.__code__.co_firstlineno + 2}")
     assert row.bytes == 4 * (2 * 4 * 4 * 4)  # each reads and writes a float32 4x4
-    assert "no translation for opaque_double" in row.reason
+    assert row.facts["refused"] == "opaque_double" and row.established_by == "checker re-run"
     assert "opaque_double \u00d74" in str(report) and row.to_dict()["repeats"] == 4
     assert "4 no translation" in report.summary()
 
@@ -449,7 +451,7 @@ def test_dynamo_graph_break_has_a_row_with_dynamos_reason_and_the_users_line():
     assert len(compiled._backend.subgraph_infos) == 2  # the graph before the break and the one resumed after it
     report = why_not_fused(compiled)
     (row,) = report.of_kind(WhyKind.GRAPH_BREAK)
-    assert "Tensor.item()" in row.reason and "capture_scalar_outputs" in row.try_  # Dynamo's reason and hint
+    assert "Tensor.item()" in row.facts["title"] and "capture_scalar_outputs" in row.try_  # Dynamo's reason, hint
     assert row.source.endswith(f"test_why.py:{_breaks_on_item.__code__.co_firstlineno + 2}")
     assert row.op == "if y.sum().item() > 0:"  # the user's statement, without its comment
     assert row.subgraph == "after dynamo graph 0" and row.established_by == "torch._dynamo (graph break)"
@@ -481,7 +483,7 @@ def test_a_gru_breaks_the_graph_and_the_code_after_it_runs_in_python():
     (brk,) = th.graph_breaks(compiled)
     assert (brk.graph, brk.function, brk.resumed) == (0, "forward", False)
     (row,) = why_not_fused(compiled).of_kind(WhyKind.GRAPH_BREAK)
-    assert row.op == "y, _ = self.gru(y)" and brk.function in row.reason
+    assert row.op == "y, _ = self.gru(y)" and (row.facts["function"], row.facts["resumed"]) == ("forward", False)
     assert row.source.endswith(f"test_why.py:{_Recurrent.forward.__code__.co_firstlineno + 2}")
 
 

@@ -1,5 +1,6 @@
 """The classifier behind why_not_fused, one op at a time: small programs jitted on CPU, each op outside a region
-classified with its program's context (or that context changed), asserting the kind and the words; and the rows
+classified with its program's context (or that context changed), asserting the kind and the facts its reason is
+worded from (``WhyRow.facts``); and the rows
 of what is no single op: a node ThunderFX left to torch, a statement Dynamo ran in Python (a graph break), a
 split, outputs computed twice, a missing region."""
 
@@ -74,7 +75,7 @@ def claimed_program():
 def test_claimed_by_an_operator_executor_before_the_fuser(claimed_program):
     row = _outside(claimed_program)["ltorch.mul"]
     assert row.kind == WhyKind.CLAIMED and row.kind.of_ops and row.executor == "claims_mul"
-    assert row.reason == "claims_mul is before torchcompile in executors and claims it; torchcompile can fuse it"
+    assert row.facts == {"claimer": "claims_mul", "fuser": "torchcompile"}
     assert row.established_by == "executor order"
     assert row.try_ == "put torchcompile before claims_mul in executors=[...], or drop claims_mul"
     assert row.bytes == 2 * 4 * 4 * 4 and row.trace == "forward" and row.subgraph is None
@@ -88,13 +89,15 @@ def test_the_same_op_in_another_context(claimed_program):
     reordered = replace(context, executors=(torch_compile_ex, claims, *context.executors[2:]))
     row = _outside(claimed_program, reordered)["ltorch.mul"]
     assert row.kind == WhyKind.UNKNOWN and row.try_ == NO_FIX
-    assert "tried: region rules (required ops, CUDA input/output, shape-only), none applies" in row.reason
+    assert row.established_by == "fusion pass re-run"
+    assert row.facts == {"fuser": "torchcompile", "tried": ["required_ops", "cuda_io", "shape_only"]}
     assert (row.trace, row.subgraph) == ("backward", "dynamo graph 0, thunder_1")
 
 
 def test_no_translation_for_an_opaque_op(claimed_program):
     row = _outside(claimed_program)["opaque_double"]
-    assert row.kind == WhyKind.NO_TRANSLATION and row.reason == "torchcompile has no translation for opaque_double"
+    assert row.kind == WhyKind.NO_TRANSLATION
+    assert row.facts == {"fuser": "torchcompile", "refused": "opaque_double", "auto_registered": False}
     assert row.established_by == "checker re-run" and row.try_ == NO_FIX
 
 
@@ -109,23 +112,23 @@ def test_option_checker_and_the_first_untranslated_op_of_a_decomposition():
     jitted = _ran(lambda x: x.tanh().sin().exp(), [picky])
     rows = _outside(jitted)
     assert rows["ltorch.tanh"].kind == WhyKind.OPTION
-    assert rows["ltorch.tanh"].reason == "unit_picky's checker for prims.tanh needs compile option unit_tanh (off)"
+    assert rows["ltorch.tanh"].facts == {"fuser": "unit_picky", "refused": "prims.tanh", "option": "unit_tanh"}
     assert rows["ltorch.tanh"].try_ == "thunder.jit(fn, unit_tanh=True)"
     under_thunderfx = _outside(jitted, replace(context_of(jitted), frontend="thunderfx"))
     assert under_thunderfx["ltorch.tanh"].try_ == "thunderfx(fn, unit_tanh=True)"
     assert rows["ltorch.sin"].kind == WhyKind.CHECKER and rows["ltorch.sin"].try_ == NO_FIX
-    assert (
-        rows["ltorch.sin"].reason == "unit_picky's checker for prims.sin refuses these arguments (float32[4, 4] on cpu)"
-    )
+    assert rows["ltorch.sin"].facts == {"fuser": "unit_picky", "refused": "prims.sin", "args": ["float32[4, 4] on cpu"]}
     assert rows["ltorch.exp"].kind == WhyKind.NO_TRANSLATION
-    assert rows["ltorch.exp"].reason == "unit_picky cannot execute prims.exp, first in its decomposition"
+    assert rows["ltorch.exp"].facts == {"fuser": "unit_picky", "refused": "prims.exp", "auto_registered": False}
     assert rows["ltorch.exp"].established_by == "decomposition walk"
+    # Each reason names the op refused and the executor that refused it (the words are the classifier's).
+    assert all(r.facts["refused"] in r.reason and "unit_picky" in r.reason for r in rows.values())
 
 
 def test_no_translation_for_thunders_own_torch_fallback():
     row = _outside(_ran(lambda x: x.norm(dim=1).exp(), [no_norm], 4, 3))["ltorch.norm"]
     assert row.kind == WhyKind.NO_TRANSLATION
-    assert row.reason == "unit_no_norm has no translation for ltorch.norm; a torch fallback Thunder registered itself"
+    assert row.facts == {"fuser": "unit_no_norm", "refused": "ltorch.norm", "auto_registered": True}
 
 
 def test_region_refused_by_required_ops():
@@ -133,7 +136,8 @@ def test_region_refused_by_required_ops():
     rows = _outside(jitted)
     assert {r.kind for r in rows.values()} == {WhyKind.REGION_REFUSED}
     row = rows["ltorch.exp"]
-    assert row.reason == "cat_only_tc makes regions only around torch.cat" and row.try_ == NO_FIX
+    assert row.facts == {"fuser": "cat_only_tc", "rule": "required_ops", "required": ["torch.cat"]}
+    assert row.try_ == NO_FIX
     assert row.established_by == "fusion pass re-run"
     beside_a_general_fuser = replace(context_of(jitted), executors=(cat_only, torch_compile_ex))
     assert _outside(jitted, beside_a_general_fuser)["ltorch.exp"].try_ == "none needed"
@@ -145,13 +149,13 @@ def test_no_general_fusion_executor():
     jitted = _ran(lambda x: x.exp(), [get_executor("sdpa"), get_executor("torchcompile_xentropy")])
     row = _outside(jitted)["ltorch.exp"]
     assert row.kind == WhyKind.NO_FUSION_EXECUTOR and row.established_by == "executors_list"
-    assert row.reason == "no general fusion executor is in use (only torchcompile_xentropy, fusing a few ops)"
+    assert row.facts == {"fusers": ["torchcompile_xentropy"]}
     assert row.try_ == (
         "thunder.jit(fn, executors=fusion_executors(device)), with from thunder_fusion_guard import fusion_executors"
     )
     none = replace(context_of(jitted), executors=(get_executor("torch"),), frontend="thunderfx")
     row = _outside(jitted, none)["ltorch.exp"]
-    assert row.reason == "no fusion executor is in use" and row.try_.startswith("thunderfx(fn, executors=")
+    assert row.facts == {"fusers": []} and row.try_.startswith("thunderfx(fn, executors=")
 
 
 def _split_op(target: str, kind: str, info: str, exception: str | None = None) -> th.FxSplitOp:
@@ -162,7 +166,8 @@ def test_outside_thunder_rows():
     """A node ThunderFX's splitter left to torch: the splitter's reason, and what keeps it in Thunder."""
     fallback = outside_thunder_row(_split_op("Tensor.new_zeros", "MISSING_OP_SUPPORT", "automatic torch fallback"))
     assert fallback.kind == WhyKind.OUTSIDE_THUNDER and fallback.subgraph == "dynamo graph 3"
-    assert fallback.reason == "Thunder has only an automatic torch fallback for it"
+    assert fallback.facts == {"split_kind": "MISSING_OP_SUPPORT", "error": None}
+    assert fallback.detail == "automatic torch fallback"  # the splitter's own words, passed on
     assert fallback.try_ == "torch.zeros(shape, dtype=x.dtype, device=x.device)"
     assert (fallback.source, fallback.bytes, fallback.established_by) == (
         "model.py:12",
@@ -174,11 +179,15 @@ def test_outside_thunder_rows():
             "Tensor.index_add", "EXCEPTION_META_THUNDER_OP", "failed", "VJP for PrimIDs.INDEX_ADD is not implemented"
         )
     )
-    assert failed.reason == "Thunder failed to trace it: VJP for PrimIDs.INDEX_ADD is not implemented"
+    assert failed.facts == {
+        "split_kind": "EXCEPTION_META_THUNDER_OP",
+        "error": "VJP for PrimIDs.INDEX_ADD is not implemented",
+    }
     assert failed.try_.startswith("thunder_fusion_guard.translate_library_ops() before compiling: ")
     long = outside_thunder_row(_split_op("torch.special.zeta", "UNSUPPORTED_NODE", "", "x" * 200 + "\nmore"))
     # whole, never cut (the table wraps it): the error's first line
-    assert long.reason == "it is in a context Thunder does not support: " + "x" * 200
+    assert long.facts == {"split_kind": "UNSUPPORTED_NODE", "error": "x" * 200}
+    assert long.reason.endswith(": " + "x" * 200)
     assert long.try_ == "none here: ThunderFX runs it with Inductor"
 
 
@@ -210,7 +219,8 @@ def test_dynamo_break_reason_is_read_and_its_row_made():
         "model.py:7",
         "after dynamo graph 1",
     )
-    assert title in row.reason and explanation in row.reason and row.try_ == hints[0] and row.detail == _BREAK_TEXT
+    assert (row.facts["title"], row.facts["explanation"], row.facts["graphs"]) == (title, explanation, [1])
+    assert row.try_ == hints[0] and row.detail == _BREAK_TEXT
     # No hint that names a change: the general fix, and Dynamo's page on the break.
     bare = graph_break_row(replace(brk, hints=(), statement=None))
     assert bare.try_.startswith(BREAK_FIX) and link in bare.try_ and bare.op == "graph break"
@@ -218,7 +228,8 @@ def test_dynamo_break_reason_is_read_and_its_row_made():
     # one row; the rest of the function ran in Python where no graph resumed it after any of them.
     (row,) = graph_break_rows([brk, replace(brk, graph=3, function="inner", resumed=False)])
     assert row.subgraph == "after dynamo graphs 1, 3" and row.count == 1
-    assert "inner" in row.reason and "inner" not in graph_break_row(brk).reason
+    assert (row.facts["function"], row.facts["resumed"], row.facts["graphs"]) == ("inner", False, [1, 3])
+    assert graph_break_row(brk).facts["resumed"] is True
 
 
 def test_split_rows_consecutive_and_dataflow(claimed_program):
@@ -227,11 +238,11 @@ def test_split_rows_consecutive_and_dataflow(claimed_program):
     trace = thunder.last_traces(claimed_program)[-1]
     (row,) = split_rows(trace, context_of(claimed_program))
     assert row.kind == WhyKind.SPLIT and row.op == "TorchCompile0 | TorchCompile1" and row.ops == ["claimed_mul"]
-    assert row.reason == "1 op(s) between that torchcompile could not take: claimed_mul"
+    assert row.executor == "torchcompile"
     assert row.established_by == "consecutive fusion re-run" and row.try_ == "see the rows of the ops between"
     dataflow = _ran(claimed_between, [claims, torch_compile_ex], fusion_type="dataflow")
     (row,) = split_rows(thunder.last_traces(dataflow)[-1], context_of(dataflow))
-    assert row.reason == "merging would make a cycle through claimed_mul"
+    assert row.kind == WhyKind.SPLIT and row.ops == ["claimed_mul"]
     assert row.established_by == "dataflow re-run"
 
 
@@ -245,7 +256,7 @@ def test_computed_in_forward_and_again_in_backward():
     traces = [("forward", thunder.last_traces(jitted)[-1]), ("backward", thunder.last_backward_traces(jitted)[-1])]
     (row,) = recomputed_rows(traces, "dynamo graph 0, thunder_0")
     assert row.kind == WhyKind.REMATERIALIZED and not row.kind.of_ops and row.trace == "backward"
-    assert row.reason == "computed in forward TorchCompile0 and again in backward TorchCompile1 instead of saved"
+    assert row.facts == {"regions": {"forward": ["TorchCompile0"], "backward": ["TorchCompile1"]}}
     assert row.ops == ["ltorch.mul", "prims.tanh"] and row.count == 2
     assert row.bytes == 3 * 4 * 4 * 4  # what the recomputation reads and writes: x, x * 2 and its tanh (float32 4x4)
     assert row.try_ == "none needed: recomputing saves storing the result for backward"
@@ -253,7 +264,7 @@ def test_computed_in_forward_and_again_in_backward():
     assert numbering_gap_rows(traces, None) == []
     (gone,) = numbering_gap_rows(traces[1:], None)  # the backward alone: TorchCompile0 is missing
     assert gone.op == "TorchCompile0" and gone.kind == WhyKind.REMATERIALIZED and gone.trace == "forward"
-    assert gone.reason == "TorchCompile0 is gone: rematerialization moved its ops into the regions that consume them"
+    assert gone.established_by == "fusion numbering" and gone.executor == "torchcompile"
 
 
 def test_kinds_know_their_words():

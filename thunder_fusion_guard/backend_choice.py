@@ -37,7 +37,8 @@ WARMUP = 2
 @dataclass
 class BackendChoice:
     """The backend chosen for one ThunderFX subgraph, the median µs of a forward (and backward) of each
-    backend timed, and why; ``problems`` names a backend that could not run it."""
+    backend timed, and why; ``problems`` names a backend that could not run it; ``in_place``: the positions
+    of the inputs a run updates in place (such a subgraph is kept on Thunder, untimed)."""
 
     subgraph: str
     chosen: str
@@ -45,6 +46,7 @@ class BackendChoice:
     times_us: dict[str, float] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)
     backward: bool = False
+    in_place: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -207,6 +209,7 @@ def _choose(
             return choice
         if name == "thunder" and (changed := _updated_in_place(before, inputs)):
             # Run again, it would read the values its last run wrote (an index that grows past its table, say).
+            choice.in_place = changed
             choice.reason = (
                 f"kept on Thunder: it updates its input{'s' if len(changed) > 1 else ''} "
                 f"{', '.join(map(str, changed))} in place, so runs on one set of inputs differ; not timed"

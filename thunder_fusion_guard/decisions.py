@@ -18,6 +18,9 @@ class Details(TypedDict, total=False):
     scope: Literal["op"]  # a decision about ops, not a whole region
     decided_by: str  # option, rule, model, measured, exactness
     model_action: str  # what the cost model alone would have done
+    margin: float  # the margin the deciding numbers used (estimated or measured)
+    margin_narrowed: str  # why a measured margin is narrower than the option's: synchronous, host_and_device
+    inexact: list[str]  # the ops (and roundings) exactness would keep the region for (ops.inexact_ops)
     explanation: str  # the long explanation; ``reason`` is its one short line
     not_measured: str  # why a region near break-even was not timed
     model_doubted: str  # why estimates far apart did not decide alone: the region was to be timed (ModelDoubt)
@@ -46,6 +49,7 @@ class Details(TypedDict, total=False):
     output: str
     replaced_by: str
     into: str
+    blocked_by: str  # the op that keeps a metadata op outside the region that alone reads it
     # hoisted input-independent pieces
     piece: int
     same_as: int | None
@@ -83,6 +87,7 @@ class Details(TypedDict, total=False):
     entered: bool  # True: its one cache entry is called directly (``direct_entry``)
     not_entered: str  # why not
     handed_over: list[str]  # gradients handed to autograd on the graph's own buffers (autograd need not copy them)
+    bytes_handed_over: int  # their bytes, per replay
     held: list[str]  # gradients still held when their graph would replay: it runs uncaptured, recaptured after 8 calls
     own_workspace: list[str]  # graphs whose matmuls use a cuBLAS workspace in the graph's own memory pool
     copied_in: list[str]  # inputs copied into a graph's own buffers at each replay (one batched copy a graph)

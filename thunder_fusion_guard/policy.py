@@ -153,7 +153,9 @@ def decide(
     model = _by_numbers(est.region_us, est.eager_us, options.margin)
     ratio = est.eager_us / est.region_us if est.region_us > 0 else float("inf")
     near = 1 / MEASURE_BAND <= ratio <= MEASURE_BAND
-    details: dict[str, Any] = {"decided_by": "model", "model_action": model[0]}
+    details: dict[str, Any] = {"decided_by": "model", "model_action": model[0], "margin": options.margin}
+    if inexact:
+        details["inexact"] = list(inexact)
     if alternative is not None and options.exact_only and not switch_keeps_bits(region.body, options.metadata_ops):
         details["alternative_not_timed"] = reasons.alternative_not_timed(alternative)
         alternative = None
@@ -181,12 +183,13 @@ def decide(
         facts.update(measured=measured, margin=margin, outcome=outcome, by_rule=by_rule, narrowed=narrowed)
         if margin != options.margin:
             facts["margin_from"] = options.margin
+            details["margin_narrowed"] = narrowed
         switched = _switch(region.executor, action, measured, margin)
         if switched is not None:
             action = "switch"
             facts.update(switched_to=measured.other, chosen=switched[0], chosen_us=switched[1])
         by = "exactness" if by_rule and switched is None else "measured"
-        details = {**details, "decided_by": by, **measured.as_record()}
+        details = {**details, "decided_by": by, "margin": margin, **measured.as_record()}
         return Verdict(action, "measured", facts, record, details, False, alternative)
     if inexact and model[0] == "keep":  # the cost model keeps it: exactness did not decide
         return Verdict("keep", "cost_model", facts, record, details, measurable, alternative)

@@ -250,6 +250,7 @@ def recomputed_rows(traces: Sequence[tuple[str, Any]], subgraph: str | None) -> 
                 try_=f"none needed: recomputing saves {saves}",
                 count=len(subs),
                 ops=names,
+                facts={"regions": {t: [r for u, r in where if u == t] for t in in_traces}},
             )
         )
     return rows

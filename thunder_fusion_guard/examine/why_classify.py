@@ -102,6 +102,7 @@ class _Why(NamedTuple):
     reason: str
     established_by: str
     try_: str
+    facts: dict[str, Any]
 
 
 def classify(bsym: Any, context: WhyContext) -> WhyRow:
@@ -137,6 +138,7 @@ def _why(original: Any, claimer: Any, context: WhyContext) -> _Why:
             "executors_list",
             f"{context.frontend}(fn, executors=fusion_executors(device)), "
             "with from thunder_fusion_guard import fusion_executors",
+            {"fusers": [f.name for f in fusers]},
         )
     if takers:
         fuser = takers[0]
@@ -150,31 +152,38 @@ def _why(original: Any, claimer: Any, context: WhyContext) -> _Why:
                 f"{claimer.name} is before {fuser.name} in executors and claims it; {fuser.name} can fuse it",
                 "executor order",
                 f"put {fuser.name} before {claimer.name} in executors=[...], or drop {claimer.name}",
+                {"claimer": claimer.name, "fuser": fuser.name},
             )
         return _refused_region(original, fuser, context)
     fuser = _primary(fusers)
     refusal = pt.first_refusal(fuser, original, context.cd)
     if refusal is None:  # can_fuse said no, the walk found nothing: say what was tried
         reason = f"{fuser.name}.can_fuse says no; its decomposition walk finds no refusing op"
-        return _Why(WhyKind.UNKNOWN, reason, "decomposition walk", NO_FIX)
+        return _Why(WhyKind.UNKNOWN, reason, "decomposition walk", NO_FIX, {"fuser": fuser.name})
     refused = refusal.checker_refused
     if refused is not None:
         option = pt.refusing_option(fuser, refused, context.cd)
         what = pt.qualified_name(refused)
+        facts: dict[str, Any] = {"fuser": fuser.name, "refused": what}
         if option is not None:
             reason = f"{fuser.name}'s checker for {what} needs compile option {option} (off)"
-            return _Why(WhyKind.OPTION, reason, "checker re-run", context.option_fix(option))
-        reason = f"{fuser.name}'s checker for {what} refuses these arguments ({_args_text(refused)})"
-        return _Why(WhyKind.CHECKER, reason, "checker re-run", NO_FIX)
+            return _Why(
+                WhyKind.OPTION, reason, "checker re-run", context.option_fix(option), {**facts, "option": option}
+            )
+        args = _args(refused)
+        reason = f"{fuser.name}'s checker for {what} refuses these arguments ({fit(', '.join(args), 60)})"
+        return _Why(WhyKind.CHECKER, reason, "checker re-run", NO_FIX, {**facts, "args": args})
     leaf = refusal.leaf
     if leaf is original:
         reason, established_by = f"{fuser.name} has no translation for {pt.qualified_name(leaf)}", "checker re-run"
     else:
         reason = f"{fuser.name} cannot execute {pt.qualified_name(leaf)}, first in its decomposition"
         established_by = "decomposition walk"
-    if pt.is_auto_registered(original) or original.sym.id in context.auto_registered:
+    auto_registered = pt.is_auto_registered(original) or original.sym.id in context.auto_registered
+    if auto_registered:
         reason += "; a torch fallback Thunder registered itself"
-    return _Why(WhyKind.NO_TRANSLATION, reason, established_by, NO_FIX)
+    facts = {"fuser": fuser.name, "refused": pt.qualified_name(leaf), "auto_registered": auto_registered}
+    return _Why(WhyKind.NO_TRANSLATION, reason, established_by, NO_FIX, facts)
 
 
 def takers_of(fusers: Sequence[Any], original: Any, context: WhyContext) -> list[Any]:
@@ -187,7 +196,8 @@ def _primary(fusers: Sequence[Any]) -> Any:
     return (general or list(fusers))[0]
 
 
-def _args_text(bsym: Any) -> str:
+def _args(bsym: Any) -> list[str]:
+    """Each tensor argument of ``bsym`` as dtype, shape and device (``float32[4, 4] on cpu``), each number's repr."""
     parts = []
     for a in bsym.flat_args:
         if th.tensor_proxies([a]):
@@ -195,7 +205,7 @@ def _args_text(bsym: Any) -> str:
             parts.append(f"{spec[1]}{list(spec[0])} on {spec[2]}".replace("torch.", "") if spec else a.name)
         elif th.is_number_like(a):
             parts.append(repr(a))
-    return fit(", ".join(parts), 60)
+    return parts
 
 
 def _refused_region(original: Any, fuser: Any, context: WhyContext) -> _Why:
@@ -205,23 +215,31 @@ def _refused_region(original: Any, fuser: Any, context: WhyContext) -> _Why:
     required = getattr(fuser, "required_ops", None)
     if required is not None and original.sym.id not in required:
         general = [f for f in context.fusers if f.name in th.GENERAL_FUSERS]
-        reason = f"{fuser.name} makes regions only around {', '.join(sorted(map(str, required)))}"
-        return _Why(WhyKind.REGION_REFUSED, reason, by, "none needed" if general else NO_FIX)
+        names = sorted(map(str, required))
+        reason = f"{fuser.name} makes regions only around {', '.join(names)}"
+        facts = {"fuser": fuser.name, "rule": "required_ops", "required": names}
+        return _Why(WhyKind.REGION_REFUSED, reason, by, "none needed" if general else NO_FIX, facts)
     if pt.has_cuda_io(fuser, original) is False:
         reason = f"{fuser.name} fuses ops with a CUDA tensor input or output only"
         return _Why(
-            WhyKind.REGION_REFUSED, reason, by, "move the tensors to CUDA, or use a fusion executor for this device"
+            WhyKind.REGION_REFUSED,
+            reason,
+            by,
+            "move the tensors to CUDA, or use a fusion executor for this device",
+            {"fuser": fuser.name, "rule": "cuda_io"},
         )
     if fuser.name == "nvfuser" and pt.is_shape_only([original]):
         options = getattr(context.cd, "compile_options", None) or {}
         if not options.get("nv_enable_shape_only_fusion"):
             reason = "nvfuser makes no region of shape ops alone"
-            return _Why(WhyKind.REGION_REFUSED, reason, by, context.option_fix("nv_enable_shape_only_fusion"))
+            fix = context.option_fix("nv_enable_shape_only_fusion")
+            return _Why(WhyKind.REGION_REFUSED, reason, by, fix, {"fuser": fuser.name, "rule": "shape_only"})
     reason = (
         f"{fuser.name} can fuse it and no executor before it claims it; tried: region rules (required ops, "
         "CUDA input/output, shape-only), none applies"
     )
-    return _Why(WhyKind.UNKNOWN, reason, by, NO_FIX)
+    facts = {"fuser": fuser.name, "tried": ["required_ops", "cuda_io", "shape_only"]}
+    return _Why(WhyKind.UNKNOWN, reason, by, NO_FIX, facts)
 
 
 # --- a node ThunderFX's splitter left to torch -------------------------------------------------------------
@@ -250,8 +268,9 @@ def outside_thunder_row(op: th.FxSplitOp) -> WhyRow:
     """The row of a node ThunderFX kept out of Thunder: it runs through Inductor between Thunder subgraphs,
     each boundary a graph split (a Thunder program call more, and its inputs and outputs in memory)."""
     reason = th.split_reason_words(op.kind, op.info)
-    if op.exception:
-        reason += ": " + op.exception.strip().splitlines()[0]
+    error = op.exception.strip().splitlines()[0] if op.exception else None
+    if error is not None:
+        reason += ": " + error
     return WhyRow(
         trace="forward",
         subgraph=f"dynamo graph {op.graph}",
@@ -263,6 +282,7 @@ def outside_thunder_row(op: th.FxSplitOp) -> WhyRow:
         bytes=op.nbytes,
         try_=outside_thunder_fix(op.target),
         detail=op.info + (f" ({op.exception})" if op.exception else ""),
+        facts={"split_kind": op.kind, "error": error},
     )
 
 
@@ -309,4 +329,11 @@ def graph_break_row(brk: th.GraphBreak, graphs: Sequence[int] = ()) -> WhyRow:
         established_by="torch._dynamo (graph break)",
         try_=fix,
         detail=brk.text,
+        facts={
+            "title": brk.title,
+            "explanation": brk.explanation,
+            "function": brk.function,
+            "resumed": brk.resumed,
+            "graphs": graphs,
+        },
     )

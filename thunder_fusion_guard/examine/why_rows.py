@@ -69,7 +69,7 @@ class WhyRow:
     ``trace``: 'forward' or 'backward' (or both, for the one row of a program without a fusion executor);
     ``kind``: a :class:`WhyKind`; ``count``: the ops it stands for (a segmented row: its segments);
     ``repeats``: how many rows that said the same it stands for (the table's op ends in a multiplication sign
-    and that number); ``bytes``: of all of them."""
+    and that number); ``bytes``: of all of them; ``facts``: what its reason is worded from, by name."""
 
     trace: str
     op: str
@@ -85,6 +85,7 @@ class WhyRow:
     executor: str | None = None
     ops: list[str] = field(default_factory=list)
     detail: str = ""  # what does not fit the one-line reason (nvFuser's verdicts, each edge tensor's bytes)
+    facts: dict[str, Any] = field(default_factory=dict)  # what the reason says, as values (fuser, refused op...)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", WhyKind(self.kind))  # a kind given by its name

@@ -97,6 +97,7 @@ def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decisio
             "still_copied": list(summary.written),
             "copied_back": [name for name, _, _ in summary.copied_back],
             "handed_over": [name for name, _, _ in summary.handed_over],
+            "bytes_handed_over": sum(nbytes for _, _, nbytes in summary.handed_over),
             "own_workspace": list(summary.own_workspace),
             "copied_in": [name for name, _, _ in summary.copied_in],
             "bytes_copied_in": sum(nbytes for _, _, nbytes in summary.copied_in),

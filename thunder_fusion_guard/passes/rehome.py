@@ -162,7 +162,7 @@ def rehome_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
         facts = {"into": m.into}
         if m.blocked_by:
             code, action, more = "rehome_blocked", "keep", {}
-            facts["blocked_by"] = m.blocked_by
+            facts["blocked_by"] = details["blocked_by"] = m.blocked_by
         elif m.error:
             code, action, more = "rehome_failed", "keep", {"error": m.error}
         elif m.skipped:
