@@ -128,3 +128,56 @@ def test_every_decision_and_row_of_a_user_module_names_the_users_line(frontend):
     compiled = _trained_once(GeluBlock(), frontend, guard)
     shown = _sources(guard, why_not_fused(compiled).rows)
     assert shown and set(shown) == {GELU_LINE}, shown
+
+
+def _library_line(cls, text: str) -> str:
+    """``file:line`` of the line of ``cls``'s source that holds ``text``."""
+    lines, first = inspect.getsourcelines(cls)
+    return f"{inspect.getsourcefile(cls)}:{first + next(i for i, t in enumerate(lines) if text in t)}"
+
+
+class WrapsALibraryModule(torch.nn.Module):
+    """The user's module around a Hugging Face transformers module (an installed library's code, not the user's)."""
+
+    def __init__(self):
+        super().__init__()
+        from transformers import GPTBigCodeConfig
+        from transformers.models.gpt_bigcode.modeling_gpt_bigcode import GPTBigCodeMLP
+
+        torch.manual_seed(0)
+        self.mlp = GPTBigCodeMLP(16, GPTBigCodeConfig(n_embd=8, resid_pdrop=0.0))
+
+    def forward(self, x):
+        return self.mlp(x) * 2  # the user's line of every op of the MLP
+
+
+@pytest.mark.parametrize("frontend", ["thunder.jit", "thunderfx"])
+def test_an_op_in_a_librarys_module_is_named_by_the_users_line_and_the_librarys_after_it(frontend):
+    """An op written in transformers' file is named by the line of the user's forward that called the library's
+    module, the library's line kept in parentheses after it (``model.py:42 (modeling_gpt_bigcode.py:253)``), under
+    thunder.jit and ThunderFX; tables name both by file name."""
+    from transformers.models.gpt_bigcode.modeling_gpt_bigcode import GPTBigCodeMLP
+
+    guard = FusionGuard()
+    _trained_once(WrapsALibraryModule(), frontend, guard)
+    user = f"{__file__}:{inspect.getsourcelines(WrapsALibraryModule.forward)[1] + 1}"
+    library = _library_line(GPTBigCodeMLP, "self.c_fc(hidden_states)")
+    forward = _forward_region(guard)
+    assert forward.ops[0] == "linear" and forward.details["source"] == f"{user} ({library})", forward.details
+    short = f"test_sources.py:{user.rsplit(':', 1)[1]} (modeling_gpt_bigcode.py:{library.rsplit(':', 1)[1]})"
+    assert forward.name.startswith(f"{short}: linear"), forward.name
+    sources = [d.details.get("source") or d.region for d in guard.report]
+    assert all(s.startswith(f"{user} (") and "site-packages" in s for s in sources), sources
+
+
+def test_a_recorded_stack_keeps_an_installed_librarys_frame_beside_the_users():
+    """Innermost first after the user's frame: the first frame of an installed library (not torch's) is kept
+    after the user's line; without a line of the user's, the library's line alone."""
+    library = "/venv/lib/python3.11/site-packages/transformers/models/gpt2/modeling_gpt2.py"
+    torch_frame = f'  File "{torch.nn.modules.linear.__file__}", line 134, in forward\n    return F.linear(x, w, b)\n'
+    stack = (
+        '  File "/home/user/model.py", line 40, in forward\n    h = self.block(x)\n'
+        f'  File "{library}", line 310, in forward\n    h = self.c_fc(h)\n' + torch_frame
+    )
+    assert stack_trace_source(stack) == f"/home/user/model.py:40 ({library}:310)"
+    assert stack_trace_source(stack.split("\n", 2)[2]) == f"{library}:310"

@@ -1,6 +1,8 @@
 """Where the user wrote an op: the user's frame Thunder's trace keeps of it (beside the innermost frame Thunder
 records), read from bound symbols, from a torch.fx node Dynamo made, or from a formatted stack; the frames of
-torch, Thunder, this package and Python's own library are never the user's."""
+torch, Thunder, this package and Python's own library are never the user's. Another installed library's frame
+(a Hugging Face ``transformers`` model's) is not the user's either: the user's line names the op, with the
+library's innermost line kept after it in parentheses, ``model.py:42 (modeling_gpt_bigcode.py:310)``."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from .traces import is_fusion
 
 __all__ = [
     "fx_node_source",
+    "is_installed_library_file",
     "is_library_file",
     "module_path",
     "record_user_frames",
@@ -32,6 +35,7 @@ __all__ = [
     "source_line",
     "stack_trace_source",
     "user_frame",
+    "with_library",
 ]
 
 
@@ -122,10 +126,45 @@ def is_library_file(filename: str) -> bool:
     return path.startswith(_STDLIB) and not {"site-packages", "dist-packages"} & set(path.split(os.sep))
 
 
+@functools.lru_cache(maxsize=4096)
+def is_installed_library_file(filename: str) -> bool:
+    """True for a file of an installed library other than those of :func:`is_library_file` (under
+    ``site-packages``: ``transformers``, ``timm``, ``e3nn``): no line of the user's, but one worth keeping beside
+    it (:func:`user_frame`)."""
+    path = os.path.abspath(filename)
+    if path in _EXAMPLES or is_library_file(filename):
+        return False
+    return bool({"site-packages", "dist-packages"} & set(path.split(os.sep)))
+
+
 def user_frame(frames: Iterable[tuple[str, int]]) -> str | None:
-    """``file:line`` of the first of ``frames`` ((file, line), innermost first) outside the libraries of
-    :func:`is_library_file`; None where all are inside."""
-    return next((f"{file}:{line}" for file, line in frames if not is_library_file(file)), None)
+    """``file:line`` of the first of ``frames`` ((file, line), innermost first) that the user wrote (outside the
+    libraries of :func:`is_library_file` and :func:`is_installed_library_file`), followed, where an installed
+    library's frame comes before it, by the first such in parentheses: ``model.py:42 (modeling_gpt_bigcode.py:310)``;
+    that library frame alone where the user wrote none; None where every frame is torch's, Thunder's or this
+    package's."""
+    user, library = _user_and_library(frames)
+    return with_library(user, library) if user else library
+
+
+def with_library(user: str, library: str | None) -> str:
+    """``user`` (a ``file:line`` or a module of the model) and in parentheses the installed library's line
+    inside it, where there is one."""
+    return f"{user} ({library})" if library else user
+
+
+def _user_and_library(frames: Iterable[tuple[str, int]]) -> tuple[str | None, str | None]:
+    """The user's first frame of ``frames`` (innermost first) and the first installed library's frame before it,
+    each ``file:line`` (None: none)."""
+    library = None
+    for file, line in frames:
+        if is_library_file(file):
+            continue
+        if is_installed_library_file(file):
+            library = library or f"{file}:{line}"
+            continue
+        return f"{file}:{line}", library
+    return None, library
 
 
 def stack_trace_source(text: str | None) -> str | None:
@@ -155,7 +194,9 @@ def record_user_frames() -> None:
 
     def located(self: Any) -> Any:
         filename, positions = original(self)
-        if filename is None or positions is None or not is_library_file(filename):
+        if filename is None or positions is None:
+            return filename, positions
+        if not is_library_file(filename) and not is_installed_library_file(filename):
             return filename, positions
         try:
             user = _user_frame_of(self.frame_stack)
@@ -178,9 +219,12 @@ def record_user_frames() -> None:
 
 
 def _user_frame_of(frames: Sequence[Any]) -> str | None:
-    """The user's frame among the interpreter's ``frames`` (outermost first); in a torch.fx program, what
-    :func:`fx_node_source` says of the node of the line running; where the user wrote no frame (a model built of
-    torch's modules alone, an ``nn.Sequential``), the module of their model that ran it (:func:`module_path`)."""
+    """The user's frame among the interpreter's ``frames`` (outermost first), with the installed library's frame
+    inside it (:func:`user_frame`); in a torch.fx program, what :func:`fx_node_source` says of the node of the
+    line running; where the user wrote no frame (a model built of torch's modules alone, an ``nn.Sequential``, or
+    a library's model called whole), the module of their model that ran it (:func:`module_path`), with the
+    library's frame."""
+    library = None
     for frame in reversed(frames):
         filename, positions = frame.code.co_filename, frame.positions
         if positions is None or positions.lineno is None:
@@ -189,10 +233,12 @@ def _user_frame_of(frames: Sequence[Any]) -> str | None:
             found = fx_node_source(_fx_node(frame, positions.lineno))
             if found:
                 return found
+        elif is_installed_library_file(filename):
+            library = library or f"{filename}:{positions.lineno}"
         elif not is_library_file(filename):
-            return f"{filename}:{positions.lineno}"
+            return with_library(f"{filename}:{positions.lineno}", library)
     modules = [m for m in (_frame_self(f) for f in frames) if isinstance(m, torch.nn.Module)]
-    return module_path(modules[0], modules[-1]) if modules else None
+    return with_library(module_path(modules[0], modules[-1]), library) if modules else library
 
 
 def _frame_self(frame: Any) -> Any:
@@ -228,19 +274,19 @@ _DYNAMO_ITEM = re.compile(r"(?:\._modules)?\[['\"]?([^'\"\]]+)['\"]?\]")
 
 
 def fx_node_source(node: Any) -> str | None:
-    """Where the user wrote a torch.fx node Dynamo made: their frame in its recorded stack
-    (:func:`stack_trace_source`), else, for a model built of torch's modules alone, the module of their model
-    Dynamo recorded it ran in (``model.0 (Linear)``, as :func:`module_path` names it); None where neither is
-    known."""
+    """Where the user wrote a torch.fx node Dynamo made: their frame in its recorded stack, with an installed
+    library's frame inside it (:func:`user_frame`), else, for a model built of torch's or a library's modules
+    alone, the module of their model Dynamo recorded it ran in (``model.0 (Linear)``, as :func:`module_path`
+    names it), with the library's frame; None where neither is known."""
     if node is None:
         return None
-    found = stack_trace_source(node.meta.get("stack_trace"))
+    user, library = _user_and_library(reversed(_STACK_FRAME.findall(node.meta.get("stack_trace") or "")))
     stack = node.meta.get("nn_module_stack") or {}
-    if found or not stack:
-        return found
+    if user or not stack:
+        return with_library(user, library) if user else library
     path, cls = list(stack.values())[-1]
     root = _DYNAMO_ROOT.match(path)
     name = _DYNAMO_ITEM.sub(r".\1", path[root.end() :] if root else path)
     base = "model" if root is None or root.group(1) in _DYNAMO_MODEL else root.group(1)
     kind = getattr(cls, "__name__", None) or str(cls).rsplit(".", 1)[-1]
-    return f"{base}{name} ({kind})"
+    return with_library(f"{base}{name} ({kind})", library)
