@@ -11,7 +11,8 @@ from test_hoist import mask_loop
 from thunder.dynamo import thunderfx
 
 from thunder_fusion_guard import FusionGuard, fusion_executors, why_not_fused
-from thunder_fusion_guard._thunder import stack_trace_source
+from thunder_fusion_guard import _thunder as th
+from thunder_fusion_guard._thunder import is_fusion, stack_trace_source
 
 # The subject is not the code Inductor generates: regions run uncompiled (helpers.without_inductor).
 pytestmark = pytest.mark.usefixtures("no_inductor_module")
@@ -181,3 +182,39 @@ def test_a_recorded_stack_keeps_an_installed_librarys_frame_beside_the_users():
     )
     assert stack_trace_source(stack) == f"/home/user/model.py:40 ({library}:310)"
     assert stack_trace_source(stack.split("\n", 2)[2]) == f"{library}:310"
+
+
+class LinearThenRelu(torch.nn.Module):
+    """Nothing of its forward is computed again in backward: its backward ops have no position of their own."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.fc(x)  # the line of the linear's gradient (its matmuls)
+        return (h * 3).relu()  # the line of the relu's and the mul's gradients
+
+
+@pytest.mark.parametrize("frontend", ["thunder.jit", "thunderfx"])
+def test_a_backward_region_and_its_ops_are_named_by_the_line_of_their_forward(frontend):
+    """Each backward op knows the user's line of the forward op it is part of the gradient of: the linear's
+    matmuls the line calling ``self.fc``, the relu's ``where`` the line of the relu; the backward region is named
+    by a line of its forward, and Thunder prints the backward trace as before (no position comments)."""
+    import thunder
+
+    first = inspect.getsourcelines(LinearThenRelu.forward)[1]
+    linear, relu = f"{__file__}:{first + 1}", f"{__file__}:{first + 2}"
+    guard = FusionGuard()
+    compiled = _trained_once(LinearThenRelu(), frontend, guard)
+    (backward,) = [d for d in guard.report if d.about_region and d.trace == "backward"]
+    assert backward.details.get("source") in (linear, relu), backward.details
+    (jitted,) = [compiled] if frontend == "thunder.jit" else [s.jitted for s in th.thunderfx_subgraphs(compiled)]
+    traces = thunder.last_backward_traces(jitted)
+    ops = [b for f in traces[-1].bound_symbols if is_fusion(f) for b in f.subsymbols]
+    lines = {b.sym.name: set() for b in ops}
+    for b in ops:
+        lines[b.sym.name].add(th.source_line(b))
+    assert lines["matmul"] == {linear} and lines["where"] == {relu}, lines
+    assert "test_sources.py" not in str(traces[-1])

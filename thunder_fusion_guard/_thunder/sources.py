@@ -6,6 +6,7 @@ library's innermost line kept after it in parentheses, ``model.py:42 (modeling_g
 
 from __future__ import annotations
 
+import contextlib
 import dis
 import functools
 import importlib.util
@@ -13,6 +14,7 @@ import itertools
 import os
 import re
 import sysconfig
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -30,6 +32,7 @@ __all__ = [
     "is_installed_library_file",
     "is_library_file",
     "module_path",
+    "record_backward_frames",
     "record_user_frames",
     "source_finder",
     "source_line",
@@ -43,16 +46,19 @@ def source_line(*bsyms: BoundSymbol) -> str | None:
     """Where the user wrote the first of ``bsyms`` (or of their subsymbols, breadth first) that knows it: the
     user's frame that made it (the first outside torch, Thunder, this package and Python's own library, or where
     the user wrote no frame, the module of their model: :func:`record_user_frames`), else the innermost frame
-    Thunder recorded where that is the user's; never a line of torch, Thunder or a program torch.fx generated."""
+    Thunder recorded where that is the user's; never a line of torch, Thunder or a program torch.fx generated. An op
+    of a backward trace knows the line of the forward op it is part of the gradient of
+    (:func:`record_backward_frames`)."""
     for bsym in bsyms:
         stack = [bsym]
         while stack:
             b = stack.pop(0)
             positions, filename = getattr(b, "source_positions", None), getattr(b, "source_filename", None)
-            if filename and positions is not None and positions.lineno is not None:
-                user = getattr(positions, "user", None)
-                if user or not is_library_file(filename):
-                    return user or f"{filename}:{positions.lineno}"
+            user = getattr(positions, "user", None)  # a backward op's has no file: record_backward_frames
+            if user:
+                return user
+            if filename and positions is not None and positions.lineno is not None and not is_library_file(filename):
+                return f"{filename}:{positions.lineno}"
             stack.extend(b.subsymbols)
     return None
 
@@ -216,6 +222,78 @@ def record_user_frames() -> None:
         InterpreterRuntimeCtx.get_current_user_source_location = original
 
     shims.record("user-source-lines", undo)
+
+
+def record_backward_frames() -> None:
+    """Make each op of a backward trace remember the user's line of the forward op whose gradient it is part of
+    (:func:`source_line` of that op): Thunder's grad transform makes the backward ops of each forward op with no
+    position of their own, so a backward region would have no line of the user's. Read by :func:`source_line`;
+    the line is kept beside an empty file name, so what Thunder prints of a backward trace is unchanged. The
+    shim ``backward-source-lines`` (:mod:`..shims`): it wraps ``grad_transform_on_trace``, the test of each op
+    it reads (``_should_recompute_bsym_in_backward``, called first for each) and ``TraceCtx.pop_scope`` (the
+    ops a forward op's gradient rule made); only on the Thunder version it was written for, unless turned off."""
+    import thunder.transforms.autodiff as autodiff
+    from thunder.core.symbol import BoundSymbolTag
+    from thunder.core.trace import TraceCtx
+
+    original = autodiff.grad_transform_on_trace
+    if getattr(original, "_fusion_guard", False) or not shims.applies("backward-source-lines"):
+        return
+    reading, popping = autodiff._should_recompute_bsym_in_backward, TraceCtx.pop_scope
+    now = threading.local()  # per thread: the lines of the ops made so far, and the forward op being read
+
+    def read(bsym: BoundSymbol) -> Any:
+        if getattr(now, "lines", None) is not None:
+            now.forward = source_line(bsym)
+        return reading(bsym)
+
+    def pop_scope(self: TraceCtx) -> list:
+        made = popping(self)
+        lines, forward = getattr(now, "lines", None), getattr(now, "forward", None)
+        if lines is not None and forward and made:  # a primitive's scope is None
+            for b in made:
+                for out in b.flat_proxy_outs:
+                    lines.setdefault(out.name, forward)
+        return made
+
+    def grad_transform_on_trace(trace: TraceCtx, /, *args: Any, **kwargs: Any) -> TraceCtx:
+        outer = getattr(now, "lines", None), getattr(now, "forward", None)
+        now.lines, now.forward = {}, None
+        try:
+            joint = original(trace, *args, **kwargs)
+            lines = now.lines
+        finally:
+            now.lines, now.forward = outer
+        with contextlib.suppress(Exception):  # a trace this reading does not know: no line, as Thunder made it
+            _mark_backward_ops(joint, lines, BoundSymbolTag.BACKWARD)
+        return joint
+
+    grad_transform_on_trace._fusion_guard = True  # type: ignore[attr-defined]
+    grad_transform_on_trace.__wrapped__ = original  # type: ignore[attr-defined]
+    autodiff.grad_transform_on_trace = grad_transform_on_trace
+    autodiff._should_recompute_bsym_in_backward = read
+    TraceCtx.pop_scope = pop_scope
+
+    def undo() -> None:
+        autodiff.grad_transform_on_trace = original
+        autodiff._should_recompute_bsym_in_backward = reading
+        TraceCtx.pop_scope = popping
+
+    shims.record("backward-source-lines", undo)
+
+
+def _mark_backward_ops(joint: TraceCtx, lines: dict[str, str], backward: Any) -> None:
+    """Give each backward op of ``joint`` without a line of its own the line ``lines`` has for one of its
+    outputs, beside an empty file name (Thunder prints no position without a file)."""
+    symbols = joint.bound_symbols
+    for i, b in enumerate(symbols):
+        if backward not in b.tags or source_line(b):
+            continue
+        line = next((lines[o.name] for o in b.flat_proxy_outs if o.name in lines), None)
+        if line:
+            marked = _Located(None, None, None, None)
+            marked.user = line
+            symbols[i] = b.from_bsym(source_filename=None, source_positions=marked)
 
 
 def _user_frame_of(frames: Sequence[Any]) -> str | None:
