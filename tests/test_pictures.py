@@ -333,8 +333,9 @@ def test_cuda_figures_are_computed_and_shown_without_a_gpu(profile):
     assert (one.gbps, one.peak_fraction) == (2.0, 0.5) and one.kernel_gbps == [pytest.approx(4000 / 1.5 / 1e3)]
     assert two.gbps == 2.0 and two.kernel_gbps == [None, None]
     cuda = RegionProfile("fn", "cuda", 2, [one, two], profile.decisions, profile.graphs, peak)
-    text = str(cuda)
-    assert "GB/s" in text and "% peak" in text and " 50% " in text and "by hand" in text
+    text, wide = str(cuda), cuda.to_text(wide=True)
+    assert "2.0 GB/s (50% peak)" in " ".join(text.split()) and "by hand" in text  # in each row's last part
+    assert "GB/s" in wide and "% peak" in wide and " 50% " in wide  # a column each
     page = cuda.to_html()
     assert "% of peak" in page and "nvfuser_pointwise_f0_c1_r0_g1.5: 1.5 µs, 3 GB/s" in page
     region = next(n for n in profile.graphs[0].after.nodes if n.kind == "region")

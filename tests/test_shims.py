@@ -13,7 +13,7 @@ import pytest
 
 from thunder_fusion_guard import shims
 from thunder_fusion_guard._thunder.compat import ensure_nvfuser_compat
-from thunder_fusion_guard._thunder.sources import record_user_frames
+from thunder_fusion_guard._thunder.sources import record_backward_frames, record_user_frames
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,6 +59,35 @@ def test_source_lines_apply_to_their_version_only_and_undo(monkeypatch):
         if _interpreter_method() is wrapped.__wrapped__:
             record_user_frames()
     assert getattr(_interpreter_method(), "_fusion_guard", False)
+
+
+def _backward_wrapped() -> tuple:
+    import thunder.transforms.autodiff as autodiff
+    from thunder.core.trace import TraceCtx
+
+    return autodiff.grad_transform_on_trace, autodiff._should_recompute_bsym_in_backward, TraceCtx.pop_scope
+
+
+def test_backward_source_lines_apply_to_their_version_only_and_undo_all_three(monkeypatch):
+    assert "backward-source-lines" in shims.applied_shims()  # applied when the package loaded Thunder
+    wrapped = _backward_wrapped()
+    try:
+        assert shims.undo("backward-source-lines") and not shims.undo("backward-source-lines")
+        originals = _backward_wrapped()
+        assert originals[0] is wrapped[0].__wrapped__
+        assert all(o is not w for o, w in zip(originals, wrapped, strict=True))
+        monkeypatch.setattr(shims, "installed_version", lambda package: "0.3.0")
+        record_backward_frames()
+        assert _backward_wrapped() == originals  # written for 0.2.6: nothing done
+        monkeypatch.undo()
+        monkeypatch.setenv(shims.ENV, "backward-source-lines")
+        record_backward_frames()
+        assert _backward_wrapped() == originals
+    finally:
+        monkeypatch.delenv(shims.ENV, raising=False)
+        if "backward-source-lines" not in shims.applied_shims():
+            record_backward_frames()
+    assert getattr(_backward_wrapped()[0], "_fusion_guard", False)
 
 
 def _impl_module() -> ModuleType:

@@ -17,6 +17,7 @@ from thunder.extend import ImplInfo
 
 from thunder_fusion_guard.examine.why import why_not_fused
 from thunder_fusion_guard.examine.why_rows import NO_FIX, WhyKind
+from thunder_fusion_guard.ops.kinds import compute_bound
 
 # The rows are the subject, not the code Inductor generates: regions run uncompiled (helpers.without_inductor).
 pytestmark = pytest.mark.usefixtures("no_inductor_module")
@@ -526,3 +527,23 @@ def test_grouping_rows_that_say_the_same():
         summary
         == "7 ops outside fusions: 5 claimed by ?, 2 with no general fusion executor; 2 regions run as 6 segments"
     )
+
+
+def test_a_recomputed_convolution_is_not_free_and_its_row_says_so():
+    """Recomputing a convolution in backward costs its FLOPs again: its row does not offer "none needed" as a row
+    of elementwise ops recomputed does, and names the convolution."""
+    from helpers import without_inductor
+
+    conv = torch.nn.Conv2d(2, 4, 3, padding=1)
+
+    def block(x):
+        return torch.nn.functional.gelu(conv(torch.nn.functional.silu(x))) + 1
+
+    with without_inductor():
+        jitted = thunder.jit(block, executors=[torch_compile_ex])
+        jitted(torch.randn(1, 2, 6, 6, requires_grad=True)).sum().backward()
+        rows = [r for r in why_not_fused(jitted).rows if r.kind == "rematerialized"]
+    (row,) = [r for r in rows if "prims.convolution" in r.ops]
+    assert not row.try_.startswith("none needed") and "prims.convolution" in row.try_, row.try_
+    assert compute_bound(row.ops) == ["prims.convolution"]
+    assert compute_bound(["prims.tanh", "ltorch.mul", "prims.convert_element_type"]) == []

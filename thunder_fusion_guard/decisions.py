@@ -3,6 +3,7 @@ reports write them with is in :mod:`.render.table`."""
 
 from __future__ import annotations
 
+import re
 import typing
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypedDict
@@ -142,8 +143,12 @@ class Decision:
 
 
 def short_source(source: str) -> str:
-    """``model.py:12`` of ``/path/to/model.py:12``: a source line's file name and line."""
-    return source.replace("\\", "/").rsplit("/", 1)[-1]
+    """``model.py:12`` of ``/path/to/model.py:12``: a source line's file name and line, and so each line it
+    names (``model.py:42 (modeling_gpt_bigcode.py:310)``: the user's line and an installed library's inside it)."""
+    return _FOLDERS.sub("", source.replace("\\", "/"))
+
+
+_FOLDERS = re.compile(r"[^\s()]*/")  # the folders of a path, up to its file's name
 
 
 @dataclass

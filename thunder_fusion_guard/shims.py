@@ -48,6 +48,12 @@ SHIMS: tuple[Shim, ...] = (
         "own unchanged",
         "_thunder/sources.py",
     ),
+    Shim(
+        "backward-source-lines",
+        "`grad_transform_on_trace`, `_should_recompute_bsym_in_backward` and `TraceCtx.pop_scope` wrapped: each "
+        "backward op also keeps your line of the forward op it is a gradient of, Thunder's printing unchanged",
+        "_thunder/sources.py",
+    ),
 )
 _BY_NAME = {s.name: s for s in SHIMS}
 _UNDO: dict[str, Callable[[], None]] = {}  # name -> how to undo it, for each shim applied in this process

@@ -15,12 +15,30 @@ def fit(text: str, chars: int) -> str:
 
 def wrap(text: str, chars: int, indent: str = "    ") -> list[str]:
     """``text`` as lines of at most ``chars`` characters (every line after the first starting with ``indent``),
-    broken between words only: nothing is left out, and a name with hyphens stays whole (a single word longer than
-    a line stands alone on its line, uncut)."""
-    lines = textwrap.wrap(
-        " ".join(text.split()), chars, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
-    )
-    return lines or [""]
+    broken between words: nothing is left out, and a name with hyphens stays whole. A single word longer than a
+    line (a long file or function name) starts a line of its own and goes on on the next, broken at the last joint
+    that fits: after a ``/``, ``_``, ``.``, ``:``, ``#``, ``,``, ``+`` or ``-``, or before a ``/`` or ``(`` (at
+    the line's end where none does)."""
+    wrapper = _NameWrapper(chars, subsequent_indent=indent, break_long_words=True, break_on_hyphens=False)
+    return wrapper.wrap(" ".join(text.split())) or [""]
+
+
+class _NameWrapper(textwrap.TextWrapper):
+    """textwrap's wrapper, a word too long for a line broken where a name has a joint (:func:`wrap`)."""
+
+    AFTER = "/_.:#,+-"  # a line may end just after one of these
+    BEFORE = "/("  # or just before one of these
+
+    def _handle_long_word(self, reversed_chunks: list[str], cur_line: list[str], cur_len: int, width: int) -> None:
+        if cur_line:  # the line ends here: the long word starts the next one
+            return
+        chunk, room = reversed_chunks[-1], max(width, 1)
+        after = max(chunk.rfind(c, 0, room) + 1 for c in self.AFTER)
+        before = max(chunk.rfind(c, 1, room + 1) for c in self.BEFORE)
+        joint = max(after, before)
+        cut = joint if joint > room // 3 else room  # a joint too near the start: the line's end
+        cur_line.append(chunk[:cut])
+        reversed_chunks[-1] = chunk[cut:]
 
 
 # A message that is only an object's repr (``LookupError(context_var)`` prints ``<ContextVar name='x' at 0x7f…>``).

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .sources import is_library_file
+from .sources import is_library_file, user_frame
 
 __all__ = ["GraphBreak", "graph_breaks", "parse_break_reason"]
 
@@ -111,11 +111,12 @@ def parse_break_reason(text: str) -> tuple[str, str, tuple[str, ...], str | None
 
 
 def _user_frame(stack: Sequence[Any]) -> tuple[str | None, str | None]:
-    """``file:line`` and code of the innermost frame of ``stack`` (outermost first) that the user wrote."""
-    for frame in reversed(stack):
-        if not is_library_file(frame.filename):
-            return f"{frame.filename}:{frame.lineno}", _code(frame.line or "") or None
-    return None, None
+    """Where the user wrote the statement Dynamo broke at (``stack`` outermost first): their innermost frame and
+    an installed library's inside it (:func:`user_frame`), and the code of the innermost of those two."""
+    frames = [f for f in reversed(stack) if not is_library_file(f.filename)]
+    if not frames:
+        return None, None
+    return user_frame((f.filename, f.lineno) for f in frames), _code(frames[0].line or "") or None
 
 
 def _code(line: str) -> str:

@@ -1,9 +1,12 @@
 """Where the user wrote an op: the user's frame Thunder's trace keeps of it (beside the innermost frame Thunder
 records), read from bound symbols, from a torch.fx node Dynamo made, or from a formatted stack; the frames of
-torch, Thunder, this package and Python's own library are never the user's."""
+torch, Thunder, this package and Python's own library are never the user's. Another installed library's frame
+(a Hugging Face ``transformers`` model's) is not the user's either: the user's line names the op, with the
+library's innermost line kept after it in parentheses, ``model.py:42 (modeling_gpt_bigcode.py:310)``."""
 
 from __future__ import annotations
 
+import contextlib
 import dis
 import functools
 import importlib.util
@@ -11,6 +14,7 @@ import itertools
 import os
 import re
 import sysconfig
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -25,13 +29,16 @@ from .traces import is_fusion
 
 __all__ = [
     "fx_node_source",
+    "is_installed_library_file",
     "is_library_file",
     "module_path",
+    "record_backward_frames",
     "record_user_frames",
     "source_finder",
     "source_line",
     "stack_trace_source",
     "user_frame",
+    "with_library",
 ]
 
 
@@ -39,16 +46,19 @@ def source_line(*bsyms: BoundSymbol) -> str | None:
     """Where the user wrote the first of ``bsyms`` (or of their subsymbols, breadth first) that knows it: the
     user's frame that made it (the first outside torch, Thunder, this package and Python's own library, or where
     the user wrote no frame, the module of their model: :func:`record_user_frames`), else the innermost frame
-    Thunder recorded where that is the user's; never a line of torch, Thunder or a program torch.fx generated."""
+    Thunder recorded where that is the user's; never a line of torch, Thunder or a program torch.fx generated. An op
+    of a backward trace knows the line of the forward op it is part of the gradient of
+    (:func:`record_backward_frames`)."""
     for bsym in bsyms:
         stack = [bsym]
         while stack:
             b = stack.pop(0)
             positions, filename = getattr(b, "source_positions", None), getattr(b, "source_filename", None)
-            if filename and positions is not None and positions.lineno is not None:
-                user = getattr(positions, "user", None)
-                if user or not is_library_file(filename):
-                    return user or f"{filename}:{positions.lineno}"
+            user = getattr(positions, "user", None)  # a backward op's has no file: record_backward_frames
+            if user:
+                return user
+            if filename and positions is not None and positions.lineno is not None and not is_library_file(filename):
+                return f"{filename}:{positions.lineno}"
             stack.extend(b.subsymbols)
     return None
 
@@ -122,10 +132,45 @@ def is_library_file(filename: str) -> bool:
     return path.startswith(_STDLIB) and not {"site-packages", "dist-packages"} & set(path.split(os.sep))
 
 
+@functools.lru_cache(maxsize=4096)
+def is_installed_library_file(filename: str) -> bool:
+    """True for a file of an installed library other than those of :func:`is_library_file` (under
+    ``site-packages``: ``transformers``, ``timm``, ``e3nn``): no line of the user's, but one worth keeping beside
+    it (:func:`user_frame`)."""
+    path = os.path.abspath(filename)
+    if path in _EXAMPLES or is_library_file(filename):
+        return False
+    return bool({"site-packages", "dist-packages"} & set(path.split(os.sep)))
+
+
 def user_frame(frames: Iterable[tuple[str, int]]) -> str | None:
-    """``file:line`` of the first of ``frames`` ((file, line), innermost first) outside the libraries of
-    :func:`is_library_file`; None where all are inside."""
-    return next((f"{file}:{line}" for file, line in frames if not is_library_file(file)), None)
+    """``file:line`` of the first of ``frames`` ((file, line), innermost first) that the user wrote (outside the
+    libraries of :func:`is_library_file` and :func:`is_installed_library_file`), followed, where an installed
+    library's frame comes before it, by the first such in parentheses: ``model.py:42 (modeling_gpt_bigcode.py:310)``;
+    that library frame alone where the user wrote none; None where every frame is torch's, Thunder's or this
+    package's."""
+    user, library = _user_and_library(frames)
+    return with_library(user, library) if user else library
+
+
+def with_library(user: str, library: str | None) -> str:
+    """``user`` (a ``file:line`` or a module of the model) and in parentheses the installed library's line
+    inside it, where there is one."""
+    return f"{user} ({library})" if library else user
+
+
+def _user_and_library(frames: Iterable[tuple[str, int]]) -> tuple[str | None, str | None]:
+    """The user's first frame of ``frames`` (innermost first) and the first installed library's frame before it,
+    each ``file:line`` (None: none)."""
+    library = None
+    for file, line in frames:
+        if is_library_file(file):
+            continue
+        if is_installed_library_file(file):
+            library = library or f"{file}:{line}"
+            continue
+        return f"{file}:{line}", library
+    return None, library
 
 
 def stack_trace_source(text: str | None) -> str | None:
@@ -155,7 +200,9 @@ def record_user_frames() -> None:
 
     def located(self: Any) -> Any:
         filename, positions = original(self)
-        if filename is None or positions is None or not is_library_file(filename):
+        if filename is None or positions is None:
+            return filename, positions
+        if not is_library_file(filename) and not is_installed_library_file(filename):
             return filename, positions
         try:
             user = _user_frame_of(self.frame_stack)
@@ -177,10 +224,85 @@ def record_user_frames() -> None:
     shims.record("user-source-lines", undo)
 
 
+def record_backward_frames() -> None:
+    """Make each op of a backward trace remember the user's line of the forward op whose gradient it is part of
+    (:func:`source_line` of that op): Thunder's grad transform makes the backward ops of each forward op with no
+    position of their own, so a backward region would have no line of the user's. Read by :func:`source_line`;
+    the line is kept beside an empty file name, so what Thunder prints of a backward trace is unchanged. The
+    shim ``backward-source-lines`` (:mod:`..shims`): it wraps ``grad_transform_on_trace``, the test of each op
+    it reads (``_should_recompute_bsym_in_backward``, called first for each) and ``TraceCtx.pop_scope`` (the
+    ops a forward op's gradient rule made); only on the Thunder version it was written for, unless turned off."""
+    import thunder.transforms.autodiff as autodiff
+    from thunder.core.symbol import BoundSymbolTag
+    from thunder.core.trace import TraceCtx
+
+    original = autodiff.grad_transform_on_trace
+    if getattr(original, "_fusion_guard", False) or not shims.applies("backward-source-lines"):
+        return
+    reading, popping = autodiff._should_recompute_bsym_in_backward, TraceCtx.pop_scope
+    now = threading.local()  # per thread: the lines of the ops made so far, and the forward op being read
+
+    def read(bsym: BoundSymbol) -> Any:
+        if getattr(now, "lines", None) is not None:
+            now.forward = source_line(bsym)
+        return reading(bsym)
+
+    def pop_scope(self: TraceCtx) -> list:
+        made = popping(self)
+        lines, forward = getattr(now, "lines", None), getattr(now, "forward", None)
+        if lines is not None and forward and made:  # a primitive's scope is None
+            for b in made:
+                for out in b.flat_proxy_outs:
+                    lines.setdefault(out.name, forward)
+        return made
+
+    def grad_transform_on_trace(trace: TraceCtx, /, *args: Any, **kwargs: Any) -> TraceCtx:
+        outer = getattr(now, "lines", None), getattr(now, "forward", None)
+        now.lines, now.forward = {}, None
+        try:
+            joint = original(trace, *args, **kwargs)
+            lines = now.lines
+        finally:
+            now.lines, now.forward = outer
+        with contextlib.suppress(Exception):  # a trace this reading does not know: no line, as Thunder made it
+            _mark_backward_ops(joint, lines, BoundSymbolTag.BACKWARD)
+        return joint
+
+    grad_transform_on_trace._fusion_guard = True  # type: ignore[attr-defined]
+    grad_transform_on_trace.__wrapped__ = original  # type: ignore[attr-defined]
+    autodiff.grad_transform_on_trace = grad_transform_on_trace
+    autodiff._should_recompute_bsym_in_backward = read
+    TraceCtx.pop_scope = pop_scope
+
+    def undo() -> None:
+        autodiff.grad_transform_on_trace = original
+        autodiff._should_recompute_bsym_in_backward = reading
+        TraceCtx.pop_scope = popping
+
+    shims.record("backward-source-lines", undo)
+
+
+def _mark_backward_ops(joint: TraceCtx, lines: dict[str, str], backward: Any) -> None:
+    """Give each backward op of ``joint`` without a line of its own the line ``lines`` has for one of its
+    outputs, beside an empty file name (Thunder prints no position without a file)."""
+    symbols = joint.bound_symbols
+    for i, b in enumerate(symbols):
+        if backward not in b.tags or source_line(b):
+            continue
+        line = next((lines[o.name] for o in b.flat_proxy_outs if o.name in lines), None)
+        if line:
+            marked = _Located(None, None, None, None)
+            marked.user = line
+            symbols[i] = b.from_bsym(source_filename=None, source_positions=marked)
+
+
 def _user_frame_of(frames: Sequence[Any]) -> str | None:
-    """The user's frame among the interpreter's ``frames`` (outermost first); in a torch.fx program, what
-    :func:`fx_node_source` says of the node of the line running; where the user wrote no frame (a model built of
-    torch's modules alone, an ``nn.Sequential``), the module of their model that ran it (:func:`module_path`)."""
+    """The user's frame among the interpreter's ``frames`` (outermost first), with the installed library's frame
+    inside it (:func:`user_frame`); in a torch.fx program, what :func:`fx_node_source` says of the node of the
+    line running; where the user wrote no frame (a model built of torch's modules alone, an ``nn.Sequential``, or
+    a library's model called whole), the module of their model that ran it (:func:`module_path`), with the
+    library's frame."""
+    library = None
     for frame in reversed(frames):
         filename, positions = frame.code.co_filename, frame.positions
         if positions is None or positions.lineno is None:
@@ -189,10 +311,12 @@ def _user_frame_of(frames: Sequence[Any]) -> str | None:
             found = fx_node_source(_fx_node(frame, positions.lineno))
             if found:
                 return found
+        elif is_installed_library_file(filename):
+            library = library or f"{filename}:{positions.lineno}"
         elif not is_library_file(filename):
-            return f"{filename}:{positions.lineno}"
+            return with_library(f"{filename}:{positions.lineno}", library)
     modules = [m for m in (_frame_self(f) for f in frames) if isinstance(m, torch.nn.Module)]
-    return module_path(modules[0], modules[-1]) if modules else None
+    return with_library(module_path(modules[0], modules[-1]), library) if modules else library
 
 
 def _frame_self(frame: Any) -> Any:
@@ -228,19 +352,19 @@ _DYNAMO_ITEM = re.compile(r"(?:\._modules)?\[['\"]?([^'\"\]]+)['\"]?\]")
 
 
 def fx_node_source(node: Any) -> str | None:
-    """Where the user wrote a torch.fx node Dynamo made: their frame in its recorded stack
-    (:func:`stack_trace_source`), else, for a model built of torch's modules alone, the module of their model
-    Dynamo recorded it ran in (``model.0 (Linear)``, as :func:`module_path` names it); None where neither is
-    known."""
+    """Where the user wrote a torch.fx node Dynamo made: their frame in its recorded stack, with an installed
+    library's frame inside it (:func:`user_frame`), else, for a model built of torch's or a library's modules
+    alone, the module of their model Dynamo recorded it ran in (``model.0 (Linear)``, as :func:`module_path`
+    names it), with the library's frame; None where neither is known."""
     if node is None:
         return None
-    found = stack_trace_source(node.meta.get("stack_trace"))
+    user, library = _user_and_library(reversed(_STACK_FRAME.findall(node.meta.get("stack_trace") or "")))
     stack = node.meta.get("nn_module_stack") or {}
-    if found or not stack:
-        return found
+    if user or not stack:
+        return with_library(user, library) if user else library
     path, cls = list(stack.values())[-1]
     root = _DYNAMO_ROOT.match(path)
     name = _DYNAMO_ITEM.sub(r".\1", path[root.end() :] if root else path)
     base = "model" if root is None or root.group(1) in _DYNAMO_MODEL else root.group(1)
     kind = getattr(cls, "__name__", None) or str(cls).rsplit(".", 1)[-1]
-    return f"{base}{name} ({kind})"
+    return with_library(f"{base}{name} ({kind})", library)

@@ -328,8 +328,12 @@ def format_profile(profile: RegionProfile, wide: bool = False) -> str:
         lines += wrapped(f"no fusion region in the final traces: {th.no_region_hint(profile.executors)}", width, "  ")
     else:
         header = ["trace", "region", "executor", "ops", "in KiB", "out KiB", "host", "eager"]
-        # a column the same on every row is the title's word: the table fits 120 columns with CUDA's too
-        header += ["device", "GB/s", "% peak", "kernels", "overhead"] if cuda else ["host-eager"]
+        # a column the same on every row is the title's word; on CUDA, to fit 120 columns, only the device time is
+        # a column of its own, the rest of the GPU's figures lead the row's last part (wide: a column each)
+        apart = cuda and wide
+        header += (
+            ["device", "GB/s", "% peak", "kernels", "overhead"] if apart else ["device"] if cuda else ["host-eager"]
+        )
         notes = wide and any(r.disagreement for r in profile.rows)  # else after the reason
         header += ["action", *(["why kept though slower here"] if notes else []), "reason"]
         table = [header]
@@ -340,15 +344,20 @@ def format_profile(profile: RegionProfile, wide: bool = False) -> str:
             cells += [_kib(r.input_bytes), _kib(r.output_bytes)]
             cells += [_spread(r.host_us, r.host_spread_us), _spread(r.eager_us, r.eager_spread_us)]
             bandwidth = [_fmt(r.gbps), percent_text(r.peak_fraction, "-")]
-            cells += [_fmt(r.device_us), *bandwidth, _kernels(r), _fmt(r.overhead_us)] if cuda else [_fmt(r.excess_us)]
+            if apart:
+                cells += [_fmt(r.device_us), *bandwidth, _kernels(r), _fmt(r.overhead_us)]
+            else:
+                cells += [_fmt(r.device_us)] if cuda else [_fmt(r.excess_us)]
             reason = r.reason or ""
             if r.error:
                 reason = f"{reason} [{r.error}]".strip()
             if r.disagreement and not notes:
                 reason += f"; why kept though slower here: {r.disagreement}"
+            if cuda and not apart:
+                reason = f"{_gpu_figures(r)}; {reason}" if reason else _gpu_figures(r)
             table.append([*cells, r.action or "-", *([r.disagreement or ""] if notes else []), reason])
-        # trace, region, executor, ops, host, eager and (CUDA) kernels may wrap; the reason always may
-        narrow = [0, 1, 2, 3, 6, 7, 11] if cuda else [0, 1, 2, 3, 6, 7]
+        # trace, region, executor, ops, host, eager and (CUDA, wide) kernels may wrap; the reason always may
+        narrow = [0, 1, 2, 3, 6, 7, 11] if apart else [0, 1, 2, 3, 6, 7]
         if one_executor:
             table = [[c for i, c in enumerate(row) if i != 2] for row in table]
             narrow = [i - (i > 2) for i in narrow if i != 2]
@@ -377,6 +386,18 @@ def _spread(median: float | None, quartiles: tuple[float, float] | None) -> str:
     if median is None or quartiles is None:
         return _fmt(median)
     return spread_text(median, *quartiles)
+
+
+def _gpu_figures(row: RegionRow) -> str:
+    """'overhead 5.0 µs, 812.5 GB/s (24% peak), 3 segmented kernels: pointwise+reduction': the GPU's figures of a
+    CUDA row beside its device time, for the text table's last part."""
+    parts = [
+        f"overhead {_fmt(row.overhead_us)} µs",
+        f"{_fmt(row.gbps)} GB/s ({percent_text(row.peak_fraction, '-')} peak)",
+    ]
+    if row.kernels is not None:
+        parts.append(f"kernels {_kernels(row)}")
+    return ", ".join(parts)
 
 
 def _kernels(row: RegionRow) -> str:

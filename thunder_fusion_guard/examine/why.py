@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import _thunder as th
 from .._thunder import partition as pt
+from ..ops.kinds import compute_bound
 from ..progress import Progress
 from ..render.table import op_groups
 from ..transform import guards_of
@@ -247,13 +248,21 @@ def recomputed_rows(traces: Sequence[tuple[str, Any]], subgraph: str | None) -> 
                 reason=reason,
                 established_by="output names",
                 bytes=io_bytes(*subs),  # what the recomputation reads and writes
-                try_=f"none needed: recomputing saves {saves}",
+                try_=_recomputed_try(saves, compute_bound(names)),
                 count=len(subs),
                 ops=names,
                 facts={"regions": {t: [r for u, r in where if u == t] for t in in_traces}},
             )
         )
     return rows
+
+
+def _recomputed_try(saves: str, heavy: list[str]) -> str:
+    """What a rematerialized row offers: nothing where the recomputation only reads and writes memory; where it
+    repeats a convolution, a matrix product or attention, that it costs their FLOPs again."""
+    if not heavy:
+        return f"none needed: recomputing saves {saves}"
+    return f"weigh it: recomputing saves {saves} but runs {', '.join(heavy)} again (its FLOPs, not only its bytes)"
 
 
 def numbering_gap_rows(traces: Sequence[tuple[str, Any]], subgraph: str | None) -> list[WhyRow]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-__all__ = ["WORK_KINDS", "work_kind"]
+__all__ = ["WORK_KINDS", "compute_bound", "work_kind"]
 
 # The kinds, most telling first: a region holding a norm and the elementwise ops around it is a norm.
 WORK_KINDS = (
@@ -90,3 +90,18 @@ def work_kind(names: Iterable[str]) -> str:
     if tokens & _COPY or "to_copy" in text or "convert_element_type" in text:
         return "copy"
     return "other"
+
+
+_CONVOLUTION = {"convolution", "conv", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d"}
+
+
+def compute_bound(names: Iterable[str]) -> list[str]:
+    """Those of ``names`` (op names, ``prims.convolution``) whose work is arithmetic more than memory traffic: a
+    convolution, a matrix product, attention; each once, in order. Computing one again costs its FLOPs, not only
+    its reads and writes."""
+    found = []
+    for name in dict.fromkeys(names):
+        tokens = _tokens([name])
+        if tokens & (_MATMUL_EXACT | _CONVOLUTION) or any(a in name.lower() for a in _ATTENTION):
+            found.append(name)
+    return found

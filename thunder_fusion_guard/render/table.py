@@ -48,6 +48,9 @@ def text_table(
 # goes on the lines below its row, indented by INDENT.
 MIN_COLUMN = 8
 INDENT = "    "
+# A name longer than this (a file or function name, a long op) may be broken, at a joint, before a column of
+# words is narrowed below it.
+NAME_COLUMN = 20
 
 
 def table_blocks(
@@ -55,9 +58,11 @@ def table_blocks(
 ) -> list[list[str]]:
     """The lines of each row of :func:`text_table` (its rule left out). With ``width``, cells are broken at
     spaces onto further lines of their row, never cut: the columns whose indices are in ``wrap`` are narrowed
-    (the widest first, never below their longest word: a row too wide even then is left wider) until the row
-    fits, and a free last column is wrapped where it starts or, with less than a third of ``width`` left there,
-    on the lines below the row, indented. None: one line per row."""
+    (the widest first, not below their longest word, or ``NAME_COLUMN`` where that is longer, while another may
+    narrow; then down to ``MIN_COLUMN``, the columns with a word longer than ``NAME_COLUMN`` first: a word longer
+    than its column goes on on the next line, broken at a joint, :func:`..wording.wrap`) until the row fits (a
+    row too wide even then is left wider), and a free last column is wrapped where it starts or, with less than
+    a third of ``width`` left there, on the lines below the row, indented. None: one line per row."""
     return _layout(rows, last_free, width, wrap)[0]
 
 
@@ -73,10 +78,15 @@ def _layout(
     if width is not None:
         narrowable = {i % count for i in wrap} & set(range(padded))
         budget = width - 2 * max(0, padded - (0 if last_free else 1))
-        # the widest first, never below a column's longest word (a word is never broken)
-        floor = {i: max([MIN_COLUMN, *(len(w) for r in cells for w in r[i].split())]) for i in narrowable}
+        # the widest first, not below a column's longest word (or NAME_COLUMN, where its longest word is longer)
+        # while another may narrow; then, where the row is still too wide, below it: first the columns of names
+        # longer than NAME_COLUMN, then any (a word too long for its column goes on on the next line: wording.wrap)
+        longest = {i: max(len(w) for r in cells for w in [*r[i].split(), ""]) for i in narrowable}
+        floor = {i: max(MIN_COLUMN, min(longest[i], NAME_COLUMN)) for i in narrowable}
         while sum(widths) > budget:
             candidates = [i for i in narrowable if widths[i] > floor[i]]
+            candidates = candidates or [i for i in narrowable if longest[i] > NAME_COLUMN and widths[i] > MIN_COLUMN]
+            candidates = candidates or [i for i in narrowable if widths[i] > MIN_COLUMN]
             if not candidates:
                 break
             widths[max(candidates, key=lambda i: widths[i])] -= 1

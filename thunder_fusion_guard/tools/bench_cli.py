@@ -19,7 +19,6 @@ from ..bench.run import (
     CaseResult,
     CompareError,
     compare,
-    format_rows,
     guard_verdict,
     load_medians,
     run_cases,
@@ -28,13 +27,14 @@ from ..bench.run import (
     variant_rows,
 )
 from ..bench.versus import DEFAULT_VERSUS, versus
-from ..render.table import plural
+from ..render.table import plural, text_table
 from ..wording import WIDTH, wrap
 from .common import (
     UsageError,
     add_command,
     add_device_option,
     add_threads_option,
+    add_wide_option,
     check_outputs,
     count,
     pin_threads,
@@ -97,6 +97,7 @@ def _register_run(bench_sub: Any) -> None:
     run.add_argument("--json", metavar="OUT", help="write pytest-benchmark compatible JSON here")
     run.add_argument("--markdown", metavar="OUT", help="write the summary table as markdown here")
     add_threads_option(run)
+    add_wide_option(run)
 
 
 def add_rounds_options(parser: argparse.ArgumentParser) -> None:
@@ -141,6 +142,7 @@ def register(subparsers: Any) -> None:
     )
     add_target_options(compare)
     add_rounds_options(compare)
+    add_wide_option(compare)
     add_threads_option(compare)
     _register_decisions(sub)
     _register_versus(sub)
@@ -203,7 +205,7 @@ def _time_target(
     frontend = "ThunderFX" if args.thunderfx else "thunder.jit"
     steps = "forward and backward" if case.build(device).backward else "forward"
     print(f"{target} on {device} via {frontend}, {steps} a call")
-    print(format_rows(result_rows(result, "thunderfx" if args.thunderfx else "jit")))
+    print(_table(result_rows(result, "thunderfx" if args.thunderfx else "jit"), args.wide))
     footnote = (
         f"(per call: {plural(args.reps, 'round')} per variant after {plural(args.warmup, 'untimed round')}, "
         f"{plural(result.inner, 'call')} a sample, variants interleaved in alternating order; the first variant's "
@@ -211,6 +213,12 @@ def _time_target(
     )
     print("\n".join(wrap(footnote, WIDTH, indent="")))
     return result, device
+
+
+def _table(rows: list[list[str]], wide: bool) -> str:
+    """Rows of timings as a text table of at most 120 columns, any cell wrapped where it must (``wide``: one line
+    a row)."""
+    return "\n".join(text_table(rows, width=None if wide else WIDTH, wrap=range(len(rows[0]))))
 
 
 def result_rows(result: CaseResult, frontend: str) -> list[list[str]]:
@@ -243,7 +251,7 @@ def _run_command(args: argparse.Namespace) -> int:
 
     note = pin_threads(args.threads, device)
     results = run_cases(cases, device, args.reps, args.warmup, after_each=save, variants=variants)
-    print(format_rows(summary_rows(results)))
+    print(_table(summary_rows(results), args.wide))
     print(
         f"(µs per call: median (first-third quartile) of {plural(args.reps, 'round')} per variant, "
         f"variants interleaved in alternating order{'; ' + note if note else ''})"
