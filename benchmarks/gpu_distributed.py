@@ -15,7 +15,7 @@ finished). Set-ups run side by side as separate jobs (another ``--master-port`` 
 
 Setting: litgpt Mistral-7B-v0.1 / Llama-2-7b-hf at ``--layers`` layers (2), batch 1 per rank, 512 tokens, bf16,
 one training step (forward, cross-entropy, backward); ``e3nn``: the zoo's ``e3nn-nequip-modules`` (fp32, the
-energy and its gradients, ``translate_library_ops()``), ThunderFX set-ups only. Set-ups (``--setups``):
+energy squared and its gradients, ``translate_library_ops()``), ThunderFX set-ups only. Set-ups (``--setups``):
 
 - ``fsdp``: eager = PyTorch FSDP2 (``fully_shard`` per block and the root); thunder =
   ``thunder.distributed.fsdp(thunder.jit(model))``; guarded = the same with the guard.
@@ -234,7 +234,7 @@ def step(run: Run, v: dict[str, Any], index: int) -> torch.Tensor:
     v["module"].zero_grad(set_to_none=True)
     if not hasattr(v["config"], "padded_vocab_size"):  # the e3nn model: its energy, then the gradients
         built = v["config"]
-        loss = built.loss(v["fn"](*built.inputs))
+        loss = built.loss(v["fn"](*built.inputs)) ** 2  # the energy squared: SGD on the energy itself diverges
         loss.backward()
         return loss.detach()
     x, target = batch(run, v["config"], index)
@@ -281,13 +281,17 @@ def thunder_programs(v: dict[str, Any]) -> list[Any]:
 
 def trace_facts(v: dict[str, Any]) -> dict[str, Any]:
     """Fusion regions and the communication ops, in order, of the final traces."""
-    regions, comms = 0, []
+    regions, comms, ops = 0, [], []
     for program in thunder_programs(v):
         traces = [thunder.last_traces(program)[-1], *thunder.last_backward_traces(program)[-1:]]
         for trace in traces:
-            regions += len(find_regions(trace))
+            found = find_regions(trace)
+            regions += len(found)
+            ops += [[r.name, r.ops] for r in found]
             comms.append(repr(communication_sequence(trace)))
-    return {"regions": regions, "collectives": comms}
+    # The regions' ops, in order, as a digest: are the programs the ranks run the same, guard or no guard?
+    digest = hashlib.sha256(json.dumps(ops).encode()).hexdigest()[:16]
+    return {"regions": regions, "collectives": comms, "regions_digest": digest}
 
 
 def guard_facts(guard: FusionGuard) -> dict[str, Any]:
@@ -408,6 +412,10 @@ def summary(entry: dict[str, Any], world: int) -> dict[str, Any]:
                 "grads_bitwise_equal": all(c["grads_equal"] for c in checks),
                 "collectives_equal": all(c["collectives_equal"] for c in checks),
             }
+        for variant in (base, name):
+            digests = {r["variants"].get(variant, {}).get("regions_digest") for r in ranks}
+            if None not in digests:
+                out[f"{variant}_regions_equal_on_all_ranks"] = len(digests) == 1
         guarded = [r["variants"].get(name, {}) for r in ranks]
         if all("decisions_digest" in g for g in guarded):
             out[f"{name}_decisions"] = {
@@ -451,7 +459,8 @@ def table(results: dict[str, Any]) -> str:
                     f"| {entry['model']} | {entry['setup']} | {name} | {c.get('losses_equal', '-')} | "
                     f"{c.get('grads_bitwise_equal', '-')} | {c.get('grads_max_abs_diff', '-')} | "
                     f"{c.get('floor_max_abs_diff', '-')} | {c.get('grads_within_floor', '-')} | "
-                    f"{c.get('collectives_equal', '-')} | {d.get('equal_on_all_ranks', '-')} | "
+                    f"{c.get('collectives_equal', '-')} | {s.get(f'{base}_regions_equal_on_all_ranks', '-')}, "
+                    f"{s.get(f'{name}_regions_equal_on_all_ranks', '-')} | {d.get('equal_on_all_ranks', '-')} | "
                     f"{d.get('hoists_per_rank', '-')} |"
                 )
     if checks:
@@ -459,8 +468,8 @@ def table(results: dict[str, Any]) -> str:
             "",
             "| model | setup | variant | losses equal | grads bitwise equal | grads max abs diff vs unguarded "
             "(step 1) | unguarded vs itself (two identical steps) | within the floor | collectives equal | "
-            "decisions equal on all ranks | hoists per rank |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "regions alike on all ranks (unguarded, guarded) | decisions equal on all ranks | hoists per rank |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
             *checks,
         ]
     return "\n".join(lines)
