@@ -1,4 +1,4 @@
-"""Faults users meet: Ctrl-C during a first call, a cache that cannot be read or written or that several processes
+"""Faults users meet: Ctrl-C during a first call, running out of memory, a cache that cannot be read or written or that several processes
 write at once, and a compiled program called from two threads at once. The guard never breaks the program,
 the user's own interrupt reaches them unchanged, and what it records is what a clean run records."""
 
@@ -424,3 +424,46 @@ def test_ctrl_c_in_a_fusion_compile_reaches_the_user_and_no_region_is_rescued(ma
     if make is ExpScaled:
         (d,) = guard.report
         assert d.action == "keep" and "rescue" not in d.details, "called through the guard's rescuing call"
+
+
+# --- out of memory ------------------------------------------------------------------------------------------------
+
+
+class OutOfMemory:
+    """A stand-in for the device running out of memory: ``torch.OutOfMemoryError`` at the first ``times`` calls,
+    then ``then``."""
+
+    def __init__(self, then, times: int = 1) -> None:
+        self.then, self.left = then, times
+
+    def __call__(self, *args, **kwargs):
+        if self.left:
+            self.left -= 1
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (a stand-in)")
+        return self.then(*args, **kwargs)
+
+
+def test_out_of_memory_in_a_region_timing_leaves_the_region_to_the_model_and_records_why(monkeypatch, inject_timings):
+    timings = inject_timings(10.0, 2.0)
+    monkeypatch.setattr(breakeven, "interleaved_us", OutOfMemory(breakeven.interleaved_us))
+    a, b = torch.randn(16, 16), torch.randn(16, 16)
+    guard = FusionGuard(calibration=NEAR_BREAK_EVEN)
+    assert torch.equal(jit_cpu(lone_add, guard)(a, b), jit_cpu(lone_add)(a, b))
+    (d,) = guard.report
+    # the model decides a region it could not time; the measurement's error is kept beside the decision
+    assert d.about_region and d.details["decided_by"] != "measured" and timings == []
+    assert "OutOfMemoryError" in d.details["not_measured"]
+    assert not breakeven._store() and not (cache.cache_dir() / "measurements.json").exists(), "nothing cached"
+
+
+def test_the_users_own_out_of_memory_reaches_them_unchanged():
+    def wants_too_much(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.exp(x) * 2.0, x.new_empty(x.shape[0], 2**42) + x[:, None]  # 64 TiB on the CPU
+
+    x = torch.randn(4)
+    raised = []
+    for guard in (None, FusionGuard()):
+        with pytest.raises(RuntimeError) as error:
+            jit_cpu(wants_too_much, guard)(x)
+        raised.append((type(error.value), str(error.value)))
+    assert raised[0] == raised[1] and "can't allocate memory" in raised[0][1]
