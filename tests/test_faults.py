@@ -1,6 +1,7 @@
-"""Faults users meet: Ctrl-C during a first call, running out of memory, a cache that cannot be read or written or that several processes
-write at once, and a compiled program called from two threads at once. The guard never breaks the program,
-the user's own interrupt reaches them unchanged, and what it records is what a clean run records."""
+"""Faults users meet: Ctrl-C during a first call, running out of memory, a cache that cannot be read or written or
+that several processes write at once, and a compiled program called from two threads at once. The guard never breaks
+the program, the user's own interrupt or out of memory reaches them unchanged, and what it records is what a clean
+run records."""
 
 from __future__ import annotations
 
