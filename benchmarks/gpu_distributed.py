@@ -285,8 +285,13 @@ def thunder_programs(v: dict[str, Any]) -> list[Any]:
 def trace_facts(v: dict[str, Any]) -> dict[str, Any]:
     """Fusion regions and the communication ops, in order, of the final traces."""
     regions, comms, ops = 0, [], []
+    unread = 0
     for program in thunder_programs(v):
-        traces = [thunder.last_traces(program)[-1], *thunder.last_backward_traces(program)[-1:]]
+        try:
+            traces = [thunder.last_traces(program)[-1], *thunder.last_backward_traces(program)[-1:]]
+        except (TypeError, AttributeError, IndexError):  # a program Thunder keeps no traces of: said, not read
+            unread += 1
+            continue
         for trace in traces:
             found = find_regions(trace)
             regions += len(found)
@@ -294,7 +299,7 @@ def trace_facts(v: dict[str, Any]) -> dict[str, Any]:
             comms.append(repr(communication_sequence(trace)))
     # The regions' ops, in order, as a digest: are the programs the ranks run the same, guard or no guard?
     digest = hashlib.sha256(json.dumps(ops).encode()).hexdigest()[:16]
-    return {"regions": regions, "collectives": comms, "regions_digest": digest}
+    return {"regions": regions, "collectives": comms, "regions_digest": digest, "programs_unread": unread}
 
 
 def guard_facts(guard: FusionGuard) -> dict[str, Any]:
