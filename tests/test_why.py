@@ -98,9 +98,8 @@ def test_backward_rows_and_rematerialized(claimed_program):
     assert "prims.tanh" in remat[0].ops
 
 
-def test_a_recomputed_convolution_row_counts_the_bytes_it_reads_and_writes():
-    """A rematerialized row says how many bytes the recomputation reads and writes, not 0 B: here a
-    convolution and the ops after it, computed again in backward."""
+def recomputed_convolution_row():
+    """The rematerialized row of a convolution and the ops after it, computed again in backward."""
     from helpers import without_inductor
 
     conv = torch.nn.Conv2d(2, 4, 3, padding=1)
@@ -113,6 +112,12 @@ def test_a_recomputed_convolution_row_counts_the_bytes_it_reads_and_writes():
         jitted(torch.randn(1, 2, 6, 6, requires_grad=True)).sum().backward()
         rows = [r for r in why_not_fused(jitted).rows if r.kind == "rematerialized"]
     (row,) = [r for r in rows if "prims.convolution" in r.ops]
+    return row
+
+
+def test_a_recomputed_convolution_row_counts_the_bytes_it_reads_and_writes():
+    """A rematerialized row says how many bytes the recomputation reads and writes, not 0 B."""
+    row = recomputed_convolution_row()
     output = 1 * 4 * 6 * 6 * 4  # the convolution's float32 output alone
     assert row.bytes is not None and row.bytes > output, row
 
@@ -532,18 +537,7 @@ def test_grouping_rows_that_say_the_same():
 def test_a_recomputed_convolution_is_not_free_and_its_row_says_so():
     """Recomputing a convolution in backward costs its FLOPs again: its row does not offer "none needed" as a row
     of elementwise ops recomputed does, and names the convolution."""
-    from helpers import without_inductor
-
-    conv = torch.nn.Conv2d(2, 4, 3, padding=1)
-
-    def block(x):
-        return torch.nn.functional.gelu(conv(torch.nn.functional.silu(x))) + 1
-
-    with without_inductor():
-        jitted = thunder.jit(block, executors=[torch_compile_ex])
-        jitted(torch.randn(1, 2, 6, 6, requires_grad=True)).sum().backward()
-        rows = [r for r in why_not_fused(jitted).rows if r.kind == "rematerialized"]
-    (row,) = [r for r in rows if "prims.convolution" in r.ops]
+    row = recomputed_convolution_row()
     assert not row.try_.startswith("none needed") and "prims.convolution" in row.try_, row.try_
     assert compute_bound(row.ops) == ["prims.convolution"]
     assert compute_bound(["prims.tanh", "ltorch.mul", "prims.convert_element_type"]) == []
