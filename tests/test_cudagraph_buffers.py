@@ -345,6 +345,46 @@ def test_a_gradient_still_held_at_the_next_replay_is_not_overwritten(cpu_graphs,
     assert (grads <= static) if steps - 1 <= th.UNCAPTURED_WHILE_HELD else not grads & static
 
 
+def test_a_capture_that_runs_out_of_memory_leaves_that_graph_uncaptured_with_thunders_values(cpu_graphs, monkeypatch):
+    """A capture (or its warm-up) that runs out of device memory: the step goes on with that graph's ops run
+    uncaptured from then on (never captured again), the others captured as before; Thunder's values; a decision
+    names the graph and the error."""
+    _first_capture_out_of_memory(monkeypatch, "cpu")
+
+
+@pytest.mark.cuda
+def test_a_capture_that_runs_out_of_memory_on_cuda_leaves_that_graph_uncaptured(monkeypatch):
+    """The same with real captures: the other graphs captured and replayed, Thunder's bits."""
+    _first_capture_out_of_memory(monkeypatch, "cuda")
+
+
+def _first_capture_out_of_memory(monkeypatch, device: str) -> None:
+    from thunder.transforms.cudagraph import CUDAGraphRunner
+
+    build, built, failed = CUDAGraphRunner.build_cuda_graph, [], []
+
+    def first_build_out_of_memory(self, fn, args, static_args_mask):
+        built.append(fn)
+        if len(built) == 1:
+            failed.append(fn)
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (a stand-in)")
+        return build(self, fn, args, static_args_mask)
+
+    monkeypatch.setattr(CUDAGraphRunner, "build_cuda_graph", first_build_out_of_memory)
+    torch.manual_seed(0)
+    model = Mlp().to(device)
+    guard, graphs = FusionGuard(), CUDAGraphTransform()
+    compiled = thunder.jit(model, transforms=[guard, graphs])
+    got = _train(compiled, model, steps=3)
+    monkeypatch.setattr(CUDAGraphRunner, "build_cuda_graph", build)
+    assert_same(got, _unguarded(steps=3, device=device))
+    (uncaptured,) = [d for d in guard.report.filter(action="capture") if d.details.get("uncaptured")]
+    assert uncaptured.trace == "forward" and uncaptured.details["error_type"] == "OutOfMemoryError"
+    assert uncaptured.region == uncaptured.details["uncaptured"] and uncaptured.region.startswith("CUDAGraph")
+    assert built.count(failed[0]) == 1, "the graph that ran out of memory is not captured again"
+    assert len(set(map(id, built))) == len(_graphs(graphs)) >= 2, "every other graph is captured, once"
+
+
 def test_a_view_kept_of_a_gradient_keeps_its_values(cpu_graphs):
     """A view of a ``.grad`` kept across steps (its ``.grad`` set to None) holds the graph's buffer: the next calls
     run uncaptured and the view keeps the values it had."""

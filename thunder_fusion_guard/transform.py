@@ -22,7 +22,7 @@ from .measure.cache import device_name
 from .ops import writes_inputs
 from .options import DEFAULT_HOIST_MAX_BYTES, GuardOptions, checked_options
 from .passes import FusionGuardError, TraceContext, guard_trace
-from .passes.capture import capture_decision, held_decision
+from .passes.capture import capture_decision, held_decision, uncaptured_decision
 from .passes.hoist import HoistLedger
 from .passes.rescue import announce, describe_inputs
 from .phases import GUARD_MEASUREMENTS, GUARD_PASSES, timing
@@ -165,6 +165,14 @@ class FusionGuard(thunder.Transform):
             capture = self._captures.get(summary)
             if capture is not None:
                 self.report.add(held_decision(capture, graph, held))
+
+    def cuda_graph_uncaptured(self, summary: th.CaptureSummary, graph: str, error: BaseException) -> None:
+        """Record that capturing ``graph`` (of the capture ``summary`` tells of) ran out of device memory: its ops
+        run uncaptured from then on (it calls this once, at that call)."""
+        with self._lock:
+            capture = self._captures.get(summary)
+            if capture is not None:
+                self.report.add(uncaptured_decision(capture, graph, error))
 
     def transform_module(self, model: Any) -> None:
         """Under ThunderFX, stand between each split subgraph and Thunder's compiled function, so that a subgraph

@@ -225,6 +225,13 @@ class _SharedBuffers(CUDAGraphTransform):
         if own_blas_workspace(runner, name):
             summary.own_workspace.append(name)
         graph_call = GraphCall(runner, name)
+        uncaptured_hooks = _hooks("cuda_graph_uncaptured")
+
+        def on_uncaptured(graph: str, error: BaseException) -> None:
+            for hook in uncaptured_hooks:
+                hook(summary, graph, error)
+
+        graph_call.on_uncaptured = on_uncaptured
         summary.copied_in += [
             (i.name, name, _bytes(i)) for i, m in zip(inputs, mask, strict=True) if not m and _bytes(i)
         ]

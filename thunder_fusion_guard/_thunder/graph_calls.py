@@ -107,20 +107,30 @@ class GraphCall:
     the inputs are copied in one batched copy per dtype (``torch._foreach_copy_``: one C++ call and a few kernels)
     instead of one ``copy_`` each, and a capture is found by the same layout as the runner's key without making
     that key. The same bits in the same buffers before the same replay: a buffer of the runner's is never an
-    argument of its own graph, so no copy reads what another writes."""
+    argument of its own graph, so no copy reads what another writes. A capture (or its warm-up) that runs out of
+    device memory leaves the graph uncaptured: its ops run on the arguments from then on (the same kernels, fresh
+    outputs), and ``on_uncaptured(name, error)`` is told once."""
 
     def __init__(self, runner: Any, name: str) -> None:
         self.runner, self.name = runner, name
         self.static_inputs: tuple[Any, ...] = ()  # the graph's buffers at the last call
         self.captures: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # layout -> the runner's cache entry
+        self.uncaptured: Callable | None = None  # the graph's ops, run as they are, once a capture ran out of memory
+        self.on_uncaptured: Callable[[str, BaseException], Any] | None = None
         self.__name__ = self.__qualname__ = f"{name}_fn"
 
     def __call__(self, *args: Any) -> Any:
         layout = _layout(args)
         entry = self.captures.get(layout)
         if entry is None:  # Thunder's runner captures it (and copies and replays as it does)
+            if self.uncaptured is not None:
+                self.static_inputs = args  # the ops wrote the arguments themselves: nothing to copy back
+                return self.uncaptured(*args)
             runner = self.runner
-            out = timing(CAPTURE, runner.call_cuda_graph)(self.name, *args)
+            try:
+                out = timing(CAPTURE, runner.call_cuda_graph)(self.name, *args)
+            except torch.OutOfMemoryError as error:
+                return self._without_graph(error, args)
             entry = self.captures[layout] = runner.cuda_graph_cache[runner.make_cache_key(self.name, *args)]
             self.static_inputs = entry[1]
             return out
@@ -137,6 +147,19 @@ class GraphCall:
         graph.replay()
         self.static_inputs = static_inputs
         return static_outputs
+
+    def _without_graph(self, error: BaseException, args: tuple[Any, ...]) -> Any:
+        """Out of memory while capturing: drop what the capture holds, run the graph's ops uncaptured from now on
+        (this call too) and say so once. Another error, or one of the ops themselves, reaches the caller."""
+        self.forget()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        fn, _ = self.runner.python_callables[self.name]
+        self.uncaptured = getattr(fn, "uncaptured", fn)
+        if self.on_uncaptured is not None:
+            self.on_uncaptured(self.name, error)
+        self.static_inputs = args
+        return self.uncaptured(*args)
 
     def forget(self) -> None:
         """Drop every capture of this graph (the runner's and the layouts found here): the next call captures anew."""
@@ -262,6 +285,8 @@ class _Handover:
         self.__name__ = self.__qualname__ = getattr(call, "__name__", self.name)
 
     def __call__(self, *args: Any) -> Any:
+        if self.graph.uncaptured is not None:  # no capture, no buffers of its own: its outputs are fresh tensors
+            return self.call(*args)
         if self.watched:
             held = self._held(args)
             if held:
@@ -269,7 +294,7 @@ class _Handover:
             if not self.handing:
                 self.watched = []  # every buffer held when handing stopped is free again
         out = self.call(*args)
-        if not self.handing:
+        if not self.handing or self.graph.uncaptured is not None:
             return out
         own = self.seen.get(id(out))
         if own is None:

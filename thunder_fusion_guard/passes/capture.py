@@ -1,6 +1,6 @@
 """The record of Thunder's CUDA graphs in one trace, made to share buffers (the guard's
 ``share_capture_buffers``): how many graphs, against Thunder's own grouping, what is no longer copied, and a
-graph whose gradients were still held when it would replay."""
+graph whose gradients were still held when it would replay or whose capture ran out of memory."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from ..decisions import Decision
 from ..reasons import explained
 from ..render.table import plural
 from ..render.text import human_bytes
+from ..wording import error_line
 from .context import TraceContext
 
 
@@ -124,4 +125,18 @@ def held_decision(capture: Decision, graph: str, held: list[str]) -> Decision:
     )
     short, told = explained(reason, explanation)
     details = {"scope": "op", **told, "captures": [graph], "held": list(held)}
+    return dataclasses.replace(capture, region=graph, ops=[graph], reason=short, details=details)
+
+
+def uncaptured_decision(capture: Decision, graph: str, error: BaseException) -> Decision:
+    """The decision for a graph of ``capture`` whose capture ran out of device memory: its ops run uncaptured from
+    then on, the step goes on."""
+    reason = f"capturing {graph} ran out of device memory: its ops run uncaptured from now on"
+    explanation = (
+        f"{reason}. A capture warms the graph up and records it into buffers of its own, which need memory beside "
+        "the step's; uncaptured, the same ops run on the call's arguments (the same kernels and values, one launch "
+        f"each). The error: {error_line(error)}"
+    )
+    short, told = explained(reason, explanation)
+    details = {"scope": "op", **told, "captures": [graph], "uncaptured": graph, "error_type": type(error).__name__}
     return dataclasses.replace(capture, region=graph, ops=[graph], reason=short, details=details)
