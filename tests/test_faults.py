@@ -288,17 +288,27 @@ def test_an_entry_made_under_other_software_another_device_or_dtype_is_never_use
 # --- Ctrl-C during the first call ---------------------------------------------------------------------------------
 
 
-class Interrupts:
-    """A stand-in for the user pressing Ctrl-C: ``KeyboardInterrupt`` at the first ``times`` calls, then ``then``."""
+class FailsFirst:
+    """A stand-in for a fault: ``fault()`` raised at the first ``times`` calls, then ``then``."""
 
     def __init__(self, then, times: int = 1) -> None:
         self.then, self.left = then, times
 
+    def fault(self) -> BaseException:
+        raise NotImplementedError
+
     def __call__(self, *args, **kwargs):
         if self.left:
             self.left -= 1
-            raise KeyboardInterrupt
+            raise self.fault()
         return self.then(*args, **kwargs)
+
+
+class Interrupts(FailsFirst):
+    """The user pressing Ctrl-C: ``KeyboardInterrupt``."""
+
+    def fault(self) -> BaseException:
+        return KeyboardInterrupt()
 
 
 def clean_facts(make_guard, fn, *args) -> list[tuple]:
@@ -430,18 +440,11 @@ def test_ctrl_c_in_a_fusion_compile_reaches_the_user_and_no_region_is_rescued(ma
 # --- out of memory ------------------------------------------------------------------------------------------------
 
 
-class OutOfMemory:
-    """A stand-in for the device running out of memory: ``torch.OutOfMemoryError`` at the first ``times`` calls,
-    then ``then``."""
+class OutOfMemory(FailsFirst):
+    """The device running out of memory: ``torch.OutOfMemoryError``."""
 
-    def __init__(self, then, times: int = 1) -> None:
-        self.then, self.left = then, times
-
-    def __call__(self, *args, **kwargs):
-        if self.left:
-            self.left -= 1
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (a stand-in)")
-        return self.then(*args, **kwargs)
+    def fault(self) -> BaseException:
+        return torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (a stand-in)")
 
 
 def test_out_of_memory_in_a_region_timing_leaves_the_region_to_the_model_and_records_why(monkeypatch, inject_timings):
