@@ -173,7 +173,7 @@ def test_a_failing_direct_call_pass_is_in_the_report(monkeypatch):
     """The pass runs last; its failure is still recorded (and the program runs on with Thunder's calls)."""
     import thunder_fusion_guard.passes.direct_calls as direct_calls_module
 
-    def broken(trace, may_change):
+    def broken(trace, may_change, *sharing):
         raise RuntimeError("planted direct-call failure")
 
     monkeypatch.setattr(direct_calls_module, "direct_calls", broken)

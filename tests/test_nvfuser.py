@@ -112,3 +112,37 @@ def test_direct_calls_keep_thunders_bits():
     for trace in (thunder.last_traces(kept)[-1], thunder.last_backward_traces(kept)[-1]):
         fusions = [b for b in trace.bound_symbols if is_fusion(b)]
         assert not any(isinstance(region_callable(b), DirectNvFuserCall) for b in fusions)
+
+
+def two_layers(x, w1, w2):
+    """Two layers alike: a matmul (outside nvFuser) and the same gated activation after each."""
+    h = torch.nn.functional.silu(x @ w1) * 1.5
+    return torch.nn.functional.silu(h @ w2) * 1.5
+
+
+def test_equal_regions_run_one_compiled_definition_with_thunders_bits():
+    from thunder_fusion_guard._thunder import SHARED_FUSIONS
+
+    SHARED_FUSIONS.clear()  # regions of earlier tests do not stand in for these
+    torch.manual_seed(0)
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(32, 64, **bf16, requires_grad=True)
+    w1, w2 = (torch.randn(64, 64, **bf16, requires_grad=True) for _ in range(2))
+    sharing, apart = FusionGuard(strict=True), FusionGuard(strict=True, share_fusions=False)
+    guarded, unshared = thunder.jit(two_layers, transforms=[sharing]), thunder.jit(two_layers, transforms=[apart])
+    plain = thunder.jit(two_layers)
+    for _ in range(2):
+        out, grads = run_with_grads(guarded, [x, w1, w2])
+        assert_same(out, run_with_grads(plain, [x, w1, w2])[0])
+        assert_same(grads, run_with_grads(plain, [x, w1, w2])[1])
+        assert_same(out, run_with_grads(unshared, [x, w1, w2])[0])
+    shares = sharing.report.filter(action="share")
+    assert [(d.trace, d.code) for d in shares if d.trace == "forward"] == [("forward", "shared_fusion")]
+    (first, second) = [b for b in thunder.last_traces(guarded)[-1].bound_symbols if executor_name(b) == "nvfuser"]
+    (layout0,), (layout1,) = region_callable(first)._by_layout.values(), region_callable(second)._by_layout.values()
+    assert layout1 is layout0  # the second layer runs the first one's definition
+    assert shares[0].region == second.sym.name and shares[0].details["shared_with"].endswith(first.sym.name)
+    assert not apart.report.filter(action="share")
+    regions = thunder.last_traces(unshared)[-1].bound_symbols
+    apart_layouts = [list(region_callable(b)._by_layout.values()) for b in regions if executor_name(b) == "nvfuser"]
+    assert apart_layouts[0][0] is not apart_layouts[1][0]

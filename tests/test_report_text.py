@@ -123,7 +123,7 @@ def test_actions_and_details_are_typed_records():
     assert (
         ACTIONS
         == get_args(Action)
-        == ("keep", "reject", "switch", "rehome", "remove", "fold", "hoist", "rescue", "capture", "enter")
+        == ("keep", "reject", "switch", "rehome", "remove", "fold", "hoist", "rescue", "capture", "enter", "share")
     )
     with pytest.raises(ValueError, match="unknown action 'drop'"):
         Report().add(_decision("nvFusion0", "drop"))

@@ -8,7 +8,7 @@ import typing
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypedDict
 
-Action = Literal["keep", "reject", "switch", "rehome", "remove", "fold", "hoist", "rescue", "capture", "enter"]
+Action = Literal["keep", "reject", "switch", "rehome", "remove", "fold", "hoist", "rescue", "capture", "enter", "share"]
 ACTIONS: tuple[Action, ...] = typing.get_args(Action)
 
 
@@ -94,6 +94,8 @@ class Details(TypedDict, total=False):
     own_workspace: list[str]  # graphs whose matmuls use a cuBLAS workspace in the graph's own memory pool
     copied_in: list[str]  # inputs copied into a graph's own buffers at each replay (one batched copy a graph)
     bytes_copied_in: int  # their bytes, per replay
+    # a region running a definition another region compiled (action share, ``share_fusions``)
+    shared_with: str  # that region: [function#compile ][subgraph/]trace name
 
 
 @dataclass

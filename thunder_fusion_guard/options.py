@@ -199,6 +199,11 @@ class GuardOptions:
         _bool,
         "call each nvFuser region with its definition looked up once per input layout, not per call",
     )
+    share_fusions: bool = _option(
+        True,
+        _bool,
+        "with `direct_calls`: regions whose nvFuser definitions nvFuser calls equal run one compiled definition",
+    )
     direct_entry: bool = _option(
         True,
         _bool,

@@ -48,6 +48,8 @@ ReasonCode = Literal[
     # a ThunderFX subgraph's compiled function (action enter)
     "entered",
     "entry_kept",
+    # a region running a definition another region compiled (action share)
+    "shared_fusion",
 ]
 
 # How a cost comparison came out: eager cheaper by the margin (reject), eager cheaper under it, fusion cheaper.
@@ -418,6 +420,15 @@ def _hoist_not_taken(f: Facts) -> tuple[str, str | None]:
     return f"input-independent, not hoisted: {f['why']}", None
 
 
+def _shared_fusion(f: Facts) -> tuple[str, str | None]:
+    reason = f"the same fusion as {f['name']}: compiled once, run by both"
+    return reason, (
+        f"{reason}. nvFuser calls the definitions of {f['region']} ({f['count']} ops) and {f['name']} equal (every "
+        "op, constant, dtype, contiguity and stride order), with the same options and device, so the region runs "
+        "the definition compiled for the first: the same kernels and bits, no second segmentation and compile"
+    )
+
+
 def _entered(f: Facts) -> tuple[str, str | None]:
     reason = "its one compiled entry called directly, the prologue's checks kept"
     return reason, (
@@ -486,4 +497,5 @@ _WORDS: dict[ReasonCode, Callable[[Facts], tuple[str, str | None]]] = {
     "hoist_not_taken": _hoist_not_taken,
     "entered": _entered,
     "entry_kept": _entry_kept,
+    "shared_fusion": _shared_fusion,
 }

@@ -68,6 +68,7 @@ class FusionGuard(thunder.Transform):
         hoist: bool = True,
         hoist_max_bytes: int = DEFAULT_HOIST_MAX_BYTES,
         direct_calls: bool = True,
+        share_fusions: bool = True,
         direct_entry: bool = True,
         rescue: bool = True,
         share_capture_buffers: bool = True,

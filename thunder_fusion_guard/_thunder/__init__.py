@@ -15,6 +15,7 @@ functions here, one module a job, so that a new release means reading and fixing
 - :mod:`.cudagraphs`: Thunder's ``CUDAGraphTransform`` (its capture for the traces its own checks refuse);
 - :mod:`.graph_calls`: calling a captured graph (inputs copied in one batch, writes copied back, warm-up apart);
 - :mod:`.calls`: calling nvFuser's regions directly (Thunder's per-call work once per input layout);
+- :mod:`.shared_fusions`: equal nvFuser definitions of different regions compiled once;
 - :mod:`.entry`: a compiled function's one cache entry called without Thunder's search of its cache;
 - :mod:`.timestamps`: what Thunder's ``CompileStats`` and Dynamo record of a compilation's time;
 - :mod:`.compat`: the fix for a Thunder/nvFuser pair that does not work together as shipped.
@@ -37,6 +38,7 @@ from . import (
     graph_calls,
     jitted,
     lowering,
+    shared_fusions,
     sources,
     thunderfx,
     timestamps,
@@ -53,6 +55,7 @@ from .executors import *  # noqa: F403
 from .graph_calls import *  # noqa: F403
 from .jitted import *  # noqa: F403
 from .lowering import *  # noqa: F403
+from .shared_fusions import *  # noqa: F403
 from .sources import *  # noqa: F403
 from .thunderfx import *  # noqa: F403
 from .timestamps import *  # noqa: F403
@@ -72,6 +75,7 @@ __all__ = [
     *graph_calls.__all__,
     *translations.__all__,
     *calls.__all__,
+    *shared_fusions.__all__,
     *entry.__all__,
     *timestamps.__all__,
 ]

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from .shared_fusions import SharedFusions
+
 __all__ = ["ContiguousWrites", "DirectNvFuserCall", "RescuingCall", "direct_nvfuser_call", "nvfuser_definition"]
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -59,13 +61,26 @@ class DirectNvFuserCall(_Wrapper):
     """Runs one nvFuser region as Thunder's ``FusionDefinitionWrapper`` ``wrapped`` would, with the fusion
     definition found once per input layout. Inputs that are not plain tensors or numbers (distributed or other
     tensor subclasses) go through ``wrapped`` itself. Other attributes (``name``, ``last_used``) are ``wrapped``'s.
+
+    With ``shared`` (a :class:`.shared_fusions.SharedFusions`), a definition equal to one made before for another
+    region (``label`` names this one) runs as that one, compiled once; ``on_shared(first)`` is told the first
+    time, with the label of the region that compiled it.
     """
 
-    __slots__ = ("_by_layout", "wrapped")
+    __slots__ = ("_by_layout", "_on_shared", "label", "shared", "wrapped")
 
-    def __init__(self, wrapped: Any) -> None:
+    def __init__(
+        self,
+        wrapped: Any,
+        shared: SharedFusions | None = None,
+        label: str = "",
+        on_shared: Callable[[str], None] | None = None,
+    ) -> None:
         self.wrapped = wrapped
         self._by_layout: dict[tuple, Any] = {}
+        self.shared = shared
+        self.label = label
+        self._on_shared = on_shared
 
     def __call__(self, *args: Any) -> Any:
         key = []
@@ -82,7 +97,7 @@ class DirectNvFuserCall(_Wrapper):
         if fd is None:
             if len(self._by_layout) >= MAX_LAYOUTS:
                 self._by_layout.clear()
-            fd = self._by_layout[layout] = w.get_fd(w.to_descriptors(args))
+            fd = self._by_layout[layout] = self._definition(w, args)
         w.last_used = fd
         return fd.execute(
             args,
@@ -92,13 +107,32 @@ class DirectNvFuserCall(_Wrapper):
             _disable_options=w.disable_options,
         )
 
+    def _definition(self, w: Any, args: tuple) -> Any:
+        """Thunder's definition for the layout of ``args``, or an equal one compiled before (``shared``)."""
+        fd = w.get_fd(w.to_descriptors(args))
+        if self.shared is None:
+            return fd
+        options = (tuple(w.enable_options or ()), tuple(w.disable_options or ()))
+        fd, first = self.shared.share(fd, self.label, options)
+        if first is not None and self._on_shared is not None:
+            on_shared, self._on_shared = self._on_shared, None
+            with contextlib.suppress(Exception):  # recording never breaks the call
+                on_shared(first)
+        return fd
+
     @property
     def inner(self) -> Any:
         return self.wrapped
 
 
-def direct_nvfuser_call(fn: Callable) -> DirectNvFuserCall | str:
-    """A direct caller for nvFuser region callable ``fn``, or why ``fn`` keeps Thunder's own call."""
+def direct_nvfuser_call(
+    fn: Callable,
+    shared: SharedFusions | None = None,
+    label: str = "",
+    on_shared: Callable[[str], None] | None = None,
+) -> DirectNvFuserCall | str:
+    """A direct caller for nvFuser region callable ``fn`` (sharing equal definitions through ``shared``, as
+    :class:`DirectNvFuserCall`), or why ``fn`` keeps Thunder's own call."""
     if isinstance(fn, DirectNvFuserCall):
         return fn
     wrapper = _wrapper_type()
@@ -112,7 +146,7 @@ def direct_nvfuser_call(fn: Callable) -> DirectNvFuserCall | str:
         return "nv_store_fusion_inputs or nv_save_fake_inputs is set: Thunder's call keeps the inputs"
     if _profiling_annotations():
         return "THUNDER_ANNOTATE_TRACES is set: Thunder's call marks each region for the profiler"
-    return DirectNvFuserCall(fn)
+    return DirectNvFuserCall(fn, shared, label, on_shared)
 
 
 class RescuingCall(_Wrapper):

@@ -22,6 +22,7 @@ ACTION_STYLE: dict[str | None, tuple[str, str]] = {
     "rescue": ("#fce4ec", "#ad1457"),
     "capture": ("#f3e5f5", "#4a148c"),
     "enter": ("#e0f2f1", "#00695c"),
+    "share": ("#e8eaf6", "#283593"),
     None: ("#eceff1", "#455a64"),
 }
 KIND_STYLE: dict[str, tuple[str, str]] = {

@@ -1,0 +1,71 @@
+"""Identical fusions compiled once: nvFuser regions whose definitions nvFuser itself calls the same run one
+compiled definition.
+
+``nvfuser_direct`` has no fusion cache: each region of a trace gets a ``FusionExecutorCache`` of its own, which
+segments the fusion and compiles its kernels at the region's first call, even where an earlier region (the same
+layer, one layer up) has the same definition. A definition made for a new input layout is looked up among those
+this process made before by its printed form, and taken only where nvFuser's own ``Fusion`` equality
+(``sameDefinition``: every op and attribute, constant, dtype, contiguity, stride order and output alias) holds and
+the enable and disable options and the device are the same. The region then runs that definition: the same
+``FusionExecutorCache``, the same kernels, the same bits. Entries are held weakly: a definition lives as long as
+a compiled program that runs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from typing import Any
+
+__all__ = ["SHARED_FUSIONS", "SharedFusions"]
+
+
+class SharedFusions:
+    """The fusion definitions made so far in this process, each with the label of the region it was made for."""
+
+    def __init__(self) -> None:
+        self._by_text: dict[tuple, list[tuple[weakref.ref, str]]] = {}
+        self._lock = threading.Lock()
+
+    def share(self, fd: Any, label: str, options: tuple) -> tuple[Any, str | None]:
+        """The definition to run in place of ``fd`` (just made for region ``label``, not yet run, with enable and
+        disable ``options``): an equal one made before, with the label of its region, or ``fd`` itself and None
+        (it is then kept for the regions after it). A definition that cannot be printed or compared is not
+        shared."""
+        try:
+            key = (repr(fd), options, getattr(fd, "_selected_device", None))
+        except Exception:
+            return fd, None
+        with self._lock:
+            entries = self._by_text.setdefault(key, [])
+            entries[:] = [(ref, first) for ref, first in entries if ref() is not None]
+            for ref, first in entries:
+                other = ref()
+                if other is fd:  # made for this region before: its own
+                    return fd, None
+                if other is not None and _same_definition(fd, other):
+                    return other, first
+            with contextlib.suppress(TypeError):  # not weakly referable: not kept
+                entries.append((weakref.ref(fd), label))
+        return fd, None
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(1 for entries in self._by_text.values() for ref, _ in entries if ref() is not None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._by_text.clear()
+
+
+def _same_definition(fd: Any, other: Any) -> bool:
+    """nvFuser's ``Fusion`` equality of the two definitions; False where either cannot say."""
+    try:
+        return bool(fd.fusion == other.fusion)
+    except Exception:
+        return False
+
+
+# One table per process: regions of every program the guard compiles share their compiled definitions.
+SHARED_FUSIONS = SharedFusions()
