@@ -27,8 +27,9 @@ GUARDED = {"small": "fx-guarded+cudagraph", "e3nn-nequip-modules": "fx-guarded+c
 GUARDED_DEFAULT = "guarded+cudagraph"  # the acceptance step, under thunder.jit
 
 
-def one(model: str, path: str) -> dict:
-    """Build ``model``, compile it as ``path`` and time its first step (a guarded path by phase)."""
+def one(model: str, path: str, options: str = "{}") -> dict:
+    """Build ``model``, compile it as ``path`` (guarded: with the guard options of JSON ``options``) and time its
+    first step (a guarded path by phase), with how many regions ran a definition another region compiled."""
     import torch
     from gpu_seed_vs_inductor import MODELS
 
@@ -40,7 +41,7 @@ def one(model: str, path: str) -> dict:
         translate_library_ops()
     built = MODELS[model]()
     began = time.perf_counter()
-    fn, guard = _compile(built.module, ZooPath.parse(path), "cuda")
+    fn, guard = _compile(built.module, ZooPath.parse(path), "cuda", json.loads(options))
     step = _Step(built, fn, "cuda")
     if guard is None:
         step()
@@ -54,13 +55,14 @@ def one(model: str, path: str) -> dict:
         "first_call_s": round(time.perf_counter() - began, 1),
         "phases_s": {k: round(v, 2) for k, v in first.phases_s.items()},
         "regions": len(regions),
+        "shared_regions": len(guard.report.filter(action="share")),
         "slowest_regions_s": {k: round(v, 2) for k, v in regions[:5]},
     }
 
 
-def in_a_process(model: str, path: str, env: dict[str, str]) -> dict:
+def in_a_process(model: str, path: str, env: dict[str, str], options: str = "{}") -> dict:
     """:func:`one` in a fresh Python process with ``env`` added."""
-    command = [sys.executable, __file__, "--one", model, path]
+    command = [sys.executable, __file__, "--one", model, path, options]
     done = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
@@ -72,7 +74,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["small", "e3nn-nequip-modules", "mistral-2l"], action="append")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--one", nargs=2, metavar=("MODEL", "PATH"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--unshared", action="store_true", help="also the guarded first call with share_fusions=False (fresh process)"
+    )
+    parser.add_argument("--one", nargs=3, metavar=("MODEL", "PATH", "OPTIONS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one(*args.one)), flush=True)
@@ -94,15 +99,31 @@ def main() -> int:
             _record(record, model, guarded, first, inductor, {}, args.json)
             second = in_a_process(model, guarded, shared)
             print(f"[{model}] guarded, second process: {second}", flush=True)
-        _record(record, model, guarded, first, inductor, second, args.json)
+            _record(record, model, guarded, first, inductor, second, args.json)
+            if args.unshared:
+                with tempfile.TemporaryDirectory() as own_cache:
+                    unshared = in_a_process(model, guarded, {"TFG_CACHE_DIR": own_cache}, '{"share_fusions": false}')
+                print(f"[{model}] guarded, share_fusions=False: {unshared}", flush=True)
+                record["models"][model]["unshared_first_call_s"] = unshared.get("first_call_s")
+                record["models"][model]["unshared_phases_s"] = unshared.get("phases_s")
+        _record(record, model, guarded, first, inductor, second, args.json, keep=True)
     return 0
 
 
 def _record(
-    record: dict, model: str, guarded: str, first: dict, inductor: dict, second: dict, out: Path | None
+    record: dict,
+    model: str,
+    guarded: str,
+    first: dict,
+    inductor: dict,
+    second: dict,
+    out: Path | None,
+    keep: bool = False,
 ) -> None:
-    """The figures of ``model`` so far into ``record``, written to ``out`` (a run cut short keeps them)."""
-    record["models"][model] = {
+    """The figures of ``model`` so far into ``record`` (``keep``: beside those it holds), written to ``out`` (a
+    run cut short keeps them)."""
+    kept = record["models"].get(model, {}) if keep else {}
+    record["models"][model] = kept | {
         "path": guarded,
         "guarded_first_call_s": first.get("first_call_s"),
         "inductor_cold_s": inductor.get("first_call_s"),
@@ -110,6 +131,7 @@ def _record(
         "phases_s": first.get("phases_s"),
         "second_process_phases_s": second.get("phases_s"),
         "regions": first.get("regions"),
+        "shared_regions": first.get("shared_regions"),
         "slowest_regions_s": first.get("slowest_regions_s"),
         **{k: v.get("error") for k, v in (("error", first), ("inductor_error", inductor)) if "error" in v},
     }
