@@ -1,7 +1,8 @@
 """The e3nn-built NequIP step against torch.compile, every path compiled on one module in one process, timed
 interleaved: eager, Inductor's reduce-overhead mode, ThunderFX + CUDA graphs unguarded and guarded (with
 ``translate_library_ops()``). Per path: the first call, the median step, kernels and device time a step
-(torch.profiler), and how its loss and gradients compare with eager's and unguarded ThunderFX's.
+(torch.profiler; also per kernel family: nvFuser, Triton, cuBLAS, copies), and how its loss and gradients compare
+with eager's and unguarded ThunderFX's.
 
     source .gpu/setup.sh && python3 benchmarks/gpu_seed_vs_inductor.py --model small --json OUT.json
     (unguarded ThunderFX + CUDA graphs runs in a process of its own, with its own eager: beside Inductor's CUDA
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -59,15 +61,38 @@ MODELS = {
 }
 
 
-def kernels_and_device_ms(step: _Step, steps: int = 5) -> tuple[float, float]:
-    """Kernels launched and their summed device time (ms), a step, over ``steps`` steps."""
+# Kernel families by name, first match wins (nvFuser's, Inductor's Triton, cuBLAS/CUTLASS, copies, ATen's).
+FAMILIES = (
+    ("nvfuser", re.compile(r"nvfuser|CUDAGeneratedKernel")),
+    ("triton", re.compile(r"^triton")),
+    ("gemm", re.compile(r"gemm|gemv|xmma|cutlass|cublas|splitKreduce")),
+    ("memcpy", re.compile(r"[Mm]emcpy|copy_kernel|CatArray")),
+    ("memset", re.compile(r"[Mm]emset|[Ff]ill")),
+    ("index", re.compile(r"index|scatter|gather")),
+)
+
+
+def kernel_family(name: str) -> str:
+    """The family of a CUDA kernel named ``name`` (:data:`FAMILIES`), else ``other``."""
+    return next((family for family, pattern in FAMILIES if pattern.search(name)), "other")
+
+
+def kernels_and_device_ms(step: _Step, steps: int = 5) -> tuple[float, float, dict[str, list[float]]]:
+    """Kernels launched and their summed device time (ms), a step, over ``steps`` steps; and per kernel family
+    (:func:`kernel_family`) ``[kernels, device ms]`` a step."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return len(kernels) / steps, sum(e.device_time_total for e in kernels) / 1e3 / steps
+    families: dict[str, list[float]] = {}
+    for e in kernels:
+        counted = families.setdefault(kernel_family(e.name), [0.0, 0.0])
+        counted[0] += 1 / steps
+        counted[1] += e.device_time_total / 1e3 / steps
+    families = {k: [round(n, 1), round(ms, 3)] for k, (n, ms) in sorted(families.items(), key=lambda kv: -kv[1][1])}
+    return len(kernels) / steps, sum(e.device_time_total for e in kernels) / 1e3 / steps, families
 
 
 def run_model(name: str, paths: list[str], rounds: int, out: Path | None, record: dict, host: bool = False) -> None:
@@ -109,8 +134,9 @@ def run_model(name: str, paths: list[str], rounds: int, out: Path | None, record
         rows[path]["ms"] = round(statistics.median(samples) * 1e3, 3)
         rows[path]["ms_min_max"] = [round(min(samples) * 1e3, 3), round(max(samples) * 1e3, 3)]
     for path, step in steps.items():
-        kernels, device_ms = kernels_and_device_ms(step)
+        kernels, device_ms, families = kernels_and_device_ms(step)
         rows[path]["kernels"], rows[path]["device_ms"] = round(kernels, 1), round(device_ms, 3)
+        rows[path]["kernel_families"] = families
         if host and path != "eager":
             found = host_time(step, steps=20)
             rows[path]["host_profiled_ms"], rows[path]["host_parts_ms"] = found.profiled_ms, found.parts_ms

@@ -46,7 +46,7 @@ def summarize(lines, top: int = 45) -> str:
                 stack[-1][2] += took
             else:
                 totals[who] += took
-    out = [f"thread totals s: { {k: round(v / 1e6, 2) for k, v in totals.items()} }", f"threads: {len(stacks)}"]
+    out = [f"thread totals s: { {k: round(v / 1e6, 2) for k, v in sorted(totals.items())} }", f"threads: {len(stacks)}"]
     for title, table in (("inclusive", inclusive), ("exclusive", exclusive)):
         out.append(f"--- {title} (s, count)")
         out += [f"{who:5} {s / 1e6:9.2f} {count[(who, n)]:6} {n}" for (who, n), s in table.most_common(top)]

@@ -1,0 +1,61 @@
+"""Small pieces of the GPU benchmark scripts, without a GPU: kernel families of a profiled step, and nvFuser's perf
+scopes summed from an ``NVFUSER_TRACE`` file."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "name, family",
+    [
+        ("nvf::nvfuser_reduction_f0_c1_r0_g12(nvf::Tensor<float, 2, 2>)", "nvfuser"),
+        ("triton_red_fused_add_permute_slice_backward_squeeze_sum_view_37", "triton"),
+        ("sm80_xmma_gemm_f32f32_f32f32_f32_nt_n_tilesize32x32x8", "gemm"),
+        ("void cublasLt::splitKreduce_kernel<32, 16, int, float>", "gemm"),
+        ("std::enable_if<!(false), void>::type internal::gemvx::kernel<int, int, float>", "gemm"),
+        ("Memcpy DtoD (Device -> Device)", "memcpy"),
+        ("void at::native::indexFuncLargeIndex<float, long, unsigned int, 2, 2, -2, true>", "index"),
+        ("void at::native::vectorized_elementwise_kernel<2, at::native::FillFunctor<long>>", "memset"),
+        ("void at::native::reduce_kernel<512, 1>", "other"),
+    ],
+)
+def test_kernel_families(name, family):
+    seed = _load("gpu_seed_vs_inductor")
+    assert seed.kernel_family(name) == family
+
+
+def test_nvfuser_trace_sums_scopes_per_thread_and_counts_a_nested_repeat_once():
+    trace = _load("nvfuser_trace")
+    events = [
+        ("FusionExecutorCache::runFusionWithInputs", "B", 7, 0),
+        ("SegmentCandidateFinder::findSegments", "B", 7, 10),
+        ("SegmentCandidateFinder::findSegments", "B", 7, 20),  # nested in itself: counted once
+        ("SegmentCandidateFinder::findSegments", "E", 7, 1_000_020),
+        ("SegmentCandidateFinder::findSegments", "E", 7, 2_000_010),
+        ("executor_utils::NVRTC", "B", 9, 30),
+        ("executor_utils::NVRTC", "E", 9, 500_030),
+        ("FusionExecutorCache::runFusionWithInputs", "E", 7, 3_000_000),
+        ("executor_utils::NVRTC", "B", 9, 3_000_100),  # a trace cut short: an open scope is left out
+    ]
+    lines = ["{", '"traceEvents": ['] + [
+        f'{{ "name": "{n}", "ph": "{p}", "pid": 1, "tid": {t}, "ts": {ts} }},' for n, p, t, ts in events
+    ]
+    text = trace.summarize(lines)
+    assert "thread totals s: {'main': 3.0, 'pool': 0.5}" in text
+    inclusive = text.split("--- exclusive")[0]
+    assert "main       2.00      1 SegmentCandidateFinder::findSegments" in inclusive
+    assert "pool       0.50      1 executor_utils::NVRTC" in inclusive
+    assert "main       1.00      1 FusionExecutorCache::runFusionWithInputs" in text.split("--- exclusive")[1]
