@@ -1,8 +1,12 @@
-"""Shared test helpers: jit with or without the guard, compare outputs and gradients exactly."""
+"""Shared test helpers: jit with or without the guard, compare outputs and gradients exactly, load a benchmark."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
 
 import thunder
 import thunder.torch as ltorch
@@ -224,3 +228,14 @@ def _opaque_grad(a):
 claims.register_implementation(opaque, opaque, grad_transform=_opaque_grad)
 cat_only = TorchCompileExecutor(name="cat_only_tc", required_ops={"torch.cat"})
 cat_only._implmap = dict(torch_compile_ex._implmap)
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """The script ``benchmarks/<name>.py`` imported as module ``name`` (kept in ``sys.modules``, where dataclasses
+    look their module up)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -1,7 +1,6 @@
 """benchmarks/gpu_acceptance.py and benchmarks/package_hash.py without a GPU: the package hash, the newest
 committed acceptance result against the commit it names, the script's small pieces, a CPU smoke run (slow)."""
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -9,26 +8,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def package_hash():
-    return _load("package_hash")
+    return load_benchmark("package_hash")
 
 
 @pytest.fixture(scope="module")
 def acceptance():
-    module = _load("gpu_acceptance")  # also puts benchmarks/ on sys.path for its gpu_models import
+    module = load_benchmark("gpu_acceptance")  # also puts benchmarks/ on sys.path for its gpu_models import
     yield module
     sys.modules.pop("gpu_acceptance", None)
 

@@ -1,21 +1,8 @@
 """Small pieces of the GPU benchmark scripts, without a GPU: kernel families of a profiled step, and nvFuser's perf
 scopes summed from an ``NVFUSER_TRACE`` file."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_benchmark
 
 
 @pytest.mark.parametrize(
@@ -33,12 +20,12 @@ def _load(name):
     ],
 )
 def test_kernel_families(name, family):
-    seed = _load("gpu_seed_vs_inductor")
+    seed = load_benchmark("gpu_seed_vs_inductor")
     assert seed.kernel_family(name) == family
 
 
 def test_nvfuser_trace_sums_scopes_per_thread_and_counts_a_nested_repeat_once():
-    trace = _load("nvfuser_trace")
+    trace = load_benchmark("nvfuser_trace")
     events = [
         ("FusionExecutorCache::runFusionWithInputs", "B", 7, 0),
         ("SegmentCandidateFinder::findSegments", "B", 7, 10),
