@@ -104,9 +104,7 @@ def main() -> int:
                 with tempfile.TemporaryDirectory() as own_cache:
                     unshared = in_a_process(model, guarded, {"TFG_CACHE_DIR": own_cache}, '{"share_fusions": false}')
                 print(f"[{model}] guarded, share_fusions=False: {unshared}", flush=True)
-                record["models"][model]["unshared_first_call_s"] = unshared.get("first_call_s")
-                record["models"][model]["unshared_phases_s"] = unshared.get("phases_s")
-        _record(record, model, guarded, first, inductor, second, args.json, keep=True)
+                _record(record, model, guarded, first, inductor, second, args.json, unshared)
     return 0
 
 
@@ -118,12 +116,11 @@ def _record(
     inductor: dict,
     second: dict,
     out: Path | None,
-    keep: bool = False,
+    unshared: dict | None = None,
 ) -> None:
-    """The figures of ``model`` so far into ``record`` (``keep``: beside those it holds), written to ``out`` (a
-    run cut short keeps them)."""
-    kept = record["models"].get(model, {}) if keep else {}
-    record["models"][model] = kept | {
+    """The figures of ``model`` so far into ``record`` (``unshared``: the guarded first call with
+    ``share_fusions=False``, where run), written to ``out`` (a run cut short keeps them)."""
+    record["models"][model] = {
         "path": guarded,
         "guarded_first_call_s": first.get("first_call_s"),
         "inductor_cold_s": inductor.get("first_call_s"),
@@ -135,6 +132,9 @@ def _record(
         "slowest_regions_s": first.get("slowest_regions_s"),
         **{k: v.get("error") for k, v in (("error", first), ("inductor_error", inductor)) if "error" in v},
     }
+    if unshared is not None:
+        record["models"][model]["unshared_first_call_s"] = unshared.get("first_call_s")
+        record["models"][model]["unshared_phases_s"] = unshared.get("phases_s")
     if out:
         out.write_text(json.dumps(record, indent=1))
 
