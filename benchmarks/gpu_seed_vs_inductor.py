@@ -21,6 +21,7 @@ import re
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -41,6 +42,21 @@ from thunder_fusion_guard.measure.timing import interleaved_rounds
 from thunder_fusion_guard.wording import error_text
 
 PATHS = ("eager", "inductor-ro", "fx-cudagraph", "fx-guarded+cudagraph")
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    """A guarded path with FusionGuard options, written ``PATH/LABEL=JSON`` (``fx-guarded+cudagraph/choose=
+    {"choose_executor": true}``): its key in the results (``PATH/LABEL``) and the options; ValueError otherwise."""
+    key, sep, options = text.partition("=")
+    path, slash, label = key.partition("/")
+    if not sep or not slash or not label:
+        raise ValueError(f"--variant {text!r}: expected PATH/LABEL=JSON")
+    if not ZooPath.parse(path).guarded:
+        raise ValueError(f"--variant {text!r}: {path} has no guard to give options to")
+    parsed = json.loads(options)
+    if not isinstance(parsed, dict):
+        raise ValueError(f"--variant {text!r}: the options must be a JSON object")
+    return key, parsed
 
 
 def litgpt_step() -> ZooModel:
@@ -95,17 +111,28 @@ def kernels_and_device_ms(step: _Step, steps: int = 5) -> tuple[float, float, di
     return len(kernels) / steps, sum(e.device_time_total for e in kernels) / 1e3 / steps, families
 
 
-def run_model(name: str, paths: list[str], rounds: int, out: Path | None, record: dict, host: bool = False) -> None:
+def run_model(
+    name: str,
+    paths: list[str],
+    rounds: int,
+    out: Path | None,
+    record: dict,
+    host: bool = False,
+    variants: dict[str, dict] | None = None,
+) -> None:
     """Every path of ``paths`` on one module of model ``name``, compiled and called once in the order given, then
     warmed up and timed interleaved (a path compiled before Inductor's reduce-overhead mode has its CUDA graphs
-    captured before Inductor's first captures, which clear cuBLAS's workspaces)."""
+    captured before Inductor's first captures, which clear cuBLAS's workspaces). ``variants``: guard options of
+    the paths written ``PATH/LABEL`` (:func:`parse_variant`)."""
+    variants = variants or {}
     model = MODELS[name]()
     steps: dict[str, _Step] = {}
     rows: dict[str, dict] = record["models"].setdefault(name, {})
     for path in paths:
         began = time.perf_counter()
         try:
-            fn, guard = _compile(model.module, ZooPath.parse(path), "cuda")
+            zoo_path = ZooPath.parse(path.partition("/")[0])
+            fn, guard = _compile(model.module, zoo_path, "cuda", variants.get(path))
             step = _Step(model, fn, "cuda")
             step()
             rows[path] = {"first_call_s": round(time.perf_counter() - began, 1)}
@@ -115,6 +142,9 @@ def run_model(name: str, paths: list[str], rounds: int, out: Path | None, record
                     | {"trace": d.trace, "subgraph": d.subgraph}
                     for d in guard.report.filter(action="capture")
                 ]
+                rows[path]["actions"] = dict(Counter(d.action for d in guard.report.decisions))
+                if path in variants:
+                    rows[path]["guard_options"] = variants[path]
             steps[path] = step
         except Exception as e:  # one path failing must not lose the others
             rows[path] = {"error": error_text(e)[:2000]}
@@ -182,7 +212,18 @@ def main() -> int:
         action="store_true",
         help="unguarded Thunder with CUDA graphs in the same process as reduce-overhead (it crashes there)",
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="PATH/LABEL=JSON",
+        help="also a guarded path with these FusionGuard options, keyed PATH/LABEL",
+    )
     args = parser.parse_args()
+    try:
+        variants = dict(parse_variant(v) for v in args.variant)
+    except ValueError as e:
+        parser.error(str(e))
     if not torch.cuda.is_available():
         parser.error("needs CUDA")
     commit, _ = resolve_commit(None)
@@ -190,13 +231,13 @@ def main() -> int:
     from thunder_fusion_guard import translate_library_ops
 
     translate_library_ops()
-    paths = args.paths.split(",")
+    paths = args.paths.split(",") + list(variants)
     apart = [p for p in paths if "cudagraph" in p and "guarded" not in p]
     for name in args.model or ["small"]:
         if "inductor-ro" in paths and apart and not args.together:
             run_apart(name, apart, args, record)
             paths = [p for p in paths if p not in apart]
-        run_model(name, paths, args.rounds, args.json, record, args.host_time)
+        run_model(name, paths, args.rounds, args.json, record, args.host_time, variants)
     return 0
 
 
