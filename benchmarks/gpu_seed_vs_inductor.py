@@ -145,6 +145,12 @@ def run_model(
                 rows[path]["actions"] = dict(Counter(d.action for d in guard.report.decisions))
                 if path in variants:
                     rows[path]["guard_options"] = variants[path]
+                rows[path]["timed"] = [  # every region the guard timed or switched: what decided it
+                    {"where": f"{d.subgraph or ''}/{d.trace} {d.region}", "action": d.action, "code": d.code}
+                    | {"estimates": d.estimates, "ops": len(d.ops)}
+                    for d in guard.report.decisions
+                    if d.action == "switch" or d.code == "measured"
+                ]
             steps[path] = step
         except Exception as e:  # one path failing must not lose the others
             rows[path] = {"error": error_text(e)[:2000]}
