@@ -7,7 +7,7 @@ from typing import get_args
 import pytest
 
 import thunder_fusion_guard
-from thunder_fusion_guard.decisions import ACTIONS, Action, Decision, Details, Subgraph
+from thunder_fusion_guard.decisions import ACTIONS, Action, Decision, Details, Subgraph, trace_place
 from thunder_fusion_guard.render.table import (
     NOT_THUNDERFX,
     compilations_note,
@@ -104,6 +104,15 @@ def test_the_long_explanation_shows_in_html_and_markdown_not_in_the_text_table()
     assert 'title="the long story | &lt;with markup&gt;"' in page
     assert "<summary>why nvFusion1</summary><p>the long story | &lt;with markup&gt;</p>" in page
     assert "why nvFusion0</td>" in page  # no explanation: the plain reason
+
+
+def test_a_trace_is_placed_by_function_compile_subgraph_and_trace_alike_everywhere():
+    assert trace_place("forward") == "forward"
+    assert trace_place("backward", "subgraph 0") == "subgraph 0/backward"
+    assert trace_place("backward", "subgraph 0", "Block", 1) == "Block#1:subgraph 0/backward"
+    d = Decision(trace="forward", region="nvFusion0", executor="nvfuser", ops=["add"], action="keep", reason="r")
+    d.function, d.compile_index, d.subgraph = "f", 2, "subgraph 1"
+    assert d.place() == "f#2:subgraph 1/forward" and d.place(subgraph=False) == "f#2:forward"
 
 
 def test_table_lines():

@@ -139,7 +139,7 @@ def test_the_decision_names_the_region_that_compiled_it():
     from thunder_fusion_guard.regions import find_regions
 
     where = TraceContext("backward", function="Block", compile_index=1, subgraph="subgraph 0")
-    assert region_label(where, "nvFusion7") == "Block#1 subgraph 0/backward nvFusion7"
+    assert region_label(where, "nvFusion7") == "Block#1:subgraph 0/backward nvFusion7"
     assert region_label(TraceContext("forward"), "nvFusion0") == "forward nvFusion0"
 
     def f(x):
@@ -148,8 +148,8 @@ def test_the_decision_names_the_region_that_compiled_it():
     jitted = thunder.jit(f, executors=[thunder.executors.torch_compile.torch_compile_ex])
     jitted(torch.randn(4))
     (region,) = find_regions(thunder.last_traces(jitted)[-1])
-    d = shared_decision(where, region, "Block#1 subgraph 0/backward nvFusion7")
+    d = shared_decision(where, region, "Block#1:subgraph 0/backward nvFusion7")
     assert (d.action, d.code, d.region, d.trace) == ("share", "shared_fusion", region.name, "backward")
-    assert d.details["shared_with"] == "Block#1 subgraph 0/backward nvFusion7"
+    assert d.details["shared_with"] == "Block#1:subgraph 0/backward nvFusion7"
     assert d.ops == region.ops and len(d.ops) >= 3
     assert "test_shared_fusions.py:" in d.details["source"]  # the user's line

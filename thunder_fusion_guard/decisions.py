@@ -133,6 +133,11 @@ class Decision:
         source = self.details.get("source")
         return short_source(source) if source else self.region
 
+    def place(self, subgraph: bool = True) -> str:
+        """Where it was decided among every program's traces (:func:`trace_place`); ``subgraph=False`` leaves the
+        ThunderFX subgraph out (for tables grouped by subgraph)."""
+        return trace_place(self.trace, self.subgraph if subgraph else None, self.function, self.compile_index)
+
     @property
     def name(self) -> str:
         """The region or ops named for a reader: where the user wrote them and which ops, ``model.py:12: linear,
@@ -143,6 +148,13 @@ class Decision:
     def to_dict(self) -> dict[str, Any]:
         """The fields, and ``name`` (:attr:`name`)."""
         return {**asdict(self), "name": self.name}
+
+
+def trace_place(trace: str, subgraph: str | None = None, function: str | None = None, compile_index: int = 0) -> str:
+    """How a trace is named among those of every program the guard compiled: ``[function#compile:][subgraph/]trace``
+    (``Block#1:subgraph 0/backward``)."""
+    where = trace if subgraph is None else f"{subgraph}/{trace}"
+    return f"{function}#{compile_index}:{where}" if function else where
 
 
 def short_source(source: str) -> str:

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .decisions import Decision
+from .decisions import Decision, trace_place
 
 
 def _initialized() -> bool:
@@ -71,10 +71,8 @@ def _describe(key: tuple | None) -> str:
     if key is None:
         return "nothing"
     trace, function, index, subgraph, region, executor, ops, action, applied = key
-    where = trace if subgraph is None else f"{subgraph}/{trace}"
-    if function:
-        where = f"{function}#{index}:{where}"
-    return f"{where} {region} ({executor}, {len(ops)} ops): {action}{'' if applied else ' (not applied)'}"
+    done = "" if applied else " (not applied)"
+    return f"{trace_place(trace, subgraph, function, index)} {region} ({executor}, {len(ops)} ops): {action}{done}"
 
 
 def compare_ranks(decisions: list[Decision], group: Any = None) -> list[str]:

@@ -189,9 +189,7 @@ def _header(with_kernels: bool) -> tuple[str, ...]:
 
 
 def _row(d: Decision, with_kernels: bool, grouped: bool) -> tuple[str, ...]:
-    where = d.trace if d.subgraph is None or grouped else f"{d.subgraph}/{d.trace}"
-    if d.function:
-        where = f"{d.function}#{d.compile_index}:{where}"
+    where = d.place(subgraph=not grouped)
     kernels = (kernels_text(d.details),) if with_kernels else ()
     cells = (where, region_text(d), d.executor, ops_text(d.ops), *kernels, action_text(d), estimate_text(d))
     return (*cells, reason_text(d))

@@ -20,7 +20,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from .. import _thunder as th
-from ..decisions import Decision, Subgraph, short_source
+from ..decisions import Decision, Subgraph, short_source, trace_place
 from ..distributed import current_rank
 from ..measure.timing import uses_cuda
 from ..progress import Progress
@@ -338,7 +338,7 @@ def format_profile(profile: RegionProfile, wide: bool = False) -> str:
         header += ["action", *(["why kept though slower here"] if notes else []), "reason"]
         table = [header]
         for r in profile.rows:
-            where = r.trace if r.subgraph is None else f"{r.subgraph}/{r.trace}"
+            where = trace_place(r.trace, r.subgraph)
             region = f"{short_source(r.source)} ({r.region})" if r.source else r.region
             cells = [where, region, r.executor, f"{r.n_ops}: {ops_text(r.ops, 32)}"]
             cells += [_kib(r.input_bytes), _kib(r.output_bytes)]
@@ -376,8 +376,7 @@ def format_profile(profile: RegionProfile, wide: bool = False) -> str:
     if gone:
         lines.append("guard decisions for regions no longer in the traces:")
         for d in gone:
-            where = d.trace if d.subgraph is None else f"{d.subgraph}/{d.trace}"
-            line = f"  {where} {region_text(d)} ({', '.join(d.ops)}): {d.action}: {d.reason}"
+            line = f"  {trace_place(d.trace, d.subgraph)} {region_text(d)} ({', '.join(d.ops)}): {d.action}: {d.reason}"
             lines += wrapped(line, width, "  ")
     return "\n".join(lines)
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .. import _thunder as th
-from ..decisions import Decision, Details
+from ..decisions import Decision, Details, trace_place
 from ..regions import Region
 from .context import PassContext, TraceContext
-from .records import instead, region_decision
+from .records import instead, region_decision, source_details
 from .rewrite import CallChange
 
 # Told (the region, the label of the region that compiled the definition it now runs) at its first call.
@@ -57,17 +57,14 @@ DIRECT = "direct"
 
 
 def region_label(where: TraceContext, name: str) -> str:
-    """How a region is named among those of every program: ``[function#compile ][subgraph/]trace name``."""
-    function = f"{where.function}#{where.compile_index} " if where.function else ""
-    subgraph = f"{where.subgraph}/" if where.subgraph else ""
-    return f"{function}{subgraph}{where.trace} {name}"
+    """How a region is named among those of every program: ``[function#compile:][subgraph/]trace name``."""
+    return f"{trace_place(where.trace, where.subgraph, where.function, where.compile_index)} {name}"
 
 
 def shared_decision(where: TraceContext, region: Region, first: str) -> Decision:
     """The decision a region records at its first call when its definition equals the one ``first`` compiled."""
     facts = {"region": region.name, "name": first, "count": len(region.ops)}
-    source = th.source_line(*region.body)
-    details = Details(shared_with=first, **({"source": source} if source else {}))
+    details = Details(shared_with=first, **source_details(region))
     return region_decision(where, region, "share", "shared_fusion", facts, details)
 
 

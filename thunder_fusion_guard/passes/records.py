@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from .. import _thunder as th
 from ..decisions import Action, Decision, Details
 from ..reasons import Facts, ReasonCode, words
 from ..regions import Region
@@ -71,6 +72,13 @@ def region_decision(
 ) -> Decision:
     """A decision about the whole ``region``."""
     return decision(where, region.name, region.executor, region.ops, action, code, facts, details, **more)
+
+
+def source_details(region: Region) -> Details:
+    """``details`` naming the user's source line of ``region``'s first op, where the trace knows one: for the
+    decisions recorded at a call, after the pass that names every other decision's line has run."""
+    source = th.source_line(*region.body)
+    return Details(source=source) if source else Details()
 
 
 def instead(earlier: Decision, **changes: Any) -> Decision:

@@ -22,7 +22,7 @@ from ..reasons import strided_write_rescuer
 from ..regions import Region, find_regions
 from ..wording import error_line, error_text
 from .context import PassContext, TraceContext
-from .records import instead, region_decision
+from .records import instead, region_decision, source_details
 from .rewrite import CallChange, lower_region
 
 # What a rescue tells: the region, the error and the arguments of the call that failed.
@@ -173,7 +173,7 @@ def rescue_decision(where: TraceContext, region: Region, error: Exception, args:
         rescued_by="Thunder's torch executor",
         error_type=type(error).__name__,
         inputs=describe_inputs(args),
-        **_source(region),
+        **source_details(region),
     )
     reproduction = nvfuser_reproduction(th.region_callable(region.bsym), args, f"{region.name} ({where.trace})")
     if reproduction:
@@ -186,12 +186,6 @@ def strided_write_decision(where: TraceContext, region: Region, args: tuple, at:
     names = ", ".join(region.bsym.args[i].name for i in at)
     facts = {"executor": region.executor, "region": region.name, "name": names}
     details = Details(
-        rescued_by=strided_write_rescuer(region.executor), inputs=describe_inputs(args), **_source(region)
+        rescued_by=strided_write_rescuer(region.executor), inputs=describe_inputs(args), **source_details(region)
     )
     return region_decision(where, region, "rescue", "strided_write", facts, details)
-
-
-def _source(region: Region) -> Details:
-    """The user's source line of ``region``'s first op, where the trace knows one."""
-    source = th.source_line(*region.body)
-    return Details(source=source) if source else Details()
