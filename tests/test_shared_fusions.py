@@ -79,6 +79,21 @@ def test_definitions_are_held_weakly():
     assert table.share(later, "b", ()) == (later, None)
 
 
+def test_printed_forms_of_freed_definitions_are_swept_out():
+    table = SharedFusions()
+    kept = [Definition(f"mul(t0, {i})") for i in range(10)]
+    for d in kept:
+        table.share(d, "kept", ())
+    for i in range(1000):  # programs made and freed one after another, each of its own form
+        table.share(Definition(f"add(t0, {i})"), "gone", ())
+    gc.collect()
+    table.share(Definition("sub(t0, 1)"), "new", ())
+    assert table.forms() <= 2 * 64 + 1  # not the 1011 forms made
+    assert len(table) == 10  # the live ones all held, and still shared
+    again = Definition("mul(t0, 3)")
+    assert table.share(again, "again", ()) == (kept[3], "kept")
+
+
 class FusionDefinitionWrapper:
     """Stands in for Thunder's wrapper: one definition per layout, printed as ``text``."""
 

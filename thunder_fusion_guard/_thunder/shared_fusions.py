@@ -8,7 +8,7 @@ this process made before by its printed form, and taken only where nvFuser's own
 (``sameDefinition``: every op and attribute, constant, dtype, contiguity, stride order and output alias) holds and
 the enable and disable options and the device are the same. The region then runs that definition: the same
 ``FusionExecutorCache``, the same kernels, the same bits. Entries are held weakly: a definition lives as long as
-a compiled program that runs it.
+a compiled program that runs it, and printed forms whose definitions are all gone are swept out as new ones come.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class SharedFusions:
     def __init__(self) -> None:
         self._by_text: dict[tuple, list[tuple[weakref.ref, str]]] = {}
         self._lock = threading.Lock()
+        self._sweep_above = _SWEEP_FROM  # printed forms held before the next sweep
 
     def share(self, fd: Any, label: str, options: tuple) -> tuple[Any, str | None]:
         """The definition to run in place of ``fd`` (just made for region ``label``, not yet run, with enable and
@@ -48,7 +49,25 @@ class SharedFusions:
                     return other, first
             with contextlib.suppress(TypeError):  # not weakly referable: not kept
                 entries.append((weakref.ref(fd), label))
+            if len(self._by_text) > self._sweep_above:
+                self._sweep()
         return fd, None
+
+    def _sweep(self) -> None:
+        """Drop every printed form whose definitions are all gone; the next sweep comes once the forms held
+        double (so a process that keeps making new programs holds its live forms and at most as many dead ones)."""
+        for key in list(self._by_text):
+            live = [(ref, first) for ref, first in self._by_text[key] if ref() is not None]
+            if live:
+                self._by_text[key] = live
+            else:
+                del self._by_text[key]
+        self._sweep_above = max(_SWEEP_FROM, 2 * len(self._by_text))
+
+    def forms(self) -> int:
+        """How many printed forms the table holds (live definitions' and, until the next sweep, dead ones')."""
+        with self._lock:
+            return len(self._by_text)
 
     def __len__(self) -> int:
         with self._lock:
@@ -57,6 +76,9 @@ class SharedFusions:
     def clear(self) -> None:
         with self._lock:
             self._by_text.clear()
+
+
+_SWEEP_FROM = 64
 
 
 def _same_definition(fd: Any, other: Any) -> bool:
