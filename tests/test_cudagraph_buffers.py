@@ -385,6 +385,33 @@ def _first_capture_out_of_memory(monkeypatch, device: str) -> None:
     assert len(set(map(id, built))) == len(_graphs(graphs)) >= 2, "every other graph is captured, once"
 
 
+def test_strict_mode_raises_where_a_capture_runs_out_of_memory_and_never_falls_back(cpu_graphs, monkeypatch):
+    """``strict=True``: the capture's memory error reaches the caller as ``FusionGuardError`` (the decision still
+    records it) and the graph is not left to run uncaptured: the next call tries to capture it again."""
+    from thunder.transforms.cudagraph import CUDAGraphRunner
+
+    from thunder_fusion_guard.passes import FusionGuardError
+
+    build, tried = CUDAGraphRunner.build_cuda_graph, []
+
+    def out_of_memory(self, fn, args, static_args_mask):
+        tried.append(fn)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (a stand-in)")
+
+    monkeypatch.setattr(CUDAGraphRunner, "build_cuda_graph", out_of_memory)
+    model = Mlp()
+    guard = FusionGuard(strict=True)
+    compiled = thunder.jit(model, transforms=[guard, CUDAGraphTransform()])
+    x = torch.randn(4, 16)
+    for attempt in (1, 2):
+        with pytest.raises(FusionGuardError, match="ran out of device memory") as raised:
+            compiled(x)
+        assert isinstance(raised.value.__cause__, torch.OutOfMemoryError)
+        assert tried.count(tried[0]) == attempt, "captured anew at the next call, never run uncaptured"
+    monkeypatch.setattr(CUDAGraphRunner, "build_cuda_graph", build)
+    assert [d.details["error_type"] for d in guard.report.filter(action="capture") if d.details.get("uncaptured")]
+
+
 def test_a_view_kept_of_a_gradient_keeps_its_values(cpu_graphs):
     """A view of a ``.grad`` kept across steps (its ``.grad`` set to None) holds the graph's buffer: the next calls
     run uncaptured and the view keeps the values it had."""

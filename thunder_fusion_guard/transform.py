@@ -28,6 +28,7 @@ from .passes.rescue import announce, describe_inputs
 from .phases import GUARD_MEASUREMENTS, GUARD_PASSES, timing
 from .policy import ModelDoubt
 from .report import Report
+from .wording import error_line
 
 
 class RankMismatch(FusionGuardError):
@@ -169,11 +170,16 @@ class FusionGuard(thunder.Transform):
 
     def cuda_graph_uncaptured(self, summary: th.CaptureSummary, graph: str, error: BaseException) -> None:
         """Record that capturing ``graph`` (of the capture ``summary`` tells of) ran out of device memory: its ops
-        run uncaptured from then on (it calls this once, at that call)."""
+        run uncaptured from then on (it calls this once, at that call). Strict mode: nothing falls back, the call
+        raises ``FusionGuardError`` from the memory error (the decision still records it)."""
         with self._lock:
             capture = self._captures.get(summary)
             if capture is not None:
                 self.report.add(uncaptured_decision(capture, graph, error))
+        if self.options.strict:
+            raise FusionGuardError(
+                f"capturing {graph} ran out of device memory (strict: no uncaptured fallback): {error_line(error)}"
+            ) from error
 
     def transform_module(self, model: Any) -> None:
         """Under ThunderFX, stand between each split subgraph and Thunder's compiled function, so that a subgraph

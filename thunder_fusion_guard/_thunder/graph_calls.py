@@ -109,7 +109,8 @@ class GraphCall:
     that key. The same bits in the same buffers before the same replay: a buffer of the runner's is never an
     argument of its own graph, so no copy reads what another writes. A capture (or its warm-up) that runs out of
     device memory leaves the graph uncaptured: its ops run on the arguments from then on (the same kernels, fresh
-    outputs), and ``on_uncaptured(name, error)`` is told once."""
+    outputs), and ``on_uncaptured(name, error)`` is told once, before; where it raises, the error reaches the caller
+    and nothing falls back."""
 
     def __init__(self, runner: Any, name: str) -> None:
         self.runner, self.name = runner, name
@@ -154,10 +155,10 @@ class GraphCall:
         self.forget()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+        if self.on_uncaptured is not None:  # may raise (strict mode): then nothing falls back, the next call captures
+            self.on_uncaptured(self.name, error)
         fn, _ = self.runner.python_callables[self.name]
         self.uncaptured = getattr(fn, "uncaptured", fn)
-        if self.on_uncaptured is not None:
-            self.on_uncaptured(self.name, error)
         self.static_inputs = args
         return self.uncaptured(*args)
 
