@@ -71,6 +71,18 @@ def test_compare_names_every_regressed_case(tmp_path, capsys):
     assert last == "2 of 2 regressed (threshold 5.0%): test_micro[a-guarded] (2.00x), test_micro[a-thunder] (3.00x)"
 
 
+def test_compare_fits_120_columns_unless_wide(tmp_path, capsys):
+    long = "benchmarks/test_models.py::test_training_step[" + "-".join(["mistral-7b"] * 8) + "-guarded]"
+    base = _write(tmp_path, "base.json", {**BASE, long: 5e-6})
+    head = _write(tmp_path, "head.json", {**BASE, long: 9e-6})
+    assert main(["bench", "compare", base, head]) == 1
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= 120 and "REGRESSED" in out
+    assert "".join(line.strip() for line in out.splitlines()).count("mistral-7b") >= 8  # broken, never cut
+    assert main(["bench", "compare", base, head, "--wide"]) == 1
+    assert long in capsys.readouterr().out
+
+
 def test_compare_passes_within_threshold(tmp_path, capsys):
     base = _write(tmp_path, "base.json", BASE)
     head = _write(tmp_path, "head.json", {**BASE, "test_micro[a-guarded]": 6e-6})

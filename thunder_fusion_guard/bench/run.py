@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ..measure.timing import Timing, interleaved_rounds, quartiles
-from ..render.table import markdown_table, text_table
-from ..wording import error_line
+from ..render.table import markdown_table, text_table, wrapped
+from ..wording import WIDTH, error_line
 from .cases import (
     VARIANT_BUILDS,
     VARIANTS,
@@ -289,8 +289,11 @@ def load_medians(path: str | Path) -> dict[str, float]:
         raise CompareError(f"{path} is not pytest-benchmark JSON ({type(e).__name__}: {e})") from e
 
 
-def compare(base: dict[str, float], head: dict[str, float], threshold: float) -> tuple[str, list[str]]:
-    """A table of head/base median ratios, and the cases slower than ``1 + threshold`` times base."""
+def compare(
+    base: dict[str, float], head: dict[str, float], threshold: float, width: int | None = WIDTH
+) -> tuple[str, list[str]]:
+    """A table of head/base median ratios, and the cases slower than ``1 + threshold`` times base; every line
+    within ``width`` (long benchmark names broken onto further lines of their row; None: a line a row)."""
     rows = [["benchmark", "base µs", "head µs", "head/base", "status"]]
     regressed = []
     for name in sorted(base.keys() & head.keys()):
@@ -303,12 +306,12 @@ def compare(base: dict[str, float], head: dict[str, float], threshold: float) ->
         else:
             status = "ok"
         rows.append([name, _us(base[name] * 1e6), _us(head[name] * 1e6), f"{ratio:.3f}", status])
-    lines = [format_rows(rows)]
+    lines = text_table(rows, width=width, wrap=[0])
     for label, names in (("base", sorted(base.keys() - head.keys())), ("head", sorted(head.keys() - base.keys()))):
         if names:
             more = f", and {len(names) - 5} more" if len(names) > 5 else ""
-            lines.append(f"only in {label} ({len(names)}): {', '.join(names[:5])}{more}")
-    lines.append(verdict_line(regressed, base, head, len(rows) - 1, threshold))
+            lines += wrapped(f"only in {label} ({len(names)}): {', '.join(names[:5])}{more}", width, "  ")
+    lines += wrapped(verdict_line(regressed, base, head, len(rows) - 1, threshold), width, "  ")
     return "\n".join(lines), regressed
 
 

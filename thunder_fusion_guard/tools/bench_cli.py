@@ -277,7 +277,7 @@ def _compare_command(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from e
     if not base.keys() & head.keys():
         raise UsageError(f"{args.base} and {args.head} have no benchmark in common")
-    text, regressed = compare(base, head, args.threshold)
+    text, regressed = compare(base, head, args.threshold, None if args.wide else WIDTH)
     print(text)
     return 1 if regressed else 0
 
