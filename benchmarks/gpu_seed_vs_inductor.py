@@ -5,8 +5,8 @@ interleaved: eager, Inductor's reduce-overhead mode, ThunderFX + CUDA graphs ung
 with eager's and unguarded ThunderFX's.
 
     source .gpu/setup.sh && python3 benchmarks/gpu_seed_vs_inductor.py --model small --json OUT.json
-    (unguarded ThunderFX + CUDA graphs runs in a process of its own, with its own eager: beside Inductor's CUDA
-    graphs it crashes; ``--together`` keeps it in the one process)
+    (unguarded ThunderFX + CUDA graphs runs in a process of its own, with its own eager, started beside this one:
+    beside Inductor's CUDA graphs it crashes; ``--together`` keeps it in the one process)
 
 Inductor's CUDA graphs clear cuBLAS's workspaces at each capture; a graph captured with a workspace from its
 warm-up then writes memory other tensors were given. The guard's graphs are warmed up apart from their capture
@@ -19,7 +19,9 @@ import argparse
 import json
 import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -148,6 +150,7 @@ def run_model(
                 rows[path]["timed"] = [  # every region the guard timed or switched: what decided it
                     {"where": f"{d.subgraph or ''}/{d.trace} {d.region}", "action": d.action, "code": d.code}
                     | {"estimates": d.estimates, "ops": len(d.ops)}
+                    | {k: v for k, v in d.details.items() if k.startswith("measured_") or k == "margin"}
                     for d in guard.report.decisions
                     if d.action == "switch" or d.code == "measured"
                 ]
@@ -182,19 +185,23 @@ def run_model(
     _write(out, record)
 
 
-def run_apart(name: str, paths: list[str], args: argparse.Namespace, record: dict) -> None:
-    """``paths`` (unguarded Thunder with CUDA graphs) and eager for model ``name`` in a process of their own, their
-    rows added to ``record`` (``"process": "apart"``): Thunder's runner keeps a cuBLAS workspace from its warm-up,
-    which Inductor's captures free, so beside reduce-overhead they end in an illegal memory access."""
-    import subprocess
-    import tempfile
+def start_apart(name: str, paths: list[str], args: argparse.Namespace, folder: Path) -> subprocess.Popen:
+    """``paths`` (unguarded Thunder with CUDA graphs) and eager for model ``name`` started in a process of their own
+    (beside this one's paths: their compiles overlap), writing ``folder/<name>.json``: Thunder's runner keeps a
+    cuBLAS workspace from its warm-up, which Inductor's captures free, so beside reduce-overhead they end in an
+    illegal memory access."""
+    out = folder / f"{name}.json"
+    command = [sys.executable, __file__, "--model", name, "--paths", ",".join(["eager", *paths]), "--together"]
+    command += ["--rounds", str(args.rounds), "--json", str(out)] + (["--host-time"] if args.host_time else [])
+    return subprocess.Popen(command)
 
-    with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder) / "apart.json"
-        command = [sys.executable, __file__, "--model", name, "--paths", ",".join(["eager", *paths]), "--together"]
-        command += ["--rounds", str(args.rounds), "--json", str(out)] + (["--host-time"] if args.host_time else [])
-        subprocess.run(command, check=False)
-        rows = json.loads(out.read_text())["models"].get(name, {}) if out.exists() else {}
+
+def add_apart(name: str, paths: list[str], process: subprocess.Popen, folder: Path, record: dict) -> None:
+    """Once the process :func:`start_apart` started has ended, its rows added to ``record`` (``"process":
+    "apart"``, with its own eager's ms)."""
+    process.wait()
+    out = folder / f"{name}.json"
+    rows = json.loads(out.read_text())["models"].get(name, {}) if out.exists() else {}
     for path in paths:
         record["models"].setdefault(name, {})[path] = {**rows.get(path, {"error": "no result"}), "process": "apart"}
         if "ms" in rows.get("eager", {}):
@@ -239,11 +246,15 @@ def main() -> int:
     translate_library_ops()
     paths = args.paths.split(",") + list(variants)
     apart = [p for p in paths if "cudagraph" in p and "guarded" not in p]
-    for name in args.model or ["small"]:
-        if "inductor-ro" in paths and apart and not args.together:
-            run_apart(name, apart, args, record)
-            paths = [p for p in paths if p not in apart]
-        run_model(name, paths, args.rounds, args.json, record, args.host_time, variants)
+    separate = "inductor-ro" in paths and bool(apart) and not args.together
+    here = [p for p in paths if p not in apart] if separate else paths
+    with tempfile.TemporaryDirectory() as folder:
+        for name in args.model or ["small"]:
+            started = start_apart(name, apart, args, Path(folder)) if separate else None
+            run_model(name, here, args.rounds, args.json, record, args.host_time, variants)
+            if started is not None:
+                add_apart(name, apart, started, Path(folder), record)
+                _write(args.json, record)
     return 0
 
 
