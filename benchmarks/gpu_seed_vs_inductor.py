@@ -95,6 +95,20 @@ def kernel_family(name: str) -> str:
     return next((family for family, pattern in FAMILIES if pattern.search(name)), "other")
 
 
+def bitwise(a: list, b: list) -> bool:
+    """Whether two steps' results (loss and gradients) have the same bits, signed zeros and NaNs included."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if (x is None) != (y is None):
+            return False
+        if x is not None and (x.shape != y.shape or x.dtype != y.dtype):
+            return False
+        if x is not None and not torch.equal(x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8)):
+            return False
+    return True
+
+
 def kernels_and_device_ms(step: _Step, steps: int = 5) -> tuple[float, float, dict[str, list[float]]]:
     """Kernels launched and their summed device time (ms), a step, over ``steps`` steps; and per kernel family
     (:func:`kernel_family`) ``[kernels, device ms]`` a step."""
@@ -168,6 +182,8 @@ def run_model(
         for other in ("eager", "fx-cudagraph"):
             if other in values and other != path:
                 rows[path][f"max_abs_diff_vs_{other}"] = _difference(values[path], values[other])
+        others = [o for o in values if o != path and o.startswith("fx") and path.startswith("fx")]
+        rows[path]["bitwise_vs"] = {o: bitwise(values[path], values[o]) for o in others}
     rounds_ = interleaved_rounds(steps, rounds, warmup=2)
     for path, samples in rounds_.samples.items():
         rows[path]["ms"] = round(statistics.median(samples) * 1e3, 3)

@@ -2,6 +2,7 @@
 scopes summed from an ``NVFUSER_TRACE`` file."""
 
 import pytest
+import torch
 from helpers import load_benchmark
 
 
@@ -31,6 +32,14 @@ def test_a_variant_is_a_guarded_path_with_guard_options_keyed_by_its_label():
     for bad in ("fx-cudagraph/x={}", "fx-guarded+cudagraph={}", "fx-guarded+cudagraph/x=[1]"):
         with pytest.raises(ValueError, match="--variant"):
             seed.parse_variant(bad)
+
+
+def test_bitwise_tells_signed_zeros_apart():
+    seed = load_benchmark("gpu_seed_vs_inductor")
+    a = [torch.tensor([0.0, 1.0]), None]
+    assert seed.bitwise(a, [torch.tensor([0.0, 1.0]), None])
+    assert not seed.bitwise(a, [torch.tensor([-0.0, 1.0]), None])
+    assert not seed.bitwise(a, [torch.tensor([0.0, 1.0]), torch.zeros(1)])
 
 
 def test_nvfuser_trace_sums_scopes_per_thread_and_counts_a_nested_repeat_once():
