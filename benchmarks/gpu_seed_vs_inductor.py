@@ -104,9 +104,14 @@ def bitwise(a: list, b: list) -> bool:
             return False
         if x is not None and (x.shape != y.shape or x.dtype != y.dtype):
             return False
-        if x is not None and not torch.equal(x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8)):
+        if x is not None and not torch.equal(_bytes(x), _bytes(y)):
             return False
     return True
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bytes, in a one-dimensional tensor (a 0-dim loss included)."""
+    return t.detach().reshape(-1).contiguous().view(torch.uint8)
 
 
 def kernels_and_device_ms(step: _Step, steps: int = 5) -> tuple[float, float, dict[str, list[float]]]:

@@ -36,6 +36,8 @@ def test_a_variant_is_a_guarded_path_with_guard_options_keyed_by_its_label():
 
 def test_bitwise_tells_signed_zeros_apart():
     seed = load_benchmark("gpu_seed_vs_inductor")
+    assert seed.bitwise([torch.tensor(1.5)], [torch.tensor(1.5)])  # a 0-dim loss
+    assert not seed.bitwise([torch.tensor(0.0)], [torch.tensor(-0.0)])
     a = [torch.tensor([0.0, 1.0]), None]
     assert seed.bitwise(a, [torch.tensor([0.0, 1.0]), None])
     assert not seed.bitwise(a, [torch.tensor([-0.0, 1.0]), None])
