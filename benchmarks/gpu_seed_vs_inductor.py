@@ -187,8 +187,9 @@ def run_model(
         for other in ("eager", "fx-cudagraph"):
             if other in values and other != path:
                 rows[path][f"max_abs_diff_vs_{other}"] = _difference(values[path], values[other])
-        others = [o for o in values if o != path and o.startswith("fx") and path.startswith("fx")]
-        rows[path]["bitwise_vs"] = {o: bitwise(values[path], values[o]) for o in others}
+        if path.startswith("fx"):  # each ThunderFX path against the others
+            others = [o for o in values if o != path and o.startswith("fx")]
+            rows[path]["bitwise_vs"] = {o: bitwise(values[path], values[o]) for o in others}
     rounds_ = interleaved_rounds(steps, rounds, warmup=2)
     for path, samples in rounds_.samples.items():
         rows[path]["ms"] = round(statistics.median(samples) * 1e3, 3)
