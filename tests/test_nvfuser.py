@@ -146,3 +146,31 @@ def test_equal_regions_run_one_compiled_definition_with_thunders_bits():
     regions = thunder.last_traces(unshared)[-1].bound_symbols
     apart_layouts = [list(region_callable(b)._by_layout.values()) for b in regions if executor_name(b) == "nvfuser"]
     assert apart_layouts[0][0] is not apart_layouts[1][0]
+
+
+def slices_through_matmuls(w, x, m):
+    """Slices of one weight, some read by matmuls (outside nvFuser): the weight's gradient is a sum of zero pads
+    cut into regions at the matmuls."""
+    a = (w[:, 0:16] @ m).sin()
+    b = w[:, 16:48] * x[:, :32]
+    c = (w[:, 48:64] @ m).cos()
+    return a.sum() + b.sum() + c.sum()
+
+
+def test_a_sum_of_padded_slice_gradients_across_regions_is_one_concatenation_with_thunders_bits():
+    torch.manual_seed(0)
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(256, 64, **bf16, requires_grad=True)
+    x, m = torch.randn(256, 64, **bf16), torch.randn(16, 16, **bf16)
+    x[0, 0] = -0.0
+    guard = FusionGuard(exact_only=False, cost_model=False)
+    guarded, plain = thunder.jit(slices_through_matmuls, transforms=[guard]), thunder.jit(slices_through_matmuls)
+    for _ in range(2):
+        (out,), grads = run_with_grads(guarded, [w, x, m])
+        (expected_out,), expected = run_with_grads(plain, [w, x, m])
+        assert torch.equal(out.view(torch.int16), expected_out.view(torch.int16))
+        assert all(torch.equal(g.view(torch.int16), e.view(torch.int16)) for g, e in zip(grads, expected, strict=True))
+    (d,) = [d for d in guard.report if d.code == "padded_sum_concatenated"]
+    assert d.trace == "backward" and sorted(d.ops).count("pad") == 3 and d.details["ops_saved_per_call"] == 3
+    backward = str(thunder.last_backward_traces(guarded)[-1])
+    assert "ltorch.cat(" in backward and "prims.pad(" not in backward

@@ -163,6 +163,11 @@ class GuardOptions:
         _bool,
         "fold Thunder's out-of-place setitem and its `copy_` back into one in-place setitem",
     )
+    concat_padded_sums: bool = _option(
+        True,
+        _bool,
+        "compute a sum of zero-padded pieces that tile their result (slices' gradients) as one concatenation",
+    )
     remove_identities: bool = _option(
         True,
         _bool,

@@ -35,6 +35,7 @@ ReasonCode = Literal[
     "strided_write",
     # ops changed or kept by a pass
     "folded",
+    "padded_sum_concatenated",
     "identity_removed",
     "rehome_blocked",
     "rehome_failed",
@@ -321,6 +322,15 @@ def _folded(f: Facts) -> tuple[str, str | None]:
     )
 
 
+def _padded_sum_concatenated(f: Facts) -> tuple[str, str | None]:
+    return (
+        f"a sum of {f['count']} zero-padded pieces computed as one concatenation + 0.0 in {f['into']}: same bits",
+        f"{f['count']} zero pads that tile their result were added up, each add writing the whole tensor; "
+        f"cat(pieces) + 0.0 in {f['into']} gives the same bits (a -0.0 becomes +0.0 in both) and writes it once "
+        f"({f['ops_saved']} ops fewer)",
+    )
+
+
 def _rescued(f: Facts) -> tuple[str, str | None]:
     return f["error"], (
         f"{f['executor']} failed on {f['region']} ({f['error']}); Thunder's torch executor runs its "
@@ -485,6 +495,7 @@ _WORDS: dict[ReasonCode, Callable[[Facts], tuple[str, str | None]]] = {
     "rescued": _rescued,
     "strided_write": _strided_write,
     "folded": _folded,
+    "padded_sum_concatenated": _padded_sum_concatenated,
     "identity_removed": _identity_removed,
     "rehome_blocked": _rehome_blocked,
     "rehome_failed": _rehome_failed,

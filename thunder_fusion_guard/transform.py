@@ -61,6 +61,7 @@ class FusionGuard(thunder.Transform):
         measure_budget_s: float = 5.0,
         choose_executor: bool = False,
         fold_setitem: bool = True,
+        concat_padded_sums: bool = True,
         remove_identities: bool = True,
         rehome: bool = True,
         merge_regions: bool = False,

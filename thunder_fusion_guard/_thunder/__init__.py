@@ -6,6 +6,7 @@ functions here, one module a job, so that a new release means reading and fixing
 - :mod:`.traces`: reading traces (what a bound symbol is and runs, its values, a trace's inputs and returns);
 - :mod:`.sources`: where the user wrote an op (their frame beside Thunder's, a torch.fx node's, a stack's);
 - :mod:`.lowering`: building traces and fusion calls, lowering ops to Thunder's torch executor;
+- :mod:`.padded`: zero pads and plain adds, and the concatenation that replaces a sum of pads;
 - :mod:`.executors`: which executors exist, which fusion executor runs where, software versions;
 - :mod:`.compiling`: the compilation Thunder runs right now;
 - :mod:`.jitted`: what ``thunder.jit`` made (transforms, traces, compiled calls; recording a run's fusion calls);
@@ -38,6 +39,7 @@ from . import (
     graph_calls,
     jitted,
     lowering,
+    padded,
     shared_fusions,
     sources,
     thunderfx,
@@ -55,6 +57,7 @@ from .executors import *  # noqa: F403
 from .graph_calls import *  # noqa: F403
 from .jitted import *  # noqa: F403
 from .lowering import *  # noqa: F403
+from .padded import *  # noqa: F403
 from .shared_fusions import *  # noqa: F403
 from .sources import *  # noqa: F403
 from .thunderfx import *  # noqa: F403
@@ -66,6 +69,7 @@ __all__ = [
     *traces.__all__,
     *sources.__all__,
     *lowering.__all__,
+    *padded.__all__,
     *executors.__all__,
     *compiling.__all__,
     *jitted.__all__,

@@ -31,6 +31,7 @@ from .fold import fold_pass
 from .hoist import HoistLedger
 from .hoist_pass import hoist_pass
 from .identity import identity_pass
+from .padded_sums import padded_sum_pass
 from .records import instead, op_decision
 from .rehome import merge_pass, rehome_pass
 from .rescue import rescue_pass
@@ -67,6 +68,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("region_pass", None, region_pass),
     Pass("fold_pass", "fold_setitem", fold_pass),
     Pass("identity_pass", "remove_identities", identity_pass),
+    Pass("padded_sum_pass", "concat_padded_sums", padded_sum_pass),
     Pass("rehome_pass", "rehome", rehome_pass),
     Pass("merge_pass", "merge_regions", merge_pass),
     Pass("hoist_pass", "hoist", hoist_pass),

@@ -1,0 +1,102 @@
+"""A sum of zero-padded pieces that tile their result (the gradient of slices) computed as one concatenation: the
+same bits as unguarded Thunder, in bf16 with values that round and a -0.0; left alone where the pieces overlap or
+leave a gap, and where the option or exactness says so."""
+
+import pytest
+import thunder
+import torch
+
+from thunder_fusion_guard import FusionGuard, fusion_executors
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
+
+
+def _slices(ranges):
+    def f(w, x):
+        total = 0
+        for k, (lo, hi) in enumerate(ranges):
+            piece = w[:, lo:hi]
+            total = total + (piece * x[:, : hi - lo] if k == 0 else (piece * (k + 1.5)).sin()).sum()
+        return total
+
+    return f
+
+
+def _run(f, guard=None):
+    torch.manual_seed(0)
+    w = torch.randn(8, 12, dtype=torch.bfloat16, requires_grad=True)
+    x = torch.randn(8, 12, dtype=torch.bfloat16)
+    x[0, 0] = -0.0  # the first piece's gradient holds a -0.0: the sum of pads makes it +0.0
+    jitted = thunder.jit(f, executors=fusion_executors("cpu"), transforms=[guard] if guard else [])
+    out = jitted(w, x)
+    out.backward()
+    return jitted, out, w.grad
+
+
+def _folds(guard):
+    return [d for d in guard.report if d.code == "padded_sum_concatenated"]
+
+
+def test_a_sum_of_pads_that_tile_is_one_concatenation_with_thunders_bits():
+    f = _slices([(0, 4), (4, 6), (6, 12)])
+    guard = FusionGuard(cost_model=False, exact_only=False)
+    jitted, out, grad = _run(f, guard)
+    _, expected_out, expected = _run(f)
+    assert torch.equal(_bits(out), _bits(expected_out)) and torch.equal(_bits(grad), _bits(expected))
+    assert _bits(grad)[0, 0] == 0, "+0.0, as the sum of pads gives"
+    (d,) = _folds(guard)
+    assert (d.action, d.trace, d.applied) == ("fold", "backward", True)
+    assert sorted(d.ops) == ["add", "add", "pad", "pad", "pad"] and d.details["ops_saved_per_call"] == 3
+    assert d.region == d.details["regions"][-1] and d.details["output"]
+    backward = str(thunder.last_backward_traces(jitted)[-1])
+    assert "ltorch.cat(" in backward and "prims.pad(" not in backward
+
+
+def test_pieces_that_overlap_or_leave_a_gap_stay_a_sum_of_pads():
+    for ranges in ([(0, 6), (4, 12)], [(0, 4), (6, 12)]):
+        guard = FusionGuard(cost_model=False, exact_only=False)
+        jitted, _, grad = _run(_slices(ranges), guard)
+        assert not _folds(guard)
+        assert "prims.pad(" in str(thunder.last_backward_traces(jitted)[-1])
+        assert torch.equal(_bits(grad), _bits(_run(_slices(ranges))[2]))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"concat_padded_sums": False, "exact_only": False},
+        {},  # exact_only: a bf16 region's rebuild may round otherwise, so it is not rebuilt
+    ],
+)
+def test_the_option_and_exactness_leave_the_sum_as_it_is(options):
+    guard = FusionGuard(cost_model=False, **options)
+    jitted, _, _ = _run(_slices([(0, 4), (4, 12)]), guard)
+    assert not _folds(guard)
+    assert "prims.pad(" in str(thunder.last_backward_traces(jitted)[-1])
+
+
+def test_report_only_records_the_concatenation_without_making_it():
+    guard = FusionGuard(cost_model=False, exact_only=False, report_only=True)
+    jitted, _, _ = _run(_slices([(0, 4), (4, 12)]), guard)
+    (d,) = _folds(guard)
+    assert d.applied is False
+    assert "prims.pad(" in str(thunder.last_backward_traces(jitted)[-1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cat_plus_zero_has_the_bits_of_a_sum_of_zero_pads(dtype):
+    """The identity the rewrite rests on, on values that round, signed zeros, infinities and NaN."""
+    torch.manual_seed(0)
+    special = torch.tensor([-0.0, 0.0, float("inf"), -float("inf"), float("nan"), 1e-30, -3.5])
+    pieces = [torch.randn(5, n).to(dtype) for n in (3, 7, 2)]
+    pieces[1][:, :7] = special.to(dtype)
+    total = torch.zeros(5, 12, dtype=dtype)
+    start = 0
+    for p in pieces:
+        total = total + torch.nn.functional.pad(p, (start, 12 - start - p.shape[1]))
+        start += p.shape[1]
+    joined = torch.cat(pieces, 1) + 0.0
+    assert torch.equal(_bits(joined), _bits(total))
+    assert not torch.equal(_bits(torch.cat(pieces, 1)), _bits(total)), "without + 0.0 a -0.0 would stay -0.0"

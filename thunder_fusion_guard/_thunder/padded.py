@@ -1,0 +1,87 @@
+"""Thunder's zero pads and plain adds as the guard reads them, and the concatenation that replaces a sum of pads
+(:mod:`..passes.padded_sums`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import thunder.torch as ltorch
+from thunder.core import dtypes, prims
+from thunder.core.proxies import Proxy, TensorProxy
+from thunder.core.symbol import BoundSymbol
+from thunder.core.trace import TraceCtx, from_trace, reset_tracectx, set_tracectx
+
+from .lowering import swap_proxies
+
+__all__ = ["PadPiece", "concatenation", "pad_piece", "plain_add"]
+
+
+class PadPiece(tuple):
+    """A zero pad along one dim: ``(tensor, dim, start)``, the padded tensor lying at ``start`` along ``dim``."""
+
+    @property
+    def tensor(self) -> TensorProxy:
+        return self[0]
+
+    @property
+    def dim(self) -> int:
+        return self[1]
+
+    @property
+    def start(self) -> int:
+        return self[2]
+
+
+def pad_piece(bsym: BoundSymbol) -> PadPiece | None:
+    """The piece a ``prims.pad`` by +0.0 along exactly one dim, without interior padding nor cropping, places
+    into its output; None for any other op."""
+    if bsym.sym.id is not prims.PrimIDs.PAD or len(bsym.args) < 3:
+        return None
+    a, value, config = bsym.args[:3]
+    if not isinstance(a, TensorProxy) or not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    if value != 0 or math.copysign(1.0, float(value)) < 0:
+        return None
+    try:
+        padded = [d for d, (lo, hi, interior) in enumerate(config) if (lo, hi, interior) != (0, 0, 0)]
+        if len(padded) != 1 or any(lo < 0 or hi < 0 or interior != 0 for lo, hi, interior in config):
+            return None
+    except (TypeError, ValueError):
+        return None
+    return PadPiece((a, padded[0], int(config[padded[0]][0])))
+
+
+def plain_add(bsym: BoundSymbol) -> tuple[TensorProxy, TensorProxy] | None:
+    """The two tensors of ``a + b`` (``ltorch.add`` with alpha 1, or ``prims.add``) of one floating dtype and
+    shape, that of the result; None for any other op."""
+    if bsym.sym.id is prims.PrimIDs.ADD:
+        args = bsym.args[:2]
+    elif bsym.sym.id == ltorch.add.id:
+        alpha = bsym.kwargs.get("alpha", bsym.args[2] if len(bsym.args) > 2 else None)
+        if alpha not in (None, 1):
+            return None
+        args = bsym.args[:2]
+    else:
+        return None
+    out = bsym.output
+    if len(args) != 2 or not all(isinstance(a, TensorProxy) for a in (*args, out)):
+        return None
+    if not dtypes.is_float_dtype(out.dtype) or any(a.dtype != out.dtype or a.shape != out.shape for a in args):
+        return None
+    return args[0], args[1]
+
+
+def concatenation(trace: TraceCtx, pieces: Sequence[Proxy], dim: int, out: Proxy) -> list[BoundSymbol]:
+    """The ops computing ``out = cat(pieces, dim) + 0.0`` (``ltorch.cat``, ``ltorch.add``), their other
+    results named fresh in ``trace``. Adding +0.0 turns a -0.0 into +0.0 and leaves every other value as it is,
+    as a sum of the pieces zero-padded does."""
+    scratch = from_trace(trace)
+    token = set_tracectx(scratch)
+    try:
+        joined: Any = ltorch.cat(list(pieces), dim)
+        summed: Any = ltorch.add(joined, 0.0)
+    finally:
+        reset_tracectx(token)
+    return [swap_proxies(b, [(summed, out)]) for b in scratch.bound_symbols]

@@ -1,0 +1,214 @@
+"""A sum of zero-padded pieces that tile a tensor, rebuilt as one concatenation.
+
+Thunder's backward of slicing pads each slice's gradient back to the whole tensor and adds the pads up: the
+gradient of e3nn's per-edge weights, eleven slices of a [9808, 17408] tensor, is ten adds of the whole tensor,
+cut into regions at the matmuls between them, and each cut writes and reads all of it. Where the pieces lie side
+by side along one dim and cover it, each element of the sum is one piece's value plus zeros, so
+``cat(pieces) + 0.0`` has the same bits (a -0.0 becomes +0.0 in both, every other value passes through both) and
+writes the tensor once, in the region of the last add.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .. import _thunder as th
+from ..decisions import Decision, Details
+from .context import PassContext, may_change
+from .records import op_decision
+
+Position = tuple[int, int]  # (a fusion call's index in the trace, an op's index in its body)
+
+
+@dataclass(frozen=True)
+class PaddedSum:
+    """One sum of padded pieces concatenated: its result, how many pieces, along which dim, the ops it replaced and
+    the regions rebuilt (the one computing it first)."""
+
+    output: str
+    pieces: int
+    dim: int
+    ops: tuple[str, ...]
+    regions: tuple[str, ...]
+    executor: str
+
+
+@dataclass(frozen=True)
+class _Chain:
+    """A sum of pads: the position of its last add, of its other adds, of its pads (in the order they tile)."""
+
+    root: Position
+    adds: frozenset[Position]
+    pads: tuple[Position, ...]
+
+    @property
+    def ops(self) -> frozenset[Position]:
+        return self.adds | set(self.pads)
+
+
+def concatenate_padded_sums(
+    trace: th.TraceCtx, may_rebuild: Callable[[th.BoundSymbol], bool]
+) -> tuple[th.TraceCtx, list[PaddedSum]]:
+    """``trace`` with each sum of zero pads that tile their result, inside the fusion regions ``may_rebuild``
+    allows, computed as ``cat(pieces) + 0.0`` where its last add was. Each pad and each add but the last must be
+    read by the next add only; the regions that held them are rebuilt (a piece made in one region and now read in
+    another becomes its output; a region left with no op is dropped)."""
+    bsyms = list(trace.bound_symbols)
+    ops: dict[Position, th.BoundSymbol] = {}
+    made_at: dict[str, Position] = {}
+    readers: Counter[str] = Counter()
+    for i, b in enumerate(bsyms):
+        if th.is_comment_or_del(b):
+            continue
+        inside = th.is_fusion(b) and may_rebuild(b)
+        for j, op in enumerate(th.subsymbols(b) if inside else [b]):
+            for name in {p.name for p in op.flat_proxy_args}:
+                readers[name] += 1
+            if inside:
+                ops[(i, j)] = op
+                made_at.update((p.name, (i, j)) for p in op.flat_proxy_outs)
+    chains: list[tuple[_Chain, list[th.BoundSymbol]]] = []
+    taken: set[Position] = set()
+    for position in sorted(ops, reverse=True):  # the last add of a chain before its others
+        if position in taken:
+            continue
+        chain = _chain(position, ops, made_at, readers)
+        if chain is None or taken & chain.ops:
+            continue
+        added = _concatenation(trace, ops, chain)
+        if not all(th.executor_claims(bsyms[chain.root[0]], b) for b in added):
+            continue  # the region's executor would not run the concatenation: the sum stays as it is
+        taken |= chain.ops
+        chains.append((chain, added))
+    if not chains:
+        return trace, []
+    return _rebuilt(trace, bsyms, ops, chains, made_at)
+
+
+def _chain(
+    root: Position, ops: dict[Position, th.BoundSymbol], made_at: dict[str, Position], readers: Counter[str]
+) -> _Chain | None:
+    """The adds and pads of the sum whose last add is at ``root``, when its pads tile its result along one dim;
+    None otherwise."""
+    adds: set[Position] = set()
+    pads: list[Position] = []
+    stack = [root]
+    while stack:
+        at = stack.pop()
+        terms = th.plain_add(ops[at])
+        if terms is None:
+            return None
+        adds.add(at)
+        for term in terms:
+            source = made_at.get(term.name)
+            if source is None or readers[term.name] != 1:
+                return None
+            if th.pad_piece(ops[source]) is not None:
+                pads.append(source)
+            elif th.plain_add(ops[source]) is not None:
+                stack.append(source)
+            else:
+                return None
+    pieces = sorted(((th.pad_piece(ops[p]), p) for p in pads), key=lambda pair: pair[0].start)
+    out = ops[root].output
+    if len({piece.dim for piece, _ in pieces}) != 1:
+        return None
+    dim, start = pieces[0][0].dim, 0
+    for piece, _ in pieces:
+        shape = list(piece.tensor.shape)
+        if piece.start != start or piece.tensor.dtype != out.dtype or len(shape) != len(out.shape):
+            return None
+        if shape[:dim] + shape[dim + 1 :] != list(out.shape[:dim]) + list(out.shape[dim + 1 :]):
+            return None
+        start += shape[dim]
+    if start != out.shape[dim]:
+        return None
+    return _Chain(root, frozenset(adds), tuple(p for _, p in pieces))
+
+
+def _concatenation(trace: th.TraceCtx, ops: dict[Position, th.BoundSymbol], chain: _Chain) -> list[th.BoundSymbol]:
+    """The ops computing ``chain``'s result as ``cat(pieces) + 0.0``."""
+    first = th.pad_piece(ops[chain.pads[0]])
+    pieces = [th.pad_piece(ops[p]).tensor for p in chain.pads]
+    return th.concatenation(trace, pieces, first.dim, ops[chain.root].output)
+
+
+def _rebuilt(
+    trace: th.TraceCtx,
+    bsyms: list[th.BoundSymbol],
+    ops: dict[Position, th.BoundSymbol],
+    chains: list[tuple[_Chain, list[th.BoundSymbol]]],
+    made_at: dict[str, Position],
+) -> tuple[th.TraceCtx, list[PaddedSum]]:
+    """``trace`` with each chain computed by its concatenation in place of its last add, the regions that held
+    its ops rebuilt (a piece made in one and now read in another becomes its output; an emptied one dropped)."""
+    gone = {p for chain, _ in chains for p in chain.ops}
+    at_root = {chain.root: added for chain, added in chains}
+    needed_elsewhere = {
+        piece.name
+        for chain, _ in chains
+        for piece in (th.pad_piece(ops[p]).tensor for p in chain.pads)
+        if made_at.get(piece.name, chain.root)[0] != chain.root[0]
+    }
+    new: list[th.BoundSymbol | None] = list(bsyms)
+    for i in sorted({i for i, _ in gone}):
+        body: list[th.BoundSymbol] = []
+        for j, op in enumerate(th.subsymbols(bsyms[i])):
+            if (i, j) in at_root:
+                body.extend(at_root[(i, j)])
+            elif (i, j) not in gone:
+                body.append(op)
+        new[i] = _region(bsyms[i], body, needed_elsewhere) if body else None
+    done = []
+    for chain, _ in chains:
+        regions = tuple(dict.fromkeys(bsyms[i].sym.name for i, _ in sorted(chain.ops)))
+        names = tuple(th.op_name(ops[p]) for p in sorted(chain.ops))
+        dim = th.pad_piece(ops[chain.pads[0]]).dim
+        root = bsyms[chain.root[0]]
+        done.append(
+            PaddedSum(ops[chain.root].output.name, len(chain.pads), dim, names, regions, th.executor_name(root))
+        )
+    return th.new_trace_like(trace, [b for b in new if b is not None]), done
+
+
+def _region(fusion: th.BoundSymbol, body: list[th.BoundSymbol], needed_elsewhere: set[str]) -> th.BoundSymbol:
+    """``fusion`` rebuilt to run ``body``: its inputs what the body reads and does not make (in the order they
+    came), its outputs those it still makes and the pieces another region now reads."""
+    made = {p.name for b in body for p in b.flat_proxy_outs}
+    read: dict[str, th.Proxy] = {}
+    for b in body:
+        for p in b.flat_proxy_args:
+            if p.name not in made:
+                read.setdefault(p.name, p)
+    old_inputs = [p for p in fusion.flat_proxy_args if p.name in read]
+    inputs = old_inputs + [p for name, p in read.items() if name not in {q.name for q in old_inputs}]
+    outputs = [p for p in fusion.flat_proxy_outs if p.name in made]
+    made_here = [p for b in body for p in b.flat_proxy_outs if p.name in needed_elsewhere]
+    outputs += [p for p in made_here if p.name not in {q.name for q in outputs}]
+    return th.rebuild_fusion(fusion, body, inputs, outputs)
+
+
+def padded_sum_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
+    """Concatenate the sums of zero-padded pieces that tile their result (:func:`concatenate_padded_sums`)."""
+    new, sums = concatenate_padded_sums(trace, may_change(context.options))
+    applied = not context.options.report_only
+    made = []
+    for s in sums:
+        facts = {"count": s.pieces, "into": s.regions[-1] if s.regions else s.output, "ops_saved": len(s.ops) - 2}
+        details = Details(output=s.output, regions=list(s.regions), ops_saved_per_call=len(s.ops) - 2)
+        made.append(
+            op_decision(
+                context.where,
+                s.regions[-1] if s.regions else s.output,
+                s.executor,
+                list(s.ops),
+                "fold",
+                "padded_sum_concatenated",
+                facts,
+                details,
+                applied=applied,
+            )
+        )
+    return (trace if context.options.report_only else new), made
