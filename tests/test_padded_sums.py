@@ -100,3 +100,33 @@ def test_cat_plus_zero_has_the_bits_of_a_sum_of_zero_pads(dtype):
     joined = torch.cat(pieces, 1) + 0.0
     assert torch.equal(_bits(joined), _bits(total))
     assert not torch.equal(_bits(torch.cat(pieces, 1)), _bits(total)), "without + 0.0 a -0.0 would stay -0.0"
+
+
+def _widened_sum(g1, g2, g3):
+    """A sum of pads as nvFuser's regions hold it in bf16: prims, each pad widened to fp32 before the adds."""
+    from thunder.core import dtypes, prims
+
+    pads = (
+        prims.pad(g1, 0.0, ((0, 0, 0), (0, 8, 0))),
+        prims.pad(g2, 0.0, ((0, 0, 0), (4, 6, 0))),
+        prims.pad(g3, 0.0, ((0, 0, 0), (6, 0, 0))),
+    )
+    c1, c2, c3 = (prims.convert_element_type(p, dtypes.float32) for p in pads)
+    return prims.convert_element_type(prims.add(prims.add(c1, c2), c3), dtypes.bfloat16)
+
+
+def test_pads_widened_before_the_adds_are_concatenated_with_the_same_bits():
+    from thunder_fusion_guard.passes.padded_sums import concatenate_padded_sums
+
+    torch.manual_seed(0)
+    pieces = [torch.randn(8, n, dtype=torch.bfloat16) for n in (4, 2, 6)]
+    pieces[0][0, 0], pieces[1][0, 0] = -0.0, float("nan")
+    jitted = thunder.jit(_widened_sum, executors=fusion_executors("cpu"))
+    expected = jitted(*pieces)
+    trace = thunder.last_traces(jitted)[-1]
+    new, (summed,) = concatenate_padded_sums(trace, lambda fusion: True)
+    assert summed.pieces == 3 and sorted(summed.ops).count("convert_element_type") == 3
+    assert "ltorch.cat(" in str(new) and "prims.pad(" not in str(new)
+    got = new.python_callable()(*pieces)
+    got, expected = (t[0] if isinstance(t, (tuple, list)) else t for t in (got, expected))
+    assert torch.equal(_bits(got), _bits(expected))

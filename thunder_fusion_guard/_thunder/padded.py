@@ -15,7 +15,7 @@ from thunder.core.trace import TraceCtx, from_trace, reset_tracectx, set_tracect
 
 from .lowering import swap_proxies
 
-__all__ = ["PadPiece", "concatenation", "pad_piece", "plain_add"]
+__all__ = ["PadPiece", "concatenation", "pad_piece", "plain_add", "widened"]
 
 
 class PadPiece(tuple):
@@ -53,6 +53,29 @@ def pad_piece(bsym: BoundSymbol) -> PadPiece | None:
     return PadPiece((a, padded[0], int(config[padded[0]][0])))
 
 
+# (exponent bits, mantissa bits) of the floating dtypes a widening conversion may go between.
+_FLOAT_BITS = {dtypes.bfloat16: (8, 7), dtypes.float16: (5, 10), dtypes.float32: (8, 23), dtypes.float64: (11, 52)}
+
+
+def _float_bits(dtype: Any) -> tuple[int, int] | None:
+    same = dtypes.are_same_dtypes
+    return next((bits for d, bits in _FLOAT_BITS.items() if same(d, dtype, weak_and_strong_are_equivalent=True)), None)
+
+
+def widened(bsym: BoundSymbol) -> TensorProxy | None:
+    """The tensor a ``prims.convert_element_type`` converts to a floating dtype holding every value of its own
+    exactly (bf16 or fp16 to fp32, fp32 to fp64: what nvFuser's regions do before adding); None for any other op."""
+    if bsym.sym.id is not prims.PrimIDs.CONVERT_ELEMENT_TYPE or len(bsym.args) < 2:
+        return None
+    a, dtype = bsym.args[:2]
+    if not isinstance(a, TensorProxy):
+        return None
+    source, target = _float_bits(a.dtype), _float_bits(dtype)
+    if source is None or target is None or target[0] < source[0] or target[1] < source[1]:
+        return None
+    return a
+
+
 def plain_add(bsym: BoundSymbol) -> tuple[TensorProxy, TensorProxy] | None:
     """The two tensors of ``a + b`` (``ltorch.add`` with alpha 1, or ``prims.add``) of one floating dtype and
     shape, that of the result; None for any other op."""
@@ -73,14 +96,16 @@ def plain_add(bsym: BoundSymbol) -> tuple[TensorProxy, TensorProxy] | None:
     return args[0], args[1]
 
 
-def concatenation(trace: TraceCtx, pieces: Sequence[Proxy], dim: int, out: Proxy) -> list[BoundSymbol]:
-    """The ops computing ``out = cat(pieces, dim) + 0.0`` (``ltorch.cat``, ``ltorch.add``), their other
-    results named fresh in ``trace``. Adding +0.0 turns a -0.0 into +0.0 and leaves every other value as it is,
-    as a sum of the pieces zero-padded does."""
+def concatenation(trace: TraceCtx, pieces: Sequence[Proxy], dim: int, out: TensorProxy) -> list[BoundSymbol]:
+    """The ops computing ``out = cat(pieces, dim) + 0.0`` (``ltorch.cat``, a conversion to ``out``'s dtype where
+    the pieces have another, ``ltorch.add``), their other results named fresh in ``trace``. Adding +0.0 turns a
+    -0.0 into +0.0 and leaves every other value as it is, as a sum of the pieces zero-padded does."""
     scratch = from_trace(trace)
     token = set_tracectx(scratch)
     try:
         joined: Any = ltorch.cat(list(pieces), dim)
+        if joined.dtype != out.dtype:
+            joined = prims.convert_element_type(joined, out.dtype)
         summed: Any = ltorch.add(joined, 0.0)
     finally:
         reset_tracectx(token)

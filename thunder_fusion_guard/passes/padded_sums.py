@@ -33,6 +33,7 @@ class PaddedSum:
     ops: tuple[str, ...]
     regions: tuple[str, ...]
     executor: str
+    ops_saved: int  # the ops replaced less those computing the concatenation
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,11 @@ class _Chain:
     root: Position
     adds: frozenset[Position]
     pads: tuple[Position, ...]
+    casts: frozenset[Position] = frozenset()  # widening conversions of the pads, as nvFuser's regions add in fp32
 
     @property
     def ops(self) -> frozenset[Position]:
-        return self.adds | set(self.pads)
+        return self.adds | self.casts | set(self.pads)
 
 
 def concatenate_padded_sums(
@@ -93,6 +95,7 @@ def _chain(
     """The adds and pads of the sum whose last add is at ``root``, when its pads tile its result along one dim;
     None otherwise."""
     adds: set[Position] = set()
+    casts: set[Position] = set()
     pads: list[Position] = []
     stack = [root]
     while stack:
@@ -105,7 +108,14 @@ def _chain(
             source = made_at.get(term.name)
             if source is None or readers[term.name] != 1:
                 return None
-            if th.pad_piece(ops[source]) is not None:
+            narrow = th.widened(ops[source])
+            if narrow is not None:  # a pad converted to the sum's wider dtype (exact)
+                casts.add(source)
+                source = made_at.get(narrow.name)
+                if source is None or readers[narrow.name] != 1 or th.pad_piece(ops[source]) is None:
+                    return None
+                pads.append(source)
+            elif th.pad_piece(ops[source]) is not None:
                 pads.append(source)
             elif th.plain_add(ops[source]) is not None:
                 stack.append(source)
@@ -113,19 +123,21 @@ def _chain(
                 return None
     pieces = sorted(((th.pad_piece(ops[p]), p) for p in pads), key=lambda pair: pair[0].start)
     out = ops[root].output
-    if len({piece.dim for piece, _ in pieces}) != 1:
+    if len({piece.dim for piece, _ in pieces}) != 1 or len({piece.tensor.dtype for piece, _ in pieces}) != 1:
         return None
+    if pieces[0][0].tensor.dtype != out.dtype and len(casts) != len(pieces):
+        return None  # pieces of another dtype than the sum's reach it only through widening conversions
     dim, start = pieces[0][0].dim, 0
     for piece, _ in pieces:
         shape = list(piece.tensor.shape)
-        if piece.start != start or piece.tensor.dtype != out.dtype or len(shape) != len(out.shape):
+        if piece.start != start or len(shape) != len(out.shape):
             return None
         if shape[:dim] + shape[dim + 1 :] != list(out.shape[:dim]) + list(out.shape[dim + 1 :]):
             return None
         start += shape[dim]
     if start != out.shape[dim]:
         return None
-    return _Chain(root, frozenset(adds), tuple(p for _, p in pieces))
+    return _Chain(root, frozenset(adds), tuple(p for _, p in pieces), frozenset(casts))
 
 
 def _concatenation(trace: th.TraceCtx, ops: dict[Position, th.BoundSymbol], chain: _Chain) -> list[th.BoundSymbol]:
@@ -162,14 +174,13 @@ def _rebuilt(
                 body.append(op)
         new[i] = _region(bsyms[i], body, needed_elsewhere) if body else None
     done = []
-    for chain, _ in chains:
+    for chain, added in chains:
         regions = tuple(dict.fromkeys(bsyms[i].sym.name for i, _ in sorted(chain.ops)))
         names = tuple(th.op_name(ops[p]) for p in sorted(chain.ops))
         dim = th.pad_piece(ops[chain.pads[0]]).dim
-        root = bsyms[chain.root[0]]
-        done.append(
-            PaddedSum(ops[chain.root].output.name, len(chain.pads), dim, names, regions, th.executor_name(root))
-        )
+        executor = th.executor_name(bsyms[chain.root[0]])
+        output = ops[chain.root].output.name
+        done.append(PaddedSum(output, len(chain.pads), dim, names, regions, executor, len(names) - len(added)))
     return th.new_trace_like(trace, [b for b in new if b is not None]), done
 
 
@@ -196,8 +207,8 @@ def padded_sum_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceC
     applied = not context.options.report_only
     made = []
     for s in sums:
-        facts = {"count": s.pieces, "into": s.regions[-1] if s.regions else s.output, "ops_saved": len(s.ops) - 2}
-        details = Details(output=s.output, regions=list(s.regions), ops_saved_per_call=len(s.ops) - 2)
+        facts = {"count": s.pieces, "into": s.regions[-1] if s.regions else s.output, "ops_saved": s.ops_saved}
+        details = Details(output=s.output, regions=list(s.regions), ops_saved_per_call=s.ops_saved)
         made.append(
             op_decision(
                 context.where,
