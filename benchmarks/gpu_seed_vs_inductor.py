@@ -164,6 +164,13 @@ def run_model(
                     for d in guard.report.filter(action="capture")
                 ]
                 rows[path]["actions"] = dict(Counter(d.action for d in guard.report.decisions))
+                rows[path]["codes"] = dict(Counter(d.code for d in guard.report.decisions))
+                rows[path]["rescued"] = [  # what failed, and the fusion alone to run it again
+                    {"where": f"{d.subgraph or ''}/{d.trace} {d.region}", "error": (d.error or "")[:1500]}
+                    | {"reproduction": d.details.get("reproduction")}
+                    for d in guard.report.decisions
+                    if d.action == "rescue"
+                ]
                 if path in variants:
                     rows[path]["guard_options"] = variants[path]
                 rows[path]["timed"] = [  # every region the guard timed or switched: what decided it
