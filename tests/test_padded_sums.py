@@ -130,3 +130,38 @@ def test_pads_widened_before_the_adds_are_concatenated_with_the_same_bits():
     got = new.python_callable()(*pieces)
     got, expected = (t[0] if isinstance(t, (tuple, list)) else t for t in (got, expected))
     assert torch.equal(_bits(got), _bits(expected))
+
+
+def _cat_of_slices(w, x):
+    """A ``cat`` of side-by-side slices of ``w`` (e3nn's irreps do this): ``w``'s gradient is the sum of zero pads
+    of side-by-side slices of the ``cat``'s gradient."""
+    joined = torch.cat([w[:, 0:4], w[:, 4:9], (w[:, 9:12] * 3.0).sin()], 1)
+    return (joined * x).sum()
+
+
+def test_side_by_side_slices_of_one_tensor_are_one_slice_not_a_concatenation():
+    guard = FusionGuard(cost_model=False, exact_only=False)
+    jitted, out, grad = _run(_cat_of_slices, guard)
+    _, expected_out, expected = _run(_cat_of_slices)
+    assert torch.equal(_bits(out), _bits(expected_out)) and torch.equal(_bits(grad), _bits(expected))
+    (d,) = _folds(guard)
+    assert sorted(d.ops).count("pad") == 3
+    backward = str(thunder.last_backward_traces(jitted)[-1])
+    assert "prims.pad(" not in backward
+    # the first two pieces are one slice of the cat's gradient; the third is its own piece
+    (cat,) = [line for line in backward.splitlines() if "ltorch.cat(" in line]
+    assert cat.split("[", 1)[1].split("]", 1)[0].count(",") == 1, cat
+
+
+def test_slices_that_cover_their_source_are_the_source_plus_zero():
+    def f(w, x):
+        return (torch.cat([w[:, 0:4], w[:, 4:12]], 1) * x).sum()
+
+    guard = FusionGuard(cost_model=False, exact_only=False)
+    jitted, out, grad = _run(f, guard)
+    _, expected_out, expected = _run(f)
+    assert torch.equal(_bits(out), _bits(expected_out)) and torch.equal(_bits(grad), _bits(expected))
+    assert _bits(grad)[0, 0] == 0, "+0.0, as the sum of pads gives"
+    (d,) = _folds(guard)
+    backward = str(thunder.last_backward_traces(jitted)[-1])
+    assert "prims.pad(" not in backward and "ltorch.cat(" not in backward

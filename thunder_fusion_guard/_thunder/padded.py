@@ -15,7 +15,7 @@ from thunder.core.trace import TraceCtx, from_trace, reset_tracectx, set_tracect
 
 from .lowering import swap_proxies
 
-__all__ = ["PadPiece", "concatenation", "pad_piece", "plain_add", "widened"]
+__all__ = ["PadPiece", "SliceRange", "concatenation", "pad_piece", "plain_add", "slice_range", "widened"]
 
 
 class PadPiece(tuple):
@@ -51,6 +51,43 @@ def pad_piece(bsym: BoundSymbol) -> PadPiece | None:
     except (TypeError, ValueError):
         return None
     return PadPiece((a, padded[0], int(config[padded[0]][0])))
+
+
+class SliceRange(tuple):
+    """A slice along one dim, unit step, whole along the others: ``(source, dim, start, stop)``."""
+
+    @property
+    def source(self) -> TensorProxy:
+        return self[0]
+
+    @property
+    def dim(self) -> int:
+        return self[1]
+
+    @property
+    def start(self) -> int:
+        return self[2]
+
+    @property
+    def stop(self) -> int:
+        return self[3]
+
+
+def slice_range(bsym: BoundSymbol) -> SliceRange | None:
+    """The range a ``prims.slice_prim`` with unit steps takes along its one sliced dim; None for any other op."""
+    if bsym.sym.id is not prims.PrimIDs.SLICE or len(bsym.args) < 3:
+        return None
+    a, starts, ends = bsym.args[:3]
+    steps = bsym.args[3] if len(bsym.args) > 3 else bsym.kwargs.get("strides")
+    if not isinstance(a, TensorProxy) or (steps is not None and any(s != 1 for s in steps)):
+        return None
+    try:
+        cut = [d for d, (lo, hi, n) in enumerate(zip(starts, ends, a.shape, strict=True)) if (lo, hi) != (0, n)]
+    except (TypeError, ValueError):
+        return None
+    if len(cut) != 1:
+        return None
+    return SliceRange((a, cut[0], int(starts[cut[0]]), int(ends[cut[0]])))
 
 
 # (exponent bits, mantissa bits) of the floating dtypes a widening conversion may go between.
@@ -96,17 +133,31 @@ def plain_add(bsym: BoundSymbol) -> tuple[TensorProxy, TensorProxy] | None:
     return args[0], args[1]
 
 
-def concatenation(trace: TraceCtx, pieces: Sequence[Proxy], dim: int, out: TensorProxy) -> list[BoundSymbol]:
+def concatenation(
+    trace: TraceCtx, pieces: Sequence[Proxy | SliceRange], dim: int, out: TensorProxy
+) -> list[BoundSymbol]:
     """The ops computing ``out = cat(pieces, dim) + 0.0`` (``ltorch.cat``, a conversion to ``out``'s dtype where
-    the pieces have another, ``ltorch.add``), their other results named fresh in ``trace``. Adding +0.0 turns a
+    the pieces have another, ``ltorch.add``), their other results named fresh in ``trace``; a :class:`SliceRange`
+    piece is sliced here (a whole source is taken as it is), and one piece needs no ``cat``. Adding +0.0 turns a
     -0.0 into +0.0 and leaves every other value as it is, as a sum of the pieces zero-padded does."""
     scratch = from_trace(trace)
     token = set_tracectx(scratch)
     try:
-        joined: Any = ltorch.cat(list(pieces), dim)
+        parts = [_sliced(p) if isinstance(p, SliceRange) else p for p in pieces]
+        joined: Any = parts[0] if len(parts) == 1 else ltorch.cat(parts, dim)
         if joined.dtype != out.dtype:
             joined = prims.convert_element_type(joined, out.dtype)
         summed: Any = ltorch.add(joined, 0.0)
     finally:
         reset_tracectx(token)
     return [swap_proxies(b, [(summed, out)]) for b in scratch.bound_symbols]
+
+
+def _sliced(piece: SliceRange) -> Any:
+    """``piece`` as a tensor: its source where the range is all of it, else a ``prims.slice_prim``."""
+    source, dim = piece.source, piece.dim
+    if (piece.start, piece.stop) == (0, source.shape[dim]):
+        return source
+    starts = [piece.start if d == dim else 0 for d in range(source.ndim)]
+    ends = [piece.stop if d == dim else n for d, n in enumerate(source.shape)]
+    return prims.slice_prim(source, starts, ends)

@@ -61,9 +61,11 @@ def concatenate_padded_sums(
     ops: dict[Position, th.BoundSymbol] = {}
     made_at: dict[str, Position] = {}
     readers: Counter[str] = Counter()
+    at_top = {p.name for p in trace.args if isinstance(p, th.Proxy)}  # the values any op of the trace may read
     for i, b in enumerate(bsyms):
         if th.is_comment_or_del(b):
             continue
+        at_top.update(p.name for p in b.flat_proxy_outs)
         inside = th.is_fusion(b) and may_rebuild(b)
         for j, op in enumerate(th.subsymbols(b) if inside else [b]):
             for name in {p.name for p in op.flat_proxy_args}:
@@ -79,7 +81,7 @@ def concatenate_padded_sums(
         chain = _chain(position, ops, made_at, readers)
         if chain is None or taken & chain.ops:
             continue
-        added = _concatenation(trace, ops, chain)
+        added = _concatenation(trace, ops, chain, _merged(chain, ops, made_at, at_top))
         if not all(th.executor_claims(bsyms[chain.root[0]], b) for b in added):
             continue  # the region's executor would not run the concatenation: the sum stays as it is
         taken |= chain.ops
@@ -140,11 +142,38 @@ def _chain(
     return _Chain(root, frozenset(adds), tuple(p for _, p in pieces), frozenset(casts))
 
 
-def _concatenation(trace: th.TraceCtx, ops: dict[Position, th.BoundSymbol], chain: _Chain) -> list[th.BoundSymbol]:
+def _merged(
+    chain: _Chain, ops: dict[Position, th.BoundSymbol], made_at: dict[str, Position], at_top: set[str]
+) -> list[th.Proxy | th.SliceRange]:
+    """``chain``'s pieces in order, each run of slices side by side of one source (the gradient of a ``cat``, as
+    e3nn's irreps make it) taken as one slice of it, where the source can be read where the concatenation runs."""
+    dim = th.pad_piece(ops[chain.pads[0]]).dim
+    runs: list[tuple[th.SliceRange | None, list[th.Proxy]]] = []  # (the run's slice, the pieces it joins)
+    for position in chain.pads:
+        piece = th.pad_piece(ops[position]).tensor
+        made = made_at.get(piece.name)
+        cut = th.slice_range(ops[made]) if made is not None else None
+        readable = cut is not None and (
+            cut.source.name in at_top or made_at.get(cut.source.name, (-1,))[0] == chain.root[0]
+        )
+        last = runs[-1][0] if runs else None
+        if not readable or cut.dim != dim:
+            runs.append((None, [piece]))
+        elif last is not None and last.source.name == cut.source.name and last.stop == cut.start:
+            runs[-1] = (th.SliceRange((last.source, dim, last.start, cut.stop)), [*runs[-1][1], piece])
+        else:
+            runs.append((cut, [piece]))
+    return [cut if cut is not None and len(joined) > 1 else joined[0] for cut, joined in runs]
+
+
+def _concatenation(
+    trace: th.TraceCtx,
+    ops: dict[Position, th.BoundSymbol],
+    chain: _Chain,
+    pieces: list[th.Proxy | th.SliceRange],
+) -> list[th.BoundSymbol]:
     """The ops computing ``chain``'s result as ``cat(pieces) + 0.0``."""
-    first = th.pad_piece(ops[chain.pads[0]])
-    pieces = [th.pad_piece(ops[p]).tensor for p in chain.pads]
-    return th.concatenation(trace, pieces, first.dim, ops[chain.root].output)
+    return th.concatenation(trace, pieces, th.pad_piece(ops[chain.pads[0]]).dim, ops[chain.root].output)
 
 
 def _rebuilt(
@@ -158,11 +187,12 @@ def _rebuilt(
     its ops rebuilt (a piece made in one and now read in another becomes its output; an emptied one dropped)."""
     gone = {p for chain, _ in chains for p in chain.ops}
     at_root = {chain.root: added for chain, added in chains}
-    needed_elsewhere = {
-        piece.name
-        for chain, _ in chains
-        for piece in (th.pad_piece(ops[p]).tensor for p in chain.pads)
-        if made_at.get(piece.name, chain.root)[0] != chain.root[0]
+    needed_elsewhere = {  # what a concatenation reads that another region makes
+        value.name
+        for chain, added in chains
+        for b in added
+        for value in b.flat_proxy_args
+        if made_at.get(value.name, chain.root)[0] != chain.root[0]
     }
     new: list[th.BoundSymbol | None] = list(bsyms)
     for i in sorted({i for i, _ in gone}):
