@@ -15,7 +15,16 @@ from thunder.core.trace import TraceCtx, from_trace, reset_tracectx, set_tracect
 
 from .lowering import swap_proxies
 
-__all__ = ["PadPiece", "SliceRange", "concatenation", "pad_piece", "plain_add", "slice_range", "widened"]
+__all__ = [
+    "PadPiece",
+    "SliceRange",
+    "concatenation",
+    "float_conversion",
+    "pad_piece",
+    "plain_add",
+    "slice_range",
+    "widened",
+]
 
 
 class PadPiece(tuple):
@@ -73,9 +82,25 @@ class SliceRange(tuple):
         return self[3]
 
 
+# Thunder's torch executor runs prims.slice_prim as this op, with the prim's arguments.
+_TORCH_SLICE = "torch_slice_prim_impl"
+
+
+def _is_slice(bsym: BoundSymbol) -> bool:
+    return bsym.sym.id is prims.PrimIDs.SLICE or bsym.sym.name == _TORCH_SLICE
+
+
 def slice_range(bsym: BoundSymbol) -> SliceRange | None:
-    """The range a ``prims.slice_prim`` with unit steps takes along its one sliced dim; None for any other op."""
-    if bsym.sym.id is not prims.PrimIDs.SLICE or len(bsym.args) < 3:
+    """The range a ``prims.slice_prim`` with unit steps (or an op that is one, as ``ltorch.getitem`` may be) takes
+    along its one sliced dim; None for any other op."""
+    while not _is_slice(bsym) and len(bsym.subsymbols) == 1:
+        inner = bsym.subsymbols[0]
+        if not isinstance(inner.output, Proxy) or not isinstance(bsym.output, Proxy):
+            return None
+        if inner.output.name != bsym.output.name:
+            return None
+        bsym = inner
+    if not _is_slice(bsym) or len(bsym.args) < 3:
         return None
     a, starts, ends = bsym.args[:3]
     steps = bsym.args[3] if len(bsym.args) > 3 else bsym.kwargs.get("strides")
@@ -109,6 +134,17 @@ def widened(bsym: BoundSymbol) -> TensorProxy | None:
         return None
     source, target = _float_bits(a.dtype), _float_bits(dtype)
     if source is None or target is None or target[0] < source[0] or target[1] < source[1]:
+        return None
+    return a
+
+
+def float_conversion(bsym: BoundSymbol) -> TensorProxy | None:
+    """The tensor a ``prims.convert_element_type`` from one floating dtype to another converts; None for any other
+    op."""
+    if bsym.sym.id is not prims.PrimIDs.CONVERT_ELEMENT_TYPE or len(bsym.args) < 2:
+        return None
+    a, dtype = bsym.args[:2]
+    if not isinstance(a, TensorProxy) or _float_bits(a.dtype) is None or _float_bits(dtype) is None:
         return None
     return a
 

@@ -51,21 +51,25 @@ class _Chain:
 
 
 def concatenate_padded_sums(
-    trace: th.TraceCtx, may_rebuild: Callable[[th.BoundSymbol], bool]
+    trace: th.TraceCtx, may_rebuild: Callable[[th.BoundSymbol], bool], min_regions: int = 2
 ) -> tuple[th.TraceCtx, list[PaddedSum]]:
-    """``trace`` with each sum of zero pads that tile their result, inside the fusion regions ``may_rebuild``
-    allows, computed as ``cat(pieces) + 0.0`` where its last add was. Each pad and each add but the last must be
-    read by the next add only; the regions that held them are rebuilt (a piece made in one region and now read in
+    """``trace`` with each sum of zero pads that tile their result, spread over ``min_regions`` or more of the fusion
+    regions ``may_rebuild`` allows (each cut writes and reads the whole tensor), computed as ``cat(pieces) + 0.0`` where
+    its last add was. Each pad and each add but the last must be read by the next add only; the regions that held
+    them are rebuilt (a piece made in one region and now read in
     another becomes its output; a region left with no op is dropped)."""
     bsyms = list(trace.bound_symbols)
     ops: dict[Position, th.BoundSymbol] = {}
     made_at: dict[str, Position] = {}
     readers: Counter[str] = Counter()
     at_top = {p.name for p in trace.args if isinstance(p, th.Proxy)}  # the values any op of the trace may read
+    outside: dict[str, th.BoundSymbol] = {}  # the ops outside fusion regions, by what they make
     for i, b in enumerate(bsyms):
         if th.is_comment_or_del(b):
             continue
         at_top.update(p.name for p in b.flat_proxy_outs)
+        if not th.is_fusion(b):
+            outside.update((p.name, b) for p in b.flat_proxy_outs)
         inside = th.is_fusion(b) and may_rebuild(b)
         for j, op in enumerate(th.subsymbols(b) if inside else [b]):
             for name in {p.name for p in op.flat_proxy_args}:
@@ -79,9 +83,9 @@ def concatenate_padded_sums(
         if position in taken:
             continue
         chain = _chain(position, ops, made_at, readers)
-        if chain is None or taken & chain.ops:
-            continue
-        added = _concatenation(trace, ops, chain, _merged(chain, ops, made_at, at_top))
+        if chain is None or taken & chain.ops or len({i for i, _ in chain.ops}) < min_regions:
+            continue  # inside one region the partial sums never leave the fuser: nothing to save, a rebuild to risk
+        added = _concatenation(trace, ops, chain, _merged(chain, ops, made_at, at_top, outside))
         if not all(th.executor_claims(bsyms[chain.root[0]], b) for b in added):
             continue  # the region's executor would not run the concatenation: the sum stays as it is
         taken |= chain.ops
@@ -99,6 +103,8 @@ def _chain(
     adds: set[Position] = set()
     casts: set[Position] = set()
     pads: list[Position] = []
+    widened_pads = 0
+    rounded_to: set = set()  # the dtypes partial sums are rounded to at a region's edge
     stack = [root]
     while stack:
         at = stack.pop()
@@ -111,24 +117,39 @@ def _chain(
             if source is None or readers[term.name] != 1:
                 return None
             narrow = th.widened(ops[source])
-            if narrow is not None:  # a pad converted to the sum's wider dtype (exact)
-                casts.add(source)
-                source = made_at.get(narrow.name)
-                if source is None or readers[narrow.name] != 1 or th.pad_piece(ops[source]) is None:
+            if narrow is None:
+                if th.pad_piece(ops[source]) is not None:
+                    pads.append(source)
+                elif th.plain_add(ops[source]) is not None:
+                    stack.append(source)
+                else:
                     return None
-                pads.append(source)
-            elif th.pad_piece(ops[source]) is not None:
-                pads.append(source)
-            elif th.plain_add(ops[source]) is not None:
-                stack.append(source)
-            else:
+                continue
+            casts.add(source)  # converted to the sum's wider dtype (exact): a pad, or a partial sum rounded
+            source = made_at.get(narrow.name)
+            if source is None or readers[narrow.name] != 1:
                 return None
+            if th.pad_piece(ops[source]) is not None:
+                pads.append(source)
+                widened_pads += 1
+                continue
+            # A partial sum rounded to the pieces' dtype where it leaves a region (nvFuser's regions hand bf16 on):
+            # each of its elements is one piece's value or zero, so the rounding is exact (checked below).
+            partial = th.float_conversion(ops[source])
+            inner = made_at.get(partial.name) if partial is not None else None
+            if inner is None or readers[partial.name] != 1 or th.plain_add(ops[inner]) is None:
+                return None
+            casts.add(source)
+            rounded_to.add(ops[source].output.dtype)
+            stack.append(inner)
     pieces = sorted(((th.pad_piece(ops[p]), p) for p in pads), key=lambda pair: pair[0].start)
     out = ops[root].output
     if len({piece.dim for piece, _ in pieces}) != 1 or len({piece.tensor.dtype for piece, _ in pieces}) != 1:
         return None
-    if pieces[0][0].tensor.dtype != out.dtype and len(casts) != len(pieces):
+    if pieces[0][0].tensor.dtype != out.dtype and widened_pads != len(pieces):
         return None  # pieces of another dtype than the sum's reach it only through widening conversions
+    if rounded_to - {pieces[0][0].tensor.dtype}:
+        return None  # a partial sum rounded to another dtype than the pieces' may have lost bits
     dim, start = pieces[0][0].dim, 0
     for piece, _ in pieces:
         shape = list(piece.tensor.shape)
@@ -143,7 +164,11 @@ def _chain(
 
 
 def _merged(
-    chain: _Chain, ops: dict[Position, th.BoundSymbol], made_at: dict[str, Position], at_top: set[str]
+    chain: _Chain,
+    ops: dict[Position, th.BoundSymbol],
+    made_at: dict[str, Position],
+    at_top: set[str],
+    outside: dict[str, th.BoundSymbol],
 ) -> list[th.Proxy | th.SliceRange]:
     """``chain``'s pieces in order, each run of slices side by side of one source (the gradient of a ``cat``, as
     e3nn's irreps make it) taken as one slice of it, where the source can be read where the concatenation runs."""
@@ -151,8 +176,8 @@ def _merged(
     runs: list[tuple[th.SliceRange | None, list[th.Proxy]]] = []  # (the run's slice, the pieces it joins)
     for position in chain.pads:
         piece = th.pad_piece(ops[position]).tensor
-        made = made_at.get(piece.name)
-        cut = th.slice_range(ops[made]) if made is not None else None
+        made = ops[made_at[piece.name]] if piece.name in made_at else outside.get(piece.name)
+        cut = th.slice_range(made) if made is not None else None
         readable = cut is not None and (
             cut.source.name in at_top or made_at.get(cut.source.name, (-1,))[0] == chain.root[0]
         )
