@@ -176,7 +176,7 @@ def run_model(
                 rows[path]["timed"] = [  # every region the guard timed or switched: what decided it
                     {"where": f"{d.subgraph or ''}/{d.trace} {d.region}", "action": d.action, "code": d.code}
                     | {"estimates": d.estimates, "ops": len(d.ops)}
-                    | {k: v for k, v in d.details.items() if k.startswith("measured_") or k == "margin"}
+                    | {k: v for k, v in d.details.items() if k.startswith("measured_") or k in ("margin", "decided_on")}
                     for d in guard.report.decisions
                     if d.action == "switch" or d.code == "measured"
                 ]

@@ -160,9 +160,10 @@ def inject_timings(monkeypatch, tmp_path):
     break-even are "timed" again, with fixed samples (the fusion and eager callables still run once each, on
     fresh tensors): medians ``fused_us`` and ``eager_us``, the median eager/fused ratio uncertain by
     ``spread`` (relative); the region fused by another executor, where one is timed, ``other_us``
-    (None: ten times the slower of the two); host and device times apart, ``(fused, eager)`` µs each
-    (None: not known, as off CUDA). Returns the list of calls made to the timing (the number of callables
-    timed in each). The measurements are cached in a cache of the test's own, so no other test reads them."""
+    (None: ten times the slower of the two); host and device times apart, ``(fused, eager)`` µs each, or
+    ``(fused, eager, other)`` (None: not known, as off CUDA). Returns the list of calls made to the timing (the
+    number of callables timed in each). The measurements are cached in a cache of the test's own, so no other
+    test reads them."""
     calls: list[int] = []
     monkeypatch.setenv("TFG_CACHE_DIR", str(tmp_path))
     breakeven.clear_memory_cache()

@@ -368,3 +368,31 @@ def test_a_switch_that_cannot_be_built_keeps_the_region(inject_timings, monkeypa
     assert d.details["decided_by"] == "measured" and "switched_to" not in d.details  # the switch was not built
     assert d.details["measured_other_executor"] == "torchcompile" and d.details["measured_other_us"] == 1.0
     assert [r.executor for r in regions(guarded)] == [SHAPED]
+
+
+@pytest.mark.parametrize("captured", [False, True])
+def test_in_cuda_graphs_the_device_times_decide(inject_timings, monkeypatch, captured):
+    """Replayed in CUDA graphs a program spends no host time: the other executor, 2.5x faster on the stream but
+    2x slower on the device, takes the region only where the program is not captured."""
+    monkeypatch.setattr(th, "compiling_with_cuda_graphs", lambda: captured)
+    inject_timings(10.0, 12.0, other_us=4.0, host=(9.0, 11.0, 3.0), device=(3.0, 12.0, 6.0))
+    g = guard()
+    a, b = rounding_inputs(torch.float32)
+    guarded = jit(exact_sum, g)
+    assert_same(run_with_grads(guarded, [a, b])[0], run_with_grads(jit(exact_sum), [a, b])[0])
+    (d,) = region_decisions(g)
+    assert d.action == ("keep" if captured else "switch")
+    assert d.details["measured_other_device_us"] == 6.0 and d.details["measured_other_us"] == 4.0
+    assert d.details.get("decided_on") == ("device" if captured else None)
+
+
+def test_in_cuda_graphs_a_region_dearer_on_the_device_than_eager_is_rejected(inject_timings, monkeypatch):
+    monkeypatch.setattr(th, "compiling_with_cuda_graphs", lambda: True)
+    inject_timings(10.0, 12.0, host=(9.0, 11.0), device=(8.0, 2.0))  # the stream keeps it; the device does not
+    g = FusionGuard(calibration=NEAR_BREAK_EVEN)
+    a, b = rounding_inputs(torch.float32)
+    guarded = jit(exact_sum, g)
+    assert_same(run_with_grads(guarded, [a, b])[0], run_with_grads(jit(exact_sum), [a, b])[0])
+    (d,) = region_decisions(g)
+    assert (d.action, d.details["decided_on"]) == ("reject", "device")
+    assert (d.details["measured_region_us"], d.details["measured_region_device_us"]) == (10.0, 8.0)

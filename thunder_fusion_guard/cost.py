@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from functools import cached_property
 from typing import Any
 
@@ -166,6 +166,18 @@ class Measured:
     other_problem: str | None = None
     host: tuple[float, float] | None = None
     device: tuple[float, float] | None = None
+    other_device_us: float | None = None  # the other executor's fusion call on the device alone
+
+    def on_device(self) -> Measured | None:
+        """These timings as the device sees them (a program captured in CUDA graphs spends no host time): the
+        fusion call's and eager's device µs, the other executor's where it was timed there; None when the
+        device was not timed apart."""
+        if self.device is None:
+            return None
+        other = self.other if self.other_device_us is not None else None
+        return replace(
+            self, region_us=self.device[0], eager_us=self.device[1], other=other, other_us=self.other_device_us
+        )
 
     def as_record(self) -> dict[str, float | str]:
         record: dict[str, float | str] = {
@@ -184,6 +196,8 @@ class Measured:
             if pair is not None:
                 record[f"measured_region_{side}_us"] = round(pair[0], 3)
                 record[f"measured_eager_{side}_us"] = round(pair[1], 3)
+        if self.other is not None and self.other_device_us is not None:
+            record["measured_other_device_us"] = round(self.other_device_us, 3)
         return record
 
 

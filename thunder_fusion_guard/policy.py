@@ -114,6 +114,7 @@ def decide(
     compile_options: Mapping[str, Any] | None = None,
     alternative: str | None = None,
     doubt: str | None = None,
+    captured: bool = False,
 ) -> Verdict:
     """Keep a region, reject it to the torch executor when its fusion call buys nothing, or switch it to
     the fusion executor ``alternative`` (one that can run all of it) when that runs it faster.
@@ -123,7 +124,8 @@ def decide(
     ``compile_options`` are those the program passed to ``thunder.jit`` by name: a region kind it asked for
     is kept unless ``override_compile_options``. ``doubt`` (:class:`ModelDoubt`'s reason): the model's
     estimates are not trusted to decide alone, so a measurement decides any exact region, however far apart
-    its estimates (the decision's ``model_doubted`` says why).
+    its estimates (the decision's ``model_doubted`` says why). ``captured``: the program replays in CUDA graphs,
+    which spend no host time, so a timing decides on its device times where it has them.
     """
     comms = [op for op, b in zip(region.ops, region.body, strict=True) if is_communication(b)]
     if comms:
@@ -175,7 +177,11 @@ def decide(
         doubt=doubt if doubted else None,
     )
     if measured is not None and measurable:
+        timed = measured
         margin, narrowed = measured_margin(options.margin, measured, constants)
+        seen = measured.on_device() if captured else None
+        if seen is not None:  # in CUDA graphs only the device's time is spent
+            measured, narrowed, margin = seen, None, options.margin
         action, outcome = _by_numbers(measured.region_us, measured.eager_us, margin)
         by_rule = bool(inexact) and action == "reject"  # the rule, not the timing, keeps it
         if by_rule:
@@ -189,7 +195,10 @@ def decide(
             action = "switch"
             facts.update(switched_to=measured.other, chosen=switched[0], chosen_us=switched[1])
         by = "exactness" if by_rule and switched is None else "measured"
-        details = {**details, "decided_by": by, "margin": margin, **measured.as_record()}
+        details = {**details, "decided_by": by, "margin": margin, **timed.as_record()}
+        if seen is not None:
+            facts["on_device"] = True
+            details["decided_on"] = "device"
         return Verdict(action, "measured", facts, record, details, False, alternative)
     if inexact and model[0] == "keep":  # the cost model keeps it: exactness did not decide
         return Verdict("keep", "cost_model", facts, record, details, measurable, alternative)

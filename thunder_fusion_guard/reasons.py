@@ -245,6 +245,8 @@ def _measured(f: Facts) -> tuple[str, str | None]:
                 f"measured while compiling ({why}): {short}; the model estimated {f['est_region_us']:.1f} µs "
                 f"fused vs {f['est_eager_us']:.1f}"
             )
+    if f.get("on_device"):
+        reason += "; device times: the program replays in CUDA graphs, which spend no host time"
     if "margin_from" in f:
         reason += f"; margin narrowed from {f['margin_from']:.0%} to the timing's spread: {_narrowed(f)}"
     if "switched_to" in f:

@@ -143,6 +143,7 @@ class FusionGuard(thunder.Transform):
             subgraph=self._subgraph_id(th.compiling_fx_subgraph()),
             compile_options=th.explicit_compile_options(),
             rank=current_rank(),
+            captured=th.compiling_with_cuda_graphs(),
         )
 
     def _this_thread(self) -> dict[str | None, int]:

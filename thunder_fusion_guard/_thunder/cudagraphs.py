@@ -50,6 +50,7 @@ from thunder.executors.data_dependent_partition import Node, consecutive_fusion,
 from thunder.executors.utils import Region
 from thunder.transforms.cudagraph import CUDAGraphTransform
 
+from .compiling import compiling_transforms
 from .graph_calls import (
     GraphCall,
     copying_back,
@@ -64,6 +65,7 @@ from .lowering import with_call
 __all__ = [
     "CaptureSummary",
     "capture_for_any_trace",
+    "compiling_with_cuda_graphs",
     "forget_forward",
     "guard_capture",
     "is_cudagraph_transform",
@@ -78,6 +80,11 @@ __all__ = [
 def is_cudagraph_transform(transform: Any) -> bool:
     """True for Thunder's ``CUDAGraphTransform``, which only captures and replays: dropping it changes no value."""
     return isinstance(transform, CUDAGraphTransform)
+
+
+def compiling_with_cuda_graphs() -> bool:
+    """Whether the compilation Thunder runs right now has a ``CUDAGraphTransform``: its program replays in graphs."""
+    return any(is_cudagraph_transform(t) for t in compiling_transforms())
 
 
 def forget_forward(transform: Any) -> None:

@@ -42,7 +42,7 @@ REPS = 15
 WARMUP = 2
 SPLIT_REPS = 5  # rounds timing host and device apart, on CUDA
 # Part of every region's signature: a measurement taken another way is taken again.
-METHOD = "stream+host/device, paired median error"
+METHOD = "stream+host/device (the other executor's too), paired median error"
 # A region's timing rounds stop after this many seconds (the budget permitting), its first calls aside.
 REGION_TIMING_S = 0.25
 
@@ -72,7 +72,7 @@ def _store() -> dict[str, dict[str, Any]]:
 def _cached(entry: Any) -> Measured | None:
     try:
         spread, other_us = entry.get("spread"), entry.get("other_us")
-        host, device = entry.get("host"), entry.get("device")
+        host, device, other_device = entry.get("host"), entry.get("device"), entry.get("other_device")
         return Measured(
             float(entry["region_us"]),
             float(entry["eager_us"]),
@@ -83,6 +83,7 @@ def _cached(entry: Any) -> Measured | None:
             entry.get("other_problem"),
             None if host is None else (float(host[0]), float(host[1])),
             None if device is None else (float(device[0]), float(device[1])),
+            None if other_device is None else float(other_device),
         )
     except (AttributeError, IndexError, KeyError, TypeError, ValueError):
         return None
@@ -216,6 +217,7 @@ class RegionMeasurer:
             "other_problem": measured.other_problem,
             "host": measured.host,
             "device": measured.device,
+            "other_device": measured.other_device_us,
             "ops": region.ops[:20],
         }
         with _lock:
@@ -250,7 +252,7 @@ class RegionMeasurer:
                 fns, args, reps=REPS, warmup=WARMUP, deadline_ns=deadline, clock=self.clock, cuda=cuda
             )
             try:  # host and device apart only narrow the margin: without them the measurement still decides
-                apart = host_device_us(fns[:2], args, reps=SPLIT_REPS, clock=self.clock, cuda=cuda)
+                apart = host_device_us(fns, args, reps=SPLIT_REPS, clock=self.clock, cuda=cuda)
             except Exception as e:
                 log.debug("FusionGuard: host and device not timed apart for %s: %s", region.name, e)
                 apart = None
@@ -266,6 +268,7 @@ class RegionMeasurer:
             problem,
             None if apart is None else (apart[0].host_us, apart[1].host_us),
             None if apart is None else (apart[0].device_us, apart[1].device_us),
+            apart[2].device_us if apart is not None and timed_other and len(apart) > 2 else None,
         )
 
     def flush(self) -> None:

@@ -85,7 +85,7 @@ def _verdict(
     other = None if fuser is None else Alternative(fuser, region.bsym, counter)
     other_name = None if other is None else other.name
     doubt = context.doubt.why(device, region.executor) if context.doubt is not None and device else None
-    verdict = decide(region, options, constants, None, where.compile_options, other_name, doubt)
+    verdict = decide(region, options, constants, None, where.compile_options, other_name, doubt, where.captured)
     if not verdict.measurable or measure_region is None:
         return verdict, other, None
     try:
@@ -96,7 +96,8 @@ def _verdict(
         return verdict, other, measured
     if context.doubt is not None and device:
         context.doubt.learn(device, region.executor, region.name, verdict.estimates, measured)
-    return decide(region, options, constants, measured, where.compile_options, other_name, doubt), other, None
+    verdict = decide(region, options, constants, measured, where.compile_options, other_name, doubt, where.captured)
+    return verdict, other, None
 
 
 def _decided(context: PassContext, region: Region, verdict: Verdict, details: Details, applied: bool) -> Decision:
