@@ -133,47 +133,50 @@ def _widened_sum(g1, g2, g3):
     return prims.convert_element_type(prims.add(prims.add(c1, c2), c3), dtypes.bfloat16)
 
 
-def test_pads_widened_before_the_adds_are_concatenated_with_the_same_bits():
-    """Read in one region here (``min_regions=1``): how the sum is found does not depend on where it is cut."""
-    from thunder_fusion_guard.passes.padded_sums import concatenate_padded_sums
-
-    torch.manual_seed(0)
-    pieces = [torch.randn(8, n, dtype=torch.bfloat16) for n in (4, 2, 6)]
-    pieces[0][0, 0], pieces[1][0, 0] = -0.0, float("nan")
-    jitted = thunder.jit(_widened_sum, executors=fusion_executors("cpu"))
-    expected = jitted(*pieces)
-    trace = thunder.last_traces(jitted)[-1]
-    assert concatenate_padded_sums(trace, lambda fusion: True)[1] == [], "one region: left as it is"
-    new, (summed,) = concatenate_padded_sums(trace, lambda fusion: True, min_regions=1)
-    assert summed.pieces == 3 and sorted(summed.ops).count("convert_element_type") == 3
-    assert "ltorch.cat(" in str(new) and "prims.pad(" not in str(new)
-    got = new.python_callable()(*pieces)
-    got, expected = (t[0] if isinstance(t, (tuple, list)) else t for t in (got, expected))
-    assert torch.equal(_bits(got), _bits(expected))
-
-
-def _rounded_partial_sum(g1, g2, g3):
-    """As nvFuser's regions hand a bf16 partial sum on: rounded to bf16 where one region ends, widened in the next."""
+def _rounded_partial_sum(g1, g2, g3, to=None):
+    """As nvFuser's regions hand a bf16 partial sum on: rounded (to bf16, or ``to``) where one region ends, widened
+    in the next."""
     from thunder.core import dtypes, prims
 
     f32, bf16 = dtypes.float32, dtypes.bfloat16
     c1 = prims.convert_element_type(prims.pad(g1, 0.0, ((0, 0, 0), (0, 8, 0))), f32)
     c2 = prims.convert_element_type(prims.pad(g2, 0.0, ((0, 0, 0), (4, 6, 0))), f32)
-    handed_on = prims.convert_element_type(prims.convert_element_type(prims.add(c1, c2), bf16), f32)
+    handed_on = prims.convert_element_type(prims.convert_element_type(prims.add(c1, c2), to or bf16), f32)
     c3 = prims.convert_element_type(prims.pad(g3, 0.0, ((0, 0, 0), (6, 0, 0))), f32)
     return prims.convert_element_type(prims.add(handed_on, c3), bf16)
 
 
-def test_a_partial_sum_rounded_to_the_pieces_dtype_between_regions_is_part_of_the_sum():
+def _rounded_to_fp16(g1, g2, g3):
+    from thunder.core import dtypes
+
+    return _rounded_partial_sum(g1, g2, g3, to=dtypes.float16)
+
+
+@pytest.mark.parametrize(
+    "fn, converts",
+    [(_widened_sum, 3), (_rounded_partial_sum, 5), (_rounded_to_fp16, None)],
+    ids=["widened", "rounded-to-the-pieces-dtype", "rounded-to-another-dtype"],
+)
+def test_sums_as_nvfusers_regions_hold_them_are_concatenated_with_the_same_bits(fn, converts):
+    """Pads widened to fp32 before the adds, and a partial sum rounded to the pieces' dtype between regions (exact:
+    each element is one piece's value or zero), are part of the sum; one rounded to another dtype is not. Read in
+    one region (``min_regions=1``): how the sum is found does not depend on where it is cut."""
     from thunder_fusion_guard.passes.padded_sums import concatenate_padded_sums
 
     torch.manual_seed(0)
     pieces = [torch.randn(8, n, dtype=torch.bfloat16) for n in (4, 2, 6)]
-    pieces[0][0, 0], pieces[1][0, 0] = -0.0, float("inf")
-    jitted = thunder.jit(_rounded_partial_sum, executors=fusion_executors("cpu"))
+    pieces[0][0, 0], pieces[1][0, 0], pieces[2][0, 0] = -0.0, float("nan"), float("inf")
+    jitted = thunder.jit(fn, executors=fusion_executors("cpu"))
     expected = jitted(*pieces)
-    new, (summed,) = concatenate_padded_sums(thunder.last_traces(jitted)[-1], lambda fusion: True, min_regions=1)
-    assert summed.pieces == 3 and sorted(summed.ops).count("convert_element_type") == 5
+    trace = thunder.last_traces(jitted)[-1]
+    assert concatenate_padded_sums(trace, lambda fusion: True)[1] == [], "one region: left as it is"
+    new, sums = concatenate_padded_sums(trace, lambda fusion: True, min_regions=1)
+    if converts is None:
+        assert sums == [] and "prims.pad(" in str(new)
+        return
+    (summed,) = sums
+    assert summed.pieces == 3 and sorted(summed.ops).count("convert_element_type") == converts
+    assert "ltorch.cat(" in str(new) and "prims.pad(" not in str(new)
     got = new.python_callable()(*pieces)
     got, expected = (t[0] if isinstance(t, (tuple, list)) else t for t in (got, expected))
     assert torch.equal(_bits(got), _bits(expected))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import thunder.torch as ltorch
 from thunder.core import dtypes, prims
@@ -27,20 +27,12 @@ __all__ = [
 ]
 
 
-class PadPiece(tuple):
-    """A zero pad along one dim: ``(tensor, dim, start)``, the padded tensor lying at ``start`` along ``dim``."""
+class PadPiece(NamedTuple):
+    """A zero pad along one dim: the padded ``tensor`` lying at ``start`` along ``dim``."""
 
-    @property
-    def tensor(self) -> TensorProxy:
-        return self[0]
-
-    @property
-    def dim(self) -> int:
-        return self[1]
-
-    @property
-    def start(self) -> int:
-        return self[2]
+    tensor: TensorProxy
+    dim: int
+    start: int
 
 
 def pad_piece(bsym: BoundSymbol) -> PadPiece | None:
@@ -59,27 +51,16 @@ def pad_piece(bsym: BoundSymbol) -> PadPiece | None:
             return None
     except (TypeError, ValueError):
         return None
-    return PadPiece((a, padded[0], int(config[padded[0]][0])))
+    return PadPiece(a, padded[0], int(config[padded[0]][0]))
 
 
-class SliceRange(tuple):
-    """A slice along one dim, unit step, whole along the others: ``(source, dim, start, stop)``."""
+class SliceRange(NamedTuple):
+    """A slice of ``source`` along ``dim`` from ``start`` to ``stop``, unit step, whole along the other dims."""
 
-    @property
-    def source(self) -> TensorProxy:
-        return self[0]
-
-    @property
-    def dim(self) -> int:
-        return self[1]
-
-    @property
-    def start(self) -> int:
-        return self[2]
-
-    @property
-    def stop(self) -> int:
-        return self[3]
+    source: TensorProxy
+    dim: int
+    start: int
+    stop: int
 
 
 # Thunder's torch executor runs prims.slice_prim as this op, with the prim's arguments.
@@ -112,7 +93,7 @@ def slice_range(bsym: BoundSymbol) -> SliceRange | None:
         return None
     if len(cut) != 1:
         return None
-    return SliceRange((a, cut[0], int(starts[cut[0]]), int(ends[cut[0]])))
+    return SliceRange(a, cut[0], int(starts[cut[0]]), int(ends[cut[0]]))
 
 
 # (exponent bits, mantissa bits) of the floating dtypes a widening conversion may go between.

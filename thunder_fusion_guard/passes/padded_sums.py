@@ -185,7 +185,7 @@ def _merged(
         if not readable or cut.dim != dim:
             runs.append((None, [piece]))
         elif last is not None and last.source.name == cut.source.name and last.stop == cut.start:
-            runs[-1] = (th.SliceRange((last.source, dim, last.start, cut.stop)), [*runs[-1][1], piece])
+            runs[-1] = (th.SliceRange(last.source, dim, last.start, cut.stop), [*runs[-1][1], piece])
         else:
             runs.append((cut, [piece]))
     return [cut if cut is not None and len(joined) > 1 else joined[0] for cut, joined in runs]
