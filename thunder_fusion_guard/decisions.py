@@ -21,6 +21,7 @@ class Details(TypedDict, total=False):
     model_action: str  # what the cost model alone would have done
     margin: float  # the margin the deciding numbers used (estimated or measured)
     margin_narrowed: str  # why a measured margin is narrower than the option's: synchronous, host_and_device
+    decided_on: Literal["device"]  # the program replays in CUDA graphs: the measured device times decided
     inexact: list[str]  # the ops (and roundings) exactness would keep the region for (ops.inexact_ops)
     explanation: str  # the long explanation; ``reason`` is its one short line
     not_measured: str  # why a region near break-even was not timed
@@ -40,6 +41,7 @@ class Details(TypedDict, total=False):
     measured_eager_host_us: float
     measured_region_device_us: float
     measured_eager_device_us: float
+    measured_other_device_us: float
     # kernels of the region (examine.segments)
     kernels: int
     kernel_names: list[str]
