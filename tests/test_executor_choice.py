@@ -396,3 +396,23 @@ def test_in_cuda_graphs_a_region_dearer_on_the_device_than_eager_is_rejected(inj
     (d,) = region_decisions(g)
     assert (d.action, d.details["decided_on"]) == ("reject", "device")
     assert (d.details["measured_region_us"], d.details["measured_region_device_us"]) == (10.0, 8.0)
+
+
+def test_a_compilation_with_a_cudagraph_transform_is_captured(monkeypatch):
+    """What tells the guard a program replays in CUDA graphs: a ``CUDAGraphTransform`` (or a subclass, as the guard's
+    own stand-in is) among the compilation's transforms."""
+    from thunder.transforms.cudagraph import CUDAGraphTransform
+
+    from thunder_fusion_guard._thunder import cudagraphs
+
+    class Mine(CUDAGraphTransform):
+        pass
+
+    for transforms, captured in (
+        ([], False),
+        ([FusionGuard()], False),
+        ([CUDAGraphTransform()], True),
+        ([Mine()], True),
+    ):
+        monkeypatch.setattr(cudagraphs, "compiling_transforms", lambda t=transforms: list(t))
+        assert th.compiling_with_cuda_graphs() is captured
