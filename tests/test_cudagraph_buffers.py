@@ -235,6 +235,32 @@ def test_a_graph_that_writes_an_input_writes_the_callers_tensor(cpu_graphs, shar
         assert capture.details["copied_back"] == ["z"]  # the one input the graph may write
 
 
+def viewed(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    t = w.transpose(0, 1).reshape(4, 8)  # a view of an input the graph only reads, and returns
+    return torch.tanh(x @ w) * 2, t
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_a_graph_that_returns_a_view_of_an_input_copies_nothing_back(cpu_graphs, monkeypatch, share):
+    """Returning a view of an input writes nothing: the input is not copied back after each replay (the return
+    Thunder's runner appends to a graph's ops is not one of its writes); the values stay Thunder's."""
+    copies = []
+    copy = torch.Tensor.copy_
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src, *a, **k: copies.append(1) or copy(self, src, *a, **k))
+    guard, graphs = FusionGuard(share_capture_buffers=share), CUDAGraphTransform()
+    compiled = thunder.jit(viewed, transforms=[guard, graphs])
+    for seed in range(3):
+        torch.manual_seed(seed)
+        x, w = torch.randn(4, 8), torch.randn(8, 4)
+        copies.clear()
+        assert_same(list(compiled(x, w)), list(viewed(x, w)))
+        if seed:  # at a replay: the stand-in's two outputs, Thunder's runner's copies in (x, w); none back
+            assert len(copies) == 2 + (0 if share else 2), copies
+    if share:
+        (capture,) = guard.report.filter(action="capture")
+        assert capture.details["copied_back"] == []
+
+
 def test_unknown_value_of_the_option_is_refused():
     with pytest.raises(ValueError, match="share_capture_buffers"):
         FusionGuard(share_capture_buffers="yes")

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from thunder.core import prims
 from thunder.core.proxies import Proxy
 from thunder.core.symbol import BoundSymbol
 
@@ -65,11 +66,13 @@ def written_inputs(
     """Positions of the ``inputs`` of a region made of ``bsyms`` that the region may write: the destination of an
     op that ``writes`` says may write what it is given (all its tensors where it names none; by default an op
     that holds an in-place op or a ``copy_``), or a tensor an op hands on as a view or alias (at any depth) to
-    one. A graph that writes an input it copied into its own buffer leaves the caller's tensor unwritten unless
-    the buffer is copied back."""
+    one; the region's return writes nothing. A graph that writes an input it copied into its own buffer leaves the
+    caller's tensor unwritten unless the buffer is copied back."""
     writes = writes or holds_a_write
     written: set[str] = set()
     for b in bsyms:
+        if b.sym.id is prims.PrimIDs.RETURN:  # hands its values out, writes none (Thunder's runner appends one)
+            continue
         if writes(b):
             targets = _write_targets(b)
             written |= proxy_names(b.flat_args) if targets is None else targets
