@@ -178,10 +178,11 @@ def decide(
     )
     if measured is not None and measurable:
         timed = measured
-        margin, narrowed = measured_margin(options.margin, measured, constants)
         seen = measured.on_device() if captured else None
-        if seen is not None:  # in CUDA graphs only the device's time is spent
-            measured, narrowed, margin = seen, None, options.margin
+        if seen is not None:  # in CUDA graphs only the device's time is spent: the margin as the user set it
+            measured, margin, narrowed = seen, options.margin, None
+        else:
+            margin, narrowed = measured_margin(options.margin, measured, constants)
         action, outcome = _by_numbers(measured.region_us, measured.eager_us, margin)
         by_rule = bool(inexact) and action == "reject"  # the rule, not the timing, keeps it
         if by_rule:

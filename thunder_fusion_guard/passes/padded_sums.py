@@ -18,18 +18,18 @@ from .. import _thunder as th
 from ..decisions import Decision, Details
 from .context import PassContext, may_change
 from .records import op_decision
+from .rewrite import unique_proxies
 
 Position = tuple[int, int]  # (a fusion call's index in the trace, an op's index in its body)
 
 
 @dataclass(frozen=True)
 class PaddedSum:
-    """One sum of padded pieces concatenated: its result, how many pieces, along which dim, the ops it replaced and
-    the regions rebuilt (the one computing it first)."""
+    """One sum of padded pieces concatenated: its result, how many pieces, the ops it replaced and the regions
+    rebuilt (the one computing it first)."""
 
     output: str
     pieces: int
-    dim: int
     ops: tuple[str, ...]
     regions: tuple[str, ...]
     executor: str
@@ -232,10 +232,9 @@ def _rebuilt(
     for chain, added in chains:
         regions = tuple(dict.fromkeys(bsyms[i].sym.name for i, _ in sorted(chain.ops)))
         names = tuple(th.op_name(ops[p]) for p in sorted(chain.ops))
-        dim = th.pad_piece(ops[chain.pads[0]]).dim
         executor = th.executor_name(bsyms[chain.root[0]])
         output = ops[chain.root].output.name
-        done.append(PaddedSum(output, len(chain.pads), dim, names, regions, executor, len(names) - len(added)))
+        done.append(PaddedSum(output, len(chain.pads), names, regions, executor, len(names) - len(added)))
     return th.new_trace_like(trace, [b for b in new if b is not None]), done
 
 
@@ -243,16 +242,15 @@ def _region(fusion: th.BoundSymbol, body: list[th.BoundSymbol], needed_elsewhere
     """``fusion`` rebuilt to run ``body``: its inputs what the body reads and does not make (in the order they
     came), its outputs those it still makes and the pieces another region now reads."""
     made = {p.name for b in body for p in b.flat_proxy_outs}
-    read: dict[str, th.Proxy] = {}
-    for b in body:
-        for p in b.flat_proxy_args:
-            if p.name not in made:
-                read.setdefault(p.name, p)
-    old_inputs = [p for p in fusion.flat_proxy_args if p.name in read]
-    inputs = old_inputs + [p for name, p in read.items() if name not in {q.name for q in old_inputs}]
-    outputs = [p for p in fusion.flat_proxy_outs if p.name in made]
-    made_here = [p for b in body for p in b.flat_proxy_outs if p.name in needed_elsewhere]
-    outputs += [p for p in made_here if p.name not in {q.name for q in outputs}]
+    read = unique_proxies(p for b in body for p in b.flat_proxy_args if p.name not in made)
+    names = {p.name for p in read}
+    inputs = unique_proxies([*(p for p in fusion.flat_proxy_args if p.name in names), *read])
+    outputs = unique_proxies(
+        [
+            *(p for p in fusion.flat_proxy_outs if p.name in made),
+            *(p for b in body for p in b.flat_proxy_outs if p.name in needed_elsewhere),
+        ]
+    )
     return th.rebuild_fusion(fusion, body, inputs, outputs)
 
 
