@@ -6,9 +6,8 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from ..bench.run import format_rows
-from ..render.table import plural
-from ..wording import wrap
+from ..render.table import plural, text_table
+from ..wording import WIDTH, wrap
 from .common import (
     UsageError,
     add_command,
@@ -131,7 +130,9 @@ def _zoo_command(args: argparse.Namespace) -> int:
     rows = table_rows(results)
     lines = notes(results)
     write_tables(args, lambda: to_json(results, device), lambda: rows, lines)
-    print(format_rows(rows))
+    # The model, whether it runs and its bits may be long (a failure, a difference): broken onto further lines;
+    # the guard's actions, the last column, wrapped where it starts.
+    print("\n".join(text_table(rows, last_free=True, width=WIDTH, wrap=(0, 2, 3))))
     for line in wrapped(lines):
         print(line)
     together = "paths interleaved"
