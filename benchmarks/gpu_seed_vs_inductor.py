@@ -132,6 +132,36 @@ def kernels_and_device_ms(step: _Step, steps: int = 5) -> tuple[float, float, di
     return len(kernels) / steps, sum(e.device_time_total for e in kernels) / 1e3 / steps, families
 
 
+STEP_GRAPH = "+stepgraph"  # a path's key suffix: that path's whole step captured in one CUDA graph (capture_step)
+
+
+class _CapturedStep:
+    """A zoo step of ``fn`` (a compiled path without CUDA graphs of its own) captured whole by ``capture_step``:
+    forward, loss and backward, its gradients fresh at each replay (set to None first, as the zoo's step does)."""
+
+    def __init__(self, model: ZooModel, fn: object) -> None:
+        from thunder_fusion_guard import capture_step
+
+        self.zoo_step = _Step(model, fn, "cuda")
+        leaves = [*self.zoo_step.params, *self.zoo_step.leaves]
+
+        def step() -> torch.Tensor:
+            for t in leaves:
+                t.grad = None
+            loss = model.loss(fn(*model.inputs))
+            loss.backward()
+            return loss
+
+        self.captured = capture_step(step, grads_of=leaves)
+
+    def __call__(self) -> None:
+        self.zoo_step.loss = self.captured()
+        torch.cuda.synchronize()
+
+    def values(self) -> list:
+        return self.zoo_step.values()
+
+
 def run_model(
     name: str,
     paths: list[str],
@@ -152,11 +182,14 @@ def run_model(
     for path in paths:
         began = time.perf_counter()
         try:
-            zoo_path = ZooPath.parse(path.partition("/")[0])
-            fn, guard = _compile(model.module, zoo_path, "cuda", variants.get(path))
-            step = _Step(model, fn, "cuda")
+            base = path.removesuffix(STEP_GRAPH)
+            zoo_path = ZooPath.parse(base.partition("/")[0])
+            fn, guard = _compile(model.module, zoo_path, "cuda", variants.get(base))
+            step = _CapturedStep(model, fn) if path.endswith(STEP_GRAPH) else _Step(model, fn, "cuda")
             step()
             rows[path] = {"first_call_s": round(time.perf_counter() - began, 1)}
+            if path.endswith(STEP_GRAPH):  # the first call: warm-up steps and the capture included
+                rows[path]["step_captured"] = step.captured.captured or step.captured.reason
             if guard is not None:  # what its CUDA graphs copy at each replay
                 rows[path]["captures"] = [
                     {k: d.details.get(k) for k in ("captures", "copied_in", "bytes_copied_in", "handed_over")}
@@ -171,8 +204,8 @@ def run_model(
                     for d in guard.report.decisions
                     if d.action == "rescue"
                 ]
-                if path in variants:
-                    rows[path]["guard_options"] = variants[path]
+                if base in variants:
+                    rows[path]["guard_options"] = variants[base]
                 rows[path]["timed"] = [  # every region the guard timed or switched: what decided it
                     {"where": f"{d.subgraph or ''}/{d.trace} {d.region}", "action": d.action, "code": d.code}
                     | {"estimates": d.estimates, "ops": len(d.ops)}
@@ -255,6 +288,14 @@ def main() -> int:
         help="unguarded Thunder with CUDA graphs in the same process as reduce-overhead (it crashes there)",
     )
     parser.add_argument(
+        "--step-graph",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="also PATH (a path without CUDA graphs, or a --variant key) with its whole step captured in one CUDA "
+        "graph by capture_step, keyed PATH+stepgraph",
+    )
+    parser.add_argument(
         "--variant",
         action="append",
         default=[],
@@ -273,7 +314,9 @@ def main() -> int:
     from thunder_fusion_guard import translate_library_ops
 
     translate_library_ops()
-    paths = args.paths.split(",") + list(variants)
+    # A variant named by --step-graph runs captured only.
+    paths = args.paths.split(",") + [v for v in variants if v not in args.step_graph]
+    paths += [p + STEP_GRAPH for p in args.step_graph]
     apart = [p for p in paths if "cudagraph" in p and "guarded" not in p]
     separate = "inductor-ro" in paths and bool(apart) and not args.together
     here = [p for p in paths if p not in apart] if separate else paths

@@ -27,6 +27,8 @@ _EXPORTS = {
     "RegionProfile": ".examine.profile",
     "RankMismatch": ".transform",
     "Report": ".report",
+    "capture_step": ".step_graph",
+    "CapturedStep": ".step_graph",
     "choose_backends": ".backend_choice",
     "collect_segments": ".examine.segments",
     "explain": ".examine.explain",
@@ -44,6 +46,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "CapturedStep",
     "CommunicationChanged",
     "Decision",
     "FirstCall",
@@ -53,6 +56,7 @@ __all__ = [
     "RegionKernels",
     "RegionProfile",
     "Report",
+    "capture_step",
     "choose_backends",
     "collect_segments",
     "explain",
@@ -98,4 +102,5 @@ if TYPE_CHECKING:
     from .examine.why import why_not_fused
     from .passes import CommunicationChanged, FusionGuardError, guard_trace
     from .report import Report
+    from .step_graph import CapturedStep, capture_step
     from .transform import FusionGuard, RankMismatch

@@ -1,0 +1,143 @@
+"""capture_step: a whole step in one CUDA graph. On CPU the CUDA calls are stood in for (a replay that runs
+nothing), so what is checked there is the wrapper's own work: the warm-up, the gradients handed back, the fallback;
+the CUDA test compares real replays with the guarded step run uncaptured, bit for bit."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from thunder_fusion_guard import FusionGuard, capture_step
+from thunder_fusion_guard import step_graph as sg
+
+
+class _Graph:
+    replays = 0
+
+    def replay(self) -> None:
+        _Graph.replays += 1
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """torch.cuda as capture_step uses it, on CPU: streams that do nothing, a capture that runs the step once."""
+    failing = {}
+
+    @contextlib.contextmanager
+    def graph(g):
+        yield
+        if failing:
+            raise RuntimeError("operation not permitted when stream is capturing\nmore")
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(sg.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(sg.torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(sg.torch.cuda, "current_stream", Stream)
+    monkeypatch.setattr(sg.torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(sg.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(sg.torch.cuda, "CUDAGraph", _Graph)
+    monkeypatch.setattr(sg.torch.cuda, "graph", graph)
+    _Graph.replays = 0
+    return failing
+
+
+def _model_step():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    x = torch.randn(3, 4)
+    calls = []
+
+    def step():
+        calls.append(1)
+        for p in model.parameters():
+            p.grad = None
+        loss = model(x).square().sum()
+        loss.backward()
+        return loss
+
+    return model, step, calls
+
+
+def test_the_step_is_warmed_up_then_captured_and_replays_hand_the_gradients_back(fake_cuda):
+    model, step, calls = _model_step()
+    captured = capture_step(step, grads_of=model.parameters(), warmup=2)
+    assert captured.captured and len(calls) == 3  # two warm-ups and the capture
+    grads = [p.grad for p in model.parameters()]
+    model.zero_grad(set_to_none=True)  # between replays: the replay writes the same tensors again
+    out = captured()
+    assert len(calls) == 3 and _Graph.replays == 1  # the step's Python did not run
+    assert out is captured.outputs and all(p.grad is g for p, g in zip(model.parameters(), grads, strict=True))
+
+
+def test_a_step_that_cannot_be_captured_runs_as_it_is_and_says_why(fake_cuda):
+    fake_cuda["fail"] = True
+    model, step, calls = _model_step()
+    with pytest.warns(RuntimeWarning, match="capture failed: RuntimeError: operation not permitted"):
+        captured = capture_step(step, grads_of=model.parameters())
+    assert not captured.captured and "more" not in captured.reason
+    before = len(calls)
+    captured()
+    assert len(calls) == before + 1 and _Graph.replays == 0
+
+
+def test_without_cuda_the_step_runs_as_it_is(monkeypatch):
+    monkeypatch.setattr(sg.torch.cuda, "is_available", lambda: False)
+    model, step, calls = _model_step()
+    with pytest.warns(RuntimeWarning, match="no CUDA device"):
+        captured = capture_step(step, grads_of=model.parameters())
+    assert not calls  # nothing runs before the first call
+    loss = captured()
+    assert len(calls) == 1 and loss.ndim == 0 and all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"warmup": 0}, ValueError, "warmup must be an int >= 1"),
+        ({"warmup": True}, ValueError, "warmup"),
+        ({"grads_of": [1.0]}, TypeError, "grads_of must hold tensors"),
+        ({"wramup": 2}, TypeError, "wramup"),
+    ],
+)
+def test_bad_arguments_are_refused_in_one_line(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        capture_step(lambda: None, **kwargs)
+    with pytest.raises(TypeError, match="step must be callable"):
+        capture_step(None)
+
+
+@pytest.mark.cuda
+def test_a_captured_guarded_step_gives_the_uncaptured_steps_bits_on_cuda():
+    """Guarded ThunderFX (nvFuser regions, cuBLAS), the whole step captured: at every replay, inputs refilled in
+    place, the loss and every gradient equal the same step run uncaptured, bit for bit, in bf16."""
+    from thunder.dynamo import thunderfx
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64))
+    model = model.to("cuda", torch.bfloat16)
+    compiled = thunderfx(model, transforms=[FusionGuard()])
+    x = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    leaves = [*model.parameters(), x]
+
+    def step():
+        for t in leaves:
+            t.grad = None
+        loss = compiled(x).float().square().mean()
+        loss.backward()
+        return loss
+
+    captured = capture_step(step, grads_of=leaves)
+    assert captured.captured, captured.reason
+    for seed in range(3):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            x.copy_(torch.randn_like(x))
+        loss = captured().clone()
+        got = [loss, *(t.grad.clone() for t in leaves)]
+        want = [step().detach(), *(t.grad for t in leaves)]
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))  # the next replay hands its own back
