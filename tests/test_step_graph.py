@@ -141,3 +141,25 @@ def test_a_captured_guarded_step_gives_the_uncaptured_steps_bits_on_cuda():
         got = [loss, *(t.grad.clone() for t in leaves)]
         want = [step().detach(), *(t.grad for t in leaves)]
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))  # the next replay hands its own back
+
+
+@pytest.mark.cuda
+def test_a_step_whose_earlier_graph_is_still_held_runs_uncaptured_and_says_what_to_keep_on_cuda():
+    """An earlier step's loss kept with its autograd graph keeps the parameters' gradient accumulators, made on the
+    default stream: the captured backward would accumulate there. The step runs uncaptured, its values unchanged,
+    and the warning says to keep loss.detach() or loss.item()."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 16).to("cuda")
+    x = torch.randn(8, 16, device="cuda")
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        loss = model(x).square().sum()
+        loss.backward()
+        return loss
+
+    held = step()  # with its graph
+    with pytest.warns(RuntimeWarning, match=r"legacy stream.*loss\.detach\(\)"):
+        captured = capture_step(step, grads_of=model.parameters())
+    assert not captured.captured and held.grad_fn is not None
+    assert torch.equal(captured(), step())

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 import torch
+from torch.utils._pytree import tree_map
 
 __all__ = ["CapturedStep", "capture_step"]
 
@@ -81,11 +82,30 @@ def capture_step(step: Callable[[], T], *, grads_of: Iterable[torch.Tensor] = ()
             outputs = step()
     except Exception as error:  # a step that cannot be captured still runs, as it is
         torch.cuda.synchronize()
-        return _uncaptured(captured, f"the capture failed: {type(error).__name__}: {str(error).splitlines()[0]}")
+        first = error  # ending a failed capture raises too: the error the step met is the first of the chain
+        while first.__context__ is not None:
+            first = first.__context__
+        reason = f"the capture failed: {type(first).__name__}: {(str(first).splitlines() or [''])[0]}"
+        if "legacy stream" in str(first):
+            reason += f" ({_HELD_GRAPH})"
+        return _uncaptured(captured, reason)
     torch.cuda.synchronize()
-    captured.graph, captured.outputs = graph, outputs
+    # Detached: the outputs' autograd graph, made during the capture, is not kept (its backward already ran).
+    captured.graph, captured.outputs = (
+        graph,
+        tree_map(lambda x: x.detach() if isinstance(x, torch.Tensor) else x, outputs),
+    )
     captured.grads = [t.grad for t in tensors]
     return captured
+
+
+# Why a backward fails to capture where the same step runs: a gradient accumulator of a parameter or input, made by an
+# earlier step on another stream, is still alive (something holds that step's loss or outputs with their graph), and
+# the autograd engine accumulates on the stream it was made on.
+_HELD_GRAPH = (
+    "if an earlier step's loss or outputs are still held with their autograd graph, keep loss.detach() or "
+    "loss.item() instead: the graph keeps its gradient accumulators, which run on the stream they were made on"
+)
 
 
 def _uncaptured(captured: CapturedStep[T], reason: str) -> CapturedStep[T]:

@@ -115,8 +115,11 @@ class _Step:
 
         for t in (*self.params, *self.leaves):
             t.grad = None
-        self.loss = self.model.loss(self.fn(*self.model.inputs))
-        self.loss.backward()
+        loss = self.model.loss(self.fn(*self.model.inputs))
+        loss.backward()
+        # Detached: a loss kept with its graph keeps the step's gradient accumulators alive, and every later step
+        # on the same parameters (another path's, a captured one) would accumulate on the stream they were made on.
+        self.loss = loss.detach()
         if self.cuda:
             torch.cuda.synchronize()
 
