@@ -114,9 +114,10 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().reshape(-1).contiguous().view(torch.uint8)
 
 
-def kernels_and_device_ms(step: _Step, steps: int = 5) -> tuple[float, float, dict[str, list[float]]]:
+def kernels_and_device_ms(step: _Step, steps: int = 5) -> tuple[float, float, dict[str, list[float]], dict[str, float]]:
     """Kernels launched and their summed device time (ms), a step, over ``steps`` steps; and per kernel family
-    (:func:`kernel_family`) ``[kernels, device ms]`` a step."""
+    (:func:`kernel_family`) ``[kernels, device ms]`` a step; and the most launched kernels' names, with their launches
+    a step."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -129,8 +130,12 @@ def kernels_and_device_ms(step: _Step, steps: int = 5) -> tuple[float, float, di
         counted[0] += 1 / steps
         counted[1] += e.device_time_total / 1e3 / steps
     families = {k: [round(n, 1), round(ms, 3)] for k, (n, ms) in sorted(families.items(), key=lambda kv: -kv[1][1])}
-    return len(kernels) / steps, sum(e.device_time_total for e in kernels) / 1e3 / steps, families
+    names = Counter(e.name[:NAME_CHARS] for e in kernels)
+    top = {n: round(c / steps, 1) for n, c in names.most_common(TOP_NAMES)}
+    return len(kernels) / steps, sum(e.device_time_total for e in kernels) / 1e3 / steps, families, top
 
+
+NAME_CHARS, TOP_NAMES = 90, 60  # kernel names as kept in the results: the first characters, the most launched
 
 STEP_GRAPH = "+stepgraph"  # a path's key suffix: that path's whole step captured in one CUDA graph (capture_step)
 
@@ -143,16 +148,7 @@ class _CapturedStep:
         from thunder_fusion_guard import capture_step
 
         self.zoo_step = _Step(model, fn, "cuda")
-        leaves = [*self.zoo_step.params, *self.zoo_step.leaves]
-
-        def step() -> torch.Tensor:
-            for t in leaves:
-                t.grad = None
-            loss = model.loss(fn(*model.inputs))
-            loss.backward()
-            return loss
-
-        self.captured = capture_step(step, grads_of=leaves)
+        self.captured = capture_step(self.zoo_step.once, grads_of=[*self.zoo_step.params, *self.zoo_step.leaves])
 
     def __call__(self) -> None:
         self.zoo_step.loss = self.captured()
@@ -235,9 +231,9 @@ def run_model(
         rows[path]["ms"] = round(statistics.median(samples) * 1e3, 3)
         rows[path]["ms_min_max"] = [round(min(samples) * 1e3, 3), round(max(samples) * 1e3, 3)]
     for path, step in steps.items():
-        kernels, device_ms, families = kernels_and_device_ms(step)
+        kernels, device_ms, families, names = kernels_and_device_ms(step)
         rows[path]["kernels"], rows[path]["device_ms"] = round(kernels, 1), round(device_ms, 3)
-        rows[path]["kernel_families"] = families
+        rows[path]["kernel_families"], rows[path]["kernel_names"] = families, names
         if host and path != "eager":
             found = host_time(step, steps=20)
             rows[path]["host_profiled_ms"], rows[path]["host_parts_ms"] = found.profiled_ms, found.parts_ms

@@ -9,6 +9,8 @@ no verdict depends on the clock. Outputs are compared bit for bit with unguarded
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import thunder
 import torch
@@ -18,6 +20,7 @@ from thunder.core.symbol import BoundSymbol, Symbol
 from thunder_fusion_guard import FusionGuard
 from thunder_fusion_guard import _thunder as th
 from thunder_fusion_guard.ops import switch_keeps_bits
+from thunder_fusion_guard.replays import warming_up_for_capture
 
 SHAPED = "tc_nvfuser_shaped"
 
@@ -370,16 +373,20 @@ def test_a_switch_that_cannot_be_built_keeps_the_region(inject_timings, monkeypa
     assert [r.executor for r in regions(guarded)] == [SHAPED]
 
 
-@pytest.mark.parametrize("captured", [False, True])
-def test_in_cuda_graphs_the_device_times_decide(inject_timings, monkeypatch, captured):
+@pytest.mark.parametrize("how", [None, "CUDAGraphTransform", "capture_step"])
+def test_in_cuda_graphs_the_device_times_decide(inject_timings, monkeypatch, how):
     """Replayed in CUDA graphs a program spends no host time: the other executor, 2.5x faster on the stream but
-    2x slower on the device, takes the region only where the program is not captured."""
-    monkeypatch.setattr(th, "compiling_with_cuda_graphs", lambda: captured)
+    2x slower on the device, takes the region only where the program is not captured, by a ``CUDAGraphTransform``
+    or whole, compiled during ``capture_step``'s warm-up."""
+    captured = how is not None
+    monkeypatch.setattr(th, "compiling_with_cuda_graphs", lambda: how == "CUDAGraphTransform")
     inject_timings(10.0, 12.0, other_us=4.0, host=(9.0, 11.0, 3.0), device=(3.0, 12.0, 6.0))
     g = guard()
     a, b = rounding_inputs(torch.float32)
     guarded = jit(exact_sum, g)
-    assert_same(run_with_grads(guarded, [a, b])[0], run_with_grads(jit(exact_sum), [a, b])[0])
+    with warming_up_for_capture() if how == "capture_step" else contextlib.nullcontext():
+        got = run_with_grads(guarded, [a, b])[0]
+    assert_same(got, run_with_grads(jit(exact_sum), [a, b])[0])
     (d,) = region_decisions(g)
     assert d.action == ("keep" if captured else "switch")
     assert d.details["measured_other_device_us"] == 6.0 and d.details["measured_other_us"] == 4.0

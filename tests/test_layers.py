@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "thunder_fusion_guard"
 
 # Lowest first. A module may import its own layer's modules and those of the layers before it.
 LAYERS = [
-    ["_version", "wording", "shims", "_quiet", "progress", "phases"],  # no torch or Thunder
+    ["_version", "wording", "shims", "_quiet", "progress", "phases", "replays"],  # no torch or Thunder
     ["library_forwards"],  # library modules' forwards in plain torch (e3nn's Extract out of place); no Thunder
     ["_thunder"],  # the only place touching Thunder's internals (and the nvFuser compat fix)
     ["ops"],  # every rule about ops

@@ -11,6 +11,7 @@ import torch
 
 from thunder_fusion_guard import FusionGuard, capture_step
 from thunder_fusion_guard import step_graph as sg
+from thunder_fusion_guard.replays import will_be_captured
 
 
 class _Graph:
@@ -72,6 +73,22 @@ def test_the_step_is_warmed_up_then_captured_and_replays_hand_the_gradients_back
     out = captured()
     assert len(calls) == 3 and _Graph.replays == 1  # the step's Python did not run
     assert out is captured.outputs and all(p.grad is g for p, g in zip(model.parameters(), grads, strict=True))
+
+
+def test_what_the_warm_up_compiles_is_told_it_will_be_captured(fake_cuda):
+    """The guard decides a step compiled during the warm-up on device time: the warm-up steps run inside
+    ``warming_up_for_capture``; the capture, the replays and anything after do not."""
+    model, step, _ = _model_step()
+    seen = []
+
+    def asking():
+        seen.append(will_be_captured())
+        return step()
+
+    captured = capture_step(asking, grads_of=model.parameters(), warmup=2)
+    assert seen == [True, True, False] and not will_be_captured()
+    captured()
+    assert seen == [True, True, False]
 
 
 def test_a_step_that_cannot_be_captured_runs_as_it_is_and_says_why(fake_cuda):

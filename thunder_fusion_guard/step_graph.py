@@ -5,7 +5,8 @@ between the graphs ``CUDAGraphTransform`` captures: on the e3nn-built NequIP at 
 time. Captured whole, one replay launches every kernel of the step: nothing of Dynamo, Thunder, the autograd engine
 or the user's Python runs again. This is PyTorch's "whole-network capture" (``torch.cuda.graph``), made for a
 compiled step: the warm-up compiles, measures and allocates on a stream of its own, the capture runs once, and a
-step that cannot be captured runs as it is, with a warning that says why.
+step that cannot be captured runs as it is, with a warning that says why. A guard compiling during the warm-up
+decides its timed regions on device time, as under a ``CUDAGraphTransform``: replays spend no host time.
 
 The contract is that of any CUDA graph: each replay reads the same input tensors (refill them in place) and writes
 the same output and gradient tensors. The step decides how gradients start: one that sets them to None (or calls
@@ -21,6 +22,8 @@ from typing import Any, Generic, TypeVar
 
 import torch
 from torch.utils._pytree import tree_map
+
+from .replays import warming_up_for_capture
 
 __all__ = ["CapturedStep", "capture_step"]
 
@@ -71,7 +74,7 @@ def capture_step(step: Callable[[], T], *, grads_of: Iterable[torch.Tensor] = ()
         return _uncaptured(captured, "no CUDA device: the step runs as it is")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
+    with torch.cuda.stream(side), warming_up_for_capture():  # what compiles now decides on device time
         for _ in range(warmup):
             step()
     torch.cuda.current_stream().wait_stream(side)

@@ -27,6 +27,7 @@ from .passes.hoist import HoistLedger
 from .passes.rescue import announce, describe_inputs
 from .phases import GUARD_MEASUREMENTS, GUARD_PASSES, timing
 from .policy import ModelDoubt
+from .replays import will_be_captured
 from .report import Report
 from .wording import error_line
 
@@ -143,7 +144,7 @@ class FusionGuard(thunder.Transform):
             subgraph=self._subgraph_id(th.compiling_fx_subgraph()),
             compile_options=th.explicit_compile_options(),
             rank=current_rank(),
-            captured=th.compiling_with_cuda_graphs(),
+            captured=th.compiling_with_cuda_graphs() or will_be_captured(),
         )
 
     def _this_thread(self) -> dict[str | None, int]:

@@ -110,16 +110,21 @@ class _Step:
         ]
         self.loss: Any = None
 
-    def __call__(self) -> None:
-        import torch
-
+    def once(self) -> Any:
+        """The step's work alone (what a whole-step CUDA graph captures): gradients set to None, forward, loss,
+        backward; returns the loss, detached."""
         for t in (*self.params, *self.leaves):
             t.grad = None
         loss = self.model.loss(self.fn(*self.model.inputs))
         loss.backward()
         # Detached: a loss kept with its graph keeps the step's gradient accumulators alive, and every later step
         # on the same parameters (another path's, a captured one) would accumulate on the stream they were made on.
-        self.loss = loss.detach()
+        return loss.detach()
+
+    def __call__(self) -> None:
+        import torch
+
+        self.loss = self.once()
         if self.cuda:
             torch.cuda.synchronize()
 

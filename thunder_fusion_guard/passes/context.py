@@ -36,7 +36,7 @@ class TraceContext:
     subgraph: str | None = None
     compile_options: Mapping[str, Any] = field(default_factory=dict)  # passed to thunder.jit by name
     rank: int | None = None
-    captured: bool = False  # compiled with a CUDAGraphTransform: the program replays in CUDA graphs
+    captured: bool = False  # replays in CUDA graphs: a CUDAGraphTransform, or compiled in capture_step's warm-up
 
 
 ConstantsFor = Callable[[str, str], "CostConstants | None"]
