@@ -180,3 +180,44 @@ def test_a_step_whose_earlier_graph_is_still_held_runs_uncaptured_and_says_what_
         captured = capture_step(step, grads_of=model.parameters())
     assert not captured.captured and held.grad_fn is not None
     assert torch.equal(captured(), step())
+
+
+@pytest.mark.cuda
+def test_a_captured_step_with_its_optimizer_step_gives_the_uncaptured_steps_bits_on_cuda():
+    """Forward, backward and Adam's update (``capturable=True``) captured whole, guarded ThunderFX in bf16: after the
+    warm-up's real steps and three replays, every parameter equals that of the same steps run uncaptured on a copy
+    of the model, bit for bit."""
+    import copy
+
+    from thunder.dynamo import thunderfx
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64))
+    model = model.to("cuda", torch.bfloat16)
+    twin = copy.deepcopy(model)
+    initial = [p.detach().clone() for p in model.parameters()]
+    x = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
+
+    def training(module):
+        compiled = thunderfx(module, transforms=[FusionGuard()])
+        optimizer = torch.optim.Adam(module.parameters(), lr=1e-2, capturable=True)
+
+        def step():
+            optimizer.zero_grad(set_to_none=True)
+            loss = compiled(x).float().square().mean()
+            loss.backward()
+            optimizer.step()
+            return loss.detach()
+
+        return step
+
+    captured = capture_step(training(model), grads_of=model.parameters(), warmup=3)
+    assert captured.captured, captured.reason
+    for _ in range(3):
+        captured()
+    uncaptured = training(twin)
+    for _ in range(3 + 3):
+        uncaptured()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters(), strict=True))
+    assert not any(torch.equal(a, b) for a, b in zip(model.parameters(), initial, strict=True))  # they were trained
