@@ -423,3 +423,63 @@ def test_a_compilation_with_a_cudagraph_transform_is_captured(monkeypatch):
     ):
         monkeypatch.setattr(cudagraphs, "compiling_transforms", lambda t=transforms: list(t))
         assert th.compiling_with_cuda_graphs() is captured
+
+
+def scatter_between(x, idx, base):
+    y = torch.where(x > 0, x, -x) + 1.0
+    z = base.index_add(0, idx, y)  # left to torch by the executor below
+    return torch.where(z > 2.0, z, -z) * 2.0
+
+
+def _no_scatter_executor():
+    """torch.compile grouped as nvFuser groups an e3nn message pass: ``index_add`` is no fusion's, so it runs
+    between two regions (nvFuser 0.2.36 has no accumulating scatter)."""
+    from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
+
+    class NoScatter(TorchCompileExecutor):
+        def can_fuse(self, bsym):
+            return "index_add" not in bsym.sym.name and super().can_fuse(bsym)
+
+    ex = NoScatter("tc_no_scatter")
+    ex._implmap = dict(torch_compile_ex._implmap)
+    return ex
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_two_switched_regions_merge_across_the_index_add_between_them(inject_timings, monkeypatch, merge):
+    """Both regions switched to torch.compile, which can run ``index_add`` too: with ``merge_regions`` the two
+    regions and the scatter between them become one compiled call (Inductor fuses the scatter with what feeds it);
+    the values stay unguarded Thunder's (sums of halves: exact in any order)."""
+    monkeypatch.setitem(th.ALTERNATIVE_FUSERS, "tc_no_scatter", "torchcompile")
+    inject_timings(10.0, 12.0, other_us=4.0)
+    g = guard(merge_regions=merge, exact_only=False, measure_budget_s=60)
+    x = torch.randint(-8, 8, (16, 4), generator=torch.Generator().manual_seed(0)) * 0.5
+    idx = torch.randint(0, 8, (16,), generator=torch.Generator().manual_seed(1))
+    guarded = thunder.jit(scatter_between, executors=[_no_scatter_executor()], transforms=[g])
+    plain = thunder.jit(scatter_between, executors=[_no_scatter_executor()])
+    base = torch.zeros(8, 4)
+    assert_same([guarded(x, idx, base)], [plain(x, idx, base)])
+    assert [r.executor for r in regions(plain)] == ["tc_no_scatter"] * 2
+    assert [d.action for d in region_decisions(g)] == ["switch", "switch"]
+    now = regions(guarded)
+    outside = [b.sym.name for b in thunder.last_traces(guarded)[-1].bound_symbols if not b.sym.is_fusion]
+    merged = [d for d in g.report.filter(action="rehome", trace="forward") if d.details.get("across")]
+    if not merge:
+        assert len(now) == 2 and "index_add" in outside and not merged
+        return
+    (region,) = now
+    assert region.executor == "torchcompile" and "index_add" in region.ops and "index_add" not in outside
+    (d,) = merged
+    assert d.code == "merged" and d.details["across"] == d.ops and any("index_add" in op for op in d.ops)
+    assert d.details["into"] == region.name and "index_add" in d.reason
+
+
+def test_no_merge_across_a_matrix_product(inject_timings):
+    """A matmul between two switched regions stays where it is: only ops that cost memory traffic are bridged."""
+    inject_timings(10.0, 12.0, other_us=4.0)
+    g = guard(merge_regions=True)
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    guarded = jit(two_regions, g)
+    assert_same([guarded(x, w)], [jit(two_regions)(x, w)])
+    assert [r.executor for r in regions(guarded)] == ["torchcompile"] * 2
+    assert not [d for d in g.report.filter(action="rehome") if d.details.get("across")]

@@ -52,6 +52,7 @@ class Details(TypedDict, total=False):
     output: str
     replaced_by: str
     into: str
+    across: list[str]  # a merge: the ops between the two regions the merged call runs too
     blocked_by: str  # the op that keeps a metadata op outside the region that alone reads it
     # hoisted input-independent pieces
     piece: int

@@ -387,6 +387,13 @@ def _rehomed(f: Facts) -> tuple[str, str | None]:
 
 def _merged(f: Facts) -> tuple[str, str | None]:
     into = f["into"]
+    if f.get("across"):
+        across = ", ".join(f["across"])
+        return (
+            f"merged into {into} with {across} between them: same executor, which runs those too (one fusion call)",
+            f"{into}'s executor runs the ops between the two regions ({across}), so all of it is one fusion call "
+            "(one call, not three or more; the ops between no longer run eagerly)",
+        )
     return (
         f"merged into {into}: next to it, same executor (one fusion call, not two)",
         f"next to {into}, same executor, nothing between: merged into it (one fusion call, not two)",

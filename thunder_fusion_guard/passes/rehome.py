@@ -16,7 +16,15 @@ from dataclasses import dataclass
 
 from .. import _thunder as th
 from ..decisions import Decision, Details
-from ..ops import communication_segments, crosses_communication, is_communication, is_metadata
+from ..ops import (
+    communication_segments,
+    compute_bound,
+    crosses_communication,
+    is_communication,
+    is_metadata,
+    is_random,
+    writes_inputs,
+)
 from ..policy import BOOKEND
 from .context import PassContext, may_change
 from .records import op_decision
@@ -35,6 +43,7 @@ class Rehome:
     error: str
     skipped: str = ""
     blocked_by: str = ""
+    across: tuple[str, ...] = ()  # a merge: the ops between the two regions that the merged call runs too
 
 
 def absorb_metadata_ops(
@@ -94,20 +103,29 @@ def absorb_metadata_ops(
 
 
 def merge_adjacent_regions(
-    trace: th.TraceCtx, may_change: Callable[[th.BoundSymbol], bool]
+    trace: th.TraceCtx,
+    may_change: Callable[[th.BoundSymbol], bool],
+    bridge: Callable[[th.BoundSymbol, th.BoundSymbol], bool] = lambda fusion, op: False,
 ) -> tuple[th.TraceCtx, list[Rehome]]:
-    """Merge two guarded regions of one executor with nothing but ``del``s between them."""
+    """Merge two guarded regions of one executor with nothing between them but ``del``s and ops that
+    ``bridge(region, op)`` lets the merged call run (ops left to torch that the region's executor can run: an
+    ``index_add`` between two torch.compile regions runs in the one compiled call, its scatter fused there)."""
     bsyms = list(trace.bound_symbols)
     readers_of = readers(bsyms)
     merges: list[Rehome] = []
     out: list[th.BoundSymbol] = []
     last_region: int | None = None
     covered: set[int] = set()  # positions in ``bsyms`` of the regions merged into out[last_region]
+    held: list[tuple[int, int]] = []  # ops after out[last_region] it may run: (position in bsyms, in out)
     for i, b in enumerate(bsyms):
         if th.is_comment_or_del(b):
             out.append(b)
             continue
         prev = out[last_region] if last_region is not None else None
+        if prev is not None and not th.is_fusion(b) and bridge(prev, b):
+            held.append((i, len(out)))
+            out.append(b)
+            continue
         if (
             prev is not None
             and th.is_fusion(b)
@@ -115,47 +133,52 @@ def merge_adjacent_regions(
             and may_change(prev)
             and prev.sym.executor is b.sym.executor
         ):
-            merged = _merged(prev, b, readers_of, covered | {i})
+            between = [bsyms[k] for k, _ in held]
+            merged = _merged(prev, between, b, readers_of, covered | {i} | {k for k, _ in held})
             if merged is not None:
                 out[last_region] = merged
-                covered.add(i)
-                merges.append(Rehome("region", prev.sym.name, b.sym.name, th.executor_name(b), ""))
+                covered |= {i} | {k for k, _ in held}
+                dropped = {j for _, j in held}
+                out = [x for j, x in enumerate(out) if j not in dropped]
+                across = tuple(th.op_name(x) for x in between)
+                merges.append(Rehome("region", prev.sym.name, b.sym.name, th.executor_name(b), "", across=across))
+                held = []
                 continue
-        last_region, covered = (len(out), {i}) if th.is_fusion(b) else (None, set())
+        last_region, covered, held = (len(out), {i}, []) if th.is_fusion(b) else (None, set(), [])
         out.append(b)
     if not merges:
         return trace, []
     return th.new_trace_like(trace, out), merges
 
 
-def _merged(first: th.BoundSymbol, second: th.BoundSymbol, readers_of, merged: set[int]) -> th.BoundSymbol | None:
-    """``first`` and ``second`` as one call; ``first``'s results stay outputs where read outside ``merged``."""
-    made_by_first = {p.name for p in first.flat_proxy_outs}
+def _merged(
+    first: th.BoundSymbol, between: list[th.BoundSymbol], second: th.BoundSymbol, readers_of, merged: set[int]
+) -> th.BoundSymbol | None:
+    """``first``, the ops ``between`` and ``second`` as one call; what ``first`` and those ops make stays an output
+    where read outside ``merged``."""
+    made = {p.name for b in (first, *between) for p in b.flat_proxy_outs}
     inputs = unique_proxies(
-        [*first.flat_proxy_args, *(p for p in second.flat_proxy_args if p.name not in made_by_first)]
+        [
+            *first.flat_proxy_args,
+            *(p for b in (*between, second) for p in b.flat_proxy_args if p.name not in made),
+        ]
     )
     outputs = unique_proxies(
-        [*(p for p in first.flat_proxy_outs if readers_of.get(p.name, set()) - merged), *second.flat_proxy_outs]
+        [
+            *(p for b in (first, *between) for p in b.flat_proxy_outs if readers_of.get(p.name, set()) - merged),
+            *second.flat_proxy_outs,
+        ]
     )
     try:
-        return th.rebuild_fusion(second, [*th.subsymbols(first), *th.subsymbols(second)], inputs, outputs)
+        return th.rebuild_fusion(second, [*th.subsymbols(first), *between, *th.subsymbols(second)], inputs, outputs)
     except Exception:
         return None
 
 
 def rehome_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
     """Move metadata ops run outside a fusion into the region that alone reads them."""
-    options, where = context.options, context.where
-
-    def refused(fusion: th.BoundSymbol, op: th.BoundSymbol) -> str | None:
-        ex = th.executor_name(fusion)
-        if not th.executor_claims(fusion, op):
-            return f"{ex} cannot run {th.op_name(op)} (Thunder's executor does not claim it)"
-        if ex == "nvfuser" and where.compile_options.get(BOOKEND) is True and not options.override_compile_options:
-            return f"the program asked for views at nvFuser region edges to run outside ({BOOKEND}=True)"
-        return None
-
-    new, moves = absorb_metadata_ops(trace, may_change(options), options.metadata_ops, refused)
+    options = context.options
+    new, moves = absorb_metadata_ops(trace, may_change(options), options.metadata_ops, _refusal(context))
     made = []
     for m in moves:
         details = Details(output=m.moved, into=m.into)
@@ -170,30 +193,52 @@ def rehome_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
             facts["skipped"] = m.skipped
         else:
             code, action, more = "rehomed", "rehome", {"applied": not options.report_only}
-        made.append(op_decision(where, m.into, m.executor, [m.op], action, code, facts, details, **more))
+        made.append(op_decision(context.where, m.into, m.executor, [m.op], action, code, facts, details, **more))
     return new, made
 
 
+def _refusal(context: PassContext) -> Callable[[th.BoundSymbol, th.BoundSymbol], str | None]:
+    """Why ``op`` may not run inside ``fusion`` (None: it may): its executor does not claim it, or the program
+    asked nvFuser to leave views at region edges outside."""
+    options, where = context.options, context.where
+
+    def refused(fusion: th.BoundSymbol, op: th.BoundSymbol) -> str | None:
+        ex = th.executor_name(fusion)
+        if not th.executor_claims(fusion, op):
+            return f"{ex} cannot run {th.op_name(op)} (Thunder's executor does not claim it)"
+        if ex == "nvfuser" and where.compile_options.get(BOOKEND) is True and not options.override_compile_options:
+            return f"the program asked for views at nvFuser region edges to run outside ({BOOKEND}=True)"
+        return None
+
+    return refused
+
+
 def merge_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
-    """Merge adjacent regions of one executor into one fusion call."""
+    """Merge adjacent regions of one executor into one fusion call, also across ops left to torch that the
+    executor can run (not a communication, random, in-place or compute-bound op)."""
     options = context.options
+    refused = _refusal(context)
+
+    def may(fusion: th.BoundSymbol) -> bool:
+        return options.guards(th.executor_name(fusion)) and not is_communication(fusion)
+
+    def bridge(fusion: th.BoundSymbol, op: th.BoundSymbol) -> bool:
+        if is_communication(op) or is_random(op) or writes_inputs(op) or compute_bound([th.op_name(op)]):
+            return False
+        return bool(op.flat_proxy_outs) and refused(fusion, op) is None
+
     # Opted into knowing the merged code may round differently, so exact_only does not hold it back.
-    new, merges = merge_adjacent_regions(
-        trace, lambda fusion: options.guards(th.executor_name(fusion)) and not is_communication(fusion)
-    )
+    new, merges = merge_adjacent_regions(trace, may, bridge)
     applied = not options.report_only
-    made = [
-        op_decision(
-            context.where,
-            m.moved,
-            m.executor,
-            [],
-            "rehome",
-            "merged",
-            {"into": m.into},
-            Details(into=m.into),
-            applied=applied,
+    made = []
+    for m in merges:
+        facts: dict = {"into": m.into}
+        details = Details(into=m.into)
+        if m.across:
+            facts["across"] = details["across"] = list(m.across)
+        made.append(
+            op_decision(
+                context.where, m.moved, m.executor, list(m.across), "rehome", "merged", facts, details, applied=applied
+            )
         )
-        for m in merges
-    ]
     return new, made
