@@ -554,6 +554,46 @@ def test_host_device_us_is_none_off_cuda():
     assert host_device_us([torch.neg], [torch.ones(4)]) is None
 
 
+@pytest.mark.parametrize("slow_samples", [1, 4])
+def test_a_host_slowed_down_past_the_sleep_gets_a_longer_sleep_before_giving_up(monkeypatch, slow_samples):
+    """Stand-ins for the CUDA calls and the clock: the first ``slow_samples`` samples issue their calls slower than
+    the sleep lasts (a host shared with other processes). The sample is taken again under a sleep twice as long, at
+    most LONGER_SLEEPS times; only calls that outlast every sleep count as waiting for the device (None)."""
+    from thunder_fusion_guard.measure import timing
+
+    now, sleeps, issued = [0], [], []
+
+    class Event:
+        def __init__(self, enable_timing):
+            self.at = 0
+
+        def record(self):
+            self.at = now[0]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return (other.at - self.at) / 1e6
+
+    def call(x):
+        issued.append(1)
+        slow = len(issued) > 1 and len(sleeps) <= slow_samples  # the first call (alone, unslept) is not slowed
+        now[0] += 10_000_000 if slow else 1_000  # ns: 10 ms slowed down, 1 µs otherwise
+
+    monkeypatch.setattr(timing.torch.cuda, "Event", Event)
+    monkeypatch.setattr(timing.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(timing.torch.cuda, "_sleep", lambda cycles: sleeps.append(cycles))
+    monkeypatch.setattr(timing, "_sleep_cycles_per_us", lambda: 1.0)
+    monkeypatch.setattr(timing, "MAX_INNER", 1)
+    got = timing.host_device_us([call], [None], reps=3, clock=lambda: now[0], cuda=True)
+    if slow_samples > timing.LONGER_SLEEPS:
+        assert got is None and len(sleeps) == timing.LONGER_SLEEPS + 1
+        return
+    assert got is not None and got[0].host_us == pytest.approx(1.0)
+    assert sleeps[1] == 2 * sleeps[0] and sleeps[-1] == 2 * sleeps[0] and len(sleeps) == 3 + slow_samples
+
+
 @pytest.mark.cuda
 @pytest.mark.real_timings
 def test_host_device_us_tells_device_time_from_host_time():

@@ -205,6 +205,11 @@ def _round_order(count: int, round_index: int) -> Sequence[int]:
     return range(count) if round_index % 2 == 0 else range(count - 1, -1, -1)
 
 
+# How often host_device_us doubles its sleep when the issuing outlasts it (a host slowed down by other processes)
+# before it concludes that the calls wait for the device.
+LONGER_SLEEPS = 3
+
+
 @dataclass(frozen=True)
 class HostDevice:
     """Per-call µs of a CUDA callable, apart: the host's time to issue it, and the device's time to run it."""
@@ -241,7 +246,7 @@ def host_device_us(
 ) -> list[HostDevice] | None:
     """Host and device µs per call of each of ``fns`` (already warm) on ``args``, medians of ``reps`` rounds in
     alternating order; None off CUDA (``cuda``, default: any CUDA tensor argument), or where a call waits for
-    the device (its host time then is not its own).
+    the device (its host time then is not its own: the calls outlast a sleep doubled :data:`LONGER_SLEEPS` times).
 
     A sample queues a sleeping kernel first, long enough that every call of the sample is issued while the
     device still sleeps: the host time is then the issuing alone, and CUDA events around the calls time the
@@ -255,20 +260,25 @@ def host_device_us(
     cycles = int(sleep_us * _sleep_cycles_per_us())
     host: list[list[float]] = [[] for _ in fns]
     device: list[list[float]] = [[] for _ in fns]
+    longer = 0  # times the sleep was doubled: a host slowed down (other processes) outlasted it
     for round_index in range(reps):
         for i in _round_order(len(fns), round_index):
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            torch.cuda._sleep(cycles)
-            begin.record()
-            start = clock()
-            for _ in range(inner):
-                fns[i](*args)
-            issued_us = (clock() - start) / 1e3
-            end.record()
-            end.synchronize()
-            if issued_us > 0.8 * sleep_us:  # the calls outlasted the sleep: they waited for the device
-                return None
+            while True:
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
+                torch.cuda._sleep(cycles)
+                begin.record()
+                start = clock()
+                for _ in range(inner):
+                    fns[i](*args)
+                issued_us = (clock() - start) / 1e3
+                end.record()
+                end.synchronize()
+                if issued_us <= 0.8 * sleep_us:
+                    break
+                if longer == LONGER_SLEEPS:  # the calls outlasted every sleep: they wait for the device
+                    return None
+                longer, sleep_us, cycles = longer + 1, 2 * sleep_us, 2 * cycles  # this sample again
             host[i].append(issued_us / inner)
             device[i].append(begin.elapsed_time(end) * 1e3 / inner)
     return [HostDevice(statistics.median(h), statistics.median(d)) for h, d in zip(host, device, strict=True)]
