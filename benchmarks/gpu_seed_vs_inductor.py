@@ -202,6 +202,10 @@ def run_model(
                 ]
                 if base in variants:
                     rows[path]["guard_options"] = variants[base]
+                rows[path]["merged"] = [  # regions merged into the next, and the ops between them it runs too
+                    {"trace": d.trace, "region": d.region, "into": d.details.get("into"), "across": d.ops}
+                    for d in guard.report.filter(code="merged")
+                ]
                 rows[path]["timed"] = [  # every region the guard timed or switched: what decided it
                     {"where": f"{d.subgraph or ''}/{d.trace} {d.region}", "action": d.action, "code": d.code}
                     | {"estimates": d.estimates, "ops": len(d.ops)}
