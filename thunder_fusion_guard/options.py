@@ -177,7 +177,8 @@ class GuardOptions:
     merge_regions: bool = _option(
         False,
         _bool,
-        "merge adjacent regions of one executor into one call (may round differently)",
+        "merge two regions of one executor, and the ops between them it can run (views, `index_add`), into one call "
+        "(may round differently)",
     )
     override_compile_options: bool = _option(
         False,

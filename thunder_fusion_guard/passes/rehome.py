@@ -3,10 +3,13 @@ regions of one executor that end up next to each other are merged into one call.
 
 Thunder's partitioners already fuse a view into its consumer when they can; what stays outside is
 what an executor chose to leave out (nvFuser's "bookend" views at region edges, ops claimed by an
-operator executor). Moving such an op in saves an eager dispatch; merging saves a fusion call. Both
-are legal here by construction: the op's inputs exist before it, the consumer comes after it and is
-its only reader, and merged regions are adjacent in the trace, so no cycle and no lost output. Nothing
-moves across a communication op or its wait (``ops.is_communication``): such an op stays outside.
+operator executor, ops the first executor could not run between two regions switched to another). Moving
+such an op in saves an eager dispatch; merging saves a fusion call, and merging across the ops between two
+regions that their executor can run (views, an ``index_add`` between two torch.compile regions) runs those
+inside it too. Both are legal here by construction: the op's inputs exist before it, the consumer comes
+after it and is its only reader, and merged regions with the ops between them are consecutive in the trace,
+so no cycle and no lost output. Nothing moves across a communication op or its wait
+(``ops.is_communication``), nor is a random, in-place or compute-bound op merged: such an op stays outside.
 """
 
 from __future__ import annotations
