@@ -24,12 +24,13 @@ class _Graph:
 @pytest.fixture
 def fake_cuda(monkeypatch):
     """torch.cuda as capture_step uses it, on CPU: streams that do nothing, a capture that runs the step once."""
-    failing = {}
+    state = {}  # "fail": the step's capture fails; "graphs": captures begun
 
     @contextlib.contextmanager
     def graph(g):
+        state["graphs"] = state.get("graphs", 0) + 1
         yield
-        if failing:
+        if state.get("fail") and state["graphs"] == 1:
             raise RuntimeError("operation not permitted when stream is capturing\nmore")
 
     class Stream:
@@ -42,9 +43,10 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(sg.torch.cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(sg.torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(sg.torch.cuda, "CUDAGraph", _Graph)
+    monkeypatch.setattr(sg, "_one_kernel", lambda: None)
     monkeypatch.setattr(sg.torch.cuda, "graph", graph)
     _Graph.replays = 0
-    return failing
+    return state
 
 
 def _model_step():
@@ -67,7 +69,7 @@ def _model_step():
 def test_the_step_is_warmed_up_then_captured_and_replays_hand_the_gradients_back(fake_cuda):
     model, step, calls = _model_step()
     captured = capture_step(step, grads_of=model.parameters(), warmup=2)
-    assert captured.captured and len(calls) == 3  # two warm-ups and the capture
+    assert captured.captured and len(calls) == 3 and fake_cuda["graphs"] == 1  # two warm-ups and the capture
     grads = [p.grad for p in model.parameters()]
     model.zero_grad(set_to_none=True)  # between replays: the replay writes the same tensors again
     out = captured()
@@ -97,6 +99,7 @@ def test_a_step_that_cannot_be_captured_runs_as_it_is_and_says_why(fake_cuda):
     with pytest.warns(RuntimeWarning, match="capture failed: RuntimeError: operation not permitted"):
         captured = capture_step(step, grads_of=model.parameters())
     assert not captured.captured and "more" not in captured.reason
+    assert fake_cuda["graphs"] == 2  # the failed one, and one that ends the random generators' capture
     before = len(calls)
     captured()
     assert len(calls) == before + 1 and _Graph.replays == 0
@@ -180,6 +183,7 @@ def test_a_step_whose_earlier_graph_is_still_held_runs_uncaptured_and_says_what_
         captured = capture_step(step, grads_of=model.parameters())
     assert not captured.captured and held.grad_fn is not None
     assert torch.equal(captured(), step())
+    torch.randn(4, device="cuda")  # the random generator is out of capture mode again
 
 
 @pytest.mark.cuda

@@ -91,6 +91,10 @@ def capture_step(step: Callable[[], T], *, grads_of: Iterable[torch.Tensor] = ()
         reason = f"the capture failed: {type(first).__name__}: {(str(first).splitlines() or [''])[0]}"
         if "legacy stream" in str(first):
             reason += f" ({_HELD_GRAPH})"
+        try:
+            _end_generator_capture()
+        except Exception as e:
+            reason += f"; random ops on CUDA may now fail (the generators' capture could not be ended: {e})"
         return _uncaptured(captured, reason)
     torch.cuda.synchronize()
     # Detached: the outputs' autograd graph, made during the capture, is not kept (its backward already ran).
@@ -109,6 +113,22 @@ _HELD_GRAPH = (
     "if an earlier step's loss or outputs are still held with their autograd graph, keep loss.detach() or "
     "loss.item() instead: the graph keeps its gradient accumulators, which run on the stream they were made on"
 )
+
+
+def _end_generator_capture() -> None:
+    """Take the CUDA random generators out of capture mode after a capture that failed. PyTorch's
+    ``CUDAGraph.capture_end`` raises before it ends the generators' capture, and from then on every random op on
+    CUDA raises ``Offset increment outside graph capture encountered unexpectedly``; a capture that succeeds (one
+    kernel, on a stream of its own, in a pool of its own, freed at once) ends it."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _one_kernel()
+    torch.cuda.synchronize()
+    del graph
+
+
+def _one_kernel() -> None:
+    torch.zeros(1, device="cuda")
 
 
 def _uncaptured(captured: CapturedStep[T], reason: str) -> CapturedStep[T]:
