@@ -37,6 +37,7 @@ ReasonCode = Literal[
     "folded",
     "padded_sum_concatenated",
     "identity_removed",
+    "alias_update_pruned",
     "rehome_blocked",
     "rehome_failed",
     "rehome_skipped",
@@ -98,6 +99,7 @@ class Facts(TypedDict, total=False):
     skipped: str
     why: str
     replaced_by: str
+    after: str  # the op a pruned alias update follows
     name: str
     call: str
     ops_saved: int
@@ -360,6 +362,16 @@ def _identity_removed(f: Facts) -> tuple[str, str | None]:
     return f"identity op ({f['why']}): its uses now read {f['replaced_by']}", None
 
 
+def _alias_update_pruned(f: Facts) -> tuple[str, str | None]:
+    names, after = f["name"], f["after"]
+    return (
+        f"alias update after {after}: {names} nothing reads, pruned before Thunder's grad transform",
+        f"Thunder renames every tensor that may share memory with the one {after} writes; {names} nothing reads "
+        "again, and Thunder 0.2.6's grad transform gives such a name a zero gradient its backward reads without "
+        "defining it (the backward fails). Pruned, no value changes",
+    )
+
+
 def _rehome_blocked(f: Facts) -> tuple[str, str | None]:
     into, by = f["into"], f["blocked_by"]
     return (
@@ -506,6 +518,7 @@ _WORDS: dict[ReasonCode, Callable[[Facts], tuple[str, str | None]]] = {
     "folded": _folded,
     "padded_sum_concatenated": _padded_sum_concatenated,
     "identity_removed": _identity_removed,
+    "alias_update_pruned": _alias_update_pruned,
     "rehome_blocked": _rehome_blocked,
     "rehome_failed": _rehome_failed,
     "rehome_skipped": _rehome_skipped,

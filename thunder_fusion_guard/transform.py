@@ -6,6 +6,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import thunder
@@ -22,6 +23,7 @@ from .measure.cache import device_name
 from .ops import writes_inputs
 from .options import DEFAULT_HOIST_MAX_BYTES, GuardOptions, checked_options
 from .passes import FusionGuardError, TraceContext, guard_trace
+from .passes.alias_updates import alias_update_decisions, prune_alias_updates
 from .passes.capture import capture_decision, held_decision, uncaptured_decision
 from .passes.hoist import HoistLedger
 from .passes.rescue import announce, describe_inputs
@@ -94,11 +96,21 @@ class FusionGuard(thunder.Transform):
     def transform_traces_pre_prologue(
         self, prologue_trc: th.TraceCtx, computation_trc: th.TraceCtx, epilogue_trc: th.TraceCtx | None, **kwargs: Any
     ) -> tuple[th.TraceCtx, th.TraceCtx, th.TraceCtx | None]:
-        """Before Thunder optimizes: in this compilation only, the guard's own ``CUDAGraphTransform`` (made from
-        the user's, which stays as it is) runs in place of each one given beside the guard. No trace changes."""
-        if not self.options.report_only:
-            with self._lock:
-                th.stand_in_for_cuda_graphs(writes_inputs, share=self.options.share_capture_buffers)
+        """Before Thunder differentiates and optimizes: alias updates nothing reads pruned from the computation trace
+        (:mod:`.passes.alias_updates`: Thunder's backward would read gradients it never defines), recorded with
+        the forward's decisions; and, in this compilation only, the guard's own ``CUDAGraphTransform`` (made from
+        the user's, which stays as it is) runs in place of each one given beside the guard."""
+        options = self.options
+        pruned_trace, pruned = prune_alias_updates(computation_trc) if options.rescue else (computation_trc, [])
+        with self._lock:
+            if pruned:  # recorded with the forward trace this computation trace becomes
+                function = th.compile_function_name()
+                where = replace(self._where("forward"), compile_index=self._compiles.get(function, 0) + 1)
+                for decision in alias_update_decisions(where, pruned, applied=not options.report_only):
+                    self.report.add(decision)
+            if not options.report_only:
+                computation_trc = pruned_trace
+                th.stand_in_for_cuda_graphs(writes_inputs, share=options.share_capture_buffers)
         return prologue_trc, computation_trc, epilogue_trc
 
     def transform_trace_post_optimization(self, computation_trace: th.TraceCtx, **kwargs: Any) -> th.TraceCtx:

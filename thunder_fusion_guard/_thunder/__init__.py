@@ -5,6 +5,7 @@ functions here, one module a job, so that a new release means reading and fixing
 
 - :mod:`.traces`: reading traces (what a bound symbol is and runs, its values, a trace's inputs and returns);
 - :mod:`.sources`: where the user wrote an op (their frame beside Thunder's, a torch.fx node's, a stack's);
+- :mod:`.aliases`: Thunder's alias updates after in-place ops, read and rebuilt;
 - :mod:`.lowering`: building traces and fusion calls, lowering ops to Thunder's torch executor;
 - :mod:`.padded`: zero pads and plain adds, and the concatenation that replaces a sum of pads;
 - :mod:`.executors`: which executors exist, which fusion executor runs where, software versions;
@@ -30,6 +31,7 @@ from __future__ import annotations
 # _quiet first: it imports Thunder, its optional-dependency notices sent to our logger (its docstring says which)
 from . import (
     _quiet,  # noqa: F401
+    aliases,
     calls,
     compiling,
     cudagraphs,
@@ -47,6 +49,7 @@ from . import (
     traces,
     translations,
 )
+from .aliases import *  # noqa: F403
 from .calls import *  # noqa: F403
 from .compat import ensure_nvfuser_compat
 from .compiling import *  # noqa: F403
@@ -67,6 +70,7 @@ from .translations import *  # noqa: F403
 
 __all__ = [
     *traces.__all__,
+    *aliases.__all__,
     *sources.__all__,
     *lowering.__all__,
     *padded.__all__,

@@ -61,6 +61,7 @@ TRANSLATIONS = (
     Translation("torch.narrow / Tensor.narrow", "a slice (a view)", "Thunder's automatic registration"),
     Translation("torch.tensordot", "permute, reshape and matmul", "Thunder's automatic registration"),
     Translation("torch.broadcast_tensors", "expand to the common shape", "Thunder's automatic registration"),
+    Translation("Tensor.broadcast_to", "Thunder's broadcast_to (an expand)", "no such Tensor method in Thunder"),
     Translation(
         "torch.norm / Tensor.norm / torch.linalg.vector_norm (2-norm)",
         "sqrt of a sum of squares, torch's gradient (0 where the norm is 0)",
@@ -74,7 +75,15 @@ TRANSLATIONS = (
     ),
 )
 # The names (as why_not_fused and ThunderFX's split reasons give them) each translation keeps in Thunder.
-_KEYS = ({"narrow"}, {"tensordot"}, {"broadcast_tensors"}, {"norm", "vector_norm"}, {"index_add", "index_add_"}, set())
+_KEYS = (
+    {"narrow"},
+    {"tensordot"},
+    {"broadcast_tensors"},
+    {"broadcast_to"},
+    {"norm", "vector_norm"},
+    {"index_add", "index_add_"},
+    set(),
+)
 _FUNCTIONS = (
     torch.narrow,
     torch.Tensor.narrow,
@@ -84,7 +93,7 @@ _FUNCTIONS = (
     torch.Tensor.norm,
     torch.linalg.vector_norm,
 )
-_METHODS = ("narrow", "norm")
+_METHODS = ("narrow", "norm", "broadcast_to")
 
 _saved: dict[str, Any] = {}
 
@@ -264,6 +273,8 @@ def translate_library_ops() -> tuple[Translation, ...]:
             )
         )
     _syms_returning_views.add(symbols.narrow)
+    # Thunder's TensorProxy has no broadcast_to method (ThunderFX's splitter counts it as expand): torch.broadcast_to's.
+    _torch_langctx.register_method("broadcast_to", _torch_to_thunder_function_map[torch.broadcast_to])
     fx_utils.auto_register_ops.difference_update(_saved["split_off"])
     register_grad(prims.PrimIDs.INDEX_ADD, _index_add_grad)
     register_grad(symbols.l2_norm, _l2_norm_grad)
@@ -291,7 +302,9 @@ def untranslate_library_ops() -> None:
         else:
             _lookaside[f] = entry
     for name, method in _saved["methods"].items():
-        if method is not None:
+        if method is None:
+            _torch_langctx._method_name_to_fn_map.pop(name, None)
+        else:
             _torch_langctx.register_method(name, method)
     symbols: _Symbols = _saved["symbols"]
     _syms_returning_views.discard(symbols.narrow)
