@@ -51,6 +51,10 @@ class Details(TypedDict, total=False):
     # removed, re-homed and merged ops
     output: str
     replaced_by: str
+    # an alias update pruned before the grad transform
+    unread: list[str]  # its new names nothing reads
+    renamed: list[str]  # the tensors they renamed
+    after_op: str  # the op it follows
     into: str
     across: list[str]  # a merge: the ops between the two regions the merged call runs too
     blocked_by: str  # the op that keeps a metadata op outside the region that alone reads it
