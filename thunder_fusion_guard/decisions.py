@@ -55,6 +55,10 @@ class Details(TypedDict, total=False):
     unread: list[str]  # its new names nothing reads
     renamed: list[str]  # the tensors they renamed
     after_op: str  # the op it follows
+    # constants a backward region read undefined, made again
+    restored: list[str]
+    made_by: list[str]
+    fix: str  # what the user can do instead
     into: str
     across: list[str]  # a merge: the ops between the two regions the merged call runs too
     blocked_by: str  # the op that keeps a metadata op outside the region that alone reads it

@@ -33,6 +33,8 @@ ReasonCode = Literal[
     "folded_region",
     "rescued",
     "strided_write",
+    "lost_constant_restored",
+    "lost_constant_refused",
     # ops changed or kept by a pass
     "folded",
     "padded_sum_concatenated",
@@ -362,6 +364,25 @@ def _identity_removed(f: Facts) -> tuple[str, str | None]:
     return f"identity op ({f['why']}): its uses now read {f['replaced_by']}", None
 
 
+def _lost_constant_restored(f: Facts) -> tuple[str, str | None]:
+    names, region = f["name"], f["region"]
+    return (
+        f"{names} made again in {region}: Thunder's fusion pass left it out, the backward read it undefined",
+        f"Thunder 0.2.6's grad transform makes a zero gradient from nothing; its fusion pass left {names} out of "
+        f"{region}, which reads it: the backward would fail at its first call. Made again at the top of the region "
+        "by the op Thunder's joint trace defines it with",
+    )
+
+
+def _lost_constant_refused(f: Facts) -> tuple[str, str | None]:
+    return (
+        f"backward reads values Thunder's fusion pass lost; not made again: {f['why']}",
+        f"Thunder's backward reads values its fusion pass lost (it will fail at its first call); the guard does not "
+        f"make them again: {f['why']}. Write the copies into views out of place (translate_library_ops() does so "
+        "for e3nn's Extract, in nn.Gate), or run under ThunderFX",
+    )
+
+
 def _alias_update_pruned(f: Facts) -> tuple[str, str | None]:
     names, after = f["name"], f["after"]
     return (
@@ -515,6 +536,8 @@ _WORDS: dict[ReasonCode, Callable[[Facts], tuple[str, str | None]]] = {
     "folded_region": _folded_region,
     "rescued": _rescued,
     "strided_write": _strided_write,
+    "lost_constant_restored": _lost_constant_restored,
+    "lost_constant_refused": _lost_constant_refused,
     "folded": _folded,
     "padded_sum_concatenated": _padded_sum_concatenated,
     "identity_removed": _identity_removed,

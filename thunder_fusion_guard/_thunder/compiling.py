@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from thunder.core.compile_data import get_compile_data
+from thunder.core.compile_data import _compile_data, get_compile_data
 
 from .executors import executor_names
 
@@ -13,6 +13,7 @@ __all__ = [
     "compile_function_name",
     "compiling_executors",
     "compiling_fx_subgraph",
+    "compiling_traces",
     "compiling_transforms",
     "explicit_compile_options",
     "function_name",
@@ -44,6 +45,14 @@ def compiling_transforms() -> list[Any]:
         return list(getattr(get_compile_data(), "transforms", None) or ())
     except LookupError:
         return []
+
+
+def compiling_traces() -> list[Any]:
+    """The computation traces the compilation Thunder runs right now has made so far, oldest first (its
+    ``CompileStats.last_traces``, filled while it compiles): the joint forward and backward trace among them. Empty
+    outside a compilation."""
+    _, stats = _compile_data.get()
+    return list(getattr(stats, "last_traces", None) or ())
 
 
 def compile_function_name() -> str | None:

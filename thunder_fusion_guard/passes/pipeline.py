@@ -31,6 +31,7 @@ from .fold import fold_pass
 from .hoist import HoistLedger
 from .hoist_pass import hoist_pass
 from .identity import identity_pass
+from .lost_constants import lost_constant_pass
 from .padded_sums import padded_sum_pass
 from .records import instead, op_decision
 from .rehome import merge_pass, rehome_pass
@@ -65,6 +66,7 @@ class Pass:
 
 # The passes of guard_trace, in order: (name, the option that turns it on, the function, runs in report_only).
 PASSES: tuple[Pass, ...] = (
+    Pass("lost_constant_pass", "rescue", lost_constant_pass),
     Pass("region_pass", None, region_pass),
     Pass("fold_pass", "fold_setitem", fold_pass),
     Pass("identity_pass", "remove_identities", identity_pass),
