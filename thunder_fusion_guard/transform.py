@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 import thunder
+import torch
 
 from . import _thunder as th
 from ._thunder import FusionExecutor
@@ -202,6 +203,8 @@ class FusionGuard(thunder.Transform):
         ThunderModule's call is wrapped, kept as the rescue's ``__wrapped__`` (``unwrap_module_call`` restores it)."""
         module = th.thunderfx_subgraph_module(model)
         options = self.options
+        if module is None:
+            self._refuse_scripted(model)
         if module is None or not options.rescue or options.strict or options.report_only:
             return
 
@@ -229,6 +232,21 @@ class FusionGuard(thunder.Transform):
 
         first = on_first_call if options.direct_entry else None
         th.wrap_module_call(model, lambda call: SubgraphRescue(model, call, module, on_rescue, first))
+
+    def _refuse_scripted(self, model: Any) -> None:
+        """Raise, before Thunder interprets ``model``, where its forward calls a TorchScript function: Thunder 0.2.6
+        would abort the whole process there (:mod:`._thunder.scripted`)."""
+        inner = getattr(model, "_model", None)
+        if not isinstance(inner, torch.nn.Module):
+            return
+        calls = th.scripted_calls(inner)
+        if calls:
+            raise FusionGuardError(
+                f"thunder.jit would abort this process: Thunder {th.software_versions()['thunder']} cannot interpret "
+                f"TorchScript, and {type(inner).__name__} calls {'; '.join(calls[:3])}"
+                f"{f' and {len(calls) - 3} more' if len(calls) > 3 else ''}. Compile it under ThunderFX "
+                "(thunder.dynamo.thunderfx), whose Dynamo runs such functions as Python"
+            )
 
     def check_ranks(self, group: Any = None) -> list[str]:
         """Compare every decision so far with those of the other ranks; one line per rank that differs.

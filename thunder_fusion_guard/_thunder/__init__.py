@@ -6,6 +6,7 @@ functions here, one module a job, so that a new release means reading and fixing
 - :mod:`.traces`: reading traces (what a bound symbol is and runs, its values, a trace's inputs and returns);
 - :mod:`.sources`: where the user wrote an op (their frame beside Thunder's, a torch.fx node's, a stack's);
 - :mod:`.aliases`: Thunder's alias updates after in-place ops, read and rebuilt;
+- :mod:`.scripted`: TorchScript functions a module's forward calls (Thunder's interpreter aborts on them);
 - :mod:`.lowering`: building traces and fusion calls, lowering ops to Thunder's torch executor;
 - :mod:`.padded`: zero pads and plain adds, and the concatenation that replaces a sum of pads;
 - :mod:`.executors`: which executors exist, which fusion executor runs where, software versions;
@@ -42,6 +43,7 @@ from . import (
     jitted,
     lowering,
     padded,
+    scripted,
     shared_fusions,
     sources,
     thunderfx,
@@ -61,6 +63,7 @@ from .graph_calls import *  # noqa: F403
 from .jitted import *  # noqa: F403
 from .lowering import *  # noqa: F403
 from .padded import *  # noqa: F403
+from .scripted import *  # noqa: F403
 from .shared_fusions import *  # noqa: F403
 from .sources import *  # noqa: F403
 from .thunderfx import *  # noqa: F403
@@ -71,6 +74,7 @@ from .translations import *  # noqa: F403
 __all__ = [
     *traces.__all__,
     *aliases.__all__,
+    *scripted.__all__,
     *sources.__all__,
     *lowering.__all__,
     *padded.__all__,
