@@ -560,3 +560,38 @@ def test_the_cuequivariance_anchor_is_the_e3nn_built_model_with_other_layers():
         forces.append(force)
     torch.testing.assert_close(energies[0], energies[1])
     torch.testing.assert_close(forces[0], forces[1])
+
+
+def test_bench_zoo_by_default_leaves_out_models_whose_library_is_missing(monkeypatch, capsys):
+    """All models by default: one whose library is not installed (mace here, as on CI) is left out with a line saying
+    so; asked for by name, it is a usage error (exit 2), as before any work."""
+    from thunder_fusion_guard.bench.zoo_base import ZooEntry
+    from thunder_fusion_guard.tools import zoo_cli
+    from thunder_fusion_guard.tools.cli import main
+
+    seen = {}
+    monkeypatch.setattr(zoo, "run_zoo", lambda models, *a, **k: seen.update(models=models) or [])
+    monkeypatch.setattr(zoo_cli, "resolve_device", lambda device: device)
+    missing = ZooEntry("mace", "mace-torch", "MACE", ZOO["mace"].build, "no_such_module_here")
+    monkeypatch.setitem(ZOO, "mace", missing)
+    assert main(["bench", "zoo", "--device", "cpu"]) == 0
+    assert "mace" not in seen["models"] and "hf-bert" in seen["models"]
+    assert "mace: skipped, mace-torch is not installed here (import no_such_module_here)" in capsys.readouterr().err
+    seen.clear()
+    assert main(["bench", "zoo", "--device", "cpu", "--models", "mace"]) == 2 and seen == {}
+    assert "--models: mace need libraries not installed here" in capsys.readouterr().err
+
+
+def test_the_field_potentials_are_listed_with_their_packages():
+    assert (ZOO["nequip"].requires, ZOO["mace"].requires) == ("nequip", "mace")
+    assert not ZOO["nequip"].small and not ZOO["mace"].small  # compiled only outside the CPU suite
+
+
+def test_nequip_from_its_package_gives_energy_and_forces():
+    pytest.importorskip("nequip")
+    built = ZOO["nequip"].build("cpu")
+    energy = built.loss(built.module(*built.inputs))
+    energy.backward()
+    forces = built.inputs[0].grad
+    assert bool(energy.isfinite()) and forces is not None and forces.shape == built.inputs[0].shape
+    assert built.inputs[2].shape[1] > 10 * built.inputs[0].shape[0]  # a neighbour list of ~16 an atom

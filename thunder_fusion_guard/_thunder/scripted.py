@@ -20,9 +20,11 @@ def scripted_calls(model: torch.nn.Module) -> list[str]:
     functions of the same libraries they call, a few calls deep), as ``qualified name (called from where)``."""
     found: dict[str, str] = {}
     seen: set[int] = set()
-    for module in model.modules():
+    for path, module in model.named_modules():
         if isinstance(module, torch.jit.ScriptModule):
-            found.setdefault(type(module).__qualname__, f"a submodule of {type(model).__name__}")
+            found.setdefault(
+                f"{path} ({getattr(module, 'original_name', type(module).__name__)})", "a scripted submodule"
+            )
             continue
         forward = getattr(type(module), "forward", None)
         if isinstance(forward, types.FunctionType):

@@ -3,7 +3,7 @@ is downloaded): Hugging Face transformers, timm, torchvision, torch.nn, e3nn, cu
 listed in :data:`ZOO`. One model class is written here, saying so: the graph attention network (two of
 torch_geometric's ``GATConv`` layers); the equivariant potentials written for the zoo (the NequIP-style potential
 with hand-written tensor products, NequIP assembled from e3nn's own modules, and with cuequivariance-torch's layers)
-are in :mod:`.zoo_equivariant`.
+are in :mod:`.zoo_equivariant`; NequIP and MACE built from their own packages in :mod:`.zoo_potentials`.
 
 Each builder returns a :class:`ZooModel`: the module (eval mode, so dropout draws nothing), the inputs of one
 training step, and how the step's loss is read from the module's output. Sizes are small (2 layers where
@@ -21,6 +21,7 @@ from torch import nn
 
 from .zoo_base import ZooEntry, ZooModel, _mean_square, _sum, _width
 from .zoo_equivariant import cueq_nequip, e3nn_nequip, nequip
+from .zoo_potentials import mace_potential, nequip_potential
 
 __all__ = ["ZOO", "ZooEntry", "ZooModel", "e3nn_nequip"]
 
@@ -209,6 +210,21 @@ ZOO: dict[str, ZooEntry] = {
             "the same, spherical harmonics to l = 3, 16 channels (32 on CUDA), three blocks",
             functools.partial(e3nn_nequip, lmax=3, layers=3, channels=16, cuda_channels=32),
             "e3nn",
+        ),
+        ZooEntry(
+            "nequip",
+            "nequip",
+            "NequIP from nequip 0.19 (3 layers, l_max 2, 32 features; 100 atoms in a periodic box), energy and forces",
+            nequip_potential,
+            "nequip",
+        ),
+        ZooEntry(
+            "mace",
+            "mace-torch",
+            "MACE from mace-torch 0.3.16 (2 interactions, 32x0e+32x1o, max_ell 2, correlation 3; e3nn 0.4.4: an "
+            "environment of its own), energy and forces",
+            mace_potential,
+            "mace",
         ),
         ZooEntry(
             "cueq-nequip",

@@ -109,7 +109,8 @@ GUARDED = tuple(p for p in PATHS if p.baseline)  # the guarded paths that have a
 # The zoo's models (zoo_models.ZOO, which imports torch), named here for --help.
 MODEL_NAMES = (
     "hf-bert", "hf-t5", "hf-llama", "hf-mixtral", "timm-vit", "timm-convnext", "tv-resnet18", "nn-mha", "pyg-gat",
-    "e3nn-nequip", "e3nn-nequip-rewritten", "e3nn-nequip-modules", "e3nn-nequip-modules-l3", "cueq-nequip",
+    "e3nn-nequip", "e3nn-nequip-rewritten", "e3nn-nequip-modules", "e3nn-nequip-modules-l3", "nequip", "mace",
+    "cueq-nequip",
 )  # fmt: skip
 
 

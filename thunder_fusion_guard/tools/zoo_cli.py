@@ -114,11 +114,14 @@ def _zoo_command(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     check_outputs(args, "json", "markdown")
     missing = [m for m in models if not ZOO[m].available()]
-    if missing:
+    if missing and args.models:
         raise UsageError(
             f"--models: {', '.join(missing)} need libraries not installed here "
             f"({', '.join(sorted({ZOO[m].requires for m in missing}))}); pip install them or leave the models out"
         )
+    for m in missing:  # all models by default: those whose library is missing are left out, said
+        progress(f"{m}: skipped, {ZOO[m].library} is not installed here (import {ZOO[m].requires})")
+    models = [m for m in models if m not in missing]
     note = pin_threads(args.threads, device)
     import torch
 

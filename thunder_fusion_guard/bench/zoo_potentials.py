@@ -1,0 +1,138 @@
+"""The field's own interatomic potentials, built from their packages with random weights: NequIP (``nequip`` 0.19)
+and MACE (``mace-torch`` 0.3.16). Each step is the energy of a periodic box of atoms and its gradient, the forces
+(``positions.grad``) and the weights' gradients, as a training step computes them. MACE pins e3nn 0.4.4 and NequIP
+needs e3nn 0.6: install each in an environment of its own (the zoo runs every model in a process of its own)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .zoo_base import ZooModel, _sum
+
+# Three kinds of atom, a cutoff of 4 Å and about 16 neighbours an atom (a liquid's density).
+SPECIES, R_MAX, NEIGHBOURS = 3, 4.0, 16.0
+
+
+def periodic_box(atoms: int, device: str, seed: int = 0) -> dict[str, torch.Tensor]:
+    """``atoms`` random atoms in a cubic periodic box sized for about :data:`NEIGHBOURS` neighbours within
+    :data:`R_MAX`: positions, kinds, the neighbour list (minimum image) and each edge's cell shift."""
+    g = torch.Generator().manual_seed(seed)
+    side = (atoms / (NEIGHBOURS / (4 / 3 * math.pi * R_MAX**3))) ** (1 / 3)
+    positions = torch.rand(atoms, 3, generator=g) * side
+    delta = positions[None, :, :] - positions[:, None, :]
+    shift = -torch.round(delta / side)
+    distance = (delta + shift * side).norm(dim=-1)
+    i, j = torch.nonzero((distance < R_MAX) & (distance > 0), as_tuple=True)
+    return {
+        "positions": positions.to(device),
+        "kinds": torch.randint(0, SPECIES, (atoms,), generator=g).to(device),
+        "edge_index": torch.stack([i, j]).to(device),
+        "cell": (torch.eye(3) * side).to(device),
+        "shifts": shift[i, j].to(device),  # in cells
+    }
+
+
+class NequIPEnergy(nn.Module):
+    """NequIP's energy model (``NequIPGNNModel`` without its force output): positions in, total energy out."""
+
+    def __init__(self, layers: int, l_max: int, features: int) -> None:
+        from nequip.model import NequIPGNNModel
+        from nequip.utils.global_state import set_global_state
+
+        super().__init__()
+        dtype = torch.get_default_dtype()
+        set_global_state()  # nequip asks for it before building; it also sets float64 as the default dtype
+        torch.set_default_dtype(dtype)
+        kinds = ["H", "C", "O"][:SPECIES]
+        model = NequIPGNNModel(
+            seed=0,
+            model_dtype="float32",
+            type_names=kinds,
+            r_max=R_MAX,
+            num_layers=layers,
+            l_max=l_max,
+            num_features=features,
+            radial_mlp_depth=1,
+            radial_mlp_width=features,
+            avg_num_neighbors=NEIGHBOURS,
+            per_type_energy_shifts=dict.fromkeys(kinds, 0.0),
+        )
+        self.energy = model.model.func  # the force output's energy model: forces come from backward here
+
+    def forward(self, positions, kinds, edge_index, cell, shifts) -> torch.Tensor:
+        data = {
+            "pos": positions,
+            "atom_types": kinds,
+            "edge_index": edge_index,
+            "cell": cell,
+            "edge_cell_shift": shifts,
+        }
+        return self.energy(data)["total_energy"].sum()
+
+
+class MACEEnergy(nn.Module):
+    """MACE (``mace.modules.MACE``, the configuration its papers train) called without its own force output."""
+
+    def __init__(self, interactions: int, channels: int, max_ell: int, correlation: int) -> None:
+        import numpy as np
+
+        # e3nn 0.4.4 loads its constants with torch.load, whose default (weights_only) refuses the slices in them.
+        with torch.serialization.safe_globals([slice]):
+            from e3nn import o3
+            from mace import modules
+
+        super().__init__()
+        self.model = modules.MACE(
+            r_max=R_MAX,
+            num_bessel=8,
+            num_polynomial_cutoff=5,
+            max_ell=max_ell,
+            interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
+            interaction_cls_first=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
+            num_interactions=interactions,
+            num_elements=SPECIES,
+            hidden_irreps=o3.Irreps(f"{channels}x0e + {channels}x1o"),
+            MLP_irreps=o3.Irreps("16x0e"),
+            atomic_energies=np.zeros(SPECIES),
+            avg_num_neighbors=NEIGHBOURS,
+            atomic_numbers=[1, 6, 8][:SPECIES],
+            correlation=correlation,
+            gate=torch.nn.functional.silu,
+        )
+
+    def forward(self, positions, kinds, edge_index, cell, shifts) -> torch.Tensor:
+        atoms = positions.shape[0]
+        data = {
+            "positions": positions,
+            "node_attrs": torch.nn.functional.one_hot(kinds, SPECIES).to(positions.dtype),
+            "edge_index": edge_index,
+            "shifts": shifts @ cell,
+            "unit_shifts": shifts,
+            "cell": cell,
+            "batch": torch.zeros(atoms, dtype=torch.long, device=positions.device),
+            "ptr": torch.tensor([0, atoms], device=positions.device),
+        }
+        return self.model(data, training=True, compute_force=False)["energy"].sum()
+
+
+def _box_inputs(device: str, atoms: int) -> tuple[torch.Tensor, ...]:
+    box = periodic_box(atoms, device)
+    positions = box["positions"].requires_grad_()
+    return positions, box["kinds"], box["edge_index"], box["cell"], box["shifts"]
+
+
+def nequip_potential(device: str, layers: int = 3, l_max: int = 2, features: int = 32, atoms: int = 100) -> ZooModel:
+    """NequIP from its package: 3 layers, l_max 2, 32 features, 100 atoms (about 1600 edges)."""
+    model = NequIPEnergy(layers, l_max, features).to(device)
+    return ZooModel(model, _box_inputs(device, atoms), _sum)
+
+
+def mace_potential(
+    device: str, interactions: int = 2, channels: int = 32, max_ell: int = 2, correlation: int = 3, atoms: int = 100
+) -> ZooModel:
+    """MACE from its package: 2 interactions, ``32x0e + 32x1o``, max_ell 2, correlation 3, 100 atoms."""
+    model = MACEEnergy(interactions, channels, max_ell, correlation).to(device)
+    return ZooModel(model, _box_inputs(device, atoms), _sum)
