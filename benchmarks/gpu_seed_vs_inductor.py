@@ -76,6 +76,9 @@ MODELS = {
     "small": lambda: e3nn_nequip_small("cuda"),
     "e3nn-nequip-modules": lambda: ZOO["e3nn-nequip-modules"].build("cuda"),
     "mistral-2l": litgpt_step,
+    # The field's own potentials, from their packages (each needs its own e3nn: run them in separate processes).
+    "nequip": lambda: ZOO["nequip"].build("cuda"),
+    "mace": lambda: ZOO["mace"].build("cuda"),
 }
 
 
@@ -302,6 +305,11 @@ def main() -> int:
         metavar="PATH/LABEL=JSON",
         help="also a guarded path with these FusionGuard options, keyed PATH/LABEL",
     )
+    parser.add_argument(
+        "--no-translate",
+        action="store_true",
+        help="leave translate_library_ops() out (MACE: e3nn 0.4.4's Irrep trips Dynamo's guards on its Extract)",
+    )
     args = parser.parse_args()
     try:
         variants = dict(parse_variant(v) for v in args.variant)
@@ -313,7 +321,9 @@ def main() -> int:
     record: dict = {"commit": commit, "machine": machine_info("cuda"), "models": {}}
     from thunder_fusion_guard import translate_library_ops
 
-    translate_library_ops()
+    if not args.no_translate:
+        translate_library_ops()
+    record["translated"] = not args.no_translate
     # A variant named by --step-graph runs captured only.
     paths = args.paths.split(",") + [v for v in variants if v not in args.step_graph]
     paths += [p + STEP_GRAPH for p in args.step_graph]

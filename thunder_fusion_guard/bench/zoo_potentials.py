@@ -85,23 +85,30 @@ class MACEEnergy(nn.Module):
             from mace import modules
 
         super().__init__()
-        self.model = modules.MACE(
-            r_max=R_MAX,
-            num_bessel=8,
-            num_polynomial_cutoff=5,
-            max_ell=max_ell,
-            interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
-            interaction_cls_first=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
-            num_interactions=interactions,
-            num_elements=SPECIES,
-            hidden_irreps=o3.Irreps(f"{channels}x0e + {channels}x1o"),
-            MLP_irreps=o3.Irreps("16x0e"),
-            atomic_energies=np.zeros(SPECIES),
-            avg_num_neighbors=NEIGHBOURS,
-            atomic_numbers=[1, 6, 8][:SPECIES],
-            correlation=correlation,
-            gate=torch.nn.functional.silu,
-        )
+        # Built as MACE builds a model for torch.compile (mace.tools.compile.prepare, less its process-wide Dynamo
+        # settings): without e3nn's TorchScript code generation, which Dynamo cannot trace and Thunder's interpreter
+        # aborts on, and its readouts' activations traced by torch.fx (Dynamo's guards trip on e3nn 0.4.4's Irrep).
+        from mace.tools.compile import disable_e3nn_codegen, simplify
+
+        with disable_e3nn_codegen():
+            self.model = modules.MACE(
+                r_max=R_MAX,
+                num_bessel=8,
+                num_polynomial_cutoff=5,
+                max_ell=max_ell,
+                interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
+                interaction_cls_first=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
+                num_interactions=interactions,
+                num_elements=SPECIES,
+                hidden_irreps=o3.Irreps(f"{channels}x0e + {channels}x1o"),
+                MLP_irreps=o3.Irreps("16x0e"),
+                atomic_energies=np.zeros(SPECIES),
+                avg_num_neighbors=NEIGHBOURS,
+                atomic_numbers=[1, 6, 8][:SPECIES],
+                correlation=correlation,
+                gate=torch.nn.functional.silu,
+            )
+        simplify(self.model)
 
     def forward(self, positions, kinds, edge_index, cell, shifts) -> torch.Tensor:
         atoms = positions.shape[0]
