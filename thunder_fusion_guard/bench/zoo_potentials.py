@@ -43,9 +43,12 @@ class NequIPEnergy(nn.Module):
         from nequip.utils.global_state import set_global_state
 
         super().__init__()
-        dtype = torch.get_default_dtype()
-        set_global_state()  # nequip asks for it before building; it also sets float64 as the default dtype
+        # nequip asks for its global state before building; it seeds every generator and makes float64 the default
+        # dtype: both are put back.
+        dtype, rng = torch.get_default_dtype(), torch.random.get_rng_state()
+        set_global_state()
         torch.set_default_dtype(dtype)
+        torch.random.set_rng_state(rng)
         kinds = ["H", "C", "O"][:SPECIES]
         model = NequIPGNNModel(
             seed=0,
