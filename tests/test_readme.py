@@ -25,6 +25,7 @@ EXPECTED = {
     "thunderfx(Scores()": ("subgraph 0",),
     "for t in tfg.translate_library_ops()": ("torch.tensordot: permute, reshape and matmul",),
     "translate_library_ops()  # before the first call of anything compiled": ("subgraph 0", "why not fused:"),
+    "nequip_potential(device": ("forces within", "FusionGuard:"),
 }
 
 

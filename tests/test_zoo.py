@@ -540,7 +540,8 @@ def test_the_zoo_extra_installs_every_library_of_the_zoo():
     text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     extra = re.search(r"^zoo = \[(.*)\]$", text, re.MULTILINE).group(1)
     names = {re.split(r"[<>=!~\[ ]", r.strip().strip('"'))[0].replace("-", "_") for r in extra.split(",")}
-    assert {e.requires for e in ZOO.values()} - {"torch"} <= names
+    apart = {"mace"}  # mace-torch pins e3nn 0.4.4, the others need 0.6: an environment of its own (README)
+    assert {e.requires for e in ZOO.values()} - {"torch"} - apart <= names
 
 
 def test_the_cuequivariance_anchor_is_the_e3nn_built_model_with_other_layers():
