@@ -239,3 +239,11 @@ def load_benchmark(name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def leaf_pair(dtype: torch.dtype, rows: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` (rows x 3) and ``w`` (3 x 4), seeded, scaled so that low precision really rounds, requiring grad."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(rows, 3, generator=g) * 3).to(dtype).requires_grad_()
+    w = (torch.randn(3, 4, generator=g) * 3).to(dtype).requires_grad_()
+    return x, w

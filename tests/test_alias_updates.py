@@ -9,6 +9,7 @@ import pytest
 import thunder
 import torch
 import torch.nn.functional as F
+from helpers import leaf_pair
 
 from thunder_fusion_guard import FusionGuard, fusion_executors
 
@@ -32,13 +33,6 @@ def write_into_view(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return out.sin().sum()
 
 
-def inputs(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    x = (torch.randn(6, 3, generator=g) * 3).to(dtype).requires_grad_()
-    w = (torch.randn(3, 4, generator=g) * 3).to(dtype).requires_grad_()
-    return x, w
-
-
 def compiled(fn, guard: FusionGuard | None = None):
     return thunder.jit(fn, executors=fusion_executors("cpu"), transforms=[guard] if guard else [])
 
@@ -49,7 +43,7 @@ def pruned(guard: FusionGuard) -> list:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gate_runs_guarded_with_eagers_gradients(dtype: torch.dtype) -> None:
-    x, w = inputs(dtype)
+    x, w = leaf_pair(dtype)
     with pytest.raises(Exception, match=UNDEFINED):
         torch.autograd.grad(compiled(gate)(x, w), (x, w))
     guard = FusionGuard()
@@ -68,7 +62,7 @@ def test_gate_runs_guarded_with_eagers_gradients(dtype: torch.dtype) -> None:
 
 
 def test_a_write_into_a_view_is_left_failing_as_unguarded() -> None:
-    x, w = inputs(torch.float32)
+    x, w = leaf_pair(torch.float32)
     with pytest.raises(Exception, match=UNDEFINED) as unguarded:
         torch.autograd.grad(compiled(write_into_view)(x, w), (x, w))
     guard = FusionGuard()
@@ -78,11 +72,11 @@ def test_a_write_into_a_view_is_left_failing_as_unguarded() -> None:
 
 
 def test_nothing_pruned_without_grad_or_with_rescue_off() -> None:
-    x, w = (t.detach() for t in inputs(torch.float32))
+    x, w = (t.detach() for t in leaf_pair(torch.float32))
     guard = FusionGuard()
     assert torch.allclose(compiled(gate, guard)(x, w), gate(x, w))
     assert not pruned(guard)
-    x, w = inputs(torch.float32)
+    x, w = leaf_pair(torch.float32)
     off = FusionGuard(rescue=False)
     with pytest.raises(Exception, match=UNDEFINED):
         torch.autograd.grad(compiled(gate, off)(x, w), (x, w))
@@ -90,7 +84,7 @@ def test_nothing_pruned_without_grad_or_with_rescue_off() -> None:
 
 
 def test_report_only_records_and_changes_nothing() -> None:
-    x, w = inputs(torch.float32)
+    x, w = leaf_pair(torch.float32)
     guard = FusionGuard(report_only=True)
     with pytest.raises(Exception, match=UNDEFINED):
         torch.autograd.grad(compiled(gate, guard)(x, w), (x, w))

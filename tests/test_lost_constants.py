@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import thunder
 import torch
+from helpers import leaf_pair
 
 from thunder_fusion_guard import FusionGuard, fusion_executors
 
@@ -31,13 +32,6 @@ def write_into_view(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return y.sin().sum()
 
 
-def inputs(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    x = (torch.randn(6, 3, generator=g) * 3).to(dtype).requires_grad_()
-    w = (torch.randn(3, 4, generator=g) * 3).to(dtype).requires_grad_()
-    return x, w
-
-
 def gradients(
     fn, x: torch.Tensor, w: torch.Tensor, guard: FusionGuard | None = None, check_traces: bool = False
 ) -> tuple[torch.Tensor, ...]:
@@ -56,7 +50,7 @@ def by_code(guard: FusionGuard, code: str) -> list:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("fn", [first_of_split, first_of_broadcast])
 def test_a_lost_zero_gradient_is_made_again(fn, dtype: torch.dtype) -> None:
-    x, w = inputs(dtype)
+    x, w = leaf_pair(dtype)
     with pytest.raises(Exception, match=UNDEFINED):
         gradients(fn, x, w)
     guard = FusionGuard()
@@ -74,7 +68,7 @@ def test_a_lost_zero_gradient_is_made_again(fn, dtype: torch.dtype) -> None:
 
 
 def test_a_write_into_viewed_memory_is_left_failing_and_said() -> None:
-    x, w = inputs(torch.float32)
+    x, w = leaf_pair(torch.float32)
     with pytest.raises(Exception, match=UNDEFINED) as unguarded:
         gradients(write_into_view, x, w)
     guard = FusionGuard()
@@ -86,7 +80,7 @@ def test_a_write_into_viewed_memory_is_left_failing_and_said() -> None:
 
 
 def test_rescue_off_restores_nothing() -> None:
-    x, w = inputs(torch.float32)
+    x, w = leaf_pair(torch.float32)
     guard = FusionGuard(rescue=False)
     with pytest.raises(Exception, match=UNDEFINED):
         gradients(first_of_split, x, w, guard)
@@ -95,7 +89,7 @@ def test_rescue_off_restores_nothing() -> None:
 
 def test_under_thunders_trace_check_it_fails_as_unguarded() -> None:
     """Thunder's trace check refuses the broken backward trace before the guard sees it: guarded, the same error."""
-    x, w = inputs(torch.float32)
+    x, w = leaf_pair(torch.float32)
     guard = FusionGuard()
     with pytest.raises(AssertionError, match="unknown proxy"):
         gradients(first_of_split, x, w, guard, check_traces=True)
