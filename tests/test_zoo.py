@@ -596,3 +596,33 @@ def test_nequip_from_its_package_gives_energy_and_forces():
     forces = built.inputs[0].grad
     assert bool(energy.isfinite()) and forces is not None and forces.shape == built.inputs[0].shape
     assert built.inputs[2].shape[1] > 10 * built.inputs[0].shape[0]  # a neighbour list of ~16 an atom
+
+
+def test_building_nequip_leaves_the_process_as_it_was():
+    """nequip builds only after its ``set_global_state()``, which turns on Dynamo's ``capture_scalar_outputs``
+    (a later ``.item()`` then breaks Dynamo's graph with another reason), seeds every generator, makes float64 the
+    default and sets environment variables: the zoo puts every one of them back."""
+    pytest.importorskip("nequip")
+    import os
+    import random
+
+    import nequip.model  # noqa: F401  (its import draws from Python's generator: not the build's doing)
+    import torch
+    from nequip.utils.global_state import global_state_initialized
+
+    def state():
+        return (
+            torch._dynamo.config.get_config_copy(),
+            torch.get_default_dtype(),
+            dict(os.environ),
+            torch.random.get_rng_state(),
+            random.getstate(),
+            torch.multiprocessing.get_sharing_strategy(),
+            global_state_initialized(),
+        )
+
+    before = state()
+    ZOO["nequip"].build("cpu")
+    after = state()
+    assert before[0] == after[0] and not after[0]["capture_scalar_outputs"]
+    assert before[1:3] == after[1:3] and torch.equal(before[3], after[3]) and before[4:] == after[4:]

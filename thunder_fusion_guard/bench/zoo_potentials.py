@@ -5,7 +5,11 @@ needs e3nn 0.6: install each in an environment of its own (the zoo runs every mo
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import random
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -35,34 +39,73 @@ def periodic_box(atoms: int, device: str, seed: int = 0) -> dict[str, torch.Tens
     }
 
 
+@contextlib.contextmanager
+def _nequip_global_state() -> Iterator[None]:
+    """nequip builds a model only after ``set_global_state()``, which sets process-wide state: seeds for every
+    generator, float64 as the default dtype, Dynamo's ``capture_scalar_outputs``, TF32 off, TorchScript's fusion
+    strategy, environment variables, e3nn's defaults. The model is built inside it and all of it is put back
+    after, so that building a zoo model changes nothing else in the process."""
+    import e3nn
+    import numpy as np
+    from nequip.utils import global_state
+
+    dtype, environ = torch.get_default_dtype(), dict(os.environ)
+    dynamo, e3nn_defaults = torch._dynamo.config.get_config_copy(), e3nn.get_optimization_defaults()
+    sharing, python_rng, numpy_rng = (
+        torch.multiprocessing.get_sharing_strategy(),
+        random.getstate(),
+        np.random.get_state(),
+    )
+    fusion = torch.jit.set_fusion_strategy([("STATIC", 2)])
+    torch.jit.set_fusion_strategy(fusion)
+    precision = torch.backends.fp32_precision if torch.cuda.is_available() else None
+    nequip_state = (global_state._GLOBAL_STATE_INITIALIZED, dict(global_state._latest_global_config))
+    devices = range(torch.cuda.device_count()) if torch.cuda.is_available() else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            global_state.set_global_state()
+            torch.set_default_dtype(dtype)  # the model's own dtype is an argument; its helpers read the default
+            yield
+    finally:
+        torch.set_default_dtype(dtype)
+        torch._dynamo.config.load_config(dynamo)
+        e3nn.set_optimization_defaults(**e3nn_defaults)
+        torch.multiprocessing.set_sharing_strategy(sharing)
+        random.setstate(python_rng)
+        np.random.set_state(numpy_rng)
+        torch.jit.set_fusion_strategy(fusion)
+        if precision is not None and torch.backends.fp32_precision != precision:
+            torch.backends.fp32_precision = precision
+        for name in set(os.environ) - set(environ):
+            del os.environ[name]
+        os.environ.update(environ)
+        global_state._GLOBAL_STATE_INITIALIZED = nequip_state[0]
+        global_state._latest_global_config.clear()
+        global_state._latest_global_config.update(nequip_state[1])
+
+
 class NequIPEnergy(nn.Module):
     """NequIP's energy model (``NequIPGNNModel`` without its force output): positions in, total energy out."""
 
     def __init__(self, layers: int, l_max: int, features: int) -> None:
         from nequip.model import NequIPGNNModel
-        from nequip.utils.global_state import set_global_state
 
         super().__init__()
-        # nequip asks for its global state before building; it seeds every generator and makes float64 the default
-        # dtype: both are put back.
-        dtype, rng = torch.get_default_dtype(), torch.random.get_rng_state()
-        set_global_state()
-        torch.set_default_dtype(dtype)
-        torch.random.set_rng_state(rng)
         kinds = ["H", "C", "O"][:SPECIES]
-        model = NequIPGNNModel(
-            seed=0,
-            model_dtype="float32",
-            type_names=kinds,
-            r_max=R_MAX,
-            num_layers=layers,
-            l_max=l_max,
-            num_features=features,
-            radial_mlp_depth=1,
-            radial_mlp_width=features,
-            avg_num_neighbors=NEIGHBOURS,
-            per_type_energy_shifts=dict.fromkeys(kinds, 0.0),
-        )
+        with _nequip_global_state():
+            model = NequIPGNNModel(
+                seed=0,
+                model_dtype="float32",
+                type_names=kinds,
+                r_max=R_MAX,
+                num_layers=layers,
+                l_max=l_max,
+                num_features=features,
+                radial_mlp_depth=1,
+                radial_mlp_width=features,
+                avg_num_neighbors=NEIGHBOURS,
+                per_type_energy_shifts=dict.fromkeys(kinds, 0.0),
+            )
         self.energy = model.model.func  # the force output's energy model: forces come from backward here
 
     def forward(self, positions, kinds, edge_index, cell, shifts) -> torch.Tensor:
