@@ -56,6 +56,9 @@ ReasonCode = Literal[
     "shared_fusion",
 ]
 
+# Said as a RuntimeWarning when recorded, besides explain(): the program is left failing, and the guard knows why.
+WARNED: frozenset[str] = frozenset({"lost_constant_refused"})
+
 # How a cost comparison came out: eager cheaper by the margin (reject), eager cheaper under it, fusion cheaper.
 Outcome = Literal["cheaper", "under_margin", "worth_it"]
 # Why a measured decision's margin is narrower than the option's: calls are synchronous here, or eager is no

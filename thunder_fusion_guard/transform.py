@@ -30,6 +30,7 @@ from .passes.hoist import HoistLedger
 from .passes.rescue import announce, describe_inputs
 from .phases import GUARD_MEASUREMENTS, GUARD_PASSES, timing
 from .policy import ModelDoubt
+from .reasons import WARNED
 from .replays import will_be_captured
 from .report import Report
 from .wording import error_line
@@ -143,6 +144,9 @@ class FusionGuard(thunder.Transform):
                     self.measurer.flush()
                     self.report.measuring = self.measurer.to_dict()
             made = self.report.decisions[seen:]
+        for decision in made:
+            if decision.code in WARNED:
+                warnings.warn(f"FusionGuard: {decision.reason}", RuntimeWarning, stacklevel=2)
         if self.options.compare_ranks:  # a collective: outside the lock
             self._rank_problems(compare_ranks(made))
         return new_trace

@@ -11,12 +11,26 @@ from thunder.core.proxies import TensorProxy
 from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx
 
-__all__ = ["alias_update_keeping", "is_alias_update", "trace_requires_grad"]
+from .traces import is_comment_or_del
+
+__all__ = ["alias_update_keeping", "is_alias_update", "op_before_each", "trace_requires_grad"]
 
 
 def is_alias_update(bsym: BoundSymbol) -> bool:
     """Whether ``bsym`` is Thunder's ``prims.update_aliases``."""
     return bsym.sym.id == prims.PrimIDs.UPDATE_ALIASES
+
+
+def op_before_each(bsyms: Sequence[BoundSymbol]) -> list[BoundSymbol | None]:
+    """For each op of ``bsyms``, the last op before it that is neither an alias update nor a comment or ``del``:
+    for an alias update, the op whose write it follows (a view, where the write came earlier)."""
+    before: list[BoundSymbol | None] = []
+    last: BoundSymbol | None = None
+    for bsym in bsyms:
+        before.append(last)
+        if not is_alias_update(bsym) and not is_comment_or_del(bsym):
+            last = bsym
+    return before
 
 
 def alias_update_keeping(bsym: BoundSymbol, keep: Sequence[int]) -> BoundSymbol:

@@ -42,13 +42,7 @@ def prune_alias_updates(trace: th.TraceCtx) -> tuple[th.TraceCtx, list[PrunedUpd
     if not th.trace_requires_grad(trace):
         return trace, []
     bsyms = list(trace.bound_symbols)
-    # The op each alias update follows (the last before it), and whether that op writes a tensor.
-    after: list[th.BoundSymbol | None] = []
-    last: th.BoundSymbol | None = None
-    for bsym in bsyms:
-        after.append(last)
-        if not th.is_alias_update(bsym) and not th.is_comment_or_del(bsym):
-            last = bsym
+    after = th.op_before_each(bsyms)  # for an alias update, the op whose write it follows
     # Backwards: the names read later, an update that may be pruned reading only the tensors it keeps.
     kept: dict[int, list[int]] = {}
     live: set[str] = set()

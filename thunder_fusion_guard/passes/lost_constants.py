@@ -14,7 +14,6 @@ as without the guard.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -93,14 +92,11 @@ def _factories(traces: Sequence[th.TraceCtx]) -> dict[str, th.BoundSymbol]:
 
 def _writes_into_viewed_memory(trace: th.TraceCtx) -> bool:
     """Whether an alias update right after a write in ``trace`` renames more than one tensor."""
-    last = None
-    for b in trace.bound_symbols:
-        if th.is_alias_update(b):
-            if last is not None and writes_inputs(last) and len(b.output) > 1:
-                return True
-        elif not th.is_comment_or_del(b):
-            last = b
-    return False
+    bsyms = trace.bound_symbols
+    return any(
+        th.is_alias_update(b) and op is not None and writes_inputs(op) and len(b.output) > 1
+        for b, op in zip(bsyms, th.op_before_each(bsyms), strict=True)
+    )
 
 
 def lost_constant_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
@@ -115,7 +111,6 @@ def lost_constant_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.Tra
         made.append(
             op_decision(context.where, "backward", "torch", [], "keep", "lost_constant_refused", facts, details)
         )
-        warnings.warn(f"FusionGuard: {made[-1].reason}", RuntimeWarning, stacklevel=2)
     for r in restored:
         names = ", ".join(r.names)
         facts = {"region": r.region.name, "executor": r.region.executor, "name": names, "count": len(r.names)}
