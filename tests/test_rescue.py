@@ -503,30 +503,37 @@ def copy_into_input(buf: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return buf
 
 
-def test_an_output_that_loses_its_gradient_is_said_and_left_as_thunder_returns_it():
-    """Thunder leaves an input it updated in place without autograd history, where eager's has it: a gradient
-    lost without an error. Guarded, the values are unguarded Thunder's, and a decision and a warning say which
-    value lost it."""
+def test_an_input_that_would_lose_its_gradient_runs_eagerly_from_the_first_call():
+    """Thunder leaves an input it updates in place without autograd history, where eager's has it: a gradient lost
+    without an error. Guarded, the subgraph runs eagerly from its first call (Thunder never compiles it): the
+    values are unguarded Thunder's, the gradient eager's, and a decision and a warning say which input."""
     x = torch.randn(4, requires_grad=True)
     assert copy_into_input(torch.zeros(4), x).requires_grad
-    plain_buf, guarded_buf = torch.zeros(4), torch.zeros(4)
+    plain_buf, guarded_buf, eager_buf = torch.zeros(4), torch.zeros(4), torch.zeros(4)
     want = thunderfx(copy_into_input, executors=fusion_executors("cpu"))(plain_buf, x)
+    assert not want.requires_grad  # unguarded: the gradient is lost
     guard = FusionGuard()
     compiled = thunderfx(copy_into_input, executors=fusion_executors("cpu"), transforms=[guard])
-    with pytest.warns(RuntimeWarning, match=r"subgraph 0: gradients lost: input 1 \(updated in place\) without"):
+    with pytest.warns(RuntimeWarning, match=r"subgraph 0: Thunder would leave input 1 \(updated in place\) without"):
         got = compiled(guarded_buf, x)
-    assert not want.requires_grad and not got.requires_grad  # Thunder's, guarded or not
     assert torch.equal(got, want) and torch.equal(guarded_buf, plain_buf)
-    (lost,) = [d for d in guard.report.decisions if "without_grad" in d.details]
-    assert lost.action == "keep" and lost.subgraph == "subgraph 0"
-    assert lost.details["without_grad"] == ["input 1 (updated in place)"]  # the subgraph takes (x, buf)
-    assert "eager gives it a gradient" in lost.details["explanation"]  # no fact names it
-    compiled(guarded_buf, x)
+    (grad,) = torch.autograd.grad(got.sum(), x)
+    (eager,) = torch.autograd.grad(copy_into_input(eager_buf, x).sum(), x)
+    assert torch.equal(grad, eager)
+    (rescued,) = [d for d in guard.report.decisions if "without_grad" in d.details]
+    assert rescued.action == "rescue" and rescued.subgraph == "subgraph 0" and rescued.error is None
+    assert rescued.details["without_grad"] == ["input 1 (updated in place)"]  # the subgraph takes (x, buf)
+    assert rescued.details["rescued_by"] == "eager PyTorch"
+    assert not guard.report.filter(trace="backward")  # Thunder compiled nothing of it
+    compiled(torch.zeros(4), x)
     assert len([d for d in guard.report.decisions if "without_grad" in d.details]) == 1  # said once
-    with torch.no_grad():  # nothing to lose
+    with torch.no_grad():  # nothing to lose: Thunder runs it
         guard2 = FusionGuard()
         thunderfx(copy_into_input, executors=fusion_executors("cpu"), transforms=[guard2])(torch.zeros(4), x)
-    assert not guard2.report.decisions or all("without_grad" not in d.details for d in guard2.report.decisions)
+    assert not guard2.report.filter(action="rescue")
+    guard3 = FusionGuard(rescue=False)  # the rescue off: Thunder's values, the gradient lost as unguarded
+    got3 = thunderfx(copy_into_input, executors=fusion_executors("cpu"), transforms=[guard3])(torch.zeros(4), x)
+    assert not got3.requires_grad
 
 
 def test_scatter_reduce_with_grad_runs_under_the_packages_cpu_executors():

@@ -16,8 +16,10 @@ subgraph's ThunderModule and Thunder's compiled function. Where a call fails it 
 An error the eager module raises as well is the user's: it reaches the caller unchanged. The parts ThunderFX
 compiled with Inductor were compiled for the strides Dynamo recorded, and check them, so on a subgraph's first
 call each output whose strides differ from the recorded ones, that is no view of an input and that such a part
-reads, is copied into that layout from then on (same values). An output that comes back without the autograd
-history Dynamo recorded for it (its gradient would be lost without an error) is said, not changed.
+reads, is copied into that layout from then on (same values). A subgraph that would leave an input it updates in
+place without the autograd history Dynamo recorded for it (a value requiring grad copied into a buffer: its gradient
+lost without an error) runs eagerly from its first call, where autograd records the update; an output that comes
+back without its recorded history is said, not changed.
 """
 
 from __future__ import annotations
@@ -86,10 +88,16 @@ class SubgraphRescue:
         self._restrided: tuple[int, ...] = ()
         self._examples: list[Any] = []
         self._refused = False
+        self._first_call = True
         self._on_rescue = on_rescue
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         grad = torch.is_grad_enabled()
+        if self._first_call:
+            self._first_call = False
+            losing = inputs_losing_history(self.module, args)
+            if losing:
+                return self._keep_history(losing, args, kwargs)
         try:
             out = self._run(*args, **kwargs)
         except Exception as error:
@@ -164,6 +172,16 @@ class SubgraphRescue:
         eager = compile_fx_module(self.module, list(args), "eager")
         out = eager(*args, **kwargs)  # its error is the user's, as eager PyTorch raises it
         return self._rescued("eager PyTorch", eager, out, error, args, problems)
+
+    def _keep_history(self, losing: tuple[str, ...], args: tuple, kwargs: dict) -> Any:
+        """Run the subgraph eagerly from now on, before Thunder compiles it: Thunder would leave ``losing``, inputs
+        it updates in place, without the autograd history eager gives them (their gradients lost without an
+        error); eagerly, the update is autograd's. An error here is the user's, as eager PyTorch raises it."""
+        eager = compile_fx_module(self.module, list(args), "eager")
+        self._run, self._after, self._on_first_call = eager, None, None
+        out = eager(*args, **kwargs)
+        self._tell(Rescued("eager PyTorch", None, args, lost_grad=losing))
+        return out
 
     def _rescued(
         self,
@@ -250,6 +268,50 @@ def gradients_lost(gm: torch.fx.GraphModule, outputs: list[Any], examples: list[
     updated = {i: node.meta.get("example_value") for i, node in in_place_updates(gm) if i < len(args)}
     found += [f"input {i} (updated in place)" for i, ex in sorted(updated.items()) if lost(args[i], ex)]
     return tuple(found)
+
+
+def inputs_losing_history(gm: torch.fx.GraphModule, args: tuple) -> tuple[str, ...]:
+    """The inputs ``gm`` updates in place that have no autograd history now but that Dynamo recorded requiring grad
+    after the update (a value requiring grad written into them, as ``buf.narrow(...).copy_(x)``), with grad on:
+    Thunder would give them none. Only where autograd knows what else holds their memory
+    (:func:`aliasing_known_to_autograd`): eagerly, autograd then records the update for all of them."""
+    if not torch.is_grad_enabled():
+        return ()
+    found = set()
+    for i, node in in_place_updates(gm):
+        example = node.meta.get("example_value")
+        if (
+            i < len(args)
+            and isinstance(args[i], torch.Tensor)
+            and not args[i].requires_grad
+            and isinstance(example, torch.Tensor)
+            and example.requires_grad
+            and aliasing_known_to_autograd(args[i], args)
+        ):
+            found.add(i)
+    return tuple(f"input {i} (updated in place)" for i in sorted(found))
+
+
+def aliasing_known_to_autograd(tensor: Any, args: tuple) -> bool:
+    """Whether autograd knows every tensor of ``args`` that shares ``tensor``'s memory: each is ``tensor``'s
+    autograd base or a view of that same base, and that base holds its whole storage. Then an eager in-place update
+    of ``tensor`` reaches them all through autograd; a tensor sharing memory without being autograd's view (a view
+    another compiled part returned as a tensor of its own) would not see it, without a word."""
+    if not isinstance(tensor, torch.Tensor):
+        return True
+    try:
+        base = tensor._base if tensor._is_view() else tensor
+        storage = base.untyped_storage()
+        if base.storage_offset() or storage.nbytes() != base.numel() * base.element_size():
+            return False
+        holders = [a for a in args if isinstance(a, torch.Tensor) and a is not tensor]
+        return all(
+            (a._base if a._is_view() else a) is base
+            for a in holders
+            if a.untyped_storage().data_ptr() == storage.data_ptr()
+        )
+    except Exception:  # a tensor without storage (fake, some subclasses): nothing known, so assume the worst
+        return False
 
 
 def shares_memory_beyond_itself(tensor: Any, args: tuple) -> bool:
@@ -363,7 +425,18 @@ def rescue_decision(subgraph: str, module: torch.fx.GraphModule, what: Rescued, 
     """The decision recording ``what`` happened to ThunderFX subgraph ``subgraph`` (its fx ``module``);
     ``describe(args)`` words the failing call's inputs."""
     ops = th.fx_graph_ops(module)
-    if what.lost_grad:
+    if what.lost_grad and what.by:
+        values = ", ".join(what.lost_grad)
+        reason = f"Thunder would leave {values} without autograd history"
+        explanation = (
+            f"{subgraph} updates {values} in place with a value that requires grad; eager gives it autograd "
+            f"history, Thunder would not (gradients through it lost without an error): {what.by} runs it from "
+            "the first call on, and Thunder never compiles it. translate_library_ops() writes e3nn's Extract "
+            "out of place, which Thunder runs"
+        )
+        d = Decision("forward", subgraph, "thunder", ops, "rescue", reason, subgraph=subgraph)
+        d.details.update(explanation=explanation, without_grad=list(what.lost_grad), rescued_by=what.by)
+    elif what.lost_grad:
         values = ", ".join(what.lost_grad)
         reason = f"gradients lost: {values} without autograd history"
         explanation = (
