@@ -359,6 +359,38 @@ def _nvfuser_ready() -> bool:
     return nvfuser_available()
 
 
+# Codes of decisions recording that a part of the guard failed and was skipped (reasons.WARNED says them too).
+GUARD_FAILURES = frozenset({"pass_failed", "rewrite_failed", "rebuild_failed"})
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "guard_failure_expected: the test makes a part of the guard fail (see _guard_parts_never_fail)"
+    )
+
+
+@pytest.fixture(autouse=True)
+def _guard_parts_never_fail(request, monkeypatch):
+    """A part of the guard that fails (a pass that raised, a rewrite or a rebuild that failed) is skipped and
+    recorded, and the user's program runs on: in the suite it fails the test, unless the test makes it fail on
+    purpose (marked ``guard_failure_expected``). Decisions recorded in this process are seen."""
+    from thunder_fusion_guard.report import Report
+
+    failed = []
+    add = Report.add
+
+    def recording(self, decision):
+        if decision.code in GUARD_FAILURES:
+            failed.append(decision)
+        add(self, decision)
+
+    monkeypatch.setattr(Report, "add", recording)
+    yield
+    if failed and not request.node.get_closest_marker("guard_failure_expected"):
+        said = "; ".join(f"{d.trace} {d.region}: {d.reason} ({d.error})" for d in failed[:3])
+        pytest.fail(f"{len(failed)} part(s) of the guard failed: {said}", pytrace=False)
+
+
 @pytest.fixture(autouse=True)
 def _restore_torch_threads():
     """The CLI pins torch's intra-op threads for timing; keep that from leaking into later tests."""

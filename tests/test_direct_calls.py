@@ -169,6 +169,7 @@ def test_option_is_checked():
         FusionGuard(direct_calls="yes")
 
 
+@pytest.mark.guard_failure_expected
 def test_a_failing_direct_call_pass_is_in_the_report(monkeypatch):
     """The pass runs last; its failure is still recorded (and the program runs on with Thunder's calls)."""
     import thunder_fusion_guard.passes.direct_calls as direct_calls_module
@@ -188,3 +189,32 @@ def test_a_failing_direct_call_pass_is_in_the_report(monkeypatch):
     failed = [d for d in guard.report if d.error == "RuntimeError: planted direct-call failure"]
     assert len(failed) == 1 and failed[0].action == "keep"
     assert failed[0].code == "pass_failed"  # the pass skipped, the trace left as it was
+
+
+@pytest.mark.guard_failure_expected
+def test_a_pass_that_raises_warns_once_and_the_program_runs_on(monkeypatch):
+    """A pass that raises is skipped (the trace as it was), recorded, and said once as a RuntimeWarning naming the
+    pass and the error, however many traces it fails on."""
+    import thunder_fusion_guard.passes.identity as identity
+
+    def broken(trace, may_change):
+        raise KeyError("planted")
+
+    monkeypatch.setattr(identity, "remove_identities", broken)
+
+    def f(x):
+        return (torch.sigmoid(x * 2.0) + 1.0).reshape(-1)
+
+    guard = FusionGuard()
+    jitted = thunder.jit(f, transforms=[guard], executors=[thunder.executors.torch_compile.torch_compile_ex])
+    x = torch.randn(8, 8, requires_grad=True)
+    with pytest.warns(RuntimeWarning) as said:
+        out = jitted(x)
+        out.sum().backward()
+    assert torch.equal(out, f(x))
+    failed = guard.report.filter(code="pass_failed")
+    assert {d.trace for d in failed} == {"forward", "backward"} and all(
+        d.error == "KeyError: 'planted'" for d in failed
+    )
+    told = [str(w.message) for w in said if "FusionGuard" in str(w.message)]
+    assert len(told) == 1 and "identity_pass" in told[0] and "KeyError: 'planted'" in told[0]  # the pass, the error

@@ -22,9 +22,9 @@ class SimulatedFusionFailure(RuntimeError):
     """What the failing executor's regions raise (an nvFuser assert, say)."""
 
 
-def failing_executor(op: str, calls: list[str]) -> TorchCompileExecutor:
-    """torch.compile, but each region holding ``op`` raises :class:`SimulatedFusionFailure` when called, before
-    running anything (a compile that fails); ``calls`` gets the region's name at each such call."""
+def failing_executor(op: str, calls: list[str], error: type[Exception] | None = None) -> TorchCompileExecutor:
+    """torch.compile, but each region holding ``op`` raises :class:`SimulatedFusionFailure` (or ``error``) when
+    called, before running anything (a compile that fails); ``calls`` gets the region's name at each such call."""
 
     class Failing(TorchCompileExecutor):
         def fuse(self, region, fusion_counter):
@@ -34,7 +34,9 @@ def failing_executor(op: str, calls: list[str]) -> TorchCompileExecutor:
 
             def fails(*args):
                 calls.append(bsym.sym.name)
-                raise SimulatedFusionFailure(f"INTERNAL ASSERT FAILED: {op} cannot be scheduled\nsecond line")
+                raise (error or SimulatedFusionFailure)(
+                    f"INTERNAL ASSERT FAILED: {op} cannot be scheduled\nsecond line"
+                )
 
             bsym._call_ctx = {bsym.sym.name: fails}
             return bsym
@@ -92,6 +94,39 @@ def test_failing_region_is_rescued_recorded_and_not_retried(op, trace):
     assert guard.report.to_dict()["decisions"][-1]["error"].endswith("second line")
     for render in (guard.report.to_markdown(), guard.report.to_html()):
         assert "rescue" in render and "cannot be scheduled" in render
+
+
+@pytest.mark.parametrize("op", ["sin", "cos"])
+def test_out_of_memory_in_a_region_reaches_the_user_as_unguarded_and_is_retried(op):
+    """Running out of memory says nothing about the region: it reaches the user as unguarded Thunder raises it,
+    nothing is rescued, and the next call tries the fusion again."""
+    calls: list[str] = []
+    guard = FusionGuard()
+    jitted = thunder.jit(program, executors=[failing_executor(op, calls, torch.OutOfMemoryError)], transforms=[guard])
+    x, w = inputs()
+    for attempt in (1, 2):
+        with pytest.raises(torch.OutOfMemoryError, match="cannot be scheduled"):
+            step(jitted, x, w)
+        assert len(calls) == attempt  # tried again: not switched to a fallback
+    assert not guard.report.filter(action="rescue")
+    unguarded = thunder.jit(program, executors=[failing_executor(op, [], torch.OutOfMemoryError)])
+    with pytest.raises(torch.OutOfMemoryError, match="cannot be scheduled"):
+        step(unguarded, x, w)
+
+
+def test_out_of_memory_in_a_thunderfx_subgraph_is_not_rescued():
+    from thunder_fusion_guard.fx_rescue import SubgraphRescue
+
+    told = []
+
+    def runs_out(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    module = torch.fx.symbolic_trace(lambda x: x + 1)
+    rescue = SubgraphRescue(None, runs_out, module, told.append)
+    with pytest.raises(torch.OutOfMemoryError):
+        rescue(torch.ones(2))
+    assert not rescue.rescued and told == []
 
 
 @pytest.mark.parametrize("op", ["sin", "cos"])

@@ -101,7 +101,7 @@ class SubgraphRescue:
         try:
             out = self._run(*args, **kwargs)
         except Exception as error:
-            if self.rescued:
+            if self.rescued or th.is_out_of_memory(error):
                 raise
             torch.set_grad_enabled(grad)  # a compilation that failed can leave Thunder's no-grad mode on
             return self._rescue(error, args, kwargs)

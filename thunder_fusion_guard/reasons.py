@@ -56,8 +56,9 @@ ReasonCode = Literal[
     "shared_fusion",
 ]
 
-# Said as a RuntimeWarning when recorded, besides explain(): the program is left failing, and the guard knows why.
-WARNED: frozenset[str] = frozenset({"lost_constant_refused"})
+# Said as a RuntimeWarning when recorded (once a guard for each reason and error), besides explain(): a program left
+# failing that the guard knows why, or a part of the guard that failed and was skipped.
+WARNED: frozenset[str] = frozenset({"lost_constant_refused", "pass_failed", "rewrite_failed", "rebuild_failed"})
 
 # How a cost comparison came out: eager cheaper by the margin (reject), eager cheaper under it, fusion cheaper.
 Outcome = Literal["cheaper", "under_margin", "worth_it"]

@@ -88,6 +88,7 @@ class FusionGuard(thunder.Transform):
         self.measurer = RegionMeasurer(self.options.measure_budget_s)
         self.doubt = ModelDoubt()
         self._lock = threading.Lock()
+        self._warned: set[str] = set()  # what a RuntimeWarning said already (reasons.WARNED)
         self._compiles: dict[str | None, int] = {}
         # Per thread (threads calling a program at once each compile it): the compile index of each function it
         # compiles and what its forward hoisted, so that its backward trace is recorded with its own forward.
@@ -146,7 +147,11 @@ class FusionGuard(thunder.Transform):
             made = self.report.decisions[seen:]
         for decision in made:
             if decision.code in WARNED:
-                warnings.warn(f"FusionGuard: {decision.reason}", RuntimeWarning, stacklevel=2)
+                first = (decision.error or "").strip().splitlines()[:1]
+                said = f"{decision.reason}: {first[0]}" if first else decision.reason
+                if said not in self._warned:
+                    self._warned.add(said)
+                    warnings.warn(f"FusionGuard: {decision.trace} trace: {said}", RuntimeWarning, stacklevel=2)
         if self.options.compare_ranks:  # a collective: outside the lock
             self._rank_problems(compare_ranks(made))
         return new_trace

@@ -19,7 +19,14 @@ import torch
 
 from .shared_fusions import SharedFusions
 
-__all__ = ["ContiguousWrites", "DirectNvFuserCall", "RescuingCall", "direct_nvfuser_call", "nvfuser_definition"]
+__all__ = [
+    "ContiguousWrites",
+    "DirectNvFuserCall",
+    "RescuingCall",
+    "direct_nvfuser_call",
+    "is_out_of_memory",
+    "nvfuser_definition",
+]
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 # More layouts than this for one region (shapes that keep changing): start the table again.
@@ -149,10 +156,22 @@ def direct_nvfuser_call(
     return DirectNvFuserCall(fn, shared, label, on_shared)
 
 
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` says the device or host ran out of memory (``torch.OutOfMemoryError``, or an executor's
+    error saying so): no sign that a region is broken, so never a reason to rescue it."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(
+        s in text for s in ("out of memory", "out_of_memory", "can't allocate memory")
+    )
+
+
 class RescuingCall(_Wrapper):
     """Runs one fusion region's callable ``fused``; where a call raises, runs ``make_fallback()`` (the region's
     ops one by one) on the same arguments instead, and from then on, and hands ``on_rescue(error, args)`` the
-    failure. Where the fallback raises too, its error (the one eager PyTorch gives for those ops) reaches the
+    failure; running out of memory is raised as it is, the fusion tried again at the next call. Where the
+    fallback raises too, its error (the one eager PyTorch gives for those ops) reaches the
     caller and the region stays as it was; where no fallback can be built, the original error does. Nothing
     more than one call and a ``try`` runs while the fusion works, so its outputs are the fusion's own.
     Other attributes are ``fused``'s (``name``, ``last_used``). ``first_call(fused, args)``, given, runs the first
@@ -182,7 +201,7 @@ class RescuingCall(_Wrapper):
         try:
             return self._run(*args)
         except Exception as error:
-            if self._run is not self.fused:
+            if self._run is not self.fused or is_out_of_memory(error):
                 raise
             return self._rescue(error, args)
 
