@@ -65,6 +65,7 @@ def test_reasons_are_whole_single_lines(fn, make, options):
     _check(guard)
 
 
+@pytest.mark.guard_failure_expected
 def test_failure_reasons_are_whole_and_the_error_kept(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("planted failure " + "x" * 200)

@@ -5,6 +5,7 @@ user as eager raises it, and a program that does not fail keeps unguarded Thunde
 from __future__ import annotations
 
 import re
+import warnings
 
 import pytest
 import thunder
@@ -486,6 +487,7 @@ def narrow_copies(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (out * out).sum()
 
 
+@pytest.mark.guard_failure_expected  # a region whose rewrite would copy into a leaf requiring grad: kept as it was
 def test_a_subgraph_updating_a_view_with_grad_is_not_rescued_and_says_why():
     """Run another way, the update of a view another compiled part made gave wrong gradients: the guard leaves
     the failure as unguarded ThunderFX raises it, and records why it did not rescue."""
@@ -569,6 +571,35 @@ def test_an_input_that_would_lose_its_gradient_runs_eagerly_from_the_first_call(
     guard3 = FusionGuard(rescue=False)  # the rescue off: Thunder's values, the gradient lost as unguarded
     got3 = thunderfx(copy_into_input, executors=fusion_executors("cpu"), transforms=[guard3])(torch.zeros(4), x)
     assert not got3.requires_grad
+
+
+def copy_into_a_view_of_a_buffer(x: torch.Tensor) -> torch.Tensor:
+    buf = x.new_zeros(x.shape[0], 6)
+    torch._dynamo.graph_break()  # the buffer reaches the next Dynamo graph as an input, as e3nn's Extract's does
+    buf.narrow(1, 0, 3).copy_(x.sin())
+    return (buf * buf).sum()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_copy_into_a_narrow_of_a_buffer_from_before_a_graph_break_keeps_its_gradient(dtype):
+    """e3nn's Extract untranslated under ThunderFX: a buffer made before a graph break, a value copied into a
+    ``narrow`` of it after. ThunderFX's splitter runs the ``narrow`` by Inductor, which hands it back requiring grad
+    without history, and Thunder fails on the copy. Guarded, the subgraph runs eagerly on the view made again from
+    its buffer: the gradient is eager's, bit for bit."""
+    x = torch.randn(5, 3, dtype=dtype, requires_grad=True)
+    (eager,) = torch.autograd.grad(copy_into_a_view_of_a_buffer(x), x)
+    unguarded = thunderfx(copy_into_a_view_of_a_buffer, executors=fusion_executors("cpu"))
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(unguarded(x), x)
+    guard = FusionGuard()
+    compiled = thunderfx(copy_into_a_view_of_a_buffer, executors=fusion_executors("cpu"), transforms=[guard])
+    for _ in range(2):
+        with warnings.catch_warnings(record=True):
+            (got,) = torch.autograd.grad(compiled(x), x)
+        assert torch.equal(got, eager)
+    (rescued,) = guard.report.filter(action="rescue")
+    assert rescued.details["rescued_by"] == "eager PyTorch" and rescued.details["remade_views"] == [1]
+    assert rescued.details["without_grad"] == ["input 1 (updated in place)"]  # (x, narrow, buf)
 
 
 def test_scatter_reduce_with_grad_runs_under_the_packages_cpu_executors():

@@ -83,9 +83,9 @@ class Details(TypedDict, total=False):
     reproduction: str  # a script that reproduces the failure alone (nvFuser's definition and such inputs)
     source: str  # the user's source line of the region's or subgraph's first op
     outputs_restrided: list[int]  # outputs handed back in the layout the FX graph recorded
-    without_grad: list[
-        str
-    ]  # the outputs or updated inputs a ThunderFX subgraph left without the autograd history recorded
+    # the outputs or updated inputs a ThunderFX subgraph left (or would leave) without the autograd history recorded
+    without_grad: list[str]
+    remade_views: list[int]  # inputs made again as views of their bases before an eager run (fx_rescue)
     # CUDA graphs of a trace (action capture): Thunder's CUDAGraphTransform made to share buffers
     captures: list[str]  # the graphs made
     thunder_captures: int  # the graphs Thunder's own grouping made of the same trace

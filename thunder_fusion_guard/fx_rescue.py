@@ -55,6 +55,7 @@ class Rescued:
     restrided: tuple[int, ...] = ()
     problems: tuple[str, ...] = ()
     lost_grad: tuple[str, ...] = ()  # values Thunder left without the autograd history Dynamo recorded
+    remade: tuple[int, ...] = ()  # inputs made again as views of their bases (views_without_history)
 
 
 def compile_fx_module(module: torch.fx.GraphModule, inputs: list[Any], backend: str) -> Callable:
@@ -95,9 +96,10 @@ class SubgraphRescue:
         grad = torch.is_grad_enabled()
         if self._first_call:
             self._first_call = False
-            losing = inputs_losing_history(self.module, args)
+            remade = tuple(i for i in views_without_history(args) if i in updated_inputs(self.module))
+            losing = inputs_losing_history(self.module, remade_views(args, remade))
             if losing:
-                return self._keep_history(losing, args, kwargs)
+                return self._keep_history(losing, remade, args, kwargs)
         try:
             out = self._run(*args, **kwargs)
         except Exception as error:
@@ -173,14 +175,20 @@ class SubgraphRescue:
         out = eager(*args, **kwargs)  # its error is the user's, as eager PyTorch raises it
         return self._rescued("eager PyTorch", eager, out, error, args, problems)
 
-    def _keep_history(self, losing: tuple[str, ...], args: tuple, kwargs: dict) -> Any:
+    def _keep_history(self, losing: tuple[str, ...], remade: tuple[int, ...], args: tuple, kwargs: dict) -> Any:
         """Run the subgraph eagerly from now on, before Thunder compiles it: Thunder would leave ``losing``, inputs
         it updates in place, without the autograd history eager gives them (their gradients lost without an
-        error); eagerly, the update is autograd's. An error here is the user's, as eager PyTorch raises it."""
+        error); eagerly, the update is autograd's. The inputs at ``remade`` (views requiring grad without history,
+        :func:`views_without_history`) are made again as views of their bases at each call. An error here is the
+        user's, as eager PyTorch raises it."""
         eager = compile_fx_module(self.module, list(args), "eager")
-        self._run, self._after, self._on_first_call = eager, None, None
-        out = eager(*args, **kwargs)
-        self._tell(Rescued("eager PyTorch", None, args, lost_grad=losing))
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return eager(*remade_views(args, remade), **kwargs)
+
+        self._run, self._after, self._on_first_call = (run if remade else eager), None, None
+        out = self._run(*args, **kwargs)
+        self._tell(Rescued("eager PyTorch", None, args, lost_grad=losing, remade=remade))
         return out
 
     def _rescued(
@@ -268,6 +276,37 @@ def gradients_lost(gm: torch.fx.GraphModule, outputs: list[Any], examples: list[
     updated = {i: node.meta.get("example_value") for i, node in in_place_updates(gm) if i < len(args)}
     found += [f"input {i} (updated in place)" for i, ex in sorted(updated.items()) if lost(args[i], ex)]
     return tuple(found)
+
+
+def views_without_history(args: tuple) -> tuple[int, ...]:
+    """The positions of ``args`` that are views requiring grad without autograd history of a base that requires
+    none (a view another compiled part handed back marked so: ThunderFX's splitter runs a ``narrow`` of a buffer by
+    Inductor, which marks it requiring grad since a later copy into it does). Eager PyTorch refuses to update such a
+    view in place (a view of a leaf); a view of the same memory made again from its base is what eager has."""
+    if not torch.is_grad_enabled():
+        return ()
+    return tuple(
+        i
+        for i, a in enumerate(args)
+        if isinstance(a, torch.Tensor)
+        and a._is_view()
+        and a.requires_grad
+        and a.grad_fn is None
+        and a._base is not None
+        and not a._base.requires_grad
+    )
+
+
+def remade_views(args: tuple, positions: tuple[int, ...]) -> tuple:
+    """``args`` with each view at ``positions`` that :func:`views_without_history` finds made again from its base
+    (the same size, strides and offset: the same memory)."""
+    if not positions:
+        return args
+    found = set(views_without_history(args))
+    return tuple(
+        a._base.as_strided(a.size(), a.stride(), a.storage_offset()) if i in positions and i in found else a
+        for i, a in enumerate(args)
+    )
 
 
 def inputs_losing_history(gm: torch.fx.GraphModule, args: tuple) -> tuple[str, ...]:
@@ -436,6 +475,8 @@ def rescue_decision(subgraph: str, module: torch.fx.GraphModule, what: Rescued, 
         )
         d = Decision("forward", subgraph, "thunder", ops, "rescue", reason, subgraph=subgraph)
         d.details.update(explanation=explanation, without_grad=list(what.lost_grad), rescued_by=what.by)
+        if what.remade:
+            d.details["remade_views"] = list(what.remade)
     elif what.lost_grad:
         values = ", ".join(what.lost_grad)
         reason = f"gradients lost: {values} without autograd history"
