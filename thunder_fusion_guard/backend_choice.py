@@ -132,7 +132,7 @@ class _Chosen(torch.nn.Module):
     def forward(self, *args: Any) -> Any:
         try:
             return self.backend(*args)
-        except Exception as e:
+        except Exception as e:  # a backend's failure of any kind sends the subgraph back to Thunder; the call goes on
             problem = error_line(e)
             self._choice.problems[self._choice.chosen] = f"failed on a call, back on Thunder: {problem}"
             warnings.warn(
@@ -202,7 +202,7 @@ def _choose(
             runner = _build(name, sub, inputs)
             _step(runner, inputs, leaves)()
             runners[name] = runner
-        except Exception as e:
+        except Exception as e:  # a backend may fail in any way on this subgraph: then it is not chosen, no error
             problems[name] = error_line(e)
         if name == "thunder" and "thunder" not in runners:
             choice.reason = "kept on Thunder: it failed when run alone, so it was not timed"

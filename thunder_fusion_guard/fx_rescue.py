@@ -102,7 +102,7 @@ class SubgraphRescue:
                 return self._keep_history(losing, remade, args, kwargs)
         try:
             out = self._run(*args, **kwargs)
-        except Exception as error:
+        except Exception as error:  # whatever Thunder, a transform or an executor raises is the rescue's to try
             if self.rescued or th.is_out_of_memory(error):
                 raise
             torch.set_grad_enabled(grad)  # a compilation that failed can leave Thunder's no-grad mode on
@@ -139,7 +139,7 @@ class SubgraphRescue:
                     out = again(*args, **kwargs)
                     by = f"Thunder with {name} adapted to a trace its checks refuse"
                     return self._rescued(by, again, out, error, args, problems, thunder=True)
-                except Exception as e:
+                except Exception as e:  # one way tried: any failure of it leaves the next to try
                     problems.append(f"Thunder with {name} adapted: {error_line(e)}")
                     th.forget_forward(adapted)
             try:
@@ -169,7 +169,7 @@ class SubgraphRescue:
                 inductor = compile_fx_module(self.module, list(args), "inductor")
                 out = inductor(*args)
                 return self._rescued("Inductor", inductor, out, error, args, problems)
-            except Exception as e:
+            except Exception as e:  # Inductor's failure of any kind leaves eager PyTorch to try
                 problems.append(f"Inductor: {error_line(e)}")
         eager = compile_fx_module(self.module, list(args), "eager")
         out = eager(*args, **kwargs)  # its error is the user's, as eager PyTorch raises it
@@ -421,7 +421,7 @@ def _layout_differs(out: Any, example: Any) -> bool:
         return False
     try:
         size, stride = tuple(int(n) for n in example.size()), tuple(int(s) for s in example.stride())
-    except Exception:
+    except Exception:  # a symbolic size or stride raises whatever its shape environment raises: not comparable
         return False
     if tuple(out.size()) != size or tuple(out.stride()) == stride:
         return False
@@ -441,7 +441,7 @@ def _dense(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     try:
         return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-    except Exception:
+    except Exception:  # a tensor without storage (fake, some subclasses): nothing known, so assume it does
         return True
 
 

@@ -93,7 +93,7 @@ def capture_step(step: Callable[[], T], *, grads_of: Iterable[torch.Tensor] = ()
             reason += f" ({_HELD_GRAPH})"
         try:
             _end_generator_capture()
-        except Exception as e:
+        except Exception as e:  # ending the capture is best effort: any failure of it goes into the reason, not raised
             reason += f"; random ops on CUDA may now fail (the generators' capture could not be ended: {e})"
         return _uncaptured(captured, reason)
     torch.cuda.synchronize()

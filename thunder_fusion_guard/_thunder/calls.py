@@ -200,7 +200,7 @@ class RescuingCall(_Wrapper):
     def __call__(self, *args: Any) -> Any:
         try:
             return self._run(*args)
-        except Exception as error:
+        except Exception as error:  # the fused region may fail with any type: the rescue decides (out of memory raised)
             if self._run is not self.fused or is_out_of_memory(error):
                 raise
             return self._rescue(error, args)
@@ -213,7 +213,7 @@ class RescuingCall(_Wrapper):
     def _rescue(self, error: Exception, args: tuple) -> Any:
         try:
             fallback = self._make_fallback()
-        except Exception:
+        except Exception:  # a fallback is a shortcut: if making it fails in any way, the region's own error is raised
             raise error from None
         out = fallback(*args)  # its error is the user's, as eager PyTorch raises it
         self._run = fallback
@@ -285,5 +285,5 @@ def nvfuser_definition(fn: Callable, args: tuple) -> str | None:
         return None
     try:
         return repr(fn.get_fd(fn.to_descriptors(args)))
-    except Exception:
+    except Exception:  # Thunder's private wrapper API and nvFuser's C++ may raise anything: None means "cannot say"
         return None

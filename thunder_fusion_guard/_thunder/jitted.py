@@ -81,7 +81,7 @@ def is_jitted(obj: Any) -> bool:
     """True for a ``thunder.jit`` function or module."""
     try:
         return thunder.compile_stats(obj) is not None
-    except Exception:
+    except Exception:  # any object may be asked: whatever its attribute lookup raises means "not a thunder.jit result"
         return False
 
 
@@ -201,7 +201,7 @@ def recompile_reasons(jitted: Any) -> list[str]:
     float64'); '' where none differ."""
     try:
         entries = list(getattr(thunder.compile_stats(jitted), "interpreter_cache", None) or [])
-    except Exception:
+    except Exception:  # Thunder's private cache may change between versions: absent or different means no reasons
         return []
     checks = [_prologue_checks(entry) for entry in entries]
     return [_changed_checks(before, after) for before, after in itertools.pairwise(checks)]
@@ -252,7 +252,7 @@ def nvfuser_scheduled_ir(region_fn: Callable) -> str | None:
         return None
     try:
         text = get_ir()
-    except Exception:
+    except Exception:  # nvFuser's C++ errors come through as any type: the IR is extra, so an error means "not exposed"
         return None
     return text if isinstance(text, str) else None
 

@@ -50,7 +50,7 @@ def compile_data_of(jitted: Any) -> Any:
     """Thunder's compile data of a ``thunder.jit`` result (None if it is not one)."""
     try:
         return thunder.compile_data(jitted)
-    except Exception:
+    except Exception:  # any object may be asked: whatever its attribute lookup raises means "not a thunder.jit result"
         return None
 
 
@@ -85,7 +85,7 @@ def can_fuse(ex: Executor, bsym: BoundSymbol, cd: Any) -> bool:
     with _resolving(cd):
         try:
             return bool(ex.can_fuse(bsym) if isinstance(ex, FusionExecutor) else ex.can_execute(bsym))
-        except Exception:
+        except Exception:  # an executor's checks are its own code and may raise anything: an error counts as a refusal
             return False
 
 
@@ -97,7 +97,7 @@ def run_checker(ex: Executor, bsym: BoundSymbol, cd: Any, overrides: dict[str, A
     with _resolving(cd, overrides) as read:
         try:
             verdict = bool(impl.checker(*bsym.args, **bsym.kwargs))
-        except Exception:
+        except Exception:  # an executor's checker is its own code and may raise anything: an error counts as a refusal
             verdict = False
     return verdict, list(read)
 
@@ -145,7 +145,7 @@ def _walk(ex: FusionExecutor, bsym: BoundSymbol, path: list[BoundSymbol]) -> Ref
     if impl is not None:
         try:
             ok = impl.checker is None or bool(impl.checker(*bsym.args, **bsym.kwargs))
-        except Exception:
+        except Exception:  # an executor's checker is its own code and may raise anything: an error counts as a refusal
             ok = False
         if ok:
             return None
@@ -220,7 +220,7 @@ def original_op(bsym: BoundSymbol, executors: Sequence[Executor]) -> BoundSymbol
     token = set_tracectx(scratch)
     try:
         symbol(*bsym.args, **bsym.kwargs)
-    except Exception:
+    except Exception:  # retracing may fail in any of Thunder's meta functions: the op as claimed is still an answer
         return bsym
     finally:
         reset_tracectx(token)
@@ -277,7 +277,7 @@ def scheduler_verdicts(fec: Any, inputs: Sequence[Any], schedulers: Sequence[str
             continue
         try:
             ok, log = check(fusion_of(), kind, list(inputs))
-        except Exception as e:
+        except Exception as e:  # nvFuser's C++ errors come through as any type: each is that scheduler's answer
             verdicts[name] = f"can_schedule raised {type(e).__name__}: {str(e).strip().splitlines()[:1]}"
             continue
         text = " ".join(str(log).split())

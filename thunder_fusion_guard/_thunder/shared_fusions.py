@@ -36,7 +36,7 @@ class SharedFusions:
         shared."""
         try:
             key = (repr(fd), options, getattr(fd, "_selected_device", None))
-        except Exception:
+        except Exception:  # printing is nvFuser's C++, which may raise any type: such a definition is just not shared
             return fd, None
         with self._lock:
             entries = self._by_text.setdefault(key, [])
@@ -85,7 +85,7 @@ def _same_definition(fd: Any, other: Any) -> bool:
     """nvFuser's ``Fusion`` equality of the two definitions; False where either cannot say."""
     try:
         return bool(fd.fusion == other.fusion)
-    except Exception:
+    except Exception:  # nvFuser's equality may raise any type: not known to be equal means not shared
         return False
 
 

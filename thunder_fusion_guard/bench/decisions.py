@@ -75,7 +75,7 @@ def run(
         log(f"[{i}/{len(programs)}] {label} ...")
         try:
             got, info[label] = measure_program(program, device, reps, region_s)
-        except Exception as e:
+        except Exception as e:  # one program failing in any way must not lose the other programs' rows
             info[label] = {"error": error_line(e)}
             log(f"[{i}/{len(programs)}] {label} FAILED: {info[label]['error']}")
         else:

@@ -151,7 +151,7 @@ def measure_program(program: Program, device: str, reps: int, region_s: float) -
                 fused_s, eager_s, *other_s = interleaved_us(
                     fns, replay, reps=reps, warmup=3, deadline_ns=deadline, min_reps=5, cuda=device == "cuda"
                 )
-        except Exception as e:
+        except Exception as e:  # one region failing in any way must not lose the other regions' rows
             row.error = error_line(e)
             continue
         if other_s:

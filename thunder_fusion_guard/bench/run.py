@@ -127,7 +127,7 @@ def run_cases(
         began = time.perf_counter()
         try:
             result = measure_case(case, device, reps, warmup, variants)
-        except Exception as e:
+        except Exception as e:  # one case failing in any way must not lose the other cases' numbers
             result = CaseResult(case, error=f"{type(e).__name__}: {e}")
             _log(f"[{i}/{len(cases)}] {case.group} FAILED: {result.error}")
         else:

@@ -257,7 +257,7 @@ def _count_step_kernels(programs: list[ProgramCalls], graphs: list[GraphPair]) -
     for program in programs:
         try:
             counts = step_kernels(program.jitted, program.args, program.kwargs)
-        except Exception as e:
+        except Exception as e:  # kernel counts are extra: any failure (program, profiler) must not cost the profile
             logger.warning("profile_regions: kernels per call not counted: %s: %s", type(e).__name__, e)
             continue
         for pair in graphs:

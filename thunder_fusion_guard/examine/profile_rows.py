@@ -97,7 +97,7 @@ def measure_row(trace: th.TraceCtx, call: RegionCall, reps: int, warmup: int) ->
         row.input_bytes = _nbytes(args)
         try:
             row.output_bytes = _nbytes([fn(*args)])
-        except Exception as e:
+        except Exception as e:  # the region may fail in any way on its recorded inputs: the row says so, the rest go on
             row.error = f"not measured: the region fails on its recorded inputs ({error_line(e)})"
             return row
         row.host_us, row.host_spread_us = _timed(fn, args, reps, warmup)
@@ -112,7 +112,7 @@ def measure_row(trace: th.TraceCtx, call: RegionCall, reps: int, warmup: int) ->
             return row
         try:
             row.eager_us, row.eager_spread_us = _timed(eager, args, reps, warmup)
-        except Exception as e:
+        except Exception as e:  # the torch executor may fail in any way on these ops: the row says so, the rest go on
             row.error = f"eager not measured: Thunder's torch executor fails on these ops and inputs ({error_line(e)})"
     return row
 
@@ -123,7 +123,7 @@ def _eager_callable(trace: th.TraceCtx, region: Region) -> Callable | str:
         body = lower_region(trace, region)
     except RewriteError as e:
         return f"eager not measured: {e}"
-    except Exception as e:
+    except Exception as e:  # lowering runs Thunder's translations, which may raise anything: the row says why
         return f"eager not measured: Thunder's torch executor cannot take these ops ({error_line(e)})"
     return th.python_callable_from_symbols(f"{region.name}_eager", body, region.inputs, region.outputs)
 
@@ -138,7 +138,7 @@ def _device_time(fn: Callable, args: tuple, calls: int) -> tuple[float, int | No
     (no count) as a fallback."""
     try:
         return _profiled_kernels(fn, args, calls)
-    except Exception:
+    except Exception:  # torch.profiler can fail in many ways (CUPTI busy or missing, say): CUDA events time it instead
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         samples = []
         for _ in range(calls):

@@ -61,7 +61,7 @@ def why_not_fused(fn: Any, *args: Any, backward: bool = True, **kwargs: Any) -> 
             shown.update(f"running once more for nvFuser's kernels ({regions} regions found)")
             try:
                 rows += kernel_rows(fn, args, kwargs, backward)
-            except Exception as e:
+            except Exception as e:  # one more run of the model may fail in any way: the report says so, still returned
                 rows.append(not_analysed("forward", None, "nvFuser's kernels of one more run", e))
     return WhyReport(grouped(rows), regions)
 

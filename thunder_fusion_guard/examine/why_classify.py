@@ -71,7 +71,7 @@ def _auto_registered(jitted: Any) -> set[str]:
 
     try:
         return set(thunder.get_auto_registered_torch_op_names(jitted) or ())
-    except Exception:
+    except Exception:  # Thunder's API may be absent, or fail where nothing traced: then none is auto-registered
         return set()
 
 

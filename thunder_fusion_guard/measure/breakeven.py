@@ -243,7 +243,7 @@ class RegionMeasurer:
                 try:  # the other executor failing leaves the choice between the fusion and eager
                     fns.append(th.region_callable(other.bsym()))
                     fns[-1](*args)
-                except Exception as e:
+                except Exception as e:  # the other executor may fail in any way on this region
                     fns = fns[:2]
                     problem = f"{other.name} failed on it: {error_line(e)}"
             self.first_call_seconds += (self.clock() - first) / 1e9
@@ -253,7 +253,7 @@ class RegionMeasurer:
             )
             try:  # host and device apart only narrow the margin: without them the measurement still decides
                 apart = host_device_us(fns, args, reps=SPLIT_REPS, clock=self.clock, cuda=cuda)
-            except Exception as e:
+            except Exception as e:  # timing host and device apart may fail in any way (profiler, device)
                 log.debug("FusionGuard: host and device not timed apart for %s: %s", region.name, e)
                 apart = None
         medians = [statistics.median(s) for s in samples]

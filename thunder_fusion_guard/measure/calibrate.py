@@ -287,7 +287,7 @@ def auto_calibrate(
         note = f"not calibrated: {e}"
         log.info("FusionGuard: %s: %s", where, note)
         return None, note, took
-    except Exception as e:
+    except Exception as e:  # calibration is an optimisation: any failure leaves compute regions fused, never raises
         took = time.perf_counter() - start
         note = f"calibration failed after {took:.1f} s: {type(e).__name__}: {e}"
         log.warning("FusionGuard: %s for %s; compute regions stay fused", note, where)

@@ -40,7 +40,7 @@ def region_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
                 counter += 1
             else:
                 replacements[region.position] = lower_region(trace, region)
-        except Exception as e:
+        except Exception as e:  # a rewrite runs Thunder's trace code, which may raise anything: the region stays fused
             other_name = None if other is None else other.name
             if options.strict:
                 change = f"switch {region.name} to {other_name}" if switch else f"rewrite {region.name}"
@@ -63,7 +63,7 @@ def region_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
         new = replace_regions(trace, replacements, f"FusionGuard: {len(replacements)} regions rejected or switched")
         check_communication(trace, new)
         return new, decided
-    except Exception as e:
+    except Exception as e:  # rebuilding may fail anywhere in Thunder: the trace stays as it was (strict mode raises)
         moved = isinstance(e, CommunicationChanged)
         if options.strict:
             raise (CommunicationChanged if moved else FusionGuardError)(

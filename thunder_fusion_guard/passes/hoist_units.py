@@ -241,7 +241,7 @@ def _units(bsyms: list[th.BoundSymbol], readers_of: dict[str, set[int]], may_reb
 
             try:
                 unit = _region_part(b, i, constant, read_outside, may_rebuild)
-            except Exception:
+            except Exception:  # hoisting is an optimisation: any failure to split the region hoists nothing of it
                 unit = None
         if unit is not None:
             units[i] = unit

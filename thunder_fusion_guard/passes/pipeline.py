@@ -198,7 +198,7 @@ def run_pass(step: Pass, trace: th.TraceCtx, context: PassContext) -> tuple[th.T
         new, made = step.function(trace, context)
     except FusionGuardError:
         raise  # strict mode's own errors, worded where they happen
-    except Exception as e:
+    except Exception as e:  # a pass is an optimisation: any failure of it keeps the trace as it was, and is reported
         return trace, [_pass_failed(step, e, context)]
     try:
         if new is not trace:

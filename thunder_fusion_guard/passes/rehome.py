@@ -92,7 +92,7 @@ def absorb_metadata_ops(
         inputs = unique_proxies([*b.flat_proxy_args, *(p for p in region.flat_proxy_args if p.name not in outs)])
         try:
             bsyms[j] = th.rebuild_fusion(region, [b, *th.subsymbols(region)], inputs, region.flat_proxy_outs)
-        except Exception as e:
+        except Exception as e:  # rebuilding a fusion may raise anything in Thunder or the executor: the op is not moved
             moves.append(Rehome(th.op_name(b), moved, into, ex, f"{type(e).__name__}: {e}"))
             continue
         bsyms[i] = None
@@ -174,7 +174,7 @@ def _merged(
     )
     try:
         return th.rebuild_fusion(second, [*th.subsymbols(first), *between, *th.subsymbols(second)], inputs, outputs)
-    except Exception:
+    except Exception:  # rebuilding may raise anything in Thunder or the executor: the calls then stay apart
         return None
 
 

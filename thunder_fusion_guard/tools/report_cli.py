@@ -93,7 +93,7 @@ def _load_file(path: str) -> Any:
         sys.path.insert(0, str(file.parent))
     try:
         spec.loader.exec_module(module)
-    except Exception as e:
+    except Exception as e:  # importing runs the user's file, which may raise anything: MakeFailed says what
         del sys.modules[name]
         raise MakeFailed(f"importing {path} raised {error_line(e)}") from e
     return module
@@ -106,7 +106,7 @@ def _load_module(name: str) -> Any:
         if e.name and name.startswith(e.name):
             raise TargetError(f"no module named {e.name!r} (TARGET {name!r}; a file needs its .py path)") from e
         raise MakeFailed(f"importing {name} raised {error_line(e)}") from e
-    except Exception as e:
+    except Exception as e:  # importing runs the user's module, which may raise anything: MakeFailed says what
         raise MakeFailed(f"importing {name} raised {error_line(e)}") from e
 
 
@@ -117,7 +117,7 @@ def make_workload(make: Callable[..., Any], device: str) -> tuple[Callable[..., 
     takes_device = "device" in _parameters(make)
     try:
         result = make(device=device) if takes_device else make()
-    except Exception as e:
+    except Exception as e:  # make() is the user's code and may raise anything: MakeFailed says what
         raise MakeFailed(f"make() raised {error_line(e)}") from e
     if not isinstance(result, (tuple, list)) or len(result) not in (2, 3):
         raise TargetError(
@@ -229,7 +229,7 @@ def run_report(
                 elif pictures:
                     shown.update("dataflow graphs")
                     extra["graphs"] = trace_graphs(compiled)
-        except Exception as e:
+        except Exception as e:  # any error of the user's model or of Thunder is the report's to show, not a CLI crash
             raise ModelFailed(*model_failure(spec, "ThunderFX" if thunderfx else "thunder.jit", compiled, e)) from e
         shown.update("done")
     report = report_of(compiled)
@@ -289,7 +289,7 @@ def _unguarded_error(spec: str, device: str, thunderfx: bool, backward: bool) ->
             torch._dynamo.reset()  # compile afresh, without the guarded program's entries
         with nullcontext() if backward else torch.no_grad():
             step(compile_with_guard(fn, None, device, thunderfx), args, kwargs, backward)
-    except Exception as e:
+    except Exception as e:  # whatever the unguarded run raises is the answer sought, to compare with the guarded run's
         return e
     return None
 

@@ -67,7 +67,7 @@ def _why_command(args: argparse.Namespace) -> int:
             shown.update("first call (tracing, compiling)")
             step(compiled, call_args, kwargs, args.backward)
         report = why_not_fused(compiled, *call_args, backward=args.backward, **kwargs)
-    except Exception as e:
+    except Exception as e:  # any error of the user's model or of Thunder is the report's to show, not a CLI crash
         frontend = "ThunderFX" if args.thunderfx else "thunder.jit"
         raise ModelFailed(*model_failure(args.target, frontend, compiled, e)) from e
     print(report.to_text(wide=args.wide))
