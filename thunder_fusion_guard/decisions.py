@@ -83,7 +83,7 @@ class Details(TypedDict, total=False):
     reproduction: str  # a script that reproduces the failure alone (nvFuser's definition and such inputs)
     source: str  # the user's source line of the region's or subgraph's first op
     outputs_restrided: list[int]  # outputs handed back in the layout the FX graph recorded
-    # the outputs or updated inputs a ThunderFX subgraph left (or would leave) without the autograd history recorded
+    # the outputs a ThunderFX subgraph left without the autograd history recorded, or inputs it would update outside it
     without_grad: list[str]
     remade_views: list[int]  # inputs made again as views of their bases before an eager run (fx_rescue)
     # CUDA graphs of a trace (action capture): Thunder's CUDAGraphTransform made to share buffers

@@ -16,10 +16,10 @@ subgraph's ThunderModule and Thunder's compiled function. Where a call fails it 
 An error the eager module raises as well is the user's: it reaches the caller unchanged. The parts ThunderFX
 compiled with Inductor were compiled for the strides Dynamo recorded, and check them, so on a subgraph's first
 call each output whose strides differ from the recorded ones, that is no view of an input and that such a part
-reads, is copied into that layout from then on (same values). A subgraph that would leave an input it updates in
-place without the autograd history Dynamo recorded for it (a value requiring grad copied into a buffer: its gradient
-lost without an error) runs eagerly from its first call, where autograd records the update; an output that comes
-back without its recorded history is said, not changed.
+reads, is copied into that layout from then on (same values). A subgraph that updates an input in place with a value
+requiring grad (a copy into a buffer), which Thunder would do outside autograd's record (gradients lost without an
+error), runs eagerly from its first call, where autograd records the update; an output that comes back without its
+recorded history is said, not changed.
 """
 
 from __future__ import annotations
@@ -90,16 +90,22 @@ class SubgraphRescue:
         self._examples: list[Any] = []
         self._refused = False
         self._first_call = True
+        self._remade: tuple[int, ...] = ()  # inputs made again from their bases at each call (views_without_history)
         self._on_rescue = on_rescue
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         grad = torch.is_grad_enabled()
         if self._first_call:
             self._first_call = False
-            remade = tuple(i for i in views_without_history(args) if i in updated_inputs(self.module))
-            losing = inputs_losing_history(self.module, remade_views(args, remade))
+            self._remade = views_without_history(args)
+            args = remade_views(args, self._remade)
+            losing = inputs_updated_outside_autograd(self.module, args)
             if losing:
-                return self._keep_history(losing, remade, args, kwargs)
+                return self._keep_history(losing, args, kwargs)
+            if self._remade:
+                self._tell(Rescued(None, None, args, remade=self._remade))
+        elif self._remade:
+            args = remade_views(args, self._remade)
         try:
             out = self._run(*args, **kwargs)
         except Exception as error:  # whatever Thunder, a transform or an executor raises is the rescue's to try
@@ -175,20 +181,14 @@ class SubgraphRescue:
         out = eager(*args, **kwargs)  # its error is the user's, as eager PyTorch raises it
         return self._rescued("eager PyTorch", eager, out, error, args, problems)
 
-    def _keep_history(self, losing: tuple[str, ...], remade: tuple[int, ...], args: tuple, kwargs: dict) -> Any:
-        """Run the subgraph eagerly from now on, before Thunder compiles it: Thunder would leave ``losing``, inputs
-        it updates in place, without the autograd history eager gives them (their gradients lost without an
-        error); eagerly, the update is autograd's. The inputs at ``remade`` (views requiring grad without history,
-        :func:`views_without_history`) are made again as views of their bases at each call. An error here is the
-        user's, as eager PyTorch raises it."""
+    def _keep_history(self, losing: tuple[str, ...], args: tuple, kwargs: dict) -> Any:
+        """Run the subgraph eagerly from now on, before Thunder compiles it: Thunder would update ``losing``, inputs
+        it updates in place, outside autograd's record (gradients through them lost without an error); eagerly,
+        the update is autograd's. An error here is the user's, as eager PyTorch raises it."""
         eager = compile_fx_module(self.module, list(args), "eager")
-
-        def run(*args: Any, **kwargs: Any) -> Any:
-            return eager(*remade_views(args, remade), **kwargs)
-
-        self._run, self._after, self._on_first_call = (run if remade else eager), None, None
-        out = self._run(*args, **kwargs)
-        self._tell(Rescued("eager PyTorch", None, args, lost_grad=losing, remade=remade))
+        self._run, self._after, self._on_first_call = eager, None, None
+        out = eager(*args, **kwargs)
+        self._tell(Rescued("eager PyTorch", None, args, lost_grad=losing, remade=self._remade))
         return out
 
     def _rescued(
@@ -309,10 +309,11 @@ def remade_views(args: tuple, positions: tuple[int, ...]) -> tuple:
     )
 
 
-def inputs_losing_history(gm: torch.fx.GraphModule, args: tuple) -> tuple[str, ...]:
-    """The inputs ``gm`` updates in place that have no autograd history now but that Dynamo recorded requiring grad
-    after the update (a value requiring grad written into them, as ``buf.narrow(...).copy_(x)``), with grad on:
-    Thunder would give them none. Only where autograd knows what else holds their memory
+def inputs_updated_outside_autograd(gm: torch.fx.GraphModule, args: tuple) -> tuple[str, ...]:
+    """The inputs ``gm`` updates in place with a value Dynamo recorded requiring grad (as
+    ``buf.narrow(...).copy_(x)``), with grad on: Thunder 0.2.6 writes into an input outside autograd's record (its
+    autograd function marks nothing dirty), so a gradient through the update is lost without an error, whether
+    the input had autograd history before or not. Only where autograd knows what else holds their memory
     (:func:`aliasing_known_to_autograd`): eagerly, autograd then records the update for all of them."""
     if not torch.is_grad_enabled():
         return ()
@@ -322,7 +323,6 @@ def inputs_losing_history(gm: torch.fx.GraphModule, args: tuple) -> tuple[str, .
         if (
             i < len(args)
             and isinstance(args[i], torch.Tensor)
-            and not args[i].requires_grad
             and isinstance(example, torch.Tensor)
             and example.requires_grad
             and aliasing_known_to_autograd(args[i], args)
@@ -466,10 +466,10 @@ def rescue_decision(subgraph: str, module: torch.fx.GraphModule, what: Rescued, 
     ops = th.fx_graph_ops(module)
     if what.lost_grad and what.by:
         values = ", ".join(what.lost_grad)
-        reason = f"Thunder would leave {values} without autograd history"
+        reason = f"Thunder would update {values} outside autograd: gradients through it lost"
         explanation = (
-            f"{subgraph} updates {values} in place with a value that requires grad; eager gives it autograd "
-            f"history, Thunder would not (gradients through it lost without an error): {what.by} runs it from "
+            f"{subgraph} updates {values} in place with a value that requires grad; eager records the update in "
+            f"autograd, Thunder would not (gradients through it lost without an error): {what.by} runs it from "
             "the first call on, and Thunder never compiles it. translate_library_ops() writes e3nn's Extract "
             "out of place, which Thunder runs"
         )
@@ -497,6 +497,16 @@ def rescue_decision(subgraph: str, module: torch.fx.GraphModule, what: Rescued, 
         d = Decision("forward", subgraph, "thunder", ops, "keep", reason, subgraph=subgraph)
         d.error = error_text(what.error)
         d.details.update(explanation=explanation, error_type=type(what.error).__name__)
+    elif what.remade and what.error is None and not what.restrided:
+        values = ", ".join(map(str, what.remade))
+        reason = f"inputs {values} made again as views of their bases: handed over requiring grad without history"
+        explanation = (
+            f"inputs {values} of {subgraph} come from a part compiled apart (ThunderFX's splitter runs a view of a "
+            "buffer by Inductor) as views requiring grad without autograd history: a gradient through them would "
+            "stop there without an error. Each call hands over the same memory as a view of its base, as eager has it"
+        )
+        d = Decision("forward", subgraph, "thunder", ops, "rescue", reason, subgraph=subgraph)
+        d.details.update(explanation=explanation, remade_views=list(what.remade))
     elif what.error is None:
         outputs = ", ".join(map(str, what.restrided))
         reason = f"outputs {outputs} handed back in the strides Dynamo recorded"
