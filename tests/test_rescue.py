@@ -603,6 +603,31 @@ def test_a_copy_into_a_narrow_of_a_buffer_from_before_a_graph_break_keeps_its_gr
     assert rescued.details["without_grad"] == ["input 1 (updated in place)"]  # (x, narrow, buf)
 
 
+def two_copies_into_one_buffer(x: torch.Tensor) -> torch.Tensor:
+    buf = x.new_zeros(x.shape[0], 6)
+    torch._dynamo.graph_break()
+    buf.narrow(1, 0, 3).copy_(x.sin())
+    torch._dynamo.graph_break()  # the second copy's buffer has autograd history already
+    buf.narrow(1, 3, 3).copy_(x.cos())
+    return (buf * buf).sum()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_second_copy_into_a_buffer_with_history_keeps_its_gradient(dtype):
+    """e3nn's gate writes several irreps into one buffer: after the first copy the buffer has autograd history, and
+    Thunder would write the second outside it (that copy's gradient lost without an error; unguarded, Thunder fails
+    on the first). Guarded, both subgraphs run eagerly: the gradient is eager's, bit for bit."""
+    x = torch.randn(5, 3, dtype=dtype, requires_grad=True)
+    (eager,) = torch.autograd.grad(two_copies_into_one_buffer(x), x)
+    guard = FusionGuard()
+    compiled = thunderfx(two_copies_into_one_buffer, executors=fusion_executors("cpu"), transforms=[guard])
+    with warnings.catch_warnings(record=True):
+        (got,) = torch.autograd.grad(compiled(x), x)
+    assert torch.equal(got, eager)
+    rescued = guard.report.filter(action="rescue")
+    assert [d.details["without_grad"] for d in rescued] == [["input 1 (updated in place)"]] * 2
+
+
 def test_scatter_reduce_with_grad_runs_under_the_packages_cpu_executors():
     """A newcomer's graph layer: the torch.compile region holding ``scatter_reduce_vjp`` (a gradient Thunder
     registered automatically) fails in dynamo (``Unsupported: Unexpected type in sourceless builder``); guarded, that
