@@ -251,6 +251,22 @@ def test_a_failing_variant_keeps_the_others(monkeypatch, tmp_path, capsys):
     assert "guarded FAILED: RuntimeError: compiler broke" in capsys.readouterr().err
 
 
+def test_an_error_every_variant_gives_is_said_once_with_the_variants(monkeypatch, capsys):
+    import thunder_fusion_guard.bench.run as bench_run
+
+    def failing(workload, variant, device):
+        raise AttributeError("no attribute 'broadcast_to'")
+
+    monkeypatch.setattr(bench_run, "make_step", failing)
+    argv = ["bench", "run", "--suite", "micro", "--case", "view-small", "--device", "cpu", "--reps", "2"]
+    assert main([*argv, "--warmup", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("no attribute 'broadcast_to'") == 1 and err.count("FAILED: as thunder") == 2
+    assert (
+        bench_run.errors_by_variant({"thunder": "E", "guarded": "E", "eager": "F"}) == "E (thunder, guarded); F (eager)"
+    )
+
+
 @pytest.mark.parametrize("columns", ["80", "100"])
 def test_bench_zoo_help_names_every_model_and_path_whole(monkeypatch, capsys, columns):
     """Every zoo model and path is in `bench zoo --help`, each on one line as it is typed (argparse's own

@@ -89,13 +89,14 @@ def measure_case(
             step = make_step(workload, variant, device)
             result.first_call_s[variant] = _time_once(step)
         except Exception as e:  # one variant failing must not lose the others' numbers
-            result.variant_errors[variant] = error_line(e)
-            _log(f"    {case.group}: {variant} FAILED: {result.variant_errors[variant]}")
+            error = result.variant_errors[variant] = error_line(e)
+            earlier = [v for v, said in result.variant_errors.items() if said == error and v != variant]
+            _log(f"    {case.group}: {variant} FAILED: " + (f"as {earlier[0]}" if earlier else error))
             continue
         steps[variant] = step
         _log(f"    {case.group}: {variant} first call {result.first_call_s[variant]:.1f} s")
     if not steps:
-        raise RuntimeError(f"every variant failed: {result.variant_errors}")
+        raise AllVariantsFailed(f"every variant failed: {errors_by_variant(result.variant_errors)}")
     for _ in range(warmup):
         for step in steps.values():
             step()
@@ -107,6 +108,18 @@ def measure_case(
         result.recompiled_while_timing = True
         _log(f"    {case.group}: WARNING torch.compile compiled a graph during the timed rounds (a recompilation)")
     return result
+
+
+class AllVariantsFailed(RuntimeError):
+    """Every variant of a case failed (each error logged as it happened)."""
+
+
+def errors_by_variant(errors: dict[str, str]) -> str:
+    """Each distinct error once, with the variants that gave it: ``E (thunder, guarded); F (eager)``."""
+    grouped: dict[str, list[str]] = {}
+    for variant, error in errors.items():
+        grouped.setdefault(error, []).append(variant)
+    return "; ".join(f"{error} ({', '.join(variants)})" for error, variants in grouped.items())
 
 
 def run_cases(
@@ -129,7 +142,8 @@ def run_cases(
             result = measure_case(case, device, reps, warmup, variants)
         except Exception as e:  # one case failing in any way must not lose the other cases' numbers
             result = CaseResult(case, error=f"{type(e).__name__}: {e}")
-            _log(f"[{i}/{len(cases)}] {case.group} FAILED: {result.error}")
+            said = "every variant failed (above)" if isinstance(e, AllVariantsFailed) else result.error
+            _log(f"[{i}/{len(cases)}] {case.group} FAILED: {said}")
         else:
             times = ", ".join(f"{v} {result.median_us(v):.1f} µs" for v in result.samples)
             _log(f"[{i}/{len(cases)}] {case.group}: {times} ({time.perf_counter() - began:.1f} s)")
