@@ -274,6 +274,42 @@ def test_a_model_thunder_jit_cannot_trace_is_pointed_to_thunderfx(tmp_path, caps
     assert main(["report", f"{target}:make", "--device", "cpu", "--thunderfx"]) == 0
 
 
+INDEX_ADD_LAYER = """
+import torch
+
+
+class Scatter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, src, index):
+        return torch.zeros(4, 3).index_add(0, index, self.lin(src)).sum()
+
+
+def make():
+    return Scatter(), (torch.randn(5, 3), torch.tensor([0, 1, 1, 3, 2]))
+"""
+
+
+@pytest.mark.usefixtures("no_inductor")
+def test_a_model_that_runs_translated_is_pointed_to_translate_library_ops(tmp_path, capsys):
+    """index_add has no gradient in Thunder 0.2.6: the one line names translate_library_ops(), which gives it one,
+    and leaves the translations as they were."""
+    from thunder_fusion_guard import library_ops_translated
+    from thunder_fusion_guard._thunder import library_ops_are_translated
+
+    target = tmp_path / "gnn.py"
+    target.write_text(INDEX_ADD_LAYER)
+    assert main(["report", f"{target}:make", "--device", "cpu", "--backward"]) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "prims.index_add" in line and "; it fails unguarded too; after " in line, line
+    assert "translate_library_ops() it runs" in line, line
+    assert not library_ops_are_translated()
+    with library_ops_translated():  # already translated: nothing to suggest
+        assert main(["report", f"{target}:make", "--device", "cpu", "--backward"]) == 0
+
+
 def test_version(capsys):
     assert main(["--version"]) == 0
     out = capsys.readouterr().out.strip()

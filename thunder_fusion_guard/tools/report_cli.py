@@ -255,7 +255,8 @@ def model_failure(spec: str, frontend: str, compiled: Any, error: BaseException)
 def unguarded_verdict(spec: str, device: str, thunderfx: bool, backward: bool, guarded: BaseException) -> str:
     """Whether TARGET fails unguarded too, run once more without the guard (same frontend, executors and
     device): what a report of a failure needs to say whose failure it is ('' where TARGET cannot be made again);
-    where it fails under thunder.jit unguarded too but runs through ThunderFX, that ``--thunderfx`` works."""
+    where it fails unguarded too but runs after ``translate_library_ops()``, or (under thunder.jit) through
+    ThunderFX, that that works."""
     try:
         error = _unguarded_error(spec, device, thunderfx, backward)
     except _NotMadeAgain:
@@ -264,6 +265,8 @@ def unguarded_verdict(spec: str, device: str, thunderfx: bool, backward: bool, g
         return "unguarded, it runs: a failure of thunder-fusion-guard (please report it, with --traceback)"
     same = error_line(error) == error_line(guarded)
     verdict = "it fails unguarded too" + ("" if same else f", with {error_line(error)}")
+    if _runs_translated(spec, device, thunderfx, backward):
+        verdict += "; after thunder_fusion_guard.translate_library_ops() it runs (library ops Thunder lacks, translated)"
     if not thunderfx and _runs_through_thunderfx(spec, device, backward):
         verdict += "; with --thunderfx it runs (Dynamo hands Thunder only the code Thunder can trace)"
     return verdict
@@ -292,6 +295,20 @@ def _unguarded_error(spec: str, device: str, thunderfx: bool, backward: bool) ->
     except Exception as e:  # whatever the unguarded run raises is the answer sought, to compare with the guarded run's
         return e
     return None
+
+
+def _runs_translated(spec: str, device: str, thunderfx: bool, backward: bool) -> bool:
+    """True where TARGET runs unguarded with the package's library-op translations (and did not have them): the
+    fix ``why`` names for an op Thunder lacks or cannot differentiate (``index_add``, e3nn's in-place gates)."""
+    from .._thunder import library_ops_are_translated, library_ops_translated
+
+    if library_ops_are_translated():
+        return False
+    try:
+        with library_ops_translated():
+            return _unguarded_error(spec, device, thunderfx, backward) is None
+    except _NotMadeAgain:
+        return False
 
 
 def _runs_through_thunderfx(spec: str, device: str, backward: bool) -> bool:
