@@ -266,7 +266,9 @@ def unguarded_verdict(spec: str, device: str, thunderfx: bool, backward: bool, g
     same = error_line(error) == error_line(guarded)
     verdict = "it fails unguarded too" + ("" if same else f", with {error_line(error)}")
     if _runs_translated(spec, device, thunderfx, backward):
-        verdict += "; after thunder_fusion_guard.translate_library_ops() it runs (library ops Thunder lacks, translated)"
+        verdict += (
+            "; after thunder_fusion_guard.translate_library_ops() it runs (library ops Thunder lacks, translated)"
+        )
     if not thunderfx and _runs_through_thunderfx(spec, device, backward):
         verdict += "; with --thunderfx it runs (Dynamo hands Thunder only the code Thunder can trace)"
     return verdict
