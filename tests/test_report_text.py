@@ -104,6 +104,9 @@ def test_the_long_explanation_shows_in_html_and_markdown_not_in_the_text_table()
     assert 'title="the long story | &lt;with markup&gt;"' in page
     assert "<summary>why nvFusion1</summary><p>the long story | &lt;with markup&gt;</p>" in page
     assert "why nvFusion0</td>" in page  # no explanation: the plain reason
+    report.decisions[1].details["explanation"] = "why nvFusion1 (the estimates: 3 µs against 5)"
+    markdown = report.to_markdown()
+    assert "why nvFusion1 (the estimates: 3 µs against 5) |" in markdown and markdown.count("why nvFusion1") == 1
 
 
 def test_a_trace_is_placed_by_function_compile_subgraph_and_trace_alike_everywhere():

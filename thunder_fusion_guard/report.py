@@ -272,7 +272,8 @@ def _markdown_section(section: Section, with_kernels: bool, grouped: bool) -> li
         cells = list(_row(d, with_kernels, grouped))
         cells[3] = ops_text(d.ops, None)  # every op, counted
         explanation = explanation_text(d)
-        cells[-1] += f" — {explanation}" if explanation else ""
+        if explanation:  # an explanation that opens with the reason stands for both
+            cells[-1] = explanation if explanation.startswith(cells[-1]) else f"{cells[-1]} — {explanation}"
         rows.append(cells)
     return [*lines, *markdown_table(_header(with_kernels), rows), ""]
 
