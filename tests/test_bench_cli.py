@@ -3,6 +3,7 @@
 import argparse
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -249,6 +250,37 @@ def test_a_failing_variant_keeps_the_others(monkeypatch, tmp_path, capsys):
         {"group": "micro:view-small", "variant": "guarded", "error": "RuntimeError: compiler broke"}
     ]
     assert "guarded FAILED: RuntimeError: compiler broke" in capsys.readouterr().err
+
+
+def test_each_variants_first_call_compiles_with_empty_inductor_caches(monkeypatch, tmp_path):
+    """The first-call column cannot favour a variant compiled later: each first call runs with a cache directory
+    of its own, empty, and Inductor's in-memory caches cleared; the JSON says so."""
+    import os
+
+    import torch._inductor.codecache as codecache
+
+    import thunder_fusion_guard.bench.run as bench_run
+
+    seen = {}
+
+    def step_seeing_the_caches(workload, variant, device):
+        def step():
+            if variant not in seen:  # the first call
+                directory = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+                seen[variant] = (directory, os.listdir(directory), dict(codecache.PyCodeCache.modules))
+                Path(directory, "kernel.py").write_text("# compiled by " + variant)  # what a compile leaves
+
+        return step
+
+    monkeypatch.setattr(bench_run, "make_step", step_seeing_the_caches)
+    out = tmp_path / "run.json"
+    argv = ["bench", "run", "--suite", "micro", "--case", "view-small", "--device", "cpu", "--reps", "2"]
+    assert main([*argv, "--warmup", "0", "--json", str(out)]) == 0
+    assert set(seen) == {"thunder", "guarded", "eager"}
+    assert len({directory for directory, _, _ in seen.values()}) == 3  # a directory each
+    assert all(listed == [] and modules == {} for _, listed, modules in seen.values())  # each empty
+    assert not any(Path(directory).exists() for directory, _, _ in seen.values())  # removed after
+    assert json.loads(out.read_text())["first_calls"] == bench_run.FIRST_CALLS
 
 
 def test_an_error_every_variant_gives_is_said_once_with_the_variants(monkeypatch, capsys):

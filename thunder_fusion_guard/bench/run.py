@@ -8,14 +8,17 @@ medians and names the cases that got slower than a threshold allows.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -66,6 +69,23 @@ def _time_once(step: Callable[[], None]) -> float:
     return time.perf_counter() - start
 
 
+# How each variant's first call is compiled, so that the order of variants favours none: said with the results.
+FIRST_CALLS = (
+    "each variant's first call compiles with empty Inductor caches (a fresh cache directory, in-memory caches "
+    "cleared: no variant reuses another's kernels); nvFuser's fusion cache is process-wide and kept"
+)
+
+
+@contextlib.contextmanager
+def empty_compile_caches(parent: str) -> Iterator[None]:
+    """Inductor's (and Triton's) caches empty for what runs inside: a fresh cache directory under ``parent`` and the
+    in-memory caches cleared, so that a variant compiled later cannot reuse an earlier variant's kernels."""
+    from torch._inductor.utils import fresh_cache
+
+    with fresh_cache(dir=parent, delete=False):
+        yield
+
+
 def _dynamo_graphs() -> int:
     from torch._dynamo.utils import counters
 
@@ -84,10 +104,12 @@ def measure_case(
     result = CaseResult(case)
     workload = case.build(device)
     steps = {}
+    caches = tempfile.mkdtemp(prefix="tfg-first-calls-")
     for variant in variants:
         try:
             step = make_step(workload, variant, device)
-            result.first_call_s[variant] = _time_once(step)
+            with empty_compile_caches(caches):
+                result.first_call_s[variant] = _time_once(step)
         except Exception as e:  # one variant failing must not lose the others' numbers
             error = result.variant_errors[variant] = error_line(e)
             earlier = [v for v, said in result.variant_errors.items() if said == error and v != variant]
@@ -95,6 +117,7 @@ def measure_case(
             continue
         steps[variant] = step
         _log(f"    {case.group}: {variant} first call {result.first_call_s[variant]:.1f} s")
+    shutil.rmtree(caches, ignore_errors=True)  # what the first calls compiled is loaded by now
     if not steps:
         raise AllVariantsFailed(f"every variant failed: {errors_by_variant(result.variant_errors)}")
     for _ in range(warmup):
@@ -236,6 +259,7 @@ def to_json(results: Sequence[CaseResult], device: str, reps: int, warmup: int) 
         "benchmarks": benchmarks,
         "datetime": datetime.now(timezone.utc).isoformat(),
         "version": benchmark_version(),
+        "first_calls": FIRST_CALLS,
     }
     errors = [{"group": r.case.group, "error": r.error} for r in results if r.error]
     errors += [{"group": r.case.group, "variant": v, "error": e} for r in results for v, e in r.variant_errors.items()]
