@@ -72,7 +72,8 @@ def _time_once(step: Callable[[], None]) -> float:
 # How each variant's first call is compiled, so that the order of variants favours none: said with the results.
 FIRST_CALLS = (
     "each variant's first call compiles with empty Inductor caches (a fresh cache directory, in-memory caches "
-    "cleared: no variant reuses another's kernels); nvFuser's fusion cache is process-wide and kept"
+    "cleared: no variant reuses another's kernels), after the process's start-up was paid on a tiny function; "
+    "nvFuser's fusion cache is process-wide and kept"
 )
 
 
@@ -84,6 +85,30 @@ def empty_compile_caches(parent: str) -> Iterator[None]:
 
     with fresh_cache(dir=parent, delete=False):
         yield
+
+
+_WARMED: set[str] = set()
+
+
+def warm_process(device: str, caches: str) -> None:
+    """Pay the process's one-time start-up (imports, Inductor's compiler checks, Thunder's first jit) on a tiny
+    function, before any variant's first call is timed: else the first variant pays it alone. Once a device."""
+    if device in _WARMED:
+        return
+    _WARMED.add(device)
+    import thunder
+    import torch
+
+    from .._thunder import fusion_executors
+
+    def tiny(x):
+        return (x.sin() * 2).sum()
+
+    x = torch.ones(8, device=device, requires_grad=True)
+    with empty_compile_caches(caches):
+        for fn in (torch.compile(tiny), thunder.jit(tiny, executors=fusion_executors(device))):
+            fn(x).backward()
+    torch._dynamo.reset()
 
 
 def _dynamo_graphs() -> int:
@@ -105,6 +130,7 @@ def measure_case(
     workload = case.build(device)
     steps = {}
     caches = tempfile.mkdtemp(prefix="tfg-first-calls-")
+    warm_process(device, caches)
     for variant in variants:
         try:
             step = make_step(workload, variant, device)

@@ -209,8 +209,8 @@ def _time_target(
     print(_table(result_rows(result, "thunderfx" if args.thunderfx else "jit"), args.wide))
     footnote = (
         f"(per call: {plural(args.reps, 'round')} per variant after {plural(args.warmup, 'untimed round')}, "
-        f"{plural(result.inner, 'call')} a sample, variants interleaved in alternating order; {FIRST_CALLS}; the "
-        f"first variant's first call also pays the process's one-time start-up{'; ' + note if note else ''})"
+        f"{plural(result.inner, 'call')} a sample, variants interleaved in alternating order; {FIRST_CALLS}"
+        f"{'; ' + note if note else ''})"
     )
     print("\n".join(wrap(footnote, WIDTH, indent="")))
     return result, device
