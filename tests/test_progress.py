@@ -96,3 +96,32 @@ def test_a_task_inside_another_starts_a_line_of_its_own(monkeypatch):
         outer.update("second", 1, 1, "regions")
     lines = terminal.getvalue().split("\n")
     assert [line.rsplit("\r", 1)[-1].split(":")[0] for line in lines if line] == ["outer", "inner", "outer"], lines
+
+
+def test_a_long_phase_on_a_terminal_shows_how_long_it_has_run(monkeypatch):
+    """A compile that says nothing for a while (one Inductor graph) still moves its line: the phase's elapsed time,
+    on a terminal only. The clock is handed in: no real wait."""
+    import thunder_fusion_guard.progress as progress
+
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 1.0)
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.delenv(ENV, raising=False)
+    with Progress("first call") as shown:
+        shown._stop.set()  # the beating thread stops: the test beats by hand
+        shown.update("compiling TorchCompile3")
+        began = shown.since
+        shown.beat(shown.last + 0.5)  # too soon: nothing
+        assert "(" not in terminal.getvalue()
+        shown.beat(began + 12.2)
+        assert terminal.getvalue().rsplit("\r", 1)[-1].rstrip() == "first call: compiling TorchCompile3 (12 s)"
+        shown.update("deciding", 1, 2, "regions")
+    assert terminal.getvalue().rsplit("\r", 1)[-1].rstrip() == "first call: deciding 1/2 regions"
+    piped = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", piped)
+    monkeypatch.setenv(ENV, "1")
+    with Progress("task") as logged:
+        logged.update("compiling")
+        logged.beat(logged.since + 30)
+        assert logged._heart is None  # no terminal: no heartbeat
+    assert piped.getvalue() == "task: compiling\n"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from types import TracebackType
 from typing import TextIO
@@ -15,6 +16,9 @@ ENV = "TFG_PROGRESS"
 # A terminal's line is rewritten at most this often; a file or pipe (TFG_PROGRESS=1) gets a line at most this often.
 TERMINAL_EVERY_S = 0.1
 LOG_EVERY_S = 1.0
+# On a terminal, a phase that says nothing for this long gets its elapsed time added to its line, once a second: a
+# long compile (one fusion region, one Inductor graph) shows it is alive.
+HEARTBEAT_S = 1.0
 
 # The progress line a terminal shows now, not yet ended by a newline: a task that starts inside another (a first
 # call inside ``report``) ends it first, so that neither writes over the other.
@@ -54,6 +58,11 @@ class Progress:
         self.shown = ""
         self.width = 0
         self.last = 0.0
+        self.phase = ""
+        self.since = 0.0  # when the phase now running began
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._heart: threading.Thread | None = None
 
     @classmethod
     def off(cls) -> Progress:
@@ -65,11 +74,31 @@ class Progress:
         if not self.on:
             return
         count = "" if total is None else f" {done or 0}/{total}{' ' + unit if unit else ''}"
-        self.text = f"{self.task}: {phase}{count}"
         now = time.monotonic()
-        finished = total is not None and done == total
-        if finished or now - self.last >= (TERMINAL_EVERY_S if self.terminal else LOG_EVERY_S):
-            self._show(now)
+        with self._lock:
+            if phase != self.phase:
+                self.phase, self.since = phase, now
+            self.text = f"{self.task}: {phase}{count}"
+            finished = total is not None and done == total
+            if finished or now - self.last >= (TERMINAL_EVERY_S if self.terminal else LOG_EVERY_S):
+                self._show(now)
+        if self.terminal and self._heart is None:
+            self._heart = threading.Thread(target=self._beat_until_closed, name="tfg-progress", daemon=True)
+            self._heart.start()
+
+    def _beat_until_closed(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            self.beat(time.monotonic())
+
+    def beat(self, now: float) -> None:
+        """On a terminal, where the line has not changed for :data:`HEARTBEAT_S`, show how long its phase has run
+        (``task: phase ... (12 s)``); the next update replaces it."""
+        with self._lock:
+            if not self.on or not self.terminal or not self.text or now - self.last < HEARTBEAT_S:
+                return
+            text, self.text = self.text, f"{self.text} ({now - self.since:.0f} s)"
+            self._show(self.last)  # the heartbeat leaves the time of the last update as it was
+            self.text = text
 
     def _show(self, now: float) -> None:
         """Write the line now: over the last one on a terminal, as a line of its own elsewhere."""
@@ -90,9 +119,11 @@ class Progress:
 
     def close(self) -> None:
         """Show the last state and end the line (a newline on a terminal), so that other output starts afresh."""
+        self._stop.set()
         if not self.on or not self.text:
             return
-        self._show(time.monotonic())
+        with self._lock:
+            self._show(time.monotonic())
         if self.terminal and _open_line and _open_line[0] is self:
             _open_line.clear()
             _stream().write("\n")
