@@ -423,6 +423,25 @@ def test_compare_target_says_whether_guarded_is_slower(capsys, tiny_target):
     assert {"eager", "thunder", "guarded"} <= set(_rows(out)) and "forward a call" in out
 
 
+def test_a_ratio_outside_a_tenth_of_one_says_when_the_spreads_overlap():
+    """A model the guard does not change, timed 10 rounds on a noisy machine: guarded 0.71x unguarded by median, but
+    the rounds spread 10-32 ms. The row and the verdict say the quartiles overlap (injected timings)."""
+    from thunder_fusion_guard.bench.cases import BenchCase
+    from thunder_fusion_guard.bench.run import CaseResult, guard_verdict, variant_rows
+
+    noisy = [10.4, 12.0, 14.1, 17.3, 21.0, 24.2, 26.5, 28.0, 30.3, 31.9]
+    samples = {"thunder": [t * 1e-3 for t in noisy], "guarded": [t * 0.71e-3 for t in noisy[::-1]]}
+    samples["guarded"][0] = 10.4e-3
+    result = CaseResult(BenchCase("user", "m.py:make", lambda device: None), samples)
+    by_variant = {row[0]: row for row in variant_rows(result)[1:]}
+    ratio, said = by_variant["guarded"][-1].split(", ")
+    assert float(ratio) < 0.9 and said == "quartiles overlap"
+    verdict, slower = guard_verdict(result, 0.05)
+    assert "faster by median, but their quartiles overlap" in verdict and not slower
+    apart = CaseResult(result.case, {"thunder": samples["thunder"], "guarded": [t / 10 for t in samples["thunder"]]})
+    assert not variant_rows(apart)[2][-1].endswith("overlap") and "faster (" in guard_verdict(apart, 0.05)[0]
+
+
 def test_variant_rows_name_the_frontend_the_spread_and_the_rounds():
     from thunder_fusion_guard.bench.cases import BenchCase
     from thunder_fusion_guard.bench.run import CaseResult, guard_verdict, variant_rows
@@ -434,7 +453,7 @@ def test_variant_rows_name_the_frontend_the_spread_and_the_rounds():
     assert header[2:5] == ["median ms", "q1-q3 ms", "min-max ms"] and header[5] == "rounds"
     by_variant = {row[0]: row for row in rows}
     assert by_variant["guarded"][1] == "thunderfx(fn, transforms=[FusionGuard()])" and by_variant["eager"][1] == "fn"
-    assert by_variant["thunder"][2:6] == ["3", "2-4", "2-4", "3"] and by_variant["guarded"][-1] == "0.50"
+    assert by_variant["thunder"][2:6] == ["3", "2-4", "2-4", "3"] and by_variant["guarded"][-1] == "0.50, quartiles overlap"
     assert guard_verdict(result, 0.05)[1] is False
     slower = CaseResult(result.case, {"thunder": samples["guarded"], "guarded": samples["thunder"]})
     assert guard_verdict(slower, 0.05)[1] is True

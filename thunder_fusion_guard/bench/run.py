@@ -401,9 +401,12 @@ def variant_rows(result: CaseResult, frontend: str = "jit") -> list[list[str]]:
     thunder = medians.get("thunder")
     header = ["variant", "built as", f"median {unit}", f"q1-q3 {unit}", f"min-max {unit}", "rounds", "first call s"]
     rows = [[*header, "x thunder"]]
+    base = Timing.of(result.samples["thunder"]) if thunder else None
     for variant, samples in result.samples.items():
         timing = Timing.of([v * scale for v in samples])
         ratio = f"{medians[variant] / thunder:.2f}" if thunder and variant in medians else "-"
+        if base is not None and variant != "thunder" and variant in medians and _overlap(Timing.of(samples), base):
+            ratio += ", quartiles overlap"  # no difference to read from this run
         first = result.first_call_s.get(variant)
         rows.append(
             [
@@ -422,6 +425,11 @@ def variant_rows(result: CaseResult, frontend: str = "jit") -> list[list[str]]:
     return rows
 
 
+def _overlap(a: Timing, b: Timing) -> bool:
+    """Whether the first-to-third quartile spans of two timings overlap."""
+    return a.q1 <= b.q3 and b.q1 <= a.q3
+
+
 def guard_verdict(result: CaseResult, threshold: float) -> tuple[str, bool]:
     """Whether guarded Thunder ran slower than unguarded Thunder by more than ``threshold`` (a fraction), by their
     medians, with the quartiles saying whether the two overlap; the line that says so, and True on a slowdown."""
@@ -431,9 +439,11 @@ def guard_verdict(result: CaseResult, threshold: float) -> tuple[str, bool]:
         return f"no verdict: {missing} not timed", True
     g, t = Timing.of(guarded), Timing.of(thunder)
     ratio = g.median / t.median if t.median > 0 else math.inf
-    overlap = g.q1 <= t.q3 and t.q1 <= g.q3
+    overlap = _overlap(g, t)
     spread = "their quartiles overlap" if overlap else "their quartiles do not overlap"
-    if ratio > 1 + threshold:
-        return f"guarded is {ratio:.2f}x unguarded Thunder: slower (threshold {threshold:.1%}; {spread})", True
-    word = "faster" if ratio < 1 / (1 + threshold) else "no slower"
-    return f"guarded is {ratio:.2f}x unguarded Thunder: {word} (threshold {threshold:.1%}; {spread})", False
+    slower = ratio > 1 + threshold
+    word = "slower" if slower else "faster" if ratio < 1 / (1 + threshold) else "no slower"
+    if overlap and word != "no slower":  # a median apart, spreads that are not: noise can make it
+        word = f"{word} by median, but their quartiles overlap: no difference this run can tell"
+        return f"guarded is {ratio:.2f}x unguarded Thunder: {word} (threshold {threshold:.1%})", slower
+    return f"guarded is {ratio:.2f}x unguarded Thunder: {word} (threshold {threshold:.1%}; {spread})", slower

@@ -235,6 +235,8 @@ def _run_command(args: argparse.Namespace) -> int:
         if args.suite or args.case or args.heavy:
             raise UsageError("--suite, --case and --heavy choose built-in cases: not with a TARGET")
         result, device = _time_target(args, args.target, _variants(args), ("json", "markdown"))
+        if {"thunder", "guarded"} <= result.samples.keys():  # the ratio read as a reader should, spreads in view
+            print("\n".join(wrap(guard_verdict(result, 0.05)[0], WIDTH, indent="")))
         frontend = "thunderfx" if args.thunderfx else "jit"
         rows = result_rows(result, frontend)
         write_tables(args, lambda: to_json([result], device, args.reps, args.warmup), lambda: rows)
