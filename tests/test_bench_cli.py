@@ -453,7 +453,10 @@ def test_variant_rows_name_the_frontend_the_spread_and_the_rounds():
     assert header[2:5] == ["median ms", "q1-q3 ms", "min-max ms"] and header[5] == "rounds"
     by_variant = {row[0]: row for row in rows}
     assert by_variant["guarded"][1] == "thunderfx(fn, transforms=[FusionGuard()])" and by_variant["eager"][1] == "fn"
-    assert by_variant["thunder"][2:6] == ["3", "2-4", "2-4", "3"] and by_variant["guarded"][-1] == "0.50, quartiles overlap"
+    assert (
+        by_variant["thunder"][2:6] == ["3", "2-4", "2-4", "3"]
+        and by_variant["guarded"][-1] == "0.50, quartiles overlap"
+    )
     assert guard_verdict(result, 0.05)[1] is False
     slower = CaseResult(result.case, {"thunder": samples["guarded"], "guarded": samples["thunder"]})
     assert guard_verdict(slower, 0.05)[1] is True

@@ -216,7 +216,7 @@ def test_split_reasons_shared_by_subgraphs_are_listed_once():
             Subgraph(f"subgraph {k}", ["mul"], name=f"dynamo graph 0, thunder_{k}", split_reasons=[split])
         )
         report.add(_decision(f"nvFusion{k}", subgraph=f"subgraph {k}"))
-    text, markdown = str(report), report.to_markdown()
+    text, markdown = report.to_text(wide=True), report.to_markdown()
     assert " ".join(text.split()).count(split) == 1 and markdown.count(split) == 1
     assert text.count("split: as subgraph 0 (dynamo graph 0, thunder_0)") == 3
     assert markdown.count("- split: as subgraph 0 (dynamo graph 0, thunder_0)") == 3
@@ -244,3 +244,21 @@ def test_a_compilation_for_the_same_inputs_is_told_apart_from_one_for_other_inpu
     note = compilations_note(decisions, ["input x shape (4,) -> (5,)", ""])
     assert "did not accept: #2 input x shape (4,) -> (5,)" in note, note
     assert "#3 by 2 threads at once, for the same inputs" in note, note
+
+
+def test_a_run_of_decisions_alike_is_one_row_in_text_and_markdown_and_each_in_json():
+    """18 identity ops removed from one region (exact_only=False) are one row, ops counted, saying how many more
+    it stands for; a decision with another code, or with estimates, breaks the run; the JSON keeps each."""
+    report = Report()
+    for i in range(18):
+        d = _decision("TorchCompile0", "remove")
+        d.ops, d.code, d.reason = ["shallow_copy"], "identity_removed", f"identity op: its uses now read t{i}"
+        report.add(d)
+    other = _decision("TorchCompile0", "remove")
+    other.ops, other.code, other.reason = ["shallow_copy"], "folded", "folded"
+    report.add(other)
+    text, markdown = report.to_text(wide=True), report.to_markdown()
+    counted = "shallow_copy\N{MULTIPLICATION SIGN}18"
+    assert counted in text and text.count("identity op") == 1 and "and 17 more alike" in text
+    assert counted in markdown and markdown.count("identity op") == 1
+    assert "folded" in text and len(report.to_dict()["decisions"]) == 19

@@ -188,11 +188,35 @@ def _header(with_kernels: bool) -> tuple[str, ...]:
     return ("trace", "region", "executor", "ops", *kernels, "action", "est µs region/eager", "reason")
 
 
-def _row(d: Decision, with_kernels: bool, grouped: bool) -> tuple[str, ...]:
+def _row(d: Decision, with_kernels: bool, grouped: bool, alike: int = 1) -> tuple[str, ...]:
+    """A decision's cells; ``alike``: it stands for a run of that many decisions alike (:func:`alike_runs`)."""
     where = d.place(subgraph=not grouped)
     kernels = (kernels_text(d.details),) if with_kernels else ()
-    cells = (where, region_text(d), d.executor, ops_text(d.ops), *kernels, action_text(d), estimate_text(d))
-    return (*cells, reason_text(d))
+    ops = ops_text(d.ops * alike)
+    cells = (where, region_text(d), d.executor, ops, *kernels, action_text(d), estimate_text(d))
+    reason = reason_text(d)
+    return (*cells, reason if alike == 1 else f"{reason} (and {alike - 1} more alike: the JSON has each)")
+
+
+def alike_runs(decisions: list[Decision]) -> dict[int, int]:
+    """The decisions a table shows, by ``id``, each with how many it stands for: a run of consecutive decisions of
+    one place, region, executor, ops, action and reason code (each op an identity removed, say) is one row, its
+    first; the others are left out. Decisions without a code, and estimates or errors, are never merged."""
+    shown: dict[int, int] = {}
+    last: Decision | None = None
+    for d in decisions:
+        key = _alike_key(d)
+        if last is not None and key is not None and key == _alike_key(last):
+            shown[id(last)] += 1
+            continue
+        shown[id(d)], last = 1, d
+    return shown
+
+
+def _alike_key(d: Decision) -> tuple | None:
+    if d.code is None or d.error or d.estimates:
+        return None
+    return (d.place(), d.subgraph, d.region, d.executor, tuple(d.ops), d.action, d.applied, d.code)
 
 
 # The columns of the text table that may wrap to fit its width: trace, region, ops, kernels (or the action: one
@@ -232,10 +256,13 @@ def format_table(
     width = None if wide else WIDTH
     with_kernels = any("kernels" in d.details for d in decisions)
     grouped = bool(subgraphs)
-    rows = [_header(with_kernels), *(_row(d, with_kernels, grouped) for d in decisions)]
+    alike = alike_runs(decisions)
+    shown = [d for d in decisions if id(d) in alike]
+    rows = [_header(with_kernels), *(_row(d, with_kernels, grouped, alike[id(d)]) for d in shown)]
     blocks = table_blocks(rows, last_free=True, width=width, wrap=_WRAPPED)
     rule = "-" * min(width or 160, max(len(line) for block in blocks for line in block))
-    block_of = {id(d): block for d, block in zip(decisions, blocks[1:], strict=True)}
+    block_of = {id(d): block for d, block in zip(shown, blocks[1:], strict=True)}
+    block_of.update({id(d): [] for d in decisions if id(d) not in alike})  # said by the first of their run
     lines = [*blocks[0], rule]
     rank = _rank_of(decisions)
     if rank is not None:
@@ -268,9 +295,10 @@ def _markdown_section(section: Section, with_kernels: bool, grouped: bool) -> li
     if not section.decisions:
         return [*lines, "no fusion region", ""]
     rows = []
-    for d in section.decisions:
-        cells = list(_row(d, with_kernels, grouped))
-        cells[3] = ops_text(d.ops, None)  # every op, counted
+    alike = alike_runs(section.decisions)
+    for d in (d for d in section.decisions if id(d) in alike):
+        cells = list(_row(d, with_kernels, grouped, alike[id(d)]))
+        cells[3] = ops_text(d.ops * alike[id(d)], None)  # every op, counted
         explanation = explanation_text(d)
         if explanation:  # an explanation that opens with the reason stands for both
             cells[-1] = explanation if explanation.startswith(cells[-1]) else f"{cells[-1]} — {explanation}"
