@@ -1,0 +1,110 @@
+"""NequIP and MACE from their packages on CPU: eager against guarded ThunderFX (or ``thunder.jit``), timed interleaved
+(``interleaved_rounds``) in one process, one thread. Energy and forces by backward, as a training step computes them.
+
+    OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py nequip --json out.json            # untranslated ThunderFX
+    OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py nequip --translate --json out.json
+    OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py mace --atoms 30 --choose --json out.json  # e3nn 0.4.4
+
+Each run adds its path to ``--json`` (``{"commit", "models": {model: {path: {"ms", "first_call_s",
+"max_abs_force_diff", ...}}}}``; the commit from ``TFG_COMMIT`` or git). ``--choose``: ``choose_backends`` after the
+first call (each subgraph run by Thunder, Inductor or eager, the fastest by its margin; other bits than Thunder's).
+MACE pins e3nn 0.4.4 and NequIP needs e3nn 0.6: run each in its own environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from thunder_fusion_guard import FusionGuard, choose_backends, fusion_executors, translate_library_ops  # noqa: E402
+from thunder_fusion_guard.bench.zoo_potentials import mace_potential, nequip_potential  # noqa: E402
+from thunder_fusion_guard.measure.timing import interleaved_rounds  # noqa: E402
+
+
+def _commit() -> str:
+    given = os.environ.get("TFG_COMMIT")
+    if given:
+        return given
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("model", choices=["nequip", "mace"])
+    p.add_argument("--atoms", type=int, default=100)
+    p.add_argument("--jit", action="store_true", help="thunder.jit instead of ThunderFX")
+    p.add_argument("--translate", action="store_true", help="translate_library_ops() first")
+    p.add_argument("--choose", action="store_true", help="choose_backends after the first call")
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--json", required=True)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    if args.translate:
+        translate_library_ops()
+    built = (nequip_potential if args.model == "nequip" else mace_potential)("cpu", atoms=args.atoms)
+    model, (positions, *graph) = built.module, built.inputs
+    guard = FusionGuard()
+    if args.jit:
+        import thunder
+
+        guarded = thunder.jit(model, executors=fusion_executors("cpu"), transforms=[guard])
+    else:
+        from thunder.dynamo import thunderfx
+
+        guarded = thunderfx(model, executors=fusion_executors("cpu"), transforms=[guard])
+
+    def step(fn):
+        energy = fn(positions, *graph)
+        (forces,) = torch.autograd.grad(-energy, positions)
+        return energy.detach(), forces
+
+    began = time.perf_counter()
+    step(guarded)
+    first_s = time.perf_counter() - began
+    print(f"{args.model}: guarded first call {first_s:.1f} s", flush=True)
+    chosen = {}
+    if args.choose:
+        chosen = dict(Counter(c.chosen for c in choose_backends(guarded, positions, *graph, guard=guard)))
+        print(f"{args.model}: backends chosen {chosen}", flush=True)
+    want, got = step(model), step(guarded)
+    rounds = interleaved_rounds({"eager": lambda: step(model), "guarded": lambda: step(guarded)}, args.rounds)
+    ms = {name: statistics.median(t) * 1e3 for name, t in rounds.samples.items()}
+    path = ("jit" if args.jit else "fx") + "-guarded" + ("+translated" if args.translate else "")
+    path += "+chosen" if args.choose else ""
+    counts = guard.report.counts()
+    row = {
+        "ms": round(ms["guarded"], 2),
+        "eager_ms": round(ms["eager"], 2),
+        "x_eager": round(ms["guarded"] / ms["eager"], 3),
+        "first_call_s": round(first_s, 1),
+        "max_abs_force_diff": (got[1] - want[1]).abs().max().item(),
+        "energy_diff": (got[0] - want[0]).abs().item(),
+        "rescues": counts.get("rescue", 0),
+        "rounds": args.rounds,
+        "atoms": args.atoms,
+        **({"backends_chosen": chosen} if chosen else {}),
+    }
+    print(f"{args.model} {path}: {json.dumps(row)}", flush=True)
+    out = Path(args.json)
+    doc = json.loads(out.read_text()) if out.exists() else {}
+    doc["commit"] = _commit()
+    doc["machine"] = f"CPU, 1 thread, {os.cpu_count()} cores; torch {torch.__version__}"
+    doc.setdefault("models", {}).setdefault(args.model, {})[path] = row
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
