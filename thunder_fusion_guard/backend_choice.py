@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from . import _thunder as th
-from .fx_rescue import compile_fx_module
+from .fx_rescue import compile_fx_module, updated_inputs
 from .measure.timing import interleaved_us
 from .report import backend_choice_line
 from .wording import error_line
@@ -196,6 +196,14 @@ def _choose(
     runners: dict[str, Any] = {}
     problems: dict[str, str] = {}
     choice = BackendChoice(sub.label, "thunder", "", problems=problems, backward=bool(leaves))
+    written = sorted(updated_inputs(sub.module))
+    if written:  # a run changes what the next reads; and with grad on, the rescue may run it eagerly already
+        choice.in_place = written
+        choice.reason = (
+            f"kept as it runs: it updates its input{'s' if len(written) > 1 else ''} "
+            f"{', '.join(map(str, written))} in place, so runs on one set of inputs differ; not timed"
+        )
+        return choice
     before = [_copy(x) for x in inputs]
     for name in ("thunder", *(b for b in backends if b != "thunder")):  # Thunder first: it shows what a run changes
         try:
