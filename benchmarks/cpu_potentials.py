@@ -5,9 +5,9 @@
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py nequip --translate --json out.json
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py mace --atoms 30 --choose --json out.json  # e3nn 0.4.4
 
-Each run adds its path to ``--json`` (``{"commit", "models": {model: {path: {"ms", "first_call_s",
-"max_abs_force_diff", ...}}}}``; the commit from ``TFG_COMMIT`` or git). ``--choose``: ``choose_backends`` after the
-first call (each subgraph run by Thunder, Inductor or eager, the fastest by its margin; other bits than Thunder's).
+Each run adds its paths to ``--json`` (``{"commit", "models": {model: {path: {"ms", "first_call_s",
+"max_abs_force_diff", ...}}}}``; the commit from ``TFG_COMMIT`` or git). ``--choose``: then ``choose_backends`` and
+a second timing (each subgraph run by Thunder, Inductor or eager, the fastest by its margin; other bits than Thunder's).
 MACE pins e3nn 0.4.4 and NequIP needs e3nn 0.6: run each in its own environment.
 """
 
@@ -74,34 +74,39 @@ def main() -> int:
     step(guarded)
     first_s = time.perf_counter() - began
     print(f"{args.model}: guarded first call {first_s:.1f} s", flush=True)
-    chosen = {}
+    want = step(model)
+    rows = {}
+
+    def timed(path: str, extra: dict) -> None:
+        got = step(guarded)
+        rounds = interleaved_rounds({"eager": lambda: step(model), "guarded": lambda: step(guarded)}, args.rounds)
+        ms = {name: statistics.median(t) * 1e3 for name, t in rounds.samples.items()}
+        rows[path] = {
+            "ms": round(ms["guarded"], 2),
+            "eager_ms": round(ms["eager"], 2),
+            "x_eager": round(ms["guarded"] / ms["eager"], 3),
+            "first_call_s": round(first_s, 1),
+            "max_abs_force_diff": (got[1] - want[1]).abs().max().item(),
+            "energy_diff": (got[0] - want[0]).abs().item(),
+            "rescues": guard.report.counts().get("rescue", 0),
+            "rounds": args.rounds,
+            "atoms": args.atoms,
+            **extra,
+        }
+        print(f"{args.model} {path}: {json.dumps(rows[path])}", flush=True)
+
+    path = ("jit" if args.jit else "fx") + "-guarded" + ("+translated" if args.translate else "")
+    timed(path, {})
     if args.choose:
+        began = time.perf_counter()
         chosen = dict(Counter(c.chosen for c in choose_backends(guarded, positions, *graph, guard=guard)))
         print(f"{args.model}: backends chosen {chosen}", flush=True)
-    want, got = step(model), step(guarded)
-    rounds = interleaved_rounds({"eager": lambda: step(model), "guarded": lambda: step(guarded)}, args.rounds)
-    ms = {name: statistics.median(t) * 1e3 for name, t in rounds.samples.items()}
-    path = ("jit" if args.jit else "fx") + "-guarded" + ("+translated" if args.translate else "")
-    path += "+chosen" if args.choose else ""
-    counts = guard.report.counts()
-    row = {
-        "ms": round(ms["guarded"], 2),
-        "eager_ms": round(ms["eager"], 2),
-        "x_eager": round(ms["guarded"] / ms["eager"], 3),
-        "first_call_s": round(first_s, 1),
-        "max_abs_force_diff": (got[1] - want[1]).abs().max().item(),
-        "energy_diff": (got[0] - want[0]).abs().item(),
-        "rescues": counts.get("rescue", 0),
-        "rounds": args.rounds,
-        "atoms": args.atoms,
-        **({"backends_chosen": chosen} if chosen else {}),
-    }
-    print(f"{args.model} {path}: {json.dumps(row)}", flush=True)
+        timed(path + "+chosen", {"backends_chosen": chosen, "choose_s": round(time.perf_counter() - began, 1)})
     out = Path(args.json)
     doc = json.loads(out.read_text()) if out.exists() else {}
     doc["commit"] = _commit()
     doc["machine"] = f"CPU, 1 thread, {os.cpu_count()} cores; torch {torch.__version__}"
-    doc.setdefault("models", {}).setdefault(args.model, {})[path] = row
+    doc.setdefault("models", {}).setdefault(args.model, {}).update(rows)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 
