@@ -285,10 +285,12 @@ def views_without_history(args: tuple) -> tuple[int, ...]:
     view in place (a view of a leaf); a view of the same memory made again from its base is what eager has."""
     if not torch.is_grad_enabled():
         return ()
-    return tuple(
-        i
-        for i, a in enumerate(args)
-        if isinstance(a, torch.Tensor)
+    return tuple(i for i, a in enumerate(args) if _view_without_history(a))
+
+
+def _view_without_history(a: Any) -> bool:
+    return (
+        isinstance(a, torch.Tensor)
         and a._is_view()
         and a.requires_grad
         and a.grad_fn is None
@@ -298,13 +300,14 @@ def views_without_history(args: tuple) -> tuple[int, ...]:
 
 
 def remade_views(args: tuple, positions: tuple[int, ...]) -> tuple:
-    """``args`` with each view at ``positions`` that :func:`views_without_history` finds made again from its base
-    (the same size, strides and offset: the same memory)."""
-    if not positions:
+    """``args`` with each view at ``positions`` that is still one :func:`views_without_history` finds made again
+    from its base (the same size, strides and offset: the same memory)."""
+    if not positions or not torch.is_grad_enabled():
         return args
-    found = set(views_without_history(args))
     return tuple(
-        a._base.as_strided(a.size(), a.stride(), a.storage_offset()) if i in positions and i in found else a
+        a._base.as_strided(a.size(), a.stride(), a.storage_offset())
+        if i in positions and _view_without_history(a)
+        else a
         for i, a in enumerate(args)
     )
 

@@ -96,13 +96,14 @@ class Progress:
         with self._lock:
             if not self.on or not self.terminal or not self.text or now - self.last < HEARTBEAT_S:
                 return
-            text, self.text = self.text, f"{self.text} ({now - self.since:.0f} s)"
-            self._show(self.last)  # the heartbeat leaves the time of the last update as it was
-            self.text = text
+            # The heartbeat leaves the time of the last update as it was.
+            self._show(self.last, f"{self.text} ({now - self.since:.0f} s)")
 
-    def _show(self, now: float) -> None:
-        """Write the line now: over the last one on a terminal, as a line of its own elsewhere."""
-        if self.text == self.shown:
+    def _show(self, now: float, text: str | None = None) -> None:
+        """Write the line now (``text``, else the task's state): over the last one on a terminal, as a line of its
+        own elsewhere."""
+        text = self.text if text is None else text
+        if text == self.shown:
             return
         stream = _stream()
         if self.terminal:
@@ -110,12 +111,12 @@ class Progress:
                 _open_line[0].width = 0
                 stream.write("\n")
             _open_line[:] = [self]
-            stream.write("\r" + self.text.ljust(self.width))
-            self.width = max(self.width, len(self.text))
+            stream.write("\r" + text.ljust(self.width))
+            self.width = max(self.width, len(text))
         else:
-            stream.write(self.text + "\n")
+            stream.write(text + "\n")
         stream.flush()
-        self.shown, self.last = self.text, now
+        self.shown, self.last = text, now
 
     def close(self) -> None:
         """Show the last state and end the line (a newline on a terminal), so that other output starts afresh."""

@@ -204,12 +204,13 @@ def alike_runs(decisions: list[Decision]) -> dict[int, int]:
     first; the others are left out. Decisions without a code, and estimates or errors, are never merged."""
     shown: dict[int, int] = {}
     last: Decision | None = None
+    last_key: tuple | None = None
     for d in decisions:
         key = _alike_key(d)
-        if last is not None and key is not None and key == _alike_key(last):
+        if last is not None and key is not None and key == last_key:
             shown[id(last)] += 1
             continue
-        shown[id(d)], last = 1, d
+        shown[id(d)], last, last_key = 1, d, key
     return shown
 
 

@@ -147,8 +147,7 @@ class FusionGuard(thunder.Transform):
             made = self.report.decisions[seen:]
         for decision in made:
             if decision.code in WARNED:
-                first = (decision.error or "").strip().splitlines()[:1]
-                said = f"{decision.reason}: {first[0]}" if first else decision.reason
+                said = f"{decision.reason}: {decision.error.splitlines()[0]}" if decision.error else decision.reason
                 if said not in self._warned:
                     self._warned.add(said)
                     warnings.warn(f"FusionGuard: {decision.trace} trace: {said}", RuntimeWarning, stacklevel=2)

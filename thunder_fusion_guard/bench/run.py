@@ -401,11 +401,11 @@ def variant_rows(result: CaseResult, frontend: str = "jit") -> list[list[str]]:
     thunder = medians.get("thunder")
     header = ["variant", "built as", f"median {unit}", f"q1-q3 {unit}", f"min-max {unit}", "rounds", "first call s"]
     rows = [[*header, "x thunder"]]
-    base = Timing.of(result.samples["thunder"]) if thunder else None
-    for variant, samples in result.samples.items():
-        timing = Timing.of([v * scale for v in samples])
+    timings = {variant: Timing.of([v * scale for v in samples]) for variant, samples in result.samples.items()}
+    base = timings["thunder"] if thunder else None
+    for variant, timing in timings.items():
         ratio = f"{medians[variant] / thunder:.2f}" if thunder and variant in medians else "-"
-        if base is not None and variant != "thunder" and variant in medians and _overlap(Timing.of(samples), base):
+        if base is not None and variant != "thunder" and variant in medians and _overlap(timing, base):
             ratio += ", quartiles overlap"  # no difference to read from this run
         first = result.first_call_s.get(variant)
         rows.append(

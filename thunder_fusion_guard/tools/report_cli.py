@@ -306,18 +306,20 @@ def _runs_translated(spec: str, device: str, thunderfx: bool, backward: bool) ->
 
     if library_ops_are_translated():
         return False
-    try:
-        with library_ops_translated():
-            return _unguarded_error(spec, device, thunderfx, backward) is None
-    except _NotMadeAgain:
-        return False
+    with library_ops_translated():
+        return _runs_unguarded(spec, device, thunderfx, backward)
 
 
 def _runs_through_thunderfx(spec: str, device: str, backward: bool) -> bool:
     """True where TARGET runs unguarded through ThunderFX (to suggest ``--thunderfx`` for a model thunder.jit
     cannot trace)."""
+    return _runs_unguarded(spec, device, True, backward)
+
+
+def _runs_unguarded(spec: str, device: str, thunderfx: bool, backward: bool) -> bool:
+    """True where TARGET, made again, runs unguarded (False where it fails or cannot be made again)."""
     try:
-        return _unguarded_error(spec, device, True, backward) is None
+        return _unguarded_error(spec, device, thunderfx, backward) is None
     except _NotMadeAgain:
         return False
 
