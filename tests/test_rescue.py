@@ -234,6 +234,8 @@ def test_a_rescued_subgraphs_call_is_wrapped_and_can_be_put_back():
     rescue = th.module_call(sub.jitted)
     assert rescue.rescued and rescue.__wrapped__ is rescue.thunder_fn and rescue.thunder_fn is not rescue
     assert th.unwrap_module_call(sub.jitted) and th.module_call(sub.jitted) is rescue.thunder_fn
+    # nearest Thunder's function: the call that keeps the user's lines while it runs, then Thunder's own
+    assert th.unwrap_module_call(sub.jitted) and th.module_call(sub.jitted) is rescue.thunder_fn.__wrapped__
     assert not th.unwrap_module_call(sub.jitted)  # Thunder's own function: nothing of the guard's left to undo
     with pytest.raises(SimulatedFusionFailure):  # Thunder's own compilation again, unrescued
         step(compiled, x, w)

@@ -43,23 +43,20 @@ def _interpreter_method():
 
 
 def test_source_lines_apply_to_their_version_only_and_undo(monkeypatch):
-    assert "user-source-lines" in shims.applied_shims()  # applied when the package loaded Thunder
-    wrapped = _interpreter_method()
+    original = _interpreter_method()
+    assert "user-source-lines" not in shims.applied_shims()  # outside a guarded compilation: Thunder's own
+    undo = record_user_frames()
     try:
-        assert shims.undo("user-source-lines") and _interpreter_method() is wrapped.__wrapped__
-        assert not shims.undo("user-source-lines")
-        monkeypatch.setattr(shims, "installed_version", lambda package: "0.3.0")
-        record_user_frames()
-        assert _interpreter_method() is wrapped.__wrapped__  # written for 0.2.6: nothing done
-        monkeypatch.undo()
-        monkeypatch.setenv(shims.ENV, "user-source-lines")
-        record_user_frames()
-        assert _interpreter_method() is wrapped.__wrapped__
+        assert undo is not None and _interpreter_method().__wrapped__ is original
+        assert "user-source-lines" in shims.applied_shims()
     finally:
-        monkeypatch.delenv(shims.ENV, raising=False)
-        if _interpreter_method() is wrapped.__wrapped__:
-            record_user_frames()
-    assert getattr(_interpreter_method(), "_fusion_guard", False)
+        undo()
+    assert _interpreter_method() is original and "user-source-lines" not in shims.applied_shims()
+    monkeypatch.setattr(shims, "installed_version", lambda package: "0.3.0")
+    assert record_user_frames() is None and _interpreter_method() is original  # written for 0.2.6: nothing done
+    monkeypatch.undo()
+    monkeypatch.setenv(shims.ENV, "user-source-lines")
+    assert record_user_frames() is None and _interpreter_method() is original
 
 
 def _backward_wrapped() -> tuple:
@@ -70,25 +67,42 @@ def _backward_wrapped() -> tuple:
 
 
 def test_backward_source_lines_apply_to_their_version_only_and_undo_all_three(monkeypatch):
-    assert "backward-source-lines" in shims.applied_shims()  # applied when the package loaded Thunder
-    wrapped = _backward_wrapped()
+    originals = _backward_wrapped()
+    undo = record_backward_frames()
     try:
-        assert shims.undo("backward-source-lines") and not shims.undo("backward-source-lines")
-        originals = _backward_wrapped()
-        assert originals[0] is wrapped[0].__wrapped__
+        wrapped = _backward_wrapped()
+        assert undo is not None and wrapped[0].__wrapped__ is originals[0]
         assert all(o is not w for o, w in zip(originals, wrapped, strict=True))
-        monkeypatch.setattr(shims, "installed_version", lambda package: "0.3.0")
-        record_backward_frames()
-        assert _backward_wrapped() == originals  # written for 0.2.6: nothing done
-        monkeypatch.undo()
-        monkeypatch.setenv(shims.ENV, "backward-source-lines")
-        record_backward_frames()
+        assert shims.undo("backward-source-lines") and not shims.undo("backward-source-lines")
         assert _backward_wrapped() == originals
     finally:
-        monkeypatch.delenv(shims.ENV, raising=False)
-        if "backward-source-lines" not in shims.applied_shims():
-            record_backward_frames()
-    assert getattr(_backward_wrapped()[0], "_fusion_guard", False)
+        undo()  # again: nothing more changes
+    assert _backward_wrapped() == originals
+    monkeypatch.setattr(shims, "installed_version", lambda package: "0.3.0")
+    assert record_backward_frames() is None and _backward_wrapped() == originals  # written for 0.2.6
+    monkeypatch.undo()
+    monkeypatch.setenv(shims.ENV, "backward-source-lines")
+    assert record_backward_frames() is None and _backward_wrapped() == originals
+
+
+def test_translations_apply_to_their_version_only_and_undo(monkeypatch):
+    import torch
+    from thunder.torch import _torch_to_thunder_function_map
+
+    from thunder_fusion_guard import translate_library_ops, untranslate_library_ops
+
+    before = _torch_to_thunder_function_map[torch.narrow]
+    monkeypatch.setattr(shims, "installed_version", lambda package: "0.3.0")
+    assert translate_library_ops() == () and _torch_to_thunder_function_map[torch.narrow] is before
+    monkeypatch.undo()
+    try:
+        assert translate_library_ops() and _torch_to_thunder_function_map[torch.narrow] is not before
+        assert "library-op-translations" in shims.applied_shims()
+        assert shims.undo("library-op-translations")
+        assert _torch_to_thunder_function_map[torch.narrow] is before
+        assert "library-op-translations" not in shims.applied_shims()
+    finally:
+        untranslate_library_ops()
 
 
 def _impl_module() -> ModuleType:
@@ -119,17 +133,12 @@ def test_the_nvfuser_fix_applies_to_its_version_only_and_undoes(monkeypatch):
 
 
 @pytest.mark.parametrize("off", ["", "quiet-import"])
-def test_the_quiet_import_finder_is_put_only_where_on_and_undone(off):
-    code = (
-        "import sys, thunder_fusion_guard as t\n"
-        "from thunder_fusion_guard import shims\n"
-        "finders = lambda: [type(f).__name__ for f in sys.meta_path if 'Quiet' in type(f).__name__]\n"
-        "print(finders(), shims.applied_shims(), shims.undo('quiet-import'), finders(), 'torch' in sys.modules)\n"
-    )
+def test_the_packages_own_import_of_thunder_is_quiet_where_on(off):
+    code = "import thunder_fusion_guard._thunder\n"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), shims.ENV: off}
+    plain = subprocess.run([sys.executable, "-c", "import thunder"], capture_output=True, text=True, env=env)
+    if "transformer_engine" not in plain.stderr:
+        pytest.skip("Thunder says nothing of transformer_engine here")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
     assert done.returncode == 0, done.stderr
-    if off:
-        assert done.stdout.split() == ["[]", "[]", "False", "[]", "False"]
-    else:
-        assert done.stdout.split() == ["['_QuietFirstThunderImport']", "['quiet-import']", "True", "[]", "False"]
+    assert ("transformer_engine" in done.stderr) == bool(off)

@@ -1,9 +1,9 @@
 """thunder-fusion-guard: keep Lightning Thunder from paying a fusion call where PyTorch is cheaper.
 
 The public names load on first use, so that ``fusion-guard --help`` and ``--version`` need neither torch
-nor Thunder, and the command line can quiet their import-time warnings before they load. Once this package is
-imported, Thunder's first import sends its optional-dependency notices to this package's logger, whoever imports it
-(``_quiet`` says which notices and how).
+nor Thunder, and the command line can quiet their import-time warnings before they load. Importing it changes
+nothing of Thunder's, torch's or nvFuser's (README's "Compatibility shims" lists the few changes made while a
+guarded compilation runs, each undone after).
 """
 
 from __future__ import annotations
@@ -11,10 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._quiet import quiet_first_thunder_import
 from ._version import __version__ as __version__
-
-quiet_first_thunder_import()
 
 # public name -> module that defines it
 _EXPORTS = {

@@ -12,7 +12,18 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["ENV", "SHIMS", "Shim", "applied_shims", "applies", "installed_version", "record", "switched_off", "undo"]
+__all__ = [
+    "ENV",
+    "SHIMS",
+    "Shim",
+    "applied_shims",
+    "applies",
+    "forget",
+    "installed_version",
+    "record",
+    "switched_off",
+    "undo",
+]
 
 ENV = "TFG_SHIMS_OFF"
 
@@ -32,8 +43,8 @@ class Shim:
 SHIMS: tuple[Shim, ...] = (
     Shim(
         "quiet-import",
-        "a finder on `sys.meta_path` sends Thunder's first import's `transformer_engine` and `CUDA_HOME` notices to "
-        "the logger at DEBUG",
+        "while this package's own modules import Thunder first, its `transformer_engine` and torch's `CUDA_HOME` "
+        "notices go to the logger at DEBUG; nothing stays changed after (your own `import thunder` is Thunder's)",
         "_quiet.py",
     ),
     Shim(
@@ -44,15 +55,24 @@ SHIMS: tuple[Shim, ...] = (
     ),
     Shim(
         "user-source-lines",
-        "`InterpreterRuntimeCtx.get_current_user_source_location` wrapped: each op also keeps your frame, Thunder's "
-        "own unchanged",
+        "`InterpreterRuntimeCtx.get_current_user_source_location` wrapped while a guarded module is called (Thunder's "
+        "own again after): each op a guarded compilation traces also keeps your frame, Thunder's own unchanged",
         "_thunder/sources.py",
     ),
     Shim(
         "backward-source-lines",
-        "`grad_transform_on_trace`, `_should_recompute_bsym_in_backward` and `TraceCtx.pop_scope` wrapped: each "
-        "backward op also keeps your line of the forward op it is a gradient of, Thunder's printing unchanged",
+        "`grad_transform_on_trace`, `_should_recompute_bsym_in_backward` and `TraceCtx.pop_scope` wrapped while a "
+        "guarded module is called or a guarded compilation runs (Thunder's own again after): each backward op also "
+        "keeps your line of the forward op it is a gradient of, Thunder's printing unchanged",
         "_thunder/sources.py",
+    ),
+    Shim(
+        "library-op-translations",
+        "only when you call `translate_library_ops()`: Thunder's maps of torch functions "
+        "(`_torch_to_thunder_function_map`, the interpreter's lookasides, `_syms_returning_views`, the `broadcast_to` "
+        "method), `_grad_fn_map` (`index_add`), ThunderFX's `auto_register_ops` and e3nn's `Extract.forward`; "
+        "`untranslate_library_ops()` puts each back",
+        "_thunder/translations.py",
     ),
 )
 _BY_NAME = {s.name: s for s in SHIMS}
@@ -101,6 +121,11 @@ def undo(name: str) -> bool:
         return False
     undo_it()
     return True
+
+
+def forget(name: str) -> None:
+    """Note that shim ``name`` was undone by its own owner (nothing to undo any more)."""
+    _UNDO.pop(_BY_NAME[name].name, None)
 
 
 def applied_shims() -> list[str]:

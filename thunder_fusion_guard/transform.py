@@ -50,6 +50,8 @@ class FusionGuard(thunder.Transform):
     across; :meth:`check_ranks` compares the decisions of all ranks.
     """
 
+    reads_user_lines = True  # its compilations keep the user's line of each op (:func:`._thunder.user_lines`)
+
     @checked_options
     def __init__(
         self,
@@ -104,6 +106,7 @@ class FusionGuard(thunder.Transform):
         the forward's decisions; and, in this compilation only, the guard's own ``CUDAGraphTransform`` (made from
         the user's, which stays as it is) runs in place of each one given beside the guard."""
         options = self.options
+        th.compilation_begins()  # the backward's lines, until this compilation's forward trace is optimized
         pruned_trace, pruned = prune_alias_updates(computation_trc) if options.rescue else (computation_trc, [])
         with self._lock:
             if pruned:  # recorded with the forward trace this computation trace becomes
@@ -119,6 +122,8 @@ class FusionGuard(thunder.Transform):
     def transform_trace_post_optimization(self, computation_trace: th.TraceCtx, **kwargs: Any) -> th.TraceCtx:
         with self._lock:
             backward = th.is_backward(computation_trace)
+            if not backward:  # differentiated by now: Thunder's own grad transform again
+                th.compilation_ends()
             self.report.saw_trace(th.compiling_executors())
             function = th.compile_function_name()
             # Counted per function name, not per object: ThunderFX subgraphs are all "GraphModule", and
@@ -208,11 +213,14 @@ class FusionGuard(thunder.Transform):
     def transform_module(self, model: Any) -> None:
         """Under ThunderFX, stand between each split subgraph and Thunder's compiled function, so that a subgraph
         Thunder fails on runs another way (:mod:`.fx_rescue`), recorded; strict mode: the failure is raised. The
-        ThunderModule's call is wrapped, kept as the rescue's ``__wrapped__`` (``unwrap_module_call`` restores it)."""
+        ThunderModule's call is wrapped, kept as the rescue's ``__wrapped__`` (``unwrap_module_call`` restores it).
+        Any ThunderModule: each call through Thunder's own function keeps the user's lines while it runs
+        (:func:`._thunder.calls_with_user_lines`), Thunder's functions its own again after."""
         module = th.thunderfx_subgraph_module(model)
         options = self.options
         if module is None:
             self._refuse_scripted(model)
+        th.wrap_module_call(model, th.calls_with_user_lines)
         if module is None or not options.rescue or options.strict or options.report_only:
             return
 

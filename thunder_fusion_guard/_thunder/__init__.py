@@ -94,7 +94,3 @@ __all__ = [
 
 # Thunder has loaded its executors by now: fix a broken Thunder/nvFuser pair before anything compiles.
 ensure_nvfuser_compat()
-# Each op traced from now on remembers the user's frame beside Thunder's innermost one (source lines), and each
-# backward op the line of its forward op.
-sources.record_user_frames()
-sources.record_backward_frames()

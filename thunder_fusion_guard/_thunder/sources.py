@@ -15,11 +15,12 @@ import os
 import re
 import sysconfig
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import thunder
 import torch
+from thunder.core.compile_data import get_compile_data
 from thunder.core.proxies import Proxy
 from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx
@@ -28,6 +29,10 @@ from .. import shims
 from .traces import is_fusion
 
 __all__ = [
+    "applied_in_scope",
+    "calls_with_user_lines",
+    "compilation_begins",
+    "compilation_ends",
     "fx_node_source",
     "is_installed_library_file",
     "is_library_file",
@@ -185,22 +190,112 @@ class _Located(dis.Positions):
     user: str | None = None
 
 
-def record_user_frames() -> None:
-    """Make each op Thunder traces remember the user's frame that led to it (the first outside torch, Thunder,
-    this package and Python's library; under ThunderFX the one torch.fx recorded for its node), beside the
-    innermost frame Thunder records and prints (``torch/nn/modules/linear.py`` for an ``nn.Linear``): read by
-    :func:`source_line`. Applied once per process; what Thunder records and prints is unchanged. The shim
+class _Scope:
+    """How many guarded compilations (or calls of a guarded program) now want the user's lines, the undo of what
+    is installed for them, and the frames each thread's open compilation holds."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.holders = 0
+        self.undo: list[Callable[[], None]] = []
+        self.thread = threading.local()
+
+
+_SCOPE = _Scope()
+
+
+def _compiling_guarded() -> bool:
+    """Whether the compilation Thunder runs now in this thread is one of a transform that reads the user's lines
+    (``reads_user_lines``: FusionGuard); the wrappers pass straight through to Thunder's own for any other."""
+    try:
+        data = get_compile_data()
+    except LookupError:
+        return False
+    return any(getattr(t, "reads_user_lines", False) for t in getattr(data, "transforms", None) or ())
+
+
+@contextlib.contextmanager
+def user_lines() -> Iterator[None]:
+    """Within: each op a guarded compilation traces remembers the user's frame that led to it and each backward op
+    the line of its forward op (:func:`record_user_frames`, :func:`record_backward_frames`); outside, Thunder's
+    functions are its own again. Nested and thread-safe: installed by the first to enter, removed by the last."""
+    _hold()
+    try:
+        yield
+    finally:
+        _release()
+
+
+def _hold() -> None:
+    with _SCOPE.lock:
+        _SCOPE.holders += 1
+        if _SCOPE.holders == 1:
+            _SCOPE.undo = [u for u in (record_user_frames(), record_backward_frames()) if u is not None]
+
+
+def _release() -> None:
+    with _SCOPE.lock:
+        _SCOPE.holders -= 1
+        if _SCOPE.holders == 0:
+            for undo in _SCOPE.undo:
+                undo()
+            _SCOPE.undo = []
+
+
+def calls_with_user_lines(call: Callable) -> Callable:
+    """``call`` (a guarded ThunderModule's function, which compiles on a miss of Thunder's cache) run with the
+    user's lines held (:func:`user_lines`), its ``__wrapped__``."""
+
+    def scoped(*args: Any, **kwargs: Any) -> Any:
+        _hold()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            _release()
+
+    scoped.__wrapped__ = call  # type: ignore[attr-defined]
+    scoped.__name__ = scoped.__qualname__ = getattr(call, "__name__", "scoped")
+    return scoped
+
+
+def compilation_begins() -> None:
+    """Hold the user's lines from here to :func:`compilation_ends` in this thread (a guarded compilation of a
+    function, which no call of a module holds them for: its backward lines). A compilation left open by a failure
+    is taken over by the next, so a thread holds at most one."""
+    if not getattr(_SCOPE.thread, "compiling", False):
+        _SCOPE.thread.compiling = True
+        _hold()
+
+
+def compilation_ends() -> None:
+    """Release what :func:`compilation_begins` held in this thread (nothing where nothing is held)."""
+    if getattr(_SCOPE.thread, "compiling", False):
+        _SCOPE.thread.compiling = False
+        _release()
+
+
+def applied_in_scope() -> bool:
+    """Whether the user's lines are installed now (some guarded compilation or call holds them)."""
+    return _SCOPE.holders > 0
+
+
+def record_user_frames() -> Callable[[], None] | None:
+    """Make each op a guarded compilation traces remember the user's frame that led to it (the first outside
+    torch, Thunder, this package and Python's library; under ThunderFX the one torch.fx recorded for its node),
+    beside the innermost frame Thunder records and prints (``torch/nn/modules/linear.py`` for an ``nn.Linear``):
+    read by :func:`source_line`. What Thunder records and prints is unchanged, and any other compilation calls
+    Thunder's own. Installed by :func:`user_lines` only; returns its undo (None: not applied). The shim
     ``user-source-lines`` (:mod:`..shims`): only on the Thunder version it was written for, unless turned off;
     without it a source line is Thunder's innermost frame where that is the user's."""
     from thunder.core.interpreter import InterpreterRuntimeCtx
 
     original = InterpreterRuntimeCtx.get_current_user_source_location
     if getattr(original, "_fusion_guard", False) or not shims.applies("user-source-lines"):
-        return
+        return None
 
     def located(self: Any) -> Any:
         filename, positions = original(self)
-        if filename is None or positions is None:
+        if filename is None or positions is None or not _compiling_guarded():
             return filename, positions
         if not is_library_file(filename) and not is_installed_library_file(filename):
             return filename, positions
@@ -220,25 +315,28 @@ def record_user_frames() -> None:
 
     def undo() -> None:
         InterpreterRuntimeCtx.get_current_user_source_location = original
+        shims.forget("user-source-lines")
 
     shims.record("user-source-lines", undo)
+    return undo
 
 
-def record_backward_frames() -> None:
-    """Make each op of a backward trace remember the user's line of the forward op whose gradient it is part of
-    (:func:`source_line` of that op): Thunder's grad transform makes the backward ops of each forward op with no
-    position of their own, so a backward region would have no line of the user's. Read by :func:`source_line`;
-    the line is kept beside an empty file name, so what Thunder prints of a backward trace is unchanged. The
-    shim ``backward-source-lines`` (:mod:`..shims`): it wraps ``grad_transform_on_trace``, the test of each op
-    it reads (``_should_recompute_bsym_in_backward``, called first for each) and ``TraceCtx.pop_scope`` (the
-    ops a forward op's gradient rule made); only on the Thunder version it was written for, unless turned off."""
+def record_backward_frames() -> Callable[[], None] | None:
+    """Make each op of a guarded compilation's backward trace remember the user's line of the forward op whose
+    gradient it is part of (:func:`source_line` of that op): Thunder's grad transform makes the backward ops of
+    each forward op with no position of their own, so a backward region would have no line of the user's. The
+    line is kept beside an empty file name, so what Thunder prints of a backward trace is unchanged. Installed by
+    :func:`user_lines` only; returns its undo (None: not applied). The shim ``backward-source-lines``
+    (:mod:`..shims`): it wraps ``grad_transform_on_trace``, the test of each op it reads
+    (``_should_recompute_bsym_in_backward``, called first for each) and ``TraceCtx.pop_scope`` (the ops a forward
+    op's gradient rule made); only on the Thunder version it was written for, unless turned off."""
     import thunder.transforms.autodiff as autodiff
     from thunder.core.symbol import BoundSymbolTag
     from thunder.core.trace import TraceCtx
 
     original = autodiff.grad_transform_on_trace
     if getattr(original, "_fusion_guard", False) or not shims.applies("backward-source-lines"):
-        return
+        return None
     reading, popping = autodiff._should_recompute_bsym_in_backward, TraceCtx.pop_scope
     now = threading.local()  # per thread: the lines of the ops made so far, and the forward op being read
 
@@ -257,6 +355,8 @@ def record_backward_frames() -> None:
         return made
 
     def grad_transform_on_trace(trace: TraceCtx, /, *args: Any, **kwargs: Any) -> TraceCtx:
+        if not _compiling_guarded():
+            return original(trace, *args, **kwargs)
         outer = getattr(now, "lines", None), getattr(now, "forward", None)
         now.lines, now.forward = {}, None
         try:
@@ -278,8 +378,10 @@ def record_backward_frames() -> None:
         autodiff.grad_transform_on_trace = original
         autodiff._should_recompute_bsym_in_backward = reading
         TraceCtx.pop_scope = popping
+        shims.forget("backward-source-lines")
 
     shims.record("backward-source-lines", undo)
+    return undo
 
 
 def _mark_backward_ops(joint: TraceCtx, lines: dict[str, str], backward: Any) -> None:

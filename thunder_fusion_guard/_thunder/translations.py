@@ -30,6 +30,7 @@ from thunder.core.proxies import IntegerProxy, TensorProxy
 from thunder.core.transforms import _grad_fn_map, get_grad, put_grad, put_grads, register_grad
 from thunder.torch import _syms_returning_views, _torch_to_thunder_function_map, torchsymbol
 
+from .. import shims
 from ..library_forwards import extract_plan, restore_extract, write_extract_out_of_place
 
 # thunder.torch.langctx, the module (thunder.torch exports a function of that name over it).
@@ -251,9 +252,13 @@ def _index_add_grad(a: TensorProxy, /, index: TensorProxy, value: TensorProxy, d
 
 def translate_library_ops() -> tuple[Translation, ...]:
     """Put every translation in place, for every Thunder compilation that starts after it in this process (again:
-    nothing changes); what is in place. Call it before the first call of a compiled model."""
+    nothing changes); what is in place. Call it before the first call of a compiled model. The shim
+    ``library-op-translations`` (:mod:`..shims`): on a Thunder version it was not written for, or turned off,
+    nothing is put in place and it returns ``()``."""
     if _saved:
         return TRANSLATIONS
+    if not shims.applies("library-op-translations"):
+        return ()
     from thunder.dynamo import utils as fx_utils
 
     methods = _torch_langctx._method_name_to_fn_map
@@ -282,6 +287,7 @@ def translate_library_ops() -> tuple[Translation, ...]:
     _saved["extract"] = write_extract_out_of_place()
     # Thunder's interpreter runs the plan as Python does (tracing it, it trips on e3nn's Irrep, whose len() raises).
     _lookaside[extract_plan] = _jit_ext.interpreter_needs_wrap(extract_plan)
+    shims.record("library-op-translations", untranslate_library_ops)
     return TRANSLATIONS
 
 
@@ -317,6 +323,7 @@ def untranslate_library_ops() -> None:
     restore_extract(_saved["extract"])
     _lookaside.pop(extract_plan, None)
     _saved.clear()
+    shims.forget("library-op-translations")
 
 
 def library_ops_are_translated() -> bool:

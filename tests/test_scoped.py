@@ -1,0 +1,164 @@
+"""Nothing Thunder or torch own stays changed by this package: importing it, constructing ``FusionGuard`` and a
+guarded compilation leave every function the package ever wraps Thunder's own again, ``sys.meta_path`` and the
+warning filters as they were, and an unguarded ``thunder.jit`` in that process gives the traces it gives in a
+process without the package."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+_SCRIPT = r'''
+import json, sys, warnings
+import torch, thunder
+import thunder.transforms.autodiff as autodiff
+from thunder.core.interpreter import InterpreterRuntimeCtx
+from thunder.core.trace import TraceCtx
+import thunder.core.jit_ext as jit_ext
+import thunder.torch as ltorch
+from importlib import import_module
+langctx = import_module("thunder.torch.langctx")
+from thunder.core.transforms import _grad_fn_map
+from thunder.dynamo import utils as fx_utils
+
+def owned():
+    """Everything of Thunder's the package has ever wrapped or written, by identity."""
+    return {
+        "get_current_user_source_location": InterpreterRuntimeCtx.get_current_user_source_location,
+        "grad_transform_on_trace": autodiff.grad_transform_on_trace,
+        "_should_recompute_bsym_in_backward": autodiff._should_recompute_bsym_in_backward,
+        "pop_scope": TraceCtx.pop_scope,
+        "torch_to_thunder": dict(ltorch._torch_to_thunder_function_map),
+        "lookasides": dict(jit_ext._general_jit_lookaside_map),
+        "views": set(ltorch._syms_returning_views),
+        "grads": dict(_grad_fn_map),
+        "methods": dict(langctx._method_name_to_fn_map),
+        "split_off": set(fx_utils.auto_register_ops),
+    }
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(8)
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.linear(self.norm(x))).sum(0) * 2
+
+def f(x, w):
+    return (torch.sin(x) @ w).relu().sum()
+
+def unguarded_traces():
+    torch.manual_seed(0)
+    model = Block()
+    x = torch.randn(4, 8, requires_grad=True)
+    jm = thunder.jit(model)
+    jm(x).sum().backward()
+    jf = thunder.jit(f)
+    jf(torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)).backward()
+    traces = (thunder.last_traces(jm), thunder.last_backward_traces(jm),
+              thunder.last_traces(jf), thunder.last_backward_traces(jf))
+    # each trace as printed, but for its header's compile time
+    return ["\n".join(l for l in str(t[-1]).splitlines() if "(took " not in l) for t in traces]
+
+before = owned()
+meta_path, filters = list(sys.meta_path), list(warnings.filters)
+result = {"before": unguarded_traces()}
+if sys.argv[1] == "with":
+    import thunder_fusion_guard
+    from thunder_fusion_guard import FusionGuard, shims
+    from thunder_fusion_guard._thunder import sources
+    guard = FusionGuard()
+    model = Block()
+    jm = thunder.jit(model, transforms=[guard])
+    jm(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    jf = thunder.jit(f, transforms=[FusionGuard()])
+    jf(torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)).backward()
+    from thunder.dynamo import thunderfx
+    fx = thunderfx(Block(), transforms=[FusionGuard()])
+    fx(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    result["decisions"] = len(guard.report.decisions)
+    result["applied"] = [s for s in shims.applied_shims() if s != "nvfuser-direct-contiguity"]
+    result["in_scope"] = sources.applied_in_scope()
+after = owned()
+result["changed"] = sorted(k for k in before if before[k] is not after[k] and before[k] != after[k])
+result["meta_path"] = [m for m in (type(f).__module__ for f in sys.meta_path) if m.startswith("thunder_fusion")]
+result["filters"] = list(warnings.filters) == filters
+result["after"] = unguarded_traces()
+print(json.dumps(result))
+'''
+
+
+def _run(tmp_path: Path, which: str) -> dict:
+    script = tmp_path / "scoped_check.py"
+    script.write_text(_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop(ENV_OFF, None)
+    done = subprocess.run(
+        [sys.executable, str(script), which], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+ENV_OFF = "TFG_SHIMS_OFF"
+
+
+def test_a_guarded_compilation_leaves_thunder_as_a_process_without_the_package(tmp_path):
+    without = _run(tmp_path, "without")
+    with_ = _run(tmp_path, "with")
+    assert with_["decisions"] > 0  # the guard did compile and decide
+    assert with_["changed"] == [] and with_["applied"] == [] and with_["in_scope"] is False
+    assert with_["meta_path"] == [] and with_["filters"] is True
+    assert with_["before"] == without["before"]
+    assert with_["after"] == without["after"] == without["before"]
+
+
+def test_importing_the_package_and_constructing_a_guard_change_nothing():
+    code = (
+        "import sys, warnings\n"
+        "meta, filters = list(sys.meta_path), list(warnings.filters)\n"
+        "import thunder_fusion_guard as t\n"
+        "from thunder_fusion_guard import shims\n"
+        "t.FusionGuard()\n"
+        "mine = [f for f in sys.meta_path if type(f).__module__.startswith('thunder_fusion_guard')]\n"
+        "print([type(f).__name__ for f in mine], list(warnings.filters) == filters,\n"
+        "      [s for s in shims.applied_shims() if s != 'nvfuser-direct-contiguity'])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["[]", "True", "[]"]
+
+
+def test_the_users_lines_are_held_only_while_a_guarded_compilation_runs():
+    import thunder
+    import torch
+    from thunder.core.interpreter import InterpreterRuntimeCtx
+
+    from thunder_fusion_guard import FusionGuard
+    from thunder_fusion_guard._thunder import sources
+
+    original = InterpreterRuntimeCtx.get_current_user_source_location
+
+    class Probe(thunder.Transform):
+        """Notes, while Thunder compiles, whether the user's lines are held."""
+
+        def __init__(self) -> None:
+            self.held: list[bool] = []
+
+        def transform_traces_pre_prologue(self, prologue, computation, epilogue, **kwargs):
+            self.held.append(sources.applied_in_scope())
+            return prologue, computation, epilogue
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    guarded, unguarded = Probe(), Probe()
+    thunder.jit(model, transforms=[FusionGuard(), guarded])(torch.randn(2, 4))
+    assert not sources.applied_in_scope() and InterpreterRuntimeCtx.get_current_user_source_location is original
+    thunder.jit(model, transforms=[unguarded])(torch.randn(2, 4))
+    assert guarded.held == [True] and unguarded.held == [False]
