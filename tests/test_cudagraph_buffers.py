@@ -336,6 +336,17 @@ def test_cuda_graphs_sharing_buffers_give_thunders_bits_on_cuda():
 
 
 @pytest.mark.cuda
+def test_thunders_transform_beside_the_guard_runs_as_given_on_cuda():
+    """Real captures: Thunder's own transform beside the guard captures as unguarded (its grouping, its values),
+    and the guard only recommends ``GuardedCUDAGraphs``."""
+    plain, graphs, guard = CUDAGraphTransform(), CUDAGraphTransform(), FusionGuard()
+    want = _steps(thunderfx(gated, transforms=[plain]), device="cuda")
+    assert_same(_steps(thunderfx(gated, transforms=[guard, graphs]), device="cuda"), want)
+    assert type(graphs) is CUDAGraphTransform and len(_graphs(graphs)) == len(_graphs(plain))
+    assert [d.code for d in guard.report.filter(action="capture")] == ["cuda_graphs_recommended"]
+
+
+@pytest.mark.cuda
 def test_a_cuda_graph_that_writes_an_input_writes_the_callers_tensor_on_cuda():
     """A real capture: the graph's own copy of ``z`` is written, then copied back into the caller's ``z``."""
     guard, graphs = FusionGuard(), GuardedCUDAGraphs()
