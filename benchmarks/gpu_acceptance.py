@@ -9,7 +9,7 @@ What it measures, in one process that is also the timing process:
   the block size); batch 1, 512 random tokens, one forward+backward step
   (``model.zero_grad(set_to_none=True); model(x).float().sum().backward()``). Variants: eager; guarded
   ``hoist=False`` (the reference, compiled first); guarded (``FusionGuard()`` defaults); guarded + CUDA
-  graphs (``[FusionGuard(), CUDAGraphTransform()]``). Thunder's default executors (nvFuser). Each Thunder
+  graphs (``[FusionGuard(), GuardedCUDAGraphs()]``). Thunder's default executors (nvFuser). Each Thunder
   variant is compiled in this process, its first and second call checked bitwise (``torch.equal``, output
   and every parameter gradient) against the reference; eager by max abs difference. Then all variants
   are timed interleaved (alternating order, ``--rounds`` rounds after ``--warmup``), medians in ms.
@@ -69,7 +69,7 @@ BUILDS = {
     "eager": "model",
     REFERENCE: "thunder.jit(model, transforms=[FusionGuard(hoist=False)])",
     "guarded": "thunder.jit(model, transforms=[FusionGuard()])",
-    "guarded+cudagraph": "thunder.jit(model, transforms=[FusionGuard(), CUDAGraphTransform()])",
+    "guarded+cudagraph": "thunder.jit(model, transforms=[FusionGuard(), GuardedCUDAGraphs()])",
 }
 PYTEST_FILES = (
     "tests/test_nvfuser.py",
@@ -315,16 +315,14 @@ def build_model(device: str, tokens: int) -> tuple[Any, Any]:
 def compile_variant(model: Any, label: str, device: str) -> tuple[Any, Any]:
     import thunder
 
-    from thunder_fusion_guard import FusionGuard
+    from thunder_fusion_guard import FusionGuard, GuardedCUDAGraphs
 
     if label == "eager":
         return model, None
     guard = FusionGuard(hoist=label != REFERENCE)
     transforms: list[Any] = [guard]
     if label.endswith("cudagraph"):
-        from thunder.transforms.cudagraph import CUDAGraphTransform
-
-        transforms.append(CUDAGraphTransform())
+        transforms.append(GuardedCUDAGraphs())
     options: dict[str, Any] = {}
     if device == "cpu":  # smoke: Thunder's fusion executor on CPU is torch.compile
         from thunder.executors.torch_compile import torch_compile_ex

@@ -1,9 +1,9 @@
-"""What Thunder's CUDA graphs copy on the e3nn-built NequIP (with ``translate_library_ops()``, through ThunderFX
-guarded with ``CUDAGraphTransform``): per captured region, its tensor inputs, how many of them are copied into
-the capture's static buffers at each replay (and how many of those are parameters), and the bytes copied per
-training step. ``CUDAGraphTransform`` copies every input it does not know to stay in place; the guard's
-``share_capture_buffers`` (on by default; ``--unshared``: off) has it capture a run of consecutive ops as one graph
-and read earlier graphs' outputs in place.
+"""What CUDA graphs copy on the e3nn-built NequIP (with ``translate_library_ops()``, through ThunderFX guarded
+with ``GuardedCUDAGraphs``): per captured region, its tensor inputs, how many of them are copied into the capture's
+static buffers at each replay (and how many of those are parameters), and the bytes copied per training step.
+Thunder's ``CUDAGraphTransform`` copies every input it does not know to stay in place; ``GuardedCUDAGraphs``'
+``share_buffers`` (on by default; ``--unshared``: off) has it capture a run of consecutive ops as one graph and
+read earlier graphs' outputs in place.
 
     source .gpu/setup.sh && python3 benchmarks/gpu_cudagraph_copies.py [--unshared]
     # prints, and writes $OUT/cudagraph-copies.txt ($OUT/cudagraph-copies-unshared.txt)
@@ -22,9 +22,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package
 
 from thunder.dynamo import thunderfx
-from thunder.transforms.cudagraph import CUDAGraphRunner, CUDAGraphTransform
+from thunder.transforms.cudagraph import CUDAGraphRunner
 
-from thunder_fusion_guard import FusionGuard, translate_library_ops
+from thunder_fusion_guard import FusionGuard, GuardedCUDAGraphs, translate_library_ops
 from thunder_fusion_guard.bench.zoo_models import ZOO
 from thunder_fusion_guard.bench.zoo_run import _timing_alone
 
@@ -76,8 +76,8 @@ def main(shared: bool) -> None:
         translate_library_ops()
         CUDAGraphRunner.call_cuda_graph = _counting_call
         model = ZOO["e3nn-nequip-modules"].build("cuda")
-        guard = FusionGuard(share_capture_buffers=shared)
-        compiled = thunderfx(model.module, transforms=[guard, CUDAGraphTransform()])
+        guard = FusionGuard()
+        compiled = thunderfx(model.module, transforms=[guard, GuardedCUDAGraphs(share_buffers=shared)])
 
         def step() -> None:
             model.module.zero_grad(set_to_none=True)

@@ -16,10 +16,9 @@ from collections.abc import Callable
 import thunder
 import torch
 from litgpt import GPT, Config
-from thunder.transforms.cudagraph import CUDAGraphTransform
 from torch.profiler import ProfilerActivity, profile
 
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import FusionGuard, GuardedCUDAGraphs
 
 
 def main() -> None:
@@ -36,7 +35,7 @@ def main() -> None:
     variants: dict[str, Callable] = {"eager": model}
     for name, transforms in [
         ("guarded", [FusionGuard()]),
-        ("guarded+cudagraph", [FusionGuard(), CUDAGraphTransform()]),
+        ("guarded+cudagraph", [FusionGuard(), GuardedCUDAGraphs()]),
     ]:
         began = time.time()
         variants[name] = thunder.jit(model, transforms=transforms)

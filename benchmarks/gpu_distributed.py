@@ -25,8 +25,9 @@ Set-ups (``--setups``):
 - ``fx-ddp`` / ``fx-fsdp2``: ThunderFX (``torch.compile`` with Thunder's backend) under PyTorch's DDP /
   FSDP2, with and without the guard (eager: the same wrapper without compiling).
 
-Variants (``--variants``): ``eager``, ``thunder``, ``guarded``, and ``thunder+cg`` / ``guarded+cg`` with Thunder's
-``CUDAGraphTransform`` after the guard (a variant Thunder cannot run records its error). The guard is
+Variants (``--variants``): ``eager``, ``thunder``, ``guarded``, and ``thunder+cg`` / ``guarded+cg`` with CUDA graphs
+(Thunder's ``CUDAGraphTransform``; guarded, ``GuardedCUDAGraphs`` after the guard; a variant Thunder cannot run
+records its error). The guard is
 ``FusionGuard(compare_ranks=True)``, every other option at its default. For each set-up: first a correctness
 phase (each variant trains 3 SGD steps from the same weights on the same batches; each guarded variant against
 its unguarded twin: losses to the bit, gradients' max abs difference at the first step and over all three), then
@@ -90,8 +91,8 @@ MODELS = {"mistral": "Mistral-7B-v0.1", "llama2": "Llama-2-7b-hf", "e3nn": E3NN}
 # compiles through Dynamo).
 SETUP_S = {"mistral": 225.0, "llama2": 80.0, "e3nn": 200.0}
 SETUPS = ("fsdp", "ddp", "fx-ddp", "fx-fsdp2")
-# "+cg": with Thunder's CUDAGraphTransform after the guard (as README shows); each guarded variant is checked
-# against the unguarded one of the same kind.
+# "+cg": with CUDA graphs (Thunder's CUDAGraphTransform; guarded, GuardedCUDAGraphs after the guard, as README
+# shows); each guarded variant is checked against the unguarded one of the same kind.
 VARIANTS = ("eager", "thunder", "guarded", "thunder+cg", "guarded+cg")
 PAIRS = (("thunder", "guarded"), ("thunder+cg", "guarded+cg"))
 TRAIN_STEPS = 3
@@ -187,10 +188,12 @@ def make_variant(run: Run, setup: str, variant: str, name: str) -> dict[str, Any
     model, config = build(run, name)
     guard = FusionGuard(compare_ranks=True) if variant.startswith("guarded") else None
     transforms: list[Any] = [guard] if guard else []
-    if variant.endswith("+cg"):
+    if variant.endswith("+cg"):  # guarded: the package's capture; unguarded: Thunder's
         from thunder.transforms.cudagraph import CUDAGraphTransform
 
-        transforms.append(CUDAGraphTransform())
+        from thunder_fusion_guard import GuardedCUDAGraphs
+
+        transforms.append(GuardedCUDAGraphs() if guard else CUDAGraphTransform())
     jit_options = {"transforms": transforms, **run.executors()}
     fn: Any
     if setup == "fsdp":

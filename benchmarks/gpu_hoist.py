@@ -9,7 +9,7 @@ after --budget-s seconds, default 360, is skipped and named, so the run stays un
 
 Setting of the issue: Config.from_name("Mistral-7B-v0.1", n_layer=2), batch 1, 512 tokens, bf16.
 Variants: eager; guarded (defaults: hoisting on); guarded with hoist=False (the same trace, not hoisted);
-the same model with cfg.sliding_window_size = None, guarded; [FusionGuard(), CUDAGraphTransform()] with
+the same model with cfg.sliding_window_size = None, guarded; [FusionGuard(), GuardedCUDAGraphs()] with
 and without hoisting; with --thunder, unguarded thunder. Reports the median ms per step, the first call
 (trace + compile) of each, the time the hoisting pass took, what was hoisted, and whether outputs and
 gradients are bitwise equal to the reference: unguarded thunder with --thunder, else the guarded
@@ -29,7 +29,7 @@ import thunder
 import torch
 
 import thunder_fusion_guard.passes.hoist_pass as hoist_pass
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import FusionGuard, GuardedCUDAGraphs
 from thunder_fusion_guard._thunder import software_versions
 from thunder_fusion_guard.measure.timing import interleaved_rounds
 from thunder_fusion_guard.passes.hoist_runtime import hoisted_values
@@ -80,11 +80,10 @@ def build(tokens: int, window: bool, like=None):
 
 def variants(model, model_nw, with_thunder: bool, graphs_baseline: bool) -> dict:
     """label -> (model, callable, guard), in the order they compile (the budget may cut the last ones)."""
-    from thunder.transforms.cudagraph import CUDAGraphTransform
 
     def guarded(m, graphs: bool = False, **options):
         guard = FusionGuard(**options)
-        return m, thunder.jit(m, transforms=[guard, CUDAGraphTransform()] if graphs else [guard]), guard
+        return m, thunder.jit(m, transforms=[guard, GuardedCUDAGraphs()] if graphs else [guard]), guard
 
     out = {"eager": (model, model, None), "guarded": guarded(model)}
     out["guarded hoist=False"] = guarded(model, hoist=False)

@@ -27,7 +27,7 @@ VARIANT_BUILDS = {
     "thunder": "thunder.jit(model)",
     "guarded": "thunder.jit(model, transforms=[FusionGuard()])",
     "cudagraph": "thunder.jit(model, transforms=[CUDAGraphTransform()])",
-    "guarded+cudagraph": "thunder.jit(model, transforms=[FusionGuard(), CUDAGraphTransform()])",
+    "guarded+cudagraph": "thunder.jit(model, transforms=[FusionGuard(), GuardedCUDAGraphs()])",
     # Thunder's own transform that drops the prologue's checks of module members (the user vouches for them)
     "guarded+prune": "thunder.jit(model, transforms=[FusionGuard(), PrunePrologueChecks()])",
     # the opt-in where speed may win over bits: regions with ops that round are decided by cost too
@@ -168,7 +168,7 @@ def build(case: Case, tokens: int, device: str) -> tuple[Any, tuple, dict]:
 
 def compile_variant(model: Any, variant: str, device: str) -> tuple[Callable[..., Any], Any]:
     """The callable of one variant and its FusionGuard (or None): the bench harness's, plus CUDA graphs."""
-    from thunder_fusion_guard import FusionGuard
+    from thunder_fusion_guard import FusionGuard, GuardedCUDAGraphs
     from thunder_fusion_guard.bench.cases import Workload, thunder_compile
     from thunder_fusion_guard.bench.cases import compile_variant as compile_case
 
@@ -186,10 +186,10 @@ def compile_variant(model: Any, variant: str, device: str) -> tuple[Callable[...
         from thunder.transforms.prune_prologue_checks import PrunePrologueChecks
 
         transforms.append(PrunePrologueChecks())
-    if variant.endswith("cudagraph"):
+    if variant.endswith("cudagraph"):  # guarded: the package's capture; unguarded: Thunder's
         from thunder.transforms.cudagraph import CUDAGraphTransform
 
-        transforms.append(CUDAGraphTransform())
+        transforms.append(GuardedCUDAGraphs() if guard else CUDAGraphTransform())
     return thunder_compile(workload, device, transforms), guard
 
 

@@ -452,8 +452,9 @@ class _Replay:
 
 @pytest.fixture
 def cpu_graphs(monkeypatch):
-    """CUDA-graph captures on CPU, for Thunder's ``CUDAGraphTransform``: static input buffers copied into at each
-    replay unless the input is static, outputs written into the same tensors at every replay (:class:`_Replay`)."""
+    """CUDA-graph captures on CPU, for Thunder's ``CUDAGraphTransform`` (and ``GuardedCUDAGraphs``, its subclass):
+    static input buffers copied into at each replay unless the input is static, outputs written into the same
+    tensors at every replay (:class:`_Replay`)."""
     from thunder.transforms.cudagraph import CUDAGraphRunner
 
     def build(self, fn, args, static_args_mask):

@@ -1,7 +1,8 @@
-"""CUDA graphs that share buffers: with Thunder's ``CUDAGraphTransform`` beside it, the guard has each run of
-consecutive ops captured as one graph (Thunder groups by ``fusion_type``, which ThunderFX sets to "dataflow":
-several graphs a trace, some of nothing but deletions, every input of each copied at each replay) and a graph
-read an earlier graph's output in place. The same ops and values; fewer graphs and copies; recorded.
+"""CUDA graphs that share buffers: ``GuardedCUDAGraphs``, passed beside the guard, captures each run of
+consecutive ops as one graph (Thunder groups by ``fusion_type``, which ThunderFX sets to "dataflow":
+several graphs a trace, some of nothing but deletions, every input of each copied at each replay) and lets a
+graph read an earlier graph's output in place. The same ops and values; fewer graphs and copies; recorded by the
+guard. Thunder's own ``CUDAGraphTransform`` beside the guard runs as given; the guard recommends the package's.
 
 On CPU a capture cannot be made: the fixture ``cpu_graphs`` (tests/conftest.py) stands in for one with the
 semantics that matter here, so stale buffers or a wrongly shared one would change the values compared."""
@@ -15,7 +16,7 @@ from helpers import assert_same
 from thunder.dynamo import thunderfx
 from thunder.transforms.cudagraph import CUDAGraphTransform
 
-from thunder_fusion_guard import FusionGuard, explain
+from thunder_fusion_guard import FusionGuard, GuardedCUDAGraphs, explain
 from thunder_fusion_guard import _thunder as th
 
 
@@ -55,16 +56,16 @@ def test_thunderfx_gets_one_graph_a_trace_with_thunders_values(cpu_graphs):
     made_by_thunder = _graphs(plain)
     assert len(made_by_thunder) == 4 and sorted(made_by_thunder.values())[:2] == [0, 0]  # two of deletions alone
 
-    guard, graphs = FusionGuard(), CUDAGraphTransform()
+    guard, graphs = FusionGuard(), GuardedCUDAGraphs()
     compiled = thunderfx(gated, transforms=[guard, graphs])
     assert_same(_steps(compiled), want)
     assert not _held(guard)  # the gradients handed over were free again at each replay
     made = _graphs(graphs)
     assert len(made) == 2 and 0 not in made.values()  # one forward, one backward graph
-    unshared = CUDAGraphTransform()
-    assert_same(_steps(thunderfx(gated, transforms=[FusionGuard(share_capture_buffers=False), unshared])), want)
+    unshared = GuardedCUDAGraphs(share_buffers=False)
+    assert_same(_steps(thunderfx(gated, transforms=[FusionGuard(), unshared])), want)
     assert sum(made.values()) == sum(_graphs(unshared).values())  # the same ops captured
-    assert isinstance(graphs, CUDAGraphTransform)  # still the user's transform, sharing buffers
+    assert isinstance(graphs, CUDAGraphTransform)  # a CUDAGraphTransform, sharing buffers
 
     forward, backward = guard.report.filter(action="capture")
     assert (forward.trace, backward.trace) == ("forward", "backward")
@@ -90,7 +91,7 @@ def test_a_graphs_inputs_are_copied_in_one_batched_copy(cpu_graphs, monkeypatch)
     want = _steps(thunderfx(gated, transforms=[CUDAGraphTransform()]))
     assert not batches  # unguarded: Thunder's copies
     guard = FusionGuard()
-    assert_same(_steps(thunderfx(gated, transforms=[guard, CUDAGraphTransform()])), want)
+    assert_same(_steps(thunderfx(gated, transforms=[guard, GuardedCUDAGraphs()])), want)
     forward, backward = guard.report.filter(action="capture")
     assert forward.details["copied_in"] == ["l_x_", "l_w1_", "l_w2_"]  # plain tensors, not parameters
     assert backward.details["copied_in"] and backward.details["bytes_copied_in"] > 0
@@ -113,7 +114,7 @@ def test_a_graph_reads_an_earlier_graphs_output_in_place(monkeypatch, cpu_graphs
     )
     plain = CUDAGraphTransform()
     unguarded = thunder.jit(staged, transforms=[plain])
-    guard, graphs = FusionGuard(), CUDAGraphTransform()
+    guard, graphs = FusionGuard(), GuardedCUDAGraphs()
     jitted = thunder.jit(staged, transforms=[guard, graphs])
     for seed in range(3):
         torch.manual_seed(seed)
@@ -129,14 +130,19 @@ def test_a_graph_reads_an_earlier_graphs_output_in_place(monkeypatch, cpu_graphs
     assert capture.details["bytes_not_copied"] == 64 * 32 * 4 + 4
 
 
-@pytest.mark.parametrize("options", [{"share_capture_buffers": False}, {"report_only": True}])
-def test_without_sharing_thunders_grouping_stays(cpu_graphs, options):
-    guard, graphs = FusionGuard(**options), CUDAGraphTransform()
-    _steps(thunderfx(gated, transforms=[guard, graphs]), seeds=(0,))
-    assert len(_graphs(graphs)) == 4  # Thunder's grouping (its copies too)
-    assert isinstance(graphs, CUDAGraphTransform) and not guard.report.filter(action="capture")
-    if options.get("report_only"):
-        assert type(graphs) is CUDAGraphTransform  # a report changes nothing
+@pytest.mark.parametrize(
+    "graphs, options",
+    [("unshared", {}), ("thunders", {}), ("thunders", {"report_only": True})],
+)
+def test_without_sharing_thunders_grouping_stays(cpu_graphs, graphs, options):
+    """``GuardedCUDAGraphs(share_buffers=False)`` and Thunder's own transform beside the guard (report or not)
+    capture with Thunder's grouping: no capture decision, only the recommendation for Thunder's own."""
+    transform = GuardedCUDAGraphs(share_buffers=False) if graphs == "unshared" else CUDAGraphTransform()
+    guard = FusionGuard(**options)
+    _steps(thunderfx(gated, transforms=[guard, transform]), seeds=(0,))
+    assert len(_graphs(transform)) == 4  # Thunder's grouping (its copies too)
+    codes = [d.code for d in guard.report.filter(action="capture")]
+    assert codes == ([] if graphs == "unshared" else ["cuda_graphs_recommended"])
 
 
 def _state(transform: CUDAGraphTransform) -> dict[str, int]:
@@ -144,56 +150,104 @@ def _state(transform: CUDAGraphTransform) -> dict[str, int]:
     return {name: id(value) for name, value in vars(transform).items()}
 
 
+class _Lists(thunder.Transform):
+    """Records, at each stage Thunder calls a transform at, which objects the compilation's transforms list holds
+    (a substitution, even one put back before the end, would show there)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, list[int]]] = []
+
+    def _record(self) -> None:
+        transforms = thunder.core.compile_data.get_compile_data().transforms
+        self.seen.append((id(transforms), [id(t) for t in transforms]))
+
+    def transform_traces_pre_prologue(self, prologue_trc, computation_trc, epilogue_trc, **kwargs):
+        self._record()
+        return prologue_trc, computation_trc, epilogue_trc
+
+    def transform_trace_post_optimization(self, computation_trace, **kwargs):
+        self._record()
+        return computation_trace
+
+
 @pytest.mark.parametrize("frontend", ["jit", "thunderfx"])
-def test_the_users_transform_is_left_as_it_was_and_stays_thunders(cpu_graphs, frontend):
-    """The guard captures with a transform of its own made from the user's (its runner), run in its place for
-    one compilation: the user's object keeps its type and attributes, their list holds it again afterwards, and
-    the same object given to an unguarded jit after that captures as Thunder's own does."""
+def test_the_users_transform_runs_as_thunders_and_is_recommended_against(cpu_graphs, monkeypatch, frontend):
+    """Thunder's own ``CUDAGraphTransform`` given beside the guard is what runs, with Thunder's grouping: the same
+    object, of Thunder's class and state, in the compilation's transforms list from start to end (the guard never
+    writes that list); the guard records one decision (not applied) recommending ``GuardedCUDAGraphs``."""
     compile_with = thunder.jit if frontend == "jit" else thunderfx
     torch._dynamo.reset()  # this file compiles ``gated`` often: past Dynamo's recompile limit it would run eagerly
-    graphs = CUDAGraphTransform()
-    before, guard = _state(graphs), FusionGuard()
-    transforms = [guard, graphs]
-    want = _steps(compile_with(gated, transforms=[CUDAGraphTransform()]), seeds=(0,))
-    assert_same(_steps(compile_with(gated, transforms=transforms), seeds=(0,)), want)
-    assert type(graphs) is CUDAGraphTransform and _state(graphs) == before and graphs.outputs_from_forward is None
-    assert transforms[0] is guard and transforms[1] is graphs  # (ThunderFX appends a transform of its own)
-    captures = guard.report.filter(action="capture")
-    assert captures and {d.details["replaced_transform"] for d in captures} == {"CUDAGraphTransform"}
-    shared = _graphs(graphs)  # the guard's graphs are in the user's runner, as their own would be
+    ran: list[int] = []
+    capture = CUDAGraphTransform.transform_trace_post_optimization
 
+    def recording(self, trace, **kwargs):
+        ran.append(id(self))
+        return capture(self, trace, **kwargs)
+
+    monkeypatch.setattr(CUDAGraphTransform, "transform_trace_post_optimization", recording)
+    graphs, guard, lists = CUDAGraphTransform(), FusionGuard(), _Lists()
+    before = _state(graphs)
+    transforms = [lists, guard, graphs, _Lists()]
     plain = CUDAGraphTransform()
-    assert_same(_steps(compile_with(gated, transforms=[graphs]), seeds=(0,)), want)
-    _steps(compile_with(gated, transforms=[plain]), seeds=(0,))
-    made = {name: n for name, n in _graphs(graphs).items() if name not in shared}
-    assert sorted(made.values()) == sorted(_graphs(plain).values())  # Thunder's own grouping, unguarded
-    assert type(graphs) is CUDAGraphTransform and len(guard.report.filter(action="capture")) == len(captures)
+    want = _steps(compile_with(gated, transforms=[plain]), seeds=(0,))
+    ran.clear()
+    compiled = compile_with(gated, transforms=transforms)
+    assert_same(_steps(compiled, seeds=(0,)), want)
+    assert ran and set(ran) == {id(graphs)}  # the user's object captured, forward and backward
+    assert len(_graphs(graphs)) == len(_graphs(plain)) == (2 if frontend == "jit" else 4)  # Thunder's grouping
+    assert type(graphs) is CUDAGraphTransform and _state(graphs) == before and graphs.outputs_from_forward is None
+    assert transforms[:3] == [lists, guard, graphs]  # (ThunderFX appends a transform of its own)
+    if frontend == "jit":
+        held = thunder.compile_data(compiled).transforms
+        assert any(t is graphs for t in held) and all(type(t) is not GuardedCUDAGraphs for t in held)
+    for recorder in (lists, transforms[3]):  # before the guard and after it: one list, the same objects throughout
+        assert len(recorder.seen) >= 3 and len(set(map(str, recorder.seen))) == 1
+        assert id(graphs) in recorder.seen[0][1]
+    (recommended,) = guard.report.filter(action="capture")
+    assert (recommended.code, recommended.applied, recommended.trace) == ("cuda_graphs_recommended", False, "forward")
+    assert recommended.details["captured_by"] == "CUDAGraphTransform"
+    assert recommended.details["recommended"] == "GuardedCUDAGraphs"
+    _steps(compile_with(gated, transforms=[guard, graphs]), seeds=(1,))  # recorded once for this transform
+    assert len(guard.report.filter(code="cuda_graphs_recommended")) == 1
 
 
-def test_the_guards_transform_is_built_from_the_users_and_put_back(cpu_graphs):
-    """Unit: one transform of the guard's per user transform, sharing its runner; a stand-in that Thunder never
-    read (a compilation that failed before) is put back at the next one; a subclass gets none."""
+def test_the_packages_transform_captures_by_itself_and_adapts(cpu_graphs):
+    """Unit: ``GuardedCUDAGraphs`` is a ``CUDAGraphTransform`` with its options; the capture adapted to the traces
+    Thunder's checks refuse shares its runner, buffers and rule for writes; a subclass of it is not adapted;
+    without a guard it captures the same, nothing recorded."""
     from thunder_fusion_guard.ops import writes_inputs
 
-    graphs = CUDAGraphTransform()
-    before = _state(graphs)
-    mine = th.guard_capture(graphs, writes_inputs, share=False)
-    assert isinstance(mine, CUDAGraphTransform) and mine is not graphs and type(graphs) is CUDAGraphTransform
-    assert mine.cuda_graph_runner is graphs.cuda_graph_runner and not mine._share
-    assert th.guard_capture(graphs, writes_inputs) is mine and mine._share
-    assert th.user_transform(mine) is graphs and th.user_transform(graphs) is graphs
-    assert th.guard_capture(type("Mine", (CUDAGraphTransform,), {})(), writes_inputs) is None
-    assert th.transform_name(mine) == "CUDAGraphTransform"
+    graphs = GuardedCUDAGraphs(share_buffers=False)
+    assert isinstance(graphs, CUDAGraphTransform) and not graphs.share_buffers and GuardedCUDAGraphs().share_buffers
+    adapted = th.capture_for_any_trace(graphs)
+    assert adapted is th.capture_for_any_trace(graphs) and adapted.cuda_graph_runner is graphs.cuda_graph_runner
+    assert not adapted.share_buffers and adapted._writes is writes_inputs
+    assert th.capture_for_any_trace(adapted) is None
+    assert th.capture_for_any_trace(type("Mine", (GuardedCUDAGraphs,), {})()) is None
+    assert not th.is_thunders_cudagraph_transform(graphs) and th.is_thunders_cudagraph_transform(CUDAGraphTransform())
+
+    alone = GuardedCUDAGraphs()
+    want = _steps(thunderfx(gated, transforms=[CUDAGraphTransform()]))
+    assert_same(_steps(thunderfx(gated, transforms=[alone])), want)
+    assert len(_graphs(alone)) == 2  # one forward, one backward graph, no guard needed
+
+
+def test_a_compilation_that_fails_leaves_the_transforms_as_given(cpu_graphs):
+    """A compilation that fails between the guard and the capture leaves the list and the user's transform as they
+    were (nothing to put back)."""
 
     class Failing(thunder.Transform):
         def transform_trace_post_optimization(self, trace, **kwargs):
             raise RuntimeError("fails between the guard and the capture")
 
+    graphs = CUDAGraphTransform()
+    before = _state(graphs)
     transforms = [FusionGuard(), Failing(), graphs]
+    given = list(transforms)
     with pytest.raises(RuntimeError, match="fails between"):
         thunder.jit(gated, transforms=transforms)(*_args(0))
-    th.put_back_cuda_graphs()
-    assert transforms[2] is graphs and _state(graphs) == before and graphs.outputs_from_forward is None
+    assert all(a is b for a, b in zip(transforms, given, strict=True))
+    assert _state(graphs) == before and graphs.outputs_from_forward is None
 
 
 def test_a_subclass_of_the_transform_is_left_as_it_is(cpu_graphs):
@@ -203,7 +257,7 @@ def test_a_subclass_of_the_transform_is_left_as_it_is(cpu_graphs):
     guard, graphs = FusionGuard(), MyGraphs()
     _steps(thunderfx(gated, transforms=[guard, graphs]), seeds=(0,))
     assert type(graphs) is MyGraphs and len(_graphs(graphs)) == 4
-    assert not guard.report.filter(action="capture")
+    assert not guard.report.filter(action="capture")  # neither captured by the package nor recommended against
 
 
 def bump(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -221,14 +275,16 @@ def _bumps(fn, rounds: int = 3) -> list[torch.Tensor]:
 
 
 def test_thunders_graphs_leave_an_input_they_write_unwritten(cpu_graphs):
-    """Thunder's runner replays a graph on its own copies of the inputs: ``z.add_(y)`` writes the copy."""
-    got = _bumps(thunder.jit(bump, transforms=[CUDAGraphTransform()]))
-    assert not torch.equal(got[1], _bumps(bump)[1]) and not got[1].any()  # the caller's z: still zeros
+    """Thunder's runner replays a graph on its own copies of the inputs: ``z.add_(y)`` writes the copy; so it does
+    beside the guard, which leaves Thunder's transform as given."""
+    for transforms in ([CUDAGraphTransform()], [FusionGuard(), CUDAGraphTransform()]):
+        got = _bumps(thunder.jit(bump, transforms=transforms))
+        assert not torch.equal(got[1], _bumps(bump)[1]) and not got[1].any()  # the caller's z: still zeros
 
 
 @pytest.mark.parametrize("share", [True, False])
 def test_a_graph_that_writes_an_input_writes_the_callers_tensor(cpu_graphs, share):
-    guard, graphs = FusionGuard(share_capture_buffers=share), CUDAGraphTransform()
+    guard, graphs = FusionGuard(), GuardedCUDAGraphs(share_buffers=share)
     assert_same(_bumps(thunder.jit(bump, transforms=[guard, graphs])), _bumps(bump))
     if share:
         (capture,) = guard.report.filter(action="capture")
@@ -247,14 +303,14 @@ def test_a_graph_that_returns_a_view_of_an_input_copies_nothing_back(cpu_graphs,
     copies = []
     copy = torch.Tensor.copy_
     monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src, *a, **k: copies.append(1) or copy(self, src, *a, **k))
-    guard, graphs = FusionGuard(share_capture_buffers=share), CUDAGraphTransform()
+    guard, graphs = FusionGuard(), GuardedCUDAGraphs(share_buffers=share)
     compiled = thunder.jit(viewed, transforms=[guard, graphs])
     for seed in range(3):
         torch.manual_seed(seed)
         x, w = torch.randn(4, 8), torch.randn(8, 4)
         copies.clear()
         assert_same(list(compiled(x, w)), list(viewed(x, w)))
-        if seed:  # at a replay: the stand-in's two outputs, Thunder's runner's copies in (x, w); none back
+        if seed:  # at a replay: GuardedCUDAGraphs' two outputs, Thunder's runner's copies in (x, w); none back
             assert len(copies) == 2 + (0 if share else 2), copies
     if share:
         (capture,) = guard.report.filter(action="capture")
@@ -262,15 +318,17 @@ def test_a_graph_that_returns_a_view_of_an_input_copies_nothing_back(cpu_graphs,
 
 
 def test_unknown_value_of_the_option_is_refused():
-    with pytest.raises(ValueError, match="share_capture_buffers"):
-        FusionGuard(share_capture_buffers="yes")
+    with pytest.raises(ValueError, match="share_buffers"):
+        GuardedCUDAGraphs(share_buffers="yes")
+    with pytest.raises(TypeError, match="share_capture_buffers"):  # an option of the transform, not of the guard
+        FusionGuard(share_capture_buffers=True)
 
 
 @pytest.mark.cuda
 def test_cuda_graphs_sharing_buffers_give_thunders_bits_on_cuda():
     """Real captures (nvFuser regions, cuBLAS matmuls) under ThunderFX: one graph a trace, unguarded Thunder's
     values at every step."""
-    plain, graphs, guard = CUDAGraphTransform(), CUDAGraphTransform(), FusionGuard()
+    plain, graphs, guard = CUDAGraphTransform(), GuardedCUDAGraphs(), FusionGuard()
     want = _steps(thunderfx(gated, transforms=[plain]), device="cuda")
     assert_same(_steps(thunderfx(gated, transforms=[guard, graphs]), device="cuda"), want)
     assert len(_graphs(graphs)) == 2
@@ -278,9 +336,20 @@ def test_cuda_graphs_sharing_buffers_give_thunders_bits_on_cuda():
 
 
 @pytest.mark.cuda
+def test_thunders_transform_beside_the_guard_runs_as_given_on_cuda():
+    """Real captures: Thunder's own transform beside the guard captures as unguarded (its grouping, its values),
+    and the guard only recommends ``GuardedCUDAGraphs``."""
+    plain, graphs, guard = CUDAGraphTransform(), CUDAGraphTransform(), FusionGuard()
+    want = _steps(thunderfx(gated, transforms=[plain]), device="cuda")
+    assert_same(_steps(thunderfx(gated, transforms=[guard, graphs]), device="cuda"), want)
+    assert type(graphs) is CUDAGraphTransform and len(_graphs(graphs)) == len(_graphs(plain))
+    assert [d.code for d in guard.report.filter(action="capture")] == ["cuda_graphs_recommended"]
+
+
+@pytest.mark.cuda
 def test_a_cuda_graph_that_writes_an_input_writes_the_callers_tensor_on_cuda():
     """A real capture: the graph's own copy of ``z`` is written, then copied back into the caller's ``z``."""
-    guard, graphs = FusionGuard(), CUDAGraphTransform()
+    guard, graphs = FusionGuard(), GuardedCUDAGraphs()
     compiled = thunder.jit(bump, transforms=[guard, graphs])
     for seed in range(3):
         torch.manual_seed(seed)
@@ -333,7 +402,7 @@ def test_gradients_are_handed_to_autograd_on_the_graphs_buffers(cpu_graphs):
     ``.grad``: handed on a tensor of their own, the gradients are the graph's buffers themselves, Thunder's values."""
     torch.manual_seed(0)
     model = Mlp()
-    guard, graphs = FusionGuard(), CUDAGraphTransform()
+    guard, graphs = FusionGuard(), GuardedCUDAGraphs()
     compiled = thunder.jit(model, transforms=[guard, graphs])
     assert_same(_train(compiled, model), _unguarded())
     assert {p.grad.data_ptr() for p in model.parameters()} <= _static_outputs(graphs)
@@ -342,8 +411,8 @@ def test_gradients_are_handed_to_autograd_on_the_graphs_buffers(cpu_graphs):
     assert len(backward.details["handed_over"]) == 4 and not forward.details["handed_over"]
     assert backward.details["bytes_handed_over"] == sum(p.numel() * p.element_size() for p in model.parameters())
 
-    plain = FusionGuard(share_capture_buffers=False)
-    graphs = CUDAGraphTransform()
+    plain = FusionGuard()
+    graphs = GuardedCUDAGraphs(share_buffers=False)
     _train(thunder.jit(model, transforms=[plain, graphs]), model, steps=1)
     assert not {p.grad.data_ptr() for p in model.parameters()} & _static_outputs(graphs)  # copied, as in Thunder
 
@@ -359,7 +428,7 @@ def test_a_gradient_still_held_at_the_next_replay_is_not_overwritten(cpu_graphs,
     the graph is captured anew; the accumulation gives Thunder's values either way, and a decision says so."""
     torch.manual_seed(0)
     model = Mlp()
-    guard, graphs = FusionGuard(), CUDAGraphTransform()
+    guard, graphs = FusionGuard(), GuardedCUDAGraphs()
     compiled = thunder.jit(model, transforms=[guard, graphs])
     assert_same(_train(compiled, model, steps=steps, zero=False), _unguarded(steps=steps, zero=False))
     (held,) = _held(guard)
@@ -399,7 +468,7 @@ def _first_capture_out_of_memory(monkeypatch, device: str) -> None:
     monkeypatch.setattr(CUDAGraphRunner, "build_cuda_graph", first_build_out_of_memory)
     torch.manual_seed(0)
     model = Mlp().to(device)
-    guard, graphs = FusionGuard(), CUDAGraphTransform()
+    guard, graphs = FusionGuard(), GuardedCUDAGraphs()
     compiled = thunder.jit(model, transforms=[guard, graphs])
     got = _train(compiled, model, steps=3)
     monkeypatch.setattr(CUDAGraphRunner, "build_cuda_graph", build)
@@ -427,7 +496,7 @@ def test_strict_mode_raises_where_a_capture_runs_out_of_memory_and_never_falls_b
     monkeypatch.setattr(CUDAGraphRunner, "build_cuda_graph", out_of_memory)
     model = Mlp()
     guard = FusionGuard(strict=True)
-    compiled = thunder.jit(model, transforms=[guard, CUDAGraphTransform()])
+    compiled = thunder.jit(model, transforms=[guard, GuardedCUDAGraphs()])
     x = torch.randn(4, 16)
     for attempt in (1, 2):
         with pytest.raises(FusionGuardError, match="ran out of device memory") as raised:
@@ -445,7 +514,7 @@ def test_a_view_kept_of_a_gradient_keeps_its_values(cpu_graphs):
     model = Mlp()
     kept: list[torch.Tensor] = []
     guard = FusionGuard()
-    compiled = thunder.jit(model, transforms=[guard, CUDAGraphTransform()])
+    compiled = thunder.jit(model, transforms=[guard, GuardedCUDAGraphs()])
     got = _train(compiled, model, keep=kept)
     assert_same(got, _unguarded())
     assert_same([k.view_as(g) for k, g in zip(kept, got[::4], strict=True)], got[::4])
@@ -459,7 +528,7 @@ def test_gradients_handed_over_give_thunders_bits_on_cuda():
     for zero in (True, False):
         torch.manual_seed(0)
         model = Mlp().cuda()
-        guard, graphs = FusionGuard(), CUDAGraphTransform()
+        guard, graphs = FusionGuard(), GuardedCUDAGraphs()
         compiled = thunder.jit(model, transforms=[guard, graphs])
         assert_same(_train(compiled, model, zero=zero), _unguarded(zero=zero, device="cuda"))
         handed = {p.grad.data_ptr() for p in model.parameters()} <= _static_outputs(graphs)
@@ -467,10 +536,10 @@ def test_gradients_handed_over_give_thunders_bits_on_cuda():
 
 
 def test_each_graph_is_warmed_up_apart_from_its_capture_stream(cpu_graphs, monkeypatch):
-    """Each graph's calls before its capture run on the guard's own warm-up stream, its capture on the runner's
-    stream (so its matmuls take a cuBLAS workspace from the graph's own pool), and nothing else changes: Thunder's
-    values, the capture decisions name the graphs, and a graph run uncaptured while its gradients are held runs
-    on the caller's stream."""
+    """Each graph's calls before its capture run on a warm-up stream of GuardedCUDAGraphs' own, its capture on the
+    runner's stream (so its matmuls take a cuBLAS workspace from the graph's own pool), and nothing else changes:
+    Thunder's values, the capture decisions name the graphs, and a graph run uncaptured while its gradients are
+    held runs on the caller's stream."""
     apart: list[str] = []
 
     def warm_up(fn, args):
@@ -483,16 +552,16 @@ def test_each_graph_is_warmed_up_apart_from_its_capture_stream(cpu_graphs, monke
     torch.manual_seed(0)
     model = Mlp()
     guard = FusionGuard()
-    compiled = thunder.jit(model, transforms=[guard, CUDAGraphTransform()])
+    compiled = thunder.jit(model, transforms=[guard, GuardedCUDAGraphs()])
     assert_same(_train(compiled, model, steps=3), _unguarded(steps=3))
     captures = guard.report.filter(action="capture")
-    # the stand-in replays by calling the graph's function, outside any capture: apart, as a warm-up is
+    # GuardedCUDAGraphs replays by calling the graph's function, outside any capture: apart, as a warm-up is
     assert set(apart) == {name for d in captures for name in d.details["captures"]}
     for decision in captures:
         assert decision.details["own_workspace"] == decision.details["captures"]
     monkeypatch.setattr(th.graph_calls, "capturing_cuda_graph", lambda: True)
     apart.clear()
-    assert_same(_train(thunder.jit(model, transforms=[FusionGuard(), CUDAGraphTransform()]), model), _unguarded())
+    assert_same(_train(thunder.jit(model, transforms=[FusionGuard(), GuardedCUDAGraphs()]), model), _unguarded())
     assert not apart  # captured calls stay on the capture stream
 
 
@@ -529,7 +598,7 @@ def _runs_to_the_end(folder, script: str) -> None:
 IN_TURN = """
 import torch, thunder
 from thunder.transforms.cudagraph import CUDAGraphTransform
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import FusionGuard, GuardedCUDAGraphs
 torch.manual_seed(0)
 model = torch.nn.Sequential(
     torch.nn.Linear(1024, 256), torch.nn.SiLU(), torch.nn.Linear(256, 1024), torch.nn.SiLU(), torch.nn.Linear(1024, 1)
@@ -548,7 +617,7 @@ for i in range(8):
 torch.cuda.synchronize()
 print("ran to the end")
 """  # two compiled forms of one module stepped in turn, each against a reference, in a process of its own
-GUARDED = "thunder.jit(model, transforms=[FusionGuard(), CUDAGraphTransform()])"
+GUARDED = "thunder.jit(model, transforms=[FusionGuard(), GuardedCUDAGraphs()])"
 
 
 @pytest.mark.cuda
@@ -569,7 +638,7 @@ def test_an_input_in_another_layout_gets_a_capture_of_its_own(cpu_graphs):
     def scaled(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return torch.tanh(x * 2) @ w
 
-    graphs = CUDAGraphTransform()
+    graphs = GuardedCUDAGraphs()
     compiled = thunder.jit(scaled, transforms=[FusionGuard(), graphs])
     torch.manual_seed(0)
     w = torch.randn(8, 8)

@@ -407,8 +407,8 @@ def test_in_cuda_graphs_a_region_dearer_on_the_device_than_eager_is_rejected(inj
 
 
 def test_a_compilation_with_a_cudagraph_transform_is_captured(monkeypatch):
-    """What tells the guard a program replays in CUDA graphs: a ``CUDAGraphTransform`` (or a subclass, as the guard's
-    own stand-in is) among the compilation's transforms."""
+    """What tells the guard a program replays in CUDA graphs: a ``CUDAGraphTransform`` (or a subclass, as
+    ``GuardedCUDAGraphs`` is) among the compilation's transforms."""
     from thunder.transforms.cudagraph import CUDAGraphTransform
 
     from thunder_fusion_guard._thunder import cudagraphs

@@ -186,6 +186,5 @@ def test_unknown_option_lists_the_options():
         "its options are executors, metadata_ops, report_only, strict, cost_model, margin, "
         "exact_only, calibration, calibration_budget_s, measure_budget_s, choose_executor, "
         "fold_setitem, concat_padded_sums, remove_identities, rehome, merge_regions, override_compile_options, "
-        "compare_ranks, hoist, hoist_max_bytes, direct_calls, share_fusions, direct_entry, rescue, "
-        "share_capture_buffers"
+        "compare_ranks, hoist, hoist_max_bytes, direct_calls, share_fusions, direct_entry, rescue"
     )

@@ -414,15 +414,18 @@ def test_thunderfx_subgraphs_are_hoisted_and_keep_unguarded_thunderfx_bits(execu
     assert ("subgraph 2" in subgraphs) == (dtype == torch.float32 or executor == "torch")
 
 
-def test_cuda_graph_regions_take_the_hoisted_call_inside():
-    """CUDAGraphTransform needs CUDA to replay; on CPU check the shape of its trace and run the
-    region's own Python function (what it captures)."""
+@pytest.mark.parametrize("graphs", ["CUDAGraphTransform", "GuardedCUDAGraphs"])
+def test_cuda_graph_regions_take_the_hoisted_call_inside(graphs):
+    """CUDAGraphTransform (Thunder's, or the package's) needs CUDA to replay; on CPU check the shape of its trace
+    and run the region's own Python function (what it captures)."""
     from thunder.transforms.cudagraph import CUDAGraphTransform
+
+    from thunder_fusion_guard import GuardedCUDAGraphs
 
     x = torch.randn(2, 6, 6)
     jitted = jit(mask_softmax, FusionGuard(), "torch")
     expected = jitted(x)
-    transform = CUDAGraphTransform()
+    transform = CUDAGraphTransform() if graphs == "CUDAGraphTransform" else GuardedCUDAGraphs()
     trace = transform.transform_trace_post_optimization(thunder.last_traces(jitted)[-1])
     (region,) = [b for b in trace.bound_symbols if b.sym.name.startswith("CUDAGraph")]
     assert HOISTED_NAME in [s.sym.name for s in region.subsymbols]
@@ -451,9 +454,11 @@ def test_mask_loop_is_hoisted_on_nvfuser():
 def test_guard_and_cuda_graphs_on_the_gpu():
     from thunder.transforms.cudagraph import CUDAGraphTransform
 
+    from thunder_fusion_guard import GuardedCUDAGraphs
+
     x = torch.randn(2, 64, 64, device="cuda", requires_grad=True)
     guard = FusionGuard()
-    guarded = thunder.jit(mask_softmax, transforms=[guard, CUDAGraphTransform()])
+    guarded = thunder.jit(mask_softmax, transforms=[guard, GuardedCUDAGraphs()])
     plain = thunder.jit(mask_softmax, transforms=[CUDAGraphTransform()])
     for _ in range(3):
         out_g, grad_g = run_with_grads(guarded, [x])

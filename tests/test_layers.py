@@ -15,7 +15,8 @@ LAYERS = [
     ["library_forwards"],  # library modules' forwards in plain torch (e3nn's Extract out of place); no Thunder
     ["_thunder"],  # the only place touching Thunder's internals (and the nvFuser compat fix)
     ["ops"],  # every rule about ops
-    ["regions", "shipped_constants", "cost", "options", "decisions", "reasons", "distributed"],
+    # cuda_graphs: GuardedCUDAGraphs, the package's CUDAGraphTransform (the ops' rule for writes)
+    ["regions", "shipped_constants", "cost", "options", "decisions", "cuda_graphs", "reasons", "distributed"],
     ["render"],  # a leaf: text tables and pictures; reads decisions, profiles, graphs and why rows by attribute
     ["report"],
     ["policy"],  # a region's fate

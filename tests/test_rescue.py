@@ -392,6 +392,33 @@ def test_a_backward_that_saves_nothing_keeps_its_cuda_graphs(cpu_graphs):
     assert adapted.outputs_from_forward is None and graphs.outputs_from_forward is None
 
 
+def test_the_packages_capture_is_adapted_too_and_keeps_recording(cpu_graphs):
+    """``GuardedCUDAGraphs`` checks a backward trace as Thunder's does: a subgraph whose backward gets no saved
+    tensors is compiled again with its capture adapted (its runner, shared buffers), and the guard records the
+    captures of the compilation again."""
+    from thunder_fusion_guard import GuardedCUDAGraphs
+    from thunder_fusion_guard._thunder import capture_for_any_trace
+
+    x = torch.randn(4, 8, requires_grad=True)
+    guard, graphs = FusionGuard(), GuardedCUDAGraphs()
+    compiled = thunderfx(scaled, executors=fusion_executors("cpu"), transforms=[guard, graphs])
+    plain = thunderfx(scaled, executors=fusion_executors("cpu"))
+    for _ in range(2):
+        out = compiled(x)
+        (grad,) = torch.autograd.grad(out, x)
+        want = plain(x)
+        assert_same([out, grad], [want, *torch.autograd.grad(want, x)])
+    (rescue,) = guard.report.filter(action="rescue")
+    assert rescue.details["rescued_by"] == "Thunder with GuardedCUDAGraphs adapted to a trace its checks refuse"
+    adapted = capture_for_any_trace(graphs)
+    assert adapted.cuda_graph_runner is graphs.cuda_graph_runner and adapted.share_buffers
+    captures = guard.report.filter(action="capture")
+    assert {d.trace for d in captures} == {"forward", "backward"}
+    made = [d for d in captures if "held" not in d.details]  # (the gradient kept across calls: a held decision)
+    assert made and {d.details["captured_by"] for d in made} == {"GuardedCUDAGraphs"}
+    assert not guard.report.filter(code="cuda_graphs_recommended")
+
+
 def test_the_adapted_capture_takes_saved_tensors_by_name_and_a_stale_forward(cpu_graphs):
     """The adapted ``CUDAGraphTransform`` on a subgraph whose backward does get saved tensors (sin saves x, w)
     compiles as Thunder's own, and a forward left behind without its backward (Thunder's own asserts "called on

@@ -20,6 +20,7 @@ _EXPORTS = {
     "FusionGuard": ".transform",
     "CommunicationChanged": ".passes",
     "FusionGuardError": ".passes",
+    "GuardedCUDAGraphs": ".cuda_graphs",
     "RegionKernels": ".examine.segments",
     "RegionProfile": ".examine.profile",
     "RankMismatch": ".transform",
@@ -49,6 +50,7 @@ __all__ = [
     "FirstCall",
     "FusionGuard",
     "FusionGuardError",
+    "GuardedCUDAGraphs",
     "RankMismatch",
     "RegionKernels",
     "RegionProfile",
@@ -89,6 +91,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from ._thunder import fusion_executors, nvfuser_problem
     from .backend_choice import choose_backends
+    from .cuda_graphs import GuardedCUDAGraphs
     from .decisions import Decision
     from .examine.dataflow import trace_graphs
     from .examine.explain import explain

@@ -86,7 +86,7 @@ class Details(TypedDict, total=False):
     # the outputs a ThunderFX subgraph left without the autograd history recorded, or inputs it would update outside it
     without_grad: list[str]
     remade_views: list[int]  # inputs made again as views of their bases before an eager run (fx_rescue)
-    # CUDA graphs of a trace (action capture): Thunder's CUDAGraphTransform made to share buffers
+    # CUDA graphs of a trace (action capture): GuardedCUDAGraphs, Thunder's CUDAGraphTransform sharing buffers
     captures: list[str]  # the graphs made
     thunder_captures: int  # the graphs Thunder's own grouping made of the same trace
     thunder_empty_captures: int  # of those, graphs of nothing but deletions
@@ -94,7 +94,8 @@ class Details(TypedDict, total=False):
     bytes_not_copied: int  # their bytes, per replay
     still_copied: list[str]  # earlier graphs' outputs a graph writes, copied as Thunder copies them
     copied_back: list[str]  # inputs a graph may write, copied back into the caller's tensors after each replay
-    replaced_transform: str  # the CUDAGraphTransform given, in whose place the guard's own captured (a name)
+    captured_by: str  # the class of the transform that captured (GuardedCUDAGraphs), or was given (CUDAGraphTransform)
+    recommended: str  # the transform a decision not applied recommends in place of the one given (a class name)
     # a ThunderFX subgraph's compiled function (action enter): entered directly, or why Thunder's call stays
     entered: bool  # True: its one cache entry is called directly (``direct_entry``)
     not_entered: str  # why not

@@ -6,10 +6,10 @@ ThunderFX compiles each split subgraph with ``thunder.jit`` at its first call; a
 interpreter, a transform, a fusion executor) ends the user's step. :class:`SubgraphRescue` stands between the
 subgraph's ThunderModule and Thunder's compiled function. Where a call fails it runs, from then on:
 
-1. where the failure came from ``CUDAGraphTransform``: where one of its own checks refused the trace (a
-   backward that gets no saved tensors), the same subgraph compiled by Thunder with the same capture adapted
-   to it (:func:`~._thunder.capture_for_any_trace`); else, or where that fails too, compiled without it (it
-   only captures and replays, so no value changes: that part stays uncaptured);
+1. where the failure came from a ``CUDAGraphTransform`` (Thunder's, or ``GuardedCUDAGraphs``): where one of its
+   own checks refused the trace (a backward that gets no saved tensors), the same subgraph compiled by Thunder
+   with the same capture adapted to it (:func:`~._thunder.capture_for_any_trace`); else, or where that fails too,
+   compiled without it (it only captures and replays, so no value changes: that part stays uncaptured);
 2. otherwise the subgraph's fx module compiled by Inductor, as ThunderFX compiles the ops it splits off;
 3. that module run eagerly, where Inductor fails too.
 
@@ -36,6 +36,7 @@ import torch
 
 from . import _thunder as th
 from .decisions import Decision, Details
+from .ops import writes_inputs
 from .reasons import Facts, ReasonCode, words
 from .wording import error_line, error_text
 
@@ -131,14 +132,13 @@ class SubgraphRescue:
 
     def _rescue(self, error: Exception, args: tuple, kwargs: dict) -> Any:
         problems: list[str] = []
-        th.put_back_cuda_graphs()  # a compilation that failed before reading the guard's stand-ins
         transforms = th.jitted_transforms(self.jitted)
         for transform in transforms:
             th.forget_forward(transform)  # a failed compilation may have left its forward's state behind
         culprit = _failing_transform(error, transforms)
         if culprit is not None and th.is_cudagraph_transform(culprit):
-            name = th.transform_name(culprit)
-            adapted = th.capture_for_any_trace(culprit) if th.refused_by_its_checks(error) else None
+            name = type(culprit).__name__
+            adapted = th.capture_for_any_trace(culprit, writes_inputs) if th.refused_by_its_checks(error) else None
             if adapted is not None:
                 try:
                     again = _unrescued(th.jit_again_without(self.jitted, culprit, instead=adapted))
@@ -411,7 +411,7 @@ def _failing_transform(error: BaseException, transforms: list[Any]) -> Any | Non
                 files.setdefault(inspect.getfile(cls), t)
     found = None
     for frame, _ in traceback.walk_tb(error.__traceback__):
-        owner = th.user_transform(frame.f_locals.get("self"))
+        owner = frame.f_locals.get("self")
         by_method = next((t for t in transforms if owner is t), None)
         found = by_method or files.get(frame.f_code.co_filename) or found
     return found

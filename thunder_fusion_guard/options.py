@@ -220,12 +220,6 @@ class GuardOptions:
         _bool,
         "run a region or ThunderFX subgraph that fails to compile or run another way (torch ops, Inductor), recorded",
     )
-    share_capture_buffers: bool = _option(
-        True,
-        _bool,
-        "with `CUDAGraphTransform`: a graph per run of consecutive ops, reading earlier graphs' outputs in place "
-        "and handing its gradients to autograd without a copy",
-    )
 
     def __post_init__(self) -> None:
         for f in fields(self):

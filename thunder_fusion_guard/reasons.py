@@ -54,6 +54,8 @@ ReasonCode = Literal[
     "entry_kept",
     # a region running a definition another region compiled (action share)
     "shared_fusion",
+    # Thunder's own CUDAGraphTransform given beside the guard: this package's capture recommended (action capture)
+    "cuda_graphs_recommended",
 ]
 
 # Said as a RuntimeWarning when recorded (once a guard for each reason and error), besides explain(): a program left
@@ -105,6 +107,7 @@ class Facts(TypedDict, total=False):
     skipped: str
     why: str
     replaced_by: str
+    recommended: str  # a transform the decision recommends in place of the one given
     after: str  # the op a pruned alias update follows
     name: str
     call: str
@@ -501,6 +504,23 @@ def _entry_kept(f: Facts) -> tuple[str, str | None]:
     return reason, f"{reason}. The direct entry mirrors one cache entry of a Thunder 0.2.6 function only"
 
 
+def _cuda_graphs_recommended(f: Facts) -> tuple[str, str | None]:
+    reason = f"{f['name']} captures as Thunder's; {f['recommended']} would capture with fewer graphs and copies"
+    return reason, (
+        f"{reason}. The {f['name']} given runs as given. Thunder 0.2.6's groups the ops it captures by the compile "
+        "option fusion_type (ThunderFX sets 'dataflow': several graphs a trace, some of nothing but deletions), "
+        "copies each input of a graph into the graph's own buffer at every replay unless it is a parameter or a "
+        "forward graph's output saved for the backward, hands gradients to autograd as the buffers it keeps (autograd "
+        "copies each), replays a graph on its own copies of its inputs (an input it writes in place is left "
+        "unwritten in the caller's tensor), and warms a graph up on its capture stream (its cuBLAS workspace outside "
+        f"the graph's memory pool, which torch.compile's CUDA graphs free). thunder_fusion_guard.{f['recommended']}, "
+        f"passed in its place (transforms=[FusionGuard(), {f['recommended']}()]), captures the same ops with the "
+        "same kernels and values: one graph per run of consecutive ops, earlier graphs' outputs read in place, "
+        "gradients handed over without a copy, written inputs copied back, its own warm-up stream; the guard "
+        "records each capture"
+    )
+
+
 def unguarded_rebuild(region: str, executor: str) -> str:
     """Why hoisting may not rebuild a region of an executor the guard leaves alone."""
     return f"{region} runs on {executor}, which the executors option leaves unguarded"
@@ -558,4 +578,5 @@ _WORDS: dict[ReasonCode, Callable[[Facts], tuple[str, str | None]]] = {
     "entered": _entered,
     "entry_kept": _entry_kept,
     "shared_fusion": _shared_fusion,
+    "cuda_graphs_recommended": _cuda_graphs_recommended,
 }

@@ -21,11 +21,10 @@ from .fx_rescue import Rescued, SubgraphRescue, entry_decision, rescue_decision
 from .measure import calibrate
 from .measure.breakeven import RegionMeasurer
 from .measure.cache import device_name
-from .ops import writes_inputs
 from .options import DEFAULT_HOIST_MAX_BYTES, GuardOptions, checked_options
 from .passes import FusionGuardError, TraceContext, guard_trace
 from .passes.alias_updates import alias_update_decisions, prune_alias_updates
-from .passes.capture import capture_decision, held_decision, uncaptured_decision
+from .passes.capture import capture_decision, held_decision, recommend_decision, uncaptured_decision
 from .passes.hoist import HoistLedger
 from .passes.rescue import announce, describe_inputs
 from .phases import GUARD_MEASUREMENTS, GUARD_PASSES, timing
@@ -80,7 +79,6 @@ class FusionGuard(thunder.Transform):
         share_fusions: bool = True,
         direct_entry: bool = True,
         rescue: bool = True,
-        share_capture_buffers: bool = True,
     ) -> None:
         options = dict(locals())  # the keywords above, each a field of GuardOptions, which checks them
         del options["self"]
@@ -97,26 +95,31 @@ class FusionGuard(thunder.Transform):
         self._thread = threading.local()
         self._subgraph_ids: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._captures: weakref.WeakKeyDictionary[th.CaptureSummary, Decision] = weakref.WeakKeyDictionary()
+        self._recommended: weakref.WeakSet[Any] = weakref.WeakSet()  # Thunder's CUDAGraphTransforms a decision named
 
     def transform_traces_pre_prologue(
         self, prologue_trc: th.TraceCtx, computation_trc: th.TraceCtx, epilogue_trc: th.TraceCtx | None, **kwargs: Any
     ) -> tuple[th.TraceCtx, th.TraceCtx, th.TraceCtx | None]:
         """Before Thunder differentiates and optimizes: alias updates nothing reads pruned from the computation trace
         (:mod:`.passes.alias_updates`: Thunder's backward would read gradients it never defines), recorded with
-        the forward's decisions; and, in this compilation only, the guard's own ``CUDAGraphTransform`` (made from
-        the user's, which stays as it is) runs in place of each one given beside the guard."""
+        the forward's decisions; and, once for each of Thunder's own ``CUDAGraphTransform`` given beside the guard,
+        a decision recommending :class:`~.cuda_graphs.GuardedCUDAGraphs` (the transforms are left as given)."""
         options = self.options
         th.compilation_begins()  # the backward's lines, until this compilation's forward trace is optimized
         pruned_trace, pruned = prune_alias_updates(computation_trc) if options.rescue else (computation_trc, [])
         with self._lock:
-            if pruned:  # recorded with the forward trace this computation trace becomes
+            given = th.compiling_transforms()
+            graphs = [t for t in given if th.is_thunders_cudagraph_transform(t) and t not in self._recommended]
+            if pruned or graphs:  # recorded with the forward trace this computation trace becomes
                 function = th.compile_function_name()
                 where = replace(self._where("forward"), compile_index=self._compiles.get(function, 0) + 1)
                 for decision in alias_update_decisions(where, pruned, applied=not options.report_only):
                     self.report.add(decision)
+                for transform in graphs:
+                    self._recommended.add(transform)
+                    self.report.add(recommend_decision(where, type(transform).__name__))
             if not options.report_only:
                 computation_trc = pruned_trace
-                th.stand_in_for_cuda_graphs(writes_inputs, share=options.share_capture_buffers)
         return prologue_trc, computation_trc, epilogue_trc
 
     def transform_trace_post_optimization(self, computation_trace: th.TraceCtx, **kwargs: Any) -> th.TraceCtx:
@@ -180,8 +183,8 @@ class FusionGuard(thunder.Transform):
         return self._thread.compiles
 
     def cuda_graphs_captured(self, summary: th.CaptureSummary) -> None:
-        """Record what the guard's own ``CUDAGraphTransform`` (run in place of the user's) captured in a trace of
-        a program this guard compiles too (it calls this right after capturing)."""
+        """Record what a :class:`~.cuda_graphs.GuardedCUDAGraphs` captured in a trace of a program this guard
+        compiles too (it calls this right after capturing)."""
         with self._lock:
             where = self._where("backward" if summary.backward else "forward")
             decision = capture_decision(where, summary)

@@ -15,7 +15,8 @@ functions here, one module a job, so that a new release means reading and fixing
 - :mod:`.thunderfx`: what ThunderFX made (split subgraphs, the ops kept out of Thunder and why);
 - :mod:`.dynamo_breaks`: Dynamo's graph breaks under ThunderFX, with Dynamo's reason and the user's line;
 - :mod:`.translations`: library ops Thunder only registered automatically, translated into its own ops;
-- :mod:`.cudagraphs`: Thunder's ``CUDAGraphTransform`` (its capture for the traces its own checks refuse);
+- :mod:`.cudagraphs`: Thunder's ``CUDAGraphTransform``: the capture sharing buffers (``GuardedCUDAGraphs``' base),
+  a capture for the traces its own checks refuse;
 - :mod:`.graph_calls`: calling a captured graph (inputs copied in one batch, writes copied back, warm-up apart);
 - :mod:`.calls`: calling nvFuser's regions directly (Thunder's per-call work once per input layout);
 - :mod:`.shared_fusions`: equal nvFuser definitions of different regions compiled once;

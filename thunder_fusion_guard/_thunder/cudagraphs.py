@@ -1,5 +1,6 @@
 """Thunder's ``CUDAGraphTransform``: telling it apart, clearing what a failed compilation left in it, the same
-capture for the traces its own checks refuse, and the same capture without the copies it need not make.
+capture for the traces its own checks refuse, and the capture of this package (:class:`SharedBuffersCapture`, the
+public ``GuardedCUDAGraphs``) without the copies Thunder's makes.
 
 Thunder 0.2.6's transform hands what a forward trace saves from its forward compilation to its backward one
 through its own state and checks the backward trace by fixed positions: a backward trace that gets no saved
@@ -12,23 +13,22 @@ parameter or an output of a forward graph saved for the backward. Two things mak
 to capture with the compile option ``fusion_type``, which ThunderFX sets to ``"dataflow"``, so one trace becomes
 several graphs, an output of one read by the next is copied at every replay, and a group holding nothing but
 deletions becomes a graph of no work whose inputs are copied all the same; on the e3nn-built NequIP that was 4.7
-GB a step. :func:`guard_capture` makes the guard's own transform from the user's (its runner: its graphs and
-memory pool), which groups consecutive ops, as Thunder does under ``thunder.jit``, captures no group without work,
-and lets a graph read an earlier graph's output where it lies; :func:`stand_in_for_cuda_graphs` runs it in place
-of the user's for one compilation, leaving the user's object as it was.
+GB a step. :class:`SharedBuffersCapture` groups consecutive ops, as Thunder does under ``thunder.jit``, captures no
+group without work, and lets a graph read an earlier graph's output where it lies. The user chooses it by passing
+it (``GuardedCUDAGraphs``); a ``CUDAGraphTransform`` passed is Thunder's and runs as Thunder's.
 
 And it hands a backward graph's gradients to autograd as the tensors it keeps for the next replay, so autograd,
 which takes over a gradient nobody else holds, copies each one into a ``.grad`` of its own (0.97 ms of the 4.41 ms
-of GPU work of a litgpt step on an H100). The guard's transform hands each on its own tensor over the
+of GPU work of a litgpt step on an H100). This package's transform hands each on its own tensor over the
 graph's buffer, and stops where one is still held when the graph would replay (an accumulated ``.grad``).
 
 Thunder's runner warms a graph up on its capture stream before capturing it, so the cuBLAS workspace the
 captured matmuls use was allocated outside the graph's memory pool, and the graph keeps its address. Whoever
 clears cuBLAS's workspaces then (torch.compile's CUDA graphs do, before and after each capture) frees memory the
 graph still writes at every replay: the next tensor allocated there is overwritten (an illegal memory access, or
-wrong values, with Inductor's CUDA graphs in the same process). Each graph made here is warmed up on a stream of
-the guard's own, so the capture's first matmul allocates the workspace in the graph's own pool, where no other
-tensor is ever placed (:func:`own_blas_workspace`).
+wrong values, with Inductor's CUDA graphs in the same process). Each graph this package's transform makes is warmed
+up on a stream of its own, so the capture's first matmul allocates the workspace in the graph's own pool, where no
+other tensor is ever placed (:func:`own_blas_workspace`).
 """
 
 from __future__ import annotations
@@ -64,16 +64,13 @@ from .lowering import with_call
 
 __all__ = [
     "CaptureSummary",
+    "SharedBuffersCapture",
     "capture_for_any_trace",
     "compiling_with_cuda_graphs",
     "forget_forward",
-    "guard_capture",
     "is_cudagraph_transform",
-    "put_back_cuda_graphs",
+    "is_thunders_cudagraph_transform",
     "refused_by_its_checks",
-    "stand_in_for_cuda_graphs",
-    "transform_name",
-    "user_transform",
 ]
 
 
@@ -82,17 +79,21 @@ def is_cudagraph_transform(transform: Any) -> bool:
     return isinstance(transform, CUDAGraphTransform)
 
 
+def is_thunders_cudagraph_transform(transform: Any) -> bool:
+    """True for exactly Thunder's ``CUDAGraphTransform`` class (not a subclass, which may capture otherwise)."""
+    return type(transform) is CUDAGraphTransform
+
+
 def compiling_with_cuda_graphs() -> bool:
     """Whether the compilation Thunder runs right now has a ``CUDAGraphTransform``: its program replays in graphs."""
     return any(is_cudagraph_transform(t) for t in compiling_transforms())
 
 
 def forget_forward(transform: Any) -> None:
-    """Clear what a ``CUDAGraphTransform`` (and the guard's transform standing in for it) kept of a forward trace
-    for its backward, after a compilation that failed between the two (its next forward would otherwise assert)."""
-    for t in (transform, _stand_in_of(transform)):
-        if is_cudagraph_transform(t) and t.outputs_from_forward is not None:
-            t.outputs_from_forward = None
+    """Clear what a ``CUDAGraphTransform`` kept of a forward trace for its backward, after a compilation that
+    failed between the two (its next forward would otherwise assert)."""
+    if is_cudagraph_transform(transform) and transform.outputs_from_forward is not None:
+        transform.outputs_from_forward = None
 
 
 def refused_by_its_checks(error: BaseException) -> bool:
@@ -111,8 +112,8 @@ def refused_by_its_checks(error: BaseException) -> bool:
 
 @dataclass(eq=False)
 class CaptureSummary:
-    """What the guard's transform (:func:`guard_capture`) captured in one trace, against what Thunder's own
-    grouping would have captured there (one per trace: compared, and hashed, by identity)."""
+    """What :class:`SharedBuffersCapture` captured in one trace, against what Thunder's own grouping would have
+    captured there (one per trace: compared, and hashed, by identity)."""
 
     backward: bool
     captures: list[str]  # the graphs made, by name (``CUDAGraph3``)
@@ -132,7 +133,7 @@ class CaptureSummary:
     )  # graphs warmed up apart: their cuBLAS workspace in their pool
     copied_in: list[tuple[str, str, int]] = field(default_factory=list)  # (input, graph, bytes): copied into the
     # graph's own buffer at each replay, all of a graph's in one batched copy
-    replaced: str | None = None  # the class of the user's transform the guard's own ran in place of
+    captured_by: str = ""  # the class of the transform that captured (of the one adapted: capture_for_any_trace)
 
 
 def _bytes(proxy: Any) -> int:
@@ -147,35 +148,34 @@ def _only_deletions(bsyms: list[BoundSymbol]) -> bool:
     return all(b.sym.id is prims.PrimIDs.DEL for b in bsyms)
 
 
-class _SharedBuffers(CUDAGraphTransform):
+class SharedBuffersCapture(CUDAGraphTransform):
     """``CUDAGraphTransform`` that captures each run of consecutive capturable ops as one graph whatever
     ``fusion_type`` says, captures no run of deletions alone, and lets a graph read an output of an earlier graph
     of the same trace in that graph's own buffer (the same tensor at every replay) instead of copying it in.
-    An input a graph writes (an in-place op or ``copy_`` reading it, by ``_writes``) is copied as before."""
+    An input a graph writes (an in-place op or ``copy_`` reading it, by ``_writes``) is copied as before, and
+    copied back after each replay. Each capture is told to the compilation's transforms that take it
+    (``cuda_graphs_captured``: a FusionGuard records it)."""
 
-    # Whether an op may write a tensor it reads (the guard passes its own rule): by default, one that holds an
-    # in-place op or a copy_.
+    # Whether an op may write a tensor it reads (the public subclass passes the guard's rule): by default, one that
+    # holds an in-place op or a copy_.
     _writes: Callable[[BoundSymbol], bool] = staticmethod(holds_a_write)
-    _share = True  # False: Thunder's own grouping and copies (an adapted capture of a transform left as it was)
-    _stands_for = "CUDAGraphTransform"  # the class of the user's transform this one runs in place of
-
-    def transform_trace_post_optimization(self, trace: TraceCtx, **kwargs: Any) -> TraceCtx:
-        put_back_cuda_graphs(self)  # Thunder holds this one for the rest of the compilation: the user's list as it was
-        return super().transform_trace_post_optimization(trace, **kwargs)
+    share_buffers = True  # False: Thunder's own grouping and copies (writes still copied back)
+    _captured_by: str | None = None  # the class named in its CaptureSummary (None: its own)
 
     def _can_fuse_nodes(self, a: Node, b: Node) -> bool:
         """Thunder's grouping predicate for capture: a node of several ops, or one op this transform captures."""
         return all(len(n.group_bsyms) > 1 or self.can_fuse(n.group_bsyms[0]) for n in (a, b))
 
     def generate_fused_trace(self, trace: TraceCtx, **kwargs: Any) -> TraceCtx:
-        if not self._share:
+        if not self.share_buffers:
             return super().generate_fused_trace(trace, **kwargs)
         began = time.perf_counter_ns()
         gradients = _gradients(trace)
         with _building_from(trace) as fused_trace:
             groups = consecutive_fusion(trace, self._can_fuse_nodes)
             producers, consumers = utils.producers_and_consumers(trace)
-            summary = CaptureSummary(trace.siginfo().name == "backward_fn", [], 0, 0, 0, 0, replaced=self._stands_for)
+            summary = CaptureSummary(trace.siginfo().name == "backward_fn", [], 0, 0, 0, 0)
+            summary.captured_by = self._captured_by or type(self).__name__
             captured: dict[str, str] = {}  # output name -> the graph that writes it
             fused = []
             for bsyms in groups:
@@ -339,85 +339,10 @@ def _hooks(method: str) -> list[Callable]:
     return [hook for t in transforms if callable(hook := getattr(t, method, None))]
 
 
-def transform_name(transform: Any) -> str:
-    """The name a user knows ``transform`` by: ``CUDAGraphTransform`` for one made to share buffers."""
-    return "CUDAGraphTransform" if isinstance(transform, _SharedBuffers) else type(transform).__name__
-
-
-_STAND_INS: weakref.WeakKeyDictionary[Any, _SharedBuffers] = weakref.WeakKeyDictionary()
-# (transforms list, position, the user's transform, the guard's in its place) of each stand-in not put back yet
-_STANDING: list[tuple[list[Any], int, Any, Any]] = []
-
-
-def guard_capture(transform: Any, writes: Callable[[BoundSymbol], bool], share: bool = True) -> _SharedBuffers | None:
-    """The guard's own transform for ``transform``, Thunder's ``CUDAGraphTransform`` itself: a
-    :class:`_SharedBuffers` built from it (its runner, so its graphs, memory pool and settings), one per
-    ``transform``, that captures as :class:`_SharedBuffers` does (the same ops, kernels and values; fewer graphs
-    and copies; with ``share=False`` Thunder's own grouping and copies), each graph copying back the inputs it
-    may write. ``writes(bsym)``: whether an op may write a tensor it reads. ``transform`` itself is not changed.
-    None for anything else (a subclass may capture otherwise)."""
-    if type(transform) is not CUDAGraphTransform:
-        return None
-    mine = _STAND_INS.get(transform)
-    if mine is None:
-        mine = _STAND_INS[transform] = _SharedBuffers()
-        mine.cuda_graph_runner = transform.cuda_graph_runner
-        mine._stands_for = type(transform).__name__
-    mine._writes, mine._share = writes, share
-    return mine
-
-
-def stand_in_for_cuda_graphs(writes: Callable[[BoundSymbol], bool], share: bool = True) -> list[str]:
-    """In the compilation Thunder runs now, the guard's own transform (:func:`guard_capture`) runs in place of
-    each of Thunder's ``CUDAGraphTransform`` in its transforms: the list Thunder reads them from holds the guard's
-    until Thunder reads it there, then the user's again (:func:`put_back_cuda_graphs`). Returns the names of those
-    replaced. The user's transform objects are never changed."""
-    put_back_cuda_graphs()
-    try:
-        transforms = getattr(get_compile_data(), "transforms", None)
-    except LookupError:
-        return []
-    if not isinstance(transforms, list):
-        return []
-    replaced = []
-    for position, transform in enumerate(transforms):
-        mine = guard_capture(transform, writes, share)
-        if mine is not None:
-            _STANDING.append((transforms, position, transform, mine))
-            transforms[position] = mine
-            replaced.append(type(transform).__name__)
-    return replaced
-
-
-def put_back_cuda_graphs(mine: Any = None) -> None:
-    """Put the user's transform back where the guard's stood in for it (only those of ``mine``, where given): a
-    compilation reads each transform from its list once, so the guard's keeps running for the rest of it."""
-    for entry in [e for e in _STANDING if mine is None or e[3] is mine]:
-        transforms, position, theirs, stand_in = entry
-        if position < len(transforms) and transforms[position] is stand_in:
-            transforms[position] = theirs
-        _STANDING.remove(entry)
-
-
-def _stand_in_of(transform: Any) -> _SharedBuffers | None:
-    try:
-        return _STAND_INS.get(transform)
-    except TypeError:  # an object no weak reference can be made to: never stood in for
-        return None
-
-
-def user_transform(transform: Any) -> Any:
-    """The user's transform the guard's ``transform`` stands in for; ``transform`` itself for any other."""
-    for theirs, mine in list(_STAND_INS.items()):
-        if mine is transform:
-            return theirs
-    return transform
-
-
-class _CaptureForAnyTrace(_SharedBuffers):
+class _CaptureForAnyTrace(SharedBuffersCapture):
     """``CUDAGraphTransform`` that finds a backward trace's saved tensors by name, not by position (none: nothing
-    to mark as static memory), and takes a forward whose backward was never compiled; the capture is its own,
-    sharing buffers (:class:`_SharedBuffers`) where the transform it stands for does."""
+    to mark as static memory), and takes a forward whose backward was never compiled; the capture is that of the
+    transform adapted: sharing buffers (:class:`SharedBuffersCapture`) where it does, Thunder's grouping else."""
 
     def transform_trace_post_optimization(self, trace: TraceCtx, **kwargs: Any) -> TraceCtx:
         if trace.siginfo().name != "backward_fn":
@@ -438,20 +363,26 @@ class _CaptureForAnyTrace(_SharedBuffers):
 _ADAPTED: weakref.WeakKeyDictionary[Any, CUDAGraphTransform] = weakref.WeakKeyDictionary()
 
 
-def capture_for_any_trace(transform: Any) -> CUDAGraphTransform | None:
+def capture_for_any_trace(
+    transform: Any, writes: Callable[[BoundSymbol], bool] | None = None
+) -> CUDAGraphTransform | None:
     """The same capture as ``transform`` (its graphs and memory pool: one runner) for the traces above, one per
-    ``transform``; None where ``transform`` is not exactly Thunder's class, or it made to share buffers (a subclass
-    may capture otherwise)."""
-    if type(transform) not in (CUDAGraphTransform, _SharedBuffers):
+    ``transform``: sharing buffers as ``transform`` does (Thunder's own: sharing them, as Thunder's grouping
+    fails on some of those traces), with its rule for writes (Thunder's own: ``writes``, where given). None where
+    ``transform`` is not exactly Thunder's class or a class that says it may be adapted (``_adaptable`` in its own
+    namespace, so not a subclass of it, which may capture otherwise)."""
+    kind = type(transform)
+    if kind is not CUDAGraphTransform and not vars(kind).get("_adaptable", False):
         return None
     adapted = _ADAPTED.get(transform)
     if adapted is None:
-        like = _stand_in_of(transform) or transform  # the guard's own, where it stood in for the user's
         adapted = _CaptureForAnyTrace()
         adapted.cuda_graph_runner = transform.cuda_graph_runner
-        adapted._share = isinstance(like, _SharedBuffers) and like._share
-        adapted._writes = getattr(like, "_writes", adapted._writes)
-        adapted._stands_for = getattr(like, "_stands_for", type(transform).__name__)
+        if isinstance(transform, SharedBuffersCapture):
+            adapted.share_buffers, adapted._writes = transform.share_buffers, transform._writes
+        elif writes is not None:
+            adapted._writes = writes
+        adapted._captured_by = kind.__name__
         _ADAPTED[transform] = adapted
     return adapted
 

@@ -14,9 +14,10 @@ _WORDS = ("guarded", "cudagraph", "backends")  # what follows a Thunder path's f
 
 @dataclass(frozen=True)
 class ZooPath:
-    """One way the zoo compiles a model: a frontend, and on Thunder's two, with or without the FusionGuard, Thunder's
-    ``CUDAGraphTransform`` and ``choose_backends``. Its name (``fx-guarded+cudagraph``) is what the command line
-    takes and the JSON is keyed by: :meth:`parse` reads it once, :attr:`name` writes it back the same."""
+    """One way the zoo compiles a model: a frontend, and on Thunder's two, with or without the FusionGuard, CUDA
+    graphs (guarded: ``GuardedCUDAGraphs``; unguarded: Thunder's ``CUDAGraphTransform``) and ``choose_backends``.
+    Its name (``fx-guarded+cudagraph``) is what the command line takes and the JSON is keyed by: :meth:`parse`
+    reads it once, :attr:`name` writes it back the same."""
 
     frontend: Frontend
     guarded: bool = False

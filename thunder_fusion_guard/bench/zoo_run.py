@@ -55,7 +55,7 @@ def _compile(
     module: Any, path: ZooPath, device: str, guard_options: dict[str, Any] | None = None
 ) -> tuple[Callable[..., Any], Any]:
     """``module`` compiled as ``path``, and the FusionGuard (made with ``guard_options``) it runs with (None for
-    unguarded paths)."""
+    unguarded paths). CUDA graphs: ``GuardedCUDAGraphs`` beside the guard, Thunder's ``CUDAGraphTransform`` alone."""
     import torch
 
     if path.frontend == "eager":
@@ -67,10 +67,12 @@ def _compile(
     from thunder.transforms.cudagraph import CUDAGraphTransform
 
     from .._thunder import fusion_executors
+    from ..cuda_graphs import GuardedCUDAGraphs
     from ..transform import FusionGuard
 
     guard = FusionGuard(**(guard_options or {})) if path.guarded else None
-    transforms = ([guard] if guard else []) + ([CUDAGraphTransform()] if path.cudagraphs else [])
+    graphs = (GuardedCUDAGraphs() if guard else CUDAGraphTransform()) if path.cudagraphs else None
+    transforms = ([guard] if guard else []) + ([graphs] if graphs else [])
     jit = thunderfx if path.frontend == "ThunderFX" else thunder.jit
     return jit(module, executors=fusion_executors(device), transforms=transforms), guard
 

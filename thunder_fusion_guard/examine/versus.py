@@ -146,7 +146,7 @@ class SideBySide:
                 f"host time of {first.variant}: {parts}; a fusion call costs {per_call:.0f} µs on the host. "
                 "The prologue (Thunder checks every input on every call), the interpretation of the traces op by "
                 "op and the fusion executor's own per-call cost are Thunder's: no trace rewrite removes them; "
-                "CUDA graphs (CUDAGraphTransform) hide what they capture"
+                "CUDA graphs (GuardedCUDAGraphs, or Thunder's CUDAGraphTransform) hide what they capture"
             )
         return out
 

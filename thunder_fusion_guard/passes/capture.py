@@ -1,18 +1,20 @@
-"""The record of Thunder's CUDA graphs in one trace, made to share buffers (the guard's
-``share_capture_buffers``): how many graphs, against Thunder's own grouping, what is no longer copied, and a
-graph whose gradients were still held when it would replay or whose capture ran out of memory."""
+"""The record of the CUDA graphs :class:`~..cuda_graphs.GuardedCUDAGraphs` captured in one trace: how many graphs,
+against Thunder's own grouping, what is no longer copied, and a graph whose gradients were still held when it would
+replay or whose capture ran out of memory; and the recommendation of it where Thunder's own transform was given."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from .. import _thunder as th
-from ..decisions import Decision
+from ..cuda_graphs import GuardedCUDAGraphs
+from ..decisions import Decision, Details
 from ..reasons import explained
 from ..render.table import plural
 from ..render.text import human_bytes
 from ..wording import error_line
 from .context import TraceContext
+from .records import op_decision
 
 
 def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decision:
@@ -53,26 +55,24 @@ def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decisio
         f"{reason}. Thunder's CUDAGraphTransform groups the ops it captures by the compile option fusion_type "
         "(ThunderFX sets 'dataflow'), copies each input of a graph into the graph's own buffer at every replay "
         "unless it is a parameter or a forward graph's output saved for the backward, and captures a group of "
-        "deletions alone. With share_capture_buffers (the default) each run of consecutive ops is one graph, as "
+        "deletions alone. With share_buffers (the default) each run of consecutive ops is one graph, as "
         "under thunder.jit, and a graph reads an earlier graph's output where that graph leaves it (the same "
         "tensor at every replay): the same ops and kernels in the trace's order, without the copies. Thunder's "
         "graphs replay on their own copies of their inputs, so an op that writes an input (x += y on a tensor made "
-        "before the graph) would leave the caller's tensor unwritten: the guard copies such inputs back. A graph's "
+        "before the graph) would leave the caller's tensor unwritten: such inputs are copied back. A graph's "
         "outputs are the buffers its next replay writes, which Thunder's runner keeps, and autograd copies a gradient "
-        "another tensor holds before it becomes a .grad: the guard hands each gradient on a tensor of its own over "
+        "another tensor holds before it becomes a .grad: each gradient is handed on a tensor of its own over "
         "the graph's buffer, which autograd takes as it is. Where a gradient handed so is still held when the graph "
         "would replay (a .grad kept and accumulated into), the graph stops handing its gradients over, runs its ops "
         f"uncaptured while they are held and is captured anew after {th.UNCAPTURED_WHILE_HELD} such calls in a row "
-        "(a decision says so). Each graph is warmed up on a stream of the guard's own, not on the stream it is "
+        "(a decision says so). Each graph is warmed up on a stream of its own, not on the stream it is "
         "captured on, so that its matmuls use a cuBLAS workspace allocated in the graph's own memory pool during the "
         "capture: one allocated during a warm-up on the capture stream is freed by whoever clears cuBLAS's "
         "workspaces (torch.compile's CUDA graphs do, at each capture), and the graph would write memory given to "
         "other tensors at every replay. "
-        "The graphs are captured by a transform of the guard's own, made from the CUDAGraphTransform given (its "
-        "runner, so its memory pool and the graphs it holds), run in its place for this compilation only; the one "
-        "given is left as it is. "
+        f"The graphs are captured by {summary.captured_by}, Thunder's CUDAGraphTransform with this capture. "
         "Thunder's runner copies a graph's inputs into the "
-        "graph's own buffers one copy_ at a time; the guard copies them in one batched copy (torch._foreach_copy_): "
+        "graph's own buffers one copy_ at a time; these are copied in one batched copy (torch._foreach_copy_): "
         "the same bits in the same buffers before the same replay, with one call and a few kernels."
     )
     short, told = explained(reason, explanation)
@@ -102,7 +102,7 @@ def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decisio
             "own_workspace": list(summary.own_workspace),
             "copied_in": [name for name, _, _ in summary.copied_in],
             "bytes_copied_in": sum(nbytes for _, _, nbytes in summary.copied_in),
-            "replaced_transform": summary.replaced,
+            "captured_by": summary.captured_by,
         },
     )
 
@@ -140,3 +140,14 @@ def uncaptured_decision(capture: Decision, graph: str, error: BaseException) -> 
     short, told = explained(reason, explanation)
     details = {"scope": "op", **told, "captures": [graph], "uncaptured": graph, "error_type": type(error).__name__}
     return dataclasses.replace(capture, region=graph, ops=[graph], reason=short, details=details)
+
+
+def recommend_decision(where: TraceContext, given: str) -> Decision:
+    """The decision (action ``capture``, not applied) recommending :class:`~..cuda_graphs.GuardedCUDAGraphs` where
+    Thunder's own ``CUDAGraphTransform`` (``given``, its class name) was given: it runs as given."""
+    recommended = GuardedCUDAGraphs.__name__
+    facts = {"name": given, "recommended": recommended}
+    details = Details(captured_by=given, recommended=recommended)
+    return op_decision(
+        where, given, "cudagraph", [given], "capture", "cuda_graphs_recommended", facts, details, applied=False
+    )
