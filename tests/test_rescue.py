@@ -14,7 +14,7 @@ from helpers import assert_same, flat
 from thunder.dynamo import thunderfx
 from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
 
-from thunder_fusion_guard import FusionGuard, explain, fusion_executors, why_not_fused
+from thunder_fusion_guard import FusionGuard, FusionGuardError, explain, fusion_executors, why_not_fused
 from thunder_fusion_guard._thunder import RescuingCall, region_callable
 from thunder_fusion_guard.regions import find_regions
 
@@ -538,6 +538,20 @@ def test_updates_of_views_another_part_made_run_eagerly_with_eagers_gradients():
         ["input 0 (updated in place)"],
         ["input 1 (updated in place)"],
     ]
+
+
+def test_strict_raises_where_thunder_would_lose_a_gradient_before_anything_runs():
+    """Strict mode rescues nothing, and leaves no gradient lost without a word: it raises at the subgraph's first
+    call, before Thunder compiles or writes anything."""
+    x, buf = torch.randn(4, requires_grad=True), torch.zeros(4)
+    guard = FusionGuard(strict=True)
+    compiled = thunderfx(copy_into_input, executors=fusion_executors("cpu"), transforms=[guard])
+    with pytest.raises(FusionGuardError, match=r"input 1 \(updated in place\) outside autograd"):
+        compiled(buf, x)
+    assert torch.equal(buf, torch.zeros(4)) and not guard.report.decisions
+    with torch.no_grad():  # nothing to lose: Thunder runs it, strict or not
+        thunderfx(copy_into_input, executors=fusion_executors("cpu"), transforms=[FusionGuard(strict=True)])(buf, x)
+    assert torch.equal(buf, x.detach() * 2)
 
 
 def narrow_of_a_split_off_buffer(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

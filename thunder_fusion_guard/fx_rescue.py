@@ -312,6 +312,29 @@ def remade_views(args: tuple, positions: tuple[int, ...]) -> tuple:
     )
 
 
+def refusing_lost_gradients(
+    call: Callable, module: torch.fx.GraphModule, refuse: Callable[[str], Exception]
+) -> Callable:
+    """``call`` (a ThunderFX subgraph's function, strict mode: nothing is rescued) checked at its first call: where
+    Thunder would lose a gradient without an error (:func:`inputs_updated_outside_autograd`), it raises
+    ``refuse(why)`` before anything runs; ``__wrapped__`` is ``call``."""
+    first = [True]
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        if first[0]:
+            first[0] = False
+            losing = inputs_updated_outside_autograd(module, args)
+            if losing:
+                raise refuse(
+                    f"Thunder {th.software_versions()['thunder']} would update {', '.join(losing)} outside autograd's "
+                    "record and lose its gradient without an error (strict: not run eagerly instead)"
+                )
+        return call(*args, **kwargs)
+
+    checked.__wrapped__ = call  # type: ignore[attr-defined]
+    return checked
+
+
 def inputs_updated_outside_autograd(gm: torch.fx.GraphModule, args: tuple) -> tuple[str, ...]:
     """The inputs ``gm`` updates in place with a value Dynamo recorded requiring grad (as
     ``buf.narrow(...).copy_(x)``), with grad on: Thunder 0.2.6 writes into an input outside autograd's record (its

@@ -17,7 +17,7 @@ from ._thunder import FusionExecutor
 from .cost import CostConstants
 from .decisions import Decision, Subgraph
 from .distributed import compare_ranks, current_rank, world_size
-from .fx_rescue import Rescued, SubgraphRescue, entry_decision, rescue_decision
+from .fx_rescue import Rescued, SubgraphRescue, entry_decision, refusing_lost_gradients, rescue_decision
 from .measure import calibrate
 from .measure.breakeven import RegionMeasurer
 from .measure.cache import device_name
@@ -224,6 +224,8 @@ class FusionGuard(thunder.Transform):
         if module is None:
             self._refuse_scripted(model)
         th.wrap_module_call(model, th.calls_with_user_lines)
+        if module is not None and options.strict and not options.report_only:
+            th.wrap_module_call(model, lambda call: refusing_lost_gradients(call, module, FusionGuardError))
         if module is None or not options.rescue or options.strict or options.report_only:
             return
 
