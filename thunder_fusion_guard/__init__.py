@@ -18,6 +18,7 @@ quiet_first_thunder_import()
 
 # public name -> module that defines it
 _EXPORTS = {
+    "Costs": ".options",
     "Decision": ".decisions",
     "FirstCall": ".examine.first_call",
     "FusionGuard": ".transform",
@@ -27,6 +28,8 @@ _EXPORTS = {
     "RegionProfile": ".examine.profile",
     "RankMismatch": ".transform",
     "Report": ".report",
+    "Rewrites": ".options",
+    "Runtime": ".options",
     "capture_step": ".step_graph",
     "CapturedStep": ".step_graph",
     "choose_backends": ".backend_choice",
@@ -34,7 +37,6 @@ _EXPORTS = {
     "explain": ".examine.explain",
     "first_call": ".examine.first_call",
     "fusion_executors": "._thunder",
-    "guard_trace": ".passes",
     "host_time": ".examine.host_time",
     "nvfuser_problem": "._thunder",
     "profile_regions": ".examine.profile",
@@ -48,6 +50,7 @@ _EXPORTS = {
 __all__ = [
     "CapturedStep",
     "CommunicationChanged",
+    "Costs",
     "Decision",
     "FirstCall",
     "FusionGuard",
@@ -56,13 +59,14 @@ __all__ = [
     "RegionKernels",
     "RegionProfile",
     "Report",
+    "Rewrites",
+    "Runtime",
     "capture_step",
     "choose_backends",
     "collect_segments",
     "explain",
     "first_call",
     "fusion_executors",
-    "guard_trace",
     "host_time",
     "library_ops_translated",
     "nvfuser_problem",
@@ -100,7 +104,8 @@ if TYPE_CHECKING:
     from .examine.profile import RegionProfile, profile_regions
     from .examine.segments import RegionKernels, collect_segments
     from .examine.why import why_not_fused
-    from .passes import CommunicationChanged, FusionGuardError, guard_trace
+    from .options import Costs, Rewrites, Runtime
+    from .passes import CommunicationChanged, FusionGuardError
     from .report import Report
     from .step_graph import CapturedStep, capture_step
     from .transform import FusionGuard, RankMismatch

@@ -96,7 +96,7 @@ class Details(TypedDict, total=False):
     copied_back: list[str]  # inputs a graph may write, copied back into the caller's tensors after each replay
     replaced_transform: str  # the CUDAGraphTransform given, in whose place the guard's own captured (a name)
     # a ThunderFX subgraph's compiled function (action enter): entered directly, or why Thunder's call stays
-    entered: bool  # True: its one cache entry is called directly (``direct_entry``)
+    entered: bool  # True: its one cache entry is called directly (``runtime.direct_entry``)
     not_entered: str  # why not
     handed_over: list[str]  # gradients handed to autograd on the graph's own buffers (autograd need not copy them)
     bytes_handed_over: int  # their bytes, per replay
@@ -105,7 +105,7 @@ class Details(TypedDict, total=False):
     own_workspace: list[str]  # graphs whose matmuls use a cuBLAS workspace in the graph's own memory pool
     copied_in: list[str]  # inputs copied into a graph's own buffers at each replay (one batched copy a graph)
     bytes_copied_in: int  # their bytes, per replay
-    # a region running a definition another region compiled (action share, ``share_fusions``)
+    # a region running a definition another region compiled (action share, ``runtime.share_fusions``)
     shared_with: str  # that region: [function#compile ][subgraph/]trace name
 
 

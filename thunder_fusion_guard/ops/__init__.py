@@ -9,7 +9,8 @@
 - :mod:`.rewrites`: identities and the setitem the rewriting passes recognise;
 - :mod:`.kinds`: the kind of work (norm, rope, matmul, ...) ops or kernels do, from their names.
 
-Rules that take ``metadata_ops`` count those op names as metadata-only too (the guard's option).
+Rules that take ``metadata_ops`` count those op names as metadata-only too (the guard's option
+``rewrites.metadata_ops``).
 ``__all__`` lists the modules' public names, each imported by name.
 """
 
