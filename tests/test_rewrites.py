@@ -178,10 +178,12 @@ SWITCHES = {
 }
 
 
+@pytest.mark.parametrize("spelling", ["record", "dict"])
 @pytest.mark.parametrize("option", sorted(SWITCHES))
-def test_rewrites_can_be_switched_off(option):
+def test_rewrites_can_be_switched_off(option, spelling):
     fn, make, executors, action = SWITCHES[option]
-    on, off = FusionGuard(strict=True), FusionGuard(strict=True, rewrites=Rewrites(**{option: False}))
+    rewrites = Rewrites(**{option: False}) if spelling == "record" else {option: False}
+    on, off = FusionGuard(strict=True), FusionGuard(strict=True, rewrites=rewrites)
     for guard in (on, off):
         thunder.jit(fn, executors=executors, transforms=[guard])(*make())
     assert on.report.filter(action=action)
