@@ -482,7 +482,7 @@ def test_two_switched_regions_merge_across_the_index_add_between_them(inject_tim
 def test_no_merge_across_a_matrix_product(inject_timings):
     """A matmul between two switched regions stays where it is: only ops that cost memory traffic are bridged."""
     inject_timings(10.0, 12.0, other_us=4.0)
-    g = guard(merge_regions=True)
+    g = guard(rewrites=Rewrites(merge_regions=True))
     x, w = torch.randn(8, 8), torch.randn(8, 8)
     guarded = jit(two_regions, g)
     assert_same([guarded(x, w)], [jit(two_regions)(x, w)])

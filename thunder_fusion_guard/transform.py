@@ -340,7 +340,8 @@ class FusionGuard(thunder.Transform):
 
     def __repr__(self) -> str:
         """The options that differ from their defaults, as they would be written: ``FusionGuard(strict=True)``."""
-        return f"FusionGuard{repr(self.options).removeprefix('GuardOptions')}"
+        options = getattr(self, "options", None)  # None while __init__ runs (a traceback's repr)
+        return f"FusionGuard{repr(options).removeprefix('GuardOptions')}" if options is not None else "FusionGuard(...)"
 
 
 def guards_of(obj: Any) -> list[Any]:
