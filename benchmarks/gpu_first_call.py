@@ -25,23 +25,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 GUARDED = {"small": "fx-guarded+cudagraph", "e3nn-nequip-modules": "fx-guarded+cudagraph"}
 GUARDED_DEFAULT = "guarded+cudagraph"  # the acceptance step, under thunder.jit
+UNSHARED = '{"runtime": {"share_fusions": false}}'  # the guard options of --unshared, as JSON
 
 
 def one(model: str, path: str, options: str = "{}") -> dict:
-    """Build ``model``, compile it as ``path`` (guarded: with the guard options of JSON ``options``) and time its
-    first step (a guarded path by phase), with how many regions ran a definition another region compiled."""
+    """Build ``model``, compile it as ``path`` (guarded: with the guard options of JSON ``options``, a grouped one
+    also by its name alone, ``{"share_fusions": false}``) and time its first step (a guarded path by phase), with
+    how many regions ran a definition another region compiled."""
     import torch
     from gpu_seed_vs_inductor import MODELS
 
     from thunder_fusion_guard import first_call, translate_library_ops
     from thunder_fusion_guard.bench.zoo_paths import ZooPath
     from thunder_fusion_guard.bench.zoo_run import _compile, _Step
+    from thunder_fusion_guard.options import nested
 
     if model != "mistral-2l":
         translate_library_ops()
     built = MODELS[model]()
     began = time.perf_counter()
-    fn, guard = _compile(built.module, ZooPath.parse(path), "cuda", json.loads(options))
+    fn, guard = _compile(built.module, ZooPath.parse(path), "cuda", nested(json.loads(options)))
     step = _Step(built, fn, "cuda")
     if guard is None:
         step()
@@ -75,7 +78,9 @@ def main() -> int:
     parser.add_argument("--model", choices=["small", "e3nn-nequip-modules", "mistral-2l"], action="append")
     parser.add_argument("--json", type=Path)
     parser.add_argument(
-        "--unshared", action="store_true", help="also the guarded first call with share_fusions=False (fresh process)"
+        "--unshared",
+        action="store_true",
+        help="also the guarded first call with runtime.share_fusions=False (fresh process)",
     )
     parser.add_argument("--one", nargs=3, metavar=("MODEL", "PATH", "OPTIONS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -102,8 +107,8 @@ def main() -> int:
             _record(record, model, guarded, first, inductor, second, args.json)
             if args.unshared:
                 with tempfile.TemporaryDirectory() as own_cache:
-                    unshared = in_a_process(model, guarded, {"TFG_CACHE_DIR": own_cache}, '{"share_fusions": false}')
-                print(f"[{model}] guarded, share_fusions=False: {unshared}", flush=True)
+                    unshared = in_a_process(model, guarded, {"TFG_CACHE_DIR": own_cache}, UNSHARED)
+                print(f"[{model}] guarded, runtime.share_fusions=False: {unshared}", flush=True)
                 _record(record, model, guarded, first, inductor, second, args.json, unshared)
     return 0
 

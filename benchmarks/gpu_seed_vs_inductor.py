@@ -41,6 +41,7 @@ from thunder_fusion_guard.bench.zoo_run import _compile, _Step
 from thunder_fusion_guard.bench.zoo_values import _difference
 from thunder_fusion_guard.examine.host_time import host_time
 from thunder_fusion_guard.measure.timing import interleaved_rounds
+from thunder_fusion_guard.options import nested
 from thunder_fusion_guard.wording import error_text
 
 PATHS = ("eager", "inductor-ro", "fx-cudagraph", "fx-guarded+cudagraph")
@@ -48,7 +49,9 @@ PATHS = ("eager", "inductor-ro", "fx-cudagraph", "fx-guarded+cudagraph")
 
 def parse_variant(text: str) -> tuple[str, dict]:
     """A guarded path with FusionGuard options, written ``PATH/LABEL=JSON`` (``fx-guarded+cudagraph/choose=
-    {"choose_executor": true}``): its key in the results (``PATH/LABEL``) and the options; ValueError otherwise."""
+    {"choose_executor": true}``; a grouped option by its group, ``{"rewrites": {"merge_regions": true}}``, or by its
+    name alone, ``{"merge_regions": true}``): its key in the results (``PATH/LABEL``) and FusionGuard's keywords;
+    ValueError otherwise."""
     key, sep, options = text.partition("=")
     path, slash, label = key.partition("/")
     if not sep or not slash or not label:
@@ -58,7 +61,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
     parsed = json.loads(options)
     if not isinstance(parsed, dict):
         raise ValueError(f"--variant {text!r}: the options must be a JSON object")
-    return key, parsed
+    return key, nested(parsed)
 
 
 def litgpt_step() -> ZooModel:

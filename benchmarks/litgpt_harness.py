@@ -33,7 +33,7 @@ VARIANT_BUILDS = {
     # the opt-in where speed may win over bits: regions with ops that round are decided by cost too
     "guarded-inexact": "thunder.jit(model, transforms=[FusionGuard(exact_only=False)])",
     # nvFuser regions through Thunder's own per-call wrapper (the direct calls off)
-    "guarded-thunderscall": "thunder.jit(model, transforms=[FusionGuard(direct_calls=False)])",
+    "guarded-thunderscall": "thunder.jit(model, transforms=[FusionGuard(runtime=Runtime(direct_calls=False))])",
     "inductor": "torch.compile(model)",
     "inductor-ro": 'torch.compile(model, mode="reduce-overhead")',
 }
@@ -168,7 +168,7 @@ def build(case: Case, tokens: int, device: str) -> tuple[Any, tuple, dict]:
 
 def compile_variant(model: Any, variant: str, device: str) -> tuple[Callable[..., Any], Any]:
     """The callable of one variant and its FusionGuard (or None): the bench harness's, plus CUDA graphs."""
-    from thunder_fusion_guard import FusionGuard, GuardedCUDAGraphs
+    from thunder_fusion_guard import FusionGuard, GuardedCUDAGraphs, Runtime
     from thunder_fusion_guard.bench.cases import Workload, thunder_compile
     from thunder_fusion_guard.bench.cases import compile_variant as compile_case
 
@@ -179,7 +179,7 @@ def compile_variant(model: Any, variant: str, device: str) -> tuple[Callable[...
     if variant.startswith("guarded"):
         guard = FusionGuard(
             exact_only=not variant.startswith("guarded-inexact"),
-            direct_calls=not variant.startswith("guarded-thunderscall"),
+            runtime=Runtime(direct_calls=not variant.startswith("guarded-thunderscall")),
         )
     transforms: list[Any] = [guard] if guard else []
     if variant.endswith("+prune"):

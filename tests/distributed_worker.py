@@ -39,7 +39,7 @@ from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_
 from thunder.extend import ImplInfo
 
 # The package's internals used here, in one place.
-from thunder_fusion_guard import FusionGuard, profile_regions
+from thunder_fusion_guard import Costs, FusionGuard, profile_regions
 from thunder_fusion_guard.distributed import decision_key
 from thunder_fusion_guard.measure.calibrate import save_constants, shipped
 from thunder_fusion_guard.ops import COMMUNICATION_OPS
@@ -143,7 +143,9 @@ ONE_OP_REGIONS = {
 
 
 def one_op_regions_guard() -> FusionGuard:
-    return FusionGuard(strict=True, exact_only=False, margin=0.5, calibration=ONE_OP_REGIONS, compare_ranks=True)
+    return FusionGuard(
+        strict=True, exact_only=False, compare_ranks=True, costs=Costs(margin=0.5, calibration=ONE_OP_REGIONS)
+    )
 
 
 def train(fn: Any, module: torch.nn.Module, rank: int) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:

@@ -17,9 +17,9 @@ _jit = thunder.jit
 
 def jit(fn=None, *args, transforms=None, **kwargs):
     """``thunder.jit`` with a strict ``FusionGuard`` after the caller's transforms."""
-    from thunder_fusion_guard import FusionGuard
+    from thunder_fusion_guard import Costs, FusionGuard
 
-    transforms = [*(transforms or []), FusionGuard(strict=True, calibration="shipped")]
+    transforms = [*(transforms or []), FusionGuard(strict=True, costs=Costs(calibration="shipped"))]
     if fn is None:
         return lambda f: _jit(f, *args, transforms=transforms, **kwargs)
     return _jit(fn, *args, transforms=transforms, **kwargs)

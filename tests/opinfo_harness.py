@@ -39,6 +39,7 @@ from torch.utils._pytree import tree_flatten
 
 from thunder_fusion_guard import FusionGuard
 from thunder_fusion_guard.ops import region_is_metadata_only
+from thunder_fusion_guard.options import nested
 from thunder_fusion_guard.regions import find_regions
 
 SEED = 1234
@@ -483,7 +484,7 @@ def claims_bitwise(guard: FusionGuard, plain: Run) -> bool:
     bodies = {(kind, r.name): r.body for kind, rs in plain.regions().items() for r in rs}
     for d in guard.report:
         rebuilt = d.action in ("remove", "rehome") and d.applied and d.details.get("into", d.region) in bodies
-        if rebuilt and (guard.options.merge_regions or not guard.options.exact_only):
+        if rebuilt and (guard.options.rewrites.merge_regions or not guard.options.exact_only):
             return False  # a fusion rebuilt with other ops may be scheduled, and so round, differently
         if d.action != "reject" or not d.applied:
             continue
@@ -491,7 +492,7 @@ def claims_bitwise(guard: FusionGuard, plain: Run) -> bool:
         body = bodies[(d.trace, d.region)]
         if region_is_metadata_only(body):
             continue
-        if guard.options.metadata_ops and region_is_metadata_only(body, guard.options.metadata_ops):
+        if guard.options.rewrites.metadata_ops and region_is_metadata_only(body, guard.options.rewrites.metadata_ops):
             return False
         if not guard.options.exact_only:
             return False
@@ -585,7 +586,7 @@ def _mismatch_verdict(
     tolerance of the first; returns the note saying which.
     """
     unguarded = [plain, *(case.run(None) for _ in range(RERUNS))]
-    guarded_runs = [guarded, *(case.run(FusionGuard(**options)) for _ in range(RERUNS))]
+    guarded_runs = [guarded, *(case.run(FusionGuard(**nested(options))) for _ in range(RERUNS))]
     if all(_same_bits(plain, u) for u in unguarded) and all(_same_bits(guarded, g) for g in guarded_runs):
         compare(plain, guarded, True, comp, f"{variant} ({RERUNS + 1} runs each side, each reproducible)")
     seen = f"distinct results: {_distinct(unguarded)} of {len(unguarded)} unguarded, {_distinct(guarded_runs)} guarded"
@@ -614,7 +615,7 @@ def _unguarded(case: Case, outcome: Outcome) -> tuple[Case, Run]:
 
 
 def _check_variant(case: Case, plain: Run, variant: str, options: dict[str, Any], outcome: Outcome) -> None:
-    guard = FusionGuard(**options)
+    guard = FusionGuard(**nested(options))
     try:
         guarded = case.run(guard)
     except Exception as e:

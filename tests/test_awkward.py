@@ -22,7 +22,7 @@ from test_guard import rearrange_heads
 from thunder.executors.torch_compile import torch_compile_ex
 from torch.utils._pytree import tree_flatten
 
-from thunder_fusion_guard import FusionGuard, explain
+from thunder_fusion_guard import Costs, FusionGuard, explain
 
 
 def check(fn, args, **jit_options):
@@ -85,7 +85,10 @@ def strided(x):
 
 # Both paths of a region mixing views and a mul, chosen without timings: kept (no cost decisions) or
 # rejected (a model under which eager always wins).
-PATHS = {"kept": ("keep", {"cost_model": False}), "rejected": ("reject", {"calibration": ALWAYS_EAGER})}
+PATHS = {
+    "kept": ("keep", {"costs": {"cost_model": False}}),
+    "rejected": ("reject", {"costs": {"calibration": ALWAYS_EAGER}}),
+}
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
@@ -281,7 +284,7 @@ def swap(x):
 
 
 def test_one_guard_shared_by_several_functions():
-    guard = FusionGuard(strict=True, calibration=ALWAYS_EAGER)  # every region rejected, none timed
+    guard = FusionGuard(strict=True, costs=Costs(calibration=ALWAYS_EAGER))  # every region rejected, none timed
     x = torch.randn(2, 3, 4, 5, requires_grad=True)
     for fn in (rearrange_heads, swap, Scale()):
         jitted = jit_cpu(fn, guard)
@@ -368,15 +371,15 @@ def test_thunderfx_with_the_guard_matches_eager():
     [
         ({"executors": 5}, "'executors' must be a list"),
         ({"executors": [""]}, "'executors' must be a list .*got the item ''"),
-        ({"metadata_ops": "reshape"}, "'metadata_ops' must be a list"),
-        ({"metadata_ops": None}, "'metadata_ops' must be a list"),
+        ({"rewrites": {"metadata_ops": "reshape"}}, "'rewrites.metadata_ops' must be a list"),
+        ({"rewrites": {"metadata_ops": None}}, "'rewrites.metadata_ops' must be a list"),
         ({"report_only": None}, "'report_only' must be True or False"),
         ({"report_only": 1}, "'report_only' must be True or False"),
-        ({"cost_model": "on"}, "'cost_model' must be True or False"),
-        ({"margin": True}, "'margin' must be a number"),
-        ({"margin": -0.1}, "'margin' must be a number"),
-        ({"margin": "0.2"}, "'margin' must be a number"),
-        ({"calibration": {"bogus": 1.0}}, "unknown fields \\['bogus'\\]"),
+        ({"costs": {"cost_model": "on"}}, "'costs.cost_model' must be True or False"),
+        ({"costs": {"margin": True}}, "'costs.margin' must be a number"),
+        ({"costs": {"margin": -0.1}}, "'costs.margin' must be a number"),
+        ({"costs": {"margin": "0.2"}}, "'costs.margin' must be a number"),
+        ({"costs": {"calibration": {"bogus": 1.0}}}, "unknown fields \\['bogus'\\]"),
     ],
 )
 def test_more_bad_options(kwargs, match):

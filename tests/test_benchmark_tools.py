@@ -28,7 +28,7 @@ def test_kernel_families(name, family):
 def test_a_variant_is_a_guarded_path_with_guard_options_keyed_by_its_label():
     seed = load_benchmark("gpu_seed_vs_inductor")
     key, options = seed.parse_variant('fx-guarded+cudagraph/choose={"choose_executor": true, "margin": 0.1}')
-    assert key == "fx-guarded+cudagraph/choose" and options == {"choose_executor": True, "margin": 0.1}
+    assert key == "fx-guarded+cudagraph/choose" and options == {"choose_executor": True, "costs": {"margin": 0.1}}
     for bad in ("fx-cudagraph/x={}", "fx-guarded+cudagraph={}", "fx-guarded+cudagraph/x=[1]"):
         with pytest.raises(ValueError, match="--variant"):
             seed.parse_variant(bad)

@@ -4,7 +4,7 @@ injected compile times and samples, no real timing."""
 import pytest
 import torch
 
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import Costs, FusionGuard
 from thunder_fusion_guard.cost import CostConstants
 from thunder_fusion_guard.measure import calibrate
 from thunder_fusion_guard.measure.timing import Timing
@@ -89,7 +89,7 @@ def test_the_guard_records_what_its_calibration_spent(monkeypatch, tmp_path):
         return fake
 
     monkeypatch.setattr(calibrate, "measure", measure)
-    guard = FusionGuard(calibration="measure", calibration_budget_s=5.0)
+    guard = FusionGuard(costs=Costs(calibration="measure", calibration_budget_s=5.0))
     assert guard.constants_for("cpu", "torchcompile") == fake
     (event,) = guard.report.calibrations
     assert event["compile_s"] == 33.0 and event["timing_s"] == 1.25 and event["result"].startswith("calibrated here")

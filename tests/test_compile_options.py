@@ -11,7 +11,7 @@ import torch
 from helpers import assert_same, fragmenting_executor, jit_cpu, regions
 from thunder.core import prims
 
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import FusionGuard, Rewrites
 from thunder_fusion_guard.options import make_options
 from thunder_fusion_guard.policy import decide
 
@@ -37,7 +37,7 @@ def _shape_only_region():
     ],
 )
 def test_explicit_shape_only_fusion_is_honoured(compile_options, override, action):
-    options = make_options(override_compile_options=override)
+    options = make_options(rewrites=Rewrites(override_compile_options=override))
     verdict = decide(_shape_only_region(), options, None, compile_options=compile_options)
     assert verdict.action == action
     if action == "keep":
@@ -54,7 +54,7 @@ def test_shape_only_request_concerns_nvfuser_only():
 
 def test_override_takes_only_booleans():
     with pytest.raises(ValueError, match="override_compile_options"):
-        FusionGuard(override_compile_options="yes")
+        FusionGuard(rewrites=Rewrites(override_compile_options="yes"))
 
 
 def test_the_guard_sees_the_options_the_program_passed():
@@ -100,7 +100,7 @@ def test_explicit_shape_only_fusion_on_nvfuser():
     assert torch.equal(jitted(x), view_transpose(x))
     (decision,) = [d for d in guard.report if d.about_region]
     assert decision.action == "keep" and decision.code == "shape_only_asked"
-    overriding = FusionGuard(strict=True, override_compile_options=True)
+    overriding = FusionGuard(strict=True, rewrites=Rewrites(override_compile_options=True))
     jitted = thunder.jit(view_transpose, transforms=[overriding], nv_enable_shape_only_fusion=True)
     assert torch.equal(jitted(x), view_transpose(x))
     assert [d.action for d in overriding.report if d.about_region] == ["reject"]

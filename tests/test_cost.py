@@ -4,7 +4,7 @@ import pytest
 import torch
 from helpers import assert_same, jit_cpu, regions, run_with_grads
 
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import Costs, FusionGuard
 from thunder_fusion_guard.cost import CostConstants
 from thunder_fusion_guard.measure.calibrate import lookup, shipped
 from thunder_fusion_guard.ops import EXACT_OPS, ROUNDING_OPS, exactness_reason, known_to_round
@@ -37,7 +37,7 @@ def test_shipped_cpu_constants_exist():
 
 def test_lone_small_add_is_rejected():
     a, b = torch.randn(16, 16, requires_grad=True), torch.randn(16, 16, requires_grad=True)
-    guard = FusionGuard(calibration=CPU, strict=True)
+    guard = FusionGuard(strict=True, costs=Costs(calibration=CPU))
     guarded, plain = jit_cpu(lone_add, guard), jit_cpu(lone_add)
     assert_same(*[run_with_grads(guarded, [a, b])[0], run_with_grads(plain, [a, b])[0]])
     assert regions(guarded) == []
@@ -48,7 +48,7 @@ def test_lone_small_add_is_rejected():
 
 def test_big_pointwise_chain_is_kept():
     x = torch.randn(2048, 2048)
-    guard = FusionGuard(calibration=CPU, strict=True)
+    guard = FusionGuard(strict=True, costs=Costs(calibration=CPU))
     guarded = jit_cpu(pointwise_chain, guard)
     assert torch.equal(guarded(x), jit_cpu(pointwise_chain)(x))
     assert len(regions(guarded)) == 1
@@ -65,7 +65,7 @@ CHEAP_EAGER = dict(CPU.to_dict(), eager_op_us=CPU.eager_op_us / 3)
 
 def test_small_chain_with_mul_and_add_stays_fused_when_exact_only():
     x = torch.randn(8, 8)
-    guard = FusionGuard(calibration=CHEAP_EAGER)
+    guard = FusionGuard(costs=Costs(calibration=CHEAP_EAGER))
     jit_cpu(pointwise_chain, guard)(x)
     (d,) = guard.report
     assert d.action == "keep" and d.code == "exactness" and d.details["decided_by"] == "exactness"
@@ -83,7 +83,7 @@ def set_row_from(x, y):
 def test_exactness_reason_tells_ops_that_round_from_ops_not_known_to_be_exact():
     """copy_with_setitem only moves data, but nobody showed it gives a fusion's bits outside it: the reason
     must not say that it rounds. Ops known to round still 'could round differently'."""
-    guard = FusionGuard(calibration=CHEAP_EAGER, measure_budget_s=0)
+    guard = FusionGuard(costs=Costs(calibration=CHEAP_EAGER, measure_budget_s=0))
     x, y = torch.randn(4, 4), torch.randn(4, 4)
     assert torch.equal(jit_cpu(set_row_from, guard)(x, y), set_row_from(x, y))
     (d,) = guard.report
@@ -112,7 +112,7 @@ def test_the_headline_is_what_decided_a_region_the_fusion_wins_anyway():
     """An inexact region the cost model keeps (the fusion is cheaper) is kept by the cost model, not "for
     exactness": the reason leads with the numbers, exactness is the aside."""
     x = torch.randn(256, 1024)  # big enough for the shipped CPU constants to favour the fusion
-    guard = FusionGuard(calibration=CPU.to_dict(), measure_budget_s=0)
+    guard = FusionGuard(costs=Costs(calibration=CPU.to_dict(), measure_budget_s=0))
     jit_cpu(lambda t: torch.softmax(t * 2.0, dim=-1), guard)(x)
     (d,) = guard.report
     assert d.estimates["est_region_us"] < d.estimates["est_eager_us"]
@@ -122,7 +122,7 @@ def test_the_headline_is_what_decided_a_region_the_fusion_wins_anyway():
 
 def test_exact_only_off_rejects_small_inexact_regions():
     x = torch.randn(8, 8)
-    guard = FusionGuard(calibration=CHEAP_EAGER, exact_only=False, measure_budget_s=0)
+    guard = FusionGuard(exact_only=False, costs=Costs(calibration=CHEAP_EAGER, measure_budget_s=0))
     guarded = jit_cpu(pointwise_chain, guard)
     torch.testing.assert_close(guarded(x), pointwise_chain(x))
     assert regions(guarded) == []
@@ -130,7 +130,7 @@ def test_exact_only_off_rejects_small_inexact_regions():
 
 @pytest.mark.usefixtures("no_inductor")
 def test_cost_model_off_keeps_compute():
-    guard = FusionGuard(calibration=CPU, cost_model=False)
+    guard = FusionGuard(costs=Costs(calibration=CPU, cost_model=False))
     jit_cpu(lone_add, guard)(torch.randn(4), torch.randn(4))
     assert {d.action for d in guard.report} == {"keep"}
 
@@ -139,7 +139,7 @@ def test_cost_model_off_keeps_compute():
 def test_hand_set_constants_and_estimates_in_report():
     slow_eager = dict(CPU.to_dict(), eager_op_us=1000.0)
     slow_eager.pop("source")
-    guard = FusionGuard(calibration=slow_eager)
+    guard = FusionGuard(costs=Costs(calibration=slow_eager))
     jit_cpu(lone_add, guard)(torch.randn(4), torch.randn(4))
     (d,) = guard.report
     assert d.action == "keep" and d.estimates["est_eager_us"] >= 1000
@@ -150,15 +150,18 @@ def test_hand_set_constants_and_estimates_in_report():
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        ({"margin": 1.5}, "'margin' must be a number in \\[0, 1\\)"),
-        ({"calibration": "fast"}, "'calibration' must be one of"),
-        ({"calibration": {"fusion_call_us": 1.0}}, "missing fields"),
-        ({"calibration": dict(CPU.to_dict(), eager_gbps=-1)}, "'eager_gbps' must be a positive number"),
-        ({"calibration": dict(CPU.to_dict(), bandwidth_curve=[[100, 1.0], [50, 2.0]])}, "'bandwidth_curve' must"),
-        ({"calibration": dict(CPU.to_dict(), bandwidth_curve=[[100, -1.0]])}, "'bandwidth_curve' must"),
-        ({"calibration": dict(CPU.to_dict(), bandwidth_curve="fast")}, "'bandwidth_curve' must"),
-        ({"calibration": dict(CPU.to_dict(), op_ns={"tanh": -1})}, "'op_ns' must map op names to numbers"),
-        ({"calibration": dict(CPU.to_dict(), matmul_gflops=True)}, "'matmul_gflops' must be a number"),
+        ({"costs": {"margin": 1.5}}, "'costs.margin' must be a number in \\[0, 1\\)"),
+        ({"costs": {"calibration": "fast"}}, "'costs.calibration' must be one of"),
+        ({"costs": {"calibration": {"fusion_call_us": 1.0}}}, "missing fields"),
+        ({"costs": {"calibration": dict(CPU.to_dict(), eager_gbps=-1)}}, "'eager_gbps' must be a positive number"),
+        (
+            {"costs": {"calibration": dict(CPU.to_dict(), bandwidth_curve=[[100, 1.0], [50, 2.0]])}},
+            "'bandwidth_curve' must",
+        ),
+        ({"costs": {"calibration": dict(CPU.to_dict(), bandwidth_curve=[[100, -1.0]])}}, "'bandwidth_curve' must"),
+        ({"costs": {"calibration": dict(CPU.to_dict(), bandwidth_curve="fast")}}, "'bandwidth_curve' must"),
+        ({"costs": {"calibration": dict(CPU.to_dict(), op_ns={"tanh": -1})}}, "'op_ns' must map op names to numbers"),
+        ({"costs": {"calibration": dict(CPU.to_dict(), matmul_gflops=True)}}, "'matmul_gflops' must be a number"),
         ({"exact_only": "no"}, "'exact_only'"),
     ],
 )
@@ -200,7 +203,7 @@ def project(x, w):
 
 
 def _decision(fn, args, constants):
-    guard = FusionGuard(calibration=constants, measure_budget_s=0)
+    guard = FusionGuard(costs=Costs(calibration=constants, measure_budget_s=0))
     jit_cpu(fn, guard)(*args)
     (d,) = guard.report
     return d.estimates

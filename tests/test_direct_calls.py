@@ -5,7 +5,7 @@ import pytest
 import thunder
 import torch
 
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import FusionGuard, Runtime
 from thunder_fusion_guard._thunder import calls
 from thunder_fusion_guard._thunder.calls import DirectNvFuserCall, direct_nvfuser_call
 from thunder_fusion_guard.passes.direct_calls import direct_calls
@@ -166,7 +166,7 @@ def test_other_executors_regions_untouched():
 
 def test_option_is_checked():
     with pytest.raises(ValueError, match="direct_calls"):
-        FusionGuard(direct_calls="yes")
+        FusionGuard(runtime=Runtime(direct_calls="yes"))
 
 
 @pytest.mark.guard_failure_expected

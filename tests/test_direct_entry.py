@@ -8,7 +8,7 @@ import thunder
 import torch
 from thunder.dynamo import thunderfx
 
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import FusionGuard, Runtime
 from thunder_fusion_guard import _thunder as th
 from thunder_fusion_guard._thunder import entry as entry_module
 from thunder_fusion_guard.fx_rescue import SubgraphRescue
@@ -59,7 +59,7 @@ def _rescues(compiled) -> list[SubgraphRescue]:
 def test_the_direct_entry_gives_thunders_bits_and_is_recorded(dtype):
     model, inputs = _model(dtype)
     unguarded = _steps(thunderfx(model), model, inputs)
-    kept = FusionGuard(direct_entry=False)
+    kept = FusionGuard(runtime=Runtime(direct_entry=False))
     without = _steps(thunderfx(model, transforms=[kept]), model, inputs)
     guard = FusionGuard()
     compiled = thunderfx(model, transforms=[guard])

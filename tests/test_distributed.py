@@ -23,7 +23,7 @@ from thunder.executors.passes import transform_for_execution
 from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
 from thunder.extend import ImplInfo, get_always_executors
 
-from thunder_fusion_guard import CommunicationChanged, Decision, FusionGuard, RankMismatch
+from thunder_fusion_guard import CommunicationChanged, Costs, Decision, FusionGuard, RankMismatch, Rewrites
 from thunder_fusion_guard import _thunder as th
 from thunder_fusion_guard.distributed import current_rank, rank_path
 from thunder_fusion_guard.ops import identity_reason, is_communication
@@ -103,9 +103,12 @@ def test_region_holding_a_collective_is_never_rewritten(group):
     # A fusion call priced at a second: every other region would go to the torch executor.
     cheap_eager = dict(fusion_call_us=1e6, fusion_gbps=1.0, eager_op_us=1.0, eager_meta_us=1.0, eager_gbps=1.0)
     options = make_options(
-        exact_only=False, strict=True, merge_regions=True, calibration={**cheap_eager, "overlapped": False}
+        exact_only=False,
+        strict=True,
+        costs=Costs(calibration={**cheap_eager, "overlapped": False}),
+        rewrites=Rewrites(merge_regions=True),
     )
-    new = guard_trace(trace, options, report, TraceContext("forward"), lambda device, ex: options.calibration)
+    new = guard_trace(trace, options, report, TraceContext("forward"), lambda device, ex: options.costs.calibration)
     (decision,) = [d for d in report if d.about_region]
     assert decision.action == "keep" and decision.details["decided_by"] == "rule"  # not the cost model
     assert {"all_reduce", "wait"} <= set(decision.ops)  # Thunder's distributed prims, inside the region
@@ -118,7 +121,7 @@ def test_view_is_not_moved_across_a_wait(group):
     ex = _executor("tc_noreshape", reshape=False)
     trace = _execution_trace(_view_then_allreduce(group), (torch.randn(4, 4), torch.randn(2, 8)), ex)
     report = Report()
-    new = guard_trace(trace, make_options(cost_model=False, strict=True), report, TraceContext("forward"))
+    new = guard_trace(trace, make_options(strict=True, costs=Costs(cost_model=False)), report, TraceContext("forward"))
     (kept,) = [d for d in report if d.ops == ["reshape"]]
     assert (kept.action, kept.code, kept.details["blocked_by"]) == (
         "keep",
@@ -136,7 +139,7 @@ def test_view_is_not_moved_across_a_wait(group):
     _claims_reshape_again(ex)
     moved = guard_trace(
         plain,
-        make_options(cost_model=False, strict=True),
+        make_options(strict=True, costs=Costs(cost_model=False)),
         report,
         TraceContext("forward"),
     )

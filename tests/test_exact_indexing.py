@@ -5,7 +5,7 @@ import pytest
 import torch
 from helpers import ALWAYS_EAGER, check_three_ways, jit_cpu, regions
 
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import Costs, FusionGuard
 from thunder_fusion_guard.ops import inexact_ops
 
 
@@ -94,7 +94,7 @@ def test_gpt_style_inputs_are_rejected_with_unguarded_bits():
     gen = torch.Generator().manual_seed(2)
     ids = torch.randint(0, 40, (3, 12), generator=gen)
     mask = (torch.rand(3, 12, generator=gen) > 0.3).long()
-    guard = FusionGuard(calibration=ALWAYS_EAGER)
+    guard = FusionGuard(costs=Costs(calibration=ALWAYS_EAGER))
     guarded, plain = check_three_ways(lambda i, m: model(i, m), [ids, mask], guard, exact_eager=True)
     (forward,) = [d for d in guard.report.filter(trace="forward") if d.about_region]
     assert forward.action == "reject" and forward.details["decided_by"] == "model"
@@ -111,7 +111,7 @@ def test_a_float_cumsum_beside_them_keeps_the_region():
 
     gen = torch.Generator().manual_seed(3)
     ids, w = torch.randint(0, 8, (2, 6), generator=gen), torch.randn(8, 4, dtype=torch.bfloat16, generator=gen)
-    guard = FusionGuard(calibration=ALWAYS_EAGER)
+    guard = FusionGuard(costs=Costs(calibration=ALWAYS_EAGER))
     guarded, _ = check_three_ways(fn, [ids, w], guard)
     (d,) = guard.report.filter(trace="forward")
     assert d.action == "keep" and d.details["decided_by"] == "exactness" and len(regions(guarded)) == 1

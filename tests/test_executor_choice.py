@@ -17,7 +17,7 @@ import torch
 from helpers import NEAR_BREAK_EVEN, assert_same, nvfuser_shaped_executor, regions, run_with_grads
 from thunder.core.symbol import BoundSymbol, Symbol
 
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import Costs, FusionGuard, Rewrites
 from thunder_fusion_guard import _thunder as th
 from thunder_fusion_guard.ops import switch_keeps_bits
 from thunder_fusion_guard.replays import warming_up_for_capture
@@ -34,8 +34,8 @@ def jit(fn, guard=None):
     return thunder.jit(fn, executors=[nvfuser_shaped_executor()], transforms=[guard] if guard else [])
 
 
-def guard(**options):
-    return FusionGuard(calibration=NEAR_BREAK_EVEN, **{"choose_executor": True, **options})
+def guard(costs=None, **options):
+    return FusionGuard(choose_executor=True, costs=costs or Costs(calibration=NEAR_BREAK_EVEN), **options)
 
 
 def exact_sum(a, b):
@@ -208,7 +208,7 @@ def test_a_region_kept_for_exactness_is_never_rejected_by_the_timing(inject_timi
 
 def test_by_default_no_other_executor_is_timed(inject_timings):
     calls = inject_timings(10.0, 12.0, other_us=1.0)
-    g = FusionGuard(calibration=NEAR_BREAK_EVEN)
+    g = FusionGuard(costs=Costs(calibration=NEAR_BREAK_EVEN))
     a, b = rounding_inputs(torch.float32)
     jit(exact_sum, g)(a, b)
     (d,) = region_decisions(g)
@@ -397,7 +397,7 @@ def test_in_cuda_graphs_the_device_times_decide(inject_timings, monkeypatch, how
 def test_in_cuda_graphs_a_region_dearer_on_the_device_than_eager_is_rejected(inject_timings, monkeypatch):
     monkeypatch.setattr(th, "compiling_with_cuda_graphs", lambda: True)
     inject_timings(10.0, 12.0, host=(9.0, 11.0), device=(8.0, 2.0))  # the stream keeps it; the device does not
-    g = FusionGuard(calibration=NEAR_BREAK_EVEN)
+    g = FusionGuard(costs=Costs(calibration=NEAR_BREAK_EVEN))
     a, b = rounding_inputs(torch.float32)
     guarded = jit(exact_sum, g)
     assert_same(run_with_grads(guarded, [a, b])[0], run_with_grads(jit(exact_sum), [a, b])[0])
@@ -453,7 +453,11 @@ def test_two_switched_regions_merge_across_the_index_add_between_them(inject_tim
     the values stay unguarded Thunder's (sums of halves: exact in any order)."""
     monkeypatch.setitem(th.ALTERNATIVE_FUSERS, "tc_no_scatter", "torchcompile")
     inject_timings(10.0, 12.0, other_us=4.0)
-    g = guard(merge_regions=merge, exact_only=False, measure_budget_s=60)
+    g = guard(
+        Costs(calibration=NEAR_BREAK_EVEN, measure_budget_s=60),
+        exact_only=False,
+        rewrites=Rewrites(merge_regions=merge),
+    )
     x = torch.randint(-8, 8, (16, 4), generator=torch.Generator().manual_seed(0)) * 0.5
     idx = torch.randint(0, 8, (16,), generator=torch.Generator().manual_seed(1))
     guarded = thunder.jit(scatter_between, executors=[_no_scatter_executor()], transforms=[g])
@@ -478,7 +482,7 @@ def test_two_switched_regions_merge_across_the_index_add_between_them(inject_tim
 def test_no_merge_across_a_matrix_product(inject_timings):
     """A matmul between two switched regions stays where it is: only ops that cost memory traffic are bridged."""
     inject_timings(10.0, 12.0, other_us=4.0)
-    g = guard(merge_regions=True)
+    g = guard(rewrites=Rewrites(merge_regions=True))
     x, w = torch.randn(8, 8), torch.randn(8, 8)
     guarded = jit(two_regions, g)
     assert_same([guarded(x, w)], [jit(two_regions)(x, w)])

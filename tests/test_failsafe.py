@@ -12,7 +12,7 @@ from thunder.extend import OperatorExecutor
 
 import thunder_fusion_guard._thunder as th
 import thunder_fusion_guard.passes.decide as passes
-from thunder_fusion_guard import FusionGuard, FusionGuardError
+from thunder_fusion_guard import Costs, FusionGuard, FusionGuardError
 from thunder_fusion_guard.ops import effect_count
 
 
@@ -123,7 +123,7 @@ def test_lowering_that_loses_an_in_place_write_is_kept(monkeypatch):
     """A lowering without the region's copy_ into an input would lose the write: the region is kept."""
     real = th.lower_to_torch
     monkeypatch.setattr(th, "lower_to_torch", lambda *args: [b for b in real(*args) if not effect_count(b)])
-    guard = FusionGuard(calibration=EAGER_CHEAP, margin=0.0)
+    guard = FusionGuard(costs=Costs(calibration=EAGER_CHEAP, margin=0.0))
     jitted = jit_cpu(copy_into_input, guard)
     x, buf, buf_e = torch.randn(3, 3), torch.randn(3, 3), torch.empty(3, 3)
     assert_same(list(jitted(x, buf)), list(copy_into_input(x, buf_e)))
@@ -133,7 +133,7 @@ def test_lowering_that_loses_an_in_place_write_is_kept(monkeypatch):
     assert d.action == "keep" and d.details["decided_by"] == "model" and d.details["model_action"] == "reject"
     assert d.error == "RewriteError: lowering TorchCompile0 changes its in-place writes: 1 in the region, 0 lowered"
     with pytest.raises(FusionGuardError, match="changes its in-place writes"):
-        jit_cpu(copy_into_input, FusionGuard(strict=True, calibration=EAGER_CHEAP, margin=0.0))(x, buf)
+        jit_cpu(copy_into_input, FusionGuard(strict=True, costs=Costs(calibration=EAGER_CHEAP, margin=0.0)))(x, buf)
 
 
 def test_region_that_also_returns_its_input_is_lowered():

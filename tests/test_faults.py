@@ -22,7 +22,7 @@ import thunder_fusion_guard.measure.breakeven as breakeven
 import thunder_fusion_guard.measure.cache as cache
 import thunder_fusion_guard.measure.calibrate as calibrate
 import thunder_fusion_guard.passes.hoist_pass as hoist_pass
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import Costs, FusionGuard
 from thunder_fusion_guard.cost import CostConstants
 from thunder_fusion_guard.passes.hoist_runtime import hoisted_values
 
@@ -222,7 +222,7 @@ def test_a_cache_that_cannot_be_read_is_ignored_and_the_guard_still_decides(
         pytest.skip("root reads a file whatever its permissions")
     timings = inject_timings(10.0, 2.0)  # the cache: tmp_path
     _corrupt(tmp_path, how)
-    guard = FusionGuard(calibration="measure")
+    guard = FusionGuard(costs=Costs(calibration="measure"))
     a, b = torch.randn(16, 16), torch.randn(16, 16)
     assert torch.equal(jit_cpu(lone_add, guard)(a, b), jit_cpu(lone_add)(a, b))
     assert calibrates == ["torchcompile"] and timings == [2], "calibrated and timed: nothing usable was read"
@@ -247,7 +247,7 @@ def test_a_cache_folder_that_cannot_be_written_is_said_and_decisions_are_still_m
     blocker.write_text("")
     timings = inject_timings(10.0, 2.0)
     monkeypatch.setenv("TFG_CACHE_DIR", str(blocker / "cache"))
-    guard = FusionGuard(calibration="measure")
+    guard = FusionGuard(costs=Costs(calibration="measure"))
     a, b = torch.randn(16, 16), torch.randn(16, 16)
     assert torch.equal(jit_cpu(lone_add, guard)(a, b), jit_cpu(lone_add)(a, b))
     assert calibrates == ["torchcompile"] and timings == [2]
@@ -272,12 +272,12 @@ def test_an_entry_made_under_other_software_another_device_or_dtype_is_never_use
             elsewhere.setattr(th, "software_versions", lambda: changed)
         calibrate.save_constants("cpu", "torchcompile", FAKE)
         a, b = torch.randn(16, 16, dtype=dtype), torch.randn(16, 16, dtype=dtype)
-        jit_cpu(lone_add, FusionGuard(calibration=NEAR_BREAK_EVEN))(a, b)
+        jit_cpu(lone_add, FusionGuard(costs=Costs(calibration=NEAR_BREAK_EVEN)))(a, b)
     assert timings == [2] and len(json.loads((tmp_path / "measurements.json").read_text())) == 1
     breakeven.clear_memory_cache()  # a fresh process here reads only the disk
     # a calibration holds for every dtype; made elsewhere, it is not this machine's
     assert calibrate.cached("cpu", "torchcompile") == (FAKE if other == "dtype" else None)
-    guard = FusionGuard(calibration=NEAR_BREAK_EVEN)
+    guard = FusionGuard(costs=Costs(calibration=NEAR_BREAK_EVEN))
     jit_cpu(lone_add, guard)(torch.randn(16, 16), torch.randn(16, 16))
     assert timings == [2, 2], "timed again: the measurement made elsewhere is not used"
     (d,) = guard.report
@@ -321,13 +321,13 @@ def clean_facts(make_guard, fn, *args) -> list[tuple]:
 def test_ctrl_c_in_a_region_timing_reaches_the_user_and_leaves_nothing_half_measured(monkeypatch, inject_timings):
     timings = inject_timings(10.0, 2.0)
     a, b = torch.randn(16, 16), torch.randn(16, 16)
-    want = clean_facts(lambda: FusionGuard(calibration=NEAR_BREAK_EVEN), lone_add, a, b)
+    want = clean_facts(lambda: FusionGuard(costs=Costs(calibration=NEAR_BREAK_EVEN)), lone_add, a, b)
     assert [f[4:6] for f in want] == [("reject", "measured")] and timings == [2]
     breakeven.clear_memory_cache()
     (cache.cache_dir() / "measurements.json").unlink()
 
     monkeypatch.setattr(breakeven, "interleaved_us", Interrupts(breakeven.interleaved_us))
-    guard = FusionGuard(calibration=NEAR_BREAK_EVEN)
+    guard = FusionGuard(costs=Costs(calibration=NEAR_BREAK_EVEN))
     jitted = jit_cpu(lone_add, guard)
     with pytest.raises(KeyboardInterrupt):
         jitted(a, b)
@@ -348,7 +348,7 @@ def test_ctrl_c_in_a_calibration_reaches_the_user_and_leaves_nothing_half_calibr
         return FAKE
 
     monkeypatch.setattr(calibrate, "measure", Interrupts(measure))
-    guard = FusionGuard(calibration="measure")
+    guard = FusionGuard(costs=Costs(calibration="measure"))
     jitted = jit_cpu(lone_add, guard)
     a, b = torch.randn(16, 16), torch.randn(16, 16)
     with pytest.raises(KeyboardInterrupt):
@@ -360,7 +360,7 @@ def test_ctrl_c_in_a_calibration_reaches_the_user_and_leaves_nothing_half_calibr
     assert calls == ["torchcompile"] and event["result"].startswith("calibrated here")
     assert calibrate.cached("cpu", "torchcompile") == FAKE
     breakeven.clear_memory_cache()
-    want = clean_facts(lambda: FusionGuard(calibration=FAKE), lone_add, a, b)
+    want = clean_facts(lambda: FusionGuard(costs=Costs(calibration=FAKE)), lone_add, a, b)
     assert facts(guard) == [(*want[0][:1], 2, *want[0][2:])]
 
 
@@ -451,7 +451,7 @@ def test_out_of_memory_in_a_region_timing_leaves_the_region_to_the_model_and_rec
     timings = inject_timings(10.0, 2.0)
     monkeypatch.setattr(breakeven, "interleaved_us", OutOfMemory(breakeven.interleaved_us))
     a, b = torch.randn(16, 16), torch.randn(16, 16)
-    guard = FusionGuard(calibration=NEAR_BREAK_EVEN)
+    guard = FusionGuard(costs=Costs(calibration=NEAR_BREAK_EVEN))
     assert torch.equal(jit_cpu(lone_add, guard)(a, b), jit_cpu(lone_add)(a, b))
     (d,) = guard.report
     # the model decides a region it could not time; the measurement's error is kept beside the decision

@@ -10,7 +10,7 @@ import torch
 from thunder.dynamo import thunderfx
 from thunder.executors.torch_compile import torch_compile_ex
 
-from thunder_fusion_guard import FirstCall, FusionGuard, first_call
+from thunder_fusion_guard import Costs, FirstCall, FusionGuard, first_call
 from thunder_fusion_guard import _thunder as th
 from thunder_fusion_guard.measure import calibrate
 from thunder_fusion_guard.phases import (
@@ -103,7 +103,7 @@ def test_phases_of_a_jit_first_call_are_exact_where_the_guard_times(monkeypatch,
 
     monkeypatch.setattr(calibrate, "cached", lambda device, executor: None)
     monkeypatch.setattr(calibrate, "auto_calibrate", calibration)
-    guard = FusionGuard(cost_model=False, calibration="measure")
+    guard = FusionGuard(costs=Costs(cost_model=False, calibration="measure"))
     jitted = thunder.jit(_fn, executors=[torch_compile_ex], transforms=[guard])
     x, w = _inputs()
     with first_call(jitted) as first:
@@ -130,7 +130,7 @@ def test_phases_of_a_jit_first_call_are_exact_where_the_guard_times(monkeypatch,
 
 
 def test_a_second_call_adds_nothing(clock, slow_compiles):
-    guard = FusionGuard(cost_model=False)
+    guard = FusionGuard(costs=Costs(cost_model=False))
     jitted = thunder.jit(_fn, executors=[torch_compile_ex], transforms=[guard])
     x, w = _inputs()
     with first_call(jitted) as first:
@@ -150,7 +150,7 @@ def test_thunderfx_first_call_names_dynamo_and_the_subgraphs():
         y = torch.tanh(x.reshape(4, 3).t() * 2.0)
         return torch.cummax(y, 0)[0].reshape(-1).exp() + 1.0
 
-    guard = FusionGuard(cost_model=False)
+    guard = FusionGuard(costs=Costs(cost_model=False))
     compiled = thunderfx(with_unsupported, transforms=[guard], executors=[torch_compile_ex])
     x = torch.randn(3, 4)
     with first_call(compiled) as first:

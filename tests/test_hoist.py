@@ -9,7 +9,7 @@ from helpers import assert_close_all, assert_same, regions, run_with_grads
 from thunder.core import prims
 from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
 
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import Costs, FusionGuard, Runtime
 from thunder_fusion_guard import _thunder as th
 from thunder_fusion_guard.passes.hoist import check_backward
 from thunder_fusion_guard.passes.hoist_runtime import HOISTED_NAME, HoistedValues, hoisted_values
@@ -117,9 +117,11 @@ def test_torch_compile_region_with_a_reduction_is_split_only_without_exact_only(
     # exact_only=False lets other passes rebuild regions too (bits may change): compare with hoisting off.
     # No cost decisions: the softmax regions stay fused on both (never rejected, never timed), so the
     # split is the only difference.
-    loose = FusionGuard(exact_only=False, cost_model=False)
+    loose = FusionGuard(exact_only=False, costs=Costs(cost_model=False))
     guarded = jit(mask_softmax, loose, "torchcompile")
-    unhoisted = jit(mask_softmax, FusionGuard(exact_only=False, cost_model=False, hoist=False), "torchcompile")
+    unhoisted = jit(
+        mask_softmax, FusionGuard(exact_only=False, hoist=False, costs=Costs(cost_model=False)), "torchcompile"
+    )
     for _ in range(2):
         (out_g, grad_g), (out_u, grad_u) = run_with_grads(guarded, [x]), run_with_grads(unhoisted, [x])
         assert_same(out_g, out_u)
@@ -237,7 +239,7 @@ def two_masks(x):
 
 @pytest.mark.parametrize("cap, hoisted", [(10**6, 2), (200, 1), (0, 0)])
 def test_memory_cap_is_honoured(cap, hoisted):
-    guard = FusionGuard(hoist_max_bytes=cap)
+    guard = FusionGuard(runtime=Runtime(hoist_max_bytes=cap))
     jitted = jit(two_masks, guard, "torch")
     x = torch.randn(6, 6)
     for _ in range(2):
@@ -304,10 +306,10 @@ def test_report_only_records_and_changes_nothing():
     "options, error",
     [
         (dict(hoist="yes"), "'hoist'"),
-        (dict(hoist_max_bytes=-1), "'hoist_max_bytes'"),
-        (dict(hoist_max_bytes=1.5), "'hoist_max_bytes'"),
-        (dict(hoist_max_bytes=True), "'hoist_max_bytes'"),
-        (dict(hoist_max_bytes="64MiB"), "'hoist_max_bytes'"),
+        (dict(runtime=dict(hoist_max_bytes=-1)), "'runtime.hoist_max_bytes'"),
+        (dict(runtime=dict(hoist_max_bytes=1.5)), "'runtime.hoist_max_bytes'"),
+        (dict(runtime=dict(hoist_max_bytes=True)), "'runtime.hoist_max_bytes'"),
+        (dict(runtime=dict(hoist_max_bytes="64MiB")), "'runtime.hoist_max_bytes'"),
     ],
 )
 def test_bad_options(options, error):

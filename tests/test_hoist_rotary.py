@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from helpers import assert_same, regions
 from test_hoist import cache_of, grid, hoists
 
-from thunder_fusion_guard import FusionGuard, fusion_executors
+from thunder_fusion_guard import Costs, FusionGuard, fusion_executors
 from thunder_fusion_guard import _thunder as th
 from thunder_fusion_guard.ops import cut_hazards, exactness, hoist_inexact_ops, hoist_keeps_bits
 from thunder_fusion_guard.passes.hoist import hoist_constants
@@ -108,7 +108,7 @@ def test_exact_only_false_hoists_what_the_decision_said():
     with torch.no_grad():
         thunder.jit(block, executors=fusion_executors("cpu"), transforms=[told])(x)
     (row,) = hoists(told, action="keep")
-    loose = FusionGuard(exact_only=False, cost_model=False)
+    loose = FusionGuard(exact_only=False, costs=Costs(cost_model=False))
     guarded = thunder.jit(block, executors=fusion_executors("cpu"), transforms=[loose])
     with torch.no_grad():
         for _ in range(2):

@@ -6,7 +6,7 @@ import thunder
 import torch
 from helpers import assert_same, nvfuser_shaped_executor, regions, run_with_grads
 
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import Costs, FusionGuard
 from thunder_fusion_guard.ops import rounding_hazards
 from thunder_fusion_guard.passes.hoist_runtime import HOISTED_NAME
 
@@ -42,7 +42,7 @@ def test_mask_is_taken_out_of_a_region_with_narrowing_casts(dtype):
     (layer,) = [r for r in regions(plain) if "full" in r.ops]
     assert rounding_hazards(layer.body), "the layout under test: the region rounds where a fusion may not"
 
-    guard = FusionGuard(strict=True, calibration="shipped")
+    guard = FusionGuard(strict=True, costs=Costs(calibration="shipped"))
     guarded = jit(rope_attention, guard)
     got = run_with_grads(guarded, args)
     (hoisted,) = [d for d in guard.report.decisions if d.region == HOISTED_NAME and d.action == "hoist"]

@@ -6,7 +6,7 @@ import torch
 from helpers import assert_same, check_three_ways, jit_cpu, regions
 from opinfo_harness import EAGER_CHEAP
 
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import Costs, FusionGuard
 
 
 def copy_into_input(x, buf):
@@ -60,7 +60,7 @@ PROGRAMS = [copy_into_input, copy_into_input_view, add_into_input, copy_into_int
 @pytest.mark.parametrize("fn", PROGRAMS, ids=lambda f: f.__name__)
 def test_rejected_in_place_region_writes_and_aliases_as_eager(fn):
     # Eager looks cheaper for everything: every region of exact ops (copy_, add, views) is rejected.
-    guard = FusionGuard(strict=True, calibration=EAGER_CHEAP, margin=0.0)
+    guard = FusionGuard(strict=True, costs=Costs(calibration=EAGER_CHEAP, margin=0.0))
     guarded, plain = jit_cpu(fn, guard), jit_cpu(fn)
     x, buf = torch.randn(3, 3), torch.randn(3, 3)
     got, unguarded, eager = (observe(f, x.clone(), buf.clone()) for f in (guarded, plain, fn))
@@ -80,7 +80,7 @@ def add_into_intermediate_with_grad(x, buf):
 
 
 def test_rejected_in_place_region_with_grad():
-    guard = FusionGuard(strict=True, calibration=EAGER_CHEAP, margin=0.0)
+    guard = FusionGuard(strict=True, costs=Costs(calibration=EAGER_CHEAP, margin=0.0))
     x, buf = torch.randn(3, 4, requires_grad=True), torch.randn(3, 4)
     check_three_ways(add_into_intermediate_with_grad, [x, buf], guard, exact_eager=True)
     assert guard.report.filter(trace="forward", action="reject")

@@ -16,7 +16,7 @@ from helpers import NEAR_BREAK_EVEN, assert_same, fragmenting_executor, jit_cpu,
 import thunder_fusion_guard.measure.breakeven as breakeven
 import thunder_fusion_guard.measure.cache as cache
 import thunder_fusion_guard.measure.calibrate as calibrate
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import Costs, FusionGuard
 from thunder_fusion_guard.bench import decisions as bench_decisions
 from thunder_fusion_guard.bench.decisions_measure import Row, choice_verdict_of, truth_of, verdict_of
 from thunder_fusion_guard.bench.decisions_summary import VERDICTS, format_summary, summarize
@@ -76,7 +76,7 @@ def _inputs():
 
 @pytest.mark.usefixtures("no_inductor")
 def test_auto_calibration_happens_once_and_is_cached(fake_calibration, cache_dir, caplog):
-    guard = FusionGuard(calibration_budget_s=0.5, measure_budget_s=0)
+    guard = FusionGuard(costs=Costs(calibration_budget_s=0.5, measure_budget_s=0))
     with caplog.at_level(logging.INFO, logger="thunder_fusion_guard"):
         jit_cpu(lone_add, guard)(*_inputs())
         jit_cpu(add_then_sub, guard)(torch.randn(4))
@@ -90,7 +90,7 @@ def test_auto_calibration_happens_once_and_is_cached(fake_calibration, cache_dir
     assert list(cached.values()) == [FAKE.to_dict()]
     assert all(d.details["decided_by"] != "no constants" for d in guard.report)
 
-    again = FusionGuard(measure_budget_s=0)
+    again = FusionGuard(costs=Costs(measure_budget_s=0))
     jit_cpu(lone_add, again)(*_inputs())
     assert len(fake_calibration) == 1, "a fresh guard reads the cached calibration"
     assert again.constants_for("cpu", "torchcompile") == FAKE and not again.report.calibrations
@@ -101,14 +101,14 @@ def test_auto_calibration_never_runs_in_a_run_of_several_ranks(fake_calibration,
     a run of several ranks keeps compute regions fused (the model has nothing to decide with) and says why."""
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
-    guard = FusionGuard(measure_budget_s=0)
+    guard = FusionGuard(costs=Costs(measure_budget_s=0))
     jit_cpu(lone_add, guard)(*_inputs())
     assert fake_calibration == []
     (event,) = guard.report.calibrations
     assert event["result"].startswith("not calibrated: a run of 2 ranks calibrates nowhere")
     assert all(d.action == "keep" for d in guard.report)
 
-    measured = FusionGuard(calibration="measure", measure_budget_s=0)
+    measured = FusionGuard(costs=Costs(calibration="measure", measure_budget_s=0))
     jit_cpu(lone_add, measured)(*_inputs())
     assert fake_calibration == [("cpu", "torchcompile", 5.0)], "calibration='measure' is the user's explicit ask"
 
@@ -116,7 +116,7 @@ def test_auto_calibration_never_runs_in_a_run_of_several_ranks(fake_calibration,
 @pytest.mark.real_timings  # calibrates for real; its verdict holds whatever the timings are
 def test_auto_calibration_for_real_inside_the_transform(no_shipped, cache_dir):
     """The real probes (thunder.jit of their own, in a fresh context) run inside Thunder's compilation."""
-    guard = FusionGuard(calibration_budget_s=0.05, measure_budget_s=0, strict=True)
+    guard = FusionGuard(strict=True, costs=Costs(calibration_budget_s=0.05, measure_budget_s=0))
     a, b = torch.randn(16, 16, requires_grad=True), torch.randn(16, 16, requires_grad=True)
     assert_same(*[run_with_grads(jit_cpu(lone_add, guard), [a, b])[0], run_with_grads(jit_cpu(lone_add), [a, b])[0]])
     constants = guard.constants_for("cpu", "torchcompile")
@@ -130,25 +130,25 @@ def test_auto_calibration_for_real_inside_the_transform(no_shipped, cache_dir):
 
 def test_calibration_cached_mode_never_measures(fake_calibration):
     for mode in ("cached", None):
-        guard = FusionGuard(calibration=mode)
+        guard = FusionGuard(costs=Costs(calibration=mode))
         jit_cpu(lone_add, guard)(*_inputs())
         (d,) = guard.report
         assert d.action == "keep" and d.details["decided_by"] == "no constants"
-        assert d.code == "no_constants" and guard.options.calibration == "cached"
+        assert d.code == "no_constants" and guard.options.costs.calibration == "cached"
     assert fake_calibration == []
 
 
 def test_calibration_shipped_mode_ignores_the_cache(cache_dir):
     calibrate.save_constants("cpu", "torchcompile", FAKE)
     assert FusionGuard().constants_for("cpu", "torchcompile") == FAKE
-    assert FusionGuard(calibration="shipped").constants_for("cpu", "torchcompile") == calibrate.shipped(
+    assert FusionGuard(costs=Costs(calibration="shipped")).constants_for("cpu", "torchcompile") == calibrate.shipped(
         "cpu", "torchcompile"
     )
 
 
 def test_calibration_measure_mode_ignores_shipped(fake_calibration, monkeypatch):
     monkeypatch.setattr(calibrate, "SHIPPED", [("cpu", "torchcompile", dict(NEAR_BREAK_EVEN, fusion_call_us=99.0))])
-    assert FusionGuard(calibration="measure").constants_for("cpu", "torchcompile") == FAKE
+    assert FusionGuard(costs=Costs(calibration="measure")).constants_for("cpu", "torchcompile") == FAKE
     assert len(fake_calibration) == 1
 
 
@@ -163,7 +163,7 @@ def test_failed_calibration_is_recorded_never_raised(monkeypatch, no_shipped, ca
         assert torch.equal(jit_cpu(lone_add, guard)(*x), lone_add(*x))
     (d,) = guard.report
     assert d.action == "keep" and d.details["decided_by"] == "no constants"
-    assert d.code == "no_constants" and guard.options.calibration == "auto"
+    assert d.code == "no_constants" and guard.options.costs.calibration == "auto"
     assert "planted calibration failure" in guard.report.calibrations[0]["result"]
     assert "planted calibration failure" in caplog.text
 
@@ -176,7 +176,7 @@ def test_auto_calibrates_on_a_cpu_the_shipped_constants_do_not_name_and_caches_p
     keys = []
     for n, cpu in enumerate(cpus, start=1):
         pin_cpu(monkeypatch, *cpu)
-        guard = FusionGuard(measure_budget_s=0)
+        guard = FusionGuard(costs=Costs(measure_budget_s=0))
         assert guard.constants_for("cpu", "torchcompile") == FAKE
         assert len(fake_calibration) == n, f"{cpu} reused another CPU's calibration"
         (event,) = guard.report.calibrations
@@ -185,7 +185,7 @@ def test_auto_calibrates_on_a_cpu_the_shipped_constants_do_not_name_and_caches_p
     assert len(set(keys)) == len(cpus)
     assert set(json.loads((cache.cache_path()).read_text())) == set(keys)
     pin_cpu(monkeypatch, *cpus[0])
-    again = FusionGuard(measure_budget_s=0)
+    again = FusionGuard(costs=Costs(measure_budget_s=0))
     assert again.constants_for("cpu", "torchcompile") == FAKE and not again.report.calibrations
     assert len(fake_calibration) == len(cpus), "the same CPU reads its cached calibration"
 
@@ -220,7 +220,7 @@ def test_constants_not_calibrated_here_do_not_decide_alone(inject_timings, monke
     fusion; the region is timed anyway, and the timing, fused slower, sends it to torch."""
     monkeypatch.setattr(calibrate, "SHIPPED", [("cpu", "torchcompile", FUSION_FAR_CHEAPER)])
     timings = inject_timings(10.0, 2.0)
-    guard = FusionGuard(calibration=mode, strict=True)
+    guard = FusionGuard(strict=True, costs=Costs(calibration=mode))
     x = torch.randn(16, 16)
     guarded = jit_cpu(five_ops, guard)
     assert torch.equal(guarded(x), five_ops(x))
@@ -237,7 +237,7 @@ def test_constants_not_calibrated_here_do_not_decide_alone(inject_timings, monke
 def test_constants_not_calibrated_here_are_timed_within_the_budget(inject_timings, monkeypatch):
     monkeypatch.setattr(calibrate, "SHIPPED", [("cpu", "torchcompile", FUSION_FAR_CHEAPER)])
     timings = inject_timings(10.0, 2.0)
-    guard = FusionGuard(calibration="shipped", measure_budget_s=0)
+    guard = FusionGuard(costs=Costs(calibration="shipped", measure_budget_s=0))
     jit_cpu(five_ops, guard)(torch.randn(16, 16))
     (d,) = guard.report
     assert (d.action, d.details["decided_by"]) == ("keep", "model") and "model_doubted" in d.details
@@ -248,7 +248,9 @@ def test_a_timing_far_off_the_estimates_puts_the_model_in_doubt(inject_timings):
     """Constants given by hand are trusted until a timing of the guard's own finds the estimated eager/fused
     ratio off by more than the band: from then on its regions far from break-even are timed too."""
     timings = inject_timings(10.0, 2.0)
-    guard = FusionGuard(calibration=NEAR_BREAK_EVEN, strict=True)  # five ops about 4.5x dearer eagerly, one add not
+    guard = FusionGuard(
+        strict=True, costs=Costs(calibration=NEAR_BREAK_EVEN)
+    )  # five ops about 4.5x dearer eagerly, one add not
     x = torch.randn(16, 16)
     jit_cpu(five_ops, guard)(x)
     (far,) = guard.report
@@ -274,7 +276,7 @@ def test_a_timing_far_off_the_estimates_puts_the_model_in_doubt(inject_timings):
 @pytest.mark.parametrize("fused_us,eager_us,action", [(10.0, 2.0, "reject"), (2.0, 10.0, "keep")])
 def test_near_break_even_the_measurement_decides(inject_timings, fused_us, eager_us, action):
     timings = inject_timings(fused_us, eager_us)
-    guard = FusionGuard(calibration=NEAR_BREAK_EVEN, strict=True)
+    guard = FusionGuard(strict=True, costs=Costs(calibration=NEAR_BREAK_EVEN))
     a, b = torch.randn(16, 16, requires_grad=True), torch.randn(16, 16)
     guarded = jit_cpu(lone_add, guard)
     assert_same(*[run_with_grads(guarded, [a, b])[0], run_with_grads(jit_cpu(lone_add), [a, b])[0]])
@@ -291,7 +293,7 @@ def test_near_break_even_the_measurement_decides(inject_timings, fused_us, eager
 def test_far_from_break_even_nothing_is_measured(inject_timings):
     timings = inject_timings(1.0, 1.0)
     far = dict(NEAR_BREAK_EVEN, fusion_call_us=100.0)
-    guard = FusionGuard(calibration=far)
+    guard = FusionGuard(costs=Costs(calibration=far))
     jit_cpu(lone_add, guard)(*_inputs())
     (d,) = guard.report
     assert d.action == "reject" and d.details["decided_by"] == "model" and timings == []
@@ -299,7 +301,7 @@ def test_far_from_break_even_nothing_is_measured(inject_timings):
 
 def test_inexact_regions_are_not_measured(inject_timings):
     timings = inject_timings(10.0, 1.0)
-    guard = FusionGuard(calibration=dict(NEAR_BREAK_EVEN, eager_op_us=0.9))
+    guard = FusionGuard(costs=Costs(calibration=dict(NEAR_BREAK_EVEN, eager_op_us=0.9)))
 
     def chain(x):
         return torch.exp(x) * 2.0
@@ -311,7 +313,7 @@ def test_inexact_regions_are_not_measured(inject_timings):
 
 def test_second_compilation_measures_nothing(inject_timings, cache_dir):
     timings = inject_timings(10.0, 2.0)
-    guard = FusionGuard(calibration=NEAR_BREAK_EVEN)
+    guard = FusionGuard(costs=Costs(calibration=NEAR_BREAK_EVEN))
     jit_cpu(lone_add, guard)(*_inputs())
     jit_cpu(lone_add, guard)(*_inputs())
     assert timings == [2]
@@ -322,7 +324,7 @@ def test_second_compilation_measures_nothing(inject_timings, cache_dir):
     assert len(json.loads((cache_dir / "measurements.json").read_text())) == 1
 
     breakeven.clear_memory_cache()
-    fresh = FusionGuard(calibration=NEAR_BREAK_EVEN)
+    fresh = FusionGuard(costs=Costs(calibration=NEAR_BREAK_EVEN))
     jit_cpu(lone_add, fresh)(*_inputs())
     assert timings == [2], "a fresh guard in a fresh process reads the disk cache"
     (d,) = fresh.report
@@ -331,7 +333,7 @@ def test_second_compilation_measures_nothing(inject_timings, cache_dir):
 
 def test_other_shapes_are_measured_again(inject_timings):
     timings = inject_timings(10.0, 2.0)
-    guard = FusionGuard(calibration=NEAR_BREAK_EVEN)
+    guard = FusionGuard(costs=Costs(calibration=NEAR_BREAK_EVEN))
     jit_cpu(lone_add, guard)(*_inputs())
     jit_cpu(lone_add, guard)(torch.randn(16, 17), torch.randn(16, 17))
     assert timings == [2, 2]
@@ -340,7 +342,7 @@ def test_other_shapes_are_measured_again(inject_timings):
 @pytest.mark.usefixtures("no_inductor")
 def test_measuring_budget_caps_the_time(inject_timings):
     timings = inject_timings(10.0, 2.0)
-    guard = FusionGuard(calibration=NEAR_BREAK_EVEN, measure_budget_s=0.5)
+    guard = FusionGuard(costs=Costs(calibration=NEAR_BREAK_EVEN, measure_budget_s=0.5))
     ticks = iter(range(0, 10**12, 10**9))  # every reading of the clock is one second later
     guard.measurer.clock = lambda: next(ticks)
     thunder.jit(add_then_sub, executors=[fragmenting_executor()], transforms=[guard])(torch.randn(16, 16))
@@ -348,7 +350,7 @@ def test_measuring_budget_caps_the_time(inject_timings):
     assert timings == [2]
     assert first.details["decided_by"] == "measured"
     assert second.details["decided_by"] == "model"
-    assert "measuring budget (0.5 s, option 'measure_budget_s') is spent" in second.details["not_measured"]
+    assert "measuring budget (0.5 s, option 'costs.measure_budget_s') is spent" in second.details["not_measured"]
     assert guard.report.measuring["timed"] == 1 and guard.report.measuring["not_timed"] == 1
     assert guard.report.measuring["seconds"] >= 1.0
 
@@ -376,7 +378,7 @@ def test_measuring_and_calibrating_inside_thunderfx_subgraphs(inject_timings, fa
 
 def test_measuring_off(inject_timings):
     timings = inject_timings(10.0, 2.0)
-    guard = FusionGuard(calibration=NEAR_BREAK_EVEN, measure_budget_s=0)
+    guard = FusionGuard(costs=Costs(calibration=NEAR_BREAK_EVEN, measure_budget_s=0))
     jit_cpu(lone_add, guard)(*_inputs())
     (d,) = guard.report
     assert timings == [] and d.details["decided_by"] == "model" and "measuring" not in guard.report.to_dict()
@@ -389,7 +391,7 @@ def test_measurement_failure_falls_back_to_the_model(monkeypatch, inject_timings
         raise RuntimeError("planted timing failure")
 
     monkeypatch.setattr(breakeven, "interleaved_us", broken)
-    guard = FusionGuard(calibration=NEAR_BREAK_EVEN)
+    guard = FusionGuard(costs=Costs(calibration=NEAR_BREAK_EVEN))
     x = _inputs()
     assert torch.equal(jit_cpu(lone_add, guard)(*x), lone_add(*x))
     (d,) = guard.report
@@ -401,7 +403,7 @@ def test_several_ranks_decide_by_the_model_alone(monkeypatch, inject_timings):
     timings = inject_timings(10.0, 2.0)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
-    guard = FusionGuard(calibration=NEAR_BREAK_EVEN)
+    guard = FusionGuard(costs=Costs(calibration=NEAR_BREAK_EVEN))
     x = _inputs()
     assert torch.equal(jit_cpu(lone_add, guard)(*x), lone_add(*x))
     (d,) = guard.report
@@ -416,7 +418,7 @@ def test_in_place_regions_are_measured_on_fresh_tensors(inject_timings):
         return dst.copy_(src)
 
     dst, src = torch.zeros(16, 16), torch.ones(16, 16)
-    guard = FusionGuard(calibration=NEAR_BREAK_EVEN)
+    guard = FusionGuard(costs=Costs(calibration=NEAR_BREAK_EVEN))
     jit_cpu(copy_into, guard)(dst, src)
     (d,) = guard.report
     assert d.details["decided_by"] == "measured" and d.action == "keep"
@@ -429,7 +431,7 @@ def test_region_inputs_follow_the_proxies():
     def mixed(x, i, m):
         return torch.where(m, x, 0.0) + i
 
-    jitted = jit_cpu(mixed, FusionGuard(cost_model=False))
+    jitted = jit_cpu(mixed, FusionGuard(costs=Costs(cost_model=False)))
     jitted(torch.randn(3, 4, dtype=torch.float64), torch.ones(3, 4, dtype=torch.int64), torch.ones(3, 4) > 0)
     trace = thunder.last_traces(jitted)[-1]
     (region,) = find_regions(trace)
@@ -443,7 +445,7 @@ def test_region_inputs_follow_the_proxies():
 
 
 def test_reason_within_the_margin_says_eager_was_cheaper():
-    guard = FusionGuard(calibration=NEAR_BREAK_EVEN, measure_budget_s=0)
+    guard = FusionGuard(costs=Costs(calibration=NEAR_BREAK_EVEN, measure_budget_s=0))
     jit_cpu(lone_add, guard)(*_inputs())
     (d,) = guard.report
     region, eager = d.estimates["est_region_us"], d.estimates["est_eager_us"]
@@ -454,14 +456,14 @@ def test_reason_within_the_margin_says_eager_was_cheaper():
 
 
 def test_reason_when_fusion_wins_and_when_measured_within_margin(inject_timings):
-    guard = FusionGuard(calibration=dict(NEAR_BREAK_EVEN, eager_op_us=30.0), measure_budget_s=0)
+    guard = FusionGuard(costs=Costs(calibration=dict(NEAR_BREAK_EVEN, eager_op_us=30.0), measure_budget_s=0))
     jit_cpu(lone_add, guard)(*_inputs())
     (d,) = guard.report
     assert (d.code, d.action, d.details["decided_by"]) == ("cost_model", "keep", "model")
     assert d.estimates["est_region_us"] < d.estimates["est_eager_us"]
 
     inject_timings(10.0, 9.7)
-    guard = FusionGuard(calibration=NEAR_BREAK_EVEN)
+    guard = FusionGuard(costs=Costs(calibration=NEAR_BREAK_EVEN))
     jit_cpu(lone_add, guard)(*_inputs())
     (d,) = guard.report
     assert d.action == "keep"
@@ -485,7 +487,9 @@ def test_measured_margin_follows_the_timings_spread(inject_timings, spread, over
     """On a synchronous device a timed region is rejected once eager wins by more than the timing's spread
     (at least 5%, at most the option 'margin'); where the host runs ahead of the device, 'margin' holds."""
     inject_timings(10.0, 8.8, spread)
-    guard = FusionGuard(calibration=dict(NEAR_BREAK_EVEN, overlapped=overlapped), margin=margin, strict=True)
+    guard = FusionGuard(
+        strict=True, costs=Costs(calibration=dict(NEAR_BREAK_EVEN, overlapped=overlapped), margin=margin)
+    )
     a, b = _inputs()
     assert_same([jit_cpu(lone_add, guard)(a, b)], [jit_cpu(lone_add)(a, b)])
     (d,) = guard.report
@@ -511,7 +515,7 @@ def test_on_cuda_the_margin_narrows_where_eager_is_no_dearer_on_host_and_device(
     eager, timed apart on the host and on the device, is no dearer on either (within the timing's spread):
     then it is cheaper in the program whichever of the two bounds it. Otherwise the option 'margin' holds."""
     inject_timings(10.0, 8.8, 0.0, host=host, device=device)
-    guard = FusionGuard(calibration=dict(NEAR_BREAK_EVEN, overlapped=True), strict=True)
+    guard = FusionGuard(strict=True, costs=Costs(calibration=dict(NEAR_BREAK_EVEN, overlapped=True)))
     a, b = _inputs()
     assert_same([jit_cpu(lone_add, guard)(a, b)], [jit_cpu(lone_add)(a, b)])
     (d,) = guard.report
@@ -525,9 +529,9 @@ def test_on_cuda_the_margin_narrows_where_eager_is_no_dearer_on_host_and_device(
 def test_host_and_device_times_are_cached_with_the_measurement(inject_timings):
     inject_timings(10.0, 8.8, 0.0, host=(6.0, 3.0), device=(9.0, 8.6))
     a, b = _inputs()
-    jit_cpu(lone_add, FusionGuard(calibration=dict(NEAR_BREAK_EVEN, overlapped=True)))(a, b)
+    jit_cpu(lone_add, FusionGuard(costs=Costs(calibration=dict(NEAR_BREAK_EVEN, overlapped=True))))(a, b)
     breakeven.clear_memory_cache()
-    again = FusionGuard(calibration=dict(NEAR_BREAK_EVEN, overlapped=True))
+    again = FusionGuard(costs=Costs(calibration=dict(NEAR_BREAK_EVEN, overlapped=True)))
     jit_cpu(lone_add, again)(a, b)
     (d,) = again.report
     assert d.action == "reject" and d.details["measured_from"] == "cache"
@@ -541,7 +545,7 @@ def test_a_failing_host_and_device_timing_leaves_the_measurement(inject_timings,
         raise RuntimeError("no sleeping kernel here")
 
     monkeypatch.setattr(breakeven, "host_device_us", broken)
-    guard = FusionGuard(calibration=dict(NEAR_BREAK_EVEN, overlapped=True))
+    guard = FusionGuard(costs=Costs(calibration=dict(NEAR_BREAK_EVEN, overlapped=True)))
     jit_cpu(lone_add, guard)(*_inputs())
     (d,) = guard.report
     assert d.details["decided_by"] == "measured" and "measured_region_host_us" not in d.details
@@ -623,12 +627,15 @@ def test_host_device_us_tells_device_time_from_host_time():
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        ({"calibration": "sometimes"}, r"'calibration' must be one of \['auto', 'cached', 'shipped', 'measure'\]"),
-        ({"calibration_budget_s": 0}, "'calibration_budget_s' must be a finite number of seconds > 0"),
-        ({"measure_budget_s": -1}, "'measure_budget_s' must be a finite number of seconds >= 0"),
-        ({"measure_budget_s": float("inf")}, "'measure_budget_s'"),
-        ({"measure_budget_s": "5"}, "'measure_budget_s'"),
-        ({"measure_budget_s": True}, "'measure_budget_s'"),
+        (
+            {"costs": {"calibration": "sometimes"}},
+            r"'costs.calibration' must be one of \['auto', 'cached', 'shipped', 'measure'\]",
+        ),
+        ({"costs": {"calibration_budget_s": 0}}, "'costs.calibration_budget_s' must be a finite number of seconds > 0"),
+        ({"costs": {"measure_budget_s": -1}}, "'costs.measure_budget_s' must be a finite number of seconds >= 0"),
+        ({"costs": {"measure_budget_s": float("inf")}}, "'costs.measure_budget_s'"),
+        ({"costs": {"measure_budget_s": "5"}}, "'costs.measure_budget_s'"),
+        ({"costs": {"measure_budget_s": True}}, "'costs.measure_budget_s'"),
     ],
 )
 def test_bad_measuring_options(kwargs, match):
@@ -638,8 +645,12 @@ def test_bad_measuring_options(kwargs, match):
 
 def test_defaults():
     options = FusionGuard().options
-    assert options.calibration == "auto" and options.measure_budget_s > 0 and options.calibration_budget_s > 0
-    assert FusionGuard(calibration=None).options.calibration == "cached"
+    assert (
+        options.costs.calibration == "auto"
+        and options.costs.measure_budget_s > 0
+        and options.costs.calibration_budget_s > 0
+    )
+    assert FusionGuard(costs=Costs(calibration=None)).options.costs.calibration == "cached"
 
 
 def test_constants_without_io_cost_still_load():

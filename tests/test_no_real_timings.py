@@ -9,7 +9,7 @@ from conftest import NOT_CALIBRATED_IN_TESTS, NOT_TIMED_IN_TESTS
 from helpers import NEAR_BREAK_EVEN, jit_cpu
 
 import thunder_fusion_guard.measure.calibrate as calibrate
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import Costs, FusionGuard
 
 
 def lone_add(a, b):
@@ -21,8 +21,8 @@ def _inputs():
 
 
 def test_a_region_near_break_even_is_not_timed():
-    guard = FusionGuard(calibration=NEAR_BREAK_EVEN)
-    assert guard.options.measure_budget_s > 0  # measuring is on: the fixture, not the option, stops it
+    guard = FusionGuard(costs=Costs(calibration=NEAR_BREAK_EVEN))
+    assert guard.options.costs.measure_budget_s > 0  # measuring is on: the fixture, not the option, stops it
     jit_cpu(lone_add, guard)(*_inputs())
     (d,) = guard.report
     assert d.details["decided_by"] == "model" and d.details["not_measured"] == NOT_TIMED_IN_TESTS
@@ -55,7 +55,7 @@ def test_auto_calibration_never_measures(monkeypatch):
 
 def test_injected_timings_decide(inject_timings):
     timings = inject_timings(10.0, 2.0)
-    guard = FusionGuard(calibration=NEAR_BREAK_EVEN)
+    guard = FusionGuard(costs=Costs(calibration=NEAR_BREAK_EVEN))
     jit_cpu(lone_add, guard)(*_inputs())
     (d,) = guard.report
     assert timings == [2] and (d.action, d.details["decided_by"]) == ("reject", "measured")

@@ -8,7 +8,7 @@ import torch
 from helpers import assert_same, run_with_grads
 from test_guard import metadata_chain, mixed, rearrange_heads
 
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import Costs, FusionGuard, Rewrites, Runtime
 from thunder_fusion_guard._thunder import DirectNvFuserCall, executor_name, is_fusion, region_callable
 from thunder_fusion_guard._thunder.compat import applied_fixes
 from thunder_fusion_guard.ops import region_is_metadata_only
@@ -42,7 +42,7 @@ def test_compat_fix_makes_nvfuser_run():
 @pytest.mark.parametrize("fn,shape", [(rearrange_heads, (2, 3, 4, 5)), (metadata_chain, (3, 4, 6, 5))])
 def test_no_metadata_only_nvfusion_region_remains(fn, shape):
     x = torch.randn(shape, device="cuda", requires_grad=True)
-    guard = FusionGuard(strict=True, override_compile_options=True)
+    guard = FusionGuard(strict=True, rewrites=Rewrites(override_compile_options=True))
     guarded, plain = jit_nv(fn, guard), jit_nv(fn)
     out_g, grad_g = run_with_grads(guarded, [x])
     out_p, grad_p = run_with_grads(plain, [x])
@@ -81,7 +81,7 @@ def test_direct_calls_keep_thunders_bits():
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
     w = torch.randn(64, **bf16, requires_grad=True)
     cos, sin = torch.randn(16, 64, device="cuda"), torch.randn(16, 64, device="cuda")
-    direct, thunders_call = FusionGuard(strict=True), FusionGuard(strict=True, direct_calls=False)
+    direct, thunders_call = FusionGuard(strict=True), FusionGuard(strict=True, runtime=Runtime(direct_calls=False))
     guarded = thunder.jit(norm_rotate_gate, transforms=[direct])
     kept = thunder.jit(norm_rotate_gate, transforms=[thunders_call])
     plain = thunder.jit(norm_rotate_gate)
@@ -128,7 +128,7 @@ def test_equal_regions_run_one_compiled_definition_with_thunders_bits():
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
     x = torch.randn(32, 64, **bf16, requires_grad=True)
     w1, w2 = (torch.randn(64, 64, **bf16, requires_grad=True) for _ in range(2))
-    sharing, apart = FusionGuard(strict=True), FusionGuard(strict=True, share_fusions=False)
+    sharing, apart = FusionGuard(strict=True), FusionGuard(strict=True, runtime=Runtime(share_fusions=False))
     guarded, unshared = thunder.jit(two_layers, transforms=[sharing]), thunder.jit(two_layers, transforms=[apart])
     plain = thunder.jit(two_layers)
     for _ in range(2):
@@ -163,7 +163,7 @@ def test_a_sum_of_padded_slice_gradients_across_regions_is_one_concatenation_wit
     w = torch.randn(256, 64, **bf16, requires_grad=True)
     x, m = torch.randn(256, 64, **bf16), torch.randn(16, 16, **bf16)
     x[0, 0] = -0.0
-    guard = FusionGuard(exact_only=False, cost_model=False)
+    guard = FusionGuard(exact_only=False, costs=Costs(cost_model=False))
     guarded, plain = thunder.jit(slices_through_matmuls, transforms=[guard]), thunder.jit(slices_through_matmuls)
     for _ in range(2):
         (out,), grads = run_with_grads(guarded, [w, x, m])

@@ -12,7 +12,7 @@ import torch
 from helpers import assert_same, run_with_grads
 from test_thunderfx import Heads
 
-from thunder_fusion_guard import FusionGuard, collect_segments, explain, profile_regions
+from thunder_fusion_guard import FusionGuard, Rewrites, collect_segments, explain, profile_regions
 from thunder_fusion_guard.ops import region_is_metadata_only
 from thunder_fusion_guard.regions import find_regions
 from thunder_fusion_guard.tools.cli import main
@@ -141,7 +141,7 @@ def test_thunderfx_on_nvfuser_lists_kernels_by_subgraph():
     torch.manual_seed(0)
     model = Heads(heads=4, dim=256).cuda()
     x = torch.randn(4, 128, 256, device="cuda", requires_grad=True)
-    guard = FusionGuard(strict=True, override_compile_options=True)
+    guard = FusionGuard(strict=True, rewrites=Rewrites(override_compile_options=True))
     guarded = thunderfx(model, transforms=[guard], nv_enable_shape_only_fusion=True)
     plain = thunderfx(model, nv_enable_shape_only_fusion=True)
     out_g, grads_g = run_with_grads(guarded, [x])

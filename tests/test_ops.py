@@ -6,7 +6,7 @@ import thunder
 import torch
 from helpers import check_three_ways, jit_cpu, regions, shares_storage
 
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import Costs, FusionGuard
 from thunder_fusion_guard import _thunder as th
 from thunder_fusion_guard.ops import is_metadata, only_numbers
 
@@ -143,7 +143,7 @@ def test_random_ops_by_tag_or_name_and_normalize_is_not_one():
 
     x = torch.randn(4, 8)
     eager_cheap = dict(fusion_call_us=1e6, fusion_gbps=1e-3, eager_op_us=1e-6, eager_meta_us=1e-6, eager_gbps=1e6)
-    guard = FusionGuard(calibration={**eager_cheap, "overlapped": False}, exact_only=False)
+    guard = FusionGuard(exact_only=False, costs=Costs(calibration={**eager_cheap, "overlapped": False}))
     jitted = jit_cpu(noisy, guard)
     jitted(x)
     (kept,) = [d for d in guard.report if d.about_region]

@@ -7,7 +7,7 @@ import thunder
 import torch
 from helpers import fragmenting_executor, nvfuser_shaped_executor
 
-from thunder_fusion_guard import FusionGuard, fusion_executors
+from thunder_fusion_guard import Costs, FusionGuard, fusion_executors
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -51,7 +51,7 @@ def _folds(guard):
 
 def test_a_sum_of_pads_that_tile_is_one_concatenation_with_thunders_bits():
     f = _slices([(0, 4), (4, 6), (6, 12)])
-    guard = FusionGuard(cost_model=False, exact_only=False)
+    guard = FusionGuard(exact_only=False, costs=Costs(cost_model=False))
     jitted, out, grad = _run(f, guard)
     _, expected_out, expected = _run(f)
     assert torch.equal(_bits(out), _bits(expected_out)) and torch.equal(_bits(grad), _bits(expected))
@@ -67,7 +67,7 @@ def test_a_sum_of_pads_that_tile_is_one_concatenation_with_thunders_bits():
 def test_a_sum_of_pads_inside_one_region_stays_as_it_is():
     """Its partial sums never leave the fuser: there is nothing to save, and a rebuilt region to risk."""
     f = _slices([(0, 4), (4, 6), (6, 12)], through_matmuls=False)
-    guard = FusionGuard(cost_model=False, exact_only=False)
+    guard = FusionGuard(exact_only=False, costs=Costs(cost_model=False))
     jitted, _, grad = _run(f, guard, fusion_executors("cpu"))
     assert not _folds(guard)
     assert "prims.pad(" in str(thunder.last_backward_traces(jitted)[-1])
@@ -76,7 +76,7 @@ def test_a_sum_of_pads_inside_one_region_stays_as_it_is():
 
 def test_pieces_that_overlap_or_leave_a_gap_stay_a_sum_of_pads():
     for ranges in ([(0, 6), (4, 12)], [(0, 4), (6, 12)]):
-        guard = FusionGuard(cost_model=False, exact_only=False)
+        guard = FusionGuard(exact_only=False, costs=Costs(cost_model=False))
         jitted, _, grad = _run(_slices(ranges), guard)
         assert not _folds(guard)
         assert "prims.pad(" in str(thunder.last_backward_traces(jitted)[-1])
@@ -86,19 +86,19 @@ def test_pieces_that_overlap_or_leave_a_gap_stay_a_sum_of_pads():
 @pytest.mark.parametrize(
     "options",
     [
-        {"concat_padded_sums": False, "exact_only": False},
+        {"exact_only": False, "rewrites": {"concat_padded_sums": False}},
         {},  # exact_only: a bf16 region's rebuild may round otherwise, so it is not rebuilt
     ],
 )
 def test_the_option_and_exactness_leave_the_sum_as_it_is(options):
-    guard = FusionGuard(cost_model=False, **options)
+    guard = FusionGuard(**options, costs=Costs(cost_model=False))
     jitted, _, _ = _run(_slices([(0, 4), (4, 12)]), guard)
     assert not _folds(guard)
     assert "prims.pad(" in str(thunder.last_backward_traces(jitted)[-1])
 
 
 def test_report_only_records_the_concatenation_without_making_it():
-    guard = FusionGuard(cost_model=False, exact_only=False, report_only=True)
+    guard = FusionGuard(exact_only=False, report_only=True, costs=Costs(cost_model=False))
     jitted, _, _ = _run(_slices([(0, 4), (4, 12)]), guard, [fragmenting_executor()])
     (d,) = _folds(guard)
     assert d.applied is False
@@ -190,7 +190,7 @@ def _cat_of_slices(w, x):
 
 
 def test_side_by_side_slices_of_one_tensor_are_one_slice_not_a_concatenation():
-    guard = FusionGuard(cost_model=False, exact_only=False)
+    guard = FusionGuard(exact_only=False, costs=Costs(cost_model=False))
     jitted, out, grad = _run(_cat_of_slices, guard, [fragmenting_executor()])
     _, expected_out, expected = _run(_cat_of_slices, executors=[fragmenting_executor()])
     assert torch.equal(_bits(out), _bits(expected_out)) and torch.equal(_bits(grad), _bits(expected))
@@ -207,7 +207,7 @@ def test_slices_that_cover_their_source_are_the_source_plus_zero():
     def f(w, x):
         return (torch.cat([w[:, 0:4], w[:, 4:12]], 1) * x).sum()
 
-    guard = FusionGuard(cost_model=False, exact_only=False)
+    guard = FusionGuard(exact_only=False, costs=Costs(cost_model=False))
     jitted, out, grad = _run(f, guard, [fragmenting_executor()])  # one region an op: the sum spans regions
     _, expected_out, expected = _run(f, executors=[fragmenting_executor()])
     assert torch.equal(_bits(out), _bits(expected_out)) and torch.equal(_bits(grad), _bits(expected))

@@ -16,7 +16,7 @@ import thunder
 import torch
 from helpers import fragmenting_executor, jit_cpu
 
-from thunder_fusion_guard import FusionGuard, profile_regions, trace_graphs
+from thunder_fusion_guard import FusionGuard, Rewrites, profile_regions, trace_graphs
 from thunder_fusion_guard.examine.bandwidth import gbps, peak_from_properties
 from thunder_fusion_guard.examine.dataflow import graphs_to_dot, trace_graph
 from thunder_fusion_guard.tools.cli import main
@@ -53,7 +53,7 @@ def test_bytes_at_kernel_boundaries_drop_where_the_guard_rehomes_and_merges():
     x, w = torch.randn(32), torch.randn(8, 4)
     n = 32 * F32
     rehomed = _pair(FusionGuard(strict=True), x, w)
-    merged = _pair(FusionGuard(strict=True, merge_regions=True), x, w)
+    merged = _pair(FusionGuard(strict=True, rewrites=Rewrites(merge_regions=True)), x, w)
     for pair in (rehomed, merged):
         before = pair.before
         assert pair.changed and before.stage == "before" and before.fusion_calls == 5
@@ -90,7 +90,7 @@ def test_views_outside_fusions_move_no_bytes():
 def profile():
     """A guarded program with forward and backward in which the guard rejects, re-homes and merges."""
     x, w = torch.randn(32, requires_grad=True), torch.randn(8, 4, requires_grad=True)
-    guard = FusionGuard(merge_regions=True)
+    guard = FusionGuard(rewrites=Rewrites(merge_regions=True))
     jitted = thunder.jit(view_then_compute, executors=[fragmenting_executor()], transforms=[guard])
     with uncompiled():
         return profile_regions(jitted, x, w, reps=2, warmup=0)

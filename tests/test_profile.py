@@ -10,7 +10,7 @@ import torch
 from einops import rearrange
 from helpers import jit_cpu, regions
 
-from thunder_fusion_guard import FusionGuard, profile_regions
+from thunder_fusion_guard import Costs, FusionGuard, profile_regions
 from thunder_fusion_guard import _thunder as th
 from thunder_fusion_guard.examine import profile_rows
 from thunder_fusion_guard.examine.profile import RegionRow
@@ -66,7 +66,7 @@ def test_forward_only_when_nothing_requires_grad():
 
 
 def test_decisions_attached_and_rejected_regions_listed():
-    guard = FusionGuard(cost_model=False)
+    guard = FusionGuard(costs=Costs(cost_model=False))
     jitted = jit_cpu(broadcast_rows, guard)
     profile = profile_regions(jitted, torch.randn(1, 4, 5, requires_grad=True), reps=2, warmup=0)
     assert [r.trace for r in profile.rows] == ["backward"]
@@ -83,7 +83,7 @@ def test_decisions_attached_and_rejected_regions_listed():
 
 
 def test_latest_compilation_decisions_only():
-    guard = FusionGuard(cost_model=False)
+    guard = FusionGuard(costs=Costs(cost_model=False))
     jitted = jit_cpu(mixed, guard)
     jitted(*_inputs(requires_grad=False))
     profile = profile_regions(jitted, torch.randn(2, 3, 6, 5), torch.randn(5), reps=2, warmup=0)
@@ -255,7 +255,7 @@ def test_profile_table_marks_disagreements_with_injected_timings(monkeypatch):
 
     timings = iter([(50.0, (49.0, 51.0)), (10.0, (9.0, 11.0))] * 10)  # every region: fused 50 µs, eager 10 µs
     monkeypatch.setattr(profile_rows, "_timed", lambda fn, args, reps, warmup: next(timings))
-    guard = FusionGuard(measure_budget_s=0)
+    guard = FusionGuard(costs=Costs(measure_budget_s=0))
     jitted = jit_cpu(lambda t: torch.softmax(t * 2.0, dim=-1), guard)
     profile = profile_regions(jitted, torch.randn(4, 8), reps=2, warmup=0)
     (row,) = profile.rows

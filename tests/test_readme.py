@@ -116,21 +116,22 @@ def options_table(text: str) -> list[str]:
 
 
 def test_readme_options_table_is_the_one_guard_options_makes():
-    from thunder_fusion_guard.options import GuardOptions
+    from thunder_fusion_guard.options import GROUPS, GuardOptions, documented
 
-    fields = dataclasses.fields(GuardOptions)
-    undocumented = [f.name for f in fields if "doc" not in f.metadata]
-    assert not undocumented, f"GuardOptions fields without a one-line metadata['doc']: {', '.join(undocumented)}"
-    expected = [f"| `{f.name}` | `{f.default!r}` | {f.metadata['doc']} |" for f in fields]
+    records = [GuardOptions, *GROUPS]
+    undocumented = [f.name for r in records for f in dataclasses.fields(r) if "doc" not in f.metadata]
+    assert not undocumented, f"option fields without a one-line metadata['doc']: {', '.join(undocumented)}"
+    expected = [f"| `{name}` | `{default!r}` | {doc} |" for name, default, doc in documented()]
     assert options_table(README.read_text()) == expected
 
 
 def test_readme_options_table_names_every_option_in_field_order():
-    """Holds before the meanings are reconciled: one row per field, in order, with the field's default."""
-    from thunder_fusion_guard.options import GuardOptions
+    """Holds before the meanings are reconciled: one row per option (a group's fields after it, ``group.field``),
+    in field order, with its default."""
+    from thunder_fusion_guard.options import documented
 
-    rows = [re.match(r"\| `(\w+)` \| `(.*?)` \|", row).groups() for row in options_table(README.read_text())]
-    assert rows == [(f.name, repr(f.default)) for f in dataclasses.fields(GuardOptions)]
+    rows = [re.match(r"\| `([\w.]+)` \| `(.*?)` \|", row).groups() for row in options_table(README.read_text())]
+    assert rows == [(name, repr(default)) for name, default, _ in documented()]
 
 
 def test_readme_lists_every_public_name():

@@ -12,7 +12,7 @@ from test_rewrites import sliding_window_mask
 
 import thunder_fusion_guard.passes.decide as decide
 import thunder_fusion_guard.passes.fold as fold
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import Costs, FusionGuard
 
 # The subject is not the code Inductor generates: regions run uncompiled (helpers.without_inductor).
 pytestmark = pytest.mark.usefixtures("no_inductor_module")
@@ -44,9 +44,13 @@ PROGRAMS = [
     (copy_into_input, lambda: [torch.randn(4, 4), torch.zeros(4, 4)], {}),
     (noisy, lambda: [torch.randn(8, 8)], {}),
     (long_chain, lambda: [torch.randn(8, 8), torch.randn(8, 8)], {}),
-    (long_chain, lambda: [torch.randn(8, 8), torch.randn(8, 8)], {"exact_only": False, "calibration": ALWAYS_EAGER}),
-    (mixed, lambda: [torch.randn(2, 3, 4, 5), torch.randn(5)], {"report_only": True, "cost_model": False}),
-    (mixed, lambda: [torch.randn(2, 3, 4, 5), torch.randn(5)], {"calibration": "shipped", "executors": []}),
+    (
+        long_chain,
+        lambda: [torch.randn(8, 8), torch.randn(8, 8)],
+        {"exact_only": False, "costs": {"calibration": ALWAYS_EAGER}},
+    ),
+    (mixed, lambda: [torch.randn(2, 3, 4, 5), torch.randn(5)], {"report_only": True, "costs": {"cost_model": False}}),
+    (mixed, lambda: [torch.randn(2, 3, 4, 5), torch.randn(5)], {"executors": [], "costs": {"calibration": "shipped"}}),
 ]
 
 
@@ -80,12 +84,14 @@ def test_failure_reasons_are_whole_and_the_error_kept(monkeypatch):
 
 
 def test_the_long_story_stays_in_the_explanation():
-    guard = FusionGuard(calibration=ALWAYS_EAGER)  # the cost model would reject: exactness decides
+    guard = FusionGuard(costs=Costs(calibration=ALWAYS_EAGER))  # the cost model would reject: exactness decides
     jit_cpu(long_chain, guard)(torch.randn(8, 8), torch.randn(8, 8))
     (d,) = [d for d in guard.report if d.about_region and d.trace == "forward"]
     assert d.reason.startswith("kept for exactness: ")
     assert "cost aside: estimated" in d.details["explanation"] and "cost aside" not in d.reason
-    kept = FusionGuard(calibration=ALWAYS_FUSED)  # the cost model keeps it: the numbers lead, exactness aside
+    kept = FusionGuard(
+        costs=Costs(calibration=ALWAYS_FUSED)
+    )  # the cost model keeps it: the numbers lead, exactness aside
     jit_cpu(long_chain, kept)(torch.randn(8, 8), torch.randn(8, 8))
     (d,) = [d for d in kept.report if d.about_region and d.trace == "forward"]
     assert d.reason.startswith("cost model: fusion call is worth it") and d.details["decided_by"] == "model"
@@ -103,7 +109,7 @@ def test_a_long_reason_is_whole_in_json_and_html_and_wrapped_in_the_table():
     import html
     import json
 
-    guard = FusionGuard(calibration=ALWAYS_EAGER)  # the cost model would reject: exactness decides
+    guard = FusionGuard(costs=Costs(calibration=ALWAYS_EAGER))  # the cost model would reject: exactness decides
     jit_cpu(many_rounding_ops, guard)(torch.randn(8, 8))
     (d,) = [d for d in guard.report if d.about_region]
     assert d.details["decided_by"] == "exactness"

@@ -17,7 +17,7 @@ from helpers import (
 from thunder.core import prims
 from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
 
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import Costs, FusionGuard, Rewrites
 from thunder_fusion_guard.ops import identity_reason, is_metadata
 
 # Cost constants by hand for the test executor below, so that its small copy_ regions are rejected.
@@ -69,7 +69,7 @@ def test_setitem_loop_folds_on_the_torch_executor():
 def test_lone_copy_regions_are_folded_like_mistral_on_nvfuser():
     ex = nvfuser_like_executor()
     x = torch.randn(1, 2, 6, 6, requires_grad=True)
-    guard = FusionGuard(strict=True, calibration=SMALL_CALLS_LOSE)
+    guard = FusionGuard(strict=True, costs=Costs(calibration=SMALL_CALLS_LOSE))
     plain = thunder.jit(sliding_window_mask, executors=[ex])
     guarded = thunder.jit(sliding_window_mask, executors=[ex], transforms=[guard])
     out_g, grad_g = run_with_grads(guarded, [x])
@@ -178,10 +178,12 @@ SWITCHES = {
 }
 
 
+@pytest.mark.parametrize("spelling", ["record", "dict"])
 @pytest.mark.parametrize("option", sorted(SWITCHES))
-def test_rewrites_can_be_switched_off(option):
+def test_rewrites_can_be_switched_off(option, spelling):
     fn, make, executors, action = SWITCHES[option]
-    on, off = FusionGuard(strict=True), FusionGuard(strict=True, **{option: False})
+    rewrites = Rewrites(**{option: False}) if spelling == "record" else {option: False}
+    on, off = FusionGuard(strict=True), FusionGuard(strict=True, rewrites=rewrites)
     for guard in (on, off):
         thunder.jit(fn, executors=executors, transforms=[guard])(*make())
     assert on.report.filter(action=action)
@@ -190,8 +192,8 @@ def test_rewrites_can_be_switched_off(option):
 
 @pytest.mark.parametrize("option", [*SWITCHES, "merge_regions"])
 def test_rewrite_switches_take_only_booleans(option):
-    with pytest.raises(ValueError, match=option):
-        FusionGuard(**{option: "yes"})
+    with pytest.raises(ValueError, match=f"'rewrites.{option}' must be True or False"):
+        FusionGuard(rewrites={option: "yes"})
 
 
 def test_report_only_records_rewrites_and_changes_nothing():
@@ -238,7 +240,7 @@ def test_merge_regions_is_opt_in_and_merges_adjacent_regions():
     default = thunder.jit(view_then_compute, executors=[ex], transforms=[FusionGuard(strict=True)])
     default(x, w)
     assert len(regions(default)) == 3
-    guard = FusionGuard(strict=True, merge_regions=True)
+    guard = FusionGuard(strict=True, rewrites=Rewrites(merge_regions=True))
     merged = thunder.jit(view_then_compute, executors=[ex], transforms=[guard])
     torch.testing.assert_close(merged(x, w), view_then_compute(x, w))
     (region,) = regions(merged)
@@ -268,8 +270,8 @@ def test_regions_with_reductions_are_not_rebuilt_unless_exact_only_is_off():
     x = torch.randn(64, 32)
     # no cost decisions: the region is kept on both guards (not rejected, nor timed), so the only
     # question is whether identity removal may rebuild it
-    strict = FusionGuard(strict=True, cost_model=False)
-    loose = FusionGuard(strict=True, exact_only=False, cost_model=False)
+    strict = FusionGuard(strict=True, costs=Costs(cost_model=False))
+    loose = FusionGuard(strict=True, exact_only=False, costs=Costs(cost_model=False))
     assert_same([jit_cpu(identity_beside_a_reduction, strict)(x)], [jit_cpu(identity_beside_a_reduction)(x)])
     torch.testing.assert_close(jit_cpu(identity_beside_a_reduction, loose)(x), identity_beside_a_reduction(x))
     assert [a for a, _ in region_actions(strict).values()] == ["keep"]

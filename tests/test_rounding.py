@@ -29,7 +29,7 @@ import thunder
 import torch
 from helpers import ALWAYS_EAGER, jit_cpu
 
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import Costs, FusionGuard
 from thunder_fusion_guard.ops import rounding_hazards
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -179,7 +179,7 @@ def differing(got: torch.Tensor, expected: torch.Tensor) -> int:
 
 def check_program(prog: Program, device: str) -> FusionGuard:
     fn = prog.function()
-    guard = FusionGuard(calibration=ALWAYS_EAGER, strict=True)
+    guard = FusionGuard(strict=True, costs=Costs(calibration=ALWAYS_EAGER))
     expected = _run(_jit(fn, device, None), prog, device)
     got = _run(_jit(fn, device, guard), prog, device)
     assert len(got) == len(expected), prog
@@ -289,7 +289,7 @@ def test_rebuilds_follow_the_same_rule():
         return t + a
 
     a, b = torch.randn(64, dtype=torch.bfloat16), torch.randn(64, dtype=torch.bfloat16)
-    guard = FusionGuard(cost_model=False)
+    guard = FusionGuard(costs=Costs(cost_model=False))
     assert torch.equal(jit_cpu(f, guard)(a, b), jit_cpu(f)(a, b))
     assert not [d for d in guard.report if d.action == "remove" and d.region.startswith("TorchCompile")]
 

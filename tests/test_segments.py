@@ -7,7 +7,7 @@ from test_thunderfx import Heads
 from thunder.dynamo import thunderfx
 from thunder.executors.torch_compile import torch_compile_ex
 
-from thunder_fusion_guard import FusionGuard, collect_segments, explain
+from thunder_fusion_guard import Costs, FusionGuard, collect_segments, explain
 from thunder_fusion_guard.examine import segments
 from thunder_fusion_guard.render.table import kernels_text
 
@@ -157,7 +157,7 @@ def _fake_probe(seen):
 def test_collected_kernels_reach_decisions_and_the_table(monkeypatch):
     seen = []
     monkeypatch.setattr(segments, "probe_region", _fake_probe(seen))
-    guard = FusionGuard(cost_model=False)
+    guard = FusionGuard(costs=Costs(cost_model=False))
     jitted = jit_cpu(tanh_and_view, guard)
     x = torch.randn(3, 4, requires_grad=True)
     found = collect_segments(jitted, x, executors=["torchcompile"])
@@ -179,7 +179,7 @@ def test_collected_kernels_reach_decisions_and_the_table(monkeypatch):
 
 def test_collect_segments_through_thunderfx(monkeypatch):
     monkeypatch.setattr(segments, "probe_region", _fake_probe([]))
-    guard = FusionGuard(cost_model=False)
+    guard = FusionGuard(costs=Costs(cost_model=False))
     compiled = thunderfx(Heads(), transforms=[guard], executors=[torch_compile_ex])
     found = collect_segments(compiled, torch.randn(2, 3, 8, requires_grad=True), executors=["torchcompile"])
     assert found and {k.subgraph for k in found} <= set(guard.report.subgraphs)

@@ -6,7 +6,7 @@ import gc
 import pytest
 import torch
 
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import FusionGuard, Runtime
 from thunder_fusion_guard._thunder import calls
 from thunder_fusion_guard._thunder.calls import direct_nvfuser_call
 from thunder_fusion_guard._thunder.shared_fusions import SharedFusions
@@ -142,10 +142,10 @@ def test_without_a_table_nothing_is_shared(wrapper_type):
 
 
 def test_the_option():
-    assert FusionGuard().options.share_fusions is True
-    assert FusionGuard(share_fusions=False).options.share_fusions is False
+    assert FusionGuard().options.runtime.share_fusions is True
+    assert FusionGuard(runtime=Runtime(share_fusions=False)).options.runtime.share_fusions is False
     with pytest.raises(ValueError, match="share_fusions"):
-        FusionGuard(share_fusions="yes")
+        FusionGuard(runtime=Runtime(share_fusions="yes"))
 
 
 def test_the_decision_names_the_region_that_compiled_it():

@@ -12,7 +12,7 @@ from helpers import assert_close_all, assert_same, clone_inputs, decision_text
 from thunder.dynamo import ThunderCompiler, thunderfx
 from thunder.executors.torch_compile import torch_compile_ex
 
-from thunder_fusion_guard import FusionGuard, explain, profile_regions
+from thunder_fusion_guard import Costs, FusionGuard, explain, profile_regions
 from thunder_fusion_guard import _thunder as th
 from thunder_fusion_guard.examine.explain import report_of
 from thunder_fusion_guard.ops import region_is_metadata_only
@@ -194,7 +194,7 @@ def test_jitted_report_has_no_subgraph_section():
 
 def test_profile_regions_through_thunderfx():
     model, x = _model_and_input()
-    guard = FusionGuard(cost_model=False)
+    guard = FusionGuard(costs=Costs(cost_model=False))
     compiled = thunderfx(model, transforms=[guard], executors=[torch_compile_ex])
     _run_step(compiled, x)
     profile = profile_regions(compiled, x, reps=2, warmup=0)
@@ -248,7 +248,7 @@ def test_profiling_runs_the_compiled_subgraphs_and_a_recompile_is_labelled():
     Thunder compiled the subgraph again for unaliased inputs, and the report listed it twice, unexplained);
     a subgraph Thunder does compile again is labelled with how often and what differed."""
     x = torch.randn(3, 4, 5, requires_grad=True)
-    guard = FusionGuard(cost_model=False)
+    guard = FusionGuard(costs=Costs(cost_model=False))
     compiled = thunderfx(SharedInputs(), transforms=[guard], executors=[torch_compile_ex])
     _run_step(compiled, x)
     profile_regions(compiled, x, reps=2, warmup=0)

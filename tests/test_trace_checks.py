@@ -11,7 +11,7 @@ import torch
 from helpers import assert_same, nvfuser_shaped_executor, run_with_grads
 from test_hoist import mask_softmax
 
-from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard import Costs, FusionGuard
 
 
 def test_the_suite_checks_every_trace():
@@ -32,7 +32,7 @@ def test_guarded_traces_pass_thunder_checks(check_traces, executors, actions):
     options = {"debug_options": thunder.DebugOptions(check_traces=check_traces)}
     if executors != "thunder defaults":
         options["executors"] = [nvfuser_shaped_executor()]
-    guard = FusionGuard(strict=True, calibration="shipped")
+    guard = FusionGuard(strict=True, costs=Costs(calibration="shipped"))
     x = torch.randn(3, 8, 8, requires_grad=True)
     got = run_with_grads(thunder.jit(mask_softmax, transforms=[guard], **options), [x])
     expected = run_with_grads(thunder.jit(mask_softmax, **options), [x])
@@ -46,13 +46,13 @@ def test_split_regions_and_thunderfx_pass_thunder_checks():
     from thunder.dynamo import thunderfx
 
     debug = thunder.DebugOptions(check_traces=2)
-    guard = FusionGuard(strict=True, calibration="shipped")
+    guard = FusionGuard(strict=True, costs=Costs(calibration="shipped"))
     args = inputs(torch.bfloat16)
     jitted = thunder.jit(rope_attention, executors=[nvfuser_shaped_executor()], transforms=[guard], debug_options=debug)
     run_with_grads(jitted, args)
     assert any(d.action == "hoist" and d.details["split"] for d in guard.report.decisions)
 
-    guard = FusionGuard(strict=True, calibration="shipped")
+    guard = FusionGuard(strict=True, costs=Costs(calibration="shipped"))
     x = torch.randn(3, 8, 8, requires_grad=True)
     executors = [nvfuser_shaped_executor()]
     compiled = thunderfx(mask_softmax, executors=executors, transforms=[guard], debug_options=debug)
@@ -81,7 +81,7 @@ def f(x):
     m = torch.zeros(4, 4)
     m[0, :2] = 1.0
     return x + m
-guard = FusionGuard(calibration="shipped")
+guard = FusionGuard(costs={"calibration": "shipped"})
 x = torch.randn(4, 4)
 out = thunder.jit(f, executors=[torch_compile_ex], transforms=[guard])(x)
 if not torch.equal(out, f(x)):

@@ -12,6 +12,7 @@ import torch
 from thunder.dynamo import thunderfx
 
 from thunder_fusion_guard import (
+    Costs,
     library_ops_translated,
     translate_library_ops,
     untranslate_library_ops,
@@ -307,7 +308,7 @@ def test_e3nn_built_nequip_trains_as_one_thunder_program_when_translated(layers)
     model = e3nn_nequip("cpu", layers=layers)  # before the translation, compiled before any eager call
     params = [p for p in model.module.parameters() if p.requires_grad]
     inputs = model.inputs
-    guard = FusionGuard(measure_budget_s=0)
+    guard = FusionGuard(costs=Costs(measure_budget_s=0))
     with library_ops_translated():
         compiled = thunderfx(model.module, transforms=[guard])
         gots = torch.autograd.grad(model.loss(compiled(*inputs)), [*params, inputs[0]], allow_unused=True)
@@ -335,7 +336,7 @@ def test_a_second_e3nn_built_model_runs_guarded_as_unguarded_when_translated():
     params = [p for p in model.module.parameters() if p.requires_grad]
     results = []
     with library_ops_translated():
-        for transforms in ([], [FusionGuard(measure_budget_s=0)]):
+        for transforms in ([], [FusionGuard(costs=Costs(measure_budget_s=0))]):
             compiled = thunderfx(model.module, transforms=transforms)
             results.append(torch.autograd.grad(model.loss(compiled(*inputs)), [*params, inputs[0]]))
             assert len(compiled._backend.subgraph_infos) == 1 and thunderfx_split_ops(compiled) == []

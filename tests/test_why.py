@@ -15,6 +15,7 @@ from thunder.core.compile_data import get_compile_option
 from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
 from thunder.extend import ImplInfo
 
+from thunder_fusion_guard import Costs
 from thunder_fusion_guard.examine.why import why_not_fused
 from thunder_fusion_guard.examine.why_rows import NO_FIX, WhyKind
 from thunder_fusion_guard.ops.kinds import compute_bound
@@ -330,12 +331,12 @@ def _readme_programs(device: str):
 
     mlp = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)).to(device)
     ex = fusion_executors(device)
-    banded = thunder.jit(BandedScores(), executors=ex, transforms=[FusionGuard(measure_budget_s=0)])
+    banded = thunder.jit(BandedScores(), executors=ex, transforms=[FusionGuard(costs=Costs(measure_budget_s=0))])
     banded(torch.randn(4, 16, 16, device=device))
-    jitted = thunder.jit(mlp, executors=ex, transforms=[FusionGuard(measure_budget_s=0)])
+    jitted = thunder.jit(mlp, executors=ex, transforms=[FusionGuard(costs=Costs(measure_budget_s=0))])
     jitted(torch.randn(32, 64, device=device, requires_grad=True)).sum().backward()
     q, k = (torch.randn(2, 4, 16, 8, device=device, requires_grad=True) for _ in range(2))
-    compiled = thunderfx(Scores(), executors=ex, transforms=[FusionGuard(measure_budget_s=0)])
+    compiled = thunderfx(Scores(), executors=ex, transforms=[FusionGuard(costs=Costs(measure_budget_s=0))])
     compiled(q, k).sum().backward()
     return [banded, jitted, compiled]
 
@@ -451,7 +452,9 @@ def test_dynamo_graph_break_has_a_row_with_dynamos_reason_and_the_users_line():
 
     from thunder_fusion_guard import FusionGuard
 
-    compiled = thunderfx(_breaks_on_item, executors=[torch_compile_ex], transforms=[FusionGuard(measure_budget_s=0)])
+    compiled = thunderfx(
+        _breaks_on_item, executors=[torch_compile_ex], transforms=[FusionGuard(costs=Costs(measure_budget_s=0))]
+    )
     x = torch.randn(4, 3, requires_grad=True)
     compiled(x).backward()
     assert len(compiled._backend.subgraph_infos) == 2  # the graph before the break and the one resumed after it

@@ -44,7 +44,7 @@ from thunder_fusion_guard.bench.zoo_values import (
 CPU_CASES = {"timm-vit": ("thunder", "guarded"), "nn-mha": ("fx", "fx-guarded"), "hf-bert": ("fx", "fx-guarded")}
 # ViT (thunder.jit) in the default run; the two ThunderFX models, 80 s of a cold run, with --run-slow.
 SLOW_CASES = {"nn-mha", "hf-bert"}
-GUARD = {"measure_budget_s": 0}  # no real timing decides a region: the model does
+GUARD = {"costs": {"measure_budget_s": 0}}  # no real timing decides a region: the model does
 P = ZooPath.parse
 
 
@@ -163,7 +163,7 @@ def test_the_committed_zoo_results_read_as_typed_results(name):
 
 def test_model_spec_is_one_json_argument_of_the_models_process(monkeypatch, tmp_path):
     spec = ModelSpec("nn-mha", "cpu", (P("eager"), P("fx-guarded")), 3, 12.5, str(tmp_path / "o.json"), 1,
-                     {"measure_budget_s": 0}, True)  # fmt: skip
+                     {"costs": {"measure_budget_s": 0}}, True)  # fmt: skip
     assert ModelSpec.from_json(spec.to_json()) == spec
     seen = []
     monkeypatch.setattr(zoo, "run_model", lambda spec, log: seen.append(spec))

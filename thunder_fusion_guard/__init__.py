@@ -15,6 +15,7 @@ from ._version import __version__ as __version__
 
 # public name -> module that defines it
 _EXPORTS = {
+    "Costs": ".options",
     "Decision": ".decisions",
     "FirstCall": ".examine.first_call",
     "FusionGuard": ".transform",
@@ -25,6 +26,8 @@ _EXPORTS = {
     "RegionProfile": ".examine.profile",
     "RankMismatch": ".transform",
     "Report": ".report",
+    "Rewrites": ".options",
+    "Runtime": ".options",
     "capture_step": ".step_graph",
     "CapturedStep": ".step_graph",
     "choose_backends": ".backend_choice",
@@ -32,7 +35,6 @@ _EXPORTS = {
     "explain": ".examine.explain",
     "first_call": ".examine.first_call",
     "fusion_executors": "._thunder",
-    "guard_trace": ".passes",
     "host_time": ".examine.host_time",
     "nvfuser_problem": "._thunder",
     "profile_regions": ".examine.profile",
@@ -46,6 +48,7 @@ _EXPORTS = {
 __all__ = [
     "CapturedStep",
     "CommunicationChanged",
+    "Costs",
     "Decision",
     "FirstCall",
     "FusionGuard",
@@ -55,13 +58,14 @@ __all__ = [
     "RegionKernels",
     "RegionProfile",
     "Report",
+    "Rewrites",
+    "Runtime",
     "capture_step",
     "choose_backends",
     "collect_segments",
     "explain",
     "first_call",
     "fusion_executors",
-    "guard_trace",
     "host_time",
     "library_ops_translated",
     "nvfuser_problem",
@@ -100,7 +104,8 @@ if TYPE_CHECKING:
     from .examine.profile import RegionProfile, profile_regions
     from .examine.segments import RegionKernels, collect_segments
     from .examine.why import why_not_fused
-    from .passes import CommunicationChanged, FusionGuardError, guard_trace
+    from .options import Costs, Rewrites, Runtime
+    from .passes import CommunicationChanged, FusionGuardError
     from .report import Report
     from .step_graph import CapturedStep, capture_step
     from .transform import FusionGuard, RankMismatch

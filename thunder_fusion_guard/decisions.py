@@ -97,7 +97,7 @@ class Details(TypedDict, total=False):
     captured_by: str  # the class of the transform that captured (GuardedCUDAGraphs), or was given (CUDAGraphTransform)
     recommended: str  # the transform a decision not applied recommends in place of the one given (a class name)
     # a ThunderFX subgraph's compiled function (action enter): entered directly, or why Thunder's call stays
-    entered: bool  # True: its one cache entry is called directly (``direct_entry``)
+    entered: bool  # True: its one cache entry is called directly (``runtime.direct_entry``)
     not_entered: str  # why not
     handed_over: list[str]  # gradients handed to autograd on the graph's own buffers (autograd need not copy them)
     bytes_handed_over: int  # their bytes, per replay
@@ -106,7 +106,7 @@ class Details(TypedDict, total=False):
     own_workspace: list[str]  # graphs whose matmuls use a cuBLAS workspace in the graph's own memory pool
     copied_in: list[str]  # inputs copied into a graph's own buffers at each replay (one batched copy a graph)
     bytes_copied_in: int  # their bytes, per replay
-    # a region running a definition another region compiled (action share, ``share_fusions``)
+    # a region running a definition another region compiled (action share, ``runtime.share_fusions``)
     shared_with: str  # that region: [function#compile ][subgraph/]trace name
 
 

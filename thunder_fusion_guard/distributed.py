@@ -3,7 +3,7 @@
 The guard decides each rank's traces alone. Ranks that compile the same program should decide the same
 way (the decisions are a function of the trace, the options and the cost constants: in a run of several
 ranks no region is timed, since timings differ from rank to rank), but a rank with
-other cost constants (another machine's calibration cache, ``calibration="measure"``) would not. The
+other cost constants (another machine's calibration cache, ``costs.calibration="measure"``) would not. The
 comparison here gathers every rank's decisions with ``torch.distributed.all_gather_object``: a
 collective, so every rank must call it at the same point (with NCCL, each rank on its own device:
 ``torch.cuda.set_device``).

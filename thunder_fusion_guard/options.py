@@ -1,12 +1,13 @@
-"""FusionGuard's options, declared once: each a field of :class:`GuardOptions` with its default and the check
-that validates it (errors name the option). ``FusionGuard``'s keyword-only signature is made from them."""
+"""FusionGuard's options, declared once: each a field of :class:`GuardOptions` (a top-level keyword) or of one of its
+groups, :class:`Costs`, :class:`Rewrites` and :class:`Runtime`, with its default and the check that validates it
+(errors name the option, ``'rewrites.rehome'`` for a grouped one). ``FusionGuard``'s signature is made from them."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, ParamSpec
+from typing import Any, ClassVar, ParamSpec, TypeVar
 
 from . import _thunder as th
 from .cost import CostConstants
@@ -43,12 +44,11 @@ def _executors(name: str, value: Any) -> frozenset[str] | None:
     unknown = sorted(chosen - known)
     if "nvfuser" in unknown:
         raise ValueError(
-            f"FusionGuard option 'executors': nvfuser is not available here: {th.nvfuser_problem()}; "
-            f"{th.NVFUSER_INSTALL}"
+            f"FusionGuard option {name!r}: nvfuser is not available here: {th.nvfuser_problem()}; {th.NVFUSER_INSTALL}"
         )
     if unknown:
         raise ValueError(
-            f"FusionGuard option 'executors' names unknown fusion executors {unknown}; allowed here: {sorted(known)}"
+            f"FusionGuard option {name!r} names unknown fusion executors {unknown}; allowed here: {sorted(known)}"
         )
     return chosen
 
@@ -63,7 +63,6 @@ def _fraction(name: str, value: Any) -> float:
     return float(value)
 
 
-# Where the cost constants come from; see the README's options table.
 def _seconds(name: str, value: Any, zero: bool = True) -> float:
     number = not isinstance(value, bool) and isinstance(value, (int, float))
     if not number or value < 0 or (value == 0 and not zero) or value == float("inf") or value != value:
@@ -88,9 +87,9 @@ def _calibration(name: str, value: Any) -> Any:
         try:
             return CostConstants.from_dict({"source": "by hand", **value})
         except (TypeError, ValueError) as e:
-            raise ValueError(f"FusionGuard option 'calibration': {e}") from e
+            raise ValueError(f"FusionGuard option {name!r}: {e}") from e
     raise ValueError(
-        f"FusionGuard option 'calibration' must be one of {list(CALIBRATION_MODES)} (None: 'cached'), "
+        f"FusionGuard option {name!r} must be one of {list(CALIBRATION_MODES)} (None: 'cached'), "
         f"a CostConstants or a dict of its fields, got {value!r}"
     )
 
@@ -106,35 +105,47 @@ def _option(default: Any, check: Callable[[str, Any], Any], doc: str, accepts: s
     return field(default=default, metadata={"check": check, "doc": doc, "accepts": accepts})
 
 
-@dataclass(frozen=True)
-class GuardOptions:
-    """What the guard may do: ``FusionGuard``'s keyword-only options, each field's ``doc`` metadata saying what it
-    does. Every value is checked and normalised when the record is made; a bad one raises ``ValueError`` naming it.
-    """
+def _check_fields(record: Any, prefix: str) -> None:
+    """Check and normalise each field of the frozen dataclass ``record``, errors naming ``prefix`` + the field."""
+    for f in fields(record):
+        object.__setattr__(record, f.name, f.metadata["check"](prefix + f.name, getattr(record, f.name)))
 
-    executors: frozenset[str] | None = _option(
-        None,
-        _executors,
-        "names (or executor objects) of the fusion executors whose regions are guarded; None: all",
-        "Iterable[str | FusionExecutor] | None",
+
+def _changed(record: Any) -> str:
+    """``record``'s fields that differ from their defaults, written ``name=value``: a short, readable repr."""
+    default = type(record)()
+    return ", ".join(
+        f"{f.name}={getattr(record, f.name)!r}"
+        for f in fields(record)
+        if getattr(record, f.name) != getattr(default, f.name)
     )
-    metadata_ops: frozenset[str] = _option(
-        (), _op_names, "extra operation names to count as metadata-only", "Iterable[str]"
-    )
-    report_only: bool = _option(False, _bool, "decide and record, change nothing (decisions show `applied=False`)")
-    strict: bool = _option(
-        False, _bool, "raise `FusionGuardError` where the default keeps a region it could not rewrite"
-    )
+
+
+class _Group:
+    """A group of options (a frozen dataclass): each field checked when it is made, a bad value a ``ValueError``
+    naming ``option.field``; its repr lists the fields that differ from their defaults."""
+
+    option: ClassVar[str]  # the FusionGuard keyword that takes this group
+
+    def __post_init__(self) -> None:
+        _check_fields(self, f"{self.option}.")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({_changed(self)})"
+
+
+@dataclass(frozen=True, repr=False)
+class Costs(_Group):
+    """How the guard prices a compute region: whether the cost model decides at all, the margin eager must win by,
+    where its constants come from, and the seconds it may spend calibrating and timing."""
+
+    option: ClassVar[str] = "costs"
+
     cost_model: bool = _option(
         True, _bool, "also reject compute regions that eager PyTorch runs faster, by estimate or measurement"
     )
     margin: float = _option(
-        0.2, _fraction, "how much cheaper (a fraction) eager must be before a compute region is rejected"
-    )
-    exact_only: bool = _option(
-        True,
-        _bool,
-        "reject or rebuild a region only where its ops run one by one give the fusion's bits",
+        0.2, _fraction, "how much cheaper (a fraction) eager must be before a compute region is rejected or switched"
     )
     calibration: CostConstants | str = _option(
         "auto",
@@ -153,10 +164,16 @@ class GuardOptions:
         "seconds this guard may spend timing regions near break-even (any exact one where it doubts its constants); "
         "`0`: the model decides",
     )
-    choose_executor: bool = _option(
-        False,
-        _bool,
-        "time another fusion executor on a region and switch to it when faster by `margin`",
+
+
+@dataclass(frozen=True, repr=False)
+class Rewrites(_Group):
+    """Which rewrites of a trace beside rejecting regions the guard makes, and the ops it counts as metadata-only."""
+
+    option: ClassVar[str] = "rewrites"
+
+    metadata_ops: frozenset[str] = _option(
+        (), _op_names, "extra operation names to count as metadata-only", "Iterable[str]"
     )
     fold_setitem: bool = _option(
         True,
@@ -185,21 +202,15 @@ class GuardOptions:
         _bool,
         "undo `nv_enable_shape_only_fusion=True` and `nv_enable_bookend=True` asked of Thunder",
     )
-    compare_ranks: bool = _option(
-        False,
-        _bool,
-        "in a distributed run, compare every rank's decisions after each trace (a collective)",
-    )
-    hoist: bool = _option(
-        True,
-        _bool,
-        "compute each trace's input-independent work (masks, position ids) once per compiled program",
-    )
-    hoist_max_bytes: int = _option(
-        DEFAULT_HOIST_MAX_BYTES,
-        _byte_count,
-        "the most bytes of hoisted tensors one compiled trace keeps (64 MiB)",
-    )
+
+
+@dataclass(frozen=True, repr=False)
+class Runtime(_Group):
+    """How the compiled program runs: nvFuser regions and ThunderFX subgraphs called directly, and the memory hoisted
+    tensors may keep."""
+
+    option: ClassVar[str] = "runtime"
+
     direct_calls: bool = _option(
         True,
         _bool,
@@ -215,6 +226,93 @@ class GuardOptions:
         _bool,
         "under ThunderFX, call each subgraph's one compiled entry without Thunder's per-call search of its cache",
     )
+    hoist_max_bytes: int = _option(
+        DEFAULT_HOIST_MAX_BYTES,
+        _byte_count,
+        "with `hoist`: the most bytes of hoisted tensors one compiled trace keeps (64 MiB)",
+    )
+
+
+GROUPS: tuple[type[_Group], ...] = (Costs, Rewrites, Runtime)
+G = TypeVar("G", bound=_Group)
+
+
+def _group(kind: type[G]) -> Callable[[str, Any], G]:
+    """The check of a grouped option: a ``kind``, or a dict of its fields (an unknown key is a ``TypeError``)."""
+
+    def check(name: str, value: Any) -> G:
+        if isinstance(value, kind):
+            return value
+        if isinstance(value, Mapping):
+            keys = [f.name for f in fields(kind)]
+            unknown = [key for key in value if key not in keys]
+            if unknown:
+                key = unknown[0]
+                elsewhere = f" ({_moved(key, value[key])})" if key in GROUP_OF else ""
+                raise TypeError(
+                    f"FusionGuard option {name!r} got an unexpected key {key!r}{elsewhere}; its keys are "
+                    f"{', '.join(keys)}"
+                )
+            return kind(**value)
+        raise ValueError(
+            f"FusionGuard option {name!r} must be a {kind.__name__} or a dict of its fields, got {value!r}"
+        )
+
+    return check
+
+
+@dataclass(frozen=True, repr=False)
+class GuardOptions:
+    """What the guard may do: ``FusionGuard``'s keyword-only options, each field's ``doc`` metadata saying what it
+    does, the grouped ones (``costs``, ``rewrites``, ``runtime``) each a frozen dataclass of its own. Every value is
+    checked and normalised when the record is made; a bad one raises ``ValueError`` naming it.
+    """
+
+    executors: frozenset[str] | None = _option(
+        None,
+        _executors,
+        "names (or executor objects) of the fusion executors whose regions are guarded; None: all",
+        "Iterable[str | FusionExecutor] | None",
+    )
+    report_only: bool = _option(False, _bool, "decide and record, change nothing (decisions show `applied=False`)")
+    strict: bool = _option(
+        False, _bool, "raise `FusionGuardError` where the default keeps a region it could not rewrite"
+    )
+    costs: Costs = _option(
+        Costs(), _group(Costs), "how compute regions are priced: the `Costs` fields below", "Costs | dict"
+    )
+    exact_only: bool = _option(
+        True,
+        _bool,
+        "reject or rebuild a region only where its ops run one by one give the fusion's bits",
+    )
+    choose_executor: bool = _option(
+        False,
+        _bool,
+        "time another fusion executor on a region and switch to it when faster by `costs.margin`",
+    )
+    rewrites: Rewrites = _option(
+        Rewrites(),
+        _group(Rewrites),
+        "the rewrites beside rejecting regions: the `Rewrites` fields below",
+        "Rewrites | dict",
+    )
+    compare_ranks: bool = _option(
+        False,
+        _bool,
+        "in a distributed run, compare every rank's decisions after each trace (a collective)",
+    )
+    hoist: bool = _option(
+        True,
+        _bool,
+        "compute each trace's input-independent work (masks, position ids) once per compiled program",
+    )
+    runtime: Runtime = _option(
+        Runtime(),
+        _group(Runtime),
+        "how the compiled program calls what it runs: the `Runtime` fields below",
+        "Runtime | dict",
+    )
     rescue: bool = _option(
         True,
         _bool,
@@ -222,8 +320,10 @@ class GuardOptions:
     )
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            object.__setattr__(self, f.name, f.metadata["check"](f.name, getattr(self, f.name)))
+        _check_fields(self, "")
+
+    def __repr__(self) -> str:
+        return f"GuardOptions({_changed(self)})"
 
     def guards(self, executor: str) -> bool:
         """Whether the guard decides the regions of ``executor``."""
@@ -231,17 +331,60 @@ class GuardOptions:
 
 
 OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in fields(GuardOptions))
+# A grouped option's field -> its group (``'rehome'`` -> ``Rewrites``, keyword ``rewrites``).
+GROUP_OF: dict[str, type[_Group]] = {f.name: group for group in GROUPS for f in fields(group)}
+
+
+def documented() -> list[tuple[str, Any, str]]:
+    """Every option as ``(name, default, doc)``, each group's fields right after it, named ``group.field``: the
+    rows of the README's options table."""
+    rows = []
+    for f in fields(GuardOptions):
+        rows.append((f.name, f.default, f.metadata["doc"]))
+        if isinstance(f.default, _Group):
+            rows += [(f"{f.name}.{g.name}", g.default, g.metadata["doc"]) for g in fields(f.default)]
+    return rows
+
+
+def _moved(name: str, value: Any = ...) -> str:
+    """Where the grouped option ``name`` is given, written out: ``rewrites=Rewrites(rehome=False)``."""
+    group = GROUP_OF[name]
+    shown = "..." if value is ... else repr(value)
+    return (
+        f"it is a field of the group {group.option!r}: write {group.option}={group.__name__}({name}={shown}) or "
+        f"{group.option}={{{name!r}: {shown}}}"
+    )
 
 
 def unknown_option(options: Iterable[str]) -> TypeError | None:
-    """The error for the first name of ``options`` that is not an option: one line naming it and listing the
-    options (None when every name is one)."""
+    """The error for the first name of ``options`` (a mapping's values shown) that is not an option: one line
+    naming it and, for a grouped option's field, how to give it in its group, else listing the options (None when
+    every name is one)."""
     unknown = [name for name in options if name not in OPTION_NAMES]
     if not unknown:
         return None
+    name = unknown[0]
+    if name in GROUP_OF:
+        value = options[name] if isinstance(options, Mapping) else ...
+        return TypeError(f"FusionGuard() got an unexpected keyword argument {name!r}: {_moved(name, value)}")
     return TypeError(
-        f"FusionGuard() got an unexpected keyword argument {unknown[0]!r}; its options are {', '.join(OPTION_NAMES)}"
+        f"FusionGuard() got an unexpected keyword argument {name!r}; its options are {', '.join(OPTION_NAMES)}"
     )
+
+
+def nested(options: Mapping[str, Any]) -> dict[str, Any]:
+    """FusionGuard's keywords from ``options``, where a grouped option may also be named by its field alone
+    (``{"margin": 0.1}`` → ``{"costs": {"margin": 0.1}}``): option dicts written as JSON stay short."""
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        group = None if name in OPTION_NAMES else GROUP_OF.get(name)
+        key, value = (group.option, {name: value}) if group else (name, value)
+        if key in out:  # a group given both as a dict and by its fields
+            if not (isinstance(out[key], Mapping) and isinstance(value, Mapping)):
+                raise ValueError(f"FusionGuard option {key!r} is given both whole and by its fields")
+            value = {**out[key], **value}
+        out[key] = value
+    return out
 
 
 def make_options(**options: Any) -> GuardOptions:

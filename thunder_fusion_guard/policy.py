@@ -29,13 +29,13 @@ BOOKEND = "nv_enable_bookend"  # views at nvFuser region edges run outside the r
 # model's errors seen so far are 2-5x (benchmarks/RESULTS.md, "decision accuracy"); outside 3x its
 # verdict was right, and timing every region would cost a compilation per region on CPU. Where the guard
 # doubts its constants (ModelDoubt: not calibrated on this machine, or a timing of its own the estimates
-# missed by more than this factor) it times every exact region instead, within 'measure_budget_s'.
+# missed by more than this factor) it times every exact region instead, within 'costs.measure_budget_s'.
 MEASURE_BAND = 3.0
 # A timed region is rejected once eager is faster by more than the timing's own spread, and by at least
-# this much (the option 'margin' still caps it), where the timing is what the program sees: calls run
+# this much (the option 'costs.margin' still caps it), where the timing is what the program sees: calls run
 # synchronously (CPU), or eager is no dearer on the host nor on the device, timed apart (CUDA). Elsewhere
 # on CUDA, where the host runs ahead of the device, an isolated timing may not be what the stream sees in
-# the program: 'margin' holds.
+# the program: 'costs.margin' holds.
 MEASURED_MARGIN_FLOOR = 0.05
 
 
@@ -54,7 +54,7 @@ class ModelDoubt:
     """Why one guard does not let its cost model decide alone where the estimates lie more than
     :data:`MEASURE_BAND` apart, per (device, executor): its constants were not calibrated on this machine,
     or a timing of its own showed the estimates off by more than that band. There it times every exact
-    region (``decide(doubt=...)``), within the option ``measure_budget_s``."""
+    region (``decide(doubt=...)``), within the option ``costs.measure_budget_s``."""
 
     reasons: dict[tuple[str, str], str] = field(default_factory=dict)
 
@@ -122,7 +122,7 @@ def decide(
     ``measured`` (a timing of this region on this machine) decides a region the model puts near
     break-even, and any region with an alternative it may switch to; elsewhere the model's estimate decides.
     ``compile_options`` are those the program passed to ``thunder.jit`` by name: a region kind it asked for
-    is kept unless ``override_compile_options``. ``doubt`` (:class:`ModelDoubt`'s reason): the model's
+    is kept unless ``rewrites.override_compile_options``. ``doubt`` (:class:`ModelDoubt`'s reason): the model's
     estimates are not trusted to decide alone, so a measurement decides any exact region, however far apart
     its estimates (the decision's ``model_doubted`` says why). ``captured``: the program replays in CUDA graphs,
     which spend no host time, so a timing decides on its device times where it has them.
@@ -132,33 +132,37 @@ def decide(
         return _verdict("keep", "communication", "rule", ops=sorted(set(comms)))
     if not options.guards(region.executor):
         return _verdict("keep", "not_guarded", "option", executor=region.executor)
-    if region_is_metadata_only(region.body, options.metadata_ops):
+    if region_is_metadata_only(region.body, options.rewrites.metadata_ops):
         asked = (compile_options or {}).get(SHAPE_ONLY) is True and region.executor == "nvfuser"
-        if asked and not options.override_compile_options:
+        if asked and not options.rewrites.override_compile_options:
             return _verdict("keep", "shape_only_asked", "option", option=SHAPE_ONLY)
         return _verdict("reject", "metadata_only", "metadata")
-    if not options.cost_model:
+    if not options.costs.cost_model:
         return _verdict("keep", "cost_model_off", "option")
     if constants is None:
         return _verdict(
-            "keep", "no_constants", "no constants", executor=region.executor, calibration=options.calibration
+            "keep", "no_constants", "no constants", executor=region.executor, calibration=options.costs.calibration
         )
     randoms = random_ops(region)
     if randoms:
         return _verdict("keep", "random", "rule", randoms=randoms)
     try:
-        est = estimate(region.body, region.inputs, region.outputs, constants, options.metadata_ops)
+        est = estimate(region.body, region.inputs, region.outputs, constants, options.rewrites.metadata_ops)
     except UnknownSize as e:
         return _verdict("keep", "unknown_size", "rule", error=str(e))
     record = est.as_record()
-    inexact = inexact_ops(region, options.metadata_ops) if options.exact_only else []
-    model = _by_numbers(est.region_us, est.eager_us, options.margin)
+    inexact = inexact_ops(region, options.rewrites.metadata_ops) if options.exact_only else []
+    model = _by_numbers(est.region_us, est.eager_us, options.costs.margin)
     ratio = est.eager_us / est.region_us if est.region_us > 0 else float("inf")
     near = 1 / MEASURE_BAND <= ratio <= MEASURE_BAND
-    details: dict[str, Any] = {"decided_by": "model", "model_action": model[0], "margin": options.margin}
+    details: dict[str, Any] = {"decided_by": "model", "model_action": model[0], "margin": options.costs.margin}
     if inexact:
         details["inexact"] = list(inexact)
-    if alternative is not None and options.exact_only and not switch_keeps_bits(region.body, options.metadata_ops):
+    if (
+        alternative is not None
+        and options.exact_only
+        and not switch_keeps_bits(region.body, options.rewrites.metadata_ops)
+    ):
         details["alternative_not_timed"] = reasons.alternative_not_timed(alternative)
         alternative = None
     doubted = doubt is not None and not near and not inexact
@@ -170,7 +174,7 @@ def decide(
         inexact=inexact,
         est_region_us=est.region_us,
         est_eager_us=est.eager_us,
-        margin=options.margin,
+        margin=options.costs.margin,
         outcome=model[1],
         near=near,
         band=MEASURE_BAND,
@@ -180,16 +184,16 @@ def decide(
         timed = measured
         seen = measured.on_device() if captured else None
         if seen is not None:  # in CUDA graphs only the device's time is spent: the margin as the user set it
-            measured, margin, narrowed = seen, options.margin, None
+            measured, margin, narrowed = seen, options.costs.margin, None
         else:
-            margin, narrowed = measured_margin(options.margin, measured, constants)
+            margin, narrowed = measured_margin(options.costs.margin, measured, constants)
         action, outcome = _by_numbers(measured.region_us, measured.eager_us, margin)
         by_rule = bool(inexact) and action == "reject"  # the rule, not the timing, keeps it
         if by_rule:
             action = "keep"
         facts.update(measured=measured, margin=margin, outcome=outcome, by_rule=by_rule, narrowed=narrowed)
-        if margin != options.margin:
-            facts["margin_from"] = options.margin
+        if margin != options.costs.margin:
+            facts["margin_from"] = options.costs.margin
             details["margin_narrowed"] = narrowed
         switched = _switch(region.executor, action, measured, margin)
         if switched is not None:

@@ -78,7 +78,7 @@ class Facts(TypedDict, total=False):
     ops: list[str]
     count: int  # how many ops
     option: str  # a compile option, or the guard's option setting that would do it
-    calibration: str  # the option 'calibration'
+    calibration: str  # the option 'costs.calibration'
     error: str  # a failure, as one line
     # the cost model and timings (policy.decide)
     inexact: list[str]  # ops exactness keeps
@@ -92,7 +92,7 @@ class Facts(TypedDict, total=False):
     doubt: str | None  # why the model was not let decide alone (ModelDoubt)
     measured: Measured
     by_rule: bool  # exactness, not the timing, keeps it
-    margin_from: float  # the option 'margin', where a timing narrowed it
+    margin_from: float  # the option 'costs.margin', where a timing narrowed it
     narrowed: Narrowing | None
     chosen: str  # with a switch: what the other executor beat (the region's executor, or eager)
     chosen_us: float
@@ -150,7 +150,7 @@ def _shape_only_asked(f: Facts) -> tuple[str, str | None]:
     return (
         f"kept by option: the program asked for shape-only regions ({option}=True)",
         f"kept by option: shape-only region kept: the program asked for them ({option}=True); "
-        "FusionGuard(override_compile_options=True) rejects them",
+        "FusionGuard(rewrites=Rewrites(override_compile_options=True)) rejects them",
     )
 
 
@@ -168,11 +168,11 @@ def _cost_model_off(f: Facts) -> tuple[str, str | None]:
 def _no_constants(f: Facts) -> tuple[str, str | None]:
     executor, mode = f["executor"], f["calibration"]
     if mode in ("auto", "measure"):
-        why = f"calibration={mode!r} could not measure them (see the thunder_fusion_guard log)"
+        why = f"costs.calibration={mode!r} could not measure them (see the thunder_fusion_guard log)"
     elif mode == "shipped":
-        why = "none shipped for this device (calibration='shipped')"
+        why = "none shipped for this device (costs.calibration='shipped')"
     else:
-        why = "none cached or shipped for this device (calibration='cached'; run `fusion-guard calibrate`)"
+        why = "none cached or shipped for this device (costs.calibration='cached'; run `fusion-guard calibrate`)"
     return (
         f"kept without cost constants for {executor!r} here",
         f"kept without cost constants: region computes; no cost constants for executor {executor!r} here: {why}",

@@ -5,10 +5,10 @@ On CUDA the key is a substring of ``torch.cuda.get_device_name()`` ("NVIDIA H100
 "H100"). On CPU a key names the CPU the constants were measured on, as ``measure.cache.cpu_identity()``
 does ("cpu: AMD EPYC 9B14, 2 cores, 1 threads": model, cores and torch's threads), and stands in only on
 a CPU of that identity; a key of plain "cpu" records no CPU, so it matches no specific one: with
-``calibration="auto"`` the guard calibrates there (it uses such an entry only when asked for shipped
-constants, ``calibration="shipped"``, or where it cannot calibrate, and then times regions whatever their
+``costs.calibration="auto"`` the guard calibrates there (it uses such an entry only when asked for shipped
+constants, ``costs.calibration="shipped"``, or where it cannot calibrate, and then times regions whatever their
 estimates). A calibration cached on the user's own machine always takes precedence; where nothing matches,
-the guard calibrates by itself on first need (option ``calibration="auto"``). ``fusion_io_us``,
+the guard calibrates by itself on first need (option ``costs.calibration="auto"``). ``fusion_io_us``,
 ``bandwidth_curve``, ``op_ns`` and ``matmul_gflops`` may be left out (constants measured before they were,
 or on a GPU: bytes and calls alone).
 """

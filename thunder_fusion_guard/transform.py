@@ -21,7 +21,7 @@ from .fx_rescue import Rescued, SubgraphRescue, entry_decision, refusing_lost_gr
 from .measure import calibrate
 from .measure.breakeven import RegionMeasurer
 from .measure.cache import device_name
-from .options import DEFAULT_HOIST_MAX_BYTES, GuardOptions, checked_options
+from .options import Costs, GuardOptions, Rewrites, Runtime, checked_options
 from .passes import FusionGuardError, TraceContext, guard_trace
 from .passes.alias_updates import alias_update_decisions, prune_alias_updates
 from .passes.capture import capture_decision, held_decision, recommend_decision, uncaptured_decision
@@ -43,7 +43,9 @@ class FusionGuard(thunder.Transform):
     """Reject fusion regions that cost more than plain PyTorch, and record every decision.
 
     Use as ``thunder.jit(fn, transforms=[FusionGuard()])``. The options are keyword-only, one per field of
-    :class:`~.options.GuardOptions`, whose field docs (the README's options table) say what each does.
+    :class:`~.options.GuardOptions`, whose field docs (the README's options table) say what each does; ``costs``,
+    ``rewrites`` and ``runtime`` group the finer ones (a :class:`Costs`, :class:`Rewrites`, :class:`Runtime`, or a
+    dict of its fields).
 
     Communication ops (collectives, their waits, gradient buckets) are never rewritten, moved or moved
     across; :meth:`check_ranks` compares the decisions of all ranks.
@@ -56,28 +58,15 @@ class FusionGuard(thunder.Transform):
         self,
         *,
         executors: Iterable[str | FusionExecutor] | None = None,
-        metadata_ops: Iterable[str] = (),
         report_only: bool = False,
         strict: bool = False,
-        cost_model: bool = True,
-        margin: float = 0.2,
+        costs: Costs | dict = Costs(),
         exact_only: bool = True,
-        calibration: CostConstants | dict | str | None = "auto",
-        calibration_budget_s: float = 5.0,
-        measure_budget_s: float = 5.0,
         choose_executor: bool = False,
-        fold_setitem: bool = True,
-        concat_padded_sums: bool = True,
-        remove_identities: bool = True,
-        rehome: bool = True,
-        merge_regions: bool = False,
-        override_compile_options: bool = False,
+        rewrites: Rewrites | dict = Rewrites(),
         compare_ranks: bool = False,
         hoist: bool = True,
-        hoist_max_bytes: int = DEFAULT_HOIST_MAX_BYTES,
-        direct_calls: bool = True,
-        share_fusions: bool = True,
-        direct_entry: bool = True,
+        runtime: Runtime | dict = Runtime(),
         rescue: bool = True,
     ) -> None:
         options = dict(locals())  # the keywords above, each a field of GuardOptions, which checks them
@@ -85,7 +74,7 @@ class FusionGuard(thunder.Transform):
         self.options = GuardOptions(**options)
         self._constants: dict[tuple[str, str], CostConstants | None] = {}
         self.report = Report()
-        self.measurer = RegionMeasurer(self.options.measure_budget_s)
+        self.measurer = RegionMeasurer(self.options.costs.measure_budget_s)
         self.doubt = ModelDoubt()
         self._lock = threading.Lock()
         self._warned: set[str] = set()  # what a RuntimeWarning said already (reasons.WARNED)
@@ -136,7 +125,7 @@ class FusionGuard(thunder.Transform):
                 self._this_thread()[function] = self._compiles[function]
             where = self._where("backward" if backward else "forward")
             seen = len(self.report)
-            measure = timing(GUARD_MEASUREMENTS, self.measurer) if self.options.measure_budget_s > 0 else None
+            measure = timing(GUARD_MEASUREMENTS, self.measurer) if self.options.costs.measure_budget_s > 0 else None
             try:
                 new_trace = timing(GUARD_PASSES, guard_trace, where)(
                     computation_trace,
@@ -251,7 +240,7 @@ class FusionGuard(thunder.Transform):
                 entry.on_leave = entered
             entered(why)
 
-        first = on_first_call if options.direct_entry else None
+        first = on_first_call if options.runtime.direct_entry else None
         th.wrap_module_call(model, lambda call: SubgraphRescue(model, call, module, on_rescue, first))
 
     def _refuse_scripted(self, model: Any) -> None:
@@ -314,11 +303,11 @@ class FusionGuard(thunder.Transform):
 
     def constants_for(self, device: str, executor: str) -> CostConstants | None:
         """The cost constants used for ``executor`` on ``device``, resolved once per guard (option
-        ``calibration``); with ``"auto"`` or ``"measure"`` this may calibrate, which never raises. Constants
+        ``costs.calibration``); with ``"auto"`` or ``"measure"`` this may calibrate, which never raises. Constants
         not calibrated on this machine (another CPU's shipped ones) put the model in doubt (:class:`ModelDoubt`)."""
         key = (device, executor)
         if key not in self._constants:
-            mode = self.options.calibration
+            mode = self.options.costs.calibration
             if isinstance(mode, CostConstants):
                 chosen = mode
             elif mode == "shipped":
@@ -332,13 +321,13 @@ class FusionGuard(thunder.Transform):
                 # Each rank would measure its own constants and could decide differently: none measures.
                 note = (
                     f"not calibrated: a run of {ranks} ranks calibrates nowhere, so that every rank decides alike "
-                    "(run `fusion-guard calibrate` once on this machine, or pass calibration='measure')"
+                    "(run `fusion-guard calibrate` once on this machine, or pass costs=Costs(calibration='measure'))"
                 )
                 event = {"device": device, "executor": executor, "seconds": 0.0, "result": note}
                 self.report.calibrations.append(event)
             elif chosen is None and mode in ("auto", "measure"):
                 spent: dict[str, float] = {}
-                budget = self.options.calibration_budget_s
+                budget = self.options.costs.calibration_budget_s
                 chosen, note, seconds = timing(GUARD_MEASUREMENTS, calibrate.auto_calibrate)(
                     device, executor, budget, spent
                 )
@@ -363,7 +352,9 @@ class FusionGuard(thunder.Transform):
         return chosen
 
     def __repr__(self) -> str:
-        return f"FusionGuard({self.options})"
+        """The options that differ from their defaults, as they would be written: ``FusionGuard(strict=True)``."""
+        options = getattr(self, "options", None)  # None while __init__ runs (a traceback's repr)
+        return f"FusionGuard{repr(options).removeprefix('GuardOptions')}" if options is not None else "FusionGuard(...)"
 
 
 def guards_of(obj: Any) -> list[Any]:

@@ -1,4 +1,4 @@
-"""A compiled function's one cache entry called directly (the guard's ``direct_entry``): Thunder's per-call path
+"""A compiled function's one cache entry called directly (the guard's ``runtime.direct_entry``): Thunder's per-call path
 without the work that only chooses among entries or keeps statistics.
 
 Each call of a ``thunder.jit`` function (Thunder 0.2.6's ``fn_``) builds the cache info of the call (default dtype

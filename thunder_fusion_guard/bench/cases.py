@@ -6,7 +6,7 @@ A case builds a workload on a device; each variant runs it eagerly (``eager``), 
 there are no CUDA graphs and it compiles as ``inductor`` does). On CPU Thunder uses its torch.compile
 executor (nvFuser needs CUDA); on CUDA its defaults (nvFuser). Micro cases measure what Thunder's defaults
 produce; on CUDA the ``-shapeonly`` micro cases (CUDA only) also ask Thunder for shape-only nvFuser regions
-(``nv_enable_shape_only_fusion=True``) and let the guard undo them (``override_compile_options=True``), so
+(``nv_enable_shape_only_fusion=True``) and let the guard undo them (``rewrites={"override_compile_options": True}``), so
 that lone view ops reach the fusion executor at all: a setting no default user has, labelled as such. The
 ThunderFX suite does the same on CUDA. Heavy cases (litgpt models) run only when asked for.
 """
@@ -192,7 +192,7 @@ MICRO_OPS: dict[str, tuple[Callable[..., Any], Callable[[tuple[int, ...]], list[
 
 # The nvFuser opt-in that makes lone views into regions, and the guard option that undoes them anyway.
 SHAPE_ONLY = {"nv_enable_shape_only_fusion": True}
-OVERRIDE = {"override_compile_options": True}
+OVERRIDE = {"rewrites": {"override_compile_options": True}}
 VIEW_OPS = ("view", "reshape", "permute", "expand", "slice", "squeeze", "unsqueeze")
 
 

@@ -194,7 +194,7 @@ class RegionMeasurer:
         left = self.budget_s - self.seconds
         if left <= 0:
             self.skipped += 1
-            return f"not timed: the measuring budget ({self.budget_s:g} s, option 'measure_budget_s') is spent"
+            return f"not timed: the measuring budget ({self.budget_s:g} s, option 'costs.measure_budget_s') is spent"
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return "not timed: a CUDA graph is being captured"
         start = self.clock()

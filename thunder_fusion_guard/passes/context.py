@@ -109,6 +109,6 @@ def may_change(options: GuardOptions) -> Callable[[th.BoundSymbol], bool]:
     def may(fusion: th.BoundSymbol) -> bool:
         if not options.guards(th.executor_name(fusion)) or is_communication(fusion):
             return False
-        return not options.exact_only or rebuild_keeps_bits(list(th.subsymbols(fusion)), options.metadata_ops)
+        return not options.exact_only or rebuild_keeps_bits(list(th.subsymbols(fusion)), options.rewrites.metadata_ops)
 
     return may

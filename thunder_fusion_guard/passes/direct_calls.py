@@ -2,7 +2,7 @@
 
 The region, its fusion definition and its kernels stay Thunder's; only the Python around each call shrinks
 (the definition is looked up once per input layout instead of on every call), so the bits cannot change.
-With ``share_fusions``, a region whose definition nvFuser calls equal to one compiled before (the same layer
+With ``runtime.share_fusions``, a region whose definition nvFuser calls equal to one compiled before (the same layer
 one layer up) runs that one (:mod:`.._thunder.shared_fusions`): compiled once, the same kernels.
 """
 
@@ -70,9 +70,9 @@ def shared_decision(where: TraceContext, region: Region, first: str) -> Decision
 
 def direct_call_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
     """Call each nvFuser region without Thunder's per-call lookup, equal definitions compiled once
-    (``share_fusions``); record how each region is called."""
+    (``runtime.share_fusions``); record how each region is called."""
     options, where, record = context.options, context.where, context.record
-    shared = th.SHARED_FUSIONS if options.share_fusions else None
+    shared = th.SHARED_FUSIONS if options.runtime.share_fusions else None
     on_shared = None
     if shared is not None and record is not None:
 

@@ -198,7 +198,7 @@ def _within_budget(pieces: list[tuple[list[int], Hoist]], max_bytes: int) -> set
             kept.add(i)
         else:
             described.hoisted = False
-            described.reason = f"its outputs take {described.nbytes} bytes, {left} left under hoist_max_bytes"
+            described.reason = f"its outputs take {described.nbytes} bytes, {left} left under runtime.hoist_max_bytes"
     for i, (_, described) in enumerate(pieces):
         if described.same_as is not None:
             if described.same_as in kept:

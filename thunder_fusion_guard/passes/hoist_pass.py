@@ -29,7 +29,7 @@ def hoist_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, l
     applied = not options.report_only
     made = []
     if where.trace == "backward":
-        for name in check_backward(trace, ledger.take(), options.metadata_ops):
+        for name in check_backward(trace, ledger.take(), options.rewrites.metadata_ops):
             made.append(
                 op_decision(
                     where, HOISTED_NAME, "fusion_guard", [], "keep", "hoist_written_by_backward", {"name": name}
@@ -39,7 +39,9 @@ def hoist_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, l
     def may_rebuild(fusion: th.BoundSymbol, body: list[th.BoundSymbol], crossing: Sequence[th.Proxy]) -> Refusal | None:
         return rebuild_refusal(fusion, body, crossing, options)
 
-    new, pieces, caches = hoist_constants(trace, may_rebuild, options.hoist_max_bytes, options.metadata_ops)
+    new, pieces, caches = hoist_constants(
+        trace, may_rebuild, options.runtime.hoist_max_bytes, options.rewrites.metadata_ops
+    )
     regions = context.region_decisions()
     saved: dict[str, HoistedValues] = {}
     for index, piece in enumerate(pieces):
@@ -68,9 +70,9 @@ def rebuild_refusal(
     cut = rounding_at_cut(body, crossing)
     device = th.proxy_device([*fusion.flat_proxy_outs, *fusion.flat_proxy_args])
     fma = contractible_products(body) if contracts(executor, device) else []
-    if not cut and not fma and hoist_keeps_bits(body, options.metadata_ops, executor):
+    if not cut and not fma and hoist_keeps_bits(body, options.rewrites.metadata_ops, executor):
         return None
-    inexact = hoist_inexact_ops(th.fusion_body(fusion), options.metadata_ops, executor)
+    inexact = hoist_inexact_ops(th.fusion_body(fusion), options.rewrites.metadata_ops, executor)
     per_element = [n for n in inexact if n in ELEMENTWISE_ROUNDING_OPS]
     return Refusal(inexact_rebuild(region, executor, inexact, per_element, fma, cut), "exact_only=False")
 

@@ -4,6 +4,7 @@ to the report once, after the last."""
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -52,7 +53,8 @@ __all__ = [
 @dataclass(frozen=True)
 class Pass:
     """One step of :func:`guard_trace`: its name (the report names a failed pass by it), the option that turns it
-    on (None: always on), and whether it runs in ``report_only`` mode too (it then records what it would do)."""
+    on (None: always on; ``group.field`` for a grouped one), and whether it runs in ``report_only`` mode too (it then
+    records what it would do)."""
 
     name: str
     option: str | None
@@ -60,7 +62,7 @@ class Pass:
     report_only: bool = True
 
     def enabled(self, options: GuardOptions) -> bool:
-        on = self.option is None or bool(getattr(options, self.option))
+        on = self.option is None or bool(functools.reduce(getattr, self.option.split("."), options))
         return on and (self.report_only or not options.report_only)
 
 
@@ -68,14 +70,14 @@ class Pass:
 PASSES: tuple[Pass, ...] = (
     Pass("lost_constant_pass", "rescue", lost_constant_pass),
     Pass("region_pass", None, region_pass),
-    Pass("fold_pass", "fold_setitem", fold_pass),
-    Pass("identity_pass", "remove_identities", identity_pass),
-    Pass("padded_sum_pass", "concat_padded_sums", padded_sum_pass),
-    Pass("rehome_pass", "rehome", rehome_pass),
-    Pass("merge_pass", "merge_regions", merge_pass),
+    Pass("fold_pass", "rewrites.fold_setitem", fold_pass),
+    Pass("identity_pass", "rewrites.remove_identities", identity_pass),
+    Pass("padded_sum_pass", "rewrites.concat_padded_sums", padded_sum_pass),
+    Pass("rehome_pass", "rewrites.rehome", rehome_pass),
+    Pass("merge_pass", "rewrites.merge_regions", merge_pass),
     Pass("hoist_pass", "hoist", hoist_pass),
     Pass("dels_pass", None, dels_pass, report_only=False),
-    Pass("direct_call_pass", "direct_calls", direct_call_pass, report_only=False),
+    Pass("direct_call_pass", "runtime.direct_calls", direct_call_pass, report_only=False),
     Pass("rescue_pass", "rescue", rescue_pass, report_only=False),
 )
 

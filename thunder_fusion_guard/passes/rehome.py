@@ -181,7 +181,7 @@ def _merged(
 def rehome_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
     """Move metadata ops run outside a fusion into the region that alone reads them."""
     options = context.options
-    new, moves = absorb_metadata_ops(trace, may_change(options), options.metadata_ops, _refusal(context))
+    new, moves = absorb_metadata_ops(trace, may_change(options), options.rewrites.metadata_ops, _refusal(context))
     made = []
     for m in moves:
         details = Details(output=m.moved, into=m.into)
@@ -209,7 +209,11 @@ def _refusal(context: PassContext) -> Callable[[th.BoundSymbol, th.BoundSymbol],
         ex = th.executor_name(fusion)
         if not th.executor_claims(fusion, op):
             return f"{ex} cannot run {th.op_name(op)} (Thunder's executor does not claim it)"
-        if ex == "nvfuser" and where.compile_options.get(BOOKEND) is True and not options.override_compile_options:
+        if (
+            ex == "nvfuser"
+            and where.compile_options.get(BOOKEND) is True
+            and not options.rewrites.override_compile_options
+        ):
             return f"the program asked for views at nvFuser region edges to run outside ({BOOKEND}=True)"
         return None
 

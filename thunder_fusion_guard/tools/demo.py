@@ -93,6 +93,7 @@ def run_demo(
     """
     from .._thunder import fusion_executors
     from .._thunder.compat import applied_fixes
+    from ..options import Rewrites
     from ..transform import FusionGuard
 
     if reps < 1:
@@ -102,13 +103,14 @@ def run_demo(
     cuda = device == "cuda"
     executors = fusion_executors(device)
     nvfuser = any(getattr(ex, "name", "") == "nvfuser" for ex in executors)
-    guard = FusionGuard(override_compile_options=nvfuser)
+    guard = FusionGuard(rewrites=Rewrites(override_compile_options=nvfuser))
     where = torch.cuda.get_device_name() if cuda else "CPU"
     lines = [f"thunder-fusion-guard demo on {where} ({'nvFuser' if nvfuser else 'torch.compile executor'})"]
     if nvfuser:
         lines.append(
             "  (nvFuser: compiled with nv_enable_shape_only_fusion=True so lone views form regions, and "
-            "FusionGuard(override_compile_options=True) so the guard may undo them; Thunder's defaults form none)"
+            "FusionGuard(rewrites=Rewrites(override_compile_options=True)) so the guard may undo them; "
+            "Thunder's defaults form none)"
         )
     lines += [f"  compat: {fix}" for fix in applied_fixes()]
     rows = []
