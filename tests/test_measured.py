@@ -23,6 +23,8 @@ from thunder_fusion_guard.bench.decisions_summary import VERDICTS, format_summar
 from thunder_fusion_guard.cost import CostConstants
 from thunder_fusion_guard.shipped_constants import SHIPPED
 
+_REAL_REMEMBER = breakeven.remember  # conftest turns it off in every test; the test of it turns it back on
+
 
 def told(d):
     """The whole explanation of a decision (or verdict): ``details["explanation"]``, else its short reason."""
@@ -813,3 +815,36 @@ def test_interleaved_rounds_warms_up_alternates_syncs_each_sample_and_stops_when
     assert cut.cut_at == 3 and [len(s) for s in cut.samples.values()] == [3, 3]
     with pytest.raises(ValueError, match="inner >= 1"):
         interleaved_rounds(steps, 1, inner=0)
+
+
+def pointwise_chain(x):
+    for k in range(12):  # exact ops only (adds), far cheaper fused by the model's estimate
+        x = x + float(k)
+    return x
+
+
+def test_a_region_its_profile_times_slower_is_decided_by_that_timing_next_time(monkeypatch):
+    """A region the model keeps, estimates far apart (not timed while compiling), that a profile times slower
+    fused than eager: the profile caches its timing, and the next compilation of it decides by that timing
+    (rejected, code ``measured``, ``cached_only``) instead of keeping it for want of one. Timings injected."""
+    import thunder_fusion_guard.examine.profile_rows as profile_rows
+    from thunder_fusion_guard import profile_regions
+
+    monkeypatch.setattr(breakeven, "remember", _REAL_REMEMBER)
+    x = torch.randn(64, 1024)
+    first = FusionGuard()
+    jitted = jit_cpu(pointwise_chain, first)
+    jitted(x)
+    (kept,) = [d for d in first.report.decisions if d.action == "keep"]
+    assert kept.code == "cost_model" and kept.details["decided_by"] == "model"
+    times = iter([(50.0, (49.0, 51.0)), (10.0, (9.0, 11.0))] * 4)  # fused, then eager, per region
+    monkeypatch.setattr(profile_rows, "_timed", lambda fn, args, reps, warmup: next(times))
+    profile = profile_regions(jitted, x, reps=2, warmup=1)
+    (row,) = [r for r in profile.rows if r.region == kept.region]
+    assert row.decided_by == "model" and "cached" in row.disagreement
+    again = FusionGuard()
+    jit_cpu(pointwise_chain, again)(x)
+    (decided,) = [d for d in again.report.decisions if d.region == kept.region]
+    assert decided.action == "reject" and decided.code == "measured"
+    assert decided.details["cached_only"] and decided.details["measured_from"] == "cache"
+    assert (decided.details["measured_region_us"], decided.details["measured_eager_us"]) == (50.0, 10.0)

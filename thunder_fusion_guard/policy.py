@@ -180,7 +180,10 @@ def decide(
         band=MEASURE_BAND,
         doubt=doubt if doubted else None,
     )
-    if measured is not None and measurable:
+    # a timing of this very region an earlier run left in the cache (a profile's, where it disagreed with the
+    # model) decides an exact region however far apart the estimates: never kept for want of a timing
+    cached_only = measured is not None and not measurable and measured.source == "cache" and not inexact
+    if measured is not None and (measurable or cached_only):
         timed = measured
         seen = measured.on_device() if captured else None
         if seen is not None:  # in CUDA graphs only the device's time is spent: the margin as the user set it
@@ -192,6 +195,9 @@ def decide(
         if by_rule:
             action = "keep"
         facts.update(measured=measured, margin=margin, outcome=outcome, by_rule=by_rule, narrowed=narrowed)
+        if cached_only:
+            facts["cached_only"] = True
+            details["cached_only"] = True
         if margin != options.costs.margin:
             facts["margin_from"] = options.costs.margin
             details["margin_narrowed"] = narrowed

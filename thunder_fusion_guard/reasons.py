@@ -250,6 +250,8 @@ def _measured(f: Facts) -> tuple[str, str | None]:
             reason = f"measured while compiling: {short}; {_also_inexact(f['inexact'])}"
         else:
             why = "near break-even" if f["near"] else "another executor could run it"
+            if f.get("cached_only"):
+                why = "a timing of this region from an earlier run, in the measurement cache"
             if f.get("doubt") is not None:
                 why = f"estimates more than {f['band']:g}x apart, but {f['doubt']}"
             reason = (

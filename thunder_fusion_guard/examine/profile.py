@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_flatten
 from .. import _thunder as th
 from ..decisions import Decision, Subgraph, short_source, trace_place
 from ..distributed import current_rank
+from ..measure import breakeven
 from ..measure.timing import uses_cuda
 from ..progress import Progress
 from ..render import HOST_LEGEND_CPU, HOST_LEGEND_CUDA, html_page
@@ -38,7 +39,7 @@ from ..render.table import (
 from ..transform import guards_of
 from ..wording import WIDTH
 from .bandwidth import Peak, gbps, peak_bandwidth
-from .calls import ProgramCalls, program_calls
+from .calls import ProgramCalls, RegionCall, program_calls
 from .dataflow import GraphPair, graphs_to_dot, trace_graphs
 from .explain import name_subgraphs
 from .profile_rows import RegionRow, measure_row
@@ -192,10 +193,21 @@ def _program_rows(
             row.action, row.reason, row.estimates = d.action, d.reason, dict(d.estimates)
             row.decided_by, row.source = d.details.get("decided_by"), d.details.get("source")
             row.disagreement = disagreement(row, d, program.decisions)
+            if row.disagreement and row.decided_by == "model" and _remembered(program, call, row):
+                row.disagreement += "; this timing is cached: the next compilation decides the region by it"
         _bandwidth(row, peak)
         rows.append(row)
     shown.update("timing", done + len(rows), total, "regions")
     return rows
+
+
+def _remembered(program: ProgramCalls, call: RegionCall, row: RegionRow) -> bool:
+    """Cache a timing that says a region the model kept runs slower fused (:func:`..measure.breakeven.remember`),
+    so that a region is not kept for want of a timing; on CUDA its host time (a captured program's device time
+    is the guard's to time). False where nothing was cached."""
+    if row.host_us is None or row.eager_us is None or call.trace not in program.traces:
+        return False
+    return breakeven.remember(program.traces[call.trace], call.region, row.host_us, row.eager_us)
 
 
 def disagreement(row: RegionRow, decision: Decision, decisions: Sequence[Decision]) -> str | None:

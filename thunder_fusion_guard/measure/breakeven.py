@@ -225,6 +225,16 @@ class RegionMeasurer:
             self.pending[key] = entry
         return measured
 
+    def cached(self, trace: th.TraceCtx, region: Region) -> Measured | None:
+        """The timing of ``region`` an earlier run left in the cache (None: there is none, or several ranks run,
+        which decide by the model alone); nothing is timed."""
+        if world_size() > 1:
+            return None
+        hit = _cached(_store().get(signature(trace, region, None)))
+        if hit is not None:
+            self.from_cache += 1
+        return hit
+
     def _time(
         self, trace: th.TraceCtx, region: Region, left_s: float, other: Alternative | None = None
     ) -> Measured | str:
@@ -294,6 +304,22 @@ class RegionMeasurer:
             "not_timed": self.skipped,
             **({"not_cached": self.not_cached} if self.not_cached else {}),
         }
+
+
+def remember(trace: th.TraceCtx, region: Region, region_us: float, eager_us: float) -> bool:
+    """Write a timing of ``region`` (its fusion call and its ops run eagerly, µs per call; a profile's) to the
+    measurement cache, where the next compilation of it finds it (:meth:`RegionMeasurer.cached`); False where the
+    cache could not be written (logged)."""
+    entry = {"region_us": region_us, "eager_us": eager_us, "spread": None, "ops": region.ops[:20]}
+    key, store = signature(trace, region, None), _store()
+    with _lock:
+        store[key] = entry
+    try:
+        update_json(cache_file(), {key: entry})
+    except OSError as e:
+        log.warning("FusionGuard: could not cache a region's timing in %s: %s", cache_file(), e)
+        return False
+    return True
 
 
 def region_pair(trace: th.TraceCtx, region: Region) -> tuple[Callable, Callable]:

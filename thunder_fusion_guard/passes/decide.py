@@ -86,7 +86,14 @@ def _verdict(
     other_name = None if other is None else other.name
     doubt = context.doubt.why(device, region.executor) if context.doubt is not None and device else None
     verdict = decide(region, options, constants, None, where.compile_options, other_name, doubt, where.captured)
-    if not verdict.measurable or measure_region is None:
+    if measure_region is None:
+        return verdict, other, None
+    if not verdict.measurable:
+        cached = getattr(measure_region, "cached", None)
+        earlier = cached(trace, region) if verdict.code == "cost_model" and cached is not None else None
+        if earlier is None:
+            return verdict, other, None
+        verdict = decide(region, options, constants, earlier, where.compile_options, other_name, doubt, where.captured)
         return verdict, other, None
     try:
         measured = measure_region(trace, region, other if verdict.alternative else None)
