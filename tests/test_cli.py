@@ -4,6 +4,7 @@ warnings of Thunder and torch silenced; --threads pinned for CPU timing."""
 
 import argparse
 import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -498,12 +499,13 @@ def _plain_import_then_thunder(lane, folder):
 
 
 @pytest.mark.background.with_args(_plain_import_then_thunder)  # its process runs beside the other tests
-def test_plain_package_import_then_thunder_prints_nothing_to_stderr(background):
-    """One import-order rule: after a plain ``import thunder_fusion_guard`` (which imports neither torch nor
-    Thunder), the user's own ``import thunder`` sends Thunder's notice to our logger, as a public name's import does."""
+def test_plain_package_import_leaves_the_users_import_of_thunder_as_it_is(background):
+    """After a plain ``import thunder_fusion_guard`` (which imports neither torch nor Thunder), the user's own
+    ``import thunder`` is Thunder's: whatever it prints, it prints (nothing of it reaches our logger), as in a
+    process without the package."""
     done = background
     assert done.returncode == 0, done.stderr
-    assert done.stderr == "", done.stderr
     light, logged = done.stdout.splitlines()
-    assert light == "[]"
-    assert "transformer_engine module not found" in logged
+    assert light == "[]" and logged == "[]"
+    alone = subprocess.run([sys.executable, "-c", "import thunder"], capture_output=True, text=True, env=_env())
+    assert ("transformer_engine" in done.stderr) == ("transformer_engine" in alone.stderr)

@@ -47,11 +47,19 @@ def test_every_demo_decision_names_the_demo_line_that_made_it():
     """The demo's functions are the user's code here: each decision's source is a line of tools/demo.py, not
     Thunder's (a reshape's innermost frame) or einops' (rearrange's own code)."""
     from thunder_fusion_guard import FusionGuard
-    from thunder_fusion_guard._thunder import fusion_executors
+    from thunder_fusion_guard._thunder import fusion_executors, user_lines
+    from thunder_fusion_guard.tools import cli
 
+    assert "demo" in cli._NAMES_USER_LINES  # the demo command holds your lines while it runs, as here
     cases = ((demo.rearrange_heads, (2, 4, 8, 8)), (demo.view_chain, (2, 8, 8)), (demo.banded_mask, (2, 8, 8)))
     for fn, shape in cases:
         guard = FusionGuard()
-        demo._jit(fn, guard, fusion_executors("cpu"), nvfuser=False)(torch.randn(*shape))
+        with user_lines():
+            demo._jit(fn, guard, fusion_executors("cpu"), nvfuser=False)(torch.randn(*shape))
         sources = {d.details.get("source") for d in guard.report}
         assert sources and all(s and s.startswith(demo.__file__ + ":") for s in sources), (fn.__name__, sources)
+    # thunder.jit of a function outside such a command: nothing of Thunder's is wrapped, so an op einops makes
+    # has no line of yours (a module's call holds them itself)
+    guard = FusionGuard()
+    demo._jit(demo.rearrange_heads, guard, fusion_executors("cpu"), nvfuser=False)(torch.randn(2, 4, 8, 8))
+    assert {d.details.get("source") for d in guard.report} == {None}

@@ -26,6 +26,7 @@ class Details(TypedDict, total=False):
     explanation: str  # the long explanation; ``reason`` is its one short line
     not_measured: str  # why a region near break-even was not timed
     model_doubted: str  # why estimates far apart did not decide alone: the region was to be timed (ModelDoubt)
+    cached_only: bool  # estimates far apart, decided by a timing of it an earlier run cached (a profile's)
     alternative_not_timed: str  # why another fusion executor was not timed
     switched_to: str  # the fusion call that replaced the region (action switch)
     call: str  # how the region's fusion is called: "direct", or Thunder's and why

@@ -7,6 +7,7 @@ README's "Compatibility shims" list is this registry (tests/test_shims.py compar
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 from collections.abc import Callable
@@ -93,9 +94,10 @@ def switched_off(environ: dict[str, str] | None = None) -> frozenset[str]:
     return frozenset(names)
 
 
+@functools.cache
 def installed_version(package: str) -> str | None:
     """The installed version of distribution ``package`` without its local part (``2.11.0`` of ``2.11.0+cu130``);
-    None where it is not installed."""
+    None where it is not installed. Read once a process (reading it scans the installed distributions)."""
     try:
         return importlib.metadata.version(package).split("+", 1)[0]
     except importlib.metadata.PackageNotFoundError:

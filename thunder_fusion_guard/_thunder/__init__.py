@@ -178,6 +178,7 @@ from .sources import (
     source_line,
     stack_trace_source,
     user_frame,
+    user_lines,
     with_library,
 )
 from .thunderfx import (
@@ -429,6 +430,7 @@ __all__ = [
     "untranslate_library_ops",
     "unwrap_module_call",
     "user_frame",
+    "user_lines",
     "widened",
     "with_call",
     "with_library",

@@ -16,6 +16,7 @@ import re
 import sysconfig
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import thunder
@@ -43,6 +44,7 @@ __all__ = [
     "source_line",
     "stack_trace_source",
     "user_frame",
+    "user_lines",
     "with_library",
 ]
 
@@ -190,14 +192,39 @@ class _Located(dis.Positions):
     user: str | None = None
 
 
+@dataclass
+class _Patch:
+    """One shim's wrappers: ``shim`` (its name in :mod:`..shims`) and each ``(owner, attribute, original,
+    wrapper)`` it sets; built once, installed and removed by setting attributes (a few µs a call)."""
+
+    shim: str
+    sets: list[tuple[Any, str, Any, Any]]
+
+    def current(self) -> bool:
+        """Whether each attribute is still the original it was built over (or this patch's own wrapper)."""
+        return all(getattr(o, n) in (orig, w) for o, n, orig, w in self.sets)
+
+    def install(self) -> Callable[[], None]:
+        for owner, name, _, wrapper in self.sets:
+            setattr(owner, name, wrapper)
+        shims.record(self.shim, self.remove)
+        return self.remove
+
+    def remove(self) -> None:
+        for owner, name, original, wrapper in self.sets:
+            if getattr(owner, name) is wrapper:
+                setattr(owner, name, original)
+        shims.forget(self.shim)
+
+
 class _Scope:
-    """How many guarded compilations (or calls of a guarded program) now want the user's lines, the undo of what
-    is installed for them, and the frames each thread's open compilation holds."""
+    """How many guarded compilations (or calls of a guarded program) now want the user's lines, the patches that
+    install them (built on first need), and whether each thread's compilation holds them."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.holders = 0
-        self.undo: list[Callable[[], None]] = []
+        self.patches: list[_Patch] | None = None
         self.thread = threading.local()
 
 
@@ -230,16 +257,20 @@ def _hold() -> None:
     with _SCOPE.lock:
         _SCOPE.holders += 1
         if _SCOPE.holders == 1:
-            _SCOPE.undo = [u for u in (record_user_frames(), record_backward_frames()) if u is not None]
+            patches = _SCOPE.patches
+            # built once; again where one is missing (turned off, or applied by hand when built) or stale
+            if patches is None or len(patches) < 2 or not all(p.current() for p in patches):
+                _SCOPE.patches = [p for p in (_user_frames_patch(), _backward_frames_patch()) if p is not None]
+            for patch in _SCOPE.patches:
+                patch.install()
 
 
 def _release() -> None:
     with _SCOPE.lock:
         _SCOPE.holders -= 1
         if _SCOPE.holders == 0:
-            for undo in _SCOPE.undo:
-                undo()
-            _SCOPE.undo = []
+            for patch in _SCOPE.patches or ():
+                patch.remove()
 
 
 def calls_with_user_lines(call: Callable) -> Callable:
@@ -287,6 +318,12 @@ def record_user_frames() -> Callable[[], None] | None:
     Thunder's own. Installed by :func:`user_lines` only; returns its undo (None: not applied). The shim
     ``user-source-lines`` (:mod:`..shims`): only on the Thunder version it was written for, unless turned off;
     without it a source line is Thunder's innermost frame where that is the user's."""
+    patch = _user_frames_patch()
+    return None if patch is None else patch.install()
+
+
+def _user_frames_patch() -> _Patch | None:
+    """The wrapper of :func:`record_user_frames`, not installed; None where the shim does not apply."""
     from thunder.core.interpreter import InterpreterRuntimeCtx
 
     original = InterpreterRuntimeCtx.get_current_user_source_location
@@ -311,14 +348,7 @@ def record_user_frames() -> Callable[[], None] | None:
 
     located._fusion_guard = True  # type: ignore[attr-defined]
     located.__wrapped__ = original  # type: ignore[attr-defined]
-    InterpreterRuntimeCtx.get_current_user_source_location = located
-
-    def undo() -> None:
-        InterpreterRuntimeCtx.get_current_user_source_location = original
-        shims.forget("user-source-lines")
-
-    shims.record("user-source-lines", undo)
-    return undo
+    return _Patch("user-source-lines", [(InterpreterRuntimeCtx, "get_current_user_source_location", original, located)])
 
 
 def record_backward_frames() -> Callable[[], None] | None:
@@ -330,6 +360,12 @@ def record_backward_frames() -> Callable[[], None] | None:
     (:mod:`..shims`): it wraps ``grad_transform_on_trace``, the test of each op it reads
     (``_should_recompute_bsym_in_backward``, called first for each) and ``TraceCtx.pop_scope`` (the ops a forward
     op's gradient rule made); only on the Thunder version it was written for, unless turned off."""
+    patch = _backward_frames_patch()
+    return None if patch is None else patch.install()
+
+
+def _backward_frames_patch() -> _Patch | None:
+    """The wrappers of :func:`record_backward_frames`, not installed; None where the shim does not apply."""
     import thunder.transforms.autodiff as autodiff
     from thunder.core.symbol import BoundSymbolTag
     from thunder.core.trace import TraceCtx
@@ -370,18 +406,14 @@ def record_backward_frames() -> Callable[[], None] | None:
 
     grad_transform_on_trace._fusion_guard = True  # type: ignore[attr-defined]
     grad_transform_on_trace.__wrapped__ = original  # type: ignore[attr-defined]
-    autodiff.grad_transform_on_trace = grad_transform_on_trace
-    autodiff._should_recompute_bsym_in_backward = read
-    TraceCtx.pop_scope = pop_scope
-
-    def undo() -> None:
-        autodiff.grad_transform_on_trace = original
-        autodiff._should_recompute_bsym_in_backward = reading
-        TraceCtx.pop_scope = popping
-        shims.forget("backward-source-lines")
-
-    shims.record("backward-source-lines", undo)
-    return undo
+    return _Patch(
+        "backward-source-lines",
+        [
+            (autodiff, "grad_transform_on_trace", original, grad_transform_on_trace),
+            (autodiff, "_should_recompute_bsym_in_backward", reading, read),
+            (TraceCtx, "pop_scope", popping, pop_scope),
+        ],
+    )
 
 
 def _mark_backward_ops(joint: TraceCtx, lines: dict[str, str], backward: Any) -> None:

@@ -227,6 +227,10 @@ def _extensions():
         yield module.register
 
 
+# Commands whose decisions name your lines also under thunder.jit of a function (held for the whole command)
+_NAMES_USER_LINES = ("report", "why", "demo")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``fusion-guard`` command; its exit status (2: bad argument, 1: the work failed)."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -240,6 +244,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{name}: unrecognized arguments: {' '.join(unknown)} (see --help)", file=sys.stderr)
         return 2
     try:
+        if name.split()[-1] in _NAMES_USER_LINES:  # this process is the command's: its programs keep your lines
+            from .._thunder import user_lines
+
+            with user_lines():
+                return args.run(args)
         return args.run(args)
     except Exception as e:  # one rule for every command (tools.common.error_exit)
         return error_exit(name, e, getattr(args, "traceback", False))
