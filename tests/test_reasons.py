@@ -1,10 +1,12 @@
 """Every decision's reason is one whole line, never cut (text tables wrap it); the long story is in
 ``details["explanation"]``."""
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import ALWAYS_EAGER, jit_cpu
+from helpers import ALWAYS_EAGER, NEAR_BREAK_EVEN, jit_cpu
 from test_guard import metadata_chain, mixed
 from test_hoist import mask_loop
 from test_inplace import copy_into_input
@@ -13,6 +15,7 @@ from test_rewrites import sliding_window_mask
 import thunder_fusion_guard.passes.decide as decide
 import thunder_fusion_guard.passes.fold as fold
 from thunder_fusion_guard import Costs, FusionGuard
+from thunder_fusion_guard.reasons import words
 
 # The subject is not the code Inductor generates: regions run uncompiled (helpers.without_inductor).
 pytestmark = pytest.mark.usefixtures("no_inductor_module")
@@ -67,6 +70,39 @@ def test_reasons_are_whole_single_lines(fn, make, options):
     guard = FusionGuard(**options)
     jit_cpu(fn, guard)(*make())
     _check(guard)
+
+
+def _reworded_from_facts(guard: FusionGuard) -> set[str]:
+    """Every decision with a code says what :func:`words` makes of its facts, and its facts survive JSON; the
+    codes seen."""
+    coded = [d for d in guard.report if d.code is not None]
+    for d in coded:
+        reason, told = words(d.code, d.facts)
+        assert reason == d.reason, (d.code, d.facts)
+        assert told.get("explanation") == d.details.get("explanation"), (d.code, d.facts)
+    exported = json.loads(guard.report.to_json())["decisions"]
+    assert [e["code"] for e in exported if e["code"] is not None] == [d.code for d in coded]
+    assert all(isinstance(e["facts"], dict) for e in exported)
+    return {d.code for d in coded}
+
+
+@pytest.mark.parametrize("fn,make,options", PROGRAMS, ids=[f"{p[0].__name__}-{i}" for i, p in enumerate(PROGRAMS)])
+def test_every_coded_decision_keeps_the_facts_its_reason_is_worded_from(fn, make, options):
+    guard = FusionGuard(**options)
+    jit_cpu(fn, guard)(*make())
+    assert _reworded_from_facts(guard)
+
+
+def test_a_measured_decision_keeps_its_timing_as_a_fact_and_exports_it(inject_timings):
+    inject_timings(10.0, 9.7)
+    guard = FusionGuard(costs=Costs(calibration=NEAR_BREAK_EVEN))
+    x = torch.randn(64, 64)
+    jit_cpu(lambda a, b: a + b, guard)(x, x)
+    assert _reworded_from_facts(guard) == {"measured"}
+    (d,) = guard.report
+    assert (d.facts["measured"].region_us, d.facts["measured"].eager_us) == (10.0, 9.7)
+    exported = json.loads(guard.report.to_json())["decisions"][0]["facts"]["measured"]
+    assert (exported["region_us"], exported["eager_us"]) == (10.0, 9.7)
 
 
 @pytest.mark.guard_failure_expected

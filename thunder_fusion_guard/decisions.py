@@ -25,6 +25,7 @@ class Details(TypedDict, total=False):
     inexact: list[str]  # the ops (and roundings) exactness would keep the region for (ops.inexact_ops)
     explanation: str  # the long explanation; ``reason`` is its one short line
     not_measured: str  # why a region near break-even was not timed
+    cached_only: bool  # decided by a timing from the measurement cache, not one of this compilation
     model_doubted: str  # why estimates far apart did not decide alone: the region was to be timed (ModelDoubt)
     alternative_not_timed: str  # why another fusion executor was not timed
     switched_to: str  # the fusion call that replaced the region (action switch)
@@ -132,6 +133,7 @@ class Decision:
     details: Details = field(default_factory=lambda: Details())
     rank: int | None = None
     code: str | None = None  # the reason's code (reasons.ReasonCode), where the reason is worded from facts
+    facts: dict[str, Any] = field(default_factory=dict)  # what ``reason`` was worded from (reasons.Facts), by name
 
     @property
     def about_region(self) -> bool:
@@ -158,7 +160,7 @@ class Decision:
         return f"{self.at}: {ops}" if ops else self.at
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields, and ``name`` (:attr:`name`)."""
+        """The fields, and ``name`` (:attr:`name`); a fact that is a record (a ``Measured``) as its fields."""
         return {**asdict(self), "name": self.name}
 
 

@@ -476,14 +476,26 @@ def entry_decision(subgraph: str, module: torch.fx.GraphModule, not_entered: str
     (``not_entered`` empty) or keeps Thunder's call, and why (worded by :func:`.reasons.words`)."""
     ops = th.fx_graph_ops(module)
     code: ReasonCode = "entry_kept" if not_entered else "entered"
-    reason, told = words(code, Facts(why=not_entered) if not_entered else Facts())
+    facts = Facts(why=not_entered) if not_entered else Facts()
+    reason, told = words(code, facts)
     details: Details = {"scope": "op", **told, "entered": not not_entered}
     if not_entered:
         details["not_entered"] = not_entered
     source = th.fx_module_source(module)
     if source:
         details["source"] = source
-    return Decision("forward", subgraph, "thunder", ops, "enter", reason, subgraph=subgraph, details=details, code=code)
+    return Decision(
+        "forward",
+        subgraph,
+        "thunder",
+        ops,
+        "enter",
+        reason,
+        subgraph=subgraph,
+        details=details,
+        code=code,
+        facts=dict(facts),
+    )
 
 
 def rescue_decision(subgraph: str, module: torch.fx.GraphModule, what: Rescued, describe: Callable) -> Decision:

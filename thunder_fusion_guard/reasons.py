@@ -94,6 +94,8 @@ class Facts(TypedDict, total=False):
     by_rule: bool  # exactness, not the timing, keeps it
     margin_from: float  # the option 'costs.margin', where a timing narrowed it
     narrowed: Narrowing | None
+    cached_only: bool  # the timing came from the measurement cache, not from this compilation
+    on_device: bool  # the program replays in CUDA graphs: the device times decided
     chosen: str  # with a switch: what the other executor beat (the region's executor, or eager)
     chosen_us: float
     switched_to: str
@@ -103,6 +105,7 @@ class Facts(TypedDict, total=False):
     what: str  # what failed: "rewriting", or fusing with another executor
     before: str  # the explanation of the decision a failure overturned
     into: str
+    across: list[str]  # a merge: the ops between the two regions
     blocked_by: str
     skipped: str
     why: str
