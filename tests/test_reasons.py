@@ -4,17 +4,21 @@
 import json
 
 import pytest
+import thunder
 import torch
 import torch.nn.functional as F
 from helpers import ALWAYS_EAGER, NEAR_BREAK_EVEN, jit_cpu
 from test_guard import metadata_chain, mixed
 from test_hoist import mask_loop
 from test_inplace import copy_into_input
+from test_rescue import copy_into_input as copy_into_buffer
+from test_rescue import failing_executor, inputs, program, step
 from test_rewrites import sliding_window_mask
+from thunder.dynamo import thunderfx
 
 import thunder_fusion_guard.passes.decide as decide
 import thunder_fusion_guard.passes.fold as fold
-from thunder_fusion_guard import Costs, FusionGuard
+from thunder_fusion_guard import Costs, FusionGuard, fusion_executors
 from thunder_fusion_guard.reasons import words
 
 # The subject is not the code Inductor generates: regions run uncompiled (helpers.without_inductor).
@@ -103,6 +107,15 @@ def test_a_measured_decision_keeps_its_timing_as_a_fact_and_exports_it(inject_ti
     assert (d.facts["measured"].region_us, d.facts["measured"].eager_us) == (10.0, 9.7)
     exported = json.loads(guard.report.to_json())["decisions"][0]["facts"]["measured"]
     assert (exported["region_us"], exported["eager_us"]) == (10.0, 9.7)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_rescue_decisions_keep_the_facts_their_reasons_are_worded_from():
+    guard = FusionGuard()
+    step(thunder.jit(program, executors=[failing_executor("sin", [])], transforms=[guard]), *inputs())
+    compiled = thunderfx(copy_into_buffer, executors=fusion_executors("cpu"), transforms=[guard])
+    compiled(torch.zeros(4), torch.randn(4, requires_grad=True))
+    assert {"rescued", "grad_update_rescued"} <= _reworded_from_facts(guard)
 
 
 @pytest.mark.guard_failure_expected

@@ -54,6 +54,13 @@ ReasonCode = Literal[
     "entry_kept",
     # a region running a definition another region compiled (action share)
     "shared_fusion",
+    # a ThunderFX subgraph Thunder failed on, or would run without the autograd history eager records (fx_rescue)
+    "grad_update_rescued",
+    "grad_lost",
+    "not_rescued",
+    "views_remade",
+    "outputs_restrided",
+    "subgraph_rescued",
     # Thunder's own CUDAGraphTransform given beside the guard: this package's capture recommended (action capture)
     "cuda_graphs_recommended",
 ]
@@ -119,6 +126,14 @@ class Facts(TypedDict, total=False):
     same_as: int | None
     split: list[str]
     duplicated: list[str]
+    # ThunderFX subgraphs (fx_rescue)
+    values: list[str]  # inputs or outputs Thunder would leave without autograd history
+    rescued_by: str  # what runs the subgraph now
+    aliased: list[int]  # inputs updated in place whose memory other tensors hold too
+    remade: list[int]  # inputs made again as views of their bases
+    restrided: list[int]  # outputs handed back in the strides Dynamo recorded
+    tried: list[str]  # each other way tried first, and its failure, as one line
+    inductor_skipped: bool  # Inductor not tried: the subgraph updates its inputs in place
 
 
 def explained(reason: str, explanation: str | None = None) -> tuple[str, dict[str, str]]:
@@ -526,6 +541,59 @@ def _cuda_graphs_recommended(f: Facts) -> tuple[str, str | None]:
     )
 
 
+def _grad_update_rescued(f: Facts) -> tuple[str, str | None]:
+    values = ", ".join(f["values"])
+    return f"Thunder would update {values} outside autograd: gradients through it lost", (
+        f"{f['region']} updates {values} in place with a value that requires grad; eager records the update in "
+        f"autograd, Thunder would not (gradients through it lost without an error): {f['rescued_by']} runs it from "
+        "the first call on, and Thunder never compiles it. translate_library_ops() writes e3nn's Extract "
+        "out of place, which Thunder runs"
+    )
+
+
+def _grad_lost(f: Facts) -> tuple[str, str | None]:
+    values = ", ".join(f["values"])
+    return f"gradients lost: {values} without autograd history", (
+        f"Thunder left {values} of {f['region']} without autograd history where Dynamo recorded it requiring grad "
+        "(eager gives it a gradient): gradients through it are lost without an error. The guard keeps "
+        "Thunder's values, as unguarded; write the update out of place (translate_library_ops() does so for e3nn's "
+        "Extract, in nn.Gate) or run this part eagerly"
+    )
+
+
+def _not_rescued(f: Facts) -> tuple[str, str | None]:
+    problem = f"updates inputs {f['aliased']} in place, whose memory other tensors hold too, with grad on"
+    return f"not rescued: {problem}", (
+        f"Thunder failed on {f['region']} ({f['error']}); not rescued: it {problem}, and "
+        "gradients through such an update across compiled parts could come out wrong without a word"
+    )
+
+
+def _views_remade(f: Facts) -> tuple[str, str | None]:
+    values = ", ".join(map(str, f["remade"]))
+    return f"inputs {values} made again as views of their bases: handed over requiring grad without history", (
+        f"inputs {values} of {f['region']} come from a part compiled apart (ThunderFX's splitter runs a view of a "
+        "buffer by Inductor) as views requiring grad without autograd history: a gradient through them would "
+        "stop there without an error. Each call hands over the same memory as a view of its base, as eager has it"
+    )
+
+
+def _outputs_restrided(f: Facts) -> tuple[str, str | None]:
+    outputs = ", ".join(map(str, f["restrided"]))
+    return f"outputs {outputs} handed back in the strides Dynamo recorded", (
+        f"Thunder returned outputs {outputs} of {f['region']} with other strides than Dynamo recorded, which the "
+        "parts compiled after it check: each is copied into the recorded layout (the same values)"
+    )
+
+
+def _subgraph_rescued(f: Facts) -> tuple[str, str | None]:
+    tried = [*f.get("tried", [])]
+    if f.get("inductor_skipped"):
+        tried.append("Inductor: not tried, the subgraph updates its inputs in place")
+    told = "".join(f"; {p} failed too" for p in tried)
+    return f["error"], f"Thunder failed on {f['region']} ({f['error']}); {f['rescued_by']} runs it from then on{told}"
+
+
 def unguarded_rebuild(region: str, executor: str) -> str:
     """Why hoisting may not rebuild a region of an executor the guard leaves alone."""
     return f"{region} runs on {executor}, which the executors option leaves unguarded"
@@ -584,4 +652,10 @@ _WORDS: dict[ReasonCode, Callable[[Facts], tuple[str, str | None]]] = {
     "entry_kept": _entry_kept,
     "shared_fusion": _shared_fusion,
     "cuda_graphs_recommended": _cuda_graphs_recommended,
+    "grad_update_rescued": _grad_update_rescued,
+    "grad_lost": _grad_lost,
+    "not_rescued": _not_rescued,
+    "views_remade": _views_remade,
+    "outputs_restrided": _outputs_restrided,
+    "subgraph_rescued": _subgraph_rescued,
 }
