@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from helpers import ALWAYS_EAGER, NEAR_BREAK_EVEN, jit_cpu
 from test_guard import metadata_chain, mixed
-from test_hoist import mask_loop
+from test_hoist import grid, mask_loop
+from test_hoist_rotary import relative_positions
 from test_inplace import copy_into_input
 from test_rescue import copy_into_input as copy_into_buffer
 from test_rescue import failing_executor, inputs, program, step
@@ -107,6 +108,18 @@ def test_a_measured_decision_keeps_its_timing_as_a_fact_and_exports_it(inject_ti
     assert (d.facts["measured"].region_us, d.facts["measured"].eager_us) == (10.0, 9.7)
     exported = json.loads(guard.report.to_json())["decisions"][0]["facts"]["measured"]
     assert (exported["region_us"], exported["eager_us"]) == (10.0, 9.7)
+
+
+def test_hoist_decisions_keep_the_facts_their_reasons_are_worded_from():
+    refused = FusionGuard(strict=True)  # a table rounded at the cut of a region: not hoisted, exact_only=False would
+    x = grid(torch.bfloat16, 300, 300).detach()
+    thunder.jit(relative_positions, executors=fusion_executors("cpu"), transforms=[refused])(x)
+    assert "hoist_refused" in _reworded_from_facts(refused)
+    over = FusionGuard(runtime={"hoist_max_bytes": 0})  # no byte to keep a hoisted tensor in
+    jit_cpu(mask_loop, over)(torch.randn(2, 8, 8))
+    assert "hoist_not_taken" in _reworded_from_facts(over)
+    (d, *_) = [d for d in over.report if d.code == "hoist_not_taken"]
+    assert (d.facts["not_taken"], d.facts["budget_left"]) == ("budget", 0)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

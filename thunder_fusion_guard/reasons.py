@@ -5,8 +5,8 @@ one-line ``reason`` (what decided it, first; never cut: tables wrap it) and, whe
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Literal, TypedDict
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, TypedDict
 
 from . import wording
 from .cost import Measured
@@ -124,6 +124,9 @@ class Facts(TypedDict, total=False):
     ops_saved: int
     nbytes: int
     same_as: int | None
+    refused: list[dict[str, Any]]  # why hoisting may not rebuild a piece's regions (Refusal.facts())
+    not_taken: str | None  # why a piece that may be rebuilt is kept (hoist_units.NotTaken)
+    budget_left: int  # the bytes left under runtime.hoist_max_bytes
     split: list[str]
     duplicated: list[str]
     # ThunderFX subgraphs (fx_rescue)
@@ -487,7 +490,7 @@ def _hoisted(f: Facts) -> tuple[str, str | None]:
 
 def _hoist_refused(f: Facts) -> tuple[str, str | None]:
     kib = f["nbytes"] / 1024
-    option, why = f["option"], f["why"]
+    option, why = f["option"], "; ".join(refusal_words(r) for r in f["refused"])
     return (
         f"input-independent, not hoisted ({option} would): {why}",
         f"input-independent, not hoisted: {why}; {option} would hoist it: {f['ops_saved']} ops fewer per call, "
@@ -495,8 +498,33 @@ def _hoist_refused(f: Facts) -> tuple[str, str | None]:
     )
 
 
+_NOT_TAKEN = {
+    "communication": "it spans a communication op (nothing is moved across one)",
+    "input_write": "its values reach an in-place write of an input (an effect outside the trace)",
+}
+
+
 def _hoist_not_taken(f: Facts) -> tuple[str, str | None]:
-    return f"input-independent, not hoisted: {f['why']}", None
+    kind = f["not_taken"]
+    if kind == "budget":
+        why = f"its outputs take {f['nbytes']} bytes, {f['budget_left']} left under runtime.hoist_max_bytes"
+    elif kind == "same_as":
+        why = f"the same as piece {f['same_as']}, which is not hoisted"
+    else:
+        why = _NOT_TAKEN[kind]
+    return f"input-independent, not hoisted: {why}", None
+
+
+def refusal_words(r: Mapping[str, Any]) -> str:
+    """Why hoisting may not rebuild a region (``Refusal.facts()``): the executors option leaves it alone, or
+    splitting it could change its bits."""
+    if r["unguarded"]:
+        return unguarded_rebuild(r["region"], r["executor"])
+    cut = [
+        f"{name}: {how} inside the region and handed across the split, which would store it rounded"
+        for name, how in r["cut"].items()
+    ]
+    return inexact_rebuild(r["region"], r["executor"], r["inexact"], r["per_element"], r["fma"], cut)
 
 
 def _shared_fusion(f: Facts) -> tuple[str, str | None]:
