@@ -164,6 +164,18 @@ def many_rounding_ops(x):
     return torch.rsqrt(x.abs() + 1).reciprocal() * torch.tanh(x).exp().sin().cos().log1p()
 
 
+def test_exactness_words_an_op_not_known_to_be_exact_apart_from_ops_that_round():
+    """copy_with_setitem only moves data, but nobody showed it gives a fusion's bits outside it: the reason must
+    not say that it rounds."""
+    facts = {"inexact": ["copy_with_setitem"], "est_region_us": 2.0, "est_eager_us": 1.0}
+    reason, told = words("exactness", facts)
+    assert (
+        reason == "kept for exactness: ops ['copy_with_setitem'] are not known to give the same bits outside the fusion"
+    )
+    assert told["explanation"].startswith(f"{reason} (option 'exact_only'); cost aside: ")
+    assert "round" not in told["explanation"]
+
+
 def test_a_long_reason_is_whole_in_json_and_html_and_wrapped_in_the_table():
     """The exactness reason naming seven ops (once cut at 100 characters, mid-name) is whole in the decision,
     its JSON and its HTML; the text table keeps it whole in lines of at most 120 characters, and the wide
