@@ -11,6 +11,7 @@ from typing import Any, Literal, TypedDict
 from . import wording
 from .cost import Measured
 from .ops import exactness_reason
+from .wording import human_bytes, plural
 
 ReasonCode = Literal[
     # a region's fate (policy.decide)
@@ -63,6 +64,11 @@ ReasonCode = Literal[
     "subgraph_rescued",
     # Thunder's own CUDAGraphTransform given beside the guard: this package's capture recommended (action capture)
     "cuda_graphs_recommended",
+    # CUDA graphs GuardedCUDAGraphs captured in a trace, a graph whose gradients were still held when it would
+    # replay, a graph whose capture ran out of device memory (action capture)
+    "captured",
+    "capture_held",
+    "capture_uncaptured",
 ]
 
 # Said as a RuntimeWarning when recorded (once a guard for each reason and error), besides explain(): a program left
@@ -137,6 +143,23 @@ class Facts(TypedDict, total=False):
     restrided: list[int]  # outputs handed back in the strides Dynamo recorded
     tried: list[str]  # each other way tried first, and its failure, as one line
     inductor_skipped: bool  # Inductor not tried: the subgraph updates its inputs in place
+    # CUDA graphs (passes.capture): the graphs made, against Thunder's grouping; inputs and gradients by count and
+    # bytes a replay
+    captures: list[str]
+    thunder_captures: int
+    thunder_empty: int  # Thunder's graphs of nothing but deletions
+    thunder_empty_inputs: int
+    in_place: int  # inputs read in an earlier graph's buffer, not copied
+    in_place_bytes: int
+    copied_in: int  # inputs copied into the graphs' own buffers at each replay
+    copied_in_bytes: int
+    copied_back: int  # inputs a graph may write, copied back after each replay
+    copied_back_bytes: int
+    handed_over: int  # gradients handed to autograd in the graph's own buffers
+    handed_over_bytes: int
+    captured_by: str
+    recaptured_after: int  # calls in a row run uncaptured before a graph whose gradients are held is captured anew
+    held: list[str]  # gradients still held when their graph would replay
 
 
 def explained(reason: str, explanation: str | None = None) -> tuple[str, dict[str, str]]:
@@ -622,6 +645,86 @@ def _subgraph_rescued(f: Facts) -> tuple[str, str | None]:
     return f["error"], f"Thunder failed on {f['region']} ({f['error']}); {f['rescued_by']} runs it from then on{told}"
 
 
+def _captured(f: Facts) -> tuple[str, str | None]:
+    reason = f"{plural(len(f['captures']), 'CUDA graph')} of {f['count']} ops"
+    if f["thunder_captures"] != len(f["captures"]) or f["thunder_empty"]:
+        reason += f" where Thunder's grouping made {f['thunder_captures']}"
+        if f["thunder_empty"]:
+            reason += (
+                f" ({f['thunder_empty']} of nothing but deletions, their {f['thunder_empty_inputs']} inputs "
+                "copied at each replay)"
+            )
+    if f["in_place"]:
+        reason += (
+            f"; {plural(f['in_place'], 'input')} read in an earlier graph's buffer, not copied "
+            f"({human_bytes(f['in_place_bytes'])} a replay)"
+        )
+    if f["copied_in"]:
+        reason += (
+            f"; {plural(f['copied_in'], 'input')} copied into the graphs' own buffers at each replay, "
+            f"batched by dtype ({human_bytes(f['copied_in_bytes'])} a replay)"
+        )
+    if f["copied_back"]:
+        reason += (
+            f"; {plural(f['copied_back'], 'input')} the graph may write copied back to the caller's "
+            f"tensor after each replay ({human_bytes(f['copied_back_bytes'])} a replay)"
+        )
+    if f["handed_over"]:
+        reason += (
+            f"; {plural(f['handed_over'], 'gradient')} handed to autograd in the graph's own buffers, "
+            f"not copied by it ({human_bytes(f['handed_over_bytes'])} a replay)"
+        )
+    return reason, (
+        f"{reason}. Thunder's CUDAGraphTransform groups the ops it captures by the compile option fusion_type "
+        "(ThunderFX sets 'dataflow'), copies each input of a graph into the graph's own buffer at every replay "
+        "unless it is a parameter or a forward graph's output saved for the backward, and captures a group of "
+        "deletions alone. With share_buffers (the default) each run of consecutive ops is one graph, as "
+        "under thunder.jit, and a graph reads an earlier graph's output where that graph leaves it (the same "
+        "tensor at every replay): the same ops and kernels in the trace's order, without the copies. Thunder's "
+        "graphs replay on their own copies of their inputs, so an op that writes an input (x += y on a tensor made "
+        "before the graph) would leave the caller's tensor unwritten: such inputs are copied back. A graph's "
+        "outputs are the buffers its next replay writes, which Thunder's runner keeps, and autograd copies a gradient "
+        "another tensor holds before it becomes a .grad: each gradient is handed on a tensor of its own over "
+        "the graph's buffer, which autograd takes as it is. Where a gradient handed so is still held when the graph "
+        "would replay (a .grad kept and accumulated into), the graph stops handing its gradients over, runs its ops "
+        f"uncaptured while they are held and is captured anew after {f['recaptured_after']} such calls in a row "
+        "(a decision says so). Each graph is warmed up on a stream of its own, not on the stream it is "
+        "captured on, so that its matmuls use a cuBLAS workspace allocated in the graph's own memory pool during the "
+        "capture: one allocated during a warm-up on the capture stream is freed by whoever clears cuBLAS's "
+        "workspaces (torch.compile's CUDA graphs do, at each capture), and the graph would write memory given to "
+        "other tensors at every replay. "
+        f"The graphs are captured by {f['captured_by']}, Thunder's CUDAGraphTransform with this capture. "
+        "Thunder's runner copies a graph's inputs into the "
+        "graph's own buffers one copy_ at a time; these are copied in one batched copy (torch._foreach_copy_): "
+        "the same bits in the same buffers before the same replay, with one call and a few kernels."
+    )
+
+
+def _capture_held(f: Facts) -> tuple[str, str | None]:
+    graph = f["name"]
+    reason = (
+        f"{plural(len(f['held']), 'gradient')} of {graph} still held when it would replay: its ops run uncaptured "
+        "while they are held, its gradients copied by autograd from then on"
+    )
+    return reason, (
+        f"{reason}. A gradient handed to autograd in a graph's own buffer is the parameter's .grad; a replay writes "
+        "that buffer, so a .grad still held then (kept across steps and accumulated into, or a view of one) would be "
+        f"overwritten. The graph's ops run uncaptured on the call's arguments instead (the same kernels, fresh "
+        f"outputs) while the buffers are held; after {f['recaptured_after']} such calls in a row the graph is "
+        "captured anew and its old buffers are left to their holders. From then on its gradients are handed as "
+        "Thunder hands them, and autograd copies them."
+    )
+
+
+def _capture_uncaptured(f: Facts) -> tuple[str, str | None]:
+    reason = f"capturing {f['name']} ran out of device memory: its ops run uncaptured from now on"
+    return reason, (
+        f"{reason}. A capture warms the graph up and records it into buffers of its own, which need memory beside "
+        "the step's; uncaptured, the same ops run on the call's arguments (the same kernels and values, one launch "
+        f"each). The error: {f['error']}"
+    )
+
+
 def unguarded_rebuild(region: str, executor: str) -> str:
     """Why hoisting may not rebuild a region of an executor the guard leaves alone."""
     return f"{region} runs on {executor}, which the executors option leaves unguarded"
@@ -686,4 +789,7 @@ _WORDS: dict[ReasonCode, Callable[[Facts], tuple[str, str | None]]] = {
     "views_remade": _views_remade,
     "outputs_restrided": _outputs_restrided,
     "subgraph_rescued": _subgraph_rescued,
+    "captured": _captured,
+    "capture_held": _capture_held,
+    "capture_uncaptured": _capture_uncaptured,
 }
