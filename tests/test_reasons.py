@@ -81,6 +81,7 @@ def _reworded_from_facts(guard: FusionGuard) -> set[str]:
     """Every decision with a code says what :func:`words` makes of its facts, and its facts survive JSON; the
     codes seen."""
     coded = [d for d in guard.report if d.code is not None]
+    assert coded == guard.report.decisions  # every decision the guard makes has a code
     for d in coded:
         reason, told = words(d.code, d.facts)
         assert reason == d.reason, (d.code, d.facts)
@@ -143,6 +144,7 @@ def test_failure_reasons_are_whole_and_the_error_kept(monkeypatch):
     jit_cpu(sliding_window_mask, guard)(torch.randn(1, 2, 8, 8))
     _check(guard)
     assert any(d.error and "planted failure" in d.error for d in guard.report)
+    assert "rewrite_failed" in _reworded_from_facts(guard)
 
 
 def test_the_long_story_stays_in_the_explanation():

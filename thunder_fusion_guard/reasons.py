@@ -116,7 +116,8 @@ class Facts(TypedDict, total=False):
     step: str  # a pass's name
     moved: bool  # it would change the communication ops
     what: str  # what failed: "rewriting", or fusing with another executor
-    before: str  # the explanation of the decision a failure overturned
+    before_code: ReasonCode  # the code and facts of the decision a failure overturned
+    before_facts: Facts
     into: str
     across: list[str]  # a merge: the ops between the two regions
     blocked_by: str
@@ -343,13 +344,19 @@ def model_off(region: str, off: float, band: float) -> str:
     return f"a timing of {region} found the estimated eager/fused ratio {off:.1f}x off (more than the {band:g}x band)"
 
 
+def _before(f: Facts) -> str:
+    """The explanation of the decision a failure overturned."""
+    short, told = words(f["before_code"], f["before_facts"])
+    return told.get("explanation", short)
+
+
 def _rewrite_failed(f: Facts) -> tuple[str, str | None]:
-    return f"kept as it was: {f['what']} failed", f"kept as it was: {f['what']} failed ({f['before']})"
+    return f"kept as it was: {f['what']} failed", f"kept as it was: {f['what']} failed ({_before(f)})"
 
 
 def _rebuild_failed(f: Facts) -> tuple[str, str | None]:
     why = "it would change the communication ops" if f["moved"] else "rebuilding the trace failed"
-    return f"kept as it was: {why}", f"kept as it was: {why} ({f['before']})"
+    return f"kept as it was: {why}", f"kept as it was: {why} ({_before(f)})"
 
 
 def _pass_failed(f: Facts) -> tuple[str, str | None]:

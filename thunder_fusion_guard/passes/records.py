@@ -97,5 +97,6 @@ def reworded(earlier: Decision, code: ReasonCode, facts: Facts, **changes: Any) 
     """A new decision about the region of ``earlier`` for another reason: its details keep what they held (the
     explanation now the new reason's, where it says more), its fields take ``changes``."""
     reason, told = words(code, facts)
-    told_details = Details(**{**earlier.details, **told})
+    kept = {key: value for key, value in earlier.details.items() if key != "explanation"}  # the new reason's, if any
+    told_details = Details(**{**kept, **told})
     return instead(earlier, reason=reason, code=code, facts=dict(facts), details=told_details, **changes)
