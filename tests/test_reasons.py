@@ -2,6 +2,9 @@
 ``details["explanation"]``."""
 
 import json
+import re
+import typing
+from pathlib import Path
 
 import pytest
 import thunder
@@ -19,8 +22,8 @@ from thunder.dynamo import thunderfx
 
 import thunder_fusion_guard.passes.decide as decide
 import thunder_fusion_guard.passes.fold as fold
-from thunder_fusion_guard import Costs, FusionGuard, fusion_executors
-from thunder_fusion_guard.reasons import words
+from thunder_fusion_guard import Costs, FusionGuard, fusion_executors, reasons
+from thunder_fusion_guard.reasons import Facts, ReasonCode, words
 
 # The subject is not the code Inductor generates: regions run uncompiled (helpers.without_inductor).
 pytestmark = pytest.mark.usefixtures("no_inductor_module")
@@ -75,6 +78,15 @@ def test_reasons_are_whole_single_lines(fn, make, options):
     guard = FusionGuard(**options)
     jit_cpu(fn, guard)(*make())
     _check(guard)
+
+
+def test_every_code_has_its_wording_and_every_fact_it_reads_is_declared():
+    """Each reason code is worded by a function of its facts, and each fact a wording reads is a key of Facts."""
+    assert set(reasons._WORDS) == set(typing.get_args(ReasonCode))
+    source = Path(reasons.__file__).read_text()
+    read = set(re.findall(r"\bf\[[\"'](\w+)[\"']\]", source)) | set(re.findall(r"\bf\.get\([\"'](\w+)[\"']", source))
+    assert {"ops", "measured", "refused", "before_code"} <= read  # the search finds them
+    assert read <= set(Facts.__annotations__), sorted(read - set(Facts.__annotations__))
 
 
 def _reworded_from_facts(guard: FusionGuard) -> set[str]:
