@@ -21,6 +21,7 @@ from thunder_fusion_guard.bench import decisions as bench_decisions
 from thunder_fusion_guard.bench.decisions_measure import Row, choice_verdict_of, truth_of, verdict_of
 from thunder_fusion_guard.bench.decisions_summary import VERDICTS, format_summary, summarize
 from thunder_fusion_guard.cost import CostConstants
+from thunder_fusion_guard.measure.cache import device_name
 from thunder_fusion_guard.shipped_constants import SHIPPED
 
 _REAL_REMEMBER = breakeven.remember  # conftest turns it off in every test; the test of it turns it back on
@@ -224,7 +225,7 @@ def test_constants_not_calibrated_here_do_not_decide_alone(inject_timings, monke
     (d,) = guard.report
     assert (d.action, d.details["decided_by"], d.details["model_action"]) == ("reject", "measured", "keep")
     assert d.estimates["est_eager_us"] > 3 * d.estimates["est_region_us"]
-    assert "another CPU" in d.details["model_doubted"]
+    assert d.facts["doubt"] == {"by": "shipped_elsewhere", "device": device_name("cpu")}  # another CPU's constants
     assert timings == [2] and regions(guarded) == []
     if mode == "auto":
         (event,) = guard.report.calibrations
@@ -264,7 +265,8 @@ def test_a_timing_far_off_the_estimates_puts_the_model_in_doubt(inject_timings):
         "measured",
         "keep",
     )
-    assert near.region in doubted.details["model_doubted"] and timings == [2, 2]
+    assert (doubted.facts["doubt"]["by"], doubted.facts["doubt"]["region"]) == ("timing", near.region)
+    assert doubted.facts["doubt"]["off"] > doubted.facts["doubt"]["band"] and timings == [2, 2]
 
 
 # --- 2. measured decisions near break-even -------------------------------------------------------------

@@ -82,6 +82,28 @@ Outcome = Literal["cheaper", "under_margin", "worth_it"]
 Narrowing = Literal["synchronous", "host_and_device"]
 
 
+class Doubt(TypedDict, total=False):
+    """Why a guard's cost model does not decide alone (``ModelDoubt``): its constants are ``shipped_elsewhere``
+    (measured on another CPU than ``device``), or a ``timing`` of ``region`` found the estimated eager/fused ratio
+    ``off`` by more than the ``band``."""
+
+    by: Literal["shipped_elsewhere", "timing"]
+    device: str
+    region: str
+    off: float
+    band: float
+
+
+def doubt_words(doubt: Doubt) -> str:
+    """Why the cost model is in doubt, as a clause (``details["model_doubted"]``)."""
+    if doubt["by"] == "shipped_elsewhere":
+        return (
+            f"the cost constants were not calibrated on this machine ({doubt['device']}): "
+            "shipped ones, measured on another CPU"
+        )
+    return model_off(doubt["region"], doubt["off"], doubt["band"])
+
+
 class Facts(TypedDict, total=False):
     """What decided a decision, as values (the keys its reason code reads)."""
 
@@ -102,7 +124,7 @@ class Facts(TypedDict, total=False):
     outcome: Outcome  # what the deciding numbers said
     near: bool  # the estimates lie within the measuring band
     band: float
-    doubt: str | None  # why the model was not let decide alone (ModelDoubt)
+    doubt: Doubt | None  # why the model was not let decide alone (ModelDoubt; worded by doubt_words)
     measured: Measured
     by_rule: bool  # exactness, not the timing, keeps it
     margin_from: float  # the option 'costs.margin', where a timing narrowed it
@@ -265,7 +287,7 @@ def _cost_model(f: Facts) -> tuple[str, str | None]:
     doubt = f.get("doubt")
     unmeasured = "" if f["near"] else "; not timed: the estimates are more than 3x apart"
     if doubt is not None:
-        unmeasured = f"; the estimates are more than {f['band']:g}x apart, but {doubt}"
+        unmeasured = f"; the estimates are more than {f['band']:g}x apart, but {doubt_words(doubt)}"
     return f"cost model: {model}", f"cost model: {model}{unmeasured}"
 
 
@@ -298,7 +320,7 @@ def _measured(f: Facts) -> tuple[str, str | None]:
             if f.get("cached_only"):
                 why = "a timing of this region from an earlier run, in the measurement cache"
             if f.get("doubt") is not None:
-                why = f"estimates more than {f['band']:g}x apart, but {f['doubt']}"
+                why = f"estimates more than {f['band']:g}x apart, but {doubt_words(f['doubt'])}"
             reason = (
                 f"measured while compiling ({why}): {short}; the model estimated {f['est_region_us']:.1f} µs "
                 f"fused vs {f['est_eager_us']:.1f}"
