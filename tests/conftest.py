@@ -370,19 +370,35 @@ def pytest_configure(config):
     )
 
 
+def _unlike_its_facts(decision) -> str | None:
+    """What differs between a decision with a code and the words its code makes of its facts (None: nothing)."""
+    from thunder_fusion_guard.reasons import words
+
+    try:
+        reason, told = words(decision.code, decision.facts)
+    except Exception as e:  # a fact its wording reads is missing, or of the wrong kind
+        return f"{decision.code}: its facts cannot be worded ({type(e).__name__}: {e})"
+    if (reason, told.get("explanation")) == (decision.reason, decision.details.get("explanation")):
+        return None
+    return f"{decision.code}: reason {decision.reason!r}, but its facts say {reason!r} (or the explanation differs)"
+
+
 @pytest.fixture(autouse=True)
 def _guard_parts_never_fail(request, monkeypatch):
     """A part of the guard that fails (a pass that raised, a rewrite or a rebuild that failed) is skipped and
     recorded, and the user's program runs on: in the suite it fails the test, unless the test makes it fail on
-    purpose (marked ``guard_failure_expected``). Decisions recorded in this process are seen."""
+    purpose (marked ``guard_failure_expected``). So does a decision with a code whose reason or explanation is not
+    what its code words its facts as. Decisions recorded in this process are seen."""
     from thunder_fusion_guard.report import Report
 
-    failed = []
+    failed, unlike = [], []
     add = Report.add
 
     def recording(self, decision):
         if decision.code in GUARD_FAILURES:
             failed.append(decision)
+        if decision.code is not None:
+            unlike.append(_unlike_its_facts(decision))
         add(self, decision)
 
     monkeypatch.setattr(Report, "add", recording)
@@ -390,6 +406,9 @@ def _guard_parts_never_fail(request, monkeypatch):
     if failed and not request.node.get_closest_marker("guard_failure_expected"):
         said = "; ".join(f"{d.trace} {d.region}: {d.reason} ({d.error})" for d in failed[:3])
         pytest.fail(f"{len(failed)} part(s) of the guard failed: {said}", pytrace=False)
+    unlike = [u for u in unlike if u is not None]
+    if unlike:
+        pytest.fail(f"{len(unlike)} decision(s) not worded from their facts: {'; '.join(unlike[:3])}", pytrace=False)
 
 
 @pytest.fixture(autouse=True)

@@ -18,6 +18,7 @@ from thunder.transforms.cudagraph import CUDAGraphTransform
 
 from thunder_fusion_guard import FusionGuard, GuardedCUDAGraphs, explain
 from thunder_fusion_guard import _thunder as th
+from thunder_fusion_guard.reasons import words
 
 
 def gated(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -410,11 +411,20 @@ def test_gradients_are_handed_to_autograd_on_the_graphs_buffers(cpu_graphs):
     (backward,) = guard.report.filter(action="capture", trace="backward")
     assert len(backward.details["handed_over"]) == 4 and not forward.details["handed_over"]
     assert backward.details["bytes_handed_over"] == sum(p.numel() * p.element_size() for p in model.parameters())
+    assert (backward.code, backward.facts["handed_over"]) == ("captured", 4) and not forward.facts["handed_over"]
+    assert backward.facts["handed_over_bytes"] == backward.details["bytes_handed_over"]
+    assert all(_reworded(d) for d in (forward, backward))
 
     plain = FusionGuard()
     graphs = GuardedCUDAGraphs(share_buffers=False)
     _train(thunder.jit(model, transforms=[plain, graphs]), model, steps=1)
     assert not {p.grad.data_ptr() for p in model.parameters()} & _static_outputs(graphs)  # copied, as in Thunder
+
+
+def _reworded(d) -> bool:
+    """``d``'s reason and explanation are what its code words its facts as."""
+    reason, told = words(d.code, d.facts)
+    return (reason, told.get("explanation")) == (d.reason, d.details.get("explanation"))
 
 
 def _held(guard: FusionGuard) -> list:
@@ -433,6 +443,7 @@ def test_a_gradient_still_held_at_the_next_replay_is_not_overwritten(cpu_graphs,
     assert_same(_train(compiled, model, steps=steps, zero=False), _unguarded(steps=steps, zero=False))
     (held,) = _held(guard)
     assert held.trace == "backward" and len(held.details["held"]) == 4
+    assert held.code == "capture_held" and held.facts["held"] == held.details["held"] and _reworded(held)
     assert held.details["captures"] == held.ops == [held.region] and held.region.startswith("CUDAGraph")
     grads = {p.grad.data_ptr() for p in model.parameters()}
     static = _static_outputs(graphs)
@@ -476,6 +487,8 @@ def _first_capture_out_of_memory(monkeypatch, device: str) -> None:
     (uncaptured,) = [d for d in guard.report.filter(action="capture") if d.details.get("uncaptured")]
     assert uncaptured.trace == "forward" and uncaptured.details["error_type"] == "OutOfMemoryError"
     assert uncaptured.region == uncaptured.details["uncaptured"] and uncaptured.region.startswith("CUDAGraph")
+    assert uncaptured.code == "capture_uncaptured" and uncaptured.facts["name"] == uncaptured.region
+    assert "Tried to allocate 2.00 GiB" in uncaptured.facts["error"] and _reworded(uncaptured)
     assert built.count(failed[0]) == 1, "the graph that ran out of memory is not captured again"
     assert len(set(map(id, built))) == len(_graphs(graphs)) >= 2, "every other graph is captured, once"
 

@@ -476,7 +476,7 @@ def test_two_switched_regions_merge_across_the_index_add_between_them(inject_tim
     assert region.executor == "torchcompile" and "index_add" in region.ops and "index_add" not in outside
     (d,) = merged
     assert d.code == "merged" and d.details["across"] == d.ops and any("index_add" in op for op in d.ops)
-    assert d.details["into"] == region.name and "index_add" in d.reason
+    assert d.details["into"] == d.facts["into"] == region.name and d.facts["across"] == d.ops  # merged across index_add
 
 
 def test_no_merge_across_a_matrix_product(inject_timings):

@@ -96,8 +96,11 @@ def test_rotary_tables_stay_in_a_torch_compile_region_and_a_decision_names_the_o
     assert row.details["would_hoist_with"] == "exact_only=False" and row.details["split"] == ["TorchCompile0"]
     assert {"arange", "pow", "cos", "sin"} <= set(row.ops) and row.details["ops_saved_per_call"] >= 20
     assert row.code == "hoist_refused"
-    explanation = row.details["explanation"]  # which ops round by code that depends on the fusion: no fact names it
-    assert "torchcompile computes ['cos', 'exp', 'pow', 'sin'] by code that depends on the fusion" in explanation
+    # which ops torchcompile computes by code that depends on the fusion around them
+    assert any(
+        r["executor"] == "torchcompile" and r["per_element"] == ["cos", "exp", "pow", "sin"]
+        for r in row.facts["refused"]
+    ), row.facts["refused"]
     assert {"cos", "sin", "pow"} <= set(per_call_ops(guarded))  # still computed on every call
 
 
@@ -175,8 +178,8 @@ def test_a_table_cast_to_bfloat16_at_the_cut_of_a_torch_compile_region_is_not_ho
     (row,) = hoists(guard, action="keep")
     assert row.details["would_hoist_with"] == "exact_only=False" and "arange" in row.ops
     assert row.code == "hoist_refused"
-    # the rounding at the cut: no fact names it
-    assert "int64 rounded to bfloat16 inside the region and handed across the split" in row.details["explanation"]
+    # the rounding at the cut: a value rounded from int64 to bfloat16 inside the region, handed across the split
+    assert "int64 rounded to bfloat16" in [how for r in row.facts["refused"] for how in r["cut"].values()]
 
 
 def test_on_a_per_element_executor_the_cut_moves_before_the_cast(monkeypatch):
@@ -235,5 +238,5 @@ def test_a_split_whose_rest_adds_a_product_is_refused_where_the_executor_contrac
         assert not hoists(guard)
         (row,) = hoists(guard, action="keep")
         assert row.details["would_hoist_with"] == "exact_only=False"
-        assert row.code == "hoist_refused"  # the products the executor contracts: no fact names them
-        assert "are read by an addition, which torchcompile contracts into one multiply-add" in row.reason
+        assert row.code == "hoist_refused"  # products read by an addition, which torchcompile contracts
+        assert any(r["executor"] == "torchcompile" and r["fma"] for r in row.facts["refused"]), row.facts["refused"]

@@ -21,14 +21,10 @@ from thunder_fusion_guard.bench import decisions as bench_decisions
 from thunder_fusion_guard.bench.decisions_measure import Row, choice_verdict_of, truth_of, verdict_of
 from thunder_fusion_guard.bench.decisions_summary import VERDICTS, format_summary, summarize
 from thunder_fusion_guard.cost import CostConstants
+from thunder_fusion_guard.measure.cache import device_name
 from thunder_fusion_guard.shipped_constants import SHIPPED
 
 _REAL_REMEMBER = breakeven.remember  # conftest turns it off in every test; the test of it turns it back on
-
-
-def told(d):
-    """The whole explanation of a decision (or verdict): ``details["explanation"]``, else its short reason."""
-    return d.details.get("explanation", d.reason)
 
 
 FAKE = CostConstants(**NEAR_BREAK_EVEN, source="fake calibration")
@@ -229,7 +225,7 @@ def test_constants_not_calibrated_here_do_not_decide_alone(inject_timings, monke
     (d,) = guard.report
     assert (d.action, d.details["decided_by"], d.details["model_action"]) == ("reject", "measured", "keep")
     assert d.estimates["est_eager_us"] > 3 * d.estimates["est_region_us"]
-    assert "another CPU" in d.details["model_doubted"]
+    assert d.facts["doubt"] == {"by": "shipped_elsewhere", "device": device_name("cpu")}  # another CPU's constants
     assert timings == [2] and regions(guarded) == []
     if mode == "auto":
         (event,) = guard.report.calibrations
@@ -269,7 +265,8 @@ def test_a_timing_far_off_the_estimates_puts_the_model_in_doubt(inject_timings):
         "measured",
         "keep",
     )
-    assert near.region in doubted.details["model_doubted"] and timings == [2, 2]
+    assert (doubted.facts["doubt"]["by"], doubted.facts["doubt"]["region"]) == ("timing", near.region)
+    assert doubted.facts["doubt"]["off"] > doubted.facts["doubt"]["band"] and timings == [2, 2]
 
 
 # --- 2. measured decisions near break-even -------------------------------------------------------------
@@ -454,7 +451,8 @@ def test_reason_within_the_margin_says_eager_was_cheaper():
     assert eager < region and d.action == "keep"
     assert (d.code, d.details["decided_by"], d.details["model_action"]) == ("cost_model", "model", "keep")
     assert d.details["margin"] == 0.2 and eager > region * (1 - 0.2)  # eager cheaper, by less than the margin
-    assert all(n in d.reason for n in (f"{eager:.1f} µs", f"{region:.1f} µs", "20%")), d.reason  # its numbers
+    assert (d.facts["outcome"], d.facts["margin"]) == ("under_margin", 0.2), d.facts  # the numbers it is worded from
+    assert (d.facts["est_eager_us"], d.facts["est_region_us"]) == pytest.approx((eager, region), abs=5e-4)  # 3 places
 
 
 def test_reason_when_fusion_wins_and_when_measured_within_margin(inject_timings):
@@ -472,7 +470,9 @@ def test_reason_when_fusion_wins_and_when_measured_within_margin(inject_timings)
     assert (d.code, d.details["decided_by"], "model_doubted" in d.details) == ("measured", "measured", False)
     assert (d.details["measured_eager_us"], d.details["measured_region_us"]) == (9.7, 10.0)  # eager 3% cheaper
     assert (d.details["margin"], d.details["margin_narrowed"]) == (0.05, "synchronous")  # narrowed from 20%
-    assert all(n in told(d) for n in ("9.7 µs", "10.0 µs", "3%", "5%", "20%")), told(d)  # its numbers
+    assert (d.facts["measured"].eager_us, d.facts["measured"].region_us) == (9.7, 10.0)  # the numbers it is worded from
+    assert (d.facts["outcome"], d.facts["margin"], d.facts["margin_from"]) == ("under_margin", 0.05, 0.2)
+    assert d.facts["narrowed"] == "synchronous"
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import pytest
 
 import thunder_fusion_guard
 from thunder_fusion_guard.decisions import ACTIONS, Action, Decision, Details, Subgraph, trace_place
+from thunder_fusion_guard.reasons import words
 from thunder_fusion_guard.render.table import (
     NOT_THUNDERFX,
     compilations_note,
@@ -252,10 +253,12 @@ def test_a_run_of_decisions_alike_is_one_row_in_text_and_markdown_and_each_in_js
     report = Report()
     for i in range(18):
         d = _decision("TorchCompile0", "remove")
-        d.ops, d.code, d.reason = ["shallow_copy"], "identity_removed", f"identity op: its uses now read t{i}"
+        d.ops, d.code, d.facts = ["shallow_copy"], "identity_removed", {"why": "a shallow copy", "replaced_by": f"t{i}"}
+        d.reason = words(d.code, d.facts)[0]
         report.add(d)
     other = _decision("TorchCompile0", "remove")
-    other.ops, other.code, other.reason = ["shallow_copy"], "folded", "folded"
+    other.ops, other.code = ["shallow_copy"], "folded"
+    other.reason, other.details = words("folded", {})
     report.add(other)
     text, markdown = report.to_text(wide=True), report.to_markdown()
     counted = "shallow_copy\N{MULTIPLICATION SIGN}18"

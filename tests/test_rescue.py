@@ -191,7 +191,8 @@ def test_failing_thunderfx_subgraph_runs_eagerly_and_its_inplace_update_holds():
     assert rescue.details["error_type"] == "RuntimeError"
     assert rescue.error.startswith("RuntimeError: Attempting to reshape")
     assert rescue.details["rescued_by"] == "eager PyTorch"  # it updates an input in place: not Inductor
-    assert "not tried, the subgraph updates its inputs in place" in rescue.details["explanation"]  # no fact names it
+    assert rescue.code == "subgraph_rescued" and rescue.facts["rescued_by"] == "eager PyTorch"
+    assert rescue.facts["inductor_skipped"] is True  # Inductor not tried: the subgraph updates its inputs in place
     line = aliased_inplace.__code__.co_firstlineno + 2
     assert rescue.details["source"].endswith(f"test_rescue.py:{line}")
     text = explain(compiled)
@@ -310,6 +311,7 @@ def test_thunderfx_outputs_in_another_layout_are_handed_back_in_the_recorded_one
         torch.testing.assert_close(compiled(x), scaled_norm(x))
     (rescue,) = guard.report.filter(action="rescue")
     assert rescue.details["outputs_restrided"] == [0]
+    assert rescue.code == "outputs_restrided" and rescue.facts["restrided"] == [0]
     assert rescue.error is None and "rescued_by" not in rescue.details  # nothing failed: only the layout changed
 
 
@@ -573,7 +575,7 @@ def test_an_update_of_memory_another_input_holds_is_not_rescued_with_grad():
             torch.autograd.grad(compiled(x, w), (x, w))
     (kept,) = [d for d in guard.report.decisions if "error_type" in d.details and "rescued_by" not in d.details]
     assert kept.action == "keep" and kept.details["error_type"] == "RuntimeError"
-    assert "updates inputs [2] in place, whose memory other tensors hold too, with grad on" in kept.reason
+    assert kept.code == "not_rescued" and kept.facts["aliased"] == [2]  # input 2, whose memory others hold too
     assert not guard.report.filter(action="rescue")
 
 
@@ -605,6 +607,7 @@ def test_an_input_that_would_lose_its_gradient_runs_eagerly_from_the_first_call(
     assert rescued.action == "rescue" and rescued.subgraph == "subgraph 0" and rescued.error is None
     assert rescued.details["without_grad"] == ["input 1 (updated in place)"]  # the subgraph takes (x, buf)
     assert rescued.details["rescued_by"] == "eager PyTorch"
+    assert rescued.code == "grad_update_rescued" and rescued.facts["values"] == ["input 1 (updated in place)"]
     assert not guard.report.filter(trace="backward")  # Thunder compiled nothing of it
     compiled(torch.zeros(4), x)
     assert len([d for d in guard.report.decisions if "without_grad" in d.details]) == 1  # said once

@@ -2,8 +2,10 @@
 and the fail-safe holds under ``python -OO``. tests/conftest.py turns trace checking on for the whole suite."""
 
 import contextlib
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import thunder
@@ -63,13 +65,15 @@ def test_split_regions_and_thunderfx_pass_thunder_checks():
     assert any(d.action == "hoist" for d in guard.report.decisions)
 
 
-# A pass made to fail on a program with a setitem to fold; prints the decision that records the failure.
+# A pass made to fail on a program with a setitem to fold; prints the decision that records the failure: its code,
+# its facts, whether its reason is what the code words them as, and its error.
 # No assert statements: -OO removes them.
 PLANTED_FAILURE = """
 import thunder, torch
 from thunder.executors.torch_compile import torch_compile_ex
 import thunder_fusion_guard.passes.fold as fold
 from thunder_fusion_guard import FusionGuard
+from thunder_fusion_guard.reasons import words
 
 if fold.fold_pass.__doc__ is not None or FusionGuard.__doc__ is not None:
     raise SystemExit("the docstrings are still there")
@@ -87,7 +91,8 @@ out = thunder.jit(f, executors=[torch_compile_ex], transforms=[guard])(x)
 if not torch.equal(out, f(x)):
     raise SystemExit("the output changed")
 (failed,) = [d for d in guard.report.decisions if d.error]
-print(failed.reason, "|", failed.error)
+said = words(failed.code, failed.facts)[0] == failed.reason
+print(failed.code, failed.facts["step"], failed.facts["moved"], said, "|", failed.error)
 """
 # The command line builds its help without docstrings too.
 REPORT_HELP = """
@@ -128,7 +133,7 @@ def test_a_failing_pass_is_kept_and_recorded_without_docstrings(monkeypatch, cap
     monkeypatch.setattr(fold, "fold_setitem_copies", fold.fold_setitem_copies)  # restored afterwards
     exec(compile(PLANTED_FAILURE, "planted_failure", "exec"), {})
     out = capsys.readouterr().out
-    assert "fold_pass skipped: it failed" in out and "RuntimeError: planted failure" in out
+    assert "pass_failed fold_pass False True | RuntimeError: planted failure" in out
 
 
 def test_the_command_line_builds_its_help_without_docstrings(monkeypatch, capsys):
@@ -146,8 +151,8 @@ def test_a_failing_pass_is_kept_and_recorded_under_python_OO(tmp_path):
     which. Slow: -OO byte-compiles torch and thunder again (about 20 s); the test above is its short form."""
     path = tmp_path / "oo.py"
     path.write_text(PLANTED_FAILURE + REPORT_HELP)
-    done = subprocess.run([sys.executable, "-OO", str(path)], capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # this checkout's package
+    done = subprocess.run([sys.executable, "-OO", str(path)], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.endswith("report --help: ok\n")
-    assert "fold_pass skipped: it failed" in done.stdout
-    assert "RuntimeError: planted failure" in done.stdout
+    assert "pass_failed fold_pass False True | RuntimeError: planted failure" in done.stdout

@@ -25,6 +25,7 @@ class Details(TypedDict, total=False):
     inexact: list[str]  # the ops (and roundings) exactness would keep the region for (ops.inexact_ops)
     explanation: str  # the long explanation; ``reason`` is its one short line
     not_measured: str  # why a region near break-even was not timed
+    cached_only: bool  # decided by a timing from the measurement cache, not one of this compilation
     model_doubted: str  # why estimates far apart did not decide alone: the region was to be timed (ModelDoubt)
     cached_only: bool  # estimates far apart, decided by a timing of it an earlier run cached (a profile's)
     alternative_not_timed: str  # why another fusion executor was not timed
@@ -133,6 +134,7 @@ class Decision:
     details: Details = field(default_factory=lambda: Details())
     rank: int | None = None
     code: str | None = None  # the reason's code (reasons.ReasonCode), where the reason is worded from facts
+    facts: dict[str, Any] = field(default_factory=dict)  # what ``reason`` was worded from (reasons.Facts), by name
 
     @property
     def about_region(self) -> bool:
@@ -159,7 +161,7 @@ class Decision:
         return f"{self.at}: {ops}" if ops else self.at
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields, and ``name`` (:attr:`name`)."""
+        """The fields, and ``name`` (:attr:`name`); a fact that is a record (a ``Measured``) as its fields."""
         return {**asdict(self), "name": self.name}
 
 

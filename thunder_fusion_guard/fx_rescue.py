@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from . import _thunder as th
-from .decisions import Decision, Details
+from .decisions import Action, Decision, Details
 from .ops import writes_inputs
 from .reasons import Facts, ReasonCode, words
 from .wording import error_line, error_text
@@ -57,6 +57,8 @@ class Rescued:
     problems: tuple[str, ...] = ()
     lost_grad: tuple[str, ...] = ()  # values Thunder left without the autograd history Dynamo recorded
     remade: tuple[int, ...] = ()  # inputs made again as views of their bases (views_without_history)
+    aliased: tuple[int, ...] = ()  # inputs updated in place whose memory other tensors hold too: not rescued
+    inductor_skipped: bool = False  # Inductor not tried: the subgraph updates its inputs in place
 
 
 def compile_fx_module(module: torch.fx.GraphModule, inputs: list[Any], backend: str) -> Callable:
@@ -164,13 +166,9 @@ class SubgraphRescue:
             # (gradients lost or wrong): the failure is the user's to see, as unguarded.
             if not self._refused:
                 self._refused = True
-                problem = f"updates inputs {aliased} in place, whose memory other tensors hold too, with grad on"
-                self._tell(Rescued(None, error, args, problems=(problem,)))
+                self._tell(Rescued(None, error, args, aliased=tuple(aliased)))
             raise error
-        if updated:
-            # Inductor applies an update of an input outside autograd's view: gradients through it would be lost.
-            problems.append("Inductor: not tried, the subgraph updates its inputs in place")
-        else:
+        if not updated:  # Inductor applies an update of an input outside autograd's view: gradients would be lost
             try:
                 inductor = compile_fx_module(self.module, list(args), "inductor")
                 out = inductor(*args)
@@ -179,7 +177,7 @@ class SubgraphRescue:
                 problems.append(f"Inductor: {error_line(e)}")
         eager = compile_fx_module(self.module, list(args), "eager")
         out = eager(*args, **kwargs)  # its error is the user's, as eager PyTorch raises it
-        return self._rescued("eager PyTorch", eager, out, error, args, problems)
+        return self._rescued("eager PyTorch", eager, out, error, args, problems, inductor_skipped=bool(updated))
 
     def _keep_history(self, losing: tuple[str, ...], args: tuple, kwargs: dict) -> Any:
         """Run the subgraph eagerly from now on, before Thunder compiles it: Thunder would update ``losing``, inputs
@@ -200,11 +198,12 @@ class SubgraphRescue:
         args: tuple,
         problems: list[str],
         thunder: bool = False,
+        inductor_skipped: bool = False,
     ) -> Any:
         """``run`` runs the subgraph from now on; Thunder's outputs (``thunder``) still go through the layout
         check."""
         self._run, self._after = run, (self._check_layout if thunder else None)
-        self._tell(Rescued(by, error, args, problems=tuple(problems)))
+        self._tell(Rescued(by, error, args, problems=tuple(problems), inductor_skipped=inductor_skipped))
         return out if self._after is None else self._after(out, args)
 
     def _check_layout(self, out: Any, args: tuple) -> Any:
@@ -476,79 +475,80 @@ def entry_decision(subgraph: str, module: torch.fx.GraphModule, not_entered: str
     (``not_entered`` empty) or keeps Thunder's call, and why (worded by :func:`.reasons.words`)."""
     ops = th.fx_graph_ops(module)
     code: ReasonCode = "entry_kept" if not_entered else "entered"
-    reason, told = words(code, Facts(why=not_entered) if not_entered else Facts())
+    facts = Facts(why=not_entered) if not_entered else Facts()
+    reason, told = words(code, facts)
     details: Details = {"scope": "op", **told, "entered": not not_entered}
     if not_entered:
         details["not_entered"] = not_entered
     source = th.fx_module_source(module)
     if source:
         details["source"] = source
-    return Decision("forward", subgraph, "thunder", ops, "enter", reason, subgraph=subgraph, details=details, code=code)
+    return Decision(
+        "forward",
+        subgraph,
+        "thunder",
+        ops,
+        "enter",
+        reason,
+        subgraph=subgraph,
+        details=details,
+        code=code,
+        facts=dict(facts),
+    )
 
 
 def rescue_decision(subgraph: str, module: torch.fx.GraphModule, what: Rescued, describe: Callable) -> Decision:
-    """The decision recording ``what`` happened to ThunderFX subgraph ``subgraph`` (its fx ``module``);
-    ``describe(args)`` words the failing call's inputs."""
-    ops = th.fx_graph_ops(module)
+    """The decision recording ``what`` happened to ThunderFX subgraph ``subgraph`` (its fx ``module``), worded
+    from its code and facts by :func:`.reasons.words`; ``describe(args)`` words the failing call's inputs."""
+    details: Details = {}
+    action: Action = "rescue"
     if what.lost_grad and what.by:
-        values = ", ".join(what.lost_grad)
-        reason = f"Thunder would update {values} outside autograd: gradients through it lost"
-        explanation = (
-            f"{subgraph} updates {values} in place with a value that requires grad; eager records the update in "
-            f"autograd, Thunder would not (gradients through it lost without an error): {what.by} runs it from "
-            "the first call on, and Thunder never compiles it. translate_library_ops() writes e3nn's Extract "
-            "out of place, which Thunder runs"
-        )
-        d = Decision("forward", subgraph, "thunder", ops, "rescue", reason, subgraph=subgraph)
-        d.details.update(explanation=explanation, without_grad=list(what.lost_grad), rescued_by=what.by)
+        code: ReasonCode = "grad_update_rescued"
+        facts = Facts(region=subgraph, values=list(what.lost_grad), rescued_by=what.by)
+        details.update(without_grad=list(what.lost_grad), rescued_by=what.by)
         if what.remade:
-            d.details["remade_views"] = list(what.remade)
+            details["remade_views"] = list(what.remade)
     elif what.lost_grad:
-        values = ", ".join(what.lost_grad)
-        reason = f"gradients lost: {values} without autograd history"
-        explanation = (
-            f"Thunder left {values} of {subgraph} without autograd history where Dynamo recorded it requiring grad "
-            "(eager gives it a gradient): gradients through it are lost without an error. The guard keeps "
-            "Thunder's values, as unguarded; write the update out of place (translate_library_ops() does so for e3nn's "
-            "Extract, in nn.Gate) or run this part eagerly"
-        )
-        d = Decision("forward", subgraph, "thunder", ops, "keep", reason, subgraph=subgraph)
-        d.details.update(explanation=explanation, without_grad=list(what.lost_grad))
+        code, action = "grad_lost", "keep"
+        facts = Facts(region=subgraph, values=list(what.lost_grad))
+        details.update(without_grad=list(what.lost_grad))
     elif what.error is not None and what.by is None:
-        reason = f"not rescued: {what.problems[0]}"
-        explanation = (
-            f"Thunder failed on {subgraph} ({error_line(what.error)}); not rescued: it {what.problems[0]}, and "
-            "gradients through such an update across compiled parts could come out wrong without a word"
-        )
-        d = Decision("forward", subgraph, "thunder", ops, "keep", reason, subgraph=subgraph)
-        d.error = error_text(what.error)
-        d.details.update(explanation=explanation, error_type=type(what.error).__name__)
+        code, action = "not_rescued", "keep"
+        facts = Facts(region=subgraph, error=error_line(what.error), aliased=list(what.aliased))
+        details.update(error_type=type(what.error).__name__)
     elif what.remade and what.error is None and not what.restrided:
-        values = ", ".join(map(str, what.remade))
-        reason = f"inputs {values} made again as views of their bases: handed over requiring grad without history"
-        explanation = (
-            f"inputs {values} of {subgraph} come from a part compiled apart (ThunderFX's splitter runs a view of a "
-            "buffer by Inductor) as views requiring grad without autograd history: a gradient through them would "
-            "stop there without an error. Each call hands over the same memory as a view of its base, as eager has it"
-        )
-        d = Decision("forward", subgraph, "thunder", ops, "rescue", reason, subgraph=subgraph)
-        d.details.update(explanation=explanation, remade_views=list(what.remade))
+        code = "views_remade"
+        facts = Facts(region=subgraph, remade=list(what.remade))
+        details.update(remade_views=list(what.remade))
     elif what.error is None:
-        outputs = ", ".join(map(str, what.restrided))
-        reason = f"outputs {outputs} handed back in the strides Dynamo recorded"
-        explanation = (
-            f"Thunder returned outputs {outputs} of {subgraph} with other strides than Dynamo recorded, which the "
-            "parts compiled after it check: each is copied into the recorded layout (the same values)"
-        )
-        d = Decision("forward", subgraph, "thunder", ops, "rescue", reason, subgraph=subgraph)
-        d.details.update(explanation=explanation, outputs_restrided=list(what.restrided))
+        code = "outputs_restrided"
+        facts = Facts(region=subgraph, restrided=list(what.restrided))
+        details.update(outputs_restrided=list(what.restrided))
     else:
-        tried = "".join(f"; {p} failed too" for p in what.problems)
-        explanation = f"Thunder failed on {subgraph} ({error_line(what.error)}); {what.by} runs it from then on{tried}"
-        d = Decision("forward", subgraph, "thunder", ops, "rescue", error_line(what.error), subgraph=subgraph)
-        d.error = error_text(what.error)
-        d.details.update(explanation=explanation, rescued_by=what.by, error_type=type(what.error).__name__)
-        d.details["inputs"] = describe(what.args)
+        code = "subgraph_rescued"
+        facts = Facts(
+            region=subgraph,
+            error=error_line(what.error),
+            rescued_by=what.by,
+            tried=list(what.problems),
+            inductor_skipped=what.inductor_skipped,
+        )
+        details.update(rescued_by=what.by, error_type=type(what.error).__name__, inputs=describe(what.args))
+    reason, told = words(code, facts)
+    error = error_text(what.error) if code in ("not_rescued", "subgraph_rescued") else None
+    d = Decision(
+        "forward",
+        subgraph,
+        "thunder",
+        th.fx_graph_ops(module),
+        action,
+        reason,
+        subgraph=subgraph,
+        details={**told, **details},
+        code=code,
+        facts=dict(facts),
+        error=error,
+    )
     source = th.fx_module_source(module)
     if source:
         d.details["source"] = source

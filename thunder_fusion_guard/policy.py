@@ -18,7 +18,7 @@ from .ops import (
     switch_keeps_bits,
 )
 from .options import GuardOptions
-from .reasons import Facts, Narrowing, Outcome, ReasonCode
+from .reasons import Doubt, Facts, Narrowing, Outcome, ReasonCode
 from .regions import Region
 
 # Compile options by which a program asks Thunder, by name, for what the guard would otherwise undo.
@@ -56,13 +56,13 @@ class ModelDoubt:
     or a timing of its own showed the estimates off by more than that band. There it times every exact
     region (``decide(doubt=...)``), within the option ``costs.measure_budget_s``."""
 
-    reasons: dict[tuple[str, str], str] = field(default_factory=dict)
+    reasons: dict[tuple[str, str], Doubt] = field(default_factory=dict)
 
-    def why(self, device: str, executor: str) -> str | None:
-        """Why the model for ``executor`` on ``device`` is doubted (None: it is not)."""
+    def why(self, device: str, executor: str) -> Doubt | None:
+        """Why the model for ``executor`` on ``device`` is doubted, as facts (None: it is not)."""
         return self.reasons.get((device, executor))
 
-    def note(self, device: str, executor: str, reason: str) -> None:
+    def note(self, device: str, executor: str, reason: Doubt) -> None:
         """Doubt the model for ``executor`` on ``device`` from now on, for ``reason`` (the first one stays)."""
         self.reasons.setdefault((device, executor), reason)
 
@@ -72,7 +72,7 @@ class ModelDoubt:
         """Doubt the model once a timing of ``region`` shows its eager/fused ratio off by more than the band."""
         off = model_error(estimates, measured)
         if off is not None and off > MEASURE_BAND:
-            self.note(device, executor, reasons.model_off(region, off, MEASURE_BAND))
+            self.note(device, executor, Doubt(by="timing", region=region, off=off, band=MEASURE_BAND))
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def decide(
     measured: Measured | None = None,
     compile_options: Mapping[str, Any] | None = None,
     alternative: str | None = None,
-    doubt: str | None = None,
+    doubt: Doubt | None = None,
     captured: bool = False,
 ) -> Verdict:
     """Keep a region, reject it to the torch executor when its fusion call buys nothing, or switch it to
@@ -167,7 +167,7 @@ def decide(
         alternative = None
     doubted = doubt is not None and not near and not inexact
     if doubted:
-        details["model_doubted"] = doubt
+        details["model_doubted"] = reasons.doubt_words(doubt)
     measurable = alternative is not None or ((near or doubted) and not inexact)
     facts = Facts(
         executor=region.executor,
@@ -178,7 +178,7 @@ def decide(
         outcome=model[1],
         near=near,
         band=MEASURE_BAND,
-        doubt=doubt if doubted else None,
+        doubt=dict(doubt) if doubted else None,
     )
     # a timing of this very region an earlier run left in the cache (a profile's, where it disagreed with the
     # model) decides an exact region however far apart the estimates: never kept for want of a timing

@@ -5,12 +5,13 @@ one-line ``reason`` (what decided it, first; never cut: tables wrap it) and, whe
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Literal, TypedDict
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, TypedDict
 
 from . import wording
 from .cost import Measured
 from .ops import exactness_reason
+from .wording import human_bytes, plural
 
 ReasonCode = Literal[
     # a region's fate (policy.decide)
@@ -54,8 +55,20 @@ ReasonCode = Literal[
     "entry_kept",
     # a region running a definition another region compiled (action share)
     "shared_fusion",
+    # a ThunderFX subgraph Thunder failed on, or would run without the autograd history eager records (fx_rescue)
+    "grad_update_rescued",
+    "grad_lost",
+    "not_rescued",
+    "views_remade",
+    "outputs_restrided",
+    "subgraph_rescued",
     # Thunder's own CUDAGraphTransform given beside the guard: this package's capture recommended (action capture)
     "cuda_graphs_recommended",
+    # CUDA graphs GuardedCUDAGraphs captured in a trace, a graph whose gradients were still held when it would
+    # replay, a graph whose capture ran out of device memory (action capture)
+    "captured",
+    "capture_held",
+    "capture_uncaptured",
 ]
 
 # Said as a RuntimeWarning when recorded (once a guard for each reason and error), besides explain(): a program left
@@ -67,6 +80,28 @@ Outcome = Literal["cheaper", "under_margin", "worth_it"]
 # Why a measured decision's margin is narrower than the option's: calls are synchronous here, or eager is no
 # dearer on the host nor on the device.
 Narrowing = Literal["synchronous", "host_and_device"]
+
+
+class Doubt(TypedDict, total=False):
+    """Why a guard's cost model does not decide alone (``ModelDoubt``): its constants are ``shipped_elsewhere``
+    (measured on another CPU than ``device``), or a ``timing`` of ``region`` found the estimated eager/fused ratio
+    ``off`` by more than the ``band``."""
+
+    by: Literal["shipped_elsewhere", "timing"]
+    device: str
+    region: str
+    off: float
+    band: float
+
+
+def doubt_words(doubt: Doubt) -> str:
+    """Why the cost model is in doubt, as a clause (``details["model_doubted"]``)."""
+    if doubt["by"] == "shipped_elsewhere":
+        return (
+            f"the cost constants were not calibrated on this machine ({doubt['device']}): "
+            "shipped ones, measured on another CPU"
+        )
+    return model_off(doubt["region"], doubt["off"], doubt["band"])
 
 
 class Facts(TypedDict, total=False):
@@ -89,11 +124,13 @@ class Facts(TypedDict, total=False):
     outcome: Outcome  # what the deciding numbers said
     near: bool  # the estimates lie within the measuring band
     band: float
-    doubt: str | None  # why the model was not let decide alone (ModelDoubt)
+    doubt: Doubt | None  # why the model was not let decide alone (ModelDoubt; worded by doubt_words)
     measured: Measured
     by_rule: bool  # exactness, not the timing, keeps it
     margin_from: float  # the option 'costs.margin', where a timing narrowed it
     narrowed: Narrowing | None
+    cached_only: bool  # the timing came from the measurement cache, not from this compilation
+    on_device: bool  # the program replays in CUDA graphs: the device times decided
     chosen: str  # with a switch: what the other executor beat (the region's executor, or eager)
     chosen_us: float
     switched_to: str
@@ -101,8 +138,10 @@ class Facts(TypedDict, total=False):
     step: str  # a pass's name
     moved: bool  # it would change the communication ops
     what: str  # what failed: "rewriting", or fusing with another executor
-    before: str  # the explanation of the decision a failure overturned
+    before_code: ReasonCode  # the code and facts of the decision a failure overturned
+    before_facts: Facts
     into: str
+    across: list[str]  # a merge: the ops between the two regions
     blocked_by: str
     skipped: str
     why: str
@@ -114,8 +153,36 @@ class Facts(TypedDict, total=False):
     ops_saved: int
     nbytes: int
     same_as: int | None
+    refused: list[dict[str, Any]]  # why hoisting may not rebuild a piece's regions (Refusal.facts())
+    not_taken: str | None  # why a piece that may be rebuilt is kept (hoist_units.NotTaken)
+    budget_left: int  # the bytes left under runtime.hoist_max_bytes
     split: list[str]
     duplicated: list[str]
+    # ThunderFX subgraphs (fx_rescue)
+    values: list[str]  # inputs or outputs Thunder would leave without autograd history
+    rescued_by: str  # what runs the subgraph now
+    aliased: list[int]  # inputs updated in place whose memory other tensors hold too
+    remade: list[int]  # inputs made again as views of their bases
+    restrided: list[int]  # outputs handed back in the strides Dynamo recorded
+    tried: list[str]  # each other way tried first, and its failure, as one line
+    inductor_skipped: bool  # Inductor not tried: the subgraph updates its inputs in place
+    # CUDA graphs (passes.capture): the graphs made, against Thunder's grouping; inputs and gradients by count and
+    # bytes a replay
+    captures: list[str]
+    thunder_captures: int
+    thunder_empty: int  # Thunder's graphs of nothing but deletions
+    thunder_empty_inputs: int
+    in_place: int  # inputs read in an earlier graph's buffer, not copied
+    in_place_bytes: int
+    copied_in: int  # inputs copied into the graphs' own buffers at each replay
+    copied_in_bytes: int
+    copied_back: int  # inputs a graph may write, copied back after each replay
+    copied_back_bytes: int
+    handed_over: int  # gradients handed to autograd in the graph's own buffers
+    handed_over_bytes: int
+    captured_by: str
+    recaptured_after: int  # calls in a row run uncaptured before a graph whose gradients are held is captured anew
+    held: list[str]  # gradients still held when their graph would replay
 
 
 def explained(reason: str, explanation: str | None = None) -> tuple[str, dict[str, str]]:
@@ -220,7 +287,7 @@ def _cost_model(f: Facts) -> tuple[str, str | None]:
     doubt = f.get("doubt")
     unmeasured = "" if f["near"] else "; not timed: the estimates are more than 3x apart"
     if doubt is not None:
-        unmeasured = f"; the estimates are more than {f['band']:g}x apart, but {doubt}"
+        unmeasured = f"; the estimates are more than {f['band']:g}x apart, but {doubt_words(doubt)}"
     return f"cost model: {model}", f"cost model: {model}{unmeasured}"
 
 
@@ -253,7 +320,7 @@ def _measured(f: Facts) -> tuple[str, str | None]:
             if f.get("cached_only"):
                 why = "a timing of this region from an earlier run, in the measurement cache"
             if f.get("doubt") is not None:
-                why = f"estimates more than {f['band']:g}x apart, but {f['doubt']}"
+                why = f"estimates more than {f['band']:g}x apart, but {doubt_words(f['doubt'])}"
             reason = (
                 f"measured while compiling ({why}): {short}; the model estimated {f['est_region_us']:.1f} µs "
                 f"fused vs {f['est_eager_us']:.1f}"
@@ -299,13 +366,19 @@ def model_off(region: str, off: float, band: float) -> str:
     return f"a timing of {region} found the estimated eager/fused ratio {off:.1f}x off (more than the {band:g}x band)"
 
 
+def _before(f: Facts) -> str:
+    """The explanation of the decision a failure overturned."""
+    short, told = words(f["before_code"], f["before_facts"])
+    return told.get("explanation", short)
+
+
 def _rewrite_failed(f: Facts) -> tuple[str, str | None]:
-    return f"kept as it was: {f['what']} failed", f"kept as it was: {f['what']} failed ({f['before']})"
+    return f"kept as it was: {f['what']} failed", f"kept as it was: {f['what']} failed ({_before(f)})"
 
 
 def _rebuild_failed(f: Facts) -> tuple[str, str | None]:
     why = "it would change the communication ops" if f["moved"] else "rebuilding the trace failed"
-    return f"kept as it was: {why}", f"kept as it was: {why} ({f['before']})"
+    return f"kept as it was: {why}", f"kept as it was: {why} ({_before(f)})"
 
 
 def _pass_failed(f: Facts) -> tuple[str, str | None]:
@@ -469,7 +542,7 @@ def _hoisted(f: Facts) -> tuple[str, str | None]:
 
 def _hoist_refused(f: Facts) -> tuple[str, str | None]:
     kib = f["nbytes"] / 1024
-    option, why = f["option"], f["why"]
+    option, why = f["option"], "; ".join(refusal_words(r) for r in f["refused"])
     return (
         f"input-independent, not hoisted ({option} would): {why}",
         f"input-independent, not hoisted: {why}; {option} would hoist it: {f['ops_saved']} ops fewer per call, "
@@ -477,8 +550,33 @@ def _hoist_refused(f: Facts) -> tuple[str, str | None]:
     )
 
 
+_NOT_TAKEN = {
+    "communication": "it spans a communication op (nothing is moved across one)",
+    "input_write": "its values reach an in-place write of an input (an effect outside the trace)",
+}
+
+
 def _hoist_not_taken(f: Facts) -> tuple[str, str | None]:
-    return f"input-independent, not hoisted: {f['why']}", None
+    kind = f["not_taken"]
+    if kind == "budget":
+        why = f"its outputs take {f['nbytes']} bytes, {f['budget_left']} left under runtime.hoist_max_bytes"
+    elif kind == "same_as":
+        why = f"the same as piece {f['same_as']}, which is not hoisted"
+    else:
+        why = _NOT_TAKEN[kind]
+    return f"input-independent, not hoisted: {why}", None
+
+
+def refusal_words(r: Mapping[str, Any]) -> str:
+    """Why hoisting may not rebuild a region (``Refusal.facts()``): the executors option leaves it alone, or
+    splitting it could change its bits."""
+    if r["unguarded"]:
+        return unguarded_rebuild(r["region"], r["executor"])
+    cut = [
+        f"{name}: {how} inside the region and handed across the split, which would store it rounded"
+        for name, how in r["cut"].items()
+    ]
+    return inexact_rebuild(r["region"], r["executor"], r["inexact"], r["per_element"], r["fma"], cut)
 
 
 def _shared_fusion(f: Facts) -> tuple[str, str | None]:
@@ -520,6 +618,139 @@ def _cuda_graphs_recommended(f: Facts) -> tuple[str, str | None]:
         "same kernels and values: one graph per run of consecutive ops, earlier graphs' outputs read in place, "
         "gradients handed over without a copy, written inputs copied back, its own warm-up stream; the guard "
         "records each capture"
+    )
+
+
+def _grad_update_rescued(f: Facts) -> tuple[str, str | None]:
+    values = ", ".join(f["values"])
+    return f"Thunder would update {values} outside autograd: gradients through it lost", (
+        f"{f['region']} updates {values} in place with a value that requires grad; eager records the update in "
+        f"autograd, Thunder would not (gradients through it lost without an error): {f['rescued_by']} runs it from "
+        "the first call on, and Thunder never compiles it. translate_library_ops() writes e3nn's Extract "
+        "out of place, which Thunder runs"
+    )
+
+
+def _grad_lost(f: Facts) -> tuple[str, str | None]:
+    values = ", ".join(f["values"])
+    return f"gradients lost: {values} without autograd history", (
+        f"Thunder left {values} of {f['region']} without autograd history where Dynamo recorded it requiring grad "
+        "(eager gives it a gradient): gradients through it are lost without an error. The guard keeps "
+        "Thunder's values, as unguarded; write the update out of place (translate_library_ops() does so for e3nn's "
+        "Extract, in nn.Gate) or run this part eagerly"
+    )
+
+
+def _not_rescued(f: Facts) -> tuple[str, str | None]:
+    problem = f"updates inputs {f['aliased']} in place, whose memory other tensors hold too, with grad on"
+    return f"not rescued: {problem}", (
+        f"Thunder failed on {f['region']} ({f['error']}); not rescued: it {problem}, and "
+        "gradients through such an update across compiled parts could come out wrong without a word"
+    )
+
+
+def _views_remade(f: Facts) -> tuple[str, str | None]:
+    values = ", ".join(map(str, f["remade"]))
+    return f"inputs {values} made again as views of their bases: handed over requiring grad without history", (
+        f"inputs {values} of {f['region']} come from a part compiled apart (ThunderFX's splitter runs a view of a "
+        "buffer by Inductor) as views requiring grad without autograd history: a gradient through them would "
+        "stop there without an error. Each call hands over the same memory as a view of its base, as eager has it"
+    )
+
+
+def _outputs_restrided(f: Facts) -> tuple[str, str | None]:
+    outputs = ", ".join(map(str, f["restrided"]))
+    return f"outputs {outputs} handed back in the strides Dynamo recorded", (
+        f"Thunder returned outputs {outputs} of {f['region']} with other strides than Dynamo recorded, which the "
+        "parts compiled after it check: each is copied into the recorded layout (the same values)"
+    )
+
+
+def _subgraph_rescued(f: Facts) -> tuple[str, str | None]:
+    tried = [*f.get("tried", [])]
+    if f.get("inductor_skipped"):
+        tried.append("Inductor: not tried, the subgraph updates its inputs in place")
+    told = "".join(f"; {p} failed too" for p in tried)
+    return f["error"], f"Thunder failed on {f['region']} ({f['error']}); {f['rescued_by']} runs it from then on{told}"
+
+
+def _captured(f: Facts) -> tuple[str, str | None]:
+    reason = f"{plural(len(f['captures']), 'CUDA graph')} of {f['count']} ops"
+    if f["thunder_captures"] != len(f["captures"]) or f["thunder_empty"]:
+        reason += f" where Thunder's grouping made {f['thunder_captures']}"
+        if f["thunder_empty"]:
+            reason += (
+                f" ({f['thunder_empty']} of nothing but deletions, their {f['thunder_empty_inputs']} inputs "
+                "copied at each replay)"
+            )
+    if f["in_place"]:
+        reason += (
+            f"; {plural(f['in_place'], 'input')} read in an earlier graph's buffer, not copied "
+            f"({human_bytes(f['in_place_bytes'])} a replay)"
+        )
+    if f["copied_in"]:
+        reason += (
+            f"; {plural(f['copied_in'], 'input')} copied into the graphs' own buffers at each replay, "
+            f"batched by dtype ({human_bytes(f['copied_in_bytes'])} a replay)"
+        )
+    if f["copied_back"]:
+        reason += (
+            f"; {plural(f['copied_back'], 'input')} the graph may write copied back to the caller's "
+            f"tensor after each replay ({human_bytes(f['copied_back_bytes'])} a replay)"
+        )
+    if f["handed_over"]:
+        reason += (
+            f"; {plural(f['handed_over'], 'gradient')} handed to autograd in the graph's own buffers, "
+            f"not copied by it ({human_bytes(f['handed_over_bytes'])} a replay)"
+        )
+    return reason, (
+        f"{reason}. Thunder's CUDAGraphTransform groups the ops it captures by the compile option fusion_type "
+        "(ThunderFX sets 'dataflow'), copies each input of a graph into the graph's own buffer at every replay "
+        "unless it is a parameter or a forward graph's output saved for the backward, and captures a group of "
+        "deletions alone. With share_buffers (the default) each run of consecutive ops is one graph, as "
+        "under thunder.jit, and a graph reads an earlier graph's output where that graph leaves it (the same "
+        "tensor at every replay): the same ops and kernels in the trace's order, without the copies. Thunder's "
+        "graphs replay on their own copies of their inputs, so an op that writes an input (x += y on a tensor made "
+        "before the graph) would leave the caller's tensor unwritten: such inputs are copied back. A graph's "
+        "outputs are the buffers its next replay writes, which Thunder's runner keeps, and autograd copies a gradient "
+        "another tensor holds before it becomes a .grad: each gradient is handed on a tensor of its own over "
+        "the graph's buffer, which autograd takes as it is. Where a gradient handed so is still held when the graph "
+        "would replay (a .grad kept and accumulated into), the graph stops handing its gradients over, runs its ops "
+        f"uncaptured while they are held and is captured anew after {f['recaptured_after']} such calls in a row "
+        "(a decision says so). Each graph is warmed up on a stream of its own, not on the stream it is "
+        "captured on, so that its matmuls use a cuBLAS workspace allocated in the graph's own memory pool during the "
+        "capture: one allocated during a warm-up on the capture stream is freed by whoever clears cuBLAS's "
+        "workspaces (torch.compile's CUDA graphs do, at each capture), and the graph would write memory given to "
+        "other tensors at every replay. "
+        f"The graphs are captured by {f['captured_by']}, Thunder's CUDAGraphTransform with this capture. "
+        "Thunder's runner copies a graph's inputs into the "
+        "graph's own buffers one copy_ at a time; these are copied in one batched copy (torch._foreach_copy_): "
+        "the same bits in the same buffers before the same replay, with one call and a few kernels."
+    )
+
+
+def _capture_held(f: Facts) -> tuple[str, str | None]:
+    graph = f["name"]
+    reason = (
+        f"{plural(len(f['held']), 'gradient')} of {graph} still held when it would replay: its ops run uncaptured "
+        "while they are held, its gradients copied by autograd from then on"
+    )
+    return reason, (
+        f"{reason}. A gradient handed to autograd in a graph's own buffer is the parameter's .grad; a replay writes "
+        "that buffer, so a .grad still held then (kept across steps and accumulated into, or a view of one) would be "
+        f"overwritten. The graph's ops run uncaptured on the call's arguments instead (the same kernels, fresh "
+        f"outputs) while the buffers are held; after {f['recaptured_after']} such calls in a row the graph is "
+        "captured anew and its old buffers are left to their holders. From then on its gradients are handed as "
+        "Thunder hands them, and autograd copies them."
+    )
+
+
+def _capture_uncaptured(f: Facts) -> tuple[str, str | None]:
+    reason = f"capturing {f['name']} ran out of device memory: its ops run uncaptured from now on"
+    return reason, (
+        f"{reason}. A capture warms the graph up and records it into buffers of its own, which need memory beside "
+        "the step's; uncaptured, the same ops run on the call's arguments (the same kernels and values, one launch "
+        f"each). The error: {f['error']}"
     )
 
 
@@ -581,4 +812,13 @@ _WORDS: dict[ReasonCode, Callable[[Facts], tuple[str, str | None]]] = {
     "entry_kept": _entry_kept,
     "shared_fusion": _shared_fusion,
     "cuda_graphs_recommended": _cuda_graphs_recommended,
+    "grad_update_rescued": _grad_update_rescued,
+    "grad_lost": _grad_lost,
+    "not_rescued": _not_rescued,
+    "views_remade": _views_remade,
+    "outputs_restrided": _outputs_restrided,
+    "subgraph_rescued": _subgraph_rescued,
+    "captured": _captured,
+    "capture_held": _capture_held,
+    "capture_uncaptured": _capture_uncaptured,
 }

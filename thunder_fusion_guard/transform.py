@@ -29,7 +29,7 @@ from .passes.hoist import HoistLedger
 from .passes.rescue import announce, describe_inputs
 from .phases import GUARD_MEASUREMENTS, GUARD_PASSES, timing
 from .policy import ModelDoubt
-from .reasons import WARNED
+from .reasons import WARNED, Doubt
 from .replays import will_be_captured
 from .report import Report
 from .wording import error_line
@@ -343,12 +343,7 @@ class FusionGuard(thunder.Transform):
         constants of this machine only with every exact region timed."""
         chosen = calibrate.shipped_elsewhere(device, executor)
         if chosen is not None:
-            self.doubt.note(
-                device,
-                executor,
-                f"the cost constants were not calibrated on this machine ({device_name(device)}): "
-                "shipped ones, measured on another CPU",
-            )
+            self.doubt.note(device, executor, Doubt(by="shipped_elsewhere", device=device_name(device)))
         return chosen
 
     def __repr__(self) -> str:

@@ -1,11 +1,28 @@
-"""How the package words what it shows: text cut or wrapped to a width (the one place that does either), and
-exceptions as one line for tables and reasons or whole for JSON and details."""
+"""How the package words what it shows: counts and bytes in words, text cut or wrapped to a width (the one place
+that does either), and exceptions as one line for tables and reasons or whole for JSON and details."""
 
 from __future__ import annotations
 
 import re
 import textwrap
 import traceback
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """'1 region', '3 regions' (``words``: the plural where it is not ``word`` + 's')."""
+    return f"{n} {word if n == 1 else words or word + 's'}"
+
+
+def human_bytes(n: int | None) -> str:
+    """Bytes as '512 B', '1.5 KiB', ... '2.0 GiB'; '?' when unknown."""
+    if n is None:
+        return "?"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
 
 
 def fit(text: str, chars: int) -> str:

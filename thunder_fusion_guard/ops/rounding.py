@@ -165,19 +165,17 @@ def _holds_integers(target: torch.dtype, bounds: tuple[int, int]) -> bool:
     return max(abs(bounds[0]), abs(bounds[1])) <= 2 ** _FLOAT_BITS[target][1]
 
 
-def rounding_at_cut(body: Iterable[th.BoundSymbol], crossing: Iterable[th.Proxy]) -> list[str]:
+def rounding_at_cut(body: Iterable[th.BoundSymbol], crossing: Iterable[th.Proxy]) -> dict[str, str]:
     """Values of ``crossing`` (what one piece of a split region hands the other) that ``body`` computes by a
-    narrowing conversion, directly or through ops that keep them in reduced precision (views, cat, where).
+    narrowing conversion, directly or through ops that keep them in reduced precision (views, cat, where), by
+    name, with how each was rounded (``int64 rounded to bfloat16``).
 
     Splitting stores a crossing value at its dtype; the whole fusion may have skipped that rounding
     (:func:`rounding_hazards`), so such a value changes the bits. Roundings on one side of the cut are
     made alike by the piece's own fusion, and values that never cross are stored as before.
     """
     rounded = rounded_values(body)
-    return [
-        f"{name}: {rounded[name]} inside the region and handed across the split, which would store it rounded"
-        for name in sorted({p.name for p in crossing} & rounded.keys())
-    ]
+    return {name: rounded[name] for name in sorted({p.name for p in crossing} & rounded.keys())}
 
 
 def rounded_values(body: Iterable[th.BoundSymbol]) -> dict[str, str]:

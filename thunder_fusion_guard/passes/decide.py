@@ -46,7 +46,7 @@ def region_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
                 change = f"switch {region.name} to {other_name}" if switch else f"rewrite {region.name}"
                 raise FusionGuardError(f"could not {change} ({where.trace}): {e}") from e
             what = f"fusing it with {other_name}" if switch else "rewriting"
-            facts = {"what": what, "before": verdict.explanation}
+            facts = {"what": what, "before_code": verdict.code, "before_facts": dict(verdict.facts)}
             error = f"{type(e).__name__}: {e}"
             estimates = dict(verdict.estimates)
             decided.append(
@@ -122,5 +122,5 @@ def _decided(context: PassContext, region: Region, verdict: Verdict, details: De
 
 def _kept(d: Decision, moved: bool, error: str) -> Decision:
     """``d``, a reject or switch, kept as it was: rebuilding the trace failed, or would change its communication."""
-    before = d.details.get("explanation", d.reason)
-    return reworded(d, "rebuild_failed", {"moved": moved, "before": before}, action="keep", error=error)
+    facts = {"moved": moved, "before_code": d.code, "before_facts": dict(d.facts)}
+    return reworded(d, "rebuild_failed", facts, action="keep", error=error)

@@ -133,11 +133,9 @@ def hoist_constants(
                 continue
             described.segment = segments[piece[0]]
             if any(segments[pos] != described.segment for pos in piece):
-                described.hoisted = False
-                described.reason = "it spans a communication op (nothing is moved across one)"
+                described.hoisted, described.not_taken = False, "communication"
             elif reaches_input_write(bsyms, units, chosen, set(described.outputs), groups, inputs):
-                described.hoisted = False
-                described.reason = "its values reach an in-place write of an input (an effect outside the trace)"
+                described.hoisted, described.not_taken = False, "input_write"
             pieces.append((piece, described))
         results = [d for _, d in pieces]
     if refusals:
@@ -178,7 +176,7 @@ def _refused(
             continue
         described.hoisted = False
         described.option = ", ".join(dict.fromkeys(r.option for r in why))
-        described.reason = "; ".join(r.why for r in why)
+        described.refused = why
         kept.append(described)
     return kept
 
@@ -197,15 +195,13 @@ def _within_budget(pieces: list[tuple[list[int], Hoist]], max_bytes: int) -> set
             left -= described.nbytes
             kept.add(i)
         else:
-            described.hoisted = False
-            described.reason = f"its outputs take {described.nbytes} bytes, {left} left under runtime.hoist_max_bytes"
+            described.hoisted, described.not_taken, described.budget_left = False, "budget", left
     for i, (_, described) in enumerate(pieces):
         if described.same_as is not None:
             if described.same_as in kept:
                 kept.add(i)
             else:
-                described.hoisted = False
-                described.reason = f"the same as piece {described.same_as}, which is not hoisted"
+                described.hoisted, described.not_taken = False, "same_as"
     return kept
 
 

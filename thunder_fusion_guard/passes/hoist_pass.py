@@ -16,7 +16,6 @@ from ..ops import (
     rounding_at_cut,
 )
 from ..options import GuardOptions
-from ..reasons import inexact_rebuild, unguarded_rebuild
 from .context import PassContext, TraceContext
 from .hoist import Hoist, Refusal, check_backward, hoist_constants
 from .hoist_runtime import HOISTED_NAME, HoistedValues
@@ -64,7 +63,7 @@ def rebuild_refusal(
     setting that would let it; None where it may. The words are the region's, the same for each piece of it."""
     region, executor = fusion.sym.name, th.executor_name(fusion)
     if not options.guards(executor):
-        return Refusal(unguarded_rebuild(region, executor), "executors=None")
+        return Refusal(region, executor, "executors=None", unguarded=True)
     if not options.exact_only:
         return None
     cut = rounding_at_cut(body, crossing)
@@ -74,7 +73,9 @@ def rebuild_refusal(
         return None
     inexact = hoist_inexact_ops(th.fusion_body(fusion), options.rewrites.metadata_ops, executor)
     per_element = [n for n in inexact if n in ELEMENTWISE_ROUNDING_OPS]
-    return Refusal(inexact_rebuild(region, executor, inexact, per_element, fma, cut), "exact_only=False")
+    return Refusal(
+        region, executor, "exact_only=False", False, tuple(inexact), tuple(per_element), tuple(fma), tuple(cut.items())
+    )
 
 
 def _piece_decision(where: TraceContext, index: int, piece: Hoist, applied: bool) -> Decision:
@@ -92,7 +93,7 @@ def _piece_decision(where: TraceContext, index: int, piece: Hoist, applied: bool
         duplicated=list(piece.duplicated),
         saved_for_backward=list(piece.saved_for_backward),
     )
-    facts = {"ops_saved": piece.ops_saved, "nbytes": piece.nbytes, "why": piece.reason}
+    facts = {"ops_saved": piece.ops_saved, "nbytes": piece.nbytes}
     if piece.hoisted:
         facts.update(same_as=piece.same_as, split=piece.split, duplicated=piece.duplicated)
         return op_decision(
@@ -100,6 +101,11 @@ def _piece_decision(where: TraceContext, index: int, piece: Hoist, applied: bool
         )
     if piece.option:
         details["would_hoist_with"] = piece.option
-        facts["option"] = piece.option
+        facts.update(option=piece.option, refused=[r.facts() for r in piece.refused])
         return op_decision(where, HOISTED_NAME, "fusion_guard", piece.ops, "keep", "hoist_refused", facts, details)
+    facts["not_taken"] = piece.not_taken
+    if piece.not_taken == "budget":
+        facts["budget_left"] = piece.budget_left
+    elif piece.not_taken == "same_as":
+        facts["same_as"] = piece.same_as
     return op_decision(where, HOISTED_NAME, "fusion_guard", piece.ops, "keep", "hoist_not_taken", facts, details)

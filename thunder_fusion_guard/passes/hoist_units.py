@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from .. import _thunder as th
 from ..ops import aliased_outputs, cut_can_move, cut_hazards, hoistable, may_alias_inputs, writes_inputs
@@ -15,10 +16,35 @@ from .rewrite import unique_proxies
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why ``may_rebuild`` refused, and the option setting under which it would not (``exact_only=False``)."""
+    """Why ``may_rebuild`` refused to rebuild ``region`` of ``executor``, as facts (``unguarded``: the executors
+    option leaves it alone; else the ops and roundings that could change its bits), and the option setting under
+    which it would not (``exact_only=False``)."""
 
-    why: str
+    region: str
+    executor: str
     option: str
+    unguarded: bool = False
+    inexact: tuple[str, ...] = ()  # ops that could round differently once rebuilt
+    per_element: tuple[str, ...] = ()  # of those, the ones computed by code that depends on the fusion around them
+    fma: tuple[str, ...] = ()  # products read by an addition the executor may contract
+    cut: tuple[tuple[str, str], ...] = ()  # values rounded inside the region and handed across the split, and how
+
+    def facts(self) -> dict[str, Any]:
+        """The refusal as plain values (what :func:`..reasons.refusal_words` words)."""
+        return {
+            "region": self.region,
+            "executor": self.executor,
+            "unguarded": self.unguarded,
+            "inexact": list(self.inexact),
+            "per_element": list(self.per_element),
+            "fma": list(self.fma),
+            "cut": dict(self.cut),
+        }
+
+
+# Why a piece of input-independent work that may be rebuilt is not hoisted: it spans a communication op, its values
+# reach an in-place write of an input, its outputs do not fit the byte budget, or it is the same as a piece not hoisted.
+NotTaken = Literal["communication", "input_write", "budget", "same_as"]
 
 
 # may_rebuild(fusion, body, crossing): None where the pass may rebuild ``fusion`` with ``body`` (empty: move it
@@ -57,7 +83,9 @@ class Hoist:
     calls_saved: int
     fused_ops_saved: int
     hoisted: bool = True
-    reason: str = ""
+    not_taken: NotTaken | None = None  # why a piece that may be rebuilt is kept
+    budget_left: int = 0  # with not_taken "budget": the bytes left under runtime.hoist_max_bytes
+    refused: list[Refusal] = field(default_factory=list)  # why its regions may not be rebuilt
     regions: list[str] = field(default_factory=list)
     split: list[str] = field(default_factory=list)
     duplicated: list[str] = field(default_factory=list)

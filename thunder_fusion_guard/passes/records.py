@@ -36,6 +36,7 @@ def decision(
         action=action,
         reason=reason,
         code=code,
+        facts=dict(facts),
         function=where.function,
         compile_index=where.compile_index,
         subgraph=where.subgraph,
@@ -83,7 +84,12 @@ def source_details(region: Region) -> Details:
 
 def instead(earlier: Decision, **changes: Any) -> Decision:
     """A new decision about the region of ``earlier``, which stays as it was: its fields with ``changes``."""
-    copies = {"ops": list(earlier.ops), "estimates": dict(earlier.estimates), "details": dict(earlier.details)}
+    copies = {
+        "ops": list(earlier.ops),
+        "estimates": dict(earlier.estimates),
+        "details": dict(earlier.details),
+        "facts": dict(earlier.facts),
+    }
     return replace(earlier, **{**copies, **changes})
 
 
@@ -91,4 +97,6 @@ def reworded(earlier: Decision, code: ReasonCode, facts: Facts, **changes: Any) 
     """A new decision about the region of ``earlier`` for another reason: its details keep what they held (the
     explanation now the new reason's, where it says more), its fields take ``changes``."""
     reason, told = words(code, facts)
-    return instead(earlier, reason=reason, code=code, details=Details(**{**earlier.details, **told}), **changes)
+    kept = {key: value for key, value in earlier.details.items() if key != "explanation"}  # the new reason's, if any
+    told_details = Details(**{**kept, **told})
+    return instead(earlier, reason=reason, code=code, facts=dict(facts), details=told_details, **changes)

@@ -13,17 +13,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import wording
+from ..wording import plural
 
 if TYPE_CHECKING:
     from ..decisions import Decision, Details, Subgraph
 
 TIMES = "\u00d7"
 NOT_THUNDERFX = "not from ThunderFX"
-
-
-def plural(n: int, word: str, words: str | None = None) -> str:
-    """'1 region', '3 regions' (``words``: the plural where it is not ``word`` + 's')."""
-    return f"{n} {word if n == 1 else words or word + 's'}"
 
 
 def text_table(

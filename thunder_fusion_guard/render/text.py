@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..decisions import Subgraph
-from ..wording import fit
+from ..wording import fit, human_bytes
 from .table import op_groups, percent_text, plural
 
 # (fill, stroke) per guard action; regions without a decision, ops, views and the function's inputs/outputs.
@@ -33,18 +33,6 @@ KIND_STYLE: dict[str, tuple[str, str]] = {
 }
 FONT = "DejaVu Sans, Verdana, Helvetica, Arial, sans-serif"
 MINUS = "\u2212"
-
-
-def human_bytes(n: int | None) -> str:
-    """Bytes as '512 B', '1.5 KiB', ... '2.0 GiB'; '?' when unknown."""
-    if n is None:
-        return "?"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"
 
 
 # What a profile's time columns mean: printed under its text table, above its HTML table.
