@@ -27,7 +27,6 @@ class Details(TypedDict, total=False):
     not_measured: str  # why a region near break-even was not timed
     cached_only: bool  # decided by a timing from the measurement cache, not one of this compilation
     model_doubted: str  # why estimates far apart did not decide alone: the region was to be timed (ModelDoubt)
-    cached_only: bool  # estimates far apart, decided by a timing of it an earlier run cached (a profile's)
     alternative_not_timed: str  # why another fusion executor was not timed
     switched_to: str  # the fusion call that replaced the region (action switch)
     call: str  # how the region's fusion is called: "direct", or Thunder's and why
