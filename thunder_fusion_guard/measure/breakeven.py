@@ -186,10 +186,8 @@ class RegionMeasurer:
             self.skipped += 1
             return f"not timed: a run of {ranks} ranks decides by the model alone, so that every rank decides alike"
         key = signature(trace, region, None if other is None else other.name)
-        store = _store()
-        hit = _cached(store.get(key))
+        hit = self._from_cache(key)
         if hit is not None:
-            self.from_cache += 1
             return hit
         left = self.budget_s - self.seconds
         if left <= 0:
@@ -220,6 +218,7 @@ class RegionMeasurer:
             "other_device": measured.other_device_us,
             "ops": region.ops[:20],
         }
+        store = _store()
         with _lock:
             store[key] = entry
             self.pending[key] = entry
@@ -228,9 +227,11 @@ class RegionMeasurer:
     def cached(self, trace: th.TraceCtx, region: Region) -> Measured | None:
         """The timing of ``region`` an earlier run left in the cache (None: there is none, or several ranks run,
         which decide by the model alone); nothing is timed."""
-        if world_size() > 1:
-            return None
-        hit = _cached(_store().get(signature(trace, region, None)))
+        return None if world_size() > 1 else self._from_cache(signature(trace, region, None))
+
+    def _from_cache(self, key: str) -> Measured | None:
+        """The cached timing under ``key`` (counted in ``from_cache``); None where there is none."""
+        hit = _cached(_store().get(key))
         if hit is not None:
             self.from_cache += 1
         return hit
@@ -287,12 +288,7 @@ class RegionMeasurer:
         if not self.pending:
             return
         entries, self.pending = self.pending, {}
-        try:
-            update_json(cache_file(), entries)
-            self.not_cached = None
-        except OSError as e:
-            self.not_cached = f"{cache_file()}: {error_line(e)}"
-            log.warning("FusionGuard: could not cache region measurements in %s: %s", cache_file(), e)
+        self.not_cached = _write(entries)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -314,12 +310,17 @@ def remember(trace: th.TraceCtx, region: Region, region_us: float, eager_us: flo
     key, store = signature(trace, region, None), _store()
     with _lock:
         store[key] = entry
+    return _write({key: entry}) is None
+
+
+def _write(entries: dict[str, dict[str, Any]]) -> str | None:
+    """Add ``entries`` to the disk cache; what kept them out (logged, not raised), None where written."""
     try:
-        update_json(cache_file(), {key: entry})
+        update_json(cache_file(), entries)
     except OSError as e:
-        log.warning("FusionGuard: could not cache a region's timing in %s: %s", cache_file(), e)
-        return False
-    return True
+        log.warning("FusionGuard: could not cache region measurements in %s: %s", cache_file(), e)
+        return f"{cache_file()}: {error_line(e)}"
+    return None
 
 
 def region_pair(trace: th.TraceCtx, region: Region) -> tuple[Callable, Callable]:
