@@ -82,6 +82,7 @@ MODELS = {
     # The field's own potentials, from their packages (each needs its own e3nn: run them in separate processes).
     "nequip": lambda: ZOO["nequip"].build("cuda"),
     "mace": lambda: ZOO["mace"].build("cuda"),
+    "mace-cueq": lambda: ZOO["mace-cueq"].build("cuda"),  # cuequivariance-torch and its CUDA ops installed
 }
 
 

@@ -540,8 +540,21 @@ def test_the_zoo_extra_installs_every_library_of_the_zoo():
     text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     extra = re.search(r"^zoo = \[(.*)\]$", text, re.MULTILINE).group(1)
     names = {re.split(r"[<>=!~\[ ]", r.strip().strip('"'))[0].replace("-", "_") for r in extra.split(",")}
-    apart = {"mace"}  # mace-torch pins e3nn 0.4.4, the others need 0.6: an environment of its own (README)
+    # mace-torch pins e3nn 0.4.4, the others need 0.6: an environment of its own (README)
+    apart = {"mace", "mace,cuequivariance_torch"}
     assert {e.requires for e in ZOO.values()} - {"torch"} - apart <= names
+
+
+def test_a_model_needing_two_libraries_is_available_only_with_both(monkeypatch):
+    """mace-cueq needs MACE and cuequivariance-torch: without either it is skipped, never built as plain MACE."""
+    import importlib.util
+
+    found = {"mace": object(), "cuequivariance_torch": None}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: found.get(name, object()))
+    assert ZOO["mace-cueq"].requires.split(",") == ["mace", "cuequivariance_torch"]
+    assert not ZOO["mace-cueq"].available() and ZOO["mace"].available()
+    found["cuequivariance_torch"] = object()
+    assert ZOO["mace-cueq"].available()
 
 
 def test_the_cuequivariance_anchor_is_the_e3nn_built_model_with_other_layers():

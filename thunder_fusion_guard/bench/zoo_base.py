@@ -29,12 +29,12 @@ class ZooEntry:
     library: str
     what: str
     build: Callable[[str], ZooModel]
-    requires: str  # the module that must import for it to be built
+    requires: str  # the modules that must import for it to be built, comma-separated
     small: bool = False  # cheap enough to compile and run on a 2-core CPU in the test suite
 
     def available(self) -> bool:
         """Whether its library is installed here."""
-        return importlib.util.find_spec(self.requires) is not None
+        return all(importlib.util.find_spec(name) is not None for name in self.requires.split(","))
 
 
 def _mean_square(out: Any) -> torch.Tensor:

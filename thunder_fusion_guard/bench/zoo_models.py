@@ -227,6 +227,13 @@ ZOO: dict[str, ZooEntry] = {
             "mace",
         ),
         ZooEntry(
+            "mace-cueq",
+            "mace-torch",
+            "the same MACE with cuEquivariance's kernels for its blocks (as MACE's enable_cueq; fused on CUDA)",
+            functools.partial(mace_potential, cueq=True),
+            "mace,cuequivariance_torch",
+        ),
+        ZooEntry(
             "cueq-nequip",
             "cuequivariance",
             "the e3nn-built NequIP with cuequivariance-torch's tensor products (fused CUDA kernels on CUDA)",

@@ -111,7 +111,7 @@ GUARDED = tuple(p for p in PATHS if p.baseline)  # the guarded paths that have a
 MODEL_NAMES = (
     "hf-bert", "hf-t5", "hf-llama", "hf-mixtral", "timm-vit", "timm-convnext", "tv-resnet18", "nn-mha", "pyg-gat",
     "e3nn-nequip", "e3nn-nequip-rewritten", "e3nn-nequip-modules", "e3nn-nequip-modules-l3", "nequip", "mace",
-    "cueq-nequip",
+    "mace-cueq", "cueq-nequip",
 )  # fmt: skip
 
 

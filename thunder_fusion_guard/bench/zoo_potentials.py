@@ -10,6 +10,7 @@ import math
 import os
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -122,7 +123,9 @@ class NequIPEnergy(nn.Module):
 class MACEEnergy(nn.Module):
     """MACE (``mace.modules.MACE``, the configuration its papers train) called without its own force output."""
 
-    def __init__(self, interactions: int, channels: int, max_ell: int, correlation: int) -> None:
+    def __init__(
+        self, interactions: int, channels: int, max_ell: int, correlation: int, cueq_device: str | None = None
+    ) -> None:
         import numpy as np
 
         # e3nn 0.4.4 loads its constants with torch.load, whose default (weights_only) refuses the slices in them.
@@ -153,6 +156,7 @@ class MACEEnergy(nn.Module):
                 atomic_numbers=[1, 6, 8][:SPECIES],
                 correlation=correlation,
                 gate=torch.nn.functional.silu,
+                **({} if cueq_device is None else {"cueq_config": _cueq_config(cueq_device)}),
             )
         simplify(self.model)
 
@@ -171,6 +175,15 @@ class MACEEnergy(nn.Module):
         return self.model(data, training=True, compute_force=False)["energy"].sum()
 
 
+def _cueq_config(device: str) -> Any:
+    """cuEquivariance for every MACE block, as MACE's ``convert_e3nn_cueq`` sets it (its conv fusion on CUDA)."""
+    from mace.modules.wrapper_ops import CuEquivarianceConfig
+
+    return CuEquivarianceConfig(
+        enabled=True, layout="ir_mul", group="O3_e3nn", optimize_all=True, conv_fusion=device == "cuda"
+    )
+
+
 def _box_inputs(device: str, atoms: int) -> tuple[torch.Tensor, ...]:
     box = periodic_box(atoms, device)
     positions = box["positions"].requires_grad_()
@@ -184,8 +197,17 @@ def nequip_potential(device: str, layers: int = 3, l_max: int = 2, features: int
 
 
 def mace_potential(
-    device: str, interactions: int = 2, channels: int = 32, max_ell: int = 2, correlation: int = 3, atoms: int = 100
+    device: str,
+    interactions: int = 2,
+    channels: int = 32,
+    max_ell: int = 2,
+    correlation: int = 3,
+    atoms: int = 100,
+    cueq: bool = False,
 ) -> ZooModel:
-    """MACE from its package: 2 interactions, ``32x0e + 32x1o``, max_ell 2, correlation 3, 100 atoms."""
-    model = MACEEnergy(interactions, channels, max_ell, correlation).to(device)
+    """MACE from its package: 2 interactions, ``32x0e + 32x1o``, max_ell 2, correlation 3, 100 atoms; ``cueq``:
+    its blocks by cuEquivariance's kernels (``cuequivariance-torch``, fused on CUDA), as MACE's ``enable_cueq``."""
+    if cueq:  # without it, MACE would build its e3nn blocks after a warning
+        import cuequivariance_torch  # noqa: F401
+    model = MACEEnergy(interactions, channels, max_ell, correlation, device if cueq else None).to(device)
     return ZooModel(model, _box_inputs(device, atoms), _sum)
