@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -37,7 +38,7 @@ from thunder_fusion_guard.bench.machine import machine_info
 from thunder_fusion_guard.bench.zoo_equivariant import e3nn_nequip_small
 from thunder_fusion_guard.bench.zoo_models import ZOO, ZooModel
 from thunder_fusion_guard.bench.zoo_paths import ZooPath
-from thunder_fusion_guard.bench.zoo_run import _compile, _Step
+from thunder_fusion_guard.bench.zoo_run import _compile, _Step, _timing_alone
 from thunder_fusion_guard.bench.zoo_values import _difference
 from thunder_fusion_guard.examine.host_time import host_time
 from thunder_fusion_guard.measure.timing import interleaved_rounds
@@ -225,15 +226,26 @@ def run_model(
             rows[path] = {"error": error_text(e)[:2000]}
         print(f"[{name}] {path}: {rows[path]}", flush=True)
         _write(out, record)
+    with _timing_alone():  # TFG_ZOO_LOCK set: processes started side by side compile together, time one at a time
+        _time_paths(name, steps, rows, rounds, host)
+    _write(out, record)
+
+
+def _time_paths(name: str, steps: dict[str, _Step], rows: dict[str, dict], rounds: int, host: bool) -> None:
+    """The compiled paths' steps warmed up, compared with each other and timed interleaved, then profiled."""
     interleaved_rounds(steps, 0, warmup=3)
     values = {}
     for path, step in steps.items():  # one more step each, from the same parameters: their results compared
         step()
         values[path] = step.values()
-    for path in steps:
+    for path, step in steps.items():
         for other in ("eager", "fx-cudagraph"):
             if other in values and other != path:
                 rows[path][f"max_abs_diff_vs_{other}"] = _difference(values[path], values[other])
+        n = len(getattr(step, "zoo_step", step).leaves)
+        if n and "eager" in values and path != "eager":  # a potential's forces: its input's gradient
+            rows[path]["max_abs_force_diff"] = _difference(values[path][-n:], values["eager"][-n:])
+            rows[path]["energy_diff"] = _difference(values[path][:1], values["eager"][:1])
         if path.startswith("fx"):  # each ThunderFX path against the others
             others = [o for o in values if o != path and o.startswith("fx")]
             rows[path]["bitwise_vs"] = {o: bitwise(values[path], values[o]) for o in others}
@@ -251,7 +263,6 @@ def run_model(
             rows[path]["host_top"] = found.top
             print(f"[{name}] {path}:\n{found.table()}", flush=True)
         print(f"[{name}] {path}: {rows[path]}", flush=True)
-    _write(out, record)
 
 
 def start_apart(name: str, paths: list[str], args: argparse.Namespace, folder: Path) -> subprocess.Popen:
@@ -314,7 +325,24 @@ def main() -> int:
         action="store_true",
         help="leave translate_library_ops() out (MACE: e3nn 0.4.4's Irrep trips Dynamo's guards on its Extract)",
     )
+    parser.add_argument(
+        "--thread-stack-mb",
+        type=int,
+        default=0,
+        help="run in a thread with a stack of this many MiB (MACE under Thunder's interpreter on Python 3.12)",
+    )
     args = parser.parse_args()
+    if args.thread_stack_mb:
+        threading.stack_size(args.thread_stack_mb << 20)
+        done: list[int] = []
+        worker = threading.Thread(target=lambda: done.append(_main(parser, args)))
+        worker.start()
+        worker.join()
+        return done[0] if done else 1
+    return _main(parser, args)
+
+
+def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         variants = dict(parse_variant(v) for v in args.variant)
     except ValueError as e:

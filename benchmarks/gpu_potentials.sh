@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# NequIP and MACE from their packages (and the zoo's small e3nn step) on one CUDA GPU, against torch.compile with
+# the same whole-step capture (capture_step), by benchmarks/gpu_seed_vs_inductor.py. Each job is a process of its own,
+# started side by side so that their compiles overlap on the CPU cores; the jobs time one at a time (TFG_ZOO_LOCK),
+# each against its own eager, interleaved. Wheels, installed with no network: .whl/nequip (nequip 0.19, e3nn 0.6 from
+# the machine), .whl/mace (mace-torch 0.3.16, e3nn 0.4.4), .whl/cueq-site.tar.xz (cuEquivariance 0.13, CUDA 13 ops).
+#   source .gpu/setup.sh && TFG_COMMIT=<full sha> bash benchmarks/gpu_potentials.sh [JOB...]
+# Writes $OUT/<job>.json and .log; benchmarks/potentials_table.py makes potentials-<gpu>-<sha>.json of them.
+set -u
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/potentials}"
+mkdir -p "$OUT"
+DEADLINE=${TFG_DEADLINE_S:-560}  # seconds from the start of this script; every job is stopped by then
+export TFG_ZOO_LOCK=/tmp/tfg-potentials.lock
+[ -d /tmp/nq ] || python3 -m pip install -q --no-deps --no-index --target /tmp/nq .whl/nequip/*.whl
+[ -d /tmp/mc ] || python3 -m pip install -q --no-deps --no-index --target /tmp/mc .whl/mace/*.whl
+[ -d /tmp/cq ] || { mkdir -p /tmp/cq && tar xJf .whl/cueq-site.tar.xz -C /tmp/cq; }
+NQ="/tmp/nq:$PWD/.whl/nequip/pure:${PYTHONPATH:-}"
+MC="/tmp/mc:/tmp/cq:${PYTHONPATH:-}"
+README='{"choose_executor": true, "exact_only": false, "merge_regions": true, "measure_budget_s": 300}'
+
+declare -A JOBS=(
+  [nequip-inductor]="$NQ|--model nequip --paths eager,inductor-ro --step-graph inductor"
+  [nequip-guarded]="$NQ|--model nequip --paths eager --step-graph fx-guarded"
+  [nequip-graphs]="$NQ|--model nequip --paths eager,fx-guarded+cudagraph"
+  [nequip-readme]="$NQ|--model nequip --paths eager --step-graph fx-guarded/readme"
+  [nequip-untranslated]="$NQ|--model nequip --no-translate --paths eager --step-graph fx-guarded"
+  [mace-inductor]="$MC|--model mace --no-translate --paths eager,inductor-ro --step-graph inductor"
+  [mace-guarded]="$MC|--model mace --no-translate --paths eager --step-graph fx-guarded --thread-stack-mb 1024"
+  [mace-translated]="$MC|--model mace --paths eager --step-graph fx-guarded"
+  [mace-cueq-inductor]="$MC|--model mace-cueq --no-translate --paths eager,inductor-ro --step-graph inductor"
+  [mace-cueq-guarded]="$MC|--model mace-cueq --no-translate --paths eager --step-graph fx-guarded --thread-stack-mb 1024"
+  [small-graphs]="|--model small --paths eager,inductor-ro,fx-guarded+cudagraph"
+  [small-step]="|--model small --paths eager --step-graph inductor --step-graph fx-guarded/readme"
+)
+chosen=("$@")
+[ ${#chosen[@]} -eq 0 ] && chosen=("${!JOBS[@]}")
+for job in "${chosen[@]}"; do
+  [ -n "${JOBS[$job]:-}" ] || { echo "unknown job $job (jobs: ${!JOBS[*]})" >&2; exit 2; }
+done
+left=$((DEADLINE - SECONDS))
+echo "[potentials] $(date -u +%H:%M:%S) ${#chosen[@]} jobs, ${left} s each at most; $(nproc) cores"
+for job in "${chosen[@]}"; do
+  path=${JOBS[$job]%%|*}
+  args=${JOBS[$job]#*|}
+  variant=()
+  [[ $args == *fx-guarded/readme* ]] && variant=(--variant "fx-guarded/readme=$README")
+  (
+    # shellcheck disable=SC2086
+    PYTHONPATH=${path:-${PYTHONPATH:-}} timeout -k 10 -s INT "$left" python3 benchmarks/gpu_seed_vs_inductor.py $args \
+      "${variant[@]}" --rounds 20 --json "$OUT/$job.json" > "$OUT/$job.log" 2>&1
+    echo "[potentials] $(date -u +%H:%M:%S) $job exit $?"
+  ) &
+done
+wait
+for job in "${chosen[@]}"; do grep -h "^\[" "$OUT/$job.log" | grep -v "first_call_s': [0-9.]*}$" | cut -c1-400 | tail -4; done
