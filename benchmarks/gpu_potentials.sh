@@ -14,7 +14,8 @@ DEADLINE=${TFG_DEADLINE_S:-560}  # seconds from the start of this script; every 
 export TFG_ZOO_LOCK=/tmp/tfg-potentials.lock
 [ -d /tmp/nq ] || python3 -m pip install -q --no-deps --no-index --target /tmp/nq .whl/nequip/*.whl
 [ -d /tmp/mc ] || python3 -m pip install -q --no-deps --no-index --target /tmp/mc .whl/mace/*.whl
-[ -d /tmp/cq ] || { mkdir -p /tmp/cq && tar xJf .whl/cueq-site.tar.xz -C /tmp/cq; }
+# cuEquivariance's wheels unpacked and packed again with xz (27 MB against 74), for the mace-cueq jobs
+[ -d /tmp/cq ] || [ ! -f .whl/cueq-site.tar.xz ] || { mkdir -p /tmp/cq && tar xJf .whl/cueq-site.tar.xz -C /tmp/cq; }
 NQ="/tmp/nq:$PWD/.whl/nequip/pure:${PYTHONPATH:-}"
 MC="/tmp/mc:/tmp/cq:${PYTHONPATH:-}"
 README='{"choose_executor": true, "exact_only": false, "merge_regions": true, "measure_budget_s": 300}'
