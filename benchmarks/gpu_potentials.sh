@@ -5,11 +5,12 @@
 # each against its own eager, interleaved. Wheels, installed with no network: .whl/nequip (nequip 0.19, e3nn 0.6 from
 # the machine), .whl/mace (mace-torch 0.3.16, e3nn 0.4.4), .whl/cueq-site.tar.xz (cuEquivariance 0.13, CUDA 13 ops).
 #   source .gpu/setup.sh && TFG_COMMIT=<full sha> bash benchmarks/gpu_potentials.sh [JOB...]
-# Writes $OUT/<job>.json and .log; benchmarks/potentials_table.py makes potentials-<gpu>-<sha>.json of them.
+# Writes <job>.json and .log, packed in $OUT/potentials.tgz; benchmarks/potentials_table.py makes potentials-<gpu>-<sha>.json of them.
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/potentials}"
-mkdir -p "$OUT"
+WORK=/tmp/potentials-work  # every job's files, packed into $OUT/potentials.tgz at the end
+mkdir -p "$OUT" "$WORK"
 DEADLINE=${TFG_DEADLINE_S:-560}  # seconds from the start of this script; every job is stopped by then
 export TFG_ZOO_LOCK=/tmp/tfg-potentials.lock
 [ -d /tmp/nq ] || python3 -m pip install -q --no-deps --no-index --target /tmp/nq .whl/nequip/*.whl
@@ -29,6 +30,7 @@ declare -A JOBS=(
   [mace-inductor]="$MC|--model mace --no-translate --paths eager,inductor-ro --step-graph inductor"
   [mace-guarded]="$MC|--model mace --no-translate --paths eager --step-graph fx-guarded --thread-stack-mb 1024"
   [mace-translated]="$MC|--model mace --paths eager --step-graph fx-guarded"
+  [mace-readme]="$MC|--model mace --paths eager --step-graph fx-guarded/readme"
   [mace-cueq-inductor]="$MC|--model mace-cueq --no-translate --paths eager,inductor-ro --step-graph inductor"
   [mace-cueq-guarded]="$MC|--model mace-cueq --no-translate --paths eager --step-graph fx-guarded --thread-stack-mb 1024"
   [small-graphs]="|--model small --paths eager,inductor-ro,fx-guarded+cudagraph"
@@ -49,9 +51,10 @@ for job in "${chosen[@]}"; do
   (
     # shellcheck disable=SC2086
     PYTHONPATH=${path:-${PYTHONPATH:-}} timeout -k 10 -s INT "$left" python3 benchmarks/gpu_seed_vs_inductor.py $args \
-      "${variant[@]}" --rounds 20 --json "$OUT/$job.json" > "$OUT/$job.log" 2>&1
+      "${variant[@]}" --rounds 20 --json "$WORK/$job.json" > "$WORK/$job.log" 2>&1
     echo "[potentials] $(date -u +%H:%M:%S) $job exit $?"
   ) &
 done
 wait
-for job in "${chosen[@]}"; do grep -h "^\[" "$OUT/$job.log" | grep -v "first_call_s': [0-9.]*}$" | cut -c1-400 | tail -4; done
+tar czf "$OUT/potentials.tgz" -C "$WORK" .
+for job in "${chosen[@]}"; do grep -h "^\[" "$WORK/$job.log" | grep -v "first_call_s': [0-9.]*}$" | cut -c1-300 | tail -4; done
