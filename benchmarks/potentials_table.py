@@ -1,0 +1,107 @@
+"""The jobs of ``benchmarks/gpu_potentials.sh`` (their JSON files) as one result, ``potentials-<gpu>-<sha>.json``:
+``{"commit", "machine", "note", "models": {model: {path: {"ms", "kernels", "device_ms", "first_call_s",
+"max_abs_force_diff", "eager_ms", "job", ...}}}}``, and a Markdown table of it.
+
+    python3 benchmarks/potentials_table.py JOB.json... --commit SHA --json OUT.json --markdown OUT.md
+
+A path's key is the script's (``inductor+stepgraph``: Inductor's default mode with the whole step captured by
+``capture_step``), with `` untranslated`` where ``translate_library_ops()`` was left out; MACE with cuEquivariance's
+kernels sits under ``mace`` as ``cueq <path>``. Each job timed its paths against its own eager (``eager_ms``);
+the model's ``eager`` row is the first job's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+KEPT = ("ms", "kernels", "device_ms", "first_call_s", "max_abs_force_diff", "energy_diff", "step_captured", "error")
+GUARD = ("codes", "rescued")
+
+
+def _first_line(error: str | None) -> str:
+    """An error's first line, shortened; a subgraph rescued without an error ran eagerly from its first call."""
+    return (error or "run eagerly from its first call").splitlines()[0][:160]
+
+
+def _row(row: dict, job: str, eager_ms: float | None, commit: str) -> dict:
+    kept = {k: row[k] for k in KEPT if k in row}
+    if "codes" in row:
+        kept["decisions"] = row["codes"]
+        kept["rescued"] = [f"{r['where']}: {_first_line(r.get('error'))}" for r in row["rescued"]]
+    if "ms" not in row and "error" not in row:
+        kept["error"] = "not timed: the job reached its time limit after this path's first call"
+    return {**kept, "eager_ms": eager_ms, "job": job, "commit": commit}
+
+
+def merge(files: list[Path]) -> dict:
+    """The rows of every job file, keyed by model and path (see the module's docstring)."""
+    models: dict[str, dict] = {}
+    machine = None
+    for f in files:
+        doc = json.loads(f.read_text())
+        machine = machine or doc.get("machine")
+        suffix = "" if doc.get("translated", True) else " untranslated"
+        for model, rows in doc["models"].items():
+            name, prefix = ("mace", "cueq ") if model == "mace-cueq" else (model, "")
+            eager_ms = rows.get("eager", {}).get("ms")
+            into = models.setdefault(name, {})
+            for path, row in rows.items():
+                key = prefix + (path if path == "eager" else path + suffix)
+                if key in into:
+                    continue
+                into[key] = _row(row, f.stem, eager_ms, doc["commit"])
+    return {"machine": machine, "models": models}
+
+
+def markdown(doc: dict) -> str:
+    """One table, a row per model and path."""
+    lines = [
+        "| model | path | ms | its eager ms | kernels a step | device ms a step | first call s | max force diff |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for model, rows in doc["models"].items():
+        for path, r in rows.items():
+            if "error" in r and "ms" not in r:
+                lines.append(f"| {model} | {path} | {r['error'][:90]} | | | | {r.get('first_call_s', '')} | |")
+                continue
+            diff = r.get("max_abs_force_diff")
+            lines.append(
+                f"| {model} | {path} | {r.get('ms', '')} | {r.get('eager_ms') or ''} | {r.get('kernels', '')} | "
+                f"{r.get('device_ms', '')} | {r.get('first_call_s', '')} | {'' if diff is None else f'{diff:.1e}'} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("jobs", nargs="+", type=Path)
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--markdown", type=Path)
+    p.add_argument("--note", default="")
+    p.add_argument("--commit", required=True, help="the full sha whose package every job ran (package_hash.py)")
+    p.add_argument(
+        "--failed", action="append", default=[], metavar="MODEL/PATH=WHY", help="a path whose process died: its row"
+    )
+    args = p.parse_args(argv)
+    missing = [str(f) for f in args.jobs if not f.is_file()]
+    if missing:
+        p.error(f"no such job file: {', '.join(missing)}")
+    if any("/" not in f.partition("=")[0] or "=" not in f for f in args.failed):
+        p.error("--failed takes MODEL/PATH=WHY")
+    doc = merge(args.jobs)
+    for failed in args.failed:
+        where, _, why = failed.partition("=")
+        model, _, path = where.partition("/")
+        doc["models"].setdefault(model, {})[path] = {"error": why}
+    out = {"commit": args.commit, "note": args.note, **doc}
+    args.json.write_text(json.dumps(out, indent=1) + "\n")
+    if args.markdown:
+        args.markdown.write_text(markdown(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
