@@ -741,3 +741,34 @@ def test_gradients_lost_checks_outputs_only_where_dynamo_recorded_as_many():
     recorded = torch.zeros(2, requires_grad=True)
     assert gradients_lost(gm, [torch.zeros(2), torch.zeros(2)], [recorded], (torch.zeros(2),)) == ()
     assert gradients_lost(gm, [torch.zeros(2)], [recorded], (torch.zeros(2),)) == ("output 0",)
+
+
+def broadcast_then_sine(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return (x.broadcast_to(s.shape) * s).sin()  # MACE's symmetric contraction broadcasts its weights so
+
+
+@pytest.mark.slow
+def test_a_tensor_method_thunder_lacks_is_rescued_under_thunderfx_with_eagers_values():
+    """``Tensor.broadcast_to`` (MACE): ThunderFX's splitter counts it as ``expand`` and hands it to Thunder, which has
+    no such method when it runs. Guarded, that subgraph is run another way from its first call on, recorded with the
+    error and the user's line, with eager's values and gradients; strict raises. Slow (about 4 minutes on 2 cores):
+    Thunder's interpreter takes minutes to raise it (it interprets torch.fx's handler of the error), guarded or not."""
+    x, s = torch.randn(1, 8, requires_grad=True), torch.randn(4, 8)
+    with pytest.raises(AttributeError, match="broadcast_to"):
+        thunderfx(broadcast_then_sine, executors=fusion_executors("cpu"), transforms=[FusionGuard(strict=True)])(x, s)
+    guard = FusionGuard()
+    compiled = thunderfx(broadcast_then_sine, executors=fusion_executors("cpu"), transforms=[guard])
+    for _ in range(2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = compiled(x, s)
+        (grad,) = torch.autograd.grad(out.sum(), x)
+        want = broadcast_then_sine(x, s)
+        (want_grad,) = torch.autograd.grad(want.sum(), x)
+        torch.testing.assert_close(out, want, rtol=0, atol=1e-6)
+        torch.testing.assert_close(grad, want_grad, rtol=0, atol=1e-6)
+    (rescue,) = guard.report.filter(action="rescue")
+    assert rescue.code == "subgraph_rescued" and rescue.details["error_type"] == "AttributeError"
+    assert "broadcast_to" in rescue.error
+    line = broadcast_then_sine.__code__.co_firstlineno + 1
+    assert rescue.details["source"].endswith(f"test_rescue.py:{line}")
