@@ -1,0 +1,76 @@
+"""benchmarks/potentials_table.py: the jobs of gpu_potentials.sh as one result in the issue's format: a row per model
+and path, ``untranslated`` and ``cueq`` told apart, a path its job never timed said so, a dead process's row given
+by hand; bad arguments exit 2 before any work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def table():
+    return load_benchmark("potentials_table")
+
+
+def _job(tmp_path, name, model, rows, translated=True, commit="c" * 40):
+    path = tmp_path / f"{name}.json"
+    path.write_text(
+        json.dumps({"commit": commit, "machine": {"device": "x"}, "translated": translated, "models": {model: rows}})
+    )
+    return path
+
+
+def test_jobs_merge_into_one_row_per_model_and_path(table, tmp_path):
+    timed = {"ms": 1.2, "kernels": 449.0, "device_ms": 1.18, "first_call_s": 115.0, "max_abs_force_diff": 3e-7}
+    guarded = {
+        **timed,
+        "codes": {"rescued": 1},
+        "rescued": [{"where": "subgraph 2/forward", "error": "", "reproduction": None}],
+    }
+    jobs = [
+        _job(tmp_path, "mace-inductor", "mace", {"eager": {"ms": 34.6}, "inductor+stepgraph": timed}, translated=False),
+        _job(tmp_path, "mace-translated", "mace", {"eager": {"ms": 29.8}, "fx-guarded+stepgraph": guarded}),
+        _job(
+            tmp_path, "mace-cueq", "mace-cueq", {"eager": {"ms": 38.6}, "inductor+stepgraph": timed}, translated=False
+        ),
+        _job(
+            tmp_path,
+            "nequip-inductor",
+            "nequip",
+            {"eager": {"first_call_s": 0.7}, "inductor-ro": {"first_call_s": 516.5}},
+        ),
+    ]
+    out = tmp_path / "out.json"
+    failed = "mace/fx-guarded+stepgraph untranslated=segmentation fault"
+    assert table.main([*map(str, jobs), "--commit", "d" * 40, "--json", str(out), "--failed", failed]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["commit"] == "d" * 40
+    mace = doc["models"]["mace"]
+    assert set(mace) == {
+        "eager",
+        "inductor+stepgraph untranslated",
+        "fx-guarded+stepgraph",
+        "cueq eager",
+        "cueq inductor+stepgraph untranslated",
+        "fx-guarded+stepgraph untranslated",
+    }
+    assert mace["eager"]["eager_ms"] == 34.6  # the first job's eager is the model's
+    assert mace["fx-guarded+stepgraph"]["eager_ms"] == 29.8 and mace["fx-guarded+stepgraph"]["job"] == "mace-translated"
+    assert mace["fx-guarded+stepgraph"]["rescued"] == ["subgraph 2/forward: run eagerly from its first call"]
+    assert mace["fx-guarded+stepgraph untranslated"] == {"error": "segmentation fault"}
+    assert {k: mace["inductor+stepgraph untranslated"][k] for k in timed} == timed
+    assert "not timed" in doc["models"]["nequip"]["inductor-ro"]["error"]
+
+
+@pytest.mark.parametrize("bad", [["--failed", "no-slash=why"], ["--failed", "mace/path"], ["missing.json"]])
+def test_bad_arguments_exit_2_before_writing(table, tmp_path, bad):
+    job = _job(tmp_path, "j", "mace", {"eager": {"ms": 1.0}})
+    out = tmp_path / "out.json"
+    args = [str(job), "--commit", "d" * 40, "--json", str(out)]
+    args = [bad[0], *args[1:]] if bad == ["missing.json"] else args + bad
+    with pytest.raises(SystemExit) as exit_:
+        table.main(args)
+    assert exit_.value.code == 2 and not out.exists()
