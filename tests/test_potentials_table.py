@@ -1,6 +1,6 @@
-"""benchmarks/potentials_table.py: the jobs of gpu_potentials.sh as one result in the issue's format: a row per model
-and path, ``untranslated`` and ``cueq`` told apart, a path its job never timed said so, a dead process's row given
-by hand; bad arguments exit 2 before any work."""
+"""benchmarks/potentials_table.py: the jobs of gpu_potentials.sh as one result (potentials-<gpu>-<sha>.json): a row
+per model and path, ``untranslated`` and ``cueq`` told apart, a path its job never timed said so, a dead process's
+row given by hand; bad arguments exit 2 before any work."""
 
 from __future__ import annotations
 
