@@ -747,12 +747,11 @@ def broadcast_then_sine(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return (x.broadcast_to(s.shape) * s).sin()  # MACE's symmetric contraction broadcasts its weights so
 
 
-@pytest.mark.slow
 def test_a_tensor_method_thunder_lacks_is_rescued_under_thunderfx_with_eagers_values():
     """``Tensor.broadcast_to`` (MACE): ThunderFX's splitter counts it as ``expand`` and hands it to Thunder, which has
     no such method when it runs. Guarded, that subgraph is run another way from its first call on, recorded with the
-    error and the user's line, with eager's values and gradients; strict raises. Slow (about 4 minutes on 2 cores):
-    Thunder's interpreter takes minutes to raise it (it interprets torch.fx's handler of the error), guarded or not."""
+    error and the user's line, with eager's values and gradients; strict raises. Unguarded, Thunder's interpreter
+    takes minutes to raise it (it interprets torch.fx's handler of the error); guarded it does not (fx_errors.py)."""
     x, s = torch.randn(1, 8, requires_grad=True), torch.randn(4, 8)
     with pytest.raises(AttributeError, match="broadcast_to"):
         thunderfx(broadcast_then_sine, executors=fusion_executors("cpu"), transforms=[FusionGuard(strict=True)])(x, s)

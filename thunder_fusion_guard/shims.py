@@ -68,6 +68,13 @@ SHIMS: tuple[Shim, ...] = (
         "_thunder/sources.py",
     ),
     Shim(
+        "fx-error-handler",
+        "a lookaside of Thunder's interpreter for torch.fx's `_WrappedCall.__call__`, while a guarded module is called "
+        "or a guarded compilation runs (none after): an error Thunder raises tracing a ThunderFX subgraph reaches the "
+        "guard's rescue without Thunder interpreting torch.fx's traceback formatting (minutes); the same error",
+        "_thunder/fx_errors.py",
+    ),
+    Shim(
         "library-op-translations",
         "only when you call `translate_library_ops()`: Thunder's maps of torch functions "
         "(`_torch_to_thunder_function_map`, the interpreter's lookasides, `_syms_returning_views`, the `broadcast_to` "

@@ -16,17 +16,16 @@ import re
 import sysconfig
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import thunder
 import torch
-from thunder.core.compile_data import get_compile_data
 from thunder.core.proxies import Proxy
 from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx
 
 from .. import shims
+from .scoped import _compiling_guarded, _Patch
 from .traces import is_fusion
 
 __all__ = [
@@ -192,31 +191,6 @@ class _Located(dis.Positions):
     user: str | None = None
 
 
-@dataclass
-class _Patch:
-    """One shim's wrappers: ``shim`` (its name in :mod:`..shims`) and each ``(owner, attribute, original,
-    wrapper)`` it sets; built once, installed and removed by setting attributes (a few µs a call)."""
-
-    shim: str
-    sets: list[tuple[Any, str, Any, Any]]
-
-    def current(self) -> bool:
-        """Whether each attribute is still the original it was built over (or this patch's own wrapper)."""
-        return all(getattr(o, n) in (orig, w) for o, n, orig, w in self.sets)
-
-    def install(self) -> Callable[[], None]:
-        for owner, name, _, wrapper in self.sets:
-            setattr(owner, name, wrapper)
-        shims.record(self.shim, self.remove)
-        return self.remove
-
-    def remove(self) -> None:
-        for owner, name, original, wrapper in self.sets:
-            if getattr(owner, name) is wrapper:
-                setattr(owner, name, original)
-        shims.forget(self.shim)
-
-
 class _Scope:
     """How many guarded compilations (or calls of a guarded program) now want the user's lines, the patches that
     install them (built on first need), and whether each thread's compilation holds them."""
@@ -229,16 +203,6 @@ class _Scope:
 
 
 _SCOPE = _Scope()
-
-
-def _compiling_guarded() -> bool:
-    """Whether the compilation Thunder runs now in this thread is one of a transform that reads the user's lines
-    (``reads_user_lines``: FusionGuard); the wrappers pass straight through to Thunder's own for any other."""
-    try:
-        data = get_compile_data()
-    except LookupError:
-        return False
-    return any(getattr(t, "reads_user_lines", False) for t in getattr(data, "transforms", None) or ())
 
 
 @contextlib.contextmanager
@@ -259,10 +223,17 @@ def _hold() -> None:
         if _SCOPE.holders == 1:
             patches = _SCOPE.patches
             # built once; again where one is missing (turned off, or applied by hand when built) or stale
-            if patches is None or len(patches) < 2 or not all(p.current() for p in patches):
-                _SCOPE.patches = [p for p in (_user_frames_patch(), _backward_frames_patch()) if p is not None]
+            if patches is None or len(patches) < 3 or not all(p.current() for p in patches):
+                _SCOPE.patches = [p for p in _scoped_patches() if p is not None]
             for patch in _SCOPE.patches:
                 patch.install()
+
+
+def _scoped_patches() -> tuple[_Patch | None, ...]:
+    """Every patch held with the user's lines: theirs, and torch.fx's error handler left uninterpreted."""
+    from .fx_errors import fx_error_handler_patch
+
+    return _user_frames_patch(), _backward_frames_patch(), fx_error_handler_patch()
 
 
 def _release() -> None:
