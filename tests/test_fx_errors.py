@@ -12,6 +12,14 @@ from torch.fx.graph_module import _WrappedCall
 from thunder_fusion_guard._thunder import fx_errors, scoped, sources
 
 
+@pytest.fixture(autouse=True)
+def nothing_held():
+    """A guarded compilation an earlier test left failing holds the scoped patches until the next one ends
+    (sources.compilation_begins): end it, so that each test starts with none in place."""
+    sources.compilation_ends()
+    assert not sources.applied_in_scope()
+
+
 def test_the_lookaside_is_in_place_only_while_the_users_lines_are_held():
     lookasides = jit_ext._general_jit_lookaside_map
     assert _WrappedCall.__call__ not in lookasides
