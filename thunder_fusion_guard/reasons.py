@@ -674,6 +674,15 @@ def _subgraph_rescued(f: Facts) -> tuple[str, str | None]:
     return f["error"], f"Thunder failed on {f['region']} ({f['error']}); {f['rescued_by']} runs it from then on{told}"
 
 
+# What a capture does with its inputs and gradients at each replay: (facts key, noun, what happens to them).
+_REPLAY_CLAUSES = (
+    ("in_place", "input", "read in an earlier graph's buffer, not copied"),
+    ("copied_in", "input", "copied into the graphs' own buffers at each replay, batched by dtype"),
+    ("copied_back", "input", "the graph may write copied back to the caller's tensor after each replay"),
+    ("handed_over", "gradient", "handed to autograd in the graph's own buffers, not copied by it"),
+)
+
+
 def _captured(f: Facts) -> tuple[str, str | None]:
     reason = f"{plural(len(f['captures']), 'CUDA graph')} of {f['count']} ops"
     if f["thunder_captures"] != len(f["captures"]) or f["thunder_empty"]:
@@ -683,26 +692,9 @@ def _captured(f: Facts) -> tuple[str, str | None]:
                 f" ({f['thunder_empty']} of nothing but deletions, their {f['thunder_empty_inputs']} inputs "
                 "copied at each replay)"
             )
-    if f["in_place"]:
-        reason += (
-            f"; {plural(f['in_place'], 'input')} read in an earlier graph's buffer, not copied "
-            f"({human_bytes(f['in_place_bytes'])} a replay)"
-        )
-    if f["copied_in"]:
-        reason += (
-            f"; {plural(f['copied_in'], 'input')} copied into the graphs' own buffers at each replay, "
-            f"batched by dtype ({human_bytes(f['copied_in_bytes'])} a replay)"
-        )
-    if f["copied_back"]:
-        reason += (
-            f"; {plural(f['copied_back'], 'input')} the graph may write copied back to the caller's "
-            f"tensor after each replay ({human_bytes(f['copied_back_bytes'])} a replay)"
-        )
-    if f["handed_over"]:
-        reason += (
-            f"; {plural(f['handed_over'], 'gradient')} handed to autograd in the graph's own buffers, "
-            f"not copied by it ({human_bytes(f['handed_over_bytes'])} a replay)"
-        )
+    for key, noun, what in _REPLAY_CLAUSES:
+        if f[key]:
+            reason += f"; {plural(f[key], noun)} {what} ({human_bytes(f[key + '_bytes'])} a replay)"
     return reason, (
         f"{reason}. Thunder's CUDAGraphTransform groups the ops it captures by the compile option fusion_type "
         "(ThunderFX sets 'dataflow'), copies each input of a graph into the graph's own buffer at every replay "
