@@ -674,36 +674,70 @@ def test_a_second_copy_into_a_buffer_with_history_keeps_its_gradient(dtype):
     assert [d.details["without_grad"] for d in rescued] == [["input 1 (updated in place)"]] * 2
 
 
+def scatter_layer(x, index, w):
+    h = x @ w
+    out = torch.zeros(4, h.shape[1]).scatter_reduce(0, index.unsqueeze(1).expand_as(h), h, reduce="sum")
+    return torch.tanh(out).sum()
+
+
+def scatter_inputs():
+    torch.manual_seed(0)
+    return torch.randn(10, 8, requires_grad=True), torch.randint(0, 4, (10,)), torch.randn(8, 8, requires_grad=True)
+
+
 def test_scatter_reduce_with_grad_runs_under_the_packages_cpu_executors():
     """A newcomer's graph layer: the torch.compile region holding ``scatter_reduce_vjp`` (a gradient Thunder
     registered automatically) fails in dynamo (``Unsupported: Unexpected type in sourceless builder``); guarded, that
     backward region runs by Thunder's torch executor and the step matches eager."""
 
-    def layer(x, index, w):
-        h = x @ w
-        out = torch.zeros(4, h.shape[1]).scatter_reduce(0, index.unsqueeze(1).expand_as(h), h, reduce="sum")
-        return torch.tanh(out).sum()
-
-    torch.manual_seed(0)
-    x, w, index = (
-        torch.randn(10, 8, requires_grad=True),
-        torch.randn(8, 8, requires_grad=True),
-        torch.randint(0, 4, (10,)),
-    )
+    x, index, w = scatter_inputs()
     with pytest.raises(Exception, match="Unexpected type in sourceless builder"):
-        loss = thunder.jit(layer, executors=fusion_executors("cpu"))(x, index, w)
+        loss = thunder.jit(scatter_layer, executors=fusion_executors("cpu"))(x, index, w)
         torch.autograd.grad(loss, (x, w))
     guard = FusionGuard()
-    jitted = thunder.jit(layer, executors=fusion_executors("cpu"), transforms=[guard])
+    jitted = thunder.jit(scatter_layer, executors=fusion_executors("cpu"), transforms=[guard])
     loss = jitted(x, index, w)
     grads = torch.autograd.grad(loss, (x, w))
-    want = layer(x, index, w)
+    want = scatter_layer(x, index, w)
     torch.testing.assert_close(loss, want)
     torch.testing.assert_close(grads, torch.autograd.grad(want, (x, w)))
     (rescue,) = guard.report.filter(action="rescue")
     assert rescue.trace == "backward" and "scatter_reduce_vjp" in rescue.ops
     assert rescue.details["error_type"] == "Unsupported"
     assert rescue.error.startswith("Unsupported: Unexpected type in sourceless builder")
+    # the rest of that region still runs by torch.compile: two parts around the gradient Dynamo cannot trace
+    assert rescue.facts["apart"] == ["scatter_reduce_vjp"] and len(rescue.facts["parts"]) == 2
+    assert all(part.startswith("TorchCompile") and part != rescue.region for part in rescue.facts["parts"])
+
+
+def test_a_split_rescue_part_that_fails_too_runs_op_by_op(monkeypatch):
+    """Where a part of a split region fails as well, that part runs by Thunder's torch executor (its own rescue,
+    recorded under the part's name) and the step still gives eager's gradients."""
+    from thunder_fusion_guard.passes import split_rescue
+
+    made, parts = split_rescue.th.fuse_part, []
+
+    def first_part_fails(*args):
+        parts.append(made(*args))
+        if len(parts) > 1:
+            return parts[-1]
+
+        def fails(*_):
+            raise RuntimeError("part failed")
+
+        return split_rescue.th.with_region_callable(parts[-1], fails)
+
+    monkeypatch.setattr(split_rescue.th, "fuse_part", first_part_fails)
+
+    x, index, w = scatter_inputs()
+    guard = FusionGuard()
+    jitted = thunder.jit(scatter_layer, executors=fusion_executors("cpu"), transforms=[guard])
+    with warnings.catch_warnings(record=True):
+        grads = torch.autograd.grad(jitted(x, index, w), (x, w))
+    want = scatter_layer(x, index, w)
+    torch.testing.assert_close(grads, torch.autograd.grad(want, (x, w)))
+    part, whole = guard.report.filter(action="rescue")  # the part fails inside the first call of the whole's parts
+    assert part.region == whole.facts["parts"][0] and part.error.startswith("RuntimeError: part failed")
 
 
 def test_a_region_copying_into_a_tensor_that_requires_grad_stays_fused():

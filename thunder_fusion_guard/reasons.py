@@ -161,6 +161,8 @@ class Facts(TypedDict, total=False):
     # ThunderFX subgraphs (fx_rescue)
     values: list[str]  # inputs or outputs Thunder would leave without autograd history
     rescued_by: str  # what runs the subgraph now
+    parts: list[str]  # a split rescue: the regions of the failed one's executor it runs as
+    apart: list[str]  # a split rescue: the ops between the parts, run by Thunder's torch executor
     aliased: list[int]  # inputs updated in place whose memory other tensors hold too
     remade: list[int]  # inputs made again as views of their bases
     restrided: list[int]  # outputs handed back in the strides Dynamo recorded
@@ -420,6 +422,14 @@ def _padded_sum_concatenated(f: Facts) -> tuple[str, str | None]:
 
 
 def _rescued(f: Facts) -> tuple[str, str | None]:
+    if f.get("parts"):
+        apart = ", ".join(f["apart"])
+        return f["error"], (
+            f"{f['executor']} failed on {f['region']} ({f['error']}); from then on its {f['count']} ops run as "
+            f"{plural(len(f['parts']), f['executor'] + ' region')} ({', '.join(f['parts'])}) around {apart}, which "
+            "Thunder's torch executor runs: a gradient Thunder registered automatically runs through "
+            "torch.autograd on pytrees, which Dynamo cannot trace. A part that fails too runs op by op"
+        )
     return f["error"], (
         f"{f['executor']} failed on {f['region']} ({f['error']}); Thunder's torch executor runs its "
         f"{f['count']} ops one by one from then on, as a rejected region's"

@@ -28,6 +28,7 @@ __all__ = [
     "alternative_fuser",
     "executor_claims",
     "free_fusion_counter",
+    "fuse_part",
     "fuse_with",
     "guard_call",
     "inplace_setitem",
@@ -170,6 +171,23 @@ def rebuild_fusion(
     return _fuse(fusion.sym.executor, body, inputs, outputs, _fusion_number(fusion.sym.name) or 0)
 
 
+def fuse_part(
+    fusion: BoundSymbol, body: Sequence[BoundSymbol], inputs: Sequence[Proxy], outputs: Sequence[Proxy], counter: int
+) -> BoundSymbol:
+    """A new call of ``fusion``'s executor running ``body`` (some of ``fusion``'s ops) from ``inputs`` to
+    ``outputs``, numbered ``counter`` (see :func:`free_fusion_counter`)."""
+    return _with_meta(_fuse(fusion.sym.executor, body, inputs, outputs, counter))
+
+
+def _with_meta(bsym: BoundSymbol) -> BoundSymbol:
+    """``bsym``, or where its executor left its symbol without a meta function (Thunder 0.2.6's torch.compile
+    executor) a copy with the one nvFuser's regions have, so that Thunder's trace checking passes."""
+    if bsym.sym.meta is None:
+        output = bsym.output
+        bsym = bsym.from_bsym(sym=dataclasses.replace(bsym.sym, meta=lambda *args, **kwargs: output))
+    return bsym
+
+
 def _fuse(
     executor: Any, body: Sequence[BoundSymbol], inputs: Sequence[Proxy], outputs: Sequence[Proxy], counter: int
 ) -> BoundSymbol:
@@ -185,15 +203,8 @@ def _fusion_number(name: str) -> int | None:
 
 def fuse_with(executor: Any, fusion: BoundSymbol, counter: int) -> BoundSymbol:
     """The region of the fusion call ``fusion`` (same body, inputs and outputs) fused by another fusion
-    ``executor``, numbered ``counter`` (see :func:`free_fusion_counter`).
-
-    Where that executor leaves its symbol without a meta function (Thunder 0.2.6's torch.compile executor), it
-    gets the one nvFuser's regions have, so that Thunder's trace checking passes where it passed before."""
-    bsym = _fuse(executor, fusion.subsymbols, fusion.flat_proxy_args, fusion.flat_proxy_outs, counter)
-    if bsym.sym.meta is None:
-        output = bsym.output
-        bsym = bsym.from_bsym(sym=dataclasses.replace(bsym.sym, meta=lambda *args, **kwargs: output))
-    return bsym
+    ``executor``, numbered ``counter`` (see :func:`free_fusion_counter`)."""
+    return _with_meta(_fuse(executor, fusion.subsymbols, fusion.flat_proxy_args, fusion.flat_proxy_outs, counter))
 
 
 def alternative_fuser(fusion: BoundSymbol) -> Any | None:

@@ -33,6 +33,7 @@ __all__ = [
     "executor_name",
     "fusion_body",
     "has_symbolic_shape",
+    "is_automatic_gradient",
     "is_backward",
     "is_comment_or_del",
     "is_distributed_prim",
@@ -123,6 +124,15 @@ def is_prim(bsym: BoundSymbol) -> bool:
 def is_comment_or_del(bsym: BoundSymbol) -> bool:
     """True for a ``del`` or a comment: trace statements that compute nothing."""
     return bsym.sym.id in (prims.PrimIDs.DEL, prims.PrimIDs.COMMENT)
+
+
+def is_automatic_gradient(bsym: BoundSymbol) -> bool:
+    """True for a gradient Thunder registered automatically for a torch op it has no rule for (``scatter_reduce_vjp``):
+    Thunder's torch executor runs it through ``torch.autograd.grad`` on pytrees, which Dynamo cannot trace."""
+    import thunder.torch as ltorch
+
+    call = (bsym._call_ctx or {}).get(bsym.sym.name)
+    return getattr(call, "func", None) is getattr(ltorch, "_vjp_impl", object())
 
 
 def fusion_body(bsym: BoundSymbol) -> list[BoundSymbol]:

@@ -24,9 +24,11 @@ from ..wording import error_line, error_text
 from .context import PassContext, TraceContext
 from .records import instead, region_decision, source_details
 from .rewrite import CallChange, lower_region
+from .split_rescue import SplitBody, split_around_gradients
 
-# What a rescue tells: the region, the error and the arguments of the call that failed.
-OnRescue = Callable[[Region, Exception, tuple], None]
+# What a rescue tells: the region, the error, the arguments of the call that failed and, where the region runs as
+# parts of its executor around gradients Dynamo cannot trace from then on, those parts.
+OnRescue = Callable[[Region, Exception, tuple, SplitBody | None], None]
 # What a region's first call with a written input that is not contiguous tells: the region, the call's arguments
 # and the positions of those inputs.
 OnStridedWrite = Callable[[Region, tuple, list[int]], None]
@@ -46,8 +48,10 @@ def rescue_calls(
     that fails is lowered to Thunder's torch executor then, and ``on_rescue(region, error, args)`` is told. A
     region of an executor in :data:`LOSES_STRIDED_WRITES` that writes one of its inputs writes it through a
     contiguous copy where it is not contiguous (:class:`~.._thunder.ContiguousWrites`), and
-    ``on_strided_write`` is told the first such call. One record per region (``changed``: called through a
-    rescuing call). While a first call is timed, each region's first call is timed as its fusion compile."""
+    ``on_strided_write`` is told the first such call. A torch.compile region holding gradients Dynamo cannot trace
+    runs as parts around them instead (:func:`.split_rescue.split_around_gradients`); a part that fails is told as
+    a region of its own. One record per region (``changed``: called through a rescuing call). While a first call
+    is timed, each region's first call is timed as its fusion compile."""
     wraps: list[CallChange] = []
     bsyms = list(trace.bound_symbols)
     for region in find_regions(trace):
@@ -63,10 +67,11 @@ def rescue_calls(
             fused = th.ContiguousWrites(
                 fused, tuple(written), lambda args, at, region=region: on_strided_write(region, args, at)
             )
+        split: dict[str, SplitBody] = {}
         call = th.RescuingCall(
             fused,
-            _fallback_maker(trace, region),
-            lambda error, args, region=region: on_rescue(region, error, args),
+            _fallback_maker(trace, region, on_rescue, split),
+            lambda error, args, region=region, split=split: on_rescue(region, error, args, split.get("body")),
             first_call_timer(region.name),
         )
         bsyms[region.position] = th.with_region_callable(region.bsym, call)
@@ -76,9 +81,24 @@ def rescue_calls(
     return th.new_trace_like(trace, bsyms), wraps
 
 
-def _fallback_maker(trace: th.TraceCtx, region: Region) -> Callable[[], Callable]:
+def _fallback_maker(
+    trace: th.TraceCtx, region: Region, on_rescue: OnRescue, split: dict[str, SplitBody]
+) -> Callable[[], Callable]:
+    """What makes the region's fallback: its ops one by one, or (where it holds gradients Dynamo cannot trace)
+    parts of its executor around them, kept in ``split["body"]``; a part that fails is told as a region."""
+
+    def on_part_rescue(part: th.BoundSymbol, error: Exception, args: tuple) -> None:
+        on_rescue(Region(region.position, part.sym.name, region.executor, part), error, args, None)
+
     def make() -> Callable:
-        body = lower_region(trace, region)
+        body = lower_region(trace, region)  # raises where the region cannot run on Thunder's torch executor at all
+        try:
+            parts = split_around_gradients(trace, region, on_part_rescue)
+        except Exception:  # the parts are a shortcut: where they cannot be built, the ops run one by one
+            parts = None
+        if parts is not None:
+            body = parts.body
+            split["body"] = parts
         return th.python_callable_from_symbols(
             f"{region.name}_rescued", body, list(region.bsym.args), list(region.outputs)
         )
@@ -150,8 +170,8 @@ def rescue_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
     def may_rescue(fusion: th.BoundSymbol) -> bool:
         return options.guards(th.executor_name(fusion)) and not is_communication(fusion)
 
-    def on_rescue(region: Region, error: Exception, args: tuple) -> None:
-        decision = rescue_decision(where, region, error, args)
+    def on_rescue(region: Region, error: Exception, args: tuple, split: SplitBody | None) -> None:
+        decision = rescue_decision(where, region, error, args, split)
         record(decision)
         announce(decision)
 
@@ -166,11 +186,19 @@ def rescue_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
     return new, [instead(d, details={**d.details, "rescue": f"none: {why}"}) for d, why in unwrapped if d]
 
 
-def rescue_decision(where: TraceContext, region: Region, error: Exception, args: tuple) -> Decision:
-    """The decision a region's failure records: Thunder's torch executor runs it from then on."""
+def rescue_decision(
+    where: TraceContext, region: Region, error: Exception, args: tuple, split: SplitBody | None = None
+) -> Decision:
+    """The decision a region's failure records: Thunder's torch executor runs it from then on, or (``split``)
+    parts of its executor around the gradients that Thunder's torch executor runs."""
     facts = {"executor": region.executor, "region": region.name, "error": error_line(error), "count": len(region.ops)}
+    by = "Thunder's torch executor"
+    if split is not None:
+        facts.update(parts=list(split.parts), apart=list(split.apart))
+        apart = ", ".join(split.apart)
+        by = f"{region.executor} in {len(split.parts)} parts around {apart} (Thunder's torch executor for those)"
     details = Details(
-        rescued_by="Thunder's torch executor",
+        rescued_by=by,
         error_type=type(error).__name__,
         inputs=describe_inputs(args),
         **source_details(region),
