@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from thunder_fusion_guard.bench.zoo_paths import ZooPath
 from thunder_fusion_guard.bench.zoo_run import _compile, _Step, _timing_alone
 from thunder_fusion_guard.bench.zoo_values import _difference
 from thunder_fusion_guard.examine.host_time import host_time
+from thunder_fusion_guard.examine.kernel_histogram import kernel_kind
 from thunder_fusion_guard.measure.timing import interleaved_rounds
 from thunder_fusion_guard.options import nested
 from thunder_fusion_guard.wording import error_text
@@ -87,22 +87,6 @@ MODELS = {
 }
 
 
-# Kernel families by name, first match wins (nvFuser's, Inductor's Triton, cuBLAS/CUTLASS, copies, ATen's).
-FAMILIES = (
-    ("nvfuser", re.compile(r"nvfuser|CUDAGeneratedKernel")),
-    ("triton", re.compile(r"^triton")),
-    ("gemm", re.compile(r"gemm|gemv|xmma|cutlass|cublas|splitKreduce")),
-    ("memcpy", re.compile(r"[Mm]emcpy|copy_kernel|CatArray")),
-    ("memset", re.compile(r"[Mm]emset|[Ff]ill")),
-    ("index", re.compile(r"index|scatter|gather")),
-)
-
-
-def kernel_family(name: str) -> str:
-    """The family of a CUDA kernel named ``name`` (:data:`FAMILIES`), else ``other``."""
-    return next((family for family, pattern in FAMILIES if pattern.search(name)), "other")
-
-
 def bitwise(a: list, b: list) -> bool:
     """Whether two steps' results (loss and gradients) have the same bits, signed zeros and NaNs included."""
     if len(a) != len(b):
@@ -123,9 +107,9 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def kernels_and_device_ms(step: _Step, steps: int = 5) -> tuple[float, float, dict[str, list[float]], dict[str, float]]:
-    """Kernels launched and their summed device time (ms), a step, over ``steps`` steps; and per kernel family
-    (:func:`kernel_family`) ``[kernels, device ms]`` a step; and the most launched kernels' names, with their launches
-    a step."""
+    """Kernels launched and their summed device time (ms), a step, over ``steps`` steps; and per kernel kind
+    (``kernel_kind``: GEMM, nvFuser, Triton, copy, ...) ``[kernels, device ms]`` a step; and the most launched
+    kernels' names, with their launches a step."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -134,7 +118,7 @@ def kernels_and_device_ms(step: _Step, steps: int = 5) -> tuple[float, float, di
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     families: dict[str, list[float]] = {}
     for e in kernels:
-        counted = families.setdefault(kernel_family(e.name), [0.0, 0.0])
+        counted = families.setdefault(kernel_kind(e.name), [0.0, 0.0])
         counted[0] += 1 / steps
         counted[1] += e.device_time_total / 1e3 / steps
     families = {k: [round(n, 1), round(ms, 3)] for k, (n, ms) in sorted(families.items(), key=lambda kv: -kv[1][1])}

@@ -1,28 +1,9 @@
-"""Small pieces of the GPU benchmark scripts, without a GPU: kernel families of a profiled step, and nvFuser's perf
-scopes summed from an ``NVFUSER_TRACE`` file."""
+"""Small pieces of the GPU benchmark scripts, without a GPU: path variants, and nvFuser's perf scopes summed from an
+``NVFUSER_TRACE`` file."""
 
 import pytest
 import torch
 from helpers import load_benchmark
-
-
-@pytest.mark.parametrize(
-    "name, family",
-    [
-        ("nvf::nvfuser_reduction_f0_c1_r0_g12(nvf::Tensor<float, 2, 2>)", "nvfuser"),
-        ("triton_red_fused_add_permute_slice_backward_squeeze_sum_view_37", "triton"),
-        ("sm80_xmma_gemm_f32f32_f32f32_f32_nt_n_tilesize32x32x8", "gemm"),
-        ("void cublasLt::splitKreduce_kernel<32, 16, int, float>", "gemm"),
-        ("std::enable_if<!(false), void>::type internal::gemvx::kernel<int, int, float>", "gemm"),
-        ("Memcpy DtoD (Device -> Device)", "memcpy"),
-        ("void at::native::indexFuncLargeIndex<float, long, unsigned int, 2, 2, -2, true>", "index"),
-        ("void at::native::vectorized_elementwise_kernel<2, at::native::FillFunctor<long>>", "memset"),
-        ("void at::native::reduce_kernel<512, 1>", "other"),
-    ],
-)
-def test_kernel_families(name, family):
-    seed = load_benchmark("gpu_seed_vs_inductor")
-    assert seed.kernel_family(name) == family
 
 
 def test_a_variant_is_a_guarded_path_with_guard_options_keyed_by_its_label():

@@ -40,6 +40,7 @@ def no_work(monkeypatch):
         raise AssertionError("the command started its work before checking its arguments")
 
     import thunder_fusion_guard.bench.decisions as bench_decisions
+    import thunder_fusion_guard.examine.kernel_histogram as kernel_histogram
     import thunder_fusion_guard.measure.calibrate as calibrate
     import thunder_fusion_guard.tools.bench_cli as bench_cli
     import thunder_fusion_guard.tools.demo as demo
@@ -50,6 +51,7 @@ def no_work(monkeypatch):
     monkeypatch.setattr(report_cli, "run_report", refuse)
     monkeypatch.setattr(bench_cli, "run_cases", refuse)
     monkeypatch.setattr(bench_decisions, "run", refuse)
+    monkeypatch.setattr(kernel_histogram, "step_histogram", refuse)
 
 
 @pytest.mark.parametrize(
@@ -72,6 +74,9 @@ def no_work(monkeypatch):
         (["bench", "decisions", "--time-limit", "-3"], "bench decisions", "argument --time-limit: expected a number"),
         (["bench", "decisions", "--region-s", "0"], "bench decisions", "argument --region-s: expected a number"),
         (["bench", "decisions", "--reps", "4"], "bench decisions", "argument --reps: expected an integer >= 5"),
+        (["kernels", "x.py:make", "--top", "0"], "kernels", "argument --top: --top must be a whole number"),
+        (["kernels", "x.py:make", "--against", "eager"], "kernels", "argument --against: invalid choice"),
+        (["kernels", f"{REPO}/examples/report_target.py:make", "--device", "cpu"], "kernels", "counts CUDA launches"),
         (["nope"], "", "invalid choice: 'nope'"),
         ([], "", "the following arguments are required: COMMAND"),
     ],
@@ -83,10 +88,10 @@ def test_bad_argument_is_one_line_and_exit_2(capsys, no_work, argv, prefix, mess
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="a CUDA device is present")
-@pytest.mark.parametrize("command", ["demo", "calibrate", "report", "bench run", "bench decisions"])
+@pytest.mark.parametrize("command", ["demo", "calibrate", "report", "kernels", "bench run", "bench decisions"])
 def test_cuda_without_a_device_is_one_line_and_exit_2(capsys, no_work, command):
     """Every command words a missing GPU alike."""
-    target = [f"{REPO}/examples/report_target.py:make"] if command == "report" else []
+    target = [f"{REPO}/examples/report_target.py:make"] if command in ("report", "kernels") else []
     line = _one_line_error(capsys, [*command.split(), *target, "--device", "cuda"])
     assert line.startswith(f"fusion-guard {command}: --device cuda: "), line
     assert "no CUDA device" in line or "without CUDA" in line

@@ -217,7 +217,7 @@ def _extensions():
     """Subcommands living in their own modules (bench, report), registered if present."""
     import importlib
 
-    for name in ("bench_cli", "report_cli", "why_cli"):
+    for name in ("bench_cli", "report_cli", "why_cli", "kernels_cli"):
         try:
             module = importlib.import_module(f"{__package__}.{name}")
         except ModuleNotFoundError as e:
@@ -228,7 +228,7 @@ def _extensions():
 
 
 # Commands whose decisions name your lines also under thunder.jit of a function (held for the whole command)
-_NAMES_USER_LINES = ("report", "why", "demo")
+_NAMES_USER_LINES = ("report", "why", "demo", "kernels")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
