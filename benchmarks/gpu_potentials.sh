@@ -23,6 +23,7 @@ README='{"choose_executor": true, "exact_only": false, "merge_regions": true, "m
 
 declare -A JOBS=(
   [nequip-inductor]="$NQ|--model nequip --paths eager,inductor-ro --step-graph inductor"
+  [nequip-inductor-step]="$NQ|--model nequip --paths eager --step-graph inductor"
   [nequip-guarded]="$NQ|--model nequip --paths eager --step-graph fx-guarded"
   [nequip-graphs]="$NQ|--model nequip --paths eager,fx-guarded+cudagraph"
   [nequip-readme]="$NQ|--model nequip --paths eager --step-graph fx-guarded/readme"
