@@ -1,5 +1,7 @@
 """The cost model on CPU (torch.compile executor): small exact regions go eager, big fused chains stay."""
 
+import contextlib
+
 import pytest
 import torch
 from helpers import assert_same, jit_cpu, regions, run_with_grads
@@ -307,3 +309,36 @@ def test_a_convolutions_backward_is_counted_as_convolutions(stride, input_grad, 
     assert convolution_flops(forward) == 2 * (2 * 6 * (8 // stride) ** 2) * 36
     backward = sorted(convolution_flops(op) for op in convolutions(fn, x, w, backward=True))
     assert backward == sorted([input_grad, weight_grad])
+
+
+# --- replayed in CUDA graphs: the device's estimates decide ------------------------------------------------------
+
+# A fusion call costs 10 µs of host time, an eager op 1: a lone add's two small tensors are cheaper eagerly, on the
+# host. On the device the fused add moves its bytes at twice eager's bandwidth.
+HOST_BOUND = dict(PLAIN, overlapped=True)
+
+
+def add_or_sub(x, y):
+    return torch.where(x > y, x + y, x - y)
+
+
+@pytest.mark.usefixtures("no_inductor")
+@pytest.mark.parametrize("captured", [False, True])
+def test_in_cuda_graphs_the_models_device_estimates_decide(captured):
+    """The cost model rejects a small exact region for its fusion call's host time; replayed in CUDA graphs
+    (compiled in ``capture_step``'s warm-up) the program spends none, and the device estimates keep the region:
+    fewer kernels, and Thunder's own bits either way."""
+    from thunder_fusion_guard.replays import warming_up_for_capture
+
+    x, y = torch.randn(8, 8), torch.randn(8, 8)
+    guard = FusionGuard(costs=Costs(calibration=HOST_BOUND, measure_budget_s=0))
+    jitted = jit_cpu(add_or_sub, guard)
+    with warming_up_for_capture() if captured else contextlib.nullcontext():
+        got = jitted(x, y)
+    assert torch.equal(got, jit_cpu(add_or_sub)(x, y))
+    (d,) = guard.report
+    assert d.code == "cost_model" and d.action == ("keep" if captured else "reject")
+    assert d.facts.get("on_device", False) is captured
+    assert len(regions(jitted)) == int(captured)
+    if captured:  # the estimates recorded are the device's: no fusion call, no per-op host time
+        assert d.estimates["est_region_us"] < d.estimates["est_eager_us"] < 1.0

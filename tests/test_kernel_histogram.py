@@ -63,9 +63,13 @@ def test_kernel_kinds(name, op, kind):
     assert kernel_kind(name, op) == kind
 
 
-def _event(name, parent=None, kernels=(), start=0.0, end=None, thread=1):
+def _event(name, parent=None, kernels=(), start=0.0, end=None, thread=1, id=0, device=False):
+    from torch.autograd import DeviceType
+
     return SimpleNamespace(
         name=name,
+        id=id,
+        device_type=DeviceType.CUDA if device else DeviceType.CPU,
         cpu_parent=parent,
         kernels=[SimpleNamespace(name=k, duration=us) for k, us in kernels],
         time_range=SimpleNamespace(start=start, end=start if end is None else end),
@@ -73,37 +77,34 @@ def _event(name, parent=None, kernels=(), start=0.0, end=None, thread=1):
     )
 
 
-def test_launches_take_their_phase_region_line_and_op_from_the_ranges_above_them():
-    forward = _event(PHASE + "forward")
-    region = _event(REGION + "forward nvFusion0", forward)
-    launch = _event("cuLaunchKernel", region, [("nvfuser_pointwise_f0_c1_r0_g1", 3.0)], start=2.0)
-    backward = _event(PHASE + "backward")
-    mm = _event("aten::mm", backward)
-    gemm = _event("cudaLaunchKernel", mm, [("nvjet_tst_64x8", 5.0), ("splitKreduce_kernel", 1.0)], start=5.0)
-    zero = _event("aten::zero_", _event("aten::zeros", backward))
-    memset = _event("cudaMemsetAsync", zero, [("Memset (Device)", 0.5)], start=1.0)
-    found = launches([forward, region, launch, backward, mm, gemm, zero, memset], {"forward nvFusion0": "model.py:12"})
-    assert [(x.phase, x.source, x.line, x.kind) for x in found] == [
-        ("backward", "aten::zero_", None, "memset/fill"),  # launched first
-        ("forward", "forward nvFusion0", "model.py:12", "nvFuser"),
-        ("backward", "aten::mm", None, "GEMM"),
-        ("backward", "aten::mm", None, "GEMM"),
-    ]
-    assert sum(x.device_us for x in found) == 9.5
-
-
-def test_a_launch_without_parents_takes_the_ranges_around_it_on_its_thread():
+def test_launches_take_their_phase_region_line_and_op_from_the_call_that_launched_them():
+    forward = _event(PHASE + "forward", start=0.0, end=10.0)
+    region = _event(REGION + "forward nvFusion0", forward, start=1.0, end=3.0)
+    fused = _event("cuLaunchKernelEx", region, start=2.0, id=7)
     backward = _event(PHASE + "backward", start=10.0, end=20.0)
-    region = _event(REGION + "backward nvFusion3", start=11.0, end=12.0)
-    elsewhere = _event(REGION + "backward nvFusion4", start=11.0, end=12.0, thread=2)
-    launch = _event("cuLaunchKernelEx", kernels=[("nvfuser_reduction_f0_c1_r0_g1", 2.0)], start=11.5)
-    (found,) = launches([backward, region, elsewhere, launch], {"backward nvFusion3": "model.py:7"})
-    assert (found.phase, found.source, found.line, found.kind) == (
-        "backward",
-        "backward nvFusion3",
-        "model.py:7",
-        "nvFuser",
-    )
+    mm = _event("aten::mm", start=12.0, end=13.0, thread=2)  # autograd's thread: no phase among its parents
+    gemm = _event("cudaLaunchKernel", mm, start=12.5, thread=2, id=8)
+    kernels = [
+        _event("nvjet_tst_64x8", start=30.0, end=35.0, id=8, device=True),
+        _event("nvfuser_pointwise_f0_c1_r0_g1", start=20.0, end=23.0, id=7, device=True),
+        _event("Memset (Device)", start=36.0, end=36.5, id=9, device=True),  # its call was not recorded
+    ]
+    found = launches([forward, region, fused, backward, mm, gemm, *kernels], {"forward nvFusion0": "model.py:12"})
+    assert [(x.phase, x.source, x.line, x.kind, x.device_us) for x in found] == [
+        ("forward", "forward nvFusion0", "model.py:12", "nvFuser", 3.0),
+        ("backward", "aten::mm", None, "GEMM", 5.0),
+        (None, None, None, "memset/fill", 0.5),
+    ]
+
+
+def test_without_launch_calls_each_events_kernels_are_read_with_the_ranges_above_it():
+    forward = _event(PHASE + "forward", start=0.0, end=10.0)
+    region = _event(REGION + "forward nvFusion0", forward, start=1.0, end=4.0)
+    owner = _event("aten::zero_", region, kernels=[("Memset (Device)", 0.5)], start=3.0)
+    outside = _event("aten::mm", kernels=[("nvjet_tst", 2.0)], start=2.0)  # no parents: the ranges around it
+    (first, second) = launches([forward, region, owner, outside], {"forward nvFusion0": "model.py:3"})
+    assert (first.phase, first.source, first.line, first.kind) == ("forward", "forward nvFusion0", "model.py:3", "GEMM")
+    assert (second.source, second.kind) == ("forward nvFusion0", "memset/fill")
 
 
 def test_the_table_counts_each_kind_per_path_and_fits_120_columns():

@@ -131,10 +131,19 @@ PROBE_TENSORS = 3
 
 @dataclass(frozen=True)
 class Estimate:
+    """Estimated µs of a region as one fusion call and as its ops run by PyTorch (each the larger of host and
+    device time, or their sum where calls are synchronous), and the device's share of each."""
+
     region_us: float
     eager_us: float
     bytes_region: int
     eager_ops: int
+    region_device_us: float = 0.0
+    eager_device_us: float = 0.0
+
+    def on_device(self) -> Estimate:
+        """The estimate as a program replayed in CUDA graphs sees it: no host time, the device's alone."""
+        return replace(self, region_us=self.region_device_us, eager_us=self.eager_device_us)
 
     def as_record(self) -> dict[str, float]:
         return {
@@ -289,4 +298,5 @@ def estimate(
         device += nbytes / (c.gbps(nbytes, fused=False) * 1e3) + compute_us(bsym, c, fused=False)
         fused_device += compute_us(bsym, c, fused=True)
     region_us = _combine(call_us, fused_device, c.overlapped)
-    return Estimate(region_us, _combine(host, device, c.overlapped), bytes_region, compute_ops)
+    eager_us = _combine(host, device, c.overlapped)
+    return Estimate(region_us, eager_us, bytes_region, compute_ops, fused_device, device)

@@ -125,7 +125,8 @@ def decide(
     is kept unless ``rewrites.override_compile_options``. ``doubt`` (:class:`ModelDoubt`'s reason): the model's
     estimates are not trusted to decide alone, so a measurement decides any exact region, however far apart
     its estimates (the decision's ``model_doubted`` says why). ``captured``: the program replays in CUDA graphs,
-    which spend no host time, so a timing decides on its device times where it has them.
+    which spend no host time, so the model's device estimates decide, and a timing its device times where it has
+    them.
     """
     comms = [op for op, b in zip(region.ops, region.body, strict=True) if is_communication(b)]
     if comms:
@@ -150,6 +151,8 @@ def decide(
         est = estimate(region.body, region.inputs, region.outputs, constants, options.rewrites.metadata_ops)
     except UnknownSize as e:
         return _verdict("keep", "unknown_size", "rule", error=str(e))
+    if captured:  # replayed in CUDA graphs: no host time is spent, the device's decides
+        est = est.on_device()
     record = est.as_record()
     inexact = inexact_ops(region, options.rewrites.metadata_ops) if options.exact_only else []
     model = _by_numbers(est.region_us, est.eager_us, options.costs.margin)
@@ -180,6 +183,8 @@ def decide(
         band=MEASURE_BAND,
         doubt=dict(doubt) if doubted else None,
     )
+    if captured:
+        facts["on_device"] = True
     # a timing of this very region an earlier run left in the cache (a profile's, where it disagreed with the
     # model) decides an exact region however far apart the estimates: never kept for want of a timing
     cached_only = measured is not None and not measurable and measured.source == "cache" and not inexact

@@ -283,7 +283,7 @@ def _model(f: Facts) -> str:
 
 
 def _cost_model(f: Facts) -> tuple[str, str | None]:
-    model = _model(f)
+    model = _model(f) + ("; device times: the program replays in CUDA graphs" if f.get("on_device") else "")
     if f.get("inexact"):
         return f"cost model: {model}", f"cost model: {model}; {_also_inexact(f['inexact'])}"
     doubt = f.get("doubt")

@@ -124,28 +124,55 @@ class KernelHistogram:
         }
 
 
+# The CUDA runtime and driver calls that launch work on the device: a device event shares its correlation id with one.
+_LAUNCH_CALLS = ("cudaLaunch", "cuLaunch", "cudaMemset", "cudaMemcpy", "cudaGraphLaunch")
+
+
 def launches(events: Iterable[Any], lines: dict[str, str] | None = None) -> list[Launch]:
-    """The CUDA launches among torch.profiler ``events`` (each CPU event's ``kernels``, read off with the ranges
-    above it: phase, region, ATen op), in launch order; ``lines`` maps a region range's name to the user's line.
-    A launch whose parents name no phase (an event the profiler left without them) takes the innermost phase and
-    region ranges around its start on its thread."""
+    """The CUDA launches among torch.profiler ``events`` in the order they ran; ``lines`` maps a region range's name to
+    the user's line. Each device event is read off the runtime call that launched it (the CPU event with its
+    correlation id): the phase, region and ATen op among that call's parents, and where its parents name no phase
+    or region, the innermost such ranges around the call's start (a backward runs on autograd's thread). Where no
+    device event has its call among ``events``, each CPU event's ``kernels`` are read so instead, in launch order."""
     events = list(events)
     lines = lines or {}
     ranges = [e for e in events if e.name.startswith((PHASE, REGION))]
+    calls = {e.id: e for e in events if _is_cpu(e) and e.name.startswith(_LAUNCH_CALLS)}
+    device = [e for e in events if not _is_cpu(e)]
     found = []
-    for event in events:
-        kernels = getattr(event, "kernels", None)
-        if not kernels:
-            continue
-        phase, region, op = _above(event)
-        if phase is None:
-            phase, region = _around(event, ranges)
-        start = event.time_range.start
-        for kernel in kernels:
-            kind = kernel_kind(kernel.name, op)
-            launch = Launch(kernel.name, kind, float(kernel.duration), phase, region or op, lines.get(region))
-            found.append((start, launch))
+    if any(e.id in calls for e in device):
+        for kernel in device:
+            call = calls.get(kernel.id)
+            phase, region, op = _source(call, ranges) if call is not None else (None, None, None)
+            us = float(kernel.time_range.end - kernel.time_range.start)
+            found.append((kernel.time_range.start, _launch(kernel.name, us, phase, region, op, lines)))
+    else:
+        for event in events:
+            phase, region, op = _source(event, ranges) if getattr(event, "kernels", None) else (None, None, None)
+            for kernel in getattr(event, "kernels", None) or ():
+                launch = _launch(kernel.name, float(kernel.duration), phase, region, op, lines)
+                found.append((event.time_range.start, launch))
     return [launch for _, launch in sorted(found, key=lambda pair: pair[0])]
+
+
+def _is_cpu(event: Any) -> bool:
+    from torch.autograd import DeviceType
+
+    return getattr(event, "device_type", DeviceType.CPU) == DeviceType.CPU
+
+
+def _launch(name: str, us: float, phase: str | None, region: str | None, op: str | None, lines: dict) -> Launch:
+    return Launch(name, kernel_kind(name, op), us, phase, region or op, lines.get(region))
+
+
+def _source(call: Any, ranges: list[Any]) -> tuple[str | None, str | None, str | None]:
+    """The phase, region and ATen op a launch ``call`` ran under: among its parents, else (phase and region) the
+    innermost ranges holding its start, on any thread (one step runs one thread at a time)."""
+    phase, region, op = _above(call)
+    if phase is None or region is None:
+        around_phase, around_region = _around(call, ranges)
+        phase, region = phase or around_phase, region or around_region
+    return phase, region, op
 
 
 def _above(event: Any) -> tuple[str | None, str | None, str | None]:
@@ -165,11 +192,9 @@ def _above(event: Any) -> tuple[str | None, str | None, str | None]:
 
 
 def _around(event: Any, ranges: list[Any]) -> tuple[str | None, str | None]:
-    """The innermost phase and region ranges holding ``event``'s start, on its thread."""
-    start, thread = event.time_range.start, getattr(event, "thread", None)
-    holding = [
-        r for r in ranges if r.time_range.start <= start <= r.time_range.end and getattr(r, "thread", None) == thread
-    ]
+    """The innermost phase and region ranges holding ``event``'s start."""
+    start = event.time_range.start
+    holding = [r for r in ranges if r.time_range.start <= start <= r.time_range.end and r is not event]
     holding.sort(key=lambda r: r.time_range.start, reverse=True)  # innermost first
     phase = next((r.name[len(PHASE) :] for r in holding if r.name.startswith(PHASE)), None)
     region = next((r.name[len(REGION) :] for r in holding if r.name.startswith(REGION)), None)

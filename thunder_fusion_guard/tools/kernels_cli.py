@@ -57,9 +57,9 @@ def _kernels_command(args: argparse.Namespace) -> int:
         make = load_target(args.target)
     except TargetError as e:
         raise UsageError(str(e)) from e
-    from ..transform import FusionGuard
     from .._thunder import fusion_executors
     from ..examine.kernel_histogram import format_histograms, step_histogram
+    from ..transform import FusionGuard
 
     try:
         fn, call_args, kwargs = make_workload(make, device)
