@@ -88,6 +88,7 @@ def test_launches_take_their_phase_region_line_and_op_from_the_call_that_launche
         _event("nvjet_tst_64x8", start=30.0, end=35.0, id=8, device=True),
         _event("nvfuser_pointwise_f0_c1_r0_g1", start=20.0, end=23.0, id=7, device=True),
         _event("Memset (Device)", start=36.0, end=36.5, id=9, device=True),  # its call was not recorded
+        _event(PHASE + "forward", start=20.0, end=40.0, id=3, device=True),  # the range on the device's timeline
     ]
     found = launches([forward, region, fused, backward, mm, gemm, *kernels], {"forward nvFusion0": "model.py:12"})
     assert [(x.phase, x.source, x.line, x.kind, x.device_us) for x in found] == [

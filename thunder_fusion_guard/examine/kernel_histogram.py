@@ -138,7 +138,8 @@ def launches(events: Iterable[Any], lines: dict[str, str] | None = None) -> list
     lines = lines or {}
     ranges = [e for e in events if e.name.startswith((PHASE, REGION))]
     calls = {e.id: e for e in events if _is_cpu(e) and e.name.startswith(_LAUNCH_CALLS)}
-    device = [e for e in events if not _is_cpu(e)]
+    # the profiler mirrors each range on the device's timeline too (a user annotation): those are no launches
+    device = [e for e in events if not _is_cpu(e) and not e.name.startswith((PHASE, REGION))]
     found = []
     if any(e.id in calls for e in device):
         for kernel in device:

@@ -1,7 +1,8 @@
 """``fusion-guard kernels TARGET``: the CUDA kernels one training step of a model launches under the guard, by kind
 (GEMMs, nvFuser and Triton kernels, copies, memsets and fills, index and scatter kernels, reductions, elementwise
 ATen kernels) with their device µs, and where they come from: the fusion region and the user's line the guard
-recorded for it, else the ATen op. --against inductor counts torch.compile's step beside.
+recorded for it, else the ATen op. --against inductor counts torch.compile's step beside; --captured compiles as
+capture_step's warm-up does (the guard decides on device estimates): the kernels a captured step replays.
 
 TARGET, --thunderfx and --backward are those of fusion-guard report; the step is profiled after two warm-up
 steps. CUDA only: without it (or with --device cpu) the command exits 2 before any work, as for any bad
@@ -11,6 +12,7 @@ argument; a failure exits 1 with one line.
 from __future__ import annotations
 
 import argparse
+from contextlib import nullcontext
 from typing import Any
 
 from ..wording import error_line
@@ -30,6 +32,11 @@ def register(subparsers: Any) -> None:
     )
     add_target_arguments(kernels)
     kernels.add_argument("--against", choices=AGAINST, help="also count torch.compile's (Inductor's) step")
+    kernels.add_argument(
+        "--captured",
+        action="store_true",
+        help="compile as for a step capture_step captures (the guard decides on device estimates): its kernels",
+    )
     kernels.add_argument("--top", type=_positive, default=15, metavar="N", help="sources shown a path (default 15)")
     kernels.add_argument("--json", metavar="PATH", help="write every launch as JSON here (its folder must exist)")
     add_wide_option(kernels)
@@ -59,6 +66,7 @@ def _kernels_command(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from e
     from .._thunder import fusion_executors
     from ..examine.kernel_histogram import format_histograms, step_histogram
+    from ..replays import warming_up_for_capture
     from ..transform import FusionGuard
 
     try:
@@ -76,7 +84,8 @@ def _kernels_command(args: argparse.Namespace) -> int:
 
         compiled = thunder.jit(fn, **options)
     try:
-        histograms = [step_histogram("guarded", compiled, call_args, kwargs, backward=args.backward)]
+        with warming_up_for_capture() if args.captured else nullcontext():  # the guard decides when it compiles
+            histograms = [step_histogram("guarded", compiled, call_args, kwargs, backward=args.backward)]
     except Exception as e:  # any error of the user's model or of Thunder is the command's to show, not a CLI crash
         raise ModelFailed(*model_failure(args.target, frontend, compiled, e)) from e
     if args.against == "inductor":
