@@ -17,7 +17,7 @@ from typing import Any
 
 from ..wording import error_line
 from .common import UsageError, add_wide_option, check_output, resolve_device, write_output
-from .report_cli import ModelFailed, TargetError, add_target_arguments, load_target, make_workload, model_failure
+from .report_cli import ModelFailed, add_target_arguments, model_failure, target_program
 
 AGAINST = ("inductor",)
 
@@ -60,44 +60,27 @@ def _kernels_command(args: argparse.Namespace) -> int:
     if device != "cuda":
         raise UsageError("kernels counts CUDA launches: --device cpu has none (run it where CUDA is)")
     check_output("--json", args.json)
-    try:
-        make = load_target(args.target)
-    except TargetError as e:
-        raise UsageError(str(e)) from e
-    from .._thunder import fusion_executors
     from ..examine.kernel_histogram import format_histograms, step_histogram
     from ..replays import warming_up_for_capture
     from ..transform import FusionGuard
 
-    try:
-        fn, call_args, kwargs = make_workload(make, device)
-    except TargetError as e:
-        raise UsageError(str(e)) from e
-    options: dict[str, Any] = {"executors": fusion_executors(device), "transforms": [FusionGuard()]}
-    frontend = "ThunderFX" if args.thunderfx else "thunder.jit"
-    if args.thunderfx:
-        from thunder.dynamo import thunderfx
-
-        compiled = thunderfx(fn, **options)
-    else:
-        import thunder
-
-        compiled = thunder.jit(fn, **options)
+    target = target_program(args.target, device, args.thunderfx, (FusionGuard(),))
+    compiled, call_args, kwargs = target.compiled, target.args, target.kwargs
     try:
         with warming_up_for_capture() if args.captured else nullcontext():  # the guard decides when it compiles
             histograms = [step_histogram("guarded", compiled, call_args, kwargs, backward=args.backward)]
     except Exception as e:  # any error of the user's model or of Thunder is the command's to show, not a CLI crash
-        raise ModelFailed(*model_failure(args.target, frontend, compiled, e)) from e
+        raise ModelFailed(*model_failure(args.target, target.frontend, compiled, e)) from e
     if args.against == "inductor":
         import torch
 
-        inductor = torch.compile(fn)
+        inductor = torch.compile(target.fn)
         try:
             histograms.append(step_histogram("inductor", inductor, call_args, kwargs, backward=args.backward))
         except Exception as e:  # torch.compile's failure on the user's model: said as the model's
             raise ModelFailed(f"{args.target} failed under torch.compile: {error_line(e)}") from e
     print(format_histograms(histograms, top=args.top, wide=args.wide))
     if args.json:
-        doc = {"target": args.target, "frontend": frontend, "paths": {h.path: h.to_dict() for h in histograms}}
+        doc = {"target": args.target, "frontend": target.frontend, "paths": {h.path: h.to_dict() for h in histograms}}
         write_output(args.json, json.dumps(doc, indent=1) + "\n")
     return 0

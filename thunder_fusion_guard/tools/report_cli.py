@@ -22,6 +22,7 @@ import inspect
 import sys
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,37 @@ def _load_module(name: str) -> Any:
         raise MakeFailed(f"importing {name} raised {error_line(e)}") from e
     except Exception as e:  # importing runs the user's module, which may raise anything: MakeFailed says what
         raise MakeFailed(f"importing {name} raised {error_line(e)}") from e
+
+
+@dataclass(frozen=True)
+class TargetProgram:
+    """TARGET's model or function (``fn``), its arguments, and ``fn`` compiled by ``frontend`` (thunder.jit or
+    ThunderFX)."""
+
+    fn: Any
+    args: tuple
+    kwargs: dict
+    compiled: Any
+    frontend: str
+
+
+def target_program(spec: str, device: str, thunderfx: bool, transforms: tuple = ()) -> TargetProgram:
+    """TARGET's model compiled by ``thunder.jit`` (or ThunderFX) with the package's executors for ``device`` and
+    ``transforms``; a bad TARGET is a usage error (exit 2)."""
+    try:
+        fn, args, kwargs = make_workload(load_target(spec), device)
+    except TargetError as e:
+        raise UsageError(str(e)) from e
+    from .._thunder import fusion_executors
+
+    options: dict[str, Any] = {"executors": fusion_executors(device), "transforms": list(transforms)}
+    if thunderfx:
+        from thunder.dynamo import thunderfx as compile_fx
+
+        return TargetProgram(fn, args, kwargs, compile_fx(fn, **options), "ThunderFX")
+    import thunder
+
+    return TargetProgram(fn, args, kwargs, thunder.jit(fn, **options), "thunder.jit")
 
 
 def make_workload(make: Callable[..., Any], device: str) -> tuple[Callable[..., Any], tuple, dict]:

@@ -14,8 +14,8 @@ from contextlib import nullcontext
 from typing import Any
 
 from ..progress import Progress
-from .common import UsageError, add_wide_option, check_output, resolve_device, write_output
-from .report_cli import ModelFailed, TargetError, add_target_arguments, load_target, make_workload, model_failure
+from .common import add_wide_option, check_output, resolve_device, write_output
+from .report_cli import ModelFailed, add_target_arguments, model_failure, target_program
 
 
 def register(subparsers: Any) -> None:
@@ -39,37 +39,20 @@ def _why_command(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     check_output("--json", args.json)
     check_output("--html", args.html)
-    try:
-        make = load_target(args.target)
-    except TargetError as e:
-        raise UsageError(str(e)) from e
+    target = target_program(args.target, device, args.thunderfx)
+    compiled, call_args, kwargs = target.compiled, target.args, target.kwargs
     import torch
 
-    from .._thunder import fusion_executors
     from ..examine.calls import step
     from ..examine.why import why_not_fused
 
-    try:
-        fn, call_args, kwargs = make_workload(make, device)
-    except TargetError as e:
-        raise UsageError(str(e)) from e
-    options: dict[str, Any] = {"executors": fusion_executors(device)}
-    if args.thunderfx:
-        from thunder.dynamo import thunderfx
-
-        compiled = thunderfx(fn, **options)
-    else:
-        import thunder
-
-        compiled = thunder.jit(fn, **options)
     try:
         with nullcontext() if args.backward else torch.no_grad(), Progress("fusion-guard why") as shown:
             shown.update("first call (tracing, compiling)")
             step(compiled, call_args, kwargs, args.backward)
         report = why_not_fused(compiled, *call_args, backward=args.backward, **kwargs)
     except Exception as e:  # any error of the user's model or of Thunder is the report's to show, not a CLI crash
-        frontend = "ThunderFX" if args.thunderfx else "thunder.jit"
-        raise ModelFailed(*model_failure(args.target, frontend, compiled, e)) from e
+        raise ModelFailed(*model_failure(args.target, target.frontend, compiled, e)) from e
     print(report.to_text(wide=args.wide))
     if args.json:
         write_output(args.json, json.dumps(report.to_dict(), indent=1) + "\n")
