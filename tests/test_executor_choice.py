@@ -406,6 +406,20 @@ def test_in_cuda_graphs_a_region_dearer_on_the_device_than_eager_is_rejected(inj
     assert (d.details["measured_region_us"], d.details["measured_region_device_us"]) == (10.0, 8.0)
 
 
+def test_in_cuda_graphs_a_timing_without_device_times_is_not_said_to_be_on_device(inject_timings, monkeypatch):
+    """Captured, a timing that has no device times apart (as off CUDA) decides on the stream's times, and its
+    reason does not say device times decided."""
+    monkeypatch.setattr(th, "compiling_with_cuda_graphs", lambda: True)
+    inject_timings(10.0, 12.0)
+    g = FusionGuard(costs=Costs(calibration=NEAR_BREAK_EVEN))
+    a, b = rounding_inputs(torch.float32)
+    guarded = jit(exact_sum, g)
+    assert_same(run_with_grads(guarded, [a, b])[0], run_with_grads(jit(exact_sum), [a, b])[0])
+    (d,) = region_decisions(g)
+    assert (d.code, d.action) == ("measured", "keep") and "decided_on" not in d.details
+    assert not d.facts.get("on_device") and "device times" not in d.details["explanation"]
+
+
 def test_a_compilation_with_a_cudagraph_transform_is_captured(monkeypatch):
     """What tells the guard a program replays in CUDA graphs: a ``CUDAGraphTransform`` (or a subclass, as
     ``GuardedCUDAGraphs`` is) among the compilation's transforms."""

@@ -183,8 +183,6 @@ def decide(
         band=MEASURE_BAND,
         doubt=dict(doubt) if doubted else None,
     )
-    if captured:
-        facts["on_device"] = True
     # a timing of this very region an earlier run left in the cache (a profile's, where it disagreed with the
     # model) decides an exact region however far apart the estimates: never kept for want of a timing
     cached_only = measured is not None and not measurable and measured.source == "cache" and not inexact
@@ -216,6 +214,8 @@ def decide(
             facts["on_device"] = True
             details["decided_on"] = "device"
         return Verdict(action, "measured", facts, record, details, False, alternative)
+    if captured:  # the model decided on its device estimates (a timing says so only where it had device times)
+        facts["on_device"] = True
     if inexact and model[0] == "keep":  # the cost model keeps it: exactness did not decide
         return Verdict("keep", "cost_model", facts, record, details, measurable, alternative)
     if inexact:
