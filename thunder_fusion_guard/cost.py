@@ -138,8 +138,8 @@ class Estimate:
     eager_us: float
     bytes_region: int
     eager_ops: int
-    region_device_us: float = 0.0
-    eager_device_us: float = 0.0
+    region_device_us: float
+    eager_device_us: float
 
     def on_device(self) -> Estimate:
         """The estimate as a program replayed in CUDA graphs sees it: no host time, the device's alone."""
