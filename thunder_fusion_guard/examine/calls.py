@@ -6,6 +6,8 @@ programs are the split subgraphs; both the profiler and the kernel collector sta
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,14 +54,24 @@ class ProgramCalls:
     kwargs: dict = field(default_factory=dict)
 
 
-def step(fn: Any, args: tuple, kwargs: dict, backward: bool = True) -> Any:
-    """Call ``fn``; with ``backward``, also the backward of the sum of the floating outputs that require grad."""
-    out = fn(*args, **kwargs)
+def step(
+    fn: Any,
+    args: tuple,
+    kwargs: dict,
+    backward: bool = True,
+    phase: Callable[[str], AbstractContextManager] | None = None,
+) -> Any:
+    """Call ``fn``; with ``backward``, also the backward of the sum of the floating outputs that require grad.
+    ``phase('forward')`` and ``phase('backward')``, given, are entered around each (a profiler range, say)."""
+    around = phase or (lambda name: nullcontext())
+    with around("forward"):
+        out = fn(*args, **kwargs)
     if backward:
         flat = tree_flatten(out)[0]
         grads = [t for t in flat if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
         if grads:
-            sum(t.float().sum() for t in grads).backward()
+            with around("backward"):
+                sum(t.float().sum() for t in grads).backward()
     return out
 
 

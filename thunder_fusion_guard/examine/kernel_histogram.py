@@ -216,21 +216,9 @@ def step_histogram(
         step(fn, args, kwargs, backward)
     torch.cuda.synchronize()
     with labeled_regions(fn) as lines, profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        _phased_step(fn, args, kwargs, backward)
+        step(fn, args, kwargs, backward, phase=lambda name: torch.profiler.record_function(PHASE + name))
         torch.cuda.synchronize()
     return KernelHistogram(path, launches(prof.events(), lines))
-
-
-def _phased_step(fn: Any, args: tuple, kwargs: dict, backward: bool) -> None:
-    from torch.utils._pytree import tree_flatten
-
-    with torch.profiler.record_function(PHASE + "forward"):
-        out = fn(*args, **kwargs)
-    flat = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
-    flat = [t for t in flat if t.is_floating_point()]
-    if flat and backward:
-        with torch.profiler.record_function(PHASE + "backward"):
-            sum(t.float().sum() for t in flat).backward()
 
 
 @contextlib.contextmanager
@@ -275,11 +263,12 @@ def format_histograms(histograms: list[KernelHistogram], top: int = 15, wide: bo
     width = None if wide else WIDTH
     header = ["kind"] + [f"{h.path} {what}" for h in histograms for what in ("kernels", "µs")]
     rows = [header]
-    kinds = [k for k in KINDS if any(k in h.by_kind() for h in histograms)]
+    by_kind = [h.by_kind() for h in histograms]
+    kinds = [k for k in KINDS if any(k in counted for counted in by_kind)]
     for kind in kinds:
         cells = [kind]
-        for h in histograms:
-            n, us = h.by_kind().get(kind, (0, 0.0))
+        for counted in by_kind:
+            n, us = counted.get(kind, (0, 0.0))
             cells += [str(n) if n else "-", f"{us:.0f}" if n else "-"]
         rows.append(cells)
     rows.append(["total"] + [c for h in histograms for c in (str(h.kernels), f"{h.device_us:.0f}")])
