@@ -269,3 +269,44 @@ def test_a_subgraph_whose_inputs_cannot_be_copied_stays_on_thunder_and_the_call_
     assert choice.chosen == "thunder" and calls == [] and choice.times_us == {}
     assert choice.problems == {"copy": "RuntimeError: no copy"} and not choice.in_place
     assert torch.equal(fx(x, row), expected)
+
+
+def test_a_dynamo_graph_runs_whole_by_inductor_where_that_beats_its_split(monkeypatch):
+    """``whole_graphs``: each Dynamo graph timed as ThunderFX runs it (its split) against Inductor's compile of
+    all of it; the faster by the margin runs it, the values eager's within tolerance. Timings injected: the split
+    of graph 0 slower, of graph 1 faster."""
+    # graph 0: split, whole; graph 1: split, whole; then graph 1 again
+    times = iter([[100.0] * 5, [40.0] * 5, [50.0] * 5, [60.0] * 5, [50.0] * 5, [60.0] * 5])
+
+    def interleaved_us(fns, args, **kwargs):
+        if len(fns) == 1:  # a subgraph timed on Thunder alone: it stays there
+            return [[1.0] * 5]
+        return [next(times), next(times)]
+
+    monkeypatch.setattr(backends, "interleaved_us", interleaved_us)
+    g = FusionGuard()
+    fx = compiled(g)
+    choices = choose_backends(fx, *inputs(), backends=("thunder",), guard=g, whole_graphs=True)
+    whole = [c for c in choices if c.subgraph.endswith("(whole)")]
+    assert [(c.subgraph, c.chosen) for c in whole] == [
+        ("dynamo graph 0 (whole)", "inductor"),
+        ("dynamo graph 1 (whole)", "split"),
+    ]
+    assert whole[0].times_us == {"split": 100.0, "inductor": 40.0} and whole[0].backward
+    infos = fx._backend.subgraph_infos
+    assert type(vars(infos[0].split_graph_module)["forward"]).__name__ == "_WholeGraph"
+    assert "forward" not in vars(infos[1].split_graph_module)
+    out, grads = run(fx, inputs())
+    expected, expected_grads = run(two_pieces, inputs())
+    torch.testing.assert_close(out, expected)
+    for got, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got, want)
+    assert "backend of dynamo graph 0 (whole): inductor: Inductor runs the whole graph: faster by 60%" in str(g.report)
+    again = choose_backends(fx, *inputs(), backends=("thunder",), whole_graphs=True)
+    # graph 0, run whole now, is left as it is: neither it nor its piece is timed again
+    assert [c.subgraph for c in again] == ["dynamo graph 1, thunder_0", "dynamo graph 1 (whole)"]
+
+
+def test_whole_graphs_is_true_or_false():
+    with pytest.raises(ValueError, match="choose_backends option 'whole_graphs' must be True or False, got 1"):
+        choose_backends(compiled(), *inputs(), whole_graphs=1)

@@ -62,12 +62,16 @@ def choose_backends(
     margin: float = 0.1,
     rounds: int = 10,
     guard: Any = None,
+    whole_graphs: bool = False,
     **kwargs: Any,
 ) -> list[BackendChoice]:
     """Time every Thunder subgraph of the ThunderFX object ``compiled`` under each of ``backends`` on the
     inputs it receives from ``compiled(*args, **kwargs)`` (one call per subgraph), and run each from now on by
     the fastest, where that beats Thunder by ``margin``. A subgraph a backend was chosen for before is left as
-    it is; none is timed where ThunderFX compiled no Thunder subgraph.
+    it is; none is timed where ThunderFX compiled no Thunder subgraph. ``whole_graphs``: then each Dynamo graph is
+    timed whole against Inductor's compile of all of it (a split into many pieces costs a call each, and the
+    pieces Thunder does not support run apart), and Inductor runs it where that beats the split by ``margin``; a
+    graph that updates its inputs in place is not timed.
 
     ``guard`` (a ``FusionGuard`` in ``compiled``'s transforms) gets the choices in ``report.backend_choices``.
     Returns one :class:`BackendChoice` per subgraph timed.
@@ -79,6 +83,8 @@ def choose_backends(
         raise ValueError(f"choose_backends option 'margin' must be a number in [0, 1), got {margin!r}")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"choose_backends option 'rounds' must be a whole number >= 1, got {rounds!r}")
+    if not isinstance(whole_graphs, bool):
+        raise ValueError(f"choose_backends option 'whole_graphs' must be True or False, got {whole_graphs!r}")
     if not _still_thunder(th.thunderfx_subgraphs(compiled)):
         compiled(*args, **kwargs)  # compiles
     choices = []
@@ -91,6 +97,8 @@ def choose_backends(
             choices.append(BackendChoice(sub.label, "thunder", reason, problems={"copy": inputs}))
         elif inputs is not None:
             choices.append(_choose(sub, inputs, backends, margin, rounds))
+    if whole_graphs:
+        choices += _whole_graphs(compiled, args, kwargs, margin, rounds)
     if guard is not None:  # sharing each choice's problems: a later failure on a call shows in the report too
         guard.report.backend_choices += [{**c.to_dict(), "problems": c.problems} for c in choices]
     return choices
@@ -268,3 +276,95 @@ def _flat(out: Any) -> list[Any]:
     if isinstance(out, (tuple, list)):
         return [x for o in out for x in _flat(o)]
     return [out]
+
+
+class _WholeGraph:
+    """A Dynamo graph's split GraphModule's forward: Inductor's compile of the whole graph; should it ever fail on a
+    call, the split runs again for good (a warning and ``choice.problems`` say so)."""
+
+    def __init__(self, whole: Any, split: torch.nn.Module, choice: BackendChoice) -> None:
+        self.whole, self.split, self.choice = whole, split, choice
+
+    def __call__(self, *args: Any) -> Any:
+        try:
+            return self.whole(*args)
+        except Exception as e:  # the split runs it as before; the call goes on
+            problem = error_line(e)
+            self.choice.problems["inductor"] = f"failed on a call, back to the split: {problem}"
+            warnings.warn(
+                f"choose_backends: Inductor failed on {self.choice.subgraph} ({problem}); ThunderFX's split runs it "
+                "from now on",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            del self.split.forward  # the class's forward again
+            return self.split(*args)
+
+
+def _whole_graphs(compiled: Any, args: tuple, kwargs: dict, margin: float, rounds: int) -> list[BackendChoice]:
+    """Each Dynamo graph of ``compiled`` timed as ThunderFX runs it now (its split, each piece on the backend
+    chosen for it) against Inductor's compile of the whole graph, and run by Inductor where that is faster by
+    ``margin`` (the split GraphModule's forward replaced; a graph chosen so before is left as it is)."""
+    infos = list(getattr(compiled, "_backend", compiled).subgraph_infos)
+    pending = [(i, info) for i, info in enumerate(infos) if "forward" not in vars(info.split_graph_module)]
+    seen: dict[int, list[Any] | str] = {}
+
+    def recorder(index: int, split: torch.nn.Module) -> Any:
+        forward = type(split).forward
+
+        def record(*a: Any) -> Any:
+            if index not in seen:
+                try:
+                    seen[index] = [_copy(x) for x in a]
+                except Exception as e:  # the call goes on; the graph stays split, with this reason
+                    seen[index] = error_line(e)
+            return forward(split, *a)
+
+        return record
+
+    try:
+        for index, info in pending:
+            info.split_graph_module.forward = recorder(index, info.split_graph_module)
+        compiled(*args, **kwargs)
+    finally:
+        for _, info in pending:
+            vars(info.split_graph_module).pop("forward", None)
+    return [_choose_whole(index, info, seen[index], margin, rounds) for index, info in pending if index in seen]
+
+
+def _choose_whole(index: int, info: Any, inputs: list[Any] | str, margin: float, rounds: int) -> BackendChoice:
+    label = f"dynamo graph {index} (whole)"
+    problems: dict[str, str] = {}
+    choice = BackendChoice(label, "split", "", problems=problems)
+    if isinstance(inputs, str):
+        choice.reason = f"kept split: its inputs could not be copied to time it ({inputs})"
+        return choice
+    written = sorted(updated_inputs(info.original_graph_module))
+    if written:
+        choice.in_place = written
+        choice.reason = f"kept split: it updates its inputs {', '.join(map(str, written))} in place; not timed"
+        return choice
+    leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    choice.backward = bool(leaves)
+    split = info.split_graph_module
+    try:
+        whole = compile_fx_module(info.original_graph_module, inputs, "inductor")
+        _step(whole, inputs, leaves)()
+    except Exception as e:  # Inductor may fail on the whole graph in any way: then the split stays, no error
+        problems["inductor"] = error_line(e)
+        choice.reason = "kept split: Inductor failed on the whole graph"
+        return choice
+    samples = interleaved_us(
+        [_step(split, inputs, leaves), _step(whole, inputs, leaves)], (), reps=rounds, warmup=WARMUP
+    )
+    split_us, whole_us = (round(median(s), 3) for s in samples)
+    choice.times_us = {"split": split_us, "inductor": whole_us}
+    what = "forward and backward" if leaves else "forward"
+    timed = f"split {split_us:.1f} µs, Inductor whole {whole_us:.1f} µs"
+    if whole_us < split_us * (1 - margin):
+        choice.chosen = "inductor"
+        choice.reason = f"Inductor runs the whole graph: faster by {1 - whole_us / split_us:.0%} ({what}: {timed})"
+        split.forward = _WholeGraph(whole, split, choice)
+    else:
+        choice.reason = f"kept split ({what}: {timed}; Inductor must be faster by {margin:.0%})"
+    return choice
