@@ -53,6 +53,12 @@ def _executors(name: str, value: Any) -> frozenset[str] | None:
     return chosen
 
 
+def _bool_or_none(name: str, value: Any) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"FusionGuard option {name!r} must be True, False or None, got {value!r}")
+    return value
+
+
 def _op_names(name: str, value: Any) -> frozenset[str]:
     return _names(name, value, "operation names (str)")
 
@@ -301,6 +307,13 @@ class GuardOptions:
         False,
         _bool,
         "in a distributed run, compare every rank's decisions after each trace (a collective)",
+    )
+    ordered_einsum: bool | None = _option(
+        None,
+        _bool_or_none,
+        "trace einsum's contractions in sorted label order, not Python's set order (which `PYTHONHASHSEED` changes), "
+        "so every process traces them alike; None: in a run of several ranks",
+        "bool | None",
     )
     hoist: bool = _option(
         True,

@@ -43,6 +43,8 @@ class Report:
     ``explain``; a ThunderFX subgraph's are in its :class:`Subgraph`). ``backend_choices`` holds what
     ``choose_backends`` chose for each ThunderFX subgraph (``BackendChoice.to_dict()``). ``first_call`` holds where
     a first call timed with ``first_call()`` spent its seconds (``FirstCall.to_dict()``: ``phases_s`` by phase).
+    ``einsums_ordered`` counts the einsum tracings (Thunder traces one einsum more than once) whose labels were
+    walked in sorted order (option ``ordered_einsum``).
     """
 
     def __init__(self) -> None:
@@ -56,6 +58,7 @@ class Report:
         self.recompiles: dict[str, list[str]] = {}
         self.backend_choices: list[dict[str, Any]] = []
         self.first_call: dict[str, Any] | None = None
+        self.einsums_ordered = 0  # einsum tracings in sorted label order (``ordered_einsum``)
 
     def saw_trace(self, executors: list[tuple[str, bool]]) -> None:
         """Count one trace handed to the guard, compiled with ``executors`` ((name, is fusion) pairs)."""
@@ -126,6 +129,8 @@ class Report:
             data["backend_choices"] = [dict(c) for c in self.backend_choices]
         if self.first_call:
             data["first_call"] = dict(self.first_call)
+        if self.einsums_ordered:
+            data["einsums_ordered"] = self.einsums_ordered
         return data
 
     def to_json(self, **kwargs: Any) -> str:

@@ -75,6 +75,14 @@ SHIMS: tuple[Shim, ...] = (
         "_thunder/fx_errors.py",
     ),
     Shim(
+        "ordered-einsum-labels",
+        "`opt_einsum.contract_path` wrapped while a guarded module is called or a guarded compilation runs "
+        "(opt_einsum's own after), for guards with `ordered_einsum` (default: in a run of several ranks): the label "
+        "sets it returns to a guarded compilation walk in sorted order, so Thunder's einsum traces the same whatever "
+        "`PYTHONHASHSEED`",
+        "_thunder/einsum_order.py",
+    ),
+    Shim(
         "library-op-translations",
         "only when you call `translate_library_ops()`: Thunder's maps of torch functions "
         "(`_torch_to_thunder_function_map`, the interpreter's lookasides, `_syms_returning_views`, the `broadcast_to` "

@@ -65,6 +65,7 @@ class FusionGuard(thunder.Transform):
         choose_executor: bool = False,
         rewrites: Rewrites | dict = Rewrites(),
         compare_ranks: bool = False,
+        ordered_einsum: bool | None = None,
         hoist: bool = True,
         runtime: Runtime | dict = Runtime(),
         rescue: bool = True,
@@ -257,6 +258,13 @@ class FusionGuard(thunder.Transform):
                 f"{f' and {len(calls) - 3} more' if len(calls) > 3 else ''}. Compile it under ThunderFX "
                 "(thunder.dynamo.thunderfx), whose Dynamo runs such functions as Python"
             )
+
+    @property
+    def orders_einsum_labels(self) -> bool:
+        """Whether this guard's compilations trace einsum in sorted label order (``ordered_einsum``; None: when
+        the run has several ranks), so that every rank traces it alike whatever ``PYTHONHASHSEED``."""
+        ordered = self.options.ordered_einsum
+        return world_size() > 1 if ordered is None else ordered
 
     def check_ranks(self, group: Any = None) -> list[str]:
         """Compare every decision so far with those of the other ranks; one line per rank that differs.

@@ -203,6 +203,7 @@ class _Scope:
 
 
 _SCOPE = _Scope()
+_PATCHES = 4  # how many _scoped_patches() makes where every shim applies
 
 
 @contextlib.contextmanager
@@ -223,17 +224,19 @@ def _hold() -> None:
         if _SCOPE.holders == 1:
             patches = _SCOPE.patches
             # built once; again where one is missing (turned off, or applied by hand when built) or stale
-            if patches is None or len(patches) < 3 or not all(p.current() for p in patches):
+            if patches is None or len(patches) < _PATCHES or not all(p.current() for p in patches):
                 _SCOPE.patches = [p for p in _scoped_patches() if p is not None]
             for patch in _SCOPE.patches:
                 patch.install()
 
 
 def _scoped_patches() -> tuple[_Patch | None, ...]:
-    """Every patch held with the user's lines: theirs, and torch.fx's error handler left uninterpreted."""
+    """Every patch held with the user's lines: theirs, torch.fx's error handler left uninterpreted, and einsum's
+    labels walked in sorted order."""
+    from .einsum_order import einsum_order_patch
     from .fx_errors import fx_error_handler_patch
 
-    return _user_frames_patch(), _backward_frames_patch(), fx_error_handler_patch()
+    return _user_frames_patch(), _backward_frames_patch(), fx_error_handler_patch(), einsum_order_patch()
 
 
 def _release() -> None:
