@@ -286,23 +286,36 @@ def thunder_programs(v: dict[str, Any]) -> list[Any]:
 
 
 def trace_facts(v: dict[str, Any]) -> dict[str, Any]:
-    """Fusion regions and the communication ops, in order, of the final traces."""
-    regions, comms, ops = 0, [], []
-    unread = 0
+    """Fusion regions and the communication ops of the final traces: ``collectives`` all of them in the order a step
+    runs them (each program's forward in turn, then the backwards in reverse; a guarded and an unguarded run may split
+    one step into other numbers of traces, so the sequences are compared, not the traces), ``traces`` how many."""
+    regions, forward, backward, ops = 0, [], [], []
+    unread = read = 0
     for program in thunder_programs(v):
         try:
             traces = [thunder.last_traces(program)[-1], *thunder.last_backward_traces(program)[-1:]]
         except (TypeError, AttributeError, IndexError):  # a program Thunder keeps no traces of: said, not read
             unread += 1
             continue
-        for trace in traces:
+        for index, trace in enumerate(traces):
+            read += 1
             found = find_regions(trace)
             regions += len(found)
             ops += [[r.name, r.ops] for r in found]
-            comms.append(repr(communication_sequence(trace)))
+            sequence = [repr(c) for c in communication_sequence(trace)]
+            if index == 0:
+                forward += sequence
+            else:
+                backward = sequence + backward
     # The regions' ops, in order, as a digest: are the programs the ranks run the same, guard or no guard?
     digest = hashlib.sha256(json.dumps(ops).encode()).hexdigest()[:16]
-    return {"regions": regions, "collectives": comms, "regions_digest": digest, "programs_unread": unread}
+    return {
+        "regions": regions,
+        "collectives": forward + backward,
+        "traces": read,
+        "regions_digest": digest,
+        "programs_unread": unread,
+    }
 
 
 def guard_facts(guard: FusionGuard) -> dict[str, Any]:

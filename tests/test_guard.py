@@ -181,5 +181,5 @@ def test_unknown_option_lists_the_options():
     assert "\n" not in message and "'bogus'" in message
     assert message.endswith(
         "its options are executors, report_only, strict, costs, exact_only, choose_executor, rewrites, "
-        "compare_ranks, hoist, runtime, rescue"
+        "compare_ranks, ordered_einsum, hoist, runtime, rescue"
     )
