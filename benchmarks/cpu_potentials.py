@@ -4,6 +4,7 @@
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py nequip --json out.json            # untranslated ThunderFX
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py nequip --translate --json out.json
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py mace --atoms 30 --choose --json out.json  # e3nn 0.4.4
+    OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py mace --atoms 30 --choose --whole-graphs --json out.json
 
 Each run adds its paths to ``--json`` (``{"commit", "models": {model: {path: {"ms", "first_call_s",
 "max_abs_force_diff", ...}}}}``; the commit from ``TFG_COMMIT`` or git). ``--choose``: then ``choose_backends`` and
@@ -47,6 +48,7 @@ def main() -> int:
     p.add_argument("--jit", action="store_true", help="thunder.jit instead of ThunderFX")
     p.add_argument("--translate", action="store_true", help="translate_library_ops() first")
     p.add_argument("--choose", action="store_true", help="choose_backends after the first call")
+    p.add_argument("--whole-graphs", action="store_true", help="with --choose: choose_backends(whole_graphs=True)")
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--json", required=True)
     args = p.parse_args()
@@ -100,9 +102,11 @@ def main() -> int:
     timed(path, {})
     if args.choose:
         began = time.perf_counter()
-        chosen = dict(Counter(c.chosen for c in choose_backends(guarded, positions, *graph, guard=guard)))
+        choices = choose_backends(guarded, positions, *graph, guard=guard, whole_graphs=args.whole_graphs)
+        chosen = dict(Counter(c.chosen for c in choices))
         print(f"{args.model}: backends chosen {chosen}", flush=True)
-        timed(path + "+chosen", {"backends_chosen": chosen, "choose_s": round(time.perf_counter() - began, 1)})
+        name = path + ("+chosen whole graphs" if args.whole_graphs else "+chosen")
+        timed(name, {"backends_chosen": chosen, "choose_s": round(time.perf_counter() - began, 1)})
     out = Path(args.json)
     doc = json.loads(out.read_text()) if out.exists() else {}
     doc["commit"] = commit
