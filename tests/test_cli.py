@@ -189,24 +189,10 @@ def test_one_rule_for_every_commands_errors(capsys):
             common.error_exit("fusion-guard x", e, True)
 
 
-SCATTER_LAYER = """
-import torch
+SCATTER_TARGET = Path(__file__).with_name("scatter_target.py")
 
 
-def layer(x, index, w):
-    h = x @ w
-    out = torch.zeros(4, h.shape[1]).scatter_reduce(0, index.unsqueeze(1).expand_as(h), h, reduce="sum")
-    return torch.tanh(out).sum()
-
-
-def make():
-    torch.manual_seed(0)
-    x, w = torch.randn(10, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
-    return layer, (x, torch.randint(0, 4, (10,)), w)
-"""
-
-
-def test_a_model_failing_in_a_region_says_where_whose_and_what_to_try(tmp_path, capsys, monkeypatch):
+def test_a_model_failing_in_a_region_says_where_whose_and_what_to_try(capsys, monkeypatch):
     """A model Thunder cannot run (the torch.compile region holding scatter_reduce's automatic gradient; the guard
     told not to rescue it): the one line names the region, its ops and the user's line, says that it fails
     without the guard too but runs with --thunderfx, and gives what 'why --thunderfx' offers for the op; the hint
@@ -215,8 +201,7 @@ def test_a_model_failing_in_a_region_says_where_whose_and_what_to_try(tmp_path, 
 
     import thunder_fusion_guard.tools.report_cli as report_cli
 
-    target = tmp_path / "scatter.py"
-    target.write_text(SCATTER_LAYER)
+    target = SCATTER_TARGET
     no_rescue = functools.partial(report_cli.run_report, guard_options={"rescue": False})
     monkeypatch.setattr(report_cli, "run_report", no_rescue)
     assert main(["report", f"{target}:make", "--device", "cpu"]) == 1
@@ -225,7 +210,7 @@ def test_a_model_failing_in_a_region_says_where_whose_and_what_to_try(tmp_path, 
     assert line.startswith(f"fusion-guard report: {target}:make failed under thunder.jit: Unsupported: "), line
     assert "; it fails unguarded too; with --thunderfx it runs" in line, line  # Inductor runs scatter_reduce there
     assert "; in the backward region TorchCompile" in line, line
-    assert "scatter_reduce_vjp is the gradient of torch.scatter_reduce at scatter.py:7" in line, line
+    assert "scatter_reduce_vjp is the gradient of torch.scatter_reduce at scatter_target.py:8" in line, line
     assert "why --thunderfx on torch.scatter_reduce: Thunder has only an automatic torch fallback" in line, line
     assert "ThunderFX runs it with Inductor" in line and line.endswith(common.TRACEBACK_HINT), line
     assert line.count("--traceback") == 1

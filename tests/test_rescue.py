@@ -11,6 +11,8 @@ import pytest
 import thunder
 import torch
 from helpers import assert_same, flat
+from scatter_target import layer as layer_scatter
+from scatter_target import make as make_scatter
 from thunder.dynamo import thunderfx
 from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
 
@@ -674,15 +676,8 @@ def test_a_second_copy_into_a_buffer_with_history_keeps_its_gradient(dtype):
     assert [d.details["without_grad"] for d in rescued] == [["input 1 (updated in place)"]] * 2
 
 
-def scatter_layer(x, index, w):
-    h = x @ w
-    out = torch.zeros(4, h.shape[1]).scatter_reduce(0, index.unsqueeze(1).expand_as(h), h, reduce="sum")
-    return torch.tanh(out).sum()
-
-
 def scatter_inputs():
-    torch.manual_seed(0)
-    return torch.randn(10, 8, requires_grad=True), torch.randint(0, 4, (10,)), torch.randn(8, 8, requires_grad=True)
+    return make_scatter()[1]
 
 
 def test_scatter_reduce_with_grad_runs_under_the_packages_cpu_executors():
@@ -692,13 +687,13 @@ def test_scatter_reduce_with_grad_runs_under_the_packages_cpu_executors():
 
     x, index, w = scatter_inputs()
     with pytest.raises(Exception, match="Unexpected type in sourceless builder"):
-        loss = thunder.jit(scatter_layer, executors=fusion_executors("cpu"))(x, index, w)
+        loss = thunder.jit(layer_scatter, executors=fusion_executors("cpu"))(x, index, w)
         torch.autograd.grad(loss, (x, w))
     guard = FusionGuard()
-    jitted = thunder.jit(scatter_layer, executors=fusion_executors("cpu"), transforms=[guard])
+    jitted = thunder.jit(layer_scatter, executors=fusion_executors("cpu"), transforms=[guard])
     loss = jitted(x, index, w)
     grads = torch.autograd.grad(loss, (x, w))
-    want = scatter_layer(x, index, w)
+    want = layer_scatter(x, index, w)
     torch.testing.assert_close(loss, want)
     torch.testing.assert_close(grads, torch.autograd.grad(want, (x, w)))
     (rescue,) = guard.report.filter(action="rescue")
@@ -731,10 +726,10 @@ def test_a_split_rescue_part_that_fails_too_runs_op_by_op(monkeypatch):
 
     x, index, w = scatter_inputs()
     guard = FusionGuard()
-    jitted = thunder.jit(scatter_layer, executors=fusion_executors("cpu"), transforms=[guard])
+    jitted = thunder.jit(layer_scatter, executors=fusion_executors("cpu"), transforms=[guard])
     with warnings.catch_warnings(record=True):
         grads = torch.autograd.grad(jitted(x, index, w), (x, w))
-    want = scatter_layer(x, index, w)
+    want = layer_scatter(x, index, w)
     torch.testing.assert_close(grads, torch.autograd.grad(want, (x, w)))
     part, whole = guard.report.filter(action="rescue")  # the part fails inside the first call of the whole's parts
     assert part.region == whole.facts["parts"][0] and part.error.startswith("RuntimeError: part failed")
