@@ -119,3 +119,50 @@ def test_ranks_with_different_hash_seeds_trace_decide_and_compute_alike(tmp_path
     assert len({tuple(run["guarded"]) for run in runs}) == 1  # traces, decisions, bits (bf16 values and gradient)
     # unguarded Thunder's own traces follow each process's string hashing
     assert len({run["unguarded"][0] for run in runs}) > 1
+
+
+class Einsum(torch.nn.Module):
+    def __init__(self, equation: str) -> None:
+        super().__init__()
+        self.equation = equation
+
+    def forward(self, *operands: torch.Tensor) -> torch.Tensor:
+        return torch.einsum(self.equation, *operands)
+
+
+# Equations of Thunder's own einsum samples (thunder/tests/opinfos.py): diagonals, batch and broadcast dims, outer
+# products, ellipses, three and four operands: the contracted labels of each walked in sorted order.
+EQUATIONS = [
+    ([(3, 3, 3)], "iji->j"),
+    ([(2, 2, 3, 3)], "iijj->ji"),
+    ([(1, 3, 4), (4, 3)], "bij,jk->bki"),
+    ([(2, 3, 3), (1, 3, 3)], "bij,bkj"),
+    ([(3,), (2, 2)], "i,jk->jik"),
+    ([(1, 2, 3, 4), (4, 3, 2)], "ijkl,lkj->i"),
+    ([(2, 2, 2), (2, 2, 2)], "ijk,kji->i"),
+    ([(2, 2, 2, 2), (2, 2, 2, 2)], "aijk,kjib->ba"),
+    ([(1, 3, 4, 5), (2, 3, 2, 5)], "bnqd,bnkd->bnqk"),
+    ([(1, 3, 4, 5), (4, 6, 5)], "bhld,lrd->bhlr"),
+    ([(1, 2, 3), (3,)], "...ik, ...j->ij"),
+    ([(2, 3, 2, 2), (3, 2, 2, 2)], "ij...,jk...->ik..."),
+    ([(2, 2, 2), (2, 2, 2), (2, 2, 2)], "ijk,kji,jki->ij"),
+    ([(1, 2, 3, 4), (1, 1, 5), (2, 1, 2)], "i...j,...k,l...m->ijklm"),
+    ([(2, 2, 2), (2, 2, 2), (2, 2, 2), (2, 2, 2)], "...i,...j,...kl,mn...->ijkm"),
+    ([(4, 2, 3), (4, 3, 5), (3, 5, 6)], "zui,zvj,ijk->zuvk"),  # e3nn's tensor-product contraction
+]
+
+
+@pytest.mark.parametrize(("shapes", "equation"), EQUATIONS, ids=[e for _, e in EQUATIONS])
+def test_einsum_in_sorted_label_order_computes_what_torch_does(shapes, equation):
+    generator = torch.Generator().manual_seed(0)
+    operands = [torch.randn(*s, generator=generator, dtype=torch.float64, requires_grad=True) for s in shapes]
+    guard = FusionGuard(ordered_einsum=True)
+    jitted = thunder.jit(Einsum(equation), transforms=[guard])
+    got = jitted(*operands)
+    want = torch.einsum(equation, *operands)
+    torch.testing.assert_close(got, want)
+    cotangent = torch.randn(want.shape, generator=generator, dtype=torch.float64)
+    torch.testing.assert_close(
+        torch.autograd.grad(got, operands, cotangent), torch.autograd.grad(want, operands, cotangent)
+    )
+    assert guard.report.einsums_ordered > 0
