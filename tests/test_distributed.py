@@ -10,6 +10,7 @@ import copy
 import json
 import socket
 import warnings
+from dataclasses import replace
 
 import distributed_worker
 import pytest
@@ -25,7 +26,7 @@ from thunder.extend import ImplInfo, get_always_executors
 
 from thunder_fusion_guard import CommunicationChanged, Costs, Decision, FusionGuard, RankMismatch, Rewrites
 from thunder_fusion_guard import _thunder as th
-from thunder_fusion_guard.distributed import current_rank, rank_path
+from thunder_fusion_guard.distributed import current_rank, decision_key, rank_path
 from thunder_fusion_guard.ops import identity_reason, is_communication
 from thunder_fusion_guard.options import make_options
 from thunder_fusion_guard.passes import TraceContext, guard_trace
@@ -189,6 +190,34 @@ def test_communication_check_drops_a_pass_that_moves_across(group):
 
 def _decision(rank=None, action="keep") -> Decision:
     return Decision("forward", "TorchCompile0", "torchcompile", ["add"], action, "why", function="f", rank=rank)
+
+
+def test_ranks_that_name_the_same_ops_otherwise_decided_alike(group, monkeypatch):
+    """Thunder numbers proxies in an order string hashing can change: a removed op named t176 on one rank and t177
+    on the other is the same decision; a region of another name is not."""
+    from thunder_fusion_guard.decisions import Details
+
+    guard = FusionGuard()
+    guard.report.add(_decision(rank=0))
+    removed = Decision(
+        "forward", "t176", "torch", ["reshape"], "remove", "why", function="f", details=Details(scope="op")
+    )
+    guard.report.add(removed)
+    other = replace(removed, region="t177")
+    _fake_world(monkeypatch, lambda keys: [decision_key(d) for d in (_decision(rank=1), other)])
+    assert guard.check_ranks() == []
+    _fake_world(
+        monkeypatch, lambda keys: [decision_key(d) for d in (replace(_decision(), region="TorchCompile1"), other)]
+    )
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        (problem,) = guard.check_ranks()
+    assert "rank 1 f#0:forward TorchCompile1" in problem
+    _fake_world(monkeypatch, lambda keys: [keys[0], decision_key(replace(other, action="keep"))])
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        (problem,) = guard.check_ranks()
+    assert "rank 0 f#0:forward ops (torch, 1 ops): remove" in problem
 
 
 def test_reports_and_files_name_the_rank(monkeypatch):

@@ -63,8 +63,11 @@ def rank_path(path: str, rank: int | None = None) -> str:
 
 
 def decision_key(d: Decision) -> tuple:
-    """What must agree across ranks: where a decision was made, about what, and what was done."""
-    return (d.trace, d.function, d.compile_index, d.subgraph, d.region, d.executor, tuple(d.ops), d.action, d.applied)
+    """What must agree across ranks: where a decision was made, about what, and what was done. A decision about ops
+    names no proxy: Thunder numbers proxies in an order that string hashing can change (two ranks of one run name the
+    same removed op ``t176`` and ``t177``), so such ops are known by their place among the decisions and their names."""
+    region = d.region if d.about_region else ""
+    return (d.trace, d.function, d.compile_index, d.subgraph, region, d.executor, tuple(d.ops), d.action, d.applied)
 
 
 def _describe(key: tuple | None) -> str:
@@ -72,7 +75,8 @@ def _describe(key: tuple | None) -> str:
         return "nothing"
     trace, function, index, subgraph, region, executor, ops, action, applied = key
     done = "" if applied else " (not applied)"
-    return f"{trace_place(trace, subgraph, function, index)} {region} ({executor}, {len(ops)} ops): {action}{done}"
+    what = region or "ops"
+    return f"{trace_place(trace, subgraph, function, index)} {what} ({executor}, {len(ops)} ops): {action}{done}"
 
 
 def compare_ranks(decisions: list[Decision], group: Any = None) -> list[str]:
