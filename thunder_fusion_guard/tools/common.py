@@ -137,6 +137,12 @@ def write_tables(
         write_output(args.markdown, format_rows(rows(), markdown=True) + "\n" + ("\n" + listed if listed else ""))
 
 
+def described_by(doc: str | None) -> str | None:
+    """A command module's docstring as its --help description, reST quotes dropped; None under ``python -OO``,
+    which drops docstrings."""
+    return (doc or "").replace("``", "") or None
+
+
 def add_command(subparsers: Any, name: str, help: str, description: str | None, run: Any, **kwargs: Any) -> Any:
     """The parser of the subcommand ``name`` (``help`` in the list of commands, ``description`` atop its own
     --help; ``kwargs`` go to ``add_parser``), which calls ``run(args)``; the caller adds its options."""

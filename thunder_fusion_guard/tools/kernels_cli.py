@@ -16,7 +16,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from ..wording import error_line
-from .common import UsageError, add_wide_option, check_output, resolve_device, write_output
+from .common import UsageError, add_command, add_wide_option, check_output, described_by, resolve_device, write_output
 from .report_cli import ModelFailed, add_target_arguments, model_failure, target_program
 
 AGAINST = ("inductor",)
@@ -24,10 +24,12 @@ AGAINST = ("inductor",)
 
 def register(subparsers: Any) -> None:
     """Add ``kernels`` to the ``fusion-guard`` command line."""
-    kernels = subparsers.add_parser(
+    kernels = add_command(
+        subparsers,
         "kernels",
         help="count the CUDA kernels of one guarded step of TARGET by kind and by source (beside Inductor's)",
-        description=(__doc__ or "").replace("``", "") or None,
+        description=described_by(__doc__),
+        run=_kernels_command,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_target_arguments(kernels)
@@ -40,7 +42,6 @@ def register(subparsers: Any) -> None:
     kernels.add_argument("--top", type=_positive, default=15, metavar="N", help="sources shown a path (default 15)")
     kernels.add_argument("--json", metavar="PATH", help="write every launch as JSON here (its folder must exist)")
     add_wide_option(kernels)
-    kernels.set_defaults(run=_kernels_command)
 
 
 def _positive(text: str) -> int:

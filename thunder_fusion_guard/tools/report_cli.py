@@ -31,10 +31,12 @@ from ..wording import error_line
 from .common import (
     CommandFailed,
     UsageError,
+    add_command,
     add_device_option,
     add_threads_option,
     add_wide_option,
     check_output,
+    described_by,
     pin_threads,
     progress,
     resolve_device,
@@ -392,10 +394,12 @@ def add_target_options(parser: argparse.ArgumentParser) -> None:
 
 def register(subparsers: Any) -> None:
     """Add ``report`` to the ``fusion-guard`` command line."""
-    report = subparsers.add_parser(
+    report = add_command(
+        subparsers,
         "report",
         help="run TARGET with the guard, print the decision report, write it as JSON/Markdown",
-        description=(__doc__ or "").replace("``", "") or None,  # python -OO drops the docstring
+        description=described_by(__doc__),
+        run=_report_command,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_target_arguments(report)
@@ -403,7 +407,6 @@ def register(subparsers: Any) -> None:
         report.add_argument(f"--{option}", metavar="PATH", help=f"{what} (its folder must exist)")
     add_threads_option(report)
     add_wide_option(report)
-    report.set_defaults(run=_report_command)
 
 
 def _report_command(args: argparse.Namespace) -> int:

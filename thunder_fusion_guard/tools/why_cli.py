@@ -14,23 +14,24 @@ from contextlib import nullcontext
 from typing import Any
 
 from ..progress import Progress
-from .common import add_wide_option, check_output, resolve_device, write_output
+from .common import add_command, add_wide_option, check_output, described_by, resolve_device, write_output
 from .report_cli import ModelFailed, add_target_arguments, model_failure, target_program
 
 
 def register(subparsers: Any) -> None:
     """Add ``why`` to the ``fusion-guard`` command line."""
-    why = subparsers.add_parser(
+    why = add_command(
+        subparsers,
         "why",
         help="run TARGET under Thunder and print why each op outside a fusion region is there",
-        description=(__doc__ or "").replace("``", "") or None,
+        description=described_by(__doc__),
+        run=_why_command,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_target_arguments(why)
     why.add_argument("--json", metavar="PATH", help="write the rows as JSON here (its folder must exist)")
     why.add_argument("--html", metavar="PATH", help="write the table as an HTML section here (its folder must exist)")
     add_wide_option(why)
-    why.set_defaults(run=_why_command)
 
 
 def _why_command(args: argparse.Namespace) -> int:
