@@ -53,18 +53,6 @@ def _operations() -> None:
 _operations()
 
 
-def _ordering_guard() -> Any:
-    """The guard compiling in this thread that asks for sorted einsum labels; None for any other compilation."""
-    from thunder.core.compile_data import get_compile_data
-
-    try:
-        data = get_compile_data()
-    except LookupError:
-        return None
-    transforms = getattr(data, "transforms", None) or ()
-    return next((t for t in transforms if getattr(t, "orders_einsum_labels", False)), None)
-
-
 def sorted_contractions(info: Any) -> bool:
     """Make each contraction of ``info`` (opt_einsum's ``PathInfo``) hold its removed labels as a
     :class:`SortedLabels`; False where ``info`` is not what this was written for (it is then left as it was)."""
@@ -82,7 +70,7 @@ def einsum_order_patch() -> Any:
     apply (turned off, or another Thunder)."""
     import opt_einsum
 
-    from .scoped import _Patch
+    from .scoped import _Patch, compiling_transform
 
     original = opt_einsum.contract_path
     if getattr(original, "_fusion_guard", False) or not shims.applies("ordered-einsum-labels"):
@@ -90,7 +78,8 @@ def einsum_order_patch() -> Any:
 
     def contract_path(*args: Any, **kwargs: Any) -> Any:
         found = original(*args, **kwargs)
-        guard = _ordering_guard() if not kwargs.get("einsum_call", False) else None
+        # the guard compiling in this thread that asks for sorted labels; None for any other compilation
+        guard = None if kwargs.get("einsum_call", False) else compiling_transform("orders_einsum_labels")
         if guard is not None and isinstance(found, tuple) and len(found) == 2 and sorted_contractions(found[1]):
             guard.report.einsums_ordered += 1
         return found

@@ -8,9 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from thunder.core.compile_data import get_compile_data
-
 from .. import shims
+from .compiling import compiling_transforms
 
 _MISSING = object()  # a _Patch's original where the key it sets was not in its dict
 
@@ -54,11 +53,13 @@ class _Patch:
         shims.forget(self.shim)
 
 
+def compiling_transform(flag: str) -> Any:
+    """The transform of the compilation Thunder runs now in this thread whose attribute ``flag`` is true; None
+    where there is none, or no compilation."""
+    return next((t for t in compiling_transforms() if getattr(t, flag, False)), None)
+
+
 def _compiling_guarded() -> bool:
     """Whether the compilation Thunder runs now in this thread is one of a transform that reads the user's lines
     (``reads_user_lines``: FusionGuard); the wrappers pass straight through to Thunder's own for any other."""
-    try:
-        data = get_compile_data()
-    except LookupError:
-        return False
-    return any(getattr(t, "reads_user_lines", False) for t in getattr(data, "transforms", None) or ())
+    return compiling_transform("reads_user_lines") is not None
