@@ -16,8 +16,9 @@ by default: a program calls :func:`choose_backends` itself, after a first call o
 
 from __future__ import annotations
 
+import functools
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any
@@ -160,26 +161,29 @@ def _record_inputs(
     whether it requires grad, so that timing a backward touches no real ``.grad``), or why they could not be
     copied."""
     seen: dict[str, list[Any] | str] = {}
-
-    def recorder(sub: th.FxSubgraph) -> _Runner:
-        def record(*a: Any) -> Any:
-            if sub.label not in seen:
-                try:
-                    seen[sub.label] = [_copy(x) for x in a]
-                except Exception as e:  # the call goes on; the subgraph stays on Thunder, with this reason
-                    seen[sub.label] = error_line(e)
-            return sub.jitted(*a)
-
-        return _Runner(record)
-
     try:
         for sub in subs:
-            th.replace_subgraph(sub, recorder(sub))
+            th.replace_subgraph(sub, _Runner(_recording(seen, sub.label, sub.jitted)))
         compiled(*args, **kwargs)
     finally:
         for sub in subs:
             th.replace_subgraph(sub, sub.jitted)
     return seen
+
+
+def _recording(seen: dict[Any, list[Any] | str], key: Any, call: Callable[..., Any]) -> Callable[..., Any]:
+    """``call``, keeping copies of the arguments of its first call in ``seen[key]`` (or why they could not be
+    copied: the call goes on, and what it runs is then kept as it is, with that reason)."""
+
+    def record(*a: Any) -> Any:
+        if key not in seen:
+            try:
+                seen[key] = [_copy(x) for x in a]
+            except Exception as e:
+                seen[key] = error_line(e)
+        return call(*a)
+
+    return record
 
 
 def _copy(x: Any) -> Any:
@@ -308,23 +312,10 @@ def _whole_graphs(compiled: Any, args: tuple, kwargs: dict, margin: float, round
     infos = list(getattr(compiled, "_backend", compiled).subgraph_infos)
     pending = [(i, info) for i, info in enumerate(infos) if "forward" not in vars(info.split_graph_module)]
     seen: dict[int, list[Any] | str] = {}
-
-    def recorder(index: int, split: torch.nn.Module) -> Any:
-        forward = type(split).forward
-
-        def record(*a: Any) -> Any:
-            if index not in seen:
-                try:
-                    seen[index] = [_copy(x) for x in a]
-                except Exception as e:  # the call goes on; the graph stays split, with this reason
-                    seen[index] = error_line(e)
-            return forward(split, *a)
-
-        return record
-
     try:
         for index, info in pending:
-            info.split_graph_module.forward = recorder(index, info.split_graph_module)
+            split = info.split_graph_module
+            split.forward = _recording(seen, index, functools.partial(type(split).forward, split))
         compiled(*args, **kwargs)
     finally:
         for _, info in pending:
