@@ -163,6 +163,7 @@ class Facts(TypedDict, total=False):
     rescued_by: str  # what runs the subgraph now
     parts: list[str]  # a split rescue: the regions of the failed one's executor it runs as
     apart: list[str]  # a split rescue: the ops between the parts, run by Thunder's torch executor
+    alternative: str  # a rescue: the other fusion executor that runs the failed region from then on
     aliased: list[int]  # inputs updated in place whose memory other tensors hold too
     remade: list[int]  # inputs made again as views of their bases
     restrided: list[int]  # outputs handed back in the strides Dynamo recorded
@@ -422,6 +423,12 @@ def _padded_sum_concatenated(f: Facts) -> tuple[str, str | None]:
 
 
 def _rescued(f: Facts) -> tuple[str, str | None]:
+    if f.get("alternative"):
+        return f["error"], (
+            f"{f['executor']} failed on {f['region']} ({f['error']}); from then on {f['alternative']} runs its "
+            f"{f['count']} ops as one region, the other fusion executor that can run all of them (where that fails "
+            "too, Thunder's torch executor runs them one by one): unguarded Thunder raises here"
+        )
     if f.get("parts"):
         apart = ", ".join(f["apart"])
         return f["error"], (

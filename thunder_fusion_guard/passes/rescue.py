@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,9 +27,21 @@ from .records import instead, region_decision, source_details
 from .rewrite import CallChange, lower_region
 from .split_rescue import SplitBody, split_around_gradients
 
-# What a rescue tells: the region, the error, the arguments of the call that failed and, where the region runs as
-# parts of its executor around gradients Dynamo cannot trace from then on, those parts.
-OnRescue = Callable[[Region, Exception, tuple, SplitBody | None], None]
+# What a rescue tells: the region, the error, the arguments of the call that failed and how the region runs from
+# then on (:class:`Fallback`).
+OnRescue = Callable[[Region, Exception, tuple, "Fallback"], None]
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """How a failed region runs from then on: ``split`` (parts of its executor around gradients Dynamo cannot
+    trace), else ``alternative`` (the region fused by that other executor, op by op where it fails too), else its
+    ops one by one (both None)."""
+
+    split: SplitBody | None = None
+    alternative: str | None = None
+
+
 # What a region's first call with a written input that is not contiguous tells: the region, the call's arguments
 # and the positions of those inputs.
 OnStridedWrite = Callable[[Region, tuple, list[int]], None]
@@ -67,11 +80,13 @@ def rescue_calls(
             fused = th.ContiguousWrites(
                 fused, tuple(written), lambda args, at, region=region: on_strided_write(region, args, at)
             )
-        split: dict[str, SplitBody] = {}
+        made: dict[str, Fallback] = {}
         call = th.RescuingCall(
             fused,
-            _fallback_maker(trace, region, on_rescue, split),
-            lambda error, args, region=region, split=split: on_rescue(region, error, args, split.get("body")),
+            _fallback_maker(trace, region, on_rescue, made),
+            lambda error, args, region=region, made=made: on_rescue(
+                region, error, args, made.get("fallback", Fallback())
+            ),
             first_call_timer(region.name),
         )
         bsyms[region.position] = th.with_region_callable(region.bsym, call)
@@ -81,29 +96,55 @@ def rescue_calls(
     return th.new_trace_like(trace, bsyms), wraps
 
 
+def _told(on_rescue: OnRescue, region: Region, made: dict[str, Fallback], error: Exception, args: tuple) -> None:
+    on_rescue(region, error, args, made.get("fallback", Fallback()))
+
+
 def _fallback_maker(
-    trace: th.TraceCtx, region: Region, on_rescue: OnRescue, split: dict[str, SplitBody]
+    trace: th.TraceCtx, region: Region, on_rescue: OnRescue, made: dict[str, Fallback]
 ) -> Callable[[], Callable]:
-    """What makes the region's fallback: its ops one by one, or (where it holds gradients Dynamo cannot trace)
-    parts of its executor around them, kept in ``split["body"]``; a part that fails is told as a region."""
+    """What makes the region's fallback, kept in ``made["fallback"]``: parts of its executor around gradients
+    Dynamo cannot trace where it holds them; else the region fused by the other fusion executor that can run all of
+    it (:func:`~.._thunder.alternative_fuser`: nvFuser's regions by torch.compile), op by op where that fails too;
+    else its ops one by one. A part or alternative that fails is told as a region of its own."""
 
     def on_part_rescue(part: th.BoundSymbol, error: Exception, args: tuple) -> None:
-        on_rescue(Region(region.position, part.sym.name, region.executor, part), error, args, None)
+        on_rescue(Region(region.position, part.sym.name, region.executor, part), error, args, Fallback())
 
     def make() -> Callable:
         body = lower_region(trace, region)  # raises where the region cannot run on Thunder's torch executor at all
-        try:
+        fallback = Fallback()
+        try:  # the parts and the alternative are shortcuts: where they cannot be built, the ops run one by one
             parts = split_around_gradients(trace, region, on_part_rescue)
-        except Exception:  # the parts are a shortcut: where they cannot be built, the ops run one by one
-            parts = None
-        if parts is not None:
-            body = parts.body
-            split["body"] = parts
+            if parts is not None:
+                body, fallback = parts.body, Fallback(split=parts)
+            else:
+                other = _alternative(trace, region, body, on_part_rescue)
+                if other is not None:
+                    body, fallback = [other], Fallback(alternative=other.sym.executor.name)
+        except Exception:
+            pass
+        made["fallback"] = fallback
         return th.python_callable_from_symbols(
             f"{region.name}_rescued", body, list(region.bsym.args), list(region.outputs)
         )
 
     return make
+
+
+def _alternative(
+    trace: th.TraceCtx, region: Region, lowered: list[th.BoundSymbol], on_fail: Callable[..., None]
+) -> th.BoundSymbol | None:
+    """The region fused by its alternative executor, called so that where that fails too its ``lowered`` ops run
+    one by one (``on_fail(fusion, error, args)`` told); None where no other executor can run all of it."""
+    executor = th.alternative_fuser(region.bsym)
+    if executor is None:
+        return None
+    other = th.fuse_with(executor, region.bsym, th.free_fusion_counter(trace))
+    inputs, outputs = list(region.bsym.args), list(region.outputs)
+    ops = th.python_callable_from_symbols(f"{other.sym.name}_rescued", lowered, inputs, outputs)
+    call = th.RescuingCall(th.region_callable(other), lambda: ops, lambda error, args: on_fail(other, error, args))
+    return th.with_region_callable(other, call)
 
 
 def announce(decision: Any) -> None:
@@ -170,8 +211,8 @@ def rescue_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
     def may_rescue(fusion: th.BoundSymbol) -> bool:
         return options.guards(th.executor_name(fusion)) and not is_communication(fusion)
 
-    def on_rescue(region: Region, error: Exception, args: tuple, split: SplitBody | None) -> None:
-        decision = rescue_decision(where, region, error, args, split)
+    def on_rescue(region: Region, error: Exception, args: tuple, fallback: Fallback) -> None:
+        decision = rescue_decision(where, region, error, args, fallback)
         record(decision)
         announce(decision)
 
@@ -187,12 +228,16 @@ def rescue_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
 
 
 def rescue_decision(
-    where: TraceContext, region: Region, error: Exception, args: tuple, split: SplitBody | None = None
+    where: TraceContext, region: Region, error: Exception, args: tuple, fallback: Fallback | None = None
 ) -> Decision:
-    """The decision a region's failure records: Thunder's torch executor runs it from then on, or (``split``)
-    parts of its executor around the gradients that Thunder's torch executor runs."""
+    """The decision a region's failure records: how it runs from then on (``fallback``: Thunder's torch executor
+    where not said otherwise)."""
     facts = {"executor": region.executor, "region": region.name, "error": error_line(error), "count": len(region.ops)}
     by = "Thunder's torch executor"
+    split = fallback.split if fallback is not None else None
+    if fallback is not None and fallback.alternative is not None:
+        facts["alternative"] = fallback.alternative
+        by = f"{fallback.alternative} (Thunder's torch executor where it fails too)"
     if split is not None:
         facts.update(parts=list(split.parts), apart=list(split.apart))
         apart = ", ".join(split.apart)
