@@ -16,7 +16,7 @@ from scatter_target import make as make_scatter
 from thunder.dynamo import thunderfx
 from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
 
-from thunder_fusion_guard import FusionGuard, FusionGuardError, explain, fusion_executors, why_not_fused
+from thunder_fusion_guard import Costs, FusionGuard, FusionGuardError, explain, fusion_executors, why_not_fused
 from thunder_fusion_guard._thunder import RescuingCall, region_callable
 from thunder_fusion_guard.regions import find_regions
 
@@ -845,3 +845,26 @@ def test_a_failed_region_runs_by_the_executor_that_can_run_all_of_it(monkeypatch
         (rescued,) = forward
     assert rescued.facts["alternative"] == "torchcompile"
     assert rescued.details["rescued_by"] == "torchcompile (Thunder's torch executor where it fails too)"
+
+
+@pytest.mark.cuda
+def test_a_failed_nvfuser_region_runs_by_torch_compile_on_cuda(monkeypatch):
+    """On CUDA, an nvFuser region that fails at its first call (each region's direct nvFuser call made to raise, as
+    nvFuser's segmenter asserts on some of NequIP's) runs from then on as one torch.compile region."""
+    from thunder_fusion_guard import _thunder as th
+
+    def fails(self, *args):
+        raise SimulatedFusionFailure("INTERNAL ASSERT FAILED at compute_at_map.cpp:1239")
+
+    monkeypatch.setattr(th.DirectNvFuserCall, "__call__", fails)
+    guard = FusionGuard(costs=Costs(cost_model=False))  # every region kept: nvFuser runs them
+    jitted = thunder.jit(program, executors=fusion_executors("cuda"), transforms=[guard])
+    x, w = (t.detach().cuda().requires_grad_() for t in inputs())
+    with warnings.catch_warnings(record=True):
+        step(jitted, x, w)
+    out, grads = step(jitted, x, w)
+    want_out, want_grads = step(program, x, w)
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(grads, want_grads)
+    rescues = guard.report.filter(action="rescue")
+    assert rescues and all(d.facts["alternative"] == "torchcompile" for d in rescues)
