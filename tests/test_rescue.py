@@ -868,3 +868,30 @@ def test_a_failed_nvfuser_region_runs_by_torch_compile_on_cuda(monkeypatch):
     torch.testing.assert_close(grads, want_grads)
     rescues = guard.report.filter(action="rescue")
     assert rescues and all(d.facts["alternative"] == "torchcompile" for d in rescues)
+
+
+def test_a_region_that_fails_inside_a_cuda_graph_capture_runs_op_by_op(monkeypatch):
+    """A region that fails first inside a CUDA graph capture (NequIP's backward region that nvFuser fails only
+    there) is not handed to torch.compile: its first call would compile inside the capture, where Inductor's
+    compile is not safe. Its ops run one by one (the forward's values eager's bits; the backward's regions, which
+    do not fail, stay fused), and the record says why no alternative ran."""
+    from thunder_fusion_guard import _thunder as th
+
+    calls: list[str] = []
+    failing = failing_executor("sin", calls)
+    monkeypatch.setitem(th.ALTERNATIVE_FUSERS, failing.name, "torchcompile")
+    monkeypatch.setattr(th, "capturing_cuda_graph", lambda: True)
+    guard = FusionGuard()
+    jitted = thunder.jit(program, executors=[failing], transforms=[guard])
+    x, w = inputs(torch.bfloat16)
+    with warnings.catch_warnings(record=True):
+        step(jitted, x, w)
+    out, grads = step(jitted, x, w)
+    want_out, want_grads = step(program, x, w)
+    assert torch.equal(out, want_out)
+    torch.testing.assert_close(grads, want_grads, atol=1e-2, rtol=3e-2)
+    (rescued,) = [d for d in guard.report.filter(action="rescue") if d.trace == "forward"]
+    assert rescued.facts["in_capture"] is True and "alternative" not in rescued.facts
+    assert rescued.details["rescued_by"] == "Thunder's torch executor"
+    assert rescued.region in calls and len(calls) == len(set(calls))  # each failing region failed once, not again
+    assert all(d.facts.get("in_capture") for d in guard.report.filter(action="rescue"))

@@ -164,6 +164,7 @@ class Facts(TypedDict, total=False):
     parts: list[str]  # a split rescue: the regions of the failed one's executor it runs as
     apart: list[str]  # a split rescue: the ops between the parts, run by Thunder's torch executor
     alternative: str  # a rescue: the other fusion executor that runs the failed region from then on
+    in_capture: bool  # a rescue: the region failed inside a CUDA graph capture (no other executor tried there)
     aliased: list[int]  # inputs updated in place whose memory other tensors hold too
     remade: list[int]  # inputs made again as views of their bases
     restrided: list[int]  # outputs handed back in the strides Dynamo recorded
@@ -437,9 +438,15 @@ def _rescued(f: Facts) -> tuple[str, str | None]:
             "Thunder's torch executor runs: a gradient Thunder registered automatically runs through "
             "torch.autograd on pytrees, which Dynamo cannot trace. A part that fails too runs op by op"
         )
+    where = (
+        " (it failed inside a CUDA graph capture, where another fusion executor's first call would compile: none is "
+        "tried)"
+        if f.get("in_capture")
+        else ""
+    )
     return f["error"], (
         f"{f['executor']} failed on {f['region']} ({f['error']}); Thunder's torch executor runs its "
-        f"{f['count']} ops one by one from then on, as a rejected region's"
+        f"{f['count']} ops one by one from then on, as a rejected region's{where}"
     )
 
 

@@ -36,10 +36,12 @@ OnRescue = Callable[[Region, Exception, tuple, "Fallback"], None]
 class Fallback:
     """How a failed region runs from then on: ``split`` (parts of its executor around gradients Dynamo cannot
     trace), else ``alternative`` (the region fused by that other executor, op by op where it fails too), else its
-    ops one by one (both None)."""
+    ops one by one (both None). ``in_capture``: it failed inside a CUDA graph capture, where no other executor is
+    tried (its first call would compile inside the capture)."""
 
     split: SplitBody | None = None
     alternative: str | None = None
+    in_capture: bool = False
 
 
 # What a region's first call with a written input that is not contiguous tells: the region, the call's arguments
@@ -96,17 +98,15 @@ def rescue_calls(
     return th.new_trace_like(trace, bsyms), wraps
 
 
-def _told(on_rescue: OnRescue, region: Region, made: dict[str, Fallback], error: Exception, args: tuple) -> None:
-    on_rescue(region, error, args, made.get("fallback", Fallback()))
-
-
 def _fallback_maker(
     trace: th.TraceCtx, region: Region, on_rescue: OnRescue, made: dict[str, Fallback]
 ) -> Callable[[], Callable]:
     """What makes the region's fallback, kept in ``made["fallback"]``: parts of its executor around gradients
     Dynamo cannot trace where it holds them; else the region fused by the other fusion executor that can run all of
     it (:func:`~.._thunder.alternative_fuser`: nvFuser's regions by torch.compile), op by op where that fails too;
-    else its ops one by one. A part or alternative that fails is told as a region of its own."""
+    else its ops one by one. Inside a CUDA graph capture no alternative is made: it would compile and run its first
+    call in the capture (Inductor's compile is not safe there). A part or alternative that fails is told as a
+    region of its own."""
 
     def on_part_rescue(part: th.BoundSymbol, error: Exception, args: tuple) -> None:
         on_rescue(Region(region.position, part.sym.name, region.executor, part), error, args, Fallback())
@@ -118,6 +118,8 @@ def _fallback_maker(
             parts = split_around_gradients(trace, region, on_part_rescue)
             if parts is not None:
                 body, fallback = parts.body, Fallback(split=parts)
+            elif th.capturing_cuda_graph():
+                fallback = Fallback(in_capture=True)
             else:
                 other = _alternative(trace, region, body, on_part_rescue)
                 if other is not None:
@@ -238,6 +240,8 @@ def rescue_decision(
     if fallback is not None and fallback.alternative is not None:
         facts["alternative"] = fallback.alternative
         by = f"{fallback.alternative} (Thunder's torch executor where it fails too)"
+    if fallback is not None and fallback.in_capture:
+        facts["in_capture"] = True
     if split is not None:
         facts.update(parts=list(split.parts), apart=list(split.apart))
         apart = ", ".join(split.apart)
