@@ -8,6 +8,7 @@ when a region fails.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -138,15 +139,73 @@ def _alternative(
     trace: th.TraceCtx, region: Region, lowered: list[th.BoundSymbol], on_fail: Callable[..., None]
 ) -> th.BoundSymbol | None:
     """The region fused by its alternative executor, called so that where that fails too its ``lowered`` ops run
-    one by one (``on_fail(fusion, error, args)`` told); None where no other executor can run all of it."""
+    one by one (``on_fail(fusion, error, args)`` told); None where no other executor can run all of it, or where the
+    region writes an input (its first call could not be checked without writing twice). Its first call is checked
+    against the ops one by one on copies of the same inputs: values further apart than rounding explains count as
+    its failure."""
     executor = th.alternative_fuser(region.bsym)
-    if executor is None:
+    inputs, outputs = list(region.bsym.args), list(region.outputs)
+    if executor is None or th.written_inputs(region.body, inputs):
         return None
     other = th.fuse_with(executor, region.bsym, th.free_fusion_counter(trace))
-    inputs, outputs = list(region.bsym.args), list(region.outputs)
     ops = th.python_callable_from_symbols(f"{other.sym.name}_rescued", lowered, inputs, outputs)
-    call = th.RescuingCall(th.region_callable(other), lambda: ops, lambda error, args: on_fail(other, error, args))
+    call = th.RescuingCall(
+        th.region_callable(other),
+        lambda: ops,
+        lambda error, args: on_fail(other, error, args),
+        functools.partial(_checked_against, ops, executor.name),
+    )
     return th.with_region_callable(other, call)
+
+
+class AlternativeDiffers(RuntimeError):
+    """An alternative fusion's first call gave values further from its ops' one by one than rounding explains."""
+
+
+# How far (root-mean-square, relative to the values' own) an alternative fusion's values may be from its ops' one by
+# one: a fusion keeps its intermediates in float32 where the ops round each, which in bf16 is a few ulps of the
+# intermediates; a wrong fusion is off by far more (NequIP's backward region: forces 2e-3 off).
+_CLOSE_ENOUGH: dict[torch.dtype, float] = {
+    torch.float64: 1e-9,
+    torch.float32: 1e-4,
+    torch.complex64: 1e-4,
+    torch.float16: 1e-2,
+    torch.bfloat16: 5e-2,
+}
+
+
+def _checked_against(ops: Callable, executor: str, fused: Callable, args: tuple) -> Any:
+    """``fused(*args)``, where its values are within rounding (:data:`_CLOSE_ENOUGH`) of ``ops`` run on copies of
+    ``args``; else :class:`AlternativeDiffers` (the caller runs the ops instead)."""
+    want = ops(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+    out = fused(*args)
+    far = _how_far(out, want)
+    if far is not None:
+        raise AlternativeDiffers(f"{executor}'s values are not those of the ops one by one: {far}")
+    return out
+
+
+def _how_far(out: Any, want: Any) -> str | None:
+    """What makes ``out`` other than ``want`` (tensors at any depth of tuples and lists): a structure, shape or
+    dtype that differs, integers not equal, or floats further apart than :data:`_CLOSE_ENOUGH`; None where none."""
+    if isinstance(want, (tuple, list)):
+        if not isinstance(out, (tuple, list)) or len(out) != len(want):
+            return "another structure of outputs"
+        return next((far for a, b in zip(out, want, strict=True) if (far := _how_far(a, b)) is not None), None)
+    if not isinstance(want, torch.Tensor):
+        return None
+    if not isinstance(out, torch.Tensor) or out.shape != want.shape or out.dtype != want.dtype:
+        return f"an output of another shape or dtype ({tuple(want.shape)} {want.dtype} wanted)"
+    limit = _CLOSE_ENOUGH.get(want.dtype)
+    if limit is None:
+        return None if torch.equal(out, want) else f"{want.dtype} values not equal"
+    a, b = out.detach().double(), want.detach().double()
+    if a.numel() == 0 or torch.equal(a, b):
+        return None
+    off = float((a - b).norm() / max(float(b.norm()), torch.finfo(torch.float64).tiny))
+    if off <= limit:
+        return None
+    return f"{want.dtype} values {off:.2g} apart (relative, root-mean-square; {limit:g} allowed)"
 
 
 def announce(decision: Any) -> None:
