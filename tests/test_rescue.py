@@ -883,10 +883,9 @@ def test_a_failed_nvfuser_region_runs_by_torch_compile_on_cuda(monkeypatch):
 
 
 def test_a_region_that_fails_inside_a_cuda_graph_capture_runs_op_by_op(monkeypatch):
-    """A region that fails first inside a CUDA graph capture (NequIP's backward region that nvFuser fails only
-    there) is not handed to torch.compile: its first call would compile inside the capture, where Inductor's
-    compile is not safe. Its ops run one by one (the forward's values eager's bits; the backward's regions, which
-    do not fail, stay fused), and the record says why no alternative ran."""
+    """A region that fails first inside a CUDA graph capture (a fusion that compiles only then) is not handed to
+    torch.compile: its first call would compile inside the capture, where Inductor's compile is not safe. Its ops
+    run one by one (the forward's values eager's bits), and the record says why no alternative ran."""
     from thunder_fusion_guard import _thunder as th
 
     calls: list[str] = []
