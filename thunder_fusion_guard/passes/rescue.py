@@ -1,6 +1,7 @@
 """Rescue: each fusion region of a trace called through :class:`~.._thunder.RescuingCall`, so that a region its
-fusion executor fails to compile or to run is run by Thunder's torch executor instead (its ops one by one, as a
-rejected region is), and the failure is recorded.
+fusion executor fails to compile or to run is run another way, and the failure is recorded: by the other fusion
+executor that can run all of it (nvFuser's by torch.compile), its first call checked against the ops one by one;
+else by Thunder's torch executor (its ops one by one, as a rejected region is).
 
 While a region's fusion works, the call is the fusion's own: the bits cannot change. The fallback is built only
 when a region fails.
