@@ -74,7 +74,7 @@ def no_work(monkeypatch):
         (["bench", "decisions", "--time-limit", "-3"], "bench decisions", "argument --time-limit: expected a number"),
         (["bench", "decisions", "--region-s", "0"], "bench decisions", "argument --region-s: expected a number"),
         (["bench", "decisions", "--reps", "4"], "bench decisions", "argument --reps: expected an integer >= 5"),
-        (["kernels", "x.py:make", "--top", "0"], "kernels", "argument --top: --top must be a whole number"),
+        (["kernels", "x.py:make", "--top", "0"], "kernels", "argument --top: expected an integer >= 1"),
         (["kernels", "x.py:make", "--against", "eager"], "kernels", "argument --against: invalid choice"),
         (["kernels", f"{REPO}/examples/report_target.py:make", "--device", "cpu"], "kernels", "counts CUDA launches"),
         (["nope"], "", "invalid choice: 'nope'"),

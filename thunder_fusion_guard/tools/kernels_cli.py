@@ -16,7 +16,16 @@ from contextlib import nullcontext
 from typing import Any
 
 from ..wording import error_line
-from .common import UsageError, add_command, add_wide_option, check_output, described_by, resolve_device, write_output
+from .common import (
+    UsageError,
+    add_command,
+    add_wide_option,
+    check_output,
+    count,
+    described_by,
+    resolve_device,
+    write_output,
+)
 from .report_cli import ModelFailed, add_target_arguments, model_failure, target_program
 
 AGAINST = ("inductor",)
@@ -39,19 +48,9 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="compile as for a step capture_step captures (the guard decides on device estimates): its kernels",
     )
-    kernels.add_argument("--top", type=_positive, default=15, metavar="N", help="sources shown a path (default 15)")
+    kernels.add_argument("--top", type=count(1), default=15, metavar="N", help="sources shown a path (default 15)")
     kernels.add_argument("--json", metavar="PATH", help="write every launch as JSON here (its folder must exist)")
     add_wide_option(kernels)
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"--top must be a whole number of at least 1, got {text!r}")
-    return value
 
 
 def _kernels_command(args: argparse.Namespace) -> int:
