@@ -906,3 +906,21 @@ def test_a_region_that_fails_inside_a_cuda_graph_capture_runs_op_by_op(monkeypat
     assert rescued.details["rescued_by"] == "Thunder's torch executor"
     assert rescued.region in calls and len(calls) == len(set(calls))  # each failing region failed once, not again
     assert all(d.facts.get("in_capture") for d in guard.report.filter(action="rescue"))
+
+
+def test_an_alternatives_values_count_as_its_ops_within_rounding_only():
+    """The first-call check of an alternative fusion: bf16 values a fusion keeps in float32 and the ops round each
+    pass; values off by more than rounding (NequIP's backward region was 13 apart), other integers, shapes or
+    output structures do not, each said."""
+    from thunder_fusion_guard.passes.rescue import _how_far
+
+    torch.manual_seed(0)
+    x = torch.randn(256, dtype=torch.float32)
+    fused = (x.sin() * 3 + 1).to(torch.bfloat16)  # intermediates in float32, rounded once
+    ops = x.to(torch.bfloat16).sin().mul(3).add(1)  # each op rounded to bf16
+    assert not torch.equal(fused, ops) and _how_far((fused,), (ops,)) is None
+    assert _how_far([x * (1 + 1e-6)], [x]) is None
+    assert "apart" in _how_far([x, x * 14], [x, x])
+    assert "not equal" in _how_far(torch.arange(4) + 1, torch.arange(4))
+    assert "shape" in _how_far(x[:4], x)
+    assert "structure" in _how_far((x,), (x, x))
