@@ -1,0 +1,94 @@
+"""What an alternative fusion's first-call check saw (CUDA): NequIP from its package under guarded ThunderFX with
+``translate_library_ops()``, one energy-and-forces step. Where nvFuser fails a region, the guard runs it by
+torch.compile and checks that region's first call against its ops one by one (``passes/rescue.py``). This keeps each
+check: the region's ops as printed, its inputs, both outputs, a second torch.compile call on the same inputs and
+the same region on the CPU. NequIP's backward region failed the check on an H200 (13 apart), and these files are
+for finding out why, on any machine.
+
+    PYTHONPATH=<nequip's site> python benchmarks/gpu_alternative_check.py --out DIR [--atoms 100]
+
+Writes DIR/checks.txt (one block a check) and DIR/check-<n>.pt (``{"body", "args", "fused", "ops"}``, on the CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from thunder_fusion_guard import FusionGuard, fusion_executors, translate_library_ops  # noqa: E402
+from thunder_fusion_guard.bench.zoo_potentials import nequip_potential  # noqa: E402
+from thunder_fusion_guard.passes import rescue  # noqa: E402
+
+
+def _cpu(x: object) -> object:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    if isinstance(x, (tuple, list)):
+        return type(x)(_cpu(y) for y in x)
+    return x
+
+
+def _keep_checks(out: Path, log: list[str]) -> None:
+    """Wrap the rescue's alternative and its first-call check so that each check is saved to ``out``."""
+    bodies: list[str] = []
+    alternative, checked = rescue._alternative, rescue._checked_against
+
+    def remembering(trace, region, lowered, on_fail):
+        bodies.append("\n".join(str(b) for b in region.body))
+        return alternative(trace, region, lowered, on_fail)
+
+    def keeping(ops, executor, fused, args):
+        n = len(log)
+        want = ops(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+        got = fused(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+        again = fused(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+        far, repeat = rescue._how_far(got, want), rescue._how_far(again, got)
+        try:  # the same region compiled again for the CPU, against its ops there
+            cpu_args = _cpu(args)
+            on_cpu = rescue._how_far(fused(*cpu_args), ops(*cpu_args))
+        except Exception as error:  # the region may not run on the CPU at all: said, not raised
+            on_cpu = f"not run on the CPU: {type(error).__name__}: {error}"
+        body = bodies[-1] if bodies else "(not recorded)"
+        torch.save({"body": body, "args": _cpu(args), "fused": _cpu(got), "ops": _cpu(want)}, out / f"check-{n}.pt")
+        log.append(
+            f"check {n} ({executor}): against the ops {far or 'within rounding'}; a second call against the first "
+            f"{repeat or 'within rounding'}; on the CPU {on_cpu or 'within rounding'}\n{body}\n"
+        )
+        print(log[-1].splitlines()[0], flush=True)
+        return checked(ops, executor, fused, args)
+
+    rescue._alternative, rescue._checked_against = remembering, keeping
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--atoms", type=int, default=100)
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+    if not args.out.is_dir():
+        parser.error(f"--out {args.out}: no such folder")
+    log: list[str] = []
+    _keep_checks(args.out, log)
+    translate_library_ops()
+    from thunder.dynamo import thunderfx
+
+    built = nequip_potential(args.device, atoms=args.atoms)
+    model, (positions, *graph) = built.module, built.inputs
+    guarded = thunderfx(model, executors=fusion_executors(args.device), transforms=[FusionGuard()])
+    for _ in range(2):
+        energy = guarded(positions, *graph)
+        torch.autograd.grad(-energy, positions)
+    (args.out / "checks.txt").write_text("\n".join(log) or "no alternative fusion was checked\n")
+    print(f"{len(log)} checks written to {args.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
