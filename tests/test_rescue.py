@@ -924,3 +924,29 @@ def test_an_alternatives_values_count_as_its_ops_within_rounding_only():
     assert "not equal" in _how_far(torch.arange(4) + 1, torch.arange(4))
     assert "shape" in _how_far(x[:4], x)
     assert "structure" in _how_far((x,), (x, x))
+
+
+def test_a_failed_region_that_writes_an_input_gets_no_alternative(monkeypatch):
+    """A failed region that writes one of its inputs (here ``x.mul_(2)``) is not handed to torch.compile: its
+    first call could not be checked against the ops without writing the input twice. Its ops run one by one: the
+    input is written once, the output is eager's."""
+    from thunder_fusion_guard import _thunder as th
+
+    def writes(x, w):
+        y = torch.sin(x) * w
+        x.mul_(2)
+        return y.sum(-1)
+
+    failing = failing_executor("sin", [])
+    monkeypatch.setitem(th.ALTERNATIVE_FUSERS, failing.name, "torchcompile")
+    guard = FusionGuard()
+    jitted = thunder.jit(writes, executors=[failing], transforms=[guard])
+    x, w = inputs()
+    x, w = x.detach(), w.detach()
+    before = x.clone()
+    with warnings.catch_warnings(record=True):
+        out = jitted(x, w)
+    assert torch.equal(x, before * 2)
+    assert torch.equal(out, writes(before.clone(), w))
+    (rescued,) = guard.report.filter(action="rescue")
+    assert "alternative" not in rescued.facts and rescued.details["rescued_by"] == "Thunder's torch executor"
