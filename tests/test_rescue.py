@@ -882,6 +882,32 @@ def test_a_failed_nvfuser_region_runs_by_torch_compile_on_cuda(monkeypatch):
     assert rescues and all(d.facts["alternative"] == "torchcompile" for d in rescues)
 
 
+@pytest.mark.cuda
+def test_a_failed_nvfuser_region_runs_in_nvfuser_halves_on_cuda(monkeypatch):
+    """On CUDA, an nvFuser region that fails at its first call (each region's direct call made to raise) and has no
+    alternative runs from then on as two nvFuser regions of its own ops (made anew, so they compile and run): eager's
+    values within float32 rounding."""
+    from thunder_fusion_guard import _thunder as th
+
+    def fails(self, *args):
+        raise SimulatedFusionFailure("INTERNAL ASSERT FAILED at domain_map.cpp:580")
+
+    monkeypatch.setattr(th.DirectNvFuserCall, "__call__", fails)
+    monkeypatch.delitem(th.ALTERNATIVE_FUSERS, "nvfuser")
+    guard = FusionGuard(costs=Costs(cost_model=False))  # every region kept: nvFuser runs them
+    jitted = thunder.jit(chain, executors=fusion_executors("cuda"), transforms=[guard])
+    x, w = (t.detach().cuda().requires_grad_() for t in inputs())
+    with warnings.catch_warnings(record=True):
+        step(jitted, x, w)
+    out, grads = step(jitted, x, w)
+    want_out, want_grads = step(chain, x, w)
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(grads, want_grads)
+    rescues = guard.report.filter(action="rescue")
+    assert any(len(d.facts.get("halves", [])) == 2 for d in rescues)
+    assert not any("half_of" in d.facts for d in rescues)  # the halves compiled and ran
+
+
 def test_a_region_that_fails_inside_a_cuda_graph_capture_runs_op_by_op(monkeypatch):
     """A region that fails first inside a CUDA graph capture (a fusion that compiles only then) is not handed to
     torch.compile: its first call would compile inside the capture, where Inductor's compile is not safe. Its ops
@@ -950,3 +976,64 @@ def test_a_failed_region_that_writes_an_input_gets_no_alternative(monkeypatch):
     assert torch.equal(out, writes(before.clone(), w))
     (rescued,) = guard.report.filter(action="rescue")
     assert "alternative" not in rescued.facts and rescued.details["rescued_by"] == "Thunder's torch executor"
+
+
+def chain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    y = torch.cos(x) * w
+    z = torch.sin(y) + 1
+    return (torch.exp(z) * y).sum(-1)
+
+
+@pytest.mark.parametrize("alternative", ["none", "differs"])
+def test_a_failed_nvfuser_region_runs_in_halves_down_to_the_op_it_fails_on(monkeypatch, alternative):
+    """An nvFuser region that fails (NequIP's backward region: an assert of its scheduler on a few ops) runs from
+    then on as two regions of its own executor, each halved again where it fails too, down to the one op it fails on,
+    which Thunder's torch executor runs: the rest stays fused. Behind a torch.compile alternative whose values differ,
+    the same. Each failed half is recorded with the region it is half of; only the region itself is announced."""
+    from thunder_fusion_guard import _thunder as th
+    from thunder_fusion_guard.passes import rescue
+
+    calls: list[str] = []
+    failing = failing_executor("sin", calls)
+    monkeypatch.setattr(rescue, "HALVED", frozenset({failing.name}))
+    if alternative == "differs":
+        monkeypatch.setitem(th.ALTERNATIVE_FUSERS, failing.name, "torchcompile")
+        made = th.fuse_with
+
+        def fuse_badly(executor, fusion, counter):
+            other = made(executor, fusion, counter)
+            right = th.region_callable(other)
+            return th.with_region_callable(other, lambda *args: tuple(o * 1.5 for o in right(*args)))
+
+        monkeypatch.setattr(th, "fuse_with", fuse_badly)
+    guard = FusionGuard(costs=Costs(cost_model=False))  # the region kept whole: the rescue halves it
+    jitted = thunder.jit(chain, executors=[failing], transforms=[guard])
+    x, w = inputs()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        first_out, first_grads = step(jitted, x, w)
+    failed = list(calls)
+    out, grads = step(jitted, x, w)
+    assert failed and calls == failed  # each failing region failed at the first step, none again
+    assert torch.equal(out, first_out) and all(torch.equal(a, b) for a, b in zip(grads, first_grads, strict=True))
+    want_out, want_grads = step(chain, x, w)
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(grads, want_grads)
+    forward = [d for d in guard.report.filter(action="rescue") if d.trace == "forward"]
+    differs = [d for d in forward if d.details["error_type"] == "AlternativeDiffers"]
+    (whole,) = [d for d in forward if "half_of" not in d.facts and d not in differs]
+    halves = [d for d in forward if d.facts.get("half_of") == whole.region]
+    assert len(whole.facts["halves"]) == 2 and halves
+    assert all("sin" in d.ops for d in [whole, *halves])  # only regions holding the op it fails on failed
+    (alone,) = [d for d in halves if d.facts["count"] == 1]  # halved down to that op, which runs op by op
+    assert alone.ops == ["sin"] and "halves" not in alone.facts
+    assert all(len(d.facts["halves"]) >= 1 for d in halves if d is not alone)
+    if alternative == "differs":
+        assert whole.facts["alternative"] == "torchcompile"
+        assert "in halves" in whole.details["rescued_by"]
+        assert len(differs) == 1
+    else:
+        assert not differs and "alternative" not in whole.facts
+    announced = [str(w.message) for w in said if "FusionGuard" in str(w.message)]
+    assert not any(f"forward {d.region}:" in m for d in halves for m in announced)
+    assert any(f"forward {whole.region}:" in m for m in announced)

@@ -165,6 +165,8 @@ class Facts(TypedDict, total=False):
     apart: list[str]  # a split rescue: the ops between the parts, run by Thunder's torch executor
     alternative: str  # a rescue: the other fusion executor that runs the failed region from then on
     in_capture: bool  # a rescue: the region failed inside a CUDA graph capture (no other executor tried there)
+    halves: list[str]  # a rescue: the two regions of its own executor it runs as (each halved where it fails)
+    half_of: str  # a rescue of a half: the failed region it is half of
     aliased: list[int]  # inputs updated in place whose memory other tensors hold too
     remade: list[int]  # inputs made again as views of their bases
     restrided: list[int]  # outputs handed back in the strides Dynamo recorded
@@ -424,11 +426,24 @@ def _padded_sum_concatenated(f: Facts) -> tuple[str, str | None]:
 
 
 def _rescued(f: Facts) -> tuple[str, str | None]:
+    halves = (
+        f"{f['executor']} runs them in two halves ({', '.join(f['halves'])}), each halved again where it fails too, "
+        "down to single ops that Thunder's torch executor runs"
+        if f.get("halves")
+        else ""
+    )
+    half = f", a half of {f['half_of']}" if f.get("half_of") else ""
     if f.get("alternative"):
+        otherwise = halves or "Thunder's torch executor runs them one by one"
         return f["error"], (
             f"{f['executor']} failed on {f['region']} ({f['error']}); from then on {f['alternative']} runs its "
             f"{f['count']} ops as one region, the other fusion executor that can run all of them (where that fails "
-            "too, Thunder's torch executor runs them one by one): unguarded Thunder raises here"
+            f"too, {otherwise}): unguarded Thunder raises here"
+        )
+    if halves:
+        return f["error"], (
+            f"{f['executor']} failed on {f['region']}{half} ({f['error']}); from then on {halves}: its "
+            f"{f['count']} ops stay fused but for those it fails on"
         )
     if f.get("parts"):
         apart = ", ".join(f["apart"])
@@ -445,7 +460,7 @@ def _rescued(f: Facts) -> tuple[str, str | None]:
         else ""
     )
     return f["error"], (
-        f"{f['executor']} failed on {f['region']} ({f['error']}); Thunder's torch executor runs its "
+        f"{f['executor']} failed on {f['region']}{half} ({f['error']}); Thunder's torch executor runs its "
         f"{f['count']} ops one by one from then on, as a rejected region's{where}"
     )
 

@@ -1,7 +1,8 @@
 """Rescue: each fusion region of a trace called through :class:`~.._thunder.RescuingCall`, so that a region its
 fusion executor fails to compile or to run is run another way, and the failure is recorded: by the other fusion
 executor that can run all of it (nvFuser's by torch.compile), its first call checked against the ops one by one;
-else by Thunder's torch executor (its ops one by one, as a rejected region is).
+else (or where that fails too) an nvFuser region in halves of its own, halved again where they fail; else by
+Thunder's torch executor (its ops one by one, as a rejected region is).
 
 While a region's fusion works, the call is the fusion's own: the bits cannot change. The fallback is built only
 when a region fails.
@@ -10,8 +11,9 @@ when a region fails.
 from __future__ import annotations
 
 import functools
+import itertools
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +29,7 @@ from ..wording import error_line, error_text
 from .context import PassContext, TraceContext
 from .records import instead, region_decision, source_details
 from .rewrite import CallChange, lower_region
-from .split_rescue import SplitBody, split_around_gradients
+from .split_rescue import HALVED, SplitBody, halves, split_around_gradients
 
 # What a rescue tells: the region, the error, the arguments of the call that failed and how the region runs from
 # then on (:class:`Fallback`).
@@ -37,13 +39,16 @@ OnRescue = Callable[[Region, Exception, tuple, "Fallback"], None]
 @dataclass(frozen=True)
 class Fallback:
     """How a failed region runs from then on: ``split`` (parts of its executor around gradients Dynamo cannot
-    trace), else ``alternative`` (the region fused by that other executor, op by op where it fails too), else its
-    ops one by one (both None). ``in_capture``: it failed inside a CUDA graph capture, where no other executor is
-    tried (its first call would compile inside the capture)."""
+    trace), else ``alternative`` (the region fused by that other executor; where that fails too, ``halves`` where
+    given, else op by op), else ``halves`` (two regions of its own executor, each halved again where it fails), else
+    its ops one by one (all None). ``in_capture``: it failed inside a CUDA graph capture, where no other fusion is
+    tried (its first call would compile inside the capture). ``half_of``: the failed region is a half of that one."""
 
     split: SplitBody | None = None
     alternative: str | None = None
+    halves: SplitBody | None = None
     in_capture: bool = False
+    half_of: str | None = None
 
 
 # What a region's first call with a written input that is not contiguous tells: the region, the call's arguments
@@ -113,19 +118,28 @@ def _fallback_maker(
     def on_part_rescue(part: th.BoundSymbol, error: Exception, args: tuple) -> None:
         on_rescue(Region(region.position, part.sym.name, region.executor, part), error, args, Fallback())
 
+    def on_half_rescue(half: th.BoundSymbol, error: Exception, args: tuple, inner: SplitBody | None) -> None:
+        fallback = Fallback(halves=inner, half_of=region.name)
+        on_rescue(Region(region.position, half.sym.name, region.executor, half), error, args, fallback)
+
     def make() -> Callable:
         body = lower_region(trace, region)  # raises where the region cannot run on Thunder's torch executor at all
         fallback = Fallback()
-        try:  # the parts and the alternative are shortcuts: where they cannot be built, the ops run one by one
+        try:  # the parts, halves and alternative are shortcuts: where they cannot be built, the ops run one by one
             parts = split_around_gradients(trace, region, on_part_rescue)
             if parts is not None:
                 body, fallback = parts.body, Fallback(split=parts)
             elif th.capturing_cuda_graph():
                 fallback = Fallback(in_capture=True)
             else:
-                other = _alternative(trace, region, body, on_part_rescue)
+                counter = itertools.count(th.free_fusion_counter(trace))
+                halved = halves(trace, region.bsym, counter, on_half_rescue) if region.executor in HALVED else None
+                instead = halved.body if halved is not None else body
+                other = _alternative(trace, region, body, instead, counter, on_part_rescue)
                 if other is not None:
-                    body, fallback = [other], Fallback(alternative=other.sym.executor.name)
+                    body, fallback = [other], Fallback(alternative=other.sym.executor.name, halves=halved)
+                elif halved is not None:
+                    body, fallback = halved.body, Fallback(halves=halved)
         except Exception:
             pass
         made["fallback"] = fallback
@@ -137,22 +151,32 @@ def _fallback_maker(
 
 
 def _alternative(
-    trace: th.TraceCtx, region: Region, lowered: list[th.BoundSymbol], on_fail: Callable[..., None]
+    trace: th.TraceCtx,
+    region: Region,
+    lowered: list[th.BoundSymbol],
+    instead: list[th.BoundSymbol],
+    counter: Iterator[int],
+    on_fail: Callable[..., None],
 ) -> th.BoundSymbol | None:
-    """The region fused by its alternative executor, called so that where that fails too its ``lowered`` ops run
-    one by one (``on_fail(fusion, error, args)`` told); None where no other executor can run all of it, or where the
-    region writes an input (its first call could not be checked without writing twice). Its first call is checked
-    against the ops one by one on copies of the same inputs: values further apart than rounding explains count as
-    its failure."""
+    """The region fused by its alternative executor (numbered by ``counter``), called so that where that fails too
+    ``instead`` runs (``on_fail(fusion, error, args)`` told); None where no other executor can run all of it, or where
+    the region writes an input (its first call could not be checked without writing twice). Its first call is
+    checked against the ``lowered`` ops one by one on copies of the same inputs: values further apart than rounding
+    explains count as its failure."""
     executor = th.alternative_fuser(region.bsym)
     inputs, outputs = list(region.bsym.args), list(region.outputs)
     if executor is None or th.written_inputs(region.body, inputs):
         return None
-    other = th.fuse_with(executor, region.bsym, th.free_fusion_counter(trace))
+    other = th.fuse_with(executor, region.bsym, next(counter))
     ops = th.python_callable_from_symbols(f"{other.sym.name}_rescued", lowered, inputs, outputs)
+    otherwise = (
+        ops
+        if instead is lowered
+        else th.python_callable_from_symbols(f"{other.sym.name}_rescued", instead, inputs, outputs)
+    )
     call = th.RescuingCall(
         th.region_callable(other),
-        lambda: ops,
+        lambda: otherwise,
         lambda error, args: on_fail(other, error, args),
         functools.partial(_checked_against, ops, executor.name),
     )
@@ -276,7 +300,8 @@ def rescue_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
     def on_rescue(region: Region, error: Exception, args: tuple, fallback: Fallback) -> None:
         decision = rescue_decision(where, region, error, args, fallback)
         record(decision)
-        announce(decision)
+        if fallback.half_of is None:  # a half that fails too is recorded; the region it is half of was said
+            announce(decision)
 
     def on_strided_write(region: Region, args: tuple, at: list[int]) -> None:
         decision = strided_write_decision(where, region, args, at)
@@ -289,18 +314,21 @@ def rescue_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
     return new, [instead(d, details={**d.details, "rescue": f"none: {why}"}) for d, why in unwrapped if d]
 
 
-def rescue_decision(
-    where: TraceContext, region: Region, error: Exception, args: tuple, fallback: Fallback | None = None
-) -> Decision:
-    """The decision a region's failure records: how it runs from then on (``fallback``: Thunder's torch executor
-    where not said otherwise)."""
+def rescue_decision(where: TraceContext, region: Region, error: Exception, args: tuple, fallback: Fallback) -> Decision:
+    """The decision a region's failure records: how it runs from then on (``fallback``)."""
     facts = {"executor": region.executor, "region": region.name, "error": error_line(error), "count": len(region.ops)}
     by = "Thunder's torch executor"
-    split = fallback.split if fallback is not None else None
-    if fallback is not None and fallback.alternative is not None:
+    split, halved = fallback.split, fallback.halves
+    if halved is not None:
+        facts["halves"] = list(halved.parts)
+        by = f"{region.executor} in halves ({', '.join(halved.parts)}; halved again where they fail)"
+    if fallback.half_of is not None:
+        facts["half_of"] = fallback.half_of
+    if fallback.alternative is not None:
         facts["alternative"] = fallback.alternative
-        by = f"{fallback.alternative} (Thunder's torch executor where it fails too)"
-    if fallback is not None and fallback.in_capture:
+        otherwise = f"{region.executor} in halves" if halved is not None else "Thunder's torch executor"
+        by = f"{fallback.alternative} ({otherwise} where it fails too)"
+    if fallback.in_capture:
         facts["in_capture"] = True
     if split is not None:
         facts.update(parts=list(split.parts), apart=list(split.apart))

@@ -1,15 +1,19 @@
-"""Split rescue: a torch.compile region that failed while it holds gradients Thunder registered automatically
-(``scatter_reduce_vjp``, run through ``torch.autograd.grad`` on pytrees, which Dynamo cannot trace) runs from then
-on as torch.compile regions around those gradients, which Thunder's torch executor runs.
+"""Split rescue: a failed region runs from then on as parts of its own executor, not all op by op.
 
-Without it the whole region runs op by op: one such gradient in a backward that Thunder fused into one
-torch.compile region (NequIP's, under ``thunder.jit`` on CPU) leaves all of that backward unfused. Each part is a
-region of the failed one's executor, called through its own rescuing call: a part that fails too runs op by op.
+- Around gradients: a torch.compile region that holds gradients Thunder registered automatically
+  (``scatter_reduce_vjp``, run through ``torch.autograd.grad`` on pytrees, which Dynamo cannot trace) runs as
+  torch.compile regions around them, which Thunder's torch executor runs. One such gradient in a backward that
+  Thunder fused into one torch.compile region (NequIP's, under ``thunder.jit`` on CPU) would leave all of that
+  backward unfused. A part that fails too runs op by op.
+- In halves: a region of an executor in :data:`HALVED` (nvFuser) runs as its first half and its second, each a
+  region of its own, halved again where it fails too, down to single ops that Thunder's torch executor runs.
+  nvFuser's failures are asserts of its scheduler on a few of a region's ops (NequIP's backward region), and its
+  compiles take moments.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -20,11 +24,19 @@ from .rewrite import unique_proxies
 # Fusion executors whose regions Dynamo traces: the ones a gradient run through torch.autograd breaks.
 DYNAMO_EXECUTORS: frozenset[str] = frozenset({"torchcompile", "torchcompile_cat"})
 
+# Fusion executors whose failed regions run in halves of their own; torch.compile's do not: each half would take
+# another Inductor compile, seconds to minutes on CPU.
+HALVED: frozenset[str] = frozenset({"nvfuser"})
+
+# What a failed half tells: the half (a fusion bound symbol), the error, the call's arguments and the halves it runs
+# as from then on (None: op by op).
+OnHalfRescue = Callable[[th.BoundSymbol, Exception, tuple, "SplitBody | None"], None]
+
 
 @dataclass(frozen=True)
 class SplitBody:
-    """The ops a failed region runs instead: ``body`` (parts of its executor and the gradients between them),
-    ``parts`` (the new regions' names) and ``apart`` (the op names run by Thunder's torch executor)."""
+    """The ops a failed region runs instead: ``body`` (parts of its executor and the ops between them), ``parts``
+    (the new regions' names) and ``apart`` (the op names run by Thunder's torch executor between them)."""
 
     body: list[th.BoundSymbol]
     parts: list[str]
@@ -49,22 +61,13 @@ def split_around_gradients(
             runs[-1].append(bsym)
     if not any(not th.is_automatic_gradient(run[0]) for run in runs):
         return None
-    wanted = {p.name for p in region.outputs}
-    later: list[set[str]] = []  # names read after each run: by the runs after it, or as the region's outputs
-    for run in reversed(runs):
-        later.append(set(wanted))
-        wanted |= {p.name for b in run for p in b.flat_proxy_args}
-    later.reverse()
     counter = th.free_fusion_counter(trace)
     split = SplitBody([], [], [])
-    for run, read_after in zip(runs, later, strict=True):
-        made = {p.name for b in run for p in b.flat_proxy_outs}
-        outputs = unique_proxies(p for b in run for p in b.flat_proxy_outs if p.name in read_after)
+    for run, (inputs, outputs) in zip(runs, boundaries(runs, region.outputs), strict=True):
         if th.is_automatic_gradient(run[0]):
             split.body.extend(th.lower_to_torch(trace, run, outputs))
             split.apart.append(run[0].sym.name)
             continue
-        inputs = unique_proxies(p for b in run for p in b.flat_proxy_args if p.name not in made)
         part = th.fuse_part(region.bsym, run, inputs, outputs, counter)
         counter += 1
         told = partial(on_part_rescue, part)
@@ -83,3 +86,61 @@ def _rescuing(
         return th.python_callable_from_symbols(f"{part.sym.name}_rescued", lowered, inputs, outputs)
 
     return th.RescuingCall(th.region_callable(part), fallback, on_rescue)
+
+
+def boundaries(
+    runs: Sequence[Sequence[th.BoundSymbol]], outputs: Sequence[th.Proxy]
+) -> list[tuple[list[th.Proxy], list[th.Proxy]]]:
+    """For each run of consecutive ops of a region (in order): the values it reads and does not make, and the values
+    it makes that a later run reads or the region returns (``outputs``)."""
+    wanted = {p.name for p in outputs}
+    later: list[set[str]] = []  # names read after each run
+    for run in reversed(runs):
+        later.append(set(wanted))
+        wanted |= {p.name for b in run for p in b.flat_proxy_args}
+    later.reverse()
+    found = []
+    for run, read_after in zip(runs, later, strict=True):
+        made = {p.name for b in run for p in b.flat_proxy_outs}
+        reads = unique_proxies(p for b in run for p in b.flat_proxy_args if p.name not in made)
+        returns = unique_proxies(p for b in run for p in b.flat_proxy_outs if p.name in read_after)
+        found.append((reads, returns))
+    return found
+
+
+def halves(
+    trace: th.TraceCtx, fusion: th.BoundSymbol, counter: Iterator[int], on_half_rescue: OnHalfRescue
+) -> SplitBody | None:
+    """The ops of the fusion call ``fusion`` as two regions of its executor, its first half and its second in trace
+    order, each called so that where it fails it runs in halves again, down to single ops that Thunder's torch
+    executor runs; ``on_half_rescue`` is told each half that fails. New regions take their numbers from ``counter``.
+    None where the region holds fewer than two ops."""
+    body = th.fusion_body(fusion)
+    if len(body) < 2:
+        return None
+    runs = [body[: len(body) // 2], body[len(body) // 2 :]]
+    split = SplitBody([], [], [])
+    for run, (inputs, outputs) in zip(runs, boundaries(runs, fusion.flat_proxy_outs), strict=True):
+        if not outputs:  # nothing it makes is read: dead ops
+            continue
+        half = th.fuse_part(fusion, run, inputs, outputs, next(counter))
+        split.body.append(th.with_region_callable(half, _halved(trace, half, counter, on_half_rescue)))
+        split.parts.append(half.sym.name)
+    return split
+
+
+def _halved(
+    trace: th.TraceCtx, half: th.BoundSymbol, counter: Iterator[int], on_half_rescue: OnHalfRescue
+) -> th.RescuingCall:
+    inputs, outputs = list(half.flat_proxy_args), list(half.flat_proxy_outs)
+    made: dict[str, SplitBody | None] = {}
+
+    def fallback() -> Callable:
+        inner = made["halves"] = halves(trace, half, counter, on_half_rescue)
+        body = inner.body if inner is not None else th.lower_to_torch(trace, th.fusion_body(half), outputs)
+        return th.python_callable_from_symbols(f"{half.sym.name}_rescued", body, inputs, outputs)
+
+    def told(error: Exception, args: tuple) -> None:
+        on_half_rescue(half, error, args, made.get("halves"))
+
+    return th.RescuingCall(th.region_callable(half), fallback, told)
