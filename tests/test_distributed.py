@@ -440,3 +440,46 @@ def test_two_ranks_extra_cases_and_thunders_own_failures(tmp_path):
         # Besides, a row says which input-independent work the default exact_only leaves in its region.
         codes = found["fsdp+torch_compile_ex+guard"]["codes"]
         assert set(codes) - {"hoist_refused", "hoist_not_taken"} == {"communication"}, codes
+
+
+class _Buckets(torch.nn.Module):
+    """Three layers of 1.4 MB: DDP's 1 MiB buckets split the graph Dynamo captures between them; ``cummax``, which
+    Thunder lacks, is a part ThunderFX's splitter gives Inductor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = (torch.nn.Linear(600, 600) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.cummax(torch.sin(self.a(x)), 0).values
+        return self.c(torch.cos(self.b(h))).sum()
+
+
+def test_a_subgraph_called_on_fake_tensors_under_ddp_runs_its_own_ops_and_thunder_on_real_ones(group):
+    """torch.compile's DDP optimizer runs each bucket's compiled module on fake tensors to learn the next bucket's
+    inputs (where a part of it went to Inductor); Thunder cannot run NequIP's subgraphs on them (unguarded, the
+    compile fails). Guarded, a subgraph called on fake tensors runs its own ops on them, recorded once and not
+    announced; Thunder compiles it at its first call on real tensors: the step's loss and gradients are unguarded
+    Thunder's bits."""
+    from thunder.dynamo import ThunderCompiler
+    from torch.nn.parallel import DistributedDataParallel
+
+    def run(guard):
+        torch.manual_seed(0)
+        model = _Buckets()
+        backend = ThunderCompiler(transforms=[guard] if guard else [])
+        step = torch.compile(DistributedDataParallel(model, bucket_cap_mb=1), backend=backend)
+        loss = step(torch.randn(8, 600, generator=torch.Generator().manual_seed(1)))
+        loss.backward()
+        return loss.detach(), [p.grad for p in model.parameters()]
+
+    want_loss, want_grads = run(None)
+    guard = FusionGuard()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        loss, grads = run(guard)
+    assert torch.equal(loss, want_loss) and all(torch.equal(a, b) for a, b in zip(grads, want_grads, strict=True))
+    (fake,) = [d for d in guard.report if d.code == "fake_inputs"]
+    assert fake.action == "keep" and fake.subgraph
+    assert [d for d in guard.report if d.action == "enter"]  # Thunder compiled and ran the subgraphs
+    assert not [w for w in said if "FusionGuard" in str(w.message)]

@@ -13,6 +13,10 @@ subgraph's ThunderModule and Thunder's compiled function. Where a call fails it 
 2. otherwise the subgraph's fx module compiled by Inductor, as ThunderFX compiles the ops it splits off;
 3. that module run eagerly, where Inductor fails too.
 
+A call on fake tensors (torch.compile's DDP optimizer runs each bucket's compiled module on them to learn the next
+bucket's inputs) runs the subgraph's own ops on them, as Dynamo traced them: Thunder cannot run on fake tensors
+(unguarded, the compile fails), and its first call on real tensors is still Thunder's.
+
 An error the eager module raises as well is the user's: it reaches the caller unchanged. The parts ThunderFX
 compiled with Inductor were compiled for the strides Dynamo recorded, and check them, so on a subgraph's first
 call each output whose strides differ from the recorded ones, that is no view of an input and that such a part
@@ -59,6 +63,7 @@ class Rescued:
     remade: tuple[int, ...] = ()  # inputs made again as views of their bases (views_without_history)
     aliased: tuple[int, ...] = ()  # inputs updated in place whose memory other tensors hold too: not rescued
     inductor_skipped: bool = False  # Inductor not tried: the subgraph updates its inputs in place
+    fake: bool = False  # called on fake tensors: its own ops ran on them (not a failure, said once)
 
 
 def compile_fx_module(module: torch.fx.GraphModule, inputs: list[Any], backend: str) -> Callable:
@@ -95,8 +100,11 @@ class SubgraphRescue:
         self._first_call = True
         self._remade: tuple[int, ...] = ()  # inputs made again from their bases at each call (views_without_history)
         self._on_rescue = on_rescue
+        self._told_fake = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if any(_is_fake(a) for a in args):
+            return self._on_fakes(args, kwargs)
         grad = torch.is_grad_enabled()
         if self._first_call:
             self._first_call = False
@@ -179,6 +187,14 @@ class SubgraphRescue:
         out = eager(*args, **kwargs)  # its error is the user's, as eager PyTorch raises it
         return self._rescued("eager PyTorch", eager, out, error, args, problems, inductor_skipped=bool(updated))
 
+    def _on_fakes(self, args: tuple, kwargs: dict) -> Any:
+        """The subgraph's own ops on fake tensors (the outputs' shapes, no values): Thunder's compile and the first
+        call's checks wait for real tensors."""
+        if not self._told_fake:
+            self._told_fake = True
+            self._tell(Rescued("its own ops on fake tensors", None, args, fake=True))
+        return self.module(*args, **kwargs)
+
     def _keep_history(self, losing: tuple[str, ...], args: tuple, kwargs: dict) -> Any:
         """Run the subgraph eagerly from now on, before Thunder compiles it: Thunder would update ``losing``, inputs
         it updates in place, outside autograd's record (gradients through them lost without an error); eagerly,
@@ -244,6 +260,12 @@ class SubgraphRescue:
     def _tell(self, what: Rescued) -> None:
         with contextlib.suppress(Exception):  # recording never breaks the call
             self._on_rescue(what)
+
+
+def _is_fake(value: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(value, FakeTensor)
 
 
 def _unrescued(jitted: Any) -> Any:
@@ -508,6 +530,9 @@ def rescue_decision(subgraph: str, module: torch.fx.GraphModule, what: Rescued, 
         details.update(without_grad=list(what.lost_grad), rescued_by=what.by)
         if what.remade:
             details["remade_views"] = list(what.remade)
+    elif what.fake:
+        code, action = "fake_inputs", "keep"
+        facts = Facts(region=subgraph)
     elif what.lost_grad:
         code, action = "grad_lost", "keep"
         facts = Facts(region=subgraph, values=list(what.lost_grad))

@@ -61,6 +61,7 @@ ReasonCode = Literal[
     "not_rescued",
     "views_remade",
     "outputs_restrided",
+    "fake_inputs",
     "subgraph_rescued",
     # Thunder's own CUDAGraphTransform given beside the guard: this package's capture recommended (action capture)
     "cuda_graphs_recommended",
@@ -697,6 +698,15 @@ def _views_remade(f: Facts) -> tuple[str, str | None]:
     )
 
 
+def _fake_inputs(f: Facts) -> tuple[str, str | None]:
+    return "called on fake tensors: its own ops ran on them", (
+        f"{f['region']} was called on fake tensors (torch.compile's DDP optimizer runs each bucket's compiled module "
+        "on them to learn the next bucket's inputs), on which Thunder cannot run (unguarded, the compile fails "
+        "there): the subgraph's own ops ran on them, as Dynamo traced them. No values were computed; Thunder compiles "
+        "and runs it at its first call on real tensors"
+    )
+
+
 def _outputs_restrided(f: Facts) -> tuple[str, str | None]:
     outputs = ", ".join(map(str, f["restrided"]))
     return f"outputs {outputs} handed back in the strides Dynamo recorded", (
@@ -848,6 +858,7 @@ _WORDS: dict[ReasonCode, Callable[[Facts], tuple[str, str | None]]] = {
     "not_rescued": _not_rescued,
     "views_remade": _views_remade,
     "outputs_restrided": _outputs_restrided,
+    "fake_inputs": _fake_inputs,
     "subgraph_rescued": _subgraph_rescued,
     "captured": _captured,
     "capture_held": _capture_held,

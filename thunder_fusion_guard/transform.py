@@ -223,7 +223,8 @@ class FusionGuard(thunder.Transform):
             with self._lock:
                 decision = rescue_decision(self._subgraph_id(module), module, what, describe_inputs)
                 self.report.add(decision)
-            announce(decision)
+            if not what.fake:  # a call on fake tensors is no failure: recorded, not announced
+                announce(decision)
 
         def entered(why: str) -> None:
             with self._lock:
