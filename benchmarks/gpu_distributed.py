@@ -1,10 +1,12 @@
-"""litgpt and an e3nn-built NequIP on several GPUs: eager vs thunder vs guarded (each also with CUDA graphs)
-under Thunder's FSDP / DDP and ThunderFX under PyTorch's DDP / FSDP2, per rank.
+"""litgpt, an e3nn-built NequIP and NequIP from its package on several GPUs: eager vs thunder vs guarded (each also
+with CUDA graphs) under Thunder's FSDP / DDP and ThunderFX under PyTorch's DDP / FSDP2, per rank.
 
 Run from the repo root on a machine with several GPUs, after ``source .gpu/setup.sh``; each invocation under
 10 minutes (``timeout``; the JSON and Markdown are rewritten after every set-up, so a cut run keeps what it
-finished). Set-ups run side by side as separate jobs (another ``--master-port`` each), then merge:
+finished). Set-ups run side by side as separate jobs (another ``--master-port`` each; with
+``TFG_DISTRIBUTED_LOCK=<file>``, one job times at a time), then merge:
 
+    export TFG_DISTRIBUTED_LOCK=/tmp/tfg-distributed.lock
     timeout 575 torchrun --nproc-per-node 4 --master-port 29501 benchmarks/gpu_distributed.py \
         --models mistral --layers 3 --setups fsdp --budget-s 540 &
     timeout 575 torchrun --nproc-per-node 4 --master-port 29502 benchmarks/gpu_distributed.py \
@@ -15,7 +17,8 @@ finished). Set-ups run side by side as separate jobs (another ``--master-port`` 
 
 Setting: litgpt Mistral-7B-v0.1 / Llama-2-7b-hf at ``--layers`` layers (2), batch 1 per rank, 512 tokens, bf16,
 one training step (forward, cross-entropy, backward); ``e3nn``: the zoo's ``e3nn-nequip-modules`` (fp32, the
-energy and its gradients, SGD steps of 1e-6, ``translate_library_ops()``), ThunderFX set-ups only.
+energy and its gradients, SGD steps of 1e-6, ``translate_library_ops()``), ThunderFX set-ups only; ``nequip``: the
+same for ``nequip`` 0.19's NequIP (the zoo's ``nequip``: 3 layers, l_max 2, 32 features, 100 atoms), where installed.
 Set-ups (``--setups``):
 
 - ``fsdp``: eager = PyTorch FSDP2 (``fully_shard`` per block and the root); thunder =
@@ -58,6 +61,8 @@ os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
 os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import itertools
 import json
@@ -82,14 +87,15 @@ from thunder_fusion_guard.passes.collectives import communication_sequence
 from thunder_fusion_guard.regions import find_regions
 
 E3NN = "e3nn-nequip-modules"  # the zoo's e3nn-built NequIP (l = 2), under ThunderFX only
+NEQUIP = "nequip"  # NequIP from its package (nequip 0.19, the zoo's potential), under ThunderFX only
 START = time.monotonic()  # --budget-s counts from here (torch and thunder imported)
-MODELS = {"mistral": "Mistral-7B-v0.1", "llama2": "Llama-2-7b-hf", "e3nn": E3NN}
+MODELS = {"mistral": "Mistral-7B-v0.1", "llama2": "Llama-2-7b-hf", "e3nn": E3NN, "nequip": NEQUIP}
 # Seconds one set-up takes on an H200 (Thunder compiles the 2-layer model twice per process, both ranks
 # in parallel: ~100 s each for Mistral, whose mask loop makes long traces, ~30 s each for Llama-2 under
 # Thunder's FSDP, results/h200x2-distributed-llama2-fsdp.json), eager, the floor and timing on top: a
 # set-up starts only when this much of the budget is left (half as much again under ThunderFX, which
 # compiles through Dynamo).
-SETUP_S = {"mistral": 225.0, "llama2": 80.0, "e3nn": 200.0}
+SETUP_S = {"mistral": 225.0, "llama2": 80.0, "e3nn": 200.0, "nequip": 330.0}
 SETUPS = ("fsdp", "ddp", "fx-ddp", "fx-fsdp2")
 # "+cg": with CUDA graphs (Thunder's CUDAGraphTransform; guarded, GuardedCUDAGraphs after the guard, as README
 # shows); each guarded variant is checked against the unguarded one of the same kind.
@@ -150,12 +156,14 @@ class Run:
 def build(run: Run, name: str) -> tuple[torch.nn.Module, Any]:
     """The model, same weights on every rank and for every variant (seeded); for the e3nn model, its zoo
     entry (module, inputs and loss) as the config."""
-    if name == E3NN:
+    if name in (E3NN, NEQUIP):
         from thunder_fusion_guard import translate_library_ops
         from thunder_fusion_guard.bench.zoo_equivariant import e3nn_nequip
+        from thunder_fusion_guard.bench.zoo_potentials import nequip_potential
 
         translate_library_ops()
-        built = e3nn_nequip(run.device.type)
+        torch.manual_seed(0)
+        built = e3nn_nequip(run.device.type) if name == E3NN else nequip_potential(run.device.type)
         return built.module, built
     import litgpt
     from litgpt.model import GPT
@@ -330,6 +338,24 @@ def guard_facts(guard: FusionGuard) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def timing_alone(run: Run) -> Any:
+    """Where ``TFG_DISTRIBUTED_LOCK`` names a file, jobs side by side time one at a time: rank 0 holds the file's
+    lock while its job times, the other ranks wait for it at a barrier."""
+    path = os.environ.get("TFG_DISTRIBUTED_LOCK")
+    handle = open(path, "a") if path and run.rank == 0 else None  # noqa: SIM115 (held across the yield)
+    if handle is not None:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+    dist.barrier()
+    try:
+        yield
+    finally:
+        dist.barrier()
+        if handle is not None:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            handle.close()
+
+
 def run_setup(run: Run, setup: str, name: str) -> dict[str, Any]:
     info: dict[str, Any] = {"setup": setup, "variants": {}}
     made: dict[str, dict[str, Any]] = {}
@@ -367,13 +393,14 @@ def run_setup(run: Run, setup: str, name: str) -> dict[str, Any]:
     # Timing: the variants that ran, interleaved round by round.
     ready = [k for k in run.args.variants if k in made]
     indices = {k: itertools.count() for k in ready}  # each variant sees batches 0, 1, 2, ... as before
-    timed = interleaved_rounds(
-        {k: (lambda v=made[k], i=indices[k]: step(run, v, next(i))) for k in ready},
-        run.args.rounds,
-        warmup=run.args.warmup,
-        sync=run.sync,
-        stop=lambda _round: run.time_left() < 20,
-    )
+    with timing_alone(run):
+        timed = interleaved_rounds(
+            {k: (lambda v=made[k], i=indices[k]: step(run, v, next(i))) for k in ready},
+            run.args.rounds,
+            warmup=run.args.warmup,
+            sync=run.sync,
+            stop=lambda _round: run.time_left() < 20,
+        )
     if timed.cut_at is not None:
         info["timing_cut_short"] = True
     for variant, s in timed.samples.items():
@@ -525,6 +552,11 @@ def main() -> None:
         help="seconds from the end of the imports: a set-up starts only if its expected time fits (520)",
     )
     p.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results/gpu"))
+    p.add_argument(
+        "--no-ddp-optimizer",
+        action="store_true",
+        help="ThunderFX under DDP as one graph (torch._dynamo.config.optimize_ddp = False), not split at DDP's buckets",
+    )
     p.add_argument("--cpu-smoke", action="store_true", help="CPU, gloo, tiny configs: check the script itself")
     p.add_argument("--merge", nargs="+", type=Path, metavar="JSON", help="merge runs' JSON into --out (a file)")
     args = p.parse_args()
@@ -534,6 +566,8 @@ def main() -> None:
         merge(Path(args.out), args.merge, resolve_commit(None)[0], package_sha256())
         return
     smoke = args.cpu_smoke
+    if args.no_ddp_optimizer:
+        torch._dynamo.config.optimize_ddp = False
     if not smoke:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("gloo" if smoke else "nccl", timeout=timedelta(seconds=900))
@@ -548,6 +582,7 @@ def main() -> None:
             "batch_per_rank": 1,
             "dtype": str(run.dtype),
             "rounds": args.rounds,
+            "ddp_optimizer": not args.no_ddp_optimizer,
         },
         "env": {k: os.environ[k] for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
         "runs": [],
