@@ -1031,7 +1031,9 @@ def test_a_failed_nvfuser_region_runs_in_halves_down_to_the_op_it_fails_on(monke
     if alternative == "differs":
         assert whole.facts["alternative"] == "torchcompile"
         assert "in halves" in whole.details["rescued_by"]
-        assert len(differs) == 1
+        (differ,) = differs  # the alternative's own record: its executor, and the halves that run it now
+        assert differ.facts["executor"] == "torchcompile" and differ.facts["halved_by"] == failing.name
+        assert differ.details["rescued_by"].startswith(f"{failing.name} in halves")
     else:
         assert not differs and "alternative" not in whole.facts
     announced = [str(w.message) for w in said if "FusionGuard" in str(w.message)]

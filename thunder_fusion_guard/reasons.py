@@ -167,6 +167,7 @@ class Facts(TypedDict, total=False):
     alternative: str  # a rescue: the other fusion executor that runs the failed region from then on
     in_capture: bool  # a rescue: the region failed inside a CUDA graph capture (no other executor tried there)
     halves: list[str]  # a rescue: the two regions of its own executor it runs as (each halved where it fails)
+    halved_by: str  # a rescue in halves: the executor of the halves
     half_of: str  # a rescue of a half: the failed region it is half of
     aliased: list[int]  # inputs updated in place whose memory other tensors hold too
     remade: list[int]  # inputs made again as views of their bases
@@ -428,7 +429,8 @@ def _padded_sum_concatenated(f: Facts) -> tuple[str, str | None]:
 
 def _rescued(f: Facts) -> tuple[str, str | None]:
     halves = (
-        f"{f['executor']} runs them in two halves ({', '.join(f['halves'])}), each halved again where it fails too, "
+        f"{f.get('halved_by', f['executor'])} runs them in two halves ({', '.join(f['halves'])}), each halved again "
+        "where it fails too, "
         "down to single ops that Thunder's torch executor runs"
         if f.get("halves")
         else ""

@@ -118,6 +118,10 @@ def _fallback_maker(
     def on_part_rescue(part: th.BoundSymbol, error: Exception, args: tuple) -> None:
         on_rescue(Region(region.position, part.sym.name, region.executor, part), error, args, Fallback())
 
+    def on_alternative_rescue(halved: SplitBody | None, other: th.BoundSymbol, error: Exception, args: tuple) -> None:
+        region_of = Region(region.position, other.sym.name, th.executor_name(other), other)
+        on_rescue(region_of, error, args, Fallback(halves=halved))
+
     def on_half_rescue(half: th.BoundSymbol, error: Exception, args: tuple, inner: SplitBody | None) -> None:
         fallback = Fallback(halves=inner, half_of=region.name)
         on_rescue(Region(region.position, half.sym.name, region.executor, half), error, args, fallback)
@@ -135,7 +139,8 @@ def _fallback_maker(
                 counter = itertools.count(th.free_fusion_counter(trace))
                 halved = halves(trace, region.bsym, counter, on_half_rescue) if region.executor in HALVED else None
                 instead = halved.body if halved is not None else body
-                other = _alternative(trace, region, body, instead, counter, on_part_rescue)
+                told = functools.partial(on_alternative_rescue, halved)
+                other = _alternative(trace, region, body, instead, counter, told)
                 if other is not None:
                     body, fallback = [other], Fallback(alternative=other.sym.executor.name, halves=halved)
                 elif halved is not None:
@@ -319,14 +324,15 @@ def rescue_decision(where: TraceContext, region: Region, error: Exception, args:
     facts = {"executor": region.executor, "region": region.name, "error": error_line(error), "count": len(region.ops)}
     by = "Thunder's torch executor"
     split, halved = fallback.split, fallback.halves
+    halved_by = th.executor_name(halved.body[0]) if halved is not None and halved.body else region.executor
     if halved is not None:
-        facts["halves"] = list(halved.parts)
-        by = f"{region.executor} in halves ({', '.join(halved.parts)}; halved again where they fail)"
+        facts.update(halves=list(halved.parts), halved_by=halved_by)
+        by = f"{halved_by} in halves ({', '.join(halved.parts)}; halved again where they fail)"
     if fallback.half_of is not None:
         facts["half_of"] = fallback.half_of
     if fallback.alternative is not None:
         facts["alternative"] = fallback.alternative
-        otherwise = f"{region.executor} in halves" if halved is not None else "Thunder's torch executor"
+        otherwise = f"{halved_by} in halves" if halved is not None else "Thunder's torch executor"
         by = f"{fallback.alternative} ({otherwise} where it fails too)"
     if fallback.in_capture:
         facts["in_capture"] = True
