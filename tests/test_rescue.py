@@ -862,51 +862,43 @@ def test_a_failed_region_runs_by_the_executor_that_can_run_all_of_it(monkeypatch
     assert rescued.details["rescued_by"] == "torchcompile (Thunder's torch executor where it fails too)"
 
 
-@pytest.mark.cuda
-def test_a_failed_nvfuser_region_runs_by_torch_compile_on_cuda(monkeypatch):
-    """On CUDA, an nvFuser region that fails at its first call (each region's direct nvFuser call made to raise, as
-    nvFuser's segmenter asserts on some of NequIP's) runs from then on as one torch.compile region."""
+def _cuda_rescues(monkeypatch, fn, error: str) -> list:
+    """``fn`` jitted on CUDA with every region kept and each region's direct nvFuser call made to raise ``error``
+    at its first call (as nvFuser's segmenter asserts on some of NequIP's): a second step's values are eager's
+    within float32 rounding; the rescues recorded."""
     from thunder_fusion_guard import _thunder as th
 
     def fails(self, *args):
-        raise SimulatedFusionFailure("INTERNAL ASSERT FAILED at compute_at_map.cpp:1239")
+        raise SimulatedFusionFailure(error)
 
     monkeypatch.setattr(th.DirectNvFuserCall, "__call__", fails)
     guard = FusionGuard(costs=Costs(cost_model=False))  # every region kept: nvFuser runs them
-    jitted = thunder.jit(program, executors=fusion_executors("cuda"), transforms=[guard])
+    jitted = thunder.jit(fn, executors=fusion_executors("cuda"), transforms=[guard])
     x, w = (t.detach().cuda().requires_grad_() for t in inputs())
     with warnings.catch_warnings(record=True):
         step(jitted, x, w)
     out, grads = step(jitted, x, w)
-    want_out, want_grads = step(program, x, w)
+    want_out, want_grads = step(fn, x, w)
     torch.testing.assert_close(out, want_out)
     torch.testing.assert_close(grads, want_grads)
-    rescues = guard.report.filter(action="rescue")
+    return guard.report.filter(action="rescue")
+
+
+@pytest.mark.cuda
+def test_a_failed_nvfuser_region_runs_by_torch_compile_on_cuda(monkeypatch):
+    """On CUDA, an nvFuser region that fails at its first call runs from then on as one torch.compile region."""
+    rescues = _cuda_rescues(monkeypatch, program, "INTERNAL ASSERT FAILED at compute_at_map.cpp:1239")
     assert rescues and all(d.facts["alternative"] == "torchcompile" for d in rescues)
 
 
 @pytest.mark.cuda
 def test_a_failed_nvfuser_region_runs_in_nvfuser_halves_on_cuda(monkeypatch):
-    """On CUDA, an nvFuser region that fails at its first call (each region's direct call made to raise) and has no
-    alternative runs from then on as two nvFuser regions of its own ops (made anew, so they compile and run): eager's
-    values within float32 rounding."""
+    """On CUDA, an nvFuser region that fails at its first call and has no alternative runs from then on as two
+    nvFuser regions of its own ops (made anew, so they compile and run)."""
     from thunder_fusion_guard import _thunder as th
 
-    def fails(self, *args):
-        raise SimulatedFusionFailure("INTERNAL ASSERT FAILED at domain_map.cpp:580")
-
-    monkeypatch.setattr(th.DirectNvFuserCall, "__call__", fails)
     monkeypatch.delitem(th.ALTERNATIVE_FUSERS, "nvfuser")
-    guard = FusionGuard(costs=Costs(cost_model=False))  # every region kept: nvFuser runs them
-    jitted = thunder.jit(chain, executors=fusion_executors("cuda"), transforms=[guard])
-    x, w = (t.detach().cuda().requires_grad_() for t in inputs())
-    with warnings.catch_warnings(record=True):
-        step(jitted, x, w)
-    out, grads = step(jitted, x, w)
-    want_out, want_grads = step(chain, x, w)
-    torch.testing.assert_close(out, want_out)
-    torch.testing.assert_close(grads, want_grads)
-    rescues = guard.report.filter(action="rescue")
+    rescues = _cuda_rescues(monkeypatch, chain, "INTERNAL ASSERT FAILED at domain_map.cpp:580")
     assert any(len(d.facts.get("halves", [])) == 2 for d in rescues)
     assert not any("half_of" in d.facts for d in rescues)  # the halves compiled and ran
 
