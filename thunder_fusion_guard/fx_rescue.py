@@ -103,10 +103,10 @@ class SubgraphRescue:
         self._told_fake = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if any(_is_fake(a) for a in args):
-            return self._on_fakes(args, kwargs)
         grad = torch.is_grad_enabled()
         if self._first_call:
+            if any(_is_fake(a) for a in args):  # before the first real call only: the check costs µs an argument
+                return self._on_fakes(args, kwargs)
             self._first_call = False
             self._remade = views_without_history(args)
             args = remade_views(args, self._remade)
