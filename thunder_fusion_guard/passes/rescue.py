@@ -110,10 +110,10 @@ def _fallback_maker(
 ) -> Callable[[], Callable]:
     """What makes the region's fallback, kept in ``made["fallback"]``: parts of its executor around gradients
     Dynamo cannot trace where it holds them; else the region fused by the other fusion executor that can run all of
-    it (:func:`~.._thunder.alternative_fuser`: nvFuser's regions by torch.compile), op by op where that fails too;
-    else its ops one by one. Inside a CUDA graph capture no alternative is made: it would compile and run its first
-    call in the capture (Inductor's compile is not safe there). A part or alternative that fails is told as a
-    region of its own."""
+    it (:func:`~.._thunder.alternative_fuser`: nvFuser's regions by torch.compile), and where that fails too, or
+    where there is none, an nvFuser region in halves of its own (:func:`.split_rescue.halves`); else its ops one by
+    one. Inside a CUDA graph capture neither is made: its first call would compile in the capture (Inductor's
+    compile is not safe there). A part, half or alternative that fails is told as a region of its own."""
 
     def on_part_rescue(part: th.BoundSymbol, error: Exception, args: tuple) -> None:
         on_rescue(Region(region.position, part.sym.name, region.executor, part), error, args, Fallback())
@@ -174,11 +174,7 @@ def _alternative(
         return None
     other = th.fuse_with(executor, region.bsym, next(counter))
     ops = th.python_callable_from_symbols(f"{other.sym.name}_rescued", lowered, inputs, outputs)
-    otherwise = (
-        ops
-        if instead is lowered
-        else th.python_callable_from_symbols(f"{other.sym.name}_rescued", instead, inputs, outputs)
-    )
+    otherwise = th.python_callable_from_symbols(f"{other.sym.name}_rescued", instead, inputs, outputs)
     call = th.RescuingCall(
         th.region_callable(other),
         lambda: otherwise,
