@@ -4,9 +4,9 @@ with CUDA graphs) under Thunder's FSDP / DDP and ThunderFX under PyTorch's DDP /
 Run from the repo root on a machine with several GPUs, after ``source .gpu/setup.sh``; each invocation under
 10 minutes (``timeout``; the JSON and Markdown are rewritten after every set-up, so a cut run keeps what it
 finished). Set-ups run side by side as separate jobs (another ``--master-port`` each; with
-``TFG_DISTRIBUTED_LOCK=<file>``, one job times at a time), then merge:
+``TFG_ZOO_LOCK=<file>``, one job times at a time), then merge:
 
-    export TFG_DISTRIBUTED_LOCK=/tmp/tfg-distributed.lock
+    export TFG_ZOO_LOCK=/tmp/tfg-distributed.lock
     timeout 575 torchrun --nproc-per-node 4 --master-port 29501 benchmarks/gpu_distributed.py \
         --models mistral --layers 3 --setups fsdp --budget-s 540 &
     timeout 575 torchrun --nproc-per-node 4 --master-port 29502 benchmarks/gpu_distributed.py \
@@ -62,7 +62,6 @@ os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
 
 import argparse
 import contextlib
-import fcntl
 import hashlib
 import itertools
 import json
@@ -81,6 +80,7 @@ import torch.nn.functional as F
 
 from thunder_fusion_guard import FusionGuard
 from thunder_fusion_guard._thunder import software_versions
+from thunder_fusion_guard.bench.zoo_run import _timing_alone
 from thunder_fusion_guard.distributed import decision_key
 from thunder_fusion_guard.measure.timing import interleaved_rounds
 from thunder_fusion_guard.passes.collectives import communication_sequence
@@ -340,20 +340,14 @@ def guard_facts(guard: FusionGuard) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def timing_alone(run: Run) -> Any:
-    """Where ``TFG_DISTRIBUTED_LOCK`` names a file, jobs side by side time one at a time: rank 0 holds the file's
-    lock while its job times, the other ranks wait for it at a barrier."""
-    path = os.environ.get("TFG_DISTRIBUTED_LOCK")
-    handle = open(path, "a") if path and run.rank == 0 else None  # noqa: SIM115 (held across the yield)
-    if handle is not None:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-    dist.barrier()
-    try:
-        yield
-    finally:
+    """Where ``TFG_ZOO_LOCK`` names a file, jobs side by side time one at a time: rank 0 holds the zoo's timing lock
+    (``_timing_alone``) while its job times, the other ranks wait for it at a barrier."""
+    with _timing_alone() if run.rank == 0 else contextlib.nullcontext():
         dist.barrier()
-        if handle is not None:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-            handle.close()
+        try:
+            yield
+        finally:
+            dist.barrier()
 
 
 def run_setup(run: Run, setup: str, name: str) -> dict[str, Any]:
