@@ -114,13 +114,17 @@ def halves(
     """The ops of the fusion call ``fusion`` as two regions of its executor, its first half and its second in trace
     order, each called so that where it fails it runs in halves again, down to single ops that Thunder's torch
     executor runs; ``on_half_rescue`` is told each half that fails. New regions take their numbers from ``counter``.
-    None where the region holds fewer than two ops."""
+    None where the region holds fewer than two ops, or where a half would write one of its inputs (nvFuser loses a
+    write into a non-contiguous input, which the region's own call guards against and a half's would not)."""
     body = th.fusion_body(fusion)
     if len(body) < 2:
         return None
     runs = [body[: len(body) // 2], body[len(body) // 2 :]]
+    edges = boundaries(runs, fusion.flat_proxy_outs)
+    if any(th.written_inputs(list(run), inputs) for run, (inputs, _) in zip(runs, edges, strict=True)):
+        return None
     split = SplitBody([], [], [])
-    for run, (inputs, outputs) in zip(runs, boundaries(runs, fusion.flat_proxy_outs), strict=True):
+    for run, (inputs, outputs) in zip(runs, edges, strict=True):
         if not outputs:  # nothing it makes is read: dead ops
             continue
         half = th.fuse_part(fusion, run, inputs, outputs, next(counter))
