@@ -372,6 +372,8 @@ def run_setup(run: Run, setup: str, name: str) -> dict[str, Any]:
             entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             entry["where"] = traceback.extract_tb(e.__traceback__)[-1].name
             log(f"{name} {setup} {variant} failed: {entry['error']}")
+            if run.rank == 0:
+                traceback.print_exc()  # the whole story in the job's log; the JSON keeps one line
         dist.barrier()
     for base, guarded_name in PAIRS:
         if guarded_name not in run.args.variants:
