@@ -280,7 +280,11 @@ def train(run: Run, v: dict[str, Any]) -> tuple[list[torch.Tensor], list[list[to
     opt = torch.optim.SGD(v["module"].parameters(), lr=lr)
     losses, all_grads = [], []
     for i in range(TRAIN_STEPS):
-        losses.append(step(run, v, i))
+        try:
+            losses.append(step(run, v, i))
+        except Exception as e:
+            e.add_note(f"in training step {i + 1} of {TRAIN_STEPS}")
+            raise
         all_grads.append(grads(v))
         opt.step()
     run.sync()
@@ -553,6 +557,11 @@ def main() -> None:
         action="store_true",
         help="ThunderFX under DDP as one graph (torch._dynamo.config.optimize_ddp = False), not split at DDP's buckets",
     )
+    p.add_argument(
+        "--detect-anomaly",
+        action="store_true",
+        help="autograd's anomaly mode: a backward error names the forward op that made the value (slow: no timing)",
+    )
     p.add_argument("--cpu-smoke", action="store_true", help="CPU, gloo, tiny configs: check the script itself")
     p.add_argument("--merge", nargs="+", type=Path, metavar="JSON", help="merge runs' JSON into --out (a file)")
     args = p.parse_args()
@@ -564,6 +573,8 @@ def main() -> None:
     smoke = args.cpu_smoke
     if args.no_ddp_optimizer:
         torch._dynamo.config.optimize_ddp = False
+    if args.detect_anomaly:
+        torch.autograd.set_detect_anomaly(True)
     if not smoke:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("gloo" if smoke else "nccl", timeout=timedelta(seconds=900))
@@ -579,6 +590,7 @@ def main() -> None:
             "dtype": str(run.dtype),
             "rounds": args.rounds,
             "ddp_optimizer": not args.no_ddp_optimizer,
+            "detect_anomaly": args.detect_anomaly,
         },
         "env": {k: os.environ[k] for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
         "runs": [],
