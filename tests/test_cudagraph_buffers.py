@@ -669,3 +669,25 @@ def test_the_guards_graphs_leave_unguarded_thunders_graphs_in_the_same_process_a
     unguarded = "thunder.jit(model, transforms=[CUDAGraphTransform()])"
     script = IN_TURN.format(first=unguarded, second=GUARDED, reference="first", tolerance="rtol=0, atol=0")
     _runs_to_the_end(tmp_path, script)
+
+
+def test_collectives_and_their_waits_run_between_graphs(cpu_graphs, one_rank):
+    """A graph never holds a collective or its wait: one launched outside a graph that waits for it cannot be
+    captured (an FSDP all-gather, then its wait in the next graph, fails the capture on CUDA). The ops around
+    them are still captured, and the values are those of the same program without graphs."""
+    import thunder.distributed.prims as dist_prims
+
+    def f(x, w):
+        y = dist_prims.wait(dist_prims.all_reduce(w * 2, dist_prims.DistributedReduceOps.SUM, one_rank, True))
+        return (x.sin() * 2 + y.reshape(4, 4)).cos()
+
+    args = (torch.randn(4, 4), torch.randn(2, 8))
+    want = thunder.jit(f)(*args)
+    for graphs in (GuardedCUDAGraphs(), GuardedCUDAGraphs(share_buffers=False)):
+        jitted = thunder.jit(f, transforms=[FusionGuard(), graphs])
+        assert_same([jitted(*args), jitted(*args)], [want, want])
+        captured = [b for bsyms, _, _ in graphs.cuda_graph_runner.trace_symbols.values() for b in bsyms]
+        assert {"mul", "sin", "cos"} <= {b.sym.name for b in captured}
+        assert not [b.sym.name for b in captured if "prim_impl" in b.sym.name or th.is_distributed_prim(b)]
+        top = [b.sym.name for b in thunder.last_traces(jitted)[-1].bound_symbols]
+        assert "torch_all_reduce_prim_impl" in top and "torch_wait_prim_impl" in top

@@ -5,7 +5,7 @@ says what Thunder's costs and why)."""
 from __future__ import annotations
 
 from . import _thunder as th
-from .ops import writes_inputs
+from .ops import is_communication, writes_inputs
 
 __all__ = ["GuardedCUDAGraphs"]
 
@@ -21,6 +21,7 @@ class GuardedCUDAGraphs(th.SharedBuffersCapture):
     """
 
     _writes = staticmethod(writes_inputs)  # the guard's rule for an op that may write a tensor it reads
+    _outside = staticmethod(is_communication)  # collectives and their waits run between graphs
     _adaptable = True  # capture_for_any_trace may adapt it (not a subclass of it)
 
     def __init__(self, *, share_buffers: bool = True, share_mem_pool: bool = False) -> None:

@@ -61,6 +61,7 @@ from .graph_calls import (
     written_inputs,
 )
 from .lowering import with_call
+from .traces import runs_distributed_prim
 
 __all__ = [
     "CaptureSummary",
@@ -161,6 +162,14 @@ class SharedBuffersCapture(CUDAGraphTransform):
     _writes: Callable[[BoundSymbol], bool] = staticmethod(holds_a_write)
     share_buffers = True  # False: Thunder's own grouping and copies (writes still copied back)
     _captured_by: str | None = None  # the class named in its CaptureSummary (None: its own)
+    # Whether an op runs between graphs, never inside one (the public subclass passes the guard's rule for
+    # communication ops): a collective runs on its own stream, and a graph that waits for one launched outside it
+    # cannot be captured (an FSDP all-gather before the graph, its wait inside: cudaErrorStreamCaptureIsolation).
+    _outside: Callable[[BoundSymbol], bool] = staticmethod(runs_distributed_prim)
+
+    def can_fuse(self, bsym: BoundSymbol) -> bool:
+        """Thunder's rule for what a graph may hold, without the ops ``_outside`` keeps between graphs."""
+        return not self._outside(bsym) and super().can_fuse(bsym)
 
     def _can_fuse_nodes(self, a: Node, b: Node) -> bool:
         """Thunder's grouping predicate for capture: a node of several ops, or one op this transform captures."""
@@ -380,6 +389,7 @@ def capture_for_any_trace(
         adapted.cuda_graph_runner = transform.cuda_graph_runner
         if isinstance(transform, SharedBuffersCapture):
             adapted.share_buffers, adapted._writes = transform.share_buffers, transform._writes
+            adapted._outside = transform._outside
         elif writes is not None:
             adapted._writes = writes
         adapted._captured_by = kind.__name__

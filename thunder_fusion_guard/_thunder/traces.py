@@ -52,6 +52,7 @@ __all__ = [
     "reinterpreted_itemsizes",
     "returned_names",
     "returned_proxies",
+    "runs_distributed_prim",
     "subsymbols",
     "tag_names",
     "tensor_nbytes",
@@ -148,6 +149,14 @@ def is_torch_op(bsym: BoundSymbol, name: str) -> bool:
 def is_distributed_prim(bsym: BoundSymbol) -> bool:
     """True for a bound symbol of one of Thunder's distributed prims (``thunder.distributed.prims``)."""
     return _DistributedPrimIDs is not None and isinstance(bsym.sym.id, _DistributedPrimIDs)
+
+
+def runs_distributed_prim(bsym: BoundSymbol) -> bool:
+    """True for one of Thunder's distributed prims or the torch executor's call of one (``torch_wait_prim_impl``)."""
+    return is_distributed_prim(bsym) or bsym.sym.name in _DISTRIBUTED_IMPLS
+
+
+_DISTRIBUTED_IMPLS = frozenset(f"torch_{p.name.lower()}_prim_impl" for p in _DistributedPrimIDs or ())
 
 
 def is_backward(trace: TraceCtx) -> bool:
