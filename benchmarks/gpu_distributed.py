@@ -371,7 +371,8 @@ def run_setup(run: Run, setup: str, name: str) -> dict[str, Any]:
             made[variant] = v
             if variant != "eager":
                 entry.update(trace_facts(v))
-            log(f"{name} {setup} {variant}: 3 steps in {entry['first_steps_s']} s (compile included)")
+            took = entry["first_steps_s"]
+            log(f"{name} {setup} {variant}: 3 steps in {took} s (compile included), losses {entry['losses']}")
         except Exception as e:
             entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             entry["where"] = traceback.extract_tb(e.__traceback__)[-1].name

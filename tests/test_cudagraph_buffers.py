@@ -691,3 +691,36 @@ def test_collectives_and_their_waits_run_between_graphs(cpu_graphs, one_rank):
         assert not [b.sym.name for b in captured if "prim_impl" in b.sym.name or th.is_distributed_prim(b)]
         top = [b.sym.name for b in thunder.last_traces(jitted)[-1].bound_symbols]
         assert "torch_all_reduce_prim_impl" in top and "torch_wait_prim_impl" in top
+
+
+def test_thunders_fsdp_captures_each_graph_once_with_the_uncaptured_values(cpu_graphs, one_rank, monkeypatch):
+    """Under Thunder's FSDP each parameter's all-gather returns a future that a wait ends and a deletion frees: a
+    graph holding that deletion would take the future as an input, a new one at each call, so every step would
+    capture its graphs again (and a backward graph would read the buffers of another capture: on CUDA the second
+    step failed). The deletion runs between graphs: one capture per graph, the uncaptured steps' values."""
+    import thunder.distributed
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+
+    def train(transforms):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8))
+        fn = thunder.distributed.fsdp(thunder.jit(model, transforms=transforms), device=torch.device("cpu"))
+        opt = torch.optim.SGD(fn.parameters(), lr=0.1)
+        got = []
+        for seed in range(3):
+            x = torch.randn(4, 16, generator=torch.Generator().manual_seed(seed))
+            opt.zero_grad(set_to_none=True)
+            loss = fn(x).square().mean()
+            loss.backward()
+            got += [loss.detach().clone(), *(p.grad.clone() for p in fn.parameters())]
+            opt.step()
+        return got
+
+    want = train([FusionGuard()])
+    graphs = GuardedCUDAGraphs()
+    assert_same(train([FusionGuard(), graphs]), want)
+    made = _graphs(graphs)
+    assert made and len(graphs.cuda_graph_runner.cuda_graph_cache) == len(made)  # none captured twice
+    inputs = [i for _, i, _ in graphs.cuda_graph_runner.trace_symbols.values()]
+    assert not [p.name for i in inputs for p in i if "Future" in type(p).__name__]

@@ -43,7 +43,7 @@ from typing import Any
 
 from thunder.core import prims, utils
 from thunder.core.compile_data import get_compile_data
-from thunder.core.proxies import Proxy, ProxyTag, unvariableify
+from thunder.core.proxies import FutureTensorProxy, Proxy, ProxyTag, unvariableify
 from thunder.core.symbol import BoundSymbol, Symbol
 from thunder.core.trace import TraceCtx, TraceProvenance, TraceTag, from_trace, reset_tracectx, set_tracectx
 from thunder.executors.data_dependent_partition import Node, consecutive_fusion, fuse_bound_symbols
@@ -145,6 +145,10 @@ def _bytes(proxy: Any) -> int:
         return 0
 
 
+def _deletes_a_future(bsym: BoundSymbol) -> bool:
+    return bsym.sym.id is prims.PrimIDs.DEL and any(isinstance(a, FutureTensorProxy) for a in bsym.flat_args)
+
+
 def _only_deletions(bsyms: list[BoundSymbol]) -> bool:
     return all(b.sym.id is prims.PrimIDs.DEL for b in bsyms)
 
@@ -168,8 +172,10 @@ class SharedBuffersCapture(CUDAGraphTransform):
     _outside: Callable[[BoundSymbol], bool] = staticmethod(runs_distributed_prim)
 
     def can_fuse(self, bsym: BoundSymbol) -> bool:
-        """Thunder's rule for what a graph may hold, without the ops ``_outside`` keeps between graphs."""
-        return not self._outside(bsym) and super().can_fuse(bsym)
+        """Thunder's rule for what a graph may hold, without the ops ``_outside`` keeps between graphs and without
+        the deletion of a collective's future: a graph deleting one would take it as an input, a new one at each
+        call (a new capture each step, and graphs reading another capture's buffers)."""
+        return not self._outside(bsym) and not _deletes_a_future(bsym) and super().can_fuse(bsym)
 
     def _can_fuse_nodes(self, a: Node, b: Node) -> bool:
         """Thunder's grouping predicate for capture: a node of several ops, or one op this transform captures."""
