@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from einops import rearrange
 
-from ..measure.timing import Timing, interleaved_rounds, quartiles
+from ..measure.timing import Timing, interleaved_rounds, quartiles, sync
 from ..render.table import plural, text_table, wrapped
 from ..wording import WIDTH
 
@@ -82,16 +82,15 @@ def _rounds(reps: int) -> int:
 
 
 def _timings(fns: list[Callable], x: torch.Tensor, reps: int) -> list[list[float]]:
-    """Per-call µs of each of ``fns`` on ``x``, a sample a round: ``reps`` calls each, in interleaved rounds (each
-    function in turn, the order reversed every other round), so that a slow moment of the machine weighs on every
-    variant alike."""
-    cuda = x.is_cuda
+    """Per-call µs of each of ``fns`` on ``x``, a sample a round: ``reps`` calls each (rounded down to whole
+    rounds), in interleaved rounds (each function in turn, the order reversed every other round), so that a slow
+    moment of the machine weighs on every variant alike."""
     rounds = interleaved_rounds(
         {i: (lambda fn=fn: fn(x)) for i, fn in enumerate(fns)},
         _rounds(reps),
         warmup=2,
         inner=reps // _rounds(reps),
-        sync=torch.cuda.synchronize if cuda else (lambda: None),
+        sync=lambda: sync(x.is_cuda),
     )
     return [[s * 1e6 for s in rounds.samples[i]] for i in range(len(fns))]
 
