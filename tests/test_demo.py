@@ -5,7 +5,6 @@ import pytest
 import torch
 
 import thunder_fusion_guard.tools.demo as demo
-from thunder_fusion_guard.measure.timing import Timing
 
 
 @pytest.mark.usefixtures("no_inductor")  # timings injected: the text is the subject
@@ -13,7 +12,7 @@ def test_demo_acts_on_cpu_and_names_thunders_per_call_cost(monkeypatch):
     mask = next(c for c in demo.CASES if c.fn is demo.banded_mask)
     monkeypatch.setattr(demo, "CASES", [demo.Case(mask.name, mask.fn, (2, 8, 8))])
     fake = iter([100.0, 50.0, 60.0, 30.0])  # thunder, guarded, eager, then the jitted identity
-    monkeypatch.setattr(demo, "time_us", lambda fn, x, reps: Timing.of([next(fake)]))
+    monkeypatch.setattr(demo, "_timings", lambda fns, x, reps: [[next(fake)] for _ in fns])
     out = demo.run_demo(device="cpu", reps=3)
     assert "hoist" in out and "FusionGuard:" in out
     (row,) = [line for line in out.splitlines() if line.startswith(mask.name)]
@@ -63,3 +62,23 @@ def test_every_demo_decision_names_the_demo_line_that_made_it():
     guard = FusionGuard()
     demo._jit(demo.rearrange_heads, guard, fusion_executors("cpu"), nvfuser=False)(torch.randn(2, 4, 8, 8))
     assert {d.details.get("source") for d in guard.report} == {None}
+
+
+def test_the_demo_times_its_variants_in_interleaved_rounds():
+    """Each round times every variant once, the order reversed every other round: a slow moment of the machine
+    (another process, a page-cache flush after an install) weighs on all variants alike, not on the one timed then."""
+    calls = []
+    fns = [lambda x, i=i: calls.append(i) for i in range(3)]
+    timings = demo._timings(fns, torch.zeros(1), reps=40)
+    warmup = 2 * len(fns)
+    assert calls[warmup : warmup + 12] == [0, 0, 1, 1, 2, 2, 2, 2, 1, 1, 0, 0]  # 2 calls a sample, 20 rounds
+    assert len(calls) == warmup + 40 * len(fns)
+    assert [len(t) for t in timings] == [20, 20, 20]
+
+
+def test_the_demo_calls_a_difference_within_the_rounds_spread_level():
+    """Guarded against unguarded from paired rounds: a difference the rounds' own spread holds is ``level``, not a
+    speed-up or a slow-down (a region the guard kept runs the same code as unguarded)."""
+    assert demo._speedup([100.0] * 4, [90.0, 110.0, 95.0, 105.0]).startswith("level")
+    assert demo._speedup([100.0] * 4, [50.0, 52.0, 49.0, 51.0]).endswith("x faster")
+    assert demo._speedup([50.0] * 4, [100.0] * 4) == "2.00x slower"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from einops import rearrange
 
-from ..measure.timing import time_us
+from ..measure.timing import Timing, interleaved_rounds, quartiles, sync
 from ..render.table import plural, text_table, wrapped
 from ..wording import WIDTH
 
@@ -48,8 +48,14 @@ def scaled_softmax(x: torch.Tensor) -> torch.Tensor:
     return torch.softmax(x * 0.125 + 1.0, dim=-1)
 
 
-def _speedup(plain, guarded) -> str:
-    ratio = plain.median / guarded.median if guarded.median > 0 else float("inf")
+def _speedup(plain: list[float], guarded: list[float]) -> str:
+    """Guarded against unguarded from their paired samples (one pair a round, so a slow moment of the machine
+    weighs on both): the median ratio, or ``level`` where the middle half of the ratios holds 1 (no difference
+    the rounds can tell apart from their own spread)."""
+    ratios = [p / g if g > 0 else float("inf") for p, g in zip(plain, guarded, strict=True)]
+    low, ratio, high = quartiles(ratios)
+    if low <= 1.0 <= high and len(ratios) > 1:
+        return f"level ({ratio:.2f}x)"
     return f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
 
 
@@ -66,6 +72,27 @@ CASES = [
     Case("view chain", view_chain, (4, 16, 32, 64)),
     Case("scaled softmax", scaled_softmax, (64, 1024)),
 ]
+
+
+ROUNDS = 20  # interleaved rounds a timing takes (fewer where fewer calls are asked for)
+
+
+def _rounds(reps: int) -> int:
+    return min(reps, ROUNDS)
+
+
+def _timings(fns: list[Callable], x: torch.Tensor, reps: int) -> list[list[float]]:
+    """Per-call µs of each of ``fns`` on ``x``, a sample a round: ``reps`` calls each (rounded down to whole
+    rounds), in interleaved rounds (each function in turn, the order reversed every other round), so that a slow
+    moment of the machine weighs on every variant alike."""
+    rounds = interleaved_rounds(
+        {i: (lambda fn=fn: fn(x)) for i, fn in enumerate(fns)},
+        _rounds(reps),
+        warmup=2,
+        inner=reps // _rounds(reps),
+        sync=lambda: sync(x.is_cuda),
+    )
+    return [[s * 1e6 for s in rounds.samples[i]] for i in range(len(fns))]
 
 
 def _jit(fn, guard, executors: list, nvfuser: bool):
@@ -123,20 +150,21 @@ def run_demo(
             raise AssertionError(f"{case.name}: guarded output differs from unguarded thunder")
         compiled = time.perf_counter() - began
         say(f"[{i}/{len(CASES)}] {case.name}: compiled in {compiled:.1f} s; timing {plural(reps, 'call')} x 3 ...")
-        timings = [time_us(fn, x, reps=reps) for fn in (plain, guarded, case.fn)]
-        rows.append((case.name, *timings))
+        rows.append((case.name, *_timings([plain, guarded, case.fn], x, reps)))
     say("Thunder's own per-call cost: timing an identity function, jitted ...")
     x = torch.randn(CASES[0].shape, device=device)
-    floor = time_us(_jit(identity, None, executors, nvfuser), x, reps=reps)
+    floor = Timing.of(_timings([_jit(identity, None, executors, nvfuser)], x, reps)[0])
     width = None if wide else WIDTH
     table = [["case", "thunder µs", "guarded µs", "eager µs", "guarded vs thunder"]]
     table += [
-        [name, *(t.text() for t in (plain, guarded, eager)), _speedup(plain, guarded)]
+        [name, *(Timing.of(t).text() for t in (plain, guarded, eager)), _speedup(plain, guarded)]
         for name, plain, guarded, eager in rows
     ]
     after = [
-        f"(µs per call: median (first-third quartile) of {plural(reps, 'call')} each; one process; "
-        "outputs of guarded and unguarded are identical)",
+        f"(µs per call: median (first-third quartile) of {plural(_rounds(reps), 'round')} of "
+        f"{plural(reps // _rounds(reps), 'call')} each, the variants in turn in every round; one process; "
+        "outputs of guarded and unguarded are identical; guarded vs thunder: the median of the rounds' ratios, "
+        "level where the middle half of them holds 1)",
         f"Thunder's per-call cost (prologue checks of the inputs, cache lookup, Python call): {floor.text()} µs, "
         "timed on a jitted identity function. Every jitted call pays it and no trace rewrite removes it: it is "
         "most of what separates guarded from eager above.",
