@@ -15,6 +15,7 @@ import torch
 
 from .compiling import _THUNDERFX_OPTION, function_name
 from .sources import fx_node_source
+from .translations import library_ops_are_translated, translation_for
 
 __all__ = [
     "FxSplitOp",
@@ -181,8 +182,9 @@ def split_reason_words(kind: str, info: str) -> str:
 
 def _split_reason_text(reason: Any, nodes: dict[str, Any]) -> str:
     """One split note as a user reads it: the function as they write it (``torch.cat``, no object address), why
-    it left Thunder and the first line of the error; the same for every node of that function that left for the
-    same reason, so that a report lists it once."""
+    it left Thunder (for an op the package translates, that ``translate_library_ops()`` keeps it in Thunder) and
+    the first line of the error; the same for every node of that function that left for the same reason, so that
+    a report lists it once."""
     info = getattr(reason, "info", None) or ""
     match = _SPLIT_NODE.search(info)
     node = nodes.get(match.group(1)) if match else None
@@ -191,6 +193,9 @@ def _split_reason_text(reason: Any, nodes: dict[str, Any]) -> str:
     else:
         target = _CALLABLE_REPR.sub(r"\1", info.split(" and target: ", 1)[-1].split(" ", 1)[0]) or "?"
     text = f"{target}: {split_reason_words(_split_kind(reason), info)}"
+    translatable = translation_for([target]) is not None and not library_ops_are_translated()
+    if "automatic torch fallback" in info and translatable:
+        text += "; translate_library_ops() runs it in Thunder"
     exception = (getattr(reason, "exception", None) or "").strip()
     return f"{text} ({exception.splitlines()[0]})" if exception else text
 
