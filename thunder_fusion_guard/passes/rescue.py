@@ -138,9 +138,9 @@ def _fallback_maker(
             else:
                 counter = itertools.count(th.free_fusion_counter(trace))
                 halved = halves(trace, region.bsym, counter, on_half_rescue) if region.executor in HALVED else None
-                instead = halved.body if halved is not None else body
+                if_it_fails = halved.body if halved is not None else body
                 told = functools.partial(on_alternative_rescue, halved)
-                other = _alternative(trace, region, body, instead, counter, told)
+                other = _alternative(trace, region, body, if_it_fails, counter, told)
                 if other is not None:
                     body, fallback = [other], Fallback(alternative=other.sym.executor.name, halves=halved)
                 elif halved is not None:
@@ -159,13 +159,13 @@ def _alternative(
     trace: th.TraceCtx,
     region: Region,
     lowered: list[th.BoundSymbol],
-    instead: list[th.BoundSymbol],
+    if_it_fails: list[th.BoundSymbol],
     counter: Iterator[int],
     on_fail: Callable[..., None],
 ) -> th.BoundSymbol | None:
     """The region fused by its alternative executor (numbered by ``counter``), called so that where that fails too
-    ``instead`` runs (``on_fail(fusion, error, args)`` told); None where no other executor can run all of it, or where
-    the region writes an input (its first call could not be checked without writing twice). Its first call is
+    ``if_it_fails`` runs (``on_fail(fusion, error, args)`` told); None where no other executor can run all of it, or
+    where the region writes an input (its first call could not be checked without writing twice). Its first call is
     checked against the ``lowered`` ops one by one on copies of the same inputs: values further apart than rounding
     explains count as its failure."""
     executor = th.alternative_fuser(region.bsym)
@@ -174,7 +174,7 @@ def _alternative(
         return None
     other = th.fuse_with(executor, region.bsym, next(counter))
     ops = th.python_callable_from_symbols(f"{other.sym.name}_rescued", lowered, inputs, outputs)
-    otherwise = th.python_callable_from_symbols(f"{other.sym.name}_rescued", instead, inputs, outputs)
+    otherwise = th.python_callable_from_symbols(f"{other.sym.name}_rescued", if_it_fails, inputs, outputs)
     call = th.RescuingCall(
         th.region_callable(other),
         lambda: otherwise,
