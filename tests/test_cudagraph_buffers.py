@@ -724,3 +724,47 @@ def test_thunders_fsdp_captures_each_graph_once_with_the_uncaptured_values(cpu_g
     assert made and len(graphs.cuda_graph_runner.cuda_graph_cache) == len(made)  # none captured twice
     inputs = [i for _, i, _ in graphs.cuda_graph_runner.trace_symbols.values()]
     assert not [p.name for i in inputs for p in i if "Future" in type(p).__name__]
+
+
+def _a_deletion_moved_before_a_read(trace, merge):
+    """A grouping as Thunder's dataflow grouping gave ThunderFX + DDP on CUDA: each op its own group, with one
+    deletion of a single value moved up to right after the op that makes it, before an op that reads it."""
+    from thunder.core import prims
+
+    bsyms = list(trace.bound_symbols)
+    made = {o.name: i for i, b in enumerate(bsyms) for o in b.flat_outs if isinstance(o, th.Proxy)}
+    for i, b in enumerate(bsyms):
+        names = [a.name for a in b.flat_args if isinstance(a, th.Proxy)]
+        if b.sym.id is not prims.PrimIDs.DEL or len(names) != 1 or names[0] not in made:
+            continue
+        j = made[names[0]]
+        if any(names[0] in {a.name for a in r.flat_args if isinstance(a, th.Proxy)} for r in bsyms[j + 1 : i]):
+            bsyms.insert(j + 1, bsyms.pop(i))
+            break
+    return [[b] for b in bsyms]
+
+
+def test_unshared_graphs_are_grouped_by_consecutive_runs_where_thunders_grouping_reads_a_deleted_value(
+    cpu_graphs, monkeypatch
+):
+    """``share_buffers=False`` takes Thunder's grouping, which reorders the trace; where the order it gives reads a
+    value after deleting it (UnboundLocalError: ThunderFX + DDP on CUDA, Thunder's own transform too), the trace
+    is grouped by consecutive runs instead, with Thunder's copies, and the capture decision names the values."""
+    import thunder.transforms.cudagraph as thunders
+
+    torch._dynamo.reset()  # this file compiles ``gated`` often: past Dynamo's recompile limit it would run eagerly
+    want = _steps(thunderfx(gated, transforms=[FusionGuard()]))
+    monkeypatch.setattr(thunders, "fuse_bound_symbols", _a_deletion_moved_before_a_read)
+    with pytest.raises(UnboundLocalError):  # Thunder's transform runs the trace its grouping gives
+        _steps(thunderfx(gated, transforms=[CUDAGraphTransform()]))
+
+    guard, graphs = FusionGuard(), GuardedCUDAGraphs(share_buffers=False)
+    compiled = thunderfx(gated, transforms=[guard, graphs])
+    assert_same(_steps(compiled), want)
+    assert _graphs(graphs)  # captured, in consecutive runs
+    regrouped = [d.details["regrouped"] for d in guard.report.filter(action="capture")]
+    assert any(regrouped) and all(isinstance(names, list) for names in regrouped)
+    assert not guard.report.filter(action="rescue")  # nothing fell back: the graphs run Thunder's values
+    for fn in compiled._backend.subgraph_infos[0].thunder_compiled_fns:
+        for trace in (thunder.last_traces(fn)[-1], thunder.last_backward_traces(fn)[-1]):
+            assert not th.unbound_reads(trace)

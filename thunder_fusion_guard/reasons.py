@@ -191,6 +191,7 @@ class Facts(TypedDict, total=False):
     captured_by: str
     recaptured_after: int  # calls in a row run uncaptured before a graph whose gradients are held is captured anew
     held: list[str]  # gradients still held when their graph would replay
+    regrouped: list[str]  # names Thunder's grouping read where unbound (share_buffers=False): grouped anew
 
 
 def explained(reason: str, explanation: str | None = None) -> tuple[str, dict[str, str]]:
@@ -746,6 +747,11 @@ def _captured(f: Facts) -> tuple[str, str | None]:
     for key, noun, what in _REPLAY_CLAUSES:
         if f[key]:
             reason += f"; {plural(f[key], noun)} {what} ({human_bytes(f[key + '_bytes'])} a replay)"
+    if f.get("regrouped"):
+        reason += (
+            f"; grouped by consecutive runs: Thunder's grouping read {', '.join(f['regrouped'])} where unbound "
+            "(deleted or not yet assigned: UnboundLocalError)"
+        )
     return reason, (
         f"{reason}. Thunder's CUDAGraphTransform groups the ops it captures by the compile option fusion_type "
         "(ThunderFX sets 'dataflow'), copies each input of a graph into the graph's own buffer at every replay "

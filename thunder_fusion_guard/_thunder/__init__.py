@@ -245,6 +245,7 @@ from .traces import (
     tensor_text,
     torch_dtype,
     trace_inputs,
+    unbound_reads,
 )
 from .translations import (
     Translation,
@@ -431,6 +432,7 @@ __all__ = [
     "transform_classes",
     "translate_library_ops",
     "translation_for",
+    "unbound_reads",
     "untranslate_library_ops",
     "unwrap_module_call",
     "user_frame",

@@ -61,7 +61,7 @@ from .graph_calls import (
     written_inputs,
 )
 from .lowering import with_call
-from .traces import runs_distributed_prim
+from .traces import runs_distributed_prim, unbound_reads
 
 __all__ = [
     "CaptureSummary",
@@ -135,6 +135,8 @@ class CaptureSummary:
     copied_in: list[tuple[str, str, int]] = field(default_factory=list)  # (input, graph, bytes): copied into the
     # graph's own buffer at each replay, all of a graph's in one batched copy
     captured_by: str = ""  # the class of the transform that captured (of the one adapted: capture_for_any_trace)
+    regrouped: list[str] = field(default_factory=list)  # names Thunder's own grouping read where unbound (deleted
+    # or not yet assigned; ``share_buffers=False``): the trace was grouped by consecutive runs, with Thunder's copies
 
 
 def _bytes(proxy: Any) -> int:
@@ -183,7 +185,19 @@ class SharedBuffersCapture(CUDAGraphTransform):
 
     def generate_fused_trace(self, trace: TraceCtx, **kwargs: Any) -> TraceCtx:
         if not self.share_buffers:
-            return super().generate_fused_trace(trace, **kwargs)
+            fused = super().generate_fused_trace(trace, **kwargs)
+            unbound = unbound_reads(fused)
+            if not unbound:
+                return fused
+            # Thunder's dataflow grouping reorders the trace; where the order it gives reads a name that is
+            # deleted or not yet assigned there, that trace fails with UnboundLocalError (ThunderFX + DDP on CUDA,
+            # Thunder's own CUDAGraphTransform too). Consecutive runs keep the trace's order.
+            return self._consecutive(trace, share=False, regrouped=unbound)
+        return self._consecutive(trace, share=True)
+
+    def _consecutive(self, trace: TraceCtx, *, share: bool, regrouped: list[str] | None = None) -> TraceCtx:
+        """``trace`` with each run of consecutive capturable ops one graph: buffers shared (``share``) or with
+        Thunder's ``fuse`` and its copies; ``regrouped``: the names Thunder's grouping read where they were unbound."""
         began = time.perf_counter_ns()
         gradients = _gradients(trace)
         with _building_from(trace) as fused_trace:
@@ -191,6 +205,7 @@ class SharedBuffersCapture(CUDAGraphTransform):
             producers, consumers = utils.producers_and_consumers(trace)
             summary = CaptureSummary(trace.siginfo().name == "backward_fn", [], 0, 0, 0, 0)
             summary.captured_by = self._captured_by or type(self).__name__
+            summary.regrouped = list(regrouped or ())
             captured: dict[str, str] = {}  # output name -> the graph that writes it
             fused = []
             for bsyms in groups:
@@ -198,7 +213,10 @@ class SharedBuffersCapture(CUDAGraphTransform):
                     fused.extend(bsyms)
                     continue
                 region = Region(producers, consumers, bsyms)
-                fusion = self._fuse_sharing(region, captured, summary, consumers, gradients)
+                if share:
+                    fusion = self._fuse_sharing(region, captured, summary, consumers, gradients)
+                else:
+                    fusion = self.fuse(region, len(summary.captures))
                 summary.captures.append(fusion.sym.name)
                 summary.ops += sum(b.sym.id is not prims.PrimIDs.DEL for b in bsyms)
                 captured.update((o.name, fusion.sym.name) for o in fusion.flat_proxy_outs)
@@ -206,7 +224,8 @@ class SharedBuffersCapture(CUDAGraphTransform):
             fused_trace.bound_symbols = fused
             fused_trace.set_provenance(
                 TraceProvenance(
-                    f"CUDAGraph fusion, buffers shared (took {(time.perf_counter_ns() - began) // 10**6} ms)"
+                    f"CUDAGraph fusion, {'buffers shared' if share else 'consecutive runs'} "
+                    f"(took {(time.perf_counter_ns() - began) // 10**6} ms)"
                 )
             )
         self._compare_with_thunders_grouping(trace, summary)

@@ -61,6 +61,7 @@ __all__ = [
     "tensor_text",
     "torch_dtype",
     "trace_inputs",
+    "unbound_reads",
 ]
 
 
@@ -342,3 +343,21 @@ def canonical_ops(bsyms: Sequence[BoundSymbol]) -> str:
         outs = text(b.flat_outs)
         lines.append(f"{outs}={op_id(b)}({text(b.args)},{text(b.kwargs)})")
     return "\n".join(lines)
+
+
+def unbound_reads(trace: TraceCtx) -> list[str]:
+    """The names a top-level op of ``trace`` reads where they are unbound, in the order read: after a top-level
+    deletion of them, or before the op that assigns them. Run as Python, such a trace fails with
+    ``UnboundLocalError``."""
+    assigned = {a.name for a in trace.args if isinstance(a, Proxy)}
+    later = {o.name for b in trace.bound_symbols for o in b.flat_outs if isinstance(o, Proxy)}
+    deleted: set[str] = set()
+    unbound: list[str] = []
+    for bsym in trace.bound_symbols:
+        names = [a.name for a in bsym.flat_args if isinstance(a, Proxy)]
+        if bsym.sym.id is prims.PrimIDs.DEL:
+            deleted.update(names)
+            continue
+        unbound += [n for n in names if (n in deleted or (n in later and n not in assigned)) and n not in unbound]
+        assigned.update(o.name for o in bsym.flat_outs if isinstance(o, Proxy))
+    return unbound

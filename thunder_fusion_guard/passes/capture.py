@@ -34,6 +34,7 @@ def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decisio
         handed_over_bytes=sum(nbytes for _, _, nbytes in summary.handed_over),
         captured_by=summary.captured_by,
         recaptured_after=th.UNCAPTURED_WHILE_HELD,
+        regrouped=list(summary.regrouped),
     )
     short, told = words("captured", facts)
     return Decision(
@@ -65,6 +66,7 @@ def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decisio
             "copied_in": [name for name, _, _ in summary.copied_in],
             "bytes_copied_in": sum(nbytes for _, _, nbytes in summary.copied_in),
             "captured_by": summary.captured_by,
+            "regrouped": list(summary.regrouped),
         },
     )
 
