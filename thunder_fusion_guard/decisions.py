@@ -96,6 +96,7 @@ class Details(TypedDict, total=False):
     still_copied: list[str]  # earlier graphs' outputs a graph writes, copied as Thunder copies them
     copied_back: list[str]  # inputs a graph may write, copied back into the caller's tensors after each replay
     captured_by: str  # the class of the transform that captured (GuardedCUDAGraphs), or was given (CUDAGraphTransform)
+    regrouped: list[str]  # names Thunder's grouping read where unbound (share_buffers=False): consecutive runs instead
     recommended: str  # the transform a decision not applied recommends in place of the one given (a class name)
     # a ThunderFX subgraph's compiled function (action enter): entered directly, or why Thunder's call stays
     entered: bool  # True: its one cache entry is called directly (``runtime.direct_entry``)
