@@ -5,6 +5,7 @@
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py nequip --translate --json out.json
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py mace --atoms 30 --choose --json out.json  # e3nn 0.4.4
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py mace --atoms 30 --choose --whole-graphs --json out.json
+    OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py mace --atoms 30 --translate --phases --json out.json
 
 Each run adds its paths to ``--json`` (``{"commit", "models": {model: {path: {"ms", "first_call_s",
 "max_abs_force_diff", ...}}}}``; the commit from ``TFG_COMMIT`` or git). ``--choose``: then ``choose_backends`` and
@@ -31,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from thunder_fusion_guard import FusionGuard, choose_backends, fusion_executors, translate_library_ops  # noqa: E402
 from thunder_fusion_guard.bench.zoo_potentials import mace_potential, nequip_potential  # noqa: E402
+from thunder_fusion_guard.examine.first_call import first_call  # noqa: E402
 from thunder_fusion_guard.measure.timing import interleaved_rounds  # noqa: E402
 
 
@@ -49,6 +51,7 @@ def main() -> int:
     p.add_argument("--translate", action="store_true", help="translate_library_ops() first")
     p.add_argument("--choose", action="store_true", help="choose_backends after the first call")
     p.add_argument("--whole-graphs", action="store_true", help="with --choose: choose_backends(whole_graphs=True)")
+    p.add_argument("--phases", action="store_true", help="time the first call by phase (examine.first_call)")
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--json", required=True)
     args = p.parse_args()
@@ -74,9 +77,15 @@ def main() -> int:
         return energy.detach(), forces
 
     began = time.perf_counter()
-    step(guarded)
+    if args.phases:
+        with first_call(guarded) as phases:
+            step(guarded)
+    else:
+        step(guarded)
     first_s = time.perf_counter() - began
     print(f"{args.model}: guarded first call {first_s:.1f} s", flush=True)
+    if args.phases:
+        print(phases.table(width=None), flush=True)
     want = step(model)
     rows = {}
 
@@ -94,6 +103,7 @@ def main() -> int:
             "rescues": guard.report.counts().get("rescue", 0),
             "rounds": args.rounds,
             "atoms": args.atoms,
+            **({"first_call_phases_s": phases.to_dict(3)["phases_s"]} if args.phases else {}),
             **extra,
         }
         print(f"{args.model} {path}: {json.dumps(rows[path])}", flush=True)
