@@ -16,6 +16,7 @@ MACE pins e3nn 0.4.4 and NequIP needs e3nn 0.6: run each in its own environment.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -77,14 +78,11 @@ def main() -> int:
         return energy.detach(), forces
 
     began = time.perf_counter()
-    if args.phases:
-        with first_call(guarded) as phases:
-            step(guarded)
-    else:
+    with first_call(guarded) if args.phases else contextlib.nullcontext() as phases:
         step(guarded)
     first_s = time.perf_counter() - began
     print(f"{args.model}: guarded first call {first_s:.1f} s", flush=True)
-    if args.phases:
+    if phases is not None:
         print(phases.table(width=None), flush=True)
     want = step(model)
     rows = {}
@@ -103,7 +101,7 @@ def main() -> int:
             "rescues": guard.report.counts().get("rescue", 0),
             "rounds": args.rounds,
             "atoms": args.atoms,
-            **({"first_call_phases_s": phases.to_dict(3)["phases_s"]} if args.phases else {}),
+            **({"first_call_phases_s": phases.to_dict(3)["phases_s"]} if phases is not None else {}),
             **extra,
         }
         print(f"{args.model} {path}: {json.dumps(rows[path])}", flush=True)
