@@ -46,8 +46,9 @@ from .wording import error_line, error_text
 
 # Told of each rescue, and of outputs restrided.
 OnRescue = Callable[["Rescued"], None]
-# Called once, after the first call Thunder ran: may give the rescue a direct entry (:meth:`SubgraphRescue.enter`).
-OnFirstCall = Callable[["SubgraphRescue"], None]
+# Called once, after the first call Thunder ran, with that call's arguments: may give the rescue a direct entry
+# (:meth:`SubgraphRescue.enter`) or an eager run (:meth:`SubgraphRescue.run_eagerly`).
+OnFirstCall = Callable[["SubgraphRescue", tuple], None]
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ class SubgraphRescue:
         if self._on_first_call is not None and self._run is self.thunder_fn:
             first, self._on_first_call = self._on_first_call, None
             with contextlib.suppress(Exception):  # a direct entry is a shortcut: never a reason to fail the call
-                first(self)
+                first(self, args)
         return out if self._after is None else self._after(out, args)
 
     @property
@@ -139,6 +140,16 @@ class SubgraphRescue:
         a rescue replaces it."""
         if not self.rescued:
             self._entry = self._run = entry
+
+    def run_eagerly(self, eager: Callable) -> None:
+        """Call ``eager`` (the subgraph's own ops, found to give Thunder's bits) from now on, in Thunder's place."""
+        if not self.rescued:
+            self._run = eager
+
+    @property
+    def run(self) -> Callable:
+        """What runs the subgraph now: Thunder's compiled function, its direct entry, or what a rescue put there."""
+        return self._run
 
     def _rescue(self, error: Exception, args: tuple, kwargs: dict) -> Any:
         problems: list[str] = []

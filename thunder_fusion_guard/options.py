@@ -232,6 +232,12 @@ class Runtime(_Group):
         _bool,
         "under ThunderFX, call each subgraph's one compiled entry without Thunder's per-call search of its cache",
     )
+    eager_pieces: bool = _option(
+        True,
+        _bool,
+        "under ThunderFX, run eagerly where that gives the same bits: split-off pieces of views or constants, and "
+        "(checked on a call) of one contraction, and subgraphs Thunder fuses none of",
+    )
     hoist_max_bytes: int = _option(
         DEFAULT_HOIST_MAX_BYTES,
         _byte_count,

@@ -55,6 +55,9 @@ ReasonCode = Literal[
     "entry_kept",
     # a region running a definition another region compiled (action share)
     "shared_fusion",
+    # a piece ThunderFX split off to Inductor run eagerly, or kept after its check (fx_pieces)
+    "piece_eager",
+    "piece_kept",
     # a ThunderFX subgraph Thunder failed on, or would run without the autograd history eager records (fx_rescue)
     "grad_update_rescued",
     "grad_lost",
@@ -647,6 +650,37 @@ def _entry_kept(f: Facts) -> tuple[str, str | None]:
     return reason, f"{reason}. The direct entry mirrors one cache entry of a Thunder 0.2.6 function only"
 
 
+def _piece_eager(f: Facts) -> tuple[str, str | None]:
+    if f["name"] == "subgraph":
+        reason = "Thunder fuses none of it, and its eager run gave Thunder's bits: run eagerly"
+        return reason, (
+            f"{reason}. Thunder's torch executor runs each of its ops as PyTorch does; eagerly, the subgraph skips "
+            "Thunder's per-call work (its entry, the prologue, autograd's Function). Its eager outputs and gradients "
+            "equalled Thunder's bit for bit on copies of the first call's inputs; its sizes are static, nothing of it "
+            "was hoisted, and it updates no input in place"
+        )
+    if f["name"] == "views":
+        reason = "only views and constants: run eagerly, the same bits without Inductor's call"
+        why = (
+            "A view's values and gradient (a copy into zeros) are the same bits whoever makes them, and the views of "
+            "one tensor here do not overlap, so no gradient is summed in another order"
+        )
+    else:
+        reason = "one contraction among views, its eager bits checked equal to Inductor's: run eagerly"
+        why = (
+            "Its eager run gave Inductor's bits, forward and gradients, on copies of a real call's inputs; its "
+            "sizes are static, so each call runs the same BLAS calls"
+        )
+    return reason, (
+        f"{reason}. ThunderFX splits ops Thunder does not support, or supports only by its automatic registration, "
+        f"off to Inductor as pieces of their own, each call through AOTAutograd's wrappers forward and backward. {why}"
+    )
+
+
+def _piece_kept(f: Facts) -> tuple[str, str | None]:
+    return f"Inductor's piece kept: {f['why']}", None
+
+
 def _cuda_graphs_recommended(f: Facts) -> tuple[str, str | None]:
     reason = f"{f['name']} captures as Thunder's; {f['recommended']} would capture with fewer graphs and copies"
     return reason, (
@@ -860,6 +894,8 @@ _WORDS: dict[ReasonCode, Callable[[Facts], tuple[str, str | None]]] = {
     "entered": _entered,
     "entry_kept": _entry_kept,
     "shared_fusion": _shared_fusion,
+    "piece_eager": _piece_eager,
+    "piece_kept": _piece_kept,
     "cuda_graphs_recommended": _cuda_graphs_recommended,
     "grad_update_rescued": _grad_update_rescued,
     "grad_lost": _grad_lost,

@@ -17,6 +17,7 @@ from ._thunder import FusionExecutor
 from .cost import CostConstants
 from .decisions import Decision, Subgraph
 from .distributed import compare_ranks, current_rank, world_size
+from .fx_pieces import PieceRun, eager_subgraph, piece_decision, run_pieces_eagerly, subgraph_decision
 from .fx_rescue import Rescued, SubgraphRescue, entry_decision, refusing_lost_gradients, rescue_decision
 from .measure import calibrate
 from .measure.breakeven import RegionMeasurer
@@ -84,6 +85,9 @@ class FusionGuard(thunder.Transform):
         # compiles and what its forward hoisted, so that its backward trace is recorded with its own forward.
         self._thread = threading.local()
         self._subgraph_ids: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        self._owners_decided: weakref.WeakSet[Any] = (
+            weakref.WeakSet()
+        )  # split graphs whose Inductor pieces were decided
         self._captures: weakref.WeakKeyDictionary[th.CaptureSummary, Decision] = weakref.WeakKeyDictionary()
         self._recommended: weakref.WeakSet[Any] = weakref.WeakSet()  # Thunder's CUDAGraphTransforms a decision named
 
@@ -235,15 +239,50 @@ class FusionGuard(thunder.Transform):
                     decision.function, decision.compile_index = compiled[-1].function, compiled[-1].compile_index
                 self.report.add(decision)
 
-        def on_first_call(rescue: SubgraphRescue) -> None:
-            entry, why = th.direct_entry(rescue.jitted, rescue.thunder_fn)
-            if entry is not None:
-                rescue.enter(entry)
-                entry.on_leave = entered
-            entered(why)
+        def on_first_call(rescue: SubgraphRescue, args: tuple) -> None:
+            if options.runtime.eager_pieces:
+                self._decide_pieces(module, rescue.jitted)
+            if options.runtime.direct_entry:
+                entry, why = th.direct_entry(rescue.jitted, rescue.thunder_fn)
+                if entry is not None:
+                    rescue.enter(entry)
+                    entry.on_leave = entered
+                entered(why)
+            if options.runtime.eager_pieces:
+                self._decide_eager_subgraph(module, rescue, args)
 
-        first = on_first_call if options.runtime.direct_entry else None
+        runtime = options.runtime
+        first = on_first_call if runtime.direct_entry or runtime.eager_pieces else None
         th.wrap_module_call(model, lambda call: SubgraphRescue(model, call, module, on_rescue, first))
+
+    def _decide_eager_subgraph(self, module: Any, rescue: SubgraphRescue, args: tuple) -> None:
+        """Run the ThunderFX subgraph ``module`` eagerly from now on where Thunder fuses nothing of it, hoisted nothing
+        from it and its eager run gives Thunder's bits on this first call's ``args`` (``fx_pieces.eager_subgraph``),
+        recorded; else it stays Thunder's, unrecorded."""
+        subgraph = self._subgraph_id(module)
+        if any(d.subgraph == subgraph and d.action == "hoist" for d in self.report):
+            return
+        eager, _ = eager_subgraph(module, rescue.jitted, rescue.run, args)
+        if eager is None:
+            return
+        rescue.run_eagerly(eager)
+        with self._lock:
+            self.report.add(subgraph_decision(subgraph, module))
+
+    def _decide_pieces(self, module: Any, jitted: Any) -> None:
+        """Once for the split graph calling ``jitted`` (found on the call stack): its Inductor pieces that give the
+        same bits eagerly run eagerly (:mod:`.fx_pieces`), recorded."""
+        found = th.split_graph_owner(jitted)
+        if found is None or found[0] in self._owners_decided:
+            return
+        self._owners_decided.add(found[0])
+        beside = self._subgraph_id(module)
+
+        def tell(run: PieceRun) -> None:
+            with self._lock:
+                self.report.add(piece_decision(run, beside))
+
+        run_pieces_eagerly(found[0], tell)
 
     def _refuse_scripted(self, model: Any) -> None:
         """Raise, before Thunder interprets ``model``, where its forward calls a TorchScript function: Thunder 0.2.6

@@ -23,8 +23,10 @@ __all__ = [
     "compiled_module",
     "fx_module_source",
     "fx_output_examples",
+    "inductor_pieces",
     "is_thunderfx",
     "replace_subgraph",
+    "split_graph_owner",
     "split_graph_readers",
     "split_reason_words",
     "thunderfx_function_name",
@@ -240,20 +242,59 @@ def fx_output_examples(gm: torch.fx.GraphModule) -> list[Any]:
     return [getattr(n, "meta", {}).get("example_value") for n in returned]
 
 
-def split_graph_readers(jitted: Any) -> list[set[str]] | None:
-    """For each output of the ThunderFX subgraph ``jitted`` (its ThunderModule), what reads it in the split graph
-    calling it: ``thunder`` (another Thunder subgraph), ``other`` (a part ThunderFX compiled with Inductor or runs
-    eagerly) or ``output`` (the graph's own output). Found on the call stack, so only while the split graph runs;
-    None where no calling split graph is found."""
+def split_graph_owner(jitted: Any) -> tuple[torch.fx.GraphModule, torch.fx.Node] | None:
+    """The split GraphModule calling the ThunderFX subgraph ``jitted`` (its ThunderModule) and the node that calls
+    it. Found on the call stack, so only while the split graph runs; None where no calling split graph is found."""
     frame = sys._getframe(1)
     while frame is not None:
         owner = frame.f_locals.get("self")
         if isinstance(owner, torch.fx.GraphModule):
             for node in owner.graph.nodes:
                 if node.op == "call_module" and getattr(owner, str(node.target), None) is jitted:
-                    return _readers(owner, node)
+                    return owner, node
         frame = frame.f_back
     return None
+
+
+def split_graph_readers(jitted: Any) -> list[set[str]] | None:
+    """For each output of the ThunderFX subgraph ``jitted`` (its ThunderModule), what reads it in the split graph
+    calling it: ``thunder`` (another Thunder subgraph), ``other`` (a part ThunderFX compiled with Inductor or runs
+    eagerly) or ``output`` (the graph's own output). Found on the call stack, so only while the split graph runs;
+    None where no calling split graph is found."""
+    found = split_graph_owner(jitted)
+    return None if found is None else _readers(*found)
+
+
+def inductor_pieces(owner: torch.fx.GraphModule) -> list[tuple[str, torch.nn.Module, torch.fx.Graph]]:
+    """The parts of the split GraphModule ``owner`` that ThunderFX compiled with Inductor, in order: the attribute
+    naming each (``inductor_1``), the module it calls and the fx graph that module was compiled from, returning what
+    ``owner`` reads of the call. Thunder 0.2.6 wraps Inductor's compiled function in a module keeping the graph as
+    ``graph``, which Inductor may have made return a one-element list where the call gives the value itself; a part
+    it runs eagerly (a fx GraphModule already) is none of these."""
+    found = []
+    for node in owner.graph.find_nodes(op="call_module"):
+        name, child = str(node.target), getattr(owner, str(node.target), None)
+        graph = getattr(child, "graph", None)
+        if (
+            name.startswith("inductor_")
+            and not isinstance(child, torch.fx.GraphModule)
+            and isinstance(graph, torch.fx.Graph)
+        ):
+            whole = any(user.target is not operator.getitem for user in node.users)  # not a tuple: read whole
+            found.append((name, child, _returning_one(graph) if whole else graph))
+    return found
+
+
+def _returning_one(graph: torch.fx.Graph) -> torch.fx.Graph:
+    """``graph`` returning its one output itself where it returns it in a one-element list or tuple (a copy)."""
+    (output,) = graph.find_nodes(op="output")
+    returned = output.args[0]
+    if not (isinstance(returned, (list, tuple)) and len(returned) == 1):
+        return graph
+    copied = torch.fx.Graph()
+    values = copied.graph_copy(graph, {})
+    copied.output(values[0])
+    return copied
 
 
 def _readers(owner: torch.fx.GraphModule, node: torch.fx.Node) -> list[set[str]]:

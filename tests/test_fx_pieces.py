@@ -1,0 +1,275 @@
+"""Pieces ThunderFX splits off to Inductor, run eagerly where that gives the same bits (``runtime.eager_pieces``): views
+and constants by construction, a contraction once checked on a call; each recorded, the rest left to Inductor."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from thunder.dynamo import thunderfx
+
+from thunder_fusion_guard import Costs, FusionGuard, Runtime, fusion_executors, fx_pieces
+from thunder_fusion_guard import _thunder as th
+from thunder_fusion_guard.fx_pieces import piece_kind
+
+
+class Pieces(torch.nn.Module):
+    """Two disjoint narrows (a views piece), a tensordot (a contraction piece), a sinc (a computing piece) and, with
+    ``overlap``, two narrows of one input that overlap."""
+
+    def __init__(self, dtype: torch.dtype, overlap: bool = False) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8, 6, generator=torch.Generator().manual_seed(2)).to(dtype))
+        self.overlap = overlap
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = x.narrow(1, 0, 4)
+        b = x.narrow(1, 2 if self.overlap else 4, 4)
+        y = torch.tanh(a) * b + 0.3
+        y = torch.sinc(y) * y
+        z = torch.tensordot(y, self.w[:4], dims=([1], [0]))
+        return (z.exp() * z).float().sum()
+
+
+def _steps(compiled, model: torch.nn.Module, x: torch.Tensor, n: int = 3) -> list[torch.Tensor]:
+    seen = []
+    for i in range(n):
+        model.w.grad = None
+        xi = x.detach().mul(1 + i).requires_grad_()
+        loss = compiled(xi)
+        loss.backward()
+        seen += [loss.detach(), xi.grad.clone(), model.w.grad.clone()]
+    return seen
+
+
+def _run(dtype: torch.dtype, guard: FusionGuard | None, overlap: bool = False, device: str = "cpu"):
+    torch._dynamo.reset()  # each run's compiles within Dynamo's recompile limit (beyond it, eager runs)
+    model = Pieces(dtype, overlap).to(device)
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    transforms = [guard] if guard is not None else []
+    compiled = thunderfx(model, executors=fusion_executors(device), transforms=transforms)
+    return compiled, _steps(compiled, model, x)
+
+
+def _children(compiled) -> dict[str, str]:
+    """Each Inductor piece's name and what runs it: ``eager`` (a fx GraphModule) or ``inductor``."""
+    return {
+        name: "eager" if isinstance(child, torch.fx.GraphModule) else "inductor"
+        for info in compiled._backend.subgraph_infos
+        for name, child in info.split_graph_module.named_children()
+        if name.startswith("inductor_")
+    }
+
+
+def _pieces(guard: FusionGuard) -> list[tuple[str, str, str]]:
+    """The Inductor pieces decided: (action, code, kind)."""
+    found = [d for d in guard.report if d.code in ("piece_eager", "piece_kept") and d.executor == "inductor"]
+    return [(d.action, d.code, d.facts["name"]) for d in found]
+
+
+def _eager_subgraphs(guard: FusionGuard) -> list[str]:
+    return [d.region for d in guard.report if d.code == "piece_eager" and d.executor == "thunder"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_view_and_contraction_pieces_run_eagerly_with_unguarded_bits(dtype):
+    _, unguarded = _run(dtype, None)
+    guard = FusionGuard()
+    compiled, guarded = _run(dtype, guard)
+    assert len(guarded) == len(unguarded)
+    for got, want in zip(guarded, unguarded, strict=True):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    # the narrows and the tensordot run eagerly now; the sinc computes: Inductor's
+    assert sorted(_children(compiled).values()) == ["eager", "eager", "inductor"]
+    assert sorted(_pieces(guard)) == [("reject", "piece_eager", "contraction"), ("reject", "piece_eager", "views")]
+    views = next(d for d in guard.report if d.code == "piece_eager" and d.facts["name"] == "views")
+    assert views.ops == ["narrow", "narrow"] and views.executor == "inductor"
+    assert views.region.startswith("inductor_") and "beside subgraph" in views.region
+    assert views.details["source"].endswith(f"test_fx_pieces.py:{Pieces.forward.__code__.co_firstlineno + 1}")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_pieces_run_eagerly_beside_nvfuser_with_unguarded_bits(dtype):
+    _, unguarded = _run(dtype, None, device="cuda")
+    guard = FusionGuard()
+    compiled, guarded = _run(dtype, guard, device="cuda")
+    for got, want in zip(guarded, unguarded, strict=True):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    assert ("reject", "piece_eager", "views") in _pieces(guard)
+    assert sorted(_children(compiled).values()).count("eager") == len([p for p in _pieces(guard) if p[0] == "reject"])
+
+
+def test_with_the_option_off_every_piece_stays_with_inductor():
+    guard = FusionGuard(runtime=Runtime(eager_pieces=False))
+    compiled, guarded = _run(torch.bfloat16, guard)
+    _, unguarded = _run(torch.bfloat16, None)
+    assert all(torch.equal(a, b) for a, b in zip(guarded, unguarded, strict=True))
+    assert set(_children(compiled).values()) == {"inductor"} and not _pieces(guard)
+
+
+def test_overlapping_views_of_an_input_with_a_gradient_stay_with_inductor():
+    guard = FusionGuard()
+    compiled, guarded = _run(torch.bfloat16, guard, overlap=True)
+    _, unguarded = _run(torch.bfloat16, None, overlap=True)
+    assert all(torch.equal(a, b) for a, b in zip(guarded, unguarded, strict=True))
+    assert sorted(_children(compiled).values()) == ["eager", "inductor", "inductor"]  # the tensordot only
+    assert _pieces(guard) == [("reject", "piece_eager", "contraction")]
+
+
+def test_a_contraction_whose_eager_bits_differ_stays_with_inductor(monkeypatch):
+    monkeypatch.setattr(fx_pieces, "same_bits", lambda *args: False)
+    guard = FusionGuard()
+    compiled, guarded = _run(torch.float16, guard)
+    _, unguarded = _run(torch.float16, None)
+    assert all(torch.equal(a, b) for a, b in zip(guarded, unguarded, strict=True))
+    assert sorted(_children(compiled).values()) == ["eager", "inductor", "inductor"]  # the narrows only
+    kept = [d for d in guard.report if d.code == "piece_kept"]
+    assert [(d.action, d.facts["name"], d.ops) for d in kept] == [("keep", "contraction", ["tensordot"])]
+    assert not any(
+        type(c).__name__ == "_CheckedPiece"
+        for i in compiled._backend.subgraph_infos
+        for c in i.split_graph_module.children()
+    )
+
+
+def test_same_bits_compares_outputs_and_gradients():
+    x = torch.randn(4, 3, requires_grad=True)
+    w = torch.randn(3, 2)
+    assert fx_pieces.same_bits(torch.mm, lambda a, b: a @ b, (x, w))
+    assert not fx_pieces.same_bits(torch.mm, lambda a, b: (a * 1.0001) @ b, (x, w))
+    # same forward, other gradient: x.grad differs
+    assert not fx_pieces.same_bits(
+        lambda a, b: a.mm(b), lambda a, b: a.detach().mm(b) + (a - a.detach()).mm(b) * 2, (x, w)
+    )
+    assert x.grad is None  # the inputs are only read
+
+
+def _graph(build, requires_grad: bool = True) -> torch.fx.Graph:
+    gm = torch.fx.symbolic_trace(build)
+    for node in gm.graph.find_nodes(op="placeholder"):
+        node.meta["example_value"] = torch.empty(4, 6, requires_grad=requires_grad)
+    return gm.graph
+
+
+def test_piece_kind_reads_the_graph():
+    assert piece_kind(_graph(lambda x: (x.narrow(0, 0, 2), x.narrow(0, 2, 2))))[0] == "views"
+    assert piece_kind(_graph(lambda x: (x.narrow(0, 0, 3), x.narrow(0, 2, 2))))[0] is None  # overlap
+    assert piece_kind(_graph(lambda x: (x.narrow(0, 0, 3), x.narrow(0, 2, 2)), False))[0] == "views"  # no gradient
+    assert piece_kind(_graph(lambda x: x.expand(2, 4, 6)))[0] is None  # its gradient is a sum
+    assert piece_kind(_graph(lambda x: x.expand(2, 4, 6), False))[0] == "views"
+    assert piece_kind(_graph(lambda x: x.new_zeros(3), True))[0] == "views"
+    assert piece_kind(_graph(lambda x: torch.mm(x.t(), x.reshape(4, 6))))[0] is None  # x read twice
+    assert piece_kind(_graph(lambda x: torch.mm(x.t(), x), False))[0] == "contraction"
+    assert piece_kind(_graph(lambda x: torch.sinc(x)))[1] == "it computes (sinc)"
+    assert piece_kind(_graph(lambda x: x[x > 0]))[0] is None
+
+
+def test_inductor_pieces_give_the_graph_returning_what_the_call_reads():
+    owner = torch.fx.symbolic_trace(lambda x: x + 1)
+    one = torch.fx.symbolic_trace(lambda x: [x.t()])
+
+    class Compiled(torch.nn.Module):
+        graph = one.graph
+
+        def forward(self, x):
+            return one(x)[0]
+
+    owner.add_submodule("inductor_0", Compiled())
+    with owner.graph.inserting_before(next(iter(owner.graph.find_nodes(op="output")))):
+        call = owner.graph.call_module("inductor_0", (next(iter(owner.graph.find_nodes(op="placeholder"))),))
+    owner.graph.find_nodes(op="output")[0].args = (call,)
+    ((name, _, graph),) = th.inductor_pieces(owner)
+    assert name == "inductor_0"
+    (output,) = graph.find_nodes(op="output")
+    assert isinstance(output.args[0], torch.fx.Node)  # the value itself, as the call gives it
+
+
+class Product(torch.nn.Module):
+    """A narrow (split off to Inductor) between two ThunderFX subgraphs: a product, and a scaled sum."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        p = x * y
+        return (p.narrow(1, 0, 4) * 3.0).sum()
+
+
+def _product(dtype: torch.dtype, guard: FusionGuard | None, **options):
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(3)
+    x, y = (torch.randn(8, 6, generator=g).to(dtype) for _ in range(2))
+    compiled = thunderfx(Product(), transforms=[guard] if guard is not None else [], **options)
+    seen = []
+    for i in range(3):
+        xi = x.detach().mul(1 + i).requires_grad_()
+        loss = compiled(xi, y)
+        loss.backward()
+        seen += [loss.detach(), xi.grad.clone()]
+    return compiled, seen
+
+
+def _runs(compiled) -> list[str]:
+    """What runs each Thunder subgraph: ``eager`` (its fx module) or ``thunder``."""
+    return [
+        "eager" if isinstance(th.module_call(tm).run, torch.fx.GraphModule) else "thunder"
+        for info in compiled._backend.subgraph_infos
+        for tm in info.thunder_compiled_fns
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_a_subgraph_thunder_fuses_none_of_runs_eagerly_with_its_bits(dtype):
+    guard = FusionGuard()
+    compiled, guarded = _product(dtype, guard)  # Thunder's CPU default: its torch executor, no fusion
+    _, unguarded = _product(dtype, None)
+    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(guarded, unguarded, strict=True))
+    assert _runs(compiled) == ["eager", "eager"]
+    assert _eager_subgraphs(guard) == ["subgraph 0", "subgraph 1"]
+    first = next(d for d in guard.report if d.code == "piece_eager" and d.executor == "thunder")
+    assert first.action == "reject" and first.ops == ["mul"] and first.details["decided_by"] == "checked"
+
+
+def test_a_subgraph_whose_eager_bits_differ_stays_thunders(monkeypatch):
+    monkeypatch.setattr(fx_pieces, "same_bits", lambda *args: False)
+    guard = FusionGuard()
+    compiled, guarded = _product(torch.bfloat16, guard)
+    _, unguarded = _product(torch.bfloat16, None)
+    assert all(torch.equal(a, b) for a, b in zip(guarded, unguarded, strict=True))
+    assert _runs(compiled) == ["thunder", "thunder"] and not _eager_subgraphs(guard)
+
+
+def test_a_subgraph_with_a_kept_fusion_stays_thunders():
+    guard = FusionGuard(costs=Costs(cost_model=False))  # compute regions kept
+    compiled, guarded = _product(torch.float32, guard, executors=fusion_executors("cpu"))
+    _, unguarded = _product(torch.float32, None, executors=fusion_executors("cpu"))
+    assert all(torch.equal(a, b) for a, b in zip(guarded, unguarded, strict=True))
+    kept = {d.subgraph for d in guard.report if d.about_region and d.action == "keep" and d.executor == "torchcompile"}
+    runs = dict(zip(["subgraph 0", "subgraph 1"], _runs(compiled), strict=True))
+    assert kept and all(runs[s] == "thunder" for s in kept)
+    assert set(_eager_subgraphs(guard)) == {s for s in runs if s not in kept}
+
+
+def test_with_the_option_off_subgraphs_stay_thunders():
+    guard = FusionGuard(runtime=Runtime(eager_pieces=False))
+    compiled, _ = _product(torch.float32, guard)
+    assert _runs(compiled) == ["thunder", "thunder"] and not _eager_subgraphs(guard)
+
+
+class Banded(torch.nn.Module):
+    """A mask built row by row from the input's shape (hoisted by the guard) beside a narrow split off to Inductor."""
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        t = scores.shape[-1]
+        mask = torch.full((t, t), float("-inf"))
+        for i in range(t):
+            mask[i, max(0, i - 3) : i + 1] = 0.0
+        return (scores + mask).narrow(-1, 0, 4).exp().sum()
+
+
+def test_a_subgraph_with_hoisted_work_stays_thunders():
+    torch._dynamo.reset()
+    guard = FusionGuard()
+    compiled = thunderfx(Banded(), transforms=[guard])
+    x = torch.randn(2, 8, 8, generator=torch.Generator().manual_seed(4), requires_grad=True)
+    for _ in range(2):
+        compiled(x).backward()
+    hoisted = {d.subgraph for d in guard.report if d.action == "hoist"}
+    assert hoisted and not hoisted & set(_eager_subgraphs(guard))
