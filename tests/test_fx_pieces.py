@@ -273,3 +273,30 @@ def test_a_subgraph_with_hoisted_work_stays_thunders():
         compiled(x).backward()
     hoisted = {d.subgraph for d in guard.report if d.action == "hoist"}
     assert hoisted and not hoisted & set(_eager_subgraphs(guard))
+
+
+class Noisy(torch.nn.Module):
+    """Dropout in training (a random draw) before a narrow split off to Inductor."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(x * 2.0, 0.5, training=True).narrow(1, 0, 4).sum()
+
+
+def test_a_subgraph_that_draws_random_numbers_stays_thunders_and_the_draws_stay_unguardeds():
+    def run(guard: FusionGuard | None) -> list[torch.Tensor]:
+        torch._dynamo.reset()
+        compiled = thunderfx(Noisy(), transforms=[guard] if guard is not None else [])
+        torch.manual_seed(5)
+        x = torch.randn(8, 6, requires_grad=True)
+        seen = []
+        for _ in range(3):
+            x.grad = None
+            loss = compiled(x)
+            loss.backward()
+            seen += [loss.detach(), x.grad.clone()]
+        return [*seen, torch.rand(3)]  # the random state after the steps
+
+    guard = FusionGuard()
+    assert all(torch.equal(a, b) for a, b in zip(run(guard), run(None), strict=True))
+    assert guard.report.subgraphs["subgraph 0"].ops == ["mul", "dropout"]
+    assert _eager_subgraphs(guard) == ["subgraph 1"]  # the sum after the narrow; the dropout stays Thunder's

@@ -27,6 +27,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from . import _thunder as th
 from .decisions import Decision, Details
 from .fx_rescue import compile_fx_module, updated_inputs
+from .ops import is_random
 from .reasons import Facts, ReasonCode, words
 
 __all__ = [
@@ -207,6 +208,11 @@ def piece_kind(graph: torch.fx.Graph) -> tuple[PieceKind | None, str]:
     return "contraction", ""
 
 
+def _capturing() -> bool:
+    """Whether a CUDA graph is being captured on the current stream (no check runs inside a capture)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def eager_module(graph: torch.fx.Graph, name: str) -> torch.fx.GraphModule:
     """A GraphModule running a copy of ``graph`` eagerly (the piece's own ops, as Dynamo recorded them)."""
     copied = torch.fx.Graph()
@@ -267,7 +273,7 @@ class _CheckedPiece(torch.nn.Module):
 
     def forward(self, *args: Any) -> Any:
         out = self.compiled(*args)
-        if any(isinstance(a, FakeTensor) for a in args):  # torch.compile's DDP optimizer learning shapes: no call yet
+        if _capturing() or any(isinstance(a, FakeTensor) for a in args):  # shapes learnt on fakes: no call yet
             return out
         owner, name = self._where
         same = same_bits(self.compiled, self.eager, args)
@@ -312,8 +318,10 @@ def eager_subgraph(
     forward, backward = th.last_traces(jitted)
     if forward is None or any(th.is_fusion(b) for t in (forward, backward) if t is not None for b in t.bound_symbols):
         return None, "Thunder fuses some of it"
-    if any(th.is_cudagraph_transform(t) for t in th.jitted_transforms(jitted)):
-        return None, "Thunder captures it in CUDA graphs"
+    if any(is_random(b) for b in forward.bound_symbols):  # a second run would draw again: the random state moves
+        return None, "it draws random numbers"
+    if any(th.is_cudagraph_transform(t) for t in th.jitted_transforms(jitted)) or _capturing():
+        return None, "it runs in CUDA graphs"
     if updated_inputs(module):
         return None, "it updates an input in place"
     if not _static(module.graph):
