@@ -348,6 +348,7 @@ def piece_decision(run: PieceRun, beside: str | None) -> Decision:
         run.ops,
         "reject" if run.eager else "keep",
         reason,
+        subgraph=beside,
         details=details,
         code=code,
         facts=dict(facts),

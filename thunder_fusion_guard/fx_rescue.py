@@ -46,9 +46,9 @@ from .wording import error_line, error_text
 
 # Told of each rescue, and of outputs restrided.
 OnRescue = Callable[["Rescued"], None]
-# Called once, after the first call Thunder ran, with that call's arguments: may give the rescue a direct entry
-# (:meth:`SubgraphRescue.enter`) or an eager run (:meth:`SubgraphRescue.run_eagerly`).
-OnFirstCall = Callable[["SubgraphRescue", tuple], None]
+# Called once, after the first call Thunder ran, with that call's positional arguments (None where it had keyword
+# ones): may give the rescue a direct entry (``SubgraphRescue.enter``) or an eager run (``run_eagerly``).
+OnFirstCall = Callable[["SubgraphRescue", tuple | None], None]
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ class SubgraphRescue:
         if self._on_first_call is not None and self._run is self.thunder_fn:
             first, self._on_first_call = self._on_first_call, None
             with contextlib.suppress(Exception):  # a direct entry is a shortcut: never a reason to fail the call
-                first(self, args)
+                first(self, None if kwargs else args)
         return out if self._after is None else self._after(out, args)
 
     @property

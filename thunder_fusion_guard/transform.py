@@ -85,9 +85,8 @@ class FusionGuard(thunder.Transform):
         # compiles and what its forward hoisted, so that its backward trace is recorded with its own forward.
         self._thread = threading.local()
         self._subgraph_ids: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-        self._owners_decided: weakref.WeakSet[Any] = (
-            weakref.WeakSet()
-        )  # split graphs whose Inductor pieces were decided
+        # The split graphs whose Inductor pieces were decided (runtime.eager_pieces).
+        self._owners_decided: weakref.WeakSet[Any] = weakref.WeakSet()
         self._captures: weakref.WeakKeyDictionary[th.CaptureSummary, Decision] = weakref.WeakKeyDictionary()
         self._recommended: weakref.WeakSet[Any] = weakref.WeakSet()  # Thunder's CUDAGraphTransforms a decision named
 
@@ -239,7 +238,7 @@ class FusionGuard(thunder.Transform):
                     decision.function, decision.compile_index = compiled[-1].function, compiled[-1].compile_index
                 self.report.add(decision)
 
-        def on_first_call(rescue: SubgraphRescue, args: tuple) -> None:
+        def on_first_call(rescue: SubgraphRescue, args: tuple | None) -> None:
             if options.runtime.eager_pieces:
                 self._decide_pieces(module, rescue.jitted)
             if options.runtime.direct_entry:
@@ -248,7 +247,7 @@ class FusionGuard(thunder.Transform):
                     rescue.enter(entry)
                     entry.on_leave = entered
                 entered(why)
-            if options.runtime.eager_pieces:
+            if options.runtime.eager_pieces and args is not None:
                 self._decide_eager_subgraph(module, rescue, args)
 
         runtime = options.runtime
@@ -267,7 +266,11 @@ class FusionGuard(thunder.Transform):
             return
         rescue.run_eagerly(eager)
         with self._lock:
-            self.report.add(subgraph_decision(subgraph, module))
+            decision = subgraph_decision(subgraph, module)
+            compiled = [d for d in self.report if d.subgraph == subgraph and d.function is not None]
+            if compiled:  # the compilation it is about: the subgraph's latest
+                decision.function, decision.compile_index = compiled[-1].function, compiled[-1].compile_index
+            self.report.add(decision)
 
     def _decide_pieces(self, module: Any, jitted: Any) -> None:
         """Once for the split graph calling ``jitted`` (found on the call stack): its Inductor pieces that give the
