@@ -106,8 +106,9 @@ def _pinned_cpu(monkeypatch):
 @pytest.fixture(autouse=True)
 def _no_real_timings(request, monkeypatch):
     """No real timing decides anything in the suite: a region near break-even is not timed (the model
-    decides, the decision's ``not_measured`` says so) and a calibration fails at once, before any probe
-    runs: ``calibration="auto"`` then leaves the executor without constants ("no constants": regions kept),
+    decides, the decision's ``not_measured`` says so), nor a ThunderFX subgraph against its eager run, and a
+    calibration fails at once, before any probe runs: ``calibration="auto"`` then leaves the executor without
+    constants ("no constants": regions kept),
     as it did before for the tests' own executors (helpers.fragmenting_executor and the like are not
     registered with Thunder, so their calibration failed). torchcompile itself uses its shipped constants
     (the tests' cache is empty, and ``_pinned_cpu`` makes them this CPU's), and tests/test_no_real_timings.py
@@ -130,6 +131,7 @@ def _no_real_timings(request, monkeypatch):
         raise NoCalibrationInTests(f"{executor} on {device}: {NOT_CALIBRATED_IN_TESTS}")
 
     monkeypatch.setattr(breakeven.RegionMeasurer, "_time", not_timed)
+    monkeypatch.setattr(breakeven.RegionMeasurer, "pair", lambda self, compiled, eager, args: NOT_TIMED_IN_TESTS)
     monkeypatch.setattr(calibrate, "measure", no_calibration)
     monkeypatch.setattr(breakeven, "remember", lambda *args, **kwargs: False)  # a profile's real timing decides nothing
     yield

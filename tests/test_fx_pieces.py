@@ -9,7 +9,10 @@ from thunder.dynamo import thunderfx
 
 from thunder_fusion_guard import Costs, FusionGuard, Runtime, fusion_executors, fx_pieces
 from thunder_fusion_guard import _thunder as th
+from thunder_fusion_guard.cost import Measured
 from thunder_fusion_guard.fx_pieces import piece_kind
+from thunder_fusion_guard.measure import breakeven
+from thunder_fusion_guard.measure.breakeven import RegionMeasurer
 
 
 class Pieces(torch.nn.Module):
@@ -300,3 +303,75 @@ def test_a_subgraph_that_draws_random_numbers_stays_thunders_and_the_draws_stay_
     assert all(torch.equal(a, b) for a, b in zip(run(guard), run(None), strict=True))
     assert guard.report.subgraphs["subgraph 0"].ops == ["mul", "dropout"]
     assert _eager_subgraphs(guard) == ["subgraph 1"]  # the sum after the narrow; the dropout stays Thunder's
+
+
+class Chain(torch.nn.Module):
+    """A chain of products and sums Thunder's torch.compile executor fuses (the cost model keeps it), then a narrow
+    split off to Inductor and a sum in a subgraph of its own."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        p = x * y
+        for _ in range(6):
+            p = p * 1.5 + y
+        return (p.narrow(1, 0, 4) * 3.0).sum()
+
+
+def _chain(dtype: torch.dtype, guard: FusionGuard | None, timed: tuple[float, float] | None = None):
+    """Three steps of ``Chain`` under ThunderFX with torch.compile regions; ``timed``: the guard's timing of a subgraph
+    (Thunder's µs, eager's µs) injected."""
+    torch._dynamo.reset()
+    if guard is not None and timed is not None:
+        guard.measurer.pair = lambda compiled, eager, args: Measured(*timed)
+    g = torch.Generator().manual_seed(3)
+    x, y = (torch.randn(8, 6, generator=g).to(dtype) for _ in range(2))
+    compiled = thunderfx(Chain(), executors=fusion_executors("cpu"), transforms=[guard] if guard is not None else [])
+    seen = []
+    for i in range(3):
+        xi = x.detach().mul(1 + i).requires_grad_()
+        loss = compiled(xi, y)
+        loss.backward()
+        seen += [loss.detach(), xi.grad.clone()]
+    return compiled, seen
+
+
+def test_a_fused_subgraph_timed_slower_than_eager_with_the_same_bits_runs_eagerly():
+    _, unguarded = _chain(torch.float32, None)
+    guard = FusionGuard()
+    compiled, guarded = _chain(torch.float32, guard, timed=(100.0, 10.0))
+    assert all(torch.equal(a, b) for a, b in zip(guarded, unguarded, strict=True))
+    kept = [d for d in guard.report if d.subgraph == "subgraph 0" and d.about_region and d.action == "keep"]
+    assert kept and all(d.executor == "torchcompile" for d in kept)  # Thunder fuses it: the timing decided
+    assert _runs(compiled)[0] == "eager" and "subgraph 0" in _eager_subgraphs(guard)
+    decision = next(d for d in guard.report if d.code == "piece_eager" and d.region == "subgraph 0")
+    assert decision.details["decided_by"] == "measured" and decision.details["margin"] == 0.2
+    assert (decision.facts["measured"].region_us, decision.facts["measured"].eager_us) == (100.0, 10.0)
+    assert decision.details["measured_eager_us"] == 10.0
+
+
+@pytest.mark.parametrize(
+    ("dtype", "timed", "options"),
+    [
+        (torch.float32, (100.0, 85.0), {}),  # eager faster, but not by the margin
+        (torch.float32, (100.0, 10.0), {"costs": Costs(measure_budget_s=0)}),  # no timing: the fusion stays
+        (torch.bfloat16, (100.0, 10.0), {}),  # the fusion rounds once, eager after each op: other bits
+        (torch.float16, (100.0, 10.0), {}),
+    ],
+)
+def test_a_fused_subgraph_stays_thunders_unless_timed_faster_eagerly_with_its_bits(dtype, timed, options):
+    _, unguarded = _chain(dtype, None)
+    guard = FusionGuard(**options)
+    compiled, guarded = _chain(dtype, guard, timed)
+    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(guarded, unguarded, strict=True))
+    assert _runs(compiled)[0] == "thunder" and "subgraph 0" not in _eager_subgraphs(guard)
+
+
+@pytest.mark.real_timings  # its clock is fake: what it says holds whatever the real one says
+def test_the_measurer_times_two_runs_within_its_budget_and_not_across_ranks(monkeypatch):
+    ticks = iter(range(0, 10**12, 1000))  # every reading of the clock 1 µs later
+    measurer = RegionMeasurer(budget_s=1.0, clock=lambda: next(ticks))
+    x = torch.ones(3)
+    measured = measurer.pair(torch.sin, torch.cos, (x,))
+    assert isinstance(measured, Measured) and measurer.timed == 1
+    assert RegionMeasurer(budget_s=0.0).pair(torch.sin, torch.cos, (x,)).startswith("not timed: the measuring budget")
+    monkeypatch.setattr(breakeven, "world_size", lambda: 2)
+    assert measurer.pair(torch.sin, torch.cos, (x,)).startswith("not timed: a run of 2 ranks")

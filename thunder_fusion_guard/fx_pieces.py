@@ -22,15 +22,16 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 
 from . import _thunder as th
+from .cost import Measured
 from .decisions import Decision, Details
-from .fx_rescue import compile_fx_module, updated_inputs
+from .fx_rescue import compile_fx_module, is_fake, subgraph_op_decision, updated_inputs
 from .ops import is_random
 from .reasons import Facts, ReasonCode, words
 
 __all__ = [
+    "EagerSubgraph",
     "PieceRun",
     "eager_module",
     "eager_subgraph",
@@ -221,27 +222,27 @@ def eager_module(graph: torch.fx.Graph, name: str) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(torch.nn.Module(), copied, class_name=name)
 
 
+def _forward_backward(fn: Callable, args: tuple) -> tuple[list[torch.Tensor], list[Any]]:
+    """``fn``'s tensor outputs on copies of ``args`` detached from their history and, in the caller's grad mode, the
+    gradients of the inputs that require grad, the cotangent of each output being its own value: one step of it."""
+    inputs = [a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args]
+    out = fn(*inputs)
+    outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, torch.Tensor)]
+    wanted = [i for i in inputs if isinstance(i, torch.Tensor) and i.requires_grad]
+    diff = [o for o in outs if o.requires_grad]
+    with torch.enable_grad():
+        grads = (
+            torch.autograd.grad(diff, wanted, [o.detach() for o in diff], allow_unused=True) if diff and wanted else []
+        )
+    return [o.detach() for o in outs], list(grads)
+
+
 def same_bits(first: Callable, second: Callable, args: tuple) -> bool:
     """Whether ``first`` and ``second`` give the same outputs (values, dtypes, shapes, strides) and, in grad mode, the
     same gradients of the inputs that require grad, the cotangent of each output being its own value, on ``args``
     (read only), in the caller's grad mode."""
-
-    def run(fn: Callable) -> tuple[list[torch.Tensor], list[Any]]:
-        inputs = [a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args]
-        out = fn(*inputs)
-        outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, torch.Tensor)]
-        wanted = [i for i in inputs if isinstance(i, torch.Tensor) and i.requires_grad]
-        diff = [o for o in outs if o.requires_grad]
-        with torch.enable_grad():
-            grads = (
-                torch.autograd.grad(diff, wanted, [o.detach() for o in diff], allow_unused=True)
-                if diff and wanted
-                else []
-            )
-        return [o.detach() for o in outs], list(grads)
-
     try:
-        (a_out, a_grad), (b_out, b_grad) = run(first), run(second)
+        (a_out, a_grad), (b_out, b_grad) = _forward_backward(first, args), _forward_backward(second, args)
     except Exception:
         return False
     if len(a_out) != len(b_out) or len(a_grad) != len(b_grad):
@@ -273,7 +274,7 @@ class _CheckedPiece(torch.nn.Module):
 
     def forward(self, *args: Any) -> Any:
         out = self.compiled(*args)
-        if _capturing() or any(isinstance(a, FakeTensor) for a in args):  # shapes learnt on fakes: no call yet
+        if _capturing() or any(is_fake(a) for a in args):  # shapes learnt on fakes: no call yet
             return out
         owner, name = self._where
         same = same_bits(self.compiled, self.eager, args)
@@ -309,27 +310,57 @@ def run_pieces_eagerly(owner: torch.fx.GraphModule, tell: Callable[[PieceRun], N
         setattr(owner, name, _CheckedPiece(owner, name, compiled, eager, told))
 
 
+Timer = Callable[[Callable, Callable, tuple], "Measured | str"]
+
+
+@dataclass(frozen=True)
+class EagerSubgraph:
+    """What an eager run of a ThunderFX subgraph came to: ``run`` (None: Thunder's stays), why not, and where Thunder
+    fuses some of it, the timing that decided (``measured``: Thunder's step as ``region_us``, eager's as
+    ``eager_us``)."""
+
+    run: Callable | None
+    why: str = ""
+    measured: Measured | None = None
+
+
 def eager_subgraph(
-    module: torch.fx.GraphModule, jitted: Any, run: Callable, args: tuple
-) -> tuple[Callable | None, str]:
+    module: torch.fx.GraphModule,
+    jitted: Any,
+    run: Callable,
+    args: tuple,
+    timer: Timer | None = None,
+    margin: float = 0.0,
+) -> EagerSubgraph:
     """An eager run of the ThunderFX subgraph ``module`` where Thunder, which compiled it as ``jitted`` and runs it as
-    ``run``, fuses nothing in it and its eager run gives the same bits on ``args`` (the first call's), else None; and
-    why not. Eagerly, a subgraph of a few ops skips Thunder's per-call work (its entry, autograd's Function)."""
+    ``run``, gives the same bits eagerly on ``args`` (the first call's) and either fuses nothing of it or, timed by
+    ``timer`` (forward and backward), runs it slower than eager by more than ``margin``; else why not. Eagerly, a
+    subgraph skips Thunder's per-call work (its entry, autograd's Function) and its fusions' calls."""
     forward, backward = th.last_traces(jitted)
-    if forward is None or any(th.is_fusion(b) for t in (forward, backward) if t is not None for b in t.bound_symbols):
-        return None, "Thunder fuses some of it"
+    if forward is None:
+        return EagerSubgraph(None, "Thunder has not traced it")
+    fused = any(th.is_fusion(b) for t in (forward, backward) if t is not None for b in t.bound_symbols)
+    if fused and timer is None:
+        return EagerSubgraph(None, "Thunder fuses some of it")
     if any(is_random(b) for b in forward.bound_symbols):  # a second run would draw again: the random state moves
-        return None, "it draws random numbers"
+        return EagerSubgraph(None, "it draws random numbers")
     if any(th.is_cudagraph_transform(t) for t in th.jitted_transforms(jitted)) or _capturing():
-        return None, "it runs in CUDA graphs"
+        return EagerSubgraph(None, "it runs in CUDA graphs")
     if updated_inputs(module):
-        return None, "it updates an input in place"
+        return EagerSubgraph(None, "it updates an input in place")
     if not _static(module.graph):
-        return None, "its sizes are symbolic (a check on one call would not hold for the next)"
+        return EagerSubgraph(None, "its sizes are symbolic (a check on one call would not hold for the next)")
     eager = compile_fx_module(module, list(args), "eager")
     if not same_bits(run, eager, args):
-        return None, "its eager run gave other bits than Thunder's on a real call"
-    return eager, ""
+        return EagerSubgraph(None, "its eager run gave other bits than Thunder's on a real call")
+    if not fused:
+        return EagerSubgraph(eager)
+    measured = timer(lambda *a: _forward_backward(run, a), lambda *a: _forward_backward(eager, a), args)
+    if isinstance(measured, str):
+        return EagerSubgraph(None, measured)
+    if measured.eager_us >= measured.region_us * (1 - margin):
+        return EagerSubgraph(None, "Thunder's run is faster, or not enough slower", measured)
+    return EagerSubgraph(eager, measured=measured)
 
 
 def piece_decision(run: PieceRun, beside: str | None) -> Decision:
@@ -355,24 +386,14 @@ def piece_decision(run: PieceRun, beside: str | None) -> Decision:
     )
 
 
-def subgraph_decision(subgraph: str, module: torch.fx.GraphModule) -> Decision:
-    """The decision recording that ThunderFX subgraph ``subgraph`` (its fx ``module``) runs eagerly from now on."""
-    ops = th.fx_graph_ops(module)
-    facts = Facts(region=subgraph, ops=ops, name="subgraph")
-    reason, told = words("piece_eager", facts)
-    details: Details = {"scope": "op", **told, "decided_by": "checked"}
-    source = th.fx_module_source(module)
-    if source:
-        details["source"] = source
-    return Decision(
-        "forward",
-        subgraph,
-        "thunder",
-        ops,
-        "reject",
-        reason,
-        subgraph=subgraph,
-        details=details,
-        code="piece_eager",
-        facts=dict(facts),
-    )
+def subgraph_decision(
+    subgraph: str, module: torch.fx.GraphModule, measured: Measured | None = None, margin: float = 0.0
+) -> Decision:
+    """The decision recording that ThunderFX subgraph ``subgraph`` (its fx ``module``) runs eagerly from now on;
+    ``measured``: Thunder fuses some of it, and this timing decided, eager cheaper by more than ``margin``."""
+    facts = Facts(region=subgraph, ops=th.fx_graph_ops(module), name="subgraph")
+    details: Details = {"decided_by": "checked"}
+    if measured is not None:
+        facts.update(measured=measured, margin=margin)
+        details = {"decided_by": "measured", "margin": margin, **measured.as_record()}  # type: ignore[typeddict-item]
+    return subgraph_op_decision(subgraph, module, "reject", "piece_eager", facts, details)

@@ -106,7 +106,7 @@ class SubgraphRescue:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         grad = torch.is_grad_enabled()
         if self._first_call:
-            if any(_is_fake(a) for a in args):  # before the first real call only: the check costs µs an argument
+            if any(is_fake(a) for a in args):  # before the first real call only: the check costs µs an argument
                 return self._on_fakes(args, kwargs)
             self._first_call = False
             self._remade = views_without_history(args)
@@ -273,7 +273,8 @@ class SubgraphRescue:
             self._on_rescue(what)
 
 
-def _is_fake(value: Any) -> bool:
+def is_fake(value: Any) -> bool:
+    """Whether ``value`` is a fake tensor (Dynamo learning shapes): no real call, nothing to run or check on it."""
     from torch._subclasses.fake_tensor import FakeTensor
 
     return isinstance(value, FakeTensor)
@@ -503,30 +504,39 @@ def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
         return True
 
 
-def entry_decision(subgraph: str, module: torch.fx.GraphModule, not_entered: str) -> Decision:
-    """The decision recording whether ThunderFX subgraph ``subgraph``'s compiled function is entered directly
-    (``not_entered`` empty) or keeps Thunder's call, and why (worded by :func:`.reasons.words`)."""
-    ops = th.fx_graph_ops(module)
-    code: ReasonCode = "entry_kept" if not_entered else "entered"
-    facts = Facts(why=not_entered) if not_entered else Facts()
+def subgraph_op_decision(
+    subgraph: str, module: torch.fx.GraphModule, action: Action, code: ReasonCode, facts: Facts, details: Details
+) -> Decision:
+    """A decision about ThunderFX subgraph ``subgraph`` as a whole (its fx ``module``: its ops and the user's line),
+    scope "op", worded from ``code`` and ``facts``; ``details`` adds what the caller knows."""
     reason, told = words(code, facts)
-    details: Details = {"scope": "op", **told, "entered": not not_entered}
-    if not_entered:
-        details["not_entered"] = not_entered
+    merged: Details = {"scope": "op", **told, **details}
     source = th.fx_module_source(module)
     if source:
-        details["source"] = source
+        merged["source"] = source
     return Decision(
         "forward",
         subgraph,
         "thunder",
-        ops,
-        "enter",
+        th.fx_graph_ops(module),
+        action,
         reason,
         subgraph=subgraph,
-        details=details,
+        details=merged,
         code=code,
         facts=dict(facts),
+    )
+
+
+def entry_decision(subgraph: str, module: torch.fx.GraphModule, not_entered: str) -> Decision:
+    """The decision recording whether ThunderFX subgraph ``subgraph``'s compiled function is entered directly
+    (``not_entered`` empty) or keeps Thunder's call, and why (worded by :func:`.reasons.words`)."""
+    code: ReasonCode = "entry_kept" if not_entered else "entered"
+    details: Details = {"entered": not not_entered}
+    if not_entered:
+        details["not_entered"] = not_entered
+    return subgraph_op_decision(
+        subgraph, module, "enter", code, Facts(why=not_entered) if not_entered else Facts(), details
     )
 
 

@@ -651,6 +651,19 @@ def _entry_kept(f: Facts) -> tuple[str, str | None]:
 
 
 def _piece_eager(f: Facts) -> tuple[str, str | None]:
+    if f["name"] == "subgraph" and "measured" in f:
+        m = f["measured"]
+        reason = (
+            f"eagerly {m.eager_us:.0f} µs against Thunder's {m.region_us:.0f} µs a step, forward and backward, with "
+            "Thunder's bits: run eagerly"
+        )
+        return reason, (
+            f"{reason}. Thunder fuses some of it, but its fusions do not pay for their calls and Thunder's own "
+            "per-call work (its entry, the prologue, autograd's Function): timed on copies of the first call's "
+            f"inputs, its eager run was cheaper by more than the margin ({f['margin']:.0%}), and its eager outputs and "
+            "gradients equalled Thunder's bit for bit; its sizes are static, nothing of it was hoisted, and it updates "
+            "no input in place"
+        )
     if f["name"] == "subgraph":
         reason = "Thunder fuses none of it, and its eager run gave Thunder's bits: run eagerly"
         return reason, (

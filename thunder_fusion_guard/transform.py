@@ -255,18 +255,23 @@ class FusionGuard(thunder.Transform):
         th.wrap_module_call(model, lambda call: SubgraphRescue(model, call, module, on_rescue, first))
 
     def _decide_eager_subgraph(self, module: Any, rescue: SubgraphRescue, args: tuple) -> None:
-        """Run the ThunderFX subgraph ``module`` eagerly from now on where Thunder fuses nothing of it, hoisted nothing
-        from it and its eager run gives Thunder's bits on this first call's ``args`` (``fx_pieces.eager_subgraph``),
-        recorded; else it stays Thunder's, unrecorded."""
+        """Run the ThunderFX subgraph ``module`` eagerly from now on where nothing was hoisted from it and its eager run
+        gives Thunder's bits on this first call's ``args``, and Thunder fuses nothing of it or, timed (the cost model
+        on), runs it slower by the margin (``fx_pieces.eager_subgraph``), recorded; else it stays Thunder's,
+        unrecorded."""
         subgraph = self._subgraph_id(module)
         if any(d.subgraph == subgraph and d.action == "hoist" for d in self.report):
             return
-        eager, _ = eager_subgraph(module, rescue.jitted, rescue.run, args)
-        if eager is None:
+        costs = self.options.costs
+        timer = self.measurer.pair if costs.cost_model and costs.measure_budget_s > 0 else None
+        found = eager_subgraph(module, rescue.jitted, rescue.run, args, timer, costs.margin)
+        if found.run is None:
             return
-        rescue.run_eagerly(eager)
+        rescue.run_eagerly(found.run)
         with self._lock:
-            decision = subgraph_decision(subgraph, module)
+            if found.measured is not None:
+                self.report.measuring = self.measurer.to_dict()
+            decision = subgraph_decision(subgraph, module, found.measured, costs.margin)
             compiled = [d for d in self.report if d.subgraph == subgraph and d.function is not None]
             if compiled:  # the compilation it is about: the subgraph's latest
                 decision.function, decision.compile_index = compiled[-1].function, compiled[-1].compile_index

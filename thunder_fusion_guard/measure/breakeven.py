@@ -224,6 +224,35 @@ class RegionMeasurer:
             self.pending[key] = entry
         return measured
 
+    def pair(self, compiled: Callable[..., Any], eager: Callable[..., Any], args: tuple) -> Measured | str:
+        """Time ``compiled`` against ``eager``, two runs of one program, interleaved on ``args`` within what is left
+        of the budget (``region_us`` is the compiled run's); or say why they are not timed. Not cached: the
+        programs are known by their callables only. Several ranks: not timed, as regions are not."""
+        ranks = world_size()
+        if ranks > 1:
+            self.skipped += 1
+            return f"not timed: a run of {ranks} ranks decides without timings, so that every rank decides alike"
+        left = self.budget_s - self.seconds
+        if left <= 0:
+            self.skipped += 1
+            return f"not timed: the measuring budget ({self.budget_s:g} s, option 'costs.measure_budget_s') is spent"
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return "not timed: a CUDA graph is being captured"
+        start = self.clock()
+        try:
+            deadline = start + int(min(REGION_TIMING_S, left) * 1e9)
+            samples = interleaved_us(
+                [compiled, eager], args, reps=REPS, warmup=WARMUP, deadline_ns=deadline, clock=self.clock
+            )
+        except Exception as e:  # never into the user's program: whatever runs now stays
+            self.skipped += 1
+            return f"not timed: {error_line(e)}"
+        finally:
+            self.seconds += (self.clock() - start) / 1e9
+        self.timed += 1
+        medians = [statistics.median(s) for s in samples]
+        return Measured(medians[0], medians[1], "timed", paired_spread(samples[0], samples[1]))
+
     def cached(self, trace: th.TraceCtx, region: Region) -> Measured | None:
         """The timing of ``region`` an earlier run left in the cache (None: there is none, or several ranks run,
         which decide by the model alone); nothing is timed."""
