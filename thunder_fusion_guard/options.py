@@ -236,7 +236,7 @@ class Runtime(_Group):
         True,
         _bool,
         "under ThunderFX, run eagerly where that gives the same bits: split-off pieces of views or constants, and "
-        "(checked on a call) of one contraction, and subgraphs Thunder fuses none of",
+        "(checked on a call) of one contraction, and subgraphs Thunder fuses none of or, timed, runs slower",
     )
     hoist_max_bytes: int = _option(
         DEFAULT_HOIST_MAX_BYTES,
