@@ -7,7 +7,7 @@ import pytest
 import torch
 from thunder.dynamo import thunderfx
 
-from thunder_fusion_guard import Costs, FusionGuard, Runtime, fusion_executors, fx_pieces
+from thunder_fusion_guard import Costs, FusionGuard, Runtime, fusion_executors, fx_pieces, why_not_fused
 from thunder_fusion_guard import _thunder as th
 from thunder_fusion_guard.cost import Measured
 from thunder_fusion_guard.fx_pieces import piece_kind
@@ -375,3 +375,11 @@ def test_the_measurer_times_two_runs_within_its_budget_and_not_across_ranks(monk
     assert RegionMeasurer(budget_s=0.0).pair(torch.sin, torch.cos, (x,)).startswith("not timed: the measuring budget")
     monkeypatch.setattr(breakeven, "world_size", lambda: 2)
     assert measurer.pair(torch.sin, torch.cos, (x,)).startswith("not timed: a run of 2 ranks")
+
+
+def test_a_subgraph_run_eagerly_is_no_rescue_and_why_not_fused_still_reads_its_traces():
+    compiled, _ = _chain(torch.float32, FusionGuard(), timed=(100.0, 10.0))
+    rescues = [th.module_call(tm) for info in compiled._backend.subgraph_infos for tm in info.thunder_compiled_fns]
+    assert _runs(compiled)[0] == "eager" and not any(r.rescued for r in rescues)
+    why = why_not_fused(compiled)
+    assert why.regions == 4 and not why.of_kind("rescue")  # both subgraphs' regions, forward and backward; no rescue

@@ -93,6 +93,7 @@ class SubgraphRescue:
         self.__wrapped__ = thunder_fn  # the call it stands in front of (``unwrap_module_call`` puts it back)
         self._run: Callable = thunder_fn
         self._entry: Callable | None = None  # Thunder's compiled function entered directly (``enter``)
+        self._eager: Callable | None = None  # the subgraph's own ops, found to give Thunder's bits (``run_eagerly``)
         self._on_first_call = on_first_call
         self._after: Callable[[Any, tuple], Any] | None = self._check_layout
         self._restrided: tuple[int, ...] = ()
@@ -121,7 +122,7 @@ class SubgraphRescue:
         try:
             out = self._run(*args, **kwargs)
         except Exception as error:  # whatever Thunder, a transform or an executor raises is the rescue's to try
-            if self.rescued or th.is_out_of_memory(error):
+            if self.rescued or self._run is self._eager or th.is_out_of_memory(error):
                 raise
             torch.set_grad_enabled(grad)  # a compilation that failed can leave Thunder's no-grad mode on
             return self._rescue(error, args, kwargs)
@@ -133,7 +134,8 @@ class SubgraphRescue:
 
     @property
     def rescued(self) -> bool:
-        return self._run is not self.thunder_fn and self._run is not self._entry
+        """Whether what runs the subgraph now is a rescue's (Thunder failed on it), not Thunder's nor its eager run."""
+        return self._run is not self.thunder_fn and self._run is not self._entry and self._run is not self._eager
 
     def enter(self, entry: Callable) -> None:
         """Call ``entry`` (Thunder's compiled function entered directly, the same computation) from now on, until
@@ -144,7 +146,7 @@ class SubgraphRescue:
     def run_eagerly(self, eager: Callable) -> None:
         """Call ``eager`` (the subgraph's own ops, found to give Thunder's bits) from now on, in Thunder's place."""
         if not self.rescued:
-            self._run = eager
+            self._eager = self._run = eager
 
     @property
     def run(self) -> Callable:
