@@ -6,6 +6,7 @@
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py mace --atoms 30 --choose --json out.json  # e3nn 0.4.4
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py mace --atoms 30 --choose --whole-graphs --json out.json
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py mace --atoms 30 --translate --phases --json out.json
+    OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py nequip --subgraphs-untimed --json out.json  # timing's gain
 
 Each run adds its paths to ``--json`` (``{"commit", "models": {model: {path: {"ms", "first_call_s",
 "max_abs_force_diff", ...}}}}``; the commit from ``TFG_COMMIT`` or git). ``--choose``: then ``choose_backends`` and
@@ -53,6 +54,11 @@ def main() -> int:
     p.add_argument("--choose", action="store_true", help="choose_backends after the first call")
     p.add_argument("--whole-graphs", action="store_true", help="with --choose: choose_backends(whole_graphs=True)")
     p.add_argument("--phases", action="store_true", help="time the first call by phase (examine.first_call)")
+    p.add_argument(
+        "--subgraphs-untimed",
+        action="store_true",
+        help="also a guarded path whose ThunderFX subgraphs are never timed against eager (in the same rounds)",
+    )
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--json", required=True)
     args = p.parse_args()
@@ -107,6 +113,27 @@ def main() -> int:
         print(f"{args.model} {path}: {json.dumps(rows[path])}", flush=True)
 
     path = ("jit" if args.jit else "fx") + "-guarded" + ("+translated" if args.translate else "")
+    if args.subgraphs_untimed:  # the same guard, but a fused subgraph never runs eagerly: what that timing gains
+        from thunder.dynamo import thunderfx
+
+        untimed_guard = FusionGuard()
+        untimed_guard.measurer.pair = lambda compiled, eager, args: "not timed: off for this comparison"
+        untimed = thunderfx(model, executors=fusion_executors("cpu"), transforms=[untimed_guard])
+        step(untimed)
+        rounds = interleaved_rounds(
+            {"eager": lambda: step(model), "guarded": lambda: step(guarded), "untimed": lambda: step(untimed)},
+            args.rounds,
+        )
+        ms = {name: statistics.median(t) * 1e3 for name, t in rounds.samples.items()}
+        measured = [d for d in guard.report if d.code == "piece_eager" and d.details.get("decided_by") == "measured"]
+        rows[path + " vs subgraphs untimed"] = {
+            "x_eager": round(ms["guarded"] / ms["eager"], 3),
+            "untimed_x_eager": round(ms["untimed"] / ms["eager"], 3),
+            "ms": {name: round(v, 2) for name, v in ms.items()},
+            "subgraphs_eager_by_timing": len(measured),
+            "rounds": args.rounds,
+        }
+        print(f"{args.model} {path} vs subgraphs untimed: {json.dumps(rows[path + ' vs subgraphs untimed'])}")
     timed(path, {})
     if args.choose:
         began = time.perf_counter()
