@@ -195,11 +195,12 @@ class Product(torch.nn.Module):
         return (p.narrow(1, 0, 4) * 3.0).sum()
 
 
-def _product(dtype: torch.dtype, guard: FusionGuard | None, **options):
+def _product(dtype: torch.dtype, guard: FusionGuard | None, module: type = Product, **options):
+    """Three steps of ``module`` (``Product``) under ThunderFX: the compiled module, each step's loss and gradient."""
     torch._dynamo.reset()
     g = torch.Generator().manual_seed(3)
     x, y = (torch.randn(8, 6, generator=g).to(dtype) for _ in range(2))
-    compiled = thunderfx(Product(), transforms=[guard] if guard is not None else [], **options)
+    compiled = thunderfx(module(), transforms=[guard] if guard is not None else [], **options)
     seen = []
     for i in range(3):
         xi = x.detach().mul(1 + i).requires_grad_()
@@ -319,19 +320,9 @@ class Chain(torch.nn.Module):
 def _chain(dtype: torch.dtype, guard: FusionGuard | None, timed: tuple[float, float] | None = None):
     """Three steps of ``Chain`` under ThunderFX with torch.compile regions; ``timed``: the guard's timing of a subgraph
     (Thunder's µs, eager's µs) injected."""
-    torch._dynamo.reset()
     if guard is not None and timed is not None:
         guard.measurer.pair = lambda compiled, eager, args: Measured(*timed)
-    g = torch.Generator().manual_seed(3)
-    x, y = (torch.randn(8, 6, generator=g).to(dtype) for _ in range(2))
-    compiled = thunderfx(Chain(), executors=fusion_executors("cpu"), transforms=[guard] if guard is not None else [])
-    seen = []
-    for i in range(3):
-        xi = x.detach().mul(1 + i).requires_grad_()
-        loss = compiled(xi, y)
-        loss.backward()
-        seen += [loss.detach(), xi.grad.clone()]
-    return compiled, seen
+    return _product(dtype, guard, Chain, executors=fusion_executors("cpu"))
 
 
 def test_a_fused_subgraph_timed_slower_than_eager_with_the_same_bits_runs_eagerly():

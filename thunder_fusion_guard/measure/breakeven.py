@@ -181,20 +181,17 @@ class RegionMeasurer:
     def __call__(self, trace: th.TraceCtx, region: Region, other: Alternative | None = None) -> Measured | str:
         """Time ``region``'s fusion call against its ops run eagerly and, given, the region fused by another
         fusion executor (``other``, :class:`..passes.context.Alternative`); or say why it is not timed."""
-        ranks = world_size()
-        if ranks > 1:  # each rank's timing (or disk cache) differs; the model decides alike on all
-            self.skipped += 1
-            return f"not timed: a run of {ranks} ranks decides by the model alone, so that every rank decides alike"
+        refused = self._across_ranks("by the model alone")  # each rank's timing (or disk cache) differs
+        if refused:
+            return refused
         key = signature(trace, region, None if other is None else other.name)
         hit = self._from_cache(key)
         if hit is not None:
             return hit
+        refused = self._no_time_now()
+        if refused:
+            return refused
         left = self.budget_s - self.seconds
-        if left <= 0:
-            self.skipped += 1
-            return f"not timed: the measuring budget ({self.budget_s:g} s, option 'costs.measure_budget_s') is spent"
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            return "not timed: a CUDA graph is being captured"
         start = self.clock()
         try:
             measured = contextvars.Context().run(self._time, trace, region, left, other)
@@ -228,16 +225,10 @@ class RegionMeasurer:
         """Time ``compiled`` against ``eager``, two runs of one program, interleaved on ``args`` within what is left
         of the budget (``region_us`` is the compiled run's); or say why they are not timed. Not cached: the
         programs are known by their callables only. Several ranks: not timed, as regions are not."""
-        ranks = world_size()
-        if ranks > 1:
-            self.skipped += 1
-            return f"not timed: a run of {ranks} ranks decides without timings, so that every rank decides alike"
+        refused = self._across_ranks("without timings") or self._no_time_now()
+        if refused:
+            return refused
         left = self.budget_s - self.seconds
-        if left <= 0:
-            self.skipped += 1
-            return f"not timed: the measuring budget ({self.budget_s:g} s, option 'costs.measure_budget_s') is spent"
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            return "not timed: a CUDA graph is being captured"
         start = self.clock()
         try:
             deadline = start + int(min(REGION_TIMING_S, left) * 1e9)
@@ -252,6 +243,25 @@ class RegionMeasurer:
         self.timed += 1
         medians = [statistics.median(s) for s in samples]
         return Measured(medians[0], medians[1], "timed", paired_spread(samples[0], samples[1]))
+
+    def _across_ranks(self, instead: str) -> str:
+        """Why nothing is timed where several ranks run (each rank would time otherwise; they decide ``instead``,
+        alike), counted as skipped; '' on one rank."""
+        ranks = world_size()
+        if ranks <= 1:
+            return ""
+        self.skipped += 1
+        return f"not timed: a run of {ranks} ranks decides {instead}, so that every rank decides alike"
+
+    def _no_time_now(self) -> str:
+        """Why nothing can be timed now: the budget is spent (counted as skipped), or a CUDA graph is being
+        captured; '' where timing may go on."""
+        if self.budget_s - self.seconds <= 0:
+            self.skipped += 1
+            return f"not timed: the measuring budget ({self.budget_s:g} s, option 'costs.measure_budget_s') is spent"
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return "not timed: a CUDA graph is being captured"
+        return ""
 
     def cached(self, trace: th.TraceCtx, region: Region) -> Measured | None:
         """The timing of ``region`` an earlier run left in the cache (None: there is none, or several ranks run,
