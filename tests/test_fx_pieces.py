@@ -53,6 +53,13 @@ def _run(dtype: torch.dtype, guard: FusionGuard | None, overlap: bool = False, d
     return compiled, _steps(compiled, model, x)
 
 
+def _assert_bitwise(guarded: list[torch.Tensor], unguarded: list[torch.Tensor]) -> None:
+    """Each step's values equal unguarded ThunderFX's to the bit, dtypes included."""
+    assert len(guarded) == len(unguarded)
+    for got, want in zip(guarded, unguarded, strict=True):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
 def _children(compiled) -> dict[str, str]:
     """Each Inductor piece's name and what runs it: ``eager`` (a fx GraphModule) or ``inductor``."""
     return {
@@ -78,9 +85,7 @@ def test_view_and_contraction_pieces_run_eagerly_with_unguarded_bits(dtype):
     _, unguarded = _run(dtype, None)
     guard = FusionGuard()
     compiled, guarded = _run(dtype, guard)
-    assert len(guarded) == len(unguarded)
-    for got, want in zip(guarded, unguarded, strict=True):
-        assert got.dtype == want.dtype and torch.equal(got, want)
+    _assert_bitwise(guarded, unguarded)
     # the narrows and the tensordot run eagerly now; the sinc computes: Inductor's
     assert sorted(_children(compiled).values()) == ["eager", "eager", "inductor"]
     assert sorted(_pieces(guard)) == [("reject", "piece_eager", "contraction"), ("reject", "piece_eager", "views")]
@@ -96,8 +101,7 @@ def test_pieces_run_eagerly_beside_nvfuser_with_unguarded_bits(dtype):
     _, unguarded = _run(dtype, None, device="cuda")
     guard = FusionGuard()
     compiled, guarded = _run(dtype, guard, device="cuda")
-    for got, want in zip(guarded, unguarded, strict=True):
-        assert got.dtype == want.dtype and torch.equal(got, want)
+    _assert_bitwise(guarded, unguarded)
     assert ("reject", "piece_eager", "views") in _pieces(guard)
     assert sorted(_children(compiled).values()).count("eager") == len([p for p in _pieces(guard) if p[0] == "reject"])
 
@@ -106,7 +110,7 @@ def test_with_the_option_off_every_piece_stays_with_inductor():
     guard = FusionGuard(runtime=Runtime(eager_pieces=False))
     compiled, guarded = _run(torch.bfloat16, guard)
     _, unguarded = _run(torch.bfloat16, None)
-    assert all(torch.equal(a, b) for a, b in zip(guarded, unguarded, strict=True))
+    _assert_bitwise(guarded, unguarded)
     assert set(_children(compiled).values()) == {"inductor"} and not _pieces(guard)
 
 
@@ -114,7 +118,7 @@ def test_overlapping_views_of_an_input_with_a_gradient_stay_with_inductor():
     guard = FusionGuard()
     compiled, guarded = _run(torch.bfloat16, guard, overlap=True)
     _, unguarded = _run(torch.bfloat16, None, overlap=True)
-    assert all(torch.equal(a, b) for a, b in zip(guarded, unguarded, strict=True))
+    _assert_bitwise(guarded, unguarded)
     assert sorted(_children(compiled).values()) == ["eager", "inductor", "inductor"]  # the tensordot only
     assert _pieces(guard) == [("reject", "piece_eager", "contraction")]
 
@@ -124,7 +128,7 @@ def test_a_contraction_whose_eager_bits_differ_stays_with_inductor(monkeypatch):
     guard = FusionGuard()
     compiled, guarded = _run(torch.float16, guard)
     _, unguarded = _run(torch.float16, None)
-    assert all(torch.equal(a, b) for a, b in zip(guarded, unguarded, strict=True))
+    _assert_bitwise(guarded, unguarded)
     assert sorted(_children(compiled).values()) == ["eager", "inductor", "inductor"]  # the narrows only
     kept = [d for d in guard.report if d.code == "piece_kept"]
     assert [(d.action, d.facts["name"], d.ops) for d in kept] == [("keep", "contraction", ["tensordot"])]
@@ -224,7 +228,7 @@ def test_a_subgraph_thunder_fuses_none_of_runs_eagerly_with_its_bits(dtype):
     guard = FusionGuard()
     compiled, guarded = _product(dtype, guard)  # Thunder's CPU default: its torch executor, no fusion
     _, unguarded = _product(dtype, None)
-    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(guarded, unguarded, strict=True))
+    _assert_bitwise(guarded, unguarded)
     assert _runs(compiled) == ["eager", "eager"]
     assert _eager_subgraphs(guard) == ["subgraph 0", "subgraph 1"]
     first = next(d for d in guard.report if d.code == "piece_eager" and d.executor == "thunder")
@@ -236,7 +240,7 @@ def test_a_subgraph_whose_eager_bits_differ_stays_thunders(monkeypatch):
     guard = FusionGuard()
     compiled, guarded = _product(torch.bfloat16, guard)
     _, unguarded = _product(torch.bfloat16, None)
-    assert all(torch.equal(a, b) for a, b in zip(guarded, unguarded, strict=True))
+    _assert_bitwise(guarded, unguarded)
     assert _runs(compiled) == ["thunder", "thunder"] and not _eager_subgraphs(guard)
 
 
@@ -244,7 +248,7 @@ def test_a_subgraph_with_a_kept_fusion_stays_thunders():
     guard = FusionGuard(costs=Costs(cost_model=False))  # compute regions kept
     compiled, guarded = _product(torch.float32, guard, executors=fusion_executors("cpu"))
     _, unguarded = _product(torch.float32, None, executors=fusion_executors("cpu"))
-    assert all(torch.equal(a, b) for a, b in zip(guarded, unguarded, strict=True))
+    _assert_bitwise(guarded, unguarded)
     kept = {d.subgraph for d in guard.report if d.about_region and d.action == "keep" and d.executor == "torchcompile"}
     runs = dict(zip(["subgraph 0", "subgraph 1"], _runs(compiled), strict=True))
     assert kept and all(runs[s] == "thunder" for s in kept)
@@ -329,7 +333,7 @@ def test_a_fused_subgraph_timed_slower_than_eager_with_the_same_bits_runs_eagerl
     _, unguarded = _chain(torch.float32, None)
     guard = FusionGuard()
     compiled, guarded = _chain(torch.float32, guard, timed=(100.0, 10.0))
-    assert all(torch.equal(a, b) for a, b in zip(guarded, unguarded, strict=True))
+    _assert_bitwise(guarded, unguarded)
     kept = [d for d in guard.report if d.subgraph == "subgraph 0" and d.about_region and d.action == "keep"]
     assert kept and all(d.executor == "torchcompile" for d in kept)  # Thunder fuses it: the timing decided
     assert _runs(compiled)[0] == "eager" and "subgraph 0" in _eager_subgraphs(guard)
@@ -352,7 +356,7 @@ def test_a_fused_subgraph_stays_thunders_unless_timed_faster_eagerly_with_its_bi
     _, unguarded = _chain(dtype, None)
     guard = FusionGuard(**options)
     compiled, guarded = _chain(dtype, guard, timed)
-    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(guarded, unguarded, strict=True))
+    _assert_bitwise(guarded, unguarded)
     assert _runs(compiled)[0] == "thunder" and "subgraph 0" not in _eager_subgraphs(guard)
 
 
