@@ -93,6 +93,8 @@ def test_view_and_contraction_pieces_run_eagerly_with_unguarded_bits(dtype):
     assert views.ops == ["narrow", "narrow"] and views.executor == "inductor"
     assert views.region.startswith("inductor_") and "beside subgraph" in views.region
     assert views.details["source"].endswith(f"test_fx_pieces.py:{Pieces.forward.__code__.co_firstlineno + 1}")
+    entered = [d for d in guard.report if d.action == "enter"]  # recorded after the pieces beside subgraph 0
+    assert entered and all(d.function is not None for d in entered)  # each names the compilation it is about
 
 
 @pytest.mark.cuda

@@ -233,9 +233,7 @@ class FusionGuard(thunder.Transform):
             with self._lock:
                 subgraph = self._subgraph_id(module)
                 decision = entry_decision(subgraph, module, why)
-                compiled = [d for d in self.report if d.subgraph == subgraph and d.action != "enter"]
-                if compiled:  # the compilation it is about: the subgraph's latest
-                    decision.function, decision.compile_index = compiled[-1].function, compiled[-1].compile_index
+                self._at_latest_compilation(decision, subgraph)
                 self.report.add(decision)
 
         def on_first_call(rescue: SubgraphRescue, args: tuple | None) -> None:
@@ -272,10 +270,15 @@ class FusionGuard(thunder.Transform):
             if found.measured is not None:
                 self.report.measuring = self.measurer.to_dict()
             decision = subgraph_decision(subgraph, module, found.measured, costs.margin)
-            compiled = [d for d in self.report if d.subgraph == subgraph and d.function is not None]
-            if compiled:  # the compilation it is about: the subgraph's latest
-                decision.function, decision.compile_index = compiled[-1].function, compiled[-1].compile_index
+            self._at_latest_compilation(decision, subgraph)
             self.report.add(decision)
+
+    def _at_latest_compilation(self, decision: Decision, subgraph: str | None) -> None:
+        """Name in ``decision`` the compilation it is about: the latest one that recorded a decision of ThunderFX
+        subgraph ``subgraph`` (decisions about pieces beside it name none)."""
+        compiled = [d for d in self.report if d.subgraph == subgraph and d.function is not None]
+        if compiled:
+            decision.function, decision.compile_index = compiled[-1].function, compiled[-1].compile_index
 
     def _decide_pieces(self, module: Any, jitted: Any) -> None:
         """Once for the split graph calling ``jitted`` (found on the call stack): its Inductor pieces that give the
