@@ -459,10 +459,12 @@ def one_rank(tmp_path):
 
 class _Replay:
     """A CPU stand-in for a captured graph: a replay runs the function on the static inputs again and writes its
-    results into the tensors the capture returned."""
+    results into the tensors the capture returned. Like a captured graph, it reads each input at the memory it had
+    when captured (an input given ``.data`` anew since is not read)."""
 
     def __init__(self, fn, inputs, outputs):
-        self.fn, self.inputs, self.outputs = fn, inputs, tree_flatten(outputs)[0]
+        self.fn, self.outputs = fn, tree_flatten(outputs)[0]
+        self.inputs = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in inputs)
 
     def replay(self):
         for old, new in zip(self.outputs, tree_flatten(self.fn(*self.inputs))[0], strict=True):

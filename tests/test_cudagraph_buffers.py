@@ -768,3 +768,63 @@ def test_unshared_graphs_are_grouped_by_consecutive_runs_where_thunders_grouping
     for fn in compiled._backend.subgraph_infos[0].thunder_compiled_fns:
         for trace in (thunder.last_traces(fn)[-1], thunder.last_backward_traces(fn)[-1]):
             assert not th.unbound_reads(trace)
+
+
+def _moving(compiled, model: torch.nn.Module, steps: int = 3) -> list:
+    """Loss and gradients of ``steps`` steps; before each after the first, every parameter moves to new memory with
+    new values (``.data`` anew, as FSDP2 allocates its unsharded parameters each step)."""
+    got = []
+    for seed in range(steps):
+        if seed:
+            for p in model.parameters():
+                p.data = p.data * 1.5
+        torch.manual_seed(seed)
+        model.zero_grad(set_to_none=True)
+        loss = compiled(torch.randn(8, 16)).square().sum()
+        loss.backward()
+        got += [loss.detach().clone(), *(p.grad.clone() for p in model.parameters())]
+    return got
+
+
+def test_a_graph_whose_parameters_moved_is_captured_anew_with_them_copied_in(cpu_graphs):
+    """A captured graph reads a parameter at the memory it had when captured: where the parameter lies elsewhere at
+    a later call (FSDP2's unsharded parameters), each graph reading it is captured anew with it copied in, and the
+    values are unguarded Thunder's without graphs, step after step; a decision per graph names the inputs."""
+    torch.manual_seed(0)
+    model = Mlp()
+    guard, graphs = FusionGuard(), GuardedCUDAGraphs()
+    got = _moving(thunder.jit(model, transforms=[guard, graphs]), model)
+    torch.manual_seed(0)
+    plain = Mlp()
+    assert_same(got, _moving(thunder.jit(plain), plain))
+    moved = guard.report.filter(code="capture_moved")
+    assert {d.trace for d in moved} == {"forward", "backward"} and len(moved) == 2, "captured anew once, then copied"
+    forward = next(d for d in moved if d.trace == "forward")
+    assert len(forward.facts["moved_inputs"]) == 4 and forward.facts["moved_inputs"] == forward.details["moved_inputs"]
+    assert (
+        not forward.facts["writes_moved"]
+        and "uncaptured" not in forward.details
+        and forward.region.startswith("CUDAGraph")
+        and _reworded(forward)
+    )
+
+
+def test_a_graph_that_writes_an_input_that_moved_runs_uncaptured(cpu_graphs):
+    """A graph that writes an input it reads in place: once that input moved, a copy in would leave the caller's
+    tensor unwritten, so the graph's ops run uncaptured on the arguments, and it is said."""
+    from thunder.transforms.cudagraph import CUDAGraphRunner
+
+    from thunder_fusion_guard._thunder.graph_calls import GraphCall
+
+    runner = CUDAGraphRunner()
+    runner.python_callables["G"] = (lambda w, x: (w.add_(x) * 2,), (True, False))
+    call, told = GraphCall(runner, "G"), []
+    call.input_names, call.written = ["w", "x"], frozenset({0})
+    call.on_moved = lambda name, names, uncaptured: told.append((name, names, uncaptured))
+    w, x = torch.zeros(4), torch.ones(4)
+    call(w, x)  # captured (the stand-in's capture runs the ops too, as Thunder's warm-up does)
+    assert told == [] and call.pinned
+    w.data = torch.full((4,), 10.0)
+    (out,) = call(w, x)
+    assert told == [("G", ["w"], True)] and call.uncaptured is not None
+    assert torch.equal(w, torch.full((4,), 11.0)) and torch.equal(out, torch.full((4,), 22.0))

@@ -104,7 +104,9 @@ class Details(TypedDict, total=False):
     handed_over: list[str]  # gradients handed to autograd on the graph's own buffers (autograd need not copy them)
     bytes_handed_over: int  # their bytes, per replay
     held: list[str]  # gradients still held when their graph would replay: it runs uncaptured, recaptured after 8 calls
-    uncaptured: str  # a graph whose capture ran out of device memory: its ops run uncaptured from then on
+    uncaptured: str  # a graph whose capture ran out of device memory (or that writes an input that moved): its ops
+    # run uncaptured from then on
+    moved_inputs: list[str]  # inputs a graph reads in place found elsewhere than at its capture: copied in from then on
     own_workspace: list[str]  # graphs whose matmuls use a cuBLAS workspace in the graph's own memory pool
     copied_in: list[str]  # inputs copied into a graph's own buffers at each replay (one batched copy a graph)
     bytes_copied_in: int  # their bytes, per replay

@@ -69,10 +69,12 @@ ReasonCode = Literal[
     # Thunder's own CUDAGraphTransform given beside the guard: this package's capture recommended (action capture)
     "cuda_graphs_recommended",
     # CUDA graphs GuardedCUDAGraphs captured in a trace, a graph whose gradients were still held when it would
-    # replay, a graph whose capture ran out of device memory (action capture)
+    # replay, a graph whose capture ran out of device memory, a graph an input of which it reads in place had moved
+    # (action capture)
     "captured",
     "capture_held",
     "capture_uncaptured",
+    "capture_moved",
 ]
 
 # Said as a RuntimeWarning when recorded (once a guard for each reason and error), besides explain(): a program left
@@ -194,6 +196,8 @@ class Facts(TypedDict, total=False):
     captured_by: str
     recaptured_after: int  # calls in a row run uncaptured before a graph whose gradients are held is captured anew
     held: list[str]  # gradients still held when their graph would replay
+    moved_inputs: list[str]  # inputs a graph reads in place found elsewhere than at its capture
+    writes_moved: bool  # the graph writes one of them: it runs uncaptured, not captured anew
     regrouped: list[str]  # names Thunder's grouping read where unbound (share_buffers=False): grouped anew
 
 
@@ -850,6 +854,22 @@ def _capture_uncaptured(f: Facts) -> tuple[str, str | None]:
     )
 
 
+def _capture_moved(f: Facts) -> tuple[str, str | None]:
+    moved = f["moved_inputs"]
+    where = (
+        "uncaptured from now on, as it writes one of them" if f["writes_moved"] else "captured anew, copying them in"
+    )
+    inputs = f"{plural(len(moved), 'input')} {', '.join(moved)}"
+    reason = f"{inputs} of {f['name']} lay elsewhere than at its capture: {where}"
+    return reason, (
+        f"{reason}. A captured graph reads a parameter, or an earlier graph's output, at the address it had when the "
+        "graph was captured; a replay after it moved (FSDP2 allocates its unsharded parameters anew each step, a "
+        "graph captured anew has new outputs) would read freed memory. Each such input is now copied into the "
+        "graph's own buffer before each replay, the other inputs are read where they lie; a graph that writes such "
+        "an input runs its ops uncaptured on the call's arguments instead (the same kernels and values)."
+    )
+
+
 def unguarded_rebuild(region: str, executor: str) -> str:
     """Why hoisting may not rebuild a region of an executor the guard leaves alone."""
     return f"{region} runs on {executor}, which the executors option leaves unguarded"
@@ -920,4 +940,5 @@ _WORDS: dict[ReasonCode, Callable[[Facts], tuple[str, str | None]]] = {
     "captured": _captured,
     "capture_held": _capture_held,
     "capture_uncaptured": _capture_uncaptured,
+    "capture_moved": _capture_moved,
 }

@@ -25,7 +25,13 @@ from .measure.cache import device_name
 from .options import Costs, GuardOptions, Rewrites, Runtime, checked_options
 from .passes import FusionGuardError, TraceContext, guard_trace
 from .passes.alias_updates import alias_update_decisions, prune_alias_updates
-from .passes.capture import capture_decision, held_decision, recommend_decision, uncaptured_decision
+from .passes.capture import (
+    capture_decision,
+    held_decision,
+    moved_decision,
+    recommend_decision,
+    uncaptured_decision,
+)
 from .passes.hoist import HoistLedger
 from .passes.rescue import announce, describe_inputs
 from .phases import GUARD_MEASUREMENTS, GUARD_PASSES, timing
@@ -192,6 +198,16 @@ class FusionGuard(thunder.Transform):
             capture = self._captures.get(summary)
             if capture is not None:
                 self.report.add(held_decision(capture, graph, held))
+
+    def cuda_graph_input_moved(
+        self, summary: th.CaptureSummary, graph: str, moved: list[str], uncaptured: bool
+    ) -> None:
+        """Record that inputs ``moved`` that ``graph`` reads in place lay elsewhere than at its capture (FSDP2's
+        unsharded parameters): it is captured anew with them copied in, or runs uncaptured where it writes one."""
+        with self._lock:
+            capture = self._captures.get(summary)
+            if capture is not None:
+                self.report.add(moved_decision(capture, graph, moved, uncaptured))
 
     def cuda_graph_uncaptured(self, summary: th.CaptureSummary, graph: str, error: BaseException) -> None:
         """Record that capturing ``graph`` (of the capture ``summary`` tells of) ran out of device memory: its ops

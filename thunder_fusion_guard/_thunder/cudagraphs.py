@@ -273,10 +273,20 @@ class SharedBuffersCapture(CUDAGraphTransform):
                 hook(summary, graph, error)
 
         graph_call.on_uncaptured = on_uncaptured
+        moved_hooks = _hooks("cuda_graph_input_moved")
+
+        def on_moved(graph: str, names: list[str], uncaptured: bool) -> None:
+            for hook in moved_hooks:
+                hook(summary, graph, names, uncaptured)
+
+        graph_call.on_moved = on_moved
+        graph_call.input_names = [getattr(i, "name", None) for i in inputs]
+        writes_at = written_inputs(region.bound_symbols, inputs, self._writes)
+        graph_call.written = frozenset(writes_at)
         summary.copied_in += [
             (i.name, name, _bytes(i)) for i, m in zip(inputs, mask, strict=True) if not m and _bytes(i)
         ]
-        back = [i for i in written_inputs(region.bound_symbols, inputs, self._writes) if not mask[i]]
+        back = [i for i in writes_at if not mask[i]]
         summary.copied_back += [(inputs[i].name, name, _bytes(inputs[i])) for i in back]
         call = copying_back(graph_call, back, graph_call.last_static_inputs)
         # A gradient the rest of the trace reads too stays the graph's own tensor: a later graph reads it in place

@@ -113,7 +113,13 @@ class GraphCall:
     argument of its own graph, so no copy reads what another writes. A capture (or its warm-up) that runs out of
     device memory leaves the graph uncaptured: its ops run on the arguments from then on (the same kernels, fresh
     outputs), and ``on_uncaptured(name, error)`` is told once, before; where it raises, the error reaches the caller
-    and nothing falls back."""
+    and nothing falls back.
+
+    A graph reads a static input (a parameter, an earlier graph's output) at the address it had when captured. Where
+    such an input lies elsewhere at a later call (FSDP2 allocates its unsharded parameters anew each step; a
+    recaptured earlier graph has new outputs), a replay would read freed memory: the graph is captured anew with
+    those inputs copied into its own buffers at each replay, and ``on_moved(name, inputs, uncaptured)`` is told
+    (their names, ``input_names``); one the graph writes in place leaves it uncaptured instead, as above."""
 
     def __init__(self, runner: Any, name: str) -> None:
         self.runner, self.name = runner, name
@@ -121,6 +127,11 @@ class GraphCall:
         self.captures: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # layout -> the runner's cache entry
         self.uncaptured: Callable | None = None  # the graph's ops, run as they are, once a capture ran out of memory
         self.on_uncaptured: Callable[[str, BaseException], Any] | None = None
+        self.pinned: dict[tuple[Any, ...], tuple[tuple[int, int], ...]] = {}  # layout -> (position, address) of
+        # each input the capture reads where it lay (not copied into a buffer of its own)
+        self.input_names: list[str | None] = []  # the graph's inputs by name, for on_moved
+        self.written: frozenset[int] = frozenset()  # positions of the inputs the graph may write
+        self.on_moved: Callable[[str, list[str], bool], Any] | None = None
         self.__name__ = self.__qualname__ = f"{name}_fn"
 
     def __call__(self, *args: Any) -> Any:
@@ -136,11 +147,18 @@ class GraphCall:
             except torch.OutOfMemoryError as error:
                 return self._without_graph(error, args)
             entry = self.captures[layout] = runner.cuda_graph_cache[runner.make_cache_key(self.name, *args)]
+            self.pinned[layout] = tuple(
+                (i, a.data_ptr()) for i, (a, b) in enumerate(zip(args, entry[1], strict=True)) if a is b and _tensor(a)
+            )
             self.static_inputs = entry[1]
             return out
+        pinned = self.pinned[layout]
+        if pinned and any(args[i].data_ptr() != address for i, address in pinned):
+            return self._moved([i for i, address in pinned if args[i].data_ptr() != address], args)
         graph, static_inputs, static_outputs = entry
         batches: dict[Any, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
         for buffer, arg in zip(static_inputs, args, strict=True):
+            # An input read where it lies is at its captured address (checked above): nothing to copy.
             if buffer is not arg and isinstance(buffer, torch.Tensor) and isinstance(arg, torch.Tensor):
                 # One batch per dtype and device: torch's fused multi-tensor copy takes lists of one of each.
                 buffers, given = batches.setdefault((arg.dtype, arg.device), ([], []))
@@ -165,11 +183,30 @@ class GraphCall:
         self.static_inputs = args
         return self.uncaptured(*args)
 
+    def _moved(self, moved: list[int], args: tuple[Any, ...]) -> Any:
+        """Inputs at ``moved`` that the capture reads in place lie elsewhere now: capture anew with them copied into
+        the graph's own buffers (the runner's static mask without them), or, where the graph writes one of them,
+        run uncaptured (a write to its buffer would not reach the caller's tensor)."""
+        names = [str(self.input_names[i]) if i < len(self.input_names) else f"input {i}" for i in moved]
+        uncaptured = bool(self.written.intersection(moved))
+        if self.on_moved is not None:
+            self.on_moved(self.name, names, uncaptured)
+        self.forget()
+        fn, _ = self.runner.python_callables[self.name]
+        if uncaptured:
+            self.uncaptured = getattr(fn, "uncaptured", fn)
+            self.static_inputs = args
+            return self.uncaptured(*args)
+        was = self.runner.make_static_inputs_mask(self.name, *args)
+        self.runner.python_callables[self.name] = (fn, tuple(m and i not in moved for i, m in enumerate(was)))
+        return self(*args)
+
     def forget(self) -> None:
         """Drop every capture of this graph (the runner's and the layouts found here): the next call captures anew."""
         for key in [key for key in self.runner.cuda_graph_cache if key[0] == self.name]:
             del self.runner.cuda_graph_cache[key]
         self.captures.clear()
+        self.pinned.clear()
 
     def last_static_inputs(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         """The graph's buffers its last call copied ``args`` into."""
@@ -344,6 +381,10 @@ def _own_buffers(
     theirs = {t.untyped_storage().data_ptr() for t in (*args, *static_inputs) if isinstance(t, torch.Tensor)}
     storages = [(k, outputs[k].untyped_storage()) for k in positions if isinstance(outputs[k], torch.Tensor)]
     return [(k, s, _storage_use_count(s._cdata)) for k, s in storages if s.data_ptr() not in theirs]
+
+
+def _tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor)
 
 
 def _overlapping(tensor: Any) -> bool:

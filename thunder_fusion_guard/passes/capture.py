@@ -94,6 +94,19 @@ def uncaptured_decision(capture: Decision, graph: str, error: BaseException) -> 
     )
 
 
+def moved_decision(capture: Decision, graph: str, moved: list[str], uncaptured: bool) -> Decision:
+    """The decision for a graph of ``capture`` whose inputs ``moved`` (read in place, by name) lay elsewhere than at
+    its capture: captured anew with them copied in, or (``uncaptured``: it writes one) run uncaptured."""
+    facts = Facts(name=graph, moved_inputs=list(moved), writes_moved=uncaptured)
+    short, told = words("capture_moved", facts)
+    details = {"scope": "op", **told, "captures": [graph], "moved_inputs": list(moved)}
+    if uncaptured:
+        details["uncaptured"] = graph
+    return dataclasses.replace(
+        capture, region=graph, ops=[graph], reason=short, code="capture_moved", facts=dict(facts), details=details
+    )
+
+
 def recommend_decision(where: TraceContext, given: str) -> Decision:
     """The decision (action ``capture``, not applied) recommending :class:`~..cuda_graphs.GuardedCUDAGraphs` where
     Thunder's own ``CUDAGraphTransform`` (``given``, its class name) was given: it runs as given."""
