@@ -828,3 +828,44 @@ def test_a_graph_that_writes_an_input_that_moved_runs_uncaptured(cpu_graphs):
     (out,) = call(w, x)
     assert told == [("G", ["w"], True)] and call.uncaptured is not None
     assert torch.equal(w, torch.full((4,), 11.0)) and torch.equal(out, torch.full((4,), 22.0))
+
+
+def _twice(compiled, model: torch.nn.Module, steps: int = 3) -> list:
+    """Loss and gradients of ``steps`` steps, each calling the compiled model twice before one backward (one
+    compiled block run for two blocks, as ThunderFX runs each block under FSDP2)."""
+    got = []
+    for seed in range(steps):
+        torch.manual_seed(seed)
+        model.zero_grad(set_to_none=True)
+        loss = compiled(torch.randn(8, 16)).square().sum() + compiled(torch.randn(8, 16)).tanh().sum()
+        loss.backward()
+        got += [loss.detach().clone(), *(p.grad.clone() for p in model.parameters())]
+    return got
+
+
+def test_a_forward_run_again_before_its_backward_runs_uncaptured_with_thunders_values(cpu_graphs):
+    """A replay writes a graph's outputs into the same buffers: a forward called again before the backward of its
+    earlier call would overwrite what autograd holds for that backward. From the second call on, the graphs of
+    that forward and its backward run uncaptured: unguarded Thunder's values over three steps, one decision."""
+    torch.manual_seed(0)
+    model = Mlp()
+    guard, graphs = FusionGuard(), GuardedCUDAGraphs()
+    got = _twice(thunder.jit(model, transforms=[guard, graphs]), model)
+    torch.manual_seed(0)
+    plain = Mlp()
+    assert_same(got, _twice(thunder.jit(plain), plain))
+    (reentered,) = guard.report.filter(code="capture_reentered")
+    (forward,) = guard.report.filter(code="captured", trace="forward")
+    assert reentered.trace == "forward" and reentered.region == forward.details["captures"][0] and _reworded(reentered)
+    assert reentered.details["uncaptured"] == reentered.region
+    assert not graphs.cuda_graph_runner.cuda_graph_cache, "every capture dropped: both traces run uncaptured"
+
+
+def test_a_forward_and_its_backward_in_turn_stay_captured(cpu_graphs):
+    """Forward, backward, forward, backward: each forward replays after the backward of the one before; nothing
+    runs uncaptured and nothing is said."""
+    torch.manual_seed(0)
+    model = Mlp()
+    guard, graphs = FusionGuard(), GuardedCUDAGraphs()
+    _train(thunder.jit(model, transforms=[guard, graphs]), model, steps=4)
+    assert not guard.report.filter(code="capture_reentered") and len(graphs.cuda_graph_runner.cuda_graph_cache) == 2

@@ -69,12 +69,13 @@ ReasonCode = Literal[
     # Thunder's own CUDAGraphTransform given beside the guard: this package's capture recommended (action capture)
     "cuda_graphs_recommended",
     # CUDA graphs GuardedCUDAGraphs captured in a trace, a graph whose gradients were still held when it would
-    # replay, a graph whose capture ran out of device memory, a graph an input of which it reads in place had moved
-    # (action capture)
+    # replay, a graph whose capture ran out of device memory, a graph an input of which it reads in place had moved,
+    # a compiled forward run again before its backward (action capture)
     "captured",
     "capture_held",
     "capture_uncaptured",
     "capture_moved",
+    "capture_reentered",
 ]
 
 # Said as a RuntimeWarning when recorded (once a guard for each reason and error), besides explain(): a program left
@@ -870,6 +871,20 @@ def _capture_moved(f: Facts) -> tuple[str, str | None]:
     )
 
 
+def _capture_reentered(f: Facts) -> tuple[str, str | None]:
+    reason = (
+        f"{f['name']} ran again before the backward of its earlier call: the graphs of this forward and its backward "
+        "run uncaptured from now on"
+    )
+    return reason, (
+        f"{reason}. A replay writes a graph's outputs into the same buffers each time, and autograd still holds the "
+        "earlier call's outputs for its backward: one compiled function run for several blocks (ThunderFX under "
+        "FSDP2 compiles a block once and runs it for every block) or a model called twice before its backward "
+        "would find them overwritten. Uncaptured, the same ops run on the call's arguments with fresh outputs (the "
+        "same kernels and values, one launch each)."
+    )
+
+
 def unguarded_rebuild(region: str, executor: str) -> str:
     """Why hoisting may not rebuild a region of an executor the guard leaves alone."""
     return f"{region} runs on {executor}, which the executors option leaves unguarded"
@@ -941,4 +956,5 @@ _WORDS: dict[ReasonCode, Callable[[Facts], tuple[str, str | None]]] = {
     "capture_held": _capture_held,
     "capture_uncaptured": _capture_uncaptured,
     "capture_moved": _capture_moved,
+    "capture_reentered": _capture_reentered,
 }

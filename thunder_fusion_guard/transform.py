@@ -30,6 +30,7 @@ from .passes.capture import (
     held_decision,
     moved_decision,
     recommend_decision,
+    reentered_decision,
     uncaptured_decision,
 )
 from .passes.hoist import HoistLedger
@@ -208,6 +209,14 @@ class FusionGuard(thunder.Transform):
             capture = self._captures.get(summary)
             if capture is not None:
                 self.report.add(moved_decision(capture, graph, moved, uncaptured))
+
+    def cuda_graph_reentered(self, summary: th.CaptureSummary, graph: str) -> None:
+        """Record that ``graph`` of the forward ``summary`` tells of ran again before the backward of its earlier call:
+        the graphs of that forward and its backward run uncaptured from then on (their outputs would be overwritten)."""
+        with self._lock:
+            capture = self._captures.get(summary)
+            if capture is not None:
+                self.report.add(reentered_decision(capture, graph))
 
     def cuda_graph_uncaptured(self, summary: th.CaptureSummary, graph: str, error: BaseException) -> None:
         """Record that capturing ``graph`` (of the capture ``summary`` tells of) ran out of device memory: its ops

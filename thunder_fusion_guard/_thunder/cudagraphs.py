@@ -53,6 +53,7 @@ from thunder.transforms.cudagraph import CUDAGraphTransform
 from .compiling import compiling_transforms
 from .graph_calls import (
     GraphCall,
+    Program,
     copying_back,
     handing_over,
     holds_a_write,
@@ -200,6 +201,13 @@ class SharedBuffersCapture(CUDAGraphTransform):
         Thunder's ``fuse`` and its copies; ``regrouped``: the names Thunder's grouping read where they were unbound."""
         began = time.perf_counter_ns()
         gradients = _gradients(trace)
+        # A forward with a backward and the backward compiled after it (Thunder transforms the two in turn) share
+        # one Program: a forward graph called again before the backward ran stops capturing (graph_calls.Program).
+        backward = trace.siginfo().name == "backward_fn"
+        if backward:
+            program, self._forward_program = getattr(self, "_forward_program", None), None
+        else:
+            program = self._forward_program = Program() if TraceTag.AUGMENTED_FORWARD in trace.tags else None
         with _building_from(trace) as fused_trace:
             groups = consecutive_fusion(trace, self._can_fuse_nodes)
             producers, consumers = utils.producers_and_consumers(trace)
@@ -214,7 +222,7 @@ class SharedBuffersCapture(CUDAGraphTransform):
                     continue
                 region = Region(producers, consumers, bsyms)
                 if share:
-                    fusion = self._fuse_sharing(region, captured, summary, consumers, gradients)
+                    fusion = self._fuse_sharing(region, captured, summary, consumers, gradients, program)
                 else:
                     fusion = self.fuse(region, len(summary.captures))
                 summary.captures.append(fusion.sym.name)
@@ -222,6 +230,8 @@ class SharedBuffersCapture(CUDAGraphTransform):
                 captured.update((o.name, fusion.sym.name) for o in fusion.flat_proxy_outs)
                 fused.append(fusion)
             fused_trace.bound_symbols = fused
+            if backward and program is not None and summary.captures and share:
+                program.active = True  # a backward graph counts the backward's runs
             fused_trace.set_provenance(
                 TraceProvenance(
                     f"CUDAGraph fusion, {'buffers shared' if share else 'consecutive runs'} "
@@ -239,6 +249,7 @@ class SharedBuffersCapture(CUDAGraphTransform):
         summary: CaptureSummary,
         consumers: Any,
         gradients: frozenset[str],
+        program: Program | None = None,
     ) -> BoundSymbol:
         """Thunder's ``fuse``, with the static-input mask it would make from the inputs' tags widened to the
         outputs of earlier graphs that this graph does not write, and the ``gradients`` (names the backward
@@ -280,6 +291,16 @@ class SharedBuffersCapture(CUDAGraphTransform):
                 hook(summary, graph, names, uncaptured)
 
         graph_call.on_moved = on_moved
+        if program is not None:
+            graph_call.program, graph_call.forward = program, not summary.backward
+            if program.on_reentered is None:
+                reentered_hooks = _hooks("cuda_graph_reentered")
+
+                def on_reentered(graph: str) -> None:
+                    for hook in reentered_hooks:
+                        hook(summary, graph)
+
+                program.on_reentered = on_reentered
         graph_call.input_names = [getattr(i, "name", None) for i in inputs]
         writes_at = written_inputs(region.bound_symbols, inputs, self._writes)
         graph_call.written = frozenset(writes_at)

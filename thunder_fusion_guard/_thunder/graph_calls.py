@@ -19,6 +19,7 @@ from ..phases import CAPTURE, timing
 __all__ = [
     "UNCAPTURED_WHILE_HELD",
     "GraphCall",
+    "Program",
     "capturing_cuda_graph",
     "copying_back",
     "handing_over",
@@ -104,6 +105,36 @@ def _layout(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple([(a.dtype, a.shape, a.stride()) if isinstance(a, torch.Tensor) else (type(a), a) for a in args])
 
 
+class Program:
+    """The graphs of one compiled forward and of its backward. A forward graph called again before any graph of
+    the backward ran (one compiled function for several blocks, as ThunderFX with FSDP2 runs each block; a model
+    called twice before its backward) would replay over the outputs of its earlier call, which autograd still
+    holds for the backward: from then on every graph of both runs uncaptured (fresh outputs, the same kernels),
+    and ``on_reentered(graph)`` is told once. Watching starts once a backward graph exists (``active``)."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.backward_runs = 0  # calls of the backward's graphs so far
+        self.reentered = False
+        self.on_reentered: Callable[[str], Any] | None = None
+
+    def entered(self, call: GraphCall) -> None:
+        """Count ``call``'s call (a backward graph's) or check it (a forward graph's) before it runs."""
+        if not self.active:
+            return
+        if not call.forward:
+            self.backward_runs += 1
+        elif call.seen_at == self.backward_runs and not self.reentered:
+            self.reentered = True
+            if self.on_reentered is not None:
+                self.on_reentered(call.name)
+
+    def returned(self, call: GraphCall) -> None:
+        """A forward graph's call returned its outputs: autograd holds them until a backward graph runs."""
+        if call.forward:
+            call.seen_at = self.backward_runs
+
+
 class GraphCall:
     """Graph ``name`` of Thunder's ``runner`` called as the runner calls it (captured by the runner on a miss, then
     its inputs copied into the graph's own buffers and the graph replayed), with two costs of the runner's call cut:
@@ -132,9 +163,19 @@ class GraphCall:
         self.input_names: list[str | None] = []  # the graph's inputs by name, for on_moved
         self.written: frozenset[int] = frozenset()  # positions of the inputs the graph may write
         self.on_moved: Callable[[str, list[str], bool], Any] | None = None
+        self.program: Program | None = None  # the forward and backward this graph belongs to (a training program)
+        self.forward = True  # a graph of the forward (else of the backward)
+        self.seen_at: int | None = None  # the program's backward calls when this forward graph was last called
         self.__name__ = self.__qualname__ = f"{name}_fn"
 
     def __call__(self, *args: Any) -> Any:
+        self.enter()
+        out = self._call(*args)
+        if self.program is not None:
+            self.program.returned(self)
+        return out
+
+    def _call(self, *args: Any) -> Any:
         layout = _layout(args)
         entry = self.captures.get(layout)
         if entry is None:  # Thunder's runner captures it (and copies and replays as it does)
@@ -170,6 +211,18 @@ class GraphCall:
         self.static_inputs = static_inputs
         return static_outputs
 
+    def enter(self) -> None:
+        """Tell the program of this call (:class:`Program`); where it was entered again before its backward, drop
+        this graph's captures (their outputs stay with their holders) and run its ops uncaptured from now on."""
+        program = self.program
+        if program is None:
+            return
+        program.entered(self)
+        if program.reentered and self.uncaptured is None:
+            self.forget()
+            fn, _ = self.runner.python_callables[self.name]
+            self.uncaptured = getattr(fn, "uncaptured", fn)
+
     def _without_graph(self, error: BaseException, args: tuple[Any, ...]) -> Any:
         """Out of memory while capturing: drop what the capture holds, run the graph's ops uncaptured from now on
         (this call too) and say so once. Another error, or one of the ops themselves, reaches the caller."""
@@ -199,7 +252,7 @@ class GraphCall:
             return self.uncaptured(*args)
         was = self.runner.make_static_inputs_mask(self.name, *args)
         self.runner.python_callables[self.name] = (fn, tuple(m and i not in moved for i, m in enumerate(was)))
-        return self(*args)
+        return self._call(*args)
 
     def forget(self) -> None:
         """Drop every capture of this graph (the runner's and the layouts found here): the next call captures anew."""
@@ -326,6 +379,7 @@ class _Handover:
         self.__name__ = self.__qualname__ = getattr(call, "__name__", self.name)
 
     def __call__(self, *args: Any) -> Any:
+        self.graph.enter()
         if self.graph.uncaptured is not None:  # no capture, no buffers of its own: its outputs are fresh tensors
             return self.call(*args)
         if self.watched:

@@ -107,6 +107,17 @@ def moved_decision(capture: Decision, graph: str, moved: list[str], uncaptured: 
     )
 
 
+def reentered_decision(capture: Decision, graph: str) -> Decision:
+    """The decision for the forward of ``capture`` whose graph ``graph`` ran again before the backward of its earlier
+    call: every graph of that forward and its backward runs uncaptured from then on."""
+    facts = Facts(name=graph)
+    short, told = words("capture_reentered", facts)
+    details = {"scope": "op", **told, "captures": [graph], "uncaptured": graph}
+    return dataclasses.replace(
+        capture, region=graph, ops=[graph], reason=short, code="capture_reentered", facts=dict(facts), details=details
+    )
+
+
 def recommend_decision(where: TraceContext, given: str) -> Decision:
     """The decision (action ``capture``, not applied) recommending :class:`~..cuda_graphs.GuardedCUDAGraphs` where
     Thunder's own ``CUDAGraphTransform`` (``given``, its class name) was given: it runs as given."""
