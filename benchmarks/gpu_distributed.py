@@ -507,9 +507,14 @@ def table(results: dict[str, Any]) -> str:
             row = [entry["model"], entry["setup"], variant, *(f"{m:.2f}" if m else "-" for m in ms)]
             row += [" ".join(f"{r:.3f}" for r in ratios) or "-", note]
             lines.append("| " + " | ".join(str(c) for c in row) + " |")
+        checked = {name for base, name in PAIRS if s.get(f"{name}_vs_{base}")}
+        said: set[str] = set()
         for base, name in PAIRS:
             c, d = s.get(f"{name}_vs_{base}"), s.get(f"{name}_decisions", {})
-            if c or d:
+            # a pair whose twin did not run: one row for the variant's decisions, where no other pair checked it
+            if c or (d and name not in checked and name not in said):
+                said.add(name)
+                base = base if c else "-"
                 c = c or {}
                 checks.append(
                     f"| {entry['model']} | {entry['setup']} | {name} vs {base} | {c.get('losses_equal', '-')} | "
