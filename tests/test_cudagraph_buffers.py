@@ -786,17 +786,24 @@ def _moving(compiled, model: torch.nn.Module, steps: int = 3) -> list:
     return got
 
 
+def _against_thunder_without_graphs(steps) -> tuple[FusionGuard, GuardedCUDAGraphs]:
+    """``steps(compiled, model)`` guarded with ``GuardedCUDAGraphs`` and under unguarded Thunder without graphs, each
+    on its own ``Mlp`` of the same weights: the same bits. The guard and the transform, to read what they did."""
+    torch.manual_seed(0)
+    model = Mlp()
+    guard, graphs = FusionGuard(), GuardedCUDAGraphs()
+    got = steps(thunder.jit(model, transforms=[guard, graphs]), model)
+    torch.manual_seed(0)
+    plain = Mlp()
+    assert_same(got, steps(thunder.jit(plain), plain))
+    return guard, graphs
+
+
 def test_a_graph_whose_parameters_moved_is_captured_anew_with_them_copied_in(cpu_graphs):
     """A captured graph reads a parameter at the memory it had when captured: where the parameter lies elsewhere at
     a later call (FSDP2's unsharded parameters), each graph reading it is captured anew with it copied in, and the
     values are unguarded Thunder's without graphs, step after step; a decision per graph names the inputs."""
-    torch.manual_seed(0)
-    model = Mlp()
-    guard, graphs = FusionGuard(), GuardedCUDAGraphs()
-    got = _moving(thunder.jit(model, transforms=[guard, graphs]), model)
-    torch.manual_seed(0)
-    plain = Mlp()
-    assert_same(got, _moving(thunder.jit(plain), plain))
+    guard, _ = _against_thunder_without_graphs(_moving)
     moved = guard.report.filter(code="capture_moved")
     assert {d.trace for d in moved} == {"forward", "backward"} and len(moved) == 2, "captured anew once, then copied"
     forward = next(d for d in moved if d.trace == "forward")
@@ -847,13 +854,7 @@ def test_a_forward_run_again_before_its_backward_runs_uncaptured_with_thunders_v
     """A replay writes a graph's outputs into the same buffers: a forward called again before the backward of its
     earlier call would overwrite what autograd holds for that backward. From the second call on, the graphs of
     that forward and its backward run uncaptured: unguarded Thunder's values over three steps, one decision."""
-    torch.manual_seed(0)
-    model = Mlp()
-    guard, graphs = FusionGuard(), GuardedCUDAGraphs()
-    got = _twice(thunder.jit(model, transforms=[guard, graphs]), model)
-    torch.manual_seed(0)
-    plain = Mlp()
-    assert_same(got, _twice(thunder.jit(plain), plain))
+    guard, graphs = _against_thunder_without_graphs(_twice)
     (reentered,) = guard.report.filter(code="capture_reentered")
     (forward,) = guard.report.filter(code="captured", trace="forward")
     assert reentered.trace == "forward" and reentered.region == forward.details["captures"][0] and _reworded(reentered)
