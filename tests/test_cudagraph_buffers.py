@@ -770,7 +770,7 @@ def test_unshared_graphs_are_grouped_by_consecutive_runs_where_thunders_grouping
             assert not th.unbound_reads(trace)
 
 
-def _moving(compiled, model: torch.nn.Module, steps: int = 3) -> list:
+def _moving(compiled, model: torch.nn.Module, steps: int = 3, device: str = "cpu") -> list:
     """Loss and gradients of ``steps`` steps; before each after the first, every parameter moves to new memory with
     new values (``.data`` anew, as FSDP2 allocates its unsharded parameters each step)."""
     got = []
@@ -780,22 +780,22 @@ def _moving(compiled, model: torch.nn.Module, steps: int = 3) -> list:
                 p.data = p.data * 1.5
         torch.manual_seed(seed)
         model.zero_grad(set_to_none=True)
-        loss = compiled(torch.randn(8, 16)).square().sum()
+        loss = compiled(torch.randn(8, 16, device=device)).square().sum()
         loss.backward()
         got += [loss.detach().clone(), *(p.grad.clone() for p in model.parameters())]
     return got
 
 
-def _against_thunder_without_graphs(steps) -> tuple[FusionGuard, GuardedCUDAGraphs]:
+def _against_thunder_without_graphs(steps, device: str = "cpu") -> tuple[FusionGuard, GuardedCUDAGraphs]:
     """``steps(compiled, model)`` guarded with ``GuardedCUDAGraphs`` and under unguarded Thunder without graphs, each
     on its own ``Mlp`` of the same weights: the same bits. The guard and the transform, to read what they did."""
     torch.manual_seed(0)
-    model = Mlp()
+    model = Mlp().to(device)
     guard, graphs = FusionGuard(), GuardedCUDAGraphs()
-    got = steps(thunder.jit(model, transforms=[guard, graphs]), model)
+    got = steps(thunder.jit(model, transforms=[guard, graphs]), model, device=device)
     torch.manual_seed(0)
-    plain = Mlp()
-    assert_same(got, steps(thunder.jit(plain), plain))
+    plain = Mlp().to(device)
+    assert_same(got, steps(thunder.jit(plain), plain, device=device))
     return guard, graphs
 
 
@@ -837,14 +837,15 @@ def test_a_graph_that_writes_an_input_that_moved_runs_uncaptured(cpu_graphs):
     assert torch.equal(w, torch.full((4,), 11.0)) and torch.equal(out, torch.full((4,), 22.0))
 
 
-def _twice(compiled, model: torch.nn.Module, steps: int = 3) -> list:
+def _twice(compiled, model: torch.nn.Module, steps: int = 3, device: str = "cpu") -> list:
     """Loss and gradients of ``steps`` steps, each calling the compiled model twice before one backward (one
     compiled block run for two blocks, as ThunderFX runs each block under FSDP2)."""
     got = []
     for seed in range(steps):
         torch.manual_seed(seed)
         model.zero_grad(set_to_none=True)
-        loss = compiled(torch.randn(8, 16)).square().sum() + compiled(torch.randn(8, 16)).tanh().sum()
+        x, y = torch.randn(8, 16, device=device), torch.randn(8, 16, device=device)
+        loss = compiled(x).square().sum() + compiled(y).tanh().sum()
         loss.backward()
         got += [loss.detach().clone(), *(p.grad.clone() for p in model.parameters())]
     return got
@@ -870,3 +871,13 @@ def test_a_forward_and_its_backward_in_turn_stay_captured(cpu_graphs):
     guard, graphs = FusionGuard(), GuardedCUDAGraphs()
     _train(thunder.jit(model, transforms=[guard, graphs]), model, steps=4)
     assert not guard.report.filter(code="capture_reentered") and len(graphs.cuda_graph_runner.cuda_graph_cache) == 2
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("steps", [_moving, _twice], ids=["parameters-moved", "forward-run-again"])
+def test_moved_parameters_and_a_forward_run_again_give_thunders_bits_on_cuda(steps):
+    """Real captures read the memory they were captured with and replay into the same buffers: with parameters that
+    moved, and with a forward run again before its backward, the steps keep unguarded Thunder's bits, each said."""
+    guard, _ = _against_thunder_without_graphs(steps, device="cuda")
+    code = "capture_moved" if steps is _moving else "capture_reentered"
+    assert guard.report.filter(code=code)
