@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import warnings
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -191,41 +191,37 @@ class FusionGuard(thunder.Transform):
             self.report.add(decision)
             self._captures[summary] = decision
 
+    def _about_capture(self, summary: th.CaptureSummary, decide: Callable[[Decision], Decision]) -> None:
+        """Record ``decide(capture)``, a decision about one graph of the capture ``summary`` tells of, where this guard
+        recorded that capture (a compilation it takes part in)."""
+        with self._lock:
+            capture = self._captures.get(summary)
+            if capture is not None:
+                self.report.add(decide(capture))
+
     def cuda_graph_gradients_held(self, summary: th.CaptureSummary, graph: str, held: list[str]) -> None:
         """Record that ``graph`` (of the capture ``summary`` tells of) found gradients it had handed to autograd
         still held when it would replay: it runs uncaptured while they are held, and is captured anew after
         ``UNCAPTURED_WHILE_HELD`` such calls in a row (it calls this before the first of them)."""
-        with self._lock:
-            capture = self._captures.get(summary)
-            if capture is not None:
-                self.report.add(held_decision(capture, graph, held))
+        self._about_capture(summary, lambda capture: held_decision(capture, graph, held))
 
     def cuda_graph_input_moved(
         self, summary: th.CaptureSummary, graph: str, moved: list[str], uncaptured: bool
     ) -> None:
         """Record that inputs ``moved`` that ``graph`` reads in place lay elsewhere than at its capture (FSDP2's
         unsharded parameters): it is captured anew with them copied in, or runs uncaptured where it writes one."""
-        with self._lock:
-            capture = self._captures.get(summary)
-            if capture is not None:
-                self.report.add(moved_decision(capture, graph, moved, uncaptured))
+        self._about_capture(summary, lambda capture: moved_decision(capture, graph, moved, uncaptured))
 
     def cuda_graph_reentered(self, summary: th.CaptureSummary, graph: str) -> None:
         """Record that ``graph`` of the forward ``summary`` tells of ran again before the backward of its earlier call:
         the graphs of that forward and its backward run uncaptured from then on (their outputs would be overwritten)."""
-        with self._lock:
-            capture = self._captures.get(summary)
-            if capture is not None:
-                self.report.add(reentered_decision(capture, graph))
+        self._about_capture(summary, lambda capture: reentered_decision(capture, graph))
 
     def cuda_graph_uncaptured(self, summary: th.CaptureSummary, graph: str, error: BaseException) -> None:
         """Record that capturing ``graph`` (of the capture ``summary`` tells of) ran out of device memory: its ops
         run uncaptured from then on (it calls this once, at that call). Strict mode: nothing falls back, the call
         raises ``FusionGuardError`` from the memory error (the decision still records it)."""
-        with self._lock:
-            capture = self._captures.get(summary)
-            if capture is not None:
-                self.report.add(uncaptured_decision(capture, graph, error))
+        self._about_capture(summary, lambda capture: uncaptured_decision(capture, graph, error))
         if self.options.strict:
             raise FusionGuardError(
                 f"capturing {graph} ran out of device memory (strict: no uncaptured fallback): {error_line(error)}"

@@ -211,7 +211,7 @@ class SharedBuffersCapture(CUDAGraphTransform):
         with _building_from(trace) as fused_trace:
             groups = consecutive_fusion(trace, self._can_fuse_nodes)
             producers, consumers = utils.producers_and_consumers(trace)
-            summary = CaptureSummary(trace.siginfo().name == "backward_fn", [], 0, 0, 0, 0)
+            summary = CaptureSummary(backward, [], 0, 0, 0, 0)
             summary.captured_by = self._captured_by or type(self).__name__
             summary.regrouped = list(regrouped or ())
             captured: dict[str, str] = {}  # output name -> the graph that writes it
@@ -277,30 +277,12 @@ class SharedBuffersCapture(CUDAGraphTransform):
         if own_blas_workspace(runner, name):
             summary.own_workspace.append(name)
         graph_call = GraphCall(runner, name)
-        uncaptured_hooks = _hooks("cuda_graph_uncaptured")
-
-        def on_uncaptured(graph: str, error: BaseException) -> None:
-            for hook in uncaptured_hooks:
-                hook(summary, graph, error)
-
-        graph_call.on_uncaptured = on_uncaptured
-        moved_hooks = _hooks("cuda_graph_input_moved")
-
-        def on_moved(graph: str, names: list[str], uncaptured: bool) -> None:
-            for hook in moved_hooks:
-                hook(summary, graph, names, uncaptured)
-
-        graph_call.on_moved = on_moved
+        graph_call.on_uncaptured = _telling("cuda_graph_uncaptured", summary)
+        graph_call.on_moved = _telling("cuda_graph_input_moved", summary)
         if program is not None:
             graph_call.program, graph_call.forward = program, not summary.backward
             if program.on_reentered is None:
-                reentered_hooks = _hooks("cuda_graph_reentered")
-
-                def on_reentered(graph: str) -> None:
-                    for hook in reentered_hooks:
-                        hook(summary, graph)
-
-                program.on_reentered = on_reentered
+                program.on_reentered = _telling("cuda_graph_reentered", summary)
         graph_call.input_names = [getattr(i, "name", None) for i in inputs]
         writes_at = written_inputs(region.bound_symbols, inputs, self._writes)
         graph_call.written = frozenset(writes_at)
@@ -321,13 +303,7 @@ class SharedBuffersCapture(CUDAGraphTransform):
         }
         if handed:
             summary.handed_over += [(outputs[k].name, name, _bytes(outputs[k])) for k in handed]
-            hooks = _hooks("cuda_graph_gradients_held")
-
-            def on_held(graph: str, held: list[str]) -> None:
-                for hook in hooks:
-                    hook(summary, graph, held)
-
-            call = handing_over(graph_call, call, handed, on_held)
+            call = handing_over(graph_call, call, handed, _telling("cuda_graph_gradients_held", summary))
         # The meta gives the region's outputs, so that Thunder's trace checks (DebugOptions) can run over it.
         symbol = Symbol(name, meta=lambda *args, **kwargs: outputs, is_fusion=True, executor=self)
         return BoundSymbol(symbol, inputs, {}, outputs, region.bound_symbols, _call_ctx={name: call})
@@ -393,6 +369,18 @@ def _announce(summary: CaptureSummary) -> None:
     (``cuda_graphs_captured(summary)``: the guard records it)."""
     for hook in _hooks("cuda_graphs_captured"):
         hook(summary)
+
+
+def _telling(method: str, summary: CaptureSummary) -> Callable[..., None]:
+    """A callable that tells ``method(summary, *what)`` to every transform of the compilation running now that has
+    it (found now, while compiling; called later, at a replay)."""
+    hooks = _hooks(method)
+
+    def tell(*what: Any) -> None:
+        for hook in hooks:
+            hook(summary, *what)
+
+    return tell
 
 
 def _hooks(method: str) -> list[Callable]:

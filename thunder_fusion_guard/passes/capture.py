@@ -5,11 +5,12 @@ replay or whose capture ran out of memory; and the recommendation of it where Th
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from .. import _thunder as th
 from ..cuda_graphs import GuardedCUDAGraphs
 from ..decisions import Decision, Details
-from ..reasons import Facts, words
+from ..reasons import Facts, ReasonCode, words
 from ..wording import error_line
 from .context import TraceContext
 from .records import op_decision
@@ -71,51 +72,49 @@ def capture_decision(where: TraceContext, summary: th.CaptureSummary) -> Decisio
     )
 
 
+def _about_graph(capture: Decision, graph: str, code: ReasonCode, facts: Facts, details: dict[str, Any]) -> Decision:
+    """The decision ``capture`` (of a trace's captures) narrowed to one of its graphs, ``graph``: worded from
+    ``code`` and ``facts``, with ``details`` beside the graph's name."""
+    short, told = words(code, facts)
+    return dataclasses.replace(
+        capture,
+        region=graph,
+        ops=[graph],
+        reason=short,
+        code=code,
+        facts=dict(facts),
+        details={"scope": "op", **told, "captures": [graph], **details},
+    )
+
+
 def held_decision(capture: Decision, graph: str, held: list[str]) -> Decision:
     """The decision for a graph of ``capture`` whose gradients ``held`` were still held when it would replay: it
     stops handing its gradients over and runs uncaptured while they are held, captured anew after
     :data:`UNCAPTURED_WHILE_HELD` such calls in a row."""
     facts = Facts(name=graph, held=list(held), recaptured_after=th.UNCAPTURED_WHILE_HELD)
-    short, told = words("capture_held", facts)
-    details = {"scope": "op", **told, "captures": [graph], "held": list(held)}
-    return dataclasses.replace(
-        capture, region=graph, ops=[graph], reason=short, code="capture_held", facts=dict(facts), details=details
-    )
+    return _about_graph(capture, graph, "capture_held", facts, {"held": list(held)})
 
 
 def uncaptured_decision(capture: Decision, graph: str, error: BaseException) -> Decision:
     """The decision for a graph of ``capture`` whose capture ran out of device memory: its ops run uncaptured from
     then on, the step goes on."""
     facts = Facts(name=graph, error=error_line(error))
-    short, told = words("capture_uncaptured", facts)
-    details = {"scope": "op", **told, "captures": [graph], "uncaptured": graph, "error_type": type(error).__name__}
-    return dataclasses.replace(
-        capture, region=graph, ops=[graph], reason=short, code="capture_uncaptured", facts=dict(facts), details=details
-    )
+    details = {"uncaptured": graph, "error_type": type(error).__name__}
+    return _about_graph(capture, graph, "capture_uncaptured", facts, details)
 
 
 def moved_decision(capture: Decision, graph: str, moved: list[str], uncaptured: bool) -> Decision:
     """The decision for a graph of ``capture`` whose inputs ``moved`` (read in place, by name) lay elsewhere than at
     its capture: captured anew with them copied in, or (``uncaptured``: it writes one) run uncaptured."""
     facts = Facts(name=graph, moved_inputs=list(moved), writes_moved=uncaptured)
-    short, told = words("capture_moved", facts)
-    details = {"scope": "op", **told, "captures": [graph], "moved_inputs": list(moved)}
-    if uncaptured:
-        details["uncaptured"] = graph
-    return dataclasses.replace(
-        capture, region=graph, ops=[graph], reason=short, code="capture_moved", facts=dict(facts), details=details
-    )
+    details = {"moved_inputs": list(moved), **({"uncaptured": graph} if uncaptured else {})}
+    return _about_graph(capture, graph, "capture_moved", facts, details)
 
 
 def reentered_decision(capture: Decision, graph: str) -> Decision:
     """The decision for the forward of ``capture`` whose graph ``graph`` ran again before the backward of its earlier
     call: every graph of that forward and its backward runs uncaptured from then on."""
-    facts = Facts(name=graph)
-    short, told = words("capture_reentered", facts)
-    details = {"scope": "op", **told, "captures": [graph], "uncaptured": graph}
-    return dataclasses.replace(
-        capture, region=graph, ops=[graph], reason=short, code="capture_reentered", facts=dict(facts), details=details
-    )
+    return _about_graph(capture, graph, "capture_reentered", Facts(name=graph), {"uncaptured": graph})
 
 
 def recommend_decision(where: TraceContext, given: str) -> Decision:
