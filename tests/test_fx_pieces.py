@@ -360,6 +360,13 @@ def test_a_fused_subgraph_stays_thunders_unless_timed_faster_eagerly_with_its_bi
     compiled, guarded = _chain(dtype, guard, timed)
     _assert_bitwise(guarded, unguarded)
     assert _runs(compiled)[0] == "thunder" and "subgraph 0" not in _eager_subgraphs(guard)
+    kept = [d for d in guard.report if d.code == "piece_kept" and d.region == "subgraph 0"]
+    if dtype is torch.float32 and not options:  # timed, and the timing kept Thunder's run: recorded as such
+        (decision,) = kept
+        assert decision.action == "keep" and decision.details["decided_by"] == "measured"
+        assert (decision.facts["measured"].region_us, decision.facts["measured"].eager_us) == timed
+    else:  # not timed (no budget, or other bits): nothing to record
+        assert not kept
 
 
 @pytest.mark.real_timings  # its clock is fake: what it says holds whatever the real one says

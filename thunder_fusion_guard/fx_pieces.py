@@ -387,13 +387,20 @@ def piece_decision(run: PieceRun, beside: str | None) -> Decision:
 
 
 def subgraph_decision(
-    subgraph: str, module: torch.fx.GraphModule, measured: Measured | None = None, margin: float = 0.0
+    subgraph: str,
+    module: torch.fx.GraphModule,
+    measured: Measured | None = None,
+    margin: float = 0.0,
+    eager: bool = True,
 ) -> Decision:
     """The decision recording that ThunderFX subgraph ``subgraph`` (its fx ``module``) runs eagerly from now on;
-    ``measured``: Thunder fuses some of it, and this timing decided, eager cheaper by more than ``margin``."""
+    ``measured``: Thunder fuses some of it, and this timing decided, eager cheaper by more than ``margin``. Not
+    ``eager``: the timing kept Thunder's run (eager not cheaper by the margin), recorded so the choice can be read."""
     facts = Facts(region=subgraph, ops=th.fx_graph_ops(module), name="subgraph")
     details: Details = {"decided_by": "checked"}
     if measured is not None:
         facts.update(measured=measured, margin=margin)
         details = {"decided_by": "measured", "margin": margin, **measured.as_record()}  # type: ignore[typeddict-item]
+    if not eager:
+        return subgraph_op_decision(subgraph, module, "keep", "piece_kept", facts, details)
     return subgraph_op_decision(subgraph, module, "reject", "piece_eager", facts, details)

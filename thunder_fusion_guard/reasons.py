@@ -696,6 +696,16 @@ def _piece_eager(f: Facts) -> tuple[str, str | None]:
 
 
 def _piece_kept(f: Facts) -> tuple[str, str | None]:
+    if f["name"] == "subgraph":
+        m = f["measured"]
+        reason = (
+            f"Thunder's {m.region_us:.0f} µs against {m.eager_us:.0f} µs eagerly a step, forward and backward: eager "
+            f"not cheaper by the margin ({f['margin']:.0%}), Thunder's run kept"
+        )
+        return reason, (
+            f"{reason}. Its eager run gave Thunder's bits on copies of the first call's inputs, so the two were timed "
+            "interleaved on them; a subgraph runs eagerly only where that is cheaper by more than the margin"
+        )
     return f"Inductor's piece kept: {f['why']}", None
 
 

@@ -276,21 +276,22 @@ class FusionGuard(thunder.Transform):
     def _decide_eager_subgraph(self, module: Any, rescue: SubgraphRescue, args: tuple) -> None:
         """Run the ThunderFX subgraph ``module`` eagerly from now on where nothing was hoisted from it and its eager run
         gives Thunder's bits on this first call's ``args``, and Thunder fuses nothing of it or, timed (the cost model
-        on), runs it slower by the margin (``fx_pieces.eager_subgraph``), recorded; else it stays Thunder's,
-        unrecorded."""
+        on), runs it slower by the margin (``fx_pieces.eager_subgraph``), recorded; else it stays Thunder's, recorded
+        where a timing kept it."""
         subgraph = self._subgraph_id(module)
         if any(d.subgraph == subgraph and d.action == "hoist" for d in self.report):
             return
         costs = self.options.costs
         timer = self.measurer.pair if costs.cost_model and costs.measure_budget_s > 0 else None
         found = eager_subgraph(module, rescue.jitted, rescue.run, args, timer, costs.margin)
-        if found.run is None:
+        if found.run is None and found.measured is None:
             return
-        rescue.run_eagerly(found.run)
+        if found.run is not None:
+            rescue.run_eagerly(found.run)
         with self._lock:
             if found.measured is not None:
                 self.report.measuring = self.measurer.to_dict()
-            decision = subgraph_decision(subgraph, module, found.measured, costs.margin)
+            decision = subgraph_decision(subgraph, module, found.measured, costs.margin, eager=found.run is not None)
             self._at_latest_compilation(decision, subgraph)
             self.report.add(decision)
 
