@@ -23,6 +23,12 @@ usage: bash benchmarks/gpu.sh SUBCOMMAND [ARGS...]    (files go to $OUT)
   decisions            an empty cache: the first guarded jit calibrates by itself; then `fusion-guard bench
                        decisions` over the corpus (no program started after 240 s, stopped at 360 s); < 8 min
   distributed [ARGS]   benchmarks/gpu_distributed.py under torchrun on NPROC GPUs (default 2)
+  distributed-matrix   every set-up of gpu_distributed.py on NPROC GPUs (default 2), each a job side by side:
+                       litgpt Mistral-7B-v0.1 (2 layers) under Thunder's FSDP, Thunder's DDP, ThunderFX + DDP
+                       and ThunderFX + FSDP2, and e3nn-nequip-modules under ThunderFX + DDP, as eager, thunder,
+                       guarded and guarded + CUDA graphs (ThunderFX + DDP also thunder + CUDA graphs); each job
+                       cut at 570 s; TFG_COMMIT=<full sha> names the commit. Writes
+                       distributed-<gpu>x<NPROC>-<sha>.json, .md and each job's log
   flaky                the OpInfo cases that once flaked on an H100 (OPS, default take_along_axis gather), RUNS
                        times each (default 20), and unguarded Thunder's run-to-run noise; TFG_FLAKY_CPU=1 on CPU
   hf [ARGS]            benchmarks/gpu_hf.py (Hugging Face models)
@@ -336,6 +342,38 @@ EOF
   fi
 }
 
+distributed_matrix() {
+  # Five jobs share the GPUs (compare variants within a job: each times alone, TFG_ZOO_LOCK), then one merged file.
+  local nproc=${NPROC:-2} port=29510 pids=() spec
+  export TFG_ZOO_LOCK=${TFG_ZOO_LOCK:-/tmp/tfg-distributed.lock}
+  local jobs=(
+    "mistral fsdp eager thunder guarded guarded+cg"
+    "mistral ddp eager thunder guarded guarded+cg"
+    "mistral fx-ddp eager thunder guarded guarded+cg thunder+cg"
+    "mistral fx-fsdp2 eager thunder guarded guarded+cg"
+    "e3nn fx-ddp eager thunder guarded guarded+cg"
+  )
+  for spec in "${jobs[@]}"; do
+    read -r model setup variants <<<"$spec"
+    port=$((port + 1))
+    # shellcheck disable=SC2086
+    timeout 570 torchrun --nproc-per-node "$nproc" --master-port "$port" benchmarks/gpu_distributed.py \
+      --models "$model" --setups "$setup" --variants $variants --layers 2 --rounds 5 --budget-s 530 \
+      --out "$OUT/jobs" >"$OUT/distributed-$model-$setup.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done
+  local gpu sha
+  gpu=$(python3 -c "import torch, sys; sys.path.insert(0, 'benchmarks'); from gpu_acceptance import gpu_slug; \
+print(gpu_slug(torch.cuda.get_device_name()))")
+  sha=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from package_hash import resolve_commit; \
+print((resolve_commit(None)[0] or 'unknown')[:7])")
+  python3 benchmarks/gpu_distributed.py --merge "$OUT"/jobs/gpu-distributed-*.json \
+    --out "$OUT/distributed-${gpu}x${nproc}-${sha}.json" && cat "$OUT/distributed-${gpu}x${nproc}-${sha}.md"
+  # names with '+' are not copied back from some machines: the jobs' own files as 'p'
+  for f in "$OUT"/jobs/*+*; do [ -e "$f" ] && mv "$f" "${f//+/p}"; done
+}
+
 wheels() {
   # On a machine with network, the same OS, CPU architecture and Python version as the GPU machine:
   #   gpu.sh wheels download WHEELS      torch 2.10 + nvFuser for it, Thunder, the test extras
@@ -374,6 +412,7 @@ case "$subcommand" in
   correctness) correctness ;;
   decisions) decisions ;;
   distributed) exec torchrun --nproc-per-node "${NPROC:-2}" benchmarks/gpu_distributed.py "$@" ;;
+  distributed-matrix) distributed_matrix ;;
   flaky) flaky ;;
   hf) exec python3 benchmarks/gpu_hf.py "$@" ;;
   hoist) exec python3 benchmarks/gpu_hoist.py "$@" ;;
