@@ -26,7 +26,8 @@ usage: bash benchmarks/gpu.sh SUBCOMMAND [ARGS...]    (files go to $OUT)
   distributed-matrix   every set-up of gpu_distributed.py on NPROC GPUs (default 2), each a job side by side:
                        litgpt Mistral-7B-v0.1 (2 layers) under Thunder's FSDP, Thunder's DDP, ThunderFX + DDP
                        and ThunderFX + FSDP2, and e3nn-nequip-modules under ThunderFX + DDP, as eager, thunder,
-                       guarded and guarded + CUDA graphs (ThunderFX + DDP also thunder + CUDA graphs); each job
+                       guarded and guarded + CUDA graphs (ThunderFX + DDP also thunder + CUDA graphs, and guarded
+                       alone in a process of its own: are its bits those it has after other compiles?); each job
                        cut at 570 s; TFG_COMMIT=<full sha> names the commit. Writes
                        distributed-<gpu>x<NPROC>-<sha>.json, .md and each job's log
   flaky                the OpInfo cases that once flaked on an H100 (OPS, default take_along_axis gather), RUNS
@@ -343,7 +344,7 @@ EOF
 }
 
 distributed_matrix() {
-  # Five jobs share the GPUs (compare variants within a job: each times alone, TFG_ZOO_LOCK), then one merged file.
+  # Six jobs share the GPUs (compare variants within a job: each times alone, TFG_ZOO_LOCK), then one merged file.
   local nproc=${NPROC:-2} port=29510 pids=() spec
   export TFG_ZOO_LOCK=${TFG_ZOO_LOCK:-/tmp/tfg-distributed.lock}
   local jobs=(
@@ -352,6 +353,7 @@ distributed_matrix() {
     "mistral fx-ddp eager thunder guarded guarded+cg thunder+cg"
     "mistral fx-fsdp2 eager thunder guarded guarded+cg"
     "e3nn fx-ddp eager thunder guarded guarded+cg"
+    "mistral fx-ddp guarded"
   )
   for spec in "${jobs[@]}"; do
     read -r model setup variants <<<"$spec"
@@ -359,13 +361,13 @@ distributed_matrix() {
     # shellcheck disable=SC2086
     timeout 570 torchrun --nproc-per-node "$nproc" --master-port "$port" benchmarks/gpu_distributed.py \
       --models "$model" --setups "$setup" --variants $variants --layers 2 --rounds 5 --budget-s 530 \
-      --out "$OUT/jobs" >"$OUT/distributed-$model-$setup.log" 2>&1 &
+      --out "$OUT/jobs" >"$OUT/distributed-$((port - 29510))-$model-$setup.log" 2>&1 &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid"; done
   local gpu sha
   gpu=$(python3 -c "import torch, sys; sys.path.insert(0, 'benchmarks'); from gpu_acceptance import gpu_slug; \
-print(gpu_slug(torch.cuda.get_device_name()))")
+print(gpu_slug(torch.cuda.get_device_name()) if torch.cuda.is_available() else 'cpu')")
   sha=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from package_hash import resolve_commit; \
 print((resolve_commit(None)[0] or 'unknown')[:7])")
   python3 benchmarks/gpu_distributed.py --merge "$OUT"/jobs/gpu-distributed-*.json \
