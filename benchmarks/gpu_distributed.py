@@ -440,7 +440,7 @@ def check_pair(
     run.sync()
     return {
         f"{base}_repeat": {
-            "loss_equal": all(torch.equal(first[0], again[0]) for again, _ in repeats),
+            "loss_equal": all(torch.equal(first[0], loss) for loss, _ in repeats),
             "grads_equal": floor_equal,
             "diff": floor,
             "steps": FLOOR_STEPS,
