@@ -274,6 +274,22 @@ def grads(v: dict[str, Any]) -> list[torch.Tensor]:
     return out
 
 
+def where_apart(a: list[torch.Tensor], b: list[torch.Tensor], names: list[str]) -> dict[str, Any]:
+    """Where two steps' gradients lie furthest apart: the parameter, the difference, that gradient's largest magnitude
+    (a difference of one rounding step or not) and how many of its elements differ."""
+    if len(a) != len(b) or not a:
+        return {}
+    diffs = [(x.float() - y.float()).abs() for x, y in zip(a, b, strict=True)]
+    i = max(range(len(diffs)), key=lambda k: float(diffs[k].max()) if diffs[k].numel() else 0.0)
+    return {
+        "parameter": names[i] if i < len(names) else str(i),
+        "diff": float(diffs[i].max()),
+        "magnitude": float(a[i].float().abs().max()),
+        "elements": int((diffs[i] != 0).sum()),
+        "of": diffs[i].numel(),
+    }
+
+
 def compare(a: list[torch.Tensor], b: list[torch.Tensor]) -> tuple[bool, float]:
     if len(a) != len(b):
         return False, float("inf")
@@ -432,6 +448,7 @@ def check_pair(
     twin against itself (FLOOR_STEPS identical steps: the noise floor, atomics in backward kernels), collectives."""
     (lt, gt), (lg, gg) = trained[base], trained[guarded]
     per_step = [compare(a, b) for a, b in zip(gt, gg, strict=True)]
+    names = [n for n, p in made[guarded]["module"].named_parameters() if p.grad is not None]
     v = made[base]
     first = (step(run, v, 0), grads(v))
     repeats = [(step(run, v, 0), grads(v)) for _ in range(FLOOR_STEPS - 1)]
@@ -450,6 +467,8 @@ def check_pair(
             "grads_equal": all(e for e, _ in per_step),
             "grads_max_abs_diff_first_step": per_step[0][1],
             "grads_max_abs_diff": max(d for _, d in per_step),
+            "grads_max_abs_diff_per_step": [d for _, d in per_step],
+            "grads_apart_per_step": [where_apart(a, b, names) for a, b in zip(gt, gg, strict=True)],
             "grads_within_floor": per_step[0][1] <= floor,
             "collectives_equal": info["variants"][base].get("collectives")
             == info["variants"][guarded].get("collectives"),
