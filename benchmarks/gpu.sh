@@ -26,7 +26,8 @@ usage: bash benchmarks/gpu.sh SUBCOMMAND [ARGS...]    (files go to $OUT)
   distributed-matrix   every set-up of gpu_distributed.py on NPROC GPUs (default 2), each a job side by side:
                        litgpt Mistral-7B-v0.1 (2 layers) under Thunder's FSDP, Thunder's DDP, ThunderFX + DDP
                        and ThunderFX + FSDP2, and e3nn-nequip-modules under ThunderFX + DDP, as eager, thunder,
-                       guarded and guarded + CUDA graphs (ThunderFX + DDP also thunder + CUDA graphs, and in a
+                       guarded and guarded + CUDA graphs (ThunderFX + DDP also thunder + CUDA graphs and guarded +
+                       GuardedCUDAGraphs(share_buffers=False), and in a
                        process of its own guarded compiled before thunder: does the order change the bits?); each job
                        cut at 570 s; TFG_COMMIT=<full sha> names the commit. Writes
                        distributed-<gpu>x<NPROC>-<sha>.json, .md and each job's log
@@ -350,7 +351,7 @@ distributed_matrix() {
   local jobs=(
     "mistral fsdp eager thunder guarded guarded+cg"
     "mistral ddp eager thunder guarded guarded+cg"
-    "mistral fx-ddp eager thunder guarded guarded+cg thunder+cg"
+    "mistral fx-ddp eager thunder guarded guarded+cg guarded+cgcopy thunder+cg"
     "mistral fx-fsdp2 eager thunder guarded guarded+cg"
     "e3nn fx-ddp eager thunder guarded guarded+cg"
     "mistral fx-ddp guarded thunder"

@@ -30,7 +30,7 @@ Set-ups (``--setups``):
 
 Variants (``--variants``): ``eager``, ``thunder``, ``guarded``, and ``thunder+cg`` / ``guarded+cg`` with CUDA graphs
 (Thunder's ``CUDAGraphTransform``; guarded, ``GuardedCUDAGraphs`` after the guard; a variant Thunder cannot run
-records its error). The guard is
+records its error), ``guarded+cgcopy`` with ``GuardedCUDAGraphs(share_buffers=False)``. The guard is
 ``FusionGuard(compare_ranks=True)``, every other option at its default. For each set-up: first a correctness
 phase (each variant trains 3 SGD steps from the same weights on the same batches; each guarded variant against
 its unguarded twin, ``guarded+cg`` also against ``thunder`` and ``guarded``, as CUDA graphs change no value and
@@ -103,10 +103,18 @@ SETUP_S = {"mistral": 225.0, "llama2": 80.0, "e3nn": 200.0, "nequip": 330.0}
 SETUPS = ("fsdp", "ddp", "fx-ddp", "fx-fsdp2")
 # "+cg": with CUDA graphs (Thunder's CUDAGraphTransform; guarded, GuardedCUDAGraphs after the guard, as README
 # shows); each guarded variant is checked against the unguarded one of the same kind.
-VARIANTS = ("eager", "thunder", "guarded", "thunder+cg", "guarded+cg")
+# "+cgcopy": GuardedCUDAGraphs(share_buffers=False), Thunder's grouping and copies: told apart from "+cg", a difference
+# of "+cg" from guarded lies in the shared buffers (outputs read in place, gradients handed over) or not.
+VARIANTS = ("eager", "thunder", "guarded", "thunder+cg", "guarded+cg", "guarded+cgcopy")
 # Guarded + CUDA graphs is also checked against the guarded and unguarded runs without graphs (graphs change no value;
 # Thunder's own capture fails on some set-ups); the last pair naming a guarded variant gives its "vs unguarded" column.
-PAIRS = (("guarded", "guarded+cg"), ("thunder", "guarded"), ("thunder", "guarded+cg"), ("thunder+cg", "guarded+cg"))
+PAIRS = (
+    ("guarded", "guarded+cg"),
+    ("guarded", "guarded+cgcopy"),
+    ("thunder", "guarded"),
+    ("thunder", "guarded+cg"),
+    ("thunder+cg", "guarded+cg"),
+)
 TRAIN_STEPS = 3
 # The noise floor: this many identical steps of the unguarded twin, the largest difference from the first (one repeat
 # alone under-reads atomics' spread: e3nn's scatter gradients differed 2.4e-4 in one pair, the guarded run 4.9e-4).
@@ -205,12 +213,13 @@ def make_variant(run: Run, setup: str, variant: str, name: str) -> dict[str, Any
     model, config = build(run, name)
     guard = FusionGuard(compare_ranks=True) if variant.startswith("guarded") else None
     transforms: list[Any] = [guard] if guard else []
-    if variant.endswith("+cg"):  # guarded: the package's capture; unguarded: Thunder's
+    if "+cg" in variant:  # guarded: the package's capture; unguarded: Thunder's
         from thunder.transforms.cudagraph import CUDAGraphTransform
 
         from thunder_fusion_guard import GuardedCUDAGraphs
 
-        transforms.append(GuardedCUDAGraphs() if guard else CUDAGraphTransform())
+        shared = not variant.endswith("+cgcopy")
+        transforms.append(GuardedCUDAGraphs(share_buffers=shared) if guard else CUDAGraphTransform())
     jit_options = {"transforms": transforms, **run.executors()}
     fn: Any
     if setup == "fsdp":
