@@ -27,9 +27,9 @@ usage: bash benchmarks/gpu.sh SUBCOMMAND [ARGS...]    (files go to $OUT)
                        litgpt Mistral-7B-v0.1 (2 layers) under Thunder's FSDP, Thunder's DDP, ThunderFX + DDP
                        and ThunderFX + FSDP2, and e3nn-nequip-modules under ThunderFX + DDP, as eager, thunder,
                        guarded and guarded + CUDA graphs (ThunderFX + DDP also thunder + CUDA graphs and guarded +
-                       GuardedCUDAGraphs(share_buffers=False), and in a
-                       process of its own guarded compiled before thunder: does the order change the bits?); each job
-                       cut at 570 s; TFG_COMMIT=<full sha> names the commit. Writes
+                       GuardedCUDAGraphs(share_buffers=False), and in a process of its own guarded compiled before
+                       thunder: does the order change the bits?); each job cut at 570 s; TFG_COMMIT=<full sha>
+                       names the commit. Writes
                        distributed-<gpu>x<NPROC>-<sha>.json, .md and each job's log
   flaky                the OpInfo cases that once flaked on an H100 (OPS, default take_along_axis gather), RUNS
                        times each (default 20), and unguarded Thunder's run-to-run noise; TFG_FLAKY_CPU=1 on CPU
