@@ -283,28 +283,34 @@ def grads(v: dict[str, Any]) -> list[torch.Tensor]:
     return out
 
 
-def where_apart(a: list[torch.Tensor], b: list[torch.Tensor], names: list[str]) -> dict[str, Any]:
-    """Where two steps' gradients lie furthest apart: the parameter, the difference, that gradient's largest magnitude
-    (a difference of one rounding step or not) and how many of its elements differ."""
-    if len(a) != len(b) or not a:
-        return {}
-    diffs = [(x.float() - y.float()).abs() for x, y in zip(a, b, strict=True)]
-    i = max(range(len(diffs)), key=lambda k: float(diffs[k].max()) if diffs[k].numel() else 0.0)
-    return {
-        "parameter": names[i] if i < len(names) else str(i),
-        "diff": float(diffs[i].max()),
-        "magnitude": float(a[i].float().abs().max()),
-        "elements": int((diffs[i] != 0).sum()),
-        "of": diffs[i].numel(),
-    }
+def maxima(a: list[torch.Tensor], b: list[torch.Tensor]) -> list[float]:
+    """Each pair of gradients' largest absolute difference (0 for an empty one), one pair at a time."""
+    return [float((x.float() - y.float()).abs().max()) if x.numel() else 0.0 for x, y in zip(a, b, strict=True)]
 
 
-def compare(a: list[torch.Tensor], b: list[torch.Tensor]) -> tuple[bool, float]:
+def compare(a: list[torch.Tensor], b: list[torch.Tensor], diffs: list[float] | None = None) -> tuple[bool, float]:
+    """Whether two steps' gradients are bitwise equal, and their largest difference (``diffs``: their maxima, where
+    already taken)."""
     if len(a) != len(b):
         return False, float("inf")
     equal = all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-    diff = max((float((x.float() - y.float()).abs().max()) for x, y in zip(a, b, strict=True)), default=0.0)
-    return equal, diff
+    return equal, max(maxima(a, b) if diffs is None else diffs, default=0.0)
+
+
+def where_apart(a: list[torch.Tensor], b: list[torch.Tensor], names: list[str], diffs: list[float]) -> dict[str, Any]:
+    """Where two steps' gradients lie furthest apart (``diffs``: their :func:`maxima`): the parameter, the difference,
+    that gradient's largest magnitude (a difference of one rounding step or not) and how many of its elements differ."""
+    if not diffs:
+        return {}
+    i = max(range(len(diffs)), key=diffs.__getitem__)
+    differs = a[i] != b[i]
+    return {
+        "parameter": names[i] if i < len(names) else str(i),
+        "diff": diffs[i],
+        "magnitude": float(a[i].float().abs().max()) if a[i].numel() else 0.0,
+        "elements": int(differs.sum()),
+        "of": differs.numel(),
+    }
 
 
 def train(run: Run, v: dict[str, Any]) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
@@ -456,17 +462,23 @@ def check_pair(
     """A guarded variant against its unguarded twin: losses and gradients of the three training steps, the
     twin against itself (FLOOR_STEPS identical steps: the noise floor, atomics in backward kernels), collectives."""
     (lt, gt), (lg, gg) = trained[base], trained[guarded]
-    per_step = [compare(a, b) for a, b in zip(gt, gg, strict=True)]
     names = [n for n, p in made[guarded]["module"].named_parameters() if p.grad is not None]
+    per_step, apart = [], []
+    for a, b in zip(gt, gg, strict=True):
+        diffs = maxima(a, b) if len(a) == len(b) else []
+        per_step.append(compare(a, b, diffs))
+        apart.append(where_apart(a, b, names, diffs))
     v = made[base]
-    first = (step(run, v, 0), grads(v))
-    repeats = [(step(run, v, 0), grads(v)) for _ in range(FLOOR_STEPS - 1)]
-    against = [compare(first[1], again[1]) for again in repeats]
+    first_loss, first = step(run, v, 0), grads(v)
+    against, losses_equal = [], True
+    for _ in range(FLOOR_STEPS - 1):  # one repeat's gradients held at a time
+        losses_equal &= torch.equal(first_loss, step(run, v, 0))
+        against.append(compare(first, grads(v)))
     floor_equal, floor = all(e for e, _ in against), max(d for _, d in against)
     run.sync()
     return {
         f"{base}_repeat": {
-            "loss_equal": all(torch.equal(first[0], loss) for loss, _ in repeats),
+            "loss_equal": losses_equal,
             "grads_equal": floor_equal,
             "diff": floor,
             "steps": FLOOR_STEPS,
@@ -477,7 +489,7 @@ def check_pair(
             "grads_max_abs_diff_first_step": per_step[0][1],
             "grads_max_abs_diff": max(d for _, d in per_step),
             "grads_max_abs_diff_per_step": [d for _, d in per_step],
-            "grads_apart_per_step": [where_apart(a, b, names) for a, b in zip(gt, gg, strict=True)],
+            "grads_apart_per_step": apart,
             "grads_within_floor": per_step[0][1] <= floor,
             "collectives_equal": info["variants"][base].get("collectives")
             == info["variants"][guarded].get("collectives"),
