@@ -366,13 +366,7 @@ distributed_matrix() {
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid"; done
-  local gpu sha
-  gpu=$(python3 -c "import torch, sys; sys.path.insert(0, 'benchmarks'); from gpu_acceptance import gpu_slug; \
-print(gpu_slug(torch.cuda.get_device_name()) if torch.cuda.is_available() else 'cpu')")
-  sha=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from package_hash import resolve_commit; \
-print((resolve_commit(None)[0] or 'unknown')[:7])")
-  python3 benchmarks/gpu_distributed.py --merge "$OUT"/jobs/gpu-distributed-*.json \
-    --out "$OUT/distributed-${gpu}x${nproc}-${sha}.json" && cat "$OUT/distributed-${gpu}x${nproc}-${sha}.md"
+  python3 benchmarks/gpu_distributed.py --merge "$OUT"/jobs/gpu-distributed-*.json --out "$OUT"
   # names with '+' are not copied back from some machines: the jobs' own files as 'p'
   for f in "$OUT"/jobs/*+*; do [ -e "$f" ] && mv "$f" "${f//+/p}"; done
 }

@@ -593,14 +593,21 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def merge(out: Path, parts: list[Path], commit: str | None, package: str) -> None:
-    """Several runs' JSON (set-ups run side by side as separate jobs) as one file, ``out`` (and its ``.md``)."""
+def merge(out: Path, parts: list[Path], commit: str | None, package: str) -> Path:
+    """Several runs' JSON (set-ups run side by side as separate jobs) as one file, ``out`` (and its ``.md``); where
+    ``out`` is a folder, named there ``distributed-<gpu>x<ranks>-<short sha>.json``. The file written."""
+    from gpu_acceptance import gpu_slug
+
     runs = [json.loads(part.read_text()) for part in parts]
     merged = {**runs[0], "commit": commit, "package_sha256": package, "runs": [r for run in runs for r in run["runs"]]}
     merged["jobs"] = [{"file": part.name, "wall_s": run.get("wall_s")} for part, run in zip(parts, runs, strict=True)]
+    if out.is_dir():
+        short = commit[:7] if commit else "nocommit"
+        out = out / f"distributed-{gpu_slug(merged['device'])}x{merged['world_size']}-{short}.json"
     out.write_text(json.dumps(merged, indent=1) + "\n")
     head = f"# {merged['world_size']} ranks on {merged['device']}, {merged['versions']}, commit {commit}\n\n"
     out.with_suffix(".md").write_text(head + table(merged) + "\n")
+    return out
 
 
 def main() -> None:
@@ -630,12 +637,15 @@ def main() -> None:
         help="autograd's anomaly mode: a backward error names the forward op that made the value (slow: no timing)",
     )
     p.add_argument("--cpu-smoke", action="store_true", help="CPU, gloo, tiny configs: check the script itself")
-    p.add_argument("--merge", nargs="+", type=Path, metavar="JSON", help="merge runs' JSON into --out (a file)")
+    p.add_argument(
+        "--merge", nargs="+", type=Path, metavar="JSON", help="merge runs' JSON into --out (a file, or a folder)"
+    )
     args = p.parse_args()
     if args.merge:
         from package_hash import package_sha256, resolve_commit
 
-        merge(Path(args.out), args.merge, resolve_commit(None)[0], package_sha256())
+        written = merge(Path(args.out), args.merge, resolve_commit(None)[0], package_sha256())
+        print(written.with_suffix(".md").read_text(), flush=True)
         return
     smoke = args.cpu_smoke
     if args.no_ddp_optimizer:
