@@ -351,7 +351,7 @@ distributed_matrix() {
   local jobs=(
     "mistral fsdp eager thunder guarded guarded+cg"
     "mistral ddp eager thunder guarded guarded+cg"
-    "mistral fx-ddp eager thunder guarded guarded+cg guarded+cgcopy thunder+cg"
+    "mistral fx-ddp eager thunder guarded guarded+cg guarded+cgcopy guarded+cgkeep thunder+cg"
     "mistral fx-fsdp2 eager thunder guarded guarded+cg"
     "e3nn fx-ddp eager thunder guarded guarded+cg"
     "mistral fx-ddp guarded thunder"

@@ -105,12 +105,15 @@ SETUPS = ("fsdp", "ddp", "fx-ddp", "fx-fsdp2")
 # shows); each guarded variant is checked against the unguarded one of the same kind.
 # "+cgcopy": GuardedCUDAGraphs(share_buffers=False), Thunder's grouping and copies: told apart from "+cg", a difference
 # of "+cg" from guarded lies in the shared buffers (outputs read in place, gradients handed over) or not.
-VARIANTS = ("eager", "thunder", "guarded", "thunder+cg", "guarded+cg", "guarded+cgcopy")
+# "+cgkeep": GuardedCUDAGraphs with no gradient handed to autograd on a graph's buffer (autograd copies each, as
+# under Thunder's capture): told apart from "+cg", a difference lies in the handing over or not.
+VARIANTS = ("eager", "thunder", "guarded", "thunder+cg", "guarded+cg", "guarded+cgcopy", "guarded+cgkeep")
 # Guarded + CUDA graphs is also checked against the guarded and unguarded runs without graphs (graphs change no value;
 # Thunder's own capture fails on some set-ups); the last pair naming a guarded variant gives its "vs unguarded" column.
 PAIRS = (
     ("guarded", "guarded+cg"),
     ("guarded", "guarded+cgcopy"),
+    ("guarded", "guarded+cgkeep"),
     ("thunder", "guarded"),
     ("thunder", "guarded+cg"),
     ("thunder+cg", "guarded+cg"),
@@ -119,6 +122,7 @@ TRAIN_STEPS = 3
 # The noise floor: this many identical steps of the unguarded twin, the largest difference from the first (one repeat
 # alone under-reads atomics' spread: e3nn's scatter gradients differed 2.4e-4 in one pair, the guarded run 4.9e-4).
 FLOOR_STEPS = 4
+APART_LISTED = 16  # where two steps' gradients lie apart: this many parameters listed, furthest first
 
 
 def log(*parts: Any) -> None:
@@ -256,11 +260,51 @@ def make_variant(run: Run, setup: str, variant: str, name: str) -> dict[str, Any
             inner = model if backend is None else torch.compile(model, backend=backend)
             fn = module = DistributedDataParallel(inner, device_ids=None if run.smoke else [run.device])
         jit_options["backend"] = backend
-    return {"fn": fn, "module": module, "guard": guard, "config": config, "backend": jit_options.get("backend")}
+    keep = variant.endswith("+cgkeep")
+    return {
+        "fn": fn, "module": module, "guard": guard, "config": config, "backend": jit_options.get("backend"),
+        "keep_gradients": keep,
+    }  # fmt: skip
+
+
+@contextlib.contextmanager
+def gradients_kept(v: dict[str, Any]) -> Any:
+    """For a ``+cgkeep`` variant, while it compiles and runs: the capture hands no gradient over on a graph's buffer
+    (the graphs' calls are made at compilation, inside the steps; a diagnosis, not an option of the package)."""
+    if not v.get("keep_gradients"):
+        yield
+        return
+    from thunder_fusion_guard._thunder import cudagraphs
+
+    was = cudagraphs.handing_over
+    cudagraphs.handing_over = lambda graph, call, positions, on_held: call
+    try:
+        yield
+    finally:
+        cudagraphs.handing_over = was
+
+
+def capture_events(guard: Any, seen: int) -> tuple[list[list[str]], int]:
+    """The guard's CUDA-graph fallbacks recorded since its ``seen``-th decision: [code, graph, inputs or gradients
+    named], and how many decisions it has now."""
+    if guard is None:
+        return [], seen
+    decisions = guard.report.decisions
+    events = [
+        [d.code, d.region, ",".join(map(str, d.details.get("held") or d.details.get("moved_inputs") or []))[:200]]
+        for d in decisions[seen:]
+        if d.action == "capture" and d.code and d.code != "captured"
+    ]
+    return events, len(decisions)
 
 
 def step(run: Run, v: dict[str, Any], index: int) -> torch.Tensor:
     """One training step without the optimizer: gradients are set afresh."""
+    with gradients_kept(v):
+        return _step(run, v, index)
+
+
+def _step(run: Run, v: dict[str, Any], index: int) -> torch.Tensor:
     v["module"].zero_grad(set_to_none=True)
     if not hasattr(v["config"], "padded_vocab_size"):  # the e3nn model: its energy, then the gradients
         built = v["config"]
@@ -304,12 +348,18 @@ def where_apart(a: list[torch.Tensor], b: list[torch.Tensor], names: list[str], 
         return {}
     i = max(range(len(diffs)), key=diffs.__getitem__)
     differs = a[i] != b[i]
+    # every parameter apart, furthest first: [name, difference, elements differing, of]
+    order = sorted((k for k, d in enumerate(diffs) if d > 0), key=lambda k: -diffs[k])[:APART_LISTED]
     return {
         "parameter": names[i] if i < len(names) else str(i),
         "diff": diffs[i],
         "magnitude": float(a[i].float().abs().max()) if a[i].numel() else 0.0,
         "elements": int(differs.sum()),
         "of": differs.numel(),
+        "parameters_apart": sum(d > 0 for d in diffs),
+        "apart": [
+            [names[k] if k < len(names) else str(k), diffs[k], int((a[k] != b[k]).sum()), a[k].numel()] for k in order
+        ],
     }
 
 
@@ -319,12 +369,15 @@ def train(run: Run, v: dict[str, Any]) -> tuple[list[torch.Tensor], list[list[to
     lr = 1e-3 if hasattr(v["config"], "padded_vocab_size") else 1e-6
     opt = torch.optim.SGD(v["module"].parameters(), lr=lr)
     losses, all_grads = [], []
+    seen, v["capture_per_step"] = 0, []
     for i in range(TRAIN_STEPS):
         try:
             losses.append(step(run, v, i))
         except Exception as e:
             e.add_note(f"in training step {i + 1} of {TRAIN_STEPS}")
             raise
+        events, seen = capture_events(v["guard"], seen)
+        v["capture_per_step"].append(events)
         all_grads.append(grads(v))
         opt.step()
     run.sync()
@@ -411,6 +464,8 @@ def run_setup(run: Run, setup: str, name: str) -> dict[str, Any]:
             entry["first_steps_s"] = round(time.perf_counter() - t0, 1)
             entry["losses"] = [float(x) for x in trained[variant][0]]
             made[variant] = v
+            if v["guard"] is not None:
+                entry["capture_per_step"] = v["capture_per_step"]
             if variant != "eager":
                 entry.update(trace_facts(v))
             took = entry["first_steps_s"]
