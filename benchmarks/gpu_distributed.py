@@ -30,7 +30,8 @@ Set-ups (``--setups``):
 
 Variants (``--variants``): ``eager``, ``thunder``, ``guarded``, and ``thunder+cg`` / ``guarded+cg`` with CUDA graphs
 (Thunder's ``CUDAGraphTransform``; guarded, ``GuardedCUDAGraphs`` after the guard; a variant Thunder cannot run
-records its error), ``guarded+cgcopy`` with ``GuardedCUDAGraphs(share_buffers=False)``. The guard is
+records its error), ``guarded+cgcopy`` with ``GuardedCUDAGraphs(share_buffers=False)``, ``guarded+cgkeep`` with no
+gradient handed over on a graph's buffer (a diagnosis: where a + graphs difference lies). The guard is
 ``FusionGuard(compare_ranks=True)``, every other option at its default. For each set-up: first a correctness
 phase (each variant trains 3 SGD steps from the same weights on the same batches; each guarded variant against
 its unguarded twin, ``guarded+cg`` also against ``thunder`` and ``guarded``, as CUDA graphs change no value and

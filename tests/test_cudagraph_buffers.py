@@ -881,3 +881,64 @@ def test_moved_parameters_and_a_forward_run_again_give_thunders_bits_on_cuda(ste
     guard, _ = _against_thunder_without_graphs(steps, device="cuda")
     code = "capture_moved" if steps is _moving else "capture_reentered"
     assert guard.report.filter(code=code)
+
+
+class Scaled(torch.nn.Module):
+    """One op forward (no graph to capture there), a backward of several."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(8, 16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight
+
+
+def _shared_input(compiled, model: torch.nn.Module, steps: int = 3, device: str = "cpu") -> list:
+    """Loss and gradients of ``steps`` steps, each calling the compiled model twice on one intermediate before one
+    backward: autograd holds the gradient the first backward call returns for that intermediate until the second
+    one's arrives (one compiled block run for several blocks)."""
+    got = []
+    for seed in range(steps):
+        torch.manual_seed(seed)
+        model.zero_grad(set_to_none=True)
+        x = torch.randn(8, 16, device=device, requires_grad=True)
+        h = x.sin()
+        loss = compiled(h).square().sum() + compiled(h).tanh().sum()
+        loss.backward()
+        got += [loss.detach().clone(), x.grad.clone(), *(p.grad.clone() for p in model.parameters())]
+    return got
+
+
+def _backward_twice(device: str) -> tuple[FusionGuard, GuardedCUDAGraphs]:
+    """:func:`_shared_input` guarded with ``GuardedCUDAGraphs`` and under unguarded Thunder without graphs, each on its
+    own ``Scaled`` of the same weights: the same bits. The guard and the transform, to read what they did."""
+    torch.manual_seed(0)
+    model = Scaled().to(device)
+    guard, graphs = FusionGuard(), GuardedCUDAGraphs()
+    got = _shared_input(thunder.jit(model, transforms=[guard, graphs]), model, device=device)
+    torch.manual_seed(0)
+    plain = Scaled().to(device)
+    assert_same(got, _shared_input(thunder.jit(plain), plain, device=device))
+    return guard, graphs
+
+
+def test_a_backward_run_twice_in_one_backward_pass_runs_uncaptured_with_thunders_values(cpu_graphs):
+    """A forward with nothing to capture gives no sign of being run for two blocks; its backward graph then runs twice
+    in one backward pass, and a replay would overwrite the gradient its first call returned while autograd still
+    holds it (summed with the second's). From the second call on, the graphs run uncaptured: unguarded Thunder's
+    values step after step, one decision naming the backward graph."""
+    guard, graphs = _backward_twice("cpu")
+    (reentered,) = guard.report.filter(code="capture_reentered")
+    (backward,) = guard.report.filter(code="captured", trace="backward")
+    (forward,) = guard.report.filter(code="captured", trace="forward")
+    assert forward.details["captures"] == [], "the forward is one op: nothing captured"
+    assert reentered.region == backward.details["captures"][0] and reentered.facts["in_backward"]
+    assert _reworded(reentered) and not graphs.cuda_graph_runner.cuda_graph_cache
+
+
+@pytest.mark.cuda
+def test_a_backward_run_twice_in_one_backward_pass_gives_thunders_bits_on_cuda():
+    """The same on real captures: a replay writes the memory autograd still holds; uncaptured from the second call."""
+    guard, _ = _backward_twice("cuda")
+    assert [d.facts["in_backward"] for d in guard.report.filter(code="capture_reentered")] == [True]

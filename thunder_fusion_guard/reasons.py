@@ -199,6 +199,7 @@ class Facts(TypedDict, total=False):
     held: list[str]  # gradients still held when their graph would replay
     moved_inputs: list[str]  # inputs a graph reads in place found elsewhere than at its capture
     writes_moved: bool  # the graph writes one of them: it runs uncaptured, not captured anew
+    in_backward: bool  # a backward graph run twice in one backward pass (not a forward run again before its backward)
     regrouped: list[str]  # names Thunder's grouping read where unbound (share_buffers=False): grouped anew
 
 
@@ -882,16 +883,30 @@ def _capture_moved(f: Facts) -> tuple[str, str | None]:
 
 
 def _capture_reentered(f: Facts) -> tuple[str, str | None]:
-    reason = (
-        f"{f['name']} ran again before the backward of its earlier call: the graphs of this forward and its backward "
-        "run uncaptured from now on"
-    )
+    if f["in_backward"]:
+        reason = (
+            f"{f['name']} ran twice in one backward pass: the graphs of its forward and of this backward run "
+            "uncaptured from now on"
+        )
+        why = (
+            "one compiled function run for several blocks (ThunderFX compiles a module's forward once and runs it "
+            "for every block that has one), whose forward captured nothing that would have said so, has its backward "
+            "run once a block, and autograd may still hold the gradients its earlier call returned (summing them with "
+            "another's)"
+        )
+    else:
+        reason = (
+            f"{f['name']} ran again before the backward of its earlier call: the graphs of this forward and its "
+            "backward run uncaptured from now on"
+        )
+        why = (
+            "autograd still holds the earlier call's outputs for its backward: one compiled function run for several "
+            "blocks (ThunderFX under FSDP2 compiles a block once and runs it for every block) or a model called twice "
+            "before its backward would find them overwritten"
+        )
     return reason, (
-        f"{reason}. A replay writes a graph's outputs into the same buffers each time, and autograd still holds the "
-        "earlier call's outputs for its backward: one compiled function run for several blocks (ThunderFX under "
-        "FSDP2 compiles a block once and runs it for every block) or a model called twice before its backward "
-        "would find them overwritten. Uncaptured, the same ops run on the call's arguments with fresh outputs (the "
-        "same kernels and values, one launch each)."
+        f"{reason}. A replay writes a graph's outputs into the same buffers each time, and {why}. Uncaptured, the "
+        "same ops run on the call's arguments with fresh outputs (the same kernels and values, one launch each)."
     )
 
 

@@ -212,10 +212,11 @@ class FusionGuard(thunder.Transform):
         unsharded parameters): it is captured anew with them copied in, or runs uncaptured where it writes one."""
         self._about_capture(summary, lambda capture: moved_decision(capture, graph, moved, uncaptured))
 
-    def cuda_graph_reentered(self, summary: th.CaptureSummary, graph: str) -> None:
-        """Record that ``graph`` of the forward ``summary`` tells of ran again before the backward of its earlier call:
-        the graphs of that forward and its backward run uncaptured from then on (their outputs would be overwritten)."""
-        self._about_capture(summary, lambda capture: reentered_decision(capture, graph))
+    def cuda_graph_reentered(self, summary: th.CaptureSummary, graph: str, in_backward: bool = False) -> None:
+        """Record that ``graph`` (of the capture ``summary`` tells of) ran again before its earlier call's outputs were
+        let go: a forward graph before the backward of its earlier call, a backward graph twice in one backward pass
+        (``in_backward``). The graphs of that forward and its backward run uncaptured from then on."""
+        self._about_capture(summary, lambda capture: reentered_decision(capture, graph, in_backward))
 
     def cuda_graph_uncaptured(self, summary: th.CaptureSummary, graph: str, error: BaseException) -> None:
         """Record that capturing ``graph`` (of the capture ``summary`` tells of) ran out of device memory: its ops

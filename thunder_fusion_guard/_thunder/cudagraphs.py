@@ -281,8 +281,7 @@ class SharedBuffersCapture(CUDAGraphTransform):
         graph_call.on_moved = _telling("cuda_graph_input_moved", summary)
         if program is not None:
             graph_call.program, graph_call.forward = program, not summary.backward
-            if program.on_reentered is None:
-                program.on_reentered = _telling("cuda_graph_reentered", summary)
+            graph_call.on_reentered = _telling("cuda_graph_reentered", summary)
         graph_call.input_names = [getattr(i, "name", None) for i in inputs]
         writes_at = written_inputs(region.bound_symbols, inputs, self._writes)
         graph_call.written = frozenset(writes_at)

@@ -6,7 +6,8 @@ is needed; this module holds the calls themselves."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -106,33 +107,56 @@ def _layout(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 class Program:
-    """The graphs of one compiled forward and of its backward. A forward graph called again before any graph of
-    the backward ran (one compiled function for several blocks, as ThunderFX with FSDP2 runs each block; a model
+    """The graphs of one compiled forward and of its backward. A forward graph called again before any graph of the
+    backward ran (one compiled function for several blocks, as ThunderFX with FSDP2 runs each block; a model
     called twice before its backward) would replay over the outputs of its earlier call, which autograd still
-    holds for the backward: from then on every graph of both runs uncaptured (fresh outputs, the same kernels),
-    and ``on_reentered(graph)`` is told once. Watching starts once a backward graph exists (``active``)."""
+    holds for the backward; so would a backward graph called twice in one backward pass (the same, where the forward
+    captured nothing to tell it: a forward of one op), over the gradients its first call returned. From then on every
+    graph of both runs uncaptured (fresh outputs, the same kernels), and the graph that found it tells
+    (``GraphCall.on_reentered``), once. Watching starts once a backward graph exists (``active``)."""
 
     def __init__(self) -> None:
         self.active = False
         self.backward_runs = 0  # calls of the backward's graphs so far
         self.reentered = False
-        self.on_reentered: Callable[[str], Any] | None = None
 
     def entered(self, call: GraphCall) -> None:
-        """Count ``call``'s call (a backward graph's) or check it (a forward graph's) before it runs."""
+        """Count ``call``'s call (a backward graph's: checked against the backward pass it ran in last) or check it
+        (a forward graph's) before it runs."""
         if not self.active:
             return
         if not call.forward:
             self.backward_runs += 1
-        elif call.seen_at == self.backward_runs and not self.reentered:
-            self.reentered = True
-            if self.on_reentered is not None:
-                self.on_reentered(call.name)
+            task = _backward_pass()
+            again, call.backward_pass = task is not None and call.backward_pass == task, task
+            if again:
+                self._reentered(call, in_backward=True)
+        elif call.seen_at == self.backward_runs:
+            self._reentered(call, in_backward=False)
+
+    def _reentered(self, call: GraphCall, *, in_backward: bool) -> None:
+        if self.reentered:
+            return
+        self.reentered = True
+        if call.on_reentered is not None:
+            call.on_reentered(call.name, in_backward)
 
     def returned(self, call: GraphCall) -> None:
         """A forward graph's call returned its outputs: autograd holds them until a backward graph runs."""
         if call.forward:
             call.seen_at = self.backward_runs
+
+
+_graph_task_id: Callable[[], int] | None = getattr(torch._C, "_current_graph_task_id", None)
+
+
+def _backward_pass() -> int | None:
+    """The backward pass (autograd's graph task) running now, by its id; None outside one (or where torch does not
+    say)."""
+    if _graph_task_id is None:
+        return None
+    task = _graph_task_id()
+    return task if task >= 0 else None
 
 
 class GraphCall:
@@ -166,11 +190,15 @@ class GraphCall:
         self.program: Program | None = None  # the forward and backward this graph belongs to (a training program)
         self.forward = True  # a graph of the forward (else of the backward)
         self.seen_at: int | None = None  # the program's backward calls when this forward graph was last called
+        self.backward_pass: int | None = None  # the backward pass this backward graph was last called in
+        self._entered = False  # inside a call already told to the program (a wrapper of the call entered first)
+        self.on_reentered: Callable[[str, bool], Any] | None = None  # told (name, in a backward pass) where this
+        # graph found its program run again before its earlier call's outputs were let go (:class:`Program`)
         self.__name__ = self.__qualname__ = f"{name}_fn"
 
     def __call__(self, *args: Any) -> Any:
-        self.enter()
-        out = self._call(*args)
+        with self.entering():
+            out = self._call(*args)
         if self.program is not None:
             self.program.returned(self)
         return out
@@ -211,9 +239,23 @@ class GraphCall:
         self.static_inputs = static_inputs
         return static_outputs
 
+    @contextmanager
+    def entering(self) -> Iterator[None]:
+        """One call of this graph: its program told once (:meth:`enter`), however many wrappers of the call enter."""
+        outermost = not self._entered
+        if outermost:
+            self._entered = True
+            self.enter()
+        try:
+            yield
+        finally:
+            if outermost:
+                self._entered = False
+
     def enter(self) -> None:
-        """Tell the program of this call (:class:`Program`); where it was entered again before its backward, drop
-        this graph's captures (their outputs stay with their holders) and run its ops uncaptured from now on."""
+        """Tell the program of this call (:class:`Program`); where it was entered again before its earlier call's
+        outputs were let go, drop this graph's captures (their outputs stay with their holders) and run its ops
+        uncaptured from now on."""
         program = self.program
         if program is None:
             return
@@ -379,7 +421,10 @@ class _Handover:
         self.__name__ = self.__qualname__ = getattr(call, "__name__", self.name)
 
     def __call__(self, *args: Any) -> Any:
-        self.graph.enter()
+        with self.graph.entering():
+            return self._call(*args)
+
+    def _call(self, *args: Any) -> Any:
         if self.graph.uncaptured is not None:  # no capture, no buffers of its own: its outputs are fresh tensors
             return self.call(*args)
         if self.watched:

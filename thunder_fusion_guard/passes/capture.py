@@ -111,10 +111,12 @@ def moved_decision(capture: Decision, graph: str, moved: list[str], uncaptured: 
     return _about_graph(capture, graph, "capture_moved", facts, details)
 
 
-def reentered_decision(capture: Decision, graph: str) -> Decision:
-    """The decision for the forward of ``capture`` whose graph ``graph`` ran again before the backward of its earlier
-    call: every graph of that forward and its backward runs uncaptured from then on."""
-    return _about_graph(capture, graph, "capture_reentered", Facts(name=graph), {"uncaptured": graph})
+def reentered_decision(capture: Decision, graph: str, in_backward: bool = False) -> Decision:
+    """The decision for graph ``graph`` of ``capture`` that ran again before its earlier call's outputs were let go (a
+    forward graph before the backward of its earlier call; ``in_backward``: a backward graph twice in one backward
+    pass): every graph of that forward and its backward runs uncaptured from then on."""
+    facts = Facts(name=graph, in_backward=in_backward)
+    return _about_graph(capture, graph, "capture_reentered", facts, {"uncaptured": graph})
 
 
 def recommend_decision(where: TraceContext, given: str) -> Decision:
