@@ -461,6 +461,8 @@ def run_setup(run: Run, setup: str, name: str) -> dict[str, Any]:
         try:
             t0 = time.perf_counter()
             v = make_variant(run, setup, variant, name)
+            if any(variant == base for base, _ in PAIRS):  # a twin: trained again from these weights (its floor)
+                v["initial"] = [p.detach().clone() for p in v["module"].parameters()]
             trained[variant] = train(run, v)
             entry["first_steps_s"] = round(time.perf_counter() - t0, 1)
             entry["losses"] = [float(x) for x in trained[variant][0]]
@@ -531,8 +533,11 @@ def check_pair(
         losses_equal &= torch.equal(first_loss, step(run, v, 0))
         against.append(compare(first, grads(v)))
     floor_equal, floor = all(e for e, _ in against), max(d for _, d in against)
+    again = retrained(run, v, trained[base])
+    within = [d <= max(floor, f) for (_, d), f in zip(per_step, again["grads_max_abs_diff_per_step"], strict=True)]
     run.sync()
     return {
+        f"{base}_retrained": again,
         f"{base}_repeat": {
             "loss_equal": losses_equal,
             "grads_equal": floor_equal,
@@ -547,10 +552,29 @@ def check_pair(
             "grads_max_abs_diff_per_step": [d for _, d in per_step],
             "grads_apart_per_step": apart,
             "grads_within_floor": per_step[0][1] <= floor,
+            "grads_within_floor_all_steps": all(within),
             "collectives_equal": info["variants"][base].get("collectives")
             == info["variants"][guarded].get("collectives"),
         },
     }
+
+
+def retrained(run: Run, v: dict[str, Any], first: tuple) -> dict[str, Any]:
+    """The twin trained again from the same weights on the same batches (once per twin): each step's gradients against
+    its first training's, the noise floor of later steps (atomics whose spread shows on some batches only)."""
+    if "retrained" not in v:
+        with torch.no_grad():
+            for p, initial in zip(v["module"].parameters(), v["initial"], strict=True):
+                p.copy_(initial)
+        losses, all_grads = train(run, v)
+        diffs = [
+            compare(a, b)[1] if len(a) == len(b) else float("inf") for a, b in zip(first[1], all_grads, strict=True)
+        ]
+        v["retrained"] = {
+            "losses_equal": all(torch.equal(a, b) for a, b in zip(first[0], losses, strict=True)),
+            "grads_max_abs_diff_per_step": diffs,
+        }
+    return v["retrained"]
 
 
 def summary(entry: dict[str, Any], world: int) -> dict[str, Any]:
@@ -575,6 +599,11 @@ def summary(entry: dict[str, Any], world: int) -> dict[str, Any]:
                 "grads_max_abs_diff_all_steps": max(c["grads_max_abs_diff"] for c in checks),
                 "floor_max_abs_diff": max(f["diff"] for f in floors),
                 "grads_within_floor": all(c["grads_within_floor"] for c in checks),
+                "train_floor_max_abs_diff": max(
+                    max(r.get(f"{base}_retrained", {}).get("grads_max_abs_diff_per_step") or [float("nan")])
+                    for r in ranks
+                ),
+                "grads_within_floor_all_steps": all(c.get("grads_within_floor_all_steps") for c in checks),
                 "grads_bitwise_equal": all(c["grads_equal"] for c in checks),
                 "collectives_equal": all(c["collectives_equal"] for c in checks),
             }
@@ -633,6 +662,7 @@ def table(results: dict[str, Any]) -> str:
                     f"{c.get('grads_bitwise_equal', '-')} | {c.get('grads_max_abs_diff', '-')} | "
                     f"{c.get('grads_max_abs_diff_all_steps', '-')} | "
                     f"{c.get('floor_max_abs_diff', '-')} | {c.get('grads_within_floor', '-')} | "
+                    f"{c.get('train_floor_max_abs_diff', '-')} | {c.get('grads_within_floor_all_steps', '-')} | "
                     f"{c.get('collectives_equal', '-')} | {s.get(f'{base}_regions_equal_on_all_ranks', '-')}, "
                     f"{s.get(f'{name}_regions_equal_on_all_ranks', '-')} | {d.get('equal_on_all_ranks', '-')} | "
                     f"{d.get('hoists_per_rank', '-')} |"
@@ -641,9 +671,10 @@ def table(results: dict[str, Any]) -> str:
         lines += [
             "",
             "| model | setup | variant vs unguarded twin | losses equal | grads bitwise equal | grads max abs diff "
-            "(step 1) | (3 steps) | unguarded vs itself (4 identical steps) | within the floor | collectives equal | "
-            "regions alike on all ranks (unguarded, guarded) | decisions equal on all ranks | hoists per rank |",
-            "|" + " --- |" * 13,
+            "(step 1) | (3 steps) | unguarded vs itself (4 identical steps) | within the floor | unguarded trained "
+            "again (3 steps) | 3 steps within the floors | collectives equal | regions alike on all ranks (unguarded, "
+            "guarded) | decisions equal on all ranks | hoists per rank |",
+            "|" + " --- |" * 15,
             *checks,
         ]
     return "\n".join(lines)
