@@ -786,15 +786,18 @@ def _moving(compiled, model: torch.nn.Module, steps: int = 3, device: str = "cpu
     return got
 
 
-def _against_thunder_without_graphs(steps, device: str = "cpu") -> tuple[FusionGuard, GuardedCUDAGraphs]:
+def _against_thunder_without_graphs(
+    steps, device: str = "cpu", module: type[torch.nn.Module] = Mlp
+) -> tuple[FusionGuard, GuardedCUDAGraphs]:
     """``steps(compiled, model)`` guarded with ``GuardedCUDAGraphs`` and under unguarded Thunder without graphs, each
-    on its own ``Mlp`` of the same weights: the same bits. The guard and the transform, to read what they did."""
+    on its own ``module`` (``Mlp``) of the same weights: the same bits. The guard and the transform, to read what they
+    did."""
     torch.manual_seed(0)
-    model = Mlp().to(device)
+    model = module().to(device)
     guard, graphs = FusionGuard(), GuardedCUDAGraphs()
     got = steps(thunder.jit(model, transforms=[guard, graphs]), model, device=device)
     torch.manual_seed(0)
-    plain = Mlp().to(device)
+    plain = module().to(device)
     assert_same(got, steps(thunder.jit(plain), plain, device=device))
     return guard, graphs
 
@@ -910,25 +913,12 @@ def _shared_input(compiled, model: torch.nn.Module, steps: int = 3, device: str 
     return got
 
 
-def _backward_twice(device: str) -> tuple[FusionGuard, GuardedCUDAGraphs]:
-    """:func:`_shared_input` guarded with ``GuardedCUDAGraphs`` and under unguarded Thunder without graphs, each on its
-    own ``Scaled`` of the same weights: the same bits. The guard and the transform, to read what they did."""
-    torch.manual_seed(0)
-    model = Scaled().to(device)
-    guard, graphs = FusionGuard(), GuardedCUDAGraphs()
-    got = _shared_input(thunder.jit(model, transforms=[guard, graphs]), model, device=device)
-    torch.manual_seed(0)
-    plain = Scaled().to(device)
-    assert_same(got, _shared_input(thunder.jit(plain), plain, device=device))
-    return guard, graphs
-
-
 def test_a_backward_run_twice_in_one_backward_pass_runs_uncaptured_with_thunders_values(cpu_graphs):
     """A forward with nothing to capture gives no sign of being run for two blocks; its backward graph then runs twice
     in one backward pass, and a replay would overwrite the gradient its first call returned while autograd still
     holds it (summed with the second's). From the second call on, the graphs run uncaptured: unguarded Thunder's
     values step after step, one decision naming the backward graph."""
-    guard, graphs = _backward_twice("cpu")
+    guard, graphs = _against_thunder_without_graphs(_shared_input, module=Scaled)
     (reentered,) = guard.report.filter(code="capture_reentered")
     (backward,) = guard.report.filter(code="captured", trace="backward")
     (forward,) = guard.report.filter(code="captured", trace="forward")
@@ -940,5 +930,5 @@ def test_a_backward_run_twice_in_one_backward_pass_runs_uncaptured_with_thunders
 @pytest.mark.cuda
 def test_a_backward_run_twice_in_one_backward_pass_gives_thunders_bits_on_cuda():
     """The same on real captures: a replay writes the memory autograd still holds; uncaptured from the second call."""
-    guard, _ = _backward_twice("cuda")
+    guard, _ = _against_thunder_without_graphs(_shared_input, device="cuda", module=Scaled)
     assert [d.facts["in_backward"] for d in guard.report.filter(code="capture_reentered")] == [True]
