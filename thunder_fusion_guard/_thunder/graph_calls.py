@@ -216,8 +216,9 @@ class GraphCall:
             except torch.OutOfMemoryError as error:
                 return self._without_graph(error, args)
             entry = self.captures[layout] = runner.cuda_graph_cache[runner.make_cache_key(self.name, *args)]
+            read_in_place = zip(args, entry[1], strict=True)
             self.pinned[layout] = tuple(
-                (i, a.data_ptr()) for i, (a, b) in enumerate(zip(args, entry[1], strict=True)) if a is b and _tensor(a)
+                (i, a.data_ptr()) for i, (a, b) in enumerate(read_in_place) if a is b and isinstance(a, torch.Tensor)
             )
             self.static_inputs = entry[1]
             return out
@@ -262,8 +263,7 @@ class GraphCall:
         program.entered(self)
         if program.reentered and self.uncaptured is None:
             self.forget()
-            fn, _ = self.runner.python_callables[self.name]
-            self.uncaptured = getattr(fn, "uncaptured", fn)
+            self.uncaptured = self.ops()
 
     def _without_graph(self, error: BaseException, args: tuple[Any, ...]) -> Any:
         """Out of memory while capturing: drop what the capture holds, run the graph's ops uncaptured from now on
@@ -273,8 +273,7 @@ class GraphCall:
             torch.cuda.empty_cache()
         if self.on_uncaptured is not None:  # may raise (strict mode): then nothing falls back, the next call captures
             self.on_uncaptured(self.name, error)
-        fn, _ = self.runner.python_callables[self.name]
-        self.uncaptured = getattr(fn, "uncaptured", fn)
+        self.uncaptured = self.ops()
         self.static_inputs = args
         return self.uncaptured(*args)
 
@@ -287,14 +286,19 @@ class GraphCall:
         if self.on_moved is not None:
             self.on_moved(self.name, names, uncaptured)
         self.forget()
-        fn, _ = self.runner.python_callables[self.name]
         if uncaptured:
-            self.uncaptured = getattr(fn, "uncaptured", fn)
+            self.uncaptured = self.ops()
             self.static_inputs = args
             return self.uncaptured(*args)
+        fn, _ = self.runner.python_callables[self.name]
         was = self.runner.make_static_inputs_mask(self.name, *args)
         self.runner.python_callables[self.name] = (fn, tuple(m and i not in moved for i, m in enumerate(was)))
         return self._call(*args)
+
+    def ops(self) -> Callable:
+        """The graph's ops as they run uncaptured: on the caller's stream, on the call's arguments."""
+        fn, _ = self.runner.python_callables[self.name]
+        return getattr(fn, "uncaptured", fn)
 
     def forget(self) -> None:
         """Drop every capture of this graph (the runner's and the layouts found here): the next call captures anew."""
@@ -463,9 +467,7 @@ class _Handover:
         self.watched = held
         self.uncaptured += 1
         if self.uncaptured <= UNCAPTURED_WHILE_HELD:
-            fn, _ = self.runner.python_callables[self.name]
-            fn = getattr(fn, "uncaptured", fn)
-            return fn(*args)
+            return self.graph.ops()(*args)
         self.graph.forget()  # its buffers are their holders' now; this call captures anew
         self.watched, self.uncaptured = [], 0
         return self.call(*args)
@@ -480,10 +482,6 @@ def _own_buffers(
     theirs = {t.untyped_storage().data_ptr() for t in (*args, *static_inputs) if isinstance(t, torch.Tensor)}
     storages = [(k, outputs[k].untyped_storage()) for k in positions if isinstance(outputs[k], torch.Tensor)]
     return [(k, s, _storage_use_count(s._cdata)) for k, s in storages if s.data_ptr() not in theirs]
-
-
-def _tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor)
 
 
 def _overlapping(tensor: Any) -> bool:
