@@ -420,11 +420,6 @@ def _residual_stream(guard: FusionGuard | None, module: type = Normed) -> list[t
     return seen
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: the eager subgraph's gradient for an input it reads twice is summed with the input's other uses "
-    "in another order than Thunder's (fixed on the eager-piece-accumulation branch, awaiting a GPU acceptance run)",
-)
 def test_a_subgraph_reading_an_input_it_differentiates_twice_stays_thunders():
     """Alone, the norm's eager gradients equal Thunder's; beside the residual add they are summed in another order
     (each read's gradient reaches autograd on its own): it stays Thunder's, unguarded Thunder's bits."""

@@ -9,7 +9,9 @@ A view's values and its gradient (a copy into zeros, a concatenation) are the sa
 the views of one tensor in a piece do not overlap (else gradients are summed in another order); constants likewise.
 A contraction is one BLAS call in both, but whether Inductor lays its operands out as eager does is not known before
 it runs, and a subgraph of Thunder's torch executor runs torch's ops but Thunder's own gradients: each is checked
-once, bitwise, on a real call's inputs (static sizes: every later call runs the same kernels).
+once, bitwise, on a real call's inputs (static sizes: every later call runs the same kernels). A subgraph that reads
+an input it differentiates more than once stays Thunder's: eagerly each read hands autograd a gradient of its own,
+summed with the input's other uses in another order than Thunder's one gradient (a norm on a residual stream).
 """
 
 from __future__ import annotations
@@ -209,6 +211,29 @@ def piece_kind(graph: torch.fx.Graph) -> tuple[PieceKind | None, str]:
     return "contraction", ""
 
 
+def _differentiated_inputs_read_twice(graph: torch.fx.Graph, args: tuple) -> list[str]:
+    """The inputs of ``graph`` that require grad (by ``args``) and that its ops read more than once. Thunder's backward
+    hands autograd one gradient for each input, summed inside it; run eagerly, each read gives autograd a gradient of
+    its own, added to those of the input's uses outside the subgraph in the order autograd gets them: other bits
+    where the input is used elsewhere too (a residual stream), though the subgraph alone gives Thunder's."""
+    inputs = [n for n in graph.nodes if n.op == "placeholder"]
+    found = []
+    for node, arg in zip(inputs, args, strict=False):
+        if not (isinstance(arg, torch.Tensor) and arg.requires_grad):
+            continue
+        reads = sum(1 for user in node.users for a in _flat(user) if a is node)
+        if reads > 1:
+            found.append(node.name)
+    return found
+
+
+def _flat(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """Every node ``node`` takes as an argument, nested ones included, once for each time it takes it."""
+    out: list[Any] = []
+    torch.fx.node.map_arg((node.args, node.kwargs), out.append)
+    return out
+
+
 def _capturing() -> bool:
     """Whether a CUDA graph is being captured on the current stream (no check runs inside a capture)."""
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
@@ -350,6 +375,13 @@ def eager_subgraph(
         return EagerSubgraph(None, "it updates an input in place")
     if not _static(module.graph):
         return EagerSubgraph(None, "its sizes are symbolic (a check on one call would not hold for the next)")
+    read_twice = _differentiated_inputs_read_twice(module.graph, args)
+    if read_twice:
+        return EagerSubgraph(
+            None,
+            f"it reads {', '.join(read_twice)}, whose gradient it gives, more than once: autograd would add each "
+            "read's gradient to those of the input's other uses one at a time, in another order than Thunder's one sum",
+        )
     eager = compile_fx_module(module, list(args), "eager")
     if not same_bits(run, eager, args):
         return EagerSubgraph(None, "its eager run gave other bits than Thunder's on a real call")
