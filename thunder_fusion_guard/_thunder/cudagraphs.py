@@ -168,6 +168,7 @@ class SharedBuffersCapture(CUDAGraphTransform):
     # holds an in-place op or a copy_.
     _writes: Callable[[BoundSymbol], bool] = staticmethod(holds_a_write)
     share_buffers = True  # False: Thunder's own grouping and copies (writes still copied back)
+    _building: tuple[CaptureSummary, Program | None] | None = None  # the capture and program a trace's graphs join
     _captured_by: str | None = None  # the class named in its CaptureSummary (None: its own)
     # Whether an op runs between graphs, never inside one (the public subclass passes the guard's rule for
     # communication ops): a collective runs on its own stream, and a graph that waits for one launched outside it
@@ -185,35 +186,61 @@ class SharedBuffersCapture(CUDAGraphTransform):
         return all(len(n.group_bsyms) > 1 or self.can_fuse(n.group_bsyms[0]) for n in (a, b))
 
     def generate_fused_trace(self, trace: TraceCtx, **kwargs: Any) -> TraceCtx:
+        program = self._program_for(trace)
         if not self.share_buffers:
-            fused = super().generate_fused_trace(trace, **kwargs)
+            backward = trace.siginfo().name == "backward_fn"
+            summary = self._summary(backward)
+            self._building = (summary, program)
+            try:
+                fused = super().generate_fused_trace(trace, **kwargs)
+            finally:
+                self._building = None
             unbound = unbound_reads(fused)
             if not unbound:
+                graphs = [b for b in fused.bound_symbols if b.sym.name in self.cuda_graph_runner.python_callables]
+                summary.captures = [b.sym.name for b in graphs]
+                summary.ops = sum(s.sym.id is not prims.PrimIDs.DEL for b in graphs for s in b.subsymbols)
+                if backward and program is not None and summary.captures:
+                    program.active = True  # a backward graph counts the backward's runs
+                self._compare_with_thunders_grouping(trace, summary)
+                _announce(summary)
                 return fused
             # Thunder's dataflow grouping reorders the trace; where the order it gives reads a name that is
             # deleted or not yet assigned there, that trace fails with UnboundLocalError (ThunderFX + DDP on CUDA,
             # Thunder's own CUDAGraphTransform too). Consecutive runs keep the trace's order.
-            return self._consecutive(trace, share=False, regrouped=unbound)
-        return self._consecutive(trace, share=True)
+            return self._consecutive(trace, program, share=False, regrouped=unbound)
+        return self._consecutive(trace, program, share=True)
 
-    def _consecutive(self, trace: TraceCtx, *, share: bool, regrouped: list[str] | None = None) -> TraceCtx:
-        """``trace`` with each run of consecutive capturable ops one graph: buffers shared (``share``) or with
-        Thunder's ``fuse`` and its copies; ``regrouped``: the names Thunder's grouping read where they were unbound."""
+    def _program_for(self, trace: TraceCtx) -> Program | None:
+        """The :class:`Program` of ``trace``'s graphs: a forward with a backward and the backward compiled after it
+        (Thunder transforms the two in turn) share one, so that a graph called again before its earlier call's
+        outputs are let go stops capturing (graph_calls.Program); None for a trace of neither."""
+        if trace.siginfo().name == "backward_fn":
+            program, self._forward_program = getattr(self, "_forward_program", None), None
+            return program
+        self._forward_program = Program() if TraceTag.AUGMENTED_FORWARD in trace.tags else None
+        return self._forward_program
+
+    def _summary(self, backward: bool, regrouped: list[str] | None = None) -> CaptureSummary:
+        summary = CaptureSummary(backward, [], 0, 0, 0, 0)
+        summary.captured_by = self._captured_by or type(self).__name__
+        summary.regrouped = list(regrouped or ())
+        return summary
+
+    def _consecutive(
+        self, trace: TraceCtx, program: Program | None, *, share: bool, regrouped: list[str] | None = None
+    ) -> TraceCtx:
+        """``trace`` with each run of consecutive capturable ops one graph (of ``program``): buffers shared
+        (``share``) or with Thunder's ``fuse`` and its copies; ``regrouped``: the names Thunder's grouping read where
+        they were unbound."""
         began = time.perf_counter_ns()
         gradients = _gradients(trace)
-        # A forward with a backward and the backward compiled after it (Thunder transforms the two in turn) share
-        # one Program: a forward graph called again before the backward ran stops capturing (graph_calls.Program).
         backward = trace.siginfo().name == "backward_fn"
-        if backward:
-            program, self._forward_program = getattr(self, "_forward_program", None), None
-        else:
-            program = self._forward_program = Program() if TraceTag.AUGMENTED_FORWARD in trace.tags else None
+        summary = self._summary(backward, regrouped)
+        self._building = (summary, program)
         with _building_from(trace) as fused_trace:
             groups = consecutive_fusion(trace, self._can_fuse_nodes)
             producers, consumers = utils.producers_and_consumers(trace)
-            summary = CaptureSummary(backward, [], 0, 0, 0, 0)
-            summary.captured_by = self._captured_by or type(self).__name__
-            summary.regrouped = list(regrouped or ())
             captured: dict[str, str] = {}  # output name -> the graph that writes it
             fused = []
             for bsyms in groups:
@@ -230,7 +257,8 @@ class SharedBuffersCapture(CUDAGraphTransform):
                 captured.update((o.name, fusion.sym.name) for o in fusion.flat_proxy_outs)
                 fused.append(fusion)
             fused_trace.bound_symbols = fused
-            if backward and program is not None and summary.captures and share:
+            self._building = None
+            if backward and program is not None and summary.captures:
                 program.active = True  # a backward graph counts the backward's runs
             fused_trace.set_provenance(
                 TraceProvenance(
@@ -276,15 +304,8 @@ class SharedBuffersCapture(CUDAGraphTransform):
         _, name = runner.make_cuda_graph_callable_from_symbols(region.bound_symbols, inputs, outputs, mask)
         if own_blas_workspace(runner, name):
             summary.own_workspace.append(name)
-        graph_call = GraphCall(runner, name)
-        graph_call.on_uncaptured = _telling("cuda_graph_uncaptured", summary)
-        graph_call.on_moved = _telling("cuda_graph_input_moved", summary)
-        if program is not None:
-            graph_call.program, graph_call.forward = program, not summary.backward
-            graph_call.on_reentered = _telling("cuda_graph_reentered", summary)
-        graph_call.input_names = [getattr(i, "name", None) for i in inputs]
         writes_at = written_inputs(region.bound_symbols, inputs, self._writes)
-        graph_call.written = frozenset(writes_at)
+        graph_call = _graph_call(runner, name, inputs, writes_at, summary, program)
         summary.copied_in += [
             (i.name, name, _bytes(i)) for i, m in zip(inputs, mask, strict=True) if not m and _bytes(i)
         ]
@@ -308,22 +329,21 @@ class SharedBuffersCapture(CUDAGraphTransform):
         return BoundSymbol(symbol, inputs, {}, outputs, region.bound_symbols, _call_ctx={name: call})
 
     def fuse(self, region: Region, fusion_counter: int) -> BoundSymbol:
-        """Thunder's ``fuse`` (its own grouping and copies, where this transform does not share buffers), with
-        the inputs the graph may write copied back after each replay."""
+        """Thunder's ``fuse`` (its own grouping and copies, where this transform does not share buffers), called as
+        the guard's capture calls a graph (:class:`GraphCall`: the same copies and replay, a moved static input
+        captured anew, a graph of a program run again uncaptured), with the inputs the graph may write copied back
+        after each replay."""
         fused = super().fuse(region, fusion_counter)
         name = fused.sym.name
-        own_blas_workspace(self.cuda_graph_runner, name)
+        runner = self.cuda_graph_runner
+        own_blas_workspace(runner, name)
         inputs = [unvariableify(i) for i in region.inputs]
-        static = self.cuda_graph_runner.python_callables[name][1]
-        back = [i for i in written_inputs(region.bound_symbols, inputs, self._writes) if not (static and static[i])]
-        if back:
-            runner = self.cuda_graph_runner
-
-            def static_inputs(args: tuple[Any, ...]) -> tuple[Any, ...]:
-                return runner.cuda_graph_cache[runner.make_cache_key(name, *args)][1]
-
-            fused = with_call(fused, copying_back(fused._call_ctx[name], back, static_inputs))
-        return fused
+        static = runner.python_callables[name][1]
+        writes_at = written_inputs(region.bound_symbols, inputs, self._writes)
+        back = [i for i in writes_at if not (static and static[i])]
+        summary, program = getattr(self, "_building", None) or (None, None)
+        graph_call = _graph_call(runner, name, inputs, writes_at, summary, program)
+        return with_call(fused, copying_back(graph_call, back, graph_call.last_static_inputs))
 
     def _compare_with_thunders_grouping(self, trace: TraceCtx, summary: CaptureSummary) -> None:
         """How many graphs Thunder's own grouping (``fusion_type``) makes of ``trace``, and how many of nothing
@@ -337,6 +357,29 @@ class SharedBuffersCapture(CUDAGraphTransform):
                 if _only_deletions(bsyms):
                     summary.thunder_empty += 1
                     summary.thunder_empty_inputs += len(Region(producers, consumers, bsyms).inputs)
+
+
+def _graph_call(
+    runner: Any,
+    name: str,
+    inputs: list[Any],
+    writes_at: list[int],
+    summary: CaptureSummary | None,
+    program: Program | None,
+) -> GraphCall:
+    """Graph ``name`` of ``runner`` called as this package calls a graph, telling what befalls it (an input that
+    moved, a capture out of memory, a program run again) to the transforms that take it, about ``summary``'s capture;
+    ``writes_at``: the positions of the inputs it may write."""
+    graph_call = GraphCall(runner, name)
+    if summary is not None:
+        graph_call.on_uncaptured = _telling("cuda_graph_uncaptured", summary)
+        graph_call.on_moved = _telling("cuda_graph_input_moved", summary)
+    if program is not None and summary is not None:
+        graph_call.program, graph_call.forward = program, not summary.backward
+        graph_call.on_reentered = _telling("cuda_graph_reentered", summary)
+    graph_call.input_names = [getattr(i, "name", None) for i in inputs]
+    graph_call.written = frozenset(writes_at)
+    return graph_call
 
 
 _LAST_USES = (prims.PrimIDs.RETURN, prims.PrimIDs.DEL)
