@@ -348,19 +348,21 @@ def where_apart(a: list[torch.Tensor], b: list[torch.Tensor], names: list[str], 
     if not diffs:
         return {}
     i = max(range(len(diffs)), key=diffs.__getitem__)
-    differs = a[i] != b[i]
     # every parameter apart, furthest first: [name, difference, elements differing, of]
     order = sorted((k for k, d in enumerate(diffs) if d > 0), key=lambda k: -diffs[k])[:APART_LISTED]
+    differing = {k: int((a[k] != b[k]).sum()) for k in {i, *order}}  # each gradient compared once
+
+    def name(k: int) -> str:
+        return names[k] if k < len(names) else str(k)
+
     return {
-        "parameter": names[i] if i < len(names) else str(i),
+        "parameter": name(i),
         "diff": diffs[i],
         "magnitude": float(a[i].float().abs().max()) if a[i].numel() else 0.0,
-        "elements": int(differs.sum()),
-        "of": differs.numel(),
+        "elements": differing[i],
+        "of": a[i].numel(),
         "parameters_apart": sum(d > 0 for d in diffs),
-        "apart": [
-            [names[k] if k < len(names) else str(k), diffs[k], int((a[k] != b[k]).sum()), a[k].numel()] for k in order
-        ],
+        "apart": [[name(k), diffs[k], differing[k], a[k].numel()] for k in order],
     }
 
 
