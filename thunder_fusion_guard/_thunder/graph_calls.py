@@ -128,9 +128,9 @@ class Program:
         if not call.forward:
             self.backward_runs += 1
             task = _backward_pass()
-            again, call.backward_pass = task is not None and call.backward_pass == task, task
-            if again:
+            if task is not None and call.backward_pass == task:
                 self._reentered(call, in_backward=True)
+            call.backward_pass = task
         elif call.seen_at == self.backward_runs:
             self._reentered(call, in_backward=False)
 
