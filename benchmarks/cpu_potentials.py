@@ -105,6 +105,7 @@ def main() -> int:
             "max_abs_force_diff": (got[1] - want[1]).abs().max().item(),
             "energy_diff": (got[0] - want[0]).abs().item(),
             "rescues": guard.report.counts().get("rescue", 0),
+            "whole_graphs": {c: len(guard.report.filter(code=c)) for c in ("whole_graph", "whole_graph_kept")},
             "rounds": args.rounds,
             "atoms": args.atoms,
             **({"first_call_phases_s": phases.to_dict(3)["phases_s"]} if phases is not None else {}),

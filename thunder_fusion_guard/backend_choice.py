@@ -29,6 +29,7 @@ from . import _thunder as th
 from .fx_rescue import compile_fx_module, updated_inputs
 from .measure.timing import interleaved_us
 from .report import backend_choice_line
+from .whole_graph import WholeGraphRun, copy_input, forward_backward_step
 from .wording import error_line
 
 BACKENDS = ("thunder", "inductor", "eager")
@@ -178,27 +179,12 @@ def _recording(seen: dict[Any, list[Any] | str], key: Any, call: Callable[..., A
     def record(*a: Any) -> Any:
         if key not in seen:
             try:
-                seen[key] = [_copy(x) for x in a]
+                seen[key] = [copy_input(x) for x in a]
             except Exception as e:
                 seen[key] = error_line(e)
         return call(*a)
 
     return record
-
-
-def _copy(x: Any) -> Any:
-    """A copy with the same sizes and strides (Inductor compiles for the strides it is shown, and checks them),
-    also where elements share memory (an ``expand``ed tensor: no copy can write into such a layout, so the span
-    of memory it reads is copied and viewed the same way)."""
-    if not isinstance(x, torch.Tensor):
-        return x
-    grad, x = x.requires_grad, x.detach()
-    if x.numel() and any(st == 0 and n > 1 for n, st in zip(x.size(), x.stride(), strict=True)):
-        span = 1 + sum((n - 1) * st for n, st in zip(x.size(), x.stride(), strict=True))
-        copied = x.as_strided((span,), (1,)).clone().as_strided(x.size(), x.stride())
-    else:
-        copied = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device).copy_(x)
-    return copied.requires_grad_(grad)
 
 
 def _choose(
@@ -216,11 +202,11 @@ def _choose(
             f"{', '.join(map(str, written))} in place, so runs on one set of inputs differ; not timed"
         )
         return choice
-    before = [_copy(x) for x in inputs]
+    before = [copy_input(x) for x in inputs]
     for name in ("thunder", *(b for b in backends if b != "thunder")):  # Thunder first: it shows what a run changes
         try:
             runner = _build(name, sub, inputs)
-            _step(runner, inputs, leaves)()
+            forward_backward_step(runner, inputs)()
             runners[name] = runner
         except Exception as e:  # a backend may fail in any way on this subgraph: then it is not chosen, no error
             problems[name] = error_line(e)
@@ -236,7 +222,7 @@ def _choose(
             )
             return choice
     names = list(runners)
-    samples = interleaved_us([_step(runners[n], inputs, leaves) for n in names], (), reps=rounds, warmup=WARMUP)
+    samples = interleaved_us([forward_backward_step(runners[n], inputs) for n in names], (), reps=rounds, warmup=WARMUP)
     choice.times_us = {n: round(median(s), 3) for n, s in zip(names, samples, strict=True)}
     best = min(choice.times_us, key=choice.times_us.__getitem__)
     thunder_us, best_us = choice.times_us["thunder"], choice.times_us[best]
@@ -264,45 +250,15 @@ def _build(name: str, sub: th.FxSubgraph, inputs: list[Any]) -> Any:
     return sub.jitted if name == "thunder" else compile_fx_module(sub.module, inputs, name)
 
 
-def _step(fn: Any, inputs: list[Any], leaves: list[torch.Tensor]) -> Any:
-    """One forward of ``fn`` and, where inputs require grad, the backward of its outputs' sum."""
-
-    def step() -> None:
-        out = fn(*inputs)
-        outs = [o for o in _flat(out) if isinstance(o, torch.Tensor) and o.requires_grad]
-        if outs and leaves:
-            torch.autograd.grad(outs, leaves, [torch.ones_like(o) for o in outs], allow_unused=True)
-
-    return step
-
-
-def _flat(out: Any) -> list[Any]:
-    if isinstance(out, (tuple, list)):
-        return [x for o in out for x in _flat(o)]
-    return [out]
-
-
-class _WholeGraph:
-    """A Dynamo graph's split GraphModule's forward: Inductor's compile of the whole graph; should it ever fail on a
-    call, the split runs again for good (a warning and ``choice.problems`` say so)."""
-
-    def __init__(self, whole: Any, split: torch.nn.Module, choice: BackendChoice) -> None:
-        self.whole, self.split, self.choice = whole, split, choice
-
-    def __call__(self, *args: Any) -> Any:
-        try:
-            return self.whole(*args)
-        except Exception as e:  # the split runs it as before; the call goes on
-            problem = error_line(e)
-            self.choice.problems["inductor"] = f"failed on a call, back to the split: {problem}"
-            warnings.warn(
-                f"choose_backends: Inductor failed on {self.choice.subgraph} ({problem}); ThunderFX's split runs it "
-                "from now on",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            del self.split.forward  # the class's forward again
-            return self.split(*args)
+def _back_to_split(choice: BackendChoice, error: Exception) -> None:
+    """Say that Inductor failed on a call of the graph ``choice`` chose it for, which its split runs from now on."""
+    problem = error_line(error)
+    choice.problems["inductor"] = f"failed on a call, back to the split: {problem}"
+    warnings.warn(
+        f"choose_backends: Inductor failed on {choice.subgraph} ({problem}); ThunderFX's split runs it from now on",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def _whole_graphs(compiled: Any, args: tuple, kwargs: dict, margin: float, rounds: int) -> list[BackendChoice]:
@@ -340,13 +296,13 @@ def _choose_whole(index: int, info: Any, inputs: list[Any] | str, margin: float,
     split = info.split_graph_module
     try:
         whole = compile_fx_module(info.original_graph_module, inputs, "inductor")
-        _step(whole, inputs, leaves)()
+        forward_backward_step(whole, inputs)()
     except Exception as e:  # Inductor may fail on the whole graph in any way: then the split stays, no error
         problems["inductor"] = error_line(e)
         choice.reason = "kept split: Inductor failed on the whole graph"
         return choice
     samples = interleaved_us(
-        [_step(split, inputs, leaves), _step(whole, inputs, leaves)], (), reps=rounds, warmup=WARMUP
+        [forward_backward_step(split, inputs), forward_backward_step(whole, inputs)], (), reps=rounds, warmup=WARMUP
     )
     split_us, whole_us = (round(median(s), 3) for s in samples)
     choice.times_us = {"split": split_us, "inductor": whole_us}
@@ -355,7 +311,7 @@ def _choose_whole(index: int, info: Any, inputs: list[Any] | str, margin: float,
     if whole_us < split_us * (1 - margin):
         choice.chosen = "inductor"
         choice.reason = f"Inductor runs the whole graph: faster by {1 - whole_us / split_us:.0%} ({what}: {timed})"
-        split.forward = _WholeGraph(whole, split, choice)
+        split.forward = WholeGraphRun(whole, split, functools.partial(_back_to_split, choice))
     else:
         choice.reason = f"kept split ({what}: {timed}; Inductor must be faster by {margin:.0%})"
     return choice

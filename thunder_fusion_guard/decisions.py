@@ -80,6 +80,9 @@ class Details(TypedDict, total=False):
     rescued_by: str  # what runs it now: Thunder's torch executor, Inductor, eager PyTorch, Thunder without a transform
     rescue: str  # on a region that could not be made rescuable: "none: " and why
     error_type: str  # the failure's exception type
+    # a Dynamo graph timed whole by Inductor against its split (whole_graph)
+    split_us: float
+    inductor_us: float
     inputs: list[str]  # each input of the failing call: shape, dtype, strides, device (or the value's type)
     reproduction: str  # a script that reproduces the failure alone (nvFuser's definition and such inputs)
     source: str  # the user's source line of the region's or subgraph's first op

@@ -238,6 +238,12 @@ class Runtime(_Group):
         "under ThunderFX, run eagerly where that gives the same bits: split-off pieces of views or constants, and "
         "(checked on a call) of one contraction, and subgraphs Thunder fuses none of or, timed, runs slower",
     )
+    whole_graphs: bool = _option(
+        True,
+        _bool,
+        "under ThunderFX, a Dynamo graph unguarded Thunder fails on (checked) runs whole by Inductor where that is "
+        "timed faster than its split",
+    )
     hoist_max_bytes: int = _option(
         DEFAULT_HOIST_MAX_BYTES,
         _byte_count,

@@ -66,6 +66,9 @@ ReasonCode = Literal[
     "outputs_restrided",
     "fake_inputs",
     "subgraph_rescued",
+    # a Dynamo graph unguarded Thunder fails on, run whole by Inductor or kept split after a timing (whole_graph)
+    "whole_graph",
+    "whole_graph_kept",
     # Thunder's own CUDAGraphTransform given beside the guard: this package's capture recommended (action capture)
     "cuda_graphs_recommended",
     # CUDA graphs GuardedCUDAGraphs captured in a trace, a graph whose gradients were still held when it would
@@ -789,6 +792,25 @@ def _subgraph_rescued(f: Facts) -> tuple[str, str | None]:
     return f["error"], f"Thunder failed on {f['region']} ({f['error']}); {f['rescued_by']} runs it from then on{told}"
 
 
+def _whole_graph(f: Facts) -> tuple[str, str | None]:
+    failed = f"unguarded Thunder fails on {f['name']} ({f['error']})"
+    timed = ""
+    if "measured" in f:
+        m = f["measured"]
+        timed = f"Inductor's whole graph {m.eager_us:.0f} µs against the split's {m.region_us:.0f} µs a step"
+    why = (
+        "With no Thunder bits to keep, ThunderFX's split (each Thunder subgraph and Inductor piece a call of its own, "
+        "forward and backward) was timed against Inductor's compile of the whole graph on copies of a real call's "
+        f"inputs; Inductor runs it where faster by the margin ({f['margin']:.0%})"
+    )
+    if f.get("why"):
+        reason = f"kept split: {f['why']}" + (f" ({timed})" if timed else "")
+        return reason, f"{reason}. The graph has no Thunder bits: {failed}. {why}"
+    reason = f"unguarded Thunder fails on {f['name']}: Inductor runs the whole graph, {timed}"
+    told = f"{reason}. The failure: {f['error']}. {why}. Inductor's values are within its own rounding of eager's"
+    return reason, told
+
+
 # What a capture does with its inputs and gradients at each replay: (facts key, noun, what happens to them).
 _REPLAY_CLAUSES = (
     ("in_place", "input", "read in an earlier graph's buffer, not copied"),
@@ -977,6 +999,8 @@ _WORDS: dict[ReasonCode, Callable[[Facts], tuple[str, str | None]]] = {
     "outputs_restrided": _outputs_restrided,
     "fake_inputs": _fake_inputs,
     "subgraph_rescued": _subgraph_rescued,
+    "whole_graph": _whole_graph,
+    "whole_graph_kept": _whole_graph,
     "captured": _captured,
     "capture_held": _capture_held,
     "capture_uncaptured": _capture_uncaptured,

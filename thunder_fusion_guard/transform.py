@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 import weakref
@@ -40,6 +41,17 @@ from .policy import ModelDoubt
 from .reasons import WARNED, Doubt
 from .replays import will_be_captured
 from .report import Report
+from .whole_graph import (
+    RUN_WITHOUT_THUNDER,
+    WholeGraph,
+    WholeGraphRun,
+    copy_input,
+    random_state_kept,
+    unguarded_failure,
+    warn_back_to_split,
+    whole_graph_decision,
+    whole_or_split,
+)
 from .wording import error_line
 
 
@@ -94,6 +106,7 @@ class FusionGuard(thunder.Transform):
         self._subgraph_ids: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         # The split graphs whose Inductor pieces were decided (runtime.eager_pieces).
         self._owners_decided: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._graphs_whole: weakref.WeakSet[Any] = weakref.WeakSet()  # split graphs timed whole, or to be
         self._captures: weakref.WeakKeyDictionary[th.CaptureSummary, Decision] = weakref.WeakKeyDictionary()
         self._recommended: weakref.WeakSet[Any] = weakref.WeakSet()  # Thunder's CUDAGraphTransforms a decision named
 
@@ -238,6 +251,7 @@ class FusionGuard(thunder.Transform):
         options = self.options
         if module is None:
             self._refuse_scripted(model)
+        compiler = th.thunderfx_compiler_on_stack() if module is not None else None
         th.wrap_module_call(model, th.calls_with_user_lines)
         if module is not None and options.strict and not options.report_only:
             th.wrap_module_call(model, lambda call: refusing_lost_gradients(call, module, FusionGuardError))
@@ -250,6 +264,8 @@ class FusionGuard(thunder.Transform):
                 self.report.add(decision)
             if not what.fake:  # a call on fake tensors is no failure: recorded, not announced
                 announce(decision)
+            if options.runtime.whole_graphs and what.by in RUN_WITHOUT_THUNDER and what.error is not None and compiler:
+                self._whole_graph_after(model, module, what.args, compiler)
 
         def entered(why: str) -> None:
             with self._lock:
@@ -302,6 +318,53 @@ class FusionGuard(thunder.Transform):
         compiled = [d for d in self.report if d.subgraph == subgraph and d.function is not None]
         if compiled:
             decision.function, decision.compile_index = compiled[-1].function, compiled[-1].compile_index
+
+    def _whole_graph_after(self, jitted: Any, module: Any, args: tuple, compiler: Any) -> None:
+        """Thunder failed on ThunderFX subgraph ``module`` (``jitted``) at a call on ``args``: where Thunder without the
+        guard fails on it too, the Dynamo graph calling it (found on the call stack) has no Thunder bits, so at its
+        next call its split is timed against Inductor's compile of the whole graph, and the faster runs it from then
+        on (:mod:`.whole_graph`), recorded."""
+        owner = th.split_graph_owner(jitted)
+        graph = None if owner is None else th.dynamo_graph_of(compiler, owner[0])
+        if graph is None or owner[0] in self._graphs_whole:
+            return
+        split, (index, original) = owner[0], graph
+        self._graphs_whole.add(split)
+        unguarded = unguarded_failure(jitted, self, FusionGuard(report_only=True, costs=Costs(cost_model=False)), args)
+        if unguarded is None:  # the guard's compile failed where Thunder's own runs: the split keeps Thunder's bits
+            return
+        subgraph, label = self._subgraph_id(module), f"dynamo graph {index}"
+        costs = self.options.costs
+        timer: Any = self.measurer.pair
+        if not costs.cost_model or costs.measure_budget_s <= 0:
+            timer = "not timed: the cost model is off, or option 'costs.measure_budget_s' is 0"
+        elif world_size() > 1:
+            timer = f"not timed: a run of {world_size()} ranks keeps every split, so that every rank decides alike"
+
+        def failed(error: Exception) -> None:
+            warn_back_to_split(label, error)
+            with self._lock:
+                self.report.warnings.append(f"Inductor failed on {label} ({error_line(error)}); its split runs it")
+
+        def decide(*call: Any) -> Any:
+            try:
+                with random_state_kept(call):
+                    inputs = [copy_input(a) for a in call]
+                    found = whole_or_split(label, original, run_split, inputs, timer, costs.margin)
+            except Exception as e:  # copying or timing failed (out of memory, say): the split stays, the call goes on
+                found = WholeGraph(label, False, f"not timed: {error_line(e)}")
+            if found.inductor and found.whole is not None:
+                split.forward = WholeGraphRun(found.whole, split, failed)
+            else:
+                vars(split).pop("forward", None)
+            with self._lock:
+                if found.measured is not None:
+                    self.report.measuring = self.measurer.to_dict()
+                self.report.add(whole_graph_decision(found, original, subgraph, unguarded, costs.margin))
+            return split(*call)
+
+        run_split = functools.partial(type(split).forward, split)
+        split.forward = decide  # at the graph's next call; this one goes on as it is
 
     def _decide_pieces(self, module: Any, jitted: Any) -> None:
         """Once for the split graph calling ``jitted`` (found on the call stack): its Inductor pieces that give the

@@ -21,6 +21,7 @@ __all__ = [
     "FxSplitOp",
     "FxSubgraph",
     "compiled_module",
+    "dynamo_graph_of",
     "fx_module_source",
     "fx_output_examples",
     "inductor_pieces",
@@ -29,6 +30,7 @@ __all__ = [
     "split_graph_owner",
     "split_graph_readers",
     "split_reason_words",
+    "thunderfx_compiler_on_stack",
     "thunderfx_function_name",
     "thunderfx_split_ops",
     "thunderfx_subgraph_module",
@@ -253,6 +255,28 @@ def split_graph_owner(jitted: Any) -> tuple[torch.fx.GraphModule, torch.fx.Node]
                 if node.op == "call_module" and getattr(owner, str(node.target), None) is jitted:
                     return owner, node
         frame = frame.f_back
+    return None
+
+
+def thunderfx_compiler_on_stack() -> Any | None:
+    """The ThunderFX backend (Thunder 0.2.6's ``ThunderCompiler``) splitting a Dynamo graph, found on the call stack
+    while its splitter compiles a subgraph with ``thunder.jit``; None elsewhere."""
+    from thunder.dynamo.compiler import ThunderCompiler
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), ThunderCompiler):
+            return frame.f_locals["self"]
+        frame = frame.f_back
+    return None
+
+
+def dynamo_graph_of(compiler: Any, split: torch.fx.GraphModule) -> tuple[int, torch.fx.GraphModule] | None:
+    """The index among the Dynamo graphs ``compiler`` (a ThunderFX backend) split and the Dynamo GraphModule whose
+    split is ``split``; None where it split no such graph."""
+    for index, info in enumerate(getattr(compiler, "subgraph_infos", ())):
+        if info.split_graph_module is split:
+            return index, info.original_graph_module
     return None
 
 

@@ -1,0 +1,124 @@
+"""A Dynamo graph unguarded Thunder fails on runs whole by Inductor where timed faster than its split (runtime
+``whole_graphs``): unguarded, the program raises, so no Thunder bits are there to keep. Timings are injected."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from thunder.dynamo import thunderfx
+
+import thunder_fusion_guard.transform as transform_module
+from thunder_fusion_guard import FusionGuard, Runtime, fusion_executors
+from thunder_fusion_guard.cost import Measured
+from thunder_fusion_guard.whole_graph import WholeGraphRun
+
+
+def broadcast_then_sine(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    y = (x.broadcast_to(s.shape) * s).sin()  # Thunder 0.2.6 has no Tensor.broadcast_to when it runs (MACE's)
+    return y.cos() * 2
+
+
+def _timed(split_us: float, whole_us: float, calls: list[int]):
+    def pair(split, whole, args):
+        calls.append(1)
+        split(), whole()  # run as a timing would, on the copies
+        return Measured(split_us, whole_us, "timed")
+
+    return pair
+
+
+def _run(guard: FusionGuard, steps: int = 3):
+    """``steps`` calls of the guarded program, each against eager: outputs and gradients; its split graph."""
+    x, s = torch.randn(1, 8, requires_grad=True), torch.randn(4, 8)
+    compiled = thunderfx(broadcast_then_sine, executors=fusion_executors("cpu"), transforms=[guard])
+    for _ in range(steps):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = compiled(x, s)
+        (grad,) = torch.autograd.grad(out.sum(), x)
+        want = broadcast_then_sine(x, s)
+        (want_grad,) = torch.autograd.grad(want.sum(), x)
+        torch.testing.assert_close(out, want, rtol=0, atol=1e-6)
+        torch.testing.assert_close(grad, want_grad, rtol=0, atol=1e-6)
+    (info,) = compiled._backend.subgraph_infos
+    return compiled, info.split_graph_module
+
+
+def test_a_graph_unguarded_thunder_fails_on_runs_whole_by_inductor_where_timed_faster():
+    guard, calls = FusionGuard(), []
+    guard.measurer.pair = _timed(100.0, 10.0, calls)
+    _, split = _run(guard)
+    assert len(calls) == 1  # timed once, at the call after the failure
+    assert isinstance(vars(split)["forward"], WholeGraphRun)
+    (rescue,) = guard.report.filter(action="rescue")
+    (whole,) = guard.report.filter(code="whole_graph")
+    assert whole.action == "switch" and whole.executor == "inductor" and whole.region == "dynamo graph 0"
+    assert whole.subgraph == rescue.subgraph and "broadcast_to" in whole.facts["error"]
+    assert (whole.details["split_us"], whole.details["inductor_us"]) == (100.0, 10.0)
+    line = broadcast_then_sine.__code__.co_firstlineno + 1
+    assert whole.details["source"].endswith(f"test_whole_graph.py:{line}")
+
+
+def test_the_split_stays_where_inductors_whole_graph_is_not_faster_by_the_margin():
+    guard, calls = FusionGuard(), []
+    guard.measurer.pair = _timed(100.0, 95.0, calls)  # 5% faster: under the margin
+    _, split = _run(guard)
+    assert len(calls) == 1 and "forward" not in vars(split)
+    (kept,) = guard.report.filter(code="whole_graph_kept")
+    assert kept.action == "keep" and kept.details["decided_by"] == "measured"
+
+
+def test_off_by_option_and_on_several_ranks_nothing_is_timed(monkeypatch):
+    guard, calls = FusionGuard(runtime=Runtime(whole_graphs=False)), []
+    guard.measurer.pair = _timed(100.0, 10.0, calls)
+    _, split = _run(guard)
+    assert calls == [] and "forward" not in vars(split) and not guard.report.filter(code="whole_graph_kept")
+    monkeypatch.setattr(transform_module, "world_size", lambda: 2)
+    guard = FusionGuard()
+    guard.measurer.pair = _timed(100.0, 10.0, calls)
+    _, split = _run(guard)
+    assert calls == [] and "forward" not in vars(split)
+    (kept,) = guard.report.filter(code="whole_graph_kept")
+    assert "2 ranks" in kept.facts["why"] and kept.details["decided_by"] == "rule"
+
+
+class FailingGuard(FusionGuard):
+    """A guard whose own compile fails (a stand-in for a guard's failure where Thunder's runs)."""
+
+    def transform_traces_pre_prologue(self, *args, **kwargs):
+        raise RuntimeError("the guard failed here")
+
+
+def test_a_failure_of_the_guards_own_where_unguarded_thunder_runs_keeps_the_split_untimed():
+    def scaled(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).sin()
+
+    guard, calls = FailingGuard(), []
+    guard.measurer.pair = _timed(100.0, 10.0, calls)
+    compiled = thunderfx(scaled, executors=fusion_executors("cpu"), transforms=[guard])
+    x = torch.randn(4, requires_grad=True)
+    for _ in range(2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.testing.assert_close(compiled(x), scaled(x), rtol=0, atol=1e-6)
+    assert guard.report.filter(action="rescue") and calls == []
+    assert not guard.report.filter(code="whole_graph") and not guard.report.filter(code="whole_graph_kept")
+
+
+def test_inductor_failing_on_a_later_call_hands_the_graph_back_to_its_split():
+    guard, calls = FusionGuard(), []
+    guard.measurer.pair = _timed(100.0, 10.0, calls)
+    compiled, split = _run(guard, steps=2)
+    run = vars(split)["forward"]
+
+    def failing(*args):
+        raise RuntimeError("Inductor's call failed")
+
+    run.whole = failing
+    x, s = torch.randn(1, 8, requires_grad=True), torch.randn(4, 8)
+    with pytest.warns(RuntimeWarning, match="Inductor failed on dynamo graph 0"):
+        out = compiled(x, s)
+    torch.testing.assert_close(out, broadcast_then_sine(x, s), rtol=0, atol=1e-6)
+    assert "forward" not in vars(split) and any("dynamo graph 0" in w for w in guard.report.warnings)

@@ -1,0 +1,200 @@
+"""Under ThunderFX, a Dynamo graph that unguarded Thunder cannot run runs whole by Inductor where that is timed faster
+than its split (runtime ``whole_graphs``).
+
+ThunderFX splits each Dynamo graph into Thunder subgraphs and, for the ops Thunder does not support, pieces Inductor
+compiles apart; every subgraph and piece is a call of its own, forward and backward. Where Thunder fails on a subgraph,
+the guard's rescue runs it another way (:mod:`.fx_rescue`); unguarded, that failure ends the user's program, so the
+graph has no Thunder bits to keep. Whether unguarded Thunder fails is checked, not assumed: the subgraph compiled again
+without the guard runs on copies of the failing call's inputs. Then, at the graph's next call, its split and Inductor's
+compile of the whole graph are timed on copies of that call's inputs, forward and backward, and Inductor runs it from
+then on where it is faster by the margin. Inductor's values are within its own rounding of eager's. A graph that
+updates its inputs in place is not timed; should Inductor ever fail on a call, the split runs it again for good.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import _thunder as th
+from .cost import Measured
+from .decisions import Decision, Details
+from .fx_rescue import compile_fx_module, updated_inputs
+from .reasons import Facts, ReasonCode, words
+from .wording import error_line
+
+__all__ = [
+    "RUN_WITHOUT_THUNDER",
+    "WholeGraph",
+    "WholeGraphRun",
+    "copy_input",
+    "forward_backward_step",
+    "random_state_kept",
+    "unguarded_failure",
+    "warn_back_to_split",
+    "whole_graph_decision",
+    "whole_or_split",
+]
+
+# The rescues of a subgraph (fx_rescue's ``Rescued.by``) after which no Thunder program runs it.
+RUN_WITHOUT_THUNDER: frozenset[str] = frozenset({"Inductor", "eager PyTorch"})
+
+# Times ``split`` against ``whole`` (two runs of one step, no arguments): the split's µs as ``region_us``, the whole
+# graph's as ``eager_us``; or why they were not timed (``RegionMeasurer.pair``).
+Timer = Callable[[Callable[[], Any], Callable[[], Any], tuple], "Measured | str"]
+
+
+def copy_input(x: Any) -> Any:
+    """A copy with the same sizes and strides (Inductor compiles for the strides it is shown, and checks them),
+    also where elements share memory (an ``expand``ed tensor: no copy can write into such a layout, so the span
+    of memory it reads is copied and viewed the same way); detached, keeping whether it requires grad."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    grad, x = x.requires_grad, x.detach()
+    if x.numel() and any(st == 0 and n > 1 for n, st in zip(x.size(), x.stride(), strict=True)):
+        span = 1 + sum((n - 1) * st for n, st in zip(x.size(), x.stride(), strict=True))
+        copied = x.as_strided((span,), (1,)).clone().as_strided(x.size(), x.stride())
+    else:
+        copied = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device).copy_(x)
+    return copied.requires_grad_(grad)
+
+
+def _flat(out: Any) -> list[Any]:
+    if isinstance(out, (tuple, list)):
+        return [x for o in out for x in _flat(o)]
+    return [out]
+
+
+def forward_backward_step(fn: Callable, inputs: list[Any]) -> Callable[[], None]:
+    """One forward of ``fn`` on ``inputs`` and, where its outputs require grad (in the caller's grad mode), the
+    backward of their sum into the inputs (``torch.autograd.grad``: no ``.grad`` is touched)."""
+    leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+
+    def step() -> None:
+        out = fn(*inputs)
+        outs = [o for o in _flat(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+        if outs and leaves:
+            torch.autograd.grad(outs, leaves, [torch.ones_like(o) for o in outs], allow_unused=True)
+
+    return step
+
+
+def unguarded_failure(jitted: Any, guard: Any, recording: Any, args: tuple) -> str | None:
+    """How Thunder fails on the ThunderFX subgraph ``jitted`` (its ThunderModule) without ``guard``'s changes, as one
+    line, compiled again with its other transforms and options, ``recording`` (a guard that changes nothing: its
+    user-line shims raise Thunder's errors without interpreting torch.fx's printout of them, minutes on a CPU) in
+    ``guard``'s place, and run on copies of ``args``; None where it runs."""
+    try:
+        with random_state_kept(args):
+            again = th.jit_again_without(jitted, guard, instead=recording)
+            again(*[copy_input(a) for a in args])
+    except Exception as e:  # whatever unguarded Thunder raises is the fact asked for
+        return error_line(e)
+    return None
+
+
+def random_state_kept(args: Any) -> contextlib.AbstractContextManager:
+    """The random number generators of the CPU and of the CUDA devices ``args`` are on as they were before, after
+    runs made only to check or to time (a random op in them would move the user's draws)."""
+    devices = sorted({a.device.index or 0 for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"})
+    return torch.random.fork_rng(devices=devices)
+
+
+class WholeGraphRun:
+    """A Dynamo graph's split GraphModule's forward: Inductor's compile of the whole graph; should it ever fail on a
+    call, the split runs it again for good (``on_failure`` is told, once)."""
+
+    def __init__(self, whole: Callable, split: torch.fx.GraphModule, on_failure: Callable[[Exception], None]) -> None:
+        self.whole, self.split, self.on_failure = whole, split, on_failure
+
+    def __call__(self, *args: Any) -> Any:
+        try:
+            return self.whole(*args)
+        except Exception as e:  # the split runs it as before; the call goes on
+            vars(self.split).pop("forward", None)  # the class's forward again
+            self.on_failure(e)
+            return self.split(*args)
+
+
+@dataclass
+class WholeGraph:
+    """What became of one Dynamo graph: ``inductor`` (its whole compile runs it now) or not, the timing that decided
+    (``measured``: the split's µs as ``region_us``, Inductor's as ``eager_us``), or why it stays split (``why``)."""
+
+    label: str
+    inductor: bool
+    why: str = ""
+    measured: Measured | None = None
+    whole: Callable | None = None
+
+
+def whole_or_split(
+    label: str,
+    original: torch.fx.GraphModule,
+    split: Callable,
+    inputs: list[Any],
+    timer: Timer | str,
+    margin: float,
+) -> WholeGraph:
+    """Time ``split`` (how ThunderFX runs the Dynamo graph ``original`` now) against Inductor's compile of all of
+    ``original``, forward and backward, on ``inputs`` (copies: the runs touch nothing of the caller's), by ``timer``;
+    Inductor is chosen where it is faster by ``margin``. Not timed (``timer`` None, or it says why) keeps the split."""
+    written = sorted(updated_inputs(original))
+    if written:
+        return WholeGraph(label, False, f"it updates its inputs {', '.join(map(str, written))} in place; not timed")
+    if isinstance(timer, str):
+        return WholeGraph(label, False, timer)
+    try:
+        whole = compile_fx_module(original, inputs, "inductor")
+        forward_backward_step(whole, inputs)()
+    except Exception as e:  # Inductor may fail on the whole graph in any way: then the split stays, no error
+        return WholeGraph(label, False, f"Inductor failed on the whole graph: {error_line(e)}")
+    measured = timer(forward_backward_step(split, inputs), forward_backward_step(whole, inputs), ())
+    if isinstance(measured, str):
+        return WholeGraph(label, False, measured)
+    if measured.eager_us < measured.region_us * (1 - margin):
+        return WholeGraph(label, True, measured=measured, whole=whole)
+    return WholeGraph(label, False, "Inductor's whole graph is not faster by the margin", measured)
+
+
+def whole_graph_decision(
+    found: WholeGraph, original: torch.fx.GraphModule, subgraph: str, unguarded: str, margin: float
+) -> Decision:
+    """The decision recording ``found`` for the Dynamo graph ``original``, unguarded Thunder having failed on its
+    subgraph ``subgraph`` with ``unguarded`` (one line)."""
+    code: ReasonCode = "whole_graph" if found.inductor else "whole_graph_kept"
+    facts = Facts(region=found.label, name=subgraph, error=unguarded, why=found.why, margin=margin)
+    details: Details = {"scope": "op", "decided_by": "measured" if found.measured is not None else "rule"}
+    if found.measured is not None:
+        facts["measured"] = found.measured
+        details.update(margin=margin, split_us=found.measured.region_us, inductor_us=found.measured.eager_us)
+    reason, told = words(code, facts)
+    source = th.fx_module_source(original)
+    if source:
+        details["source"] = source
+    return Decision(
+        "forward",
+        found.label,
+        "inductor" if found.inductor else "thunder",
+        th.fx_graph_ops(original),
+        "switch" if found.inductor else "keep",
+        reason,
+        subgraph=subgraph,
+        details={**told, **details},
+        code=code,
+        facts=dict(facts),
+    )
+
+
+def warn_back_to_split(label: str, error: Exception) -> None:
+    """Say that Inductor failed on a call of the Dynamo graph ``label`` and its split runs it from now on."""
+    warnings.warn(
+        f"FusionGuard: Inductor failed on {label} ({error_line(error)}); ThunderFX's split runs it from now on",
+        RuntimeWarning,
+        stacklevel=3,
+    )
