@@ -166,7 +166,7 @@ def test_not_a_thunderfx_object_is_a_type_error():
 def test_inputs_are_copied_with_their_strides():
     base = torch.randn(4, 6)
     view = base[:, 1:5].t()
-    copied = backends._copy(view)
+    copied = backends.copy_input(view)
     assert copied.stride() == view.stride() and torch.equal(copied, view) and copied.data_ptr() != view.data_ptr()
 
 
@@ -251,7 +251,7 @@ def test_a_subgraph_given_an_expanded_input_is_timed_on_a_copy_with_the_same_str
     choices = choose_backends(fx, x, row, backends=THUNDER_OR_EAGER)
     assert [c.chosen for c in choices] == ["eager"] and calls == [2]
     assert torch.equal(fx(x, row), scaled_rows(x, row))
-    copied = backends._copy(row)
+    copied = backends.copy_input(row)
     assert copied.stride() == (0, 1) and torch.equal(copied, row) and copied.data_ptr() != row.data_ptr()
 
 
@@ -264,7 +264,7 @@ def test_a_subgraph_whose_inputs_cannot_be_copied_stays_on_thunder_and_the_call_
     def refuse(t):
         raise RuntimeError("no copy")
 
-    monkeypatch.setattr(backends, "_copy", refuse)
+    monkeypatch.setattr(backends, "copy_input", refuse)
     [choice] = choose_backends(fx, x, row, backends=THUNDER_OR_EAGER)
     assert choice.chosen == "thunder" and calls == [] and choice.times_us == {}
     assert choice.problems == {"copy": "RuntimeError: no copy"} and not choice.in_place
@@ -294,7 +294,7 @@ def test_a_dynamo_graph_runs_whole_by_inductor_where_that_beats_its_split(monkey
     ]
     assert whole[0].times_us == {"split": 100.0, "inductor": 40.0} and whole[0].backward
     infos = fx._backend.subgraph_infos
-    assert type(vars(infos[0].split_graph_module)["forward"]).__name__ == "_WholeGraph"
+    assert type(vars(infos[0].split_graph_module)["forward"]).__name__ == "WholeGraphRun"
     assert "forward" not in vars(infos[1].split_graph_module)
     out, grads = run(fx, inputs())
     expected, expected_grads = run(two_pieces, inputs())

@@ -23,7 +23,8 @@ LAYERS = [
     ["passes"],  # the hoist runtime included
     ["measure"],  # what runs while compiling: calibration, its cache, break-even timing
     # ThunderFX subgraphs run another way: after a failure, or chosen by timing; pieces and subgraphs run eagerly
-    ["fx_rescue", "backend_choice", "fx_pieces"],
+    # whole_graph: a Dynamo graph unguarded Thunder fails on, run whole by Inductor where timed faster
+    ["fx_rescue", "whole_graph", "backend_choice", "fx_pieces"],
     ["transform", "step_graph"],  # step_graph: a whole step in one CUDA graph (torch only)
     ["examine"],  # after compiling: explain, calls, profile, segments, dataflow, bandwidth, why and its parts
     ["bench"],  # the benchmark harness: cases, interleaved timing, decision accuracy, side-by-side profiles, zoo
