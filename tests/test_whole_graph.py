@@ -122,3 +122,44 @@ def test_inductor_failing_on_a_later_call_hands_the_graph_back_to_its_split():
         out = compiled(x, s)
     torch.testing.assert_close(out, broadcast_then_sine(x, s), rtol=0, atol=1e-6)
     assert "forward" not in vars(split) and any("dynamo graph 0" in w for w in guard.report.warnings)
+
+
+def copy_into_input(buf: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    buf.copy_(x * 2)  # Thunder would write buf outside autograd's record: the guard runs this subgraph eagerly
+    return buf.sin()
+
+
+@pytest.mark.parametrize("unguarded", ["runs", "fails"])
+def test_a_subgraph_run_eagerly_to_keep_a_gradient_counts_only_where_unguarded_thunder_fails(monkeypatch, unguarded):
+    """A subgraph the guard runs eagerly before Thunder compiles it (a gradient Thunder would lose): unguarded Thunder
+    runs it here (losing the gradient without an error), so the graph keeps its split, untimed; where the check finds
+    unguarded Thunder failing (NequIP's copies into views of a buffer), the graph is a candidate, and this one is kept
+    split because it updates its input in place."""
+    import thunder_fusion_guard.whole_graph as whole_graph
+
+    seen: list[str | None] = []
+    checked = whole_graph.unguarded_failure
+
+    def check(*args):
+        seen.append(checked(*args) if unguarded == "runs" else "RuntimeError: a leaf Variable that requires grad")
+        return seen[-1]
+
+    monkeypatch.setattr(transform_module, "unguarded_failure", check)
+    guard, calls = FusionGuard(), []
+    guard.measurer.pair = _timed(100.0, 10.0, calls)
+    compiled = thunderfx(copy_into_input, executors=fusion_executors("cpu"), transforms=[guard])
+    x = torch.randn(4, requires_grad=True)
+    for _ in range(2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = compiled(torch.zeros(4), x)
+        (grad,) = torch.autograd.grad(out.sum(), x)
+        (want,) = torch.autograd.grad(copy_into_input(torch.zeros(4), x).sum(), x)
+        assert torch.equal(grad, want)
+    assert len(seen) == 1 and guard.report.filter(code="grad_update_rescued") and calls == []
+    kept = guard.report.filter(code="whole_graph_kept")
+    if unguarded == "runs":
+        assert seen == [None] and not kept
+    else:
+        (kept,) = kept
+        assert "updates its inputs 0 in place" in kept.facts["why"] and kept.details["decided_by"] == "rule"

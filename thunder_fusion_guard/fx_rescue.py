@@ -65,6 +65,7 @@ class Rescued:
     aliased: tuple[int, ...] = ()  # inputs updated in place whose memory other tensors hold too: not rescued
     inductor_skipped: bool = False  # Inductor not tried: the subgraph updates its inputs in place
     fake: bool = False  # called on fake tensors: its own ops ran on them (not a failure, said once)
+    received: tuple | None = None  # a rescue's: copies of the call's inputs as unguarded Thunder would get them
 
 
 def compile_fx_module(module: torch.fx.GraphModule, inputs: list[Any], backend: str) -> Callable:
@@ -76,6 +77,21 @@ def compile_fx_module(module: torch.fx.GraphModule, inputs: list[Any], backend: 
     if backend == "inductor":
         return torch._inductor.compile(copied, list(inputs))
     raise ValueError(f"unknown backend {backend!r}; allowed: 'eager', 'inductor'")
+
+
+def copy_input(x: Any) -> Any:
+    """A copy with the same sizes and strides (Inductor compiles for the strides it is shown, and checks them),
+    also where elements share memory (an ``expand``ed tensor: no copy can write into such a layout, so the span
+    of memory it reads is copied and viewed the same way); detached, keeping whether it requires grad."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    grad, x = x.requires_grad, x.detach()
+    if x.numel() and any(st == 0 and n > 1 for n, st in zip(x.size(), x.stride(), strict=True)):
+        span = 1 + sum((n - 1) * st for n, st in zip(x.size(), x.stride(), strict=True))
+        copied = x.as_strided((span,), (1,)).clone().as_strided(x.size(), x.stride())
+    else:
+        copied = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device).copy_(x)
+    return copied.requires_grad_(grad)
 
 
 class SubgraphRescue:
@@ -106,6 +122,7 @@ class SubgraphRescue:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         grad = torch.is_grad_enabled()
+        received = args  # as unguarded Thunder would get them
         if self._first_call:
             if any(is_fake(a) for a in args):  # before the first real call only: the check costs µs an argument
                 return self._on_fakes(args, kwargs)
@@ -114,7 +131,7 @@ class SubgraphRescue:
             args = remade_views(args, self._remade)
             losing = inputs_updated_outside_autograd(self.module, args)
             if losing:
-                return self._keep_history(losing, args, kwargs)
+                return self._keep_history(losing, args, kwargs, received)
             if self._remade:
                 self._tell(Rescued(None, None, args, remade=self._remade))
         elif self._remade:
@@ -125,7 +142,7 @@ class SubgraphRescue:
             if self.rescued or self._run is self._eager or th.is_out_of_memory(error):
                 raise
             torch.set_grad_enabled(grad)  # a compilation that failed can leave Thunder's no-grad mode on
-            return self._rescue(error, args, kwargs)
+            return self._rescue(error, args, kwargs, received)
         if self._on_first_call is not None and self._run is self.thunder_fn:
             first, self._on_first_call = self._on_first_call, None
             with contextlib.suppress(Exception):  # a direct entry is a shortcut: never a reason to fail the call
@@ -153,7 +170,7 @@ class SubgraphRescue:
         """What runs the subgraph now: Thunder's compiled function, its direct entry, or what a rescue put there."""
         return self._run
 
-    def _rescue(self, error: Exception, args: tuple, kwargs: dict) -> Any:
+    def _rescue(self, error: Exception, args: tuple, kwargs: dict, received: tuple) -> Any:
         problems: list[str] = []
         transforms = th.jitted_transforms(self.jitted)
         for transform in transforms:
@@ -179,6 +196,7 @@ class SubgraphRescue:
                 problems.append(f"Thunder without {name}: {error_line(e)}")
                 th.forget_forward(culprit)
                 error = e
+        received = tuple(copy_input(a) for a in received)  # before a rescue's run updates any in place
         updated = updated_inputs(self.module)
         aliased = [i for i in sorted(updated) if i < len(args) and shares_memory_beyond_itself(args[i], args)]
         if aliased and torch.is_grad_enabled():
@@ -193,12 +211,14 @@ class SubgraphRescue:
             try:
                 inductor = compile_fx_module(self.module, list(args), "inductor")
                 out = inductor(*args)
-                return self._rescued("Inductor", inductor, out, error, args, problems)
+                return self._rescued("Inductor", inductor, out, error, args, problems, received=received)
             except Exception as e:  # Inductor's failure of any kind leaves eager PyTorch to try
                 problems.append(f"Inductor: {error_line(e)}")
         eager = compile_fx_module(self.module, list(args), "eager")
         out = eager(*args, **kwargs)  # its error is the user's, as eager PyTorch raises it
-        return self._rescued("eager PyTorch", eager, out, error, args, problems, inductor_skipped=bool(updated))
+        return self._rescued(
+            "eager PyTorch", eager, out, error, args, problems, inductor_skipped=bool(updated), received=received
+        )
 
     def _on_fakes(self, args: tuple, kwargs: dict) -> Any:
         """The subgraph's own ops on fake tensors (the outputs' shapes, no values): Thunder's compile and the first
@@ -208,14 +228,16 @@ class SubgraphRescue:
             self._tell(Rescued("its own ops on fake tensors", None, args, fake=True))
         return self.module(*args, **kwargs)
 
-    def _keep_history(self, losing: tuple[str, ...], args: tuple, kwargs: dict) -> Any:
+    def _keep_history(self, losing: tuple[str, ...], args: tuple, kwargs: dict, received: tuple) -> Any:
         """Run the subgraph eagerly from now on, before Thunder compiles it: Thunder would update ``losing``, inputs
         it updates in place, outside autograd's record (gradients through them lost without an error); eagerly,
         the update is autograd's. An error here is the user's, as eager PyTorch raises it."""
         eager = compile_fx_module(self.module, list(args), "eager")
         self._run, self._after, self._on_first_call = eager, None, None
+        received = tuple(copy_input(a) for a in received)  # before the eager run updates any in place
         out = eager(*args, **kwargs)
-        self._tell(Rescued("eager PyTorch", None, args, lost_grad=losing, remade=self._remade))
+        what = Rescued("eager PyTorch", None, args, lost_grad=losing, remade=self._remade, received=received)
+        self._tell(what)
         return out
 
     def _rescued(
@@ -228,11 +250,13 @@ class SubgraphRescue:
         problems: list[str],
         thunder: bool = False,
         inductor_skipped: bool = False,
+        received: tuple | None = None,
     ) -> Any:
         """``run`` runs the subgraph from now on; Thunder's outputs (``thunder``) still go through the layout
         check."""
         self._run, self._after = run, (self._check_layout if thunder else None)
-        self._tell(Rescued(by, error, args, problems=tuple(problems), inductor_skipped=inductor_skipped))
+        skipped = inductor_skipped
+        self._tell(Rescued(by, error, args, problems=tuple(problems), inductor_skipped=skipped, received=received))
         return out if self._after is None else self._after(out, args)
 
     def _check_layout(self, out: Any, args: tuple) -> Any:

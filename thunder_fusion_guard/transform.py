@@ -19,7 +19,14 @@ from .cost import CostConstants
 from .decisions import Decision, Subgraph
 from .distributed import compare_ranks, current_rank, world_size
 from .fx_pieces import PieceRun, eager_subgraph, piece_decision, run_pieces_eagerly, subgraph_decision
-from .fx_rescue import Rescued, SubgraphRescue, entry_decision, refusing_lost_gradients, rescue_decision
+from .fx_rescue import (
+    Rescued,
+    SubgraphRescue,
+    copy_input,
+    entry_decision,
+    refusing_lost_gradients,
+    rescue_decision,
+)
 from .measure import calibrate
 from .measure.breakeven import RegionMeasurer
 from .measure.cache import device_name
@@ -45,7 +52,6 @@ from .whole_graph import (
     RUN_WITHOUT_THUNDER,
     WholeGraph,
     WholeGraphRun,
-    copy_input,
     random_state_kept,
     unguarded_failure,
     warn_back_to_split,
@@ -106,7 +112,7 @@ class FusionGuard(thunder.Transform):
         self._subgraph_ids: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         # The split graphs whose Inductor pieces were decided (runtime.eager_pieces).
         self._owners_decided: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._graphs_whole: weakref.WeakSet[Any] = weakref.WeakSet()  # split graphs timed whole, or to be
+        self._graphs_whole: weakref.WeakSet[Any] = weakref.WeakSet()  # split graphs unguarded Thunder fails on
         self._captures: weakref.WeakKeyDictionary[th.CaptureSummary, Decision] = weakref.WeakKeyDictionary()
         self._recommended: weakref.WeakSet[Any] = weakref.WeakSet()  # Thunder's CUDAGraphTransforms a decision named
 
@@ -264,8 +270,9 @@ class FusionGuard(thunder.Transform):
                 self.report.add(decision)
             if not what.fake:  # a call on fake tensors is no failure: recorded, not announced
                 announce(decision)
-            if options.runtime.whole_graphs and what.by in RUN_WITHOUT_THUNDER and what.error is not None and compiler:
-                self._whole_graph_after(model, module, what.args, compiler)
+            failed = what.error is not None or bool(what.lost_grad)  # Thunder failed, or would lose gradients
+            if options.runtime.whole_graphs and what.by in RUN_WITHOUT_THUNDER and failed and compiler:
+                self._whole_graph_after(model, module, what.received or what.args, compiler)
 
         def entered(why: str) -> None:
             with self._lock:
@@ -320,19 +327,19 @@ class FusionGuard(thunder.Transform):
             decision.function, decision.compile_index = compiled[-1].function, compiled[-1].compile_index
 
     def _whole_graph_after(self, jitted: Any, module: Any, args: tuple, compiler: Any) -> None:
-        """Thunder failed on ThunderFX subgraph ``module`` (``jitted``) at a call on ``args``: where Thunder without the
-        guard fails on it too, the Dynamo graph calling it (found on the call stack) has no Thunder bits, so at its
-        next call its split is timed against Inductor's compile of the whole graph, and the faster runs it from then
-        on (:mod:`.whole_graph`), recorded."""
+        """Thunder failed on ThunderFX subgraph ``module`` (``jitted``) at a call on ``args``, or would have lost a
+        gradient through it: where Thunder without the guard's changes fails on it, the Dynamo graph calling it
+        (found on the call stack) has no Thunder bits, so at its next call its split is timed against Inductor's
+        compile of the whole graph, and the faster runs it from then on (:mod:`.whole_graph`), recorded."""
         owner = th.split_graph_owner(jitted)
         graph = None if owner is None else th.dynamo_graph_of(compiler, owner[0])
         if graph is None or owner[0] in self._graphs_whole:
             return
         split, (index, original) = owner[0], graph
-        self._graphs_whole.add(split)
         unguarded = unguarded_failure(jitted, self, FusionGuard(report_only=True, costs=Costs(cost_model=False)), args)
-        if unguarded is None:  # the guard's compile failed where Thunder's own runs: the split keeps Thunder's bits
+        if unguarded is None:  # Thunder's own runs this subgraph: another one may still show the graph has no bits
             return
+        self._graphs_whole.add(split)
         subgraph, label = self._subgraph_id(module), f"dynamo graph {index}"
         costs = self.options.costs
         timer: Any = self.measurer.pair

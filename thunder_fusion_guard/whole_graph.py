@@ -3,12 +3,13 @@ than its split (runtime ``whole_graphs``).
 
 ThunderFX splits each Dynamo graph into Thunder subgraphs and, for the ops Thunder does not support, pieces Inductor
 compiles apart; every subgraph and piece is a call of its own, forward and backward. Where Thunder fails on a subgraph,
-the guard's rescue runs it another way (:mod:`.fx_rescue`); unguarded, that failure ends the user's program, so the
-graph has no Thunder bits to keep. Whether unguarded Thunder fails is checked, not assumed: the subgraph compiled again
-without the guard runs on copies of the failing call's inputs. Then, at the graph's next call, its split and Inductor's
-compile of the whole graph are timed on copies of that call's inputs, forward and backward, and Inductor runs it from
-then on where it is faster by the margin. Inductor's values are within its own rounding of eager's. A graph that
-updates its inputs in place is not timed; should Inductor ever fail on a call, the split runs it again for good.
+or would lose a gradient through it, the guard's rescue runs it another way (:mod:`.fx_rescue`); where unguarded Thunder
+fails there, that failure ends the user's program, so the graph has no Thunder bits to keep. Whether unguarded Thunder
+fails is checked, not assumed: the subgraph compiled again without the guard runs on copies of the failing call's
+inputs. Then, at the graph's next call, its split and Inductor's compile of the whole graph are timed on copies of that
+call's inputs, forward and backward, and Inductor runs it from then on where it is faster by the margin. Inductor's
+values are within its own rounding of eager's. A graph that updates its inputs in place is not timed; should Inductor
+ever fail on a call, the split runs it again for good.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 from . import _thunder as th
 from .cost import Measured
 from .decisions import Decision, Details
-from .fx_rescue import compile_fx_module, updated_inputs
+from .fx_rescue import compile_fx_module, copy_input, updated_inputs
 from .reasons import Facts, ReasonCode, words
 from .wording import error_line
 
@@ -32,7 +33,6 @@ __all__ = [
     "RUN_WITHOUT_THUNDER",
     "WholeGraph",
     "WholeGraphRun",
-    "copy_input",
     "forward_backward_step",
     "random_state_kept",
     "unguarded_failure",
@@ -47,21 +47,6 @@ RUN_WITHOUT_THUNDER: frozenset[str] = frozenset({"Inductor", "eager PyTorch"})
 # Times ``split`` against ``whole`` (two runs of one step, no arguments): the split's µs as ``region_us``, the whole
 # graph's as ``eager_us``; or why they were not timed (``RegionMeasurer.pair``).
 Timer = Callable[[Callable[[], Any], Callable[[], Any], tuple], "Measured | str"]
-
-
-def copy_input(x: Any) -> Any:
-    """A copy with the same sizes and strides (Inductor compiles for the strides it is shown, and checks them),
-    also where elements share memory (an ``expand``ed tensor: no copy can write into such a layout, so the span
-    of memory it reads is copied and viewed the same way); detached, keeping whether it requires grad."""
-    if not isinstance(x, torch.Tensor):
-        return x
-    grad, x = x.requires_grad, x.detach()
-    if x.numel() and any(st == 0 and n > 1 for n, st in zip(x.size(), x.stride(), strict=True)):
-        span = 1 + sum((n - 1) * st for n, st in zip(x.size(), x.stride(), strict=True))
-        copied = x.as_strided((span,), (1,)).clone().as_strided(x.size(), x.stride())
-    else:
-        copied = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device).copy_(x)
-    return copied.requires_grad_(grad)
 
 
 def _flat(out: Any) -> list[Any]:
