@@ -138,7 +138,7 @@ def test_an_error_on_the_direct_entry_goes_to_the_rescue_as_thunders_would(monke
 
     seen = []
 
-    def rescued(error, args, kwargs):
+    def rescued(error, args, kwargs, received):
         seen.append(str(error))
         as_compiled()
         return rescue.thunder_fn(*args, **kwargs)  # what Thunder's own call computes
