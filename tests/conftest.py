@@ -131,7 +131,7 @@ def _no_real_timings(request, monkeypatch):
         raise NoCalibrationInTests(f"{executor} on {device}: {NOT_CALIBRATED_IN_TESTS}")
 
     monkeypatch.setattr(breakeven.RegionMeasurer, "_time", not_timed)
-    monkeypatch.setattr(breakeven.RegionMeasurer, "pair", lambda self, compiled, eager, args: NOT_TIMED_IN_TESTS)
+    monkeypatch.setattr(breakeven.RegionMeasurer, "pair", lambda self, compiled, eager, args, **_: NOT_TIMED_IN_TESTS)
     monkeypatch.setattr(calibrate, "measure", no_calibration)
     monkeypatch.setattr(breakeven, "remember", lambda *args, **kwargs: False)  # a profile's real timing decides nothing
     yield

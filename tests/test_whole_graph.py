@@ -12,7 +12,10 @@ from thunder.dynamo import thunderfx
 import thunder_fusion_guard.transform as transform_module
 from thunder_fusion_guard import FusionGuard, Runtime, fusion_executors
 from thunder_fusion_guard.cost import Measured
+from thunder_fusion_guard.measure.breakeven import RegionMeasurer
 from thunder_fusion_guard.whole_graph import WholeGraphRun
+
+REAL_PAIR = RegionMeasurer.pair  # before the suite's fixture stands in for it (conftest _no_real_timings)
 
 
 def broadcast_then_sine(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -21,7 +24,7 @@ def broadcast_then_sine(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 
 
 def _timed(split_us: float, whole_us: float, calls: list[int]):
-    def pair(split, whole, args):
+    def pair(split, whole, args, **allowance):
         calls.append(1)
         split(), whole()  # run as a timing would, on the copies
         return Measured(split_us, whole_us, "timed")
@@ -163,3 +166,27 @@ def test_a_subgraph_run_eagerly_to_keep_a_gradient_counts_only_where_unguarded_t
     else:
         (kept,) = kept
         assert "updates its inputs 0 in place" in kept.facts["why"] and kept.details["decided_by"] == "rule"
+
+
+def test_a_spent_measuring_budget_still_times_the_graph_within_its_own_allowance(monkeypatch):
+    """Region timings may spend all of ``costs.measure_budget_s`` (MACE's 37 on an H200); the one timing of a graph
+    against its whole has an allowance of its own, and its seconds are still counted."""
+    import thunder_fusion_guard.measure.breakeven as breakeven
+
+    deadlines: list[int | None] = []
+
+    def samples(fns, args, **kwargs):
+        deadlines.append(kwargs.get("deadline_ns"))
+        for fn in fns:
+            fn(*args)
+        return [[100.0] * 3, [10.0] * 3]  # the split's µs, then Inductor's whole graph's
+
+    monkeypatch.setattr(breakeven, "interleaved_us", samples)  # the timings injected, the pair's own logic kept
+    monkeypatch.setattr(RegionMeasurer, "pair", REAL_PAIR)
+    guard = FusionGuard()
+    guard.measurer.seconds = guard.measurer.budget_s  # spent before the graph's next call
+    _, split = _run(guard)
+    assert len(deadlines) == 1 and isinstance(vars(split)["forward"], WholeGraphRun)
+    (whole,) = guard.report.filter(code="whole_graph")
+    assert (whole.details["split_us"], whole.details["inductor_us"]) == (100.0, 10.0)
+    assert guard.measurer.seconds > guard.measurer.budget_s and guard.measurer.timed == 1

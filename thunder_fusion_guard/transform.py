@@ -50,6 +50,7 @@ from .replays import will_be_captured
 from .report import Report
 from .whole_graph import (
     RUN_WITHOUT_THUNDER,
+    WHOLE_GRAPH_TIMING_S,
     WholeGraph,
     WholeGraphRun,
     random_state_kept,
@@ -342,7 +343,8 @@ class FusionGuard(thunder.Transform):
         self._graphs_whole.add(split)
         subgraph, label = self._subgraph_id(module), f"dynamo graph {index}"
         costs = self.options.costs
-        timer: Any = self.measurer.pair
+        # its own allowance: one decision a graph, which region timings must not have spent the budget of
+        timer: Any = functools.partial(self.measurer.pair, allowance_s=WHOLE_GRAPH_TIMING_S)
         if not costs.cost_model or costs.measure_budget_s <= 0:
             timer = "not timed: the cost model is off, or option 'costs.measure_budget_s' is 0"
         elif world_size() > 1:

@@ -31,6 +31,7 @@ from .wording import error_line
 
 __all__ = [
     "RUN_WITHOUT_THUNDER",
+    "WHOLE_GRAPH_TIMING_S",
     "WholeGraph",
     "WholeGraphRun",
     "forward_backward_step",
@@ -43,6 +44,10 @@ __all__ = [
 
 # The rescues of a subgraph (fx_rescue's ``Rescued.by``) after which no Thunder program runs it.
 RUN_WITHOUT_THUNDER: frozenset[str] = frozenset({"Inductor", "eager PyTorch"})
+
+# Seconds the timing of a graph's split against its whole may take, apart from the guard's measuring budget (which
+# region timings may have spent): at least 3 rounds each run (a step of 100 ms on a CPU: about 1.5 s).
+WHOLE_GRAPH_TIMING_S = 2.0
 
 # Times ``split`` against ``whole`` (two runs of one step, no arguments): the split's µs as ``region_us``, the whole
 # graph's as ``eager_us``; or why they were not timed (``RegionMeasurer.pair``).

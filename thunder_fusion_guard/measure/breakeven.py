@@ -221,17 +221,25 @@ class RegionMeasurer:
             self.pending[key] = entry
         return measured
 
-    def pair(self, compiled: Callable[..., Any], eager: Callable[..., Any], args: tuple) -> Measured | str:
+    def pair(
+        self, compiled: Callable[..., Any], eager: Callable[..., Any], args: tuple, allowance_s: float | None = None
+    ) -> Measured | str:
         """Time ``compiled`` against ``eager``, two runs of one program, interleaved on ``args`` within what is left
-        of the budget (``region_us`` is the compiled run's); or say why they are not timed. Not cached: the
-        programs are known by their callables only. Several ranks: not timed, as regions are not."""
-        refused = self._across_ranks("without timings") or self._no_time_now()
+        of the budget (``region_us`` is the compiled run's); or say why they are not timed. ``allowance_s``: within
+        that many seconds of their own instead, whatever region timings left of the budget (the time still counts in
+        ``seconds``). Not cached: the programs are known by their callables only. Several ranks: not timed, as
+        regions are not."""
+        refused = self._across_ranks("without timings")
+        if not refused and allowance_s is None:
+            refused = self._no_time_now()
+        elif not refused and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            refused = "not timed: a CUDA graph is being captured"
         if refused:
             return refused
-        left = self.budget_s - self.seconds
+        left = self.budget_s - self.seconds if allowance_s is None else allowance_s
         start = self.clock()
         try:
-            deadline = start + int(min(REGION_TIMING_S, left) * 1e9)
+            deadline = start + int((min(REGION_TIMING_S, left) if allowance_s is None else left) * 1e9)
             samples = interleaved_us(
                 [compiled, eager], args, reps=REPS, warmup=WARMUP, deadline_ns=deadline, clock=self.clock
             )
