@@ -192,6 +192,12 @@ def run_model(
                     for d in guard.report.decisions
                     if d.action == "rescue"
                 ]
+                rows[path]["whole_graphs"] = [  # graphs unguarded Thunder fails on: whole by Inductor, or split
+                    {"graph": d.region, "code": d.code, "reason": d.reason, "split_us": d.details.get("split_us")}
+                    | {"inductor_us": d.details.get("inductor_us")}
+                    for d in guard.report.decisions
+                    if d.code in ("whole_graph", "whole_graph_kept")
+                ]
                 if base in variants:
                     rows[path]["guard_options"] = variants[base]
                 rows[path]["merged"] = [  # regions merged into the next, and the ops between them it runs too
