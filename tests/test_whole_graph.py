@@ -190,3 +190,14 @@ def test_a_spent_measuring_budget_still_times_the_graph_within_its_own_allowance
     (whole,) = guard.report.filter(code="whole_graph")
     assert (whole.details["split_us"], whole.details["inductor_us"]) == (100.0, 10.0)
     assert guard.measurer.seconds > guard.measurer.budget_s and guard.measurer.timed == 1
+
+
+def test_a_failing_check_never_fails_the_call(monkeypatch):
+    def broken(*args):
+        raise RuntimeError("the check itself failed")
+
+    monkeypatch.setattr(transform_module, "unguarded_failure", broken)
+    guard, calls = FusionGuard(), []
+    guard.measurer.pair = _timed(100.0, 10.0, calls)
+    _, split = _run(guard)  # each call's values against eager's
+    assert calls == [] and "forward" not in vars(split) and guard.report.filter(action="rescue")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import warnings
@@ -273,7 +274,8 @@ class FusionGuard(thunder.Transform):
                 announce(decision)
             failed = what.error is not None or bool(what.lost_grad)  # Thunder failed, or would lose gradients
             if options.runtime.whole_graphs and what.by in RUN_WITHOUT_THUNDER and failed and compiler:
-                self._whole_graph_after(model, module, what.received or what.args, compiler)
+                with contextlib.suppress(Exception):  # a shortcut's check: never a reason to fail the call
+                    self._whole_graph_after(model, module, what.received or what.args, compiler)
 
         def entered(why: str) -> None:
             with self._lock:
