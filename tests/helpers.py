@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import sys
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -130,6 +132,22 @@ def assert_close_all(got, expected):
             torch.testing.assert_close(g, e)
         else:
             assert g == e
+
+
+def steps_against_eager(
+    compiled: Callable, fn: Callable, args_of: Callable[[], tuple], wrt: torch.Tensor, steps: int, atol: float = 1e-6
+) -> None:
+    """``steps`` calls of ``compiled`` (its warnings silenced), each on fresh ``args_of()``: its output and the gradient
+    of its sum into ``wrt`` within ``atol`` of ``fn``'s eager ones on ``args_of()`` again."""
+    for _ in range(steps):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = compiled(*args_of())
+        (grad,) = torch.autograd.grad(out.sum(), wrt)
+        want = fn(*args_of())
+        (want_grad,) = torch.autograd.grad(want.sum(), wrt)
+        torch.testing.assert_close(out, want, rtol=0, atol=atol)
+        torch.testing.assert_close(grad, want_grad, rtol=0, atol=atol)
 
 
 def check_three_ways(fn, args, guard: FusionGuard, *, exact_eager: bool = False, **jit_options):

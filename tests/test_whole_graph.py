@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
+from helpers import steps_against_eager
 from thunder.dynamo import thunderfx
 
 import thunder_fusion_guard.transform as transform_module
@@ -36,15 +35,7 @@ def _run(guard: FusionGuard, steps: int = 3):
     """``steps`` calls of the guarded program, each against eager: outputs and gradients; its split graph."""
     x, s = torch.randn(1, 8, requires_grad=True), torch.randn(4, 8)
     compiled = thunderfx(broadcast_then_sine, executors=fusion_executors("cpu"), transforms=[guard])
-    for _ in range(steps):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            out = compiled(x, s)
-        (grad,) = torch.autograd.grad(out.sum(), x)
-        want = broadcast_then_sine(x, s)
-        (want_grad,) = torch.autograd.grad(want.sum(), x)
-        torch.testing.assert_close(out, want, rtol=0, atol=1e-6)
-        torch.testing.assert_close(grad, want_grad, rtol=0, atol=1e-6)
+    steps_against_eager(compiled, broadcast_then_sine, lambda: (x, s), x, steps)
     (info,) = compiled._backend.subgraph_infos
     return compiled, info.split_graph_module
 
@@ -102,10 +93,7 @@ def test_a_failure_of_the_guards_own_where_unguarded_thunder_runs_keeps_the_spli
     guard.measurer.pair = _timed(100.0, 10.0, calls)
     compiled = thunderfx(scaled, executors=fusion_executors("cpu"), transforms=[guard])
     x = torch.randn(4, requires_grad=True)
-    for _ in range(2):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.testing.assert_close(compiled(x), scaled(x), rtol=0, atol=1e-6)
+    steps_against_eager(compiled, scaled, lambda: (x,), x, steps=2)
     assert guard.report.filter(action="rescue") and calls == []
     assert not guard.report.filter(code="whole_graph") and not guard.report.filter(code="whole_graph_kept")
 
@@ -152,13 +140,7 @@ def test_a_subgraph_run_eagerly_to_keep_a_gradient_counts_only_where_unguarded_t
     guard.measurer.pair = _timed(100.0, 10.0, calls)
     compiled = thunderfx(copy_into_input, executors=fusion_executors("cpu"), transforms=[guard])
     x = torch.randn(4, requires_grad=True)
-    for _ in range(2):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            out = compiled(torch.zeros(4), x)
-        (grad,) = torch.autograd.grad(out.sum(), x)
-        (want,) = torch.autograd.grad(copy_into_input(torch.zeros(4), x).sum(), x)
-        assert torch.equal(grad, want)
+    steps_against_eager(compiled, copy_into_input, lambda: (torch.zeros(4), x), x, steps=2, atol=0)  # eager's bits
     assert len(seen) == 1 and guard.report.filter(code="grad_update_rescued") and calls == []
     kept = guard.report.filter(code="whole_graph_kept")
     if unguarded == "runs":
