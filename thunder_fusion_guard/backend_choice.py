@@ -26,10 +26,10 @@ from typing import Any
 import torch
 
 from . import _thunder as th
-from .fx_rescue import compile_fx_module, updated_inputs
+from .fx_rescue import compile_fx_module, copy_input, updated_inputs
 from .measure.timing import interleaved_us
 from .report import backend_choice_line
-from .whole_graph import WholeGraphRun, copy_input, forward_backward_step
+from .whole_graph import WholeGraphRun, forward_backward_step
 from .wording import error_line
 
 BACKENDS = ("thunder", "inductor", "eager")

@@ -255,8 +255,8 @@ class SubgraphRescue:
         """``run`` runs the subgraph from now on; Thunder's outputs (``thunder``) still go through the layout
         check."""
         self._run, self._after = run, (self._check_layout if thunder else None)
-        skipped = inductor_skipped
-        self._tell(Rescued(by, error, args, problems=tuple(problems), inductor_skipped=skipped, received=received))
+        what = Rescued(by, error, args, problems=tuple(problems), inductor_skipped=inductor_skipped, received=received)
+        self._tell(what)
         return out if self._after is None else self._after(out, args)
 
     def _check_layout(self, out: Any, args: tuple) -> Any:
