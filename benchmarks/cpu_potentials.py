@@ -54,6 +54,7 @@ def main() -> int:
     p.add_argument("--choose", action="store_true", help="choose_backends after the first call")
     p.add_argument("--whole-graphs", action="store_true", help="with --choose: choose_backends(whole_graphs=True)")
     p.add_argument("--phases", action="store_true", help="time the first call by phase (examine.first_call)")
+    p.add_argument("--inductor", action="store_true", help="also torch.compile's (Inductor's) step, in the same rounds")
     p.add_argument(
         "--subgraphs-untimed",
         action="store_true",
@@ -92,11 +93,32 @@ def main() -> int:
         print(phases.table(width=None), flush=True)
     want = step(model)
     rows = {}
+    inductor = None
+    if args.inductor:  # compiled after the guarded first call (Dynamo's caches kept: ThunderFX's graphs are in them)
+        inductor = torch.compile(model)
+        began = time.perf_counter()
+        step(inductor)
+        inductor_first_s = time.perf_counter() - began
 
     def timed(path: str, extra: dict) -> None:
         got = step(guarded)
-        rounds = interleaved_rounds({"eager": lambda: step(model), "guarded": lambda: step(guarded)}, args.rounds)
+        paths = {"eager": lambda: step(model), "guarded": lambda: step(guarded)}
+        if inductor is not None:
+            paths["inductor"] = lambda: step(inductor)
+        rounds = interleaved_rounds(paths, args.rounds)
         ms = {name: statistics.median(t) * 1e3 for name, t in rounds.samples.items()}
+        if inductor is not None:
+            compiled = step(inductor)
+            rows["inductor"] = {
+                "ms": round(ms["inductor"], 2),
+                "eager_ms": round(ms["eager"], 2),
+                "x_eager": round(ms["inductor"] / ms["eager"], 3),
+                "first_call_s": round(inductor_first_s, 1),
+                "max_abs_force_diff": (compiled[1] - want[1]).abs().max().item(),
+                "rounds": args.rounds,
+                "atoms": args.atoms,
+            }
+            print(f"{args.model} inductor: {json.dumps(rows['inductor'])}", flush=True)
         rows[path] = {
             "ms": round(ms["guarded"], 2),
             "eager_ms": round(ms["eager"], 2),
