@@ -12,7 +12,7 @@ What it measures, in one process that is also the timing process:
   graphs (``[FusionGuard(), GuardedCUDAGraphs()]``). Thunder's default executors (nvFuser). Each Thunder
   variant is compiled in this process, its first and second call checked bitwise (``torch.equal``, output
   and every parameter gradient) against the reference; eager by max abs difference. Then all variants
-  are timed interleaved (alternating order, ``--rounds`` rounds after ``--warmup``), medians in ms.
+  are timed interleaved (balanced order, ``--rounds`` rounds after ``--warmup``), medians in ms.
   The three Thunder compiles run one after another here (about 100 s each on an H100): Thunder keeps
   no compiled program on disk, so a program compiled in another process could not be timed in this one.
 - Before any of that, in a side process: the first guarded ``thunder.jit`` (a nanoGPT block) with an

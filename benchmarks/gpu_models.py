@@ -12,7 +12,7 @@ Setting: 2 layers, batch 1, bf16, real widths, random weights. ``train``: one fo
 random keys and values, at the middle position, under ``torch.no_grad()``.
 
 Per case, every variant's first call (trace and compile) and second call are timed, then all variants
-run ``--rounds`` rounds, interleaved in alternating order; medians, quartiles and min/max per variant.
+run ``--rounds`` rounds, interleaved in a balanced order; medians, quartiles and min/max per variant.
 The forward outputs (and, for ``train``, the gradients) of the guarded variants are compared bitwise
 with unguarded Thunder's; Thunder is also compared with itself (two identical steps), the noise floor.
 

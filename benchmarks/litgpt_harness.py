@@ -246,7 +246,7 @@ def stats_ms(samples: list[float]) -> dict[str, Any]:
 
 
 def time_variants(case: Case, steps: dict, info: dict, *, rounds: int, warmup: int, device: str, until: float) -> None:
-    """Warmup, then ``rounds`` rounds of every step in alternating order (fewer if ``until`` comes first)."""
+    """Warmup, then ``rounds`` rounds of every step in a balanced order (fewer if ``until`` comes first)."""
     from torch._dynamo.utils import counters
 
     from thunder_fusion_guard.measure.timing import interleaved_rounds

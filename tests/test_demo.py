@@ -65,13 +65,14 @@ def test_every_demo_decision_names_the_demo_line_that_made_it():
 
 
 def test_the_demo_times_its_variants_in_interleaved_rounds():
-    """Each round times every variant once, the order reversed every other round: a slow moment of the machine
-    (another process, a page-cache flush after an install) weighs on all variants alike, not on the one timed then."""
+    """Each round times every variant once, in a balanced order (each first, and right after each other, equally
+    often): a slow moment of the machine (another process, a page-cache flush after an install) or what one variant
+    leaves behind weighs on all variants alike, not on the one timed then."""
     calls = []
     fns = [lambda x, i=i: calls.append(i) for i in range(3)]
     timings = demo._timings(fns, torch.zeros(1), reps=40)
     warmup = 2 * len(fns)
-    assert calls[warmup : warmup + 12] == [0, 0, 1, 1, 2, 2, 2, 2, 1, 1, 0, 0]  # 2 calls a sample, 20 rounds
+    assert calls[warmup : warmup + 12] == [0, 0, 1, 1, 2, 2, 1, 1, 2, 2, 0, 0]  # 2 calls a sample, 20 rounds
     assert len(calls) == warmup + 40 * len(fns)
     assert [len(t) for t in timings] == [20, 20, 20]
 

@@ -4,8 +4,10 @@ other test of the suite decides untimed, conftest ``_no_real_timings``): no verd
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+from collections import Counter
 
 import pytest
 import thunder
@@ -788,8 +790,9 @@ def test_interleaved_us_alternates_the_order_and_times_each_call_on_the_given_cl
 
 def test_interleaved_rounds_warms_up_alternates_syncs_each_sample_and_stops_when_asked():
     """The one timing loop of the benchmarks, on a fake clock: warm-up rounds untimed, samples are the calls'
-    costs per call (``inner`` calls each), a sync on each side of every sample, the order reversed in odd
-    rounds, and ``stop`` ends the rounds at the round it names."""
+    costs per call (``inner`` calls each), a sync on each side of every sample, two steps' order reversed in odd
+    rounds, three steps' balanced (each first, and right after each other, equally often: reversing alone ran the
+    last step twice in a row and never after the first), and ``stop`` ends the rounds at the round it names."""
     from thunder_fusion_guard.measure.timing import interleaved_rounds
 
     now, calls = [0.0], []
@@ -811,6 +814,15 @@ def test_interleaved_rounds_warms_up_alternates_syncs_each_sample_and_stops_when
     samples = [calls[i : i + 4] for i in range(4, len(calls), 4)]
     assert all(s[0] == s[-1] == "sync" and s[1] == s[2] for s in samples)
     assert [s[1] for s in samples] == ["a", "b", "b", "a", "a", "b", "b", "a"]
+
+    three = {name: costing(name, 1.0) for name in ("eager", "guarded", "inductor")}
+    calls[:] = []
+    interleaved_rounds(three, 6, clock=lambda: now[0])
+    rounds = [tuple(calls[i : i + 3]) for i in range(0, 18, 3)]
+    assert all(sorted(r) == ["eager", "guarded", "inductor"] for r in rounds)
+    follows = Counter(pair for r in rounds for pair in itertools.pairwise(r))
+    assert len(follows) == 6 and set(follows.values()) == {2}  # each step right after each other one twice
+    assert set(Counter(r[0] for r in rounds).values()) == {2}  # and first twice
 
     cut = interleaved_rounds(steps, 10, stop=lambda r: r >= 3, clock=lambda: now[0])
     assert cut.cut_at == 3 and [len(s) for s in cut.samples.values()] == [3, 3]

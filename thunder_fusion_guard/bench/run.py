@@ -1,7 +1,7 @@
 """The interleaved benchmark run behind ``fusion-guard bench run`` and ``bench compare``.
 
 Each case's variants (thunder, guarded, eager, torch.compile's ``inductor`` and ``inductor-ro``) are timed in
-one process, round after round in alternating order, so that drift of the machine falls on all variants
+one process, round after round in a balanced order, so that drift of the machine falls on all variants
 alike; the results are written as pytest-benchmark compatible JSON. :func:`compare` reads two such files'
 medians and names the cases that got slower than a threshold allows.
 """
@@ -120,7 +120,7 @@ def _dynamo_graphs() -> int:
 def measure_case(
     case: BenchCase, device: str, reps: int, warmup: int, variants: Sequence[str] = VARIANTS
 ) -> CaseResult:
-    """Time each variant of ``case``: first calls, warmup, then ``reps`` rounds in alternating order.
+    """Time each variant of ``case``: first calls, warmup, then ``reps`` rounds in a balanced order.
 
     torch.compile's state is reset first, so each case compiles as in a fresh process; a graph compiled
     during the timed rounds (a recompilation) is logged and recorded.

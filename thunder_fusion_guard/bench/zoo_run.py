@@ -263,7 +263,7 @@ def _compile_paths(
 
 
 def _time_paths(result: ModelResult, steps: dict[ZooPath, _Step], rounds: int, deadline: float) -> None:
-    """Time every path that runs, ``rounds`` rounds in alternating order, until ``deadline`` (three rounds at
+    """Time every path that runs, ``rounds`` rounds in a balanced order, until ``deadline`` (three rounds at
     least, so that a model that waited its turn still gets medians)."""
     from ..measure.timing import interleaved_rounds
 

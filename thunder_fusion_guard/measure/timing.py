@@ -111,7 +111,7 @@ def interleaved_us(
     clock: Clock = time.perf_counter_ns,
     cuda: bool | None = None,
 ) -> list[list[float]]:
-    """Per-call µs samples of each of ``fns`` on ``args``: rounds of one sample each, in alternating order.
+    """Per-call µs samples of each of ``fns`` on ``args``: rounds of one sample each, in a balanced order.
 
     Each function is called once untimed (a compile, if it has one), then ``warmup`` times; a sample
     times enough calls (``inner``, the same for all) to last about ``target_sample_us``. Rounds stop at
@@ -158,8 +158,9 @@ def interleaved_rounds(
     clock: Callable[[], float] = time.perf_counter,
 ) -> Rounds:
     """The one timing loop of the benchmarks: ``warmup`` untimed rounds, then ``rounds`` rounds of one sample of
-    each step, in order in even rounds and reversed in odd ones, so that a slow drift of the machine weighs on
-    every step alike. A sample is ``inner`` calls between two ``sync()`` calls, divided by ``inner``;
+    each step, in a balanced order (:func:`_round_order`: each step first, and right after each other step, equally
+    often), so that a slow drift of the machine and what a step leaves behind weigh on every step alike.
+    A sample is ``inner`` calls between two ``sync()`` calls, divided by ``inner``;
     ``stop(round_index)``, asked before each timed round, ends the rounds early."""
     if rounds < 0 or warmup < 0 or inner < 1:
         raise ValueError("interleaved_rounds: rounds and warmup must be >= 0 and inner >= 1")
@@ -201,8 +202,23 @@ def _calls_per_sample(one_call_us: float, target_sample_us: float, max_inner: in
 
 
 def _round_order(count: int, round_index: int) -> Sequence[int]:
-    """The functions' order in a round: forward in even rounds, backward in odd ones."""
-    return range(count) if round_index % 2 == 0 else range(count - 1, -1, -1)
+    """The functions' order in a round, from a Williams design: over ``count`` rounds (``2 * count`` where
+    ``count`` is odd) each function runs first equally often and right after each other function equally often,
+    so that what one leaves behind (caches, the allocator's pools, clocks) weighs on every function alike. Two
+    functions alternate: forward in even rounds, backward in odd ones. Reversing alone is not enough from three
+    on: the middle one always runs next to both ends, and the last runs twice in a row every other round."""
+    base = [0]  # 0, 1, n-1, 2, n-2, ...: the first row, whose steps cover every difference mod n once
+    low, high = 1, count - 1
+    while len(base) < count:
+        base.append(low)
+        low += 1
+        if len(base) < count:
+            base.append(high)
+            high -= 1
+    rows = count if count % 2 == 0 else 2 * count
+    row = round_index % rows
+    order = [(b + row) % count for b in base]
+    return order if row < count else order[::-1]
 
 
 # How often host_device_us doubles its sleep when the issuing outlasts it (a host slowed down by other processes)
@@ -245,7 +261,7 @@ def host_device_us(
     cuda: bool | None = None,
 ) -> list[HostDevice] | None:
     """Host and device µs per call of each of ``fns`` (already warm) on ``args``, medians of ``reps`` rounds in
-    alternating order; None off CUDA (``cuda``, default: any CUDA tensor argument), or where a call waits for
+    a balanced order; None off CUDA (``cuda``, default: any CUDA tensor argument), or where a call waits for
     the device (its host time then is not its own: the calls outlast a sleep doubled :data:`LONGER_SLEEPS` times).
 
     A sample queues a sleeping kernel first, long enough that every call of the sample is issued while the

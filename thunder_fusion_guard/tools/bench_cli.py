@@ -74,7 +74,7 @@ def _register_run(bench_sub: Any) -> None:
         "run",
         "run benchmark cases, variants interleaved; pytest-benchmark JSON out",
         "Time each benchmark case as unguarded Thunder, guarded Thunder and eager PyTorch (and "
-        "torch.compile with --variants) in one process, round after round in alternating order, so drift of "
+        "torch.compile with --variants) in one process, round after round in a balanced order, so drift of "
         "the machine falls on every variant alike. Prints a table of medians with quartiles; --json writes "
         "pytest-benchmark JSON for 'bench compare'. Progress goes to stderr. Output files are checked before "
         "any work (their folder must exist). With TARGET (path/to/file.py:make, as 'report' takes it) your "
@@ -209,7 +209,7 @@ def _time_target(
     print(_table(result_rows(result, "thunderfx" if args.thunderfx else "jit"), args.wide))
     footnote = (
         f"(per call: {plural(args.reps, 'round')} per variant after {plural(args.warmup, 'untimed round')}, "
-        f"{plural(result.inner, 'call')} a sample, variants interleaved in alternating order; {FIRST_CALLS}"
+        f"{plural(result.inner, 'call')} a sample, variants interleaved in a balanced order; {FIRST_CALLS}"
         f"{'; ' + note if note else ''})"
     )
     print("\n".join(wrap(footnote, WIDTH, indent="")))
@@ -257,7 +257,7 @@ def _run_command(args: argparse.Namespace) -> int:
     print(_table(summary_rows(results), args.wide))
     print(
         f"(µs per call: median (first-third quartile) of {plural(args.reps, 'round')} per variant, "
-        f"variants interleaved in alternating order{'; ' + note if note else ''})"
+        f"variants interleaved in a balanced order{'; ' + note if note else ''})"
     )
     for path in (args.json, args.markdown):
         if path:

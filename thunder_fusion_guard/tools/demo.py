@@ -83,7 +83,7 @@ def _rounds(reps: int) -> int:
 
 def _timings(fns: list[Callable], x: torch.Tensor, reps: int) -> list[list[float]]:
     """Per-call µs of each of ``fns`` on ``x``, a sample a round: ``reps`` calls each (rounded down to whole
-    rounds), in interleaved rounds (each function in turn, the order reversed every other round), so that a slow
+    rounds), in interleaved rounds (each function in turn, in a balanced order), so that a slow
     moment of the machine weighs on every variant alike."""
     rounds = interleaved_rounds(
         {i: (lambda fn=fn: fn(x)) for i, fn in enumerate(fns)},
