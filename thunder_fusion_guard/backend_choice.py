@@ -26,10 +26,11 @@ from typing import Any
 import torch
 
 from . import _thunder as th
+from .cost import Measured
 from .fx_rescue import compile_fx_module, copy_input, updated_inputs
 from .measure.timing import interleaved_us
 from .report import backend_choice_line
-from .whole_graph import WholeGraphRun, forward_backward_step
+from .whole_graph import WholeGraphRun, forward_backward_step, whole_or_split
 from .wording import error_line
 
 BACKENDS = ("thunder", "inductor", "eager")
@@ -286,32 +287,32 @@ def _choose_whole(index: int, info: Any, inputs: list[Any] | str, margin: float,
     if isinstance(inputs, str):
         choice.reason = f"kept split: its inputs could not be copied to time it ({inputs})"
         return choice
-    written = sorted(updated_inputs(info.original_graph_module))
-    if written:
-        choice.in_place = written
-        choice.reason = f"kept split: it updates its inputs {', '.join(map(str, written))} in place; not timed"
+
+    def timer(split_step: Callable[[], None], whole_step: Callable[[], None], args: tuple) -> Measured:
+        samples = interleaved_us([split_step, whole_step], args, reps=rounds, warmup=WARMUP)
+        split_us, whole_us = (round(median(s), 3) for s in samples)
+        return Measured(split_us, whole_us, "timed")
+
+    split = info.split_graph_module
+    found = whole_or_split(label, info.original_graph_module, split, inputs, timer, margin)
+    if found.in_place:
+        choice.in_place = found.in_place
+        choice.reason = f"kept split: {found.why}"
         return choice
     leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
     choice.backward = bool(leaves)
-    split = info.split_graph_module
-    try:
-        whole = compile_fx_module(info.original_graph_module, inputs, "inductor")
-        forward_backward_step(whole, inputs)()
-    except Exception as e:  # Inductor may fail on the whole graph in any way: then the split stays, no error
-        problems["inductor"] = error_line(e)
+    if found.measured is None:  # Inductor failed on the whole graph: then the split stays, no error
+        problems["inductor"] = found.error
         choice.reason = "kept split: Inductor failed on the whole graph"
         return choice
-    samples = interleaved_us(
-        [forward_backward_step(split, inputs), forward_backward_step(whole, inputs)], (), reps=rounds, warmup=WARMUP
-    )
-    split_us, whole_us = (round(median(s), 3) for s in samples)
+    split_us, whole_us = found.measured.region_us, found.measured.eager_us
     choice.times_us = {"split": split_us, "inductor": whole_us}
     what = "forward and backward" if leaves else "forward"
     timed = f"split {split_us:.1f} µs, Inductor whole {whole_us:.1f} µs"
-    if whole_us < split_us * (1 - margin):
+    if found.inductor and found.whole is not None:
         choice.chosen = "inductor"
         choice.reason = f"Inductor runs the whole graph: faster by {1 - whole_us / split_us:.0%} ({what}: {timed})"
-        split.forward = WholeGraphRun(whole, split, functools.partial(_back_to_split, choice))
+        split.forward = WholeGraphRun(found.whole, split, functools.partial(_back_to_split, choice))
     else:
         choice.reason = f"kept split ({what}: {timed}; Inductor must be faster by {margin:.0%})"
     return choice

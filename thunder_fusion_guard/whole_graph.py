@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -114,13 +114,16 @@ class WholeGraphRun:
 @dataclass
 class WholeGraph:
     """What became of one Dynamo graph: ``inductor`` (its whole compile runs it now) or not, the timing that decided
-    (``measured``: the split's µs as ``region_us``, Inductor's as ``eager_us``), or why it stays split (``why``)."""
+    (``measured``: the split's µs as ``region_us``, Inductor's as ``eager_us``), or why it stays split (``why``; the
+    inputs it updates in place, ``in_place``, or Inductor's failure on it, ``error``, where those are why)."""
 
     label: str
     inductor: bool
     why: str = ""
     measured: Measured | None = None
     whole: Callable | None = None
+    in_place: list[int] = field(default_factory=list)
+    error: str = ""
 
 
 def whole_or_split(
@@ -136,14 +139,16 @@ def whole_or_split(
     Inductor is chosen where it is faster by ``margin``. Not timed (``timer`` None, or it says why) keeps the split."""
     written = sorted(updated_inputs(original))
     if written:
-        return WholeGraph(label, False, f"it updates its inputs {', '.join(map(str, written))} in place; not timed")
+        why = f"it updates its inputs {', '.join(map(str, written))} in place; not timed"
+        return WholeGraph(label, False, why, in_place=written)
     if isinstance(timer, str):
         return WholeGraph(label, False, timer)
     try:
         whole = compile_fx_module(original, inputs, "inductor")
         forward_backward_step(whole, inputs)()
     except Exception as e:  # Inductor may fail on the whole graph in any way: then the split stays, no error
-        return WholeGraph(label, False, f"Inductor failed on the whole graph: {error_line(e)}")
+        error = error_line(e)
+        return WholeGraph(label, False, f"Inductor failed on the whole graph: {error}", error=error)
     measured = timer(forward_backward_step(split, inputs), forward_backward_step(whole, inputs), ())
     if isinstance(measured, str):
         return WholeGraph(label, False, measured)
