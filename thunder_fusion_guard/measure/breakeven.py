@@ -236,10 +236,10 @@ class RegionMeasurer:
             refused = "not timed: a CUDA graph is being captured"
         if refused:
             return refused
-        left = self.budget_s - self.seconds if allowance_s is None else allowance_s
+        limit_s = min(REGION_TIMING_S, self.budget_s - self.seconds) if allowance_s is None else allowance_s
         start = self.clock()
         try:
-            deadline = start + int((min(REGION_TIMING_S, left) if allowance_s is None else left) * 1e9)
+            deadline = start + int(limit_s * 1e9)
             samples = interleaved_us(
                 [compiled, eager], args, reps=REPS, warmup=WARMUP, deadline_ns=deadline, clock=self.clock
             )
