@@ -6,12 +6,14 @@ A program that writes into memory another tensor views (whose gradient Thunder g
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import thunder
 import torch
 from helpers import leaf_pair
 
-from thunder_fusion_guard import FusionGuard, fusion_executors
+from thunder_fusion_guard import FusionGuard, FusionGuardError, fusion_executors
 
 # A name Thunder's backward reads but never defines: its trace check says "unknown proxy" (the suite checks traces),
 # torch.compile that it cannot find the name or reads an undefined local.
@@ -68,15 +70,22 @@ def test_a_lost_zero_gradient_is_made_again(fn, dtype: torch.dtype) -> None:
 
 
 def test_a_write_into_viewed_memory_is_left_failing_and_said() -> None:
+    """Unguarded, the backward fails with torch.compile's error about a name; guarded, with the guard's error naming
+    the region, the lost values, why they were not made again and what runs the program, raised from the same."""
     x, w = leaf_pair(torch.float32)
     with pytest.raises(Exception, match=UNDEFINED) as unguarded:
         gradients(write_into_view, x, w)
     guard = FusionGuard()
-    with pytest.warns(RuntimeWarning, match="not made again"), pytest.raises(type(unguarded.value), match=UNDEFINED):
+    with pytest.warns(RuntimeWarning, match="not made again"), pytest.raises(FusionGuardError) as guarded:
         gradients(write_into_view, x, w, guard)
     assert not by_code(guard, "lost_constant_restored")
     (refused,) = by_code(guard, "lost_constant_refused")
     assert refused.action == "keep" and "translate_library_ops()" in refused.details["fix"]
+    text = str(guarded.value)
+    assert text.startswith("TorchCompile") and "nothing else can run it" in text
+    assert refused.facts["why"] in text and refused.details["fix"] in text
+    assert isinstance(guarded.value.__cause__, type(unguarded.value))
+    assert re.search(UNDEFINED, str(guarded.value.__cause__))
 
 
 def test_rescue_off_restores_nothing() -> None:

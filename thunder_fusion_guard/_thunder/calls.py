@@ -23,6 +23,7 @@ __all__ = [
     "ContiguousWrites",
     "DirectNvFuserCall",
     "RescuingCall",
+    "Unrescuable",
     "direct_nvfuser_call",
     "is_out_of_memory",
     "nvfuser_definition",
@@ -167,12 +168,19 @@ def is_out_of_memory(error: BaseException) -> bool:
     )
 
 
+class Unrescuable(Exception):
+    """Raised by a :class:`RescuingCall`'s fallback maker where the region can run no other way for a reason the
+    user must read (a backward region that reads values Thunder lost): raised instead of the region's own error,
+    chained from it."""
+
+
 class RescuingCall(_Wrapper):
     """Runs one fusion region's callable ``fused``; where a call raises, runs ``make_fallback()`` (the region's
     ops one by one) on the same arguments instead, and from then on, and hands ``on_rescue(error, args)`` the
     failure; running out of memory is raised as it is, the fusion tried again at the next call. Where the
     fallback raises too, its error (the one eager PyTorch gives for those ops) reaches the
-    caller and the region stays as it was; where no fallback can be built, the original error does. Nothing
+    caller and the region stays as it was; where no fallback can be built, the original error does, or the
+    maker's :class:`Unrescuable` saying why, chained from it. Nothing
     more than one call and a ``try`` runs while the fusion works, so its outputs are the fusion's own.
     Other attributes are ``fused``'s (``name``, ``last_used``). ``first_call(fused, args)``, given, runs the first
     call (timing it, where the fusion executor compiles); later calls are ``fused``'s own again."""
@@ -213,6 +221,8 @@ class RescuingCall(_Wrapper):
     def _rescue(self, error: Exception, args: tuple) -> Any:
         try:
             fallback = self._make_fallback()
+        except Unrescuable as why:
+            raise why from error
         except Exception:  # a fallback is a shortcut: if making it fails in any way, the region's own error is raised
             raise error from None
         out = fallback(*args)  # its error is the user's, as eager PyTorch raises it

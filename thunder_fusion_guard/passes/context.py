@@ -19,7 +19,13 @@ from .hoist import HoistLedger
 
 
 class FusionGuardError(RuntimeError):
-    """Raised in strict mode where the default mode would keep a region and record the failure."""
+    """Raised in strict mode where the default mode would keep a region and record the failure, and where a
+    region fails that nothing else can run (:class:`UnrescuableRegion`)."""
+
+
+class UnrescuableRegion(FusionGuardError, th.Unrescuable):
+    """A fusion region failed and can run no other way (a backward region reading values Thunder lost): raised
+    from the region's own error, saying why and what the user can do."""
 
 
 class CommunicationChanged(FusionGuardError):

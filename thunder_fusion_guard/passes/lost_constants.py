@@ -46,19 +46,7 @@ def restore_lost_constants(
     """``trace`` (a backward trace) with each fusion region that reads tensors nothing defines, where ``earlier``
     (the compilation's traces, the joint one among them) defines each by an op reading no tensor, rebuilt to make
     them first; the records, and why none was restored where a region reads such names but they stay lost."""
-    if not th.is_backward(trace):
-        return trace, [], None
-    defined = {p.name for b in trace.bound_symbols for p in b.flat_proxy_outs}
-    defined |= {p.name for p in th.trace_inputs(trace, unpacked=True)}
-    lost_by_region: list[tuple[Region, dict[str, th.Proxy]]] = []
-    for region in find_regions(trace):
-        made = {p.name for p in region.inputs}
-        lost: dict[str, th.Proxy] = {}
-        for b in region.body:
-            lost.update((p.name, p) for p in b.flat_proxy_args if p.name not in made and p.name not in defined)
-            made.update(p.name for p in b.flat_proxy_outs)
-        if lost:
-            lost_by_region.append((region, lost))
+    lost_by_region = lost_values(trace)
     if not lost_by_region:
         return trace, [], None
     if any(_writes_into_viewed_memory(t) for t in earlier):
@@ -77,6 +65,25 @@ def restore_lost_constants(
     new = th.new_trace_like(trace, bsyms)
     th.set_provenance(new, "FusionGuard: constants Thunder's fusion pass lost, made again")
     return new, restored, None
+
+
+def lost_values(trace: th.TraceCtx) -> list[tuple[Region, dict[str, th.Proxy]]]:
+    """Each fusion region of ``trace`` (a backward trace) that reads tensors nothing defines (not its inputs, its own
+    ops, the trace's inputs or another op), with those tensors by name; none for a trace that is no backward."""
+    if not th.is_backward(trace):
+        return []
+    defined = {p.name for b in trace.bound_symbols for p in b.flat_proxy_outs}
+    defined |= {p.name for p in th.trace_inputs(trace, unpacked=True)}
+    found: list[tuple[Region, dict[str, th.Proxy]]] = []
+    for region in find_regions(trace):
+        made = {p.name for p in region.inputs}
+        lost: dict[str, th.Proxy] = {}
+        for b in region.body:
+            lost.update((p.name, p) for p in b.flat_proxy_args if p.name not in made and p.name not in defined)
+            made.update(p.name for p in b.flat_proxy_outs)
+        if lost:
+            found.append((region, lost))
+    return found
 
 
 def _factories(traces: Sequence[th.TraceCtx]) -> dict[str, th.BoundSymbol]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import itertools
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,8 @@ from ..phases import first_call_timer
 from ..reasons import strided_write_rescuer
 from ..regions import Region, find_regions
 from ..wording import error_line, error_text
-from .context import PassContext, TraceContext
+from .context import PassContext, TraceContext, UnrescuableRegion
+from .lost_constants import LOST_CONSTANT_FIX, lost_values
 from .records import instead, region_decision, source_details
 from .rewrite import CallChange, lower_region
 from .split_rescue import HALVED, SplitBody, halves, split_around_gradients
@@ -65,9 +66,11 @@ def rescue_calls(
     may_rescue: Callable[[th.BoundSymbol], bool],
     on_rescue: OnRescue,
     on_strided_write: OnStridedWrite | None = None,
+    unrescuable: Mapping[str, str] | None = None,
 ) -> tuple[th.TraceCtx, list[CallChange]]:
     """``trace`` with every fusion region that ``may_rescue`` allows called through a rescuing call; a region
-    that fails is lowered to Thunder's torch executor then, and ``on_rescue(region, error, args)`` is told. A
+    that fails is lowered to Thunder's torch executor then, and ``on_rescue(region, error, args)`` is told; a
+    region named in ``unrescuable`` that fails raises :class:`.context.UnrescuableRegion` with its text instead. A
     region of an executor in :data:`LOSES_STRIDED_WRITES` that writes one of its inputs writes it through a
     contiguous copy where it is not contiguous (:class:`~.._thunder.ContiguousWrites`), and
     ``on_strided_write`` is told the first such call. A torch.compile region holding gradients Dynamo cannot trace
@@ -90,9 +93,10 @@ def rescue_calls(
                 fused, tuple(written), lambda args, at, region=region: on_strided_write(region, args, at)
             )
         made: dict[str, Fallback] = {}
+        why_not = (unrescuable or {}).get(region.name)
         call = th.RescuingCall(
             fused,
-            _fallback_maker(trace, region, on_rescue, made),
+            _refusal(why_not) if why_not else _fallback_maker(trace, region, on_rescue, made),
             lambda error, args, region=region, made=made: on_rescue(
                 region, error, args, made.get("fallback", Fallback())
             ),
@@ -103,6 +107,15 @@ def rescue_calls(
     if not any(w.changed for w in wraps):
         return trace, wraps
     return th.new_trace_like(trace, bsyms), wraps
+
+
+def _refusal(why: str) -> Callable[[], Callable]:
+    """A fallback maker that makes none: it raises :class:`.context.UnrescuableRegion` saying ``why``."""
+
+    def refuse() -> Callable:
+        raise UnrescuableRegion(why)
+
+    return refuse
 
 
 def _fallback_maker(
@@ -309,10 +322,28 @@ def rescue_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
         record(decision)
         announce(decision)
 
-    new, wraps = rescue_calls(trace, may_rescue, on_rescue, on_strided_write)
+    new, wraps = rescue_calls(trace, may_rescue, on_rescue, on_strided_write, lost_value_refusals(trace, context))
     regions = context.region_decisions()
     unwrapped = [(regions.get(w.region), w.because) for w in wraps if not w.changed]
     return new, [instead(d, details={**d.details, "rescue": f"none: {why}"}) for d, why in unwrapped if d]
+
+
+def lost_value_refusals(trace: th.TraceCtx, context: PassContext) -> dict[str, str]:
+    """For each backward region that reads values Thunder's fusion pass left out (:func:`.lost_constants.lost_values`,
+    those the guard did not make again), what its failure raises: nothing can run it, its fusion or its ops."""
+    why = next((d.facts.get("why") for d in context.decided if d.code == "lost_constant_refused"), None)
+    version = th.software_versions()["thunder"]
+    refusals = {}
+    for region, lost in lost_values(trace):
+        names = list(lost)
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        refusals[region.name] = (
+            f"{region.name} ({region.executor}, backward) failed and nothing else can run it: it reads {shown}, "
+            f"values Thunder {version}'s fusion pass left out of the backward trace"
+            + (f"; the guard did not make them again: {why}" if why else "")
+            + f". To run this program, {LOST_CONSTANT_FIX}. Thunder's own error is above"
+        )
+    return refusals
 
 
 def rescue_decision(where: TraceContext, region: Region, error: Exception, args: tuple, fallback: Fallback) -> Decision:
