@@ -535,8 +535,22 @@ def subgraph_op_decision(
 ) -> Decision:
     """A decision about ThunderFX subgraph ``subgraph`` as a whole (its fx ``module``: its ops and the user's line),
     scope "op", worded from ``code`` and ``facts``; ``details`` adds what the caller knows."""
+    return _subgraph_decision(subgraph, module, action, code, facts, {"scope": "op", **details})
+
+
+def _subgraph_decision(
+    subgraph: str,
+    module: torch.fx.GraphModule,
+    action: Action,
+    code: ReasonCode,
+    facts: Facts,
+    details: Details,
+    error: str | None = None,
+) -> Decision:
+    """A decision about ThunderFX subgraph ``subgraph`` (its fx ``module``: its ops and the user's line), worded
+    from ``code`` and ``facts``, its details the wording's, then ``details``, then the user's line."""
     reason, told = words(code, facts)
-    merged: Details = {"scope": "op", **told, **details}
+    merged: Details = {**told, **details}
     source = th.fx_module_source(module)
     if source:
         merged["source"] = source
@@ -551,6 +565,7 @@ def subgraph_op_decision(
         details=merged,
         code=code,
         facts=dict(facts),
+        error=error,
     )
 
 
@@ -606,22 +621,5 @@ def rescue_decision(subgraph: str, module: torch.fx.GraphModule, what: Rescued, 
             inductor_skipped=what.inductor_skipped,
         )
         details.update(rescued_by=what.by, error_type=type(what.error).__name__, inputs=describe(what.args))
-    reason, told = words(code, facts)
     error = error_text(what.error) if code in ("not_rescued", "subgraph_rescued") else None
-    d = Decision(
-        "forward",
-        subgraph,
-        "thunder",
-        th.fx_graph_ops(module),
-        action,
-        reason,
-        subgraph=subgraph,
-        details={**told, **details},
-        code=code,
-        facts=dict(facts),
-        error=error,
-    )
-    source = th.fx_module_source(module)
-    if source:
-        d.details["source"] = source
-    return d
+    return _subgraph_decision(subgraph, module, action, code, facts, details, error)
