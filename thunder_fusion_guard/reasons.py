@@ -66,6 +66,8 @@ ReasonCode = Literal[
     "outputs_restrided",
     "fake_inputs",
     "subgraph_rescued",
+    # e3nn's Extract traced out of place under thunder.jit, whose copies into slices Thunder loses the gradient of
+    "written_out_of_place",
     # a Dynamo graph unguarded Thunder fails on, run whole by Inductor or kept split after a timing (whole_graph)
     "whole_graph",
     "whole_graph_kept",
@@ -730,6 +732,15 @@ def _cuda_graphs_recommended(f: Facts) -> tuple[str, str | None]:
     )
 
 
+def _written_out_of_place(f: Facts) -> tuple[str, str | None]:
+    modules = ", ".join(f["values"])
+    return "e3nn's Extract traced as slices and cat: Thunder loses the gradient of its copies into slices", (
+        f"{plural(f['count'], 'Extract module')} ({modules}, inside e3nn's Gate): each copies slices of its input into "
+        "new zero tensors; Thunder traces those copies and loses their gradient without an error. In this compilation "
+        "only, Thunder traces them as slices and cat instead: the same values, and eager's gradient"
+    )
+
+
 def _grad_update_rescued(f: Facts) -> tuple[str, str | None]:
     values = ", ".join(f["values"])
     return f"Thunder would update {values} outside autograd: gradients through it lost", (
@@ -999,6 +1010,7 @@ _WORDS: dict[ReasonCode, Callable[[Facts], tuple[str, str | None]]] = {
     "outputs_restrided": _outputs_restrided,
     "fake_inputs": _fake_inputs,
     "subgraph_rescued": _subgraph_rescued,
+    "written_out_of_place": _written_out_of_place,
     "whole_graph": _whole_graph,
     "whole_graph_kept": _whole_graph,
     "captured": _captured,

@@ -43,10 +43,11 @@ from .passes.capture import (
     uncaptured_decision,
 )
 from .passes.hoist import HoistLedger
+from .passes.records import op_decision
 from .passes.rescue import announce, describe_inputs
 from .phases import GUARD_MEASUREMENTS, GUARD_PASSES, timing
 from .policy import ModelDoubt
-from .reasons import WARNED, Doubt
+from .reasons import WARNED, Doubt, Facts
 from .replays import will_be_captured
 from .report import Report
 from .whole_graph import (
@@ -259,6 +260,7 @@ class FusionGuard(thunder.Transform):
         options = self.options
         if module is None:
             self._refuse_scripted(model)
+            self._trace_extract_out_of_place(model)
         compiler = th.thunderfx_compiler_on_stack() if module is not None else None
         th.wrap_module_call(model, th.calls_with_user_lines)
         if module is not None and options.strict and not options.report_only:
@@ -391,6 +393,33 @@ class FusionGuard(thunder.Transform):
                 self.report.add(piece_decision(run, beside))
 
         run_pieces_eagerly(found[0], tell)
+
+    def _trace_extract_out_of_place(self, model: Any) -> None:
+        """Under ``thunder.jit``, trace the e3nn ``Extract`` modules of ``model`` as slices and ``cat`` in this
+        compilation only (:func:`._thunder.trace_extract_out_of_place`), recorded: Thunder 0.2.6 loses the gradient
+        of their copies into slices without an error. Not with ``rescue=False`` or ``report_only`` (recorded, not
+        applied); strict mode raises at the trace that would lose it, where grad is on."""
+        options = self.options
+        names = th.extract_modules(getattr(model, "_model", None))
+        if not names or not options.rescue:
+            return
+        applied = not options.report_only
+
+        def traced() -> None:
+            if options.strict and torch.is_grad_enabled():
+                raise FusionGuardError(
+                    f"Thunder {th.software_versions()['thunder']} would lose the gradient through e3nn's Extract "
+                    f"({', '.join(names[:3])}) without an error (strict: not traced out of place)"
+                )
+
+        if applied:
+            applied = th.trace_extract_out_of_place(model, traced)
+        facts = Facts(count=len(names), values=names)
+        decision = op_decision(
+            TraceContext(trace="forward"), "Extract", "torch", ["copy_"], "rescue", "written_out_of_place", facts
+        )
+        decision.applied = applied
+        self.report.add(decision)
 
     def _refuse_scripted(self, model: Any) -> None:
         """Raise, before Thunder interprets ``model``, where its forward calls a TorchScript function: Thunder 0.2.6

@@ -158,6 +158,7 @@ from .padded import (
     slice_range,
     widened,
 )
+from .scoped_extract import extract_modules, trace_extract_out_of_place
 from .scripted import (
     scripted_calls,
 )
@@ -327,6 +328,7 @@ __all__ = [
     "executor_names",
     "executors_of",
     "explicit_compile_options",
+    "extract_modules",
     "failed_region",
     "float_conversion",
     "forget_forward",
@@ -436,6 +438,7 @@ __all__ = [
     "torch_compile_executor",
     "torch_dtype",
     "torch_executor",
+    "trace_extract_out_of_place",
     "trace_inputs",
     "trace_requires_grad",
     "traces_before_guard",
