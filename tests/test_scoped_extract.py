@@ -116,3 +116,17 @@ def test_thunderfx_is_left_to_its_own_rescue() -> None:
     _, grad = run(model, x, thunderfx(model, transforms=[guard]))
     assert not decisions(guard)
     assert off_by(grad, eager_grad) < 1e-5
+
+
+def test_translated_it_is_out_of_place_already_and_nothing_is_recorded() -> None:
+    from thunder_fusion_guard import translate_library_ops, untranslate_library_ops
+
+    model, x = inputs(torch.float32)
+    _, eager_grad = run(model, x)
+    translate_library_ops()
+    try:
+        guard = FusionGuard()
+        _, grad = run(model, x, compiled(model, guard, fused=False))
+    finally:
+        untranslate_library_ops()
+    assert not decisions(guard) and off_by(grad, eager_grad) < 1e-5
