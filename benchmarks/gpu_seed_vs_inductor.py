@@ -173,9 +173,17 @@ def run_model(
             base = path.removesuffix(STEP_GRAPH)
             zoo_path = ZooPath.parse(base.partition("/")[0])
             fn, guard = _compile(model.module, zoo_path, "cuda", variants.get(base))
+            chosen = None
+            if zoo_path.backends:  # one call, then each subgraph and Dynamo graph by the fastest, before any capture
+                from thunder_fusion_guard import choose_backends
+
+                _Step(model, fn, "cuda")()
+                chosen = choose_backends(fn, *model.inputs, guard=guard, whole_graphs=True)
             step = _CapturedStep(model, fn) if path.endswith(STEP_GRAPH) else _Step(model, fn, "cuda")
             step()
             rows[path] = {"first_call_s": round(time.perf_counter() - began, 1)}
+            if chosen is not None:
+                rows[path]["backends"] = dict(Counter(c.chosen for c in chosen))
             if path.endswith(STEP_GRAPH):  # the first call: warm-up steps and the capture included
                 rows[path]["step_captured"] = step.captured.captured or step.captured.reason
             if guard is not None:  # what its CUDA graphs copy at each replay
