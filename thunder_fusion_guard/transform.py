@@ -401,7 +401,7 @@ class FusionGuard(thunder.Transform):
         applied); strict mode raises at the trace that would lose it, where grad is on."""
         options = self.options
         names = th.extract_modules(getattr(model, "_model", None))
-        if not names or not options.rescue or th.library_ops_are_translated():  # translated: out of place already
+        if not names or not options.rescue:  # none: no e3nn, or its Extract written out of place already
             return
         applied = not options.report_only
 

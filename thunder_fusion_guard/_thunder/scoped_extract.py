@@ -23,28 +23,32 @@ from ..library_forwards import extract_spans
 __all__ = ["extract_modules", "trace_extract_out_of_place"]
 
 
-def _extract_class() -> type | None:
-    """e3nn's ``Extract`` where the user's program has imported e3nn (this package never imports it)."""
-    module = sys.modules.get("e3nn.nn._extract")
-    return getattr(module, "Extract", None)
+def _e3nn_forward() -> tuple[type, Callable] | None:
+    """e3nn's ``Extract`` and its forward, where the user's program has imported e3nn (this package never imports
+    it) and that forward is still e3nn's own (``translate_library_ops()`` writes it out of place); else None."""
+    cls = getattr(sys.modules.get("e3nn.nn._extract"), "Extract", None)
+    forward = cls.__dict__.get("forward") if cls is not None else None
+    if forward is None or getattr(forward, "__module__", "").startswith("thunder_fusion_guard"):
+        return None
+    return cls, forward
 
 
 def extract_modules(model: Any) -> list[str]:
-    """The qualified names of ``model``'s e3nn ``Extract`` modules (an ``nn.Module``'s, none otherwise)."""
-    cls = _extract_class()
-    if cls is None or not isinstance(model, torch.nn.Module):
+    """The qualified names of ``model``'s e3nn ``Extract`` modules (an ``nn.Module``'s, none otherwise) whose forward
+    is e3nn's own: none where it is written out of place already."""
+    found = _e3nn_forward()
+    if found is None or not isinstance(model, torch.nn.Module):
         return []
-    return [name or type(model).__name__ for name, m in model.named_modules() if isinstance(m, cls)]
+    return [name or type(model).__name__ for name, m in model.named_modules() if isinstance(m, found[0])]
 
 
 def trace_extract_out_of_place(jitted: Any, on_trace: Callable[[], None]) -> bool:
     """In ``jitted``'s compilation only, trace e3nn's ``Extract.forward`` as slices and ``cat`` (the same values);
     ``on_trace()`` is told each time it is traced. False where there is nothing to do it with: no e3nn imported, an
-    ``Extract`` without the forward e3nn 0.4-0.6 define (written out of place already, by
-    ``translate_library_ops()``), or a compilation without its own lookaside table."""
-    cls = _extract_class()
-    forward = cls.__dict__.get("forward") if cls is not None else None
-    if forward is None or getattr(forward, "__module__", "").startswith("thunder_fusion_guard"):
+    ``Extract`` forward that is not e3nn's own (written out of place already), or a compilation without its own
+    lookaside table."""
+    found = _e3nn_forward()
+    if found is None:
         return False
     try:
         table = thunder.compile_data(jitted).executor_lookasides
@@ -65,5 +69,5 @@ def trace_extract_out_of_place(jitted: Any, on_trace: Callable[[], None]) -> boo
                 outputs.append(ltorch.new_zeros(x, (*x.shape[:-1], dim)))
         return tuple(outputs)
 
-    table[forward] = traced
+    table[found[1]] = traced
     return True
