@@ -331,10 +331,13 @@ def rescue_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
 def lost_value_refusals(trace: th.TraceCtx, context: PassContext) -> dict[str, str]:
     """For each backward region that reads values Thunder's fusion pass left out (:func:`.lost_constants.lost_values`,
     those the guard did not make again), what its failure raises: nothing can run it, its fusion or its ops."""
+    found = lost_values(trace)
+    if not found:
+        return {}
     why = next((d.facts.get("why") for d in context.decided if d.code == "lost_constant_refused"), None)
     version = th.software_versions()["thunder"]
     refusals = {}
-    for region, lost in lost_values(trace):
+    for region, lost in found:
         names = list(lost)
         shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
         refusals[region.name] = (
