@@ -144,6 +144,7 @@ def test_the_users_lines_are_held_only_while_a_guarded_compilation_runs():
     from thunder_fusion_guard import FusionGuard
     from thunder_fusion_guard._thunder import sources
 
+    sources.compilation_ends()  # one an earlier test's failing compilation left open (the next one takes it over)
     original = InterpreterRuntimeCtx.get_current_user_source_location
 
     class Probe(thunder.Transform):
@@ -162,3 +163,25 @@ def test_the_users_lines_are_held_only_while_a_guarded_compilation_runs():
     assert not sources.applied_in_scope() and InterpreterRuntimeCtx.get_current_user_source_location is original
     thunder.jit(model, transforms=[unguarded])(torch.randn(2, 4))
     assert guarded.held == [True] and unguarded.held == [False]
+
+
+def test_a_failing_guarded_compilation_of_a_module_leaves_nothing_held():
+    """A module's compilation that fails after the guard began holding the user's lines: the call closes it."""
+    import pytest
+    import thunder
+    import torch
+    from thunder.core.interpreter import InterpreterRuntimeCtx
+
+    from thunder_fusion_guard import FusionGuard
+    from thunder_fusion_guard._thunder import sources
+
+    class Failing(thunder.Transform):
+        def transform_traces_pre_prologue(self, prologue, computation, epilogue, **kwargs):
+            raise RuntimeError("a transform after the guard failed")
+
+    sources.compilation_ends()
+    original = InterpreterRuntimeCtx.get_current_user_source_location
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(RuntimeError, match="after the guard failed"):
+        thunder.jit(model, transforms=[FusionGuard(), Failing()])(torch.randn(2, 4))
+    assert not sources.applied_in_scope() and InterpreterRuntimeCtx.get_current_user_source_location is original

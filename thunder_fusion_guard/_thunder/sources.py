@@ -249,12 +249,15 @@ def _release() -> None:
 
 def calls_with_user_lines(call: Callable) -> Callable:
     """``call`` (a guarded ThunderModule's function, which compiles on a miss of Thunder's cache) run with the
-    user's lines held (:func:`user_lines`), its ``__wrapped__``."""
+    user's lines held (:func:`user_lines`), its ``__wrapped__``; a compilation it began and failed is closed."""
 
     def scoped(*args: Any, **kwargs: Any) -> Any:
         _hold()
         try:
             return call(*args, **kwargs)
+        except BaseException:
+            compilation_ends()  # a compilation this call began, left open by a failure
+            raise
         finally:
             _release()
 
