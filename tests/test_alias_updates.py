@@ -1,7 +1,7 @@
 """Alias updates nothing reads, pruned before Thunder's grad transform (passes/alias_updates.py): e3nn's gates copy a
 tensor into ``new_zeros`` and take slices of it; unguarded Thunder 0.2.6's backward then reads a zero gradient it
-never defines and fails. Guarded, the program runs with eager's gradients; a write into a view (whose gradient
-Thunder gets wrong) is left alone and fails as unguarded."""
+never defines and fails. Guarded, the program runs with eager's gradients; writes into views that no ``cat`` computes
+(whose gradient Thunder gets wrong) are left alone and fail as unguarded."""
 
 from __future__ import annotations
 
@@ -27,9 +27,11 @@ def gate(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def write_into_view(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """A copy into a slice of a new tensor: Thunder's gradient of it is wrong (none reaches ``x @ w``)."""
+    """Copies into overlapping slices of a new tensor: Thunder's gradient of them is wrong (none reaches ``x @ w``),
+    and no ``cat`` computes the tensor (passes/copies_as_cat.py leaves it as it was)."""
     out = torch.zeros(x.shape[0], 8, dtype=x.dtype)
     out[:, 0:4].copy_(x @ w)
+    out[:, 2:6].copy_(x @ w * 2)
     return out.sin().sum()
 
 

@@ -56,6 +56,9 @@ class Details(TypedDict, total=False):
     unread: list[str]  # its new names nothing reads
     renamed: list[str]  # the tensors they renamed
     after_op: str  # the op it follows
+    # a new zero tensor computed by cat (copies_as_cat)
+    tensor: str  # its name in the trace
+    copies: int  # the copies into its slices that cat replaces
     # constants a backward region read undefined, made again
     restored: list[str]
     made_by: list[str]

@@ -66,8 +66,8 @@ ReasonCode = Literal[
     "outputs_restrided",
     "fake_inputs",
     "subgraph_rescued",
-    # e3nn's Extract traced out of place under thunder.jit, whose copies into slices Thunder loses the gradient of
-    "written_out_of_place",
+    # copies into slices of a new zero tensor joined by cat before Thunder differentiates them (copies_as_cat)
+    "copies_joined",
     # a Dynamo graph unguarded Thunder fails on, run whole by Inductor or kept split after a timing (whole_graph)
     "whole_graph",
     "whole_graph_kept",
@@ -732,12 +732,13 @@ def _cuda_graphs_recommended(f: Facts) -> tuple[str, str | None]:
     )
 
 
-def _written_out_of_place(f: Facts) -> tuple[str, str | None]:
-    modules = ", ".join(f["values"])
-    return "e3nn's Extract traced as slices and cat: Thunder loses the gradient of its copies into slices", (
-        f"{plural(f['count'], 'Extract module')} ({modules}, inside e3nn's Gate): each copies slices of its input into "
-        "new zero tensors; Thunder traces those copies and loses their gradient without an error. In this compilation "
-        "only, Thunder traces them as slices and cat instead: the same values, and eager's gradient"
+def _copies_joined(f: Facts) -> tuple[str, str | None]:
+    lost = "Thunder loses the gradient of copies into its slices"
+    return f"{f['name']} computed by cat: {lost}", (
+        f"{f['name']} is a new zero tensor written by {plural(f['count'], 'copy', 'copies')} into slices of it; "
+        "Thunder traces "
+        "those copies and loses their gradient without an error. Computed as cat of the values copied, with zeros "
+        "between them: the same values, and eager's gradient"
     )
 
 
@@ -1010,7 +1011,7 @@ _WORDS: dict[ReasonCode, Callable[[Facts], tuple[str, str | None]]] = {
     "outputs_restrided": _outputs_restrided,
     "fake_inputs": _fake_inputs,
     "subgraph_rescued": _subgraph_rescued,
-    "written_out_of_place": _written_out_of_place,
+    "copies_joined": _copies_joined,
     "whole_graph": _whole_graph,
     "whole_graph_kept": _whole_graph,
     "captured": _captured,

@@ -42,12 +42,12 @@ from .passes.capture import (
     reentered_decision,
     uncaptured_decision,
 )
+from .passes.copies_as_cat import copies_joined_decisions, join_copies
 from .passes.hoist import HoistLedger
-from .passes.records import op_decision
 from .passes.rescue import announce, describe_inputs
 from .phases import GUARD_MEASUREMENTS, GUARD_PASSES, timing
 from .policy import ModelDoubt
-from .reasons import WARNED, Doubt, Facts
+from .reasons import WARNED, Doubt
 from .replays import will_be_captured
 from .report import Report
 from .whole_graph import (
@@ -122,19 +122,30 @@ class FusionGuard(thunder.Transform):
     def transform_traces_pre_prologue(
         self, prologue_trc: th.TraceCtx, computation_trc: th.TraceCtx, epilogue_trc: th.TraceCtx | None, **kwargs: Any
     ) -> tuple[th.TraceCtx, th.TraceCtx, th.TraceCtx | None]:
-        """Before Thunder differentiates and optimizes: alias updates nothing reads pruned from the computation trace
+        """Before Thunder differentiates and optimizes: copies into slices of new zero tensors computed by ``cat``
+        (:mod:`.passes.copies_as_cat`: Thunder would lose their gradient; strict mode raises instead), then alias
+        updates nothing reads pruned from the computation trace
         (:mod:`.passes.alias_updates`: Thunder's backward would read gradients it never defines), recorded with
         the forward's decisions; and, once for each of Thunder's own ``CUDAGraphTransform`` given beside the guard,
         a decision recommending :class:`~.cuda_graphs.GuardedCUDAGraphs` (the transforms are left as given)."""
         options = self.options
+        joined_trace, joined = join_copies(computation_trc) if options.rescue else (computation_trc, [])
+        if joined and options.strict:  # raised before the compilation holds the user's lines
+            lines = "; ".join(f"{j.tensor} ({j.source or 'no source line'})" for j in joined[:3])
+            raise FusionGuardError(
+                f"Thunder {th.software_versions()['thunder']} would lose the gradient of copies into slices of new "
+                f"zero tensors without an error: {lines} (strict: not computed by cat)"
+            )
         th.compilation_begins()  # the backward's lines, until this compilation's forward trace is optimized
-        pruned_trace, pruned = prune_alias_updates(computation_trc) if options.rescue else (computation_trc, [])
+        pruned_trace, pruned = prune_alias_updates(joined_trace) if options.rescue else (computation_trc, [])
         with self._lock:
             given = th.compiling_transforms()
             graphs = [t for t in given if th.is_thunders_cudagraph_transform(t) and t not in self._recommended]
-            if pruned or graphs:  # recorded with the forward trace this computation trace becomes
+            if joined or pruned or graphs:  # recorded with the forward trace this computation trace becomes
                 function = th.compile_function_name()
                 where = replace(self._where("forward"), compile_index=self._compiles.get(function, 0) + 1)
+                for decision in copies_joined_decisions(where, joined, applied=not options.report_only):
+                    self.report.add(decision)
                 for decision in alias_update_decisions(where, pruned, applied=not options.report_only):
                     self.report.add(decision)
                 for transform in graphs:
@@ -260,7 +271,6 @@ class FusionGuard(thunder.Transform):
         options = self.options
         if module is None:
             self._refuse_scripted(model)
-            self._trace_extract_out_of_place(model)
         compiler = th.thunderfx_compiler_on_stack() if module is not None else None
         th.wrap_module_call(model, th.calls_with_user_lines)
         if module is not None and options.strict and not options.report_only:
@@ -393,33 +403,6 @@ class FusionGuard(thunder.Transform):
                 self.report.add(piece_decision(run, beside))
 
         run_pieces_eagerly(found[0], tell)
-
-    def _trace_extract_out_of_place(self, model: Any) -> None:
-        """Under ``thunder.jit``, trace the e3nn ``Extract`` modules of ``model`` as slices and ``cat`` in this
-        compilation only (:func:`._thunder.trace_extract_out_of_place`), recorded: Thunder 0.2.6 loses the gradient
-        of their copies into slices without an error. Not with ``rescue=False`` or ``report_only`` (recorded, not
-        applied); strict mode raises at the trace that would lose it, where grad is on."""
-        options = self.options
-        names = th.extract_modules(getattr(model, "_model", None))
-        if not names or not options.rescue:  # none: no e3nn, or its Extract written out of place already
-            return
-        applied = not options.report_only
-
-        def traced() -> None:
-            if options.strict and torch.is_grad_enabled():
-                raise FusionGuardError(
-                    f"Thunder {th.software_versions()['thunder']} would lose the gradient through e3nn's Extract "
-                    f"({', '.join(names[:3])}) without an error (strict: not traced out of place)"
-                )
-
-        if applied:
-            applied = th.trace_extract_out_of_place(model, traced)
-        facts = Facts(count=len(names), values=names)
-        decision = op_decision(
-            TraceContext(trace="forward"), "Extract", "torch", ["copy_"], "rescue", "written_out_of_place", facts
-        )
-        decision.applied = applied
-        self.report.add(decision)
 
     def _refuse_scripted(self, model: Any) -> None:
         """Raise, before Thunder interprets ``model``, where its forward calls a TorchScript function: Thunder 0.2.6

@@ -8,6 +8,7 @@ functions here, one module a job, so that a new release means reading and fixing
 - :mod:`.aliases`: Thunder's alias updates after in-place ops, read and rebuilt;
 - :mod:`.scripted`: TorchScript functions a module's forward calls (Thunder's interpreter aborts on them);
 - :mod:`.lowering`: building traces and fusion calls, lowering ops to Thunder's torch executor;
+- :mod:`.copies`: copies into slices of a new zero tensor, and the concatenation computing it out of place;
 - :mod:`.padded`: zero pads and plain adds, and the concatenation that replaces a sum of pads;
 - :mod:`.executors`: which executors exist, which fusion executor runs where, software versions;
 - :mod:`.compiling`: the compilation Thunder runs right now;
@@ -57,6 +58,14 @@ from .compiling import (
     explicit_compile_options,
     function_name,
     fx_graph_ops,
+)
+from .copies import (
+    Span,
+    copy_into,
+    joined_copies,
+    new_zeros_of,
+    scratch_trace,
+    span_of,
 )
 from .cudagraphs import (
     CaptureSummary,
@@ -158,7 +167,6 @@ from .padded import (
     slice_range,
     widened,
 )
-from .scoped_extract import extract_modules, trace_extract_out_of_place
 from .scripted import (
     scripted_calls,
 )
@@ -291,6 +299,7 @@ __all__ = [
     "SharedBuffersCapture",
     "SharedFusions",
     "SliceRange",
+    "Span",
     "TensorProxy",
     "ThunderTimes",
     "TraceCtx",
@@ -315,6 +324,7 @@ __all__ = [
     "compiling_with_cuda_graphs",
     "concatenation",
     "conversion",
+    "copy_into",
     "copying_back",
     "default_executors",
     "direct_entry",
@@ -328,7 +338,6 @@ __all__ = [
     "executor_names",
     "executors_of",
     "explicit_compile_options",
-    "extract_modules",
     "failed_region",
     "float_conversion",
     "forget_forward",
@@ -372,6 +381,7 @@ __all__ = [
     "jit_again_without",
     "jitted_function_name",
     "jitted_transforms",
+    "joined_copies",
     "last_prologue_ns",
     "last_traces",
     "leaves",
@@ -382,6 +392,7 @@ __all__ = [
     "module_call",
     "module_path",
     "new_trace_like",
+    "new_zeros_of",
     "no_region_hint",
     "number_args",
     "number_value",
@@ -411,12 +422,14 @@ __all__ = [
     "replace_subgraph",
     "returned_names",
     "returned_proxies",
+    "scratch_trace",
     "scripted_calls",
     "set_provenance",
     "slice_range",
     "software_versions",
     "source_finder",
     "source_line",
+    "span_of",
     "split_graph_owner",
     "split_graph_readers",
     "split_reason_words",
@@ -438,7 +451,6 @@ __all__ = [
     "torch_compile_executor",
     "torch_dtype",
     "torch_executor",
-    "trace_extract_out_of_place",
     "trace_inputs",
     "trace_requires_grad",
     "traces_before_guard",
