@@ -11,6 +11,7 @@ differentiates it (``transform_traces_pre_prologue``), only where it will (a ten
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from itertools import pairwise
 
@@ -47,6 +48,7 @@ class _Family:
     view_ops: list[int] = field(default_factory=list)
     written: dict[int, tuple[int, th.TensorProxy]] = field(default_factory=dict)  # view -> (copy's index, source)
     updates: list[int] = field(default_factory=list)  # its alias updates
+    _updates: dict[int, tuple[tuple, tuple]] = field(default_factory=dict)  # each one's tensors and new names
     first_read: int | None = None  # the first op reading the tensor or a view no copy writes
 
     def name(self, proxy: th.TensorProxy, role: int, at: int) -> None:
@@ -56,24 +58,27 @@ class _Family:
     def last_copy(self) -> int:
         return max(i for i, _ in self.written.values())
 
+    @property
+    def first(self) -> float:
+        """The index of the first read (infinite where nothing reads it)."""
+        return math.inf if self.first_read is None else self.first_read
+
     def removed(self) -> set[int]:
         """The ops the concatenation replaces: the zeros, the written views, the copies, the alias updates before
         the first read."""
-        first = self.first_read if self.first_read is not None else len(self.defined) + 10**9
         ops = {self.start, *(self.view_ops[k] for k in self.written), *(i for i, _ in self.written.values())}
-        return ops | {i for i in self.updates if i < first}
+        return ops | {i for i in self.updates if i < self.first}
 
     def after_first_read(self, result: th.TensorProxy) -> tuple[dict[int, list[int]], dict[str, th.TensorProxy]]:
         """The alias updates from the first read on, each with the positions it keeps (the other tensors'), and the
         names to replace: the tensor's before its first read by ``result``, each later one by the one it renames
         (nothing writes into the family then: the updates only order reads)."""
-        first = self.first_read if self.first_read is not None else 10**18
         renames: dict[str, th.TensorProxy] = {
-            n: result for n, r in self.roles.items() if r == _BASE and self.defined[n] < first
+            n: result for n, r in self.roles.items() if r == _BASE and self.defined[n] < self.first
         }
         kept: dict[int, list[int]] = {}
         for i in self.updates:
-            if i < first:
+            if i < self.first:
                 continue
             aliases, outs = self._updates[i]
             kept[i] = [j for j, a in enumerate(aliases) if a.name not in self.roles]
@@ -81,8 +86,6 @@ class _Family:
                 if a.name in self.roles:
                     renames[o.name] = renames.get(a.name, a)
         return kept, renames
-
-    _updates: dict[int, tuple[tuple, tuple]] = field(default_factory=dict)
 
 
 def join_copies(trace: th.TraceCtx) -> tuple[th.TraceCtx, list[CopiesJoined]]:
@@ -137,20 +140,30 @@ def _follow(bsyms: list[th.BoundSymbol], start: int, zeros: th.TensorProxy) -> _
     alias updates of the family alone come before that read; None otherwise."""
     family = _Family(zeros, start)
     family.name(zeros, _BASE, start)
+    shared: set[str] = set()  # after the first read, the tensors Thunder's alias updates tie to the family
     for i in range(start + 1, len(bsyms)):
         bsym = bsyms[i]
-        read = [p.name for p in bsym.flat_proxy_args if p.name in family.roles]
-        if not read or th.is_comment_or_del(bsym):
+        if th.is_comment_or_del(bsym):
             continue
-        if th.is_alias_update(bsym):
+        names = [p.name for p in bsym.flat_proxy_args]
+        read = [n for n in names if n in family.roles]
+        if th.is_alias_update(bsym) and (read or shared.intersection(names)):
             (aliases,) = bsym.args
             if family.first_read is None and len(read) != len(aliases):
                 return None  # the tensor may share memory with another
+            if family.first_read is not None:
+                shared.update(names, (out.name for out in bsym.output))
+            if not read:
+                continue
             for alias, out in zip(aliases, bsym.output, strict=True):
                 if alias.name in family.roles:
                     family.name(out, family.roles[alias.name], i)
             family.updates.append(i)
             family._updates[i] = (tuple(aliases), tuple(bsym.output))
+            continue
+        if shared.intersection(names) and writes_inputs(bsym):
+            return None  # after the first read, a write into memory the tensor may share
+        if not read:
             continue
         roles = [family.roles[n] for n in read]
         span, copy = th.span_of(bsym), th.copy_into(bsym)
