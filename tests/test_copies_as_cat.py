@@ -166,3 +166,23 @@ def test_a_write_through_another_view_after_a_read_is_left_as_it_was() -> None:
     guard = FusionGuard()
     got = run(jit(written_after_a_read, guard), x)
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)) and not joined(guard)
+
+
+@pytest.mark.guard_failure_expected
+def test_a_failing_pass_keeps_the_trace_warns_and_strict_raises(monkeypatch) -> None:
+    import thunder_fusion_guard.transform as transform
+
+    def broken(trace):
+        raise RuntimeError("planted failure in the pass")
+
+    monkeypatch.setattr(transform, "join_copies", broken)
+    x = inputs(torch.float32)
+    want = run(jit(gapped), x)  # unguarded Thunder's values, its wrong gradient too
+    guard = FusionGuard()
+    with pytest.warns(RuntimeWarning, match="copies_as_cat skipped: it failed: RuntimeError: planted failure"):
+        got = run(jit(gapped, guard), x)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    (failed,) = guard.report.filter(code="pass_failed")
+    assert failed.facts == {"step": "copies_as_cat", "moved": False} and not joined(guard)
+    with pytest.raises(FusionGuardError, match="copies_as_cat failed"):
+        run(jit(gapped, FusionGuard(strict=True)), x)

@@ -44,6 +44,7 @@ from .passes.capture import (
 )
 from .passes.copies_as_cat import copies_joined_decisions, join_copies
 from .passes.hoist import HoistLedger
+from .passes.pipeline import pass_failed_decision
 from .passes.rescue import announce, describe_inputs
 from .phases import GUARD_MEASUREMENTS, GUARD_PASSES, timing
 from .policy import ModelDoubt
@@ -66,6 +67,24 @@ from .wording import error_line
 
 class RankMismatch(FusionGuardError):
     """Ranks made different decisions for the same program (strict mode)."""
+
+
+def _pre_grad(
+    name: str, fn: Callable, trace: th.TraceCtx, options: GuardOptions, failed: list[tuple[str, Exception]]
+) -> tuple[th.TraceCtx, list]:
+    """``fn(trace)``, a pass before Thunder differentiates (none with ``rescue=False``); where it fails, ``trace``
+    as it was and the failure noted in ``failed`` (strict mode: raised)."""
+    if not options.rescue:
+        return trace, []
+    try:
+        return fn(trace)
+    except FusionGuardError:
+        raise
+    except Exception as e:  # an optimisation or rescue that fails keeps the trace as it was, and is reported
+        if options.strict:
+            raise FusionGuardError(f"{name} failed on the forward trace: {e}") from e
+        failed.append((name, e))
+        return trace, []
 
 
 class FusionGuard(thunder.Transform):
@@ -129,7 +148,8 @@ class FusionGuard(thunder.Transform):
         the forward's decisions; and, once for each of Thunder's own ``CUDAGraphTransform`` given beside the guard,
         a decision recommending :class:`~.cuda_graphs.GuardedCUDAGraphs` (the transforms are left as given)."""
         options = self.options
-        joined_trace, joined = join_copies(computation_trc) if options.rescue else (computation_trc, [])
+        failed: list[tuple[str, Exception]] = []  # a pass that fails keeps the trace as it was, recorded
+        joined_trace, joined = _pre_grad("copies_as_cat", join_copies, computation_trc, options, failed)
         if joined and options.strict:  # raised before the compilation holds the user's lines
             lines = "; ".join(f"{j.tensor} ({j.source or 'no source line'})" for j in joined[:3])
             raise FusionGuardError(
@@ -137,22 +157,25 @@ class FusionGuard(thunder.Transform):
                 f"zero tensors without an error: {lines} (strict: not computed by cat)"
             )
         th.compilation_begins()  # the backward's lines, until this compilation's forward trace is optimized
-        pruned_trace, pruned = prune_alias_updates(joined_trace) if options.rescue else (computation_trc, [])
+        pruned_trace, pruned = _pre_grad("alias_updates", prune_alias_updates, joined_trace, options, failed)
         with self._lock:
             given = th.compiling_transforms()
             graphs = [t for t in given if th.is_thunders_cudagraph_transform(t) and t not in self._recommended]
-            if joined or pruned or graphs:  # recorded with the forward trace this computation trace becomes
+            made: list[Decision] = []
+            if joined or pruned or graphs or failed:  # recorded with the forward trace this computation trace becomes
                 function = th.compile_function_name()
                 where = replace(self._where("forward"), compile_index=self._compiles.get(function, 0) + 1)
-                for decision in copies_joined_decisions(where, joined, applied=not options.report_only):
-                    self.report.add(decision)
-                for decision in alias_update_decisions(where, pruned, applied=not options.report_only):
-                    self.report.add(decision)
+                made += copies_joined_decisions(where, joined, applied=not options.report_only)
+                made += alias_update_decisions(where, pruned, applied=not options.report_only)
+                made += [pass_failed_decision(where, name, error) for name, error in failed]
                 for transform in graphs:
                     self._recommended.add(transform)
-                    self.report.add(recommend_decision(where, type(transform).__name__))
+                    made.append(recommend_decision(where, type(transform).__name__))
+            for decision in made:
+                self.report.add(decision)
             if not options.report_only:
                 computation_trc = pruned_trace
+        self._announce(made)
         return prologue_trc, computation_trc, epilogue_trc
 
     def transform_trace_post_optimization(self, computation_trace: th.TraceCtx, **kwargs: Any) -> th.TraceCtx:
@@ -186,15 +209,19 @@ class FusionGuard(thunder.Transform):
                     self.measurer.flush()
                     self.report.measuring = self.measurer.to_dict()
             made = self.report.decisions[seen:]
+        self._announce(made)
+        if self.options.compare_ranks:  # a collective: outside the lock
+            self._rank_problems(compare_ranks(made))
+        return new_trace
+
+    def _announce(self, made: list[Decision]) -> None:
+        """Warn once for each decision of a code that warns (``reasons.WARNED``: a pass or rewrite that failed)."""
         for decision in made:
             if decision.code in WARNED:
                 said = f"{decision.reason}: {decision.error.splitlines()[0]}" if decision.error else decision.reason
                 if said not in self._warned:
                     self._warned.add(said)
-                    warnings.warn(f"FusionGuard: {decision.trace} trace: {said}", RuntimeWarning, stacklevel=2)
-        if self.options.compare_ranks:  # a collective: outside the lock
-            self._rank_problems(compare_ranks(made))
-        return new_trace
+                    warnings.warn(f"FusionGuard: {decision.trace} trace: {said}", RuntimeWarning, stacklevel=3)
 
     def _where(self, trace: str) -> TraceContext:
         """Where the trace Thunder compiles now comes from: function, compiled program, subgraph, rank."""

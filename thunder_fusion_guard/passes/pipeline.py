@@ -217,5 +217,11 @@ def _pass_failed(step: Pass, e: Exception, context: PassContext) -> Decision:
         error = CommunicationChanged if moved else FusionGuardError
         what = "would change the communication of" if moved else "failed on"
         raise error(f"{step.name} {what} the {where.trace} trace: {e}") from e
-    facts = {"step": step.name, "moved": moved}
+    return pass_failed_decision(where, step.name, e)
+
+
+def pass_failed_decision(where: TraceContext, step: str, e: Exception) -> Decision:
+    """The decision recording that pass ``step`` failed with ``e`` (or would have moved communication ops) and
+    left the trace as it was."""
+    facts = {"step": step, "moved": isinstance(e, CommunicationChanged)}
     return op_decision(where, "-", "-", [], "keep", "pass_failed", facts, error=f"{type(e).__name__}: {e}")
