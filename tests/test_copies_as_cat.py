@@ -186,3 +186,21 @@ def test_a_failing_pass_keeps_the_trace_warns_and_strict_raises(monkeypatch) -> 
     assert failed.facts == {"step": "copies_as_cat", "moved": False} and not joined(guard)
     with pytest.raises(FusionGuardError, match="copies_as_cat failed"):
         run(jit(gapped, FusionGuard(strict=True)), x)
+
+
+def source_written_between(x: torch.Tensor) -> torch.Tensor:
+    y = x * 1
+    out = x.new_zeros(x.shape[0], 18)
+    out.narrow(1, 0, 9).copy_(y)
+    y.add_(1)  # after its copy: cat at the last copy would read the new values
+    out.narrow(1, 9, 9).copy_(x)
+    return out.sum(1)
+
+
+def test_a_source_written_between_the_copies_is_left_as_it_was() -> None:
+    x = inputs(torch.float32)
+    want = run(jit(source_written_between), x)
+    guard = FusionGuard()
+    got = run(jit(source_written_between, guard), x)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)) and not joined(guard)
+    assert torch.equal(got[0], source_written_between(x))  # the value copied before the write

@@ -194,6 +194,10 @@ def _follow(bsyms: list[th.BoundSymbol], start: int, zeros: th.TensorProxy) -> _
     # Every view no copy writes is read as part of the concatenation: none may be made before the last copy.
     if any(family.view_ops[k] < family.last_copy for k in range(len(family.views)) if k not in family.written):
         return None
+    # cat reads each source at the last copy: no other write may come between the first copy and it.
+    copies = {i for i, _ in family.written.values()}
+    if any(writes_inputs(bsyms[i]) for i in range(min(copies), family.last_copy) if i not in copies):
+        return None
     return family
 
 
