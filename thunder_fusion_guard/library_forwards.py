@@ -17,17 +17,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = [
-    "ExtractPlan",
-    "ReplacedForward",
-    "extract_plan",
-    "extract_spans",
-    "restore_extract",
-    "write_extract_out_of_place",
-]
-
-# For each output of an Extract: whether it is its whole input, its size, and the input's spans it concatenates.
-ExtractPlan = tuple[tuple[bool, int, tuple[tuple[int, int], ...]], ...]
+__all__ = ["ReplacedForward", "extract_plan", "restore_extract", "write_extract_out_of_place"]
 
 
 class ReplacedForward(NamedTuple):
@@ -90,20 +80,15 @@ def _extract_out_of_place(self: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...
 
 
 @torch.compiler.disable  # Dynamo cannot guard on e3nn's Irreps; made with the module, or here outside any tracing
-def extract_plan(module: Any) -> ExtractPlan:
-    """:func:`extract_spans` of an ``Extract``, kept on the module. (Thunder's interpreter must run it as Python
-    does: tracing it, it trips on e3nn's Irrep, whose len() raises.)"""
-    module.__dict__["_tfg_extract_plan"] = extract_spans(module)
-    return module.__dict__["_tfg_extract_plan"]
-
-
-def extract_spans(module: Any) -> ExtractPlan:
+def extract_plan(module: Any) -> tuple[tuple[bool, int, tuple[tuple[int, int], ...]], ...]:
     """For each output of an ``Extract``: whether it is its whole input, its size, and the input's spans it
-    concatenates (read from its irreps; the module is not changed)."""
+    concatenates; kept on the module. (Thunder's interpreter must run it as Python does: tracing it, it trips on
+    e3nn's Irrep, whose len() raises.)"""
     irreps_in = module.irreps_in
     plan = []
     for irreps_out, ins in zip(module.irreps_outs, module.instructions, strict=True):
         whole = tuple(ins) == tuple(range(len(irreps_in)))
         spans = tuple((irreps_in[:i].dim, irreps_in[:i].dim + irreps_in[i].dim) for i in ins)
         plan.append((whole, irreps_out.dim, spans))
-    return tuple(plan)
+    module.__dict__["_tfg_extract_plan"] = tuple(plan)
+    return module.__dict__["_tfg_extract_plan"]
