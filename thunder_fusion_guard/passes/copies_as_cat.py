@@ -47,8 +47,7 @@ class _Family:
     views: list[th.Span] = field(default_factory=list)
     view_ops: list[int] = field(default_factory=list)
     written: dict[int, tuple[int, th.TensorProxy]] = field(default_factory=dict)  # view -> (copy's index, source)
-    updates: list[int] = field(default_factory=list)  # its alias updates
-    _updates: dict[int, tuple[tuple, tuple]] = field(default_factory=dict)  # each one's tensors and new names
+    updates: dict[int, tuple[tuple, tuple]] = field(default_factory=dict)  # its alias updates: tensors, new names
     first_read: int | None = None  # the first op reading the tensor or a view no copy writes
 
     def name(self, proxy: th.TensorProxy, role: int, at: int) -> None:
@@ -77,10 +76,9 @@ class _Family:
             n: result for n, r in self.roles.items() if r == _BASE and self.defined[n] < self.first
         }
         kept: dict[int, list[int]] = {}
-        for i in self.updates:
+        for i, (aliases, outs) in self.updates.items():
             if i < self.first:
                 continue
-            aliases, outs = self._updates[i]
             kept[i] = [j for j, a in enumerate(aliases) if a.name not in self.roles]
             for a, o in zip(aliases, outs, strict=True):
                 if a.name in self.roles:
@@ -158,8 +156,7 @@ def _follow(bsyms: list[th.BoundSymbol], start: int, zeros: th.TensorProxy) -> _
             for alias, out in zip(aliases, bsym.output, strict=True):
                 if alias.name in family.roles:
                     family.name(out, family.roles[alias.name], i)
-            family.updates.append(i)
-            family._updates[i] = (tuple(aliases), tuple(bsym.output))
+            family.updates[i] = (tuple(aliases), tuple(bsym.output))
             continue
         if shared.intersection(names) and writes_inputs(bsym):
             return None  # after the first read, a write into memory the tensor may share
