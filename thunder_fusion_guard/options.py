@@ -341,7 +341,8 @@ class GuardOptions:
     rescue: bool = _option(
         True,
         _bool,
-        "run a region or ThunderFX subgraph that fails to compile or run another way (torch ops, Inductor), recorded",
+        "run a region or ThunderFX subgraph that fails to compile or run another way (torch ops, Inductor); before "
+        "Thunder differentiates, mend what its gradient would lose or fail on; recorded",
     )
 
     def __post_init__(self) -> None:

@@ -68,6 +68,9 @@ ReasonCode = Literal[
     "subgraph_rescued",
     # copies into slices of a new zero tensor joined by cat before Thunder differentiates them (copies_as_cat)
     "copies_joined",
+    # a library op Thunder registered automatically given a gradient of Thunder's ops, where torch.compile would
+    # run its automatic one (traceable_grads)
+    "gradient_traced",
     # a Dynamo graph unguarded Thunder fails on, run whole by Inductor or kept split after a timing (whole_graph)
     "whole_graph",
     "whole_graph_kept",
@@ -742,6 +745,15 @@ def _copies_joined(f: Facts) -> tuple[str, str | None]:
     )
 
 
+def _gradient_traced(f: Facts) -> tuple[str, str | None]:
+    return f"{f['name']}: its gradient by Thunder's ops: torch.compile cannot trace {f['name']}_vjp", (
+        f"Thunder registered {f['name']} automatically ({plural(f['count'], 'call')}); its gradient "
+        f"({f['name']}_vjp) reruns the op under torch.autograd.functional.vjp, which Dynamo cannot trace, so the "
+        "torch.compile region holding it fails in backward. The same torch call runs forward (the same values); "
+        "the gradient is computed by Thunder's ops, fused with the rest (eager's values to rounding)"
+    )
+
+
 def _grad_update_rescued(f: Facts) -> tuple[str, str | None]:
     values = ", ".join(f["values"])
     return f"Thunder would update {values} outside autograd: gradients through it lost", (
@@ -1012,6 +1024,7 @@ _WORDS: dict[ReasonCode, Callable[[Facts], tuple[str, str | None]]] = {
     "fake_inputs": _fake_inputs,
     "subgraph_rescued": _subgraph_rescued,
     "copies_joined": _copies_joined,
+    "gradient_traced": _gradient_traced,
     "whole_graph": _whole_graph,
     "whole_graph_kept": _whole_graph,
     "captured": _captured,

@@ -46,6 +46,7 @@ from .passes.copies_as_cat import copies_joined_decisions, join_copies
 from .passes.hoist import HoistLedger
 from .passes.pipeline import pass_failed_decision
 from .passes.rescue import announce, describe_inputs
+from .passes.traceable_grads import gradients_traced_decisions, trace_gradients
 from .phases import GUARD_MEASUREMENTS, GUARD_PASSES, timing
 from .policy import ModelDoubt
 from .reasons import WARNED, Doubt
@@ -142,11 +143,13 @@ class FusionGuard(thunder.Transform):
         self, prologue_trc: th.TraceCtx, computation_trc: th.TraceCtx, epilogue_trc: th.TraceCtx | None, **kwargs: Any
     ) -> tuple[th.TraceCtx, th.TraceCtx, th.TraceCtx | None]:
         """Before Thunder differentiates and optimizes: copies into slices of new zero tensors computed by ``cat``
-        (:mod:`.passes.copies_as_cat`: Thunder would lose their gradient; strict mode raises instead), then alias
-        updates nothing reads pruned from the computation trace
-        (:mod:`.passes.alias_updates`: Thunder's backward would read gradients it never defines), recorded with
-        the forward's decisions; and, once for each of Thunder's own ``CUDAGraphTransform`` given beside the guard,
-        a decision recommending :class:`~.cuda_graphs.GuardedCUDAGraphs` (the transforms are left as given)."""
+        (:mod:`.passes.copies_as_cat`: Thunder would lose their gradient; strict mode raises instead), library ops
+        whose automatic gradient torch.compile cannot run given gradients of Thunder's ops
+        (:mod:`.passes.traceable_grads`; strict mode raises instead), then alias updates nothing reads pruned from
+        the computation trace (:mod:`.passes.alias_updates`: Thunder's backward would read gradients it never
+        defines), recorded with the forward's decisions; and, once for each of Thunder's own
+        ``CUDAGraphTransform`` given beside the guard, a decision recommending
+        :class:`~.cuda_graphs.GuardedCUDAGraphs` (the transforms are left as given)."""
         options = self.options
         failed: list[tuple[str, Exception]] = []  # a pass that fails keeps the trace as it was, recorded
         joined_trace, joined = _pre_grad("copies_as_cat", join_copies, computation_trc, options, failed)
@@ -156,16 +159,27 @@ class FusionGuard(thunder.Transform):
                 f"Thunder {th.software_versions()['thunder']} would lose the gradient of copies into slices of new "
                 f"zero tensors without an error: {lines} (strict: not computed by cat)"
             )
+        executors = [name for name, _ in th.compiling_executors()]
+        traced_trace, traced = _pre_grad(
+            "traceable_grads", lambda t: trace_gradients(t, executors), joined_trace, options, failed
+        )
+        if traced and options.strict:
+            ops = ", ".join(f"{t.op} ({t.source or 'no source line'})" for t in traced)
+            raise FusionGuardError(
+                f"Thunder {th.software_versions()['thunder']}'s automatic gradients of {ops} fail in a torch.compile "
+                "region (strict: not given gradients of Thunder's ops)"
+            )
         th.compilation_begins()  # the backward's lines, until this compilation's forward trace is optimized
-        pruned_trace, pruned = _pre_grad("alias_updates", prune_alias_updates, joined_trace, options, failed)
+        pruned_trace, pruned = _pre_grad("alias_updates", prune_alias_updates, traced_trace, options, failed)
         with self._lock:
             given = th.compiling_transforms()
             graphs = [t for t in given if th.is_thunders_cudagraph_transform(t) and t not in self._recommended]
             made: list[Decision] = []
-            if joined or pruned or graphs or failed:  # recorded with the forward trace this computation trace becomes
+            if joined or traced or pruned or graphs or failed:  # recorded with the forward trace this becomes
                 function = th.compile_function_name()
                 where = replace(self._where("forward"), compile_index=self._compiles.get(function, 0) + 1)
                 made += copies_joined_decisions(where, joined, applied=not options.report_only)
+                made += gradients_traced_decisions(where, traced, applied=not options.report_only)
                 made += alias_update_decisions(where, pruned, applied=not options.report_only)
                 made += [pass_failed_decision(where, name, error) for name, error in failed]
                 for transform in graphs:

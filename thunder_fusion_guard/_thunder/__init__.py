@@ -16,6 +16,7 @@ functions here, one module a job, so that a new release means reading and fixing
 - :mod:`.thunderfx`: what ThunderFX made (split subgraphs, the ops kept out of Thunder and why);
 - :mod:`.dynamo_breaks`: Dynamo's graph breaks under ThunderFX, with Dynamo's reason and the user's line;
 - :mod:`.translations`: library ops Thunder only registered automatically, translated into its own ops;
+- :mod:`.traceable_grads`: such ops rebound to operators calling the same torch function, their gradients Thunder's ops;
 - :mod:`.cudagraphs`: Thunder's ``CUDAGraphTransform``: the capture sharing buffers (``GuardedCUDAGraphs``' base),
   a capture for the traces its own checks refuse;
 - :mod:`.graph_calls`: calling a captured graph (inputs copied in one batch, writes copied back, warm-up apart);
@@ -221,6 +222,10 @@ from .timestamps import (
     dynamo_seconds,
     thunder_times,
 )
+from .traceable_grads import (
+    rebound_traceable,
+    traceable_op,
+)
 from .traces import (
     BoundSymbol,
     Proxy,
@@ -410,6 +415,7 @@ __all__ = [
     "proxy_device",
     "proxy_names",
     "python_callable_from_symbols",
+    "rebound_traceable",
     "rebuild_fusion",
     "recompile_reasons",
     "record_backward_frames",
@@ -453,6 +459,7 @@ __all__ = [
     "torch_executor",
     "trace_inputs",
     "trace_requires_grad",
+    "traceable_op",
     "traces_before_guard",
     "transform_classes",
     "translate_library_ops",
