@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from thunder import torch as ltorch
 from thunder.core import dtypes, prims
 from thunder.core.proxies import IntegerProxy, TensorProxy
@@ -24,7 +25,7 @@ from thunder.core.transforms import get_grad, put_grad, put_grads, register_grad
 
 from .executors import guard_executor, torch_executor
 
-__all__ = ["rebound_traceable", "traceable_op"]
+__all__ = ["rebound_traceable", "static_int", "tensordot_dims", "traceable_op"]
 
 _OPS: dict[str, Any] = {}  # Thunder's symbol id -> this package's operator
 
@@ -77,7 +78,10 @@ def _forward_then(op: Any, grad: Callable) -> Callable:
     return rule
 
 
-def _static_int(value: Any) -> int | None:
+def static_int(value: Any) -> int | None:
+    """``value`` as an int, where it is one or a proxy Thunder holds fixed (ThunderFX checks ops with such proxies;
+    under the "symbolic values" cache, an int the program branched on), else None: then the op runs as Thunder
+    registered it, for a proxy whose value may change would be built into the trace unchecked."""
     if isinstance(value, IntegerProxy):
         value = value.value if value.is_static_constrained() else None
     return value if isinstance(value, int) and not isinstance(value, bool) else None
@@ -87,20 +91,22 @@ def _static_shape(*tensors: Any) -> bool:
     return all(isinstance(t, TensorProxy) and all(isinstance(n, int) for n in t.shape) for t in tensors)
 
 
-def _contracted(a: Any, b: Any, dims: Any = 2, out: Any = None) -> tuple[list[int], list[int]] | None:
+def tensordot_dims(a: Any, b: Any, dims: Any = 2, out: Any = None) -> tuple[list[int], list[int]] | None:
     """The dims of ``a`` and ``b`` that ``tensordot`` contracts (torch's reading of ``dims``), where each pair has
     one size (torch sums a dim of size 1 against a longer one first) and nothing is symbolic; else None."""
     if out is not None or not _static_shape(a, b):
         return None
     if isinstance(dims, (int, IntegerProxy)):
-        count = _static_int(dims)
+        count = static_int(dims)
         if count is None or not 0 <= count <= min(a.ndim, b.ndim):
             return None
         da, db = list(range(a.ndim - count, a.ndim)), list(range(count))
     else:
+        if isinstance(dims, torch.Tensor):
+            dims = dims.tolist()
         if not isinstance(dims, (list, tuple)) or len(dims) != 2:
             return None
-        sides = [[_static_int(d) for d in (s if isinstance(s, (list, tuple)) else [s])] for s in dims]
+        sides = [[static_int(d) for d in (s if isinstance(s, (list, tuple)) else [s])] for s in dims]
         if any(d is None for s in sides for d in s) or len(sides[0]) != len(sides[1]):
             return None
         if any(not -t.ndim <= d < t.ndim for t, s in zip((a, b), sides, strict=True) for d in s):
@@ -122,7 +128,7 @@ def _inverse(order: list[int]) -> list[int]:
 
 def _tensordot_grad(g: TensorProxy, a: TensorProxy, b: TensorProxy, dims: Any = 2, out: Any = None) -> None:
     """Each side's gradient: a matmul of the other side laid out as tensordot lays it out."""
-    da, db = _contracted(a, b, dims, out)
+    da, db = tensordot_dims(a, b, dims, out)
     order_a = [i for i in range(a.ndim) if i not in da] + da
     order_b = db + [j for j in range(b.ndim) if j not in db]
     k = math.prod(a.shape[i] for i in da)
@@ -137,7 +143,7 @@ def _tensordot_grad(g: TensorProxy, a: TensorProxy, b: TensorProxy, dims: Any = 
 def _narrowed(a: Any, dim: Any, start: Any, length: Any) -> tuple[int, int, int] | None:
     """``(dim, start, length)`` of a narrow of ``a`` as torch reads them (negatives from the end), where all are
     static and in range; else None (then Thunder's registration runs it, and raises what torch raises)."""
-    ints = [_static_int(v) for v in (dim, start, length)]
+    ints = [static_int(v) for v in (dim, start, length)]
     if not _static_shape(a) or None in ints or a.ndim == 0 or not -a.ndim <= ints[0] < a.ndim:
         return None
     d, s, n = ints
@@ -181,7 +187,7 @@ def _new_zeros_grad(g: TensorProxy, *args: Any, **kwargs: Any) -> None:
 
 # Thunder's id of each op -> (whether this call's arguments have a gradient here, the gradient).
 _GRADS: dict[str, tuple[Callable[..., bool], Callable[..., None]]] = {
-    "torch.tensordot": (lambda *a, **k: _contracted(*a, **k) is not None, _tensordot_grad),
+    "torch.tensordot": (lambda *a, **k: tensordot_dims(*a, **k) is not None, _tensordot_grad),
     "torch.narrow": (lambda *a, **k: not k and _narrowed(*a) is not None, _narrow_grad),
     "torch.spmm": (_is_matrix_pair, _mm_grad),
     "torch.sinc": (_is_one_tensor, _sinc_grad),

@@ -26,12 +26,13 @@ import torch
 from thunder import clang
 from thunder import torch as ltorch
 from thunder.core import prims
-from thunder.core.proxies import IntegerProxy, TensorProxy
+from thunder.core.proxies import TensorProxy
 from thunder.core.transforms import _grad_fn_map, get_grad, put_grad, put_grads, register_grad
 from thunder.torch import _syms_returning_views, _torch_to_thunder_function_map, torchsymbol
 
 from .. import shims
 from ..library_forwards import extract_plan, restore_extract, write_extract_out_of_place
+from .traceable_grads import static_int, tensordot_dims
 
 # thunder.torch.langctx, the module (thunder.torch exports a function of that name over it).
 _torch_langctx = import_module("thunder.torch.langctx")
@@ -117,7 +118,7 @@ def _make_symbols(old: dict[Any, Any]) -> _Symbols:
 
     @torchsymbol(torch.narrow, is_method=True, id="thunder_fusion_guard.narrow")
     def narrow(a: TensorProxy, dim: int, start: Any, length: int) -> TensorProxy:
-        ints = [_static_int(v) for v in (dim, start, length)]
+        ints = [static_int(v) for v in (dim, start, length)]
         if None in ints:  # a tensor start, a dynamic int: as Thunder registered it
             return old[torch.narrow](a, dim, start, length)
         dim, start = _narrow_dim_and_start(a, *ints)
@@ -125,7 +126,7 @@ def _make_symbols(old: dict[Any, Any]) -> _Symbols:
 
     @torchsymbol(torch.tensordot, id="thunder_fusion_guard.tensordot")
     def tensordot(a: TensorProxy, b: TensorProxy, dims: Any = 2, out: Any = None) -> TensorProxy:
-        contracted = None if out is not None else _contracted(a.ndim, b.ndim, dims)
+        contracted = tensordot_dims(a, b, dims, out)
         if contracted is None:
             return old[torch.tensordot](a, b, dims, out=out)
         da, db = contracted
@@ -194,19 +195,10 @@ def _l2_dims(a: TensorProxy, p: Any, dim: Any, out: Any, dtype: Any) -> tuple[in
         return None
     if dim is None:
         return tuple(range(a.ndim))
-    dims = [_static_int(d) for d in (dim if isinstance(dim, (list, tuple)) else [dim])]
+    dims = [static_int(d) for d in (dim if isinstance(dim, (list, tuple)) else [dim])]
     if None in dims or (p == "fro" and len(dims) > 2):
         return None
     return tuple(sorted(d % max(a.ndim, 1) for d in dims))
-
-
-def _static_int(value: Any) -> int | None:
-    """``value`` as an int, where it is one or a proxy Thunder holds fixed (ThunderFX checks ops with such proxies;
-    under the "symbolic values" cache, an int the program branched on), else None: then the op runs as Thunder
-    registered it, for a proxy whose value may change would be built into the trace unchecked."""
-    if isinstance(value, IntegerProxy):
-        value = value.value if value.is_static_constrained() else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _l2_norm(a: TensorProxy, dims: tuple[int, ...], keepdim: bool) -> TensorProxy:
@@ -226,20 +218,6 @@ def _l2_norm_grad(a: TensorProxy, dims: tuple[int, ...], keepdim: bool) -> Tenso
     scale = ltorch.where(n == 0, 0, g / n)
     put_grad(a, ltorch.to(a * scale, a.dtype))
     return fwd
-
-
-def _contracted(a_ndim: int, b_ndim: int, dims: Any) -> tuple[list[int], list[int]] | None:
-    """The dimensions of ``a`` and ``b`` that ``tensordot`` contracts, as torch reads ``dims``; None where one is no
-    static int (then it runs as Thunder registered it)."""
-    if isinstance(dims, (int, IntegerProxy)):
-        count = _static_int(dims)
-        return None if count is None else (list(range(a_ndim - count, a_ndim)), list(range(count)))
-    if isinstance(dims, torch.Tensor):
-        dims = dims.tolist()
-    da, db = ([_static_int(d) for d in (side if isinstance(side, (list, tuple)) else [side])] for side in dims)
-    if None in da or None in db:
-        return None
-    return [d % a_ndim for d in da], [d % b_ndim for d in db]
 
 
 def _index_add_grad(a: TensorProxy, /, index: TensorProxy, value: TensorProxy, dim: int) -> TensorProxy:

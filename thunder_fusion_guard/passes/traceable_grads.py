@@ -49,13 +49,17 @@ def trace_gradients(trace: th.TraceCtx, executors: list[str]) -> tuple[th.TraceC
 
 def gradients_traced_decisions(where: TraceContext, traced: list[GradientsTraced], applied: bool) -> list[Decision]:
     """One decision (action ``rescue``) for each op given a gradient of Thunder's ops."""
-    made = []
-    for t in traced:
-        details = Details(op=t.op, calls=t.count)
-        if t.source:
-            details["source"] = t.source
-        facts = {"name": t.op, "count": t.count}
-        made.append(
-            op_decision(where, t.op, "torch", [t.op], "rescue", "gradient_traced", facts, details, applied=applied)
+    return [
+        op_decision(
+            where,
+            t.op,
+            "torch",
+            [t.op],
+            "rescue",
+            "gradient_traced",
+            {"name": t.op, "count": t.count},
+            Details(source=t.source) if t.source else None,
+            applied=applied,
         )
-    return made
+        for t in traced
+    ]
