@@ -244,6 +244,12 @@ class Runtime(_Group):
         "under ThunderFX, a Dynamo graph unguarded Thunder fails on (checked) runs whole by Inductor where that is "
         "timed faster than its split",
     )
+    exact_vjps: bool = _option(
+        True,
+        _bool,
+        "Thunder's automatic gradients (`tensordot_vjp`, ...) on its torch executor run without their forward again: "
+        "autograd's own ops, recorded per argument layout, each recording's first result checked bit for bit",
+    )
     hoist_max_bytes: int = _option(
         DEFAULT_HOIST_MAX_BYTES,
         _byte_count,

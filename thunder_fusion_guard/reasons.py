@@ -71,6 +71,10 @@ ReasonCode = Literal[
     # a library op Thunder registered automatically given a gradient of Thunder's ops, where torch.compile would
     # run its automatic one (traceable_grads)
     "gradient_traced",
+    # an automatic gradient on Thunder's torch executor called without its forward, or a layout left to Thunder's
+    # call (exact_vjps)
+    "vjp_forward_removed",
+    "vjp_forward_kept",
     # a Dynamo graph unguarded Thunder fails on, run whole by Inductor or kept split after a timing (whole_graph)
     "whole_graph",
     "whole_graph_kept",
@@ -754,6 +758,19 @@ def _gradient_traced(f: Facts) -> tuple[str, str | None]:
     )
 
 
+def _vjp_forward_removed(f: Facts) -> tuple[str, str | None]:
+    return f"{f['name']} without its forward: autograd's ops for it, checked bit for bit", (
+        f"Thunder computes {f['name']} ({plural(f['count'], 'call')}) by torch.autograd.functional.vjp, which runs "
+        "the op forward again before autograd's engine. Called instead: the ops autograd runs for that gradient, "
+        "recorded once per argument layout without the forward nothing returned reads; each recording's first "
+        "result is checked bit for bit against Thunder's call"
+    )
+
+
+def _vjp_forward_kept(f: Facts) -> tuple[str, str | None]:
+    return f"{f['name']}: Thunder's call kept for a layout: {f['reason']}", None
+
+
 def _grad_update_rescued(f: Facts) -> tuple[str, str | None]:
     values = ", ".join(f["values"])
     return f"Thunder would update {values} outside autograd: gradients through it lost", (
@@ -1025,6 +1042,8 @@ _WORDS: dict[ReasonCode, Callable[[Facts], tuple[str, str | None]]] = {
     "subgraph_rescued": _subgraph_rescued,
     "copies_joined": _copies_joined,
     "gradient_traced": _gradient_traced,
+    "vjp_forward_removed": _vjp_forward_removed,
+    "vjp_forward_kept": _vjp_forward_kept,
     "whole_graph": _whole_graph,
     "whole_graph_kept": _whole_graph,
     "captured": _captured,

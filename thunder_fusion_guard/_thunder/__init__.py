@@ -16,6 +16,7 @@ functions here, one module a job, so that a new release means reading and fixing
 - :mod:`.thunderfx`: what ThunderFX made (split subgraphs, the ops kept out of Thunder and why);
 - :mod:`.dynamo_breaks`: Dynamo's graph breaks under ThunderFX, with Dynamo's reason and the user's line;
 - :mod:`.translations`: library ops Thunder only registered automatically, translated into its own ops;
+- :mod:`.exact_vjps`: Thunder's automatic gradients run without their forward, checked bit for bit;
 - :mod:`.traceable_grads`: such ops rebound to operators calling the same torch function, their gradients Thunder's ops;
 - :mod:`.cudagraphs`: Thunder's ``CUDAGraphTransform``: the capture sharing buffers (``GuardedCUDAGraphs``' base),
   a capture for the traces its own checks refuse;
@@ -86,6 +87,10 @@ from .dynamo_breaks import (
 from .entry import (
     DirectEntry,
     direct_entry,
+)
+from .exact_vjps import (
+    ExactVjp,
+    automatic_vjp_of,
 )
 from .executors import (
     ALTERNATIVE_FUSERS,
@@ -292,6 +297,7 @@ __all__ = [
     "ContiguousWrites",
     "DirectEntry",
     "DirectNvFuserCall",
+    "ExactVjp",
     "FailedRegion",
     "FusionExecutor",
     "FxSplitOp",
@@ -313,6 +319,7 @@ __all__ = [
     "alias_update_keeping",
     "alternative_fuser",
     "applied_in_scope",
+    "automatic_vjp_of",
     "call_targets",
     "calls_with_user_lines",
     "canonical_ops",

@@ -28,6 +28,7 @@ from .context import (
 from .decide import region_pass
 from .dels import dels_pass
 from .direct_calls import DIRECT, direct_call_pass
+from .exact_vjps import exact_vjp_pass
 from .fold import fold_pass
 from .hoist import HoistLedger
 from .hoist_pass import hoist_pass
@@ -78,6 +79,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("hoist_pass", "hoist", hoist_pass),
     Pass("dels_pass", None, dels_pass, report_only=False),
     Pass("direct_call_pass", "runtime.direct_calls", direct_call_pass, report_only=False),
+    Pass("exact_vjp_pass", "runtime.exact_vjps", exact_vjp_pass, report_only=False),
     Pass("rescue_pass", "rescue", rescue_pass, report_only=False),
 )
 
