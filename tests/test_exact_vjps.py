@@ -89,7 +89,7 @@ def test_a_layout_whose_recording_differs_runs_thunders_call(monkeypatch):
     got = step(thunder.jit(lambda x, w: torch.mm(x, w).sum(), transforms=[guard]), x, w, steps=3)
     assert bitwise(got, step(thunder.jit(lambda x, w: torch.mm(x, w).sum()), x, w))
     kept = guard.report.filter(code="vjp_forward_kept")
-    assert [d.facts["name"] for d in kept] == ["spmm_vjp"] and "differs" in kept[0].facts["reason"]
+    assert [d.facts["name"] for d in kept] == ["spmm_vjp"] and "differs" in kept[0].facts["error"]
 
 
 def test_inside_a_torch_compile_region_nothing_changes():

@@ -768,7 +768,7 @@ def _vjp_forward_removed(f: Facts) -> tuple[str, str | None]:
 
 
 def _vjp_forward_kept(f: Facts) -> tuple[str, str | None]:
-    return f"{f['name']}: Thunder's call kept for a layout: {f['reason']}", None
+    return f"{f['name']}: Thunder's call kept for a layout: {f['error']}", None
 
 
 def _grad_update_rescued(f: Facts) -> tuple[str, str | None]:

@@ -37,7 +37,7 @@ def exact_vjp_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCt
 
         def on_first(why: str | None, name: str = name) -> None:
             if why is not None and record is not None:
-                facts = {"name": name, "reason": why}
+                facts = {"name": name, "error": why}
                 record(op_decision(where, name, "torch", [name], "keep", "vjp_forward_kept", facts))
 
         bsyms.append(th.with_call(bsym, th.ExactVjp(torchfn, on_first)))
