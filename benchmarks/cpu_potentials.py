@@ -7,6 +7,7 @@
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py mace --atoms 30 --choose --whole-graphs --json out.json
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py mace --atoms 30 --translate --phases --json out.json
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py nequip --subgraphs-untimed --json out.json  # timing's gain
+    OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py nequip --jit --default-executors --without-exact-vjps --json x
 
 Each run adds its paths to ``--json`` (``{"commit", "models": {model: {path: {"ms", "first_call_s",
 "max_abs_force_diff", ...}}}}``; the commit from ``TFG_COMMIT`` or git). ``--choose``: then ``choose_backends`` and
@@ -32,7 +33,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from thunder_fusion_guard import FusionGuard, choose_backends, fusion_executors, translate_library_ops  # noqa: E402
+from thunder_fusion_guard import (  # noqa: E402
+    FusionGuard,
+    Runtime,
+    choose_backends,
+    fusion_executors,
+    translate_library_ops,
+)
 from thunder_fusion_guard.bench.zoo_potentials import mace_potential, nequip_potential  # noqa: E402
 from thunder_fusion_guard.examine.first_call import first_call  # noqa: E402
 from thunder_fusion_guard.measure.timing import interleaved_rounds  # noqa: E402
@@ -50,6 +57,16 @@ def main() -> int:
     p.add_argument("model", choices=["nequip", "mace"])
     p.add_argument("--atoms", type=int, default=100)
     p.add_argument("--jit", action="store_true", help="thunder.jit instead of ThunderFX")
+    p.add_argument(
+        "--default-executors",
+        action="store_true",
+        help="Thunder's default executors (no fusion on CPU) instead of torch.compile's",
+    )
+    p.add_argument(
+        "--without-exact-vjps",
+        action="store_true",
+        help="also the guard with runtime.exact_vjps=False, in the same rounds (its forces compared bit for bit)",
+    )
     p.add_argument("--translate", action="store_true", help="translate_library_ops() first")
     p.add_argument("--choose", action="store_true", help="choose_backends after the first call")
     p.add_argument("--whole-graphs", action="store_true", help="with --choose: choose_backends(whole_graphs=True)")
@@ -70,14 +87,19 @@ def main() -> int:
     built = (nequip_potential if args.model == "nequip" else mace_potential)("cpu", atoms=args.atoms)
     model, (positions, *graph) = built.module, built.inputs
     guard = FusionGuard()
-    if args.jit:
-        import thunder
+    executors = None if args.default_executors else fusion_executors("cpu")
 
-        guarded = thunder.jit(model, executors=fusion_executors("cpu"), transforms=[guard])
-    else:
+    def compiled(with_guard: FusionGuard):
+        if args.jit:
+            import thunder
+
+            return thunder.jit(model, executors=executors, transforms=[with_guard])
         from thunder.dynamo import thunderfx
 
-        guarded = thunderfx(model, executors=fusion_executors("cpu"), transforms=[guard])
+        return thunderfx(model, executors=executors, transforms=[with_guard])
+
+    guarded = compiled(guard)
+    unexact = compiled(FusionGuard(runtime=Runtime(exact_vjps=False))) if args.without_exact_vjps else None
 
     def step(fn):
         energy = fn(positions, *graph)
@@ -94,6 +116,8 @@ def main() -> int:
     want = step(model)
     rows = {}
     inductor = None
+    if unexact is not None:
+        step(unexact)  # its first call, untimed
     if args.inductor:  # compiled after the guarded first call (Dynamo's caches kept: ThunderFX's graphs are in them)
         inductor = torch.compile(model)
         began = time.perf_counter()
@@ -105,6 +129,8 @@ def main() -> int:
         paths = {"eager": lambda: step(model), "guarded": lambda: step(guarded)}
         if inductor is not None:
             paths["inductor"] = lambda: step(inductor)
+        if unexact is not None:
+            paths["without exact_vjps"] = lambda: step(unexact)
         rounds = interleaved_rounds(paths, args.rounds)
         ms = {name: statistics.median(t) * 1e3 for name, t in rounds.samples.items()}
         if inductor is not None:
@@ -119,6 +145,17 @@ def main() -> int:
                 "atoms": args.atoms,
             }
             print(f"{args.model} inductor: {json.dumps(rows['inductor'])}", flush=True)
+        if unexact is not None:
+            theirs = step(unexact)
+            rows[path + " without exact_vjps"] = {
+                "ms": round(ms["without exact_vjps"], 2),
+                "eager_ms": round(ms["eager"], 2),
+                "x_eager": round(ms["without exact_vjps"] / ms["eager"], 3),
+                "bitwise_equal_to_guarded": bool(torch.equal(theirs[0], got[0]) and torch.equal(theirs[1], got[1])),
+                "rounds": args.rounds,
+                "atoms": args.atoms,
+            }
+            print(f"{args.model} without exact_vjps: {json.dumps(rows[path + ' without exact_vjps'])}", flush=True)
         rows[path] = {
             "ms": round(ms["guarded"], 2),
             "eager_ms": round(ms["eager"], 2),
@@ -136,6 +173,7 @@ def main() -> int:
         print(f"{args.model} {path}: {json.dumps(rows[path])}", flush=True)
 
     path = ("jit" if args.jit else "fx") + "-guarded" + ("+translated" if args.translate else "")
+    path += ", Thunder's default executors" if args.default_executors else ""
     if args.subgraphs_untimed:  # the same guard, but a fused subgraph never runs eagerly: what that timing gains
         from thunder.dynamo import thunderfx
 
