@@ -25,7 +25,7 @@ from thunder.core.transforms import get_grad, put_grad, put_grads, register_grad
 
 from .executors import guard_executor, torch_executor
 
-__all__ = ["rebound_traceable", "static_int", "tensordot_dims", "traceable_op"]
+__all__ = ["narrow_args", "rebound_traceable", "static_int", "tensordot_dims", "traceable_op"]
 
 _OPS: dict[str, Any] = {}  # Thunder's symbol id -> this package's operator
 
@@ -140,19 +140,37 @@ def _tensordot_grad(g: TensorProxy, a: TensorProxy, b: TensorProxy, dims: Any = 
     put_grads((a, b), (ltorch.permute(ga, _inverse(order_a)), ltorch.permute(gb, _inverse(order_b))))
 
 
+def narrow_args(a: TensorProxy, dim: int, start: int, length: int) -> tuple[int, int, int]:
+    """``(dim, start, length)`` of a narrow of ``a`` as torch reads them (negative ones counted from the end); where
+    torch's narrow raises, the same error with torch's type and message, in torch's order (a slice would clamp the
+    request)."""
+    if a.ndim == 0:
+        raise RuntimeError("narrow() cannot be applied to a 0-dim tensor.")
+    if length < 0:
+        raise RuntimeError("narrow(): length must be non-negative.")
+    if not -a.ndim <= dim < a.ndim:
+        expected = f"[{-a.ndim}, {a.ndim - 1}]"
+        raise IndexError(f"Dimension out of range (expected to be in range of {expected}, but got {dim})")
+    dim %= a.ndim
+    size = a.shape[dim]
+    if not -size <= start <= size:
+        raise IndexError(f"start out of range (expected to be in range of [{-size}, {size}], but got {start})")
+    start = start + size if start < 0 else start
+    if start + length > size:
+        raise RuntimeError(f"start ({start}) + length ({length}) exceeds dimension size ({size}).")
+    return dim, start, length
+
+
 def _narrowed(a: Any, dim: Any, start: Any, length: Any) -> tuple[int, int, int] | None:
-    """``(dim, start, length)`` of a narrow of ``a`` as torch reads them (negatives from the end), where all are
-    static and in range; else None (then Thunder's registration runs it, and raises what torch raises)."""
+    """:func:`narrow_args` where all are static and in range; else None (then Thunder's registration runs it, and
+    raises what torch raises)."""
     ints = [static_int(v) for v in (dim, start, length)]
-    if not _static_shape(a) or None in ints or a.ndim == 0 or not -a.ndim <= ints[0] < a.ndim:
+    if not _static_shape(a) or None in ints:
         return None
-    d, s, n = ints
-    d %= a.ndim
-    size = a.shape[d]
-    if not -size <= s <= size:
+    try:
+        return narrow_args(a, *ints)
+    except (IndexError, RuntimeError):
         return None
-    s = s + size if s < 0 else s
-    return (d, s, n) if n >= 0 and s + n <= size else None
 
 
 def _narrow_grad(g: TensorProxy, a: TensorProxy, dim: Any, start: Any, length: Any) -> None:

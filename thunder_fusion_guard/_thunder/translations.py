@@ -32,7 +32,7 @@ from thunder.torch import _syms_returning_views, _torch_to_thunder_function_map,
 
 from .. import shims
 from ..library_forwards import extract_plan, restore_extract, write_extract_out_of_place
-from .traceable_grads import static_int, tensordot_dims
+from .traceable_grads import narrow_args, static_int, tensordot_dims
 
 # thunder.torch.langctx, the module (thunder.torch exports a function of that name over it).
 _torch_langctx = import_module("thunder.torch.langctx")
@@ -121,7 +121,7 @@ def _make_symbols(old: dict[Any, Any]) -> _Symbols:
         ints = [static_int(v) for v in (dim, start, length)]
         if None in ints:  # a tensor start, a dynamic int: as Thunder registered it
             return old[torch.narrow](a, dim, start, length)
-        dim, start = _narrow_dim_and_start(a, *ints)
+        dim, start = narrow_args(a, *ints)[:2]
         return clang.slice_in_dim(a, start, start + ints[2], dim=dim)
 
     @torchsymbol(torch.tensordot, id="thunder_fusion_guard.tensordot")
@@ -166,26 +166,6 @@ def _make_symbols(old: dict[Any, Any]) -> _Symbols:
         return l2(a, dims, keepdim)
 
     return _Symbols(narrow, tensordot, broadcast_tensors, l2, norm, vector_norm)
-
-
-def _narrow_dim_and_start(a: TensorProxy, dim: int, start: int, length: int) -> tuple[int, int]:
-    """``dim`` and ``start`` as torch's narrow reads them (negative ones counted from the end); where torch's narrow
-    raises, the same error with torch's type and message, in torch's order (a slice would clamp the request)."""
-    if a.ndim == 0:
-        raise RuntimeError("narrow() cannot be applied to a 0-dim tensor.")
-    if length < 0:
-        raise RuntimeError("narrow(): length must be non-negative.")
-    if not -a.ndim <= dim < a.ndim:
-        expected = f"[{-a.ndim}, {a.ndim - 1}]"
-        raise IndexError(f"Dimension out of range (expected to be in range of {expected}, but got {dim})")
-    dim %= a.ndim
-    size = a.shape[dim]
-    if not -size <= start <= size:
-        raise IndexError(f"start out of range (expected to be in range of [{-size}, {size}], but got {start})")
-    start = start + size if start < 0 else start
-    if start + length > size:
-        raise RuntimeError(f"start ({start}) + length ({length}) exceeds dimension size ({size}).")
-    return dim, start
 
 
 def _l2_dims(a: TensorProxy, p: Any, dim: Any, out: Any, dtype: Any) -> tuple[int, ...] | None:
