@@ -45,8 +45,9 @@ from .passes.capture import (
 from .passes.copies_as_cat import copies_joined_decisions, join_copies
 from .passes.hoist import HoistLedger
 from .passes.pipeline import pass_failed_decision
+from .passes.records import op_calls_decisions
 from .passes.rescue import announce, describe_inputs
-from .passes.traceable_grads import gradients_traced_decisions, trace_gradients
+from .passes.traceable_grads import trace_gradients
 from .phases import GUARD_MEASUREMENTS, GUARD_PASSES, timing
 from .policy import ModelDoubt
 from .reasons import WARNED, Doubt
@@ -179,7 +180,7 @@ class FusionGuard(thunder.Transform):
                 function = th.compile_function_name()
                 where = replace(self._where("forward"), compile_index=self._compiles.get(function, 0) + 1)
                 made += copies_joined_decisions(where, joined, applied=not options.report_only)
-                made += gradients_traced_decisions(where, traced, applied=not options.report_only)
+                made += op_calls_decisions(where, traced, "rescue", "gradient_traced", applied=not options.report_only)
                 made += alias_update_decisions(where, pruned, applied=not options.report_only)
                 made += [pass_failed_decision(where, name, error) for name, error in failed]
                 for transform in graphs:

@@ -10,12 +10,10 @@ call, and a layout that differs or cannot be recorded runs Thunder's call from t
 
 from __future__ import annotations
 
-from collections import Counter
-
 from .. import _thunder as th
-from ..decisions import Decision, Details
+from ..decisions import Decision
 from .context import PassContext
-from .records import op_decision
+from .records import op_calls, op_calls_decisions, op_decision
 
 
 def exact_vjp_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
@@ -23,37 +21,22 @@ def exact_vjp_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCt
     one decision per op (``remove``, ``vjp_forward_removed``), and one more at run time for a layout left to
     Thunder's call."""
     where, record = context.where, context.record
-    counts: Counter[str] = Counter()
-    first_line: dict[str, str | None] = {}
+    found: dict[str, list[th.BoundSymbol]] = {}
     bsyms: list[th.BoundSymbol] = []
     for bsym in trace.bound_symbols:
         torchfn = th.automatic_vjp_of(bsym)
-        if torchfn is None:
-            bsyms.append(bsym)
-            continue
-        name = bsym.sym.name
-        counts[name] += 1
-        first_line.setdefault(name, th.source_line(bsym))
+        if torchfn is not None:
+            name = bsym.sym.name
+            found.setdefault(name, []).append(bsym)
 
-        def on_first(why: str | None, name: str = name) -> None:
-            if why is not None and record is not None:
-                facts = {"name": name, "error": why}
-                record(op_decision(where, name, "torch", [name], "keep", "vjp_forward_kept", facts))
+            def on_first(why: str | None, name: str = name) -> None:
+                if why is not None and record is not None:
+                    facts = {"name": name, "error": why}
+                    record(op_decision(where, name, "torch", [name], "keep", "vjp_forward_kept", facts))
 
-        bsyms.append(th.with_call(bsym, th.ExactVjp(torchfn, on_first)))
-    if not counts:
+            bsym = th.with_call(bsym, th.ExactVjp(torchfn, on_first))
+        bsyms.append(bsym)
+    if not found:
         return trace, []
-    made = [
-        op_decision(
-            where,
-            name,
-            "torch",
-            [name],
-            "remove",
-            "vjp_forward_removed",
-            {"name": name, "count": count},
-            Details(source=first_line[name]) if first_line[name] else None,
-        )
-        for name, count in counts.items()
-    ]
+    made = op_calls_decisions(where, op_calls(found), "remove", "vjp_forward_removed")
     return th.new_trace_like(trace, bsyms), made

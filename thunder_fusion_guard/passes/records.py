@@ -3,8 +3,9 @@ facts by :mod:`..reasons`, every detail given at construction."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import _thunder as th
 from ..decisions import Action, Decision, Details
@@ -60,6 +61,39 @@ def op_decision(
     """A decision about ops (``details["scope"] == "op"``), not about a whole region."""
     scoped = Details(scope="op", **(details or {}))
     return decision(where, region, executor, list(ops), action, code, facts, scoped, **more)
+
+
+class OpCalls(NamedTuple):
+    """The calls of one op a pass changed: the op's name, how many, the first call's user line."""
+
+    op: str
+    count: int
+    source: str | None
+
+
+def op_calls(found: Mapping[str, Sequence[th.BoundSymbol]]) -> list[OpCalls]:
+    """One :class:`OpCalls` for each op name among ``found`` (its changed calls, in trace order)."""
+    return [OpCalls(op, len(calls), th.source_line(calls[0])) for op, calls in found.items()]
+
+
+def op_calls_decisions(
+    where: TraceContext, calls: Sequence[OpCalls], action: Action, code: ReasonCode, **more: Any
+) -> list[Decision]:
+    """One decision for each op of ``calls``: its facts the op's name and count, its details the first call's line."""
+    return [
+        op_decision(
+            where,
+            c.op,
+            "torch",
+            [c.op],
+            action,
+            code,
+            {"name": c.op, "count": c.count},
+            Details(source=c.source) if c.source else None,
+            **more,
+        )
+        for c in calls
+    ]
 
 
 def region_decision(

@@ -12,54 +12,26 @@ nvFuser the gradients run on Thunder's torch executor, as unguarded, and keep it
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass
-
 from .. import _thunder as th
-from ..decisions import Decision, Details
-from .context import TraceContext
-from .records import op_decision
+from .records import OpCalls, op_calls
 
 
-@dataclass(frozen=True)
-class GradientsTraced:
-    """One op given a gradient of Thunder's ops: its name, how many calls, the first call's user line."""
-
-    op: str
-    count: int
-    source: str | None
-
-
-def trace_gradients(trace: th.TraceCtx, executors: list[str]) -> tuple[th.TraceCtx, list[GradientsTraced]]:
-    """``trace`` with each automatically registered ``tensordot`` and ``narrow`` (static arguments) calling this
-    package's operator for it; ``trace`` itself where there is none, Thunder will not differentiate it, or no
-    torch.compile executor (``executors``: the compilation's names) would run its gradient."""
+def trace_gradients(trace: th.TraceCtx, executors: list[str]) -> tuple[th.TraceCtx, list[OpCalls]]:
+    """``trace`` with each automatically registered op :func:`.._thunder.traceable_op` names calling this package's
+    operator for it, and the calls changed, by op; ``trace`` itself where there is none, Thunder will not
+    differentiate it, or no torch.compile executor (``executors``: the compilation's names) would run its gradient."""
     if "torchcompile" not in executors or not th.trace_requires_grad(trace):
         return trace, []
-    names = [th.traceable_op(b) for b in trace.bound_symbols]
-    if not any(names):
+    found: dict[str, list[th.BoundSymbol]] = {}
+    bsyms: list[th.BoundSymbol] = []
+    for bsym in trace.bound_symbols:
+        name = th.traceable_op(bsym)
+        if name is not None:
+            found.setdefault(name, []).append(bsym)
+            bsym = th.rebound_traceable(bsym)
+        bsyms.append(bsym)
+    if not found:
         return trace, []
-    new = [th.rebound_traceable(b) if n else b for b, n in zip(trace.bound_symbols, names, strict=True)]
-    counts = Counter(n for n in names if n)
-    first = {n: next(b for b, m in zip(trace.bound_symbols, names, strict=True) if m == n) for n in counts}
-    out = th.new_trace_like(trace, new)
+    out = th.new_trace_like(trace, bsyms)
     th.set_provenance(out, "FusionGuard: library ops given gradients of Thunder's ops")
-    return out, [GradientsTraced(n, c, th.source_line(first[n])) for n, c in counts.items()]
-
-
-def gradients_traced_decisions(where: TraceContext, traced: list[GradientsTraced], applied: bool) -> list[Decision]:
-    """One decision (action ``rescue``) for each op given a gradient of Thunder's ops."""
-    return [
-        op_decision(
-            where,
-            t.op,
-            "torch",
-            [t.op],
-            "rescue",
-            "gradient_traced",
-            {"name": t.op, "count": t.count},
-            Details(source=t.source) if t.source else None,
-            applied=applied,
-        )
-        for t in traced
-    ]
+    return out, op_calls(found)
