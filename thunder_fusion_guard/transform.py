@@ -44,7 +44,7 @@ from .passes.capture import (
 )
 from .passes.copies_as_cat import copies_joined_decisions, join_copies
 from .passes.hoist import HoistLedger
-from .passes.pipeline import pass_failed_decision
+from .passes.pipeline import pass_failed_decision, pass_failed_error
 from .passes.records import op_calls_decisions
 from .passes.rescue import announce, describe_inputs
 from .passes.traceable_grads import trace_gradients
@@ -84,7 +84,7 @@ def _pre_grad(
         raise
     except Exception as e:  # an optimisation or rescue that fails keeps the trace as it was, and is reported
         if options.strict:
-            raise FusionGuardError(f"{name} failed on the forward trace: {e}") from e
+            raise pass_failed_error(name, "forward", e) from e
         failed.append((name, e))
         return trace, []
 

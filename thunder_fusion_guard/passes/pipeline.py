@@ -213,13 +213,18 @@ def run_pass(step: Pass, trace: th.TraceCtx, context: PassContext) -> tuple[th.T
 
 
 def _pass_failed(step: Pass, e: Exception, context: PassContext) -> Decision:
-    moved = isinstance(e, CommunicationChanged)
     where = context.where
     if context.options.strict:
-        error = CommunicationChanged if moved else FusionGuardError
-        what = "would change the communication of" if moved else "failed on"
-        raise error(f"{step.name} {what} the {where.trace} trace: {e}") from e
+        raise pass_failed_error(step.name, where.trace, e) from e
     return pass_failed_decision(where, step.name, e)
+
+
+def pass_failed_error(step: str, trace: str, e: Exception) -> FusionGuardError:
+    """What strict mode raises where pass ``step`` failed on the ``trace`` trace (or would have moved
+    communication ops)."""
+    if isinstance(e, CommunicationChanged):
+        return CommunicationChanged(f"{step} would change the communication of the {trace} trace: {e}")
+    return FusionGuardError(f"{step} failed on the {trace} trace: {e}")
 
 
 def pass_failed_decision(where: TraceContext, step: str, e: Exception) -> Decision:
