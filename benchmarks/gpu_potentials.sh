@@ -39,6 +39,11 @@ declare -A JOBS=(
   [nequip-interleaved]="$NQ|--model nequip --no-translate --paths eager --step-graph inductor --step-graph fx-guarded --thread-stack-mb 1024"
   [mace-cueq-inductor]="$MC|--model mace-cueq --no-translate --paths eager,inductor-ro --step-graph inductor"
   [mace-cueq-guarded]="$MC|--model mace-cueq --no-translate --paths eager --step-graph fx-guarded --thread-stack-mb 1024"
+  [mace-inductor-combo]="$MC|--model mace --no-translate --paths eager --step-graph inductor --inductor-config combo_kernels=true"
+  [nequip-jit-vjps]="$NQ|--model nequip --no-translate --paths eager,guarded"
+  [small-inductor-step]="|--model small --paths eager --step-graph inductor"
+  [small-step-combo]="|--model small --paths eager --step-graph inductor --inductor-config combo_kernels=true"
+  [small-step-combo-aggressive]="|--model small --paths eager --step-graph inductor --inductor-config combo_kernels=true --inductor-config aggressive_fusion=true"
   [small-graphs]="|--model small --paths eager,inductor-ro,fx-guarded+cudagraph"
   [small-step]="|--model small --paths eager --step-graph inductor --step-graph fx-guarded/readme"
 )
@@ -54,6 +59,7 @@ for job in "${chosen[@]}"; do
   args=${JOBS[$job]#*|}
   variant=()
   [[ $args == *fx-guarded/readme* ]] && variant=(--variant "fx-guarded/readme=$README")
+  [[ $job == nequip-jit-vjps ]] && variant=(--variant 'guarded/without-exact-vjps={"runtime": {"exact_vjps": false}}')
   (
     # shellcheck disable=SC2086
     PYTHONPATH=${path:-${PYTHONPATH:-}} timeout -k 10 -s INT "$left" python3 benchmarks/gpu_seed_vs_inductor.py $args \

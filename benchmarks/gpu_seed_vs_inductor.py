@@ -244,8 +244,9 @@ def _time_paths(name: str, steps: dict[str, _Step], rows: dict[str, dict], round
         if n and "eager" in values and path != "eager":  # a potential's forces: its input's gradient
             rows[path]["max_abs_force_diff"] = _difference(values[path][-n:], values["eager"][-n:])
             rows[path]["energy_diff"] = _difference(values[path][:1], values["eager"][:1])
-        if path.startswith("fx"):  # each ThunderFX path against the others
-            others = [o for o in values if o != path and o.startswith("fx")]
+        kin = next((k for k in ("fx", "guarded") if path.startswith(k)), None)
+        if kin:  # each ThunderFX (or guarded thunder.jit) path against the others of its kind
+            others = [o for o in values if o != path and o.startswith(kin)]
             rows[path]["bitwise_vs"] = {o: bitwise(values[path], values[o]) for o in others}
     rounds_ = interleaved_rounds(steps, rounds, warmup=2)
     for path, samples in rounds_.samples.items():
@@ -291,6 +292,19 @@ def _write(out: Path | None, record: dict) -> None:
         out.write_text(json.dumps(record, indent=1))
 
 
+def _inductor_setting(text: str) -> tuple[str, object]:
+    """``KEY=JSON`` of ``--inductor-config``, checked against Inductor's config."""
+    import torch._inductor.config as inductor
+
+    key, eq, value = text.partition("=")
+    if not eq or key not in inductor.get_config_copy():
+        raise ValueError(f"--inductor-config {text!r}: expected KEY=JSON with KEY one of torch._inductor.config's")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--inductor-config {text!r}: the value is not JSON ({e})") from None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), action="append")
@@ -324,6 +338,13 @@ def main() -> int:
         help="leave translate_library_ops() out (MACE: e3nn 0.4.4's Irrep trips Dynamo's guards on its Extract)",
     )
     parser.add_argument(
+        "--inductor-config",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="set torch._inductor.config.KEY to this value for every compile of the process (e.g. combo_kernels=true)",
+    )
+    parser.add_argument(
         "--thread-stack-mb",
         type=int,
         default=0,
@@ -345,10 +366,20 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         variants = dict(parse_variant(v) for v in args.variant)
     except ValueError as e:
         parser.error(str(e))
+    try:
+        inductor_config = dict(_inductor_setting(text) for text in args.inductor_config)
+    except ValueError as e:
+        parser.error(str(e))
     if not torch.cuda.is_available():
         parser.error("needs CUDA")
+    import torch._inductor.config as inductor
+
+    for key, value in inductor_config.items():
+        setattr(inductor, key, value)
     commit, _ = resolve_commit(None)
     record: dict = {"commit": commit, "machine": machine_info("cuda"), "models": {}}
+    if inductor_config:
+        record["inductor_config"] = inductor_config
     from thunder_fusion_guard import translate_library_ops
 
     if not args.no_translate:
