@@ -9,6 +9,7 @@ from helpers import steps_against_eager
 from thunder.dynamo import thunderfx
 
 import thunder_fusion_guard.transform as transform_module
+import thunder_fusion_guard.whole_graph as whole_graph
 from thunder_fusion_guard import FusionGuard, Runtime, fusion_executors
 from thunder_fusion_guard.cost import Measured
 from thunder_fusion_guard.measure.breakeven import RegionMeasurer
@@ -31,10 +32,11 @@ def _timed(split_us: float, whole_us: float, calls: list[int]):
     return pair
 
 
-def _run(guard: FusionGuard, steps: int = 3):
+def _run(guard: FusionGuard, steps: int = 3, device: str = "cpu"):
     """``steps`` calls of the guarded program, each against eager: outputs and gradients; its split graph."""
-    x, s = torch.randn(1, 8, requires_grad=True), torch.randn(4, 8)
-    compiled = thunderfx(broadcast_then_sine, executors=fusion_executors("cpu"), transforms=[guard])
+    torch._dynamo.reset()  # each test compiles this function again: Dynamo's recompile limit must not be reached
+    x, s = torch.randn(1, 8, device=device, requires_grad=True), torch.randn(4, 8, device=device)
+    compiled = thunderfx(broadcast_then_sine, executors=fusion_executors(device), transforms=[guard])
     steps_against_eager(compiled, broadcast_then_sine, lambda: (x, s), x, steps)
     (info,) = compiled._backend.subgraph_infos
     return compiled, info.split_graph_module
@@ -53,6 +55,70 @@ def test_a_graph_unguarded_thunder_fails_on_runs_whole_by_inductor_where_timed_f
     assert (whole.details["split_us"], whole.details["inductor_us"]) == (100.0, 10.0)
     line = broadcast_then_sine.__code__.co_firstlineno + 1
     assert whole.details["source"].endswith(f"test_whole_graph.py:{line}")
+    assert "combo_kernels" not in whole.facts  # a CPU graph: Inductor's combo kernels are not tried
+
+
+def _timed_in_turn(*timings: tuple[float, float]):
+    """A timer giving ``timings`` in turn: (the split's µs, the whole graph's), then (Inductor's default compile's
+    µs, its compile with combo kernels')."""
+    left = list(timings)
+
+    def pair(first, second, args, **allowance):
+        first(), second()
+        return Measured(*left.pop(0), "timed")
+
+    return pair
+
+
+def _compiles_seen(monkeypatch, fail_with_options: bool = False) -> list[tuple[dict | None, object]]:
+    """Inductor's whole-graph compiles, each with its options and what it returned; combo kernels tried on CPU."""
+    monkeypatch.setattr(whole_graph, "COMBO_KERNEL_DEVICES", ("cpu",))
+    seen, real = [], whole_graph.compile_fx_module
+
+    def compiling(module, inputs, backend, options=None):
+        if options and fail_with_options:
+            raise RuntimeError("planted combo kernel failure")
+        compiled = real(module, inputs, backend, options)
+        seen.append((options, compiled))
+        return compiled
+
+    monkeypatch.setattr(whole_graph, "compile_fx_module", compiling)
+    return seen
+
+
+@pytest.mark.parametrize("combo_us", [8.0, 12.0])
+def test_inductors_compile_with_combo_kernels_runs_the_graph_only_where_timed_faster_than_its_default(
+    monkeypatch, combo_us
+):
+    seen = _compiles_seen(monkeypatch)
+    guard = FusionGuard()
+    guard.measurer.pair = _timed_in_turn((100.0, 10.0), (10.0, combo_us))
+    _, split = _run(guard)
+    assert [options for options, _ in seen] == [None, whole_graph.COMBO_KERNELS]
+    (whole,) = guard.report.filter(code="whole_graph")
+    faster = combo_us < 10.0
+    assert whole.facts["combo_kernels"] is faster and whole.details["combo_kernels"] is faster
+    assert whole.details["combo_us"] == combo_us and whole.details["inductor_us"] == 10.0
+    assert vars(split)["forward"].whole is seen[1 if faster else 0][1]
+
+
+@pytest.mark.cuda
+def test_on_cuda_inductors_compile_with_combo_kernels_is_tried_and_runs_within_eagers_rounding():
+    guard = FusionGuard()
+    guard.measurer.pair = _timed_in_turn((100.0, 10.0), (10.0, 8.0))
+    _, split = _run(guard, device="cuda")  # each step within 1e-6 of eager, gradients too
+    (whole,) = guard.report.filter(code="whole_graph")
+    assert whole.facts["combo_kernels"] is True and isinstance(vars(split)["forward"], WholeGraphRun)
+
+
+def test_a_failing_compile_with_combo_kernels_keeps_inductors_default_compile(monkeypatch):
+    seen = _compiles_seen(monkeypatch, fail_with_options=True)
+    guard = FusionGuard()
+    guard.measurer.pair = _timed_in_turn((100.0, 10.0))  # timed once: the combo compile never ran
+    _, split = _run(guard)
+    (whole,) = guard.report.filter(code="whole_graph")
+    assert whole.facts["combo_kernels"] is False and "planted combo kernel failure" in whole.facts["combo_why"]
+    assert "combo_us" not in whole.details and vars(split)["forward"].whole is seen[0][1]
 
 
 def test_the_split_stays_where_inductors_whole_graph_is_not_faster_by_the_margin():

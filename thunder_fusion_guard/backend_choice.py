@@ -309,8 +309,13 @@ def _choose_whole(index: int, info: Any, inputs: list[Any] | str, margin: float,
     choice.times_us = {"split": split_us, "inductor": whole_us}
     what = "forward and backward" if leaves else "forward"
     timed = f"split {split_us:.1f} µs, Inductor whole {whole_us:.1f} µs"
+    if found.combo is not None:
+        choice.times_us["inductor with combo kernels"] = found.combo.eager_us
+        timed += f", with combo kernels {found.combo.eager_us:.1f} µs"
+    elif found.combo_why:
+        problems["inductor with combo kernels"] = found.combo_why
     if found.inductor and found.whole is not None:
-        choice.chosen = "inductor"
+        choice.chosen = "inductor with combo kernels" if found.combo_kernels else "inductor"
         choice.reason = f"Inductor runs the whole graph: faster by {1 - whole_us / split_us:.0%} ({what}: {timed})"
         split.forward = WholeGraphRun(found.whole, split, functools.partial(_back_to_split, choice))
     else:

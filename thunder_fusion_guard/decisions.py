@@ -86,6 +86,8 @@ class Details(TypedDict, total=False):
     # a Dynamo graph timed whole by Inductor against its split (whole_graph)
     split_us: float
     inductor_us: float
+    combo_kernels: bool  # Inductor's compile with combo kernels runs it (timed faster than its default compile)
+    combo_us: float
     inputs: list[str]  # each input of the failing call: shape, dtype, strides, device (or the value's type)
     reproduction: str  # a script that reproduces the failure alone (nvFuser's definition and such inputs)
     source: str  # the user's source line of the region's or subgraph's first op

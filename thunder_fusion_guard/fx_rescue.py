@@ -68,14 +68,17 @@ class Rescued:
     received: tuple | None = None  # a rescue's: copies of the call's inputs as unguarded Thunder would get them
 
 
-def compile_fx_module(module: torch.fx.GraphModule, inputs: list[Any], backend: str) -> Callable:
+def compile_fx_module(
+    module: torch.fx.GraphModule, inputs: list[Any], backend: str, options: dict[str, Any] | None = None
+) -> Callable:
     """A copy of ``module`` run eagerly (``backend='eager'``) or compiled by Inductor for ``inputs``
-    (``'inductor'``); a copy, since Inductor's passes may rewrite the graph they are given."""
+    (``'inductor'``, with Inductor's config ``options`` for this compile only); a copy, since Inductor's passes may
+    rewrite the graph they are given."""
     copied = torch.fx.GraphModule(module, copy.deepcopy(module.graph))
     if backend == "eager":
         return copied
     if backend == "inductor":
-        return torch._inductor.compile(copied, list(inputs))
+        return torch._inductor.compile(copied, list(inputs), options)
     raise ValueError(f"unknown backend {backend!r}; allowed: 'eager', 'inductor'")
 
 

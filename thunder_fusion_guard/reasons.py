@@ -164,6 +164,10 @@ class Facts(TypedDict, total=False):
     blocked_by: str
     skipped: str
     why: str
+    # a whole graph Inductor runs: its default compile timed against its compile with combo kernels
+    combo: Measured
+    combo_kernels: bool
+    combo_why: str
     replaced_by: str
     recommended: str  # a transform the decision recommends in place of the one given
     after: str  # the op a pruned alias update follows
@@ -847,7 +851,16 @@ def _whole_graph(f: Facts) -> tuple[str, str | None]:
     if f.get("why"):
         reason = f"kept split: {f['why']}" + (f" ({timed})" if timed else "")
         return reason, f"{reason}. The graph has no Thunder bits: {failed}. {why}"
-    reason = f"unguarded Thunder fails on {f['name']}: Inductor runs the whole graph, {timed}"
+    combo = ""
+    if f.get("combo_kernels"):
+        c = f["combo"]
+        combo = f"; with combo kernels, {c.eager_us:.0f} µs against its default compile's {c.region_us:.0f}"
+    elif "combo" in f:
+        c = f["combo"]
+        combo = f"; its default compile ({c.region_us:.0f} µs), not faster with combo kernels ({c.eager_us:.0f})"
+    elif f.get("combo_why"):
+        combo = f"; its default compile (combo kernels: {f['combo_why']})"
+    reason = f"unguarded Thunder fails on {f['name']}: Inductor runs the whole graph, {timed}{combo}"
     told = f"{reason}. The failure: {f['error']}. {why}. Inductor's values are within its own rounding of eager's"
     return reason, told
 

@@ -7,9 +7,11 @@ or would lose a gradient through it, the guard's rescue runs it another way (:mo
 fails there, that failure ends the user's program, so the graph has no Thunder bits to keep. Whether unguarded Thunder
 fails is checked, not assumed: the subgraph compiled again without the guard runs on copies of the failing call's
 inputs. Then, at the graph's next call, its split and Inductor's compile of the whole graph are timed on copies of that
-call's inputs, forward and backward, and Inductor runs it from then on where it is faster by the margin. Inductor's
-values are within its own rounding of eager's. A graph that updates its inputs in place is not timed; should Inductor
-ever fail on a call, the split runs it again for good.
+call's inputs, forward and backward, and Inductor runs it from then on where it is faster by the margin. On CUDA,
+Inductor's compile with combo kernels (independent kernels launched as one; torch's option, off by default) is then
+timed against its default compile, and the faster runs the graph. Inductor's values are within its own rounding of
+eager's. A graph that updates its inputs in place is not timed; should Inductor ever fail on a call, the split runs
+it again for good.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -30,6 +32,8 @@ from .reasons import Facts, ReasonCode, words
 from .wording import error_line
 
 __all__ = [
+    "COMBO_KERNELS",
+    "COMBO_KERNEL_DEVICES",
     "RUN_WITHOUT_THUNDER",
     "WHOLE_GRAPH_TIMING_S",
     "WholeGraph",
@@ -44,6 +48,11 @@ __all__ = [
 
 # The rescues of a subgraph (fx_rescue's ``Rescued.by``) after which no Thunder program runs it.
 RUN_WITHOUT_THUNDER: frozenset[str] = frozenset({"Inductor", "eager PyTorch"})
+
+# Inductor's options timed against its defaults on a whole graph it runs: independent kernels launched as one (torch's
+# combo kernels, off by default in torch 2.11): fewer launches. Only for graphs on these devices (Triton's).
+COMBO_KERNELS: dict[str, Any] = {"combo_kernels": True}
+COMBO_KERNEL_DEVICES: tuple[str, ...] = ("cuda",)
 
 # Seconds the timing of a graph's split against its whole may take, apart from the guard's measuring budget (which
 # region timings may have spent): at least 3 rounds each run (a step of 100 ms on a CPU: about 1.5 s).
@@ -115,7 +124,9 @@ class WholeGraphRun:
 class WholeGraph:
     """What became of one Dynamo graph: ``inductor`` (its whole compile runs it now) or not, the timing that decided
     (``measured``: the split's µs as ``region_us``, Inductor's as ``eager_us``), or why it stays split (``why``; the
-    inputs it updates in place, ``in_place``, or Inductor's failure on it, ``error``, where those are why)."""
+    inputs it updates in place, ``in_place``, or Inductor's failure on it, ``error``, where those are why).
+    ``combo``: Inductor's default compile (``region_us``) timed against its compile with combo kernels
+    (``eager_us``), ``combo_kernels`` where the latter runs it; ``combo_why``: why not, where it was not timed."""
 
     label: str
     inductor: bool
@@ -124,6 +135,9 @@ class WholeGraph:
     whole: Callable | None = None
     in_place: list[int] = field(default_factory=list)
     error: str = ""
+    combo: Measured | None = None
+    combo_kernels: bool = False
+    combo_why: str = ""
 
 
 def whole_or_split(
@@ -153,8 +167,30 @@ def whole_or_split(
     if isinstance(measured, str):
         return WholeGraph(label, False, measured)
     if measured.eager_us < measured.region_us * (1 - margin):
-        return WholeGraph(label, True, measured=measured, whole=whole)
+        return _with_combo_kernels(WholeGraph(label, True, measured=measured, whole=whole), original, inputs, timer)
     return WholeGraph(label, False, "Inductor's whole graph is not faster by the margin", measured)
+
+
+def _with_combo_kernels(
+    found: WholeGraph, original: torch.fx.GraphModule, inputs: list[Any], timer: Timer
+) -> WholeGraph:
+    """``found`` (Inductor's default compile of ``original`` runs it) with Inductor's compile with combo kernels
+    in its place where ``inputs`` are on one of ``COMBO_KERNEL_DEVICES`` and ``timer`` finds it faster (any
+    amount: both are Inductor's compiles of the same graph); else as it was, ``combo_why`` saying why."""
+    devices = {a.device.type for a in inputs if isinstance(a, torch.Tensor)}
+    if found.whole is None or not devices or not devices <= set(COMBO_KERNEL_DEVICES):
+        return found
+    try:
+        combo = compile_fx_module(original, inputs, "inductor", COMBO_KERNELS)
+        forward_backward_step(combo, inputs)()
+    except Exception as e:  # Inductor's option may fail on a graph in any way: its default compile stays
+        return replace(found, combo_why=f"Inductor with combo kernels failed: {error_line(e)}")
+    timed = timer(forward_backward_step(found.whole, inputs), forward_backward_step(combo, inputs), ())
+    if isinstance(timed, str):
+        return replace(found, combo_why=timed)
+    if timed.eager_us < timed.region_us:
+        return replace(found, whole=combo, combo=timed, combo_kernels=True)
+    return replace(found, combo=timed, combo_why="not faster than Inductor's default compile")
 
 
 def whole_graph_decision(
@@ -168,6 +204,14 @@ def whole_graph_decision(
     if found.measured is not None:
         facts["measured"] = found.measured
         details.update(margin=margin, split_us=found.measured.region_us, inductor_us=found.measured.eager_us)
+    if found.combo is not None or found.combo_why:
+        facts["combo_kernels"] = found.combo_kernels
+        details["combo_kernels"] = found.combo_kernels
+    if found.combo is not None:
+        facts["combo"] = found.combo
+        details["combo_us"] = found.combo.eager_us
+    if found.combo_why:
+        facts["combo_why"] = found.combo_why
     reason, told = words(code, facts)
     source = th.fx_module_source(original)
     if source:
