@@ -35,7 +35,7 @@ declare -A JOBS=(
   [mace-guarded]="$MC|--model mace --no-translate --paths eager --step-graph fx-guarded --thread-stack-mb 1024"
   [mace-translated]="$MC|--model mace --paths eager --step-graph fx-guarded"
   [mace-readme]="$MC|--model mace --paths eager --step-graph fx-guarded/readme"
-  [mace-interleaved]="$MC|--model mace --no-translate --paths eager --step-graph inductor --step-graph fx-guarded --thread-stack-mb 1024"
+  [mace-interleaved]="$MC|--model mace --no-translate --paths eager --step-graph inductor --step-graph inductor/combo --step-graph fx-guarded --thread-stack-mb 1024"
   [nequip-interleaved]="$NQ|--model nequip --no-translate --paths eager --step-graph inductor --step-graph fx-guarded --thread-stack-mb 1024"
   [mace-cueq-inductor]="$MC|--model mace-cueq --no-translate --paths eager,inductor-ro --step-graph inductor"
   [mace-cueq-guarded]="$MC|--model mace-cueq --no-translate --paths eager --step-graph fx-guarded --thread-stack-mb 1024"
@@ -45,7 +45,7 @@ declare -A JOBS=(
   [small-step-combo]="|--model small --paths eager --step-graph inductor --inductor-config combo_kernels=true"
   [small-step-combo-aggressive]="|--model small --paths eager --step-graph inductor --inductor-config combo_kernels=true --inductor-config aggressive_fusion=true"
   [small-graphs]="|--model small --paths eager,inductor-ro,fx-guarded+cudagraph"
-  [small-step]="|--model small --paths eager --step-graph inductor --step-graph fx-guarded/readme"
+  [small-step]="|--model small --paths eager --step-graph inductor --step-graph inductor/combo --step-graph fx-guarded/readme"
 )
 chosen=("$@")
 [ ${#chosen[@]} -eq 0 ] && chosen=("${!JOBS[@]}")

@@ -43,6 +43,7 @@ from thunder_fusion_guard.examine.host_time import host_time
 from thunder_fusion_guard.examine.kernel_histogram import kernel_kind
 from thunder_fusion_guard.measure.timing import interleaved_rounds
 from thunder_fusion_guard.options import nested
+from thunder_fusion_guard.whole_graph import COMBO_KERNELS
 from thunder_fusion_guard.wording import error_text
 
 PATHS = ("eager", "inductor-ro", "fx-cudagraph", "fx-guarded+cudagraph")
@@ -129,6 +130,8 @@ def kernels_and_device_ms(step: _Step, steps: int = 5) -> tuple[float, float, di
 
 NAME_CHARS, TOP_NAMES = 90, 60  # kernel names as kept in the results: the first characters, the most launched
 
+INDUCTOR_COMBO = "inductor/combo"  # a path: torch.compile with Inductor's combo kernels (off by default)
+
 STEP_GRAPH = "+stepgraph"  # a path's key suffix: that path's whole step captured in one CUDA graph (capture_step)
 
 
@@ -172,7 +175,10 @@ def run_model(
         try:
             base = path.removesuffix(STEP_GRAPH)
             zoo_path = ZooPath.parse(base.partition("/")[0])
-            fn, guard = _compile(model.module, zoo_path, "cuda", variants.get(base))
+            if base == INDUCTOR_COMBO:  # Inductor given the combo kernels the guard may choose for a whole graph
+                fn, guard = torch.compile(model.module, options=COMBO_KERNELS), None
+            else:
+                fn, guard = _compile(model.module, zoo_path, "cuda", variants.get(base))
             chosen = None
             if zoo_path.backends:  # one call, then each subgraph and Dynamo graph by the fastest, before any capture
                 from thunder_fusion_guard import choose_backends
