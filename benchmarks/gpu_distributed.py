@@ -97,9 +97,9 @@ START = time.monotonic()  # --budget-s counts from here (torch and thunder impor
 MODELS = {"mistral": "Mistral-7B-v0.1", "llama2": "Llama-2-7b-hf", "e3nn": E3NN, "nequip": NEQUIP}
 # Seconds one set-up takes on an H200 (Thunder compiles the 2-layer model twice per process, both ranks
 # in parallel: ~100 s each for Mistral, whose mask loop makes long traces, ~30 s each for Llama-2 under
-# Thunder's FSDP, results/distributed-history/h200x2-distributed-llama2-fsdp.json), eager, the floor and timing on top: a
-# set-up starts only when this much of the budget is left (half as much again under ThunderFX, which
-# compiles through Dynamo).
+# Thunder's FSDP, results/distributed-history/h200x2-distributed-llama2-fsdp.json), eager, the floor and
+# timing on top: a set-up starts only when this much of the budget is left (half as much again under
+# ThunderFX, which compiles through Dynamo).
 SETUP_S = {"mistral": 225.0, "llama2": 80.0, "e3nn": 200.0, "nequip": 330.0}
 SETUPS = ("fsdp", "ddp", "fx-ddp", "fx-fsdp2")
 # "+cg": with CUDA graphs (Thunder's CUDAGraphTransform; guarded, GuardedCUDAGraphs after the guard, as README
