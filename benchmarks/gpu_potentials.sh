@@ -44,6 +44,7 @@ declare -A JOBS=(
   [small-inductor-step]="|--model small --paths eager --step-graph inductor"
   [small-step-combo]="|--model small --paths eager --step-graph inductor --inductor-config combo_kernels=true"
   [small-step-combo-aggressive]="|--model small --paths eager --step-graph inductor --inductor-config combo_kernels=true --inductor-config aggressive_fusion=true"
+  [modules-step]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph inductor/combo --step-graph fx-guarded/readme"
   [small-graphs]="|--model small --paths eager,inductor-ro,fx-guarded+cudagraph"
   [small-step]="|--model small --paths eager --step-graph inductor --step-graph inductor/combo --step-graph fx-guarded/readme"
 )
