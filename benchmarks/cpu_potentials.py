@@ -33,6 +33,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from package_hash import package_sha256  # noqa: E402
+
 from thunder_fusion_guard import (  # noqa: E402
     FusionGuard,
     Runtime,
@@ -81,6 +83,7 @@ def main() -> int:
     p.add_argument("--json", required=True)
     args = p.parse_args()
     commit = _commit()  # the code that runs: read before the long first call
+    package = package_sha256()
     torch.set_num_threads(1)
     if args.translate:
         translate_library_ops()
@@ -206,6 +209,7 @@ def main() -> int:
     out = Path(args.json)
     doc = json.loads(out.read_text()) if out.exists() else {}
     doc["commit"] = commit
+    doc["package_sha256"] = package  # the package files that ran, whatever commit is named
     doc["machine"] = f"CPU, 1 thread, {os.cpu_count()} cores; torch {torch.__version__}"
     doc.setdefault("models", {}).setdefault(args.model, {}).update(rows)
     out.write_text(json.dumps(doc, indent=1) + "\n")

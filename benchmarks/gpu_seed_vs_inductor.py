@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # package_hash, beside this script
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package
 
-from package_hash import resolve_commit
+from package_hash import package_sha256, resolve_commit
 
 from thunder_fusion_guard.bench.machine import machine_info
 from thunder_fusion_guard.bench.zoo_equivariant import e3nn_nequip_small
@@ -383,7 +383,8 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     for key, value in inductor_config.items():
         setattr(inductor, key, value)
     commit, _ = resolve_commit(None)
-    record: dict = {"commit": commit, "machine": machine_info("cuda"), "models": {}}
+    # the hash of the package files that ran: a checkout without .git of its own may name another commit
+    record: dict = {"commit": commit, "package_sha256": package_sha256(), "machine": machine_info("cuda"), "models": {}}
     if inductor_config:
         record["inductor_config"] = inductor_config
     from thunder_fusion_guard import translate_library_ops

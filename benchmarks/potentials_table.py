@@ -1,6 +1,7 @@
 """The jobs of ``benchmarks/gpu_potentials.sh`` (their JSON files) as one result, ``potentials-<gpu>-<sha>.json``:
-``{"commit", "machine", "note", "models": {model: {path: {"ms", "kernels", "device_ms", "first_call_s",
-"max_abs_force_diff", "eager_ms", "job", ...}}}}``, and a Markdown table of it.
+``{"commit", "machine", "note", "package_sha256", "models": {model: {path: {"ms", "kernels", "device_ms",
+"first_call_s", "max_abs_force_diff", "eager_ms", "job", ...}}}}``, and a Markdown table of it. Job files that ran
+different packages (their ``package_sha256``) are refused.
 
     python3 benchmarks/potentials_table.py JOB.json... --commit SHA --json OUT.json --markdown OUT.md
 
@@ -40,9 +41,11 @@ def merge(files: list[Path]) -> dict:
     """The rows of every job file, keyed by model and path (see the module's docstring)."""
     models: dict[str, dict] = {}
     machine = None
+    packages = set()
     for f in files:
         doc = json.loads(f.read_text())
         machine = machine or doc.get("machine")
+        packages.add(doc.get("package_sha256"))
         suffix = "" if doc.get("translated", True) else " untranslated"
         for model, rows in doc["models"].items():
             name, prefix = ("mace", "cueq ") if model == "mace-cueq" else (model, "")
@@ -53,7 +56,10 @@ def merge(files: list[Path]) -> dict:
                 if key in into:
                     continue
                 into[key] = _row(row, f.stem, eager_ms, doc["commit"])
-    return {"machine": machine, "models": models}
+    packages.discard(None)  # job files written before their package's hash was recorded
+    if len(packages) > 1:
+        raise ValueError(f"the job files ran different packages: {', '.join(sorted(packages))}")
+    return {"machine": machine, **({"package_sha256": packages.pop()} if packages else {}), "models": models}
 
 
 def markdown(doc: dict) -> str:
@@ -91,7 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"no such job file: {', '.join(missing)}")
     if any("/" not in f.partition("=")[0] or "=" not in f for f in args.failed):
         p.error("--failed takes MODEL/PATH=WHY")
-    doc = merge(args.jobs)
+    try:
+        doc = merge(args.jobs)
+    except ValueError as e:
+        p.error(str(e))
     for failed in args.failed:
         where, _, why = failed.partition("=")
         model, _, path = where.partition("/")

@@ -15,11 +15,10 @@ def table():
     return load_benchmark("potentials_table")
 
 
-def _job(tmp_path, name, model, rows, translated=True, commit="c" * 40):
+def _job(tmp_path, name, model, rows, translated=True, commit="c" * 40, package=None):
     path = tmp_path / f"{name}.json"
-    path.write_text(
-        json.dumps({"commit": commit, "machine": {"device": "x"}, "translated": translated, "models": {model: rows}})
-    )
+    doc = {"commit": commit, "machine": {"device": "x"}, "translated": translated, "models": {model: rows}}
+    path.write_text(json.dumps(doc | ({"package_sha256": package} if package else {})))
     return path
 
 
@@ -74,3 +73,16 @@ def test_bad_arguments_exit_2_before_writing(table, tmp_path, bad):
     with pytest.raises(SystemExit) as exit_:
         table.main(args)
     assert exit_.value.code == 2 and not out.exists()
+
+
+def test_the_package_the_jobs_ran_is_recorded_and_jobs_of_two_packages_are_refused(table, tmp_path, capsys):
+    out = tmp_path / "out.json"
+    same = [_job(tmp_path, f"j{i}", f"m{i}", {"eager": {"ms": 1.0}}, package="a" * 64) for i in range(2)]
+    assert table.main([*map(str, same), "--commit", "d" * 40, "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["package_sha256"] == "a" * 64
+    other = _job(tmp_path, "j2", "m2", {"eager": {"ms": 1.0}}, package="b" * 64)
+    out.unlink()
+    with pytest.raises(SystemExit) as exit_:
+        table.main([str(same[0]), str(other), "--commit", "d" * 40, "--json", str(out)])
+    assert exit_.value.code == 2 and not out.exists()
+    assert "ran different packages" in capsys.readouterr().err
