@@ -147,7 +147,9 @@ def test_results_are_typed_and_read_back_from_the_json_they_write():
 
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-ZOO_RESULTS = sorted(p.name for p in RESULTS.glob("zoo-*.json") if not p.name.startswith("zoo-kernels"))
+ZOO_RESULTS = sorted(  # paths under results/, folders of one run's reports included
+    p.relative_to(RESULTS).as_posix() for p in RESULTS.rglob("zoo-*.json") if not p.name.startswith("zoo-kernels")
+)
 
 
 @pytest.mark.parametrize("name", ZOO_RESULTS)
