@@ -99,6 +99,7 @@ def test_inductors_compile_with_combo_kernels_runs_the_graph_only_where_timed_fa
     faster = combo_us < 10.0
     assert whole.facts["combo_kernels"] is faster and whole.details["combo_kernels"] is faster
     assert whole.details["combo_us"] == combo_us and whole.details["inductor_us"] == 10.0
+    assert "combo_why" not in whole.facts  # timed both ways: the timings say why
     assert vars(split)["forward"].whole is seen[1 if faster else 0][1]
 
 
