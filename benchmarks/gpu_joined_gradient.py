@@ -1,0 +1,139 @@
+"""The gradient of e3nn's per-edge tensor-product weights, as one nvFuser region computes it, and ways to cut it.
+
+``e3nn-nequip-modules``'s backward joins eleven slices of the radial network's output gradient ([9808, 17408] fp32)
+into one tensor the two weight-gradient GEMMs read, and sums it over edges (the bias's gradient). Six slices are
+transposes of batched matmuls over 3 or 5 (outer products of the irreps' components): cuBLAS writes each, nvFuser
+transposes each into a kernel of its own, then joins them. This times the matmuls and the region alone, on inputs
+of their shapes, as Thunder runs them and as each cut would, and checks each cut's values against them:
+
+    source .gpu/setup.sh && python3 benchmarks/gpu_joined_gradient.py [EDGES]
+
+Prints one line a variant: device µs a call (CUDA events over 50 calls), kernels a call, and bitwise equal or the
+largest difference from the first line's values.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import thunder
+import torch
+
+E = int(sys.argv[1]) if len(sys.argv) > 1 else 9808
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+MM = ("b0", "b1", "b2", "c0", "c1", "c2")  # the slices made by matmuls over 3 or 5, their inner sizes below
+INNER = {"b0": 3, "b1": 5, "b2": 3, "c0": 5, "c1": 3, "c2": 3}
+
+
+def _inputs() -> list[torch.Tensor]:
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=DEVICE, generator=g)
+
+    xs = [r(E, 96, 32), r(E, 96), r(E, 96, 32), r(E, 96, 32)]
+    for name in MM:
+        xs += [r(E, 32, INNER[name]), r(E, INNER[name], 32)]
+    return [*xs, r(E, 1024), r(E, 1024)]
+
+
+def _by_gemm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(x, y)
+
+
+def _by_mul_sum(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (x[:, :, :, None] * y[:, None, :, :]).sum(2)
+
+
+def _by_unrolled(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    out = x[:, :, 0, None] * y[:, None, 0, :]
+    for k in range(1, x.shape[2]):
+        out = out + x[:, :, k, None] * y[:, None, k, :]
+    return out
+
+
+def _pieces(xs: tuple[torch.Tensor, ...], mm: Callable) -> list[torch.Tensor]:
+    """The eleven slices in the order they tile the joined tensor, built as the region builds them."""
+    a0, s0, a1, a2 = xs[:4]
+    prods = {name: mm(xs[4 + 2 * i], xs[5 + 2 * i]) for i, name in enumerate(MM)}
+    d0, d1 = xs[-2:]
+
+    def a(x: torch.Tensor) -> torch.Tensor:
+        return (x * s0[:, :, None]).transpose(1, 2).reshape(E, 3072)
+
+    def b(x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(1, 2).reshape(E, 1024)
+
+    def c(x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(E, 32, 1, 32).permute(0, 3, 2, 1).reshape(E, 1024)
+
+    p = prods
+    return [a(a2), d0, d1, b(p["b2"]), a(a1), c(p["c2"]), c(p["c1"]), b(p["b1"]), b(p["b0"]), a(a0), c(p["c0"])]
+
+
+def _variant(mm: Callable, by_piece: bool = False) -> Callable:
+    def fn(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        pieces = _pieces(xs, mm)
+        joined = torch.cat(pieces, 1) + 0.0
+        total = torch.cat([q.sum(0) for q in pieces]) if by_piece else joined.sum(0)
+        return joined, joined.t(), total
+
+    return fn
+
+
+def _device_us(fn: Callable, args: list[torch.Tensor], calls: int = 50) -> tuple[float, int, object]:
+    out = fn(*args)
+    for _ in range(3):
+        fn(*args)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn(*args)
+    end.record()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn(*args)
+        torch.cuda.synchronize()
+    kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return start.elapsed_time(end) * 1000 / calls, kernels, out
+
+
+def _diff(a: tuple, b: tuple) -> str:
+    if all(torch.equal(x, y) for x, y in zip(a, b, strict=True)):
+        return "bitwise equal"
+    return f"max diff {max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True)):.3e}"
+
+
+def main() -> None:
+    xs = _inputs()
+    print(f"edges {E}; joined [{E}, 17408] fp32, {E * 17408 * 4 / 1e6:.0f} MB", flush=True)
+    rows = [
+        ("Thunder: 6 GEMMs + nvFuser region", thunder.jit(_variant(_by_gemm))),
+        ("Thunder: GEMMs, sum by piece", thunder.jit(_variant(_by_gemm, by_piece=True))),
+        ("Thunder: products as mul+sum", thunder.jit(_variant(_by_mul_sum))),
+        ("Thunder: products unrolled", thunder.jit(_variant(_by_unrolled))),
+        ("Thunder: unrolled, sum by piece", thunder.jit(_variant(_by_unrolled, by_piece=True))),
+        ("Inductor: GEMMs", torch.compile(_variant(_by_gemm))),
+        ("Inductor: products as mul+sum", torch.compile(_variant(_by_mul_sum))),
+        ("Inductor: products unrolled", torch.compile(_variant(_by_unrolled))),
+        ("eager: GEMMs", _variant(_by_gemm)),
+    ]
+    base = None
+    for name, fn in rows:
+        try:
+            us, k, out = _device_us(fn, xs)
+            base = base if base is not None else out
+            print(f"{name:36s} {us:8.1f} us {k:3d} kernels  {_diff(out, base)}", flush=True)
+        except Exception as e:
+            print(f"{name:36s} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
+        if name.startswith("Thunder"):
+            from thunder.examine import get_fusion_symbols
+
+            fusions = get_fusion_symbols(thunder.last_traces(fn)[-1])
+            print("   regions:", [f.sym.name for f in fusions], flush=True)
+
+
+if __name__ == "__main__":
+    main()
