@@ -84,6 +84,11 @@ def _variant(mm: Callable, by_piece: bool = False) -> Callable:
     return fn
 
 
+def _jit(fn: Callable) -> Callable:
+    """Thunder's jit with nvFuser (the package's executors for CUDA, which let nvfuser_direct builds run)."""
+    return thunder.jit(fn, executors=fusion_executors("cuda"))
+
+
 def _device_us(fn: Callable, args: list[torch.Tensor], calls: int = 50) -> tuple[float, int, object]:
     out = fn(*args)
     for _ in range(3):
@@ -115,11 +120,11 @@ def main() -> None:
     print(f"edges {E}; joined [{E}, 17408] fp32, {E * 17408 * 4 / 1e6:.0f} MB", flush=True)
     rows = [
         ("eager: GEMMs", _variant(_by_gemm)),
-        ("Thunder: 6 GEMMs + nvFuser region", thunder.jit(_variant(_by_gemm))),
-        ("Thunder: GEMMs, sum by piece", thunder.jit(_variant(_by_gemm, by_piece=True))),
-        ("Thunder: products as mul+sum", thunder.jit(_variant(_by_mul_sum))),
-        ("Thunder: products unrolled", thunder.jit(_variant(_by_unrolled))),
-        ("Thunder: unrolled, sum by piece", thunder.jit(_variant(_by_unrolled, by_piece=True))),
+        ("Thunder: 6 GEMMs + nvFuser region", _jit(_variant(_by_gemm))),
+        ("Thunder: GEMMs, sum by piece", _jit(_variant(_by_gemm, by_piece=True))),
+        ("Thunder: products as mul+sum", _jit(_variant(_by_mul_sum))),
+        ("Thunder: products unrolled", _jit(_variant(_by_unrolled))),
+        ("Thunder: unrolled, sum by piece", _jit(_variant(_by_unrolled, by_piece=True))),
         ("Inductor: GEMMs", torch.compile(_variant(_by_gemm))),
         ("Inductor: products as mul+sum", torch.compile(_variant(_by_mul_sum))),
         ("Inductor: products unrolled", torch.compile(_variant(_by_unrolled))),
