@@ -84,9 +84,16 @@ def _variant(mm: Callable, by_piece: bool = False) -> Callable:
     return fn
 
 
-def _jit(fn: Callable) -> Callable:
-    """Thunder's jit with nvFuser (the package's executors for CUDA, which let nvfuser_direct builds run)."""
-    return thunder.jit(fn, executors=fusion_executors("cuda"))
+def _jit(fn: Callable, fuser: str = "nvfuser") -> Callable:
+    """Thunder's jit with nvFuser (the package's executors for CUDA, which let nvfuser_direct builds run) or with
+    Thunder's torch.compile executor."""
+    return thunder.jit(fn, executors=fusion_executors("cuda" if fuser == "nvfuser" else "cpu"))
+
+
+def _region_alone(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The region without its matmuls: their outputs are its inputs."""
+    products = iter(xs[4:-2])
+    return _variant(lambda x, y: next(products))(*xs[:4], *([None] * 2 * len(MM)), *xs[-2:])
 
 
 def _device_us(fn: Callable, args: list[torch.Tensor], calls: int = 50) -> tuple[float, int, object]:
@@ -125,6 +132,9 @@ def main() -> None:
         ("Thunder: products as mul+sum", _jit(_variant(_by_mul_sum))),
         ("Thunder: products unrolled", _jit(_variant(_by_unrolled))),
         ("Thunder: unrolled, sum by piece", _jit(_variant(_by_unrolled, by_piece=True))),
+        ("Thunder, torch.compile: GEMMs", _jit(_variant(_by_gemm), "torchcompile")),
+        ("Thunder, torch.compile: mul+sum", _jit(_variant(_by_mul_sum), "torchcompile")),
+        ("Thunder, torch.compile: unrolled", _jit(_variant(_by_unrolled), "torchcompile")),
         ("Inductor: GEMMs", torch.compile(_variant(_by_gemm))),
         ("Inductor: products as mul+sum", torch.compile(_variant(_by_mul_sum))),
         ("Inductor: products unrolled", torch.compile(_variant(_by_unrolled))),
@@ -145,6 +155,11 @@ def main() -> None:
 
             fusions = get_fusion_symbols(thunder.last_traces(fn)[-1])
             print("   regions:", [f.sym.name for f in fusions], flush=True)
+    products = [_by_gemm(xs[4 + 2 * i], xs[5 + 2 * i]) for i in range(len(MM))]
+    alone = [*xs[:4], *products, *xs[-2:]]
+    for fuser in ("nvfuser", "torchcompile"):
+        us, k, _ = _device_us(_jit(_region_alone, fuser), alone)
+        print(f"{'the region alone, ' + fuser:36s} {us:8.1f} us {k:3d} kernels", flush=True)
 
 
 if __name__ == "__main__":
