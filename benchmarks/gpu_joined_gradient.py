@@ -20,7 +20,7 @@ from collections.abc import Callable
 import thunder
 import torch
 
-from thunder_fusion_guard import fusion_executors
+from thunder_fusion_guard import Costs, FusionGuard, Rewrites, fusion_executors
 
 E = int(sys.argv[1]) if len(sys.argv) > 1 else 9808
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -84,10 +84,17 @@ def _variant(mm: Callable, by_piece: bool = False) -> Callable:
     return fn
 
 
-def _jit(fn: Callable, fuser: str = "nvfuser") -> Callable:
+def _jit(fn: Callable, fuser: str = "nvfuser", guard: FusionGuard | None = None) -> Callable:
     """Thunder's jit with nvFuser (the package's executors for CUDA, which let nvfuser_direct builds run) or with
-    Thunder's torch.compile executor."""
-    return thunder.jit(fn, executors=fusion_executors("cuda" if fuser == "nvfuser" else "cpu"))
+    Thunder's torch.compile executor, guarded by ``guard`` where given."""
+    executors = fusion_executors("cuda" if fuser == "nvfuser" else "cpu")
+    return thunder.jit(fn, executors=executors, transforms=[guard] if guard is not None else [])
+
+
+def _guard(small_matmuls: bool) -> FusionGuard:
+    """README's e3nn configuration, with or without ``small_matmuls``."""
+    rewrites = Rewrites(merge_regions=True, small_matmuls=small_matmuls)
+    return FusionGuard(choose_executor=True, exact_only=False, rewrites=rewrites, costs=Costs(measure_budget_s=60))
 
 
 def _region_alone(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -132,6 +139,8 @@ def main() -> None:
         ("Thunder: products as mul+sum", _jit(_variant(_by_mul_sum))),
         ("Thunder: products unrolled", _jit(_variant(_by_unrolled))),
         ("Thunder: unrolled, sum by piece", _jit(_variant(_by_unrolled, by_piece=True))),
+        ("guarded, README's e3nn options", _jit(_variant(_by_gemm), guard=_guard(False))),
+        ("guarded, + small_matmuls", _jit(_variant(_by_gemm), guard=_guard(True))),
         ("Thunder, torch.compile: GEMMs", _jit(_variant(_by_gemm), "torchcompile")),
         ("Thunder, torch.compile: mul+sum", _jit(_variant(_by_mul_sum), "torchcompile")),
         ("Thunder, torch.compile: unrolled", _jit(_variant(_by_unrolled), "torchcompile")),
@@ -150,11 +159,14 @@ def main() -> None:
             print(f"{name:36s} {us:8.1f} us {k:3d} kernels  against eager: {_diff(out, base)}{against}", flush=True)
         except Exception as e:
             print(f"{name:36s} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
-        if name.startswith("Thunder"):
+        if name.startswith(("Thunder", "guarded")):
             from thunder.examine import get_fusion_symbols
 
             fusions = get_fusion_symbols(thunder.last_traces(fn)[-1])
             print("   regions:", [f.sym.name for f in fusions], flush=True)
+            guard = next((t for t in thunder.compile_data(fn).transforms if isinstance(t, FusionGuard)), None)
+            for d in guard.report if guard is not None else []:
+                print(f"   {d.trace} {d.region} {d.action} {d.code}: {d.reason}", flush=True)
     products = [_by_gemm(xs[4 + 2 * i], xs[5 + 2 * i]) for i in range(len(MM))]
     alone = [*xs[:4], *products, *xs[-2:]]
     for fuser in ("nvfuser", "torchcompile"):

@@ -20,6 +20,7 @@ export TFG_ZOO_LOCK=/tmp/tfg-potentials.lock
 NQ="/tmp/nq:$PWD/.whl/nequip/pure:${PYTHONPATH:-}"
 MC="/tmp/mc:/tmp/cq:${PYTHONPATH:-}"
 README='{"choose_executor": true, "exact_only": false, "merge_regions": true, "measure_budget_s": 300}'
+MATMULS='{"choose_executor": true, "exact_only": false, "merge_regions": true, "small_matmuls": true, "measure_budget_s": 300}'
 
 declare -A JOBS=(
   [nequip-inductor]="$NQ|--model nequip --paths eager,inductor-ro --step-graph inductor"
@@ -47,6 +48,8 @@ declare -A JOBS=(
   [modules-step]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph inductor/combo --step-graph fx-guarded/readme"
   [small-graphs]="|--model small --paths eager,inductor-ro,fx-guarded+cudagraph"
   [small-step]="|--model small --paths eager --step-graph inductor --step-graph inductor/combo --step-graph fx-guarded/readme"
+  [small-matmuls]="|--model small --paths eager --step-graph inductor --step-graph fx-guarded/readme --step-graph fx-guarded/matmuls"
+  [modules-matmuls]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls"
 )
 chosen=("$@")
 [ ${#chosen[@]} -eq 0 ] && chosen=("${!JOBS[@]}")
@@ -59,7 +62,8 @@ for job in "${chosen[@]}"; do
   path=${JOBS[$job]%%|*}
   args=${JOBS[$job]#*|}
   variant=()
-  [[ $args == *fx-guarded/readme* ]] && variant=(--variant "fx-guarded/readme=$README")
+  [[ $args == *fx-guarded/readme* ]] && variant+=(--variant "fx-guarded/readme=$README")
+  [[ $args == *fx-guarded/matmuls* ]] && variant+=(--variant "fx-guarded/matmuls=$MATMULS")
   [[ $job == nequip-jit-vjps ]] && variant=(--variant 'guarded/without-exact-vjps={"runtime": {"exact_vjps": false}}')
   (
     # shellcheck disable=SC2086

@@ -72,7 +72,8 @@ def test_an_unknown_key_in_a_group_dict_is_a_type_error_naming_it():
         FusionGuard(rewrites={"rehome": False, "bogus": 1})
     assert str(caught.value) == (
         "FusionGuard option 'rewrites' got an unexpected key 'bogus'; its keys are metadata_ops, fold_setitem, "
-        "concat_padded_sums, remove_identities, rehome, merge_regions, override_compile_options"
+        "concat_padded_sums, remove_identities, rehome, merge_regions, small_matmuls, "
+        "override_compile_options"
     )
     with pytest.raises(TypeError, match=r"unexpected key 'margin' \(it is a field of the group 'costs': write "):
         FusionGuard(rewrites={"margin": 0.1})

@@ -203,6 +203,12 @@ class Rewrites(_Group):
         "merge two regions of one executor, and the ops between them it can run (views, `index_add`), into one call "
         "(may round differently)",
     )
+    small_matmuls: bool = _option(
+        False,
+        _bool,
+        "compute a float32 matmul over at most 8 terms (e3nn's outer products) inside the one region that reads it, as "
+        "products and a sum (may round differently)",
+    )
     override_compile_options: bool = _option(
         False,
         _bool,

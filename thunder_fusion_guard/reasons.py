@@ -45,6 +45,8 @@ ReasonCode = Literal[
     "rehome_failed",
     "rehome_skipped",
     "rehomed",
+    "matmul_moved",
+    "matmul_kept",
     "merged",
     "hoist_written_by_backward",
     "hoisted",
@@ -160,6 +162,7 @@ class Facts(TypedDict, total=False):
     before_code: ReasonCode  # the code and facts of the decision a failure overturned
     before_facts: Facts
     into: str
+    inner: int  # the terms each element of a matmul sums
     across: list[str]  # a merge: the ops between the two regions
     blocked_by: str
     skipped: str
@@ -566,6 +569,21 @@ def _rehomed(f: Facts) -> tuple[str, str | None]:
         f"metadata op read only by {into}: moved into it (no eager dispatch)",
         f"metadata op run outside a fusion and read only by {into}: moved into it (no eager dispatch)",
     )
+
+
+def _matmul_moved(f: Facts) -> tuple[str, str | None]:
+    into, inner = f["into"], f["inner"]
+    return (
+        f"matmul over {plural(inner, 'term')} read only by {into}: computed inside it as products and a sum "
+        "(may round differently)",
+        f"a matmul over {plural(inner, 'term')} whose result only {into} reads: computed there as products and a "
+        "sum, its result neither written nor read back and one GEMM launch fewer (option 'rewrites.small_matmuls'; "
+        "the executor may add the terms in another order than the GEMM)",
+    )
+
+
+def _matmul_kept(f: Facts) -> tuple[str, str | None]:
+    return f"matmul over {plural(f['inner'], 'term')} read only by {f['into']} kept outside: {f['skipped']}", None
 
 
 def _merged(f: Facts) -> tuple[str, str | None]:
@@ -1035,6 +1053,8 @@ _WORDS: dict[ReasonCode, Callable[[Facts], tuple[str, str | None]]] = {
     "rehome_failed": _rehome_failed,
     "rehome_skipped": _rehome_skipped,
     "rehomed": _rehomed,
+    "matmul_moved": _matmul_moved,
+    "matmul_kept": _matmul_kept,
     "merged": _merged,
     "hoist_written_by_backward": _hoist_written_by_backward,
     "hoisted": _hoisted,

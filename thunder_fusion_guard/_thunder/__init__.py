@@ -10,6 +10,7 @@ functions here, one module a job, so that a new release means reading and fixing
 - :mod:`.lowering`: building traces and fusion calls, lowering ops to Thunder's torch executor;
 - :mod:`.copies`: copies into slices of a new zero tensor, and the concatenation computing it out of place;
 - :mod:`.padded`: zero pads and plain adds, and the concatenation that replaces a sum of pads;
+- :mod:`.products`: matmuls, and the products and sum that compute one over a few terms inside a region;
 - :mod:`.executors`: which executors exist, which fusion executor runs where, software versions;
 - :mod:`.compiling`: the compilation Thunder runs right now;
 - :mod:`.jitted`: what ``thunder.jit`` made (transforms, traces, compiled calls; recording a run's fusion calls);
@@ -173,6 +174,11 @@ from .padded import (
     slice_range,
     widened,
 )
+from .products import (
+    Matmul,
+    matmul_of,
+    matmul_products,
+)
 from .scripted import (
     scripted_calls,
 )
@@ -304,6 +310,7 @@ __all__ = [
     "FxSubgraph",
     "GraphBreak",
     "GraphCall",
+    "Matmul",
     "PadPiece",
     "Proxy",
     "RescuingCall",
@@ -401,6 +408,8 @@ __all__ = [
     "library_ops_translated",
     "lower_to_torch",
     "lowering_executor_names",
+    "matmul_of",
+    "matmul_products",
     "module_call",
     "module_path",
     "new_trace_like",

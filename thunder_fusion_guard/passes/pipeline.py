@@ -38,6 +38,7 @@ from .padded_sums import padded_sum_pass
 from .records import instead, op_decision
 from .rehome import merge_pass, rehome_pass
 from .rescue import rescue_pass
+from .small_matmuls import small_matmul_pass
 
 __all__ = [
     "PASSES",
@@ -70,6 +71,7 @@ class Pass:
 # The passes of guard_trace, in order: (name, the option that turns it on, the function, runs in report_only).
 PASSES: tuple[Pass, ...] = (
     Pass("lost_constant_pass", "rescue", lost_constant_pass),
+    Pass("small_matmul_pass", "rewrites.small_matmuls", small_matmul_pass),
     Pass("region_pass", None, region_pass),
     Pass("fold_pass", "rewrites.fold_setitem", fold_pass),
     Pass("identity_pass", "rewrites.remove_identities", identity_pass),

@@ -1,0 +1,127 @@
+"""Matmuls over a few terms computed inside the one region that reads them (``rewrites.small_matmuls``, opt-in):
+the matmul leaves the trace, the region computes products and a sum, the values stay unguarded Thunder's within
+rounding, forward and backward; left alone by default, over more than 8 terms, outside float32, where another op
+or the return reads the result, and in ``report_only`` mode (recorded, not applied)."""
+
+import pytest
+import thunder
+import torch
+from helpers import nvfuser_shaped_executor
+
+from thunder_fusion_guard import Costs, FusionGuard, Rewrites
+
+
+def product_then_pointwise(a, b, x):
+    """A batched matmul over ``a.shape[-1]`` terms whose result one region alone reads (transposed, as e3nn's
+    weight gradients are)."""
+    return (torch.matmul(a, b).transpose(1, 2) * x).sin()
+
+
+def _inputs(inner=3, dtype=torch.float32, grad=False):
+    torch.manual_seed(0)
+    a = torch.randn(6, 4, inner, dtype=dtype, requires_grad=grad)
+    b = torch.randn(6, inner, 5, dtype=dtype, requires_grad=grad)
+    return a, b, torch.randn(6, 5, 4, dtype=dtype)
+
+
+def _guard(**rewrites):
+    return FusionGuard(strict=True, costs=Costs(cost_model=False), rewrites=Rewrites(**rewrites))
+
+
+def _top_ops(jitted, backward=False):
+    traces = thunder.last_backward_traces(jitted) if backward else thunder.last_traces(jitted)
+    return [b.sym.name for b in traces[-1].bound_symbols]
+
+
+def _region_ops(jitted, backward=False):
+    traces = thunder.last_backward_traces(jitted) if backward else thunder.last_traces(jitted)
+    return [s.sym.name for b in traces[-1].bound_symbols if b.sym.is_fusion for s in b.subsymbols]
+
+
+def _moves(guard):
+    return [d for d in guard.report if d.code in ("matmul_moved", "matmul_kept")]
+
+
+def test_a_matmul_over_three_terms_is_computed_in_the_region_that_reads_it():
+    ex = nvfuser_shaped_executor()
+    args = _inputs()
+    guard = _guard(small_matmuls=True)
+    guarded = thunder.jit(product_then_pointwise, executors=[ex], transforms=[guard])
+    plain = thunder.jit(product_then_pointwise, executors=[ex])
+    torch.testing.assert_close(guarded(*args), plain(*args), rtol=1e-6, atol=1e-6)
+    assert "matmul" in _top_ops(plain)
+    assert "matmul" not in _top_ops(guarded)
+    assert _region_ops(guarded)[:4] == ["broadcast_in_dim", "broadcast_in_dim", "mul", "sum"]
+    (d,) = _moves(guard)
+    assert (d.action, d.code, d.trace, d.applied, d.ops) == ("rehome", "matmul_moved", "forward", True, ["matmul"])
+    assert d.facts == {"into": d.region, "inner": 3}
+    assert d.details["source"].endswith("test_small_matmuls.py:17")  # the user's line of the matmul
+
+
+def test_off_by_default_the_matmul_stays_and_the_bits_are_unguarded_thunders():
+    ex = nvfuser_shaped_executor()
+    args = _inputs()
+    guard = FusionGuard(strict=True, costs=Costs(cost_model=False))
+    guarded = thunder.jit(product_then_pointwise, executors=[ex], transforms=[guard])
+    plain = thunder.jit(product_then_pointwise, executors=[ex])
+    assert torch.equal(guarded(*args), plain(*args))
+    assert "matmul" in _top_ops(guarded)
+    assert not _moves(guard)
+
+
+def test_a_backward_matmul_read_by_one_region_moves_and_gradients_match():
+    def f(a, b, x):
+        return (torch.matmul(a.sin(), b) * x.transpose(1, 2)).sum()
+
+    ex = nvfuser_shaped_executor()
+    guard = _guard(small_matmuls=True)
+    grads = []
+    for transforms in ([guard], []):
+        a, b, x = _inputs(inner=5, grad=True)
+        jitted = thunder.jit(f, executors=[ex], transforms=transforms)
+        jitted(a, b, x).backward()
+        grads.append((a.grad, b.grad))
+    for got, expected in zip(*grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    moved = [d for d in _moves(guard) if d.trace == "backward"]
+    # a's gradient: the cotangent @ b.T (over 5 terms) is read by the region multiplying it by cos(a) alone
+    assert [(d.code, d.facts["inner"]) for d in moved] == [("matmul_moved", 5)]
+
+
+@pytest.mark.parametrize(
+    ("inner", "dtype"), [(9, torch.float32), (3, torch.bfloat16), (3, torch.float64)], ids=["9 terms", "bf16", "fp64"]
+)
+def test_more_terms_or_another_dtype_stays_outside(inner, dtype):
+    ex = nvfuser_shaped_executor()
+    guard = _guard(small_matmuls=True)
+    guarded = thunder.jit(product_then_pointwise, executors=[ex], transforms=[guard])
+    guarded(*_inputs(inner, dtype))
+    assert "matmul" in _top_ops(guarded)
+    assert not _moves(guard)
+
+
+def test_a_result_another_op_or_the_return_reads_stays_outside():
+    def read_twice(a, b, x):
+        p = torch.matmul(a, b)
+        return (p.transpose(1, 2) * x).sin(), p
+
+    ex = nvfuser_shaped_executor()
+    guard = _guard(small_matmuls=True)
+    guarded = thunder.jit(read_twice, executors=[ex], transforms=[guard])
+    a, b, x = _inputs()
+    out, p = guarded(a, b, x)
+    torch.testing.assert_close((out, p), read_twice(a, b, x))
+    assert "matmul" in _top_ops(guarded)
+    assert not _moves(guard)
+
+
+def test_report_only_records_the_move_and_changes_nothing():
+    ex = nvfuser_shaped_executor()
+    args = _inputs()
+    guard = FusionGuard(report_only=True, costs=Costs(cost_model=False), rewrites=Rewrites(small_matmuls=True))
+    guarded = thunder.jit(product_then_pointwise, executors=[ex], transforms=[guard])
+    plain = thunder.jit(product_then_pointwise, executors=[ex])
+    assert torch.equal(guarded(*args), plain(*args))
+    assert "matmul" in _top_ops(guarded)
+    (d,) = _moves(guard)
+    assert (d.code, d.applied) == ("matmul_moved", False)

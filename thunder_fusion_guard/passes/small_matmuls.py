@@ -1,0 +1,108 @@
+"""A matmul over a few terms, computed inside the one fusion region that reads it, as products and a sum.
+
+e3nn's tensor products contract the components of irreps: batched matmuls over 1, 3 or 5 terms (outer products)
+whose [edges, 32, 32] results cuBLAS writes and one region alone reads, often only to transpose them into a joined
+tensor. Computed inside that region as ``sum(a[..., :, :, None] * b[..., None, :, :], -2)``, the result is never
+written nor read back and a GEMM launch goes. Inductor unrolls such a sum into multiply-adds in the order cuBLAS
+adds the terms (the same bits on an H200 in e3nn's sizes), but nothing promises it, so this is opt-in
+(``rewrites.small_matmuls``) as ``merge_regions`` is. It runs before regions are decided, so that
+``choose_executor`` times each region with its products on both executors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .. import _thunder as th
+from ..decisions import Decision, Details
+from ..ops import communication_segments, crosses_communication, is_communication
+from .context import PassContext
+from .records import op_decision
+from .rewrite import readers, unique_proxies
+
+SMALL_INNER = 8  # the most terms a matmul moved into a region sums (Inductor unrolls sums of up to 8)
+
+
+@dataclass(frozen=True)
+class MatmulMoved:
+    """One matmul computed in the region that reads it (``error``: why rebuilding that region failed;
+    ``refused``: why its executor cannot run the products), its output, terms and where it went."""
+
+    output: str
+    inner: int
+    into: str
+    executor: str
+    source: str | None
+    error: str = ""
+    refused: str = ""
+
+
+def matmuls_into_regions(
+    trace: th.TraceCtx, may_rebuild: Callable[[th.BoundSymbol], bool], max_inner: int = SMALL_INNER
+) -> tuple[th.TraceCtx, list[MatmulMoved]]:
+    """``trace`` with each float32 matmul over at most ``max_inner`` terms whose result one later fusion region
+    alone reads (``may_rebuild`` allows) computed inside that region as products and a sum. A returned result, or
+    one with a communication op between the matmul and its reader, stays outside."""
+    bsyms: list[th.BoundSymbol | None] = list(trace.bound_symbols)
+    readers_of = readers(bsyms)
+    segments = communication_segments(bsyms)
+    moved: list[MatmulMoved] = []
+    for i in range(len(bsyms) - 1, -1, -1):  # the last first: each region's products end up in trace order
+        b = bsyms[i]
+        mm = th.matmul_of(b) if b is not None and not th.is_fusion(b) else None
+        if mm is None or mm.inner > max_inner:
+            continue
+        read_by = readers_of.get(mm.out.name, set())
+        if len(read_by) != 1:
+            continue
+        (j,) = read_by
+        region = bsyms[j]
+        if j < i or not (th.is_fusion(region) and may_rebuild(region)) or crosses_communication(segments, i, j):
+            continue
+        into, ex = region.sym.name, th.executor_name(region)
+        found = MatmulMoved(mm.out.name, mm.inner, into, ex, th.source_line(b))
+        products = th.matmul_products(trace, mm)
+        if not all(th.executor_claims(region, op) for op in products):
+            moved.append(_with(found, refused=f"{ex} does not claim the products and their sum"))
+            continue
+        inputs = unique_proxies([mm.a, mm.b, *(p for p in region.flat_proxy_args if p.name != mm.out.name)])
+        try:
+            bsyms[j] = th.rebuild_fusion(region, [*products, *th.subsymbols(region)], inputs, region.flat_proxy_outs)
+        except Exception as e:  # rebuilding a fusion may raise anything in Thunder or the executor: the matmul stays
+            moved.append(_with(found, error=f"{type(e).__name__}: {e}"))
+            continue
+        bsyms[i] = None
+        for p in (mm.a, mm.b):
+            readers_of[p.name].discard(i)
+            readers_of[p.name].add(j)
+        moved.append(found)
+    if all(m.error or m.refused for m in moved):
+        return trace, moved[::-1]
+    return th.new_trace_like(trace, [b for b in bsyms if b is not None]), moved[::-1]
+
+
+def _with(found: MatmulMoved, **why: str) -> MatmulMoved:
+    return MatmulMoved(**{**found.__dict__, **why})
+
+
+def small_matmul_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
+    """Compute matmuls over a few terms inside the region that alone reads them (:func:`matmuls_into_regions`)."""
+    options = context.options
+
+    def may(fusion: th.BoundSymbol) -> bool:  # opted into other rounding: exact_only does not hold it back
+        return options.guards(th.executor_name(fusion)) and not is_communication(fusion)
+
+    new, moves = matmuls_into_regions(trace, may)
+    applied = not options.report_only
+    made = []
+    for m in moves:
+        details = Details(output=m.output, into=m.into, **({"source": m.source} if m.source else {}))
+        facts = {"into": m.into, "inner": m.inner}
+        kept = bool(m.error or m.refused)
+        if kept:
+            facts["skipped"] = m.refused or "rebuilding it failed"
+        more = {"error": m.error} if m.error else {} if kept else {"applied": applied}
+        action, code = ("keep", "matmul_kept") if kept else ("rehome", "matmul_moved")
+        made.append(op_decision(context.where, m.into, m.executor, ["matmul"], action, code, facts, details, **more))
+    return (trace if options.report_only else new), made
