@@ -125,3 +125,20 @@ def test_report_only_records_the_move_and_changes_nothing():
     assert "matmul" in _top_ops(guarded)
     (d,) = _moves(guard)
     assert (d.code, d.applied) == ("matmul_moved", False)
+
+
+@pytest.mark.cuda
+def test_on_nvfuser_the_products_run_in_the_region_and_the_values_stay_within_rounding(inject_timings):
+    """On CUDA nvFuser's regions leave matmuls outside: e3nn's outer products over 3 and 5 terms move in."""
+    inject_timings(10.0, 40.0, other_us=30.0)  # fused wins, the other executor loses: the region stays nvFuser's
+
+    def f(a, b, c, d, x):
+        return (torch.matmul(a, b).transpose(1, 2) * x + torch.matmul(c, d).transpose(1, 2)).sin()
+
+    torch.manual_seed(0)
+    args = [torch.randn(*s, device="cuda") for s in ((64, 32, 3), (64, 3, 32), (64, 32, 5), (64, 5, 32), (64, 32, 32))]
+    guard = FusionGuard(strict=True, choose_executor=True, exact_only=False, rewrites=Rewrites(small_matmuls=True))
+    guarded = thunder.jit(f, transforms=[guard])
+    torch.testing.assert_close(guarded(*args), thunder.jit(f)(*args), rtol=1e-5, atol=1e-5)
+    assert "matmul" not in _top_ops(guarded)
+    assert sorted(d.facts["inner"] for d in _moves(guard) if d.code == "matmul_moved") == [3, 5]
