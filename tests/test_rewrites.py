@@ -190,7 +190,7 @@ def test_rewrites_can_be_switched_off(option, spelling):
     assert not off.report.filter(action=action)
 
 
-@pytest.mark.parametrize("option", [*SWITCHES, "merge_regions"])
+@pytest.mark.parametrize("option", [*SWITCHES, "merge_regions", "small_matmuls"])
 def test_rewrite_switches_take_only_booleans(option):
     with pytest.raises(ValueError, match=f"'rewrites.{option}' must be True or False"):
         FusionGuard(rewrites={option: "yes"})
