@@ -142,3 +142,25 @@ def test_on_nvfuser_the_products_run_in_the_region_and_the_values_stay_within_ro
     torch.testing.assert_close(guarded(*args), thunder.jit(f)(*args), rtol=1e-5, atol=1e-5)
     assert "matmul" not in _top_ops(guarded)
     assert sorted(d.facts["inner"] for d in _moves(guard) if d.code == "matmul_moved") == [3, 5]
+
+
+def test_a_region_that_cannot_be_rebuilt_keeps_its_matmul_and_strict_raises(monkeypatch):
+    from thunder_fusion_guard import FusionGuardError
+    from thunder_fusion_guard import _thunder as th
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("planted rebuild failure")
+
+    monkeypatch.setattr(th, "rebuild_fusion", fail)
+    ex = nvfuser_shaped_executor()
+    args = _inputs()
+    guard = FusionGuard(costs=Costs(cost_model=False), rewrites=Rewrites(small_matmuls=True))
+    guarded = thunder.jit(product_then_pointwise, executors=[ex], transforms=[guard])
+    assert torch.equal(guarded(*args), thunder.jit(product_then_pointwise, executors=[ex])(*args))
+    assert "matmul" in _top_ops(guarded)
+    (d,) = _moves(guard)
+    assert (d.action, d.code, d.facts["skipped"]) == ("keep", "matmul_kept", "rebuilding it failed")
+    assert d.error == "RuntimeError: planted rebuild failure"
+    strict = thunder.jit(product_then_pointwise, executors=[ex], transforms=[_guard(small_matmuls=True)])
+    with pytest.raises(FusionGuardError, match=r"could not compute the matmul .* planted rebuild failure"):
+        strict(*args)

@@ -108,13 +108,16 @@ def check_communication(before: th.TraceCtx, after: th.TraceCtx) -> None:
         raise CommunicationChanged(problem)
 
 
-def may_change(options: GuardOptions) -> Callable[[th.BoundSymbol], bool]:
+def may_change(options: GuardOptions, keep_bits: bool = True) -> Callable[[th.BoundSymbol], bool]:
     """Which fusion calls op passes may rebuild: guarded ones without communication ops, and with
-    ``exact_only`` only those a rebuild cannot change the bits of."""
+    ``exact_only`` only those a rebuild cannot change the bits of (``keep_bits=False``: a rewrite the user opted
+    into knowing it may round differently, which ``exact_only`` does not hold back)."""
 
     def may(fusion: th.BoundSymbol) -> bool:
         if not options.guards(th.executor_name(fusion)) or is_communication(fusion):
             return False
-        return not options.exact_only or rebuild_keeps_bits(list(th.subsymbols(fusion)), options.rewrites.metadata_ops)
+        if not keep_bits or not options.exact_only:
+            return True
+        return rebuild_keeps_bits(list(th.subsymbols(fusion)), options.rewrites.metadata_ops)
 
     return may

@@ -226,16 +226,13 @@ def merge_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, l
     options = context.options
     refused = _refusal(context)
 
-    def may(fusion: th.BoundSymbol) -> bool:
-        return options.guards(th.executor_name(fusion)) and not is_communication(fusion)
-
     def bridge(fusion: th.BoundSymbol, op: th.BoundSymbol) -> bool:
         if is_communication(op) or is_random(op) or writes_inputs(op) or compute_bound([th.op_name(op)]):
             return False
         return bool(op.flat_proxy_outs) and refused(fusion, op) is None
 
     # Opted into knowing the merged code may round differently, so exact_only does not hold it back.
-    new, merges = merge_adjacent_regions(trace, may, bridge)
+    new, merges = merge_adjacent_regions(trace, may_change(options, keep_bits=False), bridge)
     applied = not options.report_only
     made = []
     for m in merges:

@@ -12,12 +12,12 @@ adds the terms (the same bits on an H200 in e3nn's sizes), but nothing promises 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import _thunder as th
 from ..decisions import Decision, Details
-from ..ops import communication_segments, crosses_communication, is_communication
-from .context import PassContext
+from ..ops import communication_segments, crosses_communication
+from .context import FusionGuardError, PassContext, may_change
 from .records import op_decision
 from .rewrite import readers, unique_proxies
 
@@ -64,13 +64,13 @@ def matmuls_into_regions(
         found = MatmulMoved(mm.out.name, mm.inner, into, ex, th.source_line(b))
         products = th.matmul_products(trace, mm)
         if not all(th.executor_claims(region, op) for op in products):
-            moved.append(_with(found, refused=f"{ex} does not claim the products and their sum"))
+            moved.append(replace(found, refused=f"{ex} does not claim the products and their sum"))
             continue
         inputs = unique_proxies([mm.a, mm.b, *(p for p in region.flat_proxy_args if p.name != mm.out.name)])
         try:
             bsyms[j] = th.rebuild_fusion(region, [*products, *th.subsymbols(region)], inputs, region.flat_proxy_outs)
         except Exception as e:  # rebuilding a fusion may raise anything in Thunder or the executor: the matmul stays
-            moved.append(_with(found, error=f"{type(e).__name__}: {e}"))
+            moved.append(replace(found, error=f"{type(e).__name__}: {e}"))
             continue
         bsyms[i] = None
         for p in (mm.a, mm.b):
@@ -82,27 +82,21 @@ def matmuls_into_regions(
     return th.new_trace_like(trace, [b for b in bsyms if b is not None]), moved[::-1]
 
 
-def _with(found: MatmulMoved, **why: str) -> MatmulMoved:
-    return MatmulMoved(**{**found.__dict__, **why})
-
-
 def small_matmul_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
     """Compute matmuls over a few terms inside the region that alone reads them (:func:`matmuls_into_regions`)."""
     options = context.options
-
-    def may(fusion: th.BoundSymbol) -> bool:  # opted into other rounding: exact_only does not hold it back
-        return options.guards(th.executor_name(fusion)) and not is_communication(fusion)
-
-    new, moves = matmuls_into_regions(trace, may)
-    applied = not options.report_only
+    # Opted into knowing the products may round differently, so exact_only does not hold them back.
+    new, moves = matmuls_into_regions(trace, may_change(options, keep_bits=False))
     made = []
     for m in moves:
         details = Details(output=m.output, into=m.into, **({"source": m.source} if m.source else {}))
         facts = {"into": m.into, "inner": m.inner}
-        kept = bool(m.error or m.refused)
-        if kept:
+        if m.error and options.strict:
+            raise FusionGuardError(f"could not compute the matmul {m.output} inside {m.into}: {m.error}")
+        if m.error or m.refused:
             facts["skipped"] = m.refused or "rebuilding it failed"
-        more = {"error": m.error} if m.error else {} if kept else {"applied": applied}
-        action, code = ("keep", "matmul_kept") if kept else ("rehome", "matmul_moved")
+            action, code, more = "keep", "matmul_kept", {"error": m.error} if m.error else {}
+        else:
+            action, code, more = "rehome", "matmul_moved", {"applied": not options.report_only}
         made.append(op_decision(context.where, m.into, m.executor, ["matmul"], action, code, facts, details, **more))
     return (trace if options.report_only else new), made
