@@ -222,6 +222,28 @@ def test_metadata_op_feeding_a_compute_region_is_absorbed_into_it():
     assert len(moved) == 2 and all(d.details["into"] == first.name for d in moved)
 
 
+def test_a_region_that_cannot_be_rebuilt_keeps_its_views_outside_and_strict_raises(monkeypatch):
+    from thunder_fusion_guard import FusionGuardError
+    from thunder_fusion_guard import _thunder as th
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("planted rebuild failure")
+
+    monkeypatch.setattr(th, "rebuild_fusion", fail)
+    ex = fragmenting_executor()
+    x, w = torch.randn(32), torch.randn(8, 4)
+    guard = FusionGuard()
+    guarded = thunder.jit(view_then_compute, executors=[ex], transforms=[guard])
+    assert_same([guarded(x, w)], [thunder.jit(view_then_compute, executors=[ex])(x, w)])
+    failed = [d for d in guard.report if d.code == "rehome_failed"]
+    assert failed and all(d.action == "keep" for d in failed)
+    assert {d.error for d in failed} == {"RuntimeError: planted rebuild failure"}
+    assert not guard.report.filter(action="rehome")
+    strict = thunder.jit(view_then_compute, executors=[ex], transforms=[FusionGuard(strict=True)])
+    with pytest.raises(FusionGuardError, match=r"could not move .* planted rebuild failure"):
+        strict(x, w)
+
+
 def test_views_saved_for_backward_stay_outside_and_gradients_match():
     ex = fragmenting_executor()
     x, w = torch.randn(32, requires_grad=True), torch.randn(8, 4, requires_grad=True)
@@ -246,6 +268,29 @@ def test_merge_regions_is_opt_in_and_merges_adjacent_regions():
     (region,) = regions(merged)
     assert region.ops == ["reshape", "permute", "mul", "exp", "add"]
     assert len([d for d in guard.report if d.details.get("into") and not d.ops]) == 2
+
+
+def test_regions_that_cannot_be_merged_stay_apart_with_the_reason_and_strict_raises(monkeypatch):
+    from thunder_fusion_guard import FusionGuardError
+    from thunder_fusion_guard import _thunder as th
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("planted rebuild failure")
+
+    monkeypatch.setattr(th, "rebuild_fusion", fail)
+    ex = fragmenting_executor()
+    x, w = torch.randn(32), torch.randn(8, 4)
+    guard = FusionGuard(rewrites=Rewrites(merge_regions=True))
+    apart = thunder.jit(view_then_compute, executors=[ex], transforms=[guard])
+    assert_same([apart(x, w)], [thunder.jit(view_then_compute, executors=[ex])(x, w)])
+    assert len(regions(apart)) == 3
+    failed = [d for d in guard.report if d.code == "merge_failed"]
+    assert len(failed) == 2 and all(d.action == "keep" for d in failed)
+    assert {d.error for d in failed} == {"RuntimeError: planted rebuild failure"}
+    assert not [d for d in guard.report if d.code == "merged"]
+    strict = FusionGuard(strict=True, rewrites=Rewrites(merge_regions=True, rehome=False))
+    with pytest.raises(FusionGuardError, match=r"could not merge .* planted rebuild failure"):
+        thunder.jit(view_then_compute, executors=[ex], transforms=[strict])(x, w)
 
 
 def test_rewritten_backward_keeps_thunders_layout():

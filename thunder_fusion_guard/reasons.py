@@ -48,6 +48,7 @@ ReasonCode = Literal[
     "matmul_moved",
     "matmul_kept",
     "merged",
+    "merge_failed",
     "hoist_written_by_backward",
     "hoisted",
     "hoist_refused",
@@ -601,6 +602,10 @@ def _merged(f: Facts) -> tuple[str, str | None]:
     )
 
 
+def _merge_failed(f: Facts) -> tuple[str, str | None]:
+    return f"kept apart from {f['into']}: rebuilding the two as one call failed", None
+
+
 def _hoist_written_by_backward(f: Facts) -> tuple[str, str | None]:
     name = f["name"]
     return (
@@ -1056,6 +1061,7 @@ _WORDS: dict[ReasonCode, Callable[[Facts], tuple[str, str | None]]] = {
     "matmul_moved": _matmul_moved,
     "matmul_kept": _matmul_kept,
     "merged": _merged,
+    "merge_failed": _merge_failed,
     "hoist_written_by_backward": _hoist_written_by_backward,
     "hoisted": _hoisted,
     "hoist_refused": _hoist_refused,

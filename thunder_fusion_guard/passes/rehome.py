@@ -29,7 +29,7 @@ from ..ops import (
     writes_inputs,
 )
 from ..policy import BOOKEND
-from .context import PassContext, may_change
+from .context import FusionGuardError, PassContext, may_change
 from .records import op_decision
 from .rewrite import readers, unique_proxies
 
@@ -137,8 +137,10 @@ def merge_adjacent_regions(
             and prev.sym.executor is b.sym.executor
         ):
             between = [bsyms[k] for k, _ in held]
-            merged = _merged(prev, between, b, readers_of, covered | {i} | {k for k, _ in held})
-            if merged is not None:
+            merged, error = _merged(prev, between, b, readers_of, covered | {i} | {k for k, _ in held})
+            if error:
+                merges.append(Rehome("region", prev.sym.name, b.sym.name, th.executor_name(b), error))
+            else:
                 out[last_region] = merged
                 covered |= {i} | {k for k, _ in held}
                 dropped = {j for _, j in held}
@@ -149,16 +151,16 @@ def merge_adjacent_regions(
                 continue
         last_region, covered, held = (len(out), {i}, []) if th.is_fusion(b) else (None, set(), [])
         out.append(b)
-    if not merges:
-        return trace, []
+    if all(m.error for m in merges):
+        return trace, merges
     return th.new_trace_like(trace, out), merges
 
 
 def _merged(
     first: th.BoundSymbol, between: list[th.BoundSymbol], second: th.BoundSymbol, readers_of, merged: set[int]
-) -> th.BoundSymbol | None:
-    """``first``, the ops ``between`` and ``second`` as one call; what ``first`` and those ops make stays an output
-    where read outside ``merged``."""
+) -> tuple[th.BoundSymbol | None, str]:
+    """``first``, the ops ``between`` and ``second`` as one call, or None and why rebuilding failed; what ``first``
+    and those ops make stays an output where read outside ``merged``."""
     made = {p.name for b in (first, *between) for p in b.flat_proxy_outs}
     inputs = unique_proxies(
         [
@@ -173,9 +175,9 @@ def _merged(
         ]
     )
     try:
-        return th.rebuild_fusion(second, [*th.subsymbols(first), *between, *th.subsymbols(second)], inputs, outputs)
-    except Exception:  # rebuilding may raise anything in Thunder or the executor: the calls then stay apart
-        return None
+        return th.rebuild_fusion(second, [*th.subsymbols(first), *between, *th.subsymbols(second)], inputs, outputs), ""
+    except Exception as e:  # rebuilding may raise anything in Thunder or the executor: the calls then stay apart
+        return None, f"{type(e).__name__}: {e}"
 
 
 def rehome_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
@@ -190,6 +192,8 @@ def rehome_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
             code, action, more = "rehome_blocked", "keep", {}
             facts["blocked_by"] = details["blocked_by"] = m.blocked_by
         elif m.error:
+            if options.strict:
+                raise FusionGuardError(f"could not move {m.moved} into {m.into}: {m.error}")
             code, action, more = "rehome_failed", "keep", {"error": m.error}
         elif m.skipped:
             code, action, more = "rehome_skipped", "keep", {}
@@ -238,6 +242,14 @@ def merge_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, l
     for m in merges:
         facts: dict = {"into": m.into}
         details = Details(into=m.into)
+        if m.error:
+            if options.strict:
+                raise FusionGuardError(f"could not merge {m.moved} into {m.into}: {m.error}")
+            error = m.error
+            made.append(
+                op_decision(context.where, m.moved, m.executor, [], "keep", "merge_failed", facts, details, error=error)
+            )
+            continue
         if m.across:
             facts["across"] = details["across"] = list(m.across)
         made.append(
