@@ -48,7 +48,7 @@ declare -A JOBS=(
   [modules-step]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph inductor/combo --step-graph fx-guarded/readme"
   [small-graphs]="|--model small --paths eager,inductor-ro,fx-guarded+cudagraph"
   [small-step]="|--model small --paths eager --step-graph inductor --step-graph inductor/combo --step-graph fx-guarded/readme"
-  [small-matmuls]="|--model small --paths eager --step-graph inductor --step-graph fx-guarded/readme --step-graph fx-guarded/matmuls"
+  [small-matmuls]="|--model small --paths eager --step-graph inductor --step-graph fx-guarded/matmuls"
   [modules-matmuls]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls"
 )
 chosen=("$@")
