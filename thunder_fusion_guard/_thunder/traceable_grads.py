@@ -3,11 +3,13 @@ torch function forward and have a gradient written in Thunder's ops (:mod:`..pas
 
 Thunder's automatic registration differentiates such an op with ``<op>_vjp``, which reruns the forward under
 ``torch.autograd.functional.vjp``; Dynamo cannot trace that (optree's pytree), so a torch.compile region holding it
-fails at its first backward. The operators here call the torch function Thunder's torch executor calls for the op
-(``torch.mm`` is registered as ``spmm`` and runs ``torch.spmm``; ``sinc`` runs ``torch.special.sinc``) with
-Thunder's own meta: the forward's values and shapes are unguarded Thunder's. Their gradients are Thunder's ops (a
-matmul per side, a pad, sinc's derivative, none for ``new_zeros``), which any executor traces and fuses. Operators
-of the guard's own executor; nothing of Thunder's is replaced.
+fails at its first backward. The operators here have Thunder's own meta and call the torch function Thunder's torch
+executor calls for the op (``torch.mm`` is registered as ``spmm`` and runs ``torch.spmm``; ``sinc`` runs
+``torch.special.sinc``). Their gradient rules compute the forward by Thunder's op itself, so the forward trace
+holds what unguarded Thunder's holds, fused where Thunder fuses it (the same bits: torch.compile's ``sinc`` and
+eager's differ in the last bit on some CPUs), and the gradients by Thunder's ops (a matmul per side, a pad, sinc's
+derivative, none for ``new_zeros``), which any executor traces and fuses. Operators of the guard's own executor;
+nothing of Thunder's is replaced.
 """
 
 from __future__ import annotations
@@ -62,13 +64,14 @@ def _op(sym: Any) -> Any:
         fn = getattr(torch_op.module, torch_op.name)
         op = guard_executor().register_operator(f"{sym.name}_traceable_grad", meta=sym.meta, fn=fn)
         _, grad = _GRADS[sym.id]
-        register_grad(op, _forward_then(op, grad))
+        register_grad(op, _forward_then(sym, grad))
         _OPS[sym.id] = op
     return op
 
 
 def _forward_then(op: Any, grad: Callable) -> Callable:
-    """A gradient rule: ``op`` forward, then ``grad(g, *args, **kwargs)`` puts the gradients of its inputs."""
+    """A gradient rule: ``op`` forward (Thunder's own symbol, as unguarded Thunder's forward calls it), then
+    ``grad(g, *args, **kwargs)`` puts the gradients of its inputs."""
 
     def rule(*args: Any, **kwargs: Any) -> Any:
         fwd = op(*args, **kwargs)
