@@ -69,6 +69,7 @@ from .exactness import (
 from .kinds import (
     WORK_KINDS,
     compute_bound,
+    matrix_products,
     work_kind,
 )
 from .metadata import (
@@ -154,6 +155,7 @@ __all__ = [
     "is_metadata",
     "is_random",
     "known_to_round",
+    "matrix_products",
     "may_alias_inputs",
     "only_numbers",
     "random_ops",
