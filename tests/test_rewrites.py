@@ -270,50 +270,6 @@ def test_merge_regions_is_opt_in_and_merges_adjacent_regions():
     assert len([d for d in guard.report if d.details.get("into") and not d.ops]) == 2
 
 
-def switched_to_torch_compile():
-    """torch.compile whose regions leave matmuls out, as nvFuser's do, and which claims them once its regions are
-    made: nvFuser's regions the guard switched to torch.compile, which runs a matmul by cuBLAS."""
-
-    class Switched(TorchCompileExecutor):
-        partitioned = False
-
-        def fusion_pass(self, trace):
-            try:
-                return super().fusion_pass(trace)
-            finally:
-                self.partitioned = True
-
-        def can_fuse(self, bsym):
-            return (self.partitioned or bsym.sym.name != "matmul") and super().can_fuse(bsym)
-
-    ex = Switched("tc_switched")
-    ex._implmap = dict(torch_compile_ex._implmap)
-    return ex
-
-
-def around_a_matmul(x, w, y):
-    """Pointwise work, a matmul, pointwise work: two regions where the executor leaves the matmul out."""
-    return (torch.matmul(x.exp(), w) * y).sin()
-
-
-def test_merge_regions_runs_a_matmul_its_executor_claims_in_the_merged_call():
-    torch.manual_seed(0)
-    args = (torch.randn(6, 4, 3), torch.randn(6, 3, 5), torch.randn(6, 4, 5))
-    plain = thunder.jit(around_a_matmul, executors=[switched_to_torch_compile()])
-    expected = plain(*args)
-    assert [r.ops for r in regions(plain)] == [["exp"], ["mul", "sin"]]
-    guard = FusionGuard(strict=True, rewrites=Rewrites(merge_regions=True))
-    merged = thunder.jit(around_a_matmul, executors=[switched_to_torch_compile()], transforms=[guard])
-    torch.testing.assert_close(merged(*args), expected, rtol=1e-6, atol=1e-6)
-    (region,) = regions(merged)
-    assert region.ops == ["exp", "matmul", "mul", "sin"]
-    (d,) = [d for d in guard.report if d.code == "merged"]
-    assert d.facts["across"] == ["matmul"] and d.facts["into"] == region.name
-    kept = thunder.jit(around_a_matmul, executors=[switched_to_torch_compile()], transforms=[FusionGuard(strict=True)])
-    assert torch.equal(kept(*args), expected)
-    assert len(regions(kept)) == 2, "merge_regions is opt-in"
-
-
 def test_regions_that_cannot_be_merged_stay_apart_with_the_reason_and_strict_raises(monkeypatch):
     from thunder_fusion_guard import FusionGuardError
     from thunder_fusion_guard import _thunder as th

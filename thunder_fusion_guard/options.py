@@ -200,8 +200,8 @@ class Rewrites(_Group):
     merge_regions: bool = _option(
         False,
         _bool,
-        "merge two regions of one executor, and the ops between them it can run (views, `index_add`, a matmul "
-        "torch.compile claims), into one call (may round differently)",
+        "merge two regions of one executor, and the ops between them it can run (views, `index_add`), into one call "
+        "(may round differently)",
     )
     small_matmuls: bool = _option(
         False,

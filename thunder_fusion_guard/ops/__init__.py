@@ -69,7 +69,6 @@ from .exactness import (
 from .kinds import (
     WORK_KINDS,
     compute_bound,
-    matrix_products,
     work_kind,
 )
 from .metadata import (
@@ -155,7 +154,6 @@ __all__ = [
     "is_metadata",
     "is_random",
     "known_to_round",
-    "matrix_products",
     "may_alias_inputs",
     "only_numbers",
     "random_ops",

@@ -105,15 +105,3 @@ def compute_bound(names: Iterable[str]) -> list[str]:
         if tokens & (_MATMUL_EXACT | _CONVOLUTION) or any(a in name.lower() for a in _ATTENTION):
             found.append(name)
     return found
-
-
-def matrix_products(names: Iterable[str]) -> list[str]:
-    """Those of ``names`` that are plain matrix products (``matmul``, ``bmm``, ``linear``), not attention nor a
-    convolution: the compute-bound ops torch.compile runs by a library GEMM, so a compiled call may hold them."""
-    return [
-        name
-        for name in dict.fromkeys(names)
-        if _tokens([name]) & _MATMUL_EXACT
-        and not _tokens([name]) & _CONVOLUTION
-        and not any(a in name.lower() for a in _ATTENTION)
-    ]

@@ -26,7 +26,6 @@ from ..ops import (
     is_communication,
     is_metadata,
     is_random,
-    matrix_products,
     writes_inputs,
 )
 from ..policy import BOOKEND
@@ -227,19 +226,13 @@ def _refusal(context: PassContext) -> Callable[[th.BoundSymbol, th.BoundSymbol],
 
 def merge_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
     """Merge adjacent regions of one executor into one fusion call, also across ops left to torch that the
-    executor can run (not a communication, random or in-place op, a convolution nor attention; a matmul where the
-    executor claims it)."""
+    executor can run (not a communication, random, in-place or compute-bound op)."""
     options = context.options
     refused = _refusal(context)
 
     def bridge(fusion: th.BoundSymbol, op: th.BoundSymbol) -> bool:
-        if is_communication(op) or is_random(op) or writes_inputs(op):
+        if is_communication(op) or is_random(op) or writes_inputs(op) or compute_bound([th.op_name(op)]):
             return False
-        name = th.op_name(op)
-        if compute_bound([name]) and not matrix_products([name]):  # a convolution or attention stays apart
-            return False
-        # A matrix product only where the executor claims it (torch.compile, which runs it by cuBLAS, as the
-        # torch executor would): the compiled call then also fuses the work on both sides of it.
         return bool(op.flat_proxy_outs) and refused(fusion, op) is None
 
     # Opted into knowing the merged code may round differently, so exact_only does not hold it back.
