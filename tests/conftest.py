@@ -237,6 +237,18 @@ def _thunder_checks_every_trace():
 
 
 @pytest.fixture
+def failing_rebuild(monkeypatch):
+    """Every rebuild of a fusion region (``_thunder.rebuild_fusion``) raises ``RuntimeError: planted rebuild
+    failure``: what the guard keeps and records, and what strict mode raises, where a rewrite cannot be built."""
+    from thunder_fusion_guard import _thunder as th
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("planted rebuild failure")
+
+    monkeypatch.setattr(th, "rebuild_fusion", fail)
+
+
+@pytest.fixture
 def no_inductor():
     """helpers.without_inductor() for one test."""
     from helpers import without_inductor

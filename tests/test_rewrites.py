@@ -222,14 +222,9 @@ def test_metadata_op_feeding_a_compute_region_is_absorbed_into_it():
     assert len(moved) == 2 and all(d.details["into"] == first.name for d in moved)
 
 
-def test_a_region_that_cannot_be_rebuilt_keeps_its_views_outside_and_strict_raises(monkeypatch):
+def test_a_region_that_cannot_be_rebuilt_keeps_its_views_outside_and_strict_raises(failing_rebuild):
     from thunder_fusion_guard import FusionGuardError
-    from thunder_fusion_guard import _thunder as th
 
-    def fail(*args, **kwargs):
-        raise RuntimeError("planted rebuild failure")
-
-    monkeypatch.setattr(th, "rebuild_fusion", fail)
     ex = fragmenting_executor()
     x, w = torch.randn(32), torch.randn(8, 4)
     guard = FusionGuard()
@@ -270,14 +265,9 @@ def test_merge_regions_is_opt_in_and_merges_adjacent_regions():
     assert len([d for d in guard.report if d.details.get("into") and not d.ops]) == 2
 
 
-def test_regions_that_cannot_be_merged_stay_apart_with_the_reason_and_strict_raises(monkeypatch):
+def test_regions_that_cannot_be_merged_stay_apart_with_the_reason_and_strict_raises(failing_rebuild):
     from thunder_fusion_guard import FusionGuardError
-    from thunder_fusion_guard import _thunder as th
 
-    def fail(*args, **kwargs):
-        raise RuntimeError("planted rebuild failure")
-
-    monkeypatch.setattr(th, "rebuild_fusion", fail)
     ex = fragmenting_executor()
     x, w = torch.randn(32), torch.randn(8, 4)
     guard = FusionGuard(rewrites=Rewrites(merge_regions=True))
