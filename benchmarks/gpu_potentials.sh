@@ -50,6 +50,8 @@ declare -A JOBS=(
   [small-step]="|--model small --paths eager --step-graph inductor --step-graph inductor/combo --step-graph fx-guarded/readme"
   [small-matmuls]="|--model small --paths eager --step-graph inductor --step-graph fx-guarded/matmuls"
   [modules-matmuls]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls"
+  [small-matmuls-combo]="|--model small --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
+  [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
 chosen=("$@")
 [ ${#chosen[@]} -eq 0 ] && chosen=("${!JOBS[@]}")
