@@ -780,8 +780,9 @@ def _gradient_traced(f: Facts) -> tuple[str, str | None]:
     return f"{f['name']}: its gradient by Thunder's ops: torch.compile cannot trace {f['name']}_vjp", (
         f"Thunder registered {f['name']} automatically ({plural(f['count'], 'call')}); its gradient "
         f"({f['name']}_vjp) reruns the op under torch.autograd.functional.vjp, which Dynamo cannot trace, so the "
-        "torch.compile region holding it fails in backward. The same torch call runs forward (the same values); "
-        "the gradient is computed by Thunder's ops, fused with the rest (eager's values to rounding)"
+        "torch.compile region holding it fails in backward. Its forward is Thunder's own op, as unguarded Thunder "
+        "runs it (the same values); the gradient is computed by Thunder's ops, fused with the rest (eager's values "
+        "to rounding)"
     )
 
 

@@ -69,12 +69,12 @@ def _op(sym: Any) -> Any:
     return op
 
 
-def _forward_then(op: Any, grad: Callable) -> Callable:
-    """A gradient rule: ``op`` forward (Thunder's own symbol, as unguarded Thunder's forward calls it), then
+def _forward_then(forward: Any, grad: Callable) -> Callable:
+    """A gradient rule: ``forward`` (Thunder's own symbol, as unguarded Thunder's forward calls it), then
     ``grad(g, *args, **kwargs)`` puts the gradients of its inputs."""
 
     def rule(*args: Any, **kwargs: Any) -> Any:
-        fwd = op(*args, **kwargs)
+        fwd = forward(*args, **kwargs)
         grad(get_grad(fwd), *args, **kwargs)
         return fwd
 

@@ -193,7 +193,7 @@ def rehome_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
             facts["blocked_by"] = details["blocked_by"] = m.blocked_by
         elif m.error:
             if options.strict:
-                raise FusionGuardError(f"could not move {m.moved} into {m.into}: {m.error}")
+                raise FusionGuardError(f"could not move {m.moved} into {m.into} ({context.where.trace}): {m.error}")
             code, action, more = "rehome_failed", "keep", {"error": m.error}
         elif m.skipped:
             code, action, more = "rehome_skipped", "keep", {}
@@ -244,10 +244,11 @@ def merge_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, l
         details = Details(into=m.into)
         if m.error:
             if options.strict:
-                raise FusionGuardError(f"could not merge {m.moved} into {m.into}: {m.error}")
-            error = m.error
+                raise FusionGuardError(f"could not merge {m.moved} into {m.into} ({context.where.trace}): {m.error}")
             made.append(
-                op_decision(context.where, m.moved, m.executor, [], "keep", "merge_failed", facts, details, error=error)
+                op_decision(
+                    context.where, m.moved, m.executor, [], "keep", "merge_failed", facts, details, error=m.error
+                )
             )
             continue
         if m.across:

@@ -92,7 +92,9 @@ def small_matmul_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.Trac
         details = Details(output=m.output, into=m.into, **({"source": m.source} if m.source else {}))
         facts = {"into": m.into, "inner": m.inner}
         if m.error and options.strict:
-            raise FusionGuardError(f"could not compute the matmul {m.output} inside {m.into}: {m.error}")
+            raise FusionGuardError(
+                f"could not compute the matmul {m.output} inside {m.into} ({context.where.trace}): {m.error}"
+            )
         if m.error or m.refused:
             facts["skipped"] = m.refused or "rebuilding it failed"
             action, code, more = "keep", "matmul_kept", {"error": m.error} if m.error else {}
