@@ -502,3 +502,80 @@ def test_no_merge_across_a_matrix_product(inject_timings):
     assert_same([guarded(x, w)], [jit(two_regions)(x, w)])
     assert [r.executor for r in regions(guarded)] == ["torchcompile"] * 2
     assert not [d for d in g.report.filter(action="rehome") if d.details.get("across")]
+
+
+# --- Inductor's combo kernels: on Triton's devices torch.compile is timed, and runs, with them ----------------------
+
+
+@pytest.fixture
+def combo_kernels_on_cpu(monkeypatch):
+    """The CPU counted among the devices where torch.compile is timed with Inductor's combo kernels (Inductor's C++
+    kernels have none: the option changes nothing there), so the choice and its records are tested without a GPU.
+    Returns the options of each region compiled by the combo executor."""
+    from thunder_fusion_guard._thunder import combo
+
+    monkeypatch.setattr(combo, "COMBO_KERNEL_DEVICES", ("cpu",))
+    compiled_with: list[dict] = []
+    real = combo._compiled
+
+    def recorded(bsyms, inputs, outputs, options):
+        compiled_with.append(dict(options))
+        return real(bsyms, inputs, outputs, options)
+
+    monkeypatch.setattr(combo, "_compiled", recorded)
+    return compiled_with
+
+
+def test_torch_compile_gets_combo_kernels_on_tritons_devices_only():
+    plain = th.torch_compile_executor()
+    assert th.combo_kernels_fuser(plain, "cpu") is plain and th.combo_kernels_fuser(None, "cuda") is None
+    combo = th.combo_kernels_fuser(plain, "cuda")
+    assert combo == plain and combo is not plain  # Thunder's executor by name and ops; not registered
+    assert th.inductor_options(combo) == {"combo_kernels": True} and th.inductor_options(plain) == {}
+    assert combo.implmap is plain.implmap
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_region_switched_to_torch_compile_runs_with_combo_kernels_and_the_same_bits(
+    inject_timings, combo_kernels_on_cpu, dtype
+):
+    inject_timings(10.0, 12.0, other_us=4.0)
+    g = guard()
+    args = rounding_inputs(dtype)
+    guarded = jit(exact_sum, g)
+    got = run_with_grads(guarded, args)
+    expected = run_with_grads(jit(exact_sum), args)
+    assert_same(got[0], expected[0])
+    assert_same(got[1], expected[1])
+    (d,) = region_decisions(g)
+    assert d.action == "switch" and d.facts["inductor_options"] == {"combo_kernels": True}
+    assert "combo_kernels=True" in d.reason
+    (now,) = regions(guarded)
+    assert now.executor == "torchcompile" and th.inductor_options(now.bsym.sym.executor) == {"combo_kernels": True}
+    assert combo_kernels_on_cpu and all(o == {"combo_kernels": True} for o in combo_kernels_on_cpu)
+    # a rebuild of the region (rehome, merge_regions) keeps its executor and so its options
+    rebuilt = th.rebuild_fusion(now.bsym, now.body, now.bsym.flat_proxy_args, now.bsym.flat_proxy_outs)
+    assert th.inductor_options(rebuilt.sym.executor) == {"combo_kernels": True}
+
+
+def test_where_inductor_fails_with_combo_kernels_torch_compile_is_timed_with_its_defaults(
+    inject_timings, combo_kernels_on_cpu, monkeypatch
+):
+    from thunder_fusion_guard._thunder import combo
+
+    calls = inject_timings(10.0, 12.0, other_us=4.0)
+
+    def planted(*args):
+        raise RuntimeError("planted combo kernel failure")
+
+    monkeypatch.setattr(combo, "_compiled", planted)
+    g = guard()
+    args = rounding_inputs(torch.bfloat16)
+    guarded = jit(exact_sum, g)
+    assert_same([guarded(*args)], [jit(exact_sum)(*args)])
+    (d,) = region_decisions(g)
+    assert d.action == "switch" and "inductor_options" not in d.facts
+    assert "planted combo kernel failure" in d.details["inductor_options_failed"]
+    (now,) = regions(guarded)
+    assert now.executor == "torchcompile" and th.inductor_options(now.bsym.sym.executor) == {}
+    assert calls[-1] == 3  # timed again with the other executor, by Inductor's defaults

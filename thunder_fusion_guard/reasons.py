@@ -156,6 +156,7 @@ class Facts(TypedDict, total=False):
     chosen: str  # with a switch: what the other executor beat (the region's executor, or eager)
     chosen_us: float
     switched_to: str
+    inductor_options: dict[str, Any]  # with a switch to torch.compile: the Inductor options it compiles with
     # passes
     step: str  # a pass's name
     moved: bool  # it would change the communication ops
@@ -368,9 +369,10 @@ def _measured(f: Facts) -> tuple[str, str | None]:
     if "margin_from" in f:
         reason += f"; margin narrowed from {f['margin_from']:.0%} to the timing's spread: {_narrowed(f)}"
     if "switched_to" in f:
+        options = "".join(f", {key}={value}" for key, value in sorted(f.get("inductor_options", {}).items()))
         short = (
-            f"switched to {f['switched_to']}: measured {m.other_us:.1f} µs there vs {f['chosen_us']:.1f} µs "
-            f"{f['chosen']}"
+            f"switched to {f['switched_to']}{f' (Inductor{options})' if options else ''}: measured "
+            f"{m.other_us:.1f} µs there vs {f['chosen_us']:.1f} µs {f['chosen']}"
         )
         switched = (
             f"{short} (margin {f['margin']:.0%}; {m.region_us:.1f} µs by {f['executor']}, {m.eager_us:.1f} µs eager)"

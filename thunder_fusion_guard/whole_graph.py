@@ -49,10 +49,9 @@ __all__ = [
 # The rescues of a subgraph (fx_rescue's ``Rescued.by``) after which no Thunder program runs it.
 RUN_WITHOUT_THUNDER: frozenset[str] = frozenset({"Inductor", "eager PyTorch"})
 
-# Inductor's options timed against its defaults on a whole graph it runs: independent kernels launched as one (torch's
-# combo kernels, off by default in torch 2.11): fewer launches. Only for graphs on these devices (Triton's).
-COMBO_KERNELS: dict[str, Any] = {"combo_kernels": True}
-COMBO_KERNEL_DEVICES: tuple[str, ...] = ("cuda",)
+# Inductor's options timed against its defaults on a whole graph it runs (combo kernels), on these devices (Triton's):
+# the guard's one home for them is ``_thunder.combo``.
+COMBO_KERNELS, COMBO_KERNEL_DEVICES = th.COMBO_KERNELS, th.COMBO_KERNEL_DEVICES
 
 # Seconds the timing of a graph's split against its whole may take, apart from the guard's measuring budget (which
 # region timings may have spent): at least 3 rounds each run (a step of 100 ms on a CPU: about 1.5 s).

@@ -12,6 +12,7 @@ functions here, one module a job, so that a new release means reading and fixing
 - :mod:`.padded`: zero pads and plain adds, and the concatenation that replaces a sum of pads;
 - :mod:`.products`: matmuls, and the products and sum that compute one over a few terms inside a region;
 - :mod:`.executors`: which executors exist, which fusion executor runs where, software versions;
+- :mod:`.combo`: Thunder's torch.compile executor compiling its regions with Inductor's combo kernels;
 - :mod:`.compiling`: the compilation Thunder runs right now;
 - :mod:`.jitted`: what ``thunder.jit`` made (transforms, traces, compiled calls; recording a run's fusion calls);
 - :mod:`.thunderfx`: what ThunderFX made (split subgraphs, the ops kept out of Thunder and why);
@@ -50,6 +51,13 @@ from .calls import (
     direct_nvfuser_call,
     is_out_of_memory,
     nvfuser_definition,
+)
+from .combo import (
+    COMBO_KERNEL_DEVICES,
+    COMBO_KERNELS,
+    ComboKernelsExecutor,
+    combo_kernels_fuser,
+    inductor_options,
 )
 from .compat import ensure_nvfuser_compat
 from .compiling import (
@@ -288,6 +296,8 @@ from .translations import (
 
 __all__ = [
     "ALTERNATIVE_FUSERS",
+    "COMBO_KERNELS",
+    "COMBO_KERNEL_DEVICES",
     "DYNAMO_BACKEND",
     "DYNAMO_FRAME",
     "GENERAL_FUSERS",
@@ -300,6 +310,7 @@ __all__ = [
     "UNCAPTURED_WHILE_HELD",
     "BoundSymbol",
     "CaptureSummary",
+    "ComboKernelsExecutor",
     "ContiguousWrites",
     "DirectEntry",
     "DirectNvFuserCall",
@@ -332,6 +343,7 @@ __all__ = [
     "canonical_ops",
     "capture_for_any_trace",
     "capturing_cuda_graph",
+    "combo_kernels_fuser",
     "compilation_begins",
     "compilation_ends",
     "compile_function_name",
@@ -377,6 +389,7 @@ __all__ = [
     "handing_over",
     "has_symbolic_shape",
     "holds_a_write",
+    "inductor_options",
     "inductor_pieces",
     "inplace_setitem",
     "instrumenting_program",

@@ -184,7 +184,7 @@ class RegionMeasurer:
         refused = self._across_ranks("by the model alone")  # each rank's timing (or disk cache) differs
         if refused:
             return refused
-        key = signature(trace, region, None if other is None else other.name)
+        key = signature(trace, region, None if other is None else other.label)
         hit = self._from_cache(key)
         if hit is not None:
             return hit

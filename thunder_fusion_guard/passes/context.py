@@ -62,6 +62,12 @@ class Alternative:
     def name(self) -> str:
         return self.executor.name
 
+    @property
+    def label(self) -> str:
+        """The executor's name with the Inductor options it compiles with, if any: what a cached timing is of."""
+        options = th.inductor_options(self.executor)
+        return self.name + "".join(f"+{key}={value}" for key, value in sorted(options.items()))
+
     def bsym(self) -> th.BoundSymbol:
         if self._built is None:
             self._built = th.fuse_with(self.executor, self.fusion, self.counter)

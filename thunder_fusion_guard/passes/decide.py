@@ -3,12 +3,22 @@ rejected ones lowered to Thunder's torch executor and the switched ones fused by
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .. import _thunder as th
 from ..cost import Measured
 from ..decisions import Decision, Details
 from ..policy import Verdict, decide
+from ..reasons import Facts
 from ..regions import Region, find_regions
-from .context import Alternative, CommunicationChanged, FusionGuardError, PassContext, check_communication
+from .context import (
+    Alternative,
+    CommunicationChanged,
+    FusionGuardError,
+    MeasureRegion,
+    PassContext,
+    check_communication,
+)
 from .records import region_decision, reworded
 from .rewrite import lower_region, replace_regions
 
@@ -82,7 +92,8 @@ def _verdict(
     device = th.proxy_device(region.inputs + region.outputs)
     constants = context.constants_for(device, region.executor) if context.constants_for and device else None
     fuser = th.alternative_fuser(region.bsym) if options.choose_executor and measure_region else None
-    other = None if fuser is None else Alternative(fuser, region.bsym, counter)
+    # on Triton's devices torch.compile is timed, and runs a region it wins, with Inductor's combo kernels
+    other = None if fuser is None else Alternative(th.combo_kernels_fuser(fuser, device), region.bsym, counter)
     other_name = None if other is None else other.name
     doubt = context.doubt.why(device, region.executor) if context.doubt is not None and device else None
     verdict = decide(region, options, constants, None, where.compile_options, other_name, doubt, where.captured)
@@ -95,16 +106,32 @@ def _verdict(
             return verdict, other, None
         verdict = decide(region, options, constants, earlier, where.compile_options, other_name, doubt, where.captured)
         return verdict, other, None
-    try:
-        measured = measure_region(trace, region, other if verdict.alternative else None)
-    except Exception as e:  # measuring is an optimisation: it never breaks compilation
-        measured = f"measuring failed: {type(e).__name__}: {e}"
+    measured = _measured(trace, region, measure_region, other if verdict.alternative else None)
+    combo_failed = None
+    if isinstance(measured, Measured) and measured.other_problem and other and th.inductor_options(other.executor):
+        # Inductor failed with the options: torch.compile is timed again with its defaults
+        combo_failed, other = measured.other_problem, Alternative(fuser, region.bsym, counter)
+        measured = _measured(trace, region, measure_region, other)
     if not isinstance(measured, Measured):
         return verdict, other, measured
     if context.doubt is not None and device:
         context.doubt.learn(device, region.executor, region.name, verdict.estimates, measured)
     verdict = decide(region, options, constants, measured, where.compile_options, other_name, doubt, where.captured)
+    if combo_failed:  # why torch.compile was timed with its defaults
+        verdict = replace(verdict, details={**verdict.details, "inductor_options_failed": combo_failed})
+    if verdict.action == "switch" and th.inductor_options(other.executor):
+        verdict = replace(verdict, facts=Facts(**verdict.facts, inductor_options=th.inductor_options(other.executor)))
     return verdict, other, None
+
+
+def _measured(
+    trace: th.TraceCtx, region: Region, measure_region: MeasureRegion, other: Alternative | None
+) -> Measured | str:
+    """``measure_region``'s timing of ``region`` (with ``other``), or why there is none."""
+    try:
+        return measure_region(trace, region, other)
+    except Exception as e:  # measuring is an optimisation: it never breaks compilation
+        return f"measuring failed: {type(e).__name__}: {e}"
 
 
 def _decided(context: PassContext, region: Region, verdict: Verdict, details: Details, applied: bool) -> Decision:

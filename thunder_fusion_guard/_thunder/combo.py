@@ -1,0 +1,96 @@
+"""Thunder's torch.compile executor compiling each region with Inductor's combo kernels: a region's independent
+kernels launched as one (torch's option, off by default; Triton's devices only). Fewer launches, where a CUDA step is a
+queue of tiny kernels. Not registered with Thunder: the guard hands it only the regions it timed faster there."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from thunder.core import prims
+from thunder.core.codeutils import SigInfo
+from thunder.core.compile_data import get_compile_option
+from thunder.core.proxies import Proxy, unvariableify
+from thunder.core.symbol import BoundSymbol, Symbol
+from thunder.core.trace import TraceCtx, tracectx
+from thunder.executors.passes import transform_for_execution
+from thunder.executors.torch_compile import TorchCompileExecutor
+from thunder.executors.torchex import ex as pytorch_ex
+from thunder.executors.torchex import no_autocast
+
+from .executors import torch_compile_executor
+
+__all__ = ["COMBO_KERNELS", "COMBO_KERNEL_DEVICES", "ComboKernelsExecutor", "combo_kernels_fuser", "inductor_options"]
+
+# Inductor's options the guard gives torch.compile where it times them (a region here, a whole Dynamo graph in
+# ``whole_graph``): independent kernels launched as one (torch's combo kernels, off by default in torch 2.11). Only on
+# these devices (Triton's); Inductor's C++ kernels have no such thing.
+COMBO_KERNELS: dict[str, Any] = {"combo_kernels": True}
+COMBO_KERNEL_DEVICES: tuple[str, ...] = ("cuda",)
+
+
+class ComboKernelsExecutor(TorchCompileExecutor):
+    """Thunder's torch.compile executor (its name and ops) whose regions torch.compile compiles with ``options``."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        plain = torch_compile_executor()
+        super().__init__(plain.name)
+        self._implmap = plain.implmap  # the same ops as Thunder's, shared: nothing of Thunder's is changed
+        self.inductor_options = dict(options)
+
+    def fuse(self, region: Any, fusion_counter: int) -> BoundSymbol:
+        """The region as one call of its torch.compile'd program, named as Thunder's executor names it."""
+        inputs = [unvariableify(x) for x in region.inputs]
+        outputs = [unvariableify(x) for x in region.outputs]
+        compiled = _compiled(region.bound_symbols, inputs, outputs, self.inductor_options)
+        name = f"TorchCompile{fusion_counter}"
+        # a meta giving the outputs (Thunder's own executor leaves none; nvFuser's regions have it): trace checks pass
+        sym = Symbol(name, meta=lambda *args, **kwargs: outputs, is_fusion=True, executor=self)
+        return BoundSymbol(sym, inputs, {}, outputs, region.bound_symbols, _call_ctx={name: compiled})
+
+
+def _compiled(
+    bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy], outputs: Sequence[Proxy], options: dict[str, Any]
+) -> Callable[..., Any]:
+    """The region's ops as a program of Thunder's torch executor, compiled by torch.compile with ``options``:
+    Thunder's ``make_compiled``, which takes a mode but no options, with them."""
+    trace = TraceCtx(None)
+    trace.args, trace.kwargs, trace.names = list(inputs), {}, {a.name for a in inputs}
+    with tracectx(trace):
+        for a in inputs:
+            prims.unpack_trivial(a, name=a.name)
+    trace.bound_symbols += list(bsyms)
+    trace.bound_symbols.append(prims.python_return.bind(list(outputs), output=None))
+    for bsym in trace.bound_symbols:
+        if bsym.sym == prims.unpack_trivial:
+            continue
+        for o in [*bsym.flat_outs, *(o for s in bsym.subsymbols for o in s.flat_outs)]:
+            if o is not None and o.name not in trace.names:
+                trace.add_name(o.name)
+    trace._siginfo = SigInfo("to_be_compiled")
+    trace._siginfo.args = [(a.name, None) for a in inputs]
+    program = transform_for_execution(trace, executors_list=(pytorch_ex,)).python_callable(include_decorators=False)
+    fullgraph = get_compile_option("torch_compile_fullgraph", "Whether to enable `fullgraph` from `torch.compile`.")
+    compiled = torch.compile(program, fullgraph=True if fullgraph is None else fullgraph, options=dict(options))
+    # as Thunder's: autocast and grad mode set outside the compiled program, whose cache is per code object
+    return torch.no_grad()(no_autocast(compiled))
+
+
+_COMBO: ComboKernelsExecutor | None = None
+
+
+def combo_kernels_fuser(fuser: Any, device: str | None) -> Any:
+    """``fuser``, or where it is Thunder's torch.compile executor and the region runs on one of
+    ``COMBO_KERNEL_DEVICES``, the same executor compiling with Inductor's combo kernels."""
+    global _COMBO
+    if fuser is None or fuser.name != torch_compile_executor().name or device not in COMBO_KERNEL_DEVICES:
+        return fuser
+    if _COMBO is None:
+        _COMBO = ComboKernelsExecutor(COMBO_KERNELS)
+    return _COMBO
+
+
+def inductor_options(executor: Any) -> dict[str, Any]:
+    """The Inductor options a torch.compile region of ``executor`` is compiled with (empty: Inductor's defaults)."""
+    return dict(getattr(executor, "inductor_options", None) or {})
