@@ -18,7 +18,17 @@ import json
 import sys
 from pathlib import Path
 
-KEPT = ("ms", "kernels", "device_ms", "first_call_s", "max_abs_force_diff", "energy_diff", "step_captured", "error")
+KEPT = (
+    "ms",
+    "kernels",
+    "device_ms",
+    "first_call_s",
+    "max_abs_force_diff",
+    "energy_diff",
+    "step_captured",
+    "kernel_families",  # per kernel kind: [kernels, device ms] a step
+    "error",
+)
 GUARD = ("codes", "rescued")
 
 
