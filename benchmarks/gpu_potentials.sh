@@ -48,8 +48,8 @@ declare -A JOBS=(
   [modules-step]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph inductor/combo --step-graph fx-guarded/readme"
   [small-graphs]="|--model small --paths eager,inductor-ro,fx-guarded+cudagraph"
   [small-step]="|--model small --paths eager --step-graph inductor --step-graph inductor/combo --step-graph fx-guarded/readme"
-  [small-matmuls]="|--model small --paths eager --step-graph inductor --step-graph fx-guarded/matmuls"
-  [modules-matmuls]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls"
+  [small-matmuls]="|--model small --paths eager,inductor-ro --step-graph inductor --step-graph inductor/combo --step-graph fx-guarded/matmuls"
+  [modules-matmuls]="|--model e3nn-nequip-modules --paths eager,inductor-ro --step-graph inductor --step-graph inductor/combo --step-graph fx-guarded/matmuls"
   [small-matmuls-combo]="|--model small --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
