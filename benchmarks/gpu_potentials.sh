@@ -49,6 +49,8 @@ declare -A JOBS=(
   [small-graphs]="|--model small --paths eager,inductor-ro,fx-guarded+cudagraph"
   [small-step]="|--model small --paths eager --step-graph inductor --step-graph inductor/combo --step-graph fx-guarded/readme"
   [small-matmuls]="|--model small --paths eager,inductor-ro --step-graph inductor --step-graph inductor/combo --step-graph fx-guarded/matmuls"
+  [mace-matmuls]="$MC|--model mace --paths eager --step-graph fx-guarded/matmuls --thread-stack-mb 1024"
+  [mace-inductor-both]="$MC|--model mace --no-translate --paths eager --step-graph inductor --step-graph inductor/combo --thread-stack-mb 1024"
   [modules-matmuls]="|--model e3nn-nequip-modules --paths eager,inductor-ro --step-graph inductor --step-graph inductor/combo --step-graph fx-guarded/matmuls"
   [small-matmuls-combo]="|--model small --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
