@@ -28,6 +28,7 @@ class Details(TypedDict, total=False):
     cached_only: bool  # decided by a timing from the measurement cache, not one of this compilation
     model_doubted: str  # why estimates far apart did not decide alone: the region was to be timed (ModelDoubt)
     alternative_not_timed: str  # why another fusion executor was not timed
+    inductor_options_failed: str  # why torch.compile was timed with Inductor's defaults: it failed with the options
     switched_to: str  # the fusion call that replaced the region (action switch)
     call: str  # how the region's fusion is called: "direct", or Thunder's and why
     # timed while compiling (Measured.as_record)
