@@ -533,6 +533,8 @@ def test_torch_compile_gets_combo_kernels_on_tritons_devices_only():
     assert combo == plain and combo is not plain  # Thunder's executor by name and ops; not registered
     assert th.inductor_options(combo) == {"combo_kernels": True} and th.inductor_options(plain) == {}
     assert combo.implmap is plain.implmap
+    # the one device rule, for a region and for a whole Dynamo graph: some devices, all of them Triton's
+    assert th.combo_kernels_on(["cuda"]) and not th.combo_kernels_on([]) and not th.combo_kernels_on(["cuda", "cpu"])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -579,3 +581,31 @@ def test_where_inductor_fails_with_combo_kernels_torch_compile_is_timed_with_its
     (now,) = regions(guarded)
     assert now.executor == "torchcompile" and th.inductor_options(now.bsym.sym.executor) == {}
     assert calls[-1] == 3  # timed again with the other executor, by Inductor's defaults
+
+
+def test_where_inductor_fails_with_combo_kernels_and_its_defaults_are_not_timed_both_are_recorded(
+    inject_timings, combo_kernels_on_cpu, monkeypatch
+):
+    from thunder_fusion_guard._thunder import combo
+    from thunder_fusion_guard.measure import breakeven
+
+    inject_timings(10.0, 12.0, other_us=4.0)
+    timed = breakeven.interleaved_us
+
+    def first_only(fns, args, **kwargs):  # the timing with combo kernels runs; every timing after it fails
+        seen.append(len(fns))
+        if len(seen) > 1:
+            raise RuntimeError("planted timing failure")
+        return timed(fns, args, **kwargs)
+
+    seen: list[int] = []
+    monkeypatch.setattr(breakeven, "interleaved_us", first_only)
+    monkeypatch.setattr(combo, "_compiled", lambda *args: (_ for _ in ()).throw(RuntimeError("planted combo failure")))
+    g = guard()
+    args = rounding_inputs(torch.bfloat16)
+    guarded = jit(exact_sum, g)
+    assert_same([guarded(*args)], [jit(exact_sum)(*args)])
+    (d,) = region_decisions(g)
+    assert d.action != "switch" and "inductor_options" not in d.facts
+    assert "planted combo failure" in d.details["inductor_options_failed"]
+    assert "planted timing failure" in d.details["not_measured"]

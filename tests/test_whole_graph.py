@@ -11,6 +11,7 @@ from thunder.dynamo import thunderfx
 import thunder_fusion_guard.transform as transform_module
 import thunder_fusion_guard.whole_graph as whole_graph
 from thunder_fusion_guard import FusionGuard, Runtime, fusion_executors
+from thunder_fusion_guard._thunder import combo
 from thunder_fusion_guard.cost import Measured
 from thunder_fusion_guard.measure.breakeven import RegionMeasurer
 from thunder_fusion_guard.whole_graph import WholeGraphRun
@@ -72,7 +73,7 @@ def _timed_in_turn(*timings: tuple[float, float]):
 
 def _compiles_seen(monkeypatch, fail_with_options: bool = False) -> list[tuple[dict | None, object]]:
     """Inductor's whole-graph compiles, each with its options and what it returned; combo kernels tried on CPU."""
-    monkeypatch.setattr(whole_graph, "COMBO_KERNEL_DEVICES", ("cpu",))
+    monkeypatch.setattr(combo, "COMBO_KERNEL_DEVICES", ("cpu",))
     seen, real = [], whole_graph.compile_fx_module
 
     def compiling(module, inputs, backend, options=None):

@@ -33,7 +33,6 @@ from .wording import error_line
 
 __all__ = [
     "COMBO_KERNELS",
-    "COMBO_KERNEL_DEVICES",
     "RUN_WITHOUT_THUNDER",
     "WHOLE_GRAPH_TIMING_S",
     "WholeGraph",
@@ -49,9 +48,9 @@ __all__ = [
 # The rescues of a subgraph (fx_rescue's ``Rescued.by``) after which no Thunder program runs it.
 RUN_WITHOUT_THUNDER: frozenset[str] = frozenset({"Inductor", "eager PyTorch"})
 
-# Inductor's options timed against its defaults on a whole graph it runs (combo kernels), on these devices (Triton's):
-# the guard's one home for them is ``_thunder.combo``.
-COMBO_KERNELS, COMBO_KERNEL_DEVICES = th.COMBO_KERNELS, th.COMBO_KERNEL_DEVICES
+# Inductor's options timed against its defaults on a whole graph it runs (combo kernels), where
+# ``th.combo_kernels_on`` says (Triton's devices): the guard's one home for both is ``_thunder.combo``.
+COMBO_KERNELS = th.COMBO_KERNELS
 
 # Seconds the timing of a graph's split against its whole may take, apart from the guard's measuring budget (which
 # region timings may have spent): at least 3 rounds each run (a step of 100 ms on a CPU: about 1.5 s).
@@ -174,10 +173,9 @@ def _with_combo_kernels(
     found: WholeGraph, original: torch.fx.GraphModule, inputs: list[Any], timer: Timer
 ) -> WholeGraph:
     """``found`` (Inductor's default compile of ``original`` runs it) with Inductor's compile with combo kernels
-    in its place where ``inputs`` are on one of ``COMBO_KERNEL_DEVICES`` and ``timer`` finds it faster (any
+    in its place where ``inputs`` are on Triton's devices (``th.combo_kernels_on``) and ``timer`` finds it faster (any
     amount: both are Inductor's compiles of the same graph); else as it was, ``combo_why`` saying why."""
-    devices = {a.device.type for a in inputs if isinstance(a, torch.Tensor)}
-    if found.whole is None or not devices or not devices <= set(COMBO_KERNEL_DEVICES):
+    if found.whole is None or not th.combo_kernels_on(a.device.type for a in inputs if isinstance(a, torch.Tensor)):
         return found
     try:
         combo = compile_fx_module(original, inputs, "inductor", COMBO_KERNELS)

@@ -57,6 +57,7 @@ from .combo import (
     COMBO_KERNELS,
     ComboKernelsExecutor,
     combo_kernels_fuser,
+    combo_kernels_on,
     inductor_options,
 )
 from .compat import ensure_nvfuser_compat
@@ -344,6 +345,7 @@ __all__ = [
     "capture_for_any_trace",
     "capturing_cuda_graph",
     "combo_kernels_fuser",
+    "combo_kernels_on",
     "compilation_begins",
     "compilation_ends",
     "compile_function_name",

@@ -4,7 +4,7 @@ queue of tiny kernels. Not registered with Thunder: the guard hands it only the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -21,7 +21,14 @@ from thunder.executors.torchex import no_autocast
 
 from .executors import torch_compile_executor
 
-__all__ = ["COMBO_KERNELS", "COMBO_KERNEL_DEVICES", "ComboKernelsExecutor", "combo_kernels_fuser", "inductor_options"]
+__all__ = [
+    "COMBO_KERNELS",
+    "COMBO_KERNEL_DEVICES",
+    "ComboKernelsExecutor",
+    "combo_kernels_fuser",
+    "combo_kernels_on",
+    "inductor_options",
+]
 
 # Inductor's options the guard gives torch.compile where it times them (a region here, a whole Dynamo graph in
 # ``whole_graph``): independent kernels launched as one (torch's combo kernels, off by default in torch 2.11). Only on
@@ -80,11 +87,18 @@ def _compiled(
 _COMBO: ComboKernelsExecutor | None = None
 
 
+def combo_kernels_on(devices: Iterable[str | None]) -> bool:
+    """Whether Inductor's combo kernels are timed for work on ``devices`` (device types): some, all of them on one of
+    ``COMBO_KERNEL_DEVICES``. The one rule for a region (:func:`combo_kernels_fuser`) and a whole Dynamo graph."""
+    devices = set(devices)
+    return bool(devices) and devices <= set(COMBO_KERNEL_DEVICES)
+
+
 def combo_kernels_fuser(fuser: Any, device: str | None) -> Any:
     """``fuser``, or where it is Thunder's torch.compile executor and the region runs on one of
     ``COMBO_KERNEL_DEVICES``, the same executor compiling with Inductor's combo kernels."""
     global _COMBO
-    if fuser is None or fuser.name != torch_compile_executor().name or device not in COMBO_KERNEL_DEVICES:
+    if fuser is None or fuser.name != torch_compile_executor().name or not combo_kernels_on([device]):
         return fuser
     if _COMBO is None:
         _COMBO = ComboKernelsExecutor(COMBO_KERNELS)

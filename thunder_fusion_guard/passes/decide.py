@@ -107,21 +107,20 @@ def _verdict(
         verdict = decide(region, options, constants, earlier, where.compile_options, other_name, doubt, where.captured)
         return verdict, other, None
     measured = _measured(trace, region, measure_region, other if verdict.alternative else None)
-    combo_failed = None
-    if isinstance(measured, Measured) and measured.other_problem and other and th.inductor_options(other.executor):
+    combo_failed, inductor_options = None, th.inductor_options(other.executor) if other else {}
+    if isinstance(measured, Measured) and measured.other_problem and inductor_options:
         # Inductor failed with the options: torch.compile is timed again with its defaults
-        combo_failed, other = measured.other_problem, Alternative(fuser, region.bsym, counter)
+        combo_failed, other, inductor_options = measured.other_problem, Alternative(fuser, region.bsym, counter), {}
         measured = _measured(trace, region, measure_region, other)
-    if not isinstance(measured, Measured):
-        return verdict, other, measured
-    if context.doubt is not None and device:
-        context.doubt.learn(device, region.executor, region.name, verdict.estimates, measured)
-    verdict = decide(region, options, constants, measured, where.compile_options, other_name, doubt, where.captured)
-    if combo_failed:  # why torch.compile was timed with its defaults
+    if isinstance(measured, Measured):
+        if context.doubt is not None and device:
+            context.doubt.learn(device, region.executor, region.name, verdict.estimates, measured)
+        verdict = decide(region, options, constants, measured, where.compile_options, other_name, doubt, where.captured)
+    if combo_failed:  # why torch.compile was timed (or was to be timed) with its defaults
         verdict = replace(verdict, details={**verdict.details, "inductor_options_failed": combo_failed})
-    if verdict.action == "switch" and th.inductor_options(other.executor):
-        verdict = replace(verdict, facts=Facts(**verdict.facts, inductor_options=th.inductor_options(other.executor)))
-    return verdict, other, None
+    if verdict.action == "switch" and inductor_options:
+        verdict = replace(verdict, facts=Facts(**verdict.facts, inductor_options=inductor_options))
+    return verdict, other, None if isinstance(measured, Measured) else measured
 
 
 def _measured(
