@@ -31,6 +31,7 @@ declare -A JOBS=(
   [nequip-untranslated]="$NQ|--model nequip --no-translate --paths eager --step-graph fx-guarded"
   [nequip-inductor-untranslated]="$NQ|--model nequip --no-translate --paths eager --step-graph inductor"
   [nequip-backends]="$NQ|--model nequip --no-translate --paths eager --step-graph inductor --step-graph fx-guarded+backends --thread-stack-mb 1024"
+  [nequip-backends-both]="$NQ|--model nequip --no-translate --paths eager --step-graph inductor --step-graph inductor/combo --step-graph fx-guarded+backends --thread-stack-mb 1024"
   [nequip-jit]="$NQ|--model nequip --no-translate --paths eager,guarded"
   [mace-inductor]="$MC|--model mace --no-translate --paths eager,inductor-ro --step-graph inductor"
   [mace-guarded]="$MC|--model mace --no-translate --paths eager --step-graph fx-guarded --thread-stack-mb 1024"

@@ -4,9 +4,14 @@ then the kernels of one more by kind and by the fusion region that launched them
 as ``fusion-guard kernels`` counts them), the kernels each nvFuser region launches (``collect_segments``: names,
 schedulers), each subgraph's last forward and backward trace (to read a region's ops) and the guard's report.
 
-    source .gpu/setup.sh && OUT=DIR python3 benchmarks/gpu_region_anatomy.py [MODEL] [--no-merge-regions]
+    source .gpu/setup.sh && OUT=DIR python3 benchmarks/gpu_region_anatomy.py [MODEL] [--no-merge-regions] \
+        [--matmuls] [--captured] [--against-inductor]
 
-MODEL: a zoo model (default e3nn-nequip-modules); --no-merge-regions: the same without ``merge_regions``.
+MODEL: a zoo model (default e3nn-nequip-modules); --no-merge-regions: the same without ``merge_regions``;
+--matmuls: with ``rewrites.small_matmuls``; --captured: compiled as ``capture_step``'s warm-up compiles (the guard
+decides on device estimates); --against-inductor: torch.compile's step too (defaults, and with combo kernels), each
+kernel by name, in MODEL-inductor.json. Each path's bytes held from the forward to the backward (what it saves for
+backward, and its outputs) are printed beside.
 
 Writes MODEL-kernels.json, MODEL-segments.json, the traces MODEL-fw<i>.txt and MODEL-bw<i>.txt, and MODEL-report.txt
 into ``$OUT`` (its results at d45984d hold the kernels of three steps by name instead: ``{name: [launches, µs]}``).
@@ -16,6 +21,7 @@ The guard decides on wall-clock timings of uncaptured regions here, so its regio
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -33,6 +39,8 @@ from thunder_fusion_guard import _thunder as th
 from thunder_fusion_guard.bench.zoo_models import ZOO
 from thunder_fusion_guard.examine.kernel_histogram import format_histograms, step_histogram
 from thunder_fusion_guard.examine.segments import collect_segments
+from thunder_fusion_guard.replays import warming_up_for_capture
+from thunder_fusion_guard.whole_graph import COMBO_KERNELS
 
 
 def main() -> None:
@@ -41,6 +49,7 @@ def main() -> None:
     translate_library_ops()
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     merge = "--no-merge-regions" not in sys.argv
+    matmuls, captured = "--matmuls" in sys.argv, "--captured" in sys.argv
     name = args[0] if args else "e3nn-nequip-modules"
     built = ZOO[name].build("cuda")
     model, inputs = built.module, built.inputs
@@ -48,7 +57,7 @@ def main() -> None:
     guard = FusionGuard(
         choose_executor=True,
         exact_only=False,
-        rewrites=Rewrites(merge_regions=merge),
+        rewrites=Rewrites(merge_regions=merge, small_matmuls=matmuls),
         costs=Costs(measure_budget_s=300),
     )
     compiled = thunderfx(model, executors=fusion_executors("cuda"), transforms=[guard])
@@ -60,12 +69,14 @@ def main() -> None:
         compiled(*inputs).sum().backward()
 
     began = time.time()
-    step()
+    with warming_up_for_capture() if captured else contextlib.nullcontext():  # the guard decides when it compiles
+        step()
     torch.cuda.synchronize()
     print("first", time.time() - began, flush=True)
     for _ in range(3):
         step()
     torch.cuda.synchronize()
+    print("guarded: held from forward to backward", held_mb(compiled, inputs), "MB", flush=True)
     for k, sub in enumerate(th.thunderfx_subgraphs(compiled)):
         forward, backward = thunder.last_traces(sub.jitted), thunder.last_backward_traces(sub.jitted)
         (out / f"{name}-fw{k}.txt").write_text(str(forward[-1]))
@@ -92,7 +103,29 @@ def main() -> None:
             flush=True,
         )
     (out / f"{name}-report.txt").write_text(guard.report.to_text(wide=True))
+    if "--against-inductor" in sys.argv:
+        found = {}
+        for label, options in (("inductor", None), ("inductor/combo", COMBO_KERNELS)):
+            fn = torch.compile(model, options=options)
+            for _ in range(3):
+                fn(*inputs).sum().backward()
+            print(label, "held from forward to backward", held_mb(fn, inputs), "MB", flush=True)
+            histogram = step_histogram(label, fn, tuple(inputs), {})
+            print(format_histograms([histogram], top=25, wide=True), flush=True)
+            found[label] = histogram.to_dict()
+        (out / f"{name}-inductor.json").write_text(json.dumps(found))
     print("done", flush=True)
+
+
+def held_mb(fn: object, inputs: list) -> float:
+    """MB of device memory the forward of ``fn`` leaves allocated until its backward: saved tensors and outputs."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    out = fn(*inputs).sum()
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - before
+    out.backward()
+    return round(held / 2**20, 1)
 
 
 if __name__ == "__main__":
