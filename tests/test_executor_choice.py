@@ -609,3 +609,61 @@ def test_where_inductor_fails_with_combo_kernels_and_its_defaults_are_not_timed_
     assert d.action != "switch" and "inductor_options" not in d.facts
     assert "planted combo failure" in d.details["inductor_options_failed"]
     assert "planted timing failure" in d.details["not_measured"]
+
+
+def _fragmenting_with_an_alternative(monkeypatch):
+    """torch.compile with one region per op, the fragments merge_regions joins; torch.compile its alternative."""
+    from helpers import fragmenting_executor
+
+    ex = fragmenting_executor()
+    monkeypatch.setitem(th.ALTERNATIVE_FUSERS, ex.name, "torchcompile")
+    return ex
+
+
+def test_a_merged_region_is_timed_whole_against_the_other_executor_and_switches_where_faster(
+    inject_timings, monkeypatch
+):
+    """Regions kept on their executor (the other timed slower for each) and merged into one; the merged region,
+    timed whole, is faster on torch.compile: it switches, its decision in its last part's place, and the values
+    stay unguarded Thunder's (compare, negate, select and add of halves: exact whoever computes them)."""
+    from thunder_fusion_guard.measure import breakeven
+
+    ex = _fragmenting_with_an_alternative(monkeypatch)
+    inject_timings(10.0, 12.0, other_us=40.0)
+    timed, seen = breakeven.interleaved_us, []
+    x = torch.randint(-8, 8, (16, 4), generator=torch.Generator().manual_seed(0)) * 0.5
+    plain = thunder.jit(exact_chain, executors=[ex])
+    expected = plain(x)
+    parts = len(regions(plain))
+
+    def other_faster_for_the_merged(fns, args, **kwargs):  # each part, then the merged region
+        seen.append(len(fns))
+        out = timed(fns, args, **kwargs)
+        return out if len(seen) <= parts else [*out[:2], [4.0] * len(out[0])]
+
+    monkeypatch.setattr(breakeven, "interleaved_us", other_faster_for_the_merged)
+    g = guard(
+        Costs(calibration=NEAR_BREAK_EVEN, measure_budget_s=60), exact_only=False, rewrites=Rewrites(merge_regions=True)
+    )
+    guarded = thunder.jit(exact_chain, executors=[ex], transforms=[g])
+    assert_same([guarded(x)], [expected])
+    assert parts > 1 and seen == [3] * (parts + 1)  # each part, then the merged region, against torch.compile
+    (region,) = regions(guarded)
+    assert region.executor == "torchcompile" and len(region.ops) >= parts
+    merges = g.report.filter(code="merged", trace="forward")
+    *parts_kept, merged = region_decisions(g)  # the merged region keeps its last part's name, and its decision's place
+    assert len(merges) == parts - 1 and merged.region == merges[-1].facts["into"]
+    assert merged.action == "switch" and merged.facts["switched_to"] == "torchcompile" and len(merged.ops) >= parts
+    assert len(parts_kept) == parts - 1 and all(d.action == "keep" for d in parts_kept)
+    assert merged.details["merged_from"] == [d.region for d in parts_kept] + [merged.region]
+
+
+def test_a_merged_region_is_not_timed_again_without_choose_executor(inject_timings, monkeypatch):
+    ex = _fragmenting_with_an_alternative(monkeypatch)
+    calls = inject_timings(10.0, 12.0, other_us=40.0)
+    g = FusionGuard(
+        costs=Costs(calibration=NEAR_BREAK_EVEN, measure_budget_s=60), rewrites=Rewrites(merge_regions=True)
+    )
+    guarded = thunder.jit(exact_chain, executors=[ex], transforms=[g])
+    guarded(torch.randn(16, 4))
+    assert len(regions(guarded)) == 1 and set(calls) <= {2}  # the parts timed against eager only; the merge not

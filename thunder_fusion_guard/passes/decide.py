@@ -19,18 +19,44 @@ from .context import (
     PassContext,
     check_communication,
 )
-from .records import region_decision, reworded
+from .records import instead, region_decision, reworded
 from .rewrite import lower_region, replace_regions
 
 
 def region_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
     """Decide every region; return ``trace`` with the rejected ones run by the torch executor and the
     switched ones fused by the other fusion executor that was timed faster."""
+    return _decide(trace, context, find_regions(trace))
+
+
+def merged_region_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
+    """Decide again each region ``merge_pass`` made, where it may switch executor (``choose_executor``): timed
+    whole against the other fusion executor, which may run the merged ops faster than its own (nvFuser may split a
+    merged region into many kernels where Inductor makes a few). Its decision takes the place of its last part's,
+    whose name it keeps."""
+    options, where = context.options, context.where
+    if not options.choose_executor or context.measure_region is None or options.report_only:
+        return trace, []
+    into = {d.region: d.facts["into"] for d in context.decided if d.code == "merged" and d.trace == where.trace}
+    parts: dict[str, list[str]] = {}
+    for part in into:  # each merged region by the name it kept (its last part's): every region merged into it
+        last = part
+        while last in into:
+            last = into[last]
+        parts.setdefault(last, []).append(part)
+    found = [r for r in find_regions(trace) if r.name in parts and th.alternative_fuser(r.bsym) is not None]
+    if not found:
+        return trace, []
+    new, made = _decide(trace, context, found)
+    return new, [instead(d, details={**d.details, "merged_from": [*parts[d.region], d.region]}) for d in made]
+
+
+def _decide(trace: th.TraceCtx, context: PassContext, regions: list[Region]) -> tuple[th.TraceCtx, list[Decision]]:
+    """Decide ``regions`` of ``trace``: rejected ones lowered, switched ones fused by the other executor."""
     options, where = context.options, context.where
     replacements: dict[int, list[th.BoundSymbol]] = {}
     decided: list[Decision] = []
     counter = th.free_fusion_counter(trace)
-    regions = find_regions(trace)
     shown = context.progress
     for index, region in enumerate(regions):
         shown.update("deciding", index, len(regions), "regions")

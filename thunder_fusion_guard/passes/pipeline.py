@@ -25,7 +25,7 @@ from .context import (
     TraceContext,
     check_communication,
 )
-from .decide import region_pass
+from .decide import merged_region_pass, region_pass
 from .dels import dels_pass
 from .direct_calls import DIRECT, direct_call_pass
 from .exact_vjps import exact_vjp_pass
@@ -78,6 +78,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("padded_sum_pass", "rewrites.concat_padded_sums", padded_sum_pass),
     Pass("rehome_pass", "rewrites.rehome", rehome_pass),
     Pass("merge_pass", "rewrites.merge_regions", merge_pass),
+    Pass("merged_region_pass", "rewrites.merge_regions", merged_region_pass, report_only=False),
     Pass("hoist_pass", "hoist", hoist_pass),
     Pass("dels_pass", None, dels_pass, report_only=False),
     Pass("direct_call_pass", "runtime.direct_calls", direct_call_pass, report_only=False),
