@@ -185,3 +185,33 @@ def test_a_failing_guarded_compilation_of_a_module_leaves_nothing_held():
     with pytest.raises(RuntimeError, match="after the guard failed"):
         thunder.jit(model, transforms=[FusionGuard(), Failing()])(torch.randn(2, 4))
     assert not sources.applied_in_scope() and InterpreterRuntimeCtx.get_current_user_source_location is original
+
+
+def test_a_failing_guarded_compilation_of_a_function_leaves_nothing_held_once_its_error_is_handled():
+    """A function's compilation that fails after the guard began holding the user's lines (no call of a module to
+    close it): the hold ends when the failed compilation's trace is freed, once the error is handled."""
+    import gc
+
+    import thunder
+    import torch
+    from thunder.core.interpreter import InterpreterRuntimeCtx
+
+    from thunder_fusion_guard import FusionGuard
+    from thunder_fusion_guard._thunder import sources
+
+    class FailingAfterTheGuard(thunder.Transform):
+        def transform_traces_pre_prologue(self, prologue, computation, epilogue, **kwargs):
+            assert sources.applied_in_scope()  # the guard's hold, for the backward's lines
+            raise RuntimeError("a transform after the guard failed")
+
+    sources.compilation_ends()
+    original = InterpreterRuntimeCtx.get_current_user_source_location
+    try:
+        thunder.jit(lambda x: x.sin() * 2, transforms=[FusionGuard(), FailingAfterTheGuard()])(torch.randn(3))
+    except RuntimeError as e:
+        assert "after the guard failed" in str(e)
+    gc.collect()
+    assert not sources.applied_in_scope() and InterpreterRuntimeCtx.get_current_user_source_location is original
+    # the next guarded compilation holds and lets go as ever
+    assert thunder.jit(lambda x: x * 2, transforms=[FusionGuard()])(torch.ones(2)).tolist() == [2.0, 2.0]
+    assert not sources.applied_in_scope() and InterpreterRuntimeCtx.get_current_user_source_location is original

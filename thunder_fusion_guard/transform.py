@@ -170,7 +170,7 @@ class FusionGuard(thunder.Transform):
                 f"Thunder {th.software_versions()['thunder']}'s automatic gradients of {ops} fail in a torch.compile "
                 "region (strict: not given gradients of Thunder's ops)"
             )
-        th.compilation_begins()  # the backward's lines, until this compilation's forward trace is optimized
+        th.compilation_begins(computation_trc)  # the backward's lines, until its forward trace is optimized
         pruned_trace, pruned = _pre_grad("alias_updates", prune_alias_updates, traced_trace, options, failed)
         with self._lock:
             given = th.compiling_transforms()

@@ -15,6 +15,7 @@ import os
 import re
 import sysconfig
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -220,14 +221,19 @@ def user_lines() -> Iterator[None]:
 
 def _hold() -> None:
     with _SCOPE.lock:
-        _SCOPE.holders += 1
-        if _SCOPE.holders == 1:
-            patches = _SCOPE.patches
-            # built once; again where one is missing (turned off, or applied by hand when built) or stale
-            if patches is None or len(patches) < _PATCHES or not all(p.current() for p in patches):
-                _SCOPE.patches = [p for p in _scoped_patches() if p is not None]
-            for patch in _SCOPE.patches:
-                patch.install()
+        _hold_locked()
+        _close_pending()
+
+
+def _hold_locked() -> None:
+    _SCOPE.holders += 1
+    if _SCOPE.holders == 1:
+        patches = _SCOPE.patches
+        # built once; again where one is missing (turned off, or applied by hand when built) or stale
+        if patches is None or len(patches) < _PATCHES or not all(p.current() for p in patches):
+            _SCOPE.patches = [p for p in _scoped_patches() if p is not None]
+        for patch in _SCOPE.patches:
+            patch.install()
 
 
 def _scoped_patches() -> tuple[_Patch | None, ...]:
@@ -241,10 +247,15 @@ def _scoped_patches() -> tuple[_Patch | None, ...]:
 
 def _release() -> None:
     with _SCOPE.lock:
-        _SCOPE.holders -= 1
-        if _SCOPE.holders == 0:
-            for patch in _SCOPE.patches or ():
-                patch.remove()
+        _release_locked()
+        _close_pending()
+
+
+def _release_locked() -> None:
+    _SCOPE.holders -= 1
+    if _SCOPE.holders == 0:
+        for patch in _SCOPE.patches or ():
+            patch.remove()
 
 
 def calls_with_user_lines(call: Callable) -> Callable:
@@ -266,20 +277,60 @@ def calls_with_user_lines(call: Callable) -> Callable:
     return scoped
 
 
-def compilation_begins() -> None:
+class _Compilation:
+    """One guarded compilation's hold of the user's lines: ``open`` until it ends or its trace is freed."""
+
+    open = True
+
+
+# Compilations whose trace was freed while the scope's lock was taken (a garbage collection may run inside it, in any
+# thread): closed by whoever holds the lock next, before it lets go.
+_PENDING: list[_Compilation] = []
+
+
+def compilation_begins(trace: object) -> None:
     """Hold the user's lines from here to :func:`compilation_ends` in this thread (a guarded compilation of a
-    function, which no call of a module holds them for: its backward lines). A compilation left open by a failure
-    is taken over by the next, so a thread holds at most one."""
-    if not getattr(_SCOPE.thread, "compiling", False):
-        _SCOPE.thread.compiling = True
-        _hold()
+    function, which no call of a module holds them for: its backward lines), or until ``trace`` (the compilation's
+    computation trace, which Thunder keeps while it compiles) is freed: a compilation that fails ends there, once
+    its error is handled. A compilation left open by a failure in this thread is taken over by the next."""
+    with _SCOPE.lock:
+        earlier: _Compilation | None = getattr(_SCOPE.thread, "compilation", None)
+        if earlier is not None and earlier.open:
+            earlier.open = False  # its hold carries over to this one
+        else:
+            _hold_locked()
+        now = _SCOPE.thread.compilation = _Compilation()
+        _close_pending()
+    weakref.finalize(trace, _close, now)
 
 
 def compilation_ends() -> None:
     """Release what :func:`compilation_begins` held in this thread (nothing where nothing is held)."""
-    if getattr(_SCOPE.thread, "compiling", False):
-        _SCOPE.thread.compiling = False
-        _release()
+    compilation = getattr(_SCOPE.thread, "compilation", None)
+    if compilation is not None:
+        with _SCOPE.lock:
+            _PENDING.append(compilation)
+            _close_pending()
+
+
+def _close(compilation: _Compilation) -> None:
+    """End ``compilation``'s hold once its trace is freed: in any thread, at any point (a garbage collection), so
+    where the lock is taken, even by this thread, it is left to the lock's holder."""
+    _PENDING.append(compilation)
+    if _SCOPE.lock.acquire(blocking=False):
+        try:
+            _close_pending()
+        finally:
+            _SCOPE.lock.release()
+
+
+def _close_pending() -> None:
+    """With the lock held: release each pending compilation's hold that is still open."""
+    while _PENDING:
+        compilation = _PENDING.pop()
+        if compilation.open:
+            compilation.open = False
+            _release_locked()
 
 
 def applied_in_scope() -> bool:
