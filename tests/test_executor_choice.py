@@ -667,3 +667,25 @@ def test_a_merged_region_is_not_timed_again_without_choose_executor(inject_timin
     guarded = thunder.jit(exact_chain, executors=[ex], transforms=[g])
     guarded(torch.randn(16, 4))
     assert len(regions(guarded)) == 1 and set(calls) <= {2}  # the parts timed against eager only; the merge not
+
+
+@pytest.mark.parametrize(("other_device_us", "switches"), [(9.0, True), (9.8, False)])
+def test_in_cuda_graphs_another_executor_wins_by_the_timings_spread_not_the_margin(
+    inject_timings, monkeypatch, other_device_us, switches
+):
+    """Captured, the other executor 10% faster on the device (both sides a region's kernels, no host time) takes the
+    region, though the margin is 20%: it need only win by the timing's spread (at least 5%); 2% faster does not."""
+    monkeypatch.setattr(th, "compiling_with_cuda_graphs", lambda: True)
+    inject_timings(10.0, 12.0, other_us=40.0, host=(9.0, 11.0, 30.0), device=(10.0, 30.0, other_device_us))
+    g = guard()
+    a, b = rounding_inputs(torch.float32)
+    guarded = jit(exact_sum, g)
+    assert_same(run_with_grads(guarded, [a, b])[0], run_with_grads(jit(exact_sum), [a, b])[0])
+    (d,) = region_decisions(g)
+    assert d.details["decided_on"] == "device" and d.facts["margin"] == 0.2
+    assert d.action == ("switch" if switches else "keep")
+    if switches:
+        assert d.facts["switch_margin"] == 0.05 and "the timing's spread on device times" in d.details["explanation"]
+        assert [r.executor for r in regions(guarded)] == ["torchcompile"]
+    else:
+        assert "switch_margin" not in d.facts and [r.executor for r in regions(guarded)] == [SHAPED]

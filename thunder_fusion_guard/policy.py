@@ -204,10 +204,13 @@ def decide(
         if margin != options.costs.margin:
             facts["margin_from"] = options.costs.margin
             details["margin_narrowed"] = narrowed
-        switched = _switch(region.executor, action, measured, margin)
+        between = _switch_margin(margin, measured) if seen is not None else margin
+        switched = _switch(region.executor, action, measured, between)
         if switched is not None:
             action = "switch"
             facts.update(switched_to=measured.other, chosen=switched[0], chosen_us=switched[1])
+            if between != margin:
+                facts["switch_margin"] = between
         by = "exactness" if by_rule and switched is None else "measured"
         details = {**details, "decided_by": by, "margin": margin, **timed.as_record()}
         if seen is not None:
@@ -239,6 +242,13 @@ def measured_margin(margin: float, measured: Measured, constants: CostConstants)
     if eager_host <= fused_host * (1 + narrow) and eager_device <= fused_device * (1 + narrow):
         return narrow, "host_and_device"
     return margin, None
+
+
+def _switch_margin(margin: float, measured: Measured) -> float:
+    """The margin another fusion executor must win by on device times (a program replayed in CUDA graphs): the
+    timing's spread, at least :data:`MEASURED_MARGIN_FLOOR`, where narrower than ``margin``. Both sides are device
+    times of one region's kernels, no host time on either, so what the timing sees is what the replay spends."""
+    return margin if measured.spread is None else min(margin, max(MEASURED_MARGIN_FLOOR, measured.spread))
 
 
 def _switch(executor: str, action: str, measured: Measured, margin: float) -> tuple[str, float] | None:

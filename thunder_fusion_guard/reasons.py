@@ -156,6 +156,7 @@ class Facts(TypedDict, total=False):
     chosen: str  # with a switch: what the other executor beat (the region's executor, or eager)
     chosen_us: float
     switched_to: str
+    switch_margin: float  # with a switch on device times: the margin the other executor won by (the timing's spread)
     inductor_options: dict[str, Any]  # with a switch to torch.compile: the Inductor options it compiles with
     # passes
     step: str  # a pass's name
@@ -374,9 +375,12 @@ def _measured(f: Facts) -> tuple[str, str | None]:
             f"switched to {f['switched_to']}{f' (Inductor{options})' if options else ''}: measured "
             f"{m.other_us:.1f} µs there vs {f['chosen_us']:.1f} µs {f['chosen']}"
         )
-        switched = (
-            f"{short} (margin {f['margin']:.0%}; {m.region_us:.1f} µs by {f['executor']}, {m.eager_us:.1f} µs eager)"
+        margin = (
+            f"margin {f['switch_margin']:.0%}, the timing's spread on device times (not {f['margin']:.0%})"
+            if "switch_margin" in f
+            else f"margin {f['margin']:.0%}"
         )
+        switched = f"{short} ({margin}; {m.region_us:.1f} µs by {f['executor']}, {m.eager_us:.1f} µs eager)"
         reason = f"{switched}; {reason}"
     return short, reason
 
