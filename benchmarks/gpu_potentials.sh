@@ -13,6 +13,10 @@ WORK=/tmp/potentials-work  # every job's files, packed into $OUT/potentials.tgz 
 mkdir -p "$OUT" "$WORK"
 DEADLINE=${TFG_DEADLINE_S:-560}  # seconds from the start of this script; every job is stopped by then
 export TFG_ZOO_LOCK=/tmp/tfg-potentials.lock
+# every job waits, before it times, until all have compiled (or until 120 s before the deadline): a job compiling,
+# and the guard timing its regions, on the GPU would slow the kernels of one being profiled
+export TFG_ZOO_READY=$WORK/ready TFG_ZOO_READY_BY=$(( $(date +%s) + DEADLINE - 120 ))
+rm -rf "$TFG_ZOO_READY" && mkdir -p "$TFG_ZOO_READY"
 [ -d /tmp/nq ] || python3 -m pip install -q --no-deps --no-index --target /tmp/nq .whl/nequip/*.whl
 [ -d /tmp/mc ] || python3 -m pip install -q --no-deps --no-index --target /tmp/mc .whl/mace/*.whl
 # cuEquivariance's wheels unpacked and packed again with xz (27 MB against 74), for the mace-cueq jobs
@@ -63,6 +67,7 @@ for job in "${chosen[@]}"; do
 done
 left=$((DEADLINE - SECONDS))
 echo "[potentials] $(date -u +%H:%M:%S) ${#chosen[@]} jobs, ${left} s each at most; $(nproc) cores"
+export TFG_ZOO_JOBS=${#chosen[@]}
 for job in "${chosen[@]}"; do
   path=${JOBS[$job]%%|*}
   args=${JOBS[$job]#*|}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -230,9 +231,27 @@ def run_model(
             rows[path] = {"error": error_text(e)[:2000]}
         print(f"[{name}] {path}: {rows[path]}", flush=True)
         _write(out, record)
+    all_compiled()  # side by side: no job's compile (and the guard's region timings) on the GPU while one is timed
     with _timing_alone():  # TFG_ZOO_LOCK set: processes started side by side compile together, time one at a time
         _time_paths(name, steps, rows, rounds, host)
     _write(out, record)
+
+
+def all_compiled(poll_s: float = 1.0) -> bool:
+    """With ``TFG_ZOO_READY`` (a folder, ``TFG_ZOO_JOBS`` jobs started side by side, waiting until the epoch second
+    ``TFG_ZOO_READY_BY``): say this job has compiled, then wait until every job has, so that no job compiles (nor
+    times regions for the guard) on the GPU while another is timed and profiled. True when all were; False past
+    the time (a job that died never says so) or without the variables."""
+    folder, jobs = os.environ.get("TFG_ZOO_READY"), int(os.environ.get("TFG_ZOO_JOBS", "0") or 0)
+    if not folder or jobs < 2:
+        return False
+    by = float(os.environ.get("TFG_ZOO_READY_BY", "0") or 0)
+    Path(folder, f"{os.getpid()}.ready").touch()
+    while len(list(Path(folder).glob("*.ready"))) < jobs:
+        if time.time() >= by:
+            return False
+        time.sleep(poll_s)
+    return True
 
 
 def _time_paths(name: str, steps: dict[str, _Step], rows: dict[str, dict], rounds: int, host: bool) -> None:

@@ -47,3 +47,14 @@ def test_nvfuser_trace_sums_scopes_per_thread_and_counts_a_nested_repeat_once():
     assert "main       2.00      1 SegmentCandidateFinder::findSegments" in inclusive
     assert "pool       0.50      1 executor_utils::NVRTC" in inclusive
     assert "main       1.00      1 FusionExecutorCache::runFusionWithInputs" in text.split("--- exclusive")[1]
+
+
+def test_jobs_side_by_side_wait_until_all_have_compiled_or_the_time_is_up(tmp_path, monkeypatch):
+    seed = load_benchmark("gpu_seed_vs_inductor")
+    assert seed.all_compiled() is False  # not side by side: no wait
+    monkeypatch.setenv("TFG_ZOO_READY", str(tmp_path))
+    monkeypatch.setenv("TFG_ZOO_JOBS", "2")
+    monkeypatch.setenv("TFG_ZOO_READY_BY", "0")  # the time is up: a job that never compiled is not waited for
+    assert seed.all_compiled(poll_s=0.0) is False and len(list(tmp_path.glob("*.ready"))) == 1
+    (tmp_path / "other.ready").touch()  # the other job has compiled
+    assert seed.all_compiled(poll_s=0.0) is True
