@@ -611,6 +611,70 @@ def test_where_inductor_fails_with_combo_kernels_and_its_defaults_are_not_timed_
     assert "planted timing failure" in d.details["not_measured"]
 
 
+def _combo_then_plain(monkeypatch, combo_us, plain_us):
+    """The timings after ``inject_timings``: torch.compile with combo kernels timed at ``combo_us``, then, where it is
+    timed again with Inductor's defaults, at ``plain_us``. Returns the other executor's times handed out, in order."""
+    from thunder_fusion_guard.measure import breakeven
+
+    timed, handed = breakeven.interleaved_us, []
+
+    def combo_first(fns, args, **kwargs):
+        got = timed(fns, args, **kwargs)
+        if len(fns) == 3:
+            handed.append(combo_us if not handed else plain_us)
+            got[2] = [handed[-1]] * len(got[2])
+        return got
+
+    monkeypatch.setattr(breakeven, "interleaved_us", combo_first)
+    return handed
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_where_combo_kernels_lose_torch_compile_with_its_defaults_is_timed_and_takes_the_region_it_wins(
+    inject_timings, combo_kernels_on_cpu, monkeypatch, dtype
+):
+    inject_timings(10.0, 12.0)
+    handed = _combo_then_plain(monkeypatch, combo_us=40.0, plain_us=4.0)
+    g = guard()
+    args = rounding_inputs(dtype)
+    guarded = jit(exact_sum, g)
+    got = run_with_grads(guarded, args)
+    expected = run_with_grads(jit(exact_sum), args)
+    assert_same(got[0], expected[0])
+    assert_same(got[1], expected[1])
+    (d,) = region_decisions(g)
+    assert handed[:2] == [40.0, 4.0]  # the forward region (the backward's is timed after it)
+    assert d.action == "switch" and "inductor_options" not in d.facts and "combo_kernels=True" not in d.reason
+    assert d.details["combo_kernels_timed"] == {"other_us": 40.0} and d.details["measured_other_us"] == 4.0
+    (now,) = regions(guarded)
+    assert now.executor == "torchcompile" and th.inductor_options(now.bsym.sym.executor) == {}
+
+
+def test_where_combo_kernels_and_torch_compiles_defaults_both_lose_the_region_stays(
+    inject_timings, combo_kernels_on_cpu, monkeypatch
+):
+    inject_timings(10.0, 12.0)
+    handed = _combo_then_plain(monkeypatch, combo_us=40.0, plain_us=30.0)
+    g = guard()
+    guarded = jit(exact_sum, g)
+    guarded(*(t.detach() for t in rounding_inputs(torch.float32)))
+    (d,) = region_decisions(g)
+    assert handed == [40.0, 30.0] and d.action == "keep"
+    assert d.details["measured_other_us"] == 40.0 and "combo_kernels_timed" not in d.details  # combo's timing kept
+    assert [r.executor for r in regions(guarded)] == [SHAPED]
+
+
+def test_where_combo_kernels_win_torch_compiles_defaults_are_not_timed(
+    inject_timings, combo_kernels_on_cpu, monkeypatch
+):
+    inject_timings(10.0, 12.0)
+    handed = _combo_then_plain(monkeypatch, combo_us=4.0, plain_us=2.0)
+    g = guard()
+    jit(exact_sum, g)(*(t.detach() for t in rounding_inputs(torch.float32)))
+    (d,) = region_decisions(g)
+    assert handed == [4.0] and d.action == "switch" and d.facts["inductor_options"] == {"combo_kernels": True}
+
+
 def _fragmenting_with_an_alternative(monkeypatch):
     """torch.compile with one region per op, the fragments merge_regions joins; torch.compile its alternative."""
     from helpers import fragmenting_executor

@@ -215,3 +215,20 @@ def test_a_failing_guarded_compilation_of_a_function_leaves_nothing_held_once_it
     # the next guarded compilation holds and lets go as ever
     assert thunder.jit(lambda x: x * 2, transforms=[FusionGuard()])(torch.ones(2)).tolist() == [2.0, 2.0]
     assert not sources.applied_in_scope() and InterpreterRuntimeCtx.get_current_user_source_location is original
+
+
+def test_a_trace_freed_while_another_thread_holds_the_scope_is_closed_as_that_thread_lets_go():
+    """A finalizer that finds the scope's lock taken leaves its compilation pending; the holder closes it as it
+    lets go, even when the holder had already looked at what was pending (the window before its release)."""
+    from thunder_fusion_guard._thunder import sources
+
+    before = sources._SCOPE.holders
+    with sources._locked():
+        sources._hold_locked()
+    compilation = sources._Compilation()
+    sources._SCOPE.lock.acquire()  # a holder past its last look at what is pending
+    sources._close(compilation)  # the finalizer, in another thread or a garbage collection: the lock is taken
+    assert compilation.open and sources._PENDING.count(compilation) == len(sources._PENDING) == 1
+    sources._unlock()
+    assert not compilation.open and not sources._PENDING
+    assert sources._SCOPE.holders == before

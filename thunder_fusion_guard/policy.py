@@ -204,7 +204,7 @@ def decide(
         if margin != options.costs.margin:
             facts["margin_from"] = options.costs.margin
             details["margin_narrowed"] = narrowed
-        between = _switch_margin(margin, measured) if seen is not None else margin
+        between = _spread_margin(margin, measured) if seen is not None else margin
         switched = _switch(region.executor, action, measured, between)
         if switched is not None:
             action = "switch"
@@ -233,7 +233,7 @@ def measured_margin(margin: float, measured: Measured, constants: CostConstants)
     are synchronous, or eager is no dearer on the host nor on the device, each within that spread)."""
     if measured.spread is None:
         return margin, None
-    narrow = min(margin, max(MEASURED_MARGIN_FLOOR, measured.spread))
+    narrow = _spread_margin(margin, measured)
     if not constants.overlapped:
         return narrow, "synchronous"
     if measured.host is None or measured.device is None:
@@ -244,10 +244,12 @@ def measured_margin(margin: float, measured: Measured, constants: CostConstants)
     return margin, None
 
 
-def _switch_margin(margin: float, measured: Measured) -> float:
-    """The margin another fusion executor must win by on device times (a program replayed in CUDA graphs): the
-    timing's spread, at least :data:`MEASURED_MARGIN_FLOOR`, where narrower than ``margin``. Both sides are device
-    times of one region's kernels, no host time on either, so what the timing sees is what the replay spends."""
+def _spread_margin(margin: float, measured: Measured) -> float:
+    """``margin`` narrowed to the timing's spread, at least :data:`MEASURED_MARGIN_FLOOR` (``margin`` where the
+    timing has no spread): the one rule for a measured keep or reject and for a switch on device times.
+
+    A switch between fusion executors on device times (a program replayed in CUDA graphs) always uses it: both sides
+    are one region's kernels, no host time on either, so what the timing sees is what the replay spends."""
     return margin if measured.spread is None else min(margin, max(MEASURED_MARGIN_FLOOR, measured.spread))
 
 

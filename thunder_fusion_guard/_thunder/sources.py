@@ -220,9 +220,8 @@ def user_lines() -> Iterator[None]:
 
 
 def _hold() -> None:
-    with _SCOPE.lock:
+    with _locked():
         _hold_locked()
-        _close_pending()
 
 
 def _hold_locked() -> None:
@@ -246,9 +245,8 @@ def _scoped_patches() -> tuple[_Patch | None, ...]:
 
 
 def _release() -> None:
-    with _SCOPE.lock:
+    with _locked():
         _release_locked()
-        _close_pending()
 
 
 def _release_locked() -> None:
@@ -284,7 +282,7 @@ class _Compilation:
 
 
 # Compilations whose trace was freed while the scope's lock was taken (a garbage collection may run inside it, in any
-# thread): closed by whoever holds the lock next, before it lets go.
+# thread): closed by the lock's holder as it lets go (_locked, _unlock).
 _PENDING: list[_Compilation] = []
 
 
@@ -293,14 +291,13 @@ def compilation_begins(trace: object) -> None:
     function, which no call of a module holds them for: its backward lines), or until ``trace`` (the compilation's
     computation trace, which Thunder keeps while it compiles) is freed: a compilation that fails ends there, once
     its error is handled. A compilation left open by a failure in this thread is taken over by the next."""
-    with _SCOPE.lock:
+    with _locked():
         earlier: _Compilation | None = getattr(_SCOPE.thread, "compilation", None)
         if earlier is not None and earlier.open:
             earlier.open = False  # its hold carries over to this one
         else:
             _hold_locked()
         now = _SCOPE.thread.compilation = _Compilation()
-        _close_pending()
     weakref.finalize(trace, _close, now)
 
 
@@ -308,9 +305,8 @@ def compilation_ends() -> None:
     """Release what :func:`compilation_begins` held in this thread (nothing where nothing is held)."""
     compilation = getattr(_SCOPE.thread, "compilation", None)
     if compilation is not None:
-        with _SCOPE.lock:
+        with _locked():
             _PENDING.append(compilation)
-            _close_pending()
 
 
 def _close(compilation: _Compilation) -> None:
@@ -318,6 +314,28 @@ def _close(compilation: _Compilation) -> None:
     where the lock is taken, even by this thread, it is left to the lock's holder."""
     _PENDING.append(compilation)
     if _SCOPE.lock.acquire(blocking=False):
+        try:
+            _close_pending()
+        finally:
+            _unlock()
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """The scope's lock held within; the compilations pending at the end closed before it is let go."""
+    _SCOPE.lock.acquire()
+    try:
+        yield
+        _close_pending()
+    finally:
+        _unlock()
+
+
+def _unlock() -> None:
+    """Let go of the scope's lock, then close what a finalizer left pending while it was held (it found the lock
+    taken): a finalizer that appends before this looks finds the lock taken and leaves it here; one after, takes it."""
+    _SCOPE.lock.release()
+    while _PENDING and _SCOPE.lock.acquire(blocking=False):
         try:
             _close_pending()
         finally:

@@ -3,7 +3,9 @@ rejected ones lowered to Thunder's torch executor and the switched ones fused by
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from .. import _thunder as th
 from ..cost import Measured
@@ -35,7 +37,7 @@ def merged_region_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.Tra
     merged region into many kernels where Inductor makes a few). Its decision takes the place of its last part's,
     whose name it keeps."""
     options, where = context.options, context.where
-    if not options.choose_executor or context.measure_region is None or options.report_only:
+    if not options.choose_executor or context.measure_region is None:
         return trace, []
     into = {d.region: d.facts["into"] for d in context.decided if d.code == "merged" and d.trace == where.trace}
     parts: dict[str, list[str]] = {}
@@ -44,23 +46,32 @@ def merged_region_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.Tra
         while last in into:
             last = into[last]
         parts.setdefault(last, []).append(part)
-    found = [r for r in find_regions(trace) if r.name in parts and th.alternative_fuser(r.bsym) is not None]
-    if not found:
+    found = [r for r in find_regions(trace) if r.name in parts]
+    fusers = {r.name: fuser for r in found if (fuser := th.alternative_fuser(r.bsym)) is not None}
+    if not fusers:
         return trace, []
-    new, made = _decide(trace, context, found)
+    new, made = _decide(trace, context, [r for r in found if r.name in fusers], fusers)
     return new, [instead(d, details={**d.details, "merged_from": [*parts[d.region], d.region]}) for d in made]
 
 
-def _decide(trace: th.TraceCtx, context: PassContext, regions: list[Region]) -> tuple[th.TraceCtx, list[Decision]]:
-    """Decide ``regions`` of ``trace``: rejected ones lowered, switched ones fused by the other executor."""
+def _decide(
+    trace: th.TraceCtx, context: PassContext, regions: list[Region], fusers: dict[str, Any] | None = None
+) -> tuple[th.TraceCtx, list[Decision]]:
+    """Decide ``regions`` of ``trace``: rejected ones lowered, switched ones fused by the other executor (each
+    region's in ``fusers`` by name, where the caller found them; else asked here, under ``choose_executor``)."""
     options, where = context.options, context.where
+    asked = options.choose_executor and context.measure_region is not None
     replacements: dict[int, list[th.BoundSymbol]] = {}
     decided: list[Decision] = []
     counter = th.free_fusion_counter(trace)
     shown = context.progress
     for index, region in enumerate(regions):
         shown.update("deciding", index, len(regions), "regions")
-        verdict, other, not_measured = _verdict(trace, region, context, counter)
+        if fusers is not None:
+            fuser = fusers.get(region.name)
+        else:
+            fuser = th.alternative_fuser(region.bsym) if asked else None
+        verdict, other, not_measured = _verdict(trace, region, context, counter, fuser)
         details = Details(**verdict.details)
         if not_measured:
             details["not_measured"] = not_measured
@@ -110,19 +121,23 @@ def _decide(trace: th.TraceCtx, context: PassContext, regions: list[Region]) -> 
 
 
 def _verdict(
-    trace: th.TraceCtx, region: Region, context: PassContext, counter: int
+    trace: th.TraceCtx, region: Region, context: PassContext, counter: int, fuser: Any | None
 ) -> tuple[Verdict, Alternative | None, str | None]:
-    """The region's verdict (timed where a timing would decide it), the other fusion executor it may switch to,
-    and why a region near break-even was not timed (None: it was, or needed not be)."""
+    """The region's verdict (timed where a timing would decide it), the other fusion executor it may switch to
+    (``fuser``, where there is one), and why a region near break-even was not timed (None: it was, or needed not
+    be)."""
     options, where, measure_region = context.options, context.where, context.measure_region
     device = th.proxy_device(region.inputs + region.outputs)
     constants = context.constants_for(device, region.executor) if context.constants_for and device else None
-    fuser = th.alternative_fuser(region.bsym) if options.choose_executor and measure_region else None
     # on Triton's devices torch.compile is timed, and runs a region it wins, with Inductor's combo kernels
     other = None if fuser is None else Alternative(th.combo_kernels_fuser(fuser, device), region.bsym, counter)
     other_name = None if other is None else other.name
     doubt = context.doubt.why(device, region.executor) if context.doubt is not None and device else None
-    verdict = decide(region, options, constants, None, where.compile_options, other_name, doubt, where.captured)
+
+    def decided(measured: Measured | None) -> Verdict:
+        return decide(region, options, constants, measured, where.compile_options, other_name, doubt, where.captured)
+
+    verdict = decided(None)
     if measure_region is None:
         return verdict, other, None
     if not verdict.measurable:
@@ -130,7 +145,7 @@ def _verdict(
         earlier = cached(trace, region) if verdict.code == "cost_model" and cached is not None else None
         if earlier is None:
             return verdict, other, None
-        verdict = decide(region, options, constants, earlier, where.compile_options, other_name, doubt, where.captured)
+        verdict = decided(earlier)
         return verdict, other, None
     measured = _measured(trace, region, measure_region, other if verdict.alternative else None)
     combo_failed, inductor_options = None, th.inductor_options(other.executor) if other else {}
@@ -141,12 +156,39 @@ def _verdict(
     if isinstance(measured, Measured):
         if context.doubt is not None and device:
             context.doubt.learn(device, region.executor, region.name, verdict.estimates, measured)
-        verdict = decide(region, options, constants, measured, where.compile_options, other_name, doubt, where.captured)
+        verdict = decided(measured)
+    lost = inductor_options and isinstance(measured, Measured) and measured.other_us is not None
+    if lost and verdict.action != "switch":  # combo kernels lost: torch.compile with its defaults may win
+        plain = Alternative(fuser, region.bsym, counter)
+        won = _plain_won(trace, region, context, plain, measured, decided)
+        if won is not None:
+            (verdict, measured), other, inductor_options = won, plain, {}
     if combo_failed:  # why torch.compile was timed (or was to be timed) with its defaults
         verdict = replace(verdict, details={**verdict.details, "inductor_options_failed": combo_failed})
     if verdict.action == "switch" and inductor_options:
         verdict = replace(verdict, facts=Facts(**verdict.facts, inductor_options=inductor_options))
     return verdict, other, None if isinstance(measured, Measured) else measured
+
+
+def _plain_won(
+    trace: th.TraceCtx,
+    region: Region,
+    context: PassContext,
+    plain: Alternative,
+    combo: Measured,
+    decided: Callable[[Measured], Verdict],
+) -> tuple[Verdict, Measured] | None:
+    """Where torch.compile with combo kernels lost (``combo``), the verdict and timing of ``plain`` torch.compile,
+    with Inductor's defaults, when it wins: launched as one, independent kernels can be slower than apart."""
+    again = _measured(trace, region, context.measure_region, plain)
+    if not isinstance(again, Measured) or again.other_problem:
+        return None
+    verdict = decided(again)
+    if verdict.action != "switch":
+        return None
+    lost = {"other_us": combo.other_us, "other_device_us": combo.other_device_us}
+    timed = {key: round(us, 3) for key, us in lost.items() if us is not None}
+    return replace(verdict, details={**verdict.details, "combo_kernels_timed": timed}), again
 
 
 def _measured(
