@@ -13,6 +13,9 @@ WORK=/tmp/potentials-work  # every job's files, packed into $OUT/potentials.tgz 
 mkdir -p "$OUT" "$WORK"
 DEADLINE=${TFG_DEADLINE_S:-560}  # seconds from the start of this script; every job is stopped by then
 export TFG_ZOO_LOCK=/tmp/tfg-potentials.lock
+# one guarded compile at a time: the guard's region timings decide its regions, and another job's kernels on the GPU
+# meanwhile would skew them (jobs side by side at 76075e4 kept a forward region alone and switched it beside others)
+export TFG_ZOO_DECIDE_LOCK=/tmp/tfg-potentials-decide.lock
 # every job waits, before it times, until all have compiled (or until 120 s before the deadline): a job compiling,
 # and the guard timing its regions, on the GPU would slow the kernels of one being profiled
 export TFG_ZOO_READY=$WORK/ready TFG_ZOO_READY_BY=$(( $(date +%s) + DEADLINE - 120 ))

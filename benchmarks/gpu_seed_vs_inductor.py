@@ -16,6 +16,8 @@ stream (tests/test_cudagraph_buffers.py runs both orders on CUDA).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import statistics
@@ -25,6 +27,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -181,13 +184,14 @@ def run_model(
             else:
                 fn, guard = _compile(model.module, zoo_path, "cuda", variants.get(base))
             chosen = None
-            if zoo_path.backends:  # one call, then each subgraph and Dynamo graph by the fastest, before any capture
-                from thunder_fusion_guard import choose_backends
+            with _deciding_alone(guard is not None):  # the guard times regions on the GPU while it compiles
+                if zoo_path.backends:  # one call, then each subgraph and Dynamo graph by the fastest, before capture
+                    from thunder_fusion_guard import choose_backends
 
-                _Step(model, fn, "cuda")()
-                chosen = choose_backends(fn, *model.inputs, guard=guard, whole_graphs=True)
-            step = _CapturedStep(model, fn) if path.endswith(STEP_GRAPH) else _Step(model, fn, "cuda")
-            step()
+                    _Step(model, fn, "cuda")()
+                    chosen = choose_backends(fn, *model.inputs, guard=guard, whole_graphs=True)
+                step = _CapturedStep(model, fn) if path.endswith(STEP_GRAPH) else _Step(model, fn, "cuda")
+                step()
             rows[path] = {"first_call_s": round(time.perf_counter() - began, 1)}
             if chosen is not None:
                 rows[path]["backends"] = dict(Counter(c.chosen for c in chosen))
@@ -235,6 +239,23 @@ def run_model(
     with _timing_alone():  # TFG_ZOO_LOCK set: processes started side by side compile together, time one at a time
         _time_paths(name, steps, rows, rounds, host)
     _write(out, record)
+
+
+@contextlib.contextmanager
+def _deciding_alone(guarded: bool) -> Iterator[None]:
+    """With ``TFG_ZOO_DECIDE_LOCK`` (a file the jobs started side by side share): a guarded path's compile, whose
+    region timings decide its regions, runs while no other job's guard times its own (an exclusive lock on the
+    file); other compiles go on beside it. Without the variable, or for an unguarded path: a no-op."""
+    path = os.environ.get("TFG_ZOO_DECIDE_LOCK")
+    if not guarded or not path:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def all_compiled(poll_s: float = 1.0) -> bool:
