@@ -64,6 +64,18 @@ def rounding_inputs(dtype):
     return a.requires_grad_(), b.requires_grad_()
 
 
+def guarded_sum_as_unguarded(dtype):
+    """``exact_sum`` guarded (``choose_executor``), run forward and backward on values that really round, and
+    asserted bit for bit equal to unguarded Thunder's: the guard and the guarded function."""
+    g = guard()
+    args = rounding_inputs(dtype)
+    guarded = jit(exact_sum, g)
+    got, expected = run_with_grads(guarded, args), run_with_grads(jit(exact_sum), args)
+    assert_same(got[0], expected[0])
+    assert_same(got[1], expected[1])
+    return g, guarded
+
+
 def region_decisions(g, trace="forward"):
     return [d for d in g.report if d.about_region and d.trace == trace]
 
@@ -542,13 +554,7 @@ def test_a_region_switched_to_torch_compile_runs_with_combo_kernels_and_the_same
     inject_timings, combo_kernels_on_cpu, dtype
 ):
     inject_timings(10.0, 12.0, other_us=4.0)
-    g = guard()
-    args = rounding_inputs(dtype)
-    guarded = jit(exact_sum, g)
-    got = run_with_grads(guarded, args)
-    expected = run_with_grads(jit(exact_sum), args)
-    assert_same(got[0], expected[0])
-    assert_same(got[1], expected[1])
+    g, guarded = guarded_sum_as_unguarded(dtype)
     (d,) = region_decisions(g)
     assert d.action == "switch" and d.facts["inductor_options"] == {"combo_kernels": True}
     assert "combo_kernels=True" in d.reason
@@ -635,13 +641,7 @@ def test_where_combo_kernels_lose_torch_compile_with_its_defaults_is_timed_and_t
 ):
     inject_timings(10.0, 12.0)
     handed = _combo_then_plain(monkeypatch, combo_us=40.0, plain_us=4.0)
-    g = guard()
-    args = rounding_inputs(dtype)
-    guarded = jit(exact_sum, g)
-    got = run_with_grads(guarded, args)
-    expected = run_with_grads(jit(exact_sum), args)
-    assert_same(got[0], expected[0])
-    assert_same(got[1], expected[1])
+    g, guarded = guarded_sum_as_unguarded(dtype)
     (d,) = region_decisions(g)
     assert handed[:2] == [40.0, 4.0]  # the forward region (the backward's is timed after it)
     assert d.action == "switch" and "inductor_options" not in d.facts and "combo_kernels=True" not in d.reason
