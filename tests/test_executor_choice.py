@@ -661,6 +661,31 @@ def test_where_combo_kernels_and_torch_compiles_defaults_both_lose_the_region_st
     (d,) = region_decisions(g)
     assert handed == [40.0, 30.0] and d.action == "keep"
     assert d.details["measured_other_us"] == 40.0 and "combo_kernels_timed" not in d.details  # combo's timing kept
+    assert d.details["plain_timed"] == {"other_us": 30.0}  # the defaults' losing timing, for the audit
+    assert [r.executor for r in regions(guarded)] == [SHAPED]
+
+
+def test_where_torch_compiles_defaults_cannot_be_timed_after_combo_kernels_lost_the_region_stays_and_why_is_recorded(
+    inject_timings, combo_kernels_on_cpu, monkeypatch
+):
+    from thunder_fusion_guard.measure import breakeven
+
+    inject_timings(10.0, 12.0)
+    handed = _combo_then_plain(monkeypatch, combo_us=40.0, plain_us=4.0)
+    timed = breakeven.interleaved_us
+
+    def plain_fails(fns, args, **kwargs):  # combo kernels timed (and lose); the timing with the defaults fails
+        if len(fns) == 3 and handed:
+            raise RuntimeError("planted plain timing failure")
+        return timed(fns, args, **kwargs)
+
+    monkeypatch.setattr(breakeven, "interleaved_us", plain_fails)
+    g = guard()
+    guarded = jit(exact_sum, g)
+    guarded(*(t.detach() for t in rounding_inputs(torch.float32)))
+    (d,) = region_decisions(g)
+    assert d.action == "keep" and d.details["measured_other_us"] == 40.0
+    assert "planted plain timing failure" in d.details["plain_timed"]["problem"]
     assert [r.executor for r in regions(guarded)] == [SHAPED]
 
 

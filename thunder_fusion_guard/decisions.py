@@ -30,6 +30,7 @@ class Details(TypedDict, total=False):
     alternative_not_timed: str  # why another fusion executor was not timed
     inductor_options_failed: str  # why torch.compile was timed with Inductor's defaults: it failed with the options
     combo_kernels_timed: dict[str, float]  # torch.compile with combo kernels lost, its defaults won: the former's µs
+    plain_timed: dict[str, Any]  # both lost: torch.compile with its defaults' µs (other_us...), or its ``problem``
     merged_from: list[str]  # a merged region decided again: the regions merged into it, in trace order
     switched_to: str  # the fusion call that replaced the region (action switch)
     call: str  # how the region's fusion is called: "direct", or Thunder's and why

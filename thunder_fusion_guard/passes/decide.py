@@ -28,7 +28,14 @@ from .rewrite import lower_region, replace_regions
 def region_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
     """Decide every region; return ``trace`` with the rejected ones run by the torch executor and the
     switched ones fused by the other fusion executor that was timed faster."""
-    return _decide(trace, context, find_regions(trace))
+    found = find_regions(trace)
+    asked = context.options.choose_executor and context.measure_region is not None
+    return _decide(trace, context, found, _alternative_fusers(found) if asked else {})
+
+
+def _alternative_fusers(regions: list[Region]) -> dict[str, Any]:
+    """The other fusion executor of each region that has one, by region name (``th.alternative_fuser``)."""
+    return {r.name: fuser for r in regions if (fuser := th.alternative_fuser(r.bsym)) is not None}
 
 
 def merged_region_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
@@ -47,7 +54,7 @@ def merged_region_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.Tra
             last = into[last]
         parts.setdefault(last, []).append(part)
     found = [r for r in find_regions(trace) if r.name in parts]
-    fusers = {r.name: fuser for r in found if (fuser := th.alternative_fuser(r.bsym)) is not None}
+    fusers = _alternative_fusers(found)
     if not fusers:
         return trace, []
     new, made = _decide(trace, context, [r for r in found if r.name in fusers], fusers)
@@ -55,23 +62,18 @@ def merged_region_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.Tra
 
 
 def _decide(
-    trace: th.TraceCtx, context: PassContext, regions: list[Region], fusers: dict[str, Any] | None = None
+    trace: th.TraceCtx, context: PassContext, regions: list[Region], fusers: dict[str, Any]
 ) -> tuple[th.TraceCtx, list[Decision]]:
     """Decide ``regions`` of ``trace``: rejected ones lowered, switched ones fused by the other executor (each
-    region's in ``fusers`` by name, where the caller found them; else asked here, under ``choose_executor``)."""
+    region's in ``fusers`` by name; a region not there has none to switch to)."""
     options, where = context.options, context.where
-    asked = options.choose_executor and context.measure_region is not None
     replacements: dict[int, list[th.BoundSymbol]] = {}
     decided: list[Decision] = []
     counter = th.free_fusion_counter(trace)
     shown = context.progress
     for index, region in enumerate(regions):
         shown.update("deciding", index, len(regions), "regions")
-        if fusers is not None:
-            fuser = fusers.get(region.name)
-        else:
-            fuser = th.alternative_fuser(region.bsym) if asked else None
-        verdict, other, not_measured = _verdict(trace, region, context, counter, fuser)
+        verdict, other, not_measured = _verdict(trace, region, context, counter, fusers.get(region.name))
         details = Details(**verdict.details)
         if not_measured:
             details["not_measured"] = not_measured
@@ -131,6 +133,7 @@ def _verdict(
     constants = context.constants_for(device, region.executor) if context.constants_for and device else None
     # on Triton's devices torch.compile is timed, and runs a region it wins, with Inductor's combo kernels
     other = None if fuser is None else Alternative(th.combo_kernels_fuser(fuser, device), region.bsym, counter)
+    plain = None if fuser is None else Alternative(fuser, region.bsym, counter)  # Inductor's defaults
     other_name = None if other is None else other.name
     doubt = context.doubt.why(device, region.executor) if context.doubt is not None and device else None
 
@@ -151,7 +154,7 @@ def _verdict(
     combo_failed, inductor_options = None, th.inductor_options(other.executor) if other else {}
     if isinstance(measured, Measured) and measured.other_problem and inductor_options:
         # Inductor failed with the options: torch.compile is timed again with its defaults
-        combo_failed, other, inductor_options = measured.other_problem, Alternative(fuser, region.bsym, counter), {}
+        combo_failed, other, inductor_options = measured.other_problem, plain, {}
         measured = _measured(trace, region, measure_region, other)
     if isinstance(measured, Measured):
         if context.doubt is not None and device:
@@ -159,10 +162,11 @@ def _verdict(
         verdict = decided(measured)
     lost = inductor_options and isinstance(measured, Measured) and measured.other_us is not None
     if lost and verdict.action != "switch":  # combo kernels lost: torch.compile with its defaults may win
-        plain = Alternative(fuser, region.bsym, counter)
         won = _plain_won(trace, region, context, plain, measured, decided)
-        if won is not None:
+        if isinstance(won, tuple):
             (verdict, measured), other, inductor_options = won, plain, {}
+        elif won:  # it lost too: its timing recorded beside the verdict
+            verdict = replace(verdict, details={**verdict.details, "plain_timed": won})
     if combo_failed:  # why torch.compile was timed (or was to be timed) with its defaults
         verdict = replace(verdict, details={**verdict.details, "inductor_options_failed": combo_failed})
     if verdict.action == "switch" and inductor_options:
@@ -177,18 +181,25 @@ def _plain_won(
     plain: Alternative,
     combo: Measured,
     decided: Callable[[Measured], Verdict],
-) -> tuple[Verdict, Measured] | None:
-    """Where torch.compile with combo kernels lost (``combo``), the verdict and timing of ``plain`` torch.compile,
-    with Inductor's defaults, when it wins: launched as one, independent kernels can be slower than apart."""
+) -> tuple[Verdict, Measured] | dict[str, Any]:
+    """Where torch.compile with combo kernels lost (``combo``), ``plain`` torch.compile, with Inductor's defaults,
+    timed: its verdict and timing when it wins (launched as one, independent kernels can be slower than apart);
+    else its µs, or why it was not timed (``problem``), for the record."""
     again = _measured(trace, region, context.measure_region, plain)
-    if not isinstance(again, Measured) or again.other_problem:
-        return None
+    if not isinstance(again, Measured):
+        return {"problem": again}
+    if again.other_problem:
+        return {"problem": again.other_problem}
     verdict = decided(again)
     if verdict.action != "switch":
-        return None
-    lost = {"other_us": combo.other_us, "other_device_us": combo.other_device_us}
-    timed = {key: round(us, 3) for key, us in lost.items() if us is not None}
-    return replace(verdict, details={**verdict.details, "combo_kernels_timed": timed}), again
+        return _timed_us(again)
+    return replace(verdict, details={**verdict.details, "combo_kernels_timed": _timed_us(combo)}), again
+
+
+def _timed_us(measured: Measured) -> dict[str, float]:
+    """The other executor's µs of ``measured`` (wall, and device where timed), rounded for the record."""
+    timed = {"other_us": measured.other_us, "other_device_us": measured.other_device_us}
+    return {key: round(us, 3) for key, us in timed.items() if us is not None}
 
 
 def _measured(
