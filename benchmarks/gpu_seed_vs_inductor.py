@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import statistics
@@ -27,7 +26,6 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -41,7 +39,7 @@ from thunder_fusion_guard.bench.machine import machine_info
 from thunder_fusion_guard.bench.zoo_equivariant import e3nn_nequip_small
 from thunder_fusion_guard.bench.zoo_models import ZOO, ZooModel
 from thunder_fusion_guard.bench.zoo_paths import ZooPath
-from thunder_fusion_guard.bench.zoo_run import _compile, _Step, _timing_alone
+from thunder_fusion_guard.bench.zoo_run import _compile, _Step, _timing_alone, file_lock
 from thunder_fusion_guard.bench.zoo_values import _difference
 from thunder_fusion_guard.examine.host_time import host_time
 from thunder_fusion_guard.examine.kernel_histogram import kernel_kind
@@ -241,21 +239,11 @@ def run_model(
     _write(out, record)
 
 
-@contextlib.contextmanager
-def _deciding_alone(guarded: bool) -> Iterator[None]:
+def _deciding_alone(guarded: bool) -> contextlib.AbstractContextManager[None]:
     """With ``TFG_ZOO_DECIDE_LOCK`` (a file the jobs started side by side share): a guarded path's compile, whose
     region timings decide its regions, runs while no other job's guard times its own (an exclusive lock on the
     file); other compiles go on beside it. Without the variable, or for an unguarded path: a no-op."""
-    path = os.environ.get("TFG_ZOO_DECIDE_LOCK")
-    if not guarded or not path:
-        yield
-        return
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    return file_lock("TFG_ZOO_DECIDE_LOCK") if guarded else contextlib.nullcontext()
 
 
 def all_compiled(poll_s: float = 1.0) -> bool:

@@ -78,10 +78,10 @@ def _compile(
 
 
 @contextlib.contextmanager
-def _timing_alone() -> Iterator[None]:
-    """With ``--jobs`` above one, models compile side by side but are timed one at a time (an exclusive lock on a
-    file the models share; other models may still be compiling on other cores meanwhile); one job: a no-op."""
-    path = os.environ.get(LOCK_ENV)
+def file_lock(env: str) -> Iterator[None]:
+    """An exclusive lock on the file the environment variable ``env`` names, held for the block (processes started
+    side by side share it: one at a time); where ``env`` names none, a no-op."""
+    path = os.environ.get(env)
     if not path:
         yield
         return
@@ -91,6 +91,12 @@ def _timing_alone() -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _timing_alone() -> contextlib.AbstractContextManager[None]:
+    """With ``--jobs`` above one, models compile side by side but are timed one at a time (an exclusive lock on a
+    file the models share; other models may still be compiling on other cores meanwhile); one job: a no-op."""
+    return file_lock(LOCK_ENV)
 
 
 class _Step:
