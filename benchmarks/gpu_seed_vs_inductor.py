@@ -181,8 +181,9 @@ def run_model(
                 fn, guard = torch.compile(model.module, options=COMBO_KERNELS), None
             else:
                 fn, guard = _compile(model.module, zoo_path, "cuda", variants.get(base))
-            chosen = None
+            chosen, asked = None, time.perf_counter()
             with _deciding_alone(guard is not None):  # the guard times regions on the GPU while it compiles
+                waited = time.perf_counter() - asked  # another job's guarded compile held the lock: not this one's
                 if zoo_path.backends:  # one call, then each subgraph and Dynamo graph by the fastest, before capture
                     from thunder_fusion_guard import choose_backends
 
@@ -190,7 +191,9 @@ def run_model(
                     chosen = choose_backends(fn, *model.inputs, guard=guard, whole_graphs=True)
                 step = _CapturedStep(model, fn) if path.endswith(STEP_GRAPH) else _Step(model, fn, "cuda")
                 step()
-            rows[path] = {"first_call_s": round(time.perf_counter() - began, 1)}
+            rows[path] = {"first_call_s": round(time.perf_counter() - began - waited, 1)}
+            if waited >= 0.1:
+                rows[path]["waited_for_lock_s"] = round(waited, 1)
             if chosen is not None:
                 rows[path]["backends"] = dict(Counter(c.chosen for c in chosen))
             if path.endswith(STEP_GRAPH):  # the first call: warm-up steps and the capture included

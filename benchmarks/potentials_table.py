@@ -23,6 +23,7 @@ KEPT = (
     "kernels",
     "device_ms",
     "first_call_s",
+    "waited_for_lock_s",  # a guarded path's wait for another job's guarded compile, left out of its first call
     "max_abs_force_diff",
     "energy_diff",
     "step_captured",
