@@ -95,7 +95,7 @@ def profiled_layout(replay) -> dict:
     )
     if not events:
         return {}
-    gaps, overlaps, names = [], 0, []
+    gaps, overlaps = [], 0
     sequence = [[events[0].name[:50], round(events[0].time_range.end - events[0].time_range.start, 2), 0.0]]
     for a, b in itertools.pairwise(events):
         gap = b.time_range.start - a.time_range.end
