@@ -162,11 +162,11 @@ def _verdict(
         verdict = decided(measured)
     lost = inductor_options and isinstance(measured, Measured) and measured.other_us is not None
     if lost and verdict.action != "switch":  # combo kernels lost: torch.compile with its defaults may win
-        won = _plain_won(trace, region, context, plain, measured, decided)
-        if isinstance(won, tuple):
-            (verdict, measured), other, inductor_options = won, plain, {}
-        elif won:  # it lost too: its timing recorded beside the verdict
-            verdict = replace(verdict, details={**verdict.details, "plain_timed": won})
+        timed = _timed_plain(trace, region, context, plain, measured, decided)
+        if isinstance(timed, tuple):  # it won: it takes the region
+            (verdict, measured), other, inductor_options = timed, plain, {}
+        elif timed:  # it lost too, or could not be timed: recorded beside the verdict
+            verdict = replace(verdict, details={**verdict.details, "plain_timed": timed})
     if combo_failed:  # why torch.compile was timed (or was to be timed) with its defaults
         verdict = replace(verdict, details={**verdict.details, "inductor_options_failed": combo_failed})
     if verdict.action == "switch" and inductor_options:
@@ -174,7 +174,7 @@ def _verdict(
     return verdict, other, None if isinstance(measured, Measured) else measured
 
 
-def _plain_won(
+def _timed_plain(
     trace: th.TraceCtx,
     region: Region,
     context: PassContext,
