@@ -456,10 +456,11 @@ def _folded(f: Facts) -> tuple[str, str | None]:
 
 def _padded_sum_concatenated(f: Facts) -> tuple[str, str | None]:
     return (
-        f"a sum of {f['count']} zero-padded pieces computed as one concatenation + 0.0 in {f['into']}: same bits",
+        f"a sum of {f['count']} zero-padded pieces computed as one concatenation of each piece + 0.0 in "
+        f"{f['into']}: same bits",
         f"{f['count']} zero pads that tile their result were added up, each add writing the whole tensor; "
-        f"cat(pieces) + 0.0 in {f['into']} gives the same bits (a -0.0 becomes +0.0 in both) and writes it once "
-        f"({f['ops_saved']} ops fewer)",
+        f"cat(piece + 0.0 for each piece) in {f['into']} gives the same bits (a -0.0 becomes +0.0 in both) and "
+        f"writes it once ({f['ops_saved']} ops fewer)",
     )
 
 

@@ -153,21 +153,27 @@ def plain_add(bsym: BoundSymbol) -> tuple[TensorProxy, TensorProxy] | None:
 def concatenation(
     trace: TraceCtx, pieces: Sequence[Proxy | SliceRange], dim: int, out: TensorProxy
 ) -> list[BoundSymbol]:
-    """The ops computing ``out = cat(pieces, dim) + 0.0`` (``ltorch.cat``, a conversion to ``out``'s dtype where
-    the pieces have another, ``ltorch.add``), their other results named fresh in ``trace``; a :class:`SliceRange`
-    piece is sliced here (a whole source is taken as it is), and one piece needs no ``cat``. Adding +0.0 turns a
-    -0.0 into +0.0 and leaves every other value as it is, as a sum of the pieces zero-padded does."""
+    """The ops computing ``out = cat([piece + 0.0 for piece in pieces], dim)`` (a conversion to ``out``'s dtype
+    where the pieces have another, ``ltorch.add``, ``ltorch.cat``), their other results named fresh in ``trace``; a
+    :class:`SliceRange` piece is sliced here (a whole source is taken as it is), and one piece needs no ``cat``.
+    Adding +0.0 turns a -0.0 into +0.0 and leaves every other value as it is, as a sum of the pieces zero-padded
+    does. Added to each piece rather than to the joined tensor, it runs where the piece is made: an executor that
+    writes each piece of a ``cat`` into its slice (Inductor) writes the tensor once, not once more for the add."""
     scratch = from_trace(trace)
     token = set_tracectx(scratch)
     try:
-        parts = [_sliced(p) if isinstance(p, SliceRange) else p for p in pieces]
+        parts = [_plus_zero(_sliced(p) if isinstance(p, SliceRange) else p, out.dtype) for p in pieces]
         joined: Any = parts[0] if len(parts) == 1 else ltorch.cat(parts, dim)
-        if joined.dtype != out.dtype:
-            joined = prims.convert_element_type(joined, out.dtype)
-        summed: Any = ltorch.add(joined, 0.0)
     finally:
         reset_tracectx(token)
-    return [swap_proxies(b, [(summed, out)]) for b in scratch.bound_symbols]
+    return [swap_proxies(b, [(joined, out)]) for b in scratch.bound_symbols]
+
+
+def _plus_zero(piece: Any, dtype: Any) -> Any:
+    """``piece`` converted to ``dtype`` where it has another, plus +0.0."""
+    if piece.dtype != dtype:
+        piece = prims.convert_element_type(piece, dtype)
+    return ltorch.add(piece, 0.0)
 
 
 def _sliced(piece: SliceRange) -> Any:

@@ -4,8 +4,9 @@ Thunder's backward of slicing pads each slice's gradient back to the whole tenso
 gradient of e3nn's per-edge weights, eleven slices of a [9808, 17408] tensor, is ten adds of the whole tensor,
 cut into regions at the matmuls between them, and each cut writes and reads all of it. Where the pieces lie side
 by side along one dim and cover it, each element of the sum is one piece's value plus zeros, so
-``cat(pieces) + 0.0`` has the same bits (a -0.0 becomes +0.0 in both, every other value passes through both) and
-writes the tensor once, in the region of the last add.
+``cat(piece + 0.0 for each piece)`` has the same bits (a -0.0 becomes +0.0 in both, every other value passes
+through both) and writes the tensor once, in the region of the last add: the add runs where each piece is made,
+so an executor that writes each piece of a ``cat`` into its slice (Inductor) adds no pass over the whole tensor.
 """
 
 from __future__ import annotations
@@ -54,10 +55,10 @@ def concatenate_padded_sums(
     trace: th.TraceCtx, may_rebuild: Callable[[th.BoundSymbol], bool], min_regions: int = 2
 ) -> tuple[th.TraceCtx, list[PaddedSum]]:
     """``trace`` with each sum of zero pads that tile their result, spread over ``min_regions`` or more of the fusion
-    regions ``may_rebuild`` allows (each cut writes and reads the whole tensor), computed as ``cat(pieces) + 0.0`` where
-    its last add was. Each pad and each add but the last must be read by the next add only; the regions that held
-    them are rebuilt (a piece made in one region and now read in
-    another becomes its output; a region left with no op is dropped)."""
+    regions ``may_rebuild`` allows (each cut writes and reads the whole tensor), computed as
+    ``cat(piece + 0.0 for each piece)`` where its last add was. Each pad and each add but the last must be read by
+    the next add only; the regions that held them are rebuilt (a piece made in one region and now read in another
+    becomes its output; a region left with no op is dropped)."""
     bsyms = list(trace.bound_symbols)
     ops: dict[Position, th.BoundSymbol] = {}
     made_at: dict[str, Position] = {}
@@ -197,7 +198,7 @@ def _concatenation(
     chain: _Chain,
     pieces: list[th.Proxy | th.SliceRange],
 ) -> list[th.BoundSymbol]:
-    """The ops computing ``chain``'s result as ``cat(pieces) + 0.0``."""
+    """The ops computing ``chain``'s result as ``cat(piece + 0.0 for each piece)``."""
     return th.concatenation(trace, pieces, th.pad_piece(ops[chain.pads[0]]).dim, ops[chain.root].output)
 
 
