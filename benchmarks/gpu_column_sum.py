@@ -9,12 +9,11 @@ order, median of 20 rounds); the sums' max difference against a float64 sum.
 
 from __future__ import annotations
 
-import json
 import sys
+from typing import Any
 
 import torch
-
-from thunder_fusion_guard.measure.timing import host_device_us
+from device_ways import device_ways, report
 
 WIDTHS = [3072, 1024, 1024, 1024, 3072, 1024, 1024, 1024, 1024, 3072, 1024]  # the eleven pieces, 17408 in all
 
@@ -46,29 +45,14 @@ def main() -> int:
         "inductor tail, cat then + 0.0": torch.compile(lambda: _joined_then_plus_zero(pieces)),
         "inductor tail, each piece + 0.0": torch.compile(lambda: _each_plus_zero(pieces)),
     }
-    out: dict[str, dict] = {}
-    for name, fn in {**sums, **tails}.items():  # each compiled and run once: its difference, or why it does not run
-        try:
-            result = fn()
-            summed = result[1] / 2 if name in tails else result
-            out[name] = {"max_diff": (summed.double() - ref).abs().max().item()}
-        except Exception as e:  # one way failing must not lose the others
-            out[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
     ways = {**sums, **tails}
-    running = [name for name in ways if "error" not in out[name]]
-    timed = host_device_us([ways[name] for name in running], [], reps=20, cuda=True) or []
-    if running and not timed:
-        print("not timed: a call waits for the device (host_device_us)", flush=True)
-    for name, us in zip(running, timed, strict=False):
-        device = us.device_us
-        out[name]["us"] = round(device, 1)
-        if name in sums:  # one read of the tensor
-            out[name]["GB/s"] = round(x.numel() * 4 / device / 1e3, 0)
-    for name, row in out.items():
-        print(name, row, flush=True)
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as f:
-            f.write(json.dumps(out, indent=1))
+
+    def max_diff(name: str, result: Any) -> float:
+        summed = result[1] / 2 if name in tails else result
+        return (summed.double() - ref).abs().max().item()
+
+    out = device_ways(ways, max_diff, {name: x.numel() * 4 for name in sums})  # a sum reads the tensor once
+    report(out, sys.argv[1] if len(sys.argv) > 1 else None)
     return 0
 
 

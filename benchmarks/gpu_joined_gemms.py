@@ -10,13 +10,11 @@ the H200's 3.98 TB/s ATen's column sum reads it in 172 µs (``gpu_column_sum.py`
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 
 import torch
-
-from thunder_fusion_guard.measure.timing import host_device_us
+from device_ways import device_ways, report
 
 EDGES, WIDTH, FEATURES = 9808, 17408, 32
 
@@ -49,23 +47,13 @@ def main() -> int:
         ways[f"G @ W, split-K {c}"] = ("G @ W", lambda c=c: _split_k_gw(g, w, c))
     for c in (2, 4, 8, 16):
         ways[f"G.T @ h, split-K {c}"] = ("G.T @ h", lambda c=c: _split_k_gth(g, h, c))
-    out: dict[str, dict] = {}
-    for name, (product, fn) in ways.items():  # each run once: its difference, or why it does not run
-        try:
-            out[name] = {"max_diff": (fn().double() - refs[product]).abs().max().item()}
-        except Exception as e:  # one way failing must not lose the others
-            out[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
-    running = [name for name in ways if "error" not in out[name]]
-    timed = host_device_us([ways[name][1] for name in running], [], reps=20, cuda=True) or []
-    if running and not timed:
-        print("not timed: a call waits for the device (host_device_us)", flush=True)
-    for name, us in zip(running, timed, strict=False):
-        out[name].update({"us": round(us.device_us, 1), "GB/s": round(g.numel() * 4 / us.device_us / 1e3, 0)})
-    for name, row in out.items():
-        print(name, row, flush=True)
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as f:
-            f.write(json.dumps(out, indent=1))
+    products = {name: product for name, (product, _) in ways.items()}
+    out = device_ways(
+        {name: fn for name, (_, fn) in ways.items()},
+        lambda name, result: (result.double() - refs[products[name]]).abs().max().item(),
+        {name: g.numel() * 4 for name in ways},  # each reads G once
+    )
+    report(out, sys.argv[1] if len(sys.argv) > 1 else None)
     return 0
 
 
