@@ -1,5 +1,7 @@
 """Small pieces of the GPU benchmark scripts, without a GPU: path variants, and nvFuser's perf scopes summed from an
-``NVFUSER_TRACE`` file."""
+``NVFUSER_TRACE`` file, ways to compute one thing checked and timed."""
+
+import json
 
 import pytest
 import torch
@@ -58,3 +60,23 @@ def test_jobs_side_by_side_wait_until_all_have_compiled_or_the_time_is_up(tmp_pa
     assert seed.all_compiled(poll_s=0.0) is False and len(list(tmp_path.glob("*.ready"))) == 1
     (tmp_path / "other.ready").touch()  # the other job has compiled
     assert seed.all_compiled(poll_s=0.0) is True
+
+
+def test_device_ways_keeps_a_failing_way_and_gives_gb_per_s_only_where_the_bytes_are_known(tmp_path, monkeypatch):
+    """Each way is checked once; one that fails keeps its error and is not timed; the rest are timed together."""
+    ways_module = load_benchmark("device_ways")
+    timed_calls = []
+
+    def fake_host_device_us(fns, args, reps, cuda):
+        timed_calls.append(len(fns))
+        return [type("HostDevice", (), {"device_us": 10.0 * (i + 1)})() for i in range(len(fns))]
+
+    monkeypatch.setattr(ways_module, "host_device_us", fake_host_device_us)
+    ways = {"ones": lambda: torch.ones(3), "fails": lambda: 1 / 0, "zeros": lambda: torch.zeros(3)}
+    out = ways_module.device_ways(ways, lambda name, result: float(result.sum()), {"ones": 2_000_000})
+    assert timed_calls == [2]
+    assert out["ones"] == {"max_diff": 3.0, "us": 10.0, "GB/s": 200.0}
+    assert out["zeros"] == {"max_diff": 0.0, "us": 20.0}
+    assert out["fails"] == {"error": "ZeroDivisionError: division by zero"}
+    ways_module.report(out, str(tmp_path / "ways.json"))
+    assert json.loads((tmp_path / "ways.json").read_text()) == out
