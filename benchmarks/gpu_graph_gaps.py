@@ -1,6 +1,6 @@
 """Where a captured step's wall time goes beyond its kernels' device time: each path's whole step captured by
 ``capture_step`` (as ``gpu_seed_vs_inductor.py`` captures it), then, interleaved: the step as the harness calls it,
-one replay with a sync, fifty replays back to back (the GPU's time alone), the graph's nodes by type, and one
+one replay with a sync, twenty replays back to back (the GPU's time alone), the graph's nodes by type, and one
 profiled replay's kernels laid out in time (gaps between them, overlaps).
 
     python3 benchmarks/gpu_graph_gaps.py --model mace --no-translate --json F
@@ -14,7 +14,6 @@ import itertools
 import json
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -120,14 +119,22 @@ def profiled_layout(replay) -> dict:
 
 
 def main() -> int:
+    args = _parser().parse_args()
+    return harness.in_thread(args.thread_stack_mb, lambda: _run(args))
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="mace")
     p.add_argument("--paths", default=f"fx-guarded,inductor/combo,{GUARD_ROUTE}")
     p.add_argument("--no-translate", action="store_true")
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--json", type=Path, required=True)
-    p.add_argument("--thread-stack-mb", type=int, default=1024)
-    args = p.parse_args()
+    p.add_argument("--thread-stack-mb", type=int, default=1024, help="MiB of stack for the thread it runs in")
+    return p
+
+
+def _run(args: argparse.Namespace) -> int:
     if not args.no_translate:
         from thunder_fusion_guard import translate_library_ops
 
@@ -199,9 +206,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    threading.stack_size(1024 * 1024 * 1024)
-    result: list[int] = []
-    t = threading.Thread(target=lambda: result.append(main()))
-    t.start()
-    t.join()
-    sys.exit(result[0] if result else 1)
+    sys.exit(main())

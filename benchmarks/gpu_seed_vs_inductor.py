@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -388,14 +389,20 @@ def main() -> int:
         help="run in a thread with a stack of this many MiB (MACE under Thunder's interpreter on Python 3.12)",
     )
     args = parser.parse_args()
-    if args.thread_stack_mb:
-        threading.stack_size(args.thread_stack_mb << 20)
-        done: list[int] = []
-        worker = threading.Thread(target=lambda: done.append(_main(parser, args)))
-        worker.start()
-        worker.join()
-        return done[0] if done else 1
-    return _main(parser, args)
+    return in_thread(args.thread_stack_mb, lambda: _main(parser, args))
+
+
+def in_thread(stack_mb: int, run: Callable[[], int]) -> int:
+    """``run()``'s exit code, run in a thread with a stack of ``stack_mb`` MiB (deep recursion: MACE under Thunder's
+    interpreter on Python 3.12), or here where ``stack_mb`` is 0; 1 where the thread raised."""
+    if not stack_mb:
+        return run()
+    threading.stack_size(stack_mb << 20)
+    done: list[int] = []
+    worker = threading.Thread(target=lambda: done.append(run()))
+    worker.start()
+    worker.join()
+    return done[0] if done else 1
 
 
 def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

@@ -80,3 +80,14 @@ def test_device_ways_keeps_a_failing_way_and_gives_gb_per_s_only_where_the_bytes
     assert out["fails"] == {"error": "ZeroDivisionError: division by zero"}
     ways_module.report(out, str(tmp_path / "ways.json"))
     assert json.loads((tmp_path / "ways.json").read_text()) == out
+
+
+def test_a_script_runs_in_a_thread_with_the_stack_asked_or_here_without_one():
+    seed = load_benchmark("gpu_seed_vs_inductor")
+    import threading
+
+    here = threading.get_ident()
+    assert seed.in_thread(0, lambda: 0 if threading.get_ident() == here else 9) == 0
+    assert seed.in_thread(16, lambda: 0 if threading.get_ident() != here else 9) == 0
+    assert seed.in_thread(16, lambda: 1 / 0) == 1  # the thread raised: no exit code
+    threading.stack_size(0)  # the default again for later threads
