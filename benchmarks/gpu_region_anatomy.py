@@ -5,13 +5,15 @@ as ``fusion-guard kernels`` counts them), the kernels each nvFuser region launch
 schedulers), each subgraph's last forward and backward trace (to read a region's ops) and the guard's report.
 
     source .gpu/setup.sh && OUT=DIR python3 benchmarks/gpu_region_anatomy.py [MODEL] [--no-merge-regions] \
-        [--matmuls] [--captured] [--against-inductor]
+        [--matmuls] [--captured] [--against-inductor] [--profile-captured]
 
 MODEL: a zoo model (default e3nn-nequip-modules); --no-merge-regions: the same without ``merge_regions``;
 --matmuls: with ``rewrites.small_matmuls``; --captured: compiled as ``capture_step``'s warm-up compiles (the guard
 decides on device estimates); --against-inductor: torch.compile's step too (defaults, and with combo kernels), each
-kernel by name, in MODEL-inductor.json. Each path's bytes held from the forward to the backward (what it saves for
-backward, and its outputs) are printed beside.
+kernel by name, in MODEL-inductor.json; --profile-captured: the same step also captured whole (``capture_step``) and
+each kernel's device time set beside its uncaptured time, the two steps' kernels paired in launch order, in
+MODEL-captured.json (the kernels the pairing finds in one step only are listed apart). Each path's bytes held from the
+forward to the backward (what it saves for backward, and its outputs) are printed beside.
 
 Writes MODEL-kernels.json, MODEL-segments.json, the traces MODEL-fw<i>.txt and MODEL-bw<i>.txt, and MODEL-report.txt
 into ``$OUT`` (its results at d45984d hold the kernels of three steps by name instead: ``{name: [launches, µs]}``).
@@ -103,6 +105,17 @@ def main() -> None:
             flush=True,
         )
     (out / f"{name}-report.txt").write_text(guard.report.to_text(wide=True))
+    if "--profile-captured" in sys.argv:
+        from thunder_fusion_guard import capture_step
+
+        uncaptured = kernel_sequence(step)
+        captured = capture_step(step, grads_of=[*model.parameters(), inputs[0]])
+        paired = paired_kernels(uncaptured, kernel_sequence(captured))
+        (out / f"{name}-captured.json").write_text(json.dumps(paired))
+        print("captured", captured.reason or "whole", {k: v for k, v in paired.items() if k != "kernels"}, flush=True)
+        worse = sorted(paired["kernels"], key=lambda k: k[1] - k[2])[:25]
+        for kernel, before, after in worse:
+            print(f"{after:9.1f} {before:9.1f} µs captured, uncaptured  {kernel[:100]}", flush=True)
     if "--against-inductor" in sys.argv:
         found = {}
         for label, options in (("inductor", None), ("inductor/combo", COMBO_KERNELS)):
@@ -115,6 +128,54 @@ def main() -> None:
             found[label] = histogram.to_dict()
         (out / f"{name}-inductor.json").write_text(json.dumps(found))
     print("done", flush=True)
+
+
+def kernel_sequence(step: object, steps: int = 5) -> list[tuple[str, float]]:
+    """One step's CUDA kernels in launch order, each with its device µs averaged over ``steps`` profiled steps
+    (the last step's alone where the steps launched different numbers of kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    events = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda e: e.time_range.start
+    )
+    each = len(events) // steps
+    chunks = [events[i * each : (i + 1) * each] for i in range(steps)] if each * steps == len(events) else [events]
+    if len(chunks) > 1 and any([e.name for e in c] != [e.name for e in chunks[0]] for c in chunks):
+        chunks = [chunks[-1]]
+    return [(c[0].name, sum(e.device_time_total for e in c) / len(c)) for c in zip(*chunks, strict=True)]
+
+
+def paired_kernels(before: list[tuple[str, float]], after: list[tuple[str, float]]) -> dict:
+    """The kernels of two steps paired by name in launch order (``difflib``): ``kernels`` ``[name, µs before,
+    µs after]``, the totals, and the kernels found in one step only."""
+    import difflib
+
+    matcher = difflib.SequenceMatcher(a=[n for n, _ in before], b=[n for n, _ in after], autojunk=False)
+    pairs, only_before, only_after = [], [], []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            pairs += [
+                [before[i][0], round(before[i][1], 2), round(after[j][1], 2)]
+                for i, j in zip(range(i1, i2), range(j1, j2), strict=True)
+            ]
+        else:
+            only_before += [[n, round(us, 2)] for n, us in before[i1:i2]]
+            only_after += [[n, round(us, 2)] for n, us in after[j1:j2]]
+    return {
+        "kernels_uncaptured": len(before),
+        "kernels_captured": len(after),
+        "us_uncaptured": round(sum(us for _, us in before), 1),
+        "us_captured": round(sum(us for _, us in after), 1),
+        "paired": len(pairs),
+        "kernels": pairs,
+        "uncaptured_only": only_before,
+        "captured_only": only_after,
+    }
 
 
 def held_mb(fn: object, inputs: list) -> float:
