@@ -1,7 +1,8 @@
 """Matmuls over a few terms computed inside the one region that reads them (``rewrites.small_matmuls``, opt-in):
 the matmul leaves the trace, the region computes products and a sum, the values stay unguarded Thunder's within
-rounding, forward and backward; left alone by default, over more than 8 terms, outside float32, where another op
-or the return reads the result, and in ``report_only`` mode (recorded, not applied)."""
+rounding, forward and backward; over more than 8 terms only where launch-bound (a few million products, a short
+sum); left alone by default, outside float32, where another op or the return reads the result, and in
+``report_only`` mode (recorded, not applied)."""
 
 import pytest
 import thunder
@@ -55,7 +56,8 @@ def test_a_matmul_over_three_terms_is_computed_in_the_region_that_reads_it():
     (d,) = _moves(guard)
     assert (d.action, d.code, d.trace, d.applied, d.ops) == ("rehome", "matmul_moved", "forward", True, ["matmul"])
     assert d.facts == {"into": d.region, "inner": 3}
-    assert d.details["source"].endswith("test_small_matmuls.py:17")  # the user's line of the matmul
+    line = product_then_pointwise.__code__.co_firstlineno + 3  # the user's line of the matmul
+    assert d.details["source"].endswith(f"test_small_matmuls.py:{line}")
 
 
 def test_off_by_default_the_matmul_stays_and_the_bits_are_unguarded_thunders():
@@ -88,14 +90,34 @@ def test_a_backward_matmul_read_by_one_region_moves_and_gradients_match():
     assert [(d.code, d.facts["inner"]) for d in moved] == [("matmul_moved", 5)]
 
 
+def test_a_launch_bound_matmul_over_more_terms_moves_and_its_values_stay_within_rounding():
+    """Over 32 terms, 3840 products (e3nn's linears on nodes: a few million): the GEMM launch costs more."""
+    ex = nvfuser_shaped_executor()
+    args = _inputs(inner=32)
+    guard = _guard(small_matmuls=True)
+    guarded = thunder.jit(product_then_pointwise, executors=[ex], transforms=[guard])
+    torch.testing.assert_close(guarded(*args), product_then_pointwise(*args), rtol=1e-5, atol=1e-5)
+    assert "matmul" not in _top_ops(guarded)
+    assert [(d.code, d.facts["inner"]) for d in _moves(guard)] == [("matmul_moved", 32)]
+
+
+def _wide(dtype=torch.float32):
+    """[64, 64, 32] @ [64, 32, 64]: 32 terms, 8.4 million products, a GEMM's work."""
+    torch.manual_seed(0)
+    a, b = torch.randn(64, 64, 32, dtype=dtype), torch.randn(64, 32, 64, dtype=dtype)
+    return a, b, torch.randn(64, 64, 64, dtype=dtype)
+
+
 @pytest.mark.parametrize(
-    ("inner", "dtype"), [(9, torch.float32), (3, torch.bfloat16), (3, torch.float64)], ids=["9 terms", "bf16", "fp64"]
+    "args",
+    [lambda: _inputs(257), _wide, lambda: _inputs(3, torch.bfloat16), lambda: _inputs(3, torch.float64)],
+    ids=["257 terms", "8.4M products", "bf16", "fp64"],
 )
-def test_more_terms_or_another_dtype_stays_outside(inner, dtype):
+def test_more_terms_than_a_short_sum_more_products_or_another_dtype_stays_outside(args):
     ex = nvfuser_shaped_executor()
     guard = _guard(small_matmuls=True)
     guarded = thunder.jit(product_then_pointwise, executors=[ex], transforms=[guard])
-    guarded(*_inputs(inner, dtype))
+    guarded(*args())
     assert "matmul" in _top_ops(guarded)
     assert not _moves(guard)
 

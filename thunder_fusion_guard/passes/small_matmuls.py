@@ -1,16 +1,21 @@
-"""A matmul over a few terms, computed inside the one fusion region that reads it, as products and a sum.
+"""A matmul over a few terms, or too small to be worth a GEMM launch, computed inside the one fusion region that
+reads it, as products and a sum.
 
 e3nn's tensor products contract the components of irreps: batched matmuls over 1, 3 or 5 terms (outer products)
 whose [edges, 32, 32] results cuBLAS writes and one region alone reads, often only to transpose them into a joined
 tensor. Computed inside that region as ``sum(a[..., :, :, None] * b[..., None, :, :], -2)``, the result is never
 written nor read back and a GEMM launch goes. Inductor unrolls such a sum into multiply-adds in the order cuBLAS
 adds the terms (the same bits on an H200 in e3nn's sizes), but nothing promises it, so this is opt-in
-(``rewrites.small_matmuls``) as ``merge_regions`` is. It runs before regions are decided, so that
-``choose_executor`` times each region with its products on both executors.
+(``rewrites.small_matmuls``) as ``merge_regions`` is. e3nn's linears on nodes are matmuls over 32 or 96 terms of a
+few million products ([768, 32] @ [32, 32] for 256 atoms' vectors): their GEMM is launch-bound, and cuBLAS runs
+several of them split over K, a second kernel adding the parts; a short sum inside the reading region costs less.
+The pass runs before regions are decided, so that ``choose_executor`` times each region with its products on both
+executors.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -21,7 +26,9 @@ from .context import FusionGuardError, PassContext, may_change
 from .records import op_decision
 from .rewrite import readers, unique_proxies
 
-SMALL_INNER = 8  # the most terms a matmul moved into a region sums (Inductor unrolls sums of up to 8)
+SMALL_INNER = 8  # the most terms a matmul moved into a region sums (Inductor unrolls sums of up to 8), any size
+# A launch-bound matmul moves too: at most this many terms and this many products (output elements times terms).
+SHORT_INNER, LAUNCH_BOUND_PRODUCTS = 256, 1 << 22
 
 
 @dataclass(frozen=True)
@@ -41,9 +48,10 @@ class MatmulMoved:
 def matmuls_into_regions(
     trace: th.TraceCtx, may_rebuild: Callable[[th.BoundSymbol], bool], max_inner: int = SMALL_INNER
 ) -> tuple[th.TraceCtx, list[MatmulMoved]]:
-    """``trace`` with each float32 matmul over at most ``max_inner`` terms whose result one later fusion region
-    alone reads (``may_rebuild`` allows) computed inside that region as products and a sum. A returned result, or
-    one with a communication op between the matmul and its reader, stays outside."""
+    """``trace`` with each float32 matmul over at most ``max_inner`` terms, or launch-bound (:func:`launch_bound`),
+    whose result one later fusion region alone reads (``may_rebuild`` allows) computed inside that region as
+    products and a sum. A returned result, or one with a communication op between the matmul and its reader, stays
+    outside."""
     bsyms: list[th.BoundSymbol | None] = list(trace.bound_symbols)
     readers_of = readers(bsyms)
     segments = communication_segments(bsyms)
@@ -51,7 +59,7 @@ def matmuls_into_regions(
     for i in range(len(bsyms) - 1, -1, -1):  # the last first: each region's products end up in trace order
         b = bsyms[i]
         mm = th.matmul_of(b) if b is not None and not th.is_fusion(b) else None
-        if mm is None or mm.inner > max_inner:
+        if mm is None or (mm.inner > max_inner and not launch_bound(mm)):
             continue
         read_by = readers_of.get(mm.out.name, set())
         if len(read_by) != 1:
@@ -80,6 +88,12 @@ def matmuls_into_regions(
     if all(m.error or m.refused for m in moved):
         return trace, moved[::-1]
     return th.new_trace_like(trace, [b for b in bsyms if b is not None]), moved[::-1]
+
+
+def launch_bound(mm: th.Matmul) -> bool:
+    """Whether ``mm`` sums at most ``SHORT_INNER`` terms in at most ``LAUNCH_BOUND_PRODUCTS`` products: a GEMM whose
+    launch (and cuBLAS's split-K reduction, where it splits) costs more than the products in a fusion."""
+    return mm.inner <= SHORT_INNER and math.prod(int(n) for n in mm.out.shape) * mm.inner <= LAUNCH_BOUND_PRODUCTS
 
 
 def small_matmul_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
