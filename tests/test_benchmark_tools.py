@@ -1,5 +1,6 @@
 """Small pieces of the GPU benchmark scripts, without a GPU: path variants, and nvFuser's perf scopes summed from an
-``NVFUSER_TRACE`` file, ways to compute one thing checked and timed."""
+``NVFUSER_TRACE`` file, ways to compute one thing checked and timed, a
+captured step's kernels paired with the same step's uncaptured."""
 
 import json
 
@@ -91,3 +92,14 @@ def test_a_script_runs_in_a_thread_with_the_stack_asked_or_here_without_one():
     assert seed.in_thread(16, lambda: 0 if threading.get_ident() != here else 9) == 0
     assert seed.in_thread(16, lambda: 1 / 0) == 1  # the thread raised: no exit code
     threading.stack_size(0)  # the default again for later threads
+
+
+def test_captured_and_uncaptured_kernels_pair_by_name_in_launch_order_and_the_rest_is_listed_apart():
+    anatomy = load_benchmark("gpu_region_anatomy")
+    before = [("gemm", 10.0), ("memset", 1.0), ("triton_sum", 5.0), ("gemm", 8.0)]
+    after = [("gemm", 11.0), ("triton_sum", 6.0), ("Memset (Unknown)", 1.5), ("gemm", 8.5)]
+    paired = anatomy.paired_kernels(before, after)
+    assert paired["kernels"] == [["gemm", 10.0, 11.0], ["triton_sum", 5.0, 6.0], ["gemm", 8.0, 8.5]]
+    assert paired["uncaptured_only"] == [["memset", 1.0]] and paired["captured_only"] == [["Memset (Unknown)", 1.5]]
+    assert (paired["kernels_uncaptured"], paired["kernels_captured"], paired["paired"]) == (4, 4, 3)
+    assert (paired["us_uncaptured"], paired["us_captured"]) == (24.0, 27.0)
