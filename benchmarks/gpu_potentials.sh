@@ -3,7 +3,8 @@
 # the same whole-step capture (capture_step), by benchmarks/gpu_seed_vs_inductor.py. Each job is a process of its own,
 # started side by side so that their compiles overlap on the CPU cores; the jobs time one at a time (TFG_ZOO_LOCK),
 # each against its own eager, interleaved. Wheels, installed with no network: .whl/nequip (nequip 0.19, e3nn 0.6 from
-# the machine), .whl/mace (mace-torch 0.3.16, e3nn 0.4.4), .whl/cueq-site.tar.xz (cuEquivariance 0.13, CUDA 13 ops).
+# the machine), .whl/mace (mace-torch 0.3.16, e3nn 0.4.4): benchmarks/gpu_wheels.sh downloads both;
+# .whl/cueq-site.tar.xz (cuEquivariance 0.13, CUDA 13 ops).
 #   source .gpu/setup.sh && TFG_COMMIT=<full sha> bash benchmarks/gpu_potentials.sh [JOB...]
 # Writes <job>.json and .log, packed in $OUT/potentials.tgz; benchmarks/potentials_table.py makes potentials-<gpu>-<sha>.json of them.
 set -u
