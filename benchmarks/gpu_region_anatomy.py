@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from thunder_fusion_guard import Costs, FusionGuard, Rewrites, fusion_executors, translate_library_ops
 from thunder_fusion_guard import _thunder as th
 from thunder_fusion_guard.bench.zoo_models import ZOO
-from thunder_fusion_guard.examine.kernel_histogram import format_histograms, step_histogram
+from thunder_fusion_guard.examine.kernel_histogram import format_histograms, launches, step_histogram
 from thunder_fusion_guard.examine.segments import collect_segments
 from thunder_fusion_guard.replays import warming_up_for_capture
 from thunder_fusion_guard.whole_graph import COMBO_KERNELS
@@ -131,23 +131,22 @@ def main() -> None:
 
 
 def kernel_sequence(step: object, steps: int = 5) -> list[tuple[str, float]]:
-    """One step's CUDA kernels in launch order, each with its device µs averaged over ``steps`` profiled steps
-    (the last step's alone where the steps launched different numbers of kernels)."""
+    """One step's CUDA launches in the order they ran (the package's ``launches``, as ``fusion-guard kernels`` reads
+    them, replays of a CUDA graph too), each with its device µs averaged over ``steps`` profiled steps (the last
+    step's alone where the steps launched different kernels)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
-    events = sorted(
-        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda e: e.time_range.start
-    )
-    each = len(events) // steps
-    chunks = [events[i * each : (i + 1) * each] for i in range(steps)] if each * steps == len(events) else [events]
-    if len(chunks) > 1 and any([e.name for e in c] != [e.name for e in chunks[0]] for c in chunks):
+    found = launches(prof.events())
+    each = len(found) // steps
+    chunks = [found[i * each : (i + 1) * each] for i in range(steps)] if each * steps == len(found) else [found]
+    if len(chunks) > 1 and any([k.name for k in c] != [k.name for k in chunks[0]] for c in chunks):
         chunks = [chunks[-1]]
-    return [(c[0].name, sum(e.device_time_total for e in c) / len(c)) for c in zip(*chunks, strict=True)]
+    return [(c[0].name, sum(k.device_us for k in c) / len(c)) for c in zip(*chunks, strict=True)]
 
 
 def paired_kernels(before: list[tuple[str, float]], after: list[tuple[str, float]]) -> dict:

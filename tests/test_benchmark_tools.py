@@ -103,3 +103,25 @@ def test_captured_and_uncaptured_kernels_pair_by_name_in_launch_order_and_the_re
     assert paired["uncaptured_only"] == [["memset", 1.0]] and paired["captured_only"] == [["Memset (Unknown)", 1.5]]
     assert (paired["kernels_uncaptured"], paired["kernels_captured"], paired["paired"]) == (4, 4, 3)
     assert (paired["us_uncaptured"], paired["us_captured"]) == (24.0, 27.0)
+
+
+def test_a_steps_kernels_average_over_the_profiled_steps_or_are_the_last_steps_where_the_steps_differ(monkeypatch):
+    """``kernel_sequence`` reads the profile through the package's ``launches``: injected here, no GPU."""
+    import contextlib
+
+    import torch.profiler
+
+    anatomy = load_benchmark("gpu_region_anatomy")
+    from thunder_fusion_guard.examine.kernel_histogram import Launch
+
+    def kernel(name, us):
+        return Launch(name, "Triton", us, None, None, None)
+
+    profiled: list[list] = []
+    monkeypatch.setattr(torch.profiler, "profile", lambda **kw: contextlib.nullcontext(type("P", (), {"events": list})))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(anatomy, "launches", lambda events: profiled.pop(0))
+    profiled.append([kernel("a", 1.0), kernel("b", 4.0), kernel("a", 3.0), kernel("b", 6.0)])
+    assert anatomy.kernel_sequence(lambda: None, steps=2) == [("a", 2.0), ("b", 5.0)]
+    profiled.append([kernel("a", 1.0), kernel("b", 4.0), kernel("c", 3.0), kernel("b", 6.0)])  # the steps differ
+    assert anatomy.kernel_sequence(lambda: None, steps=2) == [("c", 3.0), ("b", 6.0)]
