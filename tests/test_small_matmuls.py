@@ -183,3 +183,14 @@ def test_a_region_that_cannot_be_rebuilt_keeps_its_matmul_and_strict_raises(fail
         FusionGuardError, match=r"could not compute the matmul .* \(forward\): RuntimeError: planted rebuild failure"
     ):
         strict(*args)
+
+
+def test_the_options_one_line_help_names_the_limits_the_pass_applies():
+    """The help (and README's options table, which repeats it) says what moves: the pass's own limits."""
+    import dataclasses
+
+    from thunder_fusion_guard.passes.small_matmuls import LAUNCH_BOUND_PRODUCTS, SHORT_INNER, SMALL_INNER
+
+    doc = {f.name: f for f in dataclasses.fields(Rewrites)}["small_matmuls"].metadata["doc"]
+    assert f"at most {SMALL_INNER} terms" in doc and f"at most {SHORT_INNER} terms" in doc
+    assert f"{LAUNCH_BOUND_PRODUCTS >> 20}M products" in doc
