@@ -63,12 +63,13 @@ def test_kernel_kinds(name, op, kind):
     assert kernel_kind(name, op) == kind
 
 
-def _event(name, parent=None, kernels=(), start=0.0, end=None, thread=1, id=0, device=False):
+def _event(name, parent=None, kernels=(), start=0.0, end=None, thread=1, id=0, device=False, annotation=False):
     from torch.autograd import DeviceType
 
     return SimpleNamespace(
         name=name,
         id=id,
+        is_user_annotation=annotation,
         device_type=DeviceType.CUDA if device else DeviceType.CPU,
         cpu_parent=parent,
         kernels=[SimpleNamespace(name=k, duration=us) for k, us in kernels],
@@ -89,6 +90,8 @@ def test_launches_take_their_phase_region_line_and_op_from_the_call_that_launche
         _event("nvfuser_pointwise_f0_c1_r0_g1", start=20.0, end=23.0, id=7, device=True),
         _event("Memset (Device)", start=36.0, end=36.5, id=9, device=True),  # its call was not recorded
         _event(PHASE + "forward", start=20.0, end=40.0, id=3, device=True),  # the range on the device's timeline
+        # another library's range (Inductor's, say) mirrored on the device's timeline: no launch either
+        _event("## Call CompiledFxGraph fabc ##", start=19.0, end=41.0, id=4, device=True, annotation=True),
     ]
     found = launches([forward, region, fused, backward, mm, gemm, *kernels], {"forward nvFusion0": "model.py:12"})
     assert [(x.phase, x.source, x.line, x.kind, x.device_us) for x in found] == [

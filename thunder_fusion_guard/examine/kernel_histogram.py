@@ -138,8 +138,12 @@ def launches(events: Iterable[Any], lines: dict[str, str] | None = None) -> list
     lines = lines or {}
     ranges = [e for e in events if e.name.startswith((PHASE, REGION))]
     calls = {e.id: e for e in events if _is_cpu(e) and e.name.startswith(_LAUNCH_CALLS)}
-    # the profiler mirrors each range on the device's timeline too (a user annotation): those are no launches
-    device = [e for e in events if not _is_cpu(e) and not e.name.startswith((PHASE, REGION))]
+    # the profiler mirrors ranges on the device's timeline too (user annotations, ours and others'): no launches
+    device = [
+        e
+        for e in events
+        if not _is_cpu(e) and not e.name.startswith((PHASE, REGION)) and not getattr(e, "is_user_annotation", False)
+    ]
     found = []
     if any(e.id in calls for e in device):
         for kernel in device:
