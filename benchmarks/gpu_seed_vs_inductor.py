@@ -43,7 +43,7 @@ from thunder_fusion_guard.bench.zoo_paths import ZooPath
 from thunder_fusion_guard.bench.zoo_run import _compile, _Step, _timing_alone, file_lock
 from thunder_fusion_guard.bench.zoo_values import _difference
 from thunder_fusion_guard.examine.host_time import host_time
-from thunder_fusion_guard.examine.kernel_histogram import kernel_kind
+from thunder_fusion_guard.examine.kernel_histogram import launches
 from thunder_fusion_guard.measure.timing import interleaved_rounds
 from thunder_fusion_guard.options import nested
 from thunder_fusion_guard.whole_graph import COMBO_KERNELS
@@ -111,24 +111,27 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def kernels_and_device_ms(step: _Step, steps: int = 5) -> tuple[float, float, dict[str, list[float]], dict[str, float]]:
-    """Kernels launched and their summed device time (ms), a step, over ``steps`` steps; and per kernel kind
-    (``kernel_kind``: GEMM, nvFuser, Triton, copy, ...) ``[kernels, device ms]`` a step; and the most launched
-    kernels' names, with their launches a step."""
+    """Kernels launched and their summed device time (ms), a step, over ``steps`` steps, as the package's ``launches``
+    reads them (``fusion-guard kernels``' counting, replays of a CUDA graph too); and per kernel kind (GEMM,
+    nvFuser, Triton, copy, ...) ``[kernels, device ms]`` a step; and the most launched kernels' names, with their
+    launches a step."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        torch.cuda.synchronize()
+    found = launches(prof.events())
     families: dict[str, list[float]] = {}
-    for e in kernels:
-        counted = families.setdefault(kernel_kind(e.name), [0.0, 0.0])
+    for launch in found:
+        counted = families.setdefault(launch.kind, [0.0, 0.0])
         counted[0] += 1 / steps
-        counted[1] += e.device_time_total / 1e3 / steps
+        counted[1] += launch.device_us / 1e3 / steps
     families = {k: [round(n, 1), round(ms, 3)] for k, (n, ms) in sorted(families.items(), key=lambda kv: -kv[1][1])}
-    names = Counter(e.name[:NAME_CHARS] for e in kernels)
+    names = Counter(launch.name[:NAME_CHARS] for launch in found)
     top = {n: round(c / steps, 1) for n, c in names.most_common(TOP_NAMES)}
-    return len(kernels) / steps, sum(e.device_time_total for e in kernels) / 1e3 / steps, families, top
+    return len(found) / steps, sum(launch.device_us for launch in found) / 1e3 / steps, families, top
 
 
 NAME_CHARS, TOP_NAMES = 90, 60  # kernel names as kept in the results: the first characters, the most launched
