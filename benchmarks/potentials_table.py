@@ -1,7 +1,9 @@
 """The jobs of ``benchmarks/gpu_potentials.sh`` (their JSON files) as one result, ``potentials-<gpu>-<sha>.json``:
 ``{"commit", "machine", "note", "package_sha256", "models": {model: {path: {"ms", "kernels", "device_ms",
 "first_call_s", "max_abs_force_diff", "eager_ms", "job", ...}}}}``, and a Markdown table of it. Job files that ran
-different packages (their ``package_sha256``) are refused.
+different packages (their ``package_sha256``) are refused, and so is a ``--commit`` whose committed package is not the
+one they ran: every row carries that checked commit (a job's own label, read from the git copy it ran in, can be stale;
+where it differs it is kept as ``job_commit``).
 
     python3 benchmarks/potentials_table.py JOB.json... --commit SHA --json OUT.json --markdown OUT.md
 
@@ -15,8 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from package_hash import commit_package_sha256
 
 KEPT = (
     "ms",
@@ -38,7 +44,7 @@ def _first_line(error: str | None) -> str:
     return (error or "run eagerly from its first call").splitlines()[0][:160]
 
 
-def _row(row: dict, job: str, eager_ms: float | None, commit: str) -> dict:
+def _row(row: dict, job: str, eager_ms: float | None, commit: str | None) -> dict:
     kept = {k: row[k] for k in KEPT if k in row}
     if "codes" in row:
         kept["decisions"] = row["codes"]
@@ -112,6 +118,21 @@ def main(argv: list[str] | None = None) -> int:
         doc = merge(args.jobs)
     except ValueError as e:
         p.error(str(e))
+    if "package_sha256" in doc:
+        try:
+            committed = commit_package_sha256(args.commit)
+        except subprocess.CalledProcessError:
+            p.error(f"--commit {args.commit}: no such commit here, so the package the jobs ran cannot be checked")
+        if committed != doc["package_sha256"]:
+            p.error(
+                f"--commit {args.commit[:7]}'s package is {committed[:12]}, the jobs ran {doc['package_sha256'][:12]}: "
+                "give the commit whose package ran (benchmarks/package_hash.py)"
+            )
+    for rows in doc["models"].values():
+        for row in rows.values():
+            if row.get("commit") not in (None, args.commit):
+                row["job_commit"] = row["commit"]
+            row["commit"] = args.commit
     for failed in args.failed:
         where, _, why = failed.partition("=")
         model, _, path = where.partition("/")

@@ -75,14 +75,41 @@ def test_bad_arguments_exit_2_before_writing(table, tmp_path, bad):
     assert exit_.value.code == 2 and not out.exists()
 
 
+def _head_and_its_package():
+    import subprocess
+
+    package_hash = load_benchmark("package_hash")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=package_hash.ROOT)
+    if head.returncode != 0:
+        pytest.skip("needs the git repository")
+    return head.stdout.strip(), package_hash.commit_package_sha256("HEAD")
+
+
 def test_the_package_the_jobs_ran_is_recorded_and_jobs_of_two_packages_are_refused(table, tmp_path, capsys):
+    head, package = _head_and_its_package()
     out = tmp_path / "out.json"
-    same = [_job(tmp_path, f"j{i}", f"m{i}", {"eager": {"ms": 1.0}}, package="a" * 64) for i in range(2)]
-    assert table.main([*map(str, same), "--commit", "d" * 40, "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["package_sha256"] == "a" * 64
+    same = [_job(tmp_path, f"j{i}", f"m{i}", {"eager": {"ms": 1.0}}, package=package) for i in range(2)]
+    assert table.main([*map(str, same), "--commit", head, "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["package_sha256"] == package
     other = _job(tmp_path, "j2", "m2", {"eager": {"ms": 1.0}}, package="b" * 64)
     out.unlink()
     with pytest.raises(SystemExit) as exit_:
-        table.main([str(same[0]), str(other), "--commit", "d" * 40, "--json", str(out)])
+        table.main([str(same[0]), str(other), "--commit", head, "--json", str(out)])
     assert exit_.value.code == 2 and not out.exists()
     assert "ran different packages" in capsys.readouterr().err
+
+
+def test_the_commit_must_be_the_one_whose_package_ran_and_rows_carry_it(table, tmp_path, capsys):
+    """A job labelled with a stale commit (its git copy's) gets the checked commit, its label kept beside."""
+    head, package = _head_and_its_package()
+    out = tmp_path / "out.json"
+    job = _job(tmp_path, "j", "m", {"eager": {"ms": 1.0}, "x": {"ms": 0.5}}, commit="c" * 40, package=package)
+    assert table.main([str(job), "--commit", head, "--json", str(out)]) == 0
+    row = json.loads(out.read_text())["models"]["m"]["x"]
+    assert (row["commit"], row["job_commit"]) == (head, "c" * 40)
+    ran_elsewhere = _job(tmp_path, "k", "m", {"eager": {"ms": 1.0}}, package="a" * 64)
+    out.unlink()
+    for commit, why in ((head, "the jobs ran aaaaaaaaaaaa"), ("d" * 40, "no such commit")):
+        with pytest.raises(SystemExit) as exit_:
+            table.main([str(ran_elsewhere), "--commit", commit, "--json", str(out)])
+        assert exit_.value.code == 2 and not out.exists() and why in capsys.readouterr().err
