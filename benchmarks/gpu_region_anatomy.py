@@ -34,12 +34,15 @@ import thunder
 import torch
 from thunder.dynamo import thunderfx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # step_launches, beside this script
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from step_launches import profiled_launches
 
 from thunder_fusion_guard import Costs, FusionGuard, Rewrites, fusion_executors, translate_library_ops
 from thunder_fusion_guard import _thunder as th
 from thunder_fusion_guard.bench.zoo_models import ZOO
-from thunder_fusion_guard.examine.kernel_histogram import format_histograms, launches, step_histogram
+from thunder_fusion_guard.examine.kernel_histogram import format_histograms, step_histogram
 from thunder_fusion_guard.examine.segments import collect_segments
 from thunder_fusion_guard.replays import warming_up_for_capture
 from thunder_fusion_guard.whole_graph import COMBO_KERNELS
@@ -134,14 +137,7 @@ def kernel_sequence(step: object, steps: int = 5) -> list[tuple[str, float]]:
     """One step's CUDA launches in the order they ran (the package's ``launches``, as ``fusion-guard kernels`` reads
     them, replays of a CUDA graph too), each with its device µs averaged over ``steps`` profiled steps (the last
     step's alone where the steps launched different kernels)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    found = launches(prof.events())
+    found = profiled_launches(step, steps)
     each = len(found) // steps
     chunks = [found[i * each : (i + 1) * each] for i in range(steps)] if each * steps == len(found) else [found]
     if len(chunks) > 1 and any([k.name for k in c] != [k.name for k in chunks[0]] for c in chunks):

@@ -31,10 +31,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # package_hash, beside this script
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # package_hash and step_launches, beside this script
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package
 
 from package_hash import package_sha256, resolve_commit
+from step_launches import profiled_launches
 
 from thunder_fusion_guard.bench.machine import machine_info
 from thunder_fusion_guard.bench.zoo_equivariant import e3nn_nequip_small
@@ -43,7 +44,6 @@ from thunder_fusion_guard.bench.zoo_paths import ZooPath
 from thunder_fusion_guard.bench.zoo_run import _compile, _Step, _timing_alone, file_lock
 from thunder_fusion_guard.bench.zoo_values import _difference
 from thunder_fusion_guard.examine.host_time import host_time
-from thunder_fusion_guard.examine.kernel_histogram import launches
 from thunder_fusion_guard.measure.timing import interleaved_rounds
 from thunder_fusion_guard.options import nested
 from thunder_fusion_guard.whole_graph import COMBO_KERNELS
@@ -115,14 +115,7 @@ def kernels_and_device_ms(step: _Step, steps: int = 5) -> tuple[float, float, di
     reads them (``fusion-guard kernels``' counting, replays of a CUDA graph too); and per kernel kind (GEMM,
     nvFuser, Triton, copy, ...) ``[kernels, device ms]`` a step; and the most launched kernels' names, with their
     launches a step."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    found = launches(prof.events())
+    found = profiled_launches(step, steps)
     families: dict[str, list[float]] = {}
     for launch in found:
         counted = families.setdefault(launch.kind, [0.0, 0.0])

@@ -44,7 +44,7 @@ def _first_line(error: str | None) -> str:
     return (error or "run eagerly from its first call").splitlines()[0][:160]
 
 
-def _row(row: dict, job: str, eager_ms: float | None, commit: str | None) -> dict:
+def _row(row: dict, job: str, eager_ms: float | None, commit: str) -> dict:
     kept = {k: row[k] for k in KEPT if k in row}
     if "codes" in row:
         kept["decisions"] = row["codes"]

@@ -106,8 +106,10 @@ def test_captured_and_uncaptured_kernels_pair_by_name_in_launch_order_and_the_re
 
 
 def test_a_steps_kernels_average_over_the_profiled_steps_or_are_the_last_steps_where_the_steps_differ(monkeypatch):
-    """``kernel_sequence`` reads the profile through the package's ``launches``: injected here, no GPU."""
+    """``kernel_sequence`` reads the profile through the package's ``launches`` (``step_launches``, shared with
+    ``gpu_seed_vs_inductor``): injected here, no GPU."""
     import contextlib
+    import sys
 
     import torch.profiler
 
@@ -120,7 +122,7 @@ def test_a_steps_kernels_average_over_the_profiled_steps_or_are_the_last_steps_w
     profiled: list[list] = []
     monkeypatch.setattr(torch.profiler, "profile", lambda **kw: contextlib.nullcontext(type("P", (), {"events": list})))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(anatomy, "launches", lambda events: profiled.pop(0))
+    monkeypatch.setattr(sys.modules["step_launches"], "launches", lambda events: profiled.pop(0))
     profiled.append([kernel("a", 1.0), kernel("b", 4.0), kernel("a", 3.0), kernel("b", 6.0)])
     assert anatomy.kernel_sequence(lambda: None, steps=2) == [("a", 2.0), ("b", 5.0)]
     profiled.append([kernel("a", 1.0), kernel("b", 4.0), kernel("c", 3.0), kernel("b", 6.0)])  # the steps differ
