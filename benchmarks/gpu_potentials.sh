@@ -62,6 +62,10 @@ declare -A JOBS=(
   [mace-inductor-both]="$MC|--model mace --no-translate --paths eager --step-graph inductor --step-graph inductor/combo --thread-stack-mb 1024"
   [modules-matmuls]="|--model e3nn-nequip-modules --paths eager,inductor-ro --step-graph inductor --step-graph inductor/combo --step-graph fx-guarded/matmuls"
   [small-matmuls-combo]="|--model small --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
+  [nequip-combo-step]="$NQ|--model nequip --paths eager --step-graph inductor/combo"
+  [nequip-matmuls-alone]="$NQ|--model nequip --paths eager --step-graph fx-guarded/matmuls --thread-stack-mb 1024"
+  [nequip-matmuls]="$NQ|--model nequip --paths eager --step-graph inductor --step-graph inductor/combo --step-graph fx-guarded/matmuls --thread-stack-mb 1024"
+  [mace-matmuls-interleaved]="$MC|--model mace --paths eager --step-graph inductor --step-graph inductor/combo --step-graph fx-guarded/matmuls --thread-stack-mb 1024"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
 chosen=("$@")
