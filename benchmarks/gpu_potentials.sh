@@ -66,6 +66,9 @@ declare -A JOBS=(
   [nequip-matmuls-alone]="$NQ|--model nequip --paths eager --step-graph fx-guarded/matmuls --thread-stack-mb 1024"
   [nequip-matmuls]="$NQ|--model nequip --paths eager --step-graph inductor --step-graph inductor/combo --step-graph fx-guarded/matmuls --thread-stack-mb 1024"
   [mace-matmuls-interleaved]="$MC|--model mace --paths eager --step-graph inductor --step-graph inductor/combo --step-graph fx-guarded/matmuls --thread-stack-mb 1024"
+  [nequip-unguarded]="$NQ|--model nequip --paths eager,fx"
+  [small-unguarded]="|--model small --paths eager,fx"
+  [modules-unguarded]="|--model e3nn-nequip-modules --paths eager,fx"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
 chosen=("$@")

@@ -278,6 +278,11 @@ def _time_paths(name: str, steps: dict[str, _Step], rows: dict[str, dict], round
         if n and "eager" in values and path != "eager":  # a potential's forces: its input's gradient
             rows[path]["max_abs_force_diff"] = _difference(values[path][-n:], values["eager"][-n:])
             rows[path]["energy_diff"] = _difference(values[path][:1], values["eager"][:1])
+            # eager's largest force and its energy: the scale the differences are relative to
+            rows[path]["eager_max_abs_force"] = max(
+                (float(f.abs().max()) for f in values["eager"][-n:] if f is not None), default=0.0
+            )
+            rows[path]["eager_energy"] = float(values["eager"][0].float().sum())
         kin = next((k for k in ("fx", "guarded") if path.startswith(k)), None)
         if kin:  # each ThunderFX (or guarded thunder.jit) path against the others of its kind
             others = [o for o in values if o != path and o.startswith(kin)]
