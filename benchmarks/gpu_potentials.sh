@@ -69,6 +69,9 @@ declare -A JOBS=(
   [nequip-unguarded]="$NQ|--model nequip --paths eager,fx"
   [small-unguarded]="|--model small --paths eager,fx"
   [modules-unguarded]="|--model e3nn-nequip-modules --paths eager,fx"
+  [nequip-eager]="$NQ|--model nequip --paths eager"
+  [small-eager]="|--model small --paths eager"
+  [modules-eager]="|--model e3nn-nequip-modules --paths eager"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
 chosen=("$@")

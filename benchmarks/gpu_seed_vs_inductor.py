@@ -270,6 +270,13 @@ def _time_paths(name: str, steps: dict[str, _Step], rows: dict[str, dict], round
     for path, step in steps.items():  # one more step each, from the same parameters: their results compared
         step()
         values[path] = step.values()
+    if "eager" in steps:  # eager's own run-to-run difference (CUDA's atomic scatters add in any order)
+        steps["eager"]()
+        n = len(getattr(steps["eager"], "zoo_step", steps["eager"]).leaves)
+        again = steps["eager"].values()
+        rows["eager"]["run_to_run_max_abs_diff"] = _difference(again, values["eager"])
+        if n:
+            rows["eager"]["run_to_run_max_abs_force_diff"] = _difference(again[-n:], values["eager"][-n:])
     for path, step in steps.items():
         for other in ("eager", "fx-cudagraph"):
             if other in values and other != path:
