@@ -10,7 +10,8 @@ where it differs it is kept as ``job_commit``).
 A path's key is the script's (``inductor+stepgraph``: Inductor's default mode with the whole step captured by
 ``capture_step``), with `` untranslated`` where ``translate_library_ops()`` was left out; MACE with cuEquivariance's
 kernels sits under ``mace`` as ``cueq <path>``. Each job timed its paths against its own eager (``eager_ms``);
-the model's ``eager`` row is the first job's.
+the model's ``eager`` row is the first job's, with eager's own run-to-run force difference from the first job that
+measured it (``run_to_run_job``; the table's force column for eager).
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ KEPT = (
     "waited_for_lock_s",  # a guarded path's wait for another job's guarded compile, left out of its first call
     "max_abs_force_diff",
     "energy_diff",
+    "eager_max_abs_force",  # the scale of the force differences (eager's largest force)
+    "eager_energy",
+    "run_to_run_max_abs_force_diff",  # eager's row: eager's own difference between two steps
     "step_captured",
     "kernel_families",  # per kernel kind: [kernels, device ms] a step
     "error",
@@ -70,7 +74,10 @@ def merge(files: list[Path]) -> dict:
             into = models.setdefault(name, {})
             for path, row in rows.items():
                 key = prefix + (path if path == "eager" else path + suffix)
-                if key in into:
+                if key in into:  # the first job's row stays; eager's own run-to-run difference joins it
+                    spread = row.get("run_to_run_max_abs_force_diff")
+                    if key == "eager" and spread is not None and "run_to_run_max_abs_force_diff" not in into[key]:
+                        into[key].update(run_to_run_max_abs_force_diff=spread, run_to_run_job=f.stem)
                     continue
                 into[key] = _row(row, f.stem, eager_ms, doc["commit"])
     packages.discard(None)  # job files written before their package's hash was recorded
@@ -90,7 +97,7 @@ def markdown(doc: dict) -> str:
             if "error" in r and "ms" not in r:
                 lines.append(f"| {model} | {path} | {r['error'][:90]} | | | | {r.get('first_call_s', '')} | |")
                 continue
-            diff = r.get("max_abs_force_diff")
+            diff = r.get("max_abs_force_diff", r.get("run_to_run_max_abs_force_diff"))  # eager's: its own
             lines.append(
                 f"| {model} | {path} | {r.get('ms', '')} | {r.get('eager_ms') or ''} | {r.get('kernels', '')} | "
                 f"{r.get('device_ms', '')} | {r.get('first_call_s', '')} | {'' if diff is None else f'{diff:.1e}'} |"

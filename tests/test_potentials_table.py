@@ -113,3 +113,18 @@ def test_the_commit_must_be_the_one_whose_package_ran_and_rows_carry_it(table, t
         with pytest.raises(SystemExit) as exit_:
             table.main([str(ran_elsewhere), "--commit", commit, "--json", str(out)])
         assert exit_.value.code == 2 and not out.exists() and why in capsys.readouterr().err
+
+
+def test_eager_row_gains_the_run_to_run_difference_of_a_later_job(table, tmp_path):
+    spread = {"ms": 30.0, "run_to_run_max_abs_force_diff": 6e-7}
+    jobs = [
+        _job(tmp_path, "nequip-matmuls", "nequip", {"eager": {"ms": 28.2}, "inductor+stepgraph": {"ms": 1.3}}),
+        _job(tmp_path, "nequip-eager", "nequip", {"eager": spread}),
+        _job(tmp_path, "nequip-eager-again", "nequip", {"eager": {**spread, "run_to_run_max_abs_force_diff": 1.0}}),
+    ]
+    out, md = tmp_path / "out.json", tmp_path / "out.md"
+    assert table.main([*map(str, jobs), "--commit", "d" * 40, "--json", str(out), "--markdown", str(md)]) == 0
+    eager = json.loads(out.read_text())["models"]["nequip"]["eager"]
+    assert eager["ms"] == 28.2 and eager["job"] == "nequip-matmuls"  # the first job's timing stays
+    assert eager["run_to_run_max_abs_force_diff"] == 6e-7 and eager["run_to_run_job"] == "nequip-eager"
+    assert "| nequip | eager | 28.2 |" in md.read_text() and "| 6.0e-07 |" in md.read_text()
