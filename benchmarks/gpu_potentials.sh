@@ -71,6 +71,7 @@ declare -A JOBS=(
   [modules-unguarded]="|--model e3nn-nequip-modules --paths eager,fx"
   [nequip-eager]="$NQ|--model nequip --paths eager"
   [small-eager]="|--model small --paths eager"
+  [small-matmuls-forces]="|--model small --paths eager --step-graph fx-guarded/matmuls"
   [modules-eager]="|--model e3nn-nequip-modules --paths eager"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
