@@ -8,6 +8,7 @@
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py mace --atoms 30 --translate --phases --json out.json
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py nequip --subgraphs-untimed --json out.json  # timing's gain
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py nequip --jit --default-executors --without-exact-vjps --json x
+    OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py nequip --translate --unguarded --json out.json  # yardstick
 
 Each run adds its paths to ``--json`` (``{"commit", "models": {model: {path: {"ms", "first_call_s",
 "max_abs_force_diff", ...}}}}``; the commit from ``TFG_COMMIT`` or git). ``--choose``: then ``choose_backends`` and
@@ -79,6 +80,11 @@ def main() -> int:
         action="store_true",
         help="also a guarded path whose ThunderFX subgraphs are never timed against eager (in the same rounds)",
     )
+    p.add_argument(
+        "--unguarded",
+        action="store_true",
+        help="also unguarded Thunder's difference from eager (or its error), and eager's own run-to-run difference",
+    )
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--json", required=True)
     args = p.parse_args()
@@ -92,14 +98,15 @@ def main() -> int:
     guard = FusionGuard()
     executors = None if args.default_executors else fusion_executors("cpu")
 
-    def compiled(with_guard: FusionGuard):
+    def compiled(with_guard: FusionGuard | None):
+        transforms = [] if with_guard is None else [with_guard]
         if args.jit:
             import thunder
 
-            return thunder.jit(model, executors=executors, transforms=[with_guard])
+            return thunder.jit(model, executors=executors, transforms=transforms)
         from thunder.dynamo import thunderfx
 
-        return thunderfx(model, executors=executors, transforms=[with_guard])
+        return thunderfx(model, executors=executors, transforms=transforms)
 
     guarded = compiled(guard)
     unexact = compiled(FusionGuard(runtime=Runtime(exact_vjps=False))) if args.without_exact_vjps else None
@@ -118,6 +125,29 @@ def main() -> int:
         print(phases.table(width=None), flush=True)
     want = step(model)
     rows = {}
+    path = ("jit" if args.jit else "fx") + "-guarded" + ("+translated" if args.translate else "")
+    path += ", Thunder's default executors" if args.default_executors else ""
+    if args.unguarded:  # the difference unguarded Thunder itself has from eager: the guarded one's yardstick
+        again = step(model)
+        scale = {"eager_max_abs_force": want[1].abs().max().item(), "eager_energy": want[0].item()}
+        rows["eager run to run"] = {
+            "max_abs_force_diff": (again[1] - want[1]).abs().max().item(),
+            "energy_diff": (again[0] - want[0]).abs().item(),
+            **scale,
+        }
+        unguarded_path = path.replace("-guarded", "")
+        began = time.perf_counter()
+        try:
+            theirs = step(compiled(None))
+            rows[unguarded_path] = {
+                "first_call_s": round(time.perf_counter() - began, 1),
+                "max_abs_force_diff": (theirs[1] - want[1]).abs().max().item(),
+                "energy_diff": (theirs[0] - want[0]).abs().item(),
+                **scale,
+            }
+        except Exception as e:  # unguarded Thunder failing on the model is the finding
+            rows[unguarded_path] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+        print(f"{args.model} {unguarded_path}: {json.dumps(rows[unguarded_path])}", flush=True)
     inductor = None
     if unexact is not None:
         step(unexact)  # its first call, untimed
@@ -175,8 +205,6 @@ def main() -> int:
         }
         print(f"{args.model} {path}: {json.dumps(rows[path])}", flush=True)
 
-    path = ("jit" if args.jit else "fx") + "-guarded" + ("+translated" if args.translate else "")
-    path += ", Thunder's default executors" if args.default_executors else ""
     if args.subgraphs_untimed:  # the same guard, but a fused subgraph never runs eagerly: what that timing gains
         from thunder.dynamo import thunderfx
 
