@@ -46,6 +46,7 @@ from thunder_fusion_guard import (  # noqa: E402
 from thunder_fusion_guard.bench.zoo_potentials import mace_potential, nequip_potential  # noqa: E402
 from thunder_fusion_guard.examine.first_call import first_call  # noqa: E402
 from thunder_fusion_guard.measure.timing import interleaved_rounds  # noqa: E402
+from thunder_fusion_guard.wording import error_line  # noqa: E402
 
 
 def _commit() -> str:
@@ -124,6 +125,14 @@ def main() -> int:
     if phases is not None:
         print(phases.table(width=None), flush=True)
     want = step(model)
+
+    def off_eager(got: tuple[torch.Tensor, torch.Tensor]) -> dict[str, float]:
+        """How far a step's forces and energy are from eager's (``want``)."""
+        return {
+            "max_abs_force_diff": (got[1] - want[1]).abs().max().item(),
+            "energy_diff": (got[0] - want[0]).abs().item(),
+        }
+
     rows = {}
     path = ("jit" if args.jit else "fx") + "-guarded" + ("+translated" if args.translate else "")
     path += ", Thunder's default executors" if args.default_executors else ""
@@ -131,8 +140,7 @@ def main() -> int:
         again = step(model)
         scale = {"eager_max_abs_force": want[1].abs().max().item(), "eager_energy": want[0].item()}
         rows["eager run to run"] = {
-            "max_abs_force_diff": (again[1] - want[1]).abs().max().item(),
-            "energy_diff": (again[0] - want[0]).abs().item(),
+            **off_eager(again),
             **scale,
         }
         unguarded_path = path.replace("-guarded", "")
@@ -141,12 +149,11 @@ def main() -> int:
             theirs = step(compiled(None))
             rows[unguarded_path] = {
                 "first_call_s": round(time.perf_counter() - began, 1),
-                "max_abs_force_diff": (theirs[1] - want[1]).abs().max().item(),
-                "energy_diff": (theirs[0] - want[0]).abs().item(),
+                **off_eager(theirs),
                 **scale,
             }
         except Exception as e:  # unguarded Thunder failing on the model is the finding
-            rows[unguarded_path] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+            rows[unguarded_path] = {"error": error_line(e)[:300]}
         print(f"{args.model} {unguarded_path}: {json.dumps(rows[unguarded_path])}", flush=True)
     inductor = None
     if unexact is not None:
@@ -194,8 +201,7 @@ def main() -> int:
             "eager_ms": round(ms["eager"], 2),
             "x_eager": round(ms["guarded"] / ms["eager"], 3),
             "first_call_s": round(first_s, 1),
-            "max_abs_force_diff": (got[1] - want[1]).abs().max().item(),
-            "energy_diff": (got[0] - want[0]).abs().item(),
+            **off_eager(got),
             "rescues": guard.report.counts().get("rescue", 0),
             "whole_graphs": {c: len(guard.report.filter(code=c)) for c in ("whole_graph", "whole_graph_kept")},
             "rounds": args.rounds,

@@ -270,13 +270,17 @@ def _time_paths(name: str, steps: dict[str, _Step], rows: dict[str, dict], round
     for path, step in steps.items():  # one more step each, from the same parameters: their results compared
         step()
         values[path] = step.values()
+    scale: dict[str, float] = {}  # eager's largest force and its energy: what the force differences are relative to
     if "eager" in steps:  # eager's own run-to-run difference (CUDA's atomic scatters add in any order)
-        steps["eager"]()
-        n = len(getattr(steps["eager"], "zoo_step", steps["eager"]).leaves)
-        again = steps["eager"].values()
-        rows["eager"]["run_to_run_max_abs_diff"] = _difference(again, values["eager"])
+        eager = steps["eager"]
+        eager()
+        n = len(getattr(eager, "zoo_step", eager).leaves)
+        again, first = eager.values(), values["eager"]
+        rows["eager"]["run_to_run_max_abs_diff"] = _difference(again, first)
         if n:
-            rows["eager"]["run_to_run_max_abs_force_diff"] = _difference(again[-n:], values["eager"][-n:])
+            rows["eager"]["run_to_run_max_abs_force_diff"] = _difference(again[-n:], first[-n:])
+            forces = [float(f.abs().max()) for f in first[-n:] if f is not None]
+            scale = {"eager_max_abs_force": max(forces, default=0.0), "eager_energy": float(first[0].float().sum())}
     for path, step in steps.items():
         for other in ("eager", "fx-cudagraph"):
             if other in values and other != path:
@@ -285,11 +289,7 @@ def _time_paths(name: str, steps: dict[str, _Step], rows: dict[str, dict], round
         if n and "eager" in values and path != "eager":  # a potential's forces: its input's gradient
             rows[path]["max_abs_force_diff"] = _difference(values[path][-n:], values["eager"][-n:])
             rows[path]["energy_diff"] = _difference(values[path][:1], values["eager"][:1])
-            # eager's largest force and its energy: the scale the differences are relative to
-            rows[path]["eager_max_abs_force"] = max(
-                (float(f.abs().max()) for f in values["eager"][-n:] if f is not None), default=0.0
-            )
-            rows[path]["eager_energy"] = float(values["eager"][0].float().sum())
+            rows[path].update(scale)
         kin = next((k for k in ("fx", "guarded") if path.startswith(k)), None)
         if kin:  # each ThunderFX (or guarded thunder.jit) path against the others of its kind
             others = [o for o in values if o != path and o.startswith(kin)]

@@ -127,3 +127,34 @@ def test_a_steps_kernels_average_over_the_profiled_steps_or_are_the_last_steps_w
     assert anatomy.kernel_sequence(lambda: None, steps=2) == [("a", 2.0), ("b", 5.0)]
     profiled.append([kernel("a", 1.0), kernel("b", 4.0), kernel("c", 3.0), kernel("b", 6.0)])  # the steps differ
     assert anatomy.kernel_sequence(lambda: None, steps=2) == [("c", 3.0), ("b", 6.0)]
+
+
+class _FakeStep:
+    """A potential's step: its loss (the energy) and its leaf's gradient (the forces), each call's values given."""
+
+    def __init__(self, *calls):
+        self.calls, self.leaves, self.done = list(calls), [object()], []
+
+    def __call__(self):
+        self.done.append(self.calls.pop(0))
+
+    def values(self):
+        energy, forces = self.done[-1]
+        return [torch.tensor(energy), torch.tensor(forces)]
+
+
+def test_a_potentials_rows_carry_eagers_run_to_run_difference_and_the_scale_of_their_own(monkeypatch):
+    seed = load_benchmark("gpu_seed_vs_inductor")
+    monkeypatch.setattr(seed, "kernels_and_device_ms", lambda step: (1.0, 0.1, {}, {}))
+    timed = type("Rounds", (), {"samples": {"eager": [0.002], "fx-guarded": [0.001]}})
+    monkeypatch.setattr(seed, "interleaved_rounds", lambda steps, rounds, warmup: timed)  # no calls: none timed
+    # eager: the compared step, then one more step whose forces differ by 0.25 (atomics, say)
+    eager = _FakeStep((2.0, [1.0, -3.0]), (2.0, [1.25, -3.0]))
+    other = _FakeStep((2.5, [1.0, -2.5]))
+    steps, rows = {"eager": eager, "fx-guarded": other}, {"eager": {}, "fx-guarded": {}}
+    seed._time_paths("m", steps, rows, rounds=1, host=False)
+    assert rows["eager"]["run_to_run_max_abs_force_diff"] == 0.25
+    guarded = rows["fx-guarded"]
+    assert (guarded["max_abs_force_diff"], guarded["energy_diff"]) == (0.5, 0.5)
+    assert (guarded["eager_max_abs_force"], guarded["eager_energy"]) == (3.0, 2.0)
+    assert "eager_max_abs_force" not in rows["eager"]
