@@ -24,11 +24,11 @@ def broadcast_then_sine(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return y.cos() * 2
 
 
-def _timed(split_us: float, whole_us: float, calls: list[int]):
+def _timed(split_us: float, whole_us: float, calls: list[int], spread: float | None = None):
     def pair(split, whole, args, **allowance):
         calls.append(1)
         split(), whole()  # run as a timing would, on the copies
-        return Measured(split_us, whole_us, "timed")
+        return Measured(split_us, whole_us, "timed", spread)
 
     return pair
 
@@ -130,6 +130,28 @@ def test_the_split_stays_where_inductors_whole_graph_is_not_faster_by_the_margin
     assert len(calls) == 1 and "forward" not in vars(split)
     (kept,) = guard.report.filter(code="whole_graph_kept")
     assert kept.action == "keep" and kept.details["decided_by"] == "measured"
+
+
+@pytest.mark.parametrize(
+    ("whole_us", "spread", "margin", "runs_whole"),
+    [
+        (85.0, 0.03, 0.05, True),  # 15% faster, the timing within 3%: beyond the 5% floor
+        (96.0, 0.03, 0.05, False),  # 4% faster: within the floor
+        (85.0, 0.18, 0.18, False),  # 15% faster, the timing within 18%: within its spread
+        (81.0, 0.25, 0.20, False),  # 19% faster, a spread wider than the option: the option's 20% caps it
+        (85.0, None, 0.20, False),  # a timing without a spread: the option's 20%
+    ],
+)
+def test_with_no_thunder_bits_to_keep_the_margin_narrows_to_the_timings_spread(whole_us, spread, margin, runs_whole):
+    guard, calls = FusionGuard(), []
+    guard.measurer.pair = _timed(100.0, whole_us, calls, spread)
+    _, split = _run(guard)
+    (found,) = guard.report.filter(code="whole_graph" if runs_whole else "whole_graph_kept")
+    assert isinstance(vars(split).get("forward"), WholeGraphRun) is runs_whole
+    assert found.details["margin"] == margin and found.facts["margin"] == margin
+    narrowed = margin != 0.20
+    assert ("margin_from" in found.facts) is narrowed and found.facts.get("margin_from", 0.20) == 0.20
+    assert found.details.get("margin_narrowed") == ("no_thunder_bits" if narrowed else None)
 
 
 def test_off_by_option_and_on_several_ranks_nothing_is_timed(monkeypatch):

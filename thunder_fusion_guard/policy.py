@@ -204,7 +204,7 @@ def decide(
         if margin != options.costs.margin:
             facts["margin_from"] = options.costs.margin
             details["margin_narrowed"] = narrowed
-        between = _spread_margin(margin, measured) if seen is not None else margin
+        between = spread_margin(margin, measured) if seen is not None else margin
         switched = _switch(region.executor, action, measured, between)
         if switched is not None:
             action = "switch"
@@ -233,7 +233,7 @@ def measured_margin(margin: float, measured: Measured, constants: CostConstants)
     are synchronous, or eager is no dearer on the host nor on the device, each within that spread)."""
     if measured.spread is None:
         return margin, None
-    narrow = _spread_margin(margin, measured)
+    narrow = spread_margin(margin, measured)
     if not constants.overlapped:
         return narrow, "synchronous"
     if measured.host is None or measured.device is None:
@@ -244,9 +244,10 @@ def measured_margin(margin: float, measured: Measured, constants: CostConstants)
     return margin, None
 
 
-def _spread_margin(margin: float, measured: Measured) -> float:
+def spread_margin(margin: float, measured: Measured) -> float:
     """``margin`` narrowed to the timing's spread, at least :data:`MEASURED_MARGIN_FLOOR` (``margin`` where the
-    timing has no spread): the one rule for a measured keep or reject and for a switch on device times.
+    timing has no spread): the one rule for a measured keep or reject, for a switch on device times and for a
+    Dynamo graph run whole by Inductor where unguarded Thunder fails (:mod:`.whole_graph`).
 
     A switch between fusion executors on device times (a program replayed in CUDA graphs) always uses it: both sides
     are one region's kernels, no host time on either, so what the timing sees is what the replay spends."""

@@ -877,7 +877,13 @@ def _whole_graph(f: Facts) -> tuple[str, str | None]:
     why = (
         "With no Thunder bits to keep, ThunderFX's split (each Thunder subgraph and Inductor piece a call of its own, "
         "forward and backward) was timed against Inductor's compile of the whole graph on copies of a real call's "
-        f"inputs; Inductor runs it where faster by the margin ({f['margin']:.0%})"
+        f"inputs; Inductor runs it where faster by the margin ({f['margin']:.0%}"
+        + (
+            f": option 'costs.margin' {f['margin_from']:.0%} narrowed to the timing's spread"
+            if "margin_from" in f
+            else ""
+        )
+        + ")"
     )
     if f.get("why"):
         reason = f"kept split: {f['why']}" + (f" ({timed})" if timed else "")

@@ -7,7 +7,8 @@ or would lose a gradient through it, the guard's rescue runs it another way (:mo
 fails there, that failure ends the user's program, so the graph has no Thunder bits to keep. Whether unguarded Thunder
 fails is checked, not assumed: the subgraph compiled again without the guard runs on copies of the failing call's
 inputs. Then, at the graph's next call, its split and Inductor's compile of the whole graph are timed on copies of that
-call's inputs, forward and backward, and Inductor runs it from then on where it is faster by the margin. On CUDA,
+call's inputs, forward and backward, and Inductor runs it from then on where it is faster beyond the timing's spread
+(the margin caps it: with no Thunder bits to keep, noise is all a timing must clear). On CUDA,
 Inductor's compile with combo kernels (independent kernels launched as one; torch's option, off by default) is then
 timed against its default compile, and the faster runs the graph. Inductor's values are within its own rounding of
 eager's. A graph that updates its inputs in place is not timed; should Inductor ever fail on a call, the split runs
@@ -28,6 +29,7 @@ from . import _thunder as th
 from .cost import Measured
 from .decisions import Decision, Details
 from .fx_rescue import compile_fx_module, copy_input, updated_inputs
+from .policy import spread_margin
 from .reasons import Facts, ReasonCode, words
 from .wording import error_line
 
@@ -136,6 +138,7 @@ class WholeGraph:
     combo: Measured | None = None
     combo_kernels: bool = False
     combo_why: str = ""
+    margin: float | None = None  # what the timing had to beat: costs.margin narrowed to its spread
 
 
 def whole_or_split(
@@ -148,7 +151,8 @@ def whole_or_split(
 ) -> WholeGraph:
     """Time ``split`` (how ThunderFX runs the Dynamo graph ``original`` now) against Inductor's compile of all of
     ``original``, forward and backward, on ``inputs`` (copies: the runs touch nothing of the caller's), by ``timer``;
-    Inductor is chosen where it is faster by ``margin``. Not timed (``timer`` None, or it says why) keeps the split."""
+    Inductor is chosen where it is faster by ``margin`` narrowed to the timing's spread (at least
+    :data:`.policy.MEASURED_MARGIN_FLOOR`). Not timed (``timer`` None, or it says why) keeps the split."""
     written = sorted(updated_inputs(original))
     if written:
         why = f"it updates its inputs {', '.join(map(str, written))} in place; not timed"
@@ -164,9 +168,13 @@ def whole_or_split(
     measured = timer(forward_backward_step(split, inputs), forward_backward_step(whole, inputs), ())
     if isinstance(measured, str):
         return WholeGraph(label, False, measured)
-    if measured.eager_us < measured.region_us * (1 - margin):
-        return _with_combo_kernels(WholeGraph(label, True, measured=measured, whole=whole), original, inputs, timer)
-    return WholeGraph(label, False, "Inductor's whole graph is not faster by the margin", measured)
+    # No Thunder bits to keep (unguarded Thunder fails on the graph): faster beyond the timing's own spread is
+    # enough, the margin ``margin`` only caps it, as for a measured keep or reject (policy.spread_margin)
+    narrowed = spread_margin(margin, measured)
+    if measured.eager_us < measured.region_us * (1 - narrowed):
+        found = WholeGraph(label, True, measured=measured, whole=whole, margin=narrowed)
+        return _with_combo_kernels(found, original, inputs, timer)
+    return WholeGraph(label, False, "Inductor's whole graph is not faster by the margin", measured, margin=narrowed)
 
 
 def _with_combo_kernels(
@@ -196,11 +204,15 @@ def whole_graph_decision(
     """The decision recording ``found`` for the Dynamo graph ``original``, unguarded Thunder having failed on its
     subgraph ``subgraph`` with ``unguarded`` (one line)."""
     code: ReasonCode = "whole_graph" if found.inductor else "whole_graph_kept"
-    facts = Facts(region=found.label, name=subgraph, error=unguarded, why=found.why, margin=margin)
+    used = margin if found.margin is None else found.margin
+    facts = Facts(region=found.label, name=subgraph, error=unguarded, why=found.why, margin=used)
     details: Details = {"scope": "op", "decided_by": "measured" if found.measured is not None else "rule"}
     if found.measured is not None:
         facts["measured"] = found.measured
-        details.update(margin=margin, split_us=found.measured.region_us, inductor_us=found.measured.eager_us)
+        details.update(margin=used, split_us=found.measured.region_us, inductor_us=found.measured.eager_us)
+        if used != margin:  # narrowed to the timing's spread
+            facts["margin_from"] = margin
+            details["margin_narrowed"] = "no_thunder_bits"
     if found.combo is not None or found.combo_why:
         facts["combo_kernels"] = found.combo_kernels
         details["combo_kernels"] = found.combo_kernels
