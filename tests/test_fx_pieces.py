@@ -381,6 +381,26 @@ def test_the_measurer_times_two_runs_within_its_budget_and_not_across_ranks(monk
     assert measurer.pair(torch.sin, torch.cos, (x,)).startswith("not timed: a run of 2 ranks")
 
 
+@pytest.mark.real_timings  # its clock is fake: what it says holds whatever the real one says
+def test_the_measurer_times_host_and_device_apart_only_where_asked_on_cuda(monkeypatch):
+    asked = []
+    monkeypatch.setattr(breakeven, "host_device_us", lambda fns, args, **k: asked.append(len(fns)))
+    ticks = iter(range(0, 10**12, 1000))
+    measurer = RegionMeasurer(budget_s=1.0, clock=lambda: next(ticks))
+    x = torch.ones(3)
+    plain = measurer.pair(torch.sin, torch.cos, (x,))
+    apart = measurer.pair(torch.sin, torch.cos, (x,), apart=True)
+    assert plain.host is None and plain.device is None and apart.host is None  # none found: the timing still decides
+    assert asked == ([2] if torch.cuda.is_available() else [])  # asked once, on CUDA only, for the two programs
+
+
+@pytest.mark.cuda
+def test_on_cuda_the_measurer_gives_both_programs_host_and_device_time_apart():
+    x = torch.ones(256, device="cuda")
+    measured = RegionMeasurer(budget_s=5.0).pair(torch.sin, torch.cos, (x,), allowance_s=1.0, apart=True)
+    assert measured.host is not None and measured.device is not None and min(*measured.host, *measured.device) > 0
+
+
 def test_a_subgraph_run_eagerly_is_no_rescue_and_why_not_fused_still_reads_its_traces():
     compiled, _ = _chain(torch.float32, FusionGuard(), timed=(100.0, 10.0))
     rescues = [th.module_call(tm) for info in compiled._backend.subgraph_infos for tm in info.thunder_compiled_fns]

@@ -24,11 +24,14 @@ def broadcast_then_sine(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return y.cos() * 2
 
 
-def _timed(split_us: float, whole_us: float, calls: list[int], spread: float | None = None):
+def _timed(split_us: float, whole_us: float, calls: list[int], spread: float | None = None, **apart):
+    """A timer giving the split ``split_us`` and Inductor's whole graph ``whole_us``; ``apart``: ``host`` and
+    ``device`` pairs (split's, whole's), where the call asks for them."""
+
     def pair(split, whole, args, **allowance):
-        calls.append(1)
+        calls.append(allowance.get("apart"))
         split(), whole()  # run as a timing would, on the copies
-        return Measured(split_us, whole_us, "timed", spread)
+        return Measured(split_us, whole_us, "timed", spread, **(apart if allowance.get("apart") else {}))
 
     return pair
 
@@ -143,15 +146,33 @@ def test_the_split_stays_where_inductors_whole_graph_is_not_faster_by_the_margin
     ],
 )
 def test_with_no_thunder_bits_to_keep_the_margin_narrows_to_the_timings_spread(whole_us, spread, margin, runs_whole):
+    """On CPU calls are synchronous: the timing is what the program sees, as for a measured keep or reject."""
     guard, calls = FusionGuard(), []
     guard.measurer.pair = _timed(100.0, whole_us, calls, spread)
     _, split = _run(guard)
+    assert calls == [False]  # host and device apart are not asked for off CUDA
     (found,) = guard.report.filter(code="whole_graph" if runs_whole else "whole_graph_kept")
     assert isinstance(vars(split).get("forward"), WholeGraphRun) is runs_whole
     assert found.details["margin"] == margin and found.facts["margin"] == margin
     narrowed = margin != 0.20
     assert ("margin_from" in found.facts) is narrowed and found.facts.get("margin_from", 0.20) == 0.20
-    assert found.details.get("margin_narrowed") == ("no_thunder_bits" if narrowed else None)
+    assert found.details.get("margin_narrowed") == ("synchronous" if narrowed else None)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    ("device_us", "runs_whole"),
+    [((10.0, 9.0), True), ((10.0, 11.0), False)],  # the whole graph no dearer on the device, or 10% dearer
+)
+def test_on_cuda_the_margin_narrows_only_where_the_whole_graph_is_no_dearer_on_host_nor_device(device_us, runs_whole):
+    guard, calls = FusionGuard(), []
+    timer = _timed(100.0, 85.0, calls, 0.03, host=(100.0, 60.0), device=device_us)
+    guard.measurer.pair = lambda *a, **k: timer(*a, **k) if len(calls) == 0 else Measured(10.0, 12.0, "timed")
+    _, split = _run(guard, device="cuda")
+    assert calls == [True]  # the whole graph timed with host and device apart
+    (found,) = guard.report.filter(code="whole_graph" if runs_whole else "whole_graph_kept")
+    assert found.details.get("margin_narrowed") == ("host_and_device" if runs_whole else None)
+    assert isinstance(vars(split).get("forward"), WholeGraphRun) is runs_whole
 
 
 def test_off_by_option_and_on_several_ranks_nothing_is_timed(monkeypatch):

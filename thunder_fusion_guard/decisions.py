@@ -20,8 +20,7 @@ class Details(TypedDict, total=False):
     decided_by: str  # option, rule, model, measured, exactness
     model_action: str  # what the cost model alone would have done
     margin: float  # the margin the deciding numbers used (estimated or measured)
-    margin_narrowed: str  # why a measured margin is narrower than the option's: synchronous, host_and_device,
-    # no_thunder_bits (a Dynamo graph unguarded Thunder fails on, timed whole against its split)
+    margin_narrowed: str  # why a measured margin is narrower than the option's: synchronous, host_and_device
     decided_on: Literal["device"]  # the program replays in CUDA graphs: the measured device times decided
     inexact: list[str]  # the ops (and roundings) exactness would keep the region for (ops.inexact_ops)
     explanation: str  # the long explanation; ``reason`` is its one short line

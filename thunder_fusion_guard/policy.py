@@ -192,7 +192,7 @@ def decide(
         if seen is not None:  # in CUDA graphs only the device's time is spent: the margin as the user set it
             measured, margin, narrowed = seen, options.costs.margin, None
         else:
-            margin, narrowed = measured_margin(options.costs.margin, measured, constants)
+            margin, narrowed = measured_margin(options.costs.margin, measured, constants.overlapped)
         action, outcome = _by_numbers(measured.region_us, measured.eager_us, margin)
         by_rule = bool(inexact) and action == "reject"  # the rule, not the timing, keeps it
         if by_rule:
@@ -227,14 +227,14 @@ def decide(
     return Verdict(model[0], "cost_model", facts, record, details, measurable, alternative)
 
 
-def measured_margin(margin: float, measured: Measured, constants: CostConstants) -> tuple[float, Narrowing | None]:
+def measured_margin(margin: float, measured: Measured, overlapped: bool) -> tuple[float, Narrowing | None]:
     """The margin a measured decision uses, and why it is narrower than ``margin`` when it is: the timing's
     spread (at least :data:`MEASURED_MARGIN_FLOOR`) where the timing is what the program sees (calls
     are synchronous, or eager is no dearer on the host nor on the device, each within that spread)."""
     if measured.spread is None:
         return margin, None
     narrow = spread_margin(margin, measured)
-    if not constants.overlapped:
+    if not overlapped:  # the device runs each call before the host goes on (CPU)
         return narrow, "synchronous"
     if measured.host is None or measured.device is None:
         return margin, None

@@ -868,6 +868,20 @@ def _subgraph_rescued(f: Facts) -> tuple[str, str | None]:
     return f["error"], f"Thunder failed on {f['region']} ({f['error']}); {f['rescued_by']} runs it from then on{told}"
 
 
+def _whole_graph_narrowed(f: Facts) -> str:
+    """Why a whole graph's margin is narrower than the option's, as a clause; '' where it is not."""
+    if "margin_from" not in f:
+        return ""
+    said = f": option 'costs.margin' {f['margin_from']:.0%} narrowed to the timing's spread"
+    if f.get("narrowed") == "synchronous":
+        return said + ", calls here being synchronous"
+    (split_host, whole_host), (split_device, whole_device) = f["measured"].host, f["measured"].device
+    return (
+        f"{said}, Inductor's whole graph no dearer on the host ({whole_host:.0f} vs {split_host:.0f} µs) "
+        f"nor on the device ({whole_device:.0f} vs {split_device:.0f} µs)"
+    )
+
+
 def _whole_graph(f: Facts) -> tuple[str, str | None]:
     failed = f"unguarded Thunder fails on {f['name']} ({f['error']})"
     timed = ""
@@ -877,13 +891,7 @@ def _whole_graph(f: Facts) -> tuple[str, str | None]:
     why = (
         "With no Thunder bits to keep, ThunderFX's split (each Thunder subgraph and Inductor piece a call of its own, "
         "forward and backward) was timed against Inductor's compile of the whole graph on copies of a real call's "
-        f"inputs; Inductor runs it where faster by the margin ({f['margin']:.0%}"
-        + (
-            f": option 'costs.margin' {f['margin_from']:.0%} narrowed to the timing's spread"
-            if "margin_from" in f
-            else ""
-        )
-        + ")"
+        f"inputs; Inductor runs it where faster by the margin ({f['margin']:.0%}{_whole_graph_narrowed(f)})"
     )
     if f.get("why"):
         reason = f"kept split: {f['why']}" + (f" ({timed})" if timed else "")

@@ -7,8 +7,8 @@ or would lose a gradient through it, the guard's rescue runs it another way (:mo
 fails there, that failure ends the user's program, so the graph has no Thunder bits to keep. Whether unguarded Thunder
 fails is checked, not assumed: the subgraph compiled again without the guard runs on copies of the failing call's
 inputs. Then, at the graph's next call, its split and Inductor's compile of the whole graph are timed on copies of that
-call's inputs, forward and backward, and Inductor runs it from then on where it is faster beyond the timing's spread
-(the margin caps it: with no Thunder bits to keep, noise is all a timing must clear). On CUDA,
+call's inputs, forward and backward, and Inductor runs it from then on where it is faster by the margin, narrowed to
+the timing's spread where the timing is what the program sees (the rule of a timed region's keep or reject). On CUDA,
 Inductor's compile with combo kernels (independent kernels launched as one; torch's option, off by default) is then
 timed against its default compile, and the faster runs the graph. Inductor's values are within its own rounding of
 eager's. A graph that updates its inputs in place is not timed; should Inductor ever fail on a call, the split runs
@@ -29,7 +29,7 @@ from . import _thunder as th
 from .cost import Measured
 from .decisions import Decision, Details
 from .fx_rescue import compile_fx_module, copy_input, updated_inputs
-from .policy import spread_margin
+from .policy import measured_margin
 from .reasons import Facts, ReasonCode, words
 from .wording import error_line
 
@@ -138,7 +138,8 @@ class WholeGraph:
     combo: Measured | None = None
     combo_kernels: bool = False
     combo_why: str = ""
-    margin: float | None = None  # what the timing had to beat: costs.margin narrowed to its spread
+    margin: float | None = None  # what the timing had to beat: costs.margin, or narrowed to its spread
+    narrowed: str | None = None  # why narrowed (policy.measured_margin): synchronous, host_and_device
 
 
 def whole_or_split(
@@ -151,8 +152,10 @@ def whole_or_split(
 ) -> WholeGraph:
     """Time ``split`` (how ThunderFX runs the Dynamo graph ``original`` now) against Inductor's compile of all of
     ``original``, forward and backward, on ``inputs`` (copies: the runs touch nothing of the caller's), by ``timer``;
-    Inductor is chosen where it is faster by ``margin`` narrowed to the timing's spread (at least
-    :data:`.policy.MEASURED_MARGIN_FLOOR`). Not timed (``timer`` None, or it says why) keeps the split."""
+    Inductor is chosen where it is faster by ``margin``, narrowed to the timing's spread (at least
+    :data:`.policy.MEASURED_MARGIN_FLOOR`) where the timing is what the program sees, as for a measured keep or
+    reject: on CPU, or on CUDA where Inductor's whole graph is no dearer on the host nor on the device, timed apart.
+    Not timed (``timer`` None, or it says why) keeps the split."""
     written = sorted(updated_inputs(original))
     if written:
         why = f"it updates its inputs {', '.join(map(str, written))} in place; not timed"
@@ -165,16 +168,18 @@ def whole_or_split(
     except Exception as e:  # Inductor may fail on the whole graph in any way: then the split stays, no error
         error = error_line(e)
         return WholeGraph(label, False, f"Inductor failed on the whole graph: {error}", error=error)
-    measured = timer(forward_backward_step(split, inputs), forward_backward_step(whole, inputs), ())
+    cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in inputs)
+    measured = timer(forward_backward_step(split, inputs), forward_backward_step(whole, inputs), (), apart=cuda)
     if isinstance(measured, str):
         return WholeGraph(label, False, measured)
-    # No Thunder bits to keep (unguarded Thunder fails on the graph): faster beyond the timing's own spread is
-    # enough, the margin ``margin`` only caps it, as for a measured keep or reject (policy.spread_margin)
-    narrowed = spread_margin(margin, measured)
-    if measured.eager_us < measured.region_us * (1 - narrowed):
-        found = WholeGraph(label, True, measured=measured, whole=whole, margin=narrowed)
+    # No Thunder bits to keep (unguarded Thunder fails on the graph): the rule of a measured keep or reject, the
+    # margin narrowed to the timing's spread where the timing is what the program sees (policy.measured_margin)
+    used, narrowed = measured_margin(margin, measured, overlapped=cuda)
+    if measured.eager_us < measured.region_us * (1 - used):
+        found = WholeGraph(label, True, measured=measured, whole=whole, margin=used, narrowed=narrowed)
         return _with_combo_kernels(found, original, inputs, timer)
-    return WholeGraph(label, False, "Inductor's whole graph is not faster by the margin", measured, margin=narrowed)
+    why = "Inductor's whole graph is not faster by the margin"
+    return WholeGraph(label, False, why, measured, margin=used, narrowed=narrowed)
 
 
 def _with_combo_kernels(
@@ -210,9 +215,9 @@ def whole_graph_decision(
     if found.measured is not None:
         facts["measured"] = found.measured
         details.update(margin=used, split_us=found.measured.region_us, inductor_us=found.measured.eager_us)
-        if used != margin:  # narrowed to the timing's spread
-            facts["margin_from"] = margin
-            details["margin_narrowed"] = "no_thunder_bits"
+        if found.narrowed is not None and used != margin:  # narrowed to the timing's spread
+            facts.update(margin_from=margin, narrowed=found.narrowed)
+            details["margin_narrowed"] = found.narrowed
     if found.combo is not None or found.combo_why:
         facts["combo_kernels"] = found.combo_kernels
         details["combo_kernels"] = found.combo_kernels

@@ -222,13 +222,19 @@ class RegionMeasurer:
         return measured
 
     def pair(
-        self, compiled: Callable[..., Any], eager: Callable[..., Any], args: tuple, allowance_s: float | None = None
+        self,
+        compiled: Callable[..., Any],
+        eager: Callable[..., Any],
+        args: tuple,
+        allowance_s: float | None = None,
+        apart: bool = False,
     ) -> Measured | str:
         """Time ``compiled`` against ``eager``, two runs of one program, interleaved on ``args`` within what is left
         of the budget (``region_us`` is the compiled run's); or say why they are not timed. ``allowance_s``: within
         that many seconds of their own instead, whatever region timings left of the budget (the time still counts in
-        ``seconds``). Not cached: the programs are known by their callables only. Several ranks: not timed, as
-        regions are not."""
+        ``seconds``). ``apart``: on CUDA, also each program's host and device time apart (``Measured.host``,
+        ``.device``; None where that cannot be timed). Not cached: the programs are known by their callables only.
+        Several ranks: not timed, as regions are not."""
         refused = self._across_ranks("without timings")
         if not refused and allowance_s is None:
             refused = self._no_time_now()
@@ -250,7 +256,19 @@ class RegionMeasurer:
             self.seconds += (self.clock() - start) / 1e9
         self.timed += 1
         medians = [statistics.median(s) for s in samples]
-        return Measured(medians[0], medians[1], "timed", paired_spread(samples[0], samples[1]))
+        found = None
+        if apart and torch.cuda.is_available():
+            began = self.clock()
+            try:  # host and device apart only narrow a margin: without them the timing still decides
+                found = host_device_us([compiled, eager], args, reps=SPLIT_REPS, clock=self.clock, cuda=True)
+            except Exception as e:  # timing host and device apart may fail in any way (device, a program's sync)
+                log.debug("FusionGuard: host and device not timed apart: %s", e)
+            finally:
+                self.seconds += (self.clock() - began) / 1e9
+        host = None if found is None else (found[0].host_us, found[1].host_us)
+        device = None if found is None else (found[0].device_us, found[1].device_us)
+        spread = paired_spread(samples[0], samples[1])
+        return Measured(medians[0], medians[1], "timed", spread, host=host, device=device)
 
     def _across_ranks(self, instead: str) -> str:
         """Why nothing is timed where several ranks run (each rank would time otherwise; they decide ``instead``,
