@@ -641,3 +641,22 @@ def test_building_nequip_leaves_the_process_as_it_was():
     after = state()
     assert before[0] == after[0] and not after[0]["capture_scalar_outputs"]
     assert before[1:3] == after[1:3] and torch.equal(before[3], after[3]) and before[4:] == after[4:]
+
+
+@pytest.mark.parametrize(
+    ("build", "package", "says"),
+    [
+        ("nequip_potential", "nequip", 'pip install "thunder-fusion-guard[nequip]"'),
+        ("mace_potential", "mace", "pip install mace-torch==0.3.16"),
+    ],
+)
+def test_a_potential_whose_package_is_missing_says_in_one_line_what_to_install(monkeypatch, build, package, says):
+    from thunder_fusion_guard.bench import zoo_potentials
+
+    real = zoo_potentials.importlib.util.find_spec
+    monkeypatch.setattr(
+        zoo_potentials.importlib.util, "find_spec", lambda name, *a: None if name == package else real(name, *a)
+    )
+    with pytest.raises(ModuleNotFoundError) as raised:
+        getattr(zoo_potentials, build)("cpu")
+    assert raised.value.name == package and says in str(raised.value) and "\n" not in str(raised.value)

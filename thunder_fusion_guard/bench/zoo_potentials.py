@@ -6,6 +6,7 @@ needs e3nn 0.6: install each in an environment of its own (the zoo runs every mo
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
 import os
 import random
@@ -190,8 +191,24 @@ def _box_inputs(device: str, atoms: int) -> tuple[torch.Tensor, ...]:
     return positions, box["kinds"], box["edge_index"], box["cell"], box["shifts"]
 
 
+# What to install for each builder's package, said in one line when it is missing.
+INSTALL = {
+    "nequip": 'pip install "thunder-fusion-guard[nequip]" (nequip 0.19.1, e3nn 0.6)',
+    "mace": "pip install mace-torch==0.3.16, in an environment of its own (it pins e3nn 0.4.4; NequIP needs 0.6)",
+    "cuequivariance_torch": "pip install cuequivariance-torch==0.13.0 (and its CUDA ops for the GPU)",
+}
+
+
+def _require(package: str) -> None:
+    """ModuleNotFoundError in one line naming what to install (:data:`INSTALL`) where ``package`` is not installed;
+    nothing is imported here (an installed package's own import errors stay its own)."""
+    if importlib.util.find_spec(package) is None:
+        raise ModuleNotFoundError(f"{package} is not installed: {INSTALL[package]}", name=package)
+
+
 def nequip_potential(device: str, layers: int = 3, l_max: int = 2, features: int = 32, atoms: int = 100) -> ZooModel:
     """NequIP from its package: 3 layers, l_max 2, 32 features, 100 atoms (about 1600 edges)."""
+    _require("nequip")
     model = NequIPEnergy(layers, l_max, features).to(device)
     return ZooModel(model, _box_inputs(device, atoms), _sum)
 
@@ -207,7 +224,8 @@ def mace_potential(
 ) -> ZooModel:
     """MACE from its package: 2 interactions, ``32x0e + 32x1o``, max_ell 2, correlation 3, 100 atoms; ``cueq``:
     its blocks by cuEquivariance's kernels (``cuequivariance-torch``, fused on CUDA), as MACE's ``enable_cueq``."""
+    _require("mace")
     if cueq:  # without it, MACE would build its e3nn blocks after a warning
-        import cuequivariance_torch  # noqa: F401
+        _require("cuequivariance_torch")
     model = MACEEnergy(interactions, channels, max_ell, correlation, device if cueq else None).to(device)
     return ZooModel(model, _box_inputs(device, atoms), _sum)
