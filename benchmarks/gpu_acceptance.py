@@ -84,6 +84,7 @@ PYTEST_FILES = (
     "tests/test_rescue.py",
     "tests/test_fx_pieces.py",
     "tests/test_small_matmuls.py",
+    "tests/test_whole_graph.py",
 )
 # The gates are ratios within one run (eager's host time moves 15-25 ms between hosts): guarded against the guard
 # without hoisting, CUDA graphs against guarded; the ratios to eager are reported, 0.35x the line to watch.
