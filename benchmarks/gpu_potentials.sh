@@ -73,6 +73,7 @@ declare -A JOBS=(
   [small-eager]="|--model small --paths eager"
   [small-matmuls-forces]="|--model small --paths eager --step-graph fx-guarded/matmuls"
   [modules-eager]="|--model e3nn-nequip-modules --paths eager"
+  [mace-inductor-decomposed]="$MC|--model mace --paths eager --step-graph inductor --step-graph inductor/combo --thread-stack-mb 1024 --inductor-config post_grad_fusion_options={\"decompose_mm_pass\":{\"min_first_dimension_decomposition\":1,\"max_other_dimension_decomposition\":65},\"batch_linear_post_grad\":{\"max_fuse_search_depth\":200}}"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
 chosen=("$@")
