@@ -36,12 +36,20 @@ def _timed(split_us: float, whole_us: float, calls: list[int], spread: float | N
     return pair
 
 
-def _run(guard: FusionGuard, steps: int = 3, device: str = "cpu"):
-    """``steps`` calls of the guarded program, each against eager: outputs and gradients; its split graph."""
+def broadcast_then_matmul(x: torch.Tensor, s: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return ((x.broadcast_to(s.shape) * s) @ w).sin()  # a small matmul (8 terms) Inductor may decompose
+
+
+def _run(guard: FusionGuard, steps: int = 3, device: str = "cpu", matmul: bool = False):
+    """``steps`` calls of the guarded program (``matmul``: :func:`broadcast_then_matmul`), each against eager:
+    outputs and gradients; its split graph."""
     torch._dynamo.reset()  # each test compiles this function again: Dynamo's recompile limit must not be reached
     x, s = torch.randn(1, 8, device=device, requires_grad=True), torch.randn(4, 8, device=device)
-    compiled = thunderfx(broadcast_then_sine, executors=fusion_executors(device), transforms=[guard])
-    steps_against_eager(compiled, broadcast_then_sine, lambda: (x, s), x, steps)
+    fn, args = broadcast_then_sine, (x, s)
+    if matmul:
+        fn, args = broadcast_then_matmul, (x, s, torch.randn(8, 8, device=device))
+    compiled = thunderfx(fn, executors=fusion_executors(device), transforms=[guard])
+    steps_against_eager(compiled, fn, lambda: args, x, steps, atol=1e-5 if matmul else 1e-6)
     (info,) = compiled._backend.subgraph_infos
     return compiled, info.split_graph_module
 
@@ -105,6 +113,56 @@ def test_inductors_compile_with_combo_kernels_runs_the_graph_only_where_timed_fa
     assert whole.details["combo_us"] == combo_us and whole.details["inductor_us"] == 10.0
     assert "combo_why" not in whole.facts  # timed both ways: the timings say why
     assert vars(split)["forward"].whole is seen[1 if faster else 0][1]
+
+
+@pytest.mark.parametrize("decomposed_us", [8.0, 12.0])
+def test_inductors_compile_with_small_matmuls_decomposed_runs_the_graph_only_where_timed_faster(
+    monkeypatch, decomposed_us
+):
+    seen = _compiles_seen(monkeypatch)
+    monkeypatch.setattr(combo, "COMBO_KERNEL_DEVICES", ())  # combo kernels not tried: the decomposition alone
+    guard = FusionGuard()
+    guard.measurer.pair = _timed_in_turn((100.0, 10.0), (10.0, decomposed_us))
+    _, split = _run(guard, matmul=True)  # each step within 1e-5 of eager, gradients too
+    assert [options for options, _ in seen] == [None, whole_graph.DECOMPOSED_MATMULS]
+    (whole,) = guard.report.filter(code="whole_graph")
+    faster = decomposed_us < 10.0
+    assert whole.facts["decomposed_matmuls"] is faster and whole.details["decomposed_matmuls"] is faster
+    assert whole.details["decomposed_us"] == decomposed_us and "combo_kernels" not in whole.facts
+    assert vars(split)["forward"].whole is seen[1 if faster else 0][1]
+
+
+def test_the_decomposition_rewrites_the_graphs_matmuls_and_leaves_torchs_thresholds_as_they_were():
+    from torch._dynamo.utils import counters
+    from torch._inductor.fx_passes import decompose_mem_bound_mm as decompose
+
+    before = {name: getattr(decompose, name) for name in vars(decompose) if name.endswith("_decomposition")}
+    counters.clear()
+    guard = FusionGuard()
+    guard.measurer.pair = _timed_in_turn((100.0, 10.0), (10.0, 8.0))
+    with torch._inductor.config.patch(fx_graph_cache=False):  # compiled here, not read from a cache
+        _run(guard, matmul=True)
+    assert counters["inductor"]["decompose_mm"] >= 1  # torch's pass ran with the guard's thresholds
+    assert {name: getattr(decompose, name) for name in before} == before  # and torch's are back
+
+
+def test_a_graph_without_matmuls_is_not_compiled_with_them_decomposed(monkeypatch):
+    seen = _compiles_seen(monkeypatch)
+    monkeypatch.setattr(combo, "COMBO_KERNEL_DEVICES", ())
+    guard = FusionGuard()
+    guard.measurer.pair = _timed_in_turn((100.0, 10.0))
+    _run(guard)
+    assert [options for options, _ in seen] == [None]
+    (whole,) = guard.report.filter(code="whole_graph")
+    assert "decomposed_matmuls" not in whole.facts
+
+
+def test_has_matmuls_finds_matmul_functions_methods_operators_and_linears():
+    assert whole_graph.has_matmuls(torch.fx.symbolic_trace(lambda a, b: (a @ b).sin()))
+    assert whole_graph.has_matmuls(torch.fx.symbolic_trace(lambda a, b: torch.einsum("ij,jk->ik", a, b)))
+    assert whole_graph.has_matmuls(torch.fx.symbolic_trace(lambda a, b: a.matmul(b)))
+    assert whole_graph.has_matmuls(torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(2, 2))))
+    assert not whole_graph.has_matmuls(torch.fx.symbolic_trace(lambda a, b: (a * b).sum(-1)))
 
 
 @pytest.mark.cuda

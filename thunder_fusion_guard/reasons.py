@@ -905,6 +905,15 @@ def _whole_graph(f: Facts) -> tuple[str, str | None]:
         combo = f"; its default compile ({c.region_us:.0f} µs), not faster with combo kernels ({c.eager_us:.0f})"
     elif f.get("combo_why"):
         combo = f"; its default compile (combo kernels: {f['combo_why']})"
+    if f.get("decomposed_matmuls"):
+        d = f["decomposed"]
+        combo += f"; with its small matmuls decomposed into products and sums, {d.eager_us:.0f} µs against "
+        combo += f"{d.region_us:.0f}"
+    elif "decomposed" in f:
+        d = f["decomposed"]
+        combo += f"; not faster with its small matmuls decomposed ({d.eager_us:.0f} µs against {d.region_us:.0f})"
+    elif f.get("decomposed_why"):
+        combo += f"; its matmuls as they were (decomposed: {f['decomposed_why']})"
     reason = f"unguarded Thunder fails on {f['name']}: Inductor runs the whole graph, {timed}{combo}"
     told = f"{reason}. The failure: {f['error']}. {why}. Inductor's values are within its own rounding of eager's"
     return reason, told

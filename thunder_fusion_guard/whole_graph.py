@@ -35,11 +35,13 @@ from .wording import error_line
 
 __all__ = [
     "COMBO_KERNELS",
+    "DECOMPOSED_MATMULS",
     "RUN_WITHOUT_THUNDER",
     "WHOLE_GRAPH_TIMING_S",
     "WholeGraph",
     "WholeGraphRun",
     "forward_backward_step",
+    "has_matmuls",
     "random_state_kept",
     "unguarded_failure",
     "warn_back_to_split",
@@ -53,6 +55,8 @@ RUN_WITHOUT_THUNDER: frozenset[str] = frozenset({"Inductor", "eager PyTorch"})
 # Inductor's options timed against its defaults on a whole graph it runs (combo kernels), where
 # ``th.combo_kernels_on`` says (Triton's devices): the guard's one home for both is ``_thunder.combo``.
 COMBO_KERNELS = th.COMBO_KERNELS
+# Inductor's small matmuls decomposed into products and sums (its ``decompose_mm_pass``), timed after combo kernels.
+DECOMPOSED_MATMULS = th.DECOMPOSED_MATMULS
 
 # Seconds the timing of a graph's split against its whole may take, apart from the guard's measuring budget (which
 # region timings may have spent): at least 3 rounds each run (a step of 100 ms on a CPU: about 1.5 s).
@@ -126,7 +130,9 @@ class WholeGraph:
     (``measured``: the split's µs as ``region_us``, Inductor's as ``eager_us``), or why it stays split (``why``; the
     inputs it updates in place, ``in_place``, or Inductor's failure on it, ``error``, where those are why).
     ``combo``: Inductor's default compile (``region_us``) timed against its compile with combo kernels
-    (``eager_us``), ``combo_kernels`` where the latter runs it; ``combo_why``: why not, where it was not timed."""
+    (``eager_us``), ``combo_kernels`` where the latter runs it; ``combo_why``: why not, where it was not timed.
+    ``decomposed``, ``decomposed_matmuls``, ``decomposed_why``: the same for Inductor's compile with its small matmuls
+    decomposed into products and sums (:data:`DECOMPOSED_MATMULS`), timed after combo kernels."""
 
     label: str
     inductor: bool
@@ -140,6 +146,9 @@ class WholeGraph:
     combo_why: str = ""
     margin: float | None = None  # what the timing had to beat: costs.margin, or narrowed to its spread
     narrowed: str | None = None  # why narrowed (policy.measured_margin): synchronous, host_and_device
+    decomposed: Measured | None = None  # the compile running it (region_us) against small matmuls decomposed
+    decomposed_matmuls: bool = False
+    decomposed_why: str = ""
 
 
 def whole_or_split(
@@ -177,7 +186,7 @@ def whole_or_split(
     used, narrowed = measured_margin(margin, measured, overlapped=cuda)
     if measured.eager_us < measured.region_us * (1 - used):
         found = WholeGraph(label, True, measured=measured, whole=whole, margin=used, narrowed=narrowed)
-        return _with_combo_kernels(found, original, inputs, timer)
+        return _with_decomposed_matmuls(_with_combo_kernels(found, original, inputs, timer), original, inputs, timer)
     why = "Inductor's whole graph is not faster by the margin"
     return WholeGraph(label, False, why, measured, margin=used, narrowed=narrowed)
 
@@ -203,6 +212,48 @@ def _with_combo_kernels(
     return replace(found, combo=timed)  # timed, not faster: the default compile stays (``combo`` says by how much)
 
 
+def _with_decomposed_matmuls(
+    found: WholeGraph, original: torch.fx.GraphModule, inputs: list[Any], timer: Timer
+) -> WholeGraph:
+    """``found`` with Inductor's compile of ``original`` decomposing its small matmuls into products and sums that
+    its kernels fuse (:data:`DECOMPOSED_MATMULS`, with combo kernels where those run it) in its place where the graph
+    has matmuls and ``timer`` finds it faster (any amount, as for combo kernels: two Inductor compiles of a graph with
+    no Thunder bits); else as it was, ``decomposed_why`` saying why. Each matmul of at most 64 columns becomes a
+    kernel's sum: launches go where a step is a queue of tiny GEMMs (MACE's linears)."""
+    if found.whole is None or not has_matmuls(original):
+        return found
+    options = {**(COMBO_KERNELS if found.combo_kernels else {})}
+    try:
+        with th.decomposed_matmuls() as decomposed:
+            compiled = compile_fx_module(original, inputs, "inductor", {**options, **decomposed})
+            forward_backward_step(compiled, inputs)()  # Inductor compiles the backward at its first call: in here
+    except Exception as e:  # Inductor's option may fail on a graph in any way: the compile found stays
+        return replace(found, decomposed_why=f"Inductor with small matmuls decomposed failed: {error_line(e)}")
+    timed = timer(forward_backward_step(found.whole, inputs), forward_backward_step(compiled, inputs), ())
+    if isinstance(timed, str):
+        return replace(found, decomposed_why=timed)
+    if timed.eager_us < timed.region_us:
+        return replace(found, whole=compiled, decomposed=timed, decomposed_matmuls=True)
+    return replace(found, decomposed=timed)
+
+
+# Dynamo graph targets computing a matmul (the ops Inductor lowers to ``mm``/``bmm``): a graph without any is not
+# compiled a third time.
+_MATMULS = frozenset({"matmul", "mm", "bmm", "einsum", "linear", "addmm", "baddbmm", "tensordot", "__matmul__"})
+
+
+def has_matmuls(module: torch.fx.GraphModule) -> bool:
+    """Whether the Dynamo graph ``module`` computes a matmul (a call of a matmul function, method or ``nn.Linear``)."""
+    for node in module.graph.nodes:
+        if node.op in ("call_function", "call_method"):
+            name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+            if name in _MATMULS:
+                return True
+        elif node.op == "call_module" and isinstance(module.get_submodule(str(node.target)), torch.nn.Linear):
+            return True
+    return False
+
+
 def whole_graph_decision(
     found: WholeGraph, original: torch.fx.GraphModule, subgraph: str, unguarded: str, margin: float
 ) -> Decision:
@@ -226,6 +277,14 @@ def whole_graph_decision(
         details["combo_us"] = found.combo.eager_us
     if found.combo_why:
         facts["combo_why"] = found.combo_why
+    if found.decomposed is not None or found.decomposed_why:
+        facts["decomposed_matmuls"] = found.decomposed_matmuls
+        details["decomposed_matmuls"] = found.decomposed_matmuls
+    if found.decomposed is not None:
+        facts["decomposed"] = found.decomposed
+        details["decomposed_us"] = found.decomposed.eager_us
+    if found.decomposed_why:
+        facts["decomposed_why"] = found.decomposed_why
     reason, told = words(code, facts)
     source = th.fx_module_source(original)
     if source:

@@ -55,9 +55,11 @@ from .calls import (
 from .combo import (
     COMBO_KERNEL_DEVICES,
     COMBO_KERNELS,
+    DECOMPOSED_MATMULS,
     ComboKernelsExecutor,
     combo_kernels_fuser,
     combo_kernels_on,
+    decomposed_matmuls,
     inductor_options,
 )
 from .compat import ensure_nvfuser_compat
@@ -299,6 +301,7 @@ __all__ = [
     "ALTERNATIVE_FUSERS",
     "COMBO_KERNELS",
     "COMBO_KERNEL_DEVICES",
+    "DECOMPOSED_MATMULS",
     "DYNAMO_BACKEND",
     "DYNAMO_FRAME",
     "GENERAL_FUSERS",
@@ -359,6 +362,7 @@ __all__ = [
     "conversion",
     "copy_into",
     "copying_back",
+    "decomposed_matmuls",
     "default_executors",
     "direct_entry",
     "direct_nvfuser_call",

@@ -4,7 +4,8 @@ queue of tiny kernels. Not registered with Thunder: the guard hands it only the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -24,9 +25,11 @@ from .executors import torch_compile_executor
 __all__ = [
     "COMBO_KERNELS",
     "COMBO_KERNEL_DEVICES",
+    "DECOMPOSED_MATMULS",
     "ComboKernelsExecutor",
     "combo_kernels_fuser",
     "combo_kernels_on",
+    "decomposed_matmuls",
     "inductor_options",
 ]
 
@@ -35,6 +38,18 @@ __all__ = [
 # these devices (Triton's); Inductor's C++ kernels have no such thing.
 COMBO_KERNELS: dict[str, Any] = {"combo_kernels": True}
 COMBO_KERNEL_DEVICES: tuple[str, ...] = ("cuda",)
+
+# Inductor's own rewrite of a small matmul into products and a sum its kernels fuse (torch's ``decompose_mm_pass``,
+# off by default, its thresholds set for a large first dimension): here any matmul whose other dimensions are under
+# 65 (e3nn's and MACE's linears of 32 or 64 channels, their weight gradients), on CUDA and on CPU. Off by default in
+# torch, so the guard only times it (``decomposed_matmuls`` applies the thresholds, read by torch at import).
+_DECOMPOSE = {
+    "min_first_dimension_decomposition": 1,
+    "max_other_dimension_decomposition": 65,
+    "cpu_max_first_dimension_decomposition": 1 << 20,
+    "cpu_max_other_dimension_decomposition": 65,
+}
+DECOMPOSED_MATMULS: dict[str, Any] = {"post_grad_fusion_options": {"decompose_mm_pass": dict(_DECOMPOSE)}}
 
 
 class ComboKernelsExecutor(TorchCompileExecutor):
@@ -108,3 +123,19 @@ def combo_kernels_fuser(fuser: Any, device: str | None) -> Any:
 def inductor_options(executor: Any) -> dict[str, Any]:
     """The Inductor options a torch.compile region of ``executor`` is compiled with (empty: Inductor's defaults)."""
     return dict(getattr(executor, "inductor_options", None) or {})
+
+
+@contextmanager
+def decomposed_matmuls() -> Iterator[dict[str, Any]]:
+    """Inductor's options for a compile with :data:`DECOMPOSED_MATMULS`, its thresholds applied for that compile only:
+    torch reads them into its pass's module when it first imports it, so they are set there and restored after."""
+    from torch._inductor.fx_passes import decompose_mem_bound_mm as decompose
+
+    saved = {name: getattr(decompose, name) for name in _DECOMPOSE}
+    try:
+        for name, value in _DECOMPOSE.items():
+            setattr(decompose, name, value)
+        yield DECOMPOSED_MATMULS
+    finally:
+        for name, value in saved.items():
+            setattr(decompose, name, value)
