@@ -199,17 +199,8 @@ def _with_combo_kernels(
     amount: both are Inductor's compiles of the same graph); else as it was, ``combo_why`` saying why."""
     if found.whole is None or not th.combo_kernels_on(a.device.type for a in inputs if isinstance(a, torch.Tensor)):
         return found
-    try:
-        combo = compile_fx_module(original, inputs, "inductor", COMBO_KERNELS)
-        forward_backward_step(combo, inputs)()
-    except Exception as e:  # Inductor's option may fail on a graph in any way: its default compile stays
-        return replace(found, combo_why=f"Inductor with combo kernels failed: {error_line(e)}")
-    timed = timer(forward_backward_step(found.whole, inputs), forward_backward_step(combo, inputs), ())
-    if isinstance(timed, str):
-        return replace(found, combo_why=timed)
-    if timed.eager_us < timed.region_us:
-        return replace(found, whole=combo, combo=timed, combo_kernels=True)
-    return replace(found, combo=timed)  # timed, not faster: the default compile stays (``combo`` says by how much)
+    compiled, timed, why = _timed_compile(found, original, inputs, timer, COMBO_KERNELS, "with combo kernels")
+    return replace(found, whole=compiled or found.whole, combo=timed, combo_kernels=compiled is not None, combo_why=why)
 
 
 def _with_decomposed_matmuls(
@@ -222,19 +213,41 @@ def _with_decomposed_matmuls(
     kernel's sum: launches go where a step is a queue of tiny GEMMs (MACE's linears)."""
     if found.whole is None or not has_matmuls(original):
         return found
-    options = {**(COMBO_KERNELS if found.combo_kernels else {})}
+    options = {**(COMBO_KERNELS if found.combo_kernels else {}), **DECOMPOSED_MATMULS}
+    what = "with small matmuls decomposed"
+    compiled, timed, why = _timed_compile(found, original, inputs, timer, options, what, th.decomposed_matmuls)
+    return replace(
+        found,
+        whole=compiled or found.whole,
+        decomposed=timed,
+        decomposed_matmuls=compiled is not None,
+        decomposed_why=why,
+    )
+
+
+def _timed_compile(
+    found: WholeGraph,
+    original: torch.fx.GraphModule,
+    inputs: list[Any],
+    timer: Timer,
+    options: dict[str, Any],
+    what: str,
+    scope: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> tuple[Callable | None, Measured | None, str]:
+    """Inductor's compile of ``original`` with ``options`` (in ``scope``, its first forward and backward too: Inductor
+    compiles the backward at its first call) timed against ``found.whole``: the compile where faster, the timing, and
+    why it is not timed ('' where it is). Inductor's option may fail on a graph in any way: then the compile found
+    stays, ``what`` naming the option in why."""
     try:
-        with th.decomposed_matmuls() as decomposed:
-            compiled = compile_fx_module(original, inputs, "inductor", {**options, **decomposed})
-            forward_backward_step(compiled, inputs)()  # Inductor compiles the backward at its first call: in here
-    except Exception as e:  # Inductor's option may fail on a graph in any way: the compile found stays
-        return replace(found, decomposed_why=f"Inductor with small matmuls decomposed failed: {error_line(e)}")
+        with scope():
+            compiled = compile_fx_module(original, inputs, "inductor", options)
+            forward_backward_step(compiled, inputs)()
+    except Exception as e:
+        return None, None, f"Inductor {what} failed: {error_line(e)}"
     timed = timer(forward_backward_step(found.whole, inputs), forward_backward_step(compiled, inputs), ())
     if isinstance(timed, str):
-        return replace(found, decomposed_why=timed)
-    if timed.eager_us < timed.region_us:
-        return replace(found, whole=compiled, decomposed=timed, decomposed_matmuls=True)
-    return replace(found, decomposed=timed)
+        return None, None, timed
+    return (compiled if timed.eager_us < timed.region_us else None), timed, ""
 
 
 # Dynamo graph targets computing a matmul (the ops Inductor lowers to ``mm``/``bmm``): a graph without any is not
@@ -269,22 +282,16 @@ def whole_graph_decision(
         if found.narrowed is not None and used != margin:  # narrowed to the timing's spread
             facts.update(margin_from=margin, narrowed=found.narrowed)
             details["margin_narrowed"] = found.narrowed
-    if found.combo is not None or found.combo_why:
-        facts["combo_kernels"] = found.combo_kernels
-        details["combo_kernels"] = found.combo_kernels
-    if found.combo is not None:
-        facts["combo"] = found.combo
-        details["combo_us"] = found.combo.eager_us
-    if found.combo_why:
-        facts["combo_why"] = found.combo_why
-    if found.decomposed is not None or found.decomposed_why:
-        facts["decomposed_matmuls"] = found.decomposed_matmuls
-        details["decomposed_matmuls"] = found.decomposed_matmuls
-    if found.decomposed is not None:
-        facts["decomposed"] = found.decomposed
-        details["decomposed_us"] = found.decomposed.eager_us
-    if found.decomposed_why:
-        facts["decomposed_why"] = found.decomposed_why
+    _record_option(facts, details, "combo_kernels", "combo", found.combo_kernels, found.combo, found.combo_why)
+    _record_option(
+        facts,
+        details,
+        "decomposed_matmuls",
+        "decomposed",
+        found.decomposed_matmuls,
+        found.decomposed,
+        found.decomposed_why,
+    )
     reason, told = words(code, facts)
     source = th.fx_module_source(original)
     if source:
@@ -301,6 +308,20 @@ def whole_graph_decision(
         code=code,
         facts=dict(facts),
     )
+
+
+def _record_option(
+    facts: Facts, details: Details, flag: str, key: str, runs: bool, timed: Measured | None, why: str
+) -> None:
+    """Into ``facts`` and ``details``: one of Inductor's options tried on the whole graph, ``flag`` whether it runs the
+    graph, ``key`` its timing against the compile before it (``<key>_us`` in details), ``<key>_why`` why not timed."""
+    if timed is not None or why:
+        facts[flag] = details[flag] = runs
+    if timed is not None:
+        facts[key] = timed
+        details[f"{key}_us"] = timed.eager_us
+    if why:
+        facts[f"{key}_why"] = why
 
 
 def warn_back_to_split(label: str, error: Exception) -> None:
