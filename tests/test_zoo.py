@@ -646,7 +646,7 @@ def test_building_nequip_leaves_the_process_as_it_was():
 @pytest.mark.parametrize(
     ("build", "package", "says"),
     [
-        ("nequip_potential", "nequip", 'pip install "thunder-fusion-guard[nequip]"'),
+        ("nequip_potential", "nequip", 'pip install ".[nequip]" in a clone of thunder-fusion-guard'),
         ("mace_potential", "mace", "pip install mace-torch==0.3.16"),
     ],
 )

@@ -317,8 +317,21 @@ def _choose_whole(index: int, info: Any, inputs: list[Any] | str, margin: float,
         timed += f", with combo kernels {found.combo.eager_us:.1f} µs"
     elif found.combo_why:
         problems["inductor with combo kernels"] = found.combo_why
+    if found.decomposed is not None:
+        choice.times_us["inductor with small matmuls decomposed"] = found.decomposed.eager_us
+        timed += f", with small matmuls decomposed {found.decomposed.eager_us:.1f} µs"
+    elif found.decomposed_why:
+        problems["inductor with small matmuls decomposed"] = found.decomposed_why
     if found.inductor and found.whole is not None:
-        choice.chosen = "inductor with combo kernels" if found.combo_kernels else "inductor"
+        options = [
+            o
+            for o, on in (
+                ("combo kernels", found.combo_kernels),
+                ("small matmuls decomposed", found.decomposed_matmuls),
+            )
+            if on
+        ]
+        choice.chosen = "inductor" + (f" with {' and '.join(options)}" if options else "")
         choice.reason = f"Inductor runs the whole graph: faster by {1 - whole_us / split_us:.0%} ({what}: {timed})"
         split.forward = WholeGraphRun(found.whole, split, functools.partial(_back_to_split, choice))
     else:

@@ -174,6 +174,10 @@ class Facts(TypedDict, total=False):
     combo: Measured
     combo_kernels: bool
     combo_why: str
+    # the same for its compile with its small matmuls decomposed into products and sums
+    decomposed: Measured
+    decomposed_matmuls: bool
+    decomposed_why: str
     replaced_by: str
     recommended: str  # a transform the decision recommends in place of the one given
     after: str  # the op a pruned alias update follows

@@ -193,7 +193,7 @@ def _box_inputs(device: str, atoms: int) -> tuple[torch.Tensor, ...]:
 
 # What to install for each builder's package, said in one line when it is missing.
 INSTALL = {
-    "nequip": 'pip install "thunder-fusion-guard[nequip]" (nequip 0.19.1, e3nn 0.6)',
+    "nequip": 'pip install ".[nequip]" in a clone of thunder-fusion-guard (nequip 0.19.1, e3nn 0.6)',
     "mace": "pip install mace-torch==0.3.16, in an environment of its own (it pins e3nn 0.4.4; NequIP needs 0.6)",
     "cuequivariance_torch": "pip install cuequivariance-torch==0.13.0 (and its CUDA ops for the GPU)",
 }
