@@ -29,6 +29,7 @@ from . import _thunder as th
 from .cost import Measured
 from .decisions import Decision, Details
 from .fx_rescue import compile_fx_module, copy_input, updated_inputs
+from .measure.timing import uses_cuda
 from .policy import measured_margin
 from .reasons import Facts, ReasonCode, words
 from .wording import error_line
@@ -177,7 +178,7 @@ def whole_or_split(
     except Exception as e:  # Inductor may fail on the whole graph in any way: then the split stays, no error
         error = error_line(e)
         return WholeGraph(label, False, f"Inductor failed on the whole graph: {error}", error=error)
-    cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in inputs)
+    cuda = uses_cuda(*inputs)
     measured = timer(forward_backward_step(split, inputs), forward_backward_step(whole, inputs), (), apart=cuda)
     if isinstance(measured, str):
         return WholeGraph(label, False, measured)
