@@ -126,16 +126,16 @@ def inductor_options(executor: Any) -> dict[str, Any]:
 
 
 @contextmanager
-def decomposed_matmuls() -> Iterator[dict[str, Any]]:
-    """Inductor's options for a compile with :data:`DECOMPOSED_MATMULS`, its thresholds applied for that compile only:
-    torch reads them into its pass's module when it first imports it, so they are set there and restored after."""
+def decomposed_matmuls() -> Iterator[None]:
+    """The thresholds of :data:`DECOMPOSED_MATMULS` applied for a compile with those options, and only within: torch
+    reads them into its pass's module when it first imports it, so they are set there and restored after."""
     from torch._inductor.fx_passes import decompose_mem_bound_mm as decompose
 
     saved = {name: getattr(decompose, name) for name in _DECOMPOSE}
     try:
         for name, value in _DECOMPOSE.items():
             setattr(decompose, name, value)
-        yield DECOMPOSED_MATMULS
+        yield
     finally:
         for name, value in saved.items():
             setattr(decompose, name, value)
