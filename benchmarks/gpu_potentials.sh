@@ -82,6 +82,10 @@ declare -A JOBS=(
   [nequip-inductor-decomposed]="$NQ|--model nequip --paths eager --step-graph inductor --step-graph inductor/combo --thread-stack-mb 1024 $DECOMPOSED"
   [small-inductor-decomposed]="|--model small --paths eager --step-graph inductor --step-graph inductor/combo $DECOMPOSED"
   [modules-inductor-decomposed]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph inductor/combo $DECOMPOSED"
+  [mace-decomposed-interleaved]="$MC|--model mace --paths eager --step-graph inductor/decomposed --step-graph inductor/combo-decomposed --step-graph fx-guarded/matmuls --thread-stack-mb 1024"
+  [nequip-decomposed-interleaved]="$NQ|--model nequip --paths eager --step-graph inductor/decomposed --step-graph inductor/combo-decomposed --step-graph fx-guarded/matmuls --thread-stack-mb 1024"
+  [small-decomposed-interleaved]="|--model small --paths eager --step-graph inductor/decomposed --step-graph inductor/combo-decomposed --step-graph fx-guarded/matmuls"
+  [modules-decomposed-interleaved]="|--model e3nn-nequip-modules --paths eager --step-graph inductor/decomposed --step-graph inductor/combo-decomposed --step-graph fx-guarded/matmuls"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
 chosen=("$@")

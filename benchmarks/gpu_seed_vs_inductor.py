@@ -46,7 +46,7 @@ from thunder_fusion_guard.bench.zoo_values import _difference
 from thunder_fusion_guard.examine.host_time import host_time
 from thunder_fusion_guard.measure.timing import interleaved_rounds
 from thunder_fusion_guard.options import nested
-from thunder_fusion_guard.whole_graph import COMBO_KERNELS
+from thunder_fusion_guard.whole_graph import COMBO_KERNELS, DECOMPOSED_MATMULS, decomposed_matmuls
 from thunder_fusion_guard.wording import error_text
 
 PATHS = ("eager", "inductor-ro", "fx-cudagraph", "fx-guarded+cudagraph")
@@ -130,6 +130,14 @@ def kernels_and_device_ms(step: _Step, steps: int = 5) -> tuple[float, float, di
 NAME_CHARS, TOP_NAMES = 90, 60  # kernel names as kept in the results: the first characters, the most launched
 
 INDUCTOR_COMBO = "inductor/combo"  # a path: torch.compile with Inductor's combo kernels (off by default)
+# paths: torch.compile with Inductor's small-matmul rewrites as the guard times them on a whole graph (off by default;
+# their thresholds applied while it compiles and takes its first steps), without and with combo kernels
+INDUCTOR_DECOMPOSED, INDUCTOR_COMBO_DECOMPOSED = "inductor/decomposed", "inductor/combo-decomposed"
+INDUCTOR_OPTIONS = {
+    INDUCTOR_COMBO: COMBO_KERNELS,
+    INDUCTOR_DECOMPOSED: DECOMPOSED_MATMULS,
+    INDUCTOR_COMBO_DECOMPOSED: {**COMBO_KERNELS, **DECOMPOSED_MATMULS},
+}
 
 STEP_GRAPH = "+stepgraph"  # a path's key suffix: that path's whole step captured in one CUDA graph (capture_step)
 
@@ -174,12 +182,14 @@ def run_model(
         try:
             base = path.removesuffix(STEP_GRAPH)
             zoo_path = ZooPath.parse(base.partition("/")[0])
-            if base == INDUCTOR_COMBO:  # Inductor given the combo kernels the guard may choose for a whole graph
-                fn, guard = torch.compile(model.module, options=COMBO_KERNELS), None
+            if base in INDUCTOR_OPTIONS:  # Inductor given the options the guard may choose for a whole graph
+                fn, guard = torch.compile(model.module, options=INDUCTOR_OPTIONS[base]), None
             else:
                 fn, guard = _compile(model.module, zoo_path, "cuda", variants.get(base))
+            decomposed = decomposed_matmuls() if base in (INDUCTOR_DECOMPOSED, INDUCTOR_COMBO_DECOMPOSED) else None
             chosen, asked = None, time.perf_counter()
-            with _deciding_alone(guard is not None):  # the guard times regions on the GPU while it compiles
+            with _deciding_alone(guard is not None), decomposed or contextlib.nullcontext():
+                # the guard times regions on the GPU while it compiles; Inductor compiles at the first steps
                 waited = time.perf_counter() - asked  # another job's guarded compile held the lock: not this one's
                 if zoo_path.backends:  # one call, then each subgraph and Dynamo graph by the fastest, before capture
                     from thunder_fusion_guard import choose_backends

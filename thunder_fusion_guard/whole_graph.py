@@ -41,6 +41,7 @@ __all__ = [
     "WHOLE_GRAPH_TIMING_S",
     "WholeGraph",
     "WholeGraphRun",
+    "decomposed_matmuls",
     "forward_backward_step",
     "has_matmuls",
     "random_state_kept",
@@ -58,6 +59,7 @@ RUN_WITHOUT_THUNDER: frozenset[str] = frozenset({"Inductor", "eager PyTorch"})
 COMBO_KERNELS = th.COMBO_KERNELS
 # Inductor's small matmuls decomposed into products and sums (its ``decompose_mm_pass``), timed after combo kernels.
 DECOMPOSED_MATMULS = th.DECOMPOSED_MATMULS
+decomposed_matmuls = th.decomposed_matmuls  # their thresholds, applied for one compile and its first calls
 
 # Seconds the timing of a graph's split against its whole may take, apart from the guard's measuring budget (which
 # region timings may have spent): at least 3 rounds each run (a step of 100 ms on a CPU: about 1.5 s).

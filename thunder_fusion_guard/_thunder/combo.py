@@ -39,17 +39,23 @@ __all__ = [
 COMBO_KERNELS: dict[str, Any] = {"combo_kernels": True}
 COMBO_KERNEL_DEVICES: tuple[str, ...] = ("cuda",)
 
-# Inductor's own rewrite of a small matmul into products and a sum its kernels fuse (torch's ``decompose_mm_pass``,
-# off by default, its thresholds set for a large first dimension): here any matmul whose other dimensions are under
-# 65 (e3nn's and MACE's linears of 32 or 64 channels, their weight gradients), on CUDA and on CPU. Off by default in
-# torch, so the guard only times it (``decomposed_matmuls`` applies the thresholds, read by torch at import).
+# Inductor's own rewrites of small matmuls, both off by default in torch: independent matmuls of one shape batched
+# into one (``batch_linear_post_grad``, searched 200 nodes deep) and a small matmul turned into products and a sum its
+# kernels fuse (``decompose_mm_pass``, its thresholds set for a large first dimension; here any matmul whose other
+# dimensions are under 65: e3nn's and MACE's linears of 32 or 64 channels, their weight gradients), on CUDA and CPU.
+# The guard only times them (``decomposed_matmuls`` applies the thresholds, read by torch at import).
 _DECOMPOSE = {
     "min_first_dimension_decomposition": 1,
     "max_other_dimension_decomposition": 65,
     "cpu_max_first_dimension_decomposition": 1 << 20,
     "cpu_max_other_dimension_decomposition": 65,
 }
-DECOMPOSED_MATMULS: dict[str, Any] = {"post_grad_fusion_options": {"decompose_mm_pass": dict(_DECOMPOSE)}}
+DECOMPOSED_MATMULS: dict[str, Any] = {
+    "post_grad_fusion_options": {
+        "batch_linear_post_grad": {"max_fuse_search_depth": 200},
+        "decompose_mm_pass": dict(_DECOMPOSE),
+    }
+}
 
 
 class ComboKernelsExecutor(TorchCompileExecutor):
