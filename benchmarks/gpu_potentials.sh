@@ -86,6 +86,7 @@ declare -A JOBS=(
   [nequip-decomposed-interleaved]="$NQ|--model nequip --paths eager --step-graph inductor/decomposed --step-graph inductor/combo-decomposed --step-graph fx-guarded/matmuls --thread-stack-mb 1024"
   [small-decomposed-interleaved]="|--model small --paths eager --step-graph inductor/decomposed --step-graph inductor/combo-decomposed --step-graph fx-guarded/matmuls"
   [modules-decomposed-interleaved]="|--model e3nn-nequip-modules --paths eager --step-graph inductor/decomposed --step-graph inductor/combo-decomposed --step-graph fx-guarded/matmuls"
+  [small-backends-decomposed]="|--model small --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
 chosen=("$@")
