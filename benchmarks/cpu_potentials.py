@@ -204,6 +204,10 @@ def main() -> int:
             **off_eager(got),
             "rescues": guard.report.counts().get("rescue", 0),
             "whole_graphs": {c: len(guard.report.filter(code=c)) for c in ("whole_graph", "whole_graph_kept")},
+            # each graph run whole or kept split, and why: its timings, and the Inductor options that run it
+            "whole_graph_reasons": [
+                d.reason for c in ("whole_graph", "whole_graph_kept") for d in guard.report.filter(code=c)
+            ],
             "rounds": args.rounds,
             "atoms": args.atoms,
             **({"first_call_phases_s": phases.to_dict(3)["phases_s"]} if phases is not None else {}),
