@@ -30,11 +30,6 @@ MC="/tmp/mc:/tmp/cq:${PYTHONPATH:-}"
 README='{"choose_executor": true, "exact_only": false, "merge_regions": true, "measure_budget_s": 300}'
 MATMULS='{"choose_executor": true, "exact_only": false, "merge_regions": true, "small_matmuls": true, "measure_budget_s": 300}'
 
-# Inductor given its own decomposition of small matmuls into products and sums (torch's decompose_mm_pass, off by
-# default, its thresholds set for e3nn's and MACE's sizes) and a deeper batch_linear_post_grad search: no spaces, the
-# job's arguments are split on them
-DECOMPOSED='--inductor-config post_grad_fusion_options={"decompose_mm_pass":{"min_first_dimension_decomposition":1,"max_other_dimension_decomposition":65},"batch_linear_post_grad":{"max_fuse_search_depth":200}}'
-
 declare -A JOBS=(
   [nequip-inductor]="$NQ|--model nequip --paths eager,inductor-ro --step-graph inductor"
   [nequip-inductor-step]="$NQ|--model nequip --paths eager --step-graph inductor"
@@ -78,10 +73,10 @@ declare -A JOBS=(
   [small-eager]="|--model small --paths eager"
   [small-matmuls-forces]="|--model small --paths eager --step-graph fx-guarded/matmuls"
   [modules-eager]="|--model e3nn-nequip-modules --paths eager"
-  [mace-inductor-decomposed]="$MC|--model mace --paths eager --step-graph inductor --step-graph inductor/combo --thread-stack-mb 1024 $DECOMPOSED"
-  [nequip-inductor-decomposed]="$NQ|--model nequip --paths eager --step-graph inductor --step-graph inductor/combo --thread-stack-mb 1024 $DECOMPOSED"
-  [small-inductor-decomposed]="|--model small --paths eager --step-graph inductor --step-graph inductor/combo $DECOMPOSED"
-  [modules-inductor-decomposed]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph inductor/combo $DECOMPOSED"
+  [mace-inductor-decomposed]="$MC|--model mace --paths eager --step-graph inductor/decomposed --step-graph inductor/combo-decomposed --thread-stack-mb 1024"
+  [nequip-inductor-decomposed]="$NQ|--model nequip --paths eager --step-graph inductor/decomposed --step-graph inductor/combo-decomposed --thread-stack-mb 1024"
+  [small-inductor-decomposed]="|--model small --paths eager --step-graph inductor/decomposed --step-graph inductor/combo-decomposed"
+  [modules-inductor-decomposed]="|--model e3nn-nequip-modules --paths eager --step-graph inductor/decomposed --step-graph inductor/combo-decomposed"
   [mace-decomposed-interleaved]="$MC|--model mace --paths eager --step-graph inductor/decomposed --step-graph inductor/combo-decomposed --step-graph fx-guarded/matmuls --thread-stack-mb 1024"
   [nequip-decomposed-interleaved]="$NQ|--model nequip --paths eager --step-graph inductor/decomposed --step-graph inductor/combo-decomposed --step-graph fx-guarded/matmuls --thread-stack-mb 1024"
   [small-decomposed-interleaved]="|--model small --paths eager --step-graph inductor/decomposed --step-graph inductor/combo-decomposed --step-graph fx-guarded/matmuls"

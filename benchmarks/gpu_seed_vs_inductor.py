@@ -186,9 +186,10 @@ def run_model(
                 fn, guard = torch.compile(model.module, options=INDUCTOR_OPTIONS[base]), None
             else:
                 fn, guard = _compile(model.module, zoo_path, "cuda", variants.get(base))
-            decomposed = decomposed_matmuls() if base in (INDUCTOR_DECOMPOSED, INDUCTOR_COMBO_DECOMPOSED) else None
+            options = INDUCTOR_OPTIONS.get(base, {})
+            rewrites = decomposed_matmuls() if options.keys() >= DECOMPOSED_MATMULS.keys() else contextlib.nullcontext()
             chosen, asked = None, time.perf_counter()
-            with _deciding_alone(guard is not None), decomposed or contextlib.nullcontext():
+            with _deciding_alone(guard is not None), rewrites:
                 # the guard times regions on the GPU while it compiles; Inductor compiles at the first steps
                 waited = time.perf_counter() - asked  # another job's guarded compile held the lock: not this one's
                 if zoo_path.backends:  # one call, then each subgraph and Dynamo graph by the fastest, before capture
