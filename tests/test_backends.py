@@ -309,6 +309,32 @@ def test_a_dynamo_graph_runs_whole_by_inductor_where_that_beats_its_split(monkey
     assert [c.subgraph for c in again] == ["dynamo graph 1, thunder_0", "dynamo graph 1 (whole)"]
 
 
+def test_a_dynamo_graph_runs_whole_by_inductors_faster_option_where_its_defaults_lose_to_the_split(monkeypatch):
+    """Where Inductor's default whole graph is not faster than the split by the margin but its compile with its small
+    matmuls rewritten is, that compile is timed against the split again and runs the graph. Timings injected."""
+    # graph 0: split 100 against whole 95; whole 95 against its matmuls rewritten 50; split 100 against that 50;
+    # graph 1 (no matmuls): split 50 against whole 60
+    times = iter([[100.0] * 5, [95.0] * 5, [95.0] * 5, [50.0] * 5, [100.0] * 5, [50.0] * 5, [50.0] * 5, [60.0] * 5])
+
+    def interleaved_us(fns, args, **kwargs):
+        if len(fns) == 1:  # a subgraph timed on Thunder alone: it stays there
+            return [[1.0] * 5]
+        return [next(times), next(times)]
+
+    monkeypatch.setattr(backends, "interleaved_us", interleaved_us)
+    fx = compiled(FusionGuard())
+    choices = choose_backends(fx, *inputs(), backends=("thunder",), whole_graphs=True)
+    whole = [c for c in choices if c.subgraph.endswith("(whole)")]
+    assert [c.chosen for c in whole] == ["inductor with small matmuls decomposed", "split"]
+    assert whole[0].times_us == {"split": 100.0, "inductor": 50.0, "inductor with small matmuls decomposed": 50.0}
+    assert type(vars(fx._backend.subgraph_infos[0].split_graph_module)["forward"]).__name__ == "WholeGraphRun"
+    out, grads = run(fx, inputs())
+    expected, expected_grads = run(two_pieces, inputs())
+    torch.testing.assert_close(out, expected)
+    for got, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got, want)
+
+
 def test_whole_graphs_is_true_or_false():
     with pytest.raises(ValueError, match="choose_backends option 'whole_graphs' must be True or False, got 1"):
         choose_backends(compiled(), *inputs(), whole_graphs=1)

@@ -157,6 +157,40 @@ def test_a_graph_without_matmuls_is_not_compiled_with_them_decomposed(monkeypatc
     assert "decomposed_matmuls" not in whole.facts
 
 
+@pytest.mark.parametrize("again_us", [50.0, 95.0])
+def test_where_inductors_defaults_lose_its_faster_option_is_timed_against_the_split_again(monkeypatch, again_us):
+    seen = _compiles_seen(monkeypatch)
+    monkeypatch.setattr(combo, "COMBO_KERNEL_DEVICES", ())  # the small-matmul rewrites alone
+    guard = FusionGuard()
+    # the split 100 µs against Inductor's default whole graph 95 (not by the margin); the rewrites 50 against 95;
+    # then the split again against the rewritten compile: ``again_us``
+    guard.measurer.pair = _timed_in_turn((100.0, 95.0), (95.0, 50.0), (100.0, again_us))
+    _, split = _run(guard, matmul=True)  # each step within 1e-5 of eager, gradients too
+    assert [options for options, _ in seen] == [None, whole_graph.DECOMPOSED_MATMULS]
+    wins = again_us == 50.0
+    (decision,) = guard.report.filter(code="whole_graph" if wins else "whole_graph_kept")
+    assert (decision.details["split_us"], decision.details["inductor_us"]) == (100.0, again_us)
+    assert decision.facts["decomposed"].eager_us == 50.0  # the rewrites' own timing, recorded either way
+    assert decision.facts["decomposed_matmuls"] is wins and decision.details["decomposed_matmuls"] is wins
+    if wins:
+        assert vars(split)["forward"].whole is seen[1][1]
+    else:
+        assert "forward" not in vars(split)  # ThunderFX's split runs it, as before
+
+
+def test_where_inductors_defaults_lose_and_no_option_is_faster_the_split_is_not_timed_again(monkeypatch):
+    seen = _compiles_seen(monkeypatch)
+    monkeypatch.setattr(combo, "COMBO_KERNEL_DEVICES", ())
+    guard = FusionGuard()
+    guard.measurer.pair = _timed_in_turn((100.0, 95.0), (95.0, 97.0))  # a third timing would raise IndexError
+    _, split = _run(guard, matmul=True)
+    assert [options for options, _ in seen] == [None, whole_graph.DECOMPOSED_MATMULS]
+    (kept,) = guard.report.filter(code="whole_graph_kept")
+    assert (kept.details["split_us"], kept.details["inductor_us"]) == (100.0, 95.0)
+    assert kept.facts["decomposed_matmuls"] is False and kept.facts["decomposed"].eager_us == 97.0
+    assert "forward" not in vars(split)
+
+
 def test_has_matmuls_finds_matmul_functions_methods_operators_and_linears():
     assert whole_graph.has_matmuls(torch.fx.symbolic_trace(lambda a, b: (a @ b).sin()))
     assert whole_graph.has_matmuls(torch.fx.symbolic_trace(lambda a, b: torch.einsum("ij,jk->ik", a, b)))

@@ -167,7 +167,9 @@ def whole_or_split(
     Inductor is chosen where it is faster by ``margin``, narrowed to the timing's spread (at least
     :data:`.policy.MEASURED_MARGIN_FLOOR`) where the timing is what the program sees, as for a measured keep or
     reject: on CPU, or on CUDA where Inductor's whole graph is no dearer on the host nor on the device, timed apart.
-    Not timed (``timer`` None, or it says why) keeps the split."""
+    Inductor's options (combo kernels, its small-matmul rewrites) are timed against its default compile, and where
+    that loses to the split and an option is faster, the fastest compile is timed against the split again. Not timed
+    (``timer`` None, or it says why) keeps the split."""
     written = sorted(updated_inputs(original))
     if written:
         why = f"it updates its inputs {', '.join(map(str, written))} in place; not timed"
@@ -189,9 +191,37 @@ def whole_or_split(
     used, narrowed = measured_margin(margin, measured, overlapped=cuda)
     if measured.eager_us < measured.region_us * (1 - used):
         found = WholeGraph(label, True, measured=measured, whole=whole, margin=used, narrowed=narrowed)
-        return _with_decomposed_matmuls(_with_combo_kernels(found, original, inputs, timer), original, inputs, timer)
-    why = "Inductor's whole graph is not faster by the margin"
-    return WholeGraph(label, False, why, measured, margin=used, narrowed=narrowed)
+        return _with_options(found, original, inputs, timer)
+    # Inductor's defaults lose, but its options may win by the margin: its small-matmul rewrites and combo kernels cut
+    # a launch-bound graph's kernels by half or more (where its split is itself Inductor's, they are all it can add)
+    tried = _with_options(WholeGraph(label, True, measured=measured, whole=whole), original, inputs, timer)
+    if tried.whole is whole:  # no option faster: the split stays, each option's timing recorded
+        why = "Inductor's whole graph is not faster by the margin"
+        return replace(tried, inductor=False, why=why, whole=None, margin=used, narrowed=narrowed)
+    measured = timer(forward_backward_step(split, inputs), forward_backward_step(tried.whole, inputs), (), apart=cuda)
+    if isinstance(measured, str):
+        return WholeGraph(label, False, measured)
+    used, narrowed = measured_margin(margin, measured, overlapped=cuda)
+    if measured.eager_us < measured.region_us * (1 - used):
+        return replace(tried, measured=measured, margin=used, narrowed=narrowed)
+    why = "Inductor's whole graph is not faster by the margin, with its options either"
+    return replace(
+        tried,
+        inductor=False,
+        why=why,
+        measured=measured,
+        whole=None,
+        margin=used,
+        narrowed=narrowed,
+        combo_kernels=False,
+        decomposed_matmuls=False,
+    )
+
+
+def _with_options(found: WholeGraph, original: torch.fx.GraphModule, inputs: list[Any], timer: Timer) -> WholeGraph:
+    """``found`` with Inductor's options in its compile's place where timed faster: combo kernels, then its
+    small-matmul rewrites."""
+    return _with_decomposed_matmuls(_with_combo_kernels(found, original, inputs, timer), original, inputs, timer)
 
 
 def _with_combo_kernels(
