@@ -271,6 +271,18 @@ def test_a_subgraph_whose_inputs_cannot_be_copied_stays_on_thunder_and_the_call_
     assert torch.equal(fx(x, row), expected)
 
 
+def _time_in_turn(monkeypatch, times) -> None:
+    """Timings injected: a subgraph timed on Thunder alone 1 µs (it stays there); each pair timed takes the next two
+    of ``times`` (lists of samples)."""
+
+    def interleaved_us(fns, args, **kwargs):
+        if len(fns) == 1:
+            return [[1.0] * 5]
+        return [next(times), next(times)]
+
+    monkeypatch.setattr(backends, "interleaved_us", interleaved_us)
+
+
 def test_a_dynamo_graph_runs_whole_by_inductor_where_that_beats_its_split(monkeypatch):
     """``whole_graphs``: each Dynamo graph timed as ThunderFX runs it (its split) against Inductor's compile of
     all of it; the faster by the margin runs it, the values eager's within tolerance. Timings injected: the split
@@ -278,13 +290,7 @@ def test_a_dynamo_graph_runs_whole_by_inductor_where_that_beats_its_split(monkey
     # graph 0: split, whole, then whole against its small matmuls decomposed (not faster); graph 1: split, whole;
     # then graph 1 again
     times = iter([[100.0] * 5, [40.0] * 5, [40.0] * 5, [45.0] * 5, [50.0] * 5, [60.0] * 5, [50.0] * 5, [60.0] * 5])
-
-    def interleaved_us(fns, args, **kwargs):
-        if len(fns) == 1:  # a subgraph timed on Thunder alone: it stays there
-            return [[1.0] * 5]
-        return [next(times), next(times)]
-
-    monkeypatch.setattr(backends, "interleaved_us", interleaved_us)
+    _time_in_turn(monkeypatch, times)
     g = FusionGuard()
     fx = compiled(g)
     choices = choose_backends(fx, *inputs(), backends=("thunder",), guard=g, whole_graphs=True)
@@ -315,13 +321,7 @@ def test_a_dynamo_graph_runs_whole_by_inductors_faster_option_where_its_defaults
     # graph 0: split 100 against whole 95; whole 95 against its matmuls rewritten 50; split 100 against that 50;
     # graph 1 (no matmuls): split 50 against whole 60
     times = iter([[100.0] * 5, [95.0] * 5, [95.0] * 5, [50.0] * 5, [100.0] * 5, [50.0] * 5, [50.0] * 5, [60.0] * 5])
-
-    def interleaved_us(fns, args, **kwargs):
-        if len(fns) == 1:  # a subgraph timed on Thunder alone: it stays there
-            return [[1.0] * 5]
-        return [next(times), next(times)]
-
-    monkeypatch.setattr(backends, "interleaved_us", interleaved_us)
+    _time_in_turn(monkeypatch, times)
     fx = compiled(FusionGuard())
     choices = choose_backends(fx, *inputs(), backends=("thunder",), whole_graphs=True)
     whole = [c for c in choices if c.subgraph.endswith("(whole)")]

@@ -205,17 +205,8 @@ def whole_or_split(
     if measured.eager_us < measured.region_us * (1 - used):
         return replace(tried, measured=measured, margin=used, narrowed=narrowed)
     why = "Inductor's whole graph is not faster by the margin, with its options either"
-    return replace(
-        tried,
-        inductor=False,
-        why=why,
-        measured=measured,
-        whole=None,
-        margin=used,
-        narrowed=narrowed,
-        combo_kernels=False,
-        decomposed_matmuls=False,
-    )
+    split_kept = {"inductor": False, "whole": None, "combo_kernels": False, "decomposed_matmuls": False}
+    return replace(tried, why=why, measured=measured, margin=used, narrowed=narrowed, **split_kept)
 
 
 def _with_options(found: WholeGraph, original: torch.fx.GraphModule, inputs: list[Any], timer: Timer) -> WholeGraph:
