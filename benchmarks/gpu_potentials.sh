@@ -30,6 +30,10 @@ MC="/tmp/mc:/tmp/cq:${PYTHONPATH:-}"
 README='{"choose_executor": true, "exact_only": false, "merge_regions": true, "measure_budget_s": 300}'
 MATMULS='{"choose_executor": true, "exact_only": false, "merge_regions": true, "small_matmuls": true, "measure_budget_s": 300}'
 
+# Inductor's best steps found on these models: given its small-matmul rewrites as the guard times them on a whole
+# graph, without and with combo kernels (paths of gpu_seed_vs_inductor.py)
+INDUCTOR_BEST="--step-graph inductor/decomposed --step-graph inductor/combo-decomposed"
+
 declare -A JOBS=(
   [nequip-inductor]="$NQ|--model nequip --paths eager,inductor-ro --step-graph inductor"
   [nequip-inductor-step]="$NQ|--model nequip --paths eager --step-graph inductor"
@@ -73,14 +77,14 @@ declare -A JOBS=(
   [small-eager]="|--model small --paths eager"
   [small-matmuls-forces]="|--model small --paths eager --step-graph fx-guarded/matmuls"
   [modules-eager]="|--model e3nn-nequip-modules --paths eager"
-  [mace-inductor-decomposed]="$MC|--model mace --paths eager --step-graph inductor/decomposed --step-graph inductor/combo-decomposed --thread-stack-mb 1024"
-  [nequip-inductor-decomposed]="$NQ|--model nequip --paths eager --step-graph inductor/decomposed --step-graph inductor/combo-decomposed --thread-stack-mb 1024"
-  [small-inductor-decomposed]="|--model small --paths eager --step-graph inductor/decomposed --step-graph inductor/combo-decomposed"
-  [modules-inductor-decomposed]="|--model e3nn-nequip-modules --paths eager --step-graph inductor/decomposed --step-graph inductor/combo-decomposed"
-  [mace-decomposed-interleaved]="$MC|--model mace --paths eager --step-graph inductor/decomposed --step-graph inductor/combo-decomposed --step-graph fx-guarded/matmuls --thread-stack-mb 1024"
-  [nequip-decomposed-interleaved]="$NQ|--model nequip --paths eager --step-graph inductor/decomposed --step-graph inductor/combo-decomposed --step-graph fx-guarded/matmuls --thread-stack-mb 1024"
-  [small-decomposed-interleaved]="|--model small --paths eager --step-graph inductor/decomposed --step-graph inductor/combo-decomposed --step-graph fx-guarded/matmuls"
-  [modules-decomposed-interleaved]="|--model e3nn-nequip-modules --paths eager --step-graph inductor/decomposed --step-graph inductor/combo-decomposed --step-graph fx-guarded/matmuls"
+  [mace-inductor-decomposed]="$MC|--model mace --paths eager $INDUCTOR_BEST --thread-stack-mb 1024"
+  [nequip-inductor-decomposed]="$NQ|--model nequip --paths eager $INDUCTOR_BEST --thread-stack-mb 1024"
+  [small-inductor-decomposed]="|--model small --paths eager $INDUCTOR_BEST"
+  [modules-inductor-decomposed]="|--model e3nn-nequip-modules --paths eager $INDUCTOR_BEST"
+  [mace-decomposed-interleaved]="$MC|--model mace --paths eager $INDUCTOR_BEST --step-graph fx-guarded/matmuls --thread-stack-mb 1024"
+  [nequip-decomposed-interleaved]="$NQ|--model nequip --paths eager $INDUCTOR_BEST --step-graph fx-guarded/matmuls --thread-stack-mb 1024"
+  [small-decomposed-interleaved]="|--model small --paths eager $INDUCTOR_BEST --step-graph fx-guarded/matmuls"
+  [modules-decomposed-interleaved]="|--model e3nn-nequip-modules --paths eager $INDUCTOR_BEST --step-graph fx-guarded/matmuls"
   [small-backends-decomposed]="|--model small --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )

@@ -182,11 +182,11 @@ def run_model(
         try:
             base = path.removesuffix(STEP_GRAPH)
             zoo_path = ZooPath.parse(base.partition("/")[0])
-            if base in INDUCTOR_OPTIONS:  # Inductor given the options the guard may choose for a whole graph
-                fn, guard = torch.compile(model.module, options=INDUCTOR_OPTIONS[base]), None
+            options = INDUCTOR_OPTIONS.get(base, {})
+            if options:  # Inductor given the options the guard may choose for a whole graph
+                fn, guard = torch.compile(model.module, options=options), None
             else:
                 fn, guard = _compile(model.module, zoo_path, "cuda", variants.get(base))
-            options = INDUCTOR_OPTIONS.get(base, {})
             rewrites = decomposed_matmuls() if options.keys() >= DECOMPOSED_MATMULS.keys() else contextlib.nullcontext()
             chosen, asked = None, time.perf_counter()
             with _deciding_alone(guard is not None), rewrites:
