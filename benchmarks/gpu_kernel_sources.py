@@ -25,10 +25,10 @@ from thunder_fusion_guard import translate_library_ops
 from thunder_fusion_guard.bench.zoo_equivariant import e3nn_nequip_small
 from thunder_fusion_guard.bench.zoo_paths import ZooPath
 from thunder_fusion_guard.examine.kernel_histogram import format_histograms, step_histogram
+from thunder_fusion_guard.ops import MATMUL_OPS
 from thunder_fusion_guard.options import nested
+from thunder_fusion_guard.passes.rewrite import readers
 from thunder_fusion_guard.whole_graph import decomposed_matmuls
-
-MATMUL_OPS = ("matmul", "bmm", "mm", "linear", "einsum", "addmm", "baddbmm")
 
 
 def main() -> None:
@@ -84,17 +84,16 @@ def outside_matmuls(fn: object, out: str) -> list[dict]:
             trace = traces[-1]
             with open(f"{out}/{sub.name}-{kind}.py", "w") as f:
                 f.write(str(trace))
-            users: dict[str, list[str]] = {}
-            for b in trace.bound_symbols:
-                for p in b.flat_proxy_args:
-                    users.setdefault(p.name, []).append(b.sym.name)
-            for b in trace.bound_symbols:
-                if b.sym.name in MATMUL_OPS or b.sym.name.endswith(tuple("_" + m for m in MATMUL_OPS)):
+            bsyms = list(trace.bound_symbols)
+            readers_of = readers(bsyms)
+            for b in bsyms:
+                if th.op_name(b) in MATMUL_OPS:
                     o = b.flat_proxy_outs[0]
+                    users = [th.op_name(bsyms[k]) for k in sorted(readers_of.get(o.name, ()))]
                     shapes = [list(a.shape) for a in b.flat_proxy_args if hasattr(a, "shape")]
                     rows.append(
                         {"subgraph": sub.name, "trace": kind, "op": b.sym.name, "in": shapes, "out": list(o.shape)}
-                        | {"readers": users.get(o.name, []), "line": th.source_line(b)}
+                        | {"readers": users, "line": th.source_line(b)}
                     )
     return rows
 
