@@ -1,7 +1,8 @@
 """The small e3nn step's kernels by source, beside Inductor's best: guarded ThunderFX in README's e3nn configuration +
-``small_matmuls`` (compiled as ``capture_step`` compiles it), and Inductor given combo kernels and its small-matmul
-rewrites; with each matmul left outside a fusion region (shapes, readers, the user's line) and the guard's matmul
-decisions. CUDA; on CPU it stops after the matmuls (torch.compile's regions hold them all there).
+``small_matmuls``, 300 s to time regions, as ``gpu_potentials.sh`` runs it (compiled as ``capture_step`` compiles
+it), and Inductor given combo kernels and its small-matmul rewrites; with each matmul left outside a fusion region
+(shapes, readers, the user's line) and the guard's matmul decisions. CUDA; on CPU it stops after the matmuls
+(torch.compile's regions hold them all there).
 
     source .gpu/setup.sh && OUT=<folder> python benchmarks/gpu_kernel_sources.py
 
@@ -36,7 +37,9 @@ def main() -> None:
     out = os.environ.get("OUT", "/tmp/kernel-sources")
     os.makedirs(out, exist_ok=True)
     cuda = torch.cuda.is_available()
+    # gpu_potentials.sh's guarded e3nn path (its $MATMULS): README's e3nn configuration, small_matmuls, 300 s to time
     options = {"choose_executor": cuda, "exact_only": False, "merge_regions": True, "small_matmuls": True}
+    options["measure_budget_s"] = 300
     model = g.MODELS["small"]() if cuda else e3nn_nequip_small("cpu")
     began = time.time()
     fn, guard = g._compile(model.module, ZooPath.parse("fx-guarded"), "cuda" if cuda else "cpu", nested(options))
