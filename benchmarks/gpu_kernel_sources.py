@@ -38,8 +38,8 @@ def main() -> None:
     os.makedirs(out, exist_ok=True)
     cuda = torch.cuda.is_available()
     # gpu_potentials.sh's guarded e3nn path (its $MATMULS): README's e3nn configuration, small_matmuls, 300 s to time
-    options = {"choose_executor": cuda, "exact_only": False, "merge_regions": True, "small_matmuls": True}
-    options["measure_budget_s"] = 300
+    options = {"choose_executor": cuda, "exact_only": False, "merge_regions": True}
+    options |= {"small_matmuls": True, "measure_budget_s": 300}
     model = g.MODELS["small"]() if cuda else e3nn_nequip_small("cpu")
     began = time.time()
     fn, guard = g._compile(model.module, ZooPath.parse("fx-guarded"), "cuda" if cuda else "cpu", nested(options))
