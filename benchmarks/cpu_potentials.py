@@ -9,6 +9,7 @@
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py nequip --subgraphs-untimed --json out.json  # timing's gain
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py nequip --jit --default-executors --without-exact-vjps --json x
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py nequip --translate --unguarded --json out.json  # yardstick
+    OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py nequip --l-max 3 --json out.json  # model "nequip-l3"
 
 Each run adds its paths to ``--json`` (``{"commit", "models": {model: {path: {"ms", "first_call_s",
 "max_abs_force_diff", ...}}}}``; the commit from ``TFG_COMMIT`` or git). ``--choose``: then ``choose_backends`` and
@@ -60,6 +61,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", choices=["nequip", "mace"])
     p.add_argument("--atoms", type=int, default=100)
+    p.add_argument(
+        "--l-max", type=int, default=2, help="NequIP's l_max, MACE's max_ell (the model's key names it if not 2)"
+    )
     p.add_argument("--jit", action="store_true", help="thunder.jit instead of ThunderFX")
     p.add_argument(
         "--default-executors",
@@ -94,7 +98,11 @@ def main() -> int:
     torch.set_num_threads(1)
     if args.translate:
         translate_library_ops()
-    built = (nequip_potential if args.model == "nequip" else mace_potential)("cpu", atoms=args.atoms)
+    if args.model == "nequip":
+        built = nequip_potential("cpu", atoms=args.atoms, l_max=args.l_max)
+    else:
+        built = mace_potential("cpu", atoms=args.atoms, max_ell=args.l_max)
+    key = args.model if args.l_max == 2 else f"{args.model}-l{args.l_max}"
     model, (positions, *graph) = built.module, built.inputs
     guard = FusionGuard()
     executors = None if args.default_executors else fusion_executors("cpu")
@@ -249,7 +257,7 @@ def main() -> int:
     doc["commit"] = commit
     doc["package_sha256"] = package  # the package files that ran, whatever commit is named
     doc["machine"] = f"CPU, 1 thread, {os.cpu_count()} cores; torch {torch.__version__}"
-    doc.setdefault("models", {}).setdefault(args.model, {}).update(rows)
+    doc.setdefault("models", {}).setdefault(key, {}).update(rows)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 
