@@ -386,3 +386,46 @@ def test_a_failing_check_never_fails_the_call(monkeypatch):
     guard.measurer.pair = _timed(100.0, 10.0, calls)
     _, split = _run(guard)  # each call's values against eager's
     assert calls == [] and "forward" not in vars(split) and guard.report.filter(action="rescue")
+
+
+def _sine_program(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (torch.sin(x) * w + 1).sum(-1)
+
+
+@pytest.mark.parametrize("unguarded", ["fails", "runs"])
+def test_a_region_failing_in_backward_where_unguarded_thunder_fails_too_lets_the_graph_run_whole(
+    monkeypatch, unguarded
+):
+    """A torch.compile region that fails in the backward (Inductor's C++ compile of NequIP's at l_max 3 on a CPU) runs
+    its ops one by one; unguarded Thunder fails there too, so at the graph's next call the unguarded check runs the
+    subgraph forward and backward, and at the call after, the split is timed against Inductor's whole graph. Where
+    the check finds unguarded Thunder running, the split stays, untimed."""
+    from test_rescue import failing_executor
+
+    seen: list[str | None] = []
+    checked = whole_graph.unguarded_failure
+
+    def check(*args):
+        seen.append(checked(*args) if unguarded == "fails" else None)
+        return seen[-1]
+
+    monkeypatch.setattr(transform_module, "unguarded_failure", check)
+    torch._dynamo.reset()
+    guard, calls, failed = FusionGuard(), [], []
+    guard.measurer.pair = _timed(100.0, 10.0, calls)
+    compiled = thunderfx(_sine_program, executors=[failing_executor("cos", failed)], transforms=[guard])
+    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, requires_grad=True)
+    steps_against_eager(compiled, _sine_program, lambda: (x, w), x, steps=4, atol=1e-6)
+    (split,) = [info.split_graph_module for info in compiled._backend.subgraph_infos]
+    (rescue,) = guard.report.filter(action="rescue")
+    assert rescue.trace == "backward" and rescue.details["rescued_by"] == "Thunder's torch executor"
+    assert len(seen) == 1  # checked once, at the call after the failure
+    if unguarded == "runs":
+        assert seen == [None] and False not in calls and "forward" not in vars(split)  # no graph timed (on CPU)
+        assert not guard.report.filter(code="whole_graph") and not guard.report.filter(code="whole_graph_kept")
+        return
+    assert "cannot be scheduled" in seen[0] and len(failed) >= 2  # the guarded run's, then the check's in backward
+    assert calls.count(False) == 1 and isinstance(vars(split)["forward"], WholeGraphRun)  # the graph timed once
+    (whole,) = guard.report.filter(code="whole_graph")
+    assert whole.executor == "inductor" and whole.subgraph == rescue.subgraph == "subgraph 0"
+    assert "cannot be scheduled" in whole.facts["error"]

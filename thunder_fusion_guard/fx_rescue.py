@@ -122,10 +122,18 @@ class SubgraphRescue:
         self._remade: tuple[int, ...] = ()  # inputs made again from their bases at each call (views_without_history)
         self._on_rescue = on_rescue
         self._told_fake = False
+        self._before_next: Callable[[tuple], None] | None = None  # run once at the next call (``at_next_call``)
+        # What checks, at the next call, the graph calling this subgraph, after one of its fusion regions failed
+        # (given by the guard where it times such graphs whole)
+        self.on_region_failure: Callable[[tuple], None] | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         grad = torch.is_grad_enabled()
         received = args  # as unguarded Thunder would get them
+        if self._before_next is not None:
+            before, self._before_next = self._before_next, None
+            with contextlib.suppress(Exception):  # a check for later calls: never a reason to fail this one
+                before(received)
         if self._first_call:
             if any(is_fake(a) for a in args):  # before the first real call only: the check costs µs an argument
                 return self._on_fakes(args, kwargs)
@@ -167,6 +175,11 @@ class SubgraphRescue:
         """Call ``eager`` (the subgraph's own ops, found to give Thunder's bits) from now on, in Thunder's place."""
         if not self.rescued:
             self._eager = self._run = eager
+
+    def at_next_call(self, before: Callable[[tuple], None]) -> None:
+        """Call ``before`` once, with the arguments of the subgraph's next call, before that call runs (a region
+        that failed inside a backward is checked at the next forward, where the graph calling it is on the stack)."""
+        self._before_next = before
 
     @property
     def run(self) -> Callable:

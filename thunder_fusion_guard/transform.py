@@ -46,7 +46,7 @@ from .passes.copies_as_cat import copies_joined_decisions, join_copies
 from .passes.hoist import HoistLedger
 from .passes.pipeline import pass_failed_decision, pass_failed_error
 from .passes.records import op_calls_decisions
-from .passes.rescue import announce, describe_inputs
+from .passes.rescue import announce, describe_inputs, runs_unfused
 from .passes.traceable_grads import trace_gradients
 from .phases import GUARD_MEASUREMENTS, GUARD_PASSES, timing
 from .policy import ModelDoubt
@@ -137,6 +137,7 @@ class FusionGuard(thunder.Transform):
         # The split graphs whose Inductor pieces were decided (runtime.eager_pieces).
         self._owners_decided: weakref.WeakSet[Any] = weakref.WeakSet()
         self._graphs_whole: weakref.WeakSet[Any] = weakref.WeakSet()  # split graphs unguarded Thunder fails on
+        self._rescues: weakref.WeakSet[SubgraphRescue] = weakref.WeakSet()  # those a failed region may time whole
         self._captures: weakref.WeakKeyDictionary[th.CaptureSummary, Decision] = weakref.WeakKeyDictionary()
         self._recommended: weakref.WeakSet[Any] = weakref.WeakSet()  # Thunder's CUDAGraphTransforms a decision named
 
@@ -218,6 +219,7 @@ class FusionGuard(thunder.Transform):
                     measure,
                     self._thread.hoisted,
                     self.doubt,
+                    self._record_at_run_time,
                 )
             finally:
                 if measure is not None:
@@ -228,6 +230,18 @@ class FusionGuard(thunder.Transform):
         if self.options.compare_ranks:  # a collective: outside the lock
             self._rank_problems(compare_ranks(made))
         return new_trace
+
+    def _record_at_run_time(self, decision: Decision) -> None:
+        """Record ``decision``, made while the program runs (a region's rescue); where it leaves a region of a
+        ThunderFX subgraph to its ops one by one, the Dynamo graph calling that subgraph is checked at its next call
+        as where Thunder fails on a subgraph (``_whole_graph_after``): where unguarded Thunder fails there too, its
+        split is timed against Inductor's compile of the whole graph."""
+        self.report.add(decision)
+        if decision.subgraph is None or not runs_unfused(decision):
+            return
+        for rescue in list(self._rescues):
+            if rescue.on_region_failure is not None and self._subgraph_ids.get(rescue.module) == decision.subgraph:
+                rescue.at_next_call(rescue.on_region_failure)
 
     def _announce(self, made: list[Decision]) -> None:
         """Warn once for each decision of a code that warns (``reasons.WARNED``: a pass or rewrite that failed)."""
@@ -352,7 +366,15 @@ class FusionGuard(thunder.Transform):
 
         runtime = options.runtime
         first = on_first_call if runtime.direct_entry or runtime.eager_pieces else None
-        th.wrap_module_call(model, lambda call: SubgraphRescue(model, call, module, on_rescue, first))
+
+        def rescuing(call: Callable) -> SubgraphRescue:
+            rescue = SubgraphRescue(model, call, module, on_rescue, first)
+            if runtime.whole_graphs and compiler is not None:  # a region of it that fails may leave no Thunder bits
+                rescue.on_region_failure = lambda args: self._whole_graph_after(model, module, args, compiler)
+                self._rescues.add(rescue)
+            return rescue
+
+        th.wrap_module_call(model, rescuing)
 
     def _decide_eager_subgraph(self, module: Any, rescue: SubgraphRescue, args: tuple) -> None:
         """Run the ThunderFX subgraph ``module`` eagerly from now on where nothing was hoisted from it and its eager run
@@ -385,9 +407,10 @@ class FusionGuard(thunder.Transform):
 
     def _whole_graph_after(self, jitted: Any, module: Any, args: tuple, compiler: Any) -> None:
         """Thunder failed on ThunderFX subgraph ``module`` (``jitted``) at a call on ``args``, or would have lost a
-        gradient through it: where Thunder without the guard's changes fails on it, the Dynamo graph calling it
-        (found on the call stack) has no Thunder bits, so at its next call its split is timed against Inductor's
-        compile of the whole graph, and the faster runs it from then on (:mod:`.whole_graph`), recorded."""
+        gradient through it, or a fusion region of it failed and runs unfused: where Thunder without the guard's
+        changes fails on it, the Dynamo graph calling it (found on the call stack) has no Thunder bits, so at its next
+        call its split is timed against Inductor's compile of the whole graph, and the faster runs it from then on
+        (:mod:`.whole_graph`), recorded."""
         owner = th.split_graph_owner(jitted)
         graph = None if owner is None else th.dynamo_graph_of(compiler, owner[0])
         if graph is None or owner[0] in self._graphs_whole:

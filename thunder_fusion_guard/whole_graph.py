@@ -3,16 +3,17 @@ than its split (runtime ``whole_graphs``).
 
 ThunderFX splits each Dynamo graph into Thunder subgraphs and, for the ops Thunder does not support, pieces Inductor
 compiles apart; every subgraph and piece is a call of its own, forward and backward. Where Thunder fails on a subgraph,
-or would lose a gradient through it, the guard's rescue runs it another way (:mod:`.fx_rescue`); where unguarded Thunder
-fails there, that failure ends the user's program, so the graph has no Thunder bits to keep. Whether unguarded Thunder
-fails is checked, not assumed: the subgraph compiled again without the guard runs on copies of the failing call's
-inputs. Then, at the graph's next call, its split and Inductor's compile of the whole graph are timed on copies of that
-call's inputs, forward and backward, and Inductor runs it from then on where it is faster by the margin, narrowed to
-the timing's spread where the timing is what the program sees (the rule of a timed region's keep or reject). On CUDA,
-Inductor's compile with combo kernels (independent kernels launched as one; torch's option, off by default) is then
-timed against its default compile, and the faster runs the graph. Inductor's values are within its own rounding of
-eager's. A graph that updates its inputs in place is not timed; should Inductor ever fail on a call, the split runs
-it again for good.
+or would lose a gradient through it, the guard's rescue runs it another way (:mod:`.fx_rescue`); so it does where a
+fusion region inside one fails, forward or backward, and its ops run unfused (:mod:`.passes.rescue`). Where unguarded
+Thunder fails there, that failure ends the user's program, so the graph has no Thunder bits to keep. Whether unguarded
+Thunder fails is checked, not assumed: the subgraph compiled again without the guard runs on copies of the failing
+call's inputs (of the next call's, for a region), forward and backward. Then, at the graph's next call, its split
+and Inductor's compile of the whole graph are timed on copies of that call's inputs, forward and backward, and
+Inductor runs it from then on where it is faster by the margin, narrowed to the timing's spread where the timing is
+what the program sees (the rule of a timed region's keep or reject). On CUDA, Inductor's compile with combo kernels
+(independent kernels launched as one; torch's option, off by default) is then timed against its default compile, and
+the faster runs the graph. Inductor's values are within its own rounding of eager's. A graph that updates its inputs
+in place is not timed; should Inductor ever fail on a call, the split runs it again for good.
 """
 
 from __future__ import annotations
@@ -94,11 +95,12 @@ def unguarded_failure(jitted: Any, guard: Any, recording: Any, args: tuple) -> s
     """How Thunder fails on the ThunderFX subgraph ``jitted`` (its ThunderModule) without ``guard``'s changes, as one
     line, compiled again with its other transforms and options, ``recording`` (a guard that changes nothing: its
     user-line shims raise Thunder's errors without interpreting torch.fx's printout of them, minutes on a CPU) in
-    ``guard``'s place, and run on copies of ``args``; None where it runs."""
+    ``guard``'s place, and run on copies of ``args``, forward and, where outputs require grad, backward (a fusion
+    region may fail in either); None where it runs."""
     try:
         with random_state_kept(args):
             again = th.jit_again_without(jitted, guard, instead=recording)
-            again(*[copy_input(a) for a in args])
+            forward_backward_step(again, [copy_input(a) for a in args])()
     except Exception as e:  # whatever unguarded Thunder raises is the fact asked for
         return error_line(e)
     return None

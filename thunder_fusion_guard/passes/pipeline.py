@@ -96,6 +96,7 @@ def guard_trace(
     measure_region: MeasureRegion | None = None,
     hoisted: HoistLedger | None = None,
     doubt: ModelDoubt | None = None,
+    record: Callable[[Decision], None] | None = None,
 ) -> th.TraceCtx:
     """Return ``trace`` with every rejected region unfused, setitem copies folded, identity ops
     removed and input-independent work hoisted, recording a decision for each region and each op changed.
@@ -106,7 +107,7 @@ def guard_trace(
     ``measure_region(trace, region)`` times a region the model puts near break-even (None: never);
     ``hoisted`` carries what a forward trace hoisted and saved over to its backward trace; ``doubt`` says
     where the guard does not let the model decide alone and learns from each timing. A region rescued
-    while the program runs adds its decision to ``report`` then.
+    while the program runs adds its decision to ``report`` then, through ``record`` where given.
     With ``report_only`` every pass that may runs and records, and the trace comes back unchanged.
     """
     shown = Progress(_progress_task(where))
@@ -118,7 +119,7 @@ def guard_trace(
         constants_for,
         measure_region,
         hoisted or HoistLedger(),
-        record=report.add,
+        record=record or report.add,
         doubt=doubt,
         progress=shown,
     )

@@ -382,6 +382,13 @@ def rescue_decision(where: TraceContext, region: Region, error: Exception, args:
     return region_decision(where, region, "rescue", "rescued", facts, details, error=error_text(error))
 
 
+def runs_unfused(decision: Decision) -> bool:
+    """Whether ``decision`` is a region's rescue that left its ops to Thunder's torch executor, all or in halves:
+    no other fusion runs all of it (no alternative, no parts around gradients), and it failed outside a capture."""
+    facts = decision.facts
+    return decision.code == "rescued" and not any(k in facts for k in ("alternative", "parts", "in_capture", "half_of"))
+
+
 def strided_write_decision(where: TraceContext, region: Region, args: tuple, at: list[int]) -> Decision:
     """The decision a region's first call with a written input that is not contiguous records."""
     names = ", ".join(region.bsym.args[i].name for i in at)
