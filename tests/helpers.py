@@ -197,17 +197,60 @@ def fragmenting_executor():
     return ex
 
 
+class _NvFuserShaped(TorchCompileExecutor):
+    def can_fuse(self, bsym):
+        return bsym.sym.name not in ("matmul", "linear", "_softmax", "softmax") and super().can_fuse(bsym)
+
+
 def nvfuser_shaped_executor():
-    """torch.compile grouped the way Thunder's nvFuser partitioner groups a transformer layer: matmuls and
-    softmax go to other executors, so the input-independent mask lands in one region with the rope's
+    """torch.compile grouped the way Thunder's nvFuser partitioner groups a transformer layer: matmuls, linears
+    and softmax go to other executors, so the input-independent mask lands in one region with the rope's
     narrowing casts (litgpt Mistral's nvFusion1 on CUDA), made on CPU so CI sees that layout."""
-    from thunder.executors.torch_compile import TorchCompileExecutor
+    ex = _NvFuserShaped("tc_nvfuser_shaped")
+    ex._implmap = dict(torch_compile_ex._implmap)
+    return ex
 
-    class NvFuserShaped(TorchCompileExecutor):
-        def can_fuse(self, bsym):
-            return bsym.sym.name not in ("matmul", "_softmax", "softmax") and super().can_fuse(bsym)
 
-    ex = NvFuserShaped("tc_nvfuser_shaped")
+class _ViewsOutside(_NvFuserShaped):
+    def fusion_pass(self, trace):
+        from thunder.core import utils
+        from thunder.core.prims import OpTags
+        from thunder.core.rematerialization import rematerialize
+        from thunder.core.trace import from_trace
+        from thunder.core.transform_common import dce
+        from thunder.executors.data_dependent_partition import fuse_bound_symbols
+        from thunder.executors.passes import update_fusion_call_ctx
+        from thunder.executors.utils import Region
+
+        def shape_op(b):
+            return OpTags.SHAPE_OP in (b.sym.tags or ()) or (bool(b.subsymbols) and all(map(shape_op, b.subsymbols)))
+
+        def fused(n):
+            return len(n.group_bsyms) > 1 or (self.can_fuse(n.group_bsyms[0]) and not shape_op(n.group_bsyms[0]))
+
+        producers, consumers = utils.producers_and_consumers(trace)
+        out, counter = [], 0
+        for group in fuse_bound_symbols(trace, lambda a, b: fused(a) and fused(b)):
+            if len(group) == 1 and not fused(_Node(group[0])):
+                out.extend(group)
+                continue
+            out.append(self.fuse(Region(producers, consumers, group), counter))
+            counter += 1
+        new = from_trace(trace)
+        new.bound_symbols = out
+        return update_fusion_call_ctx(dce(rematerialize(new)))
+
+
+class _Node:
+    def __init__(self, bsym):
+        self.group_bsyms = [bsym]
+
+
+def views_outside_executor():
+    """:func:`nvfuser_shaped_executor` whose partitioner leaves every view outside its regions, as nvFuser leaves
+    the views between two matmuls of e3nn's backward (a region of shape ops alone, which it does not make); its
+    regions still claim views when asked (the guard moving them in)."""
+    ex = _ViewsOutside("tc_views_outside")
     ex._implmap = dict(torch_compile_ex._implmap)
     return ex
 

@@ -1,13 +1,14 @@
-"""Matmuls over a few terms computed inside the one region that reads them (``rewrites.small_matmuls``, opt-in):
-the matmul leaves the trace, the region computes products and a sum, the values stay unguarded Thunder's within
-rounding, forward and backward; over more than 8 terms only where launch-bound (a few million products, a short
-sum); left alone by default, outside float32, where another op or the return reads the result, and in
-``report_only`` mode (recorded, not applied)."""
+"""Matmuls and linears over a few terms computed inside the region that reads them first (``rewrites.small_matmuls``,
+opt-in): the matmul leaves the trace, the region computes products and a sum (and outputs the result where the
+return or the backward reads it too; through the views left outside regions on the way, which move in with it), the
+values stay unguarded Thunder's within rounding, forward and backward; over more than 8 terms only where
+launch-bound (a few million products, a short sum); left alone by default, outside float32, where an op outside
+regions reads the result first, and in ``report_only`` mode (recorded, not applied)."""
 
 import pytest
 import thunder
 import torch
-from helpers import nvfuser_shaped_executor
+from helpers import nvfuser_shaped_executor, views_outside_executor
 
 from thunder_fusion_guard import Costs, FusionGuard, Rewrites
 
@@ -122,7 +123,7 @@ def test_more_terms_than_a_short_sum_more_products_or_another_dtype_stays_outsid
     assert not _moves(guard)
 
 
-def test_a_result_another_op_or_the_return_reads_stays_outside():
+def test_a_result_the_return_reads_too_is_computed_in_the_region_and_output_by_it():
     def read_twice(a, b, x):
         p = torch.matmul(a, b)
         return (p.transpose(1, 2) * x).sin(), p
@@ -131,10 +132,94 @@ def test_a_result_another_op_or_the_return_reads_stays_outside():
     guard = _guard(small_matmuls=True)
     guarded = thunder.jit(read_twice, executors=[ex], transforms=[guard])
     a, b, x = _inputs()
-    out, p = guarded(a, b, x)
-    torch.testing.assert_close((out, p), read_twice(a, b, x))
+    torch.testing.assert_close(guarded(a, b, x), thunder.jit(read_twice, executors=[ex])(a, b, x))
+    assert "matmul" not in _top_ops(guarded)
+    (d,) = _moves(guard)
+    assert (d.code, d.facts) == ("matmul_moved", {"into": d.region, "inner": 3, "also_output": True})
+
+
+def test_a_result_an_op_outside_regions_reads_stays_outside():
+    def softmaxed(a, b, x):
+        return (torch.softmax(torch.matmul(a, b), -1).transpose(1, 2) * x).sin()
+
+    ex = nvfuser_shaped_executor()  # softmax runs outside its regions
+    guard = _guard(small_matmuls=True)
+    guarded = thunder.jit(softmaxed, executors=[ex], transforms=[guard])
+    a, b, x = _inputs()
+    torch.testing.assert_close(guarded(a, b, x), softmaxed(a, b, x), rtol=1e-6, atol=1e-6)
     assert "matmul" in _top_ops(guarded)
     assert not _moves(guard)
+
+
+def test_the_views_left_outside_between_a_matmul_and_its_region_move_in_with_it():
+    """nvFuser leaves the views between e3nn's backward matmuls outside its regions (a region of shape ops alone):
+    the matmul goes into the region through them, the torch executor's own reshape as Thunder's prim."""
+
+    def viewed(a, b, x):
+        return (torch.matmul(a.sin().transpose(1, 2).unsqueeze(1).reshape(6, 4, 3), b) * x).sum()
+
+    guard = _guard(small_matmuls=True)
+    grads, backward_ops = [], []
+    for transforms in ([], [guard]):
+        torch.manual_seed(0)
+        a, b = torch.randn(6, 3, 4, requires_grad=True), torch.randn(6, 3, 5, requires_grad=True)
+        jitted = thunder.jit(viewed, executors=[views_outside_executor()], transforms=transforms)
+        jitted(a, b, torch.randn(6, 4, 5)).backward()
+        grads.append((a.grad, b.grad))
+        backward_ops.append(_top_ops(jitted, backward=True))
+    for got, expected in zip(*grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    # unguarded: a's gradient (over 5 terms) is reshaped by the torch executor outside any region
+    assert "torch_prims_reshape_impl" in backward_ops[0]
+    assert backward_ops[1].count("matmul") == backward_ops[0].count("matmul") - 1
+    assert "torch_prims_reshape_impl" not in backward_ops[1]
+    moved = [(d.facts["inner"], d.facts.get("views")) for d in _moves(guard) if d.trace == "backward"]
+    assert moved == [(5, ["reshape"])]
+
+
+def test_a_forward_chain_of_views_moves_in_whole_and_one_read_twice_stays_outside():
+    def viewed(a, b, x):
+        return (torch.matmul(a, b).transpose(1, 2).unsqueeze(1).reshape(6, 5, 4) * x).sin()
+
+    def view_returned(a, b, x):
+        v = torch.matmul(a, b).transpose(1, 2)
+        return (v * x).sin(), v
+
+    a, b, x = _inputs()
+    for fn, moved in ((viewed, True), (view_returned, False)):
+        guard = _guard(small_matmuls=True)
+        guarded = thunder.jit(fn, executors=[views_outside_executor()], transforms=[guard])
+        torch.testing.assert_close(guarded(a, b, x), fn(a, b, x), rtol=1e-6, atol=1e-6)
+        assert ("matmul" in _top_ops(guarded)) is not moved
+        assert [d.facts.get("views") for d in _moves(guard)] == (
+            [["transpose", "unsqueeze", "reshape"]] if moved else []
+        )
+
+
+def test_a_linear_over_eight_terms_saved_for_backward_is_computed_in_its_region_which_outputs_it():
+    """e3nn's radial networks open with a [edges, 8] -> [edges, 32] linear whose result the activation reads and the
+    backward saves: cuBLAS runs it as four kernels."""
+
+    def radial(x, w, bias):
+        return torch.nn.functional.silu(torch.nn.functional.linear(x, w, bias)).sum()
+
+    ex = nvfuser_shaped_executor()
+    guard = _guard(small_matmuls=True)
+    results, forward_ops = [], []
+    for transforms in ([], [guard]):
+        torch.manual_seed(0)
+        x, w = torch.randn(64, 8, requires_grad=True), torch.randn(32, 8, requires_grad=True)
+        bias = torch.randn(32, requires_grad=True)
+        jitted = thunder.jit(radial, executors=[ex], transforms=transforms)
+        out = jitted(x, w, bias)
+        out.backward()
+        results.append((out, x.grad, w.grad, bias.grad))
+        forward_ops.append(_top_ops(jitted))
+    for got, expected in zip(*results, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert "linear" in forward_ops[0] and "linear" not in forward_ops[1]
+    (d,) = [d for d in _moves(guard) if d.trace == "forward"]
+    assert (d.ops, d.facts) == (["linear"], {"into": d.region, "inner": 8, "also_output": True})
 
 
 def test_report_only_records_the_move_and_changes_nothing():

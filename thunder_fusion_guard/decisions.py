@@ -69,6 +69,8 @@ class Details(TypedDict, total=False):
     fix: str  # what the user can do instead
     into: str
     across: list[str]  # a merge: the ops between the two regions the merged call runs too
+    views: list[str]  # a matmul moved: the views outside regions between it and the region, moved in with it
+    also_output: bool  # a matmul moved: the region outputs its result for the ops reading it after the region
     blocked_by: str  # the op that keeps a metadata op outside the region that alone reads it
     # hoisted input-independent pieces
     piece: int

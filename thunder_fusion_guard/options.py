@@ -206,8 +206,9 @@ class Rewrites(_Group):
     small_matmuls: bool = _option(
         False,
         _bool,
-        "compute a float32 matmul over at most 8 terms (e3nn's outer products), or a launch-bound one (at most 256 "
-        "terms and 4M products), inside the one region that reads it, as products and a sum (may round differently)",
+        "compute a float32 matmul or linear over at most 8 terms (e3nn's outer products), or a launch-bound one (at "
+        "most 256 terms and 4M products), inside the region that reads it first (through views left outside "
+        "regions), as products and a sum (may round differently)",
     )
     override_compile_options: bool = _option(
         False,

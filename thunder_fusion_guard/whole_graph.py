@@ -185,13 +185,11 @@ def whole_or_split(
         error = error_line(e)
         return WholeGraph(label, False, f"Inductor failed on the whole graph: {error}", error=error)
     cuda = uses_cuda(*inputs)
-    measured = timer(forward_backward_step(split, inputs), forward_backward_step(whole, inputs), (), apart=cuda)
-    if isinstance(measured, str):
-        return WholeGraph(label, False, measured)
-    # No Thunder bits to keep (unguarded Thunder fails on the graph): the rule of a measured keep or reject, the
-    # margin narrowed to the timing's spread where the timing is what the program sees (policy.measured_margin)
-    used, narrowed = measured_margin(margin, measured, overlapped=cuda)
-    if measured.eager_us < measured.region_us * (1 - used):
+    timed = _against_split(split, whole, inputs, timer, margin, cuda)
+    if isinstance(timed, str):
+        return WholeGraph(label, False, timed)
+    measured, used, narrowed, wins = timed
+    if wins:
         found = WholeGraph(label, True, measured=measured, whole=whole, margin=used, narrowed=narrowed)
         return _with_options(found, original, inputs, timer)
     # Inductor's defaults lose, but its options may win by the margin: its small-matmul rewrites and combo kernels cut
@@ -200,15 +198,29 @@ def whole_or_split(
     if tried.whole is whole:  # no option faster: the split stays, each option's timing recorded
         why = "Inductor's whole graph is not faster by the margin"
         return replace(tried, inductor=False, why=why, whole=None, margin=used, narrowed=narrowed)
-    measured = timer(forward_backward_step(split, inputs), forward_backward_step(tried.whole, inputs), (), apart=cuda)
-    if isinstance(measured, str):
-        return WholeGraph(label, False, measured)
-    used, narrowed = measured_margin(margin, measured, overlapped=cuda)
-    if measured.eager_us < measured.region_us * (1 - used):
+    timed = _against_split(split, tried.whole, inputs, timer, margin, cuda)
+    if isinstance(timed, str):
+        return WholeGraph(label, False, timed)
+    measured, used, narrowed, wins = timed
+    if wins:
         return replace(tried, measured=measured, margin=used, narrowed=narrowed)
     why = "Inductor's whole graph is not faster by the margin, with its options either"
     split_kept = {"inductor": False, "whole": None, "combo_kernels": False, "decomposed_matmuls": False}
     return replace(tried, why=why, measured=measured, margin=used, narrowed=narrowed, **split_kept)
+
+
+def _against_split(
+    split: Callable, whole: Callable, inputs: list[Any], timer: Timer, margin: float, cuda: bool
+) -> tuple[Measured, float, bool, bool] | str:
+    """``whole`` timed against ``split`` by ``timer``, forward and backward: the timing, the margin used, whether it
+    was narrowed, and whether ``whole`` is faster by it; or why it was not timed. No Thunder bits to keep (unguarded
+    Thunder fails on the graph): the rule of a measured keep or reject, the margin narrowed to the timing's spread
+    where the timing is what the program sees (:func:`.policy.measured_margin`)."""
+    measured = timer(forward_backward_step(split, inputs), forward_backward_step(whole, inputs), (), apart=cuda)
+    if isinstance(measured, str):
+        return measured
+    used, narrowed = measured_margin(margin, measured, overlapped=cuda)
+    return measured, used, narrowed, measured.eager_us < measured.region_us * (1 - used)
 
 
 def _with_options(found: WholeGraph, original: torch.fx.GraphModule, inputs: list[Any], timer: Timer) -> WholeGraph:

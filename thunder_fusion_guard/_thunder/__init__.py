@@ -189,6 +189,7 @@ from .products import (
     Matmul,
     matmul_of,
     matmul_products,
+    view_as_prim,
 )
 from .scripted import (
     scripted_calls,
@@ -504,6 +505,7 @@ __all__ = [
     "unwrap_module_call",
     "user_frame",
     "user_lines",
+    "view_as_prim",
     "widened",
     "with_call",
     "with_library",

@@ -1,5 +1,5 @@
-"""A matmul over a few terms, or too small to be worth a GEMM launch, computed inside the one fusion region that
-reads it, as products and a sum.
+"""A matmul or linear over a few terms, or too small to be worth a GEMM launch, computed inside the fusion region
+that reads it first, as products and a sum.
 
 e3nn's tensor products contract the components of irreps: batched matmuls over 1, 3 or 5 terms (outer products)
 whose [edges, 32, 32] results cuBLAS writes and one region alone reads, often only to transpose them into a joined
@@ -9,8 +9,11 @@ adds the terms (the same bits on an H200 in e3nn's sizes), but nothing promises 
 (``rewrites.small_matmuls``) as ``merge_regions`` is. e3nn's linears on nodes are matmuls over 32 or 96 terms of a
 few million products ([768, 32] @ [32, 32] for 256 atoms' vectors): their GEMM is launch-bound, and cuBLAS runs
 several of them split over K, a second kernel adding the parts; a short sum inside the reading region costs less.
-The pass runs before regions are decided, so that ``choose_executor`` times each region with its products on both
-executors.
+The radial networks' first layers are linears over 8 terms that cuBLAS runs as four kernels (split-K GEMM, scaling,
+epilogue, memset), their results saved for the backward: the region computes and outputs them. In e3nn's backward
+nvFuser leaves the views between two matmuls outside its regions (shape ops alone make no region); they move in
+with the matmul, the torch executor's reshape as Thunder's prim. The pass runs before regions are decided, so that
+``choose_executor`` times each region with its products on both executors.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from .. import _thunder as th
 from ..decisions import Decision, Details
-from ..ops import communication_segments, crosses_communication
+from ..ops import communication_segments, crosses_communication, runs_as_view
 from .context import FusionGuardError, PassContext, may_change
 from .records import op_decision
 from .rewrite import readers, unique_proxies
@@ -33,9 +36,12 @@ SHORT_INNER, LAUNCH_BOUND_PRODUCTS = 256, 1 << 22
 
 @dataclass(frozen=True)
 class MatmulMoved:
-    """One matmul computed in the region that reads it (``error``: why rebuilding that region failed;
-    ``refused``: why its executor cannot run the products), its output, terms and where it went."""
+    """One matmul or linear computed in the region that reads it (``error``: why rebuilding that region failed;
+    ``refused``: why its executor cannot run the products), its op, output, terms and where it went; ``views``: the
+    views outside any region, from the result to the region, that went in with it; ``also_output``: the region
+    outputs the result for the ops that read it after the region."""
 
+    op: str
     output: str
     inner: int
     into: str
@@ -43,15 +49,22 @@ class MatmulMoved:
     source: str | None
     error: str = ""
     refused: str = ""
+    views: tuple[str, ...] = ()
+    also_output: bool = False
 
 
 def matmuls_into_regions(
-    trace: th.TraceCtx, may_rebuild: Callable[[th.BoundSymbol], bool], max_inner: int = SMALL_INNER
+    trace: th.TraceCtx,
+    may_rebuild: Callable[[th.BoundSymbol], bool],
+    max_inner: int = SMALL_INNER,
+    metadata_ops: frozenset[str] = frozenset(),
 ) -> tuple[th.TraceCtx, list[MatmulMoved]]:
-    """``trace`` with each float32 matmul over at most ``max_inner`` terms, or launch-bound (:func:`launch_bound`),
-    whose result one later fusion region alone reads (``may_rebuild`` allows) computed inside that region as
-    products and a sum. A returned result, or one with a communication op between the matmul and its reader, stays
-    outside."""
+    """``trace`` with each float32 matmul or linear over at most ``max_inner`` terms, or launch-bound
+    (:func:`launch_bound`), computed as products and a sum inside the fusion region (``may_rebuild`` allows) that
+    reads its result first: directly, the region then also outputting it where later ops read it too (the return,
+    the backward's saved values), or through a chain of views left outside regions (nvFuser leaves views between two
+    matmuls outside as a region of shape ops alone), each read by the next alone, which go in with it. A result
+    only non-fusion ops read, or one with a communication op between the matmul and its reader, stays outside."""
     bsyms: list[th.BoundSymbol | None] = list(trace.bound_symbols)
     readers_of = readers(bsyms)
     segments = communication_segments(bsyms)
@@ -61,33 +74,67 @@ def matmuls_into_regions(
         mm = th.matmul_of(b) if b is not None and not th.is_fusion(b) else None
         if mm is None or (mm.inner > max_inner and not launch_bound(mm)):
             continue
-        read_by = readers_of.get(mm.out.name, set())
-        if len(read_by) != 1:
+        reached = _reading_region(bsyms, readers_of, mm.out.name, metadata_ops)
+        if reached is None:
             continue
-        (j,) = read_by
+        chain, j, also_output = reached
         region = bsyms[j]
-        if j < i or not (th.is_fusion(region) and may_rebuild(region)) or crosses_communication(segments, i, j):
+        if not may_rebuild(region) or crosses_communication(segments, i, j):
             continue
         into, ex = region.sym.name, th.executor_name(region)
-        found = MatmulMoved(mm.out.name, mm.inner, into, ex, th.source_line(b))
+        views = [th.view_as_prim(bsyms[k]) for k in chain]
+        found = MatmulMoved(
+            th.op_name(b), mm.out.name, mm.inner, into, ex, th.source_line(b),
+            views=tuple(th.op_name(v) for v in views), also_output=also_output,
+        )  # fmt: skip
         products = th.matmul_products(trace, mm)
-        if not all(th.executor_claims(region, op) for op in products):
+        if not all(th.executor_claims(region, op) for op in (*products, *views)):
             moved.append(replace(found, refused=f"{ex} does not claim the products and their sum"))
             continue
-        inputs = unique_proxies([mm.a, mm.b, *(p for p in region.flat_proxy_args if p.name != mm.out.name)])
+        made = {mm.out.name, *(p.name for v in views for p in v.flat_proxy_outs)}
+        inputs = unique_proxies([*mm.operands, *(p for p in region.flat_proxy_args if p.name not in made)])
+        outputs = [*region.flat_proxy_outs, *([mm.out] if also_output else [])]
         try:
-            bsyms[j] = th.rebuild_fusion(region, [*products, *th.subsymbols(region)], inputs, region.flat_proxy_outs)
+            bsyms[j] = th.rebuild_fusion(region, [*products, *views, *th.subsymbols(region)], inputs, outputs)
         except Exception as e:  # rebuilding a fusion may raise anything in Thunder or the executor: the matmul stays
             moved.append(replace(found, error=f"{type(e).__name__}: {e}"))
             continue
-        bsyms[i] = None
-        for p in (mm.a, mm.b):
+        for k in (i, *chain):
+            bsyms[k] = None
+        for p in mm.operands:
             readers_of[p.name].discard(i)
             readers_of[p.name].add(j)
         moved.append(found)
     if all(m.error or m.refused for m in moved):
         return trace, moved[::-1]
     return th.new_trace_like(trace, [b for b in bsyms if b is not None]), moved[::-1]
+
+
+def _reading_region(
+    bsyms: list[th.BoundSymbol | None], readers_of: dict[str, set[int]], name: str, metadata_ops: frozenset[str]
+) -> tuple[list[int], int, bool] | None:
+    """Where the tensor ``name`` goes into a fusion region: the views outside regions on the way (their positions),
+    the region's position, and whether ops after the region read ``name`` too; None where no region reads it first,
+    or a view on the way has another reader or reads another tensor."""
+    read_by = readers_of.get(name, set())
+    if not read_by:
+        return None
+    first = min(read_by)
+    if th.is_fusion(bsyms[first]):
+        return [], first, len(read_by) > 1
+    chain: list[int] = []
+    while len(read_by) == 1:
+        (k,) = read_by
+        view = bsyms[k]
+        if th.is_fusion(view):
+            return chain, k, False
+        outs = view.flat_proxy_outs
+        if [p.name for p in view.flat_proxy_args] != [name] or len(outs) != 1 or not runs_as_view(view, metadata_ops):
+            return None
+        chain.append(k)
+        name = outs[0].name
+        read_by = readers_of.get(name, set())
+    return None
 
 
 def launch_bound(mm: th.Matmul) -> bool:
@@ -100,11 +147,17 @@ def small_matmul_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.Trac
     """Compute matmuls over a few terms inside the region that alone reads them (:func:`matmuls_into_regions`)."""
     options = context.options
     # Opted into knowing the products may round differently, so exact_only does not hold them back.
-    new, moves = matmuls_into_regions(trace, may_change(options, keep_bits=False))
+    new, moves = matmuls_into_regions(
+        trace, may_change(options, keep_bits=False), metadata_ops=frozenset(options.rewrites.metadata_ops)
+    )
     made = []
     for m in moves:
         details = Details(output=m.output, into=m.into, **({"source": m.source} if m.source else {}))
-        facts = {"into": m.into, "inner": m.inner}
+        facts: dict = {"into": m.into, "inner": m.inner}
+        if m.views:
+            facts["views"] = details["views"] = list(m.views)
+        if m.also_output:
+            facts["also_output"] = details["also_output"] = True
         if m.error and options.strict:
             raise FusionGuardError(
                 f"could not compute the matmul {m.output} inside {m.into} ({context.where.trace}): {m.error}"
@@ -114,5 +167,5 @@ def small_matmul_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.Trac
             action, code, more = "keep", "matmul_kept", {"error": m.error} if m.error else {}
         else:
             action, code, more = "rehome", "matmul_moved", {"applied": not options.report_only}
-        made.append(op_decision(context.where, m.into, m.executor, ["matmul"], action, code, facts, details, **more))
+        made.append(op_decision(context.where, m.into, m.executor, [m.op], action, code, facts, details, **more))
     return (trace if options.report_only else new), made
