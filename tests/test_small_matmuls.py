@@ -279,3 +279,23 @@ def test_the_options_one_line_help_names_the_limits_the_pass_applies():
     doc = {f.name: f for f in dataclasses.fields(Rewrites)}["small_matmuls"].metadata["doc"]
     assert f"at most {SMALL_INNER} terms" in doc and f"at most {SHORT_INNER} terms" in doc
     assert f"{LAUNCH_BOUND_PRODUCTS >> 20}M products" in doc
+
+
+def test_linears_shared_results_and_views_move_after_regions_are_decided_and_not_into_nvfusers(monkeypatch):
+    """Before regions are decided a matmul moves only into the region that alone reads it; the linears, the results
+    read later too and those behind views move afterwards, and not into nvFuser's regions (nvFuser 0.2.36 asserts on
+    some e3nn regions given them). Here the test executor stands for nvFuser."""
+    from thunder_fusion_guard.passes import small_matmuls
+
+    def viewed(a, b, x):
+        return (torch.matmul(a, b).transpose(1, 2).unsqueeze(1).reshape(6, 5, 4) * x).sin()
+
+    a, b, x = _inputs()
+    behind_views, alone = views_outside_executor(), nvfuser_shaped_executor()
+    monkeypatch.setattr(small_matmuls, "NOT_INTO", frozenset({behind_views.name, alone.name}))
+    for fn, ex, moved in ((viewed, behind_views, False), (product_then_pointwise, alone, True)):
+        guard = _guard(small_matmuls=True)
+        guarded = thunder.jit(fn, executors=[ex], transforms=[guard])
+        torch.testing.assert_close(guarded(a, b, x), fn(a, b, x), rtol=1e-6, atol=1e-6)
+        assert ("matmul" in _top_ops(guarded)) is not moved
+        assert len(_moves(guard)) == int(moved)

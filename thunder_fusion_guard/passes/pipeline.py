@@ -38,7 +38,7 @@ from .padded_sums import padded_sum_pass
 from .records import instead, op_decision
 from .rehome import merge_pass, rehome_pass
 from .rescue import rescue_pass
-from .small_matmuls import small_matmul_pass
+from .small_matmuls import late_small_matmul_pass, small_matmul_pass
 
 __all__ = [
     "PASSES",
@@ -79,6 +79,8 @@ PASSES: tuple[Pass, ...] = (
     Pass("rehome_pass", "rewrites.rehome", rehome_pass),
     Pass("merge_pass", "rewrites.merge_regions", merge_pass),
     Pass("merged_region_pass", "rewrites.merge_regions", merged_region_pass, report_only=False),
+    # applied moves only: in report_only mode the first pass moved nothing, and this one would record its moves again
+    Pass("late_small_matmul_pass", "rewrites.small_matmuls", late_small_matmul_pass, report_only=False),
     Pass("hoist_pass", "hoist", hoist_pass),
     Pass("dels_pass", None, dels_pass, report_only=False),
     Pass("direct_call_pass", "runtime.direct_calls", direct_call_pass, report_only=False),

@@ -9,11 +9,12 @@ adds the terms (the same bits on an H200 in e3nn's sizes), but nothing promises 
 (``rewrites.small_matmuls``) as ``merge_regions`` is. e3nn's linears on nodes are matmuls over 32 or 96 terms of a
 few million products ([768, 32] @ [32, 32] for 256 atoms' vectors): their GEMM is launch-bound, and cuBLAS runs
 several of them split over K, a second kernel adding the parts; a short sum inside the reading region costs less.
-The radial networks' first layers are linears over 8 terms that cuBLAS runs as four kernels (split-K GEMM, scaling,
-epilogue, memset), their results saved for the backward: the region computes and outputs them. In e3nn's backward
-nvFuser leaves the views between two matmuls outside its regions (shape ops alone make no region); they move in
-with the matmul, the torch executor's reshape as Thunder's prim. The pass runs before regions are decided, so that
-``choose_executor`` times each region with its products on both executors.
+The pass runs before regions are decided, so that ``choose_executor`` times each region with its products on both
+executors. A second pass, once regions are decided, takes the rest into regions other than nvFuser's (nvFuser 0.2.36
+asserts on some e3nn regions given them): the radial networks' first layers, linears over 8 terms that cuBLAS runs as
+four kernels (split-K GEMM, scaling, epilogue, memset), their results saved for the backward (the region computes and
+outputs them); and e3nn's backward matmuls behind the views nvFuser leaves outside its regions (shape ops alone make
+no region), which move in with the matmul, the torch executor's reshape as Thunder's prim.
 """
 
 from __future__ import annotations
@@ -53,18 +54,32 @@ class MatmulMoved:
     also_output: bool = False
 
 
+@dataclass(frozen=True)
+class Reach:
+    """Which matmuls a pass moves beyond a matmul whose result one region alone reads: ``linears``; ``shared``, a
+    result a region reads first and later ops too (the region then outputs it: the return, the backward's saved
+    values); ``through_views``, a result reaching its region through a chain of views left outside regions (nvFuser
+    leaves views between two matmuls outside, a region of shape ops alone), each read by the next alone, which go in
+    with it."""
+
+    linears: bool = False
+    shared: bool = False
+    through_views: bool = False
+
+
 def matmuls_into_regions(
     trace: th.TraceCtx,
     may_rebuild: Callable[[th.BoundSymbol], bool],
     max_inner: int = SMALL_INNER,
     metadata_ops: frozenset[str] = frozenset(),
+    reach: Reach = Reach(),
+    tried: frozenset[str] = frozenset(),
 ) -> tuple[th.TraceCtx, list[MatmulMoved]]:
-    """``trace`` with each float32 matmul or linear over at most ``max_inner`` terms, or launch-bound
-    (:func:`launch_bound`), computed as products and a sum inside the fusion region (``may_rebuild`` allows) that
-    reads its result first: directly, the region then also outputting it where later ops read it too (the return,
-    the backward's saved values), or through a chain of views left outside regions (nvFuser leaves views between two
-    matmuls outside as a region of shape ops alone), each read by the next alone, which go in with it. A result
-    only non-fusion ops read, or one with a communication op between the matmul and its reader, stays outside."""
+    """``trace`` with each float32 matmul over at most ``max_inner`` terms, or launch-bound (:func:`launch_bound`),
+    whose result one later fusion region alone reads (``may_rebuild`` allows) computed inside that region as products
+    and a sum; linears, shared results and results behind views too as ``reach`` says. A result only non-fusion ops
+    read, or one with a communication op between the matmul and its reader, stays outside, as does one whose output
+    is among ``tried`` (an earlier pass kept it)."""
     bsyms: list[th.BoundSymbol | None] = list(trace.bound_symbols)
     readers_of = readers(bsyms)
     segments = communication_segments(bsyms)
@@ -72,9 +87,11 @@ def matmuls_into_regions(
     for i in range(len(bsyms) - 1, -1, -1):  # the last first: each region's products end up in trace order
         b = bsyms[i]
         mm = th.matmul_of(b) if b is not None and not th.is_fusion(b) else None
-        if mm is None or (mm.inner > max_inner and not launch_bound(mm)):
+        if mm is None or mm.out.name in tried or (mm.linear and not reach.linears):
             continue
-        reached = _reading_region(bsyms, readers_of, mm.out.name, metadata_ops)
+        if mm.inner > max_inner and not launch_bound(mm):
+            continue
+        reached = _reading_region(bsyms, readers_of, mm.out.name, metadata_ops, reach)
         if reached is None:
             continue
         chain, j, also_output = reached
@@ -111,19 +128,23 @@ def matmuls_into_regions(
 
 
 def _reading_region(
-    bsyms: list[th.BoundSymbol | None], readers_of: dict[str, set[int]], name: str, metadata_ops: frozenset[str]
+    bsyms: list[th.BoundSymbol | None],
+    readers_of: dict[str, set[int]],
+    name: str,
+    metadata_ops: frozenset[str],
+    reach: Reach,
 ) -> tuple[list[int], int, bool] | None:
     """Where the tensor ``name`` goes into a fusion region: the views outside regions on the way (their positions),
-    the region's position, and whether ops after the region read ``name`` too; None where no region reads it first,
-    or a view on the way has another reader or reads another tensor."""
+    the region's position, and whether ops after the region read ``name`` too; None where no region reads it first
+    (as far as ``reach`` looks), or a view on the way has another reader or reads another tensor."""
     read_by = readers_of.get(name, set())
-    if not read_by:
+    if not read_by or (len(read_by) > 1 and not reach.shared):
         return None
     first = min(read_by)
     if th.is_fusion(bsyms[first]):
         return [], first, len(read_by) > 1
     chain: list[int] = []
-    while len(read_by) == 1:
+    while len(read_by) == 1 and reach.through_views:
         (k,) = read_by
         view = bsyms[k]
         if th.is_fusion(view):
@@ -144,12 +165,40 @@ def launch_bound(mm: th.Matmul) -> bool:
 
 
 def small_matmul_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
-    """Compute matmuls over a few terms inside the region that alone reads them (:func:`matmuls_into_regions`)."""
+    """Before regions are decided: compute matmuls over a few terms inside the region that alone reads them
+    (:func:`matmuls_into_regions`), so that ``choose_executor`` times that region with its products."""
+    return _moved(trace, context, may_change(context.options, keep_bits=False), Reach())
+
+
+# After regions are decided, the rest moves into regions of the executors that compile the products with the
+# region's work: not nvFuser's (0.2.36 fails with an internal assert, getInputAllocationSizes, on some e3nn regions
+# given the views and linears, H200 at 6760f77).
+LATE_REACH = Reach(linears=True, shared=True, through_views=True)
+NOT_INTO = frozenset({"nvfuser"})
+
+
+def late_small_matmul_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
+    """After regions are decided: linears, results read later too, and results behind views outside regions,
+    computed inside the region that reads them first, where its executor is not nvFuser."""
+    may = may_change(context.options, keep_bits=False)
+    where = context.where.trace
+    ours = [d for d in context.decided if d.trace == where and d.code == "matmul_kept"]
+    kept = frozenset(d.details.get("output", "") for d in ours)
+    return _moved(trace, context, lambda r: th.executor_name(r) not in NOT_INTO and may(r), LATE_REACH, kept)
+
+
+def _moved(
+    trace: th.TraceCtx,
+    context: PassContext,
+    may_rebuild: Callable[[th.BoundSymbol], bool],
+    reach: Reach,
+    tried: frozenset[str] = frozenset(),
+) -> tuple[th.TraceCtx, list[Decision]]:
+    """The moves of :func:`matmuls_into_regions` as decisions (applied unless ``report_only``)."""
     options = context.options
     # Opted into knowing the products may round differently, so exact_only does not hold them back.
-    new, moves = matmuls_into_regions(
-        trace, may_change(options, keep_bits=False), metadata_ops=frozenset(options.rewrites.metadata_ops)
-    )
+    metadata_ops = frozenset(options.rewrites.metadata_ops)
+    new, moves = matmuls_into_regions(trace, may_rebuild, metadata_ops=metadata_ops, reach=reach, tried=tried)
     made = []
     for m in moves:
         details = Details(output=m.output, into=m.into, **({"source": m.source} if m.source else {}))
