@@ -6,7 +6,7 @@
 # the machine), .whl/mace (mace-torch 0.3.16, e3nn 0.4.4): benchmarks/gpu_wheels.sh downloads both;
 # .whl/cueq-site.tar.xz (cuEquivariance 0.13, CUDA 13 ops).
 #   source .gpu/setup.sh && TFG_COMMIT=<full sha> bash benchmarks/gpu_potentials.sh [JOB...]
-# Writes <job>.json and .log, packed in $OUT/potentials.tgz; benchmarks/potentials_table.py makes potentials-<gpu>-<sha>.json of them.
+# Writes <job>.json and .log, packed in $OUT/<job>.tgz as each job ends and all in $OUT/potentials.tgz; benchmarks/potentials_table.py makes potentials-<gpu>-<sha>.json of them.
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/potentials}"
@@ -110,6 +110,8 @@ for job in "${chosen[@]}"; do
     PYTHONPATH=${path:-${PYTHONPATH:-}} timeout -k 10 -s INT "$left" python3 benchmarks/gpu_seed_vs_inductor.py $args \
       "${variant[@]}" --rounds 20 --json "$WORK/$job.json" > "$WORK/$job.log" 2>&1
     echo "[potentials] $(date -u +%H:%M:%S) $job exit $?"
+    # each job's files in $OUT as soon as it ends: a command stopped from outside before the packing below keeps them
+    tar czf "$OUT/$job.tgz" -C "$WORK" "$job.json" "$job.log" 2>/dev/null
   ) &
 done
 wait
