@@ -225,13 +225,13 @@ class _ViewsOutside(_NvFuserShaped):
         def shape_op(b):
             return OpTags.SHAPE_OP in (b.sym.tags or ()) or (bool(b.subsymbols) and all(map(shape_op, b.subsymbols)))
 
-        def fused(n):
-            return len(n.group_bsyms) > 1 or (self.can_fuse(n.group_bsyms[0]) and not shape_op(n.group_bsyms[0]))
+        def fused(group):  # a group of ops makes a region: several, or one it claims that is no shape op
+            return len(group) > 1 or (self.can_fuse(group[0]) and not shape_op(group[0]))
 
         producers, consumers = utils.producers_and_consumers(trace)
         out, counter = [], 0
-        for group in fuse_bound_symbols(trace, lambda a, b: fused(a) and fused(b)):
-            if len(group) == 1 and not fused(_Node(group[0])):
+        for group in fuse_bound_symbols(trace, lambda a, b: fused(a.group_bsyms) and fused(b.group_bsyms)):
+            if not fused(group):
                 out.extend(group)
                 continue
             out.append(self.fuse(Region(producers, consumers, group), counter))
@@ -239,11 +239,6 @@ class _ViewsOutside(_NvFuserShaped):
         new = from_trace(trace)
         new.bound_symbols = out
         return update_fusion_call_ctx(dce(rematerialize(new)))
-
-
-class _Node:
-    def __init__(self, bsym):
-        self.group_bsyms = [bsym]
 
 
 def views_outside_executor():

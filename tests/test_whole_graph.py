@@ -388,10 +388,6 @@ def test_a_failing_check_never_fails_the_call(monkeypatch):
     assert calls == [] and "forward" not in vars(split) and guard.report.filter(action="rescue")
 
 
-def _sine_program(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return (torch.sin(x) * w + 1).sum(-1)
-
-
 @pytest.mark.parametrize("unguarded", ["fails", "runs"])
 def test_a_region_failing_in_backward_where_unguarded_thunder_fails_too_lets_the_graph_run_whole(
     monkeypatch, unguarded
@@ -400,7 +396,7 @@ def test_a_region_failing_in_backward_where_unguarded_thunder_fails_too_lets_the
     its ops one by one; unguarded Thunder fails there too, so at the graph's next call the unguarded check runs the
     subgraph forward and backward, and at the call after, the split is timed against Inductor's whole graph. Where
     the check finds unguarded Thunder running, the split stays, untimed."""
-    from test_rescue import failing_executor
+    from test_rescue import failing_executor, inputs, program
 
     seen: list[str | None] = []
     checked = whole_graph.unguarded_failure
@@ -413,9 +409,9 @@ def test_a_region_failing_in_backward_where_unguarded_thunder_fails_too_lets_the
     torch._dynamo.reset()
     guard, calls, failed = FusionGuard(), [], []
     guard.measurer.pair = _timed(100.0, 10.0, calls)
-    compiled = thunderfx(_sine_program, executors=[failing_executor("cos", failed)], transforms=[guard])
-    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, requires_grad=True)
-    steps_against_eager(compiled, _sine_program, lambda: (x, w), x, steps=4, atol=1e-6)
+    compiled = thunderfx(program, executors=[failing_executor("cos", failed)], transforms=[guard])
+    x, w = inputs()
+    steps_against_eager(compiled, program, lambda: (x, w), x, steps=4, atol=1e-6)
     (split,) = [info.split_graph_module for info in compiled._backend.subgraph_infos]
     (rescue,) = guard.report.filter(action="rescue")
     assert rescue.trace == "backward" and rescue.details["rescued_by"] == "Thunder's torch executor"
