@@ -172,9 +172,9 @@ def main() -> int:
         step(inductor)
         inductor_first_s = time.perf_counter() - began
 
-    def timed(path: str, extra: dict) -> None:
-        # the second and third calls, timed apart: a graph found failing at one call is checked at the next and
-        # decided (timed whole against its split) at the call after
+    def timed(path: str, extra: dict, calls: str = "calls_before_rounds_s") -> None:
+        # the two calls before the rounds, timed apart (``calls`` names them): before the first rounds, the second and
+        # third calls, where a graph found failing at one call is checked at the next and decided at the one after
         later_s = []
         for _ in range(2):
             began = time.perf_counter()
@@ -215,7 +215,7 @@ def main() -> int:
             "eager_ms": round(ms["eager"], 2),
             "x_eager": round(ms["guarded"] / ms["eager"], 3),
             "first_call_s": round(first_s, 1),
-            "second_third_calls_s": later_s,
+            calls: later_s,
             **off_eager(got),
             "rescues": guard.report.counts().get("rescue", 0),
             "whole_graphs": {c: len(guard.report.filter(code=c)) for c in ("whole_graph", "whole_graph_kept")},
@@ -251,7 +251,7 @@ def main() -> int:
             "rounds": args.rounds,
         }
         print(f"{args.model} {path} vs subgraphs untimed: {json.dumps(rows[path + ' vs subgraphs untimed'])}")
-    timed(path, {})
+    timed(path, {}, "calls_before_rounds_s" if args.subgraphs_untimed else "second_third_calls_s")
     if args.choose:
         began = time.perf_counter()
         choices = choose_backends(guarded, positions, *graph, guard=guard, whole_graphs=args.whole_graphs)
