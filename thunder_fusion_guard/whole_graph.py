@@ -32,7 +32,7 @@ from .decisions import Decision, Details
 from .fx_rescue import compile_fx_module, copy_input, updated_inputs
 from .measure.timing import uses_cuda
 from .policy import measured_margin
-from .reasons import Facts, Narrowing, ReasonCode, words
+from .reasons import Facts, ReasonCode, words
 from .wording import error_line
 
 __all__ = [
@@ -211,11 +211,11 @@ def whole_or_split(
 
 def _against_split(
     split: Callable, whole: Callable, inputs: list[Any], timer: Timer, margin: float, cuda: bool
-) -> tuple[Measured, float, Narrowing | None, bool] | str:
-    """``whole`` timed against ``split`` by ``timer``, forward and backward: the timing, the margin used, why it was
-    narrowed (None: not), and whether ``whole`` is faster by it; or why it was not timed. No Thunder bits to keep
-    (unguarded Thunder fails on the graph): the rule of a measured keep or reject, the margin narrowed to the timing's
-    spread where the timing is what the program sees (:func:`.policy.measured_margin`)."""
+) -> tuple[Measured, float, bool, bool] | str:
+    """``whole`` timed against ``split`` by ``timer``, forward and backward: the timing, the margin used, whether it
+    was narrowed, and whether ``whole`` is faster by it; or why it was not timed. No Thunder bits to keep (unguarded
+    Thunder fails on the graph): the rule of a measured keep or reject, the margin narrowed to the timing's spread
+    where the timing is what the program sees (:func:`.policy.measured_margin`)."""
     measured = timer(forward_backward_step(split, inputs), forward_backward_step(whole, inputs), (), apart=cuda)
     if isinstance(measured, str):
         return measured
