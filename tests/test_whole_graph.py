@@ -335,7 +335,8 @@ def test_a_subgraph_run_eagerly_to_keep_a_gradient_counts_only_where_unguarded_t
     checked = whole_graph.unguarded_failure
 
     def check(*args):
-        seen.append(checked(*args) if unguarded == "runs" else "RuntimeError: a leaf Variable that requires grad")
+        leaf = whole_graph.UnguardedFailure("RuntimeError: a leaf Variable that requires grad")
+        seen.append(checked(*args) if unguarded == "runs" else leaf)
         return seen[-1]
 
     monkeypatch.setattr(transform_module, "unguarded_failure", check)
@@ -388,24 +389,29 @@ def test_a_failing_check_never_fails_the_call(monkeypatch):
     assert calls == [] and "forward" not in vars(split) and guard.report.filter(action="rescue")
 
 
-@pytest.mark.parametrize("unguarded", ["fails", "runs"])
+@pytest.mark.parametrize("unguarded", ["fails", "fails, its region changed by the guard", "runs"])
 def test_a_region_failing_in_backward_where_unguarded_thunder_fails_too_lets_the_graph_run_whole(
     monkeypatch, unguarded
 ):
     """A torch.compile region that fails in the backward (Inductor's C++ compile of NequIP's at l_max 3 on a CPU) runs
-    its ops one by one; unguarded Thunder fails there too, so at the graph's next call the unguarded check runs the
-    subgraph forward and backward, and at the call after, the split is timed against Inductor's whole graph. Where
-    the check finds unguarded Thunder running, the split stays, untimed."""
+    its ops one by one; unguarded Thunder fails there too, so at the call after, the split is timed against Inductor's
+    whole graph. The check at the graph's next call compiles the subgraph without the guard: where that trace holds
+    the failed region op for op, it is not run (the region's failure is unguarded Thunder's); where the guard changed
+    the region, it runs forward and backward and fails itself. Where the check finds unguarded Thunder running, the
+    split stays, untimed."""
     from test_rescue import failing_executor, inputs, program
 
-    seen: list[str | None] = []
+    seen: list[whole_graph.UnguardedFailure | None] = []
     checked = whole_graph.unguarded_failure
 
     def check(*args):
-        seen.append(checked(*args) if unguarded == "fails" else None)
+        seen.append(checked(*args) if unguarded != "runs" else None)
         return seen[-1]
 
     monkeypatch.setattr(transform_module, "unguarded_failure", check)
+    changed = unguarded == "fails, its region changed by the guard"
+    if changed:  # no region of unguarded Thunder's trace is the guard's
+        monkeypatch.setattr(whole_graph, "same_program", lambda a, b: False)
     torch._dynamo.reset()
     guard, calls, failed = FusionGuard(), [], []
     guard.measurer.pair = _timed(100.0, 10.0, calls)
@@ -420,8 +426,37 @@ def test_a_region_failing_in_backward_where_unguarded_thunder_fails_too_lets_the
         assert seen == [None] and False not in calls and "forward" not in vars(split)  # no graph timed (on CPU)
         assert not guard.report.filter(code="whole_graph") and not guard.report.filter(code="whole_graph_kept")
         return
-    assert "cannot be scheduled" in seen[0] and len(failed) >= 2  # the guarded run's, then the check's in backward
+    (found,) = seen
+    assert found is not None and "cannot be scheduled" in found.error
+    # the guarded run's failure; the check's own in backward only where the region is not the same program
+    assert failed == ["TorchCompile1"] * (2 if changed else 1)
+    assert found.same_region == (None if changed else "TorchCompile1")
     assert calls.count(False) == 1 and isinstance(vars(split)["forward"], WholeGraphRun)  # the graph timed once
     (whole,) = guard.report.filter(code="whole_graph")
     assert whole.executor == "inductor" and whole.subgraph == rescue.subgraph == "subgraph 0"
     assert "cannot be scheduled" in whole.facts["error"]
+    assert whole.facts.get("same_region") == found.same_region
+
+
+def _regions(fn, *args):
+    import thunder
+
+    from thunder_fusion_guard.regions import find_regions
+
+    jitted = thunder.jit(fn, executors=fusion_executors("cpu"))
+    jitted(*args)
+    return find_regions(thunder.last_traces(jitted)[-1])
+
+
+def test_same_program_holds_for_one_region_compiled_twice_and_not_for_another_op_or_shape():
+    def sine(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (torch.sin(x) * w + 1).sum(-1)
+
+    def cosine(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (torch.cos(x) * w + 1).sum(-1)
+
+    x, w = torch.randn(4, 8), torch.randn(8)
+    (one,), (again,) = _regions(sine, x, w), _regions(sine, x, w)
+    (other_op,), (other_shape,) = _regions(cosine, x, w), _regions(sine, torch.randn(2, 8), w)
+    assert whole_graph.same_program(one, again)
+    assert not whole_graph.same_program(one, other_op) and not whole_graph.same_program(one, other_shape)

@@ -124,8 +124,9 @@ class SubgraphRescue:
         self._told_fake = False
         self._before_next: Callable[[tuple], None] | None = None  # run once at the next call (``at_next_call``)
         # What checks, at the next call, the graph calling this subgraph, after one of its fusion regions failed
-        # (given by the guard where it times such graphs whole)
-        self.on_region_failure: Callable[[tuple], None] | None = None
+        # (given by the guard where it times such graphs whole): called with that call's arguments and, as
+        # ``failed``, the region's rescue
+        self.on_region_failure: Callable[..., None] | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         grad = torch.is_grad_enabled()

@@ -178,6 +178,8 @@ class Facts(TypedDict, total=False):
     decomposed: Measured
     decomposed_matmuls: bool
     decomposed_why: str
+    # the region of unguarded Thunder's trace holding, op for op, the guard's region that failed: not run again
+    same_region: str
     replaced_by: str
     recommended: str  # a transform the decision recommends in place of the one given
     after: str  # the op a pruned alias update follows
@@ -888,6 +890,8 @@ def _whole_graph_narrowed(f: Facts) -> str:
 
 def _whole_graph(f: Facts) -> tuple[str, str | None]:
     failed = f"unguarded Thunder fails on {f['name']} ({f['error']})"
+    if f.get("same_region"):
+        failed += f": its trace holds the region that failed op for op ({f['same_region']}), so it was not run again"
     timed = ""
     if "measured" in f:
         m = f["measured"]

@@ -50,3 +50,17 @@ def find_regions(trace: th.TraceCtx, executors: Iterable[str] | None = None) -> 
         if wanted is None or ex in wanted:
             found.append(Region(position, bsym.sym.name, ex, bsym))
     return found
+
+
+def same_program(a: Region, b: Region) -> bool:
+    """Whether regions ``a`` and ``b`` (of any traces) are one program: the same executor, inputs of the same kinds
+    in the same order, the same ops on them and the same values returned, whatever their traces named them. Such
+    regions compile and run alike: where one fails, so does the other."""
+    return a.executor == b.executor and _program(a) == _program(b)
+
+
+def _program(region: Region) -> tuple[list[object], str]:
+    """What a region's fusion compiles: its inputs' kinds (a tensor's shape, dtype, device and whether it requires
+    grad; a number's value) and its ops, inputs first, as text."""
+    kinds = [th.tensor_spec(p) or (type(p).__name__, th.number_value(p)) for p in region.inputs]
+    return kinds, th.canonical_ops(region.body, region.inputs, region.outputs)

@@ -240,8 +240,9 @@ class FusionGuard(thunder.Transform):
         if decision.subgraph is None or not runs_unfused(decision):
             return
         for rescue in list(self._rescues):
-            if rescue.on_region_failure is not None and self._subgraph_ids.get(rescue.module) == decision.subgraph:
-                rescue.at_next_call(rescue.on_region_failure)
+            check = rescue.on_region_failure
+            if check is not None and self._subgraph_ids.get(rescue.module) == decision.subgraph:
+                rescue.at_next_call(functools.partial(check, failed=decision))
 
     def _announce(self, made: list[Decision]) -> None:
         """Warn once for each decision of a code that warns (``reasons.WARNED``: a pass or rewrite that failed)."""
@@ -370,7 +371,7 @@ class FusionGuard(thunder.Transform):
         def rescuing(call: Callable) -> SubgraphRescue:
             rescue = SubgraphRescue(model, call, module, on_rescue, first)
             if runtime.whole_graphs and compiler is not None:  # a region of it that fails may leave no Thunder bits
-                rescue.on_region_failure = lambda args: self._whole_graph_after(model, module, args, compiler)
+                rescue.on_region_failure = functools.partial(self._whole_graph_after, model, module, compiler=compiler)
                 self._rescues.add(rescue)
             return rescue
 
@@ -405,18 +406,21 @@ class FusionGuard(thunder.Transform):
         if compiled:
             decision.function, decision.compile_index = compiled[-1].function, compiled[-1].compile_index
 
-    def _whole_graph_after(self, jitted: Any, module: Any, args: tuple, compiler: Any) -> None:
+    def _whole_graph_after(
+        self, jitted: Any, module: Any, args: tuple, compiler: Any, failed: Decision | None = None
+    ) -> None:
         """Thunder failed on ThunderFX subgraph ``module`` (``jitted``) at a call on ``args``, or would have lost a
-        gradient through it, or a fusion region of it failed and runs unfused: where Thunder without the guard's
-        changes fails on it, the Dynamo graph calling it (found on the call stack) has no Thunder bits, so at its next
-        call its split is timed against Inductor's compile of the whole graph, and the faster runs it from then on
-        (:mod:`.whole_graph`), recorded."""
+        gradient through it, or a fusion region of it failed and runs unfused (``failed``, its rescue): where Thunder
+        without the guard's changes fails on it, the Dynamo graph calling it (found on the call stack) has no Thunder
+        bits, so at its next call its split is timed against Inductor's compile of the whole graph, and the faster
+        runs it from then on (:mod:`.whole_graph`), recorded."""
         owner = th.split_graph_owner(jitted)
         graph = None if owner is None else th.dynamo_graph_of(compiler, owner[0])
         if graph is None or owner[0] in self._graphs_whole:
             return
         split, (index, original) = owner[0], graph
-        unguarded = unguarded_failure(jitted, self, FusionGuard(report_only=True, costs=Costs(cost_model=False)), args)
+        recording = FusionGuard(report_only=True, costs=Costs(cost_model=False))
+        unguarded = unguarded_failure(jitted, self, recording, args, failed)
         if unguarded is None:  # Thunder's own runs this subgraph: another one may still show the graph has no bits
             return
         self._graphs_whole.add(split)

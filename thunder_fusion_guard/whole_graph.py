@@ -32,7 +32,8 @@ from .decisions import Decision, Details
 from .fx_rescue import compile_fx_module, copy_input, updated_inputs
 from .measure.timing import uses_cuda
 from .policy import measured_margin
-from .reasons import Facts, ReasonCode, words
+from .reasons import Facts, Narrowing, ReasonCode, words
+from .regions import find_regions, same_program
 from .wording import error_line
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "DECOMPOSED_MATMULS",
     "RUN_WITHOUT_THUNDER",
     "WHOLE_GRAPH_TIMING_S",
+    "UnguardedFailure",
     "WholeGraph",
     "WholeGraphRun",
     "decomposed_matmuls",
@@ -91,19 +93,57 @@ def forward_backward_step(fn: Callable, inputs: list[Any]) -> Callable[[], None]
     return step
 
 
-def unguarded_failure(jitted: Any, guard: Any, recording: Any, args: tuple) -> str | None:
-    """How Thunder fails on the ThunderFX subgraph ``jitted`` (its ThunderModule) without ``guard``'s changes, as one
-    line, compiled again with its other transforms and options, ``recording`` (a guard that changes nothing: its
+@dataclass(frozen=True)
+class UnguardedFailure:
+    """How Thunder without the guard's changes fails on a ThunderFX subgraph: ``error``, one line. ``same_region``:
+    the region of its trace that holds, op for op, the guard's region that failed (``error`` is that region's, not
+    run again); None where it ran and failed."""
+
+    error: str
+    same_region: str | None = None
+
+
+def unguarded_failure(
+    jitted: Any, guard: Any, recording: Any, args: tuple, failed: Decision | None = None
+) -> UnguardedFailure | None:
+    """How Thunder fails on the ThunderFX subgraph ``jitted`` (its ThunderModule) without ``guard``'s changes,
+    compiled again with its other transforms and options, ``recording`` (a guard that changes nothing: its
     user-line shims raise Thunder's errors without interpreting torch.fx's printout of them, minutes on a CPU) in
-    ``guard``'s place, and run on copies of ``args``, forward and, where outputs require grad, backward (a fusion
-    region may fail in either); None where it runs."""
-    try:
-        with random_state_kept(args):
-            again = th.jit_again_without(jitted, guard, instead=recording)
-            forward_backward_step(again, [copy_input(a) for a in args])()
-    except Exception as e:  # whatever unguarded Thunder raises is the fact asked for
-        return error_line(e)
+    ``guard``'s place; None where it runs. ``failed``: the rescue of a region of ``jitted`` that failed at its last
+    call. Where unguarded Thunder's trace holds that region op for op (:func:`.regions.same_program`), it fails as
+    that region did, and nothing runs: its compile alone can take minutes (Inductor's C++ of two thousand ops). Else
+    it runs on copies of ``args``, forward and, where outputs require grad, backward (a region may fail in either)."""
+    with random_state_kept(args):
+        try:
+            copies = [copy_input(a) for a in args]
+            again, traces = th.traced_again_without(jitted, guard, recording, copies)
+        except Exception as e:  # whatever unguarded Thunder raises is the fact asked for
+            return UnguardedFailure(error_line(e))
+        same = None
+        if failed is not None:
+            with contextlib.suppress(Exception):  # a shortcut: where it cannot tell, the program runs
+                same = _same_region(failed, th.last_traces(jitted), traces)
+        if same is not None and failed is not None:
+            return UnguardedFailure(failed.facts.get("error") or failed.reason, same)
+        try:
+            forward_backward_step(again, copies)()
+        except Exception as e:  # as above
+            return UnguardedFailure(error_line(e))
     return None
+
+
+def _same_region(failed: Decision, guarded: tuple[Any, Any], unguarded: tuple[Any, Any]) -> str | None:
+    """The name of the region of ``unguarded`` (forward and backward traces) that is the program of the region
+    ``failed`` tells of, in ``guarded`` (the traces of the call it failed at), in the trace of the same direction; None
+    where there is none."""
+    backward = failed.trace == "backward"
+    mine, theirs = guarded[backward], unguarded[backward]
+    if mine is None or theirs is None:
+        return None
+    region = next((r for r in find_regions(mine) if r.name == failed.region), None)
+    if region is None:
+        return None
+    return next((r.name for r in find_regions(theirs) if same_program(r, region)), None)
 
 
 def random_state_kept(args: Any) -> contextlib.AbstractContextManager:
@@ -211,11 +251,11 @@ def whole_or_split(
 
 def _against_split(
     split: Callable, whole: Callable, inputs: list[Any], timer: Timer, margin: float, cuda: bool
-) -> tuple[Measured, float, bool, bool] | str:
-    """``whole`` timed against ``split`` by ``timer``, forward and backward: the timing, the margin used, whether it
-    was narrowed, and whether ``whole`` is faster by it; or why it was not timed. No Thunder bits to keep (unguarded
-    Thunder fails on the graph): the rule of a measured keep or reject, the margin narrowed to the timing's spread
-    where the timing is what the program sees (:func:`.policy.measured_margin`)."""
+) -> tuple[Measured, float, Narrowing | None, bool] | str:
+    """``whole`` timed against ``split`` by ``timer``, forward and backward: the timing, the margin used, why it was
+    narrowed (None where it was not), and whether ``whole`` is faster by it; or why it was not timed. No Thunder bits
+    to keep (unguarded Thunder fails on the graph): the rule of a measured keep or reject, the margin narrowed to the
+    timing's spread where the timing is what the program sees (:func:`.policy.measured_margin`)."""
     measured = timer(forward_backward_step(split, inputs), forward_backward_step(whole, inputs), (), apart=cuda)
     if isinstance(measured, str):
         return measured
@@ -306,13 +346,15 @@ def has_matmuls(module: torch.fx.GraphModule) -> bool:
 
 
 def whole_graph_decision(
-    found: WholeGraph, original: torch.fx.GraphModule, subgraph: str, unguarded: str, margin: float
+    found: WholeGraph, original: torch.fx.GraphModule, subgraph: str, unguarded: UnguardedFailure, margin: float
 ) -> Decision:
     """The decision recording ``found`` for the Dynamo graph ``original``, unguarded Thunder having failed on its
-    subgraph ``subgraph`` with ``unguarded`` (one line)."""
+    subgraph ``subgraph`` as ``unguarded`` tells."""
     code: ReasonCode = "whole_graph" if found.inductor else "whole_graph_kept"
     used = margin if found.margin is None else found.margin
-    facts = Facts(region=found.label, name=subgraph, error=unguarded, why=found.why, margin=used)
+    facts = Facts(region=found.label, name=subgraph, error=unguarded.error, why=found.why, margin=used)
+    if unguarded.same_region is not None:
+        facts["same_region"] = unguarded.same_region
     details: Details = {"scope": "op", "decided_by": "measured" if found.measured is not None else "rule"}
     if found.measured is not None:
         facts["measured"] = found.measured

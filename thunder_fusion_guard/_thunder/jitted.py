@@ -9,7 +9,7 @@ import linecache
 import re
 import traceback
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +21,7 @@ from thunder.core.trace import TraceCtx
 from .compiling import function_name
 from .executors import executor_names
 from .lowering import GUARD_PROVENANCE, new_trace_like, with_call
-from .sources import source_line
+from .sources import calls_with_user_lines, source_line
 from .thunderfx import is_thunderfx, thunderfx_subgraphs
 from .traces import is_fusion
 
@@ -42,6 +42,7 @@ __all__ = [
     "recompile_reasons",
     "recording_fusion_calls",
     "region_callable",
+    "traced_again_without",
     "traces_before_guard",
     "transform_classes",
     "unwrap_module_call",
@@ -349,6 +350,19 @@ def jit_again_without(jitted: Any, dropped: Any, instead: Any = None) -> Any:
         debug_options=cd.debug_options,
         **cd.compile_options,
     )
+
+
+def traced_again_without(
+    jitted: Any, dropped: Any, instead: Any, args: Sequence[Any]
+) -> tuple[Any, tuple[TraceCtx | None, TraceCtx | None]]:
+    """:func:`jit_again_without`, compiled for ``args`` but not run: the new module (its cache holds the compile, so
+    a call on such arguments runs it) and its final forward and backward execution traces. No fusion is compiled
+    yet: executors such as torch.compile's compile a region at its first call. The user's lines are held as a call
+    of the module holds them (:func:`.sources.calls_with_user_lines`)."""
+    again = jit_again_without(jitted, dropped, instead)
+    entry, _, _ = calls_with_user_lines(again._lc_cd._get_computation_and_inputs)(*args)
+    backward = entry.backward_traces[-1] if entry.backward_traces else None
+    return again, (entry.computation_traces[-1], backward)
 
 
 def module_call(jitted: Any) -> Callable:

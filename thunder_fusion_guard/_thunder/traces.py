@@ -321,9 +321,10 @@ def trace_inputs(trace: TraceCtx, unpacked: bool = False) -> list[Proxy]:
     return list(found.values())
 
 
-def canonical_ops(bsyms: Sequence[BoundSymbol]) -> str:
+def canonical_ops(bsyms: Sequence[BoundSymbol], inputs: Sequence[Any] = (), outputs: Sequence[Any] = ()) -> str:
     """The ops of ``bsyms`` with their arguments as text, proxies renamed in order of appearance: equal for
-    two regions that run the same ops on the same kinds of values, whatever their traces named them."""
+    two regions that run the same ops on the same kinds of values, whatever their traces named them. ``inputs``
+    are named first, in their order; ``outputs``, where given, are returned on a last line."""
     names: dict[str, str] = {}
 
     def text(value: Any) -> str:
@@ -338,10 +339,12 @@ def canonical_ops(bsyms: Sequence[BoundSymbol]) -> str:
             return "{" + ",".join(f"{k}:{text(v)}" for k, v in value.items()) + "}"
         return repr(value)
 
-    lines = []
+    lines = [f"({text(list(inputs))})"] if inputs else []
     for b in bsyms:
         outs = text(b.flat_outs)
         lines.append(f"{outs}={op_id(b)}({text(b.args)},{text(b.kwargs)})")
+    if outputs:
+        lines.append(f"return {text(list(outputs))}")
     return "\n".join(lines)
 
 
