@@ -7,7 +7,9 @@ or would lose a gradient through it, the guard's rescue runs it another way (:mo
 fusion region inside one fails, forward or backward, and its ops run unfused (:mod:`.passes.rescue`). Where unguarded
 Thunder fails there, that failure ends the user's program, so the graph has no Thunder bits to keep. Whether unguarded
 Thunder fails is checked, not assumed: the subgraph compiled again without the guard runs on copies of the failing
-call's inputs (of the next call's, for a region), forward and backward. Then, at the graph's next call, its split
+call's inputs (of the next call's, for a region), forward and backward; for a region, unless that compile's trace
+holds the region op for op, which then fails there as it did (its compile is not repeated: Inductor's C++ of a
+NequIP backward region of two thousand ops takes minutes before it fails). Then, at the graph's next call, its split
 and Inductor's compile of the whole graph are timed on copies of that call's inputs, forward and backward, and
 Inductor runs it from then on where it is faster by the margin, narrowed to the timing's spread where the timing is
 what the program sees (the rule of a timed region's keep or reject). On CUDA, Inductor's compile with combo kernels
