@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import steps_against_eager
+from helpers import jit_cpu, regions, steps_against_eager
 from thunder.dynamo import thunderfx
 
 import thunder_fusion_guard.transform as transform_module
@@ -439,13 +439,9 @@ def test_a_region_failing_in_backward_where_unguarded_thunder_fails_too_lets_the
 
 
 def _regions(fn, *args):
-    import thunder
-
-    from thunder_fusion_guard.regions import find_regions
-
-    jitted = thunder.jit(fn, executors=fusion_executors("cpu"))
+    jitted = jit_cpu(fn)
     jitted(*args)
-    return find_regions(thunder.last_traces(jitted)[-1])
+    return regions(jitted)
 
 
 def test_same_program_holds_for_one_region_compiled_twice_and_not_for_another_op_or_shape():
