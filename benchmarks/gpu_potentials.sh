@@ -88,6 +88,8 @@ declare -A JOBS=(
   [small-backends-decomposed]="|--model small --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends"
   # cold, Inductor's NequIP compiles take 437 + 66 s: run nequip-inductor-decomposed first on the same machine
   [nequip-backends-decomposed]="$NQ|--model nequip --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends --thread-stack-mb 1024"
+  # its guarded path alone, beside nequip-inductor-decomposed in the call before: both fill Inductor's caches
+  [nequip-backends-alone]="$NQ|--model nequip --paths eager --step-graph fx-guarded+backends --thread-stack-mb 1024"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
 chosen=("$@")
