@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from thunder_fusion_guard.bench import zoo, zoo_run
 from thunder_fusion_guard.bench.zoo_models import ZOO
@@ -601,6 +602,17 @@ def test_bench_zoo_by_default_leaves_out_models_whose_library_is_missing(monkeyp
 def test_the_field_potentials_are_listed_with_their_packages():
     assert (ZOO["nequip"].requires, ZOO["mace"].requires) == ("nequip", "mace")
     assert not ZOO["nequip"].small and not ZOO["mace"].small  # compiled only outside the CPU suite
+
+
+def test_mace_from_its_package_has_the_same_weights_in_every_build():
+    """MACE draws its weights from a fixed seed (as nequip's model does), so a step timed in one process and its
+    forces compared in another are of one model; the process's generator is left where it was."""
+    pytest.importorskip("mace")
+    before = torch.get_rng_state()
+    first, second = (ZOO["mace"].build("cpu").module for _ in range(2))
+    assert torch.equal(torch.get_rng_state(), before)
+    pairs = list(zip(first.state_dict().values(), second.state_dict().values(), strict=True))
+    assert pairs and all(torch.equal(a, b) for a, b in pairs)
 
 
 def test_nequip_from_its_package_gives_energy_and_forces():

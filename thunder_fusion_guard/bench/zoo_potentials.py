@@ -140,7 +140,11 @@ class MACEEnergy(nn.Module):
         # aborts on, and its readouts' activations traced by torch.fx (Dynamo's guards trip on e3nn 0.4.4's Irrep).
         from mace.tools.compile import disable_e3nn_codegen, simplify
 
-        with disable_e3nn_codegen():
+        # Weights drawn from a fixed seed, as nequip's are (seed=0): every process builds the same model, and the
+        # process's own generators are left as they were.
+        devices = range(torch.cuda.device_count()) if torch.cuda.is_available() else []
+        with disable_e3nn_codegen(), torch.random.fork_rng(devices=devices):
+            torch.manual_seed(0)
             self.model = modules.MACE(
                 r_max=R_MAX,
                 num_bessel=8,
