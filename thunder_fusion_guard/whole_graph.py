@@ -121,12 +121,12 @@ def unguarded_failure(
             again, traces = th.traced_again_without(jitted, guard, recording, copies)
         except Exception as e:  # whatever unguarded Thunder raises is the fact asked for
             return UnguardedFailure(error_line(e))
-        same = None
         if failed is not None:
+            same = None
             with contextlib.suppress(Exception):  # a shortcut: where it cannot tell, the program runs
                 same = _same_region(failed, th.last_traces(jitted), traces)
-        if same is not None and failed is not None:
-            return UnguardedFailure(failed.facts.get("error") or failed.reason, same)
+            if same is not None:
+                return UnguardedFailure(failed.facts.get("error") or failed.reason, same)
         try:
             forward_backward_step(again, copies)()
         except Exception as e:  # as above
