@@ -204,6 +204,7 @@ def run_model(
                 rows[path]["waited_for_lock_s"] = round(waited, 1)
             if chosen is not None:
                 rows[path]["backends"] = dict(Counter(c.chosen for c in chosen))
+                rows[path]["backend_choices"] = [c.line() for c in chosen]  # each with its timings and reason
             if path.endswith(STEP_GRAPH):  # the first call: warm-up steps and the capture included
                 rows[path]["step_captured"] = step.captured.captured or step.captured.reason
             if guard is not None:  # what its CUDA graphs copy at each replay
