@@ -196,7 +196,11 @@ def run_model(
                     from thunder_fusion_guard import choose_backends
 
                     _Step(model, fn, "cuda")()
+                    before_choice = round(time.perf_counter() - began - waited, 1)
+                    # said now: a job stopped during the choice still shows where its first call went
+                    print(f"[{name}] {path}: first call {before_choice} s, then choose_backends", flush=True)
                     chosen = choose_backends(fn, *model.inputs, guard=guard, whole_graphs=True)
+                    choose_s = round(time.perf_counter() - began - waited - before_choice, 1)
                 step = _CapturedStep(model, fn) if path.endswith(STEP_GRAPH) else _Step(model, fn, "cuda")
                 step()
             rows[path] = {"first_call_s": round(time.perf_counter() - began - waited, 1)}
@@ -204,6 +208,7 @@ def run_model(
                 rows[path]["waited_for_lock_s"] = round(waited, 1)
             if chosen is not None:
                 rows[path]["backends"] = dict(Counter(c.chosen for c in chosen))
+                rows[path]["before_choice_s"], rows[path]["choose_s"] = before_choice, choose_s
                 rows[path]["backend_choices"] = [c.line() for c in chosen]  # each with its timings and reason
             if path.endswith(STEP_GRAPH):  # the first call: warm-up steps and the capture included
                 rows[path]["step_captured"] = step.captured.captured or step.captured.reason
