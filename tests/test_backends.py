@@ -310,9 +310,15 @@ def test_a_dynamo_graph_runs_whole_by_inductor_where_that_beats_its_split(monkey
     for got, want in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(got, want)
     assert "backend of dynamo graph 0 (whole): inductor: Inductor runs the whole graph: faster by 60%" in str(g.report)
+    # whole graphs first: graph 0, run whole, calls its piece no more, so the piece is never timed
+    assert [c.subgraph for c in choices] == [
+        "dynamo graph 0 (whole)",
+        "dynamo graph 1 (whole)",
+        "dynamo graph 1, thunder_0",
+    ]
     again = choose_backends(fx, *inputs(), backends=("thunder",), whole_graphs=True)
     # graph 0, run whole now, is left as it is: neither it nor its piece is timed again
-    assert [c.subgraph for c in again] == ["dynamo graph 1, thunder_0", "dynamo graph 1 (whole)"]
+    assert [c.subgraph for c in again] == ["dynamo graph 1 (whole)", "dynamo graph 1, thunder_0"]
 
 
 def test_a_dynamo_graph_runs_whole_by_inductors_faster_option_where_its_defaults_lose_to_the_split(monkeypatch):

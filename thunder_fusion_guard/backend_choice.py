@@ -71,10 +71,11 @@ def choose_backends(
     """Time every Thunder subgraph of the ThunderFX object ``compiled`` under each of ``backends`` on the
     inputs it receives from ``compiled(*args, **kwargs)`` (one call per subgraph), and run each from now on by
     the fastest, where that beats Thunder by ``margin``. A subgraph a backend was chosen for before is left as
-    it is; none is timed where ThunderFX compiled no Thunder subgraph. ``whole_graphs``: then each Dynamo graph is
-    timed whole against Inductor's compile of all of it (a split into many pieces costs a call each, and the
-    pieces Thunder does not support run apart), and Inductor runs it where that beats the split by ``margin``; a
-    graph that updates its inputs in place is not timed.
+    it is; none is timed where ThunderFX compiled no Thunder subgraph. ``whole_graphs``: first each Dynamo graph is
+    timed whole, Inductor's compile of all of it against its split as ThunderFX runs it (a split into many pieces
+    costs a call each, and the pieces Thunder does not support run apart), and Inductor runs it where that beats
+    the split by ``margin``; the pieces of such a graph are then not timed; a graph that updates its inputs in place
+    is not timed.
 
     ``guard`` (a ``FusionGuard`` in ``compiled``'s transforms) gets the choices in ``report.backend_choices``.
     Returns one :class:`BackendChoice` per subgraph timed.
@@ -90,7 +91,10 @@ def choose_backends(
         raise ValueError(f"choose_backends option 'whole_graphs' must be True or False, got {whole_graphs!r}")
     if not _still_thunder(th.thunderfx_subgraphs(compiled)):
         compiled(*args, **kwargs)  # compiles
-    choices = []
+    # Whole graphs first: a graph Inductor runs whole no longer calls its pieces, so none of them is compiled by
+    # Inductor and timed for nothing (its split timed as ThunderFX runs it; a graph kept split stays so, as the
+    # choices below only make its pieces faster).
+    choices = _whole_graphs(compiled, args, kwargs, margin, rounds) if whole_graphs else []
     # One at a time, in the order they were made, each on the inputs of a call made after the choices before it:
     # the backend chosen for one subgraph can hand the next its tensors in other strides, which Inductor checks.
     for sub in _still_thunder(th.thunderfx_subgraphs(compiled)):
@@ -100,8 +104,6 @@ def choose_backends(
             choices.append(BackendChoice(sub.label, "thunder", reason, problems={"copy": inputs}))
         elif inputs is not None:
             choices.append(_choose(sub, inputs, backends, margin, rounds))
-    if whole_graphs:
-        choices += _whole_graphs(compiled, args, kwargs, margin, rounds)
     if guard is not None:  # sharing each choice's problems: a later failure on a call shows in the report too
         guard.report.backend_choices += [{**c.to_dict(), "problems": c.problems} for c in choices]
     return choices
