@@ -41,6 +41,12 @@ def periodic_box(atoms: int, device: str, seed: int = 0) -> dict[str, torch.Tens
     }
 
 
+def _forked_rng() -> contextlib.AbstractContextManager:
+    """Every generator of the process, CPU's and each CUDA device's, put back as it was on leaving: a zoo model
+    draws its weights from a seed of its own without changing the process's random streams."""
+    return torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_available() else [])
+
+
 @contextlib.contextmanager
 def _nequip_global_state() -> Iterator[None]:
     """nequip builds a model only after ``set_global_state()``, which sets process-wide state: seeds for every
@@ -62,9 +68,8 @@ def _nequip_global_state() -> Iterator[None]:
     torch.jit.set_fusion_strategy(fusion)
     precision = torch.backends.fp32_precision if torch.cuda.is_available() else None
     nequip_state = (global_state._GLOBAL_STATE_INITIALIZED, dict(global_state._latest_global_config))
-    devices = range(torch.cuda.device_count()) if torch.cuda.is_available() else []
     try:
-        with torch.random.fork_rng(devices=devices):
+        with _forked_rng():
             global_state.set_global_state()
             torch.set_default_dtype(dtype)  # the model's own dtype is an argument; its helpers read the default
             yield
@@ -142,8 +147,7 @@ class MACEEnergy(nn.Module):
 
         # Weights drawn from a fixed seed, as nequip's are (seed=0): every process builds the same model, and the
         # process's own generators are left as they were.
-        devices = range(torch.cuda.device_count()) if torch.cuda.is_available() else []
-        with disable_e3nn_codegen(), torch.random.fork_rng(devices=devices):
+        with disable_e3nn_codegen(), _forked_rng():
             torch.manual_seed(0)
             self.model = modules.MACE(
                 r_max=R_MAX,
