@@ -201,6 +201,8 @@ def run_model(
                     print(f"[{name}] {path}: first call {before_choice} s, then choose_backends", flush=True)
                     chosen = choose_backends(fn, *model.inputs, guard=guard, whole_graphs=True)
                     choose_s = round(time.perf_counter() - began - waited - before_choice, 1)
+                    for c in chosen:  # said now too: a job stopped at its capture still shows what was chosen
+                        print(f"[{name}] {path}: chose in {choose_s} s: {c.line()}", flush=True)
                 step = _CapturedStep(model, fn) if path.endswith(STEP_GRAPH) else _Step(model, fn, "cuda")
                 step()
             rows[path] = {"first_call_s": round(time.perf_counter() - began - waited, 1)}
