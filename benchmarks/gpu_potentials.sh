@@ -90,6 +90,8 @@ declare -A JOBS=(
   [nequip-backends-decomposed]="$NQ|--model nequip --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends --thread-stack-mb 1024"
   # its guarded path alone, beside nequip-inductor-decomposed in the call before: both fill Inductor's caches
   [nequip-backends-alone]="$NQ|--model nequip --paths eager --step-graph fx-guarded+backends --thread-stack-mb 1024"
+  # MACE translated, the guarded step after choose_backends(whole_graphs=True) beside Inductor's best step, one process
+  [mace-backends-decomposed]="$MC|--model mace --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends --thread-stack-mb 1024"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
 chosen=("$@")
