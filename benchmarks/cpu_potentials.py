@@ -88,7 +88,8 @@ def main() -> int:
     p.add_argument(
         "--unguarded",
         action="store_true",
-        help="also unguarded Thunder's difference from eager (or its error), and eager's own run-to-run difference",
+        help="also unguarded Thunder's difference from eager (or its error), and eager's own run-to-run difference; "
+        "where it runs, its step in the same rounds and whether its values equal the guarded ones bit for bit",
     )
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--json", required=True)
@@ -154,15 +155,19 @@ def main() -> int:
         unguarded_path = path.replace("-guarded", "")
         began = time.perf_counter()
         try:
-            theirs = step(compiled(None))
+            unguarded = compiled(None)
+            theirs = step(unguarded)
             rows[unguarded_path] = {
                 "first_call_s": round(time.perf_counter() - began, 1),
                 **off_eager(theirs),
                 **scale,
             }
         except Exception as e:  # unguarded Thunder failing on the model is the finding
+            unguarded = None
             rows[unguarded_path] = {"error": error_line(e)[:300]}
         print(f"{args.model} {unguarded_path}: {json.dumps(rows[unguarded_path])}", flush=True)
+    else:
+        unguarded, unguarded_path = None, ""
     inductor = None
     if unexact is not None:
         step(unexact)  # its first call, untimed
@@ -185,6 +190,10 @@ def main() -> int:
             paths["inductor"] = lambda: step(inductor)
         if unexact is not None:
             paths["without exact_vjps"] = lambda: step(unexact)
+        # what the guard's defaults gain on unguarded Thunder, whose bits they keep (not after choose_backends)
+        with_unguarded = unguarded is not None and "+chosen" not in path
+        if with_unguarded:
+            paths["unguarded"] = lambda: step(unguarded)
         rounds = interleaved_rounds(paths, args.rounds)
         ms = {name: statistics.median(t) * 1e3 for name, t in rounds.samples.items()}
         if inductor is not None:
@@ -210,6 +219,19 @@ def main() -> int:
                 "atoms": args.atoms,
             }
             print(f"{args.model} without exact_vjps: {json.dumps(rows[path + ' without exact_vjps'])}", flush=True)
+        if with_unguarded:
+            theirs = step(unguarded)
+            rows[unguarded_path].update(
+                {
+                    "ms": round(ms["unguarded"], 2),
+                    "eager_ms": round(ms["eager"], 2),
+                    "x_eager": round(ms["unguarded"] / ms["eager"], 3),
+                    "guarded_x_unguarded": round(ms["guarded"] / ms["unguarded"], 3),
+                    "bitwise_equal_to_guarded": bool(torch.equal(theirs[0], got[0]) and torch.equal(theirs[1], got[1])),
+                    "rounds": args.rounds,
+                }
+            )
+            print(f"{args.model} {unguarded_path}: {json.dumps(rows[unguarded_path])}", flush=True)
         rows[path] = {
             "ms": round(ms["guarded"], 2),
             "eager_ms": round(ms["eager"], 2),
