@@ -5,7 +5,7 @@
 # each against its own eager, interleaved. Wheels, installed with no network: .whl/nequip (nequip 0.19, e3nn 0.6 from
 # the machine), .whl/mace (mace-torch 0.3.16, e3nn 0.4.4): benchmarks/gpu_wheels.sh downloads both;
 # .whl/cueq-site.tar.xz (cuEquivariance 0.13, CUDA 13 ops).
-#   source .gpu/setup.sh && TFG_COMMIT=<full sha> bash benchmarks/gpu_potentials.sh [JOB...]
+#   source .gpu/setup.sh && TFG_COMMIT=<full sha> [TFG_CACHE_PACK=1] bash benchmarks/gpu_potentials.sh [JOB...]
 # Writes <job>.json and .log, packed in $OUT/<job>.tgz as each job ends and all in $OUT/potentials.tgz; benchmarks/potentials_table.py makes potentials-<gpu>-<sha>.json of them.
 set -u
 cd "$(dirname "$0")/.."
@@ -25,6 +25,16 @@ rm -rf "$TFG_ZOO_READY" && mkdir -p "$TFG_ZOO_READY"
 [ -d /tmp/mc ] || python3 -m pip install -q --no-deps --no-index --target /tmp/mc .whl/mace/*.whl
 # cuEquivariance's wheels unpacked and packed again with xz (27 MB against 74), for the mace-cueq jobs
 [ -d /tmp/cq ] || [ ! -f .whl/cueq-site.tar.xz ] || { mkdir -p /tmp/cq && tar xJf .whl/cueq-site.tar.xz -C /tmp/cq; }
+# Inductor's and Triton's caches travel between machines: with TFG_CACHE_PACK=1 they are packed after the jobs into
+# $OUT/inductor-cache.txz.NN (xz, parts of 15 MB: a file comes back at 16 MiB at most); put those parts in
+# .whl/inductor-cache/ and carry it, and they are unpacked here before the jobs (NequIP's Inductor step given its
+# small-matmul rewrites compiles in 470 s cold, 55 s warm)
+export TORCHINDUCTOR_CACHE_DIR=/tmp/tfg-inductor-cache
+if [ ! -d "$TORCHINDUCTOR_CACHE_DIR" ] && compgen -G ".whl/inductor-cache/inductor-cache.txz.*" > /dev/null; then
+  mkdir -p "$TORCHINDUCTOR_CACHE_DIR"
+  cat .whl/inductor-cache/inductor-cache.txz.* | tar xJf - -C "$TORCHINDUCTOR_CACHE_DIR" \
+    && echo "[potentials] Inductor's caches unpacked: $(du -sh "$TORCHINDUCTOR_CACHE_DIR" | cut -f1)"
+fi
 NQ="/tmp/nq:$PWD/.whl/nequip/pure:${PYTHONPATH:-}"
 MC="/tmp/mc:/tmp/cq:${PYTHONPATH:-}"
 README='{"choose_executor": true, "exact_only": false, "merge_regions": true, "measure_budget_s": 300}'
@@ -120,4 +130,9 @@ for job in "${chosen[@]}"; do
 done
 wait
 tar czf "$OUT/potentials.tgz" -C "$WORK" .
+if [ "${TFG_CACHE_PACK:-0}" = 1 ] && [ -d "$TORCHINDUCTOR_CACHE_DIR" ]; then
+  rm -f "$OUT"/inductor-cache.txz.*
+  tar cf - -C "$TORCHINDUCTOR_CACHE_DIR" . | xz -6 -T0 | split -b 15M -d - "$OUT/inductor-cache.txz."
+  echo "[potentials] Inductor's caches packed: $(du -sh "$TORCHINDUCTOR_CACHE_DIR" | cut -f1) into $(du -ch "$OUT"/inductor-cache.txz.* | tail -1 | cut -f1)"
+fi
 for job in "${chosen[@]}"; do grep -h "^\[" "$WORK/$job.log" | grep -v "first_call_s': [0-9.]*}$" | cut -c1-300 | tail -4; done
