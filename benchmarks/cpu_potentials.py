@@ -57,6 +57,16 @@ def _commit() -> str:
     return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 
+def potential(model: str, atoms: int, l_max: int) -> tuple:
+    """NequIP (``l_max``) or MACE (``max_ell``) built on CPU with ``atoms`` atoms, and its key in the results
+    (the model's name, with its l if not 2)."""
+    if model == "nequip":
+        built = nequip_potential("cpu", atoms=atoms, l_max=l_max)
+    else:
+        built = mace_potential("cpu", atoms=atoms, max_ell=l_max)
+    return built, model if l_max == 2 else f"{model}-l{l_max}"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", choices=["nequip", "mace"])
@@ -99,11 +109,7 @@ def main() -> int:
     torch.set_num_threads(1)
     if args.translate:
         translate_library_ops()
-    if args.model == "nequip":
-        built = nequip_potential("cpu", atoms=args.atoms, l_max=args.l_max)
-    else:
-        built = mace_potential("cpu", atoms=args.atoms, max_ell=args.l_max)
-    key = args.model if args.l_max == 2 else f"{args.model}-l{args.l_max}"
+    built, key = potential(args.model, args.atoms, args.l_max)
     model, (positions, *graph) = built.module, built.inputs
     guard = FusionGuard()
     executors = None if args.default_executors else fusion_executors("cpu")

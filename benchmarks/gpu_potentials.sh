@@ -28,7 +28,8 @@ rm -rf "$TFG_ZOO_READY" && mkdir -p "$TFG_ZOO_READY"
 # Inductor's and Triton's caches travel between machines: with TFG_CACHE_PACK=1 they are packed after the jobs into
 # $OUT/inductor-cache.txz.NN (xz, parts of 15 MB: a file comes back at 16 MiB at most); put those parts in
 # .whl/inductor-cache/ and carry it, and they are unpacked here before the jobs (NequIP's Inductor step given its
-# small-matmul rewrites compiles in 470 s cold, 55 s warm)
+# small-matmul rewrites compiles in 470 s cold, 55 s warm); the packing runs after the jobs' deadline (TFG_DEADLINE_S):
+# leave it room under the command's own time limit
 export TORCHINDUCTOR_CACHE_DIR=/tmp/tfg-inductor-cache
 if [ ! -d "$TORCHINDUCTOR_CACHE_DIR" ] && compgen -G ".whl/inductor-cache/inductor-cache.txz.*" > /dev/null; then
   mkdir -p "$TORCHINDUCTOR_CACHE_DIR"

@@ -26,11 +26,10 @@ from torch.utils._pytree import tree_flatten
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cpu_potentials import _commit  # noqa: E402
+from cpu_potentials import _commit, potential  # noqa: E402
 from package_hash import package_sha256  # noqa: E402
 
 from thunder_fusion_guard import translate_library_ops  # noqa: E402
-from thunder_fusion_guard.bench.zoo_potentials import mace_potential, nequip_potential  # noqa: E402
 
 _CONSTANTS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
@@ -77,15 +76,15 @@ def _graphs(model: torch.nn.Module, inputs: tuple) -> list[torch.fx.GraphModule]
     return captured
 
 
-def checked(graphs: list[torch.fx.GraphModule], memo: dict | None) -> tuple[list[bool], float, int, int]:
+def checked(graphs: list[torch.fx.GraphModule], memoized: bool) -> tuple[list[bool], float, int, int]:
     """Each call node's verdict, the seconds the checks took, the nodes the memo answered and those it could not
-    key (``memo`` None: every node checked plainly)."""
+    key (``memoized`` False: every node checked plainly)."""
     from thunder.dynamo.utils import is_node_supported_by_thunder
 
     verdicts, hits, unkeyed = [], 0, 0
     began = time.perf_counter()
     for gm in graphs:
-        local: dict = {} if memo is not None else None  # one memo a graph, as ThunderFX splits a graph at a time
+        local: dict | None = {} if memoized else None  # one memo a graph, as ThunderFX splits a graph at a time
         for node in gm.graph.nodes:
             if node.op not in ("call_function", "call_method", "call_module"):
                 continue
@@ -115,14 +114,12 @@ def main() -> int:
     torch.set_num_threads(1)
     if args.translate:
         translate_library_ops()
-    if args.model == "nequip":
-        built = nequip_potential("cpu", atoms=args.atoms or 100, l_max=args.l_max)
-    else:
-        built = mace_potential("cpu", atoms=args.atoms or 30, max_ell=args.l_max)
+    default_atoms = 100 if args.model == "nequip" else 30
+    built, key = potential(args.model, args.atoms or default_atoms, args.l_max)
     graphs = _graphs(built.module, tuple(built.inputs))
     rows = {}
     for run in ("plain", "memo", "plain again", "memo again"):  # interleaved: the second pair shows the spread
-        verdicts, seconds, hits, unkeyed = checked(graphs, {} if run.startswith("memo") else None)
+        verdicts, seconds, hits, unkeyed = checked(graphs, run.startswith("memo"))
         rows[run] = {"s": round(seconds, 2), "nodes": len(verdicts), "memo_answered": hits, "unkeyed": unkeyed}
         rows[run]["verdicts"] = verdicts
         print(f"{args.model} {run}: {seconds:.1f} s, {len(verdicts)} nodes, memo answered {hits}", flush=True)
@@ -138,7 +135,6 @@ def main() -> int:
         "same_verdicts": same,
         "translated": args.translate,
     }
-    key = args.model if args.l_max == 2 else f"{args.model}-l{args.l_max}"
     print(f"{key}: {json.dumps(row)}", flush=True)
     out = Path(args.json)
     doc = json.loads(out.read_text()) if out.exists() else {}
