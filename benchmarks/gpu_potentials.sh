@@ -103,6 +103,13 @@ declare -A JOBS=(
   [nequip-backends-alone]="$NQ|--model nequip --paths eager --step-graph fx-guarded+backends --thread-stack-mb 1024"
   # MACE translated, the guarded step after choose_backends(whole_graphs=True) beside Inductor's best step, one process
   [mace-backends-decomposed]="$MC|--model mace --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends --thread-stack-mb 1024"
+  # one process a model, every path the kernel-count comparison names: eager, Inductor's reduce-overhead mode, its
+  # default step and its best steps found, each captured whole, and the guard's e3nn configuration + small_matmuls
+  [modules-steps]="|--model e3nn-nequip-modules --paths eager,inductor-ro --step-graph inductor $INDUCTOR_BEST --step-graph fx-guarded/matmuls"
+  [small-steps]="|--model small --paths eager,inductor-ro --step-graph inductor $INDUCTOR_BEST --step-graph fx-guarded/matmuls"
+  # MACE by cuEquivariance's kernels (its enable_cueq), translated: Inductor's default and best steps beside the
+  # guarded step after choose_backends(whole_graphs=True), one process; needs .whl/cueq-site.tar.xz unpacked once
+  [mace-cueq-backends]="$MC|--model mace-cueq --paths eager --step-graph inductor $INDUCTOR_BEST --step-graph fx-guarded+backends --thread-stack-mb 1024"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
 chosen=("$@")
