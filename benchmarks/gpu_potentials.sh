@@ -23,7 +23,8 @@ export TFG_ZOO_READY=$WORK/ready TFG_ZOO_READY_BY=$(( $(date +%s) + DEADLINE - 1
 rm -rf "$TFG_ZOO_READY" && mkdir -p "$TFG_ZOO_READY"
 [ -d /tmp/nq ] || python3 -m pip install -q --no-deps --no-index --target /tmp/nq .whl/nequip/*.whl
 [ -d /tmp/mc ] || python3 -m pip install -q --no-deps --no-index --target /tmp/mc .whl/mace/*.whl
-# cuEquivariance's wheels unpacked and packed again with xz (27 MB against 74), for the mace-cueq jobs
+# cuEquivariance's wheels unpacked and packed again with xz (benchmarks/gpu_wheels.sh cueq), for the mace-cueq jobs; with .gpu
+# and the tracked files it passes a run's 64 MiB carry: carry it alone first and unpack it into /tmp/cq there
 [ -d /tmp/cq ] || [ ! -f .whl/cueq-site.tar.xz ] || { mkdir -p /tmp/cq && tar xJf .whl/cueq-site.tar.xz -C /tmp/cq; }
 # Inductor's and Triton's caches travel between machines: with TFG_CACHE_PACK=1 they are packed after the jobs into
 # $OUT/inductor-cache.txz.NN (xz, parts of 15 MB: a file comes back at 16 MiB at most); put those parts in

@@ -4,8 +4,12 @@
 #   .whl/nequip       nequip 0.19.1 and what building its model imports beyond torch, numpy, scipy, e3nn 0.6 and
 #                     transformers' dependencies (hydra-core, omegaconf, lightning, torchmetrics, matscipy, ase);
 #   .whl/nequip/pure  antlr4-python3-runtime 4.9.3 (hydra's pin; published as a source archive only), unpacked;
-#   .whl/mace         mace-torch 0.3.16 with e3nn 0.4.4, its pin, and its imports.
-#   bash benchmarks/gpu_wheels.sh [nequip] [mace]
+#   .whl/mace         mace-torch 0.3.16 with e3nn 0.4.4, its pin, and its imports;
+#   .whl/cueq-site.tar.xz  cuEquivariance 0.13.0 for torch with its CUDA 13 ops and platformdirs, unpacked as a
+#                     site folder and packed with xz (27 MB against 74 of wheels). With the tracked files and .gpu it
+#                     passes the 64 MiB a run carries: carry it alone in a call of its own first (unpack it into
+#                     /tmp/cq there), then run the mace-cueq jobs on the same machine while it is warm.
+#   bash benchmarks/gpu_wheels.sh [nequip] [mace] [cueq]
 set -eu
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -18,9 +22,9 @@ get() {  # get DIR REQUIREMENT...: binary wheels for CPython 3.12 on manylinux x
     --platform any -d "$dir" "$@"
 }
 kits=("$@")
-[ ${#kits[@]} -eq 0 ] && kits=(nequip mace)
+[ ${#kits[@]} -eq 0 ] && kits=(nequip mace cueq)
 for k in "${kits[@]}"; do  # every name checked before any download
-  [[ $k == nequip || $k == mace ]] || { echo "unknown kit $k (kits: nequip, mace)" >&2; exit 2; }
+  [[ $k == nequip || $k == mace || $k == cueq ]] || { echo "unknown kit $k (kits: nequip, mace, cueq)" >&2; exit 2; }
 done
 for k in "${kits[@]}"; do
   case $k in
@@ -36,6 +40,14 @@ for k in "${kits[@]}"; do
       ;;
     mace)
       get .whl/mace mace-torch==0.3.16 e3nn==0.4.4 ase pandas torchmetrics torch-ema prettytable opt-einsum opt-einsum-fx
+      ;;
+    cueq)
+      tmp=$(mktemp -d)
+      get "$tmp/wheels" cuequivariance==0.13.0 cuequivariance-torch==0.13.0 cuequivariance-ops-torch-cu13==0.13.0 \
+        cuequivariance-ops-cu13==0.13.0 platformdirs
+      for w in "$tmp"/wheels/*.whl; do "$PY" -m zipfile -e "$w" "$tmp/site"; done  # a wheel is its site files, zipped
+      mkdir -p .whl && tar cf - -C "$tmp/site" . | xz -6 -T0 > .whl/cueq-site.tar.xz
+      rm -rf "$tmp"
       ;;
   esac
 done
