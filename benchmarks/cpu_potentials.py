@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -35,7 +34,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from package_hash import package_sha256  # noqa: E402
+from package_hash import package_sha256, resolve_commit  # noqa: E402
 
 from thunder_fusion_guard import (  # noqa: E402
     FusionGuard,
@@ -48,13 +47,6 @@ from thunder_fusion_guard.bench.zoo_potentials import mace_potential, nequip_pot
 from thunder_fusion_guard.examine.first_call import first_call  # noqa: E402
 from thunder_fusion_guard.measure.timing import interleaved_rounds  # noqa: E402
 from thunder_fusion_guard.wording import error_line  # noqa: E402
-
-
-def _commit() -> str:
-    given = os.environ.get("TFG_COMMIT")
-    if given:
-        return given
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 
 def potential(model: str, atoms: int, l_max: int) -> tuple:
@@ -104,7 +96,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--json", required=True)
     args = p.parse_args()
-    commit = _commit()  # the code that runs: read before the long first call
+    commit = resolve_commit(None)[0] or ""  # the code that runs: read before the long first call
     package = package_sha256()
     torch.set_num_threads(1)
     if args.translate:

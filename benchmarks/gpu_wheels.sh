@@ -6,7 +6,7 @@
 #   .whl/nequip/pure  antlr4-python3-runtime 4.9.3 (hydra's pin; published as a source archive only), unpacked;
 #   .whl/mace         mace-torch 0.3.16 with e3nn 0.4.4, its pin, and its imports;
 #   .whl/cueq-site.tar.xz  cuEquivariance 0.13.0 for torch with its CUDA 13 ops and platformdirs, unpacked as a
-#                     site folder and packed with xz (27 MB against 74 of wheels). With the tracked files and .gpu it
+#                     site folder and packed with xz (about 28 MiB against 74 MB of wheels). With the tracked files and .gpu it
 #                     passes the 64 MiB a run carries: carry it alone in a call of its own first (unpack it into
 #                     /tmp/cq there), then run the mace-cueq jobs on the same machine while it is warm.
 #   bash benchmarks/gpu_wheels.sh [nequip] [mace] [cueq]

@@ -26,8 +26,8 @@ from torch.utils._pytree import tree_flatten
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cpu_potentials import _commit, potential  # noqa: E402
-from package_hash import package_sha256  # noqa: E402
+from cpu_potentials import potential  # noqa: E402
+from package_hash import package_sha256, resolve_commit  # noqa: E402
 
 from thunder_fusion_guard import translate_library_ops  # noqa: E402
 
@@ -110,7 +110,7 @@ def main() -> int:
     p.add_argument("--translate", action="store_true", help="translate_library_ops() first")
     p.add_argument("--json", required=True)
     args = p.parse_args()
-    commit, package = _commit(), package_sha256()
+    commit, package = resolve_commit(None)[0] or "", package_sha256()
     torch.set_num_threads(1)
     if args.translate:
         translate_library_ops()
