@@ -107,6 +107,10 @@ declare -A JOBS=(
   # one process a model, every path the kernel-count comparison names: eager, Inductor's reduce-overhead mode, its
   # default step and its best steps found, each captured whole, and the guard's e3nn configuration + small_matmuls
   [modules-steps]="|--model e3nn-nequip-modules --paths eager,inductor-ro --step-graph inductor $INDUCTOR_BEST --step-graph fx-guarded/matmuls"
+  # the guarded step in README's e3nn configuration + small_matmuls beside Inductor's fastest step found on each model
+  # (in modules-steps and small-steps), one process a model: each fits one 600 s call
+  [modules-fastest]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls"
+  [small-fastest]="|--model small --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded/matmuls"
   [small-steps]="|--model small --paths eager,inductor-ro --step-graph inductor $INDUCTOR_BEST --step-graph fx-guarded/matmuls"
   # MACE by cuEquivariance's kernels (its enable_cueq), translated: Inductor's default and best steps beside the
   # guarded step after choose_backends(whole_graphs=True), one process; needs .whl/cueq-site.tar.xz unpacked once

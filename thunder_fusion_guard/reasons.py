@@ -49,6 +49,8 @@ ReasonCode = Literal[
     "matmul_kept",
     "merged",
     "merge_failed",
+    "scatter_moved",
+    "scatter_kept",
     "hoist_written_by_backward",
     "hoisted",
     "hoist_refused",
@@ -167,6 +169,7 @@ class Facts(TypedDict, total=False):
     into: str
     inner: int  # the terms each element of a matmul sums
     across: list[str]  # a merge: the ops between the two regions
+    dropped: int  # a scatter moved into the region making its values: the outputs of it only the scatter read
     blocked_by: str
     skipped: str
     why: str
@@ -617,6 +620,21 @@ def _merged(f: Facts) -> tuple[str, str | None]:
 
 def _merge_failed(f: Facts) -> tuple[str, str | None]:
     return f"kept apart from {f['into']}: rebuilding the two as one call failed", None
+
+
+def _scatter_moved(f: Facts) -> tuple[str, str | None]:
+    into, dropped = f["into"], f.get("dropped", 0)
+    unwritten = f", {plural(dropped, 'output')} of it no longer written" if dropped else ""
+    return (
+        f"scatter run at the end of {into}, which makes its values (one call fewer{unwritten}; may round differently)",
+        f"a scatter left to torch after {into}, which makes the values it sums: run inside it, where the executor "
+        f"computes them in the scatter's kernel (one call fewer{unwritten}; option 'rewrites.merge_regions'; the adds "
+        "may land in another order)",
+    )
+
+
+def _scatter_kept(f: Facts) -> tuple[str, str | None]:
+    return f"scatter kept after {f['into']}: rebuilding {f['into']} with it failed", None
 
 
 def _hoist_written_by_backward(f: Facts) -> tuple[str, str | None]:
@@ -1101,6 +1119,8 @@ _WORDS: dict[ReasonCode, Callable[[Facts], tuple[str, str | None]]] = {
     "matmul_kept": _matmul_kept,
     "merged": _merged,
     "merge_failed": _merge_failed,
+    "scatter_moved": _scatter_moved,
+    "scatter_kept": _scatter_kept,
     "hoist_written_by_backward": _hoist_written_by_backward,
     "hoisted": _hoisted,
     "hoist_refused": _hoist_refused,

@@ -38,6 +38,7 @@ from .padded_sums import padded_sum_pass
 from .records import instead, op_decision
 from .rehome import merge_pass, rehome_pass
 from .rescue import rescue_pass
+from .scatters import scatter_pass
 from .small_matmuls import late_small_matmul_pass, small_matmul_pass
 
 __all__ = [
@@ -79,6 +80,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("rehome_pass", "rewrites.rehome", rehome_pass),
     Pass("merge_pass", "rewrites.merge_regions", merge_pass),
     Pass("merged_region_pass", "rewrites.merge_regions", merged_region_pass, report_only=False),
+    Pass("scatter_pass", "rewrites.merge_regions", scatter_pass),
     # applied moves only: in report_only mode the first pass moved nothing, and this one would record its moves again
     Pass("late_small_matmul_pass", "rewrites.small_matmuls", late_small_matmul_pass, report_only=False),
     Pass("hoist_pass", "hoist", hoist_pass),

@@ -1,0 +1,140 @@
+"""Scatters into the region that makes their values (``rewrites.merge_regions``): an ``index_add`` or an
+embedding's gradient left to torch after a region switched to torch.compile runs at that region's end.
+
+As on CUDA, the regions' own executor (``tc_no_scatter``: torch.compile grouped as nvFuser groups) claims no
+scatter, and Thunder's torch.compile executor, its alternative, does; timings are injected so that every region
+switches. Values are halves on a small grid: their sums are exact in any order, so the guarded results equal
+unguarded Thunder's bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import thunder
+import torch
+from helpers import NEAR_BREAK_EVEN, assert_same, regions, run_with_grads
+from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
+
+from thunder_fusion_guard import Costs, FusionGuard, Rewrites, translate_library_ops
+from thunder_fusion_guard import _thunder as th
+
+NO_SCATTER = "tc_no_scatter"
+
+
+class _NoScatter(TorchCompileExecutor):
+    def can_fuse(self, bsym):
+        name = bsym.sym.name
+        return not any(op in name for op in ("index_add", "embedding", "matmul")) and super().can_fuse(bsym)
+
+
+def no_scatter_executor() -> TorchCompileExecutor:
+    """torch.compile grouped as nvFuser groups e3nn's message passing: no scatter nor matmul in its regions."""
+    ex = _NoScatter(NO_SCATTER)
+    ex._implmap = dict(torch_compile_ex._implmap)
+    return ex
+
+
+@pytest.fixture(autouse=True)
+def switches_to_torch_compile(monkeypatch, inject_timings):
+    translate_library_ops()  # index_add's gradient
+    monkeypatch.setitem(th.ALTERNATIVE_FUSERS, NO_SCATTER, "torchcompile")
+    inject_timings(10.0, 12.0, other_us=4.0)
+
+
+def message_sum(x, idx, base):
+    y = torch.where(x > 0, x, -x) + 1.0  # only the index_add reads it
+    return base.index_add(0, idx, y)
+
+
+def embedded(w, tok):
+    return torch.nn.functional.embedding(tok, w) * 2.0  # its gradient: embedding_backward of a region's value
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randint(-8, 8, (16, 4), generator=g) * 0.5).requires_grad_()
+    idx = torch.randint(0, 8, (16,), generator=g)
+    w = (torch.randint(-8, 8, (10, 4), generator=g) * 0.5).requires_grad_()
+    tok = torch.randint(0, 10, (12,), generator=g)
+    return (x, idx, torch.zeros(8, 4)), (w, tok)
+
+
+def _guard(merge: bool, **options) -> FusionGuard:
+    costs = Costs(calibration=NEAR_BREAK_EVEN, measure_budget_s=60)
+    rewrites = Rewrites(merge_regions=merge)
+    return FusionGuard(choose_executor=True, exact_only=False, costs=costs, rewrites=rewrites, **options)
+
+
+def _outside(jitted, backward=False) -> list[str]:
+    trace = (thunder.last_backward_traces if backward else thunder.last_traces)(jitted)[-1]
+    return [th.op_name(b) for b in trace.bound_symbols if not th.is_fusion(b) and not th.is_comment_or_del(b)]
+
+
+def _scatter_decisions(guard: FusionGuard):
+    return [d for d in guard.report if d.code in ("scatter_moved", "scatter_kept")]
+
+
+def _both(fn, args, guard):
+    guarded = thunder.jit(fn, executors=[no_scatter_executor()], transforms=[guard])
+    plain = thunder.jit(fn, executors=[no_scatter_executor()])
+    got, want = run_with_grads(guarded, args), run_with_grads(plain, args)
+    assert_same(got[0], want[0])
+    assert_same(got[1], want[1])
+    return guarded, plain
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_index_add_runs_in_the_region_that_makes_its_values(merge):
+    """With ``merge_regions`` the ``index_add`` runs at the end of the switched region computing what it sums,
+    whose value only it read is no longer an output; results and gradients stay unguarded Thunder's, bit for bit."""
+    g = _guard(merge)
+    guarded, plain = _both(message_sum, _inputs()[0], g)
+    assert "index_add" in _outside(plain)
+    moved = _scatter_decisions(g)
+    if not merge:
+        assert not moved and "index_add" in _outside(guarded)
+        return
+    assert "index_add" not in _outside(guarded)
+    (d,) = moved
+    assert (d.trace, d.action, d.code, d.ops, d.applied) == ("forward", "rehome", "scatter_moved", ["index_add"], True)
+    assert d.facts == {"into": d.region, "dropped": 1}  # where(...) + 1 was written for the scatter alone
+    (region,) = regions(guarded)
+    assert (region.name, region.executor) == (d.region, "torchcompile") and "index_add" in region.ops
+
+
+def test_embedding_gradient_runs_in_the_backward_region_that_makes_it():
+    """The gradient of an embedding (a scatter by the token ids) runs in the backward region computing what it
+    sums, bit for bit as unguarded Thunder's."""
+    g = _guard(True)
+    guarded, plain = _both(embedded, _inputs()[1], g)
+    scatter = "torch.ops.aten.embedding_backward"
+    assert scatter in _outside(plain, backward=True) and scatter not in _outside(guarded, backward=True)
+    (d,) = _scatter_decisions(g)
+    assert (d.trace, d.code, d.ops) == ("backward", "scatter_moved", [scatter])
+    assert d.facts == {"into": d.region, "dropped": 1}
+    assert [r.executor for r in regions(guarded, backward=True) if r.name == d.region] == ["torchcompile"]
+
+
+def test_report_only_records_the_move_and_runs_unchanged():
+    """``report_only``: the move is recorded as not applied, and the scatter still runs outside."""
+    g = _guard(True, report_only=True)
+    guarded = thunder.jit(message_sum, executors=[no_scatter_executor()], transforms=[g])
+    run_with_grads(guarded, _inputs()[0])
+    assert "index_add" in _outside(guarded)
+    assert [(d.trace, d.code, d.applied) for d in _scatter_decisions(g)] == [("forward", "scatter_moved", False)]
+
+
+def read_twice(x, idx, base):
+    y = torch.where(x > 0, x, -x) + 1.0
+    return base.index_add(0, idx, y), y @ base.T  # y is read after the scatter too, by a matmul left to torch
+
+
+def test_a_value_read_elsewhere_stays_an_output():
+    """The region keeps writing a value an op after the scatter reads; the scatter moves in all the same."""
+    x, idx, base = _inputs()[0]
+    g = _guard(True)
+    guarded = thunder.jit(read_twice, executors=[no_scatter_executor()], transforms=[g])
+    plain = thunder.jit(read_twice, executors=[no_scatter_executor()])
+    assert_same(list(guarded(x.detach(), idx, base)), list(plain(x.detach(), idx, base)))
+    (d,) = [d for d in _scatter_decisions(g) if d.trace == "forward"]
+    assert d.code == "scatter_moved" and d.facts["dropped"] == 0
