@@ -15,7 +15,7 @@ import torch
 from helpers import NEAR_BREAK_EVEN, assert_same, regions, run_with_grads
 from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
 
-from thunder_fusion_guard import Costs, FusionGuard, Rewrites, translate_library_ops
+from thunder_fusion_guard import Costs, FusionGuard, Rewrites, library_ops_translated
 from thunder_fusion_guard import _thunder as th
 
 NO_SCATTER = "tc_no_scatter"
@@ -36,9 +36,10 @@ def no_scatter_executor() -> TorchCompileExecutor:
 
 @pytest.fixture(autouse=True)
 def switches_to_torch_compile(monkeypatch, inject_timings):
-    translate_library_ops()  # index_add's gradient
     monkeypatch.setitem(th.ALTERNATIVE_FUSERS, NO_SCATTER, "torchcompile")
     inject_timings(10.0, 12.0, other_us=4.0)
+    with library_ops_translated():  # index_add's gradient, for this test only (translations are process-wide)
+        yield
 
 
 def message_sum(x, idx, base):
