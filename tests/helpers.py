@@ -211,6 +211,23 @@ def nvfuser_shaped_executor():
     return ex
 
 
+NO_SCATTER = "tc_no_scatter"
+
+
+class _NoScatter(TorchCompileExecutor):
+    def can_fuse(self, bsym):
+        name = bsym.sym.name
+        return not any(op in name for op in ("index_add", "embedding", "matmul")) and super().can_fuse(bsym)
+
+
+def no_scatter_executor() -> TorchCompileExecutor:
+    """torch.compile grouped as nvFuser groups e3nn's message passing: no scatter (nvFuser 0.2.36 has no
+    accumulating one) nor matmul in its regions, so an ``index_add`` runs between two regions."""
+    ex = _NoScatter(NO_SCATTER)
+    ex._implmap = dict(torch_compile_ex._implmap)
+    return ex
+
+
 class _ViewsOutside(_NvFuserShaped):
     def fusion_pass(self, trace):
         from thunder.core import utils

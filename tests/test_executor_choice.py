@@ -14,7 +14,15 @@ import contextlib
 import pytest
 import thunder
 import torch
-from helpers import NEAR_BREAK_EVEN, assert_same, nvfuser_shaped_executor, regions, run_with_grads
+from helpers import (
+    NEAR_BREAK_EVEN,
+    NO_SCATTER,
+    assert_same,
+    no_scatter_executor,
+    nvfuser_shaped_executor,
+    regions,
+    run_with_grads,
+)
 from thunder.core.symbol import BoundSymbol, Symbol
 
 from thunder_fusion_guard import Costs, FusionGuard, Rewrites
@@ -454,22 +462,8 @@ def test_a_compilation_with_a_cudagraph_transform_is_captured(monkeypatch):
 
 def scatter_between(x, idx, base):
     y = torch.where(x > 0, x, -x) + 1.0
-    z = base.index_add(0, idx, y)  # left to torch by the executor below
+    z = base.index_add(0, idx, y)  # left to torch by no_scatter_executor (nvFuser 0.2.36 has no accumulating scatter)
     return torch.where(z > 2.0, z, -z) * 2.0
-
-
-def _no_scatter_executor():
-    """torch.compile grouped as nvFuser groups an e3nn message pass: ``index_add`` is no fusion's, so it runs
-    between two regions (nvFuser 0.2.36 has no accumulating scatter)."""
-    from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
-
-    class NoScatter(TorchCompileExecutor):
-        def can_fuse(self, bsym):
-            return "index_add" not in bsym.sym.name and super().can_fuse(bsym)
-
-    ex = NoScatter("tc_no_scatter")
-    ex._implmap = dict(torch_compile_ex._implmap)
-    return ex
 
 
 @pytest.mark.parametrize("merge", [False, True])
@@ -477,7 +471,7 @@ def test_two_switched_regions_merge_across_the_index_add_between_them(inject_tim
     """Both regions switched to torch.compile, which can run ``index_add`` too: with ``merge_regions`` the two
     regions and the scatter between them become one compiled call (Inductor fuses the scatter with what feeds it);
     the values stay unguarded Thunder's (sums of halves: exact in any order)."""
-    monkeypatch.setitem(th.ALTERNATIVE_FUSERS, "tc_no_scatter", "torchcompile")
+    monkeypatch.setitem(th.ALTERNATIVE_FUSERS, NO_SCATTER, "torchcompile")
     inject_timings(10.0, 12.0, other_us=4.0)
     g = guard(
         Costs(calibration=NEAR_BREAK_EVEN, measure_budget_s=60),
@@ -486,11 +480,11 @@ def test_two_switched_regions_merge_across_the_index_add_between_them(inject_tim
     )
     x = torch.randint(-8, 8, (16, 4), generator=torch.Generator().manual_seed(0)) * 0.5
     idx = torch.randint(0, 8, (16,), generator=torch.Generator().manual_seed(1))
-    guarded = thunder.jit(scatter_between, executors=[_no_scatter_executor()], transforms=[g])
-    plain = thunder.jit(scatter_between, executors=[_no_scatter_executor()])
+    guarded = thunder.jit(scatter_between, executors=[no_scatter_executor()], transforms=[g])
+    plain = thunder.jit(scatter_between, executors=[no_scatter_executor()])
     base = torch.zeros(8, 4)
     assert_same([guarded(x, idx, base)], [plain(x, idx, base)])
-    assert [r.executor for r in regions(plain)] == ["tc_no_scatter"] * 2
+    assert [r.executor for r in regions(plain)] == [NO_SCATTER] * 2
     assert [d.action for d in region_decisions(g)] == ["switch", "switch"]
     now = regions(guarded)
     outside = [b.sym.name for b in thunder.last_traces(guarded)[-1].bound_symbols if not b.sym.is_fusion]

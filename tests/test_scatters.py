@@ -12,26 +12,10 @@ from __future__ import annotations
 import pytest
 import thunder
 import torch
-from helpers import NEAR_BREAK_EVEN, assert_same, regions, run_with_grads
-from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
+from helpers import NEAR_BREAK_EVEN, NO_SCATTER, assert_same, no_scatter_executor, regions, run_with_grads
 
 from thunder_fusion_guard import Costs, FusionGuard, Rewrites, library_ops_translated
 from thunder_fusion_guard import _thunder as th
-
-NO_SCATTER = "tc_no_scatter"
-
-
-class _NoScatter(TorchCompileExecutor):
-    def can_fuse(self, bsym):
-        name = bsym.sym.name
-        return not any(op in name for op in ("index_add", "embedding", "matmul")) and super().can_fuse(bsym)
-
-
-def no_scatter_executor() -> TorchCompileExecutor:
-    """torch.compile grouped as nvFuser groups e3nn's message passing: no scatter nor matmul in its regions."""
-    ex = _NoScatter(NO_SCATTER)
-    ex._implmap = dict(torch_compile_ex._implmap)
-    return ex
 
 
 @pytest.fixture(autouse=True)
