@@ -123,3 +123,18 @@ def test_a_value_read_elsewhere_stays_an_output():
     assert_same(list(guarded(x.detach(), idx, base)), list(plain(x.detach(), idx, base)))
     (d,) = [d for d in _scatter_decisions(g) if d.trace == "forward"]
     assert d.code == "scatter_moved" and d.facts["dropped"] == 0
+
+
+def test_a_scatter_that_cannot_be_rebuilt_in_stays_with_the_reason_and_strict_raises(failing_rebuild):
+    """Rebuilding the region with the scatter fails: it stays outside, recorded as kept with the error, the values
+    unguarded Thunder's; ``strict=True`` raises instead."""
+    from thunder_fusion_guard import FusionGuardError
+
+    g = _guard(True)
+    guarded, _ = _both(message_sum, _inputs()[0], g)
+    assert "index_add" in _outside(guarded)
+    (d,) = _scatter_decisions(g)
+    assert (d.code, d.action, d.error) == ("scatter_kept", "keep", "RuntimeError: planted rebuild failure")
+    strict = thunder.jit(message_sum, executors=[no_scatter_executor()], transforms=[_guard(True, strict=True)])
+    with pytest.raises(FusionGuardError, match=r"could not move .* \(forward\): RuntimeError: planted rebuild failure"):
+        run_with_grads(strict, _inputs()[0])
