@@ -138,3 +138,26 @@ def test_a_scatter_that_cannot_be_rebuilt_in_stays_with_the_reason_and_strict_ra
     strict = thunder.jit(message_sum, executors=[no_scatter_executor()], transforms=[_guard(True, strict=True)])
     with pytest.raises(FusionGuardError, match=r"could not move .* \(forward\): RuntimeError: planted rebuild failure"):
         run_with_grads(strict, _inputs()[0])
+
+
+def test_sums_by_index_are_the_scatters_into_new_tensors():
+    """What the pass moves, by the ops Thunder traces: ``index_add`` and an embedding's gradient are sums by index;
+    an in-place ``index_add_``, a gather and a plain add are not."""
+    from thunder_fusion_guard.ops import sums_by_index
+
+    def in_place(base, idx, y):
+        return base.index_add_(0, idx, y) * 1.0
+
+    (x, idx, base), (w, tok) = _inputs()
+    plain = thunder.jit(message_sum, executors=[])
+    plain(x.detach(), idx, base)
+    ops = {th.op_name(b): sums_by_index(b) for b in thunder.last_traces(plain)[0].bound_symbols}
+    assert ops.get("index_add") is True and ops.get("where") is False and ops.get("add") is False
+    emb = thunder.jit(embedded, executors=[])
+    run_with_grads(emb, (w, tok))
+    backward = {th.op_name(b): sums_by_index(b) for b in thunder.last_backward_traces(emb)[0].bound_symbols}
+    assert any(k.endswith("embedding_backward") and v for k, v in backward.items()), backward
+    writes = thunder.jit(in_place, executors=[])
+    writes(torch.zeros(8, 4), idx, torch.ones(16, 4))
+    found = {th.op_name(b): sums_by_index(b) for b in thunder.last_traces(writes)[0].bound_symbols}
+    assert not any(found.values()), found

@@ -34,6 +34,7 @@ from .effects import (
     NOT_HOISTABLE_TAGS,
     NOT_RANDOM_NAMES,
     RANDOM_HINTS,
+    SUMS_BY_INDEX,
     WRITES_BY_INDEX,
     HasBody,
     copies_into_grad_tensor,
@@ -42,6 +43,7 @@ from .effects import (
     is_in_place_name,
     is_random,
     random_ops,
+    sums_by_index,
     writes_inputs,
 )
 from .exactness import (
@@ -125,6 +127,7 @@ __all__ = [
     "REINTERPRETING",
     "ROUNDING_OPS",
     "SETITEM",
+    "SUMS_BY_INDEX",
     "TORCH_EXECUTOR_VIEWS",
     "WORK_KINDS",
     "WRITES_BY_INDEX",
@@ -163,6 +166,7 @@ __all__ = [
     "rounding_at_cut",
     "rounding_hazards",
     "runs_as_view",
+    "sums_by_index",
     "switch_keeps_bits",
     "work_kind",
     "writes_inputs",

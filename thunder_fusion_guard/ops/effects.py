@@ -14,6 +14,7 @@ __all__ = [
     "NOT_HOISTABLE_TAGS",
     "NOT_RANDOM_NAMES",
     "RANDOM_HINTS",
+    "SUMS_BY_INDEX",
     "WRITES_BY_INDEX",
     "HasBody",
     "copies_into_grad_tensor",
@@ -22,6 +23,7 @@ __all__ = [
     "is_in_place_name",
     "is_random",
     "random_ops",
+    "sums_by_index",
     "writes_inputs",
 ]
 
@@ -94,6 +96,15 @@ def writes_inputs(bsym: th.BoundSymbol) -> bool:
 # Ops that write through an index tensor: with all-zero indices every write collides, which times nothing
 # like the real call.
 WRITES_BY_INDEX = ("scatter", "index_put", "index_add", "index_copy")
+
+# Sums by index into a new tensor, by the op's last dotted name (``torch.ops.aten.embedding_backward``): the adds of
+# several indices into one place land in an order the executor picks. None of them writes a tensor it is given.
+SUMS_BY_INDEX = frozenset({"index_add", "embedding_backward"})
+
+
+def sums_by_index(bsym: th.BoundSymbol) -> bool:
+    """Whether ``bsym`` is a sum by index into a new tensor (:data:`SUMS_BY_INDEX`), not an in-place one."""
+    return th.op_name(bsym).rsplit(".", 1)[-1] in SUMS_BY_INDEX and not writes_inputs(bsym)
 
 
 def copies_into_grad_tensor(bsym: th.BoundSymbol) -> str | None:

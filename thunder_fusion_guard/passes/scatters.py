@@ -17,13 +17,10 @@ from dataclasses import dataclass
 
 from .. import _thunder as th
 from ..decisions import Decision, Details
-from ..ops import communication_segments, crosses_communication, writes_inputs
+from ..ops import communication_segments, crosses_communication, sums_by_index, writes_inputs
 from .context import FusionGuardError, PassContext, may_change
 from .records import op_decision
 from .rewrite import readers, unique_proxies
-
-# Sums by index into a new tensor, by the op's last dotted name (``torch.ops.aten.embedding_backward``); none in place.
-SCATTERS = frozenset({"index_add", "embedding_backward"})
 
 
 @dataclass(frozen=True)
@@ -44,16 +41,16 @@ def scatters_into_producers(
     may_change: Callable[[th.BoundSymbol], bool],
     claims: Callable[[th.BoundSymbol, th.BoundSymbol], bool] = th.executor_claims,
 ) -> tuple[th.TraceCtx, list[ScatterMoved]]:
-    """Move each scatter of :data:`SCATTERS` run outside a fusion into the region that last made one of its inputs,
-    where that region's executor claims it, every other input exists before the region ends, and no op between the
-    two writes an input or talks to another process."""
+    """Move each sum by index (:data:`~thunder_fusion_guard.ops.SUMS_BY_INDEX`) run outside a fusion into the region
+    that last made one of its inputs, where that region's executor claims it, every other input exists before the
+    region ends, and no op between the two talks to another process or writes any tensor it is given."""
     bsyms: list[th.BoundSymbol | None] = list(trace.bound_symbols)
     made_at = {p.name: i for i, b in enumerate(bsyms) if not th.is_comment_or_del(b) for p in b.flat_proxy_outs}
     readers_of = readers(bsyms)
     segments = communication_segments(bsyms)
     moves: list[ScatterMoved] = []
     for i, b in enumerate(bsyms):
-        if b is None or th.is_fusion(b) or th.op_name(b).rsplit(".", 1)[-1] not in SCATTERS or writes_inputs(b):
+        if b is None or th.is_fusion(b) or not sums_by_index(b):
             continue
         args = unique_proxies(b.flat_proxy_args)
         j = max((made_at.get(p.name, -1) for p in args), default=-1)
