@@ -499,11 +499,34 @@ def test_two_switched_regions_merge_across_the_index_add_between_them(inject_tim
     assert d.details["into"] == d.facts["into"] == region.name and d.facts["across"] == d.ops  # merged across index_add
 
 
-def test_no_merge_across_a_matrix_product(inject_timings):
-    """A matmul between two switched regions stays where it is: only ops that cost memory traffic are bridged."""
+def grid(*shape, seed=0):
+    """Halves of small integers: products and their sums are exact in any order, so bits match whoever adds."""
+    return torch.randint(-8, 8, shape, generator=torch.Generator().manual_seed(seed)) * 0.5
+
+
+def test_switched_regions_merge_across_the_matrix_product_between_them(inject_timings):
+    """Two regions switched to torch.compile with the matmul between them left to torch: with ``merge_regions`` one
+    compiled call runs all three (Inductor runs the same GEMM and fuses what surrounds it), recorded as ``merged``
+    across the matmul; values unguarded Thunder's."""
     inject_timings(10.0, 12.0, other_us=4.0)
-    g = guard(rewrites=Rewrites(merge_regions=True))
-    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    g = guard(exact_only=False, rewrites=Rewrites(merge_regions=True))
+    x, w = grid(8, 8), grid(8, 8, seed=1)
+    guarded = jit(two_regions, g)
+    assert_same([guarded(x, w)], [jit(two_regions)(x, w)])
+    (region,) = regions(guarded)
+    assert region.executor == "torchcompile" and any("matmul" in op for op in region.ops)
+    (d,) = [d for d in g.report.filter(action="rehome") if d.details.get("across")]
+    assert d.code == "merged" and any("matmul" in op for op in d.facts["across"]) and d.facts["into"] == region.name
+
+
+def test_no_merge_across_a_matrix_product_into_regions_of_an_executor_that_does_not_run_it(inject_timings, monkeypatch):
+    """An executor of ``NOT_INTO`` (nvFuser's) is never handed a matmul by a merge: the two regions stay apart."""
+    from thunder_fusion_guard.passes import rehome
+
+    monkeypatch.setattr(rehome, "NOT_INTO", frozenset({"torchcompile"}))
+    inject_timings(10.0, 12.0, other_us=4.0)
+    g = guard(exact_only=False, rewrites=Rewrites(merge_regions=True))
+    x, w = grid(8, 8), grid(8, 8, seed=1)
     guarded = jit(two_regions, g)
     assert_same([guarded(x, w)], [jit(two_regions)(x, w)])
     assert [r.executor for r in regions(guarded)] == ["torchcompile"] * 2

@@ -5,11 +5,12 @@ Thunder's partitioners already fuse a view into its consumer when they can; what
 what an executor chose to leave out (nvFuser's "bookend" views at region edges, ops claimed by an
 operator executor, ops the first executor could not run between two regions switched to another). Moving
 such an op in saves an eager dispatch; merging saves a fusion call, and merging across the ops between two
-regions that their executor can run (views, an ``index_add`` between two torch.compile regions) runs those
-inside it too. Both are legal here by construction: the op's inputs exist before it, the consumer comes
+regions that their executor can run (views, an ``index_add`` or a matmul between two torch.compile regions) runs
+those inside it too. Both are legal here by construction: the op's inputs exist before it, the consumer comes
 after it and is its only reader, and merged regions with the ops between them are consecutive in the trace,
 so no cycle and no lost output. Nothing moves across a communication op or its wait
-(``ops.is_communication``), nor is a random, in-place or compute-bound op merged: such an op stays outside.
+(``ops.is_communication``), nor is a random or in-place op merged, nor a compute-bound one into an executor of
+``small_matmuls.NOT_INTO``: such an op stays outside.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ..policy import BOOKEND
 from .context import FusionGuardError, PassContext, may_change
 from .records import op_decision
 from .rewrite import readers, unique_proxies
+from .small_matmuls import NOT_INTO
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,9 @@ def _merged(
     first: th.BoundSymbol, between: list[th.BoundSymbol], second: th.BoundSymbol, readers_of, merged: set[int]
 ) -> tuple[th.BoundSymbol | None, str]:
     """``first``, the ops ``between`` and ``second`` as one call, or None and why rebuilding failed; what ``first``
-    and those ops make stays an output where read outside ``merged``."""
+    and those ops make stays an output where read outside ``merged``. An op of ``second`` whose outputs are all made
+    already (Thunder's rematerialization copies a cheap op into each region that reads it, under the same names)
+    runs once."""
     made = {p.name for b in (first, *between) for p in b.flat_proxy_outs}
     inputs = unique_proxies(
         [
@@ -168,6 +172,12 @@ def _merged(
             *(p for b in (*between, second) for p in b.flat_proxy_args if p.name not in made),
         ]
     )
+    body, done = [*th.subsymbols(first), *between], set(made)
+    for b in th.subsymbols(second):
+        outs = {p.name for p in b.flat_proxy_outs}
+        if not (outs and outs <= done):
+            body.append(b)
+            done |= outs
     outputs = unique_proxies(
         [
             *(p for b in (first, *between) for p in b.flat_proxy_outs if readers_of.get(p.name, set()) - merged),
@@ -175,7 +185,7 @@ def _merged(
         ]
     )
     try:
-        return th.rebuild_fusion(second, [*th.subsymbols(first), *between, *th.subsymbols(second)], inputs, outputs), ""
+        return th.rebuild_fusion(second, body, inputs, outputs), ""
     except Exception as e:  # rebuilding may raise anything in Thunder or the executor: the calls then stay apart
         return None, f"{type(e).__name__}: {e}"
 
@@ -226,12 +236,15 @@ def _refusal(context: PassContext) -> Callable[[th.BoundSymbol, th.BoundSymbol],
 
 def merge_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
     """Merge adjacent regions of one executor into one fusion call, also across ops left to torch that the
-    executor can run (not a communication, random, in-place or compute-bound op)."""
+    executor can run (not a communication, random or in-place op; a matmul only into an executor that compiles it
+    with the region's work, not one of ``NOT_INTO``)."""
     options = context.options
     refused = _refusal(context)
 
     def bridge(fusion: th.BoundSymbol, op: th.BoundSymbol) -> bool:
-        if is_communication(op) or is_random(op) or writes_inputs(op) or compute_bound([th.op_name(op)]):
+        if is_communication(op) or is_random(op) or writes_inputs(op):
+            return False
+        if compute_bound([th.op_name(op)]) and th.executor_name(fusion) in NOT_INTO:
             return False
         return bool(op.flat_proxy_outs) and refused(fusion, op) is None
 
