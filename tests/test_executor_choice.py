@@ -519,6 +519,30 @@ def test_switched_regions_merge_across_the_matrix_product_between_them(inject_ti
     assert d.code == "merged" and any("matmul" in op for op in d.facts["across"]) and d.facts["into"] == region.name
 
 
+def shared_abs(x, w):
+    a = x.abs()  # Thunder's rematerialization computes it in both regions, under one name
+    z = (a * 2.0) @ w
+    return (z + a) * 0.5
+
+
+def test_a_value_both_regions_compute_is_computed_once_in_the_merged_call(inject_timings):
+    """Thunder copies a cheap op into each region that reads its value, keeping its name; merging those two regions
+    runs it once (twice, the rebuilt trace would name one value twice and the merge would fail)."""
+    inject_timings(10.0, 12.0, other_us=4.0)
+    g = guard(
+        Costs(calibration=NEAR_BREAK_EVEN, measure_budget_s=60), exact_only=False, rewrites=Rewrites(merge_regions=True)
+    )
+    x, w = grid(8, 8).requires_grad_(), grid(8, 8, seed=1).requires_grad_()
+    guarded = jit(shared_abs, g)
+    got, want = run_with_grads(guarded, [x, w]), run_with_grads(jit(shared_abs), [x, w])
+    assert_same(got[0], want[0])
+    assert_same(got[1], want[1])
+    assert not [d for d in g.report if d.code == "merge_failed"]
+    (region,) = regions(guarded)
+    assert [op for op in region.ops if "abs" in op] == ["abs"], region.ops
+    assert [d.facts["across"] for d in g.report.filter(action="rehome", trace="forward")] == [["matmul"]]
+
+
 def test_no_merge_across_a_matrix_product_into_regions_of_an_executor_that_does_not_run_it(inject_timings, monkeypatch):
     """An executor of ``NOT_INTO`` (nvFuser's) is never handed a matmul by a merge: the two regions stay apart."""
     from thunder_fusion_guard.passes import rehome

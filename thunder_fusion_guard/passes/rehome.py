@@ -172,7 +172,8 @@ def _merged(
             *(p for b in (*between, second) for p in b.flat_proxy_args if p.name not in made),
         ]
     )
-    body, done = [*th.subsymbols(first), *between], set(made)
+    body = [*th.subsymbols(first), *between]
+    done = {p.name for b in body for p in b.flat_proxy_outs}
     for b in th.subsymbols(second):
         outs = {p.name for p in b.flat_proxy_outs}
         if not (outs and outs <= done):
