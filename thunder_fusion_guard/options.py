@@ -200,9 +200,8 @@ class Rewrites(_Group):
     merge_regions: bool = _option(
         False,
         _bool,
-        "merge two regions of one executor, and the ops between them it can run (views, `index_add`; a matmul into "
-        "torch.compile's), into one call, and run a scatter left after a torch.compile region that makes its values "
-        "in it (may round differently)",
+        "merge two regions of one executor, and the ops between them it can run (views, `index_add`), into one call, "
+        "and run a scatter left after a torch.compile region that makes its values in it (may round differently)",
     )
     small_matmuls: bool = _option(
         False,
