@@ -466,11 +466,10 @@ def scatter_between(x, idx, base):
     return torch.where(z > 2.0, z, -z) * 2.0
 
 
-@pytest.mark.parametrize("merge", [False, True])
-def test_two_switched_regions_merge_across_the_index_add_between_them(inject_timings, monkeypatch, merge):
-    """Both regions switched to torch.compile, which can run ``index_add`` too: with ``merge_regions`` the two
-    regions and the scatter between them become one compiled call (Inductor fuses the scatter with what feeds it);
-    the values stay unguarded Thunder's (sums of halves: exact in any order)."""
+def merged_around_a_scatter(fn, merge, monkeypatch, inject_timings):
+    """The guard, ``fn(x, idx, base)`` guarded and unguarded under the no-scatter executor, whose regions switch to
+    torch.compile on injected timings (``merge_regions=merge``); run once on halves of small integers (sums exact in
+    any order) and asserted bit-equal."""
     monkeypatch.setitem(th.ALTERNATIVE_FUSERS, NO_SCATTER, "torchcompile")
     inject_timings(10.0, 12.0, other_us=4.0)
     g = guard(
@@ -480,10 +479,18 @@ def test_two_switched_regions_merge_across_the_index_add_between_them(inject_tim
     )
     x = torch.randint(-8, 8, (16, 4), generator=torch.Generator().manual_seed(0)) * 0.5
     idx = torch.randint(0, 8, (16,), generator=torch.Generator().manual_seed(1))
-    guarded = thunder.jit(scatter_between, executors=[no_scatter_executor()], transforms=[g])
-    plain = thunder.jit(scatter_between, executors=[no_scatter_executor()])
-    base = torch.zeros(8, 4)
-    assert_same([guarded(x, idx, base)], [plain(x, idx, base)])
+    guarded = thunder.jit(fn, executors=[no_scatter_executor()], transforms=[g])
+    plain = thunder.jit(fn, executors=[no_scatter_executor()])
+    assert_same([guarded(x, idx, torch.zeros(8, 4))], [plain(x, idx, torch.zeros(8, 4))])
+    return g, guarded, plain
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_two_switched_regions_merge_across_the_index_add_between_them(inject_timings, monkeypatch, merge):
+    """Both regions switched to torch.compile, which can run ``index_add`` too: with ``merge_regions`` the two
+    regions and the scatter between them become one compiled call (Inductor fuses the scatter with what feeds it);
+    the values stay unguarded Thunder's (sums of halves: exact in any order)."""
+    g, guarded, plain = merged_around_a_scatter(scatter_between, merge, monkeypatch, inject_timings)
     assert [r.executor for r in regions(plain)] == [NO_SCATTER] * 2
     assert [d.action for d in region_decisions(g)] == ["switch", "switch"]
     now = regions(guarded)
@@ -520,18 +527,7 @@ def shared_abs(x, idx, base):
 def test_a_value_both_regions_compute_is_computed_once_in_the_merged_call(inject_timings, monkeypatch):
     """Thunder copies a cheap op into each region that reads its value, keeping its name; merging the two regions
     runs it once (run twice, the rebuilt trace would name one value twice and the merge would fail)."""
-    monkeypatch.setitem(th.ALTERNATIVE_FUSERS, NO_SCATTER, "torchcompile")
-    inject_timings(10.0, 12.0, other_us=4.0)
-    g = guard(
-        Costs(calibration=NEAR_BREAK_EVEN, measure_budget_s=60),
-        exact_only=False,
-        rewrites=Rewrites(merge_regions=True),
-    )
-    x = torch.randint(-8, 8, (16, 4), generator=torch.Generator().manual_seed(0)) * 0.5
-    idx = torch.randint(0, 8, (16,), generator=torch.Generator().manual_seed(1))
-    guarded = thunder.jit(shared_abs, executors=[no_scatter_executor()], transforms=[g])
-    plain = thunder.jit(shared_abs, executors=[no_scatter_executor()])
-    assert_same([guarded(x, idx, torch.zeros(8, 4))], [plain(x, idx, torch.zeros(8, 4))])
+    g, guarded, plain = merged_around_a_scatter(shared_abs, True, monkeypatch, inject_timings)
     assert [sum("abs" in op for op in r.ops) for r in regions(plain)] == [1, 1]  # computed in both
     assert not [d for d in g.report if d.code == "merge_failed"]
     (region,) = regions(guarded)
