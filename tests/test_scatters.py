@@ -148,16 +148,19 @@ def test_sums_by_index_are_the_scatters_into_new_tensors():
     def in_place(base, idx, y):
         return base.index_add_(0, idx, y) * 1.0
 
+    def verdicts(trace):
+        return {th.op_name(b): sums_by_index(b) for b in trace.bound_symbols}
+
     (x, idx, base), (w, tok) = _inputs()
     plain = thunder.jit(message_sum, executors=[])
     plain(x.detach(), idx, base)
-    ops = {th.op_name(b): sums_by_index(b) for b in thunder.last_traces(plain)[0].bound_symbols}
+    ops = verdicts(thunder.last_traces(plain)[0])
     assert ops.get("index_add") is True and ops.get("where") is False and ops.get("add") is False
     emb = thunder.jit(embedded, executors=[])
     run_with_grads(emb, (w, tok))
-    backward = {th.op_name(b): sums_by_index(b) for b in thunder.last_backward_traces(emb)[0].bound_symbols}
+    backward = verdicts(thunder.last_backward_traces(emb)[0])
     assert any(k.endswith("embedding_backward") and v for k, v in backward.items()), backward
     writes = thunder.jit(in_place, executors=[])
     writes(torch.zeros(8, 4), idx, torch.ones(16, 4))
-    found = {th.op_name(b): sums_by_index(b) for b in thunder.last_traces(writes)[0].bound_symbols}
+    found = verdicts(thunder.last_traces(writes)[0])
     assert not any(found.values()), found
