@@ -299,3 +299,31 @@ def test_linears_shared_results_and_views_move_after_regions_are_decided_and_not
         torch.testing.assert_close(guarded(a, b, x), fn(a, b, x), rtol=1e-6, atol=1e-6)
         assert ("matmul" in _top_ops(guarded)) is not moved
         assert len(_moves(guard)) == int(moved)
+
+
+def linear_between(x, w):
+    y = torch.where(x > 0, x, -x) + 1.0
+    z = torch.nn.functional.linear(y, w)  # a linear: moved after regions are decided, into the region reading it
+    return torch.where(z > 0, z, -z) - 1.0
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_regions_a_late_move_leaves_side_by_side_merge_into_one(merge):
+    """The linear between two regions moves into the second after regions are decided; with ``merge_regions`` the
+    two regions, nothing left between them, then merge into one call (recorded ``merged``, across nothing)."""
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    ex = nvfuser_shaped_executor()
+    guard = _guard(small_matmuls=True, merge_regions=merge)
+    guarded = thunder.jit(linear_between, executors=[ex], transforms=[guard])
+    plain = thunder.jit(linear_between, executors=[ex])
+    torch.testing.assert_close(guarded(x, w), plain(x, w), rtol=1e-6, atol=1e-6)
+    fusions = [b.sym.name for b in thunder.last_traces(guarded)[-1].bound_symbols if b.sym.is_fusion]
+    assert "linear" in _top_ops(plain) and "linear" not in _top_ops(guarded)
+    merged = [d for d in guard.report if d.code == "merged" and d.trace == "forward"]
+    if not merge:
+        assert len(fusions) == 2 and not merged
+        return
+    assert len(fusions) == 1
+    (d,) = merged
+    assert d.facts["into"] == fusions[0] and "across" not in d.facts and d.applied
