@@ -165,15 +165,14 @@ def _merged(
     and those ops make stays an output where read outside ``merged``. An op of ``second`` whose outputs are all made
     already (Thunder's rematerialization copies a cheap op into each region that reads it, under the same names)
     runs once."""
-    made = {p.name for b in (first, *between) for p in b.flat_proxy_outs}
+    body = [*th.subsymbols(first), *between]
+    done = {p.name for b in body for p in b.flat_proxy_outs}
     inputs = unique_proxies(
         [
             *first.flat_proxy_args,
-            *(p for b in (*between, second) for p in b.flat_proxy_args if p.name not in made),
+            *(p for b in (*between, second) for p in b.flat_proxy_args if p.name not in done),
         ]
     )
-    body = [*th.subsymbols(first), *between]
-    done = {p.name for b in body for p in b.flat_proxy_outs}
     for b in th.subsymbols(second):
         outs = {p.name for p in b.flat_proxy_outs}
         if not (outs and outs <= done):
