@@ -307,23 +307,17 @@ def linear_between(x, w):
     return torch.where(z > 0, z, -z) - 1.0
 
 
-@pytest.mark.parametrize("merge", [False, True])
-def test_regions_a_late_move_leaves_side_by_side_merge_into_one(merge):
+def test_regions_a_late_move_leaves_side_by_side_stay_apart():
     """The linear between two regions moves into the second after regions are decided; with ``merge_regions`` the
-    two regions, nothing left between them, then merge into one call (recorded ``merged``, across nothing)."""
+    two regions stay two calls (merged into one torch.compile call, Inductor's kernels for the e3nn steps took more
+    device time than the two calls' did)."""
     torch.manual_seed(0)
     x, w = torch.randn(4, 8), torch.randn(8, 8)
     ex = nvfuser_shaped_executor()
-    guard = _guard(small_matmuls=True, merge_regions=merge)
+    guard = _guard(small_matmuls=True, merge_regions=True)
     guarded = thunder.jit(linear_between, executors=[ex], transforms=[guard])
     plain = thunder.jit(linear_between, executors=[ex])
     torch.testing.assert_close(guarded(x, w), plain(x, w), rtol=1e-6, atol=1e-6)
     fusions = [b.sym.name for b in thunder.last_traces(guarded)[-1].bound_symbols if b.sym.is_fusion]
     assert "linear" in _top_ops(plain) and "linear" not in _top_ops(guarded)
-    merged = [d for d in guard.report if d.code == "merged" and d.trace == "forward"]
-    if not merge:
-        assert len(fusions) == 2 and not merged
-        return
-    assert len(fusions) == 1
-    (d,) = merged
-    assert d.facts["into"] == fusions[0] and "across" not in d.facts and d.applied
+    assert len(fusions) == 2 and not [d for d in guard.report if d.code == "merged" and d.trace == "forward"]

@@ -36,7 +36,7 @@ from .identity import identity_pass
 from .lost_constants import lost_constant_pass
 from .padded_sums import padded_sum_pass
 from .records import instead, op_decision
-from .rehome import late_merge_pass, merge_pass, rehome_pass
+from .rehome import merge_pass, rehome_pass
 from .rescue import rescue_pass
 from .scatters import scatter_pass
 from .small_matmuls import late_small_matmul_pass, small_matmul_pass
@@ -83,8 +83,6 @@ PASSES: tuple[Pass, ...] = (
     Pass("scatter_pass", "rewrites.merge_regions", scatter_pass),
     # applied moves only: in report_only mode the first pass moved nothing, and this one would record its moves again
     Pass("late_small_matmul_pass", "rewrites.small_matmuls", late_small_matmul_pass, report_only=False),
-    # regions the late moves left side by side (the matmul between them now computed in one of them) merge too
-    Pass("late_merge_pass", "rewrites.merge_regions", late_merge_pass, report_only=False),
     Pass("hoist_pass", "hoist", hoist_pass),
     Pass("dels_pass", None, dels_pass, report_only=False),
     Pass("direct_call_pass", "runtime.direct_calls", direct_call_pass, report_only=False),

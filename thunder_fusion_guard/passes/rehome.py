@@ -165,14 +165,15 @@ def _merged(
     and those ops make stays an output where read outside ``merged``. An op of ``second`` whose outputs are all made
     already (Thunder's rematerialization copies a cheap op into each region that reads it, under the same names)
     runs once."""
-    body = [*th.subsymbols(first), *between]
-    done = {p.name for b in body for p in b.flat_proxy_outs}
+    made = {p.name for b in (first, *between) for p in b.flat_proxy_outs}
     inputs = unique_proxies(
         [
             *first.flat_proxy_args,
-            *(p for b in (*between, second) for p in b.flat_proxy_args if p.name not in done),
+            *(p for b in (*between, second) for p in b.flat_proxy_args if p.name not in made),
         ]
     )
+    body = [*th.subsymbols(first), *between]
+    done = {p.name for b in body for p in b.flat_proxy_outs}
     for b in th.subsymbols(second):
         outs = {p.name for p in b.flat_proxy_outs}
         if not (outs and outs <= done):
@@ -237,28 +238,6 @@ def _refusal(context: PassContext) -> Callable[[th.BoundSymbol, th.BoundSymbol],
 def merge_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
     """Merge adjacent regions of one executor into one fusion call, also across ops left to torch that the
     executor can run (not a communication, random, in-place or compute-bound op)."""
-    # Opted into knowing the merged code may round differently, so exact_only does not hold it back.
-    return _merge(trace, context, may_change(context.options, keep_bits=False))
-
-
-def late_merge_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
-    """:func:`merge_pass` again once later passes moved ops into regions (a matmul computed in the region that reads
-    it leaves that region beside the one before it); a region whose merge failed before is not tried again."""
-    where = context.where.trace
-    failed = {
-        name
-        for d in context.decided
-        if d.trace == where and d.code == "merge_failed"
-        for name in (d.region, d.facts.get("into"))
-    }
-    may = may_change(context.options, keep_bits=False)
-    return _merge(trace, context, lambda b: may(b) and b.sym.name not in failed)
-
-
-def _merge(
-    trace: th.TraceCtx, context: PassContext, may: Callable[[th.BoundSymbol], bool]
-) -> tuple[th.TraceCtx, list[Decision]]:
-    """The merges of :func:`merge_adjacent_regions` of the regions ``may`` allows, as decisions."""
     options = context.options
     refused = _refusal(context)
 
@@ -267,7 +246,8 @@ def _merge(
             return False
         return bool(op.flat_proxy_outs) and refused(fusion, op) is None
 
-    new, merges = merge_adjacent_regions(trace, may, bridge)
+    # Opted into knowing the merged code may round differently, so exact_only does not hold it back.
+    new, merges = merge_adjacent_regions(trace, may_change(options, keep_bits=False), bridge)
     applied = not options.report_only
     made = []
     for m in merges:
