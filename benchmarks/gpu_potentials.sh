@@ -39,7 +39,6 @@ if [ ! -d "$TORCHINDUCTOR_CACHE_DIR" ] && compgen -G ".whl/inductor-cache/induct
 fi
 NQ="/tmp/nq:$PWD/.whl/nequip/pure:${PYTHONPATH:-}"
 MC="/tmp/mc:/tmp/cq:${PYTHONPATH:-}"
-CQ="/tmp/cq:${PYTHONPATH:-}"
 README='{"choose_executor": true, "exact_only": false, "merge_regions": true, "measure_budget_s": 300}'
 MATMULS='{"choose_executor": true, "exact_only": false, "merge_regions": true, "small_matmuls": true, "measure_budget_s": 300}'
 
@@ -116,13 +115,6 @@ declare -A JOBS=(
   # MACE by cuEquivariance's kernels (its enable_cueq), translated: Inductor's default and best steps beside the
   # guarded step after choose_backends(whole_graphs=True), one process; needs .whl/cueq-site.tar.xz unpacked once
   [mace-cueq-backends]="$MC|--model mace-cueq --paths eager --step-graph inductor $INDUCTOR_BEST --step-graph fx-guarded+backends --thread-stack-mb 1024"
-  # the e3nn models with their tensor products by cuEquivariance's fused kernels (fused_tensor_products, kept where
-  # not faster on the model's inputs), Inductor's fastest step found on each e3nn model and the guarded step beside;
-  # needs .whl/cueq-site.tar.xz unpacked into /tmp/cq once. small-inductor and modules-inductor: the e3nn models' own
-  [small-cueq]="$CQ|--model small@cueq --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded"
-  [modules-cueq]="$CQ|--model e3nn-nequip-modules@cueq --paths eager --step-graph inductor --step-graph fx-guarded"
-  [small-inductor]="|--model small --paths eager --step-graph inductor/combo-decomposed"
-  [modules-inductor]="|--model e3nn-nequip-modules --paths eager --step-graph inductor"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
 chosen=("$@")

@@ -80,32 +80,6 @@ def litgpt_step() -> ZooModel:
     return ZooModel(model, (tokens,), lambda out: out.float().sum())
 
 
-TENSOR_PRODUCTS: dict[str, dict] = {}  # a MODEL@cueq's conversion: what fused_tensor_products replaced, kept and timed
-
-
-def with_fused_tensor_products(name: str, build: Callable[[], ZooModel]) -> Callable[[], ZooModel]:
-    """``build``'s model with its e3nn tensor products run by cuEquivariance where fused_tensor_products finds them
-    the same and faster on the model's inputs (recorded in ``TENSOR_PRODUCTS[name]``): every path then compiles it."""
-
-    def built() -> ZooModel:
-        from thunder_fusion_guard import fused_tensor_products
-
-        model = build()
-        began = time.perf_counter()
-        chosen = fused_tensor_products(model.module, *model.inputs)
-        TENSOR_PRODUCTS[name] = {
-            "method": chosen.method,
-            "replaced": chosen.replaced,
-            "kept": chosen.kept,
-            "timed_us": chosen.timed_us,
-            "seconds": round(time.perf_counter() - began, 1),
-        }
-        print(f"[{name}] fused_tensor_products: " + "; ".join(chosen.lines()), flush=True)
-        return ZooModel(chosen.model, model.inputs, model.loss)
-
-    return built
-
-
 MODELS = {
     "small": lambda: e3nn_nequip_small("cuda"),
     "e3nn-nequip-modules": lambda: ZOO["e3nn-nequip-modules"].build("cuda"),
@@ -115,9 +89,6 @@ MODELS = {
     "mace": lambda: ZOO["mace"].build("cuda"),
     "mace-cueq": lambda: ZOO["mace-cueq"].build("cuda"),  # cuequivariance-torch and its CUDA ops installed
 }
-# the e3nn models with their tensor products by cuEquivariance's fused kernels (fused_tensor_products), same weights
-for _name in ("small", "e3nn-nequip-modules"):
-    MODELS[f"{_name}@cueq"] = with_fused_tensor_products(f"{_name}@cueq", MODELS[_name])
 
 
 def bitwise(a: list, b: list) -> bool:
@@ -204,8 +175,6 @@ def run_model(
     the paths written ``PATH/LABEL`` (:func:`parse_variant`)."""
     variants = variants or {}
     model = MODELS[name]()
-    if name in TENSOR_PRODUCTS:
-        record.setdefault("tensor_products", {})[name] = TENSOR_PRODUCTS[name]
     steps: dict[str, _Step] = {}
     rows: dict[str, dict] = record["models"].setdefault(name, {})
     for path in paths:

@@ -24,8 +24,7 @@ LAYERS = [
     ["measure"],  # what runs while compiling: calibration, its cache, break-even timing
     # ThunderFX subgraphs run another way: after a failure, or chosen by timing; pieces and subgraphs run eagerly
     # whole_graph: a Dynamo graph unguarded Thunder fails on, run whole by Inductor where timed faster
-    # tensor_products: e3nn's tensor products by cuEquivariance where they compute the same and time faster
-    ["fx_rescue", "whole_graph", "backend_choice", "fx_pieces", "tensor_products"],
+    ["fx_rescue", "whole_graph", "backend_choice", "fx_pieces"],
     ["transform", "step_graph"],  # step_graph: a whole step in one CUDA graph (torch only)
     ["examine"],  # after compiling: explain, calls, profile, segments, dataflow, bandwidth, why and its parts
     ["bench"],  # the benchmark harness: cases, interleaved timing, decision accuracy, side-by-side profiles, zoo
