@@ -150,10 +150,17 @@ class _CapturedStep:
         from thunder_fusion_guard import capture_step
 
         self.zoo_step = _Step(model, fn, "cuda")
-        self.captured = capture_step(self.zoo_step.once, grads_of=[*self.zoo_step.params, *self.zoo_step.leaves])
+        tensors = [*self.zoo_step.params, *self.zoo_step.leaves]
+        self.captured = capture_step(self.zoo_step.once, grads_of=tensors)
+        # what the step's backward left without a gradient (a path that loses gradients): None after every replay
+        # too, not the .grad another path's step set on the same parameters since (the step's own `.grad = None`
+        # ran at the capture, not at a replay)
+        self.gradless = [t for t in tensors if t.grad is None]
 
     def __call__(self) -> None:
         self.zoo_step.loss = self.captured()
+        for t in self.gradless:
+            t.grad = None
         torch.cuda.synchronize()
 
     def values(self) -> list:
