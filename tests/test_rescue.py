@@ -679,6 +679,56 @@ def test_a_second_copy_into_a_buffer_with_history_keeps_its_gradient(dtype):
     assert [d.details["without_grad"] for d in rescued] == [["input 1 (updated in place)"]] * 2
 
 
+def augmented_updates_of_a_buffer(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    buf = x.new_zeros(x.shape)
+    torch._dynamo.graph_break()  # the buffer reaches the next Dynamo graph as an input
+    buf += x.sin()  # Dynamo records operator.iadd and operator.imul, not add_ and mul_
+    buf *= 3
+    return (buf * x).sum(), buf
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_augmented_assignment_into_a_buffer_keeps_its_gradient(dtype):
+    """``buf += x.sin()`` on a buffer from before a graph break (MACE's and NequIP's scatter sums, a custom op's
+    output added into a zeros buffer): Thunder returns the buffer without autograd history. Guarded, the update is
+    seen as one (not run twice by the first call's checks), the subgraph runs eagerly, and loss, buffer and
+    gradient are eager's, bit for bit."""
+    x = torch.randn(5, 3, dtype=dtype, requires_grad=True)
+    loss, buf = augmented_updates_of_a_buffer(x)
+    (eager,) = torch.autograd.grad(loss, x)
+    _, unguarded_buf = thunderfx(augmented_updates_of_a_buffer, executors=fusion_executors("cpu"))(x)
+    assert not unguarded_buf.requires_grad  # unguarded: a gradient through the buffer is lost
+    guard = FusionGuard()
+    compiled = thunderfx(augmented_updates_of_a_buffer, executors=fusion_executors("cpu"), transforms=[guard])
+    for _ in range(2):
+        with warnings.catch_warnings(record=True):
+            got_loss, got_buf = compiled(x)
+        assert torch.equal(got_loss, loss) and torch.equal(got_buf, buf) and got_buf.requires_grad
+        (got,) = torch.autograd.grad(got_loss, x)
+        assert torch.equal(got, eager)
+    (rescued,) = guard.report.filter(action="rescue")
+    assert rescued.code == "grad_update_rescued" and rescued.details["rescued_by"] == "eager PyTorch"
+    assert rescued.details["without_grad"] == ["input 1 (updated in place)"]
+
+
+def test_augmented_assignments_are_in_place_updates():
+    """``+=`` and its kin, as Dynamo records them (``operator.iadd``) or as methods (``__iadd__``), update their
+    first argument; ``operator.add`` and ``__add__`` do not."""
+    import operator
+
+    from thunder_fusion_guard.fx_rescue import updated_inputs
+
+    graph = torch.fx.Graph()
+    a, b = graph.placeholder("a"), graph.placeholder("b")
+    c, d = graph.placeholder("c"), graph.placeholder("d")
+    graph.call_function(operator.iadd, (a, b))
+    graph.call_method("__imul__", (b, a))
+    graph.call_function(operator.add, (c, a))
+    graph.call_method("__add__", (d, a))
+    graph.output(None)
+    assert updated_inputs(torch.fx.GraphModule(torch.nn.Module(), graph)) == {0, 1}
+
+
 def scatter_inputs():
     return make_scatter()[1]
 

@@ -476,8 +476,8 @@ def shares_memory_beyond_itself(tensor: Any, args: tuple) -> bool:
 
 def updated_inputs(gm: torch.fx.GraphModule) -> set[int]:
     """The positions of the inputs of ``gm`` that it updates in place (through views of them too): the first
-    argument of each in-place op (a method or function whose name ends in one ``_``: ``copy_``, ``add_``) and of
-    each item set, followed back to a placeholder."""
+    argument of each in-place op (a method or function whose name ends in one ``_``: ``copy_``, ``add_``; an
+    augmented assignment, ``+=``) and of each item set, followed back to a placeholder."""
     return {i for i, _ in in_place_updates(gm)}
 
 
@@ -489,7 +489,7 @@ def in_place_updates(gm: torch.fx.GraphModule) -> list[tuple[int, torch.fx.Node]
         if node.op not in ("call_method", "call_function") or not node.args:
             continue
         name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-        if name != "setitem" and not (name.endswith("_") and not name.endswith("__")):
+        if not _updates_in_place(name, node.target):
             continue
         target = node.args[0]
         while isinstance(target, torch.fx.Node) and target.op != "placeholder" and target.args:
@@ -497,6 +497,38 @@ def in_place_updates(gm: torch.fx.GraphModule) -> list[tuple[int, torch.fx.Node]
         if isinstance(target, torch.fx.Node) and target in placeholders:
             found.append((placeholders.index(target), node))
     return found
+
+
+_AUGMENTED = frozenset(
+    (
+        "iadd",
+        "isub",
+        "imul",
+        "itruediv",
+        "ifloordiv",
+        "imod",
+        "ipow",
+        "iand",
+        "ior",
+        "ixor",
+        "ilshift",
+        "irshift",
+        "imatmul",
+    )
+)
+
+
+def _updates_in_place(name: str, target: Any) -> bool:
+    """Whether an FX node's target updates its first argument in place: ``setitem``, a method or function whose
+    name ends in one ``_`` (``copy_``, ``add_``), an augmented assignment (``operator.iadd`` as Dynamo records
+    ``z += out``, or the ``__iadd__`` method)."""
+    if name == "setitem" or (name.endswith("_") and not name.endswith("__")):
+        return True
+    if name.startswith("__") and name.endswith("__"):
+        return name[2:-2] in _AUGMENTED
+    return name in _AUGMENTED and (
+        isinstance(target, str) or getattr(target, "__module__", None) in ("_operator", "operator")
+    )
 
 
 def _failing_transform(error: BaseException, transforms: list[Any]) -> Any | None:
