@@ -689,10 +689,10 @@ def augmented_updates_of_a_buffer(x: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_an_augmented_assignment_into_a_buffer_keeps_its_gradient(dtype):
-    """``buf += x.sin()`` on a buffer from before a graph break (MACE's and NequIP's scatter sums, a custom op's
-    output added into a zeros buffer): Thunder returns the buffer without autograd history. Guarded, the update is
-    seen as one (not run twice by the first call's checks), the subgraph runs eagerly, and loss, buffer and
-    gradient are eager's, bit for bit."""
+    """``buf += x.sin()`` on a buffer from before a graph break (as a custom op's output added into a zeros buffer,
+    cuEquivariance's ``fused_tp`` in an e3nn model): Thunder returns the buffer without autograd history. Guarded,
+    the update is seen as one (not run twice by the first call's checks), the subgraph runs eagerly, and loss,
+    buffer and gradient are eager's, bit for bit."""
     x = torch.randn(5, 3, dtype=dtype, requires_grad=True)
     loss, buf = augmented_updates_of_a_buffer(x)
     (eager,) = torch.autograd.grad(loss, x)
