@@ -115,6 +115,10 @@ declare -A JOBS=(
   # MACE by cuEquivariance's kernels (its enable_cueq), translated: Inductor's default and best steps beside the
   # guarded step after choose_backends(whole_graphs=True), one process; needs .whl/cueq-site.tar.xz unpacked once
   [mace-cueq-backends]="$MC|--model mace-cueq --paths eager --step-graph inductor $INDUCTOR_BEST --step-graph fx-guarded+backends --thread-stack-mb 1024"
+  # the guarded step after choose_backends(whole_graphs=True), which may hand Inductor the guard's summed matmuls,
+  # beside Inductor's best step found and Inductor handed that pass too, one process a model
+  [small-backends-summed]="|--model small --paths eager --step-graph inductor/combo-decomposed --step-graph inductor/combo-decomposed-summed --step-graph fx-guarded+backends"
+  [modules-backends-summed]="|--model e3nn-nequip-modules --paths eager --step-graph inductor/combo-decomposed --step-graph inductor/combo-decomposed-summed --step-graph fx-guarded+backends"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
 chosen=("$@")

@@ -46,7 +46,7 @@ from thunder_fusion_guard.bench.zoo_values import _difference
 from thunder_fusion_guard.examine.host_time import host_time
 from thunder_fusion_guard.measure.timing import interleaved_rounds
 from thunder_fusion_guard.options import nested
-from thunder_fusion_guard.whole_graph import COMBO_KERNELS, DECOMPOSED_MATMULS, decomposed_matmuls
+from thunder_fusion_guard.whole_graph import COMBO_KERNELS, DECOMPOSED_MATMULS, SUMMED_MATMULS, decomposed_matmuls
 from thunder_fusion_guard.wording import error_text
 
 PATHS = ("eager", "inductor-ro", "fx-cudagraph", "fx-guarded+cudagraph")
@@ -133,10 +133,14 @@ INDUCTOR_COMBO = "inductor/combo"  # a path: torch.compile with Inductor's combo
 # paths: torch.compile with Inductor's small-matmul rewrites as the guard times them on a whole graph (off by default;
 # their thresholds applied while it compiles and takes its first steps), without and with combo kernels
 INDUCTOR_DECOMPOSED, INDUCTOR_COMBO_DECOMPOSED = "inductor/decomposed", "inductor/combo-decomposed"
+# a path: the same, handed the guard's pass summing small-result matmuls in kernels too (no option of Inductor's does
+# this: shown for transparency, beside Inductor's own best)
+INDUCTOR_COMBO_DECOMPOSED_SUMMED = "inductor/combo-decomposed-summed"
 INDUCTOR_OPTIONS = {
     INDUCTOR_COMBO: COMBO_KERNELS,
     INDUCTOR_DECOMPOSED: DECOMPOSED_MATMULS,
     INDUCTOR_COMBO_DECOMPOSED: {**COMBO_KERNELS, **DECOMPOSED_MATMULS},
+    INDUCTOR_COMBO_DECOMPOSED_SUMMED: {**COMBO_KERNELS, **DECOMPOSED_MATMULS, **SUMMED_MATMULS},
 }
 
 STEP_GRAPH = "+stepgraph"  # a path's key suffix: that path's whole step captured in one CUDA graph (capture_step)

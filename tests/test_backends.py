@@ -287,19 +287,25 @@ def test_a_dynamo_graph_runs_whole_by_inductor_where_that_beats_its_split(monkey
     """``whole_graphs``: each Dynamo graph timed as ThunderFX runs it (its split) against Inductor's compile of
     all of it; the faster by the margin runs it, the values eager's within tolerance. Timings injected: the split
     of graph 0 slower, of graph 1 faster."""
-    # graph 0: split, whole, then whole against its small matmuls decomposed (not faster); graph 1: split, whole;
-    # then graph 1 again
-    times = iter([[100.0] * 5, [40.0] * 5, [40.0] * 5, [45.0] * 5, [50.0] * 5, [60.0] * 5, [50.0] * 5, [60.0] * 5])
+    # graph 0: split, whole, then whole against its small matmuls decomposed (not faster), then against its
+    # small-result matmuls summed (faster); graph 1: split, whole; then graph 1 again
+    graph_0 = [[100.0] * 5, [40.0] * 5, [40.0] * 5, [45.0] * 5, [40.0] * 5, [30.0] * 5]
+    times = iter([*graph_0, [50.0] * 5, [60.0] * 5, [50.0] * 5, [60.0] * 5])
     _time_in_turn(monkeypatch, times)
     g = FusionGuard()
     fx = compiled(g)
     choices = choose_backends(fx, *inputs(), backends=("thunder",), guard=g, whole_graphs=True)
     whole = [c for c in choices if c.subgraph.endswith("(whole)")]
     assert [(c.subgraph, c.chosen) for c in whole] == [
-        ("dynamo graph 0 (whole)", "inductor"),
+        ("dynamo graph 0 (whole)", "inductor with small-result matmuls summed"),
         ("dynamo graph 1 (whole)", "split"),
     ]
-    assert whole[0].times_us == {"split": 100.0, "inductor": 40.0, "inductor with small matmuls decomposed": 45.0}
+    assert whole[0].times_us == {
+        "split": 100.0,
+        "inductor": 40.0,
+        "inductor with small matmuls decomposed": 45.0,
+        "inductor with small-result matmuls summed": 30.0,
+    }
     assert whole[0].backward
     infos = fx._backend.subgraph_infos
     assert type(vars(infos[0].split_graph_module)["forward"]).__name__ == "WholeGraphRun"
@@ -309,7 +315,8 @@ def test_a_dynamo_graph_runs_whole_by_inductor_where_that_beats_its_split(monkey
     torch.testing.assert_close(out, expected)
     for got, want in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(got, want)
-    assert "backend of dynamo graph 0 (whole): inductor: Inductor runs the whole graph: faster by 60%" in str(g.report)
+    said = "backend of dynamo graph 0 (whole): inductor with small-result matmuls summed: Inductor runs the whole graph"
+    assert said in str(g.report)
     # whole graphs first: graph 0, run whole, calls its piece no more, so the piece is never timed
     assert [c.subgraph for c in choices] == [
         "dynamo graph 0 (whole)",
@@ -324,15 +331,21 @@ def test_a_dynamo_graph_runs_whole_by_inductor_where_that_beats_its_split(monkey
 def test_a_dynamo_graph_runs_whole_by_inductors_faster_option_where_its_defaults_lose_to_the_split(monkeypatch):
     """Where Inductor's default whole graph is not faster than the split by the margin but its compile with its small
     matmuls rewritten is, that compile is timed against the split again and runs the graph. Timings injected."""
-    # graph 0: split 100 against whole 95; whole 95 against its matmuls rewritten 50; split 100 against that 50;
-    # graph 1 (no matmuls): split 50 against whole 60
-    times = iter([[100.0] * 5, [95.0] * 5, [95.0] * 5, [50.0] * 5, [100.0] * 5, [50.0] * 5, [50.0] * 5, [60.0] * 5])
+    # graph 0: split 100 against whole 95; whole 95 against its matmuls decomposed 50; that 50 against them summed
+    # 55; split 100 against the 50; graph 1 (no matmuls): split 50 against whole 60
+    graph_0 = [[100.0] * 5, [95.0] * 5, [95.0] * 5, [50.0] * 5, [50.0] * 5, [55.0] * 5, [100.0] * 5, [50.0] * 5]
+    times = iter([*graph_0, [50.0] * 5, [60.0] * 5])
     _time_in_turn(monkeypatch, times)
     fx = compiled(FusionGuard())
     choices = choose_backends(fx, *inputs(), backends=("thunder",), whole_graphs=True)
     whole = [c for c in choices if c.subgraph.endswith("(whole)")]
     assert [c.chosen for c in whole] == ["inductor with small matmuls decomposed", "split"]
-    assert whole[0].times_us == {"split": 100.0, "inductor": 50.0, "inductor with small matmuls decomposed": 50.0}
+    assert whole[0].times_us == {
+        "split": 100.0,
+        "inductor": 50.0,
+        "inductor with small matmuls decomposed": 50.0,
+        "inductor with small-result matmuls summed": 55.0,
+    }
     assert type(vars(fx._backend.subgraph_infos[0].split_graph_module)["forward"]).__name__ == "WholeGraphRun"
     out, grads = run(fx, inputs())
     expected, expected_grads = run(two_pieces, inputs())

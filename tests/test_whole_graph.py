@@ -122,11 +122,14 @@ def test_inductors_compile_with_small_matmuls_decomposed_runs_the_graph_only_whe
     seen = _compiles_seen(monkeypatch)
     monkeypatch.setattr(combo, "COMBO_KERNEL_DEVICES", ())  # combo kernels not tried: the decomposition alone
     guard = FusionGuard()
-    guard.measurer.pair = _timed_in_turn((100.0, 10.0), (10.0, decomposed_us))
+    best = min(10.0, decomposed_us)  # then the summed matmuls, slower
+    guard.measurer.pair = _timed_in_turn((100.0, 10.0), (10.0, decomposed_us), (best, best + 1.0))
     _, split = _run(guard, matmul=True)  # each step within 1e-5 of eager, gradients too
-    assert [options for options, _ in seen] == [None, whole_graph.DECOMPOSED_MATMULS]
-    (whole,) = guard.report.filter(code="whole_graph")
     faster = decomposed_us < 10.0
+    summed = {**(whole_graph.DECOMPOSED_MATMULS if faster else {}), **whole_graph.SUMMED_MATMULS}
+    assert [options for options, _ in seen] == [None, whole_graph.DECOMPOSED_MATMULS, summed]
+    (whole,) = guard.report.filter(code="whole_graph")
+    assert whole.facts["summed_matmuls"] is False and whole.facts["summed"].eager_us == best + 1.0
     assert whole.facts["decomposed_matmuls"] is faster and whole.details["decomposed_matmuls"] is faster
     assert whole.details["decomposed_us"] == decomposed_us and "combo_kernels" not in whole.facts
     assert vars(split)["forward"].whole is seen[1 if faster else 0][1]
@@ -139,7 +142,7 @@ def test_the_decomposition_rewrites_the_graphs_matmuls_and_leaves_torchs_thresho
     before = {name: getattr(decompose, name) for name in vars(decompose) if name.endswith("_decomposition")}
     counters.clear()
     guard = FusionGuard()
-    guard.measurer.pair = _timed_in_turn((100.0, 10.0), (10.0, 8.0))
+    guard.measurer.pair = _timed_in_turn((100.0, 10.0), (10.0, 8.0), (8.0, 9.0))
     with torch._inductor.config.patch(fx_graph_cache=False):  # compiled here, not read from a cache
         _run(guard, matmul=True)
     assert counters["inductor"]["decompose_mm"] >= 1  # torch's pass ran with the guard's thresholds
@@ -164,9 +167,11 @@ def test_where_inductors_defaults_lose_its_faster_option_is_timed_against_the_sp
     guard = FusionGuard()
     # the split 100 µs against Inductor's default whole graph 95 (not by the margin); the rewrites 50 against 95;
     # then the split again against the rewritten compile: ``again_us``
-    guard.measurer.pair = _timed_in_turn((100.0, 95.0), (95.0, 50.0), (100.0, again_us))
+    # (the summed matmuls 60 against 50, not faster)
+    guard.measurer.pair = _timed_in_turn((100.0, 95.0), (95.0, 50.0), (50.0, 60.0), (100.0, again_us))
     _, split = _run(guard, matmul=True)  # each step within 1e-5 of eager, gradients too
-    assert [options for options, _ in seen] == [None, whole_graph.DECOMPOSED_MATMULS]
+    summed = {**whole_graph.DECOMPOSED_MATMULS, **whole_graph.SUMMED_MATMULS}
+    assert [options for options, _ in seen] == [None, whole_graph.DECOMPOSED_MATMULS, summed]
     wins = again_us == 50.0
     (decision,) = guard.report.filter(code="whole_graph" if wins else "whole_graph_kept")
     assert (decision.details["split_us"], decision.details["inductor_us"]) == (100.0, again_us)
@@ -182,13 +187,51 @@ def test_where_inductors_defaults_lose_and_no_option_is_faster_the_split_is_not_
     seen = _compiles_seen(monkeypatch)
     monkeypatch.setattr(combo, "COMBO_KERNEL_DEVICES", ())
     guard = FusionGuard()
-    guard.measurer.pair = _timed_in_turn((100.0, 95.0), (95.0, 97.0))  # a third timing would raise IndexError
+    # the split, the decomposition, the summed matmuls: a fourth timing would raise IndexError
+    guard.measurer.pair = _timed_in_turn((100.0, 95.0), (95.0, 97.0), (95.0, 96.0))
     _, split = _run(guard, matmul=True)
-    assert [options for options, _ in seen] == [None, whole_graph.DECOMPOSED_MATMULS]
+    assert [options for options, _ in seen] == [None, whole_graph.DECOMPOSED_MATMULS, whole_graph.SUMMED_MATMULS]
     (kept,) = guard.report.filter(code="whole_graph_kept")
     assert (kept.details["split_us"], kept.details["inductor_us"]) == (100.0, 95.0)
     assert kept.facts["decomposed_matmuls"] is False and kept.facts["decomposed"].eager_us == 97.0
+    assert kept.facts["summed_matmuls"] is False and kept.facts["summed"].eager_us == 96.0
     assert "forward" not in vars(split)
+
+
+@pytest.mark.parametrize("summed_us", [6.0, 9.0])
+def test_the_summed_matmuls_run_the_graph_only_where_timed_faster_with_the_options_before_them(monkeypatch, summed_us):
+    seen = _compiles_seen(monkeypatch)  # combo kernels tried on CPU here
+    guard = FusionGuard()
+    # split 100 against whole 20; combo kernels 10; decomposed 8 against 10; summed ``summed_us`` against 8
+    guard.measurer.pair = _timed_in_turn((100.0, 20.0), (20.0, 10.0), (10.0, 8.0), (8.0, summed_us))
+    _, split = _run(guard, matmul=True)  # each step within 1e-5 of eager, gradients too
+    options = [whole_graph.COMBO_KERNELS, whole_graph.DECOMPOSED_MATMULS, whole_graph.SUMMED_MATMULS]
+    assert [o for o, _ in seen][-1] == {key: value for o in options for key, value in o.items()}
+    (whole,) = guard.report.filter(code="whole_graph")
+    faster = summed_us < 8.0
+    assert whole.facts["summed_matmuls"] is faster and whole.details["summed_matmuls"] is faster
+    assert whole.details["summed_us"] == summed_us and whole.facts["decomposed_matmuls"] is True
+    assert vars(split)["forward"].whole is seen[-1 if faster else -2][1]
+
+
+def test_a_failing_summed_compile_keeps_the_compile_before_it_and_says_why(monkeypatch):
+    seen = _compiles_seen(monkeypatch)
+    monkeypatch.setattr(combo, "COMBO_KERNEL_DEVICES", ())
+    real = whole_graph.compile_fx_module
+
+    def failing(module, inputs, backend, options=None):
+        if options and "post_grad_custom_post_pass" in options:
+            raise RuntimeError("planted failure of the summed matmuls")
+        return real(module, inputs, backend, options)
+
+    monkeypatch.setattr(whole_graph, "compile_fx_module", failing)
+    guard = FusionGuard()
+    guard.measurer.pair = _timed_in_turn((100.0, 10.0), (10.0, 8.0))
+    _, split = _run(guard, matmul=True)
+    (whole,) = guard.report.filter(code="whole_graph")
+    assert whole.facts["summed_matmuls"] is False and "planted failure" in whole.facts["summed_why"]
+    assert "summed" not in whole.facts and whole.facts["decomposed_matmuls"] is True
+    assert vars(split)["forward"].whole is seen[-1][1]  # the decomposed compile
 
 
 def test_has_matmuls_finds_matmul_functions_methods_operators_and_linears():

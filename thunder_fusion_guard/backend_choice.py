@@ -317,6 +317,7 @@ def _choose_whole(index: int, info: Any, inputs: list[Any] | str, margin: float,
     tried = (  # Inductor's options timed after its default compile: (name, timing, why not timed, runs the graph)
         ("combo kernels", found.combo, found.combo_why, found.combo_kernels),
         ("small matmuls decomposed", found.decomposed, found.decomposed_why, found.decomposed_matmuls),
+        ("small-result matmuls summed", found.summed, found.summed_why, found.summed_matmuls),
     )
     for option, option_timed, why, _ in tried:
         if option_timed is not None:

@@ -181,6 +181,10 @@ class Facts(TypedDict, total=False):
     decomposed: Measured
     decomposed_matmuls: bool
     decomposed_why: str
+    # the same for its compile with its small-result matmuls summed in kernels (the guard's pass)
+    summed: Measured
+    summed_matmuls: bool
+    summed_why: str
     # the region of unguarded Thunder's trace holding, op for op, the guard's region that failed: not run again
     same_region: str
     replaced_by: str
@@ -931,18 +935,25 @@ def _whole_graph(f: Facts) -> tuple[str, str | None]:
         combo = f"; its default compile ({c.region_us:.0f} µs), not faster with combo kernels ({c.eager_us:.0f})"
     elif f.get("combo_why"):
         combo = f"; its default compile (combo kernels: {f['combo_why']})"
-    if f.get("decomposed_matmuls"):
-        d = f["decomposed"]
-        combo += f"; with its small matmuls decomposed into products and sums, {d.eager_us:.0f} µs against "
-        combo += f"{d.region_us:.0f}"
-    elif "decomposed" in f:
-        d = f["decomposed"]
-        combo += f"; not faster with its small matmuls decomposed ({d.eager_us:.0f} µs against {d.region_us:.0f})"
-    elif f.get("decomposed_why"):
-        combo += f"; its matmuls as they were (decomposed: {f['decomposed_why']})"
+    combo += _option_words(f, "decomposed", "its small matmuls decomposed into products and sums", "decomposed")
+    combo += _option_words(f, "summed", "its small-result matmuls summed in kernels", "summed")
     reason = f"unguarded Thunder fails on {f['name']}: Inductor runs the whole graph, {timed}{combo}"
     told = f"{reason}. The failure: {f['error']}. {why}. Inductor's values are within its own rounding of eager's"
     return reason, told
+
+
+def _option_words(f: Facts, key: str, what: str, short: str) -> str:
+    """The clause telling what became of one small-matmul rewrite of Inductor's whole-graph compile: run with it
+    (``<key>_matmuls``), timed and not faster (``<key>``), or not timed (``<key>_why``); '' where not tried."""
+    if f.get(f"{key}_matmuls"):
+        m = f[key]
+        return f"; with {what}, {m.eager_us:.0f} µs against {m.region_us:.0f}"
+    if key in f:
+        m = f[key]
+        return f"; not faster with {what} ({m.eager_us:.0f} µs against {m.region_us:.0f})"
+    if f.get(f"{key}_why"):
+        return f"; its matmuls as they were ({short}: {f[f'{key}_why']})"
+    return ""
 
 
 # What a capture does with its inputs and gradients at each replay: (facts key, noun, what happens to them).

@@ -14,7 +14,9 @@ and Inductor's compile of the whole graph are timed on copies of that call's inp
 Inductor runs it from then on where it is faster by the margin, narrowed to the timing's spread where the timing is
 what the program sees (the rule of a timed region's keep or reject). On CUDA, Inductor's compile with combo kernels
 (independent kernels launched as one; torch's option, off by default) is then timed against its default compile, and
-the faster runs the graph. Inductor's values are within its own rounding of eager's. A graph that updates its inputs
+the faster runs the graph; so, on any device, are its small matmuls decomposed into products and sums (its own
+rewrite), then those with small results summed in kernels (the guard's pass, handed to that compile only). Inductor's
+values are within its own rounding of eager's. A graph that updates its inputs
 in place is not timed; should Inductor ever fail on a call, the split runs it again for good.
 """
 
@@ -42,6 +44,7 @@ __all__ = [
     "COMBO_KERNELS",
     "DECOMPOSED_MATMULS",
     "RUN_WITHOUT_THUNDER",
+    "SUMMED_MATMULS",
     "WHOLE_GRAPH_TIMING_S",
     "UnguardedFailure",
     "WholeGraph",
@@ -65,6 +68,8 @@ COMBO_KERNELS = th.COMBO_KERNELS
 # Inductor's small matmuls decomposed into products and sums (its ``decompose_mm_pass``), timed after combo kernels.
 DECOMPOSED_MATMULS = th.DECOMPOSED_MATMULS
 decomposed_matmuls = th.decomposed_matmuls  # their thresholds, applied for one compile and its first calls
+# The guard's pass summing each matmul with a small result in a kernel (``_thunder.matmul_sums``), timed after both.
+SUMMED_MATMULS = th.SUMMED_MATMULS
 
 # Seconds the timing of a graph's split against its whole may take, apart from the guard's measuring budget (which
 # region timings may have spent): at least 3 rounds each run (a step of 100 ms on a CPU: about 1.5 s).
@@ -179,7 +184,8 @@ class WholeGraph:
     ``combo``: Inductor's default compile (``region_us``) timed against its compile with combo kernels
     (``eager_us``), ``combo_kernels`` where the latter runs it; ``combo_why``: why not, where it was not timed.
     ``decomposed``, ``decomposed_matmuls``, ``decomposed_why``: the same for Inductor's compile with its small matmuls
-    decomposed into products and sums (:data:`DECOMPOSED_MATMULS`), timed after combo kernels."""
+    decomposed into products and sums (:data:`DECOMPOSED_MATMULS`), timed after combo kernels; ``summed``,
+    ``summed_matmuls``, ``summed_why``: its small-result matmuls summed in kernels (:data:`SUMMED_MATMULS`), after."""
 
     label: str
     inductor: bool
@@ -196,6 +202,9 @@ class WholeGraph:
     decomposed: Measured | None = None  # the compile running it (region_us) against small matmuls decomposed
     decomposed_matmuls: bool = False
     decomposed_why: str = ""
+    summed: Measured | None = None  # the compile running it (region_us) against small-result matmuls summed
+    summed_matmuls: bool = False
+    summed_why: str = ""
 
 
 def whole_or_split(
@@ -247,7 +256,8 @@ def whole_or_split(
     if wins:
         return replace(tried, measured=measured, margin=used, narrowed=narrowed)
     why = "Inductor's whole graph is not faster by the margin, with its options either"
-    split_kept = {"inductor": False, "whole": None, "combo_kernels": False, "decomposed_matmuls": False}
+    split_kept = {"inductor": False, "whole": None, "combo_kernels": False}
+    split_kept |= {option.runs: False for option in _MATMUL_OPTIONS}
     return replace(tried, why=why, measured=measured, margin=used, narrowed=narrowed, **split_kept)
 
 
@@ -266,9 +276,14 @@ def _against_split(
 
 
 def _with_options(found: WholeGraph, original: torch.fx.GraphModule, inputs: list[Any], timer: Timer) -> WholeGraph:
-    """``found`` with Inductor's options in its compile's place where timed faster: combo kernels, then its
-    small-matmul rewrites."""
-    return _with_decomposed_matmuls(_with_combo_kernels(found, original, inputs, timer), original, inputs, timer)
+    """``found`` with Inductor's options in its compile's place where timed faster: combo kernels, then the
+    small-matmul rewrites, one after the other (:data:`_MATMUL_OPTIONS`), each added to the compile before it."""
+    found = _with_combo_kernels(found, original, inputs, timer)
+    if found.whole is None or not has_matmuls(original):  # a graph without matmuls is not compiled again for them
+        return found
+    for option in _MATMUL_OPTIONS:
+        found = _with_matmul_option(found, original, inputs, timer, option)
+    return found
 
 
 def _with_combo_kernels(
@@ -283,26 +298,48 @@ def _with_combo_kernels(
     return replace(found, whole=compiled or found.whole, combo=timed, combo_kernels=compiled is not None, combo_why=why)
 
 
-def _with_decomposed_matmuls(
-    found: WholeGraph, original: torch.fx.GraphModule, inputs: list[Any], timer: Timer
+@dataclass(frozen=True)
+class _MatmulOption:
+    """A small-matmul rewrite handed to Inductor's compile of a whole graph: its config ``options``, ``what`` it does
+    (the words of a failure), and the :class:`WholeGraph` fields of its timing (``timed``), of whether it runs the
+    graph (``runs``) and of why it was not timed (``why``)."""
+
+    options: dict[str, Any]
+    what: str
+    timed: str
+    runs: str
+    why: str
+
+
+# Timed in this order, each with those before it that run the graph: Inductor's own decomposition of matmuls with a
+# small inner and right dimension, then the guard's pass summing the matmuls with a small result it leaves (the
+# weights' gradients). Each matmul summed in a kernel is a launch gone where a step is a queue of tiny GEMMs.
+_MATMUL_OPTIONS = (
+    _MatmulOption(
+        DECOMPOSED_MATMULS, "with small matmuls decomposed", "decomposed", "decomposed_matmuls", "decomposed_why"
+    ),
+    _MatmulOption(SUMMED_MATMULS, "with small-result matmuls summed", "summed", "summed_matmuls", "summed_why"),
+)
+
+
+def _with_matmul_option(
+    found: WholeGraph, original: torch.fx.GraphModule, inputs: list[Any], timer: Timer, option: _MatmulOption
 ) -> WholeGraph:
-    """``found`` with Inductor's compile of ``original`` decomposing its small matmuls into products and sums that
-    its kernels fuse (:data:`DECOMPOSED_MATMULS`, with combo kernels where those run it) in its place where the graph
-    has matmuls and ``timer`` finds it faster (any amount, as for combo kernels: two Inductor compiles of a graph with
-    no Thunder bits); else as it was, ``decomposed_why`` saying why. Each matmul of at most 64 columns becomes a
-    kernel's sum: launches go where a step is a queue of tiny GEMMs (MACE's linears)."""
-    if found.whole is None or not has_matmuls(original):
+    """``found`` with Inductor's compile of ``original`` given ``option`` (and the options running it now: combo
+    kernels, the rewrites before) in its place where ``timer`` finds it faster (any amount, as for combo kernels: two
+    Inductor compiles of a graph with no Thunder bits); else as it was, ``option.why`` saying why not timed."""
+    if found.whole is None:
         return found
-    options = {**(COMBO_KERNELS if found.combo_kernels else {}), **DECOMPOSED_MATMULS}
-    what = "with small matmuls decomposed"
-    compiled, timed, why = _timed_compile(found, original, inputs, timer, options, what, th.decomposed_matmuls)
-    return replace(
-        found,
-        whole=compiled or found.whole,
-        decomposed=timed,
-        decomposed_matmuls=compiled is not None,
-        decomposed_why=why,
-    )
+    options = dict(COMBO_KERNELS if found.combo_kernels else {})
+    for before in _MATMUL_OPTIONS[: _MATMUL_OPTIONS.index(option)]:
+        if getattr(found, before.runs):
+            options.update(before.options)
+    options.update(option.options)
+    # Inductor's decomposition reads its thresholds from its module: applied while it compiles and runs first
+    scope = th.decomposed_matmuls if DECOMPOSED_MATMULS.keys() <= options.keys() else contextlib.nullcontext
+    compiled, timed, why = _timed_compile(found, original, inputs, timer, options, option.what, scope)
+    changes = {option.timed: timed, option.runs: compiled is not None, option.why: why}
+    return replace(found, whole=compiled or found.whole, **changes)
 
 
 def _timed_compile(
@@ -365,15 +402,9 @@ def whole_graph_decision(
             facts.update(margin_from=margin, narrowed=found.narrowed)
             details["margin_narrowed"] = found.narrowed
     _record_option(facts, details, "combo_kernels", "combo", found.combo_kernels, found.combo, found.combo_why)
-    _record_option(
-        facts,
-        details,
-        "decomposed_matmuls",
-        "decomposed",
-        found.decomposed_matmuls,
-        found.decomposed,
-        found.decomposed_why,
-    )
+    for option in _MATMUL_OPTIONS:
+        runs, timed, why = (getattr(found, name) for name in (option.runs, option.timed, option.why))
+        _record_option(facts, details, option.runs, option.timed, runs, timed, why)
     reason, told = words(code, facts)
     source = th.fx_module_source(original)
     if source:

@@ -13,6 +13,7 @@ functions here, one module a job, so that a new release means reading and fixing
 - :mod:`.products`: matmuls, and the products and sum that compute one over a few terms inside a region;
 - :mod:`.executors`: which executors exist, which fusion executor runs where, software versions;
 - :mod:`.combo`: Thunder's torch.compile executor compiling its regions with Inductor's combo kernels;
+- :mod:`.matmul_sums`: the post-grad pass handed Inductor for a whole graph: small-result matmuls summed in kernels;
 - :mod:`.compiling`: the compilation Thunder runs right now;
 - :mod:`.jitted`: what ``thunder.jit`` made (transforms, traces, compiled calls; recording a run's fusion calls);
 - :mod:`.thunderfx`: what ThunderFX made (split subgraphs, the ops kept out of Thunder and why);
@@ -176,6 +177,7 @@ from .lowering import (
     swap_proxies,
     with_call,
 )
+from .matmul_sums import SUMMED_MATMULS
 from .padded import (
     PadPiece,
     SliceRange,
@@ -313,6 +315,7 @@ __all__ = [
     "NVFUSER_INSTALL",
     "NVFUSER_REQUIREMENTS",
     "SHARED_FUSIONS",
+    "SUMMED_MATMULS",
     "UNCAPTURED_WHILE_HELD",
     "BoundSymbol",
     "CaptureSummary",
