@@ -46,6 +46,21 @@ MATMULS='{"choose_executor": true, "exact_only": false, "merge_regions": true, "
 # graph, without and with combo kernels (paths of gpu_seed_vs_inductor.py)
 INDUCTOR_BEST="--step-graph inductor/decomposed --step-graph inductor/combo-decomposed"
 
+SUMMED=inductor/combo-decomposed-summed
+# the Inductor variants of the small-kernels jobs (gpu_seed_vs_inductor.py --inductor-variant; JSON without spaces)
+ALL='"aggressive_fusion":true,"combo_kernel_allow_mixed_sizes":2,"split_reductions":false,"triton.tiling_prevents_pointwise_fusion":false,"triton.tiling_prevents_reduction_fusion":false'
+KERNEL_VARIANTS=$(printf -- '--inductor-variant %s ' \
+  "$SUMMED/aggressive={\"aggressive_fusion\":true}" \
+  "$SUMMED/mixed={\"combo_kernel_allow_mixed_sizes\":2}" \
+  "$SUMMED/unsplit={\"split_reductions\":false}" \
+  "$SUMMED/cooperative={\"triton.cooperative_reductions\":true}" \
+  "$SUMMED/untiled={\"triton.tiling_prevents_pointwise_fusion\":false,\"triton.tiling_prevents_reduction_fusion\":false}" \
+  "$SUMMED/unrealized={\"realize_opcount_threshold\":100,\"realize_reads_threshold\":16,\"realize_acc_reads_threshold\":32}" \
+  "$SUMMED/sum16k={\"summed_most\":16384}" \
+  "$SUMMED/sum64k={\"summed_most\":65536}" \
+  "$SUMMED/all={$ALL}" \
+  "$SUMMED/all64k={$ALL,\"summed_most\":65536}")
+
 declare -A JOBS=(
   [nequip-inductor]="$NQ|--model nequip --paths eager,inductor-ro --step-graph inductor"
   [nequip-inductor-step]="$NQ|--model nequip --paths eager --step-graph inductor"
@@ -119,6 +134,11 @@ declare -A JOBS=(
   # beside Inductor's best step found and Inductor handed that pass too, one process a model
   [small-backends-summed]="|--model small --paths eager --step-graph inductor/combo-decomposed --step-graph inductor/combo-decomposed-summed --step-graph fx-guarded+backends"
   [modules-backends-summed]="|--model e3nn-nequip-modules --paths eager --step-graph inductor/combo-decomposed --step-graph inductor/combo-decomposed-summed --step-graph fx-guarded+backends"
+  # the small step's kernels: Inductor handed the guard's pass, and given more of its own fusion options each
+  # (aggressive fusion, combo kernels of mixed sizes, unsplit or cooperative reductions, fusion across tilings, fewer
+  # buffers realized, a larger summed-matmul threshold), one process a half
+  [small-kernels-a]="|--model small --paths eager --step-graph $SUMMED $SUMMED/aggressive $SUMMED/mixed $SUMMED/unsplit $SUMMED/cooperative $KERNEL_VARIANTS"
+  [small-kernels-b]="|--model small --paths eager --step-graph $SUMMED/untiled $SUMMED/unrealized $SUMMED/sum16k $SUMMED/sum64k $SUMMED/all $SUMMED/all64k $KERNEL_VARIANTS"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
 chosen=("$@")

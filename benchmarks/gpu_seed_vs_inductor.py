@@ -143,6 +143,28 @@ INDUCTOR_OPTIONS = {
     INDUCTOR_COMBO_DECOMPOSED_SUMMED: {**COMBO_KERNELS, **DECOMPOSED_MATMULS, **SUMMED_MATMULS},
 }
 
+
+def parse_inductor_variant(text: str) -> tuple[str, dict]:
+    """An Inductor path given more options, written ``PATH/LABEL=JSON`` with PATH one of :data:`INDUCTOR_OPTIONS`
+    (``inductor/combo-decomposed-summed/mixed={"combo_kernel_allow_mixed_sizes": 2}``): Inductor config keys, and
+    ``summed_most``, the most result values of a matmul the guard's pass sums (its default 4096): its key in the
+    results (``PATH/LABEL``) and the options torch.compile is given; ValueError otherwise."""
+    from thunder_fusion_guard._thunder.matmul_sums import SummedMatmuls
+
+    key, sep, options = text.partition("=")
+    path, _, label = key.rpartition("/")
+    if not sep or not label or path not in INDUCTOR_OPTIONS:
+        known = ", ".join(sorted(INDUCTOR_OPTIONS))
+        raise ValueError(f"--inductor-variant {text!r}: expected PATH/LABEL=JSON, PATH one of {known}")
+    parsed = json.loads(options)
+    if not isinstance(parsed, dict):
+        raise ValueError(f"--inductor-variant {text!r}: the options must be a JSON object")
+    most = parsed.pop("summed_most", None)
+    if most is not None:
+        parsed["post_grad_custom_post_pass"] = SummedMatmuls(int(most))
+    return key, {**INDUCTOR_OPTIONS[path], **parsed}
+
+
 STEP_GRAPH = "+stepgraph"  # a path's key suffix: that path's whole step captured in one CUDA graph (capture_step)
 
 
@@ -219,6 +241,11 @@ def run_model(
             rows[path] = {"first_call_s": round(time.perf_counter() - began - waited, 1)}
             if waited >= 0.1:
                 rows[path]["waited_for_lock_s"] = round(waited, 1)
+            if options:  # a pass by its class and threshold
+                rows[path]["inductor_options"] = {
+                    k: v if isinstance(v, (bool, int, float, str)) else f"{type(v).__name__}({getattr(v, 'most', '')})"
+                    for k, v in options.items()
+                }
             if chosen is not None:
                 rows[path]["backends"] = dict(Counter(c.chosen for c in chosen))
                 rows[path]["before_choice_s"], rows[path]["choose_s"] = before_choice, choose_s
@@ -414,6 +441,13 @@ def main() -> int:
         help="leave translate_library_ops() out (MACE: e3nn 0.4.4's Irrep trips Dynamo's guards on its Extract)",
     )
     parser.add_argument(
+        "--inductor-variant",
+        action="append",
+        default=[],
+        metavar="PATH/LABEL=JSON",
+        help="also an Inductor path given more options (parse_inductor_variant), keyed PATH/LABEL",
+    )
+    parser.add_argument(
         "--inductor-config",
         action="append",
         default=[],
@@ -446,6 +480,10 @@ def in_thread(stack_mb: int, run: Callable[[], int]) -> int:
 def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         variants = dict(parse_variant(v) for v in args.variant)
+    except ValueError as e:
+        parser.error(str(e))
+    try:  # keyed as Inductor's own paths are: run_model finds their options there
+        INDUCTOR_OPTIONS.update(parse_inductor_variant(v) for v in args.inductor_variant)
     except ValueError as e:
         parser.error(str(e))
     try:
