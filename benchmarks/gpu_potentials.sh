@@ -137,8 +137,8 @@ declare -A JOBS=(
   # the small step's kernels: Inductor handed the guard's pass, and given more of its own fusion options each
   # (aggressive fusion, combo kernels of mixed sizes, unsplit or cooperative reductions, fusion across tilings, fewer
   # buffers realized, a larger summed-matmul threshold), one process a half
-  [small-kernels-a]="|--model small --paths eager --step-graph $SUMMED $SUMMED/aggressive $SUMMED/mixed $SUMMED/unsplit $SUMMED/cooperative $KERNEL_VARIANTS"
-  [small-kernels-b]="|--model small --paths eager --step-graph $SUMMED/untiled $SUMMED/unrealized $SUMMED/sum16k $SUMMED/sum64k $SUMMED/all $SUMMED/all64k $KERNEL_VARIANTS"
+  [small-kernels-a]="|--model small --paths eager --step-graph $SUMMED --step-graph $SUMMED/aggressive --step-graph $SUMMED/mixed --step-graph $SUMMED/unsplit --step-graph $SUMMED/cooperative $KERNEL_VARIANTS"
+  [small-kernels-b]="|--model small --paths eager --step-graph $SUMMED/untiled --step-graph $SUMMED/unrealized --step-graph $SUMMED/sum16k --step-graph $SUMMED/sum64k --step-graph $SUMMED/all --step-graph $SUMMED/all64k $KERNEL_VARIANTS"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
 chosen=("$@")
