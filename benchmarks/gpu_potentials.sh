@@ -47,6 +47,8 @@ MATMULS='{"choose_executor": true, "exact_only": false, "merge_regions": true, "
 INDUCTOR_BEST="--step-graph inductor/decomposed --step-graph inductor/combo-decomposed"
 
 SUMMED=inductor/combo-decomposed-summed
+# Inductor's options realizing fewer buffers (more recomputed inline): fewer kernels
+UNREALIZED='"realize_opcount_threshold":100,"realize_reads_threshold":16,"realize_acc_reads_threshold":32'
 # the Inductor variants of the small-kernels jobs (gpu_seed_vs_inductor.py --inductor-variant; JSON without spaces)
 ALL='"aggressive_fusion":true,"combo_kernel_allow_mixed_sizes":2,"split_reductions":false,"triton.tiling_prevents_pointwise_fusion":false,"triton.tiling_prevents_reduction_fusion":false'
 KERNEL_VARIANTS=$(printf -- '--inductor-variant %s ' \
@@ -55,11 +57,13 @@ KERNEL_VARIANTS=$(printf -- '--inductor-variant %s ' \
   "$SUMMED/unsplit={\"split_reductions\":false}" \
   "$SUMMED/cooperative={\"triton.cooperative_reductions\":true}" \
   "$SUMMED/untiled={\"triton.tiling_prevents_pointwise_fusion\":false,\"triton.tiling_prevents_reduction_fusion\":false}" \
-  "$SUMMED/unrealized={\"realize_opcount_threshold\":100,\"realize_reads_threshold\":16,\"realize_acc_reads_threshold\":32}" \
+  "$SUMMED/unrealized={$UNREALIZED}" \
   "$SUMMED/sum16k={\"summed_most\":16384}" \
   "$SUMMED/sum64k={\"summed_most\":65536}" \
   "$SUMMED/all={$ALL}" \
   "$SUMMED/all64k={$ALL,\"summed_most\":65536}")
+WIDE_VARIANTS=$(printf -- '--inductor-variant %s ' "inductor/combo-decomposed/unrealized={$UNREALIZED}" \
+  "$SUMMED/sum64k={\"summed_most\":65536}")
 
 declare -A JOBS=(
   [nequip-inductor]="$NQ|--model nequip --paths eager,inductor-ro --step-graph inductor"
@@ -139,6 +143,11 @@ declare -A JOBS=(
   # buffers realized, a larger summed-matmul threshold), one process a half
   [small-kernels-a]="|--model small --paths eager --step-graph $SUMMED --step-graph $SUMMED/aggressive --step-graph $SUMMED/mixed --step-graph $SUMMED/unsplit --step-graph $SUMMED/cooperative $KERNEL_VARIANTS"
   [small-kernels-b]="|--model small --paths eager --step-graph $SUMMED/untiled --step-graph $SUMMED/unrealized --step-graph $SUMMED/sum16k --step-graph $SUMMED/sum64k --step-graph $SUMMED/all --step-graph $SUMMED/all64k $KERNEL_VARIANTS"
+  # the guarded step after choose_backends(whole_graphs=True), which may sum larger-result matmuls too, beside
+  # Inductor's best step found, Inductor given fewer buffers realized (its own options) and Inductor handed the
+  # guard's wider pass, one process a model
+  [small-backends-wide]="|--model small --paths eager --step-graph inductor/combo-decomposed --step-graph inductor/combo-decomposed/unrealized --step-graph $SUMMED/sum64k --step-graph fx-guarded+backends $WIDE_VARIANTS"
+  [mace-backends-wide]="$MC|--model mace --paths eager --step-graph inductor/combo-decomposed --step-graph inductor/combo-decomposed/unrealized --step-graph fx-guarded+backends --thread-stack-mb 1024 $WIDE_VARIANTS"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
 chosen=("$@")
