@@ -344,8 +344,6 @@ def _with_matmul_option(
     """``found`` with Inductor's compile of ``original`` given ``option`` (and the options running it now: combo
     kernels, the rewrites before) in its place where ``timer`` finds it faster (any amount, as for combo kernels: two
     Inductor compiles of a graph with no Thunder bits); else as it was, ``option.why`` saying why not timed."""
-    if found.whole is None:
-        return found
     options = dict(COMBO_KERNELS if found.combo_kernels else {})
     for before in _MATMUL_OPTIONS[: _MATMUL_OPTIONS.index(option)]:
         if getattr(found, before.runs):
