@@ -146,11 +146,8 @@ INDUCTOR_OPTIONS = {
 
 def parse_inductor_variant(text: str) -> tuple[str, dict]:
     """An Inductor path given more options, written ``PATH/LABEL=JSON`` with PATH one of :data:`INDUCTOR_OPTIONS`
-    (``inductor/combo-decomposed-summed/mixed={"combo_kernel_allow_mixed_sizes": 2}``): Inductor config keys, and
-    ``summed_most``, the most result values of a matmul the guard's pass sums (its default 4096): its key in the
-    results (``PATH/LABEL``) and the options torch.compile is given; ValueError otherwise."""
-    from thunder_fusion_guard._thunder.matmul_sums import SummedMatmuls
-
+    (``inductor/combo-decomposed-summed/mixed={"combo_kernel_allow_mixed_sizes": 2}``), its JSON Inductor's config
+    keys: its key in the results (``PATH/LABEL``) and the options torch.compile is given; ValueError otherwise."""
     key, sep, options = text.partition("=")
     path, _, label = key.rpartition("/")
     if not sep or not label or path not in INDUCTOR_OPTIONS:
@@ -159,9 +156,6 @@ def parse_inductor_variant(text: str) -> tuple[str, dict]:
     parsed = json.loads(options)
     if not isinstance(parsed, dict):
         raise ValueError(f"--inductor-variant {text!r}: the options must be a JSON object")
-    most = parsed.pop("summed_most", None)
-    if most is not None:
-        parsed["post_grad_custom_post_pass"] = SummedMatmuls(int(most))
     return key, {**INDUCTOR_OPTIONS[path], **parsed}
 
 

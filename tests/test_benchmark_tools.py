@@ -18,6 +18,16 @@ def test_a_variant_is_a_guarded_path_with_guard_options_keyed_by_its_label():
             seed.parse_variant(bad)
 
 
+def test_an_inductor_variant_is_an_inductor_path_given_more_of_its_options():
+    seed = load_benchmark("gpu_seed_vs_inductor")
+    key, options = seed.parse_inductor_variant('inductor/combo/mixed={"combo_kernel_allow_mixed_sizes": 2}')
+    assert key == "inductor/combo/mixed"
+    assert options == {**seed.INDUCTOR_OPTIONS["inductor/combo"], "combo_kernel_allow_mixed_sizes": 2}
+    for bad in ("inductor/x={}", "inductor/combo={}", "inductor/combo/x=[1]", "fx-guarded/x={}"):
+        with pytest.raises(ValueError, match="--inductor-variant"):
+            seed.parse_inductor_variant(bad)
+
+
 def test_bitwise_tells_signed_zeros_apart():
     seed = load_benchmark("gpu_seed_vs_inductor")
     assert seed.bitwise([torch.tensor(1.5)], [torch.tensor(1.5)])  # a 0-dim loss
