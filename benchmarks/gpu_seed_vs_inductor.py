@@ -235,9 +235,9 @@ def run_model(
             rows[path] = {"first_call_s": round(time.perf_counter() - began - waited, 1)}
             if waited >= 0.1:
                 rows[path]["waited_for_lock_s"] = round(waited, 1)
-            if options:  # a pass by its class and threshold
+            if options:  # a value other than a number or a string (a pass, a dict) by its class
                 rows[path]["inductor_options"] = {
-                    k: v if isinstance(v, (bool, int, float, str)) else f"{type(v).__name__}({getattr(v, 'most', '')})"
+                    k: v if isinstance(v, (bool, int, float, str)) else f"{type(v).__name__}()"
                     for k, v in options.items()
                 }
             if chosen is not None:
