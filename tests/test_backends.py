@@ -288,8 +288,9 @@ def test_a_dynamo_graph_runs_whole_by_inductor_where_that_beats_its_split(monkey
     all of it; the faster by the margin runs it, the values eager's within tolerance. Timings injected: the split
     of graph 0 slower, of graph 1 faster."""
     # graph 0: split, whole, then whole against its small matmuls decomposed (not faster), then against its
-    # small-result matmuls summed (faster); graph 1: split, whole; then graph 1 again
-    graph_0 = [[100.0] * 5, [40.0] * 5, [40.0] * 5, [45.0] * 5, [40.0] * 5, [30.0] * 5]
+    # small-result matmuls summed (faster), then against larger-result ones summed too (slower); graph 1: split, whole;
+    # then graph 1 again
+    graph_0 = [[100.0] * 5, [40.0] * 5, [40.0] * 5, [45.0] * 5, [40.0] * 5, [30.0] * 5, [30.0] * 5, [35.0] * 5]
     times = iter([*graph_0, [50.0] * 5, [60.0] * 5, [50.0] * 5, [60.0] * 5])
     _time_in_turn(monkeypatch, times)
     g = FusionGuard()
@@ -305,6 +306,7 @@ def test_a_dynamo_graph_runs_whole_by_inductor_where_that_beats_its_split(monkey
         "inductor": 40.0,
         "inductor with small matmuls decomposed": 45.0,
         "inductor with small-result matmuls summed": 30.0,
+        "inductor with larger-result matmuls summed": 35.0,
     }
     assert whole[0].backward
     infos = fx._backend.subgraph_infos

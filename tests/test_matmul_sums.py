@@ -46,6 +46,15 @@ def test_a_matmul_with_a_larger_result_stays_a_gemm():
     torch.testing.assert_close(out, weight_gradient(x, g))
 
 
+def test_a_larger_threshold_sums_a_larger_result_under_its_own_cache_key():
+    x, g = torch.randn(512, 64), torch.randn(512, 128)  # 8192 values
+    out, code = _compiled(x, g, {"post_grad_custom_post_pass": SummedMatmuls(8192)})
+    assert "extern_kernels.mm" not in code
+    torch.testing.assert_close(out, weight_gradient(x, g))
+    assert SummedMatmuls(8192).uuid() != SummedMatmuls().uuid()
+    assert summed_shape(torch.empty(64, 2), torch.empty(2, 128), most=8192)
+
+
 def test_the_shape_rule():
     t = torch.empty
     assert summed_shape(t(8, 512), t(512, 8))

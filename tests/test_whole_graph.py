@@ -11,7 +11,7 @@ from thunder.dynamo import thunderfx
 import thunder_fusion_guard.transform as transform_module
 import thunder_fusion_guard.whole_graph as whole_graph
 from thunder_fusion_guard import FusionGuard, Runtime, fusion_executors
-from thunder_fusion_guard._thunder import combo
+from thunder_fusion_guard._thunder import combo, matmul_sums
 from thunder_fusion_guard.cost import Measured
 from thunder_fusion_guard.measure.breakeven import RegionMeasurer
 from thunder_fusion_guard.whole_graph import WholeGraphRun
@@ -202,15 +202,35 @@ def test_where_inductors_defaults_lose_and_no_option_is_faster_the_split_is_not_
 def test_the_summed_matmuls_run_the_graph_only_where_timed_faster_with_the_options_before_them(monkeypatch, summed_us):
     seen = _compiles_seen(monkeypatch)  # combo kernels tried on CPU here
     guard = FusionGuard()
-    # split 100 against whole 20; combo kernels 10; decomposed 8 against 10; summed ``summed_us`` against 8
-    guard.measurer.pair = _timed_in_turn((100.0, 20.0), (20.0, 10.0), (10.0, 8.0), (8.0, summed_us))
+    # split 100 against whole 20; combo kernels 10; decomposed 8 against 10; summed ``summed_us`` against 8; where
+    # faster, larger results summed too, 7 against it (slower)
+    guard.measurer.pair = _timed_in_turn((100.0, 20.0), (20.0, 10.0), (10.0, 8.0), (8.0, summed_us), (6.0, 7.0))
     _, split = _run(guard, matmul=True)  # each step within 1e-5 of eager, gradients too
-    options = [whole_graph.COMBO_KERNELS, whole_graph.DECOMPOSED_MATMULS, whole_graph.SUMMED_MATMULS]
-    assert [o for o, _ in seen][-1] == {key: value for o in options for key, value in o.items()}
-    (whole,) = guard.report.filter(code="whole_graph")
     faster = summed_us < 8.0
+    options = [whole_graph.COMBO_KERNELS, whole_graph.DECOMPOSED_MATMULS, whole_graph.SUMMED_MATMULS]
+    summed_at = -2 if faster else -1  # the wider compile after it where it runs the graph, else nothing
+    assert [o for o, _ in seen][summed_at] == {key: value for o in options for key, value in o.items()}
+    (whole,) = guard.report.filter(code="whole_graph")
     assert whole.facts["summed_matmuls"] is faster and whole.details["summed_matmuls"] is faster
     assert whole.details["summed_us"] == summed_us and whole.facts["decomposed_matmuls"] is True
+    assert ("wide" in whole.facts) is faster and whole.facts.get("wide_matmuls", False) is False
+    assert vars(split)["forward"].whole is seen[summed_at if faster else -2][1]
+
+
+@pytest.mark.parametrize("wide_us", [5.0, 7.0])
+def test_larger_results_summed_run_the_graph_only_where_timed_faster_than_the_small_ones(monkeypatch, wide_us):
+    seen = _compiles_seen(monkeypatch)  # combo kernels tried on CPU here
+    guard = FusionGuard()
+    # split 100 against whole 20; combo kernels 10; decomposed 8; summed 6; larger results summed ``wide_us``
+    guard.measurer.pair = _timed_in_turn((100.0, 20.0), (20.0, 10.0), (10.0, 8.0), (8.0, 6.0), (6.0, wide_us))
+    _, split = _run(guard, matmul=True)  # each step within 1e-5 of eager, gradients too
+    options = [whole_graph.COMBO_KERNELS, whole_graph.DECOMPOSED_MATMULS, whole_graph.WIDE_SUMMED_MATMULS]
+    assert [o for o, _ in seen][-1] == {key: value for o in options for key, value in o.items()}
+    assert seen[-1][0]["post_grad_custom_post_pass"].most == matmul_sums.WIDE_RESULT > matmul_sums.SMALL_RESULT
+    (whole,) = guard.report.filter(code="whole_graph")
+    faster = wide_us < 6.0
+    assert whole.facts["wide_matmuls"] is faster and whole.details["wide_matmuls"] is faster
+    assert whole.details["wide_us"] == wide_us and whole.facts["summed_matmuls"] is True
     assert vars(split)["forward"].whole is seen[-1 if faster else -2][1]
 
 

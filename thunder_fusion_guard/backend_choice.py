@@ -318,6 +318,7 @@ def _choose_whole(index: int, info: Any, inputs: list[Any] | str, margin: float,
         ("combo kernels", found.combo, found.combo_why, found.combo_kernels),
         ("small matmuls decomposed", found.decomposed, found.decomposed_why, found.decomposed_matmuls),
         ("small-result matmuls summed", found.summed, found.summed_why, found.summed_matmuls),
+        ("larger-result matmuls summed", found.wide, found.wide_why, found.wide_matmuls),
     )
     for option, option_timed, why, _ in tried:
         if option_timed is not None:

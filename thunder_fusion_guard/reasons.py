@@ -185,6 +185,10 @@ class Facts(TypedDict, total=False):
     summed: Measured
     summed_matmuls: bool
     summed_why: str
+    # the same for its compile with larger-result matmuls summed too, after the small-result ones
+    wide: Measured
+    wide_matmuls: bool
+    wide_why: str
     # the region of unguarded Thunder's trace holding, op for op, the guard's region that failed: not run again
     same_region: str
     replaced_by: str
@@ -937,6 +941,7 @@ def _whole_graph(f: Facts) -> tuple[str, str | None]:
         combo = f"; its default compile (combo kernels: {f['combo_why']})"
     combo += _option_words(f, "decomposed", "its small matmuls decomposed into products and sums", "decomposed")
     combo += _option_words(f, "summed", "its small-result matmuls summed in kernels", "summed")
+    combo += _option_words(f, "wide", "its larger-result matmuls summed too", "larger results summed")
     reason = f"unguarded Thunder fails on {f['name']}: Inductor runs the whole graph, {timed}{combo}"
     told = f"{reason}. The failure: {f['error']}. {why}. Inductor's values are within its own rounding of eager's"
     return reason, told

@@ -15,7 +15,8 @@ Inductor runs it from then on where it is faster by the margin, narrowed to the 
 what the program sees (the rule of a timed region's keep or reject). On CUDA, Inductor's compile with combo kernels
 (independent kernels launched as one; torch's option, off by default) is then timed against its default compile, and
 the faster runs the graph; so, on any device, are its small matmuls decomposed into products and sums (its own
-rewrite), then those with small results summed in kernels (the guard's pass, handed to that compile only). Inductor's
+rewrite), then those with small results summed in kernels (the guard's pass, handed to that compile only), and where
+that is faster, those with larger results too. Inductor's
 values are within its own rounding of eager's. A graph that updates its inputs
 in place is not timed; should Inductor ever fail on a call, the split runs it again for good.
 """
@@ -46,6 +47,7 @@ __all__ = [
     "RUN_WITHOUT_THUNDER",
     "SUMMED_MATMULS",
     "WHOLE_GRAPH_TIMING_S",
+    "WIDE_SUMMED_MATMULS",
     "UnguardedFailure",
     "WholeGraph",
     "WholeGraphRun",
@@ -70,6 +72,8 @@ DECOMPOSED_MATMULS = th.DECOMPOSED_MATMULS
 decomposed_matmuls = th.decomposed_matmuls  # their thresholds, applied for one compile and its first calls
 # The guard's pass summing each matmul with a small result in a kernel (``_thunder.matmul_sums``), timed after both.
 SUMMED_MATMULS = th.SUMMED_MATMULS
+# The same pass summing matmuls of larger results too, timed after it where it runs the graph.
+WIDE_SUMMED_MATMULS = th.WIDE_SUMMED_MATMULS
 
 # Seconds the timing of a graph's split against its whole may take, apart from the guard's measuring budget (which
 # region timings may have spent): at least 3 rounds each run (a step of 100 ms on a CPU: about 1.5 s).
@@ -185,7 +189,9 @@ class WholeGraph:
     (``eager_us``), ``combo_kernels`` where the latter runs it; ``combo_why``: why not, where it was not timed.
     ``decomposed``, ``decomposed_matmuls``, ``decomposed_why``: the same for Inductor's compile with its small matmuls
     decomposed into products and sums (:data:`DECOMPOSED_MATMULS`), timed after combo kernels; ``summed``,
-    ``summed_matmuls``, ``summed_why``: its small-result matmuls summed in kernels (:data:`SUMMED_MATMULS`), after."""
+    ``summed_matmuls``, ``summed_why``: its small-result matmuls summed in kernels (:data:`SUMMED_MATMULS`), after;
+    ``wide``, ``wide_matmuls``, ``wide_why``: matmuls of larger results summed too (:data:`WIDE_SUMMED_MATMULS`),
+    after, where the small-result ones run the graph."""
 
     label: str
     inductor: bool
@@ -205,6 +211,9 @@ class WholeGraph:
     summed: Measured | None = None  # the compile running it (region_us) against small-result matmuls summed
     summed_matmuls: bool = False
     summed_why: str = ""
+    wide: Measured | None = None  # the compile running it (region_us) against larger-result matmuls summed too
+    wide_matmuls: bool = False
+    wide_why: str = ""
 
 
 def whole_or_split(
@@ -282,7 +291,8 @@ def _with_options(found: WholeGraph, original: torch.fx.GraphModule, inputs: lis
     if found.whole is None or not has_matmuls(original):  # a graph without matmuls is not compiled again for them
         return found
     for option in _MATMUL_OPTIONS:
-        found = _with_matmul_option(found, original, inputs, timer, option)
+        if not option.after or getattr(found, option.after):
+            found = _with_matmul_option(found, original, inputs, timer, option)
     return found
 
 
@@ -302,23 +312,29 @@ def _with_combo_kernels(
 class _MatmulOption:
     """A small-matmul rewrite handed to Inductor's compile of a whole graph: its config ``options``, ``what`` it does
     (the words of a failure), and the :class:`WholeGraph` fields of its timing (``timed``), of whether it runs the
-    graph (``runs``) and of why it was not timed (``why``)."""
+    graph (``runs``) and of why it was not timed (``why``); ``after``: the ``runs`` field of the option it is tried
+    after, only where that one runs the graph ('': always tried)."""
 
     options: dict[str, Any]
     what: str
     timed: str
     runs: str
     why: str
+    after: str = ""
 
 
 # Timed in this order, each with those before it that run the graph: Inductor's own decomposition of matmuls with a
 # small inner and right dimension, then the guard's pass summing the matmuls with a small result it leaves (the
-# weights' gradients). Each matmul summed in a kernel is a launch gone where a step is a queue of tiny GEMMs.
+# weights' gradients), then the same pass summing larger results too, where the small ones paid (it sums what they
+# sum and more). Each matmul summed in a kernel is a launch gone where a step is a queue of tiny GEMMs.
 _MATMUL_OPTIONS = (
     _MatmulOption(
         DECOMPOSED_MATMULS, "with small matmuls decomposed", "decomposed", "decomposed_matmuls", "decomposed_why"
     ),
     _MatmulOption(SUMMED_MATMULS, "with small-result matmuls summed", "summed", "summed_matmuls", "summed_why"),
+    _MatmulOption(
+        WIDE_SUMMED_MATMULS, "with larger-result matmuls summed", "wide", "wide_matmuls", "wide_why", "summed_matmuls"
+    ),
 )
 
 

@@ -177,7 +177,7 @@ from .lowering import (
     swap_proxies,
     with_call,
 )
-from .matmul_sums import SUMMED_MATMULS
+from .matmul_sums import SUMMED_MATMULS, WIDE_SUMMED_MATMULS
 from .padded import (
     PadPiece,
     SliceRange,
@@ -317,6 +317,7 @@ __all__ = [
     "SHARED_FUSIONS",
     "SUMMED_MATMULS",
     "UNCAPTURED_WHILE_HELD",
+    "WIDE_SUMMED_MATMULS",
     "BoundSymbol",
     "CaptureSummary",
     "ComboKernelsExecutor",
