@@ -58,7 +58,12 @@ KERNEL_VARIANTS=$(printf -- '--inductor-variant %s ' \
   "$SUMMED/cooperative={\"triton.cooperative_reductions\":true}" \
   "$SUMMED/untiled={\"triton.tiling_prevents_pointwise_fusion\":false,\"triton.tiling_prevents_reduction_fusion\":false}" \
   "$SUMMED/unrealized={$UNREALIZED}" \
-  "$SUMMED/all={$ALL}")
+  "$SUMMED/sum16k={\"summed_most\":16384}" \
+  "$SUMMED/sum64k={\"summed_most\":65536}" \
+  "$SUMMED/all={$ALL}" \
+  "$SUMMED/all64k={$ALL,\"summed_most\":65536}")
+WIDE_VARIANTS=$(printf -- '--inductor-variant %s ' "inductor/combo-decomposed/unrealized={$UNREALIZED}" \
+  "$SUMMED/sum64k={\"summed_most\":65536}")
 
 declare -A JOBS=(
   [nequip-inductor]="$NQ|--model nequip --paths eager,inductor-ro --step-graph inductor"
@@ -135,9 +140,14 @@ declare -A JOBS=(
   [modules-backends-summed]="|--model e3nn-nequip-modules --paths eager --step-graph inductor/combo-decomposed --step-graph inductor/combo-decomposed-summed --step-graph fx-guarded+backends"
   # the small step's kernels: Inductor handed the guard's pass, and given more of its own fusion options each
   # (aggressive fusion, combo kernels of mixed sizes, unsplit or cooperative reductions, fusion across tilings, fewer
-  # buffers realized, these together), one process a half
+  # buffers realized, a larger summed-matmul threshold), one process a half
   [small-kernels-a]="|--model small --paths eager --step-graph $SUMMED --step-graph $SUMMED/aggressive --step-graph $SUMMED/mixed --step-graph $SUMMED/unsplit --step-graph $SUMMED/cooperative $KERNEL_VARIANTS"
-  [small-kernels-b]="|--model small --paths eager --step-graph $SUMMED/untiled --step-graph $SUMMED/unrealized --step-graph $SUMMED/all $KERNEL_VARIANTS"
+  [small-kernels-b]="|--model small --paths eager --step-graph $SUMMED/untiled --step-graph $SUMMED/unrealized --step-graph $SUMMED/sum16k --step-graph $SUMMED/sum64k --step-graph $SUMMED/all --step-graph $SUMMED/all64k $KERNEL_VARIANTS"
+  # the guarded step after choose_backends(whole_graphs=True), which may sum larger-result matmuls too, beside
+  # Inductor's best step found, Inductor given fewer buffers realized (its own options) and Inductor handed the
+  # guard's wider pass, one process a model
+  [small-backends-wide]="|--model small --paths eager --step-graph inductor/combo-decomposed --step-graph inductor/combo-decomposed/unrealized --step-graph $SUMMED/sum64k --step-graph fx-guarded+backends $WIDE_VARIANTS"
+  [mace-backends-wide]="$MC|--model mace --paths eager --step-graph inductor/combo-decomposed --step-graph inductor/combo-decomposed/unrealized --step-graph fx-guarded+backends --thread-stack-mb 1024 $WIDE_VARIANTS"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
 chosen=("$@")

@@ -146,8 +146,11 @@ INDUCTOR_OPTIONS = {
 
 def parse_inductor_variant(text: str) -> tuple[str, dict]:
     """An Inductor path given more options, written ``PATH/LABEL=JSON`` with PATH one of :data:`INDUCTOR_OPTIONS`
-    (``inductor/combo-decomposed-summed/mixed={"combo_kernel_allow_mixed_sizes": 2}``), its JSON Inductor's config
-    keys: its key in the results (``PATH/LABEL``) and the options torch.compile is given; ValueError otherwise."""
+    (``inductor/combo-decomposed-summed/mixed={"combo_kernel_allow_mixed_sizes": 2}``): Inductor config keys, and
+    ``summed_most``, the most result values of a matmul the guard's pass sums (its default 4096): its key in the
+    results (``PATH/LABEL``) and the options torch.compile is given; ValueError otherwise."""
+    from thunder_fusion_guard._thunder.matmul_sums import SummedMatmuls
+
     key, sep, options = text.partition("=")
     path, _, label = key.rpartition("/")
     if not sep or not label or path not in INDUCTOR_OPTIONS:
@@ -156,6 +159,9 @@ def parse_inductor_variant(text: str) -> tuple[str, dict]:
     parsed = json.loads(options)
     if not isinstance(parsed, dict):
         raise ValueError(f"--inductor-variant {text!r}: the options must be a JSON object")
+    most = parsed.pop("summed_most", None)
+    if most is not None:
+        parsed["post_grad_custom_post_pass"] = SummedMatmuls(int(most))
     return key, {**INDUCTOR_OPTIONS[path], **parsed}
 
 
@@ -235,9 +241,9 @@ def run_model(
             rows[path] = {"first_call_s": round(time.perf_counter() - began - waited, 1)}
             if waited >= 0.1:
                 rows[path]["waited_for_lock_s"] = round(waited, 1)
-            if options:  # a value other than a number or a string (a pass, a dict) by its class
+            if options:  # a pass by its class and threshold
                 rows[path]["inductor_options"] = {
-                    k: v if isinstance(v, (bool, int, float, str)) else f"{type(v).__name__}()"
+                    k: v if isinstance(v, (bool, int, float, str)) else f"{type(v).__name__}({getattr(v, 'most', '')})"
                     for k, v in options.items()
                 }
             if chosen is not None:

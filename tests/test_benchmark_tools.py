@@ -26,6 +26,8 @@ def test_an_inductor_variant_is_an_inductor_path_given_more_of_its_options():
     for bad in ("inductor/x={}", "inductor/combo={}", "inductor/combo/x=[1]", "fx-guarded/x={}"):
         with pytest.raises(ValueError, match="--inductor-variant"):
             seed.parse_inductor_variant(bad)
+    key, options = seed.parse_inductor_variant('inductor/combo/sum64k={"summed_most": 65536}')
+    assert "summed_most" not in options and options["post_grad_custom_post_pass"].most == 65536
 
 
 def test_bitwise_tells_signed_zeros_apart():
