@@ -287,10 +287,11 @@ def test_a_dynamo_graph_runs_whole_by_inductor_where_that_beats_its_split(monkey
     """``whole_graphs``: each Dynamo graph timed as ThunderFX runs it (its split) against Inductor's compile of
     all of it; the faster by the margin runs it, the values eager's within tolerance. Timings injected: the split
     of graph 0 slower, of graph 1 faster."""
-    # graph 0: split, whole, then whole against its small matmuls decomposed (not faster), then against its
-    # small-result matmuls summed (faster), then against larger-result ones summed too (slower); graph 1: split, whole;
-    # then graph 1 again
-    graph_0 = [[100.0] * 5, [40.0] * 5, [40.0] * 5, [45.0] * 5, [40.0] * 5, [30.0] * 5, [30.0] * 5, [35.0] * 5]
+    # graph 0: split, whole, then whole against all its options together (not faster), then one at a time: against
+    # its small matmuls decomposed (not faster), then against its small-result matmuls summed (faster), then against
+    # larger-result ones summed too (slower); graph 1: split, whole; then graph 1 again
+    graph_0 = [[100.0] * 5, [40.0] * 5, [40.0] * 5, [42.0] * 5, [40.0] * 5, [45.0] * 5, [40.0] * 5, [30.0] * 5]
+    graph_0 += [[30.0] * 5, [35.0] * 5]
     times = iter([*graph_0, [50.0] * 5, [60.0] * 5, [50.0] * 5, [60.0] * 5])
     _time_in_turn(monkeypatch, times)
     g = FusionGuard()
@@ -304,6 +305,7 @@ def test_a_dynamo_graph_runs_whole_by_inductor_where_that_beats_its_split(monkey
     assert whole[0].times_us == {
         "split": 100.0,
         "inductor": 40.0,
+        "inductor with all options": 42.0,
         "inductor with small matmuls decomposed": 45.0,
         "inductor with small-result matmuls summed": 30.0,
         "inductor with larger-result matmuls summed": 35.0,
@@ -333,9 +335,11 @@ def test_a_dynamo_graph_runs_whole_by_inductor_where_that_beats_its_split(monkey
 def test_a_dynamo_graph_runs_whole_by_inductors_faster_option_where_its_defaults_lose_to_the_split(monkeypatch):
     """Where Inductor's default whole graph is not faster than the split by the margin but its compile with its small
     matmuls rewritten is, that compile is timed against the split again and runs the graph. Timings injected."""
-    # graph 0: split 100 against whole 95; whole 95 against its matmuls decomposed 50; that 50 against them summed
-    # 55; split 100 against the 50; graph 1 (no matmuls): split 50 against whole 60
-    graph_0 = [[100.0] * 5, [95.0] * 5, [95.0] * 5, [50.0] * 5, [50.0] * 5, [55.0] * 5, [100.0] * 5, [50.0] * 5]
+    # graph 0: split 100 against whole 95; whole 95 against all its options together 96; whole 95 against its
+    # matmuls decomposed 50; that 50 against them summed 55; split 100 against the 50; graph 1 (no matmuls): split 50
+    # against whole 60
+    graph_0 = [[100.0] * 5, [95.0] * 5, [95.0] * 5, [96.0] * 5, [95.0] * 5, [50.0] * 5, [50.0] * 5, [55.0] * 5]
+    graph_0 += [[100.0] * 5, [50.0] * 5]
     times = iter([*graph_0, [50.0] * 5, [60.0] * 5])
     _time_in_turn(monkeypatch, times)
     fx = compiled(FusionGuard())
@@ -345,10 +349,30 @@ def test_a_dynamo_graph_runs_whole_by_inductors_faster_option_where_its_defaults
     assert whole[0].times_us == {
         "split": 100.0,
         "inductor": 50.0,
+        "inductor with all options": 96.0,
         "inductor with small matmuls decomposed": 50.0,
         "inductor with small-result matmuls summed": 55.0,
     }
     assert type(vars(fx._backend.subgraph_infos[0].split_graph_module)["forward"]).__name__ == "WholeGraphRun"
+    out, grads = run(fx, inputs())
+    expected, expected_grads = run(two_pieces, inputs())
+    torch.testing.assert_close(out, expected)
+    for got, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_a_dynamo_graph_runs_whole_by_inductor_with_all_its_options_compiled_once_where_they_are_faster(monkeypatch):
+    """Inductor's options compiled together first: where that compile beats the default one, it runs the graph and
+    no option is compiled alone. Timings injected."""
+    # graph 0: split 100 against whole 40; whole 40 against all its options 20; graph 1 (no matmuls): split, whole
+    times = iter([[100.0] * 5, [40.0] * 5, [40.0] * 5, [20.0] * 5, [50.0] * 5, [60.0] * 5])
+    _time_in_turn(monkeypatch, times)
+    fx = compiled(FusionGuard())
+    choices = choose_backends(fx, *inputs(), backends=("thunder",), whole_graphs=True)
+    whole = [c for c in choices if c.subgraph.endswith("(whole)")]
+    chosen = "inductor with small matmuls decomposed and small-result matmuls summed and larger-result matmuls summed"
+    assert [c.chosen for c in whole] == [chosen, "split"]
+    assert whole[0].times_us == {"split": 100.0, "inductor": 40.0, "inductor with all options": 20.0}
     out, grads = run(fx, inputs())
     expected, expected_grads = run(two_pieces, inputs())
     torch.testing.assert_close(out, expected)

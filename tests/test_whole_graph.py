@@ -123,16 +123,19 @@ def test_inductors_compile_with_small_matmuls_decomposed_runs_the_graph_only_whe
     monkeypatch.setattr(combo, "COMBO_KERNEL_DEVICES", ())  # combo kernels not tried: the decomposition alone
     guard = FusionGuard()
     best = min(10.0, decomposed_us)  # then the summed matmuls, slower
-    guard.measurer.pair = _timed_in_turn((100.0, 10.0), (10.0, decomposed_us), (best, best + 1.0))
+    # all the options together first, slower: then each alone
+    guard.measurer.pair = _timed_in_turn((100.0, 10.0), (10.0, 11.0), (10.0, decomposed_us), (best, best + 1.0))
     _, split = _run(guard, matmul=True)  # each step within 1e-5 of eager, gradients too
     faster = decomposed_us < 10.0
     summed = {**(whole_graph.DECOMPOSED_MATMULS if faster else {}), **whole_graph.SUMMED_MATMULS}
-    assert [options for options, _ in seen] == [None, whole_graph.DECOMPOSED_MATMULS, summed]
+    stacked = {**whole_graph.DECOMPOSED_MATMULS, **whole_graph.WIDE_SUMMED_MATMULS}
+    assert [options for options, _ in seen] == [None, stacked, whole_graph.DECOMPOSED_MATMULS, summed]
     (whole,) = guard.report.filter(code="whole_graph")
     assert whole.facts["summed_matmuls"] is False and whole.facts["summed"].eager_us == best + 1.0
     assert whole.facts["decomposed_matmuls"] is faster and whole.details["decomposed_matmuls"] is faster
     assert whole.details["decomposed_us"] == decomposed_us and "combo_kernels" not in whole.facts
-    assert vars(split)["forward"].whole is seen[1 if faster else 0][1]
+    assert whole.facts["all_options"] is False and whole.facts["stacked"].eager_us == 11.0
+    assert vars(split)["forward"].whole is seen[2 if faster else 0][1]
 
 
 def test_the_decomposition_rewrites_the_graphs_matmuls_and_leaves_torchs_thresholds_as_they_were():
@@ -142,7 +145,7 @@ def test_the_decomposition_rewrites_the_graphs_matmuls_and_leaves_torchs_thresho
     before = {name: getattr(decompose, name) for name in vars(decompose) if name.endswith("_decomposition")}
     counters.clear()
     guard = FusionGuard()
-    guard.measurer.pair = _timed_in_turn((100.0, 10.0), (10.0, 8.0), (8.0, 9.0))
+    guard.measurer.pair = _timed_in_turn((100.0, 10.0), (10.0, 11.0), (10.0, 8.0), (8.0, 9.0))
     with torch._inductor.config.patch(fx_graph_cache=False):  # compiled here, not read from a cache
         _run(guard, matmul=True)
     assert counters["inductor"]["decompose_mm"] >= 1  # torch's pass ran with the guard's thresholds
@@ -167,18 +170,20 @@ def test_where_inductors_defaults_lose_its_faster_option_is_timed_against_the_sp
     guard = FusionGuard()
     # the split 100 µs against Inductor's default whole graph 95 (not by the margin); the rewrites 50 against 95;
     # then the split again against the rewritten compile: ``again_us``
-    # (the summed matmuls 60 against 50, not faster)
-    guard.measurer.pair = _timed_in_turn((100.0, 95.0), (95.0, 50.0), (50.0, 60.0), (100.0, again_us))
+    # (all the options together 96 against 95 and the summed matmuls 60 against 50, not faster)
+    timings = (100.0, 95.0), (95.0, 96.0), (95.0, 50.0), (50.0, 60.0), (100.0, again_us)
+    guard.measurer.pair = _timed_in_turn(*timings)
     _, split = _run(guard, matmul=True)  # each step within 1e-5 of eager, gradients too
     summed = {**whole_graph.DECOMPOSED_MATMULS, **whole_graph.SUMMED_MATMULS}
-    assert [options for options, _ in seen] == [None, whole_graph.DECOMPOSED_MATMULS, summed]
+    stacked = {**whole_graph.DECOMPOSED_MATMULS, **whole_graph.WIDE_SUMMED_MATMULS}
+    assert [options for options, _ in seen] == [None, stacked, whole_graph.DECOMPOSED_MATMULS, summed]
     wins = again_us == 50.0
     (decision,) = guard.report.filter(code="whole_graph" if wins else "whole_graph_kept")
     assert (decision.details["split_us"], decision.details["inductor_us"]) == (100.0, again_us)
     assert decision.facts["decomposed"].eager_us == 50.0  # the rewrites' own timing, recorded either way
     assert decision.facts["decomposed_matmuls"] is wins and decision.details["decomposed_matmuls"] is wins
     if wins:
-        assert vars(split)["forward"].whole is seen[1][1]
+        assert vars(split)["forward"].whole is seen[2][1]
     else:
         assert "forward" not in vars(split)  # ThunderFX's split runs it, as before
 
@@ -187,10 +192,12 @@ def test_where_inductors_defaults_lose_and_no_option_is_faster_the_split_is_not_
     seen = _compiles_seen(monkeypatch)
     monkeypatch.setattr(combo, "COMBO_KERNEL_DEVICES", ())
     guard = FusionGuard()
-    # the split, the decomposition, the summed matmuls: a fourth timing would raise IndexError
-    guard.measurer.pair = _timed_in_turn((100.0, 95.0), (95.0, 97.0), (95.0, 96.0))
+    # the split, all the options, the decomposition, the summed matmuls: a fifth timing would raise IndexError
+    guard.measurer.pair = _timed_in_turn((100.0, 95.0), (95.0, 98.0), (95.0, 97.0), (95.0, 96.0))
     _, split = _run(guard, matmul=True)
-    assert [options for options, _ in seen] == [None, whole_graph.DECOMPOSED_MATMULS, whole_graph.SUMMED_MATMULS]
+    stacked = {**whole_graph.DECOMPOSED_MATMULS, **whole_graph.WIDE_SUMMED_MATMULS}
+    options = [None, stacked, whole_graph.DECOMPOSED_MATMULS, whole_graph.SUMMED_MATMULS]
+    assert [options for options, _ in seen] == options
     (kept,) = guard.report.filter(code="whole_graph_kept")
     assert (kept.details["split_us"], kept.details["inductor_us"]) == (100.0, 95.0)
     assert kept.facts["decomposed_matmuls"] is False and kept.facts["decomposed"].eager_us == 97.0
@@ -202,9 +209,10 @@ def test_where_inductors_defaults_lose_and_no_option_is_faster_the_split_is_not_
 def test_the_summed_matmuls_run_the_graph_only_where_timed_faster_with_the_options_before_them(monkeypatch, summed_us):
     seen = _compiles_seen(monkeypatch)  # combo kernels tried on CPU here
     guard = FusionGuard()
-    # split 100 against whole 20; combo kernels 10; decomposed 8 against 10; summed ``summed_us`` against 8; where
-    # faster, larger results summed too, 7 against it (slower)
-    guard.measurer.pair = _timed_in_turn((100.0, 20.0), (20.0, 10.0), (10.0, 8.0), (8.0, summed_us), (6.0, 7.0))
+    # split 100 against whole 20; all options 21; combo kernels 10; decomposed 8 against 10; summed ``summed_us``
+    # against 8; where faster, larger results summed too, 7 against it (slower)
+    timings = (100.0, 20.0), (20.0, 21.0), (20.0, 10.0), (10.0, 8.0), (8.0, summed_us), (6.0, 7.0)
+    guard.measurer.pair = _timed_in_turn(*timings)
     _, split = _run(guard, matmul=True)  # each step within 1e-5 of eager, gradients too
     faster = summed_us < 8.0
     options = [whole_graph.COMBO_KERNELS, whole_graph.DECOMPOSED_MATMULS, whole_graph.SUMMED_MATMULS]
@@ -221,8 +229,10 @@ def test_the_summed_matmuls_run_the_graph_only_where_timed_faster_with_the_optio
 def test_larger_results_summed_run_the_graph_only_where_timed_faster_than_the_small_ones(monkeypatch, wide_us):
     seen = _compiles_seen(monkeypatch)  # combo kernels tried on CPU here
     guard = FusionGuard()
-    # split 100 against whole 20; combo kernels 10; decomposed 8; summed 6; larger results summed ``wide_us``
-    guard.measurer.pair = _timed_in_turn((100.0, 20.0), (20.0, 10.0), (10.0, 8.0), (8.0, 6.0), (6.0, wide_us))
+    # split 100 against whole 20; all options 21; combo kernels 10; decomposed 8; summed 6; larger results summed
+    # ``wide_us``
+    timings = (100.0, 20.0), (20.0, 21.0), (20.0, 10.0), (10.0, 8.0), (8.0, 6.0), (6.0, wide_us)
+    guard.measurer.pair = _timed_in_turn(*timings)
     _, split = _run(guard, matmul=True)  # each step within 1e-5 of eager, gradients too
     options = [whole_graph.COMBO_KERNELS, whole_graph.DECOMPOSED_MATMULS, whole_graph.WIDE_SUMMED_MATMULS]
     assert [o for o, _ in seen][-1] == {key: value for o in options for key, value in o.items()}
@@ -251,7 +261,32 @@ def test_a_failing_summed_compile_keeps_the_compile_before_it_and_says_why(monke
     (whole,) = guard.report.filter(code="whole_graph")
     assert whole.facts["summed_matmuls"] is False and "planted failure" in whole.facts["summed_why"]
     assert "summed" not in whole.facts and whole.facts["decomposed_matmuls"] is True
+    assert whole.facts["all_options"] is False and "planted failure" in whole.facts["stacked_why"]
     assert vars(split)["forward"].whole is seen[-1][1]  # the decomposed compile
+
+
+@pytest.mark.parametrize("stacked_us", [5.0, 25.0])
+def test_all_options_compiled_together_run_the_graph_where_faster_with_no_option_compiled_alone(
+    monkeypatch, stacked_us
+):
+    seen = _compiles_seen(monkeypatch)  # combo kernels tried on CPU here
+    guard = FusionGuard()
+    # split 100 against whole 20; all options together ``stacked_us``; where slower, each alone: combo kernels 30,
+    # decomposed 30, summed 30 (none faster)
+    guard.measurer.pair = _timed_in_turn((100.0, 20.0), (20.0, stacked_us), (20.0, 30.0), (20.0, 30.0), (20.0, 30.0))
+    _, split = _run(guard, matmul=True)  # each step within 1e-5 of eager, gradients too
+    options = [whole_graph.COMBO_KERNELS, whole_graph.DECOMPOSED_MATMULS, whole_graph.WIDE_SUMMED_MATMULS]
+    assert seen[1][0] == {key: value for o in options for key, value in o.items()}
+    (whole,) = guard.report.filter(code="whole_graph")
+    faster = stacked_us < 20.0
+    assert whole.facts["all_options"] is faster and whole.facts["stacked"].eager_us == stacked_us
+    flags = ("combo_kernels", "decomposed_matmuls", "summed_matmuls", "wide_matmuls")
+    assert [whole.facts.get(flag, False) for flag in flags] == [faster] * 4
+    if faster:  # one compile with the options: none timed alone
+        assert len(seen) == 2 and not {"combo", "decomposed", "summed", "wide"} & whole.facts.keys()
+    else:
+        assert len(seen) == 5 and whole.facts["combo"].eager_us == 30.0  # the default, then each option alone
+    assert vars(split)["forward"].whole is seen[1 if faster else 0][1]
 
 
 def test_has_matmuls_finds_matmul_functions_methods_operators_and_linears():

@@ -315,6 +315,7 @@ def _choose_whole(index: int, info: Any, inputs: list[Any] | str, margin: float,
     what = "forward and backward" if leaves else "forward"
     timed = f"split {split_us:.1f} µs, Inductor whole {whole_us:.1f} µs"
     tried = (  # Inductor's options timed after its default compile: (name, timing, why not timed, runs the graph)
+        ("all options", found.stacked, found.stacked_why, False),  # each option it runs is named below
         ("combo kernels", found.combo, found.combo_why, found.combo_kernels),
         ("small matmuls decomposed", found.decomposed, found.decomposed_why, found.decomposed_matmuls),
         ("small-result matmuls summed", found.summed, found.summed_why, found.summed_matmuls),

@@ -189,6 +189,10 @@ class Facts(TypedDict, total=False):
     wide: Measured
     wide_matmuls: bool
     wide_why: str
+    # the same for its compile with all of them together, timed first (where it runs the graph, none is timed alone)
+    stacked: Measured
+    all_options: bool
+    stacked_why: str
     # the region of unguarded Thunder's trace holding, op for op, the guard's region that failed: not run again
     same_region: str
     replaced_by: str
@@ -930,6 +934,33 @@ def _whole_graph(f: Facts) -> tuple[str, str | None]:
     if f.get("why"):
         reason = f"kept split: {f['why']}" + (f" ({timed})" if timed else "")
         return reason, f"{reason}. The graph has no Thunder bits: {failed}. {why}"
+    combo = _whole_graph_options(f)
+    reason = f"unguarded Thunder fails on {f['name']}: Inductor runs the whole graph, {timed}{combo}"
+    told = f"{reason}. The failure: {f['error']}. {why}. Inductor's values are within its own rounding of eager's"
+    return reason, told
+
+
+# The options of Inductor's whole-graph compile, by their flags in a decision's facts: the words naming each.
+_OPTION_NAMES = (
+    ("combo_kernels", "combo kernels"),
+    ("decomposed_matmuls", "small matmuls decomposed"),
+    ("summed_matmuls", "small-result matmuls summed"),
+    ("wide_matmuls", "larger-result matmuls summed"),
+)
+
+
+def _whole_graph_options(f: Facts) -> str:
+    """The clauses telling what became of Inductor's options on a whole graph it runs: all together, or each alone."""
+    if f.get("all_options"):
+        c, names = f["stacked"], ", ".join(name for flag, name in _OPTION_NAMES if f.get(flag))
+        timed = f"{c.eager_us:.0f} µs against its default compile's {c.region_us:.0f}"
+        return f"; with all its options together ({names}), {timed}"
+    together = ""
+    if "stacked" in f:
+        c = f["stacked"]
+        together = f"; not faster with all its options together ({c.eager_us:.0f} µs against {c.region_us:.0f})"
+    elif f.get("stacked_why"):
+        together = f"; all its options together not timed ({f['stacked_why']})"
     combo = ""
     if f.get("combo_kernels"):
         c = f["combo"]
@@ -941,10 +972,7 @@ def _whole_graph(f: Facts) -> tuple[str, str | None]:
         combo = f"; its default compile (combo kernels: {f['combo_why']})"
     combo += _option_words(f, "decomposed", "its small matmuls decomposed into products and sums", "decomposed")
     combo += _option_words(f, "summed", "its small-result matmuls summed in kernels", "summed")
-    combo += _option_words(f, "wide", "its larger-result matmuls summed too", "larger results summed")
-    reason = f"unguarded Thunder fails on {f['name']}: Inductor runs the whole graph, {timed}{combo}"
-    told = f"{reason}. The failure: {f['error']}. {why}. Inductor's values are within its own rounding of eager's"
-    return reason, told
+    return together + combo + _option_words(f, "wide", "its larger-result matmuls summed too", "larger results summed")
 
 
 def _option_words(f: Facts, key: str, what: str, short: str) -> str:

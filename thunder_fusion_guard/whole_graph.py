@@ -12,13 +12,14 @@ holds the region op for op, which then fails there as it did (its compile is not
 NequIP backward region of two thousand ops takes minutes before it fails). Then, at the graph's next call, its split
 and Inductor's compile of the whole graph are timed on copies of that call's inputs, forward and backward, and
 Inductor runs it from then on where it is faster by the margin, narrowed to the timing's spread where the timing is
-what the program sees (the rule of a timed region's keep or reject). On CUDA, Inductor's compile with combo kernels
-(independent kernels launched as one; torch's option, off by default) is then timed against its default compile, and
-the faster runs the graph; so, on any device, are its small matmuls decomposed into products and sums (its own
-rewrite), then those with small results summed in kernels (the guard's pass, handed to that compile only), and where
-that is faster, those with larger results too. Inductor's
-values are within its own rounding of eager's. A graph that updates its inputs
-in place is not timed; should Inductor ever fail on a call, the split runs it again for good.
+what the program sees (the rule of a timed region's keep or reject). Inductor's options are then timed against its
+default compile: on CUDA, combo kernels (independent kernels launched as one; torch's option, off by default); on any
+device, its small matmuls decomposed into products and sums (its own rewrite), then those with small results summed in
+kernels (the guard's pass, handed to that compile only), then those with larger results too. All of them are compiled
+together first, and where that compile is faster than the default one it runs the graph: one compile instead of one
+an option (each takes seconds to a minute). Only where it is not are they timed one after the other, each kept where
+faster than the compile before it. Inductor's values are within its own rounding of eager's. A graph that updates its
+inputs in place is not timed; should Inductor ever fail on a call, the split runs it again for good.
 """
 
 from __future__ import annotations
@@ -191,7 +192,8 @@ class WholeGraph:
     decomposed into products and sums (:data:`DECOMPOSED_MATMULS`), timed after combo kernels; ``summed``,
     ``summed_matmuls``, ``summed_why``: its small-result matmuls summed in kernels (:data:`SUMMED_MATMULS`), after;
     ``wide``, ``wide_matmuls``, ``wide_why``: matmuls of larger results summed too (:data:`WIDE_SUMMED_MATMULS`),
-    after, where the small-result ones run the graph."""
+    after, where the small-result ones run the graph. ``stacked``, ``all_options``, ``stacked_why``: the same for
+    all of them together, timed first (where they run the graph, none is timed alone)."""
 
     label: str
     inductor: bool
@@ -214,6 +216,9 @@ class WholeGraph:
     wide: Measured | None = None  # the compile running it (region_us) against larger-result matmuls summed too
     wide_matmuls: bool = False
     wide_why: str = ""
+    stacked: Measured | None = None  # the default compile (region_us) against all the options together
+    all_options: bool = False
+    stacked_why: str = ""
 
 
 def whole_or_split(
@@ -265,7 +270,7 @@ def whole_or_split(
     if wins:
         return replace(tried, measured=measured, margin=used, narrowed=narrowed)
     why = "Inductor's whole graph is not faster by the margin, with its options either"
-    split_kept = {"inductor": False, "whole": None, "combo_kernels": False}
+    split_kept = {"inductor": False, "whole": None, "combo_kernels": False, "all_options": False}
     split_kept |= {option.runs: False for option in _MATMUL_OPTIONS}
     return replace(tried, why=why, measured=measured, margin=used, narrowed=narrowed, **split_kept)
 
@@ -285,8 +290,12 @@ def _against_split(
 
 
 def _with_options(found: WholeGraph, original: torch.fx.GraphModule, inputs: list[Any], timer: Timer) -> WholeGraph:
-    """``found`` with Inductor's options in its compile's place where timed faster: combo kernels, then the
-    small-matmul rewrites, one after the other (:data:`_MATMUL_OPTIONS`), each added to the compile before it."""
+    """``found`` with Inductor's options in its compile's place where timed faster: all of them together where that
+    is faster than ``found``'s compile (:func:`_with_all_options`); else combo kernels, then the small-matmul rewrites,
+    one after the other (:data:`_MATMUL_OPTIONS`), each added to the compile before it."""
+    found = _with_all_options(found, original, inputs, timer)
+    if found.all_options:
+        return found
     found = _with_combo_kernels(found, original, inputs, timer)
     if found.whole is None or not has_matmuls(original):  # a graph without matmuls is not compiled again for them
         return found
@@ -294,6 +303,27 @@ def _with_options(found: WholeGraph, original: torch.fx.GraphModule, inputs: lis
         if not option.after or getattr(found, option.after):
             found = _with_matmul_option(found, original, inputs, timer, option)
     return found
+
+
+def _with_all_options(found: WholeGraph, original: torch.fx.GraphModule, inputs: list[Any], timer: Timer) -> WholeGraph:
+    """``found`` (Inductor's default compile of ``original`` runs it) with Inductor's compile given every option that
+    applies in its place where ``timer`` finds it faster (any amount, as for each option alone): combo kernels where
+    ``inputs`` are on Triton's devices, and where ``original`` computes a matmul, the small-matmul rewrites, the last
+    summed-matmul pass standing for the one before it (it sums what that one sums, and more). Where fewer than two
+    apply, nothing is compiled: the options one after the other are the same compiles."""
+    combo = th.combo_kernels_on(a.device.type for a in inputs if isinstance(a, torch.Tensor))
+    matmuls = has_matmuls(original)
+    if combo + (len(_MATMUL_OPTIONS) if matmuls else 0) < 2:
+        return found
+    options = dict(COMBO_KERNELS if combo else {})
+    for option in _MATMUL_OPTIONS if matmuls else ():
+        options.update(option.options)
+    scope = th.decomposed_matmuls if matmuls else contextlib.nullcontext
+    compiled, timed, why = _timed_compile(found, original, inputs, timer, options, "with all its options", scope)
+    if compiled is None:
+        return replace(found, stacked=timed, stacked_why=why)
+    runs = {option.runs: True for option in _MATMUL_OPTIONS} if matmuls else {}
+    return replace(found, whole=compiled, stacked=timed, all_options=True, combo_kernels=combo, **runs)
 
 
 def _with_combo_kernels(
@@ -344,8 +374,6 @@ def _with_matmul_option(
     """``found`` with Inductor's compile of ``original`` given ``option`` (and the options running it now: combo
     kernels, the rewrites before) in its place where ``timer`` finds it faster (any amount, as for combo kernels: two
     Inductor compiles of a graph with no Thunder bits); else as it was, ``option.why`` saying why not timed."""
-    if found.whole is None:
-        return found
     options = dict(COMBO_KERNELS if found.combo_kernels else {})
     for before in _MATMUL_OPTIONS[: _MATMUL_OPTIONS.index(option)]:
         if getattr(found, before.runs):
@@ -417,6 +445,7 @@ def whole_graph_decision(
         if found.narrowed is not None and used != margin:  # narrowed to the timing's spread
             facts.update(margin_from=margin, narrowed=found.narrowed)
             details["margin_narrowed"] = found.narrowed
+    _record_option(facts, details, "all_options", "stacked", found.all_options, found.stacked, found.stacked_why)
     _record_option(facts, details, "combo_kernels", "combo", found.combo_kernels, found.combo, found.combo_why)
     for option in _MATMUL_OPTIONS:
         runs, timed, why = (getattr(found, name) for name in (option.runs, option.timed, option.why))
@@ -443,8 +472,9 @@ def _record_option(
     facts: Facts, details: Details, flag: str, key: str, runs: bool, timed: Measured | None, why: str
 ) -> None:
     """Into ``facts`` and ``details``: one of Inductor's options tried on the whole graph, ``flag`` whether it runs the
-    graph, ``key`` its timing against the compile before it (``<key>_us`` in details), ``<key>_why`` why not timed."""
-    if timed is not None or why:
+    graph, ``key`` its timing against the compile before it (``<key>_us`` in details), ``<key>_why`` why not timed. An
+    option run with all the others, not timed alone, has its flag only."""
+    if timed is not None or why or runs:
         facts[flag] = details[flag] = runs
     if timed is not None:
         facts[key] = timed
