@@ -64,6 +64,11 @@ KERNEL_VARIANTS=$(printf -- '--inductor-variant %s ' \
   "$SUMMED/all64k={$ALL,\"summed_most\":65536}")
 WIDE_VARIANTS=$(printf -- '--inductor-variant %s ' "inductor/combo-decomposed/unrealized={$UNREALIZED}" \
   "$SUMMED/sum64k={\"summed_most\":65536}")
+# the guard's pass summing matmuls of up to 65536 and of up to 2^20 result values, each with and without fewer buffers
+# realized (Inductor's own options): what each would cut from the guarded step's kernels
+SUMS_VARIANTS=$(printf -- '--inductor-variant %s ' "$SUMMED/sum64k={\"summed_most\":65536}" \
+  "$SUMMED/sum1m={\"summed_most\":1048576}" "$SUMMED/sum64k-unrealized={$UNREALIZED,\"summed_most\":65536}" \
+  "$SUMMED/sum1m-unrealized={$UNREALIZED,\"summed_most\":1048576}")
 
 declare -A JOBS=(
   [nequip-inductor]="$NQ|--model nequip --paths eager,inductor-ro --step-graph inductor"
@@ -148,6 +153,8 @@ declare -A JOBS=(
   # guard's wider pass, one process a model
   [small-backends-wide]="|--model small --paths eager --step-graph inductor/combo-decomposed --step-graph inductor/combo-decomposed/unrealized --step-graph $SUMMED/sum64k --step-graph fx-guarded+backends $WIDE_VARIANTS"
   [mace-backends-wide]="$MC|--model mace --paths eager --step-graph inductor/combo-decomposed --step-graph inductor/combo-decomposed/unrealized --step-graph fx-guarded+backends --thread-stack-mb 1024 $WIDE_VARIANTS"
+  # the small step by Inductor handed the guard's pass with larger thresholds, with and without fewer buffers realized
+  [small-sums-wider]="|--model small --paths eager --step-graph inductor/combo-decomposed --step-graph $SUMMED/sum64k --step-graph $SUMMED/sum1m --step-graph $SUMMED/sum64k-unrealized --step-graph $SUMMED/sum1m-unrealized $SUMS_VARIANTS"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
 chosen=("$@")
