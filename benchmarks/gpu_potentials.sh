@@ -49,6 +49,8 @@ INDUCTOR_BEST="--step-graph inductor/decomposed --step-graph inductor/combo-deco
 SUMMED=inductor/combo-decomposed-summed
 # Inductor's options realizing fewer buffers (more recomputed inline): fewer kernels
 UNREALIZED='"realize_opcount_threshold":100,"realize_reads_threshold":16,"realize_acc_reads_threshold":32'
+# Inductor handed the guard's pass summing matmuls of up to 65536 result values (a variant of several jobs below)
+SUM64K="$SUMMED/sum64k={\"summed_most\":65536}"
 # the Inductor variants of the small-kernels jobs (gpu_seed_vs_inductor.py --inductor-variant; JSON without spaces)
 ALL='"aggressive_fusion":true,"combo_kernel_allow_mixed_sizes":2,"split_reductions":false,"triton.tiling_prevents_pointwise_fusion":false,"triton.tiling_prevents_reduction_fusion":false'
 KERNEL_VARIANTS=$(printf -- '--inductor-variant %s ' \
@@ -59,14 +61,14 @@ KERNEL_VARIANTS=$(printf -- '--inductor-variant %s ' \
   "$SUMMED/untiled={\"triton.tiling_prevents_pointwise_fusion\":false,\"triton.tiling_prevents_reduction_fusion\":false}" \
   "$SUMMED/unrealized={$UNREALIZED}" \
   "$SUMMED/sum16k={\"summed_most\":16384}" \
-  "$SUMMED/sum64k={\"summed_most\":65536}" \
+  "$SUM64K" \
   "$SUMMED/all={$ALL}" \
   "$SUMMED/all64k={$ALL,\"summed_most\":65536}")
 WIDE_VARIANTS=$(printf -- '--inductor-variant %s ' "inductor/combo-decomposed/unrealized={$UNREALIZED}" \
-  "$SUMMED/sum64k={\"summed_most\":65536}")
+  "$SUM64K")
 # the guard's pass summing matmuls of up to 65536 and of up to 2^20 result values, each with and without fewer buffers
 # realized (Inductor's own options): what each would cut from the guarded step's kernels
-SUMS_VARIANTS=$(printf -- '--inductor-variant %s ' "$SUMMED/sum64k={\"summed_most\":65536}" \
+SUMS_VARIANTS=$(printf -- '--inductor-variant %s ' "$SUM64K" \
   "$SUMMED/sum1m={\"summed_most\":1048576}" "$SUMMED/sum64k-unrealized={$UNREALIZED,\"summed_most\":65536}" \
   "$SUMMED/sum1m-unrealized={$UNREALIZED,\"summed_most\":1048576}")
 
