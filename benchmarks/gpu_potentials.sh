@@ -155,9 +155,8 @@ declare -A JOBS=(
   # guard's wider pass, one process a model
   [small-backends-wide]="|--model small --paths eager --step-graph inductor/combo-decomposed --step-graph inductor/combo-decomposed/unrealized --step-graph $SUMMED/sum64k --step-graph fx-guarded+backends $WIDE_VARIANTS"
   [mace-backends-wide]="$MC|--model mace --paths eager --step-graph inductor/combo-decomposed --step-graph inductor/combo-decomposed/unrealized --step-graph fx-guarded+backends --thread-stack-mb 1024 $WIDE_VARIANTS"
-  # the guarded step after choose_backends(whole_graphs=True), whose compile with all options gives Inductor fewer
-  # buffers realized too, compiled first (no compile of Inductor's before it in the process to reuse from its cache),
-  # beside Inductor's best step found, one process a model
+  # the guarded step after choose_backends(whole_graphs=True), compiled first (no compile of Inductor's before it in
+  # the process to reuse from its cache), beside Inductor's best step found, one process a model
   [small-backends-all]="|--model small --paths eager --step-graph fx-guarded+backends --step-graph inductor/combo-decomposed"
   [mace-backends-all]="$MC|--model mace --paths eager --step-graph fx-guarded+backends --step-graph inductor/combo-decomposed --thread-stack-mb 1024"
   # the small step by Inductor handed the guard's pass with larger thresholds, with and without fewer buffers realized

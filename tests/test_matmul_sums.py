@@ -3,8 +3,6 @@ instead of a GEMM, as near the exact product as the GEMM, and nothing of torch's
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
@@ -41,42 +39,6 @@ def test_a_small_weight_gradient_is_summed_in_a_kernel_as_near_the_exact_product
     assert summed.dtype == dtype and summed.shape == (8, 8)
 
 
-def linear_with_bias(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """A radial network's linear with a bias (``addmm``), its operands made by pointwise ops."""
-    return torch.addmm(b.sin(), x.cos(), w.exp())
-
-
-def _compiled_linear(x, w, b, options: dict | None, fn=linear_with_bias) -> tuple[torch.Tensor, str]:
-    module = torch.fx.symbolic_trace(fn)
-    with torch._inductor.config.patch(fx_graph_cache=False):
-        out, code = run_and_get_code(lambda: torch._inductor.compile(module, [x, w, b], options)(x, w, b))
-    return out, "\n".join(code)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_linear_with_a_bias_is_summed_with_its_bias_rounded_once_as_the_gemm_does(dtype):
-    torch.manual_seed(0)
-    x, w, b = torch.randn(64, 32, dtype=dtype), torch.randn(32, 48, dtype=dtype), torch.randn(48, dtype=dtype)
-    summed, code = _compiled_linear(x, w, b, SUMMED_MATMULS)
-    gemm, gemm_code = _compiled_linear(x, w, b, None)
-    assert "extern_kernels.addmm" in gemm_code and not re.search(r"extern_kernels\.\w+\(", code)  # no GEMM at all
-    exact = torch.addmm(b.double().sin(), x.double().cos(), w.double().exp())
-    summed_error, gemm_error = ((r.double() - exact).abs().max().item() for r in (summed, gemm))
-    ulp = torch.finfo(dtype).eps * exact.abs().max().item()
-    assert summed_error <= gemm_error + ulp
-    assert summed.dtype == dtype and summed.shape == (64, 48)
-
-
-def test_a_scaled_addmm_stays_a_gemm():
-    def scaled(x, w, b):
-        return torch.addmm(b.sin(), x.cos(), w.exp(), beta=0.5)
-
-    x, w, b = torch.randn(64, 32), torch.randn(32, 48), torch.randn(48)
-    out, code = _compiled_linear(x, w, b, SUMMED_MATMULS, scaled)
-    assert "extern_kernels.addmm" in code
-    torch.testing.assert_close(out, scaled(x, w, b))
-
-
 def test_a_matmul_with_a_larger_result_stays_a_gemm():
     x, g = torch.randn(512, 64), torch.randn(512, 128)  # 8192 values
     out, code = _compiled(x, g, SUMMED_MATMULS)
@@ -88,10 +50,7 @@ def test_a_larger_threshold_sums_a_larger_result_under_its_own_cache_key():
     x, g = torch.randn(512, 64), torch.randn(512, 128)  # 8192 values
     out, code = _compiled(x, g, {"post_grad_custom_post_pass": SummedMatmuls(8192)})
     assert "extern_kernels.mm" not in code
-    # sums of 512 terms in another order than the GEMM's: within the float32 bound of a sum of n products, n u |x| |g|
-    exact = x.double().cos().t() @ g.double().exp()
-    bound = 512 * torch.finfo(torch.float32).eps / 2 * (x.double().cos().abs().t() @ g.double().exp().abs())
-    assert ((out.double() - exact).abs() <= bound).all()
+    torch.testing.assert_close(out, weight_gradient(x, g))
     assert SummedMatmuls(8192).uuid() != SummedMatmuls().uuid()
     assert summed_shape(torch.empty(64, 2), torch.empty(2, 128), most=8192)
 

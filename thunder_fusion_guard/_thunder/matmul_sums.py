@@ -1,6 +1,6 @@
 """A post-grad pass the guard hands Inductor for one compile of a whole Dynamo graph: each matmul whose result is small
-(at most :data:`SMALL_RESULT` values; a linear's with its bias too) computed as a sum of products, which Inductor fuses
-into the kernel that makes its operands, instead of a GEMM launch of its own.
+(at most :data:`SMALL_RESULT` values) computed as a sum of products, which Inductor fuses into the kernel that makes
+its operands, instead of a GEMM launch of its own.
 
 What Inductor's own small-matmul rewrite (``decompose_mm_pass``) leaves in an e3nn or MACE step are mostly the weights'
 gradients: 8 x 8 to 32 x 32 results summed over hundreds of rows (``x.T @ grad``), one GEMM launch each in a step that
@@ -24,9 +24,8 @@ __all__ = ["SMALL_RESULT", "SUMMED_MATMULS", "WIDE_RESULT", "WIDE_SUMMED_MATMULS
 # over the inner dimension (e3nn's and MACE's weight gradients: 8 x 8 to 32 x 32, and 64 x 64).
 SMALL_RESULT = 4096
 # The most a second, wider compile sums, tried where summing those of SMALL_RESULT paid: on the zoo's small e3nn step
-# (H200) 65536 took 12 of the 15 GEMMs the narrower sum leaves, for the same device time; the 3 left are linears with a
-# bias (``addmm``) of 163840 and 557056 values, and MACE's 11 matmuls left reach 777600.
-WIDE_RESULT = 1 << 20
+# (H200) it takes 12 of the 15 GEMMs the narrower sum leaves, for the same device time.
+WIDE_RESULT = 65536
 
 aten = torch.ops.aten
 _convert = torch.ops.prims.convert_element_type.default
@@ -59,8 +58,7 @@ def _stable_topological_sort() -> Any:
 
 class SummedMatmuls(CustomGraphPass):
     """Rewrites ``aten.mm(a, b)`` of a result of at most ``most`` values into ``sum(a[:, :, None] * b[None], 1)``
-    (:func:`summed_shape`), and ``aten.addmm(bias, a, b)`` (a linear with a bias, ``beta`` and ``alpha`` 1) into the
-    bias plus that sum."""
+    (:func:`summed_shape`)."""
 
     def __init__(self, most: int = SMALL_RESULT) -> None:
         self.most = most
@@ -70,16 +68,13 @@ class SummedMatmuls(CustomGraphPass):
         # sort, which runs after this pass: a node inserted before a matmul must come after its operands
         _stable_topological_sort()(graph)
         for node in list(graph.nodes):
-            operands = _operands(node)
-            if operands is None:
+            if node.op != "call_function" or node.target is not aten.mm.default or len(node.args) != 2:
                 continue
-            bias, left, right = operands
+            left, right = node.args
             if not summed_shape(_val(left), _val(right), self.most):
                 continue
-            if bias is not None and not _same_dtype(_val(bias), _val(left)):
-                continue
             with graph.inserting_before(node):
-                summed = _summed(graph, left, right, _val(left).dtype, bias)
+                summed = _summed(graph, left, right, _val(left).dtype)
             summed.meta.update({k: v for k, v in node.meta.items() if k != "val"})
             summed.meta["val"] = node.meta.get("val")
             node.replace_all_uses_with(summed)
@@ -87,7 +82,7 @@ class SummedMatmuls(CustomGraphPass):
 
     def uuid(self) -> Any:
         """Inductor's cache key for graphs compiled with this pass: its code and threshold."""
-        source = "".join(inspect.getsource(f) for f in (SummedMatmuls, summed_shape, _operands, _summed))
+        source = inspect.getsource(SummedMatmuls) + inspect.getsource(summed_shape) + inspect.getsource(_summed)
         return hashlib.sha256(f"{source}{self.most}".encode()).hexdigest()
 
 
@@ -95,28 +90,8 @@ def _val(node: Any) -> Any:
     return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
 
 
-def _operands(node: torch.fx.Node) -> tuple[Any, Any, Any] | None:
-    """(bias, left, right) of an ``aten.mm`` (bias None) or of an ``aten.addmm`` whose ``beta`` and ``alpha`` are 1;
-    None for any other node."""
-    if node.op != "call_function":
-        return None
-    if node.target is aten.mm.default and len(node.args) == 2 and not node.kwargs:
-        return (None, *node.args)
-    scaled = node.kwargs.keys() - {"beta", "alpha"} or any(node.kwargs.get(k, 1) != 1 for k in ("beta", "alpha"))
-    if node.target is aten.addmm.default and len(node.args) == 3 and not scaled:
-        return tuple(node.args)
-    return None
-
-
-def _same_dtype(bias: Any, left: Any) -> bool:
-    return isinstance(bias, torch.Tensor) and isinstance(left, torch.Tensor) and bias.dtype == left.dtype
-
-
-def _summed(
-    graph: torch.fx.Graph, left: torch.fx.Node, right: torch.fx.Node, dtype: torch.dtype, bias: Any = None
-) -> torch.fx.Node:
-    """The nodes of ``sum(left[:, :, None] * right[None], 1)``, plus ``bias`` where given, widened to float32 for
-    half-precision operands and rounded once (as a GEMM adds its bias to its float32 accumulator)."""
+def _summed(graph: torch.fx.Graph, left: torch.fx.Node, right: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
+    """The nodes of ``sum(left[:, :, None] * right[None], 1)``, widened to float32 for half-precision operands."""
 
     def call(op: Any, *args: Any) -> torch.fx.Node:
         node = graph.call_function(op, args)
@@ -128,8 +103,6 @@ def _summed(
         left, right = call(_convert, left, torch.float32), call(_convert, right, torch.float32)
     products = call(aten.mul.Tensor, call(aten.unsqueeze.default, left, 2), call(aten.unsqueeze.default, right, 0))
     summed = call(aten.sum.dim_IntList, products, [1])
-    if bias is not None:
-        summed = call(aten.add.Tensor, call(_convert, bias, torch.float32) if dtype in _WIDENED else bias, summed)
     return call(_convert, summed, dtype) if dtype in _WIDENED else summed
 
 
