@@ -11,7 +11,9 @@ import torch
 from thunder.dynamo import thunderfx
 
 import thunder_fusion_guard.backend_choice as backends
+import thunder_fusion_guard.whole_graph as whole_graph
 from thunder_fusion_guard import FusionGuard, choose_backends, fusion_executors
+from thunder_fusion_guard.measure.timing import HostDevice
 
 
 def two_pieces(x, w):
@@ -378,6 +380,34 @@ def test_a_dynamo_graph_runs_whole_by_inductor_with_all_its_options_compiled_onc
     torch.testing.assert_close(out, expected)
     for got, want in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(got, want)
+
+
+def test_inductors_options_faster_on_the_stream_but_dearer_on_the_device_are_not_taken(monkeypatch):
+    """On CUDA (said so here) every compile of Inductor's is timed with host and device apart too: its options
+    compiled together, faster on the stream for fewer launches but 20% dearer on the device, do not run the graph (a
+    step replayed in CUDA graphs would be slower); the options one at a time then, each level on the device, do.
+    Timings injected."""
+    # graph 0: split 100 against whole 40; whole 40 against all options 20; against decomposed 45; against summed
+    # 30; summed 30 against larger results summed 35; graph 1 (no matmuls): split 50 against whole 60
+    graph_0 = [[100.0] * 5, [40.0] * 5, [40.0] * 5, [20.0] * 5, [40.0] * 5, [45.0] * 5, [40.0] * 5, [30.0] * 5]
+    times = iter([*graph_0, [30.0] * 5, [35.0] * 5, [50.0] * 5, [60.0] * 5])
+    _time_in_turn(monkeypatch, times)
+    devices = iter([(10.0, 10.0), (10.0, 12.0), (10.0, 10.0), (10.0, 10.0), (10.0, 10.0), (10.0, 10.0)])
+
+    def host_device_us(fns, args, **kwargs):
+        assert kwargs["cuda"] is True and len(fns) == 2
+        return [HostDevice(50.0, us) for us in next(devices)]
+
+    monkeypatch.setattr(backends, "host_device_us", host_device_us)
+    monkeypatch.setattr(whole_graph, "uses_cuda", lambda *a: True)
+    fx = compiled(FusionGuard())
+    choices = choose_backends(fx, *inputs(), backends=("thunder",), whole_graphs=True)
+    whole = [c for c in choices if c.subgraph.endswith("(whole)")]
+    assert [c.chosen for c in whole] == ["inductor with small-result matmuls summed", "split"]
+    assert whole[0].times_us["inductor with all options"] == 20.0
+    assert whole[0].problems == {"inductor with all options": "dearer on the device, so not taken"}
+    assert "with all options 20.0 µs (12.0 on the device against 10.0)" in whole[0].reason
+    assert next(devices, None) is None  # every pair timed apart
 
 
 def test_whole_graphs_is_true_or_false():

@@ -296,6 +296,22 @@ def test_all_options_compiled_together_run_the_graph_where_faster_with_no_option
     assert vars(split)["forward"].whole is seen[1 if faster else 0][1]
 
 
+@pytest.mark.parametrize(("device_us", "kept"), [((20.0, 20.9), True), ((20.0, 23.0), False)])
+def test_an_option_faster_on_the_stream_runs_the_graph_only_where_no_dearer_on_the_device(monkeypatch, device_us, kept):
+    seen = _compiles_seen(monkeypatch)  # combo kernels tried on CPU here
+    guard = FusionGuard()
+    # split 100 against whole 20; all options together 5 on the stream, ``device_us`` on the device (the default
+    # compile's, theirs); where not kept, each alone: combo kernels, decomposed, summed 30 (none faster)
+    timings = [Measured(100.0, 20.0), Measured(20.0, 5.0, device=device_us), *[Measured(20.0, 30.0)] * 3]
+    guard.measurer.pair = lambda first, second, args, **allowance: (first(), second(), timings.pop(0))[-1]
+    _, split = _run(guard, matmul=True)
+    (whole,) = guard.report.filter(code="whole_graph")
+    assert whole.facts["all_options"] is kept and whole.details["stacked_device_us"] == list(device_us)
+    assert whole.facts.get("stacked_dearer_on_device", False) is not kept
+    assert ("dearer on the device" in whole.reason) is not kept
+    assert len(seen) == (2 if kept else 5) and vars(split)["forward"].whole is seen[1 if kept else 0][1]
+
+
 def test_has_matmuls_finds_matmul_functions_methods_operators_and_linears():
     assert whole_graph.has_matmuls(torch.fx.symbolic_trace(lambda a, b: (a @ b).sin()))
     assert whole_graph.has_matmuls(torch.fx.symbolic_trace(lambda a, b: torch.einsum("ij,jk->ik", a, b)))

@@ -17,6 +17,7 @@ by default: a program calls :func:`choose_backends` itself, after a first call o
 from __future__ import annotations
 
 import functools
+import logging
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -28,10 +29,14 @@ import torch
 from . import _thunder as th
 from .cost import Measured
 from .fx_rescue import compile_fx_module, copy_input, updated_inputs
-from .measure.timing import interleaved_us
+from .measure.breakeven import SPLIT_REPS
+from .measure.timing import host_device_us, interleaved_us
+from .policy import dearer_on_device
 from .report import backend_choice_line
 from .whole_graph import WholeGraphRun, forward_backward_step, whole_or_split
 from .wording import error_line
+
+log = logging.getLogger(__name__)
 
 BACKENDS = ("thunder", "inductor", "eager")
 WARMUP = 2
@@ -293,10 +298,19 @@ def _choose_whole(index: int, info: Any, inputs: list[Any] | str, margin: float,
     def timer(
         split_step: Callable[[], None], whole_step: Callable[[], None], args: tuple, apart: bool = False
     ) -> Measured:
-        # no spread given (nor host and device apart): the margin asked for holds as it is
+        # no spread given: the margin asked for holds as it is; host and device apart where asked (CUDA), for the
+        # rule that keeps an option of Inductor's only where the device does not pay for it
         samples = interleaved_us([split_step, whole_step], args, reps=rounds, warmup=WARMUP)
         split_us, whole_us = (round(median(s), 3) for s in samples)
-        return Measured(split_us, whole_us, "timed")
+        found = None
+        if apart:
+            try:
+                found = host_device_us([split_step, whole_step], args, reps=SPLIT_REPS, cuda=True)
+            except Exception as e:  # timing host and device apart may fail in any way: the timing still decides
+                log.debug("choose_backends: host and device not timed apart: %s", e)
+        host = None if found is None else (found[0].host_us, found[1].host_us)
+        device = None if found is None else (found[0].device_us, found[1].device_us)
+        return Measured(split_us, whole_us, "timed", host=host, device=device)
 
     split = info.split_graph_module
     found = whole_or_split(label, info.original_graph_module, split, inputs, timer, margin)
@@ -322,10 +336,15 @@ def _choose_whole(index: int, info: Any, inputs: list[Any] | str, margin: float,
         ("small-result matmuls summed", found.summed, found.summed_why, found.summed_matmuls),
         ("larger-result matmuls summed", found.wide, found.wide_why, found.wide_matmuls),
     )
-    for option, option_timed, why, _ in tried:
+    for option, option_timed, why, runs in tried:
         if option_timed is not None:
             choice.times_us[f"inductor with {option}"] = option_timed.eager_us
             timed += f", with {option} {option_timed.eager_us:.1f} µs"
+            if option_timed.device is not None:
+                before, after = option_timed.device
+                timed += f" ({after:.1f} on the device against {before:.1f})"
+                if not runs and dearer_on_device(option_timed):
+                    problems[f"inductor with {option}"] = "dearer on the device, so not taken"
         elif why:
             problems[f"inductor with {option}"] = why
     if found.inductor and found.whole is not None:

@@ -244,6 +244,17 @@ def measured_margin(margin: float, measured: Measured, overlapped: bool) -> tupl
     return margin, None
 
 
+def dearer_on_device(measured: Measured) -> bool:
+    """Whether the second program ``measured`` timed (``eager_us``: a compile given more options) costs the device more
+    than the first by over :data:`MEASURED_MARGIN_FLOOR`, host and device timed apart (False where they were not). A
+    compile faster on the stream for fewer launches may still cost the device more: replayed in CUDA graphs, where
+    only the device's time counts, it would be slower, so it is not taken."""
+    if measured.device is None:
+        return False
+    before, after = measured.device
+    return after > before * (1 + MEASURED_MARGIN_FLOOR)
+
+
 def spread_margin(margin: float, measured: Measured) -> float:
     """``margin`` narrowed to the timing's spread, at least :data:`MEASURED_MARGIN_FLOOR` (``margin`` where the
     timing has no spread): the one rule for a measured keep or reject, for a switch on device times and for a

@@ -958,8 +958,7 @@ def _whole_graph_options(f: Facts) -> str:
         return f"; with all its options together ({names}), {timed}"
     together = ""
     if "stacked" in f:
-        c = f["stacked"]
-        together = f"; not faster with all its options together ({c.eager_us:.0f} µs against {c.region_us:.0f})"
+        together = f"; {_not_kept(f, 'stacked', 'all its options together')}"
     elif f.get("stacked_why"):
         together = f"; all its options together not timed ({f['stacked_why']})"
     combo = ""
@@ -967,13 +966,25 @@ def _whole_graph_options(f: Facts) -> str:
         c = f["combo"]
         combo = f"; with combo kernels, {c.eager_us:.0f} µs against its default compile's {c.region_us:.0f}"
     elif "combo" in f:
-        c = f["combo"]
-        combo = f"; its default compile ({c.region_us:.0f} µs), not faster with combo kernels ({c.eager_us:.0f})"
+        combo = f"; its default compile ({f['combo'].region_us:.0f} µs), {_not_kept(f, 'combo', 'combo kernels')}"
     elif f.get("combo_why"):
         combo = f"; its default compile (combo kernels: {f['combo_why']})"
     combo += _option_words(f, "decomposed", "its small matmuls decomposed into products and sums", "decomposed")
     combo += _option_words(f, "summed", "its small-result matmuls summed in kernels", "summed")
     return together + combo + _option_words(f, "wide", "its larger-result matmuls summed too", "larger results summed")
+
+
+def _not_kept(f: Facts, key: str, what: str) -> str:
+    """Why Inductor's compile with ``what`` (its timing in ``f[key]``) does not run the graph: not faster, or faster on
+    the stream but dearer on the device (``<key>_dearer_on_device``), where a replay in CUDA graphs spends its time."""
+    m = f[key]
+    if not f.get(f"{key}_dearer_on_device"):
+        return f"not faster with {what} ({m.eager_us:.0f} µs against {m.region_us:.0f})"
+    (before, after) = m.device
+    return (
+        f"not kept with {what}: {m.eager_us:.0f} µs against {m.region_us:.0f} on the stream, but dearer on the device "
+        f"({after:.0f} µs against {before:.0f})"
+    )
 
 
 def _option_words(f: Facts, key: str, what: str, short: str) -> str:
@@ -983,8 +994,7 @@ def _option_words(f: Facts, key: str, what: str, short: str) -> str:
         m = f[key]
         return f"; with {what}, {m.eager_us:.0f} µs against {m.region_us:.0f}"
     if key in f:
-        m = f[key]
-        return f"; not faster with {what} ({m.eager_us:.0f} µs against {m.region_us:.0f})"
+        return f"; {_not_kept(f, key, what)}"
     if f.get(f"{key}_why"):
         return f"; its matmuls as they were ({short}: {f[f'{key}_why']})"
     return ""

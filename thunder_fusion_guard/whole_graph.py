@@ -18,7 +18,9 @@ decomposed into products and sums (its own rewrite), then those with small resul
 handed to that compile only), then those with larger results too. All of them are compiled together first (on CUDA with
 Inductor's fewer buffers realized too: more pointwise work recomputed inline), and where that compile is faster than the
 default one it runs the graph: one compile instead of one an option (each takes seconds to a minute). Only where it is
-not are they timed one after the other, each kept where faster than the compile before it. Inductor's values are within
+not are they timed one after the other, each kept where faster than the compile before it. On CUDA a compile with
+options is kept only where it is no dearer on the device too, host and device timed apart: fewer launches win on the
+stream, but a step replayed in CUDA graphs pays the device alone. Inductor's values are within
 its own rounding of eager's. A graph that updates its inputs in place is not timed; should Inductor ever fail on a call,
 the split runs it again for good.
 """
@@ -38,7 +40,7 @@ from .cost import Measured
 from .decisions import Decision, Details
 from .fx_rescue import compile_fx_module, copy_input, updated_inputs
 from .measure.timing import uses_cuda
-from .policy import measured_margin
+from .policy import dearer_on_device, measured_margin
 from .reasons import Facts, Narrowing, ReasonCode, words
 from .regions import find_regions, same_program
 from .wording import error_line
@@ -404,19 +406,22 @@ def _timed_compile(
     scope: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> tuple[Callable | None, Measured | None, str]:
     """Inductor's compile of ``original`` with ``options`` (in ``scope``, its first forward and backward too: Inductor
-    compiles the backward at its first call) timed against ``found.whole``: the compile where faster, the timing, and
-    why it is not timed ('' where it is). Inductor's option may fail on a graph in any way: then the compile found
-    stays, ``what`` naming the option in why."""
+    compiles the backward at its first call) timed against ``found.whole``: the compile where faster (on CUDA, and no
+    dearer on the device, timed apart: :func:`.policy.dearer_on_device`), the timing, and why it is not timed ('' where
+    it is). Inductor's option may fail on a graph in any way: then the compile found stays, ``what`` naming the option
+    in why."""
     try:
         with scope():
             compiled = compile_fx_module(original, inputs, "inductor", options)
             forward_backward_step(compiled, inputs)()
     except Exception as e:
         return None, None, f"Inductor {what} failed: {error_line(e)}"
-    timed = timer(forward_backward_step(found.whole, inputs), forward_backward_step(compiled, inputs), ())
+    before, after = forward_backward_step(found.whole, inputs), forward_backward_step(compiled, inputs)
+    timed = timer(before, after, (), apart=uses_cuda(*inputs))
     if isinstance(timed, str):
         return None, None, timed
-    return (compiled if timed.eager_us < timed.region_us else None), timed, ""
+    faster = timed.eager_us < timed.region_us and not dearer_on_device(timed)
+    return (compiled if faster else None), timed, ""
 
 
 # Dynamo graph targets computing a matmul (the ops Inductor lowers to ``mm``/``bmm``): a graph without any is not
@@ -489,6 +494,10 @@ def _record_option(
     if timed is not None:
         facts[key] = timed
         details[f"{key}_us"] = timed.eager_us
+        if timed.device is not None:
+            details[f"{key}_device_us"] = list(timed.device)
+        if not runs and dearer_on_device(timed):  # faster on the stream, maybe, but not where only the device counts
+            facts[f"{key}_dearer_on_device"] = details[f"{key}_dearer_on_device"] = True
     if why:
         facts[f"{key}_why"] = why
 
