@@ -331,7 +331,6 @@ def _choose_whole(index: int, info: Any, inputs: list[Any] | str, margin: float,
     tried = (  # Inductor's options timed after its default compile: (name, timing, why not timed, runs the graph)
         ("all options", found.stacked, found.stacked_why, False),  # each option it runs is named below
         ("combo kernels", found.combo, found.combo_why, found.combo_kernels),
-        ("fewer buffers realized", None, "", found.fewer_realized),  # given only with all the options
         ("small matmuls decomposed", found.decomposed, found.decomposed_why, found.decomposed_matmuls),
         ("small-result matmuls summed", found.summed, found.summed_why, found.summed_matmuls),
         ("larger-result matmuls summed", found.wide, found.wide_why, found.wide_matmuls),

@@ -943,7 +943,6 @@ def _whole_graph(f: Facts) -> tuple[str, str | None]:
 # The options of Inductor's whole-graph compile, by their flags in a decision's facts: the words naming each.
 _OPTION_NAMES = (
     ("combo_kernels", "combo kernels"),
-    ("fewer_realized", "fewer buffers realized"),
     ("decomposed_matmuls", "small matmuls decomposed"),
     ("summed_matmuls", "small-result matmuls summed"),
     ("wide_matmuls", "larger-result matmuls summed"),

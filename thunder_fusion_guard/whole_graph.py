@@ -15,12 +15,11 @@ then on where it is faster by the margin, narrowed to the timing's spread where 
 rule of a timed region's keep or reject). Inductor's options are then timed against its default compile: on CUDA, combo
 kernels (independent kernels launched as one; torch's option, off by default); on any device, its small matmuls
 decomposed into products and sums (its own rewrite), then those with small results summed in kernels (the guard's pass,
-handed to that compile only), then those with larger results too. All of them are compiled together first (on CUDA with
-Inductor's fewer buffers realized too: more pointwise work recomputed inline), and where that compile is faster than the
-default one it runs the graph: one compile instead of one an option (each takes seconds to a minute). Only where it is
-not are they timed one after the other, each kept where faster than the compile before it. On CUDA a compile with
-options is kept only where it is no dearer on the device too, host and device timed apart: fewer launches win on the
-stream, but a step replayed in CUDA graphs pays the device alone. Inductor's values are within
+handed to that compile only), then those with larger results too. All of them are compiled together first, and where
+that compile is faster than the default one it runs the graph: one compile instead of one an option (each takes seconds
+to a minute). Only where it is not are they timed one after the other, each kept where faster than the compile before
+it. On CUDA a compile with options is kept only where it is no dearer on the device too, host and device timed apart:
+fewer launches win on the stream, but a step replayed in CUDA graphs pays the device alone. Inductor's values are within
 its own rounding of eager's. A graph that updates its inputs in place is not timed; should Inductor ever fail on a call,
 the split runs it again for good.
 """
@@ -48,7 +47,6 @@ from .wording import error_line
 __all__ = [
     "COMBO_KERNELS",
     "DECOMPOSED_MATMULS",
-    "FEWER_REALIZED",
     "RUN_WITHOUT_THUNDER",
     "SUMMED_MATMULS",
     "WHOLE_GRAPH_TIMING_S",
@@ -72,7 +70,6 @@ RUN_WITHOUT_THUNDER: frozenset[str] = frozenset({"Inductor", "eager PyTorch"})
 # Inductor's options timed against its defaults on a whole graph it runs (combo kernels), where
 # ``th.combo_kernels_on`` says (Triton's devices): the guard's one home for both is ``_thunder.combo``.
 COMBO_KERNELS = th.COMBO_KERNELS
-FEWER_REALIZED = th.FEWER_REALIZED  # fewer buffers realized, given with combo kernels where all options are compiled
 # Inductor's small matmuls decomposed into products and sums (its ``decompose_mm_pass``), timed after combo kernels.
 DECOMPOSED_MATMULS = th.DECOMPOSED_MATMULS
 decomposed_matmuls = th.decomposed_matmuls  # their thresholds, applied for one compile and its first calls
@@ -198,8 +195,7 @@ class WholeGraph:
     ``summed_matmuls``, ``summed_why``: its small-result matmuls summed in kernels (:data:`SUMMED_MATMULS`), after;
     ``wide``, ``wide_matmuls``, ``wide_why``: matmuls of larger results summed too (:data:`WIDE_SUMMED_MATMULS`),
     after, where the small-result ones run the graph. ``stacked``, ``all_options``, ``stacked_why``: the same for
-    all of them together, timed first (where they run the graph, none is timed alone); ``fewer_realized`` where that
-    compile, given Inductor's fewer buffers realized with combo kernels (:data:`FEWER_REALIZED`), runs it."""
+    all of them together, timed first (where they run the graph, none is timed alone)."""
 
     label: str
     inductor: bool
@@ -224,7 +220,6 @@ class WholeGraph:
     wide_why: str = ""
     stacked: Measured | None = None  # the default compile (region_us) against all the options together
     all_options: bool = False
-    fewer_realized: bool = False  # Inductor's fewer buffers realized, given only with all the options together
     stacked_why: str = ""
 
 
@@ -278,7 +273,6 @@ def whole_or_split(
         return replace(tried, measured=measured, margin=used, narrowed=narrowed)
     why = "Inductor's whole graph is not faster by the margin, with its options either"
     split_kept = {"inductor": False, "whole": None, "combo_kernels": False, "all_options": False}
-    split_kept["fewer_realized"] = False
     split_kept |= {option.runs: False for option in _MATMUL_OPTIONS}
     return replace(tried, why=why, measured=measured, margin=used, narrowed=narrowed, **split_kept)
 
@@ -315,15 +309,15 @@ def _with_options(found: WholeGraph, original: torch.fx.GraphModule, inputs: lis
 
 def _with_all_options(found: WholeGraph, original: torch.fx.GraphModule, inputs: list[Any], timer: Timer) -> WholeGraph:
     """``found`` (Inductor's default compile of ``original`` runs it) with Inductor's compile given every option that
-    applies in its place where ``timer`` finds it faster (any amount, as for each option alone): combo kernels and fewer
-    buffers realized where ``inputs`` are on Triton's devices, and where ``original`` computes a matmul, the
-    small-matmul rewrites, the last summed-matmul pass standing for the one before it (it sums what that one sums, and
-    more). Where fewer than two apply, nothing is compiled: the options one after the other are the same compiles."""
+    applies in its place where ``timer`` finds it faster (any amount, as for each option alone): combo kernels where
+    ``inputs`` are on Triton's devices, and where ``original`` computes a matmul, the small-matmul rewrites, the last
+    summed-matmul pass standing for the one before it (it sums what that one sums, and more). Where fewer than two
+    apply, nothing is compiled: the options one after the other are the same compiles."""
     combo = th.combo_kernels_on(a.device.type for a in inputs if isinstance(a, torch.Tensor))
     matmuls = has_matmuls(original)
     if combo + (len(_MATMUL_OPTIONS) if matmuls else 0) < 2:
         return found
-    options = {**COMBO_KERNELS, **FEWER_REALIZED} if combo else {}
+    options = dict(COMBO_KERNELS if combo else {})
     for option in _MATMUL_OPTIONS if matmuls else ():
         options.update(option.options)
     scope = th.decomposed_matmuls if matmuls else contextlib.nullcontext
@@ -331,9 +325,7 @@ def _with_all_options(found: WholeGraph, original: torch.fx.GraphModule, inputs:
     if compiled is None:
         return replace(found, stacked=timed, stacked_why=why)
     runs = {option.runs: True for option in _MATMUL_OPTIONS} if matmuls else {}
-    return replace(
-        found, whole=compiled, stacked=timed, all_options=True, combo_kernels=combo, fewer_realized=combo, **runs
-    )
+    return replace(found, whole=compiled, stacked=timed, all_options=True, combo_kernels=combo, **runs)
 
 
 def _with_combo_kernels(
@@ -460,8 +452,6 @@ def whole_graph_decision(
             details["margin_narrowed"] = found.narrowed
     _record_option(facts, details, "all_options", "stacked", found.all_options, found.stacked, found.stacked_why)
     _record_option(facts, details, "combo_kernels", "combo", found.combo_kernels, found.combo, found.combo_why)
-    if found.fewer_realized:
-        facts["fewer_realized"] = details["fewer_realized"] = True
     for option in _MATMUL_OPTIONS:
         runs, timed, why = (getattr(found, name) for name in (option.runs, option.timed, option.why))
         _record_option(facts, details, option.runs, option.timed, runs, timed, why)
