@@ -66,6 +66,15 @@ def run(fn, args):
     return out.detach(), [a.grad for a in args]
 
 
+def assert_as_eager(fx) -> None:
+    """``fx``'s output and gradients on fresh inputs, within tolerance of eager's (:func:`two_pieces`)."""
+    out, grads = run(fx, inputs())
+    expected, expected_grads = run(two_pieces, inputs())
+    torch.testing.assert_close(out, expected)
+    for got, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got, want)
+
+
 def runners(fx):
     """The type of what each split GraphModule calls for its Thunder piece."""
     return {type(info.split_graph_module.thunder_0).__name__ for info in fx._backend.subgraph_infos}
@@ -86,11 +95,7 @@ def test_a_faster_backend_takes_the_subgraph_and_the_report_says_so(timings, win
     assert all(c.backward and c.times_us == times for c in choices)
     assert all(n in choices[0].reason for n in ("60%", "100.0 µs", "40.0 µs")), choices[0].reason  # its numbers
     assert runners(fx) == {"_Chosen"}
-    out, grads = run(fx, inputs())
-    expected, expected_grads = run(two_pieces, inputs())
-    torch.testing.assert_close(out, expected)
-    for got, want in zip(grads, expected_grads, strict=True):
-        torch.testing.assert_close(got, want)
+    assert_as_eager(fx)
     assert [c["chosen"] for c in g.report.to_dict()["backend_choices"]] == [winner, winner]
     assert f"backend of dynamo graph 0, thunder_0: {winner}: {winner} is faster by 60%" in str(g.report)
 
@@ -316,11 +321,7 @@ def test_a_dynamo_graph_runs_whole_by_inductor_where_that_beats_its_split(monkey
     infos = fx._backend.subgraph_infos
     assert type(vars(infos[0].split_graph_module)["forward"]).__name__ == "WholeGraphRun"
     assert "forward" not in vars(infos[1].split_graph_module)
-    out, grads = run(fx, inputs())
-    expected, expected_grads = run(two_pieces, inputs())
-    torch.testing.assert_close(out, expected)
-    for got, want in zip(grads, expected_grads, strict=True):
-        torch.testing.assert_close(got, want)
+    assert_as_eager(fx)
     said = "backend of dynamo graph 0 (whole): inductor with small-result matmuls summed: Inductor runs the whole graph"
     assert said in str(g.report)
     # whole graphs first: graph 0, run whole, calls its piece no more, so the piece is never timed
@@ -356,11 +357,7 @@ def test_a_dynamo_graph_runs_whole_by_inductors_faster_option_where_its_defaults
         "inductor with small-result matmuls summed": 55.0,
     }
     assert type(vars(fx._backend.subgraph_infos[0].split_graph_module)["forward"]).__name__ == "WholeGraphRun"
-    out, grads = run(fx, inputs())
-    expected, expected_grads = run(two_pieces, inputs())
-    torch.testing.assert_close(out, expected)
-    for got, want in zip(grads, expected_grads, strict=True):
-        torch.testing.assert_close(got, want)
+    assert_as_eager(fx)
 
 
 def test_a_dynamo_graph_runs_whole_by_inductor_with_all_its_options_compiled_once_where_they_are_faster(monkeypatch):
@@ -375,11 +372,7 @@ def test_a_dynamo_graph_runs_whole_by_inductor_with_all_its_options_compiled_onc
     chosen = "inductor with small matmuls decomposed and small-result matmuls summed and larger-result matmuls summed"
     assert [c.chosen for c in whole] == [chosen, "split"]
     assert whole[0].times_us == {"split": 100.0, "inductor": 40.0, "inductor with all options": 20.0}
-    out, grads = run(fx, inputs())
-    expected, expected_grads = run(two_pieces, inputs())
-    torch.testing.assert_close(out, expected)
-    for got, want in zip(grads, expected_grads, strict=True):
-        torch.testing.assert_close(got, want)
+    assert_as_eager(fx)
 
 
 def test_inductors_options_faster_on_the_stream_but_dearer_on_the_device_are_not_taken(monkeypatch):
