@@ -30,7 +30,7 @@ from . import _thunder as th
 from .cost import Measured
 from .fx_rescue import compile_fx_module, copy_input, updated_inputs
 from .measure.breakeven import SPLIT_REPS
-from .measure.timing import host_device_us, interleaved_us
+from .measure.timing import first_two_apart, host_device_us, interleaved_us
 from .policy import dearer_on_device
 from .reasons import OPTION_NAMES
 from .report import backend_choice_line
@@ -309,8 +309,7 @@ def _choose_whole(index: int, info: Any, inputs: list[Any] | str, margin: float,
                 found = host_device_us([split_step, whole_step], args, reps=SPLIT_REPS, cuda=True)
             except Exception as e:  # timing host and device apart may fail in any way: the timing still decides
                 log.debug("choose_backends: host and device not timed apart: %s", e)
-        host = None if found is None else (found[0].host_us, found[1].host_us)
-        device = None if found is None else (found[0].device_us, found[1].device_us)
+        host, device = first_two_apart(found)
         return Measured(split_us, whole_us, "timed", host=host, device=device)
 
     split = info.split_graph_module
