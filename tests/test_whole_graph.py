@@ -82,9 +82,14 @@ def _timed_in_turn(*timings: tuple[float, float]):
     return pair
 
 
-def _compiles_seen(monkeypatch, fail_with_options: bool = False) -> list[tuple[dict | None, object]]:
-    """Inductor's whole-graph compiles, each with its options and what it returned; combo kernels tried on CPU."""
+def _compiles_seen(
+    monkeypatch, fail_with_options: bool = False, realized: bool = False
+) -> list[tuple[dict | None, object]]:
+    """Inductor's whole-graph compiles, each with its options and what it returned; combo kernels tried on CPU, and
+    fewer buffers realized after them only where ``realized``."""
     monkeypatch.setattr(combo, "COMBO_KERNEL_DEVICES", ("cpu",))
+    if not realized:
+        monkeypatch.setattr(whole_graph, "_with_fewer_realized", lambda found, *a: found)
     seen, real = [], whole_graph.compile_fx_module
 
     def compiling(module, inputs, backend, options=None):
@@ -303,6 +308,39 @@ def test_an_option_faster_on_the_stream_runs_the_graph_only_where_no_dearer_on_t
     assert whole.facts.get("stacked_dearer_on_device", False) is not kept
     assert ("dearer on the device" in whole.reason) is not kept
     assert len(seen) == (2 if kept else 5) and vars(split)["forward"].whole is seen[1 if kept else 0][1]
+
+
+@pytest.mark.parametrize(
+    ("realized_us", "device_us", "kept"), [(8.0, None, True), (12.0, None, False), (8.0, (5.0, 6.0), False)]
+)
+def test_fewer_buffers_realized_run_the_graph_only_where_faster_than_the_options_before_and_no_dearer_on_device(
+    monkeypatch, realized_us, device_us, kept
+):
+    seen = _compiles_seen(monkeypatch, realized=True)  # combo kernels tried on CPU here
+    guard = FusionGuard()
+    # split 100 against whole 20; all options together 10; they against fewer buffers realized too ``realized_us``
+    # (on the device ``device_us``: 20% dearer)
+    timings = [Measured(100.0, 20.0), Measured(20.0, 10.0), Measured(10.0, realized_us, device=device_us)]
+    guard.measurer.pair = lambda first, second, args, **allowance: (first(), second(), timings.pop(0))[-1]
+    _, split = _run(guard, matmul=True)  # each step within 1e-5 of eager, gradients too
+    assert len(seen) == 3 and seen[2][0] == {**seen[1][0], **whole_graph.FEWER_REALIZED}
+    assert seen[2][0]["realize_opcount_threshold"] > torch._inductor.config.realize_opcount_threshold
+    (whole,) = guard.report.filter(code="whole_graph")
+    assert whole.facts["all_options"] is True and whole.facts["fewer_realized"] is kept
+    assert whole.details["realized_us"] == realized_us
+    assert whole.facts.get("realized_dearer_on_device", False) is (device_us is not None)
+    assert ("with fewer buffers realized, 8 µs against 10" in whole.reason) is kept
+    assert vars(split)["forward"].whole is seen[2 if kept else 1][1]
+
+
+def test_fewer_buffers_realized_are_not_tried_without_combo_kernels(monkeypatch):
+    seen = _compiles_seen(monkeypatch, realized=True)
+    monkeypatch.setattr(combo, "COMBO_KERNEL_DEVICES", ())  # Inductor's C++ kernels: no combo kernels
+    guard = FusionGuard()
+    guard.measurer.pair = _timed_in_turn((100.0, 20.0))
+    _run(guard)  # no matmul: no option applies
+    (whole,) = guard.report.filter(code="whole_graph")
+    assert len(seen) == 1 and "fewer_realized" not in whole.facts and "realized" not in whole.facts
 
 
 def test_has_matmuls_finds_matmul_functions_methods_operators_and_linears():

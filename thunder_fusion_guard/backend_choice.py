@@ -30,10 +30,11 @@ from . import _thunder as th
 from .cost import Measured
 from .fx_rescue import compile_fx_module, copy_input, updated_inputs
 from .measure.breakeven import SPLIT_REPS
-from .measure.timing import host_device_us, interleaved_us
+from .measure.timing import first_two_apart, host_device_us, interleaved_us
 from .policy import dearer_on_device
+from .reasons import OPTION_NAMES
 from .report import backend_choice_line
-from .whole_graph import WholeGraphRun, forward_backward_step, whole_or_split
+from .whole_graph import MATMUL_OPTIONS, WholeGraphRun, forward_backward_step, whole_or_split
 from .wording import error_line
 
 log = logging.getLogger(__name__)
@@ -308,8 +309,7 @@ def _choose_whole(index: int, info: Any, inputs: list[Any] | str, margin: float,
                 found = host_device_us([split_step, whole_step], args, reps=SPLIT_REPS, cuda=True)
             except Exception as e:  # timing host and device apart may fail in any way: the timing still decides
                 log.debug("choose_backends: host and device not timed apart: %s", e)
-        host = None if found is None else (found[0].host_us, found[1].host_us)
-        device = None if found is None else (found[0].device_us, found[1].device_us)
+        host, device = first_two_apart(found)
         return Measured(split_us, whole_us, "timed", host=host, device=device)
 
     split = info.split_graph_module
@@ -328,13 +328,16 @@ def _choose_whole(index: int, info: Any, inputs: list[Any] | str, margin: float,
     choice.times_us = {"split": split_us, "inductor": whole_us}
     what = "forward and backward" if leaves else "forward"
     timed = f"split {split_us:.1f} µs, Inductor whole {whole_us:.1f} µs"
-    tried = (  # Inductor's options timed after its default compile: (name, timing, why not timed, runs the graph)
-        ("all options", found.stacked, found.stacked_why, False),  # each option it runs is named below
-        ("combo kernels", found.combo, found.combo_why, found.combo_kernels),
-        ("small matmuls decomposed", found.decomposed, found.decomposed_why, found.decomposed_matmuls),
-        ("small-result matmuls summed", found.summed, found.summed_why, found.summed_matmuls),
-        ("larger-result matmuls summed", found.wide, found.wide_why, found.wide_matmuls),
-    )
+    fields = {  # each option by its flag: the WholeGraph fields of its timing and of why it was not timed
+        "combo_kernels": ("combo", "combo_why"),
+        **{option.runs: (option.timed, option.why) for option in MATMUL_OPTIONS},
+        "fewer_realized": ("realized", "realized_why"),
+    }
+    tried = [("all options", found.stacked, found.stacked_why, False)]  # each option it runs is named below
+    tried += [  # Inductor's options timed after its default compile: (name, timing, why not timed, runs the graph)
+        (OPTION_NAMES[flag], getattr(found, timed), getattr(found, why), getattr(found, flag))
+        for flag, (timed, why) in fields.items()
+    ]
     for option, option_timed, why, runs in tried:
         if option_timed is not None:
             choice.times_us[f"inductor with {option}"] = option_timed.eager_us

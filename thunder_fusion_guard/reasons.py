@@ -940,21 +940,25 @@ def _whole_graph(f: Facts) -> tuple[str, str | None]:
     return reason, told
 
 
-# The options of Inductor's whole-graph compile, by their flags in a decision's facts: the words naming each.
-_OPTION_NAMES = (
-    ("combo_kernels", "combo kernels"),
-    ("decomposed_matmuls", "small matmuls decomposed"),
-    ("summed_matmuls", "small-result matmuls summed"),
-    ("wide_matmuls", "larger-result matmuls summed"),
-)
+# The options of Inductor's whole-graph compile, by their flags in a decision's facts, in the order they are tried: the
+# words naming each (in reasons, in ``choose_backends``' choices, in a failure's words).
+OPTION_NAMES: dict[str, str] = {
+    "combo_kernels": "combo kernels",
+    "decomposed_matmuls": "small matmuls decomposed",
+    "summed_matmuls": "small-result matmuls summed",
+    "wide_matmuls": "larger-result matmuls summed",
+    "fewer_realized": "fewer buffers realized",
+}
 
 
 def _whole_graph_options(f: Facts) -> str:
     """The clauses telling what became of Inductor's options on a whole graph it runs: all together, or each alone."""
+    realized = _option_words(f, "realized", "fewer buffers realized", "its buffers", "fewer_realized")
     if f.get("all_options"):
-        c, names = f["stacked"], ", ".join(name for flag, name in _OPTION_NAMES if f.get(flag))
+        together = [name for flag, name in OPTION_NAMES.items() if f.get(flag) and flag != "fewer_realized"]
+        c = f["stacked"]
         timed = f"{c.eager_us:.0f} µs against its default compile's {c.region_us:.0f}"
-        return f"; with all its options together ({names}), {timed}"
+        return f"; with all its options together ({', '.join(together)}), {timed}{realized}"
     together = ""
     if "stacked" in f:
         together = f"; {_not_kept(f, 'stacked', 'all its options together')}"
@@ -968,9 +972,10 @@ def _whole_graph_options(f: Facts) -> str:
         combo = f"; its default compile ({f['combo'].region_us:.0f} µs), {_not_kept(f, 'combo', 'combo kernels')}"
     elif f.get("combo_why"):
         combo = f"; its default compile (combo kernels: {f['combo_why']})"
-    combo += _option_words(f, "decomposed", "its small matmuls decomposed into products and sums", "decomposed")
-    combo += _option_words(f, "summed", "its small-result matmuls summed in kernels", "summed")
-    return together + combo + _option_words(f, "wide", "its larger-result matmuls summed too", "larger results summed")
+    combo += _option_words(f, "decomposed", "its small matmuls decomposed into products and sums", "its matmuls")
+    combo += _option_words(f, "summed", "its small-result matmuls summed in kernels", "its matmuls")
+    combo += _option_words(f, "wide", "its larger-result matmuls summed too", "its matmuls")
+    return together + combo + realized
 
 
 def _not_kept(f: Facts, key: str, what: str) -> str:
@@ -986,16 +991,17 @@ def _not_kept(f: Facts, key: str, what: str) -> str:
     )
 
 
-def _option_words(f: Facts, key: str, what: str, short: str) -> str:
-    """The clause telling what became of one small-matmul rewrite of Inductor's whole-graph compile: run with it
-    (``<key>_matmuls``), timed and not faster (``<key>``), or not timed (``<key>_why``); '' where not tried."""
-    if f.get(f"{key}_matmuls"):
+def _option_words(f: Facts, key: str, what: str, kept: str, flag: str = "") -> str:
+    """The clause telling what became of one option of Inductor's whole-graph compile tried after the others: run with
+    it (``flag``, default ``<key>_matmuls``), timed and not kept (``<key>``), or not timed (``<key>_why``: then
+    ``kept``, what it would change, stays as it was); '' where not tried."""
+    if f.get(flag or f"{key}_matmuls"):
         m = f[key]
         return f"; with {what}, {m.eager_us:.0f} µs against {m.region_us:.0f}"
     if key in f:
         return f"; {_not_kept(f, key, what)}"
     if f.get(f"{key}_why"):
-        return f"; its matmuls as they were ({short}: {f[f'{key}_why']})"
+        return f"; {kept} as they were ({f[f'{key}_why']})"
     return ""
 
 

@@ -40,13 +40,15 @@ from .decisions import Decision, Details
 from .fx_rescue import compile_fx_module, copy_input, updated_inputs
 from .measure.timing import uses_cuda
 from .policy import dearer_on_device, measured_margin
-from .reasons import Facts, Narrowing, ReasonCode, words
+from .reasons import OPTION_NAMES, Facts, Narrowing, ReasonCode, words
 from .regions import find_regions, same_program
 from .wording import error_line
 
 __all__ = [
     "COMBO_KERNELS",
     "DECOMPOSED_MATMULS",
+    "FEWER_REALIZED",
+    "MATMUL_OPTIONS",
     "RUN_WITHOUT_THUNDER",
     "SUMMED_MATMULS",
     "WHOLE_GRAPH_TIMING_S",
@@ -77,6 +79,8 @@ decomposed_matmuls = th.decomposed_matmuls  # their thresholds, applied for one 
 SUMMED_MATMULS = th.SUMMED_MATMULS
 # The same pass summing matmuls of larger results too, timed after it where it runs the graph.
 WIDE_SUMMED_MATMULS = th.WIDE_SUMMED_MATMULS
+# Inductor's fewer buffers realized, tried last where combo kernels run the graph.
+FEWER_REALIZED = th.FEWER_REALIZED
 
 # Seconds the timing of a graph's split against its whole may take, apart from the guard's measuring budget (which
 # region timings may have spent): at least 3 rounds each run (a step of 100 ms on a CPU: about 1.5 s).
@@ -195,7 +199,9 @@ class WholeGraph:
     ``summed_matmuls``, ``summed_why``: its small-result matmuls summed in kernels (:data:`SUMMED_MATMULS`), after;
     ``wide``, ``wide_matmuls``, ``wide_why``: matmuls of larger results summed too (:data:`WIDE_SUMMED_MATMULS`),
     after, where the small-result ones run the graph. ``stacked``, ``all_options``, ``stacked_why``: the same for
-    all of them together, timed first (where they run the graph, none is timed alone)."""
+    all of them together, timed first (where they run the graph, none is timed alone). ``realized``,
+    ``fewer_realized``, ``realized_why``: Inductor's fewer buffers realized (:data:`FEWER_REALIZED`) added last to the
+    compile that runs the graph with combo kernels."""
 
     label: str
     inductor: bool
@@ -221,6 +227,9 @@ class WholeGraph:
     stacked: Measured | None = None  # the default compile (region_us) against all the options together
     all_options: bool = False
     stacked_why: str = ""
+    realized: Measured | None = None  # the compile running it (region_us) against it with fewer buffers realized
+    fewer_realized: bool = False
+    realized_why: str = ""
 
 
 def whole_or_split(
@@ -273,7 +282,7 @@ def whole_or_split(
         return replace(tried, measured=measured, margin=used, narrowed=narrowed)
     why = "Inductor's whole graph is not faster by the margin, with its options either"
     split_kept = {"inductor": False, "whole": None, "combo_kernels": False, "all_options": False}
-    split_kept |= {option.runs: False for option in _MATMUL_OPTIONS}
+    split_kept |= {option.runs: False for option in MATMUL_OPTIONS} | {"fewer_realized": False}
     return replace(tried, why=why, measured=measured, margin=used, narrowed=narrowed, **split_kept)
 
 
@@ -294,17 +303,48 @@ def _against_split(
 def _with_options(found: WholeGraph, original: torch.fx.GraphModule, inputs: list[Any], timer: Timer) -> WholeGraph:
     """``found`` with Inductor's options in its compile's place where timed faster: all of them together where that
     is faster than ``found``'s compile (:func:`_with_all_options`); else combo kernels, then the small-matmul rewrites,
-    one after the other (:data:`_MATMUL_OPTIONS`), each added to the compile before it."""
+    one after the other (:data:`MATMUL_OPTIONS`), each added to the compile before it; then, where combo kernels run
+    it, fewer buffers realized (:func:`_with_fewer_realized`)."""
     found = _with_all_options(found, original, inputs, timer)
-    if found.all_options:
+    if not found.all_options:
+        found = _with_combo_kernels(found, original, inputs, timer)
+        if found.whole is not None and has_matmuls(original):  # a graph without matmuls is not compiled for them
+            for option in MATMUL_OPTIONS:
+                if not option.after or getattr(found, option.after):
+                    found = _with_matmul_option(found, original, inputs, timer, option)
+    return _with_fewer_realized(found, original, inputs, timer)
+
+
+def _running_options(found: WholeGraph, upto: _MatmulOption | None = None) -> dict[str, Any]:
+    """The options of the compile running the graph in ``found`` (combo kernels, the matmul rewrites whose flags are
+    set, in their order: the last summed-matmul pass standing for the one before it), those before ``upto`` only."""
+    options = dict(COMBO_KERNELS if found.combo_kernels else {})
+    for option in MATMUL_OPTIONS[: MATMUL_OPTIONS.index(upto) if upto else None]:
+        if getattr(found, option.runs):
+            options.update(option.options)
+    return options
+
+
+def _matmul_scope(options: dict[str, Any]) -> Callable[[], contextlib.AbstractContextManager]:
+    """Where ``options`` decompose small matmuls: Inductor reads their thresholds from its module, so they are applied
+    while it compiles and runs first (:func:`th.decomposed_matmuls`)."""
+    return th.decomposed_matmuls if DECOMPOSED_MATMULS.keys() <= options.keys() else contextlib.nullcontext
+
+
+def _with_fewer_realized(
+    found: WholeGraph, original: torch.fx.GraphModule, inputs: list[Any], timer: Timer
+) -> WholeGraph:
+    """``found`` with Inductor's compile running it given fewer buffers realized too (:data:`FEWER_REALIZED`: more
+    pointwise work recomputed inside the kernels that read it) in its place where ``timer`` finds it faster, and on
+    CUDA no dearer on the device; tried only where combo kernels run the graph (Triton's devices), last, alone: it cut
+    kernels on the small e3nn step and on MACE at a device time within run-to-run variance, so each graph decides."""
+    if found.whole is None or not found.combo_kernels:
         return found
-    found = _with_combo_kernels(found, original, inputs, timer)
-    if found.whole is None or not has_matmuls(original):  # a graph without matmuls is not compiled again for them
-        return found
-    for option in _MATMUL_OPTIONS:
-        if not option.after or getattr(found, option.after):
-            found = _with_matmul_option(found, original, inputs, timer, option)
-    return found
+    options = _running_options(found) | FEWER_REALIZED
+    what = f"with {OPTION_NAMES['fewer_realized']}"
+    compiled, timed, why = _timed_compile(found, original, inputs, timer, options, what, _matmul_scope(options))
+    changes = {"realized": timed, "fewer_realized": compiled is not None, "realized_why": why}
+    return replace(found, whole=compiled or found.whole, **changes)
 
 
 def _with_all_options(found: WholeGraph, original: torch.fx.GraphModule, inputs: list[Any], timer: Timer) -> WholeGraph:
@@ -315,16 +355,17 @@ def _with_all_options(found: WholeGraph, original: torch.fx.GraphModule, inputs:
     apply, nothing is compiled: the options one after the other are the same compiles."""
     combo = th.combo_kernels_on(a.device.type for a in inputs if isinstance(a, torch.Tensor))
     matmuls = has_matmuls(original)
-    if combo + (len(_MATMUL_OPTIONS) if matmuls else 0) < 2:
+    if combo + (len(MATMUL_OPTIONS) if matmuls else 0) < 2:
         return found
     options = dict(COMBO_KERNELS if combo else {})
-    for option in _MATMUL_OPTIONS if matmuls else ():
+    for option in MATMUL_OPTIONS if matmuls else ():
         options.update(option.options)
-    scope = th.decomposed_matmuls if matmuls else contextlib.nullcontext
-    compiled, timed, why = _timed_compile(found, original, inputs, timer, options, "with all its options", scope)
+    compiled, timed, why = _timed_compile(
+        found, original, inputs, timer, options, "with all its options", _matmul_scope(options)
+    )
     if compiled is None:
         return replace(found, stacked=timed, stacked_why=why)
-    runs = {option.runs: True for option in _MATMUL_OPTIONS} if matmuls else {}
+    runs = {option.runs: True for option in MATMUL_OPTIONS} if matmuls else {}
     return replace(found, whole=compiled, stacked=timed, all_options=True, combo_kernels=combo, **runs)
 
 
@@ -342,31 +383,31 @@ def _with_combo_kernels(
 
 @dataclass(frozen=True)
 class _MatmulOption:
-    """A small-matmul rewrite handed to Inductor's compile of a whole graph: its config ``options``, ``what`` it does
-    (the words of a failure), and the :class:`WholeGraph` fields of its timing (``timed``), of whether it runs the
-    graph (``runs``) and of why it was not timed (``why``); ``after``: the ``runs`` field of the option it is tried
-    after, only where that one runs the graph ('': always tried)."""
+    """A small-matmul rewrite handed to Inductor's compile of a whole graph: its config ``options`` and the
+    :class:`WholeGraph` fields of its timing (``timed``), of whether it runs the graph (``runs``, also its name's key
+    in :data:`.reasons.OPTION_NAMES`) and of why it was not timed (``why``); ``after``: the ``runs`` field of the
+    option it is tried after, only where that one runs the graph ('': always tried)."""
 
     options: dict[str, Any]
-    what: str
     timed: str
     runs: str
     why: str
     after: str = ""
+
+    @property
+    def what(self) -> str:
+        """The words of a failure of a compile given this option."""
+        return f"with {OPTION_NAMES[self.runs]}"
 
 
 # Timed in this order, each with those before it that run the graph: Inductor's own decomposition of matmuls with a
 # small inner and right dimension, then the guard's pass summing the matmuls with a small result it leaves (the
 # weights' gradients), then the same pass summing larger results too, where the small ones paid (it sums what they
 # sum and more). Each matmul summed in a kernel is a launch gone where a step is a queue of tiny GEMMs.
-_MATMUL_OPTIONS = (
-    _MatmulOption(
-        DECOMPOSED_MATMULS, "with small matmuls decomposed", "decomposed", "decomposed_matmuls", "decomposed_why"
-    ),
-    _MatmulOption(SUMMED_MATMULS, "with small-result matmuls summed", "summed", "summed_matmuls", "summed_why"),
-    _MatmulOption(
-        WIDE_SUMMED_MATMULS, "with larger-result matmuls summed", "wide", "wide_matmuls", "wide_why", "summed_matmuls"
-    ),
+MATMUL_OPTIONS = (
+    _MatmulOption(DECOMPOSED_MATMULS, "decomposed", "decomposed_matmuls", "decomposed_why"),
+    _MatmulOption(SUMMED_MATMULS, "summed", "summed_matmuls", "summed_why"),
+    _MatmulOption(WIDE_SUMMED_MATMULS, "wide", "wide_matmuls", "wide_why", "summed_matmuls"),
 )
 
 
@@ -376,14 +417,8 @@ def _with_matmul_option(
     """``found`` with Inductor's compile of ``original`` given ``option`` (and the options running it now: combo
     kernels, the rewrites before) in its place where ``timer`` finds it faster (any amount, as for combo kernels: two
     Inductor compiles of a graph with no Thunder bits); else as it was, ``option.why`` saying why not timed."""
-    options = dict(COMBO_KERNELS if found.combo_kernels else {})
-    for before in _MATMUL_OPTIONS[: _MATMUL_OPTIONS.index(option)]:
-        if getattr(found, before.runs):
-            options.update(before.options)
-    options.update(option.options)
-    # Inductor's decomposition reads its thresholds from its module: applied while it compiles and runs first
-    scope = th.decomposed_matmuls if DECOMPOSED_MATMULS.keys() <= options.keys() else contextlib.nullcontext
-    compiled, timed, why = _timed_compile(found, original, inputs, timer, options, option.what, scope)
+    options = _running_options(found, upto=option) | option.options
+    compiled, timed, why = _timed_compile(found, original, inputs, timer, options, option.what, _matmul_scope(options))
     changes = {option.timed: timed, option.runs: compiled is not None, option.why: why}
     return replace(found, whole=compiled or found.whole, **changes)
 
@@ -452,9 +487,12 @@ def whole_graph_decision(
             details["margin_narrowed"] = found.narrowed
     _record_option(facts, details, "all_options", "stacked", found.all_options, found.stacked, found.stacked_why)
     _record_option(facts, details, "combo_kernels", "combo", found.combo_kernels, found.combo, found.combo_why)
-    for option in _MATMUL_OPTIONS:
+    for option in MATMUL_OPTIONS:
         runs, timed, why = (getattr(found, name) for name in (option.runs, option.timed, option.why))
         _record_option(facts, details, option.runs, option.timed, runs, timed, why)
+    _record_option(
+        facts, details, "fewer_realized", "realized", found.fewer_realized, found.realized, found.realized_why
+    )
     reason, told = words(code, facts)
     source = th.fx_module_source(original)
     if source:

@@ -31,7 +31,7 @@ from ..passes.rewrite import lower_region
 from ..regions import Region
 from ..wording import error_line
 from .cache import cache_dir, device_name, read_json, update_json
-from .timing import Clock, Timing, host_device_us, interleaved_us
+from .timing import Clock, Timing, first_two_apart, host_device_us, interleaved_us
 
 if TYPE_CHECKING:
     from ..passes.context import Alternative
@@ -265,8 +265,7 @@ class RegionMeasurer:
                 log.debug("FusionGuard: host and device not timed apart: %s", e)
             finally:
                 self.seconds += (self.clock() - began) / 1e9
-        host = None if found is None else (found[0].host_us, found[1].host_us)
-        device = None if found is None else (found[0].device_us, found[1].device_us)
+        host, device = first_two_apart(found)
         spread = paired_spread(samples[0], samples[1])
         return Measured(medians[0], medians[1], "timed", spread, host=host, device=device)
 
@@ -342,8 +341,7 @@ class RegionMeasurer:
             other.name if timed_other else None,
             medians[2] if timed_other else None,
             problem,
-            None if apart is None else (apart[0].host_us, apart[1].host_us),
-            None if apart is None else (apart[0].device_us, apart[1].device_us),
+            *first_two_apart(apart),
             apart[2].device_us if apart is not None and timed_other and len(apart) > 2 else None,
         )
 

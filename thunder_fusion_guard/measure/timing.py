@@ -234,6 +234,17 @@ class HostDevice:
     device_us: float
 
 
+Pair = tuple[float, float]
+
+
+def first_two_apart(found: Sequence[HostDevice] | None) -> tuple[Pair | None, Pair | None]:
+    """The host and the device µs of the first two programs :func:`host_device_us` timed, each as a (first, second)
+    pair (``Measured.host``, ``.device``); (None, None) where they were not timed apart."""
+    if found is None:
+        return None, None
+    return (found[0].host_us, found[1].host_us), (found[0].device_us, found[1].device_us)
+
+
 _cycles_per_us: float | None = None
 
 
