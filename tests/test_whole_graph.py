@@ -354,10 +354,12 @@ def test_has_matmuls_finds_matmul_functions_methods_operators_and_linears():
 @pytest.mark.cuda
 def test_on_cuda_inductors_compile_with_combo_kernels_is_tried_and_runs_within_eagers_rounding():
     guard = FusionGuard()
-    guard.measurer.pair = _timed_in_turn((100.0, 10.0), (10.0, 8.0))
+    # then fewer buffers realized, tried where combo kernels run the graph: level, so not kept
+    guard.measurer.pair = _timed_in_turn((100.0, 10.0), (10.0, 8.0), (8.0, 8.0))
     _, split = _run(guard, device="cuda")  # each step within 1e-6 of eager, gradients too
     (whole,) = guard.report.filter(code="whole_graph")
     assert whole.facts["combo_kernels"] is True and isinstance(vars(split)["forward"], WholeGraphRun)
+    assert whole.facts["fewer_realized"] is False
 
 
 def test_a_failing_compile_with_combo_kernels_keeps_inductors_default_compile(monkeypatch):
