@@ -159,6 +159,8 @@ declare -A JOBS=(
   # the process to reuse from its cache), beside Inductor's best step found, one process a model
   [small-backends-all]="|--model small --paths eager --step-graph fx-guarded+backends --step-graph inductor/combo-decomposed"
   [mace-backends-all]="$MC|--model mace --paths eager --step-graph fx-guarded+backends --step-graph inductor/combo-decomposed --thread-stack-mb 1024"
+  # e3nn-nequip-modules the same way, beside Inductor's default step (its fastest on this model) and its best found on the others
+  [modules-backends-all]="|--model e3nn-nequip-modules --paths eager --step-graph fx-guarded+backends --step-graph inductor --step-graph inductor/combo-decomposed"
   # the small step by Inductor handed the guard's pass with larger thresholds, with and without fewer buffers realized
   [small-sums-wider]="|--model small --paths eager --step-graph inductor/combo-decomposed --step-graph $SUMMED/sum64k --step-graph $SUMMED/sum1m --step-graph $SUMMED/sum64k-unrealized --step-graph $SUMMED/sum1m-unrealized $SUMS_VARIANTS"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
