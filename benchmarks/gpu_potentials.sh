@@ -163,6 +163,10 @@ declare -A JOBS=(
   [modules-backends-all]="|--model e3nn-nequip-modules --paths eager --step-graph fx-guarded+backends --step-graph inductor --step-graph inductor/combo-decomposed"
   # the small step by Inductor handed the guard's pass with larger thresholds, with and without fewer buffers realized
   [small-sums-wider]="|--model small --paths eager --step-graph inductor/combo-decomposed --step-graph $SUMMED/sum64k --step-graph $SUMMED/sum1m --step-graph $SUMMED/sum64k-unrealized --step-graph $SUMMED/sum1m-unrealized $SUMS_VARIANTS"
+  # the small step by Inductor handed the guard's pass at its first threshold (4096 result values) and at the wider one
+  # (65536), each with and without fewer buffers realized: which of the guard's stacks has both fewer kernels and less
+  # device time than Inductor's best step, in one process
+  [small-sums-realized]="|--model small --paths eager --step-graph inductor/combo-decomposed --step-graph $SUMMED --step-graph $SUMMED/unrealized --step-graph $SUMMED/sum64k --step-graph $SUMMED/sum64k-unrealized $(printf -- '--inductor-variant %s ' "$SUMMED/unrealized={$UNREALIZED}") $SUMS_VARIANTS"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
 chosen=("$@")
