@@ -110,21 +110,33 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().reshape(-1).contiguous().view(torch.uint8)
 
 
-def kernels_and_device_ms(step: _Step, steps: int = 5) -> tuple[float, float, dict[str, list[float]], dict[str, float]]:
+def kernels_and_device_ms(
+    step: _Step, steps: int = 5
+) -> tuple[float, float, dict[str, list[float]], dict[str, float], dict[str, list[float]]]:
     """Kernels launched and their summed device time (ms), a step, over ``steps`` steps, as the package's ``launches``
     reads them (``fusion-guard kernels``' counting, replays of a CUDA graph too); and per kernel kind (GEMM,
-    nvFuser, Triton, copy, ...) ``[kernels, device ms]`` a step; and the most launched kernels' names, with their
-    launches a step."""
+    nvFuser, Triton, copy, ...) ``[kernels, device ms]`` a step; the most launched kernels' names, with their
+    launches a step; and the dearest kernels' names, with ``[launches, device µs]`` a step: where a step's device time
+    goes, kernel by kernel."""
     found = profiled_launches(step, steps)
     families: dict[str, list[float]] = {}
+    by_name: dict[str, list[float]] = {}
     for launch in found:
-        counted = families.setdefault(launch.kind, [0.0, 0.0])
-        counted[0] += 1 / steps
-        counted[1] += launch.device_us / 1e3 / steps
-    families = {k: [round(n, 1), round(ms, 3)] for k, (n, ms) in sorted(families.items(), key=lambda kv: -kv[1][1])}
+        for counted, key in ((families, launch.kind), (by_name, launch.name[:NAME_CHARS])):
+            entry = counted.setdefault(key, [0.0, 0.0])
+            entry[0] += 1 / steps
+            entry[1] += launch.device_us / steps
     names = Counter(launch.name[:NAME_CHARS] for launch in found)
     top = {n: round(c / steps, 1) for n, c in names.most_common(TOP_NAMES)}
-    return len(found) / steps, sum(launch.device_us for launch in found) / 1e3 / steps, families, top
+    device_ms = sum(launch.device_us for launch in found) / 1e3 / steps
+    dearest = dict(list(_dearest_first(by_name, 1.0, 2).items())[:TOP_NAMES])
+    return len(found) / steps, device_ms, _dearest_first(families, 1e3, 3), top, dearest
+
+
+def _dearest_first(counted: dict[str, list[float]], unit: float, digits: int) -> dict[str, list[float]]:
+    """``{key: [launches, device µs]}`` ordered by device time, dearest first, the time in ``unit`` µs, rounded."""
+    ordered = sorted(counted.items(), key=lambda kv: -kv[1][1])
+    return {k: [round(n, 1), round(us / unit, digits)] for k, (n, us) in ordered}
 
 
 NAME_CHARS, TOP_NAMES = 90, 60  # kernel names as kept in the results: the first characters, the most launched
@@ -356,9 +368,10 @@ def _time_paths(name: str, steps: dict[str, _Step], rows: dict[str, dict], round
         rows[path]["ms"] = round(statistics.median(samples) * 1e3, 3)
         rows[path]["ms_min_max"] = [round(min(samples) * 1e3, 3), round(max(samples) * 1e3, 3)]
     for path, step in steps.items():
-        kernels, device_ms, families, names = kernels_and_device_ms(step)
+        kernels, device_ms, families, names, dearest = kernels_and_device_ms(step)
         rows[path]["kernels"], rows[path]["device_ms"] = round(kernels, 1), round(device_ms, 3)
         rows[path]["kernel_families"], rows[path]["kernel_names"] = families, names
+        rows[path]["kernel_device_us"] = dearest
         if host and path != "eager":
             found = host_time(step, steps=20)
             rows[path]["host_profiled_ms"], rows[path]["host_parts_ms"] = found.profiled_ms, found.parts_ms

@@ -38,6 +38,7 @@ KEPT = (
     "run_to_run_max_abs_force_diff",  # eager's row: eager's own difference between two steps
     "step_captured",
     "kernel_families",  # per kernel kind: [kernels, device ms] a step
+    "kernel_device_us",  # the dearest kernels by name: [launches, device µs] a step
     "error",
 )
 GUARD = ("codes", "rescued")

@@ -141,6 +141,26 @@ def test_a_steps_kernels_average_over_the_profiled_steps_or_are_the_last_steps_w
     assert anatomy.kernel_sequence(lambda: None, steps=2) == [("c", 3.0), ("b", 6.0)]
 
 
+def test_a_steps_dearest_kernels_are_listed_by_device_time_beside_its_kinds(monkeypatch):
+    """``kernels_and_device_ms`` over launches injected (no GPU): a step's kernels and device time averaged over the
+    profiled steps, per kind and per kernel name, dearest first."""
+    from thunder_fusion_guard.examine.kernel_histogram import Launch
+
+    seed = load_benchmark("gpu_seed_vs_inductor")
+    two_steps = [
+        Launch("gemm", "GEMM", 10.0, None, None),
+        Launch("tiny", "Triton", 1.0, None, None),
+        Launch("tiny", "Triton", 1.0, None, None),
+        Launch("wide", "Triton", 6.0, None, None),
+    ] * 2
+    monkeypatch.setattr(seed, "profiled_launches", lambda step, steps: two_steps)
+    kernels, device_ms, families, top, dearest = seed.kernels_and_device_ms(lambda: None, steps=2)
+    assert (kernels, device_ms) == (4.0, 0.018)
+    assert families == {"GEMM": [1.0, 0.01], "Triton": [3.0, 0.008]}
+    assert top["tiny"] == 2.0
+    assert list(dearest.items()) == [("gemm", [1.0, 10.0]), ("wide", [1.0, 6.0]), ("tiny", [2.0, 2.0])]
+
+
 class _FakeStep:
     """A potential's step: its loss (the energy) and its leaf's gradient (the forces), each call's values given."""
 
@@ -157,7 +177,7 @@ class _FakeStep:
 
 def test_a_potentials_rows_carry_eagers_run_to_run_difference_and_the_scale_of_their_own(monkeypatch):
     seed = load_benchmark("gpu_seed_vs_inductor")
-    monkeypatch.setattr(seed, "kernels_and_device_ms", lambda step: (1.0, 0.1, {}, {}))
+    monkeypatch.setattr(seed, "kernels_and_device_ms", lambda step: (1.0, 0.1, {}, {}, {}))
     timed = type("Rounds", (), {"samples": {"eager": [0.002], "fx-guarded": [0.001]}})
     monkeypatch.setattr(seed, "interleaved_rounds", lambda steps, rounds, warmup: timed)  # no calls: none timed
     # eager: the compared step, then one more step whose forces differ by 0.25 (atomics, say)
