@@ -71,6 +71,13 @@ WIDE_VARIANTS=$(printf -- '--inductor-variant %s ' "inductor/combo-decomposed/un
 SUMS_VARIANTS=$(printf -- '--inductor-variant %s ' "$SUM64K" \
   "$SUMMED/sum1m={\"summed_most\":1048576}" "$SUMMED/sum64k-unrealized={$UNREALIZED,\"summed_most\":65536}" \
   "$SUMMED/sum1m-unrealized={$UNREALIZED,\"summed_most\":1048576}")
+# Inductor's coordinate-descent tuning of its Triton kernels' launch configurations (its own option, off by default):
+# device time where the step is a queue of Triton kernels, on Inductor's best step and on the guard's summed matmuls
+TUNED='"coordinate_descent_tuning":true'
+TUNED_VARIANTS=$(printf -- '--inductor-variant %s ' "inductor/combo-decomposed/tuned={$TUNED}" "$SUM64K" \
+  "$SUMMED/sum64k-tuned={$TUNED,\"summed_most\":65536}" \
+  "$SUMMED/sum64k-unrealized-tuned={$UNREALIZED,$TUNED,\"summed_most\":65536}")
+TUNED_PATHS="--step-graph inductor/combo-decomposed --step-graph inductor/combo-decomposed/tuned --step-graph $SUMMED/sum64k --step-graph $SUMMED/sum64k-tuned --step-graph $SUMMED/sum64k-unrealized-tuned"
 
 declare -A JOBS=(
   [nequip-inductor]="$NQ|--model nequip --paths eager,inductor-ro --step-graph inductor"
@@ -167,6 +174,10 @@ declare -A JOBS=(
   # (65536), each with and without fewer buffers realized: which of the guard's stacks has both fewer kernels and less
   # device time than Inductor's best step, in one process
   [small-sums-realized]="|--model small --paths eager --step-graph inductor/combo-decomposed --step-graph $SUMMED --step-graph $SUMMED/unrealized --step-graph $SUMMED/sum64k --step-graph $SUMMED/sum64k-unrealized $(printf -- '--inductor-variant %s ' "$SUMMED/unrealized={$UNREALIZED}") $SUMS_VARIANTS"
+  # the small step and MACE by Inductor, its best step found and handed the guard's pass, each with and without its
+  # coordinate-descent tuning, one process a model
+  [small-tuned]="|--model small --paths eager $TUNED_PATHS $TUNED_VARIANTS"
+  [mace-tuned]="$MC|--model mace --paths eager $TUNED_PATHS --thread-stack-mb 1024 $TUNED_VARIANTS"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
 chosen=("$@")
