@@ -70,14 +70,15 @@ def test_a_graph_unguarded_thunder_fails_on_runs_whole_by_inductor_where_timed_f
     assert "combo_kernels" not in whole.facts  # a CPU graph: Inductor's combo kernels are not tried
 
 
-def _timed_in_turn(*timings: tuple[float, float]):
+def _timed_in_turn(*timings: tuple[float, float] | Measured):
     """A timer giving ``timings`` in turn: (the split's µs, the whole graph's), then (Inductor's default compile's
-    µs, its compile with combo kernels')."""
+    µs, its compile with combo kernels'); a :class:`Measured` given as it is (host and device apart, say)."""
     left = list(timings)
 
     def pair(first, second, args, **allowance):
         first(), second()
-        return Measured(*left.pop(0), "timed")
+        timing = left.pop(0)
+        return timing if isinstance(timing, Measured) else Measured(*timing, "timed")
 
     return pair
 
@@ -300,8 +301,9 @@ def test_an_option_faster_on_the_stream_runs_the_graph_only_where_no_dearer_on_t
     guard = FusionGuard()
     # split 100 against whole 20; all options together 5 on the stream, ``device_us`` on the device (the default
     # compile's, theirs); where not kept, each alone: combo kernels, decomposed, summed 30 (none faster)
-    timings = [Measured(100.0, 20.0), Measured(20.0, 5.0, device=device_us), *[Measured(20.0, 30.0)] * 3]
-    guard.measurer.pair = lambda first, second, args, **allowance: (first(), second(), timings.pop(0))[-1]
+    guard.measurer.pair = _timed_in_turn(
+        Measured(100.0, 20.0), Measured(20.0, 5.0, device=device_us), *[Measured(20.0, 30.0)] * 3
+    )
     _, split = _run(guard, matmul=True)
     (whole,) = guard.report.filter(code="whole_graph")
     assert whole.facts["all_options"] is kept and whole.details["stacked_device_us"] == list(device_us)
@@ -320,8 +322,9 @@ def test_fewer_buffers_realized_run_the_graph_only_where_faster_than_the_options
     guard = FusionGuard()
     # split 100 against whole 20; all options together 10; they against fewer buffers realized too ``realized_us``
     # (on the device ``device_us``: 20% dearer)
-    timings = [Measured(100.0, 20.0), Measured(20.0, 10.0), Measured(10.0, realized_us, device=device_us)]
-    guard.measurer.pair = lambda first, second, args, **allowance: (first(), second(), timings.pop(0))[-1]
+    guard.measurer.pair = _timed_in_turn(
+        Measured(100.0, 20.0), Measured(20.0, 10.0), Measured(10.0, realized_us, device=device_us)
+    )
     _, split = _run(guard, matmul=True)  # each step within 1e-5 of eager, gradients too
     assert len(seen) == 3 and seen[2][0] == {**seen[1][0], **whole_graph.FEWER_REALIZED}
     assert seen[2][0]["realize_opcount_threshold"] > torch._inductor.config.realize_opcount_threshold
