@@ -177,6 +177,8 @@ declare -A JOBS=(
   # the small step and MACE by Inductor, its best step found and handed the guard's pass, each with and without its
   # coordinate-descent tuning, one process a model
   [small-tuned]="|--model small --paths eager $TUNED_PATHS $TUNED_VARIANTS"
+  # e3nn-nequip-modules the same way, from Inductor's default step (its fastest on this model)
+  [modules-tuned]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph inductor/tuned --step-graph $SUMMED/sum64k --step-graph $SUMMED/sum64k-tuned $(printf -- '--inductor-variant %s ' "inductor/tuned={$TUNED}" "$SUM64K" "$SUMMED/sum64k-tuned={$TUNED,\"summed_most\":65536}")"
   [mace-tuned]="$MC|--model mace --paths eager $TUNED_PATHS --thread-stack-mb 1024 $TUNED_VARIANTS"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )

@@ -157,16 +157,16 @@ INDUCTOR_OPTIONS = {
 
 
 def parse_inductor_variant(text: str) -> tuple[str, dict]:
-    """An Inductor path given more options, written ``PATH/LABEL=JSON`` with PATH one of :data:`INDUCTOR_OPTIONS`
-    (``inductor/combo-decomposed-summed/mixed={"combo_kernel_allow_mixed_sizes": 2}``): Inductor config keys, and
-    ``summed_most``, the most result values of a matmul the guard's pass sums (its default 4096): its key in the
-    results (``PATH/LABEL``) and the options torch.compile is given; ValueError otherwise."""
+    """An Inductor path given more options, written ``PATH/LABEL=JSON`` with PATH ``inductor`` (its defaults) or one
+    of :data:`INDUCTOR_OPTIONS` (``inductor/combo-decomposed-summed/mixed={"combo_kernel_allow_mixed_sizes": 2}``):
+    Inductor config keys, and ``summed_most``, the most result values of a matmul the guard's pass sums (its default
+    4096): its key in the results (``PATH/LABEL``) and the options torch.compile is given; ValueError otherwise."""
     from thunder_fusion_guard._thunder.matmul_sums import SummedMatmuls
 
     key, sep, options = text.partition("=")
     path, _, label = key.rpartition("/")
-    if not sep or not label or path not in INDUCTOR_OPTIONS:
-        known = ", ".join(sorted(INDUCTOR_OPTIONS))
+    if not sep or not label or key in INDUCTOR_OPTIONS or (path not in INDUCTOR_OPTIONS and path != "inductor"):
+        known = ", ".join(["inductor", *sorted(INDUCTOR_OPTIONS)])
         raise ValueError(f"--inductor-variant {text!r}: expected PATH/LABEL=JSON, PATH one of {known}")
     parsed = json.loads(options)
     if not isinstance(parsed, dict):
@@ -174,7 +174,7 @@ def parse_inductor_variant(text: str) -> tuple[str, dict]:
     most = parsed.pop("summed_most", None)
     if most is not None:
         parsed["post_grad_custom_post_pass"] = SummedMatmuls(int(most))
-    return key, {**INDUCTOR_OPTIONS[path], **parsed}
+    return key, {**INDUCTOR_OPTIONS.get(path, {}), **parsed}
 
 
 STEP_GRAPH = "+stepgraph"  # a path's key suffix: that path's whole step captured in one CUDA graph (capture_step)

@@ -23,7 +23,9 @@ def test_an_inductor_variant_is_an_inductor_path_given_more_of_its_options():
     key, options = seed.parse_inductor_variant('inductor/combo/mixed={"combo_kernel_allow_mixed_sizes": 2}')
     assert key == "inductor/combo/mixed"
     assert options == {**seed.INDUCTOR_OPTIONS["inductor/combo"], "combo_kernel_allow_mixed_sizes": 2}
-    for bad in ("inductor/x={}", "inductor/combo={}", "inductor/combo/x=[1]", "fx-guarded/x={}"):
+    key, options = seed.parse_inductor_variant('inductor/tuned={"coordinate_descent_tuning": true}')
+    assert (key, options) == ("inductor/tuned", {"coordinate_descent_tuning": True})  # from Inductor's defaults
+    for bad in ("inductor-ro/x={}", "inductor/combo={}", "inductor/combo/x=[1]", "fx-guarded/x={}"):
         with pytest.raises(ValueError, match="--inductor-variant"):
             seed.parse_inductor_variant(bad)
     key, options = seed.parse_inductor_variant('inductor/combo/sum64k={"summed_most": 65536}')
