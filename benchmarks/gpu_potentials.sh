@@ -181,6 +181,9 @@ declare -A JOBS=(
   [small-tuned]="|--model small --paths eager $TUNED_PATHS --step-graph $SUMMED/sum64k-unrealized-tuned $TUNED_VARIANTS"
   # e3nn-nequip-modules the same way, from Inductor's default step (its fastest on this model)
   [modules-tuned]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph inductor/tuned --step-graph $SUMMED/sum64k --step-graph $SUMMED/sum64k-tuned $(printf -- '--inductor-variant %s ' "inductor/tuned={$TUNED}" "$SUM64K" "$SUMMED/sum64k-tuned={$TUNED,\"summed_most\":65536}")"
+  # the guarded step in README's e3nn configuration + small_matmuls, compiled first, beside Inductor's default step and
+  # that step tuned (its fastest found on this model), one process
+  [modules-tuned-guarded]="|--model e3nn-nequip-modules --paths eager --step-graph fx-guarded/matmuls --step-graph inductor --step-graph inductor/tuned --inductor-variant inductor/tuned={$TUNED}"
   [mace-tuned]="$MC|--model mace --paths eager $TUNED_PATHS --thread-stack-mb 1024 $TUNED_VARIANTS"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
