@@ -108,6 +108,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--json", required=True)
     args = p.parse_args()
+    if args.unguarded_first and not args.unguarded:
+        p.error("--unguarded-first: only with --unguarded")
     commit = resolve_commit(None)[0] or ""  # the code that runs: read before the long first call
     package = package_sha256()
     torch.set_num_threads(1)
