@@ -51,6 +51,8 @@ SUMMED=inductor/combo-decomposed-summed
 UNREALIZED='"realize_opcount_threshold":100,"realize_reads_threshold":16,"realize_acc_reads_threshold":32'
 # Inductor handed the guard's pass summing matmuls of up to 65536 result values (a variant of several jobs below)
 SUM64K="$SUMMED/sum64k={\"summed_most\":65536}"
+# the same with fewer buffers realized: the guarded step's whole-graph program on the small step and MACE
+SUM64K_UNREALIZED="$SUMMED/sum64k-unrealized={$UNREALIZED,\"summed_most\":65536}"
 # the Inductor variants of the small-kernels jobs (gpu_seed_vs_inductor.py --inductor-variant; JSON without spaces)
 ALL='"aggressive_fusion":true,"combo_kernel_allow_mixed_sizes":2,"split_reductions":false,"triton.tiling_prevents_pointwise_fusion":false,"triton.tiling_prevents_reduction_fusion":false'
 KERNEL_VARIANTS=$(printf -- '--inductor-variant %s ' \
@@ -69,13 +71,13 @@ WIDE_VARIANTS=$(printf -- '--inductor-variant %s ' "inductor/combo-decomposed/un
 # the guard's pass summing matmuls of up to 65536 and of up to 2^20 result values, each with and without fewer buffers
 # realized (Inductor's own options): what each would cut from the guarded step's kernels
 SUMS_VARIANTS=$(printf -- '--inductor-variant %s ' "$SUM64K" \
-  "$SUMMED/sum1m={\"summed_most\":1048576}" "$SUMMED/sum64k-unrealized={$UNREALIZED,\"summed_most\":65536}" \
+  "$SUMMED/sum1m={\"summed_most\":1048576}" "$SUM64K_UNREALIZED" \
   "$SUMMED/sum1m-unrealized={$UNREALIZED,\"summed_most\":1048576}")
 # Inductor's coordinate-descent tuning of its Triton kernels' launch configurations (its own option, off by default):
 # device time where the step is a queue of Triton kernels, on Inductor's best step and on the guard's summed matmuls
 TUNED='"coordinate_descent_tuning":true'
 TUNED_VARIANTS=$(printf -- '--inductor-variant %s ' "inductor/combo-decomposed/tuned={$TUNED}" \
-  "$SUMMED/sum64k-unrealized={$UNREALIZED,\"summed_most\":65536}" \
+  "$SUM64K_UNREALIZED" \
   "$SUMMED/sum64k-unrealized-tuned={$UNREALIZED,$TUNED,\"summed_most\":65536}")
 # Inductor's best step found and the guard's pass with fewer buffers realized (the guard's whole-graph program on these
 # models), each tuned; a tuned compile takes minutes, so MACE's job leaves out the guard's pass tuned
