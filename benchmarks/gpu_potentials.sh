@@ -187,6 +187,12 @@ declare -A JOBS=(
   # that step tuned (its fastest found on this model), one process
   [modules-tuned-guarded]="|--model e3nn-nequip-modules --paths eager --step-graph fx-guarded/matmuls --step-graph inductor --step-graph inductor/tuned --inductor-variant inductor/tuned={$TUNED}"
   [mace-tuned]="$MC|--model mace --paths eager $TUNED_PATHS --thread-stack-mb 1024 $TUNED_VARIANTS"
+  # NequIP translated, guarded after choose_backends(whole_graphs=True), beside Inductor's best step found and that step
+  # tuned, one process; cold, NequIP's compiles take minutes each: the two fill jobs and nequip-backends-alone first,
+  # side by side on the same machine (its caches kept between calls while it stays warm, or TFG_CACHE_PACK=1)
+  [nequip-fill-inductor]="$NQ|--model nequip --paths eager --step-graph inductor/combo-decomposed --thread-stack-mb 1024"
+  [nequip-fill-tuned]="$NQ|--model nequip --paths eager --step-graph inductor/combo-decomposed/tuned --thread-stack-mb 1024 --inductor-variant inductor/combo-decomposed/tuned={$TUNED}"
+  [nequip-tuned]="$NQ|--model nequip --paths eager --step-graph fx-guarded+backends --step-graph inductor/combo-decomposed --step-graph inductor/combo-decomposed/tuned --thread-stack-mb 1024 --inductor-variant inductor/combo-decomposed/tuned={$TUNED}"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
 chosen=("$@")
