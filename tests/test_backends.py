@@ -157,6 +157,8 @@ def test_a_forward_only_call_is_timed_forward_only(timings):
         ({"backends": ("thunder", "tvm")}, ValueError, "option 'backends'"),
         ({"margin": 1.5}, ValueError, "option 'margin' must be a number in [0, 1)"),
         ({"rounds": 0}, ValueError, "option 'rounds' must be a whole number >= 1"),
+        ({"option_compiles_s": -1}, ValueError, "option 'option_compiles_s' must be a finite number of seconds >= 0"),
+        ({"option_compiles_s": float("inf")}, ValueError, "option 'option_compiles_s'"),
     ],
 )
 def test_bad_options_are_named(kwargs, error, text):
@@ -372,6 +374,28 @@ def test_a_dynamo_graph_runs_whole_by_inductor_with_all_its_options_compiled_onc
     chosen = "inductor with small matmuls decomposed and small-result matmuls summed and larger-result matmuls summed"
     assert [c.chosen for c in whole] == [chosen, "split"]
     assert whole[0].times_us == {"split": 100.0, "inductor": 40.0, "inductor with all options": 20.0}
+    assert_as_eager(fx)
+
+
+def test_with_no_seconds_for_inductors_options_none_is_compiled_and_each_says_why(monkeypatch):
+    """``option_compiles_s=0``: Inductor's default compile of the whole graph is timed against the split and runs
+    it; none of its options is compiled, each named with why. Timings injected."""
+    times = iter([[100.0] * 5, [40.0] * 5, [50.0] * 5, [60.0] * 5])  # graph 0: split, whole; graph 1 the same
+    _time_in_turn(monkeypatch, times)
+    compiles = []
+    real = whole_graph.compile_fx_module
+    monkeypatch.setattr(whole_graph, "compile_fx_module", lambda *a: compiles.append(a[3:]) or real(*a))
+    fx = compiled(FusionGuard())
+    choices = choose_backends(fx, *inputs(), backends=("thunder",), whole_graphs=True, option_compiles_s=0)
+    whole = [c for c in choices if c.subgraph.endswith("(whole)")]
+    assert [c.chosen for c in whole] == ["inductor", "split"]
+    assert compiles == [(), ()]  # each graph's default compile only
+    assert set(whole[0].problems) == {
+        "inductor with all options",
+        "inductor with small matmuls decomposed",
+        "inductor with small-result matmuls summed",
+    }
+    assert all(why.startswith("not compiled") for why in whole[0].problems.values())
     assert_as_eager(fx)
 
 

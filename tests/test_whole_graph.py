@@ -295,6 +295,49 @@ def test_all_options_compiled_together_run_the_graph_where_faster_with_no_option
     assert vars(split)["forward"].whole is seen[1 if faster else 0][1]
 
 
+@pytest.mark.parametrize(
+    ("budget_s", "compiled", "over_budget"),
+    [
+        (0.0, 0, ["all_options", "combo_kernels", "decomposed_matmuls", "summed_matmuls"]),
+        (120.0, 3, ["summed_matmuls"]),
+        (1000.0, 4, []),
+    ],
+)
+def test_inductors_options_stop_compiling_once_their_compiles_have_taken_the_budget(
+    monkeypatch, budget_s, compiled, over_budget
+):
+    seen = _compiles_seen(monkeypatch)  # combo kernels tried on CPU here
+    now = [0.0]
+    real = whole_graph.compile_fx_module
+
+    def compiling(module, inputs, backend, options=None):  # each compile with options takes 50 s by this clock
+        now[0] += 50.0 if options else 0.0
+        return real(module, inputs, backend, options)
+
+    monkeypatch.setattr(whole_graph, "compile_fx_module", compiling)
+    monkeypatch.setattr(whole_graph, "clock", lambda: now[0])
+    guard = FusionGuard(runtime=Runtime(option_compiles_s=budget_s))
+    # split 100 against whole 20; all options together 25 (slower), then each alone 30 (none faster)
+    guard.measurer.pair = _timed_in_turn((100.0, 20.0), (20.0, 25.0), *[(20.0, 30.0)] * 3)
+    _, split = _run(guard, matmul=True)  # each step within 1e-5 of eager, gradients too
+    assert len(seen) == 1 + compiled  # the default compile, then the options' until the budget is spent
+    (whole,) = guard.report.filter(code="whole_graph")
+    assert whole.action == "switch" and vars(split)["forward"].whole is seen[0][1]
+    assert whole.facts.get("over_budget", []) == over_budget
+    assert whole.details.get("option_compiles_s", 0.0) == 50.0 * compiled
+    if over_budget:
+        assert whole.facts["option_budget_s"] == budget_s and whole.facts["option_compiles_s"] == 50.0 * compiled
+        assert "not compiled" in whole.reason
+    for flag in over_budget:  # not compiled, so not timed: why recorded
+        option = next(o for o in whole_graph.WHOLE_GRAPH_OPTIONS if o.runs == flag)
+        assert option.timed not in whole.facts and whole.facts[option.why].startswith("not compiled")
+
+
+def test_a_bad_option_compiles_budget_is_named():
+    with pytest.raises(ValueError, match=r"'runtime.option_compiles_s' must be a finite number of seconds >= 0"):
+        FusionGuard(runtime=Runtime(option_compiles_s=-1))
+
+
 @pytest.mark.parametrize(("device_us", "kept"), [((20.0, 20.9), True), ((20.0, 23.0), False)])
 def test_an_option_faster_on_the_stream_runs_the_graph_only_where_no_dearer_on_the_device(monkeypatch, device_us, kept):
     seen = _compiles_seen(monkeypatch)  # combo kernels tried on CPU here

@@ -34,7 +34,13 @@ from .measure.timing import first_two_apart, host_device_us, interleaved_us
 from .policy import dearer_on_device
 from .reasons import OPTION_NAMES
 from .report import backend_choice_line
-from .whole_graph import MATMUL_OPTIONS, WholeGraphRun, forward_backward_step, whole_or_split
+from .whole_graph import (
+    OPTION_COMPILES_S,
+    WHOLE_GRAPH_OPTIONS,
+    WholeGraphRun,
+    forward_backward_step,
+    whole_or_split,
+)
 from .wording import error_line
 
 log = logging.getLogger(__name__)
@@ -72,6 +78,7 @@ def choose_backends(
     rounds: int = 10,
     guard: Any = None,
     whole_graphs: bool = False,
+    option_compiles_s: float = OPTION_COMPILES_S,
     **kwargs: Any,
 ) -> list[BackendChoice]:
     """Time every Thunder subgraph of the ThunderFX object ``compiled`` under each of ``backends`` on the
@@ -81,7 +88,8 @@ def choose_backends(
     timed whole, Inductor's compile of all of it against its split as ThunderFX runs it (a split into many pieces
     costs a call each, and the pieces Thunder does not support run apart), and Inductor runs it where that beats
     the split by ``margin``; the pieces of such a graph are then not timed; a graph that updates its inputs in place
-    is not timed.
+    is not timed. Inductor's compiles of a graph with its options stop once they have taken ``option_compiles_s``
+    seconds (the one under way finishes).
 
     ``guard`` (a ``FusionGuard`` in ``compiled``'s transforms) gets the choices in ``report.backend_choices``.
     Returns one :class:`BackendChoice` per subgraph timed.
@@ -95,12 +103,18 @@ def choose_backends(
         raise ValueError(f"choose_backends option 'rounds' must be a whole number >= 1, got {rounds!r}")
     if not isinstance(whole_graphs, bool):
         raise ValueError(f"choose_backends option 'whole_graphs' must be True or False, got {whole_graphs!r}")
+    seconds = isinstance(option_compiles_s, (int, float)) and not isinstance(option_compiles_s, bool)
+    if not seconds or not 0 <= option_compiles_s < float("inf"):
+        raise ValueError(
+            f"choose_backends option 'option_compiles_s' must be a finite number of seconds >= 0, "
+            f"got {option_compiles_s!r}"
+        )
     if not _still_thunder(th.thunderfx_subgraphs(compiled)):
         compiled(*args, **kwargs)  # compiles
     # Whole graphs first: a graph Inductor runs whole no longer calls its pieces, so none of them is compiled by
     # Inductor and timed for nothing (its split timed as ThunderFX runs it; a graph kept split stays so, as the
     # choices below only make its pieces faster).
-    choices = _whole_graphs(compiled, args, kwargs, margin, rounds) if whole_graphs else []
+    choices = _whole_graphs(compiled, args, kwargs, margin, rounds, option_compiles_s) if whole_graphs else []
     # One at a time, in the order they were made, each on the inputs of a call made after the choices before it:
     # the backend chosen for one subgraph can hand the next its tensors in other strides, which Inductor checks.
     for sub in _still_thunder(th.thunderfx_subgraphs(compiled)):
@@ -270,7 +284,9 @@ def _back_to_split(choice: BackendChoice, error: Exception) -> None:
     )
 
 
-def _whole_graphs(compiled: Any, args: tuple, kwargs: dict, margin: float, rounds: int) -> list[BackendChoice]:
+def _whole_graphs(
+    compiled: Any, args: tuple, kwargs: dict, margin: float, rounds: int, option_compiles_s: float
+) -> list[BackendChoice]:
     """Each Dynamo graph of ``compiled`` timed as ThunderFX runs it now (its split, each piece on the backend
     chosen for it) against Inductor's compile of the whole graph, and run by Inductor where that is faster by
     ``margin`` (the split GraphModule's forward replaced; a graph chosen so before is left as it is)."""
@@ -285,10 +301,16 @@ def _whole_graphs(compiled: Any, args: tuple, kwargs: dict, margin: float, round
     finally:
         for _, info in pending:
             vars(info.split_graph_module).pop("forward", None)
-    return [_choose_whole(index, info, seen[index], margin, rounds) for index, info in pending if index in seen]
+    return [
+        _choose_whole(index, info, seen[index], margin, rounds, option_compiles_s)
+        for index, info in pending
+        if index in seen
+    ]
 
 
-def _choose_whole(index: int, info: Any, inputs: list[Any] | str, margin: float, rounds: int) -> BackendChoice:
+def _choose_whole(
+    index: int, info: Any, inputs: list[Any] | str, margin: float, rounds: int, option_compiles_s: float
+) -> BackendChoice:
     label = f"dynamo graph {index} (whole)"
     problems: dict[str, str] = {}
     choice = BackendChoice(label, "split", "", problems=problems)
@@ -313,7 +335,7 @@ def _choose_whole(index: int, info: Any, inputs: list[Any] | str, margin: float,
         return Measured(split_us, whole_us, "timed", host=host, device=device)
 
     split = info.split_graph_module
-    found = whole_or_split(label, info.original_graph_module, split, inputs, timer, margin)
+    found = whole_or_split(label, info.original_graph_module, split, inputs, timer, margin, option_compiles_s)
     if found.in_place:
         choice.in_place = found.in_place
         choice.reason = f"kept split: {found.why}"
@@ -328,15 +350,14 @@ def _choose_whole(index: int, info: Any, inputs: list[Any] | str, margin: float,
     choice.times_us = {"split": split_us, "inductor": whole_us}
     what = "forward and backward" if leaves else "forward"
     timed = f"split {split_us:.1f} µs, Inductor whole {whole_us:.1f} µs"
-    fields = {  # each option by its flag: the WholeGraph fields of its timing and of why it was not timed
-        "combo_kernels": ("combo", "combo_why"),
-        **{option.runs: (option.timed, option.why) for option in MATMUL_OPTIONS},
-        "fewer_realized": ("realized", "realized_why"),
-    }
-    tried = [("all options", found.stacked, found.stacked_why, False)]  # each option it runs is named below
-    tried += [  # Inductor's options timed after its default compile: (name, timing, why not timed, runs the graph)
-        (OPTION_NAMES[flag], getattr(found, timed), getattr(found, why), getattr(found, flag))
-        for flag, (timed, why) in fields.items()
+    tried = [  # Inductor's options timed after its default compile: (name, timing, why not timed, runs the graph)
+        (
+            OPTION_NAMES.get(option.runs, "all options"),
+            getattr(found, option.timed),
+            getattr(found, option.why),
+            getattr(found, option.runs) and option.runs in OPTION_NAMES,  # all options: each it runs is named
+        )
+        for option in WHOLE_GRAPH_OPTIONS
     ]
     for option, option_timed, why, runs in tried:
         if option_timed is not None:

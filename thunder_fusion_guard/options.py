@@ -17,6 +17,13 @@ DEFAULT_HOIST_MAX_BYTES = 64 * 2**20
 CALIBRATION_MODES = ("auto", "cached", "shipped", "measure")
 
 
+# Seconds Inductor's compiles of one graph with its options may take at a call of the user's program (each compile with
+# its first forward and backward; runtime ``option_compiles_s``): past them no more is started. On CPU a NequIP graph's
+# compile with options took about two minutes, four of them eight minutes at one call for 3%; on an H200 the small e3nn
+# step's took 10-40 s each.
+OPTION_COMPILES_S = 120.0
+
+
 def _bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"FusionGuard option {name!r} must be True or False, got {value!r}")
@@ -250,6 +257,12 @@ class Runtime(_Group):
         _bool,
         "under ThunderFX, a Dynamo graph unguarded Thunder fails on (checked) runs whole by Inductor where that is "
         "timed faster than its split",
+    )
+    option_compiles_s: float = _option(
+        OPTION_COMPILES_S,
+        _seconds,
+        "with `whole_graphs`: seconds Inductor's compiles of one graph with its options (timed at a later call) may "
+        "take; past them no more is started, recorded (`0`: none)",
     )
     exact_vjps: bool = _option(
         True,

@@ -193,6 +193,14 @@ class Facts(TypedDict, total=False):
     stacked: Measured
     all_options: bool
     stacked_why: str
+    # the same for fewer buffers realized, tried last where combo kernels run the graph
+    realized: Measured
+    fewer_realized: bool
+    realized_why: str
+    # the options not compiled (their flags) once the compiles with options before them had taken the budget (s)
+    over_budget: list[str]
+    option_compiles_s: float
+    option_budget_s: float
     # the region of unguarded Thunder's trace holding, op for op, the guard's region that failed: not run again
     same_region: str
     replaced_by: str

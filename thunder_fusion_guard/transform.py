@@ -442,7 +442,9 @@ class FusionGuard(thunder.Transform):
             try:
                 with random_state_kept(call):
                     inputs = [copy_input(a) for a in call]
-                    found = whole_or_split(label, original, run_split, inputs, timer, costs.margin)
+                    found = whole_or_split(
+                        label, original, run_split, inputs, timer, costs.margin, self.options.runtime.option_compiles_s
+                    )
             except Exception as e:  # copying or timing failed (out of memory, say): the split stays, the call goes on
                 found = WholeGraph(label, False, f"not timed: {error_line(e)}")
             if found.inductor and found.whole is not None:

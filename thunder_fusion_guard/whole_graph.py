@@ -17,9 +17,11 @@ kernels (independent kernels launched as one; torch's option, off by default); o
 decomposed into products and sums (its own rewrite), then those with small results summed in kernels (the guard's pass,
 handed to that compile only), then those with larger results too. All of them are compiled together first, and where
 that compile is faster than the default one it runs the graph: one compile instead of one an option (each takes seconds
-to a minute). Only where it is not are they timed one after the other, each kept where faster than the compile before
+to minutes). Only where it is not are they timed one after the other, each kept where faster than the compile before
 it. On CUDA a compile with options is kept only where it is no dearer on the device too, host and device timed apart:
-fewer launches win on the stream, but a step replayed in CUDA graphs pays the device alone. Inductor's values are within
+fewer launches win on the stream, but a step replayed in CUDA graphs pays the device alone. They compile at a call of
+the user's program, so they have a budget (``option_compiles_s``): once they have taken that many seconds of one
+graph, no more is started (the one under way finishes), recorded. Inductor's values are within
 its own rounding of eager's. A graph that updates its inputs in place is not timed; should Inductor ever fail on a call,
 the split runs it again for good.
 """
@@ -27,6 +29,7 @@ the split runs it again for good.
 from __future__ import annotations
 
 import contextlib
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -39,6 +42,7 @@ from .cost import Measured
 from .decisions import Decision, Details
 from .fx_rescue import compile_fx_module, copy_input, updated_inputs
 from .measure.timing import uses_cuda
+from .options import OPTION_COMPILES_S
 from .policy import dearer_on_device, measured_margin
 from .reasons import OPTION_NAMES, Facts, Narrowing, ReasonCode, words
 from .regions import find_regions, same_program
@@ -49,8 +53,10 @@ __all__ = [
     "DECOMPOSED_MATMULS",
     "FEWER_REALIZED",
     "MATMUL_OPTIONS",
+    "OPTION_COMPILES_S",
     "RUN_WITHOUT_THUNDER",
     "SUMMED_MATMULS",
+    "WHOLE_GRAPH_OPTIONS",
     "WHOLE_GRAPH_TIMING_S",
     "WIDE_SUMMED_MATMULS",
     "UnguardedFailure",
@@ -85,6 +91,9 @@ FEWER_REALIZED = th.FEWER_REALIZED
 # Seconds the timing of a graph's split against its whole may take, apart from the guard's measuring budget (which
 # region timings may have spent): at least 3 rounds each run (a step of 100 ms on a CPU: about 1.5 s).
 WHOLE_GRAPH_TIMING_S = 2.0
+
+# The clock those compiles are timed by (the test suite stands a fixed one in: no real timing decides there).
+clock: Callable[[], float] = time.perf_counter
 
 # Times ``split`` against ``whole`` (two runs of one step, no arguments): the split's µs as ``region_us``, the whole
 # graph's as ``eager_us``; or why they were not timed (``RegionMeasurer.pair``).
@@ -201,7 +210,9 @@ class WholeGraph:
     after, where the small-result ones run the graph. ``stacked``, ``all_options``, ``stacked_why``: the same for
     all of them together, timed first (where they run the graph, none is timed alone). ``realized``,
     ``fewer_realized``, ``realized_why``: Inductor's fewer buffers realized (:data:`FEWER_REALIZED`) added last to the
-    compile that runs the graph with combo kernels."""
+    compile that runs the graph with combo kernels. ``budget_s``: the seconds its compiles with options may take
+    (:data:`OPTION_COMPILES_S`), ``compile_s`` what they took, ``over_budget`` the options (their ``runs`` fields) not
+    compiled because ``compile_s`` had reached ``budget_s``."""
 
     label: str
     inductor: bool
@@ -230,6 +241,9 @@ class WholeGraph:
     realized: Measured | None = None  # the compile running it (region_us) against it with fewer buffers realized
     fewer_realized: bool = False
     realized_why: str = ""
+    budget_s: float = OPTION_COMPILES_S
+    compile_s: float = 0.0
+    over_budget: tuple[str, ...] = ()
 
 
 def whole_or_split(
@@ -239,6 +253,7 @@ def whole_or_split(
     inputs: list[Any],
     timer: Timer | str,
     margin: float,
+    option_compiles_s: float = OPTION_COMPILES_S,
 ) -> WholeGraph:
     """Time ``split`` (how ThunderFX runs the Dynamo graph ``original`` now) against Inductor's compile of all of
     ``original``, forward and backward, on ``inputs`` (copies: the runs touch nothing of the caller's), by ``timer``;
@@ -246,8 +261,9 @@ def whole_or_split(
     :data:`.policy.MEASURED_MARGIN_FLOOR`) where the timing is what the program sees, as for a measured keep or
     reject: on CPU, or on CUDA where Inductor's whole graph is no dearer on the host nor on the device, timed apart.
     Inductor's options (combo kernels, its small-matmul rewrites) are timed against its default compile, and where
-    that loses to the split and an option is faster, the fastest compile is timed against the split again. Not timed
-    (``timer`` None, or it says why) keeps the split."""
+    that loses to the split and an option is faster, the fastest compile is timed against the split again; no compile
+    with options is started once those of this graph have taken ``option_compiles_s``. Not timed (``timer`` None, or
+    it says why) keeps the split."""
     written = sorted(updated_inputs(original))
     if written:
         why = f"it updates its inputs {', '.join(map(str, written))} in place; not timed"
@@ -266,11 +282,14 @@ def whole_or_split(
         return WholeGraph(label, False, timed)
     measured, used, narrowed, wins = timed
     if wins:
-        found = WholeGraph(label, True, measured=measured, whole=whole, margin=used, narrowed=narrowed)
+        found = WholeGraph(
+            label, True, measured=measured, whole=whole, margin=used, narrowed=narrowed, budget_s=option_compiles_s
+        )
         return _with_options(found, original, inputs, timer)
     # Inductor's defaults lose, but its options may win by the margin: its small-matmul rewrites and combo kernels cut
     # a launch-bound graph's kernels by half or more (where its split is itself Inductor's, they are all it can add)
-    tried = _with_options(WholeGraph(label, True, measured=measured, whole=whole), original, inputs, timer)
+    found = WholeGraph(label, True, measured=measured, whole=whole, budget_s=option_compiles_s)
+    tried = _with_options(found, original, inputs, timer)
     if tried.whole is whole:  # no option faster: the split stays, each option's timing recorded
         why = "Inductor's whole graph is not faster by the margin"
         return replace(tried, inductor=False, why=why, whole=None, margin=used, narrowed=narrowed)
@@ -281,8 +300,7 @@ def whole_or_split(
     if wins:
         return replace(tried, measured=measured, margin=used, narrowed=narrowed)
     why = "Inductor's whole graph is not faster by the margin, with its options either"
-    split_kept = {"inductor": False, "whole": None, "combo_kernels": False, "all_options": False}
-    split_kept |= {option.runs: False for option in MATMUL_OPTIONS} | {"fewer_realized": False}
+    split_kept = {"inductor": False, "whole": None} | {option.runs: False for option in WHOLE_GRAPH_OPTIONS}
     return replace(tried, why=why, measured=measured, margin=used, narrowed=narrowed, **split_kept)
 
 
@@ -341,10 +359,8 @@ def _with_fewer_realized(
     if found.whole is None or not found.combo_kernels:
         return found
     options = _running_options(found) | FEWER_REALIZED
-    what = f"with {OPTION_NAMES['fewer_realized']}"
-    compiled, timed, why = _timed_compile(found, original, inputs, timer, options, what, _matmul_scope(options))
-    changes = {"realized": timed, "fewer_realized": compiled is not None, "realized_why": why}
-    return replace(found, whole=compiled or found.whole, **changes)
+    found, compiled = _timed_compile(found, original, inputs, timer, _REALIZED, options, _matmul_scope(options))
+    return replace(found, whole=compiled or found.whole, fewer_realized=compiled is not None)
 
 
 def _with_all_options(found: WholeGraph, original: torch.fx.GraphModule, inputs: list[Any], timer: Timer) -> WholeGraph:
@@ -360,13 +376,11 @@ def _with_all_options(found: WholeGraph, original: torch.fx.GraphModule, inputs:
     options = dict(COMBO_KERNELS if combo else {})
     for option in MATMUL_OPTIONS if matmuls else ():
         options.update(option.options)
-    compiled, timed, why = _timed_compile(
-        found, original, inputs, timer, options, "with all its options", _matmul_scope(options)
-    )
+    found, compiled = _timed_compile(found, original, inputs, timer, _ALL_TOGETHER, options, _matmul_scope(options))
     if compiled is None:
-        return replace(found, stacked=timed, stacked_why=why)
+        return found
     runs = {option.runs: True for option in MATMUL_OPTIONS} if matmuls else {}
-    return replace(found, whole=compiled, stacked=timed, all_options=True, combo_kernels=combo, **runs)
+    return replace(found, whole=compiled, all_options=True, combo_kernels=combo, **runs)
 
 
 def _with_combo_kernels(
@@ -377,27 +391,33 @@ def _with_combo_kernels(
     amount: both are Inductor's compiles of the same graph); else as it was, ``combo_why`` saying why."""
     if found.whole is None or not th.combo_kernels_on(a.device.type for a in inputs if isinstance(a, torch.Tensor)):
         return found
-    compiled, timed, why = _timed_compile(found, original, inputs, timer, COMBO_KERNELS, "with combo kernels")
-    return replace(found, whole=compiled or found.whole, combo=timed, combo_kernels=compiled is not None, combo_why=why)
+    found, compiled = _timed_compile(found, original, inputs, timer, _COMBO, COMBO_KERNELS)
+    return replace(found, whole=compiled or found.whole, combo_kernels=compiled is not None)
 
 
 @dataclass(frozen=True)
-class _MatmulOption:
-    """A small-matmul rewrite handed to Inductor's compile of a whole graph: its config ``options`` and the
-    :class:`WholeGraph` fields of its timing (``timed``), of whether it runs the graph (``runs``, also its name's key
-    in :data:`.reasons.OPTION_NAMES`) and of why it was not timed (``why``); ``after``: the ``runs`` field of the
-    option it is tried after, only where that one runs the graph ('': always tried)."""
+class WholeGraphOption:
+    """An option of Inductor's compile of a whole graph, by its :class:`WholeGraph` fields: whether it runs the graph
+    (``runs``, also its name's key in :data:`.reasons.OPTION_NAMES`), its timing against the compile before it
+    (``timed``) and why it was not timed (``why``)."""
 
-    options: dict[str, Any]
-    timed: str
     runs: str
+    timed: str
     why: str
-    after: str = ""
 
     @property
     def what(self) -> str:
         """The words of a failure of a compile given this option."""
-        return f"with {OPTION_NAMES[self.runs]}"
+        return f"with {OPTION_NAMES.get(self.runs, 'all its options')}"
+
+
+@dataclass(frozen=True)
+class _MatmulOption(WholeGraphOption):
+    """A small-matmul rewrite handed to Inductor's compile of a whole graph: its config ``options``; ``after``: the
+    ``runs`` field of the option it is tried after, only where that one runs the graph ('': always tried)."""
+
+    options: dict[str, Any] = field(default_factory=dict)
+    after: str = ""
 
 
 # Timed in this order, each with those before it that run the graph: Inductor's own decomposition of matmuls with a
@@ -405,10 +425,15 @@ class _MatmulOption:
 # weights' gradients), then the same pass summing larger results too, where the small ones paid (it sums what they
 # sum and more). Each matmul summed in a kernel is a launch gone where a step is a queue of tiny GEMMs.
 MATMUL_OPTIONS = (
-    _MatmulOption(DECOMPOSED_MATMULS, "decomposed", "decomposed_matmuls", "decomposed_why"),
-    _MatmulOption(SUMMED_MATMULS, "summed", "summed_matmuls", "summed_why"),
-    _MatmulOption(WIDE_SUMMED_MATMULS, "wide", "wide_matmuls", "wide_why", "summed_matmuls"),
+    _MatmulOption("decomposed_matmuls", "decomposed", "decomposed_why", DECOMPOSED_MATMULS),
+    _MatmulOption("summed_matmuls", "summed", "summed_why", SUMMED_MATMULS),
+    _MatmulOption("wide_matmuls", "wide", "wide_why", WIDE_SUMMED_MATMULS, "summed_matmuls"),
 )
+_ALL_TOGETHER = WholeGraphOption("all_options", "stacked", "stacked_why")
+_COMBO = WholeGraphOption("combo_kernels", "combo", "combo_why")
+_REALIZED = WholeGraphOption("fewer_realized", "realized", "realized_why")
+# Every option of a whole graph's compile, in the order they are tried and recorded: the one table of their fields.
+WHOLE_GRAPH_OPTIONS: tuple[WholeGraphOption, ...] = (_ALL_TOGETHER, _COMBO, *MATMUL_OPTIONS, _REALIZED)
 
 
 def _with_matmul_option(
@@ -418,9 +443,8 @@ def _with_matmul_option(
     kernels, the rewrites before) in its place where ``timer`` finds it faster (any amount, as for combo kernels: two
     Inductor compiles of a graph with no Thunder bits); else as it was, ``option.why`` saying why not timed."""
     options = _running_options(found, upto=option) | option.options
-    compiled, timed, why = _timed_compile(found, original, inputs, timer, options, option.what, _matmul_scope(options))
-    changes = {option.timed: timed, option.runs: compiled is not None, option.why: why}
-    return replace(found, whole=compiled or found.whole, **changes)
+    found, compiled = _timed_compile(found, original, inputs, timer, option, options, _matmul_scope(options))
+    return replace(found, whole=compiled or found.whole, **{option.runs: compiled is not None})
 
 
 def _timed_compile(
@@ -428,27 +452,37 @@ def _timed_compile(
     original: torch.fx.GraphModule,
     inputs: list[Any],
     timer: Timer,
+    option: WholeGraphOption,
     options: dict[str, Any],
-    what: str,
     scope: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-) -> tuple[Callable | None, Measured | None, str]:
+) -> tuple[WholeGraph, Callable | None]:
     """Inductor's compile of ``original`` with ``options`` (in ``scope``, its first forward and backward too: Inductor
-    compiles the backward at its first call) timed against ``found.whole``: the compile where faster (on CUDA, and no
-    dearer on the device, timed apart: :func:`.policy.dearer_on_device`), the timing, and why it is not timed ('' where
-    it is). Inductor's option may fail on a graph in any way: then the compile found stays, ``what`` naming the option
-    in why."""
+    compiles the backward at its first call) timed against ``found.whole``: ``found`` with ``option``'s timing, or why
+    it was not timed, and the seconds the compile took; and the compile where faster (on CUDA, and no dearer on the
+    device, timed apart: :func:`.policy.dearer_on_device`), else None. Not compiled where the compiles with options
+    before it have taken ``found.budget_s``. Inductor's option may fail on a graph in any way: then the compile found
+    stays, why naming the option."""
+    if found.compile_s >= found.budget_s:
+        why = (
+            f"not compiled: the compiles with options before it took {found.compile_s:.0f} s of the "
+            f"{found.budget_s:g} s allowed (option_compiles_s)"
+        )
+        return replace(found, over_budget=(*found.over_budget, option.runs), **{option.why: why}), None
+    began = clock()
     try:
         with scope():
             compiled = compile_fx_module(original, inputs, "inductor", options)
             forward_backward_step(compiled, inputs)()
     except Exception as e:
-        return None, None, f"Inductor {what} failed: {error_line(e)}"
+        failed = f"Inductor {option.what} failed: {error_line(e)}"
+        return replace(found, compile_s=found.compile_s + clock() - began, **{option.why: failed}), None
+    found = replace(found, compile_s=found.compile_s + clock() - began)
     before, after = forward_backward_step(found.whole, inputs), forward_backward_step(compiled, inputs)
     timed = timer(before, after, (), apart=uses_cuda(*inputs))
     if isinstance(timed, str):
-        return None, None, timed
+        return replace(found, **{option.why: timed}), None
     faster = timed.eager_us < timed.region_us and not dearer_on_device(timed)
-    return (compiled if faster else None), timed, ""
+    return replace(found, **{option.timed: timed}), (compiled if faster else None)
 
 
 # Dynamo graph targets computing a matmul (the ops Inductor lowers to ``mm``/``bmm``): a graph without any is not
@@ -485,14 +519,15 @@ def whole_graph_decision(
         if found.narrowed is not None and used != margin:  # narrowed to the timing's spread
             facts.update(margin_from=margin, narrowed=found.narrowed)
             details["margin_narrowed"] = found.narrowed
-    _record_option(facts, details, "all_options", "stacked", found.all_options, found.stacked, found.stacked_why)
-    _record_option(facts, details, "combo_kernels", "combo", found.combo_kernels, found.combo, found.combo_why)
-    for option in MATMUL_OPTIONS:
+    for option in WHOLE_GRAPH_OPTIONS:
         runs, timed, why = (getattr(found, name) for name in (option.runs, option.timed, option.why))
         _record_option(facts, details, option.runs, option.timed, runs, timed, why)
-    _record_option(
-        facts, details, "fewer_realized", "realized", found.fewer_realized, found.realized, found.realized_why
-    )
+    if found.compile_s:
+        details["option_compiles_s"] = round(found.compile_s, 3)
+    if found.over_budget:
+        spent = {"option_compiles_s": found.compile_s, "option_budget_s": found.budget_s}
+        facts.update(over_budget=list(found.over_budget), **spent)
+        details.update(over_budget=list(found.over_budget), option_budget_s=found.budget_s)
     reason, told = words(code, facts)
     source = th.fx_module_source(original)
     if source:
