@@ -25,9 +25,12 @@ class SimulatedFusionFailure(RuntimeError):
     """What the failing executor's regions raise (an nvFuser assert, say)."""
 
 
-def failing_executor(op: str, calls: list[str], error: type[Exception] | None = None) -> TorchCompileExecutor:
+def failing_executor(
+    op: str, calls: list[str], error: type[Exception] | None = None, name: str = ""
+) -> TorchCompileExecutor:
     """torch.compile, but each region holding ``op`` raises :class:`SimulatedFusionFailure` (or ``error``) when
-    called, before running anything (a compile that fails); ``calls`` gets the region's name at each such call."""
+    called, before running anything (a compile that fails); ``calls`` gets the region's name at each such call.
+    ``name``: the executor's name (not registered with Thunder), by default ``tc_failing_<op>``."""
 
     class Failing(TorchCompileExecutor):
         def fuse(self, region, fusion_counter):
@@ -44,7 +47,7 @@ def failing_executor(op: str, calls: list[str], error: type[Exception] | None = 
             bsym._call_ctx = {bsym.sym.name: fails}
             return bsym
 
-    ex = Failing(f"tc_failing_{op}")
+    ex = Failing(name or f"tc_failing_{op}")
     ex._implmap = dict(torch_compile_ex._implmap)
     return ex
 
@@ -1023,6 +1026,26 @@ def chain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     y = torch.cos(x) * w
     z = torch.sin(y) + 1
     return (torch.exp(z) * y).sum(-1)
+
+
+def test_a_failed_torch_compile_region_runs_in_torch_compile_halves():
+    """A torch.compile region that fails (Inductor's C++ compile of NequIP's backward at l_max 3) runs from then on
+    as torch.compile regions of its halves, halved again where they fail, down to the op it fails on: the rest of the
+    region stays fused, where before all of it ran op by op."""
+    calls: list[str] = []
+    failing = failing_executor("sin", calls, name="torchcompile")  # Thunder's name; the executor is not registered
+    guard = FusionGuard(costs=Costs(cost_model=False))  # the region kept whole: the rescue halves it
+    jitted = thunder.jit(chain, executors=[failing], transforms=[guard])
+    x, w = inputs()
+    out, grads = step(jitted, x, w)
+    want_out, want_grads = step(chain, x, w)
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(grads, want_grads)
+    forward = [d for d in guard.report.filter(action="rescue") if d.trace == "forward"]
+    (whole,) = [d for d in forward if "half_of" not in d.facts]
+    assert whole.executor == "torchcompile" and len(whole.facts["halves"]) == 2
+    (alone,) = [d for d in forward if d.facts.get("half_of") == whole.region and d.facts["count"] == 1]
+    assert alone.ops == ["sin"] and "halves" not in alone.facts  # only the op it fails on runs op by op
 
 
 @pytest.mark.parametrize("alternative", ["none", "differs"])

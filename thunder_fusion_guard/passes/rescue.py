@@ -1,7 +1,7 @@
 """Rescue: each fusion region of a trace called through :class:`~.._thunder.RescuingCall`, so that a region its
 fusion executor fails to compile or to run is run another way, and the failure is recorded: by the other fusion
 executor that can run all of it (nvFuser's by torch.compile), its first call checked against the ops one by one;
-else (or where that fails too) an nvFuser region in halves of its own, halved again where they fail; else by
+else (or where that fails too) a region in halves of its own executor, halved again where they fail; else by
 Thunder's torch executor (its ops one by one, as a rejected region is).
 
 While a region's fusion works, the call is the fusion's own: the bits cannot change. The fallback is built only
@@ -124,7 +124,7 @@ def _fallback_maker(
     """What makes the region's fallback, kept in ``made["fallback"]``: parts of its executor around gradients
     Dynamo cannot trace where it holds them; else the region fused by the other fusion executor that can run all of
     it (:func:`~.._thunder.alternative_fuser`: nvFuser's regions by torch.compile), and where that fails too, or
-    where there is none, an nvFuser region in halves of its own (:func:`.split_rescue.halves`); else its ops one by
+    where there is none, the region in halves of its own executor (:func:`.split_rescue.halves`); else its ops one by
     one. Inside a CUDA graph capture neither is made: its first call would compile in the capture (Inductor's
     compile is not safe there). A part, half or alternative that fails is told as a region of its own."""
 

@@ -5,10 +5,12 @@
   torch.compile regions around them, which Thunder's torch executor runs. One such gradient in a backward that
   Thunder fused into one torch.compile region (NequIP's, under ``thunder.jit`` on CPU) would leave all of that
   backward unfused. A part that fails too runs op by op.
-- In halves: a region of an executor in :data:`HALVED` (nvFuser) runs as its first half and its second, each a
-  region of its own, halved again where it fails too, down to single ops that Thunder's torch executor runs.
-  nvFuser's failures are asserts of its scheduler on a few of a region's ops (NequIP's backward region), and its
-  compiles take moments.
+- In halves: a region of an executor in :data:`HALVED` (nvFuser, torch.compile) runs as its first half and its
+  second, each a region of its own, halved again where it fails too, down to single ops that Thunder's torch
+  executor runs. nvFuser's failures are asserts of its scheduler on a few of a region's ops (NequIP's backward
+  region), and its compiles take moments; torch.compile's are Inductor's C++ compile of a whole backward (NequIP's at
+  l_max 3 under ``thunder.jit`` on CPU: op by op, that step ran 1.15x eager's), and each half takes a compile of its
+  own, so the first call takes longer where a region fails, once, and the step keeps its fusions.
 """
 
 from __future__ import annotations
@@ -24,9 +26,8 @@ from .rewrite import unique_proxies
 # Fusion executors whose regions Dynamo traces: the ones a gradient run through torch.autograd breaks.
 DYNAMO_EXECUTORS: frozenset[str] = frozenset({"torchcompile", "torchcompile_cat"})
 
-# Fusion executors whose failed regions run in halves of their own; torch.compile's do not: each half would take
-# another Inductor compile, seconds to minutes on CPU.
-HALVED: frozenset[str] = frozenset({"nvfuser"})
+# Fusion executors whose failed regions run in halves of their own.
+HALVED: frozenset[str] = frozenset({"nvfuser", "torchcompile"})
 
 # What a failed half tells: the half (a fusion bound symbol), the error, the call's arguments and the halves it runs
 # as from then on (None: op by op).
