@@ -94,6 +94,9 @@ class Details(TypedDict, total=False):
     inductor_us: float
     combo_kernels: bool  # Inductor's compile with combo kernels runs it (timed faster than its default compile)
     combo_us: float
+    option_compiles_s: float  # the seconds Inductor's compiles with options took (each with its first call)
+    over_budget: list[str]  # the options not compiled once those took option_budget_s
+    option_budget_s: float
     inputs: list[str]  # each input of the failing call: shape, dtype, strides, device (or the value's type)
     reproduction: str  # a script that reproduces the failure alone (nvFuser's definition and such inputs)
     source: str  # the user's source line of the region's or subgraph's first op
