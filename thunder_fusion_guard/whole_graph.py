@@ -464,7 +464,7 @@ def _timed_compile(
     stays, why naming the option."""
     if found.compile_s >= found.budget_s:
         why = (
-            f"not compiled: the compiles with options before it took {found.compile_s:.0f} s of the "
+            f"not compiled: the compiles with options before it took {found.compile_s:.0f} s, "
             f"{found.budget_s:g} s allowed (option_compiles_s)"
         )
         return replace(found, over_budget=(*found.over_budget, option.runs), **{option.why: why}), None
