@@ -12,6 +12,7 @@ from thunder.executors.torch_compile import torch_compile_ex
 
 from thunder_fusion_guard import Costs, FirstCall, FusionGuard, first_call
 from thunder_fusion_guard import _thunder as th
+from thunder_fusion_guard.examine import first_call as first_call_module
 from thunder_fusion_guard.measure import calibrate
 from thunder_fusion_guard.phases import (
     CAPTURE,
@@ -194,10 +195,64 @@ def test_dynamo_records_inside_a_region_first_call_are_left_out(monkeypatch):
     after = th.dynamo_counts()
     apart = [({th.DYNAMO_FRAME: 1}, {th.DYNAMO_FRAME: 2})]  # the 10 s frame: a region's torch.compile
     seconds = th.dynamo_seconds(before, after, apart)
-    assert seconds == {th.DYNAMO_FRAME: 3.0, th.DYNAMO_BACKEND: 0.5, th.INDUCTOR_COMPILE: 0}
+    assert seconds == {th.DYNAMO_FRAME: 3.0, th.DYNAMO_BACKEND: 0.5, th.INDUCTOR_COMPILE: 0, th.INDUCTOR_LOAD: 0}
+
+
+def test_unguarded_region_compiles_are_fusion_compile_not_dynamo_nor_execution(monkeypatch):
+    """Phases from Dynamo's records and the compiles' windows as given: the user's frame's seconds stay Dynamo's and
+    the backend's; a region's Dynamo compile is its fusion compile, out of the forward's execution."""
+    metrics = {th.DYNAMO_FRAME: [4.0, 1.5, 0.5], th.DYNAMO_BACKEND: [3.0, 1.0, 0.25], th.INDUCTOR_COMPILE: [2.0]}
+    monkeypatch.setattr(torch._dynamo.utils, "compilation_time_metrics", metrics)
+    zero = dict.fromkeys((th.DYNAMO_FRAME, th.DYNAMO_BACKEND, th.INDUCTOR_COMPILE, th.INDUCTOR_LOAD), 0)
+
+    def counts(frame, backend):
+        return {**zero, th.DYNAMO_FRAME: frame, th.DYNAMO_BACKEND: backend, th.INDUCTOR_COMPILE: 1}
+
+    compiles = [
+        th.DynamoCompile(zero, {**counts(1, 1), th.INDUCTOR_COMPILE: 1}, 0, 4 * S, False, False, True, False),
+        th.DynamoCompile(counts(1, 1), counts(2, 2), 5 * S, 6 * S + S // 2, True, False, True, False),  # forward
+        th.DynamoCompile(counts(2, 2), counts(3, 3), 8 * S, 8 * S + S // 2, True, False, False, False),  # backward
+    ]
+    record = FirstCall()
+    ledger = PhaseLedger(FakeClock())
+    ledger.open = False
+    compiled = object()
+    monkeypatch.setattr(th, "is_thunderfx", lambda obj: obj is compiled)
+    monkeypatch.setattr(first_call_module, "_thunder_functions", lambda obj: [])
+    first_call_module._fill(record, compiled, ledger, 10.0, {}, zero, compiles)
+    phases = record.phases_s
+    assert phases[DYNAMO] == pytest.approx(1.0)  # 4 - 3: the user's frame only
+    assert phases["thunderfx_split"] == pytest.approx(1.0)  # 3 - 2 of Inductor
+    assert phases["inductor"] == pytest.approx(2.0)
+    assert phases[FUSION_COMPILE] == pytest.approx(2.0)  # 1.5 forward, 0.5 in backward
+    assert phases[OTHER] == pytest.approx(4.0)
 
 
 def test_one_window_at_a_time():
     jitted = thunder.jit(_fn)
     with first_call(jitted), pytest.raises(RuntimeError, match="one window at a time"), first_call(jitted):
         pass
+
+
+def test_thunders_transforms_end_where_the_program_first_runs(monkeypatch):
+    """A later call that runs the prologue without Thunder's cache search (the guard's direct entry) moves Thunder's
+    prologue timestamp past the first execution: the transforms still end where the compiled program first ran."""
+    from types import SimpleNamespace
+
+    stats = SimpleNamespace(
+        calls=2,
+        cache_misses=1,
+        last_trace_tracing_start=100,
+        last_trace_tracing_stop=200,
+        last_prologue_transformation_start=201,
+        last_trace_host_execution_start=300,
+        last_trace_host_execution_stop=400,
+        last_prologue_execution_start=450,  # the second call's prologue, after the first call's execution
+    )
+    monkeypatch.setattr(thunder, "compile_stats", lambda fn: stats)
+    times = th.thunder_times(object())
+    assert (times.tracing_ns, times.transforms_ns, times.execution_ns) == (100, 100, 100)
+    stats.last_prologue_execution_start = 250  # one call: its prologue, then its computation
+    assert th.thunder_times(object()).transforms_ns == 50
+    stats.last_prologue_transformation_start = 0  # the last call found its program in Thunder's cache
+    assert th.thunder_times(object()).transforms_ns == 0

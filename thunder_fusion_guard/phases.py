@@ -128,6 +128,11 @@ class PhaseLedger:
     def seconds(self, phase: str) -> float:
         return self.own_ns.get(phase, 0) / 1e9
 
+    @property
+    def timing(self) -> bool:
+        """Whether a section is being timed now."""
+        return bool(self._stack)
+
 
 _lock = threading.Lock()
 _active: PhaseLedger | None = None

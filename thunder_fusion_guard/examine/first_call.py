@@ -98,13 +98,14 @@ def first_call(obj: Any, *, clock: Callable[[], int] | None = None) -> Iterator[
     opening(ledger)
     start = read()
     try:
-        yield record
+        with th.watching_dynamo_compiles(read, lambda: ledger.timing) as compiles:
+            yield record
     finally:
         if torch.cuda.is_initialized():  # the call's device work done, as a first call's wall time holds it
             torch.cuda.synchronize()
         stop = read()
         closing(ledger)
-        _fill(record, obj, ledger, (stop - start) / 1e9, before, counts)
+        _fill(record, obj, ledger, (stop - start) / 1e9, before, counts, compiles)
         for guard in guards_of(obj):
             guard.report.first_call = record.to_dict()
 
@@ -116,6 +117,7 @@ def _fill(
     wall_s: float,
     before: dict[int, th.ThunderTimes | None],
     counts: dict[str, int],
+    compiles: list[th.DynamoCompile],
 ) -> None:
     tracing = transforms = execution = 0
     for jitted in _thunder_functions(obj):
@@ -126,10 +128,18 @@ def _fill(
             tracing += now.tracing_ns
             transforms += now.transforms_ns
         execution += now.execution_ns
+    # Dynamo compiles Thunder or the guard started (a torch.compile region, a measurement) are not the user's frames;
+    # a region's that the guard did not time itself (no guard in ``obj``) is its fusion compile, out of the execution
+    apart = ledger.probes + [(c.before, c.after) for c in compiles if not c.users]
+    untimed = [c for c in compiles if c.in_run and not c.timed]
+    fusion_ns = sum(c.stop_ns - c.start_ns for c in untimed)
+    in_forward_ns = sum(c.stop_ns - c.start_ns for c in untimed if c.forward)
+    # a compile deferred to run time outside Thunder's (a split piece's backward): Inductor's, none of Dynamo's keys
+    deferred_ns = sum(c.stop_ns - c.start_ns for c in compiles if c.users and not c.frame)
     phases = dict.fromkeys(PHASES, 0.0)
     if th.is_thunderfx(obj):
-        dynamo = th.dynamo_seconds(counts, th.dynamo_counts(), ledger.probes)
-        inductor = dynamo[th.INDUCTOR_COMPILE]
+        dynamo = th.dynamo_seconds(counts, th.dynamo_counts(), apart)
+        inductor = dynamo[th.INDUCTOR_COMPILE] + dynamo[th.INDUCTOR_LOAD] + deferred_ns / 1e9
         phases[DYNAMO] = max(dynamo[th.DYNAMO_FRAME] - dynamo[th.DYNAMO_BACKEND], 0.0)
         phases[THUNDERFX_SPLIT] = max(dynamo[th.DYNAMO_BACKEND] - inductor, 0.0)
         phases[INDUCTOR] = inductor
@@ -137,7 +147,8 @@ def _fill(
     phases[THUNDER_TRANSFORMS] = max(transforms - ledger.compiling_ns, 0) / 1e9
     for phase in (GUARD_PASSES, GUARD_MEASUREMENTS, FUSION_COMPILE, CAPTURE):
         phases[phase] = ledger.seconds(phase)
-    phases[EXECUTION] = max(execution - ledger.executing_ns, 0) / 1e9
+    phases[FUSION_COMPILE] += fusion_ns / 1e9
+    phases[EXECUTION] = max(execution - ledger.executing_ns - in_forward_ns, 0) / 1e9
     phases[OTHER] = wall_s - sum(phases.values())
     record.wall_s = wall_s
     record.phases_s = phases
