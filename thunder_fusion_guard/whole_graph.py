@@ -20,10 +20,10 @@ that compile is faster than the default one it runs the graph: one compile inste
 to minutes). Only where it is not are they timed one after the other, each kept where faster than the compile before
 it. On CUDA a compile with options is kept only where it is no dearer on the device too, host and device timed apart:
 fewer launches win on the stream, but a step replayed in CUDA graphs pays the device alone. They compile at a call of
-the user's program, so they have a budget (``option_compiles_s``): once they have taken that many seconds of one
-graph, no more is started (the one under way finishes), recorded. Inductor's values are within
-its own rounding of eager's. A graph that updates its inputs in place is not timed; should Inductor ever fail on a call,
-the split runs it again for good.
+the user's program, so they have a budget (``option_compiles_s``): once they have taken that many seconds of one graph,
+no more is started (the one under way finishes), recorded. Inductor's values are within its own rounding of eager's.
+A graph that updates its inputs in place is not timed; should Inductor ever fail on a call, the split runs it again for
+good.
 """
 
 from __future__ import annotations
