@@ -74,3 +74,19 @@ def test_an_unguarded_first_call_counts_each_region_compile_once(monkeypatch):
     assert first.phases_s[DYNAMO] == pytest.approx(frame - backend, abs=1e-9)
     assert first.phases_s[FUSION_COMPILE] > 0
     assert first.regions_s == {}  # named regions are the guard's timers'
+
+
+def test_a_failing_record_never_breaks_the_users_compile(monkeypatch):
+    """The window's Dynamo callbacks run inside every compile: where reading a record fails, the compile goes on."""
+    _eager_backend_regions(monkeypatch)
+    compiled = thunderfx(_cummax_exp, executors=[torch_compile_ex])
+    x = torch.randn(4, 3, requires_grad=True)
+
+    def broken() -> dict:
+        raise RuntimeError("a record that cannot be read")
+
+    monkeypatch.setattr(th.timestamps, "dynamo_counts", broken)
+    with th.watching_dynamo_compiles(time.perf_counter_ns, lambda: False) as compiles:
+        out = compiled(x)
+    torch.testing.assert_close(out, _cummax_exp(x))
+    assert compiles == []

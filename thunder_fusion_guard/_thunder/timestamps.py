@@ -151,18 +151,20 @@ def watching_dynamo_compiles(clock: Callable[[], int], timing: Callable[[], bool
     open_: list[tuple[dict[str, int], int, bool, bool, bool, bool]] = []
 
     def start(args: Any) -> None:
-        in_run, in_compile = _whose(sys._getframe(1))
-        forward = torch._C._current_graph_task_id() == -1
-        open_.append((dynamo_counts(), clock(), in_run, in_compile, forward, timing()))
+        with contextlib.suppress(Exception):  # a record is never worth the user's compile
+            in_run, in_compile = _whose(sys._getframe(1))
+            forward = torch._C._current_graph_task_id() == -1
+            open_.append((dynamo_counts(), clock(), in_run, in_compile, forward, timing()))
 
     def end(args: Any) -> None:
-        if open_:
-            before, start_ns, in_run, in_compile, forward, timed = open_.pop()
-            after = dynamo_counts()
-            frame = getattr(args.callback_trigger, "name", "") == "DYNAMO"
-            if frame:
-                after[DYNAMO_FRAME] += 1  # the frame's own record is made just after its callbacks end
-            seen.append(DynamoCompile(before, after, start_ns, clock(), in_run, in_compile, forward, timed, frame))
+        with contextlib.suppress(Exception):
+            if open_:
+                before, start_ns, in_run, in_compile, forward, timed = open_.pop()
+                after = dynamo_counts()
+                frame = getattr(args.callback_trigger, "name", "") == "DYNAMO"
+                if frame:
+                    after[DYNAMO_FRAME] += 1  # the frame's own record is made just after its callbacks end
+                seen.append(DynamoCompile(before, after, start_ns, clock(), in_run, in_compile, forward, timed, frame))
 
     callback_handler.register_start_callback(start)
     callback_handler.register_end_callback(end)
