@@ -117,7 +117,12 @@ class DynamoCompile:
     in_compile: bool
     forward: bool
     timed: bool
-    frame: bool = True  # a frame Dynamo traced; else a compile deferred to run time (a backward, a graph capture)
+    trigger: str = "DYNAMO"  # Dynamo's name for what started it: a frame it traces, or at run time a deferred backward
+
+    @property
+    def frame(self) -> bool:
+        """A frame Dynamo traced (else a compile deferred to run time: a backward, a CUDA graph's recording)."""
+        return self.trigger == "DYNAMO"
 
     @property
     def users(self) -> bool:
@@ -161,10 +166,11 @@ def watching_dynamo_compiles(clock: Callable[[], int], timing: Callable[[], bool
             if open_:
                 before, start_ns, in_run, in_compile, forward, timed = open_.pop()
                 after = dynamo_counts()
-                frame = getattr(args.callback_trigger, "name", "") == "DYNAMO"
-                if frame:
+                trigger = str(getattr(args.callback_trigger, "name", ""))
+                if trigger == "DYNAMO":
                     after[DYNAMO_FRAME] += 1  # the frame's own record is made just after its callbacks end
-                seen.append(DynamoCompile(before, after, start_ns, clock(), in_run, in_compile, forward, timed, frame))
+                stop = clock()
+                seen.append(DynamoCompile(before, after, start_ns, stop, in_run, in_compile, forward, timed, trigger))
 
     callback_handler.register_start_callback(start)
     callback_handler.register_end_callback(end)

@@ -134,15 +134,15 @@ def _fill(
     untimed = [c for c in compiles if c.in_run and not c.timed]
     fusion_ns = sum(c.stop_ns - c.start_ns for c in untimed)
     in_forward_ns = sum(c.stop_ns - c.start_ns for c in untimed if c.forward)
-    # a compile deferred to run time outside Thunder's (a split piece's backward): Inductor's, none of Dynamo's keys
-    deferred_ns = sum(c.stop_ns - c.start_ns for c in compiles if c.users and not c.frame)
+    # a backward compile deferred to run time outside Thunder's (a split piece's): Inductor's, none of Dynamo's keys
+    deferred_ns = sum(c.stop_ns - c.start_ns for c in compiles if c.users and c.trigger == "LAZY_BACKWARD")
     phases = dict.fromkeys(PHASES, 0.0)
     if th.is_thunderfx(obj):
         dynamo = th.dynamo_seconds(counts, th.dynamo_counts(), apart)
-        inductor = dynamo[th.INDUCTOR_COMPILE] + dynamo[th.INDUCTOR_LOAD] + deferred_ns / 1e9
+        inductor = dynamo[th.INDUCTOR_COMPILE] + dynamo[th.INDUCTOR_LOAD]  # inside the backend's calls
         phases[DYNAMO] = max(dynamo[th.DYNAMO_FRAME] - dynamo[th.DYNAMO_BACKEND], 0.0)
         phases[THUNDERFX_SPLIT] = max(dynamo[th.DYNAMO_BACKEND] - inductor, 0.0)
-        phases[INDUCTOR] = inductor
+        phases[INDUCTOR] = inductor + deferred_ns / 1e9
     phases[THUNDER_TRACING] = tracing / 1e9
     phases[THUNDER_TRANSFORMS] = max(transforms - ledger.compiling_ns, 0) / 1e9
     for phase in (GUARD_PASSES, GUARD_MEASUREMENTS, FUSION_COMPILE, CAPTURE):
