@@ -183,3 +183,33 @@ def test_unknown_option_lists_the_options():
         "its options are executors, report_only, strict, costs, exact_only, choose_executor, rewrites, "
         "compare_ranks, ordered_einsum, hoist, runtime, rescue"
     )
+
+
+def _cummax_exp(x):
+    y = torch.tanh(x * 2.0)
+    return torch.cummax(y, 0)[0].exp() + 1.0  # cummax is not Thunder's: ThunderFX splits the graph
+
+
+def test_explain_says_which_dynamo_graphs_run_the_split_without_inductors_whole_graph_timed():
+    """Under ThunderFX, where unguarded Thunder runs a Dynamo graph the guard keeps its split (Thunder's bits) and never
+    times Inductor's whole graph unasked: explain counts those graphs and names what times it; a graph whose whole
+    graph was timed, or a choice made by choose_backends, ends the line; thunder.jit has none."""
+    from helpers import without_inductor
+    from thunder.dynamo import thunderfx
+
+    from thunder_fusion_guard import fusion_executors
+    from thunder_fusion_guard.examine.explain import report_of
+
+    with without_inductor():
+        compiled = thunderfx(_cummax_exp, executors=fusion_executors("cpu"), transforms=[FusionGuard()])
+        compiled(torch.randn(4, 3))
+    line = "inductor: Dynamo graphs run as ThunderFX split them, for unguarded Thunder's bits: 1 of 1;"
+    assert line in " ".join(explain(compiled, wide=True).split())
+    assert "whole_graphs=True" in explain(compiled)
+    report = report_of(compiled)  # a graph whose whole graph was timed: tests/test_whole_graph.py
+    report.backend_choices.append({"subgraph": "dynamo graph 0, thunder_0", "chosen": "thunder", "reason": "r"})
+    assert "inductor: Dynamo graphs" not in explain(compiled)
+    guard = FusionGuard()
+    jitted = jit_cpu(lambda x: torch.tanh(x * 2.0).exp() + 1.0, guard)
+    jitted(torch.randn(4, 3))
+    assert "inductor: Dynamo graphs" not in explain(jitted)

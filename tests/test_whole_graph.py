@@ -10,7 +10,7 @@ from thunder.dynamo import thunderfx
 
 import thunder_fusion_guard.transform as transform_module
 import thunder_fusion_guard.whole_graph as whole_graph
-from thunder_fusion_guard import FusionGuard, Runtime, fusion_executors
+from thunder_fusion_guard import FusionGuard, Runtime, explain, fusion_executors
 from thunder_fusion_guard._thunder import combo, matmul_sums
 from thunder_fusion_guard.cost import Measured
 from thunder_fusion_guard.measure.breakeven import RegionMeasurer
@@ -57,8 +57,9 @@ def _run(guard: FusionGuard, steps: int = 3, device: str = "cpu", matmul: bool =
 def test_a_graph_unguarded_thunder_fails_on_runs_whole_by_inductor_where_timed_faster():
     guard, calls = FusionGuard(), []
     guard.measurer.pair = _timed(100.0, 10.0, calls)
-    _, split = _run(guard)
+    compiled, split = _run(guard)
     assert len(calls) == 1  # timed once, at the call after the failure
+    assert "inductor: Dynamo graphs" not in explain(compiled)  # its one graph's whole graph was timed
     assert isinstance(vars(split)["forward"], WholeGraphRun)
     (rescue,) = guard.report.filter(action="rescue")
     (whole,) = guard.report.filter(code="whole_graph")
@@ -421,8 +422,9 @@ def test_a_failing_compile_with_combo_kernels_keeps_inductors_default_compile(mo
 def test_the_split_stays_where_inductors_whole_graph_is_not_faster_by_the_margin():
     guard, calls = FusionGuard(), []
     guard.measurer.pair = _timed(100.0, 95.0, calls)  # 5% faster: under the margin
-    _, split = _run(guard)
+    compiled, split = _run(guard)
     assert len(calls) == 1 and "forward" not in vars(split)
+    assert "inductor: Dynamo graphs" not in explain(compiled)  # the split kept, timed against the whole graph
     (kept,) = guard.report.filter(code="whole_graph_kept")
     assert kept.action == "keep" and kept.details["decided_by"] == "measured"
 

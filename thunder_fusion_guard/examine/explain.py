@@ -60,10 +60,31 @@ def explain(obj: Any, wide: bool = False) -> str:
     """The decision table of the guard(s) attached to a function jitted with FusionGuard or a ThunderFX object,
     and a line counting why ops sit outside fusions (``why_not_fused(obj)`` has the rows); lines fit 120
     columns, long text wrapped (``wide``: one line a row, however long)."""
-    text = report_of(obj).to_text(wide=wide)
+    report = report_of(obj)
+    text = report.to_text(wide=wide)
+    width = None if wide else WIDTH
+    untimed = inductor_untimed_line(obj, report) if th.is_thunderfx(obj) else ""
+    hint = wrapped(untimed, width, "  ") if untimed else []
     try:
         why = why_not_fused(obj)
     except Exception:  # nothing run yet, or not a Thunder program: the decision table says so
-        return text
+        return "\n".join([text, *hint])
     line = f"why not fused: {why.summary()} (why_not_fused() for the rows)"
-    return "\n".join([text, *wrapped(line, None if wide else WIDTH, "  ")])
+    return "\n".join([text, *wrapped(line, width, "  "), *hint])
+
+
+def inductor_untimed_line(obj: Any, report: Report) -> str:
+    """For a ThunderFX object: how many of its Dynamo graphs run Thunder's program without Inductor's whole graph
+    timed against it (unguarded Thunder runs them, so the guard keeps its bits), and what times it; empty where
+    none, or where ``choose_backends`` has chosen."""
+    graphs = {sub.graph for sub in th.thunderfx_subgraphs(obj)}
+    timed = {d.facts.get("region") for d in report if d.code in ("whole_graph", "whole_graph_kept")}
+    untimed = sorted(g for g in graphs if f"dynamo graph {g}" not in timed)
+    if not untimed or report.backend_choices:
+        return ""
+    return (
+        f"inductor: Dynamo graphs run as ThunderFX split them, for unguarded Thunder's bits: {len(untimed)} of "
+        f"{len(graphs)}; Inductor's whole graph is timed against that split only if asked: "
+        "choose_backends(compiled, *args, whole_graphs=True) times both and runs the faster (where Inductor wins, "
+        "its values, within its rounding)"
+    )
