@@ -50,8 +50,12 @@ SHIMS: tuple[Shim, ...] = (
     ),
     Shim(
         "nvfuser-direct-contiguity",
-        "`nvfuserex_impl.compute_contiguity` calls `nvfuser_direct.compute_tensor_descriptor` where legacy `nvfuser` "
-        "is missing",
+        "`nvfuserex_impl.compute_contiguity` calls `nvfuser_direct.compute_tensor_descriptor` where legacy "
+        "`nvfuser` is missing (nvFuser 0.2.36's builds for torch 2.10 ship `nvfuser_direct` only, and "
+        "Thunder's nvFuser regions fail at their first call without it, guarded or not). Applied at the "
+        "import of `FusionGuard` (or any name that loads the package's Thunder layer) and kept for the "
+        "process, unguarded Thunder's regions included; `TFG_SHIMS_OFF=nvfuser-direct-contiguity` leaves "
+        "Thunder as shipped",
         "_thunder/compat.py",
     ),
     Shim(
