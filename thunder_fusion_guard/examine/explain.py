@@ -74,9 +74,9 @@ def explain(obj: Any, wide: bool = False) -> str:
 
 
 def inductor_untimed_line(obj: Any, report: Report) -> str:
-    """For a ThunderFX object: how many of its Dynamo graphs run Thunder's program without Inductor's whole graph
-    timed against it (unguarded Thunder runs them, so the guard keeps its bits), and what times it; empty where
-    none, or where ``choose_backends`` has chosen."""
+    """For a ThunderFX object: how many of its Dynamo graphs run as ThunderFX split them with Inductor's whole graph
+    never timed against that split (unguarded Thunder runs them, so the guard keeps its bits), and what times it;
+    empty where none, or where ``choose_backends`` has chosen."""
     graphs = {sub.graph for sub in th.thunderfx_subgraphs(obj)}
     timed = {d.facts.get("region") for d in report if d.code in ("whole_graph", "whole_graph_kept")}
     untimed = sorted(g for g in graphs if f"dynamo graph {g}" not in timed)

@@ -128,8 +128,9 @@ def _fill(
             tracing += now.tracing_ns
             transforms += now.transforms_ns
         execution += now.execution_ns
-    # Dynamo compiles Thunder or the guard started (a torch.compile region, a measurement) are not the user's frames;
-    # a region's that the guard did not time itself (no guard in ``obj``) is its fusion compile, out of the execution
+    # Dynamo compiles started inside Thunder's computation or compilation (a torch.compile region, the guard's
+    # measurements there) are not the user's frames; a region's that the guard did not time itself (no guard in
+    # ``obj``) is its fusion compile, out of the execution
     apart = ledger.probes + [(c.before, c.after) for c in compiles if not c.users]
     untimed = [c for c in compiles if c.in_run and not c.timed]
     fusion_ns = sum(c.stop_ns - c.start_ns for c in untimed)
