@@ -311,7 +311,7 @@ def _whole_graphs(
 def _choose_whole(
     index: int, info: Any, inputs: list[Any] | str, margin: float, rounds: int, option_compiles_s: float
 ) -> BackendChoice:
-    label = f"dynamo graph {index} (whole)"
+    label = f"{th.dynamo_graph_label(index)} (whole)"
     problems: dict[str, str] = {}
     choice = BackendChoice(label, "split", "", problems=problems)
     if isinstance(inputs, str):

@@ -424,7 +424,7 @@ class FusionGuard(thunder.Transform):
         if unguarded is None:  # Thunder's own runs this subgraph: another one may still show the graph has no bits
             return
         self._graphs_whole.add(split)
-        subgraph, label = self._subgraph_id(module), f"dynamo graph {index}"
+        subgraph, label = self._subgraph_id(module), th.dynamo_graph_label(index)
         costs = self.options.costs
         # its own allowance: one decision a graph, which region timings must not have spent the budget of
         timer: Any = functools.partial(self.measurer.pair, allowance_s=WHOLE_GRAPH_TIMING_S)

@@ -21,6 +21,7 @@ __all__ = [
     "FxSplitOp",
     "FxSubgraph",
     "compiled_module",
+    "dynamo_graph_label",
     "dynamo_graph_of",
     "fx_module_source",
     "fx_output_examples",
@@ -48,6 +49,11 @@ def thunderfx_transforms(obj: Any) -> list[Any]:
     return list(options.get("transforms") or [])
 
 
+def dynamo_graph_label(index: int) -> str:
+    """How the guard names the ``index``-th Dynamo graph ThunderFX's backend received (``dynamo graph 0``)."""
+    return f"dynamo graph {index}"
+
+
 @dataclass(frozen=True)
 class FxSubgraph:
     """One subgraph ThunderFX split off and compiled with Thunder.
@@ -66,7 +72,7 @@ class FxSubgraph:
 
     @property
     def label(self) -> str:
-        return f"dynamo graph {self.graph}, {self.name}"
+        return f"{dynamo_graph_label(self.graph)}, {self.name}"
 
 
 def is_thunderfx(obj: Any) -> bool:

@@ -79,7 +79,7 @@ def inductor_untimed_line(obj: Any, report: Report) -> str:
     empty where none, or where ``choose_backends`` has chosen."""
     graphs = {sub.graph for sub in th.thunderfx_subgraphs(obj)}
     timed = {d.facts.get("region") for d in report if d.code in ("whole_graph", "whole_graph_kept")}
-    untimed = sorted(g for g in graphs if f"dynamo graph {g}" not in timed)
+    untimed = sorted(g for g in graphs if th.dynamo_graph_label(g) not in timed)
     if not untimed or report.backend_choices:
         return ""
     return (

@@ -273,7 +273,7 @@ def outside_thunder_row(op: th.FxSplitOp) -> WhyRow:
         reason += ": " + error
     return WhyRow(
         trace="forward",
-        subgraph=f"dynamo graph {op.graph}",
+        subgraph=th.dynamo_graph_label(op.graph),
         op=op.target,
         source=op.source,
         kind=WhyKind.OUTSIDE_THUNDER,
