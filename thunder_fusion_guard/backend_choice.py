@@ -31,6 +31,7 @@ from .cost import Measured
 from .fx_rescue import compile_fx_module, copy_input, updated_inputs
 from .measure.breakeven import SPLIT_REPS
 from .measure.timing import first_two_apart, host_device_us, interleaved_us
+from .options import seconds_option
 from .policy import dearer_on_device
 from .reasons import OPTION_NAMES
 from .report import backend_choice_line
@@ -103,12 +104,7 @@ def choose_backends(
         raise ValueError(f"choose_backends option 'rounds' must be a whole number >= 1, got {rounds!r}")
     if not isinstance(whole_graphs, bool):
         raise ValueError(f"choose_backends option 'whole_graphs' must be True or False, got {whole_graphs!r}")
-    seconds = isinstance(option_compiles_s, (int, float)) and not isinstance(option_compiles_s, bool)
-    if not seconds or not 0 <= option_compiles_s < float("inf"):
-        raise ValueError(
-            f"choose_backends option 'option_compiles_s' must be a finite number of seconds >= 0, "
-            f"got {option_compiles_s!r}"
-        )
+    option_compiles_s = seconds_option("option_compiles_s", option_compiles_s, owner="choose_backends")
     if not _still_thunder(th.thunderfx_subgraphs(compiled)):
         compiled(*args, **kwargs)  # compiles
     # Whole graphs first: a graph Inductor runs whole no longer calls its pieces, so none of them is compiled by

@@ -76,12 +76,18 @@ def _fraction(name: str, value: Any) -> float:
     return float(value)
 
 
-def _seconds(name: str, value: Any, zero: bool = True) -> float:
+def seconds_option(name: str, value: Any, zero: bool = True, owner: str = "FusionGuard") -> float:
+    """``value`` as seconds, checked: a finite number, ``>= 0`` (``> 0`` without ``zero``); else ``ValueError``
+    naming ``owner``'s option ``name`` and what is allowed."""
     number = not isinstance(value, bool) and isinstance(value, (int, float))
     if not number or value < 0 or (value == 0 and not zero) or value == float("inf") or value != value:
         bound = ">= 0" if zero else "> 0"
-        raise ValueError(f"FusionGuard option {name!r} must be a finite number of seconds {bound}, got {value!r}")
+        raise ValueError(f"{owner} option {name!r} must be a finite number of seconds {bound}, got {value!r}")
     return float(value)
+
+
+def _seconds(name: str, value: Any) -> float:
+    return seconds_option(name, value)
 
 
 def _byte_count(name: str, value: Any) -> int:
@@ -108,7 +114,7 @@ def _calibration(name: str, value: Any) -> Any:
 
 
 def _budget(name: str, value: Any) -> float:
-    return _seconds(name, value, zero=False)
+    return seconds_option(name, value, zero=False)
 
 
 def _option(default: Any, check: Callable[[str, Any], Any], doc: str, accepts: str | None = None) -> Any:
