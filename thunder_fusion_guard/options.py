@@ -13,6 +13,8 @@ from . import _thunder as th
 from .cost import CostConstants
 
 DEFAULT_HOIST_MAX_BYTES = 64 * 2**20
+# What a backward call does with gradients autograd will not use; see the option runtime.unused_grads.
+UNUSED_GRADS_MODES = ("prune", "skip", "compute")
 # Where the cost constants come from; see the README's options table.
 CALIBRATION_MODES = ("auto", "cached", "shipped", "measure")
 
@@ -111,6 +113,12 @@ def _calibration(name: str, value: Any) -> Any:
         f"FusionGuard option {name!r} must be one of {list(CALIBRATION_MODES)} (None: 'cached'), "
         f"a CostConstants or a dict of its fields, got {value!r}"
     )
+
+
+def _unused_grads(name: str, value: Any) -> str:
+    if not isinstance(value, str) or value not in UNUSED_GRADS_MODES:
+        raise ValueError(f"FusionGuard option {name!r} must be one of {list(UNUSED_GRADS_MODES)}, got {value!r}")
+    return value
 
 
 def _budget(name: str, value: Any) -> float:
@@ -275,6 +283,15 @@ class Runtime(_Group):
         _bool,
         "Thunder's automatic gradients (`tensordot_vjp`, ...) on its torch executor run without their forward again: "
         "autograd's own ops, recorded per argument layout, each recording's first result checked bit for bit",
+    )
+    unused_grads: str = _option(
+        "prune",
+        _unused_grads,
+        "at a backward call where autograd uses only some gradients Thunder returns (`autograd.grad(energy, "
+        "positions)`: not the parameters'), `'prune'` runs a copy without the work only the others need, its regions "
+        "rebuilt without their outputs (compiled then; with `exact_only`, kept where the used gradients come out bit "
+        "for bit the same, else whole ops and regions left out); `'skip'`: whole ops and regions only; `'compute'`: "
+        "every gradient, as Thunder",
     )
     hoist_max_bytes: int = _option(
         DEFAULT_HOIST_MAX_BYTES,

@@ -93,6 +93,10 @@ ReasonCode = Literal[
     "capture_uncaptured",
     "capture_moved",
     "capture_reentered",
+    # a backward program leaving out the work of gradients autograd will not use (unused_grads), at the first call of
+    # each set of unused gradients: done (action remove), or that copy not run again (keep)
+    "unused_grads_skipped",
+    "unused_grads_kept",
 ]
 
 # Said as a RuntimeWarning when recorded (once a guard for each reason and error), besides explain(): a program left
@@ -248,6 +252,16 @@ class Facts(TypedDict, total=False):
     captured_by: str
     recaptured_after: int  # calls in a row run uncaptured before a graph whose gradients are held is captured anew
     held: list[str]  # gradients still held when their graph would replay
+    # gradients autograd will not use (passes.unused_grads): how many unused at a call, the ops and regions left out
+    # for them, the regions rebuilt without their outputs, and how the used ones compared
+    unused: int
+    left_out: list[str]
+    left_out_regions: list[str]
+    pruned: list[str]
+    bitwise: bool
+    max_abs_diff: float | None
+    exact_only: bool  # the option exact_only, which holds a rebuilt region's bits
+    seconds: float  # what building and first running a copy of the program took (its regions' compiles included)
     moved_inputs: list[str]  # inputs a graph reads in place found elsewhere than at its capture
     writes_moved: bool  # the graph writes one of them: it runs uncaptured, not captured anew
     in_backward: bool  # a backward graph run twice in one backward pass (not a forward run again before its backward)
@@ -850,6 +864,31 @@ def _vjp_forward_kept(f: Facts) -> tuple[str, str | None]:
     return f"{f['name']}: Thunder's call kept for a layout: {f['error']}", None
 
 
+def _unused_grads_done(f: Facts) -> tuple[str, str | None]:
+    regions = f" ({plural(len(f['left_out_regions']), 'region')})" if f["left_out_regions"] else ""
+    pruned = f", {plural(len(f['pruned']), 'region')} rebuilt without their outputs" if f["pruned"] else ""
+    if f["bitwise"]:
+        same = "the used gradients bit for bit the whole program's"
+    else:
+        same = f"the used gradients within {f['max_abs_diff']:.1e} of the whole program's"
+    left = f"{plural(len(f['left_out']), 'op')}{regions} left out{pruned}"
+    return f"{plural(f['unused'], 'unused gradient')}: {left}; {same}", None
+
+
+def _unused_grads_kept(f: Facts) -> tuple[str, str | None]:
+    if f["error"]:
+        why = f"failed: {f['error']}"
+    else:
+        why = f"differs from the whole program's by up to {f['max_abs_diff']:.1e}"
+    if f["pruned"]:
+        return (
+            f"{plural(f['unused'], 'unused gradient')}: the copy with {plural(len(f['pruned']), 'region')} rebuilt "
+            f"without their outputs {why}; not run again (exact_only), whole ops left out instead",
+            None,
+        )
+    return f"{plural(f['unused'], 'unused gradient')}: the copy without their work {why}; the whole program runs", None
+
+
 def _grad_update_rescued(f: Facts) -> tuple[str, str | None]:
     values = ", ".join(f["values"])
     return f"Thunder would update {values} outside autograd: gradients through it lost", (
@@ -1217,4 +1256,6 @@ _WORDS: dict[ReasonCode, Callable[[Facts], tuple[str, str | None]]] = {
     "capture_uncaptured": _capture_uncaptured,
     "capture_moved": _capture_moved,
     "capture_reentered": _capture_reentered,
+    "unused_grads_skipped": _unused_grads_done,
+    "unused_grads_kept": _unused_grads_kept,
 }

@@ -28,6 +28,7 @@ functions here, one module a job, so that a new release means reading and fixing
 - :mod:`.shared_fusions`: equal nvFuser definitions of different regions compiled once;
 - :mod:`.entry`: a compiled function's one cache entry called without Thunder's search of its cache;
 - :mod:`.timestamps`: what Thunder's ``CompileStats`` and Dynamo record of a compilation's time;
+- :mod:`.unused_grads`: gradients autograd will not use, and a backward program leaving out the work only they need;
 - :mod:`.compat`: the fix for a Thunder/nvFuser pair that does not work together as shipped.
 
 Callers use this package's names (``from .. import _thunder as th``); each module's public names are
@@ -305,6 +306,16 @@ from .translations import (
     translation_for,
     untranslate_library_ops,
 )
+from .unused_grads import (
+    SkippingBackward,
+    UnusedGradsBackward,
+    Variant,
+    VariantRun,
+    gradient_feeds,
+    prune_region,
+    skipping_backward,
+    unused_gradients,
+)
 
 __all__ = [
     "ALTERNATIVE_FUSERS",
@@ -345,6 +356,7 @@ __all__ = [
     "RescuingCall",
     "SharedBuffersCapture",
     "SharedFusions",
+    "SkippingBackward",
     "SliceRange",
     "Span",
     "TensorProxy",
@@ -352,6 +364,9 @@ __all__ = [
     "TraceCtx",
     "Translation",
     "Unrescuable",
+    "UnusedGradsBackward",
+    "Variant",
+    "VariantRun",
     "alias_update_keeping",
     "alternative_fuser",
     "applied_in_scope",
@@ -404,6 +419,7 @@ __all__ = [
     "fx_module_source",
     "fx_node_source",
     "fx_output_examples",
+    "gradient_feeds",
     "graph_breaks",
     "guard_call",
     "guard_executor",
@@ -464,6 +480,7 @@ __all__ = [
     "plain_add",
     "proxy_device",
     "proxy_names",
+    "prune_region",
     "python_callable_from_symbols",
     "rebound_traceable",
     "rebuild_fusion",
@@ -481,6 +498,7 @@ __all__ = [
     "scratch_trace",
     "scripted_calls",
     "set_provenance",
+    "skipping_backward",
     "slice_range",
     "software_versions",
     "source_finder",
@@ -517,6 +535,7 @@ __all__ = [
     "translation_for",
     "unbound_reads",
     "untranslate_library_ops",
+    "unused_gradients",
     "unwrap_module_call",
     "user_frame",
     "user_lines",

@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .traces import BoundSymbol
 
-__all__ = ["ExactVjp", "automatic_vjp_of"]
+__all__ = ["ExactVjp", "automatic_vjp_of", "bitwise_equal"]
 
 
 def automatic_vjp_of(bsym: BoundSymbol) -> Callable | None:
@@ -75,7 +75,7 @@ class ExactVjp:
             try:
                 graph = self._record(flat, spec)
                 got = list(graph(*[v for v in flat if isinstance(v, torch.Tensor)]))
-                if not _bitwise_equal(got, [v for v in leaves if v is not None]):
+                if not bitwise_equal(got, [v for v in leaves if v is not None]):
                     why = "its recording's result differs from Thunder's"
             except Exception as e:  # any failure to record keeps Thunder's call
                 why = f"it could not be recorded ({type(e).__name__})"
@@ -106,7 +106,7 @@ def _placed(tensors: list, is_tensor: list[bool]) -> list:
     return [next(given) if t else None for t in is_tensor]
 
 
-def _bitwise_equal(got: list, want: list) -> bool:
+def bitwise_equal(got: list, want: list) -> bool:
     """The same tensors, bit for bit: shapes, strides, dtypes and bytes (NaNs and signed zeros too)."""
     if len(got) != len(want):
         return False

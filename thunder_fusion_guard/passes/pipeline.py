@@ -40,6 +40,7 @@ from .rehome import merge_pass, rehome_pass
 from .rescue import rescue_pass
 from .scatters import scatter_pass
 from .small_matmuls import late_small_matmul_pass, small_matmul_pass
+from .unused_grads import unused_grad_pass
 
 __all__ = [
     "PASSES",
@@ -88,6 +89,8 @@ PASSES: tuple[Pass, ...] = (
     Pass("direct_call_pass", "runtime.direct_calls", direct_call_pass, report_only=False),
     Pass("exact_vjp_pass", "runtime.exact_vjps", exact_vjp_pass, report_only=False),
     Pass("rescue_pass", "rescue", rescue_pass, report_only=False),
+    # last: the trace it returns carries its own program, which a pass rebuilding the trace would drop
+    Pass("unused_grad_pass", None, unused_grad_pass, report_only=False),
 )
 
 
