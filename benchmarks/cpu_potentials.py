@@ -10,6 +10,7 @@
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py nequip --jit --default-executors --without-exact-vjps --json x
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py nequip --translate --unguarded --json out.json  # yardstick
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py nequip --l-max 3 --json out.json  # model "nequip-l3"
+    OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py mace --translate --l-max 3 --not-exact --unguarded --json x
 
 Each run adds its paths to ``--json`` (``{"commit", "models": {model: {path: {"ms", "first_call_s",
 "max_abs_force_diff", ...}}}}``; the commit from ``TFG_COMMIT`` or git). ``--choose``: then ``choose_backends`` and
@@ -105,6 +106,18 @@ def main() -> int:
         help="with --unguarded: compile unguarded Thunder before the guarded path, so that its first call is the cold "
         "one (by default it compiles second and reads the Inductor graphs both compile from Inductor's caches)",
     )
+    p.add_argument(
+        "--unused-grads",
+        choices=["prune", "skip", "compute"],
+        default="prune",
+        help="the guard's runtime.unused_grads (the model's key ends -prune or -compute where not the default)",
+    )
+    p.add_argument(
+        "--not-exact",
+        action="store_true",
+        help="the guard with exact_only=False: rewrites that may round differently kept (the model's key ends "
+        "-not-exact)",
+    )
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--json", required=True)
     args = p.parse_args()
@@ -120,7 +133,11 @@ def main() -> int:
         built.module.requires_grad_(False)
         key += "-frozen"
     model, (positions, *graph) = built.module, built.inputs
-    guard = FusionGuard()
+    if args.unused_grads != "prune":
+        key += f"-{args.unused_grads}"
+    if args.not_exact:
+        key += "-not-exact"
+    guard = FusionGuard(runtime=Runtime(unused_grads=args.unused_grads), exact_only=not args.not_exact)
     executors = None if args.default_executors else fusion_executors("cpu")
 
     def compiled(with_guard: FusionGuard | None):
@@ -267,6 +284,12 @@ def main() -> int:
             # each graph run whole or kept split, and why: its timings, and the Inductor options that run it
             "whole_graph_reasons": [
                 d.reason for c in ("whole_graph", "whole_graph_kept") for d in guard.report.filter(code=c)
+            ],
+            # the backward work left out for gradients autograd does not use (runtime.unused_grads), or why not
+            "unused_grads": [
+                d.reason
+                for c in ("unused_grads", "unused_grads_skipped", "unused_grads_kept")
+                for d in guard.report.filter(code=c)
             ],
             "rounds": args.rounds,
             "atoms": args.atoms,
