@@ -883,7 +883,7 @@ def _unused_grads_kept(f: Facts) -> tuple[str, str | None]:
     if f["pruned"]:
         return (
             f"{plural(f['unused'], 'unused gradient')}: the copy with {plural(len(f['pruned']), 'region')} rebuilt "
-            f"without their outputs {why}; not run again (exact_only), whole ops left out instead",
+            f"without their outputs {why}; not run again (exact_only): next, whole ops and regions only, where any",
             None,
         )
     return f"{plural(f['unused'], 'unused gradient')}: the copy without their work {why}; the whole program runs", None
