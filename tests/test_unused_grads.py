@@ -199,6 +199,26 @@ def test_after_a_copy_that_differs_the_next_call_tries_the_next_way():
     assert len(full_calls) == 3
 
 
+def test_strict_raises_where_a_copy_fails(monkeypatch):
+    from thunder_fusion_guard import FusionGuardError
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("planted")
+
+    import thunder_fusion_guard._thunder.unused_grads as unused_grads
+
+    monkeypatch.setattr(unused_grads, "backward_without", failing)
+    model, positions = _model()
+    lenient, strict = FusionGuard(), FusionGuard(strict=True)
+    unguarded = thunder.jit(model)
+    want = _forces(unguarded, model, positions)
+    assert _bits_equal(_forces(thunder.jit(model, transforms=[lenient]), model, positions), want)
+    (kept,) = _decisions(lenient, "unused_grads_kept")
+    assert kept.facts["error"] == "RuntimeError: planted"
+    with pytest.raises(FusionGuardError, match="planted"):
+        _forces(thunder.jit(model, transforms=[strict]), model, positions)
+
+
 def test_a_bad_value_names_the_option():
     with pytest.raises(ValueError, match=r"'runtime.unused_grads' must be one of \['prune', 'skip', 'compute'\]"):
         FusionGuard(runtime={"unused_grads": "never"})

@@ -8,7 +8,7 @@ against the whole program. ``'prune'`` (the default) rebuilds a region some outp
 need without them (compiled then); its compiler may round the others differently, so with ``exact_only`` that copy
 is kept only where the used gradients come out bit for bit the same, else the next call tries ``'skip'``'s copy:
 whole ops and regions only unused gradients need left out, the same ops for the others. A copy that differs or fails
-is not run again; each attempt is recorded.
+is not run again; each attempt is recorded (with ``strict``, a copy that fails raises ``FusionGuardError``).
 
 Not done where the program replays in CUDA graphs (a replay would not ask the engine again), or where the trace
 communicates (every rank must run the same collectives).
@@ -22,7 +22,7 @@ from .. import _thunder as th
 from ..decisions import Decision, Details
 from ..ops.communication import is_communication
 from ..ops.effects import is_random, writes_inputs
-from .context import PassContext
+from .context import FusionGuardError, PassContext
 from .records import op_decision
 
 # The name the decisions give the backward program they are about.
@@ -61,6 +61,8 @@ def unused_grad_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.Trace
     def on_first(run: th.VariantRun, kept: bool) -> None:
         if record is not None:
             record(variant_decision(context, run, kept))
+        if options.strict and run.error:  # strict: a copy that failed is raised (the whole program's values computed)
+            raise FusionGuardError(f"{where.trace} trace: a copy without unused gradients' work failed: {run.error}")
 
     def bitwise(run: th.VariantRun) -> bool:
         return run.bitwise
