@@ -197,18 +197,16 @@ def prune_region(
     fusion: BoundSymbol, outputs: frozenset[str], writes: Callable[[BoundSymbol], bool] = lambda b: False
 ) -> BoundSymbol | None:
     """The fusion region ``fusion`` rebuilt by its executor with only the outputs named, without the ops only the
-    others needed; an op ``writes`` says writes a tensor it is given is kept where that tensor is needed. None where it
-    would keep no output, or the region runs rescued from its executor's failure."""
+    others needed; an op ``writes`` says writes a tensor it is given is kept, with what it reads. None where it would
+    keep no output, or the region runs rescued from its executor's failure."""
     wanted = [o for o in fusion.flat_proxy_outs if o.name in outputs]
     if not wanted or getattr((fusion._call_ctx or {}).get(fusion.sym.name), "rescued", False):
         return None  # nothing kept, or a region its executor failed on (the guard's rescue runs it another way)
     needed = set(outputs)
     body: list[BoundSymbol] = []
     for bsym in reversed(fusion.subsymbols):
-        made = {o.name for o in bsym.flat_proxy_outs}
-        if writes(bsym):
-            made |= {a.name for a in bsym.flat_proxy_args}
-        if made & needed:
+        # a write is kept with what it reads, whatever it writes into: a view of a kept value may be its destination
+        if writes(bsym) or {o.name for o in bsym.flat_proxy_outs} & needed:
             body.append(bsym)
             needed |= {a.name for a in bsym.flat_proxy_args}
     inputs = [a for a in _unique(fusion.flat_proxy_args) if a.name in needed]

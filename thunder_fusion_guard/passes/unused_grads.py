@@ -31,13 +31,13 @@ BACKWARD = "backward_fn"
 
 def always_run(bsym: th.BoundSymbol) -> bool:
     """Ops a backward call runs whatever gradients are used: random ones (the random state moves on), communication,
-    writes into tensors given (for a fusion region, into its inputs: one into a tensor it makes stays inside)."""
+    writes into tensors given (for a fusion region, into its inputs or views of them: one into a tensor it makes stays
+    inside)."""
     if is_random(bsym) or is_communication(bsym):
         return True
     if not th.is_fusion(bsym):
         return writes_inputs(bsym)
-    inputs = {a.name for a in bsym.flat_proxy_args}
-    return any(writes_inputs(b) and {a.name for a in b.flat_proxy_args} & inputs for b in bsym.subsymbols)
+    return bool(th.written_inputs(list(bsym.subsymbols), list(bsym.flat_proxy_args), writes_inputs))
 
 
 def unused_grad_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, list[Decision]]:
