@@ -222,3 +222,25 @@ def test_strict_raises_where_a_copy_fails(monkeypatch):
 def test_a_bad_value_names_the_option():
     with pytest.raises(ValueError, match=r"'runtime.unused_grads' must be one of \['prune', 'skip', 'compute'\]"):
         FusionGuard(runtime={"unused_grads": "never"})
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_on_cuda_nvfuser_regions_are_rebuilt_without_unused_outputs_with_unguarded_bits(dtype):
+    """On nvFuser the parameters' gradients share regions with the forces': the default rebuilds those regions
+    without the parameters' outputs (an nvFuser program of its own) and keeps the copy only where the forces come out
+    bit for bit unguarded Thunder's; either way the forces are unguarded Thunder's."""
+    model, positions = _model(dtype)
+    model, positions = model.cuda(), positions.detach().cuda().requires_grad_()
+    guard = FusionGuard(costs={"cost_model": False})
+    guarded, unguarded = thunder.jit(model, transforms=[guard]), thunder.jit(model)
+    for _ in range(3):
+        assert _bits_equal(_forces(guarded, model, positions), _forces(unguarded, model, positions))
+    assert all(p.grad is None for p in model.parameters())
+    (first,) = [d for d in guard.report.decisions if d.code in ("unused_grads_skipped", "unused_grads_kept")][:1]
+    assert first.facts["unused"] == 4 and not first.facts.get("error")
+    assert first.code == ("unused_grads_skipped" if first.facts["bitwise"] else "unused_grads_kept")
+    assert (
+        any(name.startswith("nvFusion") for name in first.facts["left_out_regions"] + first.facts["pruned"])
+        or (first.facts["left_out"])
+    )
