@@ -126,6 +126,32 @@ def test_a_region_feeding_every_gradient_is_rebuilt_without_the_unused_outputs_w
     assert done.facts["bitwise"] == (done.facts["max_abs_diff"] == 0)
 
 
+def test_a_rebuilt_region_keeps_a_write_through_a_view_of_its_input_with_what_it_reads():
+    """A region writing into a view of an input: rebuilt with only another output, the write (and the view and the
+    aliases it reads) stays and still lands in the input; the sum only the left-out output needed goes."""
+    from thunder_fusion_guard.ops.effects import writes_inputs
+
+    def f(x, y):
+        v = x[:2]
+        v.mul_(2)
+        return y * 3, x.sum()
+
+    jf = thunder.jit(f, executors=fusion_executors("cpu"))
+    jf(torch.ones(4, 3), torch.ones(3))
+    (region,) = [b for b in thunder.last_traces(jf)[-1].bound_symbols if th.is_fusion(b)]
+    (times_three,) = [b.output.name for b in region.subsymbols if b.sym.name == "mul"]
+    rebuilt = th.prune_region(region, frozenset({times_three}), writes=writes_inputs)
+    names = [b.sym.name for b in rebuilt.subsymbols]
+    assert "mul_" in names and "getitem" in names and "sum" not in names
+    assert [o.name for o in rebuilt.flat_proxy_outs] == [times_three]
+    x, y = torch.ones(4, 3), torch.ones(3)
+    (out,) = rebuilt._call_ctx[rebuilt.sym.name](x, y)
+    assert torch.equal(out, torch.full((3,), 3.0))
+    assert torch.equal(x, torch.tensor([[2.0] * 3] * 2 + [[1.0] * 3] * 2))
+    unaware = th.prune_region(region, frozenset({times_three}))  # told of no write, the write goes with the sum
+    assert "mul_" not in [b.sym.name for b in unaware.subsymbols]
+
+
 def test_unused_gradients_outside_a_backward_call_are_none():
     assert th.unused_gradients([0, 1], 2) is None
 
