@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 from thunder.core import prims
-from thunder.core.proxies import Proxy, TensorProxy
+from thunder.core.proxies import TensorProxy
 from thunder.core.trace import TraceCtx
 
 from .exact_vjps import bitwise_equal
@@ -209,18 +209,9 @@ def prune_region(
         if writes(bsym) or {o.name for o in bsym.flat_proxy_outs} & needed:
             body.append(bsym)
             needed |= {a.name for a in bsym.flat_proxy_args}
-    inputs = [a for a in _unique(fusion.flat_proxy_args) if a.name in needed]
+    unique = {a.name: a for a in fusion.flat_proxy_args}  # an input given twice is one argument of the rebuilt call
+    inputs = [a for name, a in unique.items() if name in needed]
     return rebuild_fusion(fusion, list(reversed(body)), inputs, wanted)
-
-
-def _unique(proxies: Sequence[Proxy]) -> list[Proxy]:
-    seen: set[str] = set()
-    out = []
-    for p in proxies:
-        if p.name not in seen:
-            seen.add(p.name)
-            out.append(p)
-    return out
 
 
 @dataclass
