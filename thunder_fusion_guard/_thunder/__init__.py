@@ -297,7 +297,6 @@ from .traces import (
     torch_dtype,
     trace_inputs,
     unbound_reads,
-    unique_proxies,
 )
 from .translations import (
     Translation,
@@ -535,7 +534,6 @@ __all__ = [
     "translate_library_ops",
     "translation_for",
     "unbound_reads",
-    "unique_proxies",
     "untranslate_library_ops",
     "unused_gradients",
     "unwrap_module_call",
