@@ -297,6 +297,7 @@ from .traces import (
     torch_dtype,
     trace_inputs,
     unbound_reads,
+    unique_proxies,
 )
 from .translations import (
     Translation,
@@ -534,6 +535,7 @@ __all__ = [
     "translate_library_ops",
     "translation_for",
     "unbound_reads",
+    "unique_proxies",
     "untranslate_library_ops",
     "unused_gradients",
     "unwrap_module_call",

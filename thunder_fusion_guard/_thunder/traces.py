@@ -118,6 +118,11 @@ def leaves(bsym: BoundSymbol) -> list[BoundSymbol]:
     return [leaf for s in bsym.subsymbols for leaf in leaves(s)]
 
 
+def unique_proxies(proxies: Iterable[Proxy]) -> list[Proxy]:
+    """``proxies`` in order, each name once (a value given twice is one argument of a call)."""
+    return list({p.name: p for p in proxies}.values())
+
+
 def is_prim(bsym: BoundSymbol) -> bool:
     """True for a bound symbol of one of Thunder's primitives (``prims.reshape``, ``prims.add``, ...)."""
     return isinstance(bsym.sym.id, prims.PrimIDs)

@@ -27,7 +27,7 @@ from thunder.core.trace import TraceCtx
 from .exact_vjps import bitwise_equal
 from .lowering import new_trace_like, rebuild_fusion, refresh_dels
 from .sources import source_line
-from .traces import BoundSymbol, is_fusion
+from .traces import BoundSymbol, is_fusion, unique_proxies
 
 __all__ = [
     "GradientFeeds",
@@ -209,8 +209,7 @@ def prune_region(
         if writes(bsym) or {o.name for o in bsym.flat_proxy_outs} & needed:
             body.append(bsym)
             needed |= {a.name for a in bsym.flat_proxy_args}
-    unique = {a.name: a for a in fusion.flat_proxy_args}  # an input given twice is one argument of the rebuilt call
-    inputs = [a for name, a in unique.items() if name in needed]
+    inputs = [a for a in unique_proxies(fusion.flat_proxy_args) if a.name in needed]
     return rebuild_fusion(fusion, list(reversed(body)), inputs, wanted)
 
 

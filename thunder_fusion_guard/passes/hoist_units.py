@@ -11,7 +11,6 @@ from typing import Any, Literal
 from .. import _thunder as th
 from ..ops import aliased_outputs, cut_can_move, cut_hazards, hoistable, may_alias_inputs, writes_inputs
 from .rewrite import readers as readers_map
-from .rewrite import unique_proxies
 
 
 @dataclass(frozen=True)
@@ -170,17 +169,17 @@ def _region_part(
     part = _cut(body, whole_part) if cut_can_move(th.executor_name(fusion)) else whole_part
     rest = _others(body, part)
     made = {p.name for s in part for p in s.flat_proxy_outs}
-    inside = unique_proxies(p for s in rest for p in s.flat_proxy_args if p.name in made)
+    inside = th.unique_proxies(p for s in rest for p in s.flat_proxy_args if p.name in made)
     outside = [p for p in region_outs if p.name in made and read_outside(p.name)]
     if part and rest and (inside or outside):
         refused = [may_rebuild(fusion, part, inside), may_rebuild(fusion, rest, inside)]
         if not any(refused):
-            outs = unique_proxies([*inside, *outside])
+            outs = th.unique_proxies([*inside, *outside])
             rest_outs = [p for p in region_outs if p.name not in made]
             rest_bsym = None
             if rest_outs:
                 rest_ins = [p for p in fusion.flat_proxy_args if any(_reads(s, p.name) for s in rest)]
-                rest_bsym = th.rebuild_fusion(fusion, rest, unique_proxies([*rest_ins, *inside]), rest_outs)
+                rest_bsym = th.rebuild_fusion(fusion, rest, th.unique_proxies([*rest_ins, *inside]), rest_outs)
             return _part_unit(fusion, position, constant, part, outs, rest_bsym)
     made = {p.name for s in whole_part for p in s.flat_proxy_outs}
     outside = [p for p in region_outs if p.name in made and read_outside(p.name)]
@@ -207,7 +206,7 @@ def _cut(body: list[th.BoundSymbol], part: list[th.BoundSymbol]) -> list[th.Boun
     while True:
         made = {p.name for s in part for p in s.flat_proxy_outs}
         rest = _others(body, part)
-        crossing = unique_proxies(p for s in rest for p in s.flat_proxy_args if p.name in made)
+        crossing = th.unique_proxies(p for s in rest for p in s.flat_proxy_args if p.name in made)
         hazards = cut_hazards(part, crossing)
         if not hazards:
             return part
@@ -255,7 +254,7 @@ def _units(bsyms: list[th.BoundSymbol], readers_of: dict[str, set[int]], may_reb
     for i, b in enumerate(bsyms):
         if th.is_plumbing(b):
             continue
-        reads = [p.name for p in unique_proxies(b.flat_proxy_args)]
+        reads = [p.name for p in th.unique_proxies(b.flat_proxy_args)]
         outs = list(b.flat_proxy_outs)
         whole = bool(outs) and all(n in constant for n in reads) and hoistable(b) and _fixed(outs)
         whole = whole and (not th.is_fusion(b) or may_rebuild(b, [], ()) is None)
@@ -290,7 +289,7 @@ def readers_after(bsyms: list[th.BoundSymbol], units: dict[int, Unit], chosen: s
             if unit.rest is None:
                 continue
             b = unit.rest
-        for p in unique_proxies(b.flat_proxy_args):
+        for p in th.unique_proxies(b.flat_proxy_args):
             found[p.name].append(j)
     return found
 

@@ -16,7 +16,6 @@ from ..decisions import Decision, Details
 from ..ops import identity_reason
 from .context import PassContext, may_change
 from .records import op_decision
-from .rewrite import unique_proxies
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,7 @@ def _region_without_identities(fusion, swap, renames, keep, removals) -> list[th
 
     ``keep`` names results that must stay as they are (returned, or read by an unguarded region).
     """
-    inputs = unique_proxies(_resolve(p, renames) for p in fusion.flat_proxy_args)
+    inputs = th.unique_proxies(_resolve(p, renames) for p in fusion.flat_proxy_args)
     outputs = list(fusion.flat_proxy_outs)
     output_names = {p.name for p in outputs}
     made_inside: set[str] = set()

@@ -19,7 +19,6 @@ from .. import _thunder as th
 from ..decisions import Decision, Details
 from .context import PassContext, may_change
 from .records import op_decision
-from .rewrite import unique_proxies
 
 Position = tuple[int, int]  # (a fusion call's index in the trace, an op's index in its body)
 
@@ -243,10 +242,10 @@ def _region(fusion: th.BoundSymbol, body: list[th.BoundSymbol], needed_elsewhere
     """``fusion`` rebuilt to run ``body``: its inputs what the body reads and does not make (in the order they
     came), its outputs those it still makes and the pieces another region now reads."""
     made = {p.name for b in body for p in b.flat_proxy_outs}
-    read = unique_proxies(p for b in body for p in b.flat_proxy_args if p.name not in made)
+    read = th.unique_proxies(p for b in body for p in b.flat_proxy_args if p.name not in made)
     names = {p.name for p in read}
-    inputs = unique_proxies([*(p for p in fusion.flat_proxy_args if p.name in names), *read])
-    outputs = unique_proxies(
+    inputs = th.unique_proxies([*(p for p in fusion.flat_proxy_args if p.name in names), *read])
+    outputs = th.unique_proxies(
         [
             *(p for p in fusion.flat_proxy_outs if p.name in made),
             *(p for b in body for p in b.flat_proxy_outs if p.name in needed_elsewhere),

@@ -33,7 +33,7 @@ from ..ops import (
 from ..policy import BOOKEND
 from .context import FusionGuardError, PassContext, may_change
 from .records import op_decision
-from .rewrite import readers, unique_proxies
+from .rewrite import readers
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def absorb_metadata_ops(
         if why_not:
             moves.append(Rehome(th.op_name(b), moved, into, ex, "", why_not))
             continue
-        inputs = unique_proxies([*b.flat_proxy_args, *(p for p in region.flat_proxy_args if p.name not in outs)])
+        inputs = th.unique_proxies([*b.flat_proxy_args, *(p for p in region.flat_proxy_args if p.name not in outs)])
         try:
             bsyms[j] = th.rebuild_fusion(region, [b, *th.subsymbols(region)], inputs, region.flat_proxy_outs)
         except Exception as e:  # rebuilding a fusion may raise anything in Thunder or the executor: the op is not moved
@@ -166,7 +166,7 @@ def _merged(
     already (Thunder's rematerialization copies a cheap op into each region that reads it, under the same names)
     runs once."""
     made = {p.name for b in (first, *between) for p in b.flat_proxy_outs}
-    inputs = unique_proxies(
+    inputs = th.unique_proxies(
         [
             *first.flat_proxy_args,
             *(p for b in (*between, second) for p in b.flat_proxy_args if p.name not in made),
@@ -179,7 +179,7 @@ def _merged(
         if not (outs and outs <= done):
             body.append(b)
             done |= outs
-    outputs = unique_proxies(
+    outputs = th.unique_proxies(
         [
             *(p for b in (first, *between) for p in b.flat_proxy_outs if readers_of.get(p.name, set()) - merged),
             *second.flat_proxy_outs,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .. import _thunder as th
@@ -68,11 +67,6 @@ def readers(bsyms: list[th.BoundSymbol | None]) -> dict[str, set[int]]:
             for p in b.flat_proxy_args:
                 found[p.name].add(i)
     return found
-
-
-def unique_proxies(proxies: Iterable[th.Proxy]) -> list[th.Proxy]:
-    """``proxies`` in order, each name once."""
-    return list({p.name: p for p in proxies}.values())
 
 
 def replace_regions(trace: th.TraceCtx, replacements: dict[int, list[th.BoundSymbol]], provenance: str) -> th.TraceCtx:

@@ -20,7 +20,7 @@ from ..decisions import Decision, Details
 from ..ops import communication_segments, crosses_communication, sums_by_index, writes_inputs
 from .context import FusionGuardError, PassContext, may_change
 from .records import op_decision
-from .rewrite import readers, unique_proxies
+from .rewrite import readers
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def scatters_into_producers(
     for i, b in enumerate(bsyms):
         if b is None or th.is_fusion(b) or not sums_by_index(b):
             continue
-        args = unique_proxies(b.flat_proxy_args)
+        args = th.unique_proxies(b.flat_proxy_args)
         j = max((made_at.get(p.name, -1) for p in args), default=-1)
         region = bsyms[j] if j >= 0 else None
         if region is None or not th.is_fusion(region) or not may_change(region) or not claims(region, b):
@@ -64,7 +64,7 @@ def scatters_into_producers(
         outs = {p.name for p in b.flat_proxy_outs}
         kept = [p for p in region.flat_proxy_outs if readers_of.get(p.name, set()) - {i}]
         dropped = tuple(sorted({p.name for p in region.flat_proxy_outs} - {p.name for p in kept}))
-        inputs = unique_proxies([*region.flat_proxy_args, *(p for p in args if made_at.get(p.name, -1) != j)])
+        inputs = th.unique_proxies([*region.flat_proxy_args, *(p for p in args if made_at.get(p.name, -1) != j)])
         name, ex, output = region.sym.name, th.executor_name(region), ", ".join(sorted(outs))
         try:
             rebuilt = th.rebuild_fusion(region, [*th.subsymbols(region), b], inputs, [*kept, *b.flat_proxy_outs])

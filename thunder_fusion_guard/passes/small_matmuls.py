@@ -28,7 +28,7 @@ from ..decisions import Decision, Details
 from ..ops import communication_segments, crosses_communication, runs_as_view
 from .context import FusionGuardError, PassContext, may_change
 from .records import op_decision
-from .rewrite import readers, unique_proxies
+from .rewrite import readers
 
 SMALL_INNER = 8  # the most terms a matmul moved into a region sums (Inductor unrolls sums of up to 8), any size
 # A launch-bound matmul moves too: at most this many terms and this many products (output elements times terms).
@@ -109,7 +109,7 @@ def matmuls_into_regions(
             moved.append(replace(found, refused=f"{ex} does not claim the products and their sum"))
             continue
         made = {mm.out.name, *(p.name for v in views for p in v.flat_proxy_outs)}
-        inputs = unique_proxies([*mm.operands, *(p for p in region.flat_proxy_args if p.name not in made)])
+        inputs = th.unique_proxies([*mm.operands, *(p for p in region.flat_proxy_args if p.name not in made)])
         outputs = [*region.flat_proxy_outs, *([mm.out] if also_output else [])]
         try:
             bsyms[j] = th.rebuild_fusion(region, [*products, *views, *th.subsymbols(region)], inputs, outputs)

@@ -21,7 +21,6 @@ from functools import partial
 
 from .. import _thunder as th
 from ..regions import Region
-from .rewrite import unique_proxies
 
 # Fusion executors whose regions Dynamo traces: the ones a gradient run through torch.autograd breaks.
 DYNAMO_EXECUTORS: frozenset[str] = frozenset({"torchcompile", "torchcompile_cat"})
@@ -103,8 +102,8 @@ def boundaries(
     found = []
     for run, read_after in zip(runs, later, strict=True):
         made = {p.name for b in run for p in b.flat_proxy_outs}
-        reads = unique_proxies(p for b in run for p in b.flat_proxy_args if p.name not in made)
-        returns = unique_proxies(p for b in run for p in b.flat_proxy_outs if p.name in read_after)
+        reads = th.unique_proxies(p for b in run for p in b.flat_proxy_args if p.name not in made)
+        returns = th.unique_proxies(p for b in run for p in b.flat_proxy_outs if p.name in read_after)
         found.append((reads, returns))
     return found
 
