@@ -3,8 +3,7 @@
 The public names load on first use, so that ``fusion-guard --help`` and ``--version`` need neither torch
 nor Thunder, and the command line can quiet their import-time warnings before they load. Importing it changes
 nothing of Thunder's, torch's or nvFuser's (README's "Compatibility shims" lists the few changes made while a
-guarded compilation runs, each undone after, and those made only when asked: ``enable_nvfuser_direct()``,
-``translate_library_ops()``).
+guarded compilation runs, each undone after).
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ _EXPORTS = {
     "CapturedStep": ".step_graph",
     "choose_backends": ".backend_choice",
     "collect_segments": ".examine.segments",
-    "enable_nvfuser_direct": "._thunder",
     "explain": ".examine.explain",
     "first_call": ".examine.first_call",
     "fusion_executors": "._thunder",
@@ -65,7 +63,6 @@ __all__ = [
     "capture_step",
     "choose_backends",
     "collect_segments",
-    "enable_nvfuser_direct",
     "explain",
     "first_call",
     "fusion_executors",
@@ -96,7 +93,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from ._thunder import enable_nvfuser_direct, fusion_executors, nvfuser_problem
+    from ._thunder import fusion_executors, nvfuser_problem
     from .backend_choice import choose_backends
     from .cuda_graphs import GuardedCUDAGraphs
     from .decisions import Decision

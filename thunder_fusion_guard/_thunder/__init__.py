@@ -65,7 +65,7 @@ from .combo import (
     decomposed_matmuls,
     inductor_options,
 )
-from .compat import applied_fixes, enable_nvfuser_direct
+from .compat import ensure_nvfuser_compat
 from .compiling import (
     compile_function_name,
     compiling_executors,
@@ -212,7 +212,6 @@ from .sources import (
     is_installed_library_file,
     is_library_file,
     module_path,
-    package_compilations,
     record_backward_frames,
     record_user_frames,
     source_finder,
@@ -371,7 +370,6 @@ __all__ = [
     "VariantRun",
     "alias_update_keeping",
     "alternative_fuser",
-    "applied_fixes",
     "applied_in_scope",
     "automatic_vjp_of",
     "call_targets",
@@ -402,7 +400,6 @@ __all__ = [
     "dynamo_graph_label",
     "dynamo_graph_of",
     "dynamo_seconds",
-    "enable_nvfuser_direct",
     "executed_by",
     "executor_claims",
     "executor_name",
@@ -479,7 +476,6 @@ __all__ = [
     "op_name",
     "op_names_deep",
     "own_blas_workspace",
-    "package_compilations",
     "pad_piece",
     "parse_break_reason",
     "plain_add",
@@ -554,3 +550,6 @@ __all__ = [
     "wrap_module_call",
     "written_inputs",
 ]
+
+# Thunder has loaded its executors by now: fix a broken Thunder/nvFuser pair before anything compiles.
+ensure_nvfuser_compat()
