@@ -50,12 +50,13 @@ SHIMS: tuple[Shim, ...] = (
     ),
     Shim(
         "nvfuser-direct-contiguity",
-        "`nvfuserex_impl.compute_contiguity` calls `nvfuser_direct.compute_tensor_descriptor` where legacy "
-        "`nvfuser` is missing (nvFuser 0.2.36's builds for torch 2.10 ship `nvfuser_direct` only, and "
-        "Thunder's nvFuser regions fail at their first call without it, guarded or not). Applied at the "
-        "import of `FusionGuard` (or any name that loads the package's Thunder layer) and kept for the "
-        "process, unguarded Thunder's regions included; `TFG_SHIMS_OFF=nvfuser-direct-contiguity` leaves "
-        "Thunder as shipped",
+        "`nvfuserex_impl.create_fusion_definition_wrapper` wrapped while a guarded module is called or a guarded "
+        "compilation runs (Thunder's own again after), where legacy `nvfuser` is missing (nvFuser 0.2.36's builds for "
+        "torch 2.10 ship `nvfuser_direct` only, and Thunder's `compute_contiguity` imports from the legacy module, so "
+        "its nvFuser regions fail at their first call): each region a guarded compilation makes computes its input "
+        "layouts with `nvfuser_direct.compute_tensor_descriptor`, unguarded Thunder's regions unchanged. Only when "
+        "you call `enable_nvfuser_direct()`: `nvfuserex_impl.compute_contiguity` replaced for the whole process, so "
+        "that unguarded Thunder runs too",
         "_thunder/compat.py",
     ),
     Shim(
@@ -96,7 +97,7 @@ SHIMS: tuple[Shim, ...] = (
     ),
 )
 _BY_NAME = {s.name: s for s in SHIMS}
-_UNDO: dict[str, Callable[[], None]] = {}  # name -> how to undo it, for each shim applied in this process
+_UNDO: dict[str, list[Callable[[], None]]] = {}  # name -> how to undo each of its applications in this process
 
 
 def switched_off(environ: dict[str, str] | None = None) -> frozenset[str]:
@@ -131,24 +132,32 @@ def applies(name: str) -> bool:
 
 
 def record(name: str, undo_it: Callable[[], None]) -> None:
-    """Note that shim ``name`` was applied, and how to undo it."""
-    _UNDO[_BY_NAME[name].name] = undo_it
+    """Note that shim ``name`` was applied, and how to undo it (a shim may be applied in more than one way: each
+    is recorded)."""
+    _UNDO.setdefault(_BY_NAME[name].name, []).append(undo_it)
 
 
 def undo(name: str) -> bool:
-    """Undo shim ``name`` where it was applied in this process (what it changed is as before); False where not."""
-    undo_it = _UNDO.pop(_BY_NAME[name].name, None)
+    """Undo shim ``name`` where it was applied in this process (what it changed is as before: each application,
+    the latest first); False where not."""
+    undos = _UNDO.pop(_BY_NAME[name].name, [])
+    for undo_it in reversed(undos):
+        undo_it()
+    return bool(undos)
+
+
+def forget(name: str, undo_it: Callable[[], None] | None = None) -> None:
+    """Note that shim ``name`` was undone by its own owner (nothing to undo any more): the application ``undo_it``
+    recorded, or every one."""
+    undos = _UNDO.get(_BY_NAME[name].name, [])
     if undo_it is None:
-        return False
-    undo_it()
-    return True
-
-
-def forget(name: str) -> None:
-    """Note that shim ``name`` was undone by its own owner (nothing to undo any more)."""
-    _UNDO.pop(_BY_NAME[name].name, None)
+        undos.clear()
+    elif undo_it in undos:
+        undos.remove(undo_it)
+    if not undos:
+        _UNDO.pop(name, None)
 
 
 def applied_shims() -> list[str]:
     """The names of the shims applied in this process and not undone."""
-    return [s.name for s in SHIMS if s.name in _UNDO]
+    return [s.name for s in SHIMS if _UNDO.get(s.name)]

@@ -50,7 +50,7 @@ class _Patch:
         for owner, name, original, wrapper in self.sets:
             if _get(owner, name) is wrapper:
                 _set(owner, name, original)
-        shims.forget(self.shim)
+        shims.forget(self.shim, self.remove)
 
 
 def compiling_transform(flag: str) -> Any:
