@@ -3,7 +3,8 @@
 The public names load on first use, so that ``fusion-guard --help`` and ``--version`` need neither torch
 nor Thunder, and the command line can quiet their import-time warnings before they load. Importing it changes
 nothing of Thunder's, torch's or nvFuser's (README's "Compatibility shims" lists the few changes made while a
-guarded compilation runs, each undone after).
+guarded compilation runs, each undone after, and those made only when asked: ``enable_nvfuser_direct()``,
+``translate_library_ops()``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ _EXPORTS = {
     "CapturedStep": ".step_graph",
     "choose_backends": ".backend_choice",
     "collect_segments": ".examine.segments",
+    "enable_nvfuser_direct": "._thunder",
     "explain": ".examine.explain",
     "first_call": ".examine.first_call",
     "fusion_executors": "._thunder",
@@ -63,6 +65,7 @@ __all__ = [
     "capture_step",
     "choose_backends",
     "collect_segments",
+    "enable_nvfuser_direct",
     "explain",
     "first_call",
     "fusion_executors",
@@ -93,7 +96,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from ._thunder import fusion_executors, nvfuser_problem
+    from ._thunder import enable_nvfuser_direct, fusion_executors, nvfuser_problem
     from .backend_choice import choose_backends
     from .cuda_graphs import GuardedCUDAGraphs
     from .decisions import Decision

@@ -65,7 +65,7 @@ from .combo import (
     decomposed_matmuls,
     inductor_options,
 )
-from .compat import ensure_nvfuser_compat
+from .compat import applied_fixes, enable_nvfuser_direct
 from .compiling import (
     compile_function_name,
     compiling_executors,
@@ -212,6 +212,7 @@ from .sources import (
     is_installed_library_file,
     is_library_file,
     module_path,
+    package_compilations,
     record_backward_frames,
     record_user_frames,
     source_finder,
@@ -370,6 +371,7 @@ __all__ = [
     "VariantRun",
     "alias_update_keeping",
     "alternative_fuser",
+    "applied_fixes",
     "applied_in_scope",
     "automatic_vjp_of",
     "call_targets",
@@ -400,6 +402,7 @@ __all__ = [
     "dynamo_graph_label",
     "dynamo_graph_of",
     "dynamo_seconds",
+    "enable_nvfuser_direct",
     "executed_by",
     "executor_claims",
     "executor_name",
@@ -476,6 +479,7 @@ __all__ = [
     "op_name",
     "op_names_deep",
     "own_blas_workspace",
+    "package_compilations",
     "pad_piece",
     "parse_break_reason",
     "plain_add",
@@ -550,6 +554,3 @@ __all__ = [
     "wrap_module_call",
     "written_inputs",
 ]
-
-# Thunder has loaded its executors by now: fix a broken Thunder/nvFuser pair before anything compiles.
-ensure_nvfuser_compat()

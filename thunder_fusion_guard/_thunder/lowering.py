@@ -21,6 +21,7 @@ from thunder.executors.passes import _del_last_used, _transform_for_operator_exe
 from thunder.extend import FusionExecutor, get_all_executors, get_always_executors
 
 from .executors import ALTERNATIVE_FUSERS, guard_executor, torch_executor
+from .sources import package_compilations
 from .traces import fusion_body, is_backward, is_comment_or_del, is_fusion
 
 __all__ = [
@@ -192,7 +193,8 @@ def _fuse(
     executor: Any, body: Sequence[BoundSymbol], inputs: Sequence[Proxy], outputs: Sequence[Proxy], counter: int
 ) -> BoundSymbol:
     region = _FusedRegion(tuple(variableify(p) for p in inputs), tuple(variableify(p) for p in outputs), tuple(body))
-    return executor.fuse(region, counter)
+    with package_compilations():  # runs on nvFuser builds without the legacy module, once the compilation is over too
+        return executor.fuse(region, counter)
 
 
 def _fusion_number(name: str) -> int | None:

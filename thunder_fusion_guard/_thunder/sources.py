@@ -26,6 +26,7 @@ from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx
 
 from .. import shims
+from .compat import direct_descriptors_patch, fix_needed, package_compiling
 from .scoped import _compiling_guarded, _Patch
 from .traces import is_fusion
 
@@ -38,6 +39,7 @@ __all__ = [
     "is_installed_library_file",
     "is_library_file",
     "module_path",
+    "package_compilations",
     "record_backward_frames",
     "record_user_frames",
     "source_finder",
@@ -204,7 +206,13 @@ class _Scope:
 
 
 _SCOPE = _Scope()
-_PATCHES = 4  # how many _scoped_patches() makes where every shim applies
+_PATCHES = 4  # how many _scoped_patches() makes where every shim applies, nvFuser's descriptors aside
+
+
+def _expected_patches() -> int:
+    """How many patches :func:`_scoped_patches` makes where every shim applies: nvFuser's descriptors only where
+    they are needed (:func:`.compat.fix_needed`), so that a machine without them does not build them each hold."""
+    return _PATCHES + fix_needed()
 
 
 @contextlib.contextmanager
@@ -229,19 +237,38 @@ def _hold_locked() -> None:
     if _SCOPE.holders == 1:
         patches = _SCOPE.patches
         # built once; again where one is missing (turned off, or applied by hand when built) or stale
-        if patches is None or len(patches) < _PATCHES or not all(p.current() for p in patches):
+        if patches is None or len(patches) < _expected_patches() or not all(p.current() for p in patches):
             _SCOPE.patches = [p for p in _scoped_patches() if p is not None]
         for patch in _SCOPE.patches:
             patch.install()
 
 
 def _scoped_patches() -> tuple[_Patch | None, ...]:
-    """Every patch held with the user's lines: theirs, torch.fx's error handler left uninterpreted, and einsum's
-    labels walked in sorted order."""
+    """Every patch held with the user's lines: theirs, torch.fx's error handler left uninterpreted, einsum's
+    labels walked in sorted order, and nvFuser's regions given ``nvfuser_direct``'s descriptors where needed."""
     from .einsum_order import einsum_order_patch
     from .fx_errors import fx_error_handler_patch
 
-    return _user_frames_patch(), _backward_frames_patch(), fx_error_handler_patch(), einsum_order_patch()
+    return (
+        _user_frames_patch(),
+        _backward_frames_patch(),
+        fx_error_handler_patch(),
+        einsum_order_patch(),
+        direct_descriptors_patch(),
+    )
+
+
+@contextlib.contextmanager
+def package_compilations() -> Iterator[None]:
+    """Within, in this thread: the package's own compilations and fusions, guarded or not (calibration's probes,
+    the guard's regions built after Thunder's), make nvFuser regions that run on builds shipping only
+    ``nvfuser_direct`` (:func:`.compat.direct_descriptors_patch`, held with the user's lines: :func:`user_lines`)."""
+    with package_compiling():
+        _hold()
+        try:
+            yield
+        finally:
+            _release()
 
 
 def _release() -> None:

@@ -96,7 +96,8 @@ def _probe(executor: str, fn: Callable, args: list[torch.Tensor]) -> tuple[Calla
     if ex is None:
         raise LookupError(f"no executor named {executor!r} is registered with thunder")
     jitted = thunder.jit(fn, executors=[ex], nv_enable_shape_only_fusion=True)
-    jitted(*args)
+    with th.package_compilations():  # its nvFuser region runs where nvFuser ships only nvfuser_direct
+        jitted(*args)
     trace = thunder.last_traces(jitted)[-1]
     regions = find_regions(trace)
     if len(regions) != 1:
