@@ -42,6 +42,7 @@ from .common import (
     positive_float,
     progress,
     resolve_device,
+    unguarded_runs_on,
     write_output,
     write_tables,
 )
@@ -199,6 +200,7 @@ def _time_target(
     the files to be written); print a row a variant and the footnote saying how it was timed. The result and the
     device."""
     device = resolve_device(args.device)
+    unguarded_runs_on(device)
     check_outputs(args, *outputs)
     case = target_case(target, device, args.thunderfx, args.backward)
     note = pin_threads(args.threads, device)
@@ -244,6 +246,7 @@ def _run_command(args: argparse.Namespace) -> int:
     _check_target_options(args, None)
     variants = _variants(args)
     device = resolve_device(args.device)
+    unguarded_runs_on(device)
     cases = select(args.suite, args.case, heavy=args.heavy, device=device)
     if not cases:
         raise UsageError("no case matches the given --suite/--case (heavy cases need --heavy)")
@@ -321,6 +324,7 @@ def _register_decisions(bench_sub: Any) -> None:
 
 def _decisions_command(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
+    unguarded_runs_on(device)
     check_outputs(args, "json")
     note = pin_threads(args.threads, device)
 
@@ -380,6 +384,7 @@ def _register_versus(bench_sub: Any) -> None:
 def _versus_command(args: argparse.Namespace) -> int:
     variants = _variants(args)
     device = resolve_device(args.device)
+    unguarded_runs_on(device)
     cases = select(None, [args.case], heavy=True, device=device)
     exact = [c for c in cases if c.name == args.case]
     cases = exact or cases

@@ -212,6 +212,26 @@ def quiet_imports() -> None:
     logging.getLogger("torch.utils.cpp_extension").addFilter(_no_cuda_home)
 
 
+NVFUSER_DIRECT_LINE = (
+    "nvFuser here ships only nvfuser_direct: enable_nvfuser_direct() applied for this command's process, so that "
+    "unguarded Thunder's nvFuser regions run too"
+)
+
+
+def unguarded_runs_on(device: str) -> bool:
+    """Before a command runs unguarded Thunder beside the guard on ``device``: on CUDA, where nvFuser ships only
+    ``nvfuser_direct``, :func:`~thunder_fusion_guard.enable_nvfuser_direct` for this process (a line on stderr
+    says so). Whether it applied now."""
+    if device != "cuda":
+        return False
+    from .._thunder import enable_nvfuser_direct
+
+    applied = enable_nvfuser_direct()
+    if applied:
+        progress(NVFUSER_DIRECT_LINE)
+    return applied
+
+
 def progress(message: str) -> None:
     """A progress line on stderr (stdout keeps only the result)."""
     print(message, file=sys.stderr, flush=True)

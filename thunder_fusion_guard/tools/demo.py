@@ -118,8 +118,7 @@ def run_demo(
 
     ``progress`` gets a line as each case compiles and is timed; ``note`` ends the table (how it was timed).
     """
-    from .._thunder import fusion_executors
-    from .._thunder.compat import applied_fixes
+    from .._thunder import applied_fixes, enable_nvfuser_direct, fusion_executors
     from ..options import Rewrites
     from ..transform import FusionGuard
 
@@ -139,6 +138,8 @@ def run_demo(
             "FusionGuard(rewrites=Rewrites(override_compile_options=True)) so the guard may undo them; "
             "Thunder's defaults form none)"
         )
+    if cuda:  # unguarded Thunder runs beside the guard: on nvfuser_direct-only builds it needs the opt-in
+        enable_nvfuser_direct()
     lines += [f"  compat: {fix}" for fix in applied_fixes()]
     rows = []
     for i, case in enumerate(CASES, 1):

@@ -40,6 +40,7 @@ from .common import (
     pin_threads,
     progress,
     resolve_device,
+    unguarded_runs_on,
     write_output,
 )
 
@@ -416,6 +417,7 @@ def _report_command(args: argparse.Namespace) -> int:
     from ..examine.dataflow import graphs_to_dot
 
     device = resolve_device(args.device)
+    unguarded_runs_on(device)
     # Under torchrun each rank writes its own file: {rank} in PATH, else .rank<N> before the suffix.
     paths = {option: rank_path(getattr(args, option)) if getattr(args, option) else None for option in OUTPUTS}
     for option, path in paths.items():

@@ -14,7 +14,15 @@ from contextlib import nullcontext
 from typing import Any
 
 from ..progress import Progress
-from .common import add_command, add_wide_option, check_output, described_by, resolve_device, write_output
+from .common import (
+    add_command,
+    add_wide_option,
+    check_output,
+    described_by,
+    resolve_device,
+    unguarded_runs_on,
+    write_output,
+)
 from .report_cli import ModelFailed, add_target_arguments, model_failure, target_program
 
 
@@ -38,6 +46,7 @@ def _why_command(args: argparse.Namespace) -> int:
     import json
 
     device = resolve_device(args.device)
+    unguarded_runs_on(device)
     check_output("--json", args.json)
     check_output("--html", args.html)
     target = target_program(args.target, device, args.thunderfx)

@@ -19,6 +19,7 @@ from .common import (
     positive_float,
     progress,
     resolve_device,
+    unguarded_runs_on,
     write_tables,
 )
 
@@ -112,6 +113,7 @@ def _zoo_command(args: argparse.Namespace) -> int:
     models = _names("--models", args.models, list(ZOO)) if args.models else list(ZOO)
     paths = [ZooPath.parse(name) for name in _names("--paths", args.paths, PATH_NAMES)]
     device = resolve_device(args.device)
+    unguarded_runs_on(device)
     check_outputs(args, "json", "markdown")
     missing = [m for m in models if not ZOO[m].available()]
     if missing and args.models:
