@@ -36,7 +36,43 @@ def test_compat_fix_makes_nvfuser_run():
     torch.testing.assert_close(jitted(x), f(x))
     assert len(nv_regions(jitted)) == 1
     if importlib.util.find_spec("nvfuser") is None:
-        assert applied_fixes(), "nvfuser_direct-only build: the compat fix must have been applied"
+        assert applied_fixes(), "nvfuser_direct-only build: the suite's opt-in (conftest) must have applied"
+
+
+_WITHOUT_OPT_IN = """
+import json, thunder, torch
+from thunder_fusion_guard import FusionGuard, shims
+f = lambda x: torch.tanh(torch.sigmoid(torch.sin(x * 2.0 + 1.0) * x - 3.0).exp() + x.cos())  # one region kept
+x = torch.randn(256, 256, device="cuda")
+guarded = thunder.jit(f, transforms=[FusionGuard()])
+ok = bool(torch.allclose(guarded(x), f(x)))
+regions = [b.sym.name for b in thunder.last_traces(guarded)[-1].bound_symbols if b.sym.name.startswith("nvFusion")]
+try:
+    thunder.jit(f)(x)
+    plain = "ran"
+except Exception as e:
+    plain = type(e).__name__
+print(json.dumps({"guarded": ok, "regions": regions, "plain": plain, "applied": shims.applied_shims()}))
+"""
+
+
+def test_guarded_regions_run_on_nvfuser_direct_without_the_opt_in(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if importlib.util.find_spec("nvfuser") is not None:
+        pytest.skip("the legacy nvfuser module is installed: nothing to fix")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("TFG_SHIMS_OFF", None)
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_OPT_IN], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["guarded"] and result["regions"], result  # a guarded nvFuser region ran
+    assert result["plain"] == "ModuleNotFoundError", result  # unguarded Thunder as shipped
+    assert result["applied"] == [], result  # nothing left changed
 
 
 @pytest.mark.parametrize("fn,shape", [(rearrange_heads, (2, 3, 4, 5)), (metadata_chain, (3, 4, 6, 5))])
