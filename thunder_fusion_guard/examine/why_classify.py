@@ -89,7 +89,7 @@ def io_bytes(*bsyms: Any) -> int | None:
     """Bytes of the tensors ``bsyms`` read and write (each tensor once, by name); None where a size is not known."""
     total = 0
     values = [x for b in bsyms for x in (*b.flat_args, *b.flat_outs)]
-    for p in {x.name: x for x in th.tensor_proxies(values)}.values():
+    for p in th.unique_proxies(th.tensor_proxies(values)):
         n = th.tensor_nbytes(p)
         if n is None:
             return None
