@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 _SCRIPT = r'''
@@ -26,9 +28,20 @@ langctx = import_module("thunder.torch.langctx")
 from thunder.core.transforms import _grad_fn_map
 from thunder.dynamo import utils as fx_utils
 
+DEVICE = sys.argv[2] if len(sys.argv) > 2 else "cpu"
+
+def nvfuser_names():
+    """Thunder's nvFuser names the package wraps while it compiles (None where nvFuser does not import)."""
+    if DEVICE != "cuda":
+        return {}
+    from thunder.executors import nvfuserex_impl
+    return {"compute_contiguity": nvfuserex_impl.compute_contiguity,
+            "create_fusion_definition_wrapper": nvfuserex_impl.create_fusion_definition_wrapper}
+
 def owned():
     """Everything of Thunder's the package has ever wrapped or written, by identity."""
     return {
+        **nvfuser_names(),
         "get_current_user_source_location": InterpreterRuntimeCtx.get_current_user_source_location,
         "grad_transform_on_trace": autodiff.grad_transform_on_trace,
         "_should_recompute_bsym_in_backward": autodiff._should_recompute_bsym_in_backward,
@@ -53,7 +66,12 @@ class Block(torch.nn.Module):
 def f(x, w):
     return (torch.sin(x) @ w).relu().sum()
 
+def randn(*shape):
+    return torch.randn(*shape, device=DEVICE, requires_grad=True)
+
 def unguarded_traces():
+    if DEVICE == "cuda":  # unguarded Thunder's nvFuser regions fail as shipped where only nvfuser_direct is installed
+        return []
     torch.manual_seed(0)
     model = Block()
     x = torch.randn(4, 8, requires_grad=True)
@@ -74,14 +92,20 @@ if sys.argv[1] == "with":
     from thunder_fusion_guard import FusionGuard, shims
     from thunder_fusion_guard._thunder import sources
     guard = FusionGuard()
-    model = Block()
+    model = Block().to(DEVICE)
     jm = thunder.jit(model, transforms=[guard])
-    jm(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    jm(randn(4, 8)).sum().backward()
     jf = thunder.jit(f, transforms=[FusionGuard()])
-    jf(torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)).backward()
+    jf(randn(4, 8), randn(8, 8)).backward()
     from thunder.dynamo import thunderfx
-    fx = thunderfx(Block(), transforms=[FusionGuard()])
-    fx(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    fx = thunderfx(Block().to(DEVICE), transforms=[FusionGuard()])
+    fx(randn(4, 8)).sum().backward()
+    if DEVICE == "cuda":  # a region the guard keeps on nvFuser (test_nvfuser's), run through the scoped wrapper
+        g = lambda x: torch.tanh(torch.sigmoid(torch.sin(x * 2.0 + 1.0) * x - 3.0).exp() + x.cos())
+        x = torch.randn(256, 256, device="cuda")
+        jg = thunder.jit(g, transforms=[FusionGuard()])
+        result["equal"] = bool(torch.allclose(jg(x), g(x)))
+        result["regions"] = [b.sym.name for b in thunder.last_traces(jg)[-1].bound_symbols]
     result["decisions"] = len(guard.report.decisions)
     result["applied"] = shims.applied_shims()
     result["in_scope"] = sources.applied_in_scope()
@@ -94,13 +118,13 @@ print(json.dumps(result))
 '''
 
 
-def _run(tmp_path: Path, which: str) -> dict:
+def _run(tmp_path: Path, which: str, device: str = "cpu") -> dict:
     script = tmp_path / "scoped_check.py"
     script.write_text(_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop(ENV_OFF, None)
     done = subprocess.run(
-        [sys.executable, str(script), which], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
+        [sys.executable, str(script), which, device], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -117,6 +141,16 @@ def test_a_guarded_compilation_leaves_thunder_as_a_process_without_the_package(t
     assert with_["meta_path"] == [] and with_["filters"] is True
     assert with_["before"] == without["before"]
     assert with_["after"] == without["after"] == without["before"]
+
+
+@pytest.mark.cuda
+def test_a_guarded_compilation_on_cuda_leaves_nvfusers_names_thunders_own(tmp_path):
+    """On CUDA the guard's regions carry nvfuser_direct's descriptors by a wrapper of their own: Thunder's
+    ``compute_contiguity`` and ``create_fusion_definition_wrapper`` are its own after guarded compilations."""
+    with_ = _run(tmp_path, "with", "cuda")
+    assert with_["decisions"] > 0 and with_["equal"], with_
+    assert any(r.startswith("nvFusion") for r in with_["regions"]), with_  # a guarded nvFuser region ran
+    assert with_["changed"] == [] and with_["applied"] == [] and with_["in_scope"] is False
 
 
 def test_importing_the_package_and_constructing_a_guard_change_nothing():
