@@ -55,8 +55,12 @@ EOF
 
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
+# The runs compare with unguarded Thunder, whose nvFuser regions need enable_nvfuser_direct() on nvfuser_direct-only
+# builds: every process they start opts in (TFG_NVFUSER_DIRECT=1), but the acceptance's, whose paths are all guarded
+export TFG_NVFUSER_DIRECT=${TFG_NVFUSER_DIRECT:-1}
 
 acceptance() {
+  unset TFG_NVFUSER_DIRECT  # its guarded regions run on the package's scoped nvFuser fix alone
   # Writes $OUT/acceptance-<gpu>-<short sha>.json (copy it into benchmarks/results/ and commit it), .md,
   # acceptance-pytest.txt and acceptance-first-jit.txt; the summary is printed last. The working tree may come
   # without .git: take the sha where the checkout is (git rev-parse HEAD, with a clean tree) into TFG_COMMIT.

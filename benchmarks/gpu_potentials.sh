@@ -13,6 +13,8 @@ OUT="${OUT:-/tmp/potentials}"
 WORK=/tmp/potentials-work  # every job's files, packed into $OUT/potentials.tgz at the end
 mkdir -p "$OUT" "$WORK"
 DEADLINE=${TFG_DEADLINE_S:-560}  # seconds from the start of this script; every job is stopped by then
+# unguarded Thunder's paths (fx) run nvFuser regions: enable_nvfuser_direct() in every job (nvfuser_direct-only builds)
+export TFG_NVFUSER_DIRECT=${TFG_NVFUSER_DIRECT:-1}
 export TFG_ZOO_LOCK=/tmp/tfg-potentials.lock
 # one guarded compile at a time: the guard's region timings decide its regions, and another job's kernels on the GPU
 # meanwhile would skew them (jobs side by side at 76075e4 kept a forward region alone and switched it beside others)

@@ -20,6 +20,9 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 # torch does by default (0 turns vectorization off).
 if os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") is None:
     os.environ["TORCHINDUCTOR_VEC_ISA_OK"] = "1"
+# The suite opts in to enable_nvfuser_direct() itself (below) and checks processes without it: a process-wide
+# TFG_NVFUSER_DIRECT=1 from the shell (the GPU harness sets it) is left out of this process and its children.
+os.environ.pop("TFG_NVFUSER_DIRECT", None)
 
 import pytest
 import torch

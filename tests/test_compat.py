@@ -183,3 +183,39 @@ def test_no_fix_without_nvfuser_executor_loaded():
 
     if "thunder.executors.nvfuserex_impl" not in sys.modules:
         assert not ensure_nvfuser_compat()
+
+
+@pytest.mark.parametrize("value,asked", [(None, False), ("0", False), ("", False), ("1", True), (" 1 ", True)])
+def test_tfg_nvfuser_direct_asks_for_the_opt_in(monkeypatch, value, asked):
+    calls = []
+    monkeypatch.setattr(compat, "enable_nvfuser_direct", lambda: calls.append(1) or True)
+    environ = {} if value is None else {compat.ENV_DIRECT: value}
+    assert compat.nvfuser_direct_requested(environ) is asked
+    assert compat.enable_if_requested(environ) is asked and len(calls) == int(asked)
+
+
+def test_a_bad_tfg_nvfuser_direct_is_one_clear_error_at_import():
+    with pytest.raises(ValueError, match=r"TFG_NVFUSER_DIRECT: 'yes' is not allowed; allowed: 0, 1"):
+        compat.nvfuser_direct_requested({compat.ENV_DIRECT: "yes"})
+    env = {**os.environ, "PYTHONPATH": str(REPO), compat.ENV_DIRECT: "yes"}
+    done = subprocess.run(
+        [sys.executable, "-c", "import thunder_fusion_guard._thunder"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    assert done.returncode != 0 and "TFG_NVFUSER_DIRECT: 'yes' is not allowed" in done.stderr.strip().splitlines()[-1]
+
+
+def test_tfg_nvfuser_direct_applies_the_opt_in_at_import_where_needed():
+    code = (
+        "import thunder_fusion_guard as t\n"
+        "from thunder_fusion_guard._thunder import compat\n"
+        "print(bool(t._thunder.applied_fixes()) == (compat.direct_descriptor() is not None))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), compat.ENV_DIRECT: "1"}
+    env.pop(shims.ENV, None)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "True"

@@ -65,7 +65,7 @@ from .combo import (
     decomposed_matmuls,
     inductor_options,
 )
-from .compat import applied_fixes, enable_nvfuser_direct
+from .compat import applied_fixes, enable_if_requested, enable_nvfuser_direct
 from .compiling import (
     compile_function_name,
     compiling_executors,
@@ -554,3 +554,6 @@ __all__ = [
     "wrap_module_call",
     "written_inputs",
 ]
+
+# TFG_NVFUSER_DIRECT=1: the user's own opt-in to enable_nvfuser_direct(), Thunder's executors loaded by now
+enable_if_requested()

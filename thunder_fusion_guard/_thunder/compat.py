@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import importlib.util
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from .. import shims
 
 logger = logging.getLogger("thunder_fusion_guard")
 SHIM = "nvfuser-direct-contiguity"  # its name in the registry of shims
+ENV_DIRECT = "TFG_NVFUSER_DIRECT"  # 1: enable_nvfuser_direct() at the package's import, for every process it reaches
 IMPL = "thunder.executors.nvfuserex_impl"
 
 _applied: list[str] = []
@@ -201,3 +203,18 @@ def enable_nvfuser_direct() -> bool:
     Returns whether it applied now (not where it is not needed, was applied before, or is turned off);
     ``shims.undo("nvfuser-direct-contiguity")`` puts Thunder's function back."""
     return ensure_nvfuser_compat()
+
+
+def nvfuser_direct_requested(environ: dict[str, str] | None = None) -> bool:
+    """Whether ``TFG_NVFUSER_DIRECT`` asks for :func:`enable_nvfuser_direct` at the package's import (``1``; ``0`` or
+    unset: not); any other value is a ValueError naming the variable and the values allowed."""
+    text = (os.environ if environ is None else environ).get(ENV_DIRECT, "0").strip()
+    if text not in ("0", "1", ""):
+        raise ValueError(f"{ENV_DIRECT}: {text!r} is not allowed; allowed: 0, 1")
+    return text == "1"
+
+
+def enable_if_requested(environ: dict[str, str] | None = None) -> bool:
+    """:func:`enable_nvfuser_direct` where ``TFG_NVFUSER_DIRECT=1`` (run at the import of the package's Thunder
+    layer, after Thunder's executors loaded): the user's own process-wide opt-in, for scripts and their children."""
+    return nvfuser_direct_requested(environ) and enable_nvfuser_direct()
