@@ -55,8 +55,9 @@ SHIMS: tuple[Shim, ...] = (
         "torch 2.10 ship `nvfuser_direct` only, and Thunder's `compute_contiguity` imports from the legacy module, so "
         "its nvFuser regions fail at their first call): each region a guarded compilation makes computes its input "
         "layouts with `nvfuser_direct.compute_tensor_descriptor`, unguarded Thunder's regions unchanged. Only when "
-        "you call `enable_nvfuser_direct()`: `nvfuserex_impl.compute_contiguity` replaced for the whole process, so "
-        "that unguarded Thunder runs too",
+        "you call `enable_nvfuser_direct()`, or set `TFG_NVFUSER_DIRECT=1` (at the package's import, in each process "
+        "that inherits it; another value than 0 or 1 is a `ValueError`): `nvfuserex_impl.compute_contiguity` "
+        "replaced for the whole process, so that unguarded Thunder runs too",
         "_thunder/compat.py",
     ),
     Shim(
