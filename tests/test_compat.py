@@ -143,7 +143,7 @@ def test_importing_the_package_leaves_thunders_nvfuser_executor_as_shipped():
         "after = (impl.compute_contiguity, impl.create_fusion_definition_wrapper)\n"
         "print(all(a is b for a, b in zip(before, after)), shims.applied_shims(), t._thunder.applied_fixes())\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     env.pop(shims.ENV, None)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -197,7 +197,11 @@ def test_tfg_nvfuser_direct_asks_for_the_opt_in(monkeypatch, value, asked):
 def test_a_bad_tfg_nvfuser_direct_is_one_clear_error_at_import():
     with pytest.raises(ValueError, match=r"TFG_NVFUSER_DIRECT: 'yes' is not allowed; allowed: 0, 1"):
         compat.nvfuser_direct_requested({compat.ENV_DIRECT: "yes"})
-    env = {**os.environ, "PYTHONPATH": str(REPO), compat.ENV_DIRECT: "yes"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+        compat.ENV_DIRECT: "yes",
+    }
     done = subprocess.run(
         [sys.executable, "-c", "import thunder_fusion_guard._thunder"],
         capture_output=True,
@@ -214,7 +218,11 @@ def test_tfg_nvfuser_direct_applies_the_opt_in_at_import_where_needed():
         "from thunder_fusion_guard._thunder import compat\n"
         "print(bool(t._thunder.applied_fixes()) == (compat.direct_descriptor() is not None))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO), compat.ENV_DIRECT: "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+        compat.ENV_DIRECT: "1",
+    }
     env.pop(shims.ENV, None)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]

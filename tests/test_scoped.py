@@ -103,7 +103,7 @@ if sys.argv[1] == "with":
     if DEVICE == "cuda":  # a region the guard keeps on nvFuser (test_nvfuser's), run through the scoped wrapper
         g = lambda x: torch.tanh(torch.sigmoid(torch.sin(x * 2.0 + 1.0) * x - 3.0).exp() + x.cos())
         x = torch.randn(256, 256, device="cuda")
-        jg = thunder.jit(g, transforms=[FusionGuard()])
+        jg = thunder.jit(g, transforms=[FusionGuard(costs={"cost_model": False})])  # region kept
         result["equal"] = bool(torch.allclose(jg(x), g(x)))
         result["regions"] = [b.sym.name for b in thunder.last_traces(jg)[-1].bound_symbols]
     result["decisions"] = len(guard.report.decisions)
@@ -121,7 +121,7 @@ print(json.dumps(result))
 def _run(tmp_path: Path, which: str, device: str = "cpu") -> dict:
     script = tmp_path / "scoped_check.py"
     script.write_text(_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     env.pop(ENV_OFF, None)
     done = subprocess.run(
         [sys.executable, str(script), which, device], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
@@ -164,7 +164,7 @@ def test_importing_the_package_and_constructing_a_guard_change_nothing():
         "print([type(f).__name__ for f in mine], list(warnings.filters) == filters,\n"
         "      shims.applied_shims())\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["[]", "True", "[]"]
