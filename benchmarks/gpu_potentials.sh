@@ -137,7 +137,9 @@ declare -A JOBS=(
   [small-decomposed-interleaved]="|--model small --paths eager $INDUCTOR_BEST --step-graph fx-guarded/matmuls"
   [modules-decomposed-interleaved]="|--model e3nn-nequip-modules --paths eager $INDUCTOR_BEST --step-graph fx-guarded/matmuls"
   [small-backends-decomposed]="|--model small --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends"
-  # cold, Inductor's NequIP compiles take 437 + 66 s: run nequip-inductor-decomposed first on the same machine
+  # cold, Inductor's NequIP compiles take 437 + 66 s, and the guarded first call 285-295 s on an H100 before the choice
+  # (cdf0328): it does not fit one job cold; run nequip-fill-inductor and nequip-backends-alone first on the same machine,
+  # the next call within its idle release, or with TFG_CACHE_PACK=1 and the caches carried
   [nequip-backends-decomposed]="$NQ|--model nequip --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends --thread-stack-mb 1024"
   # its guarded path alone, beside nequip-inductor-decomposed in the call before: both fill Inductor's caches
   [nequip-backends-alone]="$NQ|--model nequip --paths eager --step-graph fx-guarded+backends --thread-stack-mb 1024"

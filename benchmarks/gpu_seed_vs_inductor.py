@@ -244,6 +244,8 @@ def run_model(
                     before_choice = round(time.perf_counter() - began - waited, 1)
                     # said now: a job stopped during the choice still shows where its first call went
                     print(f"[{name}] {path}: first call {before_choice} s, then choose_backends", flush=True)
+                    rows[path] = {"before_choice_s": before_choice}  # in the JSON too, should the job stop now
+                    _write(out, record)
                     chosen = choose_backends(fn, *model.inputs, guard=guard, whole_graphs=True)
                     choose_s = round(time.perf_counter() - began - waited - before_choice, 1)
                     for c in chosen:  # said now too: a job stopped at its capture still shows what was chosen

@@ -128,3 +128,13 @@ def test_eager_row_gains_the_run_to_run_difference_of_a_later_job(table, tmp_pat
     assert eager["ms"] == 28.2 and eager["job"] == "nequip-matmuls"  # the first job's timing stays
     assert eager["run_to_run_max_abs_force_diff"] == 6e-7 and eager["run_to_run_job"] == "nequip-eager"
     assert "| nequip | eager | 28.2 |" in md.read_text() and "| 6.0e-07 |" in md.read_text()
+
+
+def test_a_path_stopped_while_choosing_backends_keeps_its_first_call(table, tmp_path):
+    rows = {"eager": {"ms": 40.0}, "fx-guarded+backends+stepgraph": {"before_choice_s": 285.2}}
+    job = _job(tmp_path, "nequip-backends", "nequip", rows)
+    out = tmp_path / "out.json"
+    assert table.main([str(job), "--commit", "d" * 40, "--json", str(out)]) == 0
+    row = json.loads(out.read_text())["models"]["nequip"]["fx-guarded+backends+stepgraph"]
+    assert row["before_choice_s"] == 285.2 and "ms" not in row
+    assert "choose_backends" in row["error"] and "285.2" in row["error"]
