@@ -30,6 +30,7 @@ KEPT = (
     "kernels",
     "device_ms",
     "first_call_s",
+    "before_choice_s",  # a guarded path stopped during choose_backends: its first call before the choice
     "waited_for_lock_s",  # a guarded path's wait for another job's guarded compile, left out of its first call
     "max_abs_force_diff",
     "energy_diff",
@@ -54,14 +55,14 @@ def _row(row: dict, job: str, eager_ms: float | None, commit: str) -> dict:
     if "codes" in row:
         kept["decisions"] = row["codes"]
         kept["rescued"] = [f"{r['where']}: {_first_line(r.get('error'))}" for r in row["rescued"]]
-    if "ms" not in row and "error" not in row and "first_call_s" not in row and "before_choice_s" in row:
-        kept["before_choice_s"] = row["before_choice_s"]
-        kept["error"] = (
-            f"not timed: the job reached its time limit during choose_backends, after a first call of "
-            f"{row['before_choice_s']} s"
-        )
-    elif "ms" not in row and "error" not in row:
-        kept["error"] = "not timed: the job reached its time limit after this path's first call"
+    if "ms" not in row and "error" not in row:
+        if "before_choice_s" in row:  # stopped during choose_backends: the first call before it is known
+            kept["error"] = (
+                "not timed: the job reached its time limit during choose_backends, after a first call of "
+                f"{row['before_choice_s']} s"
+            )
+        else:
+            kept["error"] = "not timed: the job reached its time limit after this path's first call"
     return {**kept, "eager_ms": eager_ms, "job": job, "commit": commit}
 
 
