@@ -43,6 +43,7 @@ from thunder_fusion_guard.bench.zoo_models import ZOO, ZooModel
 from thunder_fusion_guard.bench.zoo_paths import ZooPath
 from thunder_fusion_guard.bench.zoo_run import _compile, _Step, _timing_alone, file_lock
 from thunder_fusion_guard.bench.zoo_values import _difference
+from thunder_fusion_guard.examine.first_call import first_call
 from thunder_fusion_guard.examine.host_time import host_time
 from thunder_fusion_guard.measure.timing import interleaved_rounds
 from thunder_fusion_guard.options import nested
@@ -233,18 +234,22 @@ def run_model(
             else:
                 fn, guard = _compile(model.module, zoo_path, "cuda", variants.get(base))
             rewrites = decomposed_matmuls() if options.keys() >= DECOMPOSED_MATMULS.keys() else contextlib.nullcontext()
-            chosen, asked = None, time.perf_counter()
+            chosen, phases, asked = None, None, time.perf_counter()
             with _deciding_alone(guard is not None), rewrites:
                 # the guard times regions on the GPU while it compiles; Inductor compiles at the first steps
                 waited = time.perf_counter() - asked  # another job's guarded compile held the lock: not this one's
                 if zoo_path.backends:  # one call, then each subgraph and Dynamo graph by the fastest, before capture
                     from thunder_fusion_guard import choose_backends
 
-                    _Step(model, fn, "cuda")()
+                    with first_call(fn) if guard is not None else contextlib.nullcontext() as phases:
+                        _Step(model, fn, "cuda")()
                     before_choice = round(time.perf_counter() - began - waited, 1)
-                    # said now: a job stopped during the choice still shows where its first call went
+                    # said now: a job stopped during the choice still shows where its first call went, by phase
                     print(f"[{name}] {path}: first call {before_choice} s, then choose_backends", flush=True)
                     rows[path] = {"before_choice_s": before_choice}  # in the JSON too, should the job stop now
+                    if phases is not None:
+                        print(phases.table(width=None), flush=True)
+                        rows[path]["first_call_phases"] = phases.to_dict(2)
                     _write(out, record)
                     chosen = choose_backends(fn, *model.inputs, guard=guard, whole_graphs=True)
                     choose_s = round(time.perf_counter() - began - waited - before_choice, 1)
@@ -263,6 +268,8 @@ def run_model(
             if chosen is not None:
                 rows[path]["backends"] = dict(Counter(c.chosen for c in chosen))
                 rows[path]["before_choice_s"], rows[path]["choose_s"] = before_choice, choose_s
+                if phases is not None:
+                    rows[path]["first_call_phases"] = phases.to_dict(2)
                 rows[path]["backend_choices"] = [c.line() for c in chosen]  # each with its timings and reason
             if path.endswith(STEP_GRAPH):  # the first call: warm-up steps and the capture included
                 rows[path]["step_captured"] = step.captured.captured or step.captured.reason

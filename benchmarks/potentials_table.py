@@ -31,6 +31,9 @@ KEPT = (
     "device_ms",
     "first_call_s",
     "before_choice_s",  # a guarded path stopped during choose_backends: its first call before the choice
+    "first_call_phases",  # a guarded path's first call before choose_backends, by phase (examine.first_call)
+    "choose_s",  # choose_backends' own seconds
+    "backends",  # how many subgraphs each backend runs after choose_backends
     "waited_for_lock_s",  # a guarded path's wait for another job's guarded compile, left out of its first call
     "max_abs_force_diff",
     "energy_diff",
