@@ -611,7 +611,8 @@ def _runs_to_the_end(folder, script: str) -> None:
 IN_TURN = """
 import torch, thunder
 from thunder.transforms.cudagraph import CUDAGraphTransform
-from thunder_fusion_guard import FusionGuard, GuardedCUDAGraphs
+from thunder_fusion_guard import FusionGuard, GuardedCUDAGraphs, enable_nvfuser_direct
+enable_nvfuser_direct()  # unguarded Thunder's nvFuser regions on nvfuser_direct-only builds, as in the suite
 torch.manual_seed(0)
 model = torch.nn.Sequential(
     torch.nn.Linear(1024, 256), torch.nn.SiLU(), torch.nn.Linear(256, 1024), torch.nn.SiLU(), torch.nn.Linear(1024, 1)
