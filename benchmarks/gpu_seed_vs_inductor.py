@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import importlib
 import json
 import os
 import statistics
@@ -26,7 +28,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -251,7 +253,8 @@ def run_model(
                         print(phases.table(width=None), flush=True)
                         rows[path]["first_call_phases"] = phases.to_dict(2)
                     _write(out, record)
-                    chosen = choose_backends(fn, *model.inputs, guard=guard, whole_graphs=True)
+                    with timing_choice_parts(name):
+                        chosen = choose_backends(fn, *model.inputs, guard=guard, whole_graphs=True)
                     choose_s = round(time.perf_counter() - began - waited - before_choice, 1)
                     for c in chosen:  # said now too: a job stopped at its capture still shows what was chosen
                         print(f"[{name}] {path}: chose in {choose_s} s: {c.line()}", flush=True)
@@ -315,6 +318,47 @@ def run_model(
     with _timing_alone():  # TFG_ZOO_LOCK set: processes started side by side compile together, time one at a time
         _time_paths(name, steps, rows, rounds, host)
     _write(out, record)
+
+
+# choose_backends' parts, said with their seconds as each ends (timing_choice_parts)
+CHOICE_PARTS = (
+    ("thunder_fusion_guard.backend_choice", "_whole_graphs"),  # every Dynamo graph timed whole against its split
+    ("thunder_fusion_guard.whole_graph", "_against_split"),  # Inductor's default compile of one graph against it
+    ("thunder_fusion_guard.whole_graph", "_timed_compile"),  # one compile with options, its first call and timing
+    ("thunder_fusion_guard.backend_choice", "_choose"),  # one subgraph's backends compiled and timed
+)
+
+
+@contextlib.contextmanager
+def timing_choice_parts(name: str) -> Iterator[None]:
+    """Inside, each part of ``choose_backends`` (:data:`CHOICE_PARTS`) prints its seconds as it ends, so that a job
+    stopped during the choice shows where its seconds went; the package's functions are put back after."""
+    began = time.perf_counter()
+    saved = [(importlib.import_module(m), attr) for m, attr in CHOICE_PARTS]
+    originals = [getattr(module, attr) for module, attr in saved]
+    for (module, attr), fn in zip(saved, originals, strict=True):
+        setattr(module, attr, _said(name, attr, fn, began))
+    try:
+        yield
+    finally:
+        for (module, attr), fn in zip(saved, originals, strict=True):
+            setattr(module, attr, fn)
+
+
+def _said(name: str, attr: str, fn: Callable, began: float) -> Callable:
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            label = getattr(args[0], "label", "") if args else ""  # a subgraph's, or a whole graph's
+            option = getattr(args[4], "runs", "") if attr == "_timed_compile" and len(args) > 4 else ""
+            what = " ".join(str(w) for w in (label, option) if w)
+            now = time.perf_counter()
+            print(f"[{name}] choice: {attr} {what} {now - start:.1f} s (at {now - began:.1f} s)", flush=True)
+
+    return timed
 
 
 def _deciding_alone(guarded: bool) -> contextlib.AbstractContextManager[None]:
