@@ -133,8 +133,9 @@ def test_eager_row_gains_the_run_to_run_difference_of_a_later_job(table, tmp_pat
 def test_a_path_stopped_while_choosing_backends_keeps_its_first_call(table, tmp_path):
     rows = {"eager": {"ms": 40.0}, "fx-guarded+backends+stepgraph": {"before_choice_s": 285.2}}
     job = _job(tmp_path, "nequip-backends", "nequip", rows)
-    out = tmp_path / "out.json"
-    assert table.main([str(job), "--commit", "d" * 40, "--json", str(out)]) == 0
+    out, md = tmp_path / "out.json", tmp_path / "out.md"
+    assert table.main([str(job), "--commit", "d" * 40, "--json", str(out), "--markdown", str(md)]) == 0
     row = json.loads(out.read_text())["models"]["nequip"]["fx-guarded+backends+stepgraph"]
     assert row["before_choice_s"] == 285.2 and "ms" not in row
     assert "choose_backends" in row["error"] and "285.2" in row["error"]
+    assert "| 285.2 before the choice |" in md.read_text()  # the table's error cell is cut short: said in its column
