@@ -143,6 +143,12 @@ declare -A JOBS=(
   [nequip-backends-decomposed]="$NQ|--model nequip --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends --thread-stack-mb 1024"
   # its guarded path alone, beside nequip-inductor-decomposed in the call before: both fill Inductor's caches
   [nequip-backends-alone]="$NQ|--model nequip --paths eager --step-graph fx-guarded+backends --thread-stack-mb 1024"
+  # the same guarded step with Thunder's torch.compile executor as its one fusion executor (variant fx-guarded+backends/tc):
+  # its regions compile by Inductor and are read from Inductor's caches, where nvFuser's compiles (168-189 s of NequIP's
+  # guarded first call on an H100, a390948) are kept by none; nequip-backends-tc-alone beside nequip-fill-inductor fills
+  # them (TFG_CACHE_PACK=1), then nequip-backends-tc times it beside Inductor's best step in one process
+  [nequip-backends-tc-alone]="$NQ|--model nequip --paths eager --step-graph fx-guarded+backends/tc --thread-stack-mb 1024"
+  [nequip-backends-tc]="$NQ|--model nequip --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends/tc --thread-stack-mb 1024"
   # MACE translated, the guarded step after choose_backends(whole_graphs=True) beside Inductor's best step, one process
   [mace-backends-decomposed]="$MC|--model mace --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends --thread-stack-mb 1024"
   # one process a model, every path the kernel-count comparison names: eager, Inductor's reduce-overhead mode, its
@@ -213,6 +219,7 @@ for job in "${chosen[@]}"; do
   variant=()
   [[ $args == *fx-guarded/readme* ]] && variant+=(--variant "fx-guarded/readme=$README")
   [[ $args == *fx-guarded/matmuls* ]] && variant+=(--variant "fx-guarded/matmuls=$MATMULS")
+  [[ $args == *fx-guarded+backends/tc* ]] && variant+=(--variant 'fx-guarded+backends/tc={"fusion": "torchcompile"}')
   [[ $job == nequip-jit-vjps ]] && variant=(--variant 'guarded/without-exact-vjps={"runtime": {"exact_vjps": false}}')
   (
     # shellcheck disable=SC2086

@@ -55,21 +55,47 @@ from thunder_fusion_guard.wording import error_text
 PATHS = ("eager", "inductor-ro", "fx-cudagraph", "fx-guarded+cudagraph")
 
 
+# A variant's key that is no guard option: the program's fusion executor, ``"torchcompile"`` for Thunder's torch.compile
+# executor alone on guarded ThunderFX without CUDA graphs (its regions compiled by Inductor, read from Inductor's caches
+# where they hold them; the default, nvFuser first, keeps no compile between processes)
+FUSION = "fusion"
+
+
 def parse_variant(text: str) -> tuple[str, dict]:
     """A guarded path with FusionGuard options, written ``PATH/LABEL=JSON`` (``fx-guarded+cudagraph/choose=
     {"choose_executor": true}``; a grouped option by its group, ``{"rewrites": {"merge_regions": true}}``, or by its
-    name alone, ``{"merge_regions": true}``): its key in the results (``PATH/LABEL``) and FusionGuard's keywords;
-    ValueError otherwise."""
+    name alone, ``{"merge_regions": true}``; :data:`FUSION` names the fusion executor): its key in the results
+    (``PATH/LABEL``) and FusionGuard's keywords (with :data:`FUSION` where given); ValueError otherwise."""
     key, sep, options = text.partition("=")
     path, slash, label = key.partition("/")
     if not sep or not slash or not label:
         raise ValueError(f"--variant {text!r}: expected PATH/LABEL=JSON")
-    if not ZooPath.parse(path).guarded:
+    zoo_path = ZooPath.parse(path)
+    if not zoo_path.guarded:
         raise ValueError(f"--variant {text!r}: {path} has no guard to give options to")
     parsed = json.loads(options)
     if not isinstance(parsed, dict):
         raise ValueError(f"--variant {text!r}: the options must be a JSON object")
-    return key, nested(parsed)
+    fusion = parsed.pop(FUSION, None)
+    if fusion is None:
+        return key, nested(parsed)
+    if fusion != "torchcompile" or zoo_path.frontend != "ThunderFX" or zoo_path.cudagraphs:
+        raise ValueError(
+            f"--variant {text!r}: {FUSION!r} takes 'torchcompile', on guarded ThunderFX without CUDA graphs"
+        )
+    return key, {**nested(parsed), FUSION: fusion}
+
+
+def compiled_with_fusion(module: torch.nn.Module, guard_options: dict) -> tuple[Callable, object]:
+    """``module`` under guarded ThunderFX with Thunder's torch.compile executor as its one fusion executor, and the
+    FusionGuard made with ``guard_options`` (:data:`FUSION` left out)."""
+    from thunder.dynamo import thunderfx
+
+    from thunder_fusion_guard import FusionGuard
+    from thunder_fusion_guard._thunder.executors import torch_compile_executor
+
+    guard = FusionGuard(**{k: v for k, v in guard_options.items() if k != FUSION})
+    return thunderfx(module, executors=[torch_compile_executor()], transforms=[guard]), guard
 
 
 def litgpt_step() -> ZooModel:
@@ -234,7 +260,10 @@ def run_model(
             if options:  # Inductor given the options the guard may choose for a whole graph
                 fn, guard = torch.compile(model.module, options=options), None
             else:
-                fn, guard = _compile(model.module, zoo_path, "cuda", variants.get(base))
+                if FUSION in variants.get(base, {}):  # the variant's fusion executor, not Thunder's defaults
+                    fn, guard = compiled_with_fusion(model.module, variants[base])
+                else:
+                    fn, guard = _compile(model.module, zoo_path, "cuda", variants.get(base))
             rewrites = decomposed_matmuls() if options.keys() >= DECOMPOSED_MATMULS.keys() else contextlib.nullcontext()
             chosen, phases, asked = None, None, time.perf_counter()
             with _deciding_alone(guard is not None), rewrites:

@@ -16,6 +16,30 @@ def test_a_variant_is_a_guarded_path_with_guard_options_keyed_by_its_label():
     for bad in ("fx-cudagraph/x={}", "fx-guarded+cudagraph={}", "fx-guarded+cudagraph/x=[1]"):
         with pytest.raises(ValueError, match="--variant"):
             seed.parse_variant(bad)
+    key, options = seed.parse_variant('fx-guarded+backends/tc={"fusion": "torchcompile", "margin": 0.1}')
+    assert key == "fx-guarded+backends/tc" and options == {"costs": {"margin": 0.1}, "fusion": "torchcompile"}
+    for bad in ('fx-guarded+cudagraph/tc={"fusion": "torchcompile"}', 'fx-guarded/nv={"fusion": "nvfuser"}'):
+        with pytest.raises(ValueError, match="'fusion' takes 'torchcompile'"):
+            seed.parse_variant(bad)
+
+
+def test_a_fusion_variant_runs_its_regions_on_torch_compile_alone():
+    """The variant's program: guarded ThunderFX whose regions Thunder's torch.compile executor runs, the guard given
+    the variant's other options (on CPU here, as on CUDA)."""
+    import thunder
+
+    from thunder_fusion_guard import _thunder as th
+
+    seed = load_benchmark("gpu_seed_vs_inductor")
+    _, options = seed.parse_variant('fx-guarded+backends/tc={"fusion": "torchcompile", "strict": true}')
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    fn, guard = seed.compiled_with_fusion(module, options)
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(fn(x), module(x))
+    assert guard.options.strict
+    traces = [thunder.last_traces(sub.jitted)[-1] for sub in th.thunderfx_subgraphs(fn)]
+    assert any("TorchCompile" in str(trace) for trace in traces)
+    assert not any("nvFusion" in str(trace) for trace in traces)
 
 
 def test_an_inductor_variant_is_an_inductor_path_given_more_of_its_options():
