@@ -259,11 +259,10 @@ def run_model(
             options = INDUCTOR_OPTIONS.get(base, {})
             if options:  # Inductor given the options the guard may choose for a whole graph
                 fn, guard = torch.compile(model.module, options=options), None
+            elif FUSION in variants.get(base, {}):  # the variant's fusion executor, not Thunder's defaults
+                fn, guard = compiled_with_fusion(model.module, variants[base])
             else:
-                if FUSION in variants.get(base, {}):  # the variant's fusion executor, not Thunder's defaults
-                    fn, guard = compiled_with_fusion(model.module, variants[base])
-                else:
-                    fn, guard = _compile(model.module, zoo_path, "cuda", variants.get(base))
+                fn, guard = _compile(model.module, zoo_path, "cuda", variants.get(base))
             rewrites = decomposed_matmuls() if options.keys() >= DECOMPOSED_MATMULS.keys() else contextlib.nullcontext()
             chosen, phases, asked = None, None, time.perf_counter()
             with _deciding_alone(guard is not None), rewrites:
@@ -375,6 +374,8 @@ def timing_choice_parts(name: str) -> Iterator[None]:
 
 
 def _said(name: str, attr: str, fn: Callable, began: float) -> Callable:
+    """``fn``, printing its seconds and the seconds since ``began`` as each call ends, with the part's label."""
+
     @functools.wraps(fn)
     def timed(*args, **kwargs):
         start = time.perf_counter()
