@@ -264,7 +264,7 @@ def run_model(
             else:
                 fn, guard = _compile(model.module, zoo_path, "cuda", variants.get(base))
             rewrites = decomposed_matmuls() if options.keys() >= DECOMPOSED_MATMULS.keys() else contextlib.nullcontext()
-            chosen, phases, asked = None, None, time.perf_counter()
+            chosen, asked = None, time.perf_counter()
             with _deciding_alone(guard is not None), rewrites:
                 # the guard times regions on the GPU while it compiles; Inductor compiles at the first steps
                 waited = time.perf_counter() - asked  # another job's guarded compile held the lock: not this one's
@@ -288,7 +288,8 @@ def run_model(
                         print(f"[{name}] {path}: chose in {choose_s} s: {c.line()}", flush=True)
                 step = _CapturedStep(model, fn) if path.endswith(STEP_GRAPH) else _Step(model, fn, "cuda")
                 step()
-            rows[path] = {"first_call_s": round(time.perf_counter() - began - waited, 1)}
+            # a path after choose_backends keeps what was said before its choice (before_choice_s, first_call_phases)
+            rows[path] = {**rows.get(path, {}), "first_call_s": round(time.perf_counter() - began - waited, 1)}
             if waited >= 0.1:
                 rows[path]["waited_for_lock_s"] = round(waited, 1)
             if options:  # a pass by its class and threshold
@@ -298,9 +299,7 @@ def run_model(
                 }
             if chosen is not None:
                 rows[path]["backends"] = dict(Counter(c.chosen for c in chosen))
-                rows[path]["before_choice_s"], rows[path]["choose_s"] = before_choice, choose_s
-                if phases is not None:
-                    rows[path]["first_call_phases"] = phases.to_dict(2)
+                rows[path]["choose_s"] = choose_s
                 rows[path]["backend_choices"] = [c.line() for c in chosen]  # each with its timings and reason
             if path.endswith(STEP_GRAPH):  # the first call: warm-up steps and the capture included
                 rows[path]["step_captured"] = step.captured.captured or step.captured.reason
