@@ -11,6 +11,7 @@
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py nequip --translate --unguarded --json out.json  # yardstick
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py nequip --l-max 3 --json out.json  # model "nequip-l3"
     OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py mace --translate --l-max 3 --not-exact --unguarded --json x
+    PYTHONHASHSEED=1 OMP_NUM_THREADS=1 python benchmarks/cpu_potentials.py mace --l-max 3 --ordered-einsum --json x
 
 Each run adds its paths to ``--json`` (``{"commit", "models": {model: {path: {"ms", "first_call_s",
 "max_abs_force_diff", ...}}}}``; the commit from ``TFG_COMMIT`` or git). ``--choose``: then ``choose_backends`` and
@@ -118,6 +119,12 @@ def main() -> int:
         help="the guard with exact_only=False: rewrites that may round differently kept (the model's key ends "
         "-not-exact)",
     )
+    p.add_argument(
+        "--ordered-einsum",
+        action="store_true",
+        help="the guard with ordered_einsum=True: einsum traced in sorted label order, so the same program whatever "
+        "PYTHONHASHSEED (the model's key ends -ordered)",
+    )
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--json", required=True)
     args = p.parse_args()
@@ -137,7 +144,13 @@ def main() -> int:
         key += f"-{args.unused_grads}"
     if args.not_exact:
         key += "-not-exact"
-    guard = FusionGuard(runtime=Runtime(unused_grads=args.unused_grads), exact_only=not args.not_exact)
+    if args.ordered_einsum:
+        key += "-ordered"
+    guard = FusionGuard(
+        runtime=Runtime(unused_grads=args.unused_grads),
+        exact_only=not args.not_exact,
+        ordered_einsum=True if args.ordered_einsum else None,
+    )
     executors = None if args.default_executors else fusion_executors("cpu")
 
     def compiled(with_guard: FusionGuard | None):
@@ -293,6 +306,8 @@ def main() -> int:
             ],
             "rounds": args.rounds,
             "atoms": args.atoms,
+            # Thunder's einsum permutes follow Python's set order, so its program and bits may follow the seed
+            "python_hash_seed": os.environ.get("PYTHONHASHSEED", "random"),
             **({"first_call_phases_s": phases.to_dict(3)["phases_s"]} if phases is not None else {}),
             **extra,
         }
