@@ -140,17 +140,18 @@ declare -A JOBS=(
   # cold, Inductor's NequIP compiles take 437 + 66 s, and the guarded first call 285-295 s on an H100 before the choice
   # (cdf0328): it does not fit one job cold; run nequip-fill-inductor and nequip-backends-alone first on the same machine,
   # the next call within its idle release, or with TFG_CACHE_PACK=1 and the caches carried
-  [nequip-backends-decomposed]="$NQ|--model nequip --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends --thread-stack-mb 1024"
+  [nequip-backends-decomposed]="$NQ|--model nequip --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends --thread-stack-mb 1024 --time-before-choice"
   # its guarded path alone, beside nequip-inductor-decomposed in the call before: both fill Inductor's caches
-  [nequip-backends-alone]="$NQ|--model nequip --paths eager --step-graph fx-guarded+backends --thread-stack-mb 1024"
+  [nequip-backends-alone]="$NQ|--model nequip --paths eager --step-graph fx-guarded+backends --thread-stack-mb 1024 --time-before-choice"
   # the same guarded step with Thunder's torch.compile executor as its one fusion executor (variant fx-guarded+backends/tc):
   # its regions compile by Inductor and are read from Inductor's caches, where nvFuser's compiles (168-189 s of NequIP's
   # guarded first call on an H100, a390948) are kept by none; nequip-backends-tc-alone beside nequip-fill-inductor fills
   # them (TFG_CACHE_PACK=1), then nequip-backends-tc times it beside Inductor's best step in one process
-  [nequip-backends-tc-alone]="$NQ|--model nequip --paths eager --step-graph fx-guarded+backends/tc --thread-stack-mb 1024"
-  [nequip-backends-tc]="$NQ|--model nequip --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends/tc --thread-stack-mb 1024"
-  # MACE translated, the guarded step after choose_backends(whole_graphs=True) beside Inductor's best step, one process
-  [mace-backends-decomposed]="$MC|--model mace --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends --thread-stack-mb 1024"
+  [nequip-backends-tc-alone]="$NQ|--model nequip --paths eager --step-graph fx-guarded+backends/tc --thread-stack-mb 1024 --time-before-choice"
+  [nequip-backends-tc]="$NQ|--model nequip --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends/tc --thread-stack-mb 1024 --time-before-choice"
+  # MACE translated, the guarded step after choose_backends(whole_graphs=True) beside Inductor's best step, one process;
+  # the jobs given --time-before-choice also time the guarded step before its choice (a row keyed "... before choice")
+  [mace-backends-decomposed]="$MC|--model mace --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends --thread-stack-mb 1024 --time-before-choice"
   # one process a model, every path the kernel-count comparison names: eager, Inductor's reduce-overhead mode, its
   # default step and its best steps found, each captured whole, and the guard's e3nn configuration + small_matmuls
   [modules-steps]="|--model e3nn-nequip-modules --paths eager,inductor-ro --step-graph inductor $INDUCTOR_BEST --step-graph fx-guarded/matmuls"

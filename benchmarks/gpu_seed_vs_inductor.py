@@ -242,11 +242,13 @@ def run_model(
     record: dict,
     host: bool = False,
     variants: dict[str, dict] | None = None,
+    before_choice: bool = False,
 ) -> None:
     """Every path of ``paths`` on one module of model ``name``, compiled and called once in the order given, then
     warmed up and timed interleaved (a path compiled before Inductor's reduce-overhead mode has its CUDA graphs
     captured before Inductor's first captures, which clear cuBLAS's workspaces). ``variants``: guard options of
-    the paths written ``PATH/LABEL`` (:func:`parse_variant`)."""
+    the paths written ``PATH/LABEL`` (:func:`parse_variant`). ``before_choice``: a path after ``choose_backends`` is
+    also timed as its first call left it, beside the paths before it, before its choice (:func:`time_before_choice`)."""
     variants = variants or {}
     model = MODELS[name]()
     steps: dict[str, _Step] = {}
@@ -281,6 +283,9 @@ def run_model(
                         print(phases.table(width=None), flush=True)
                         rows[path]["first_call_phases"] = phases.to_dict(2)
                     _write(out, record)
+                    if before_choice:
+                        time_before_choice(name, path, model, fn, steps, rows, rounds, host)
+                        _write(out, record)
                     with timing_choice_parts(name):
                         chosen = choose_backends(fn, *model.inputs, guard=guard, whole_graphs=True)
                     choose_s = round(time.perf_counter() - began - waited - before_choice, 1)
@@ -345,6 +350,39 @@ def run_model(
     with _timing_alone():  # TFG_ZOO_LOCK set: processes started side by side compile together, time one at a time
         _time_paths(name, steps, rows, rounds, host)
     _write(out, record)
+
+
+BEFORE_CHOICE = " before choice"  # a path's key infix: that path timed as its first call left it, before its choice
+
+
+def time_before_choice(
+    name: str,
+    path: str,
+    model: ZooModel,
+    fn: object,
+    steps: dict[str, _Step],
+    rows: dict[str, dict],
+    rounds: int,
+    host: bool,
+    step_of: Callable[[ZooModel, object, bool], object] | None = None,
+) -> str:
+    """Time ``fn`` (the program of ``path``, after its first call, before ``choose_backends``) beside the paths
+    compiled before it (``steps``), keyed as ``path`` with :data:`BEFORE_CHOICE` before its suffix; a job stopped
+    during the choice (minutes on NequIP) still has its guarded step timed. Returns the key. ``step_of(model, fn,
+    captured)`` makes the step (the harness's own: captured whole where ``path`` is)."""
+    captured = path.endswith(STEP_GRAPH)
+    key = path.removesuffix(STEP_GRAPH) + BEFORE_CHOICE + (STEP_GRAPH if captured else "")
+    make = step_of or (lambda m, f, whole: _CapturedStep(m, f) if whole else _Step(m, f, "cuda"))
+    rows[key] = {"before_choice_of": path, "first_call_s": rows.get(path, {}).get("before_choice_s")}
+    try:
+        step = make(model, fn, captured)
+        step()
+        with _timing_alone():
+            _time_paths(name, {**steps, key: step}, rows, rounds, host)
+    except Exception as e:  # the choice and the paths' own timing go on
+        rows[key]["error"] = error_text(e)[:2000]
+    print(f"[{name}] {key}: {rows[key]}", flush=True)
+    return key
 
 
 # choose_backends' parts, said with their seconds as each ends (timing_choice_parts)
@@ -550,6 +588,12 @@ def main() -> int:
         help="set torch._inductor.config.KEY to this value for every compile of the process (e.g. combo_kernels=true)",
     )
     parser.add_argument(
+        "--time-before-choice",
+        action="store_true",
+        help="time each path after choose_backends also as its first call left it, beside the paths compiled before "
+        "it, before its choice (keyed PATH with ' before choice'): a job stopped during the choice keeps a timed step",
+    )
+    parser.add_argument(
         "--thread-stack-mb",
         type=int,
         default=0,
@@ -610,7 +654,7 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as folder:
         for name in args.model or ["small"]:
             started = start_apart(name, apart, args, Path(folder)) if separate else None
-            run_model(name, here, args.rounds, args.json, record, args.host_time, variants)
+            run_model(name, here, args.rounds, args.json, record, args.host_time, variants, args.time_before_choice)
             if started is not None:
                 add_apart(name, apart, started, Path(folder), record)
                 _write(args.json, record)

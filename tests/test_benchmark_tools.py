@@ -216,3 +216,34 @@ def test_a_potentials_rows_carry_eagers_run_to_run_difference_and_the_scale_of_t
     assert (guarded["max_abs_force_diff"], guarded["energy_diff"]) == (0.5, 0.5)
     assert (guarded["eager_max_abs_force"], guarded["eager_energy"]) == (3.0, 2.0)
     assert "eager_max_abs_force" not in rows["eager"]
+
+
+def test_a_path_after_choose_backends_is_timed_as_its_first_call_left_it_beside_the_paths_before_it(monkeypatch):
+    """``time_before_choice`` (``--time-before-choice``): the guarded program before its choice, timed with the paths
+    compiled before it under a key of its own; its step's failure is recorded, not raised (the choice goes on)."""
+    seed = load_benchmark("gpu_seed_vs_inductor")
+    monkeypatch.setattr(seed, "kernels_and_device_ms", lambda step: (1.0, 0.1, {}, {}, {}))
+    path = "fx-guarded+backends/tc" + seed.STEP_GRAPH
+    key = "fx-guarded+backends/tc before choice" + seed.STEP_GRAPH
+    timed = type("Rounds", (), {"samples": {"eager": [0.002], key: [0.001]}})
+    monkeypatch.setattr(seed, "interleaved_rounds", lambda steps, rounds, warmup: timed)
+    eager = _FakeStep((2.0, [1.0, -3.0]), (2.0, [1.0, -3.0]))
+    guarded = _FakeStep((2.0, [1.0, -3.0]), (2.0, [1.0, -2.0]))
+    made = []
+
+    def step_of(model, fn, captured):
+        made.append(captured)
+        return guarded
+
+    steps, rows = {"eager": eager}, {"eager": {}, path: {"before_choice_s": 12.5}}
+    assert seed.time_before_choice("m", path, None, None, steps, rows, 1, False, step_of) == key
+    assert made == [True] and list(steps) == ["eager"]  # captured whole, as its path; not timed again at the end
+    assert rows[key]["before_choice_of"] == path and rows[key]["first_call_s"] == 12.5
+    assert rows[key]["ms"] == 1.0 and rows[key]["max_abs_force_diff"] == 1.0 and rows["eager"]["ms"] == 2.0
+
+    def failing(model, fn, captured):
+        raise RuntimeError("capture failed")
+
+    rows = {"eager": {}, path: {"before_choice_s": 3.0}}
+    assert seed.time_before_choice("m", path, None, None, {"eager": eager}, rows, 1, False, failing) == key
+    assert "capture failed" in rows[key]["error"] and "ms" not in rows[key]
