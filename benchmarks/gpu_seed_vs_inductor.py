@@ -242,13 +242,14 @@ def run_model(
     record: dict,
     host: bool = False,
     variants: dict[str, dict] | None = None,
-    before_choice: bool = False,
+    time_before_choice_too: bool = False,
 ) -> None:
     """Every path of ``paths`` on one module of model ``name``, compiled and called once in the order given, then
     warmed up and timed interleaved (a path compiled before Inductor's reduce-overhead mode has its CUDA graphs
     captured before Inductor's first captures, which clear cuBLAS's workspaces). ``variants``: guard options of
-    the paths written ``PATH/LABEL`` (:func:`parse_variant`). ``before_choice``: a path after ``choose_backends`` is
-    also timed as its first call left it, beside the paths before it, before its choice (:func:`time_before_choice`)."""
+    the paths written ``PATH/LABEL`` (:func:`parse_variant`). ``time_before_choice_too``: a path after
+    ``choose_backends`` is also timed as its first call left it, beside the paths before it, before its choice
+    (:func:`time_before_choice`)."""
     variants = variants or {}
     model = MODELS[name]()
     steps: dict[str, _Step] = {}
@@ -266,7 +267,7 @@ def run_model(
             else:
                 fn, guard = _compile(model.module, zoo_path, "cuda", variants.get(base))
             rewrites = decomposed_matmuls() if options.keys() >= DECOMPOSED_MATMULS.keys() else contextlib.nullcontext()
-            chosen, asked = None, time.perf_counter()
+            chosen, asked, timed_before = None, time.perf_counter(), 0.0
             with _deciding_alone(guard is not None), rewrites:
                 # the guard times regions on the GPU while it compiles; Inductor compiles at the first steps
                 waited = time.perf_counter() - asked  # another job's guarded compile held the lock: not this one's
@@ -283,20 +284,25 @@ def run_model(
                         print(phases.table(width=None), flush=True)
                         rows[path]["first_call_phases"] = phases.to_dict(2)
                     _write(out, record)
-                    if before_choice:
+                    timed_before = time.perf_counter()
+                    if time_before_choice_too:
                         time_before_choice(name, path, model, fn, steps, rows, rounds, host)
                         _write(out, record)
+                    timed_before = time.perf_counter() - timed_before  # not the first call's, nor the choice's
                     with timing_choice_parts(name):
                         chosen = choose_backends(fn, *model.inputs, guard=guard, whole_graphs=True)
-                    choose_s = round(time.perf_counter() - began - waited - before_choice, 1)
+                    choose_s = round(time.perf_counter() - began - waited - before_choice - timed_before, 1)
                     for c in chosen:  # said now too: a job stopped at its capture still shows what was chosen
                         print(f"[{name}] {path}: chose in {choose_s} s: {c.line()}", flush=True)
                 step = _CapturedStep(model, fn) if path.endswith(STEP_GRAPH) else _Step(model, fn, "cuda")
                 step()
             # a path after choose_backends keeps what was said before its choice (before_choice_s, first_call_phases)
-            rows[path] = {**rows.get(path, {}), "first_call_s": round(time.perf_counter() - began - waited, 1)}
+            first_s = round(time.perf_counter() - began - waited - timed_before, 1)
+            rows[path] = {**rows.get(path, {}), "first_call_s": first_s}
             if waited >= 0.1:
                 rows[path]["waited_for_lock_s"] = round(waited, 1)
+            if timed_before >= 0.1:  # its timing before the choice (time_before_choice), left out of its first call
+                rows[path]["timed_before_choice_s"] = round(timed_before, 1)
             if options:  # a pass by its class and threshold
                 rows[path]["inductor_options"] = {
                     k: v if isinstance(v, (bool, int, float, str)) else f"{type(v).__name__}({getattr(v, 'most', '')})"

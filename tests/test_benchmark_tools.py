@@ -247,3 +247,56 @@ def test_a_path_after_choose_backends_is_timed_as_its_first_call_left_it_beside_
     rows = {"eager": {}, path: {"before_choice_s": 3.0}}
     assert seed.time_before_choice("m", path, None, None, {"eager": eager}, rows, 1, False, failing) == key
     assert "capture failed" in rows[key]["error"] and "ms" not in rows[key]
+
+
+@pytest.mark.parametrize("before", [True, False])
+def test_run_model_times_a_backends_path_before_its_choice_only_when_asked(monkeypatch, before):
+    """``run_model``'s path after ``choose_backends`` with every compile, step and timing injected (no GPU): with
+    ``time_before_choice_too`` the paths are timed once before the choice, with that path's own row among them, and
+    once after; without, once."""
+    import contextlib
+    import types
+
+    import thunder_fusion_guard
+
+    seed = load_benchmark("gpu_seed_vs_inductor")
+    model = types.SimpleNamespace(module=None, inputs=())
+    monkeypatch.setitem(seed.MODELS, "fake", lambda: model)
+    report = types.SimpleNamespace(filter=lambda **kw: [], decisions=[])
+    guard = types.SimpleNamespace(report=report)
+    monkeypatch.setattr(seed, "_compile", lambda module, path, device, options: (object(), guard))
+    monkeypatch.setattr(seed, "_Step", lambda model, fn, device: lambda: None)
+
+    class Step:
+        captured = types.SimpleNamespace(captured=True)
+
+        def __init__(self, model, fn):
+            pass
+
+        def __call__(self):
+            pass
+
+    monkeypatch.setattr(seed, "_CapturedStep", Step)
+    phases = types.SimpleNamespace(table=lambda width: "", to_dict=lambda digits: {})
+    monkeypatch.setattr(seed, "first_call", lambda fn: contextlib.nullcontext(phases))
+    monkeypatch.setattr(seed, "timing_choice_parts", lambda name: contextlib.nullcontext())
+    order: list[str] = []
+    monkeypatch.setattr(thunder_fusion_guard, "choose_backends", lambda *a, **k: order.append("choice") or [])
+    timed: list[list[str]] = []
+
+    def time_paths(name, steps, rows, rounds, host):
+        order.append("timed")
+        timed.append(list(steps))
+
+    monkeypatch.setattr(seed, "_time_paths", time_paths)
+    record = {"models": {}}
+    path = "fx-guarded+backends" + seed.STEP_GRAPH
+    seed.run_model("fake", ["eager", path], 1, None, record, time_before_choice_too=before)
+    key = "fx-guarded+backends before choice" + seed.STEP_GRAPH
+    if before:
+        assert order == ["timed", "choice", "timed"] and timed == [["eager", key], ["eager", path]]
+        assert record["models"]["fake"][key]["before_choice_of"] == path
+    else:
+        assert order == ["choice", "timed"] and timed == [["eager", path]]
+        assert key not in record["models"]["fake"]
+    assert "error" not in record["models"]["fake"][path]
