@@ -34,6 +34,7 @@ KEPT = (
     "first_call_phases",  # a guarded path's first call before choose_backends, by phase (examine.first_call)
     "before_choice_of",  # a row timed as its first call left the path named, before that path's choose_backends
     "choose_s",  # choose_backends' own seconds
+    "timed_before_choice_s",  # the path's timing before its choice (--time-before-choice), out of its first call
     "backends",  # how many subgraphs each backend runs after choose_backends
     "waited_for_lock_s",  # a guarded path's wait for another job's guarded compile, left out of its first call
     "max_abs_force_diff",
