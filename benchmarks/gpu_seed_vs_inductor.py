@@ -284,17 +284,17 @@ def run_model(
                         print(phases.table(width=None), flush=True)
                         rows[path]["first_call_phases"] = phases.to_dict(2)
                     _write(out, record)
-                    timed_before = time.perf_counter()
-                    if time_before_choice_too:
+                    if time_before_choice_too:  # its seconds are not the first call's, nor the choice's
+                        start = time.perf_counter()
                         time_before_choice(name, path, model, fn, steps, rows, rounds, host)
                         _write(out, record)
-                    timed_before = time.perf_counter() - timed_before  # not the first call's, nor the choice's
+                        timed_before = time.perf_counter() - start
                     with timing_choice_parts(name):
                         chosen = choose_backends(fn, *model.inputs, guard=guard, whole_graphs=True)
                     choose_s = round(time.perf_counter() - began - waited - before_choice - timed_before, 1)
                     for c in chosen:  # said now too: a job stopped at its capture still shows what was chosen
                         print(f"[{name}] {path}: chose in {choose_s} s: {c.line()}", flush=True)
-                step = _CapturedStep(model, fn) if path.endswith(STEP_GRAPH) else _Step(model, fn, "cuda")
+                step = path_step(model, fn, path)
                 step()
             # a path after choose_backends keeps what was said before its choice (before_choice_s, first_call_phases)
             first_s = round(time.perf_counter() - began - waited - timed_before, 1)
@@ -358,6 +358,12 @@ def run_model(
     _write(out, record)
 
 
+def path_step(model: ZooModel, fn: object, path: str) -> _Step | _CapturedStep:
+    """The step of ``fn`` that ``path`` times: captured whole by ``capture_step`` where its key ends
+    :data:`STEP_GRAPH`, else one uncaptured zoo step."""
+    return _CapturedStep(model, fn) if path.endswith(STEP_GRAPH) else _Step(model, fn, "cuda")
+
+
 BEFORE_CHOICE = " before choice"  # a path's key infix: that path timed as its first call left it, before its choice
 
 
@@ -370,18 +376,15 @@ def time_before_choice(
     rows: dict[str, dict],
     rounds: int,
     host: bool,
-    step_of: Callable[[ZooModel, object, bool], object] | None = None,
 ) -> str:
     """Time ``fn`` (the program of ``path``, after its first call, before ``choose_backends``) beside the paths
     compiled before it (``steps``), keyed as ``path`` with :data:`BEFORE_CHOICE` before its suffix; a job stopped
-    during the choice (minutes on NequIP) still has its guarded step timed. Returns the key. ``step_of(model, fn,
-    captured)`` makes the step (the harness's own: captured whole where ``path`` is)."""
+    during the choice (minutes on NequIP) still has its guarded step timed. Returns the key."""
     captured = path.endswith(STEP_GRAPH)
     key = path.removesuffix(STEP_GRAPH) + BEFORE_CHOICE + (STEP_GRAPH if captured else "")
-    make = step_of or (lambda m, f, whole: _CapturedStep(m, f) if whole else _Step(m, f, "cuda"))
     rows[key] = {"before_choice_of": path, "first_call_s": rows.get(path, {}).get("before_choice_s")}
     try:
-        step = make(model, fn, captured)
+        step = path_step(model, fn, path)
         step()
         with _timing_alone():
             _time_paths(name, {**steps, key: step}, rows, rounds, host)

@@ -231,21 +231,23 @@ def test_a_path_after_choose_backends_is_timed_as_its_first_call_left_it_beside_
     guarded = _FakeStep((2.0, [1.0, -3.0]), (2.0, [1.0, -2.0]))
     made = []
 
-    def step_of(model, fn, captured):
-        made.append(captured)
+    def captured_step(model, fn):
+        made.append(True)
         return guarded
 
+    monkeypatch.setattr(seed, "_CapturedStep", captured_step)
     steps, rows = {"eager": eager}, {"eager": {}, path: {"before_choice_s": 12.5}}
-    assert seed.time_before_choice("m", path, None, None, steps, rows, 1, False, step_of) == key
+    assert seed.time_before_choice("m", path, None, None, steps, rows, 1, False) == key
     assert made == [True] and list(steps) == ["eager"]  # captured whole, as its path; not timed again at the end
     assert rows[key]["before_choice_of"] == path and rows[key]["first_call_s"] == 12.5
     assert rows[key]["ms"] == 1.0 and rows[key]["max_abs_force_diff"] == 1.0 and rows["eager"]["ms"] == 2.0
 
-    def failing(model, fn, captured):
+    def failing(model, fn):
         raise RuntimeError("capture failed")
 
+    monkeypatch.setattr(seed, "_CapturedStep", failing)
     rows = {"eager": {}, path: {"before_choice_s": 3.0}}
-    assert seed.time_before_choice("m", path, None, None, {"eager": eager}, rows, 1, False, failing) == key
+    assert seed.time_before_choice("m", path, None, None, {"eager": eager}, rows, 1, False) == key
     assert "capture failed" in rows[key]["error"] and "ms" not in rows[key]
 
 
