@@ -379,7 +379,9 @@ def time_before_choice(
 ) -> str:
     """Time ``fn`` (the program of ``path``, after its first call, before ``choose_backends``) beside the paths
     compiled before it (``steps``), keyed as ``path`` with :data:`BEFORE_CHOICE` before its suffix; a job stopped
-    during the choice (minutes on NequIP) still has its guarded step timed. Returns the key."""
+    during the choice (minutes on NequIP) still has its guarded step timed. Those paths' own rows are timed again
+    after the choice, so the row keeps what they measured beside it (``beside``: ms, kernels, device ms). Returns
+    the key."""
     captured = path.endswith(STEP_GRAPH)
     key = path.removesuffix(STEP_GRAPH) + BEFORE_CHOICE + (STEP_GRAPH if captured else "")
     rows[key] = {"before_choice_of": path, "first_call_s": rows.get(path, {}).get("before_choice_s")}
@@ -388,6 +390,9 @@ def time_before_choice(
         step()
         with _timing_alone():
             _time_paths(name, {**steps, key: step}, rows, rounds, host)
+        rows[key]["beside"] = {
+            p: {f: rows[p][f] for f in ("ms", "kernels", "device_ms") if f in rows[p]} for p in steps if p in rows
+        }
     except Exception as e:  # the choice and the paths' own timing go on
         rows[key]["error"] = error_text(e)[:2000]
     print(f"[{name}] {key}: {rows[key]}", flush=True)

@@ -35,6 +35,7 @@ KEPT = (
     "before_choice_of",  # a row timed as its first call left the path named, before that path's choose_backends
     "choose_s",  # choose_backends' own seconds
     "timed_before_choice_s",  # the path's timing before its choice (--time-before-choice), out of its first call
+    "beside",  # a row timed before a choice: what the paths timed with it measured then (timed again after)
     "backends",  # how many subgraphs each backend runs after choose_backends
     "waited_for_lock_s",  # a guarded path's wait for another job's guarded compile, left out of its first call
     "max_abs_force_diff",
@@ -68,6 +69,7 @@ def _row(row: dict, job: str, eager_ms: float | None, commit: str) -> dict:
             )
         else:
             kept["error"] = "not timed: the job reached its time limit after this path's first call"
+    eager_ms = row.get("beside", {}).get("eager", {}).get("ms", eager_ms)  # timed before a choice: its eager then
     return {**kept, "eager_ms": eager_ms, "job": job, "commit": commit}
 
 
@@ -117,6 +119,14 @@ def markdown(doc: dict) -> str:
                 f"| {model} | {path} | {r.get('ms', '')} | {r.get('eager_ms') or ''} | {r.get('kernels', '')} | "
                 f"{r.get('device_ms', '')} | {r.get('first_call_s', '')} | {'' if diff is None else f'{diff:.1e}'} |"
             )
+    for model, rows in doc["models"].items():  # a row timed before a choice: the other paths as measured beside it
+        for path, r in rows.items():
+            if r.get("beside"):
+                said = "; ".join(
+                    f"{p} {v.get('ms', '')} ms, {v.get('kernels', '')} kernels, {v.get('device_ms', '')} device ms"
+                    for p, v in r["beside"].items()
+                )
+                lines.append(f"\n{model}, {path}: timed beside {said}.")
     return "\n".join(lines) + "\n"
 
 

@@ -241,6 +241,8 @@ def test_a_path_after_choose_backends_is_timed_as_its_first_call_left_it_beside_
     assert made == [True] and list(steps) == ["eager"]  # captured whole, as its path; not timed again at the end
     assert rows[key]["before_choice_of"] == path and rows[key]["first_call_s"] == 12.5
     assert rows[key]["ms"] == 1.0 and rows[key]["max_abs_force_diff"] == 1.0 and rows["eager"]["ms"] == 2.0
+    # what the paths beside it measured then, kept: their own rows are timed again after the choice
+    assert rows[key]["beside"] == {"eager": {"ms": 2.0, "kernels": 1.0, "device_ms": 0.1}}
 
     def failing(model, fn):
         raise RuntimeError("capture failed")

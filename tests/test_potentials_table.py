@@ -139,3 +139,22 @@ def test_a_path_stopped_while_choosing_backends_keeps_its_first_call(table, tmp_
     assert row["before_choice_s"] == 285.2 and "ms" not in row
     assert "choose_backends" in row["error"] and "285.2" in row["error"]
     assert "| 285.2 before the choice |" in md.read_text()  # the table's error cell is cut short: said in its column
+
+
+def test_a_row_timed_before_its_choice_keeps_the_paths_measured_beside_it(table, tmp_path):
+    """The paths timed with a guarded step before its choice are timed again after it: that row keeps what they
+    measured then (``beside``), its eager among them, and the table says it under the rows."""
+    beside = {"eager": {"ms": 22.35, "kernels": 927.0}, "inductor+stepgraph": {"ms": 0.735, "kernels": 204.0}}
+    rows = {
+        "eager": {"ms": 27.06},
+        "inductor+stepgraph": {"ms": 0.873, "kernels": 204.0},
+        "fx-guarded before choice+stepgraph": {"ms": 0.603, "kernels": 141.0, "beside": beside},
+    }
+    out, md = tmp_path / "out.json", tmp_path / "out.md"
+    job = _job(tmp_path, "mace-backends", "mace", rows)
+    assert table.main([str(job), "--commit", "d" * 40, "--json", str(out), "--markdown", str(md)]) == 0
+    mace = json.loads(out.read_text())["models"]["mace"]
+    assert mace["fx-guarded before choice+stepgraph"]["beside"] == beside
+    assert mace["fx-guarded before choice+stepgraph"]["eager_ms"] == 22.35  # the eager timed beside it
+    assert mace["inductor+stepgraph"]["eager_ms"] == 27.06
+    assert "inductor+stepgraph 0.735 ms, 204.0 kernels" in md.read_text()
