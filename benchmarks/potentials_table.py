@@ -107,8 +107,15 @@ def markdown(doc: dict) -> str:
         "| model | path | ms | its eager ms | kernels a step | device ms a step | first call s | max force diff |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    notes = []  # under the table: a row timed before a choice, with the other paths as measured beside it
     for model, rows in doc["models"].items():
         for path, r in rows.items():
+            if r.get("beside"):
+                said = "; ".join(
+                    f"{p} {v.get('ms', '')} ms, {v.get('kernels', '')} kernels, {v.get('device_ms', '')} device ms"
+                    for p, v in r["beside"].items()
+                )
+                notes.append(f"\n{model}, {path}: timed beside {said}.")
             if "error" in r and "ms" not in r:  # stopped during the choice: its first call before it, so marked
                 chose = f"{r['before_choice_s']} before the choice" if "before_choice_s" in r else ""
                 first = r.get("first_call_s", chose)
@@ -119,15 +126,7 @@ def markdown(doc: dict) -> str:
                 f"| {model} | {path} | {r.get('ms', '')} | {r.get('eager_ms') or ''} | {r.get('kernels', '')} | "
                 f"{r.get('device_ms', '')} | {r.get('first_call_s', '')} | {'' if diff is None else f'{diff:.1e}'} |"
             )
-    for model, rows in doc["models"].items():  # a row timed before a choice: the other paths as measured beside it
-        for path, r in rows.items():
-            if r.get("beside"):
-                said = "; ".join(
-                    f"{p} {v.get('ms', '')} ms, {v.get('kernels', '')} kernels, {v.get('device_ms', '')} device ms"
-                    for p, v in r["beside"].items()
-                )
-                lines.append(f"\n{model}, {path}: timed beside {said}.")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + notes) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
