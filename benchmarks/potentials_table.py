@@ -119,7 +119,8 @@ def markdown(doc: dict) -> str:
             if "error" in r and "ms" not in r:  # stopped during the choice: its first call before it, so marked
                 chose = f"{r['before_choice_s']} before the choice" if "before_choice_s" in r else ""
                 first = r.get("first_call_s", chose)
-                lines.append(f"| {model} | {path} | {r['error'][:90]} | | | | {first} | |")
+                cell = r["error"].partition(", after a first call")[0][:90]  # that first call: in its column
+                lines.append(f"| {model} | {path} | {cell} | | | | {first} | |")
                 continue
             diff = r.get("max_abs_force_diff", r.get("run_to_run_max_abs_force_diff"))  # eager's: its own
             lines.append(

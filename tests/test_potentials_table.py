@@ -139,6 +139,7 @@ def test_a_path_stopped_while_choosing_backends_keeps_its_first_call(table, tmp_
     assert row["before_choice_s"] == 285.2 and "ms" not in row
     assert "choose_backends" in row["error"] and "285.2" in row["error"]
     assert "| 285.2 before the choice |" in md.read_text()  # the table's error cell is cut short: said in its column
+    assert "during choose_backends | |" in md.read_text()  # cut where the first call's clause begins, no half number
 
 
 def test_a_row_timed_before_its_choice_keeps_the_paths_measured_beside_it(table, tmp_path):
