@@ -72,13 +72,13 @@ def compile_fx_module(
     module: torch.fx.GraphModule, inputs: list[Any], backend: str, options: dict[str, Any] | None = None
 ) -> Callable:
     """A copy of ``module`` run eagerly (``backend='eager'``) or compiled by Inductor for ``inputs``
-    (``'inductor'``, with Inductor's config ``options`` for this compile only); a copy, since Inductor's passes may
-    rewrite the graph they are given."""
+    (``'inductor'``, with Inductor's config ``options`` for this compile only, read from and written to Inductor's
+    caches: ``th.inductor_compile``); a copy, since Inductor's passes may rewrite the graph they are given."""
     copied = torch.fx.GraphModule(module, copy.deepcopy(module.graph))
     if backend == "eager":
         return copied
     if backend == "inductor":
-        return torch._inductor.compile(copied, list(inputs), options)
+        return th.inductor_compile(copied, list(inputs), options)  # kept by Inductor's caches, as Dynamo's
     raise ValueError(f"unknown backend {backend!r}; allowed: 'eager', 'inductor'")
 
 

@@ -15,6 +15,7 @@ functions here, one module a job, so that a new release means reading and fixing
 - :mod:`.combo`: Thunder's torch.compile executor compiling its regions with Inductor's combo kernels;
 - :mod:`.matmul_sums`: the post-grad pass handed Inductor for a whole graph: small-result matmuls summed in kernels;
 - :mod:`.compiling`: the compilation Thunder runs right now;
+- :mod:`.cached_compile`: Inductor's compile of a torch.fx graph outside Dynamo, kept by Inductor's caches;
 - :mod:`.jitted`: what ``thunder.jit`` made (transforms, traces, compiled calls; recording a run's fusion calls);
 - :mod:`.thunderfx`: what ThunderFX made (split subgraphs, the ops kept out of Thunder and why);
 - :mod:`.dynamo_breaks`: Dynamo's graph breaks under ThunderFX, with Dynamo's reason and the user's line;
@@ -45,6 +46,7 @@ from .aliases import (
     op_before_each,
     trace_requires_grad,
 )
+from .cached_compile import inductor_compile
 from .calls import (
     ContiguousWrites,
     DirectNvFuserCall,
@@ -430,6 +432,7 @@ __all__ = [
     "handing_over",
     "has_symbolic_shape",
     "holds_a_write",
+    "inductor_compile",
     "inductor_options",
     "inductor_pieces",
     "inplace_setitem",
