@@ -73,3 +73,20 @@ def test_a_graph_taking_a_number_is_compiled_as_torch_compiles_it() -> None:
     compiled = th.inductor_compile(torch.fx.symbolic_trace(Scaled()), [x, 3])
     out = compiled(x, 3)
     assert torch.equal(out[0] if isinstance(out, (tuple, list)) else out, x * 3)
+
+
+def test_inputs_fake_tensors_cannot_stand_for_are_compiled_as_torch_compiles_them(monkeypatch) -> None:
+    from thunder_fusion_guard._thunder import cached_compile
+
+    class Refusing(torch._subclasses.fake_tensor.FakeTensorMode):
+        def from_tensor(self, *args, **kwargs):
+            raise RuntimeError("no fake tensor for this input")
+
+    monkeypatch.setattr(cached_compile, "FakeTensorMode", Refusing)  # the guard's own fake tensors only
+    inputs = _graph_and_inputs(torch.float32)[1]
+    with fresh_cache():
+        counters.clear()
+        ours = _step(th.inductor_compile(torch.fx.symbolic_trace(_Block()), list(inputs)), inputs)
+        assert _inductor_counts().get("fxgraph_cache_bypass", 0) > 0  # the plain compile: torch's own call
+    exact = _Block()(*[t.detach() for t in inputs])
+    assert torch.allclose(ours[0], exact, rtol=1e-5, atol=1e-5)

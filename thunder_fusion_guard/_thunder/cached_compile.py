@@ -21,10 +21,15 @@ __all__ = ["inductor_compile"]
 
 def inductor_compile(module: torch.fx.GraphModule, inputs: list[Any], options: dict[str, Any] | None = None) -> Any:
     """``torch._inductor.compile(module, inputs, options)``, cacheable: static in the shapes and strides of
-    ``inputs``; where an input is not a tensor (a size Inductor would make symbolic), the plain compile."""
-    if not all(isinstance(x, torch.Tensor) for x in inputs):
-        return torch._inductor.compile(module, list(inputs), options)
+    ``inputs``. Where an input is not a plain tensor (a number Inductor would make a symbol, a tensor subclass) or
+    has no fake tensor, the plain compile, as before."""
+    plain = all(type(x) in (torch.Tensor, torch.nn.Parameter) for x in inputs)
     mode = FakeTensorMode(shape_env=ShapeEnv())
-    fakes = [mode.from_tensor(x, static_shapes=True) for x in inputs]
+    try:
+        fakes = [mode.from_tensor(x, static_shapes=True) for x in inputs] if plain else None
+    except Exception:  # a tensor fake tensors cannot stand for: the compile as torch's own call makes it
+        fakes = None
+    if fakes is None:
+        return torch._inductor.compile(module, list(inputs), options)
     with torch._guards.tracing(torch._guards.TracingContext(mode)):
         return torch._inductor.compile(module, fakes, options)
