@@ -160,10 +160,10 @@ declare -A JOBS=(
   [modules-fastest]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls"
   [small-fastest]="|--model small --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded/matmuls"
   [small-steps]="|--model small --paths eager,inductor-ro --step-graph inductor $INDUCTOR_BEST --step-graph fx-guarded/matmuls"
-  # MACE by cuEquivariance's kernels (its enable_cueq), translated: Inductor's default and best steps beside the
-  # guarded step after choose_backends(whole_graphs=True), one process; needs .whl/cueq-site.tar.xz unpacked once
   # MACE at max_ell 3 the same way as mace-backends-decomposed, one process
   [mace-l3-backends]="$MC|--model mace-l3 --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends --thread-stack-mb 1024 --time-before-choice"
+  # MACE by cuEquivariance's kernels (its enable_cueq), translated: Inductor's default and best steps beside the
+  # guarded step after choose_backends(whole_graphs=True), one process; needs .whl/cueq-site.tar.xz unpacked once
   [mace-cueq-backends]="$MC|--model mace-cueq --paths eager --step-graph inductor $INDUCTOR_BEST --step-graph fx-guarded+backends --thread-stack-mb 1024"
   # the guarded step after choose_backends(whole_graphs=True), which may hand Inductor the guard's summed matmuls,
   # beside Inductor's best step found and Inductor handed that pass too, one process a model

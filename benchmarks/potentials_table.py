@@ -25,6 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from package_hash import commit_package_sha256
 
+# a row stopped during choose_backends: the table's cell, its error's first clause
+STOPPED_CHOOSING = "not timed: the job reached its time limit during choose_backends"
 KEPT = (
     "ms",
     "kernels",
@@ -63,10 +65,7 @@ def _row(row: dict, job: str, eager_ms: float | None, commit: str) -> dict:
         kept["rescued"] = [f"{r['where']}: {_first_line(r.get('error'))}" for r in row["rescued"]]
     if "ms" not in row and "error" not in row:
         if "before_choice_s" in row:  # stopped during choose_backends: the first call before it is known
-            kept["error"] = (
-                "not timed: the job reached its time limit during choose_backends, after a first call of "
-                f"{row['before_choice_s']} s"
-            )
+            kept["error"] = f"{STOPPED_CHOOSING}, after a first call of {row['before_choice_s']} s"
         else:
             kept["error"] = "not timed: the job reached its time limit after this path's first call"
     eager_ms = row.get("beside", {}).get("eager", {}).get("ms", eager_ms)  # timed before a choice: its eager then
@@ -119,7 +118,8 @@ def markdown(doc: dict) -> str:
             if "error" in r and "ms" not in r:  # stopped during the choice: its first call before it, so marked
                 chose = f"{r['before_choice_s']} before the choice" if "before_choice_s" in r else ""
                 first = r.get("first_call_s", chose)
-                cell = r["error"].partition(", after a first call")[0][:90]  # that first call: in its column
+                # a stop during the choice without its first call's clause: that first call is in its column
+                cell = STOPPED_CHOOSING if r["error"].startswith(STOPPED_CHOOSING) else r["error"][:90]
                 lines.append(f"| {model} | {path} | {cell} | | | | {first} | |")
                 continue
             diff = r.get("max_abs_force_diff", r.get("run_to_run_max_abs_force_diff"))  # eager's: its own
