@@ -141,6 +141,11 @@ declare -A JOBS=(
   # (cdf0328): it does not fit one job cold; run nequip-fill-inductor and nequip-backends-alone first on the same machine,
   # the next call within its idle release, or with TFG_CACHE_PACK=1 and the caches carried
   [nequip-backends-decomposed]="$NQ|--model nequip --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends --thread-stack-mb 1024 --time-before-choice"
+  # the compiles of the guard's whole-graph choice alone, into Inductor's caches: the guarded path without a fusion
+  # executor (variant fx-guarded+backends/none) reaches its choice after a first call of about a minute, where nvFuser's
+  # regions take minutes more; Dynamo's graph and its inputs, so the compiles' cache keys, are the same. It takes no
+  # decide lock (what it decides is not kept); nequip-backends-decomposed on the same machine then reads them
+  [nequip-whole-compiles]="$NQ|--model nequip --paths eager --step-graph fx-guarded+backends/none --thread-stack-mb 1024"
   # its guarded path alone, beside nequip-inductor-decomposed in the call before: both fill Inductor's caches
   [nequip-backends-alone]="$NQ|--model nequip --paths eager --step-graph fx-guarded+backends --thread-stack-mb 1024 --time-before-choice"
   # the same guarded step with Thunder's torch.compile executor as its one fusion executor (variant fx-guarded+backends/tc):
@@ -223,10 +228,13 @@ for job in "${chosen[@]}"; do
   [[ $args == *fx-guarded/readme* ]] && variant+=(--variant "fx-guarded/readme=$README")
   [[ $args == *fx-guarded/matmuls* ]] && variant+=(--variant "fx-guarded/matmuls=$MATMULS")
   [[ $args == *fx-guarded+backends/tc* ]] && variant+=(--variant 'fx-guarded+backends/tc={"fusion": "torchcompile"}')
+  [[ $args == *fx-guarded+backends/none* ]] && variant+=(--variant 'fx-guarded+backends/none={"fusion": "none"}')
+  lock=$TFG_ZOO_DECIDE_LOCK
+  [[ $job == nequip-whole-compiles ]] && lock=
   [[ $job == nequip-jit-vjps ]] && variant=(--variant 'guarded/without-exact-vjps={"runtime": {"exact_vjps": false}}')
   (
     # shellcheck disable=SC2086
-    PYTHONPATH=${path:-${PYTHONPATH:-}} timeout -k 10 -s INT "$left" python3 benchmarks/gpu_seed_vs_inductor.py $args \
+    TFG_ZOO_DECIDE_LOCK=$lock PYTHONPATH=${path:-${PYTHONPATH:-}} timeout -k 10 -s INT "$left" python3 benchmarks/gpu_seed_vs_inductor.py $args \
       "${variant[@]}" --rounds 20 --json "$WORK/$job.json" > "$WORK/$job.log" 2>&1
     echo "[potentials] $(date -u +%H:%M:%S) $job exit $?"
     # each job's files in $OUT as soon as it ends: a command stopped from outside before the packing below keeps them

@@ -60,6 +60,10 @@ PATHS = ("eager", "inductor-ro", "fx-cudagraph", "fx-guarded+cudagraph")
 # executor alone on guarded ThunderFX without CUDA graphs (its regions compiled by Inductor, read from Inductor's caches
 # where they hold them; the default, nvFuser first, keeps no compile between processes)
 FUSION = "fusion"
+# its values: Thunder's torch.compile executor alone, or no fusion executor at all (every region on Thunder's torch
+# executor: a first call without fusion compiles, for a job that only fills Inductor's caches with the compiles of the
+# guard's whole-graph choice, whose Dynamo graph and inputs do not depend on Thunder's executors)
+FUSIONS = {"torchcompile": "torch.compile executor", "none": "no fusion executor"}
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -80,23 +84,25 @@ def parse_variant(text: str) -> tuple[str, dict]:
     fusion = parsed.pop(FUSION, None)
     if fusion is None:
         return key, nested(parsed)
-    if fusion != "torchcompile" or zoo_path.frontend != "ThunderFX" or zoo_path.cudagraphs:
+    if fusion not in FUSIONS or zoo_path.frontend != "ThunderFX" or zoo_path.cudagraphs:
         raise ValueError(
-            f"--variant {text!r}: {FUSION!r} takes 'torchcompile', on guarded ThunderFX without CUDA graphs"
+            f"--variant {text!r}: {FUSION!r} takes one of {', '.join(map(repr, FUSIONS))}, on guarded ThunderFX "
+            "without CUDA graphs"
         )
     return key, {**nested(parsed), FUSION: fusion}
 
 
 def compiled_with_fusion(module: torch.nn.Module, guard_options: dict) -> tuple[Callable, object]:
-    """``module`` under guarded ThunderFX with Thunder's torch.compile executor as its one fusion executor, and the
-    FusionGuard made with ``guard_options`` (:data:`FUSION` left out)."""
+    """``module`` under guarded ThunderFX with the fusion executor ``guard_options[FUSION]`` names (:data:`FUSIONS`:
+    Thunder's torch.compile executor, or none), and the FusionGuard made with the rest of ``guard_options``."""
     from thunder.dynamo import thunderfx
 
     from thunder_fusion_guard import FusionGuard
     from thunder_fusion_guard._thunder.executors import torch_compile_executor
 
     guard = FusionGuard(**{k: v for k, v in guard_options.items() if k != FUSION})
-    return thunderfx(module, executors=[torch_compile_executor()], transforms=[guard]), guard
+    executors = [torch_compile_executor()] if guard_options[FUSION] == "torchcompile" else []
+    return thunderfx(module, executors=executors, transforms=[guard]), guard
 
 
 def litgpt_step() -> ZooModel:

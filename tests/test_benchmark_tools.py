@@ -19,8 +19,10 @@ def test_a_variant_is_a_guarded_path_with_guard_options_keyed_by_its_label():
     key, options = seed.parse_variant('fx-guarded+backends/tc={"fusion": "torchcompile", "margin": 0.1}')
     assert key == "fx-guarded+backends/tc" and options == {"costs": {"margin": 0.1}, "fusion": "torchcompile"}
     for bad in ('fx-guarded+cudagraph/tc={"fusion": "torchcompile"}', 'fx-guarded/nv={"fusion": "nvfuser"}'):
-        with pytest.raises(ValueError, match="'fusion' takes 'torchcompile'"):
+        with pytest.raises(ValueError, match="'fusion' takes one of 'torchcompile', 'none'"):
             seed.parse_variant(bad)
+    key, options = seed.parse_variant('fx-guarded+backends/none={"fusion": "none"}')
+    assert key == "fx-guarded+backends/none" and options == {"fusion": "none"}
 
 
 def test_a_fusion_variant_runs_its_regions_on_torch_compile_alone():
@@ -40,6 +42,23 @@ def test_a_fusion_variant_runs_its_regions_on_torch_compile_alone():
     traces = [thunder.last_traces(sub.jitted)[-1] for sub in th.thunderfx_subgraphs(fn)]
     assert any("TorchCompile" in str(trace) for trace in traces)
     assert not any("nvFusion" in str(trace) for trace in traces)
+
+
+def test_the_fusion_variant_none_runs_its_regions_on_thunder_torch_executor():
+    """No fusion executor: every region of the guarded ThunderFX program runs op by op on Thunder's torch executor
+    (a first call without fusion compiles, for the job filling Inductor's caches with the whole-graph choice's)."""
+    import thunder
+
+    from thunder_fusion_guard import _thunder as th
+
+    seed = load_benchmark("gpu_seed_vs_inductor")
+    _, options = seed.parse_variant('fx-guarded+backends/none={"fusion": "none"}')
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    fn, _ = seed.compiled_with_fusion(module, options)
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(fn(x), module(x))
+    traces = [str(thunder.last_traces(sub.jitted)[-1]) for sub in th.thunderfx_subgraphs(fn)]
+    assert traces and not any("TorchCompile" in t or "nvFusion" in t for t in traces)
 
 
 def test_an_inductor_variant_is_an_inductor_path_given_more_of_its_options():
