@@ -150,8 +150,9 @@ declare -A JOBS=(
   [nequip-backends-alone]="$NQ|--model nequip --paths eager --step-graph fx-guarded+backends --thread-stack-mb 1024 --time-before-choice"
   # the same guarded step with Thunder's torch.compile executor as its one fusion executor (variant fx-guarded+backends/tc):
   # its regions compile by Inductor and are read from Inductor's caches, where nvFuser's compiles (168-189 s of NequIP's
-  # guarded first call on an H100, a390948) are kept by none; nequip-backends-tc-alone beside nequip-fill-inductor fills
-  # them (TFG_CACHE_PACK=1), then nequip-backends-tc times it beside Inductor's best step in one process
+  # guarded first call on an H100, a390948) are kept by none; nequip-whole-compiles alone, then beside
+  # nequip-backends-tc-alone, fill them on one machine (each call within its idle release, or TFG_CACHE_PACK=1 and the
+  # caches carried), then nequip-backends-tc times it beside Inductor's best step in one process (H100: 555, 401, 219 s)
   [nequip-backends-tc-alone]="$NQ|--model nequip --paths eager --step-graph fx-guarded+backends/tc --thread-stack-mb 1024 --time-before-choice"
   [nequip-backends-tc]="$NQ|--model nequip --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends/tc --thread-stack-mb 1024 --time-before-choice"
   # MACE translated, the guarded step after choose_backends(whole_graphs=True) beside Inductor's best step, one process;
