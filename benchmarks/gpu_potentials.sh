@@ -155,6 +155,10 @@ declare -A JOBS=(
   # caches carried), then nequip-backends-tc times it beside Inductor's best step in one process (H100: 555, 401, 219 s)
   [nequip-backends-tc-alone]="$NQ|--model nequip --paths eager --step-graph fx-guarded+backends/tc --thread-stack-mb 1024 --time-before-choice"
   [nequip-backends-tc]="$NQ|--model nequip --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends/tc --thread-stack-mb 1024 --time-before-choice"
+  # the same three at l_max 3, in that order on one machine
+  [nequip-l3-whole-compiles]="$NQ|--model nequip-l3 --paths eager --step-graph fx-guarded+backends/none --thread-stack-mb 1024"
+  [nequip-l3-backends-tc-alone]="$NQ|--model nequip-l3 --paths eager --step-graph fx-guarded+backends/tc --thread-stack-mb 1024 --time-before-choice"
+  [nequip-l3-backends-tc]="$NQ|--model nequip-l3 --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends/tc --thread-stack-mb 1024 --time-before-choice"
   # MACE translated, the guarded step after choose_backends(whole_graphs=True) beside Inductor's best step, one process;
   # the jobs given --time-before-choice also time the guarded step before its choice (a row keyed "... before choice")
   [mace-backends-decomposed]="$MC|--model mace --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends --thread-stack-mb 1024 --time-before-choice"
@@ -231,7 +235,7 @@ for job in "${chosen[@]}"; do
   [[ $args == *fx-guarded+backends/tc* ]] && variant+=(--variant 'fx-guarded+backends/tc={"fusion": "torchcompile"}')
   [[ $args == *fx-guarded+backends/none* ]] && variant+=(--variant 'fx-guarded+backends/none={"fusion": "none"}')
   lock=$TFG_ZOO_DECIDE_LOCK
-  [[ $job == nequip-whole-compiles ]] && lock=
+  [[ $job == nequip*-whole-compiles ]] && lock=
   [[ $job == nequip-jit-vjps ]] && variant=(--variant 'guarded/without-exact-vjps={"runtime": {"exact_vjps": false}}')
   (
     # shellcheck disable=SC2086

@@ -43,7 +43,7 @@ from thunder_fusion_guard.bench.machine import machine_info
 from thunder_fusion_guard.bench.zoo_equivariant import e3nn_nequip_small
 from thunder_fusion_guard.bench.zoo_models import ZOO, ZooModel
 from thunder_fusion_guard.bench.zoo_paths import ZooPath
-from thunder_fusion_guard.bench.zoo_potentials import mace_potential
+from thunder_fusion_guard.bench.zoo_potentials import mace_potential, nequip_potential
 from thunder_fusion_guard.bench.zoo_run import _compile, _Step, _timing_alone, file_lock
 from thunder_fusion_guard.bench.zoo_values import _difference
 from thunder_fusion_guard.examine.first_call import first_call
@@ -125,6 +125,7 @@ MODELS = {
     "mace": lambda: ZOO["mace"].build("cuda"),
     "mace-cueq": lambda: ZOO["mace-cueq"].build("cuda"),  # cuequivariance-torch and its CUDA ops installed
     "mace-l3": lambda: mace_potential("cuda", max_ell=3),  # the same MACE at max_ell 3
+    "nequip-l3": lambda: nequip_potential("cuda", l_max=3),  # the same NequIP at l_max 3
 }
 
 
