@@ -25,40 +25,28 @@ def test_a_variant_is_a_guarded_path_with_guard_options_keyed_by_its_label():
     assert key == "fx-guarded+backends/none" and options == {"fusion": "none"}
 
 
-def test_a_fusion_variant_runs_its_regions_on_torch_compile_alone():
-    """The variant's program: guarded ThunderFX whose regions Thunder's torch.compile executor runs, the guard given
-    the variant's other options (on CPU here, as on CUDA)."""
+@pytest.mark.parametrize(
+    "variant, region",
+    [('{"fusion": "torchcompile", "strict": true}', "TorchCompile"), ('{"fusion": "none", "strict": true}', None)],
+)
+def test_a_fusion_variant_runs_its_regions_on_its_executor_alone(variant, region):
+    """The variant's program: guarded ThunderFX whose regions Thunder's torch.compile executor runs, or with no fusion
+    executor none (every op on Thunder's torch executor: a first call without fusion compiles, for the job filling
+    Inductor's caches with the whole-graph choice's), the guard given the variant's other options (on CPU here)."""
     import thunder
 
     from thunder_fusion_guard import _thunder as th
 
     seed = load_benchmark("gpu_seed_vs_inductor")
-    _, options = seed.parse_variant('fx-guarded+backends/tc={"fusion": "torchcompile", "strict": true}')
+    _, options = seed.parse_variant(f"fx-guarded+backends/x={variant}")
     module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     fn, guard = seed.compiled_with_fusion(module, options)
     x = torch.randn(4, 8)
     torch.testing.assert_close(fn(x), module(x))
     assert guard.options.strict
-    traces = [thunder.last_traces(sub.jitted)[-1] for sub in th.thunderfx_subgraphs(fn)]
-    assert any("TorchCompile" in str(trace) for trace in traces)
-    assert not any("nvFusion" in str(trace) for trace in traces)
-
-
-def test_the_fusion_variant_none_runs_its_regions_on_thunder_torch_executor():
-    """No fusion executor: every region of the guarded ThunderFX program runs op by op on Thunder's torch executor
-    (a first call without fusion compiles, for the job filling Inductor's caches with the whole-graph choice's)."""
-    import thunder
-
-    from thunder_fusion_guard import _thunder as th
-
-    seed = load_benchmark("gpu_seed_vs_inductor")
-    _, options = seed.parse_variant('fx-guarded+backends/none={"fusion": "none"}')
-    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
-    fn, _ = seed.compiled_with_fusion(module, options)
-    x = torch.randn(4, 8)
-    torch.testing.assert_close(fn(x), module(x))
     traces = [str(thunder.last_traces(sub.jitted)[-1]) for sub in th.thunderfx_subgraphs(fn)]
-    assert traces and not any("TorchCompile" in t or "nvFusion" in t for t in traces)
+    assert traces and not any("nvFusion" in t for t in traces)
+    assert any("TorchCompile" in t for t in traces) == (region is not None)
 
 
 def test_an_inductor_variant_is_an_inductor_path_given_more_of_its_options():
