@@ -27,24 +27,17 @@ from package_hash import package_sha256, resolve_commit  # noqa: E402
 
 def compile_once() -> dict:
     """One compile, in this process: its seconds, the graph's nodes and Inductor's FX-graph cache counters."""
-    import torch
+    from split_checks import dynamo_graphs
     from torch._dynamo.utils import counters
 
     from thunder_fusion_guard import translate_library_ops
     from thunder_fusion_guard.bench.zoo_potentials import mace_potential
-    from thunder_fusion_guard.fx_rescue import compile_fx_module, copy_input
+    from thunder_fusion_guard.fx_rescue import compile_fx_module
     from thunder_fusion_guard.whole_graph import forward_backward_step
 
     translate_library_ops()
     model = mace_potential("cpu", atoms=30)
-    graphs = []
-
-    def keep(gm: torch.fx.GraphModule, args: list) -> torch.fx.GraphModule:
-        graphs.append((gm, [copy_input(a) for a in args]))
-        return gm
-
-    torch.compile(model.module, backend=keep)(*model.inputs)
-    gm, inputs = max(graphs, key=lambda g: len(g[0].graph.nodes))
+    gm, inputs = max(dynamo_graphs(model.module, tuple(model.inputs)), key=lambda g: len(g[0].graph.nodes))
     began = time.perf_counter()
     forward_backward_step(compile_fx_module(gm, inputs, "inductor"), inputs)()
     cache = {k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")}

@@ -30,6 +30,7 @@ from cpu_potentials import potential  # noqa: E402
 from package_hash import package_sha256, resolve_commit  # noqa: E402
 
 from thunder_fusion_guard import translate_library_ops  # noqa: E402
+from thunder_fusion_guard.fx_rescue import copy_input  # noqa: E402
 
 _CONSTANTS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
@@ -62,12 +63,13 @@ def memo_key(node: torch.fx.Node) -> tuple | None:
         return None
 
 
-def _graphs(model: torch.nn.Module, inputs: tuple) -> list[torch.fx.GraphModule]:
-    """The Dynamo graphs of one forward and backward of ``model`` on ``inputs`` (each run as Dynamo traced it)."""
-    captured: list[torch.fx.GraphModule] = []
+def dynamo_graphs(model: torch.nn.Module, inputs: tuple) -> list[tuple[torch.fx.GraphModule, list[Any]]]:
+    """The Dynamo graphs of one forward and backward of ``model`` on ``inputs`` (each run as Dynamo traced it), each
+    with copies of the inputs Dynamo handed it (``copy_input``: the same sizes and strides, to compile it for)."""
+    captured: list[tuple[torch.fx.GraphModule, list[Any]]] = []
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
-        captured.append(gm)
+        captured.append((gm, [copy_input(a) for a in example_inputs]))
         return gm.forward
 
     torch._dynamo.reset()
@@ -116,7 +118,7 @@ def main() -> int:
         translate_library_ops()
     default_atoms = 100 if args.model == "nequip" else 30
     built, key = potential(args.model, args.atoms or default_atoms, args.l_max)
-    graphs = _graphs(built.module, tuple(built.inputs))
+    graphs = [gm for gm, _ in dynamo_graphs(built.module, tuple(built.inputs))]
     rows = {}
     for run in ("plain", "memo", "plain again", "memo again"):  # interleaved: the second pair shows the spread
         verdicts, seconds, hits, unkeyed = checked(graphs, run.startswith("memo"))
