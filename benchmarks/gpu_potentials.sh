@@ -233,9 +233,9 @@ for job in "${chosen[@]}"; do
   [[ $args == *fx-guarded/readme* ]] && variant+=(--variant "fx-guarded/readme=$README")
   [[ $args == *fx-guarded/matmuls* ]] && variant+=(--variant "fx-guarded/matmuls=$MATMULS")
   [[ $args == *fx-guarded+backends/tc* ]] && variant+=(--variant 'fx-guarded+backends/tc={"fusion": "torchcompile"}')
-  [[ $args == *fx-guarded+backends/none* ]] && variant+=(--variant 'fx-guarded+backends/none={"fusion": "none"}')
   lock=$TFG_ZOO_DECIDE_LOCK
-  [[ $job == nequip*-whole-compiles ]] && lock=
+  # the cache-filling variant (no fusion executor) takes no decide lock: what it decides is not kept
+  [[ $args == *fx-guarded+backends/none* ]] && variant+=(--variant 'fx-guarded+backends/none={"fusion": "none"}') && lock=
   [[ $job == nequip-jit-vjps ]] && variant=(--variant 'guarded/without-exact-vjps={"runtime": {"exact_vjps": false}}')
   (
     # shellcheck disable=SC2086
