@@ -63,7 +63,7 @@ FUSION = "fusion"
 # its values: Thunder's torch.compile executor alone, or no fusion executor at all (every region on Thunder's torch
 # executor: a first call without fusion compiles, for a job that only fills Inductor's caches with the compiles of the
 # guard's whole-graph choice, whose Dynamo graph and inputs do not depend on Thunder's executors)
-FUSIONS = {"torchcompile": "torch.compile executor", "none": "no fusion executor"}
+FUSIONS = ("torchcompile", "none")
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
