@@ -216,6 +216,17 @@ declare -A JOBS=(
   [nequip-fill-inductor]="$NQ|--model nequip --paths eager --step-graph inductor/combo-decomposed --thread-stack-mb 1024"
   [nequip-fill-tuned]="$NQ|--model nequip --paths eager --step-graph inductor/combo-decomposed/tuned --thread-stack-mb 1024 --inductor-variant inductor/combo-decomposed/tuned={$TUNED}"
   [nequip-tuned]="$NQ|--model nequip --paths eager --step-graph fx-guarded+backends --step-graph inductor/combo-decomposed --step-graph inductor/combo-decomposed/tuned --thread-stack-mb 1024 --inductor-variant inductor/combo-decomposed/tuned={$TUNED}"
+  # that they run, uncaptured, one compile a process: guarded ThunderFX untranslated and translated at l_max 3 and
+  # max_ell 3, guarded thunder.jit on NequIP (MACE's TorchScript is refused there) with nvFuser, Thunder's default
+  # fusion executor; their forces against eager's. These take no decide lock: the values are what they report, and
+  # NequIP's guarded first calls (about 290 s each on an H100) one at a time would not fit a call
+  [nequip-fx-runs]="$NQ|--model nequip --no-translate --paths eager,fx-guarded --thread-stack-mb 1024"
+  [nequip-l3-fx-runs]="$NQ|--model nequip-l3 --no-translate --paths eager,fx-guarded --thread-stack-mb 1024"
+  [nequip-l3-translated-runs]="$NQ|--model nequip-l3 --paths eager,fx-guarded --thread-stack-mb 1024"
+  [nequip-jit-runs]="$NQ|--model nequip --no-translate --paths eager,guarded --thread-stack-mb 1024"
+  [nequip-jit-translated-runs]="$NQ|--model nequip --paths eager,guarded --thread-stack-mb 1024"
+  [mace-fx-runs]="$MC|--model mace --no-translate --paths eager,fx-guarded --thread-stack-mb 1024"
+  [mace-l3-fx-runs]="$MC|--model mace-l3 --no-translate --paths eager,fx-guarded --thread-stack-mb 1024"
   [modules-matmuls-combo]="|--model e3nn-nequip-modules --paths eager --step-graph inductor --step-graph fx-guarded/matmuls --inductor-config combo_kernels=true"
 )
 chosen=("$@")
@@ -236,6 +247,7 @@ for job in "${chosen[@]}"; do
   lock=$TFG_ZOO_DECIDE_LOCK
   # the cache-filling variant (no fusion executor) takes no decide lock: what it decides is not kept
   [[ $args == *fx-guarded+backends/none* ]] && variant+=(--variant 'fx-guarded+backends/none={"fusion": "none"}') && lock=
+  [[ $job == *-runs ]] && lock=  # see the runs jobs above
   [[ $job == nequip-jit-vjps ]] && variant=(--variant 'guarded/without-exact-vjps={"runtime": {"exact_vjps": false}}')
   (
     # shellcheck disable=SC2086
