@@ -361,9 +361,11 @@ def run_model(
             rows[path] = {"error": error_text(e)[:2000]}
         print(f"[{name}] {path}: {rows[path]}", flush=True)
         _write(out, record)
+    _compare_values(steps, rows)
+    _write(out, record)  # the values kept: a job stopped before its turn to time still has them
     all_compiled()  # side by side: no job's compile (and the guard's region timings) on the GPU while one is timed
     with _timing_alone():  # TFG_ZOO_LOCK set: processes started side by side compile together, time one at a time
-        _time_paths(name, steps, rows, rounds, host)
+        _time_compared(name, steps, rows, rounds, host)
     _write(out, record)
 
 
@@ -476,7 +478,16 @@ def all_compiled(poll_s: float = 1.0) -> bool:
 
 
 def _time_paths(name: str, steps: dict[str, _Step], rows: dict[str, dict], rounds: int, host: bool) -> None:
-    """The compiled paths' steps warmed up, compared with each other and timed interleaved, then profiled."""
+    """The compiled paths' steps warmed up, compared with each other (:func:`_compare_values`) and timed
+    interleaved, then profiled."""
+    _compare_values(steps, rows)
+    _time_compared(name, steps, rows, rounds, host)
+
+
+def _compare_values(steps: dict[str, _Step], rows: dict[str, dict]) -> None:
+    """The compiled paths' steps warmed up and their results (loss, gradients, forces) compared with eager's and with
+    each other, into ``rows``; eager's own run-to-run difference beside. No timing: a job may compare before the
+    others have compiled, and keep the comparison should it be stopped before its turn to time."""
     interleaved_rounds(steps, 0, warmup=3)
     values = {}
     for path, step in steps.items():  # one more step each, from the same parameters: their results compared
@@ -506,6 +517,10 @@ def _time_paths(name: str, steps: dict[str, _Step], rows: dict[str, dict], round
         if kin:  # each ThunderFX (or guarded thunder.jit) path against the others of its kind
             others = [o for o in values if o != path and o.startswith(kin)]
             rows[path]["bitwise_vs"] = {o: bitwise(values[path], values[o]) for o in others}
+
+
+def _time_compared(name: str, steps: dict[str, _Step], rows: dict[str, dict], rounds: int, host: bool) -> None:
+    """The steps :func:`_compare_values` warmed up, timed interleaved, then profiled (kernels, device time)."""
     rounds_ = interleaved_rounds(steps, rounds, warmup=2)
     for path, samples in rounds_.samples.items():
         rows[path]["ms"] = round(statistics.median(samples) * 1e3, 3)

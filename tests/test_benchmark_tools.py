@@ -299,7 +299,8 @@ def test_run_model_times_a_backends_path_before_its_choice_only_when_asked(monke
         order.append("timed")
         timed.append(list(steps))
 
-    monkeypatch.setattr(seed, "_time_paths", time_paths)
+    monkeypatch.setattr(seed, "_compare_values", lambda steps, rows: None)
+    monkeypatch.setattr(seed, "_time_compared", time_paths)
     record = {"models": {}}
     path = "fx-guarded+backends" + seed.STEP_GRAPH
     seed.run_model("fake", ["eager", path], 1, None, record, time_before_choice_too=before)
@@ -311,3 +312,28 @@ def test_run_model_times_a_backends_path_before_its_choice_only_when_asked(monke
         assert order == ["choice", "timed"] and timed == [["eager", path]]
         assert key not in record["models"]["fake"]
     assert "error" not in record["models"]["fake"][path]
+
+
+def test_run_model_keeps_the_compared_values_of_a_job_stopped_before_its_timing(monkeypatch, tmp_path):
+    """``run_model`` writes each path's comparison with eager to its JSON before it waits for the other jobs and
+    times: a job stopped while it waits (here at the wait, injected; no GPU) keeps its forces' difference."""
+    import types
+
+    seed = load_benchmark("gpu_seed_vs_inductor")
+    model = types.SimpleNamespace(module=None, inputs=())
+    monkeypatch.setitem(seed.MODELS, "fake", lambda: model)
+    monkeypatch.setattr(seed, "_compile", lambda module, path, device, options: (object(), None))
+    monkeypatch.setattr(seed, "_Step", lambda model, fn, device: lambda: None)
+
+    def compare(steps, rows):
+        rows["fx"]["max_abs_force_diff"] = 1e-7
+
+    def stopped():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(seed, "_compare_values", compare)
+    monkeypatch.setattr(seed, "all_compiled", stopped)
+    out = tmp_path / "job.json"
+    with pytest.raises(KeyboardInterrupt):
+        seed.run_model("fake", ["eager", "fx"], 1, out, {"models": {}})
+    assert json.loads(out.read_text())["models"]["fake"]["fx"]["max_abs_force_diff"] == 1e-7
