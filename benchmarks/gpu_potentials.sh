@@ -159,6 +159,10 @@ declare -A JOBS=(
   [nequip-l3-whole-compiles]="$NQ|--model nequip-l3 --paths eager --step-graph fx-guarded+backends/none --thread-stack-mb 1024"
   [nequip-l3-backends-tc-alone]="$NQ|--model nequip-l3 --paths eager --step-graph fx-guarded+backends/tc --thread-stack-mb 1024 --time-before-choice"
   [nequip-l3-backends-tc]="$NQ|--model nequip-l3 --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends/tc --thread-stack-mb 1024 --time-before-choice"
+  # at l_max 3 with no fusion executor too: Inductor's best step compiled into the caches beside the cache-filling
+  # variant (TFG_CACHE_PACK=1 packs both for a later machine), then the two timed in one process from warm caches
+  [nequip-l3-inductor-fill]="$NQ|--model nequip-l3 --paths eager --step-graph inductor/combo-decomposed --thread-stack-mb 1024"
+  [nequip-l3-backends-none]="$NQ|--model nequip-l3 --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends/none --thread-stack-mb 1024 --time-before-choice"
   # MACE translated, the guarded step after choose_backends(whole_graphs=True) beside Inductor's best step, one process;
   # the jobs given --time-before-choice also time the guarded step before its choice (a row keyed "... before choice")
   [mace-backends-decomposed]="$MC|--model mace --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends --thread-stack-mb 1024 --time-before-choice"
