@@ -262,6 +262,7 @@ def run_model(
     variants = variants or {}
     model = MODELS[name]()
     steps: dict[str, _Step] = {}
+    guards: dict[str, object] = {}  # each guarded path's FusionGuard: its facts said again after the timing
     rows: dict[str, dict] = record["models"].setdefault(name, {})
     for path in paths:
         began = time.perf_counter()
@@ -323,39 +324,11 @@ def run_model(
                 rows[path]["backend_choices"] = [c.line() for c in chosen]  # each with its timings and reason
             if path.endswith(STEP_GRAPH):  # the first call: warm-up steps and the capture included
                 rows[path]["step_captured"] = step.captured.captured or step.captured.reason
-            if guard is not None:  # what its CUDA graphs copy at each replay
-                rows[path]["captures"] = [
-                    {k: d.details.get(k) for k in ("captures", "copied_in", "bytes_copied_in", "handed_over")}
-                    | {"trace": d.trace, "subgraph": d.subgraph}
-                    for d in guard.report.filter(action="capture")
-                ]
-                rows[path]["actions"] = dict(Counter(d.action for d in guard.report.decisions))
-                rows[path]["codes"] = dict(Counter(d.code for d in guard.report.decisions))
-                rows[path]["rescued"] = [  # what failed, and the fusion alone to run it again
-                    {"where": f"{d.subgraph or ''}/{d.trace} {d.region}", "error": (d.error or "")[:1500]}
-                    | {"reproduction": d.details.get("reproduction")}
-                    for d in guard.report.decisions
-                    if d.action == "rescue"
-                ]
-                rows[path]["whole_graphs"] = [  # graphs unguarded Thunder fails on: whole by Inductor, or split
-                    {"graph": d.region, "code": d.code, "reason": d.reason, "split_us": d.details.get("split_us")}
-                    | {"inductor_us": d.details.get("inductor_us")}
-                    for d in guard.report.decisions
-                    if d.code in ("whole_graph", "whole_graph_kept")
-                ]
+            if guard is not None:
+                rows[path].update(guard_facts(guard))
                 if base in variants:
                     rows[path]["guard_options"] = variants[base]
-                rows[path]["merged"] = [  # regions merged into the next, and the ops between them it runs too
-                    {"trace": d.trace, "region": d.region, "into": d.details.get("into"), "across": d.ops}
-                    for d in guard.report.filter(code="merged")
-                ]
-                rows[path]["timed"] = [  # every region the guard timed or switched: what decided it
-                    {"where": f"{d.subgraph or ''}/{d.trace} {d.region}", "action": d.action, "code": d.code}
-                    | {"estimates": d.estimates, "ops": len(d.ops)}
-                    | {k: v for k, v in d.details.items() if k.startswith("measured_") or k in ("margin", "decided_on")}
-                    for d in guard.report.decisions
-                    if d.action == "switch" or d.code == "measured"
-                ]
+                guards[path] = guard
             steps[path] = step
         except Exception as e:  # one path failing must not lose the others
             rows[path] = {"error": error_text(e)[:2000]}
@@ -366,7 +339,49 @@ def run_model(
     all_compiled()  # side by side: no job's compile (and the guard's region timings) on the GPU while one is timed
     with _timing_alone():  # TFG_ZOO_LOCK set: processes started side by side compile together, time one at a time
         _time_compared(name, steps, rows, rounds, host)
+    for path, guard in guards.items():  # decisions made at later calls (a graph timed whole at its second) included
+        rows[path].update(guard_facts(guard))
     _write(out, record)
+
+
+def guard_facts(guard: object) -> dict:
+    """What ``guard`` decided so far, for a path's row: what its CUDA graphs copy at each replay, its decisions
+    counted by action and by code, the rescues (with the fusion alone to run a failure again), the Dynamo graphs
+    timed whole, the regions merged, and every region timed or switched with what decided it."""
+    report = guard.report  # type: ignore[attr-defined]
+    decisions = report.decisions
+    return {
+        "captures": [
+            {k: d.details.get(k) for k in ("captures", "copied_in", "bytes_copied_in", "handed_over")}
+            | {"trace": d.trace, "subgraph": d.subgraph}
+            for d in report.filter(action="capture")
+        ],
+        "actions": dict(Counter(d.action for d in decisions)),
+        "codes": dict(Counter(d.code for d in decisions)),
+        "rescued": [
+            {"where": f"{d.subgraph or ''}/{d.trace} {d.region}", "error": (d.error or "")[:1500]}
+            | {"reproduction": d.details.get("reproduction")}
+            for d in decisions
+            if d.action == "rescue"
+        ],
+        "whole_graphs": [  # graphs unguarded Thunder fails on: whole by Inductor, or split
+            {"graph": d.region, "code": d.code, "reason": d.reason, "split_us": d.details.get("split_us")}
+            | {"inductor_us": d.details.get("inductor_us")}
+            for d in decisions
+            if d.code in ("whole_graph", "whole_graph_kept")
+        ],
+        "merged": [  # regions merged into the next, and the ops between them it runs too
+            {"trace": d.trace, "region": d.region, "into": d.details.get("into"), "across": d.ops}
+            for d in report.filter(code="merged")
+        ],
+        "timed": [  # every region the guard timed or switched: what decided it
+            {"where": f"{d.subgraph or ''}/{d.trace} {d.region}", "action": d.action, "code": d.code}
+            | {"estimates": d.estimates, "ops": len(d.ops)}
+            | {k: v for k, v in d.details.items() if k.startswith("measured_") or k in ("margin", "decided_on")}
+            for d in decisions
+            if d.action == "switch" or d.code == "measured"
+        ],
+    }
 
 
 def path_step(model: ZooModel, fn: object, path: str) -> _Step | _CapturedStep:

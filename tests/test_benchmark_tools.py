@@ -337,3 +337,29 @@ def test_run_model_keeps_the_compared_values_of_a_job_stopped_before_its_timing(
     with pytest.raises(KeyboardInterrupt):
         seed.run_model("fake", ["eager", "fx"], 1, out, {"models": {}})
     assert json.loads(out.read_text())["models"]["fake"]["fx"]["max_abs_force_diff"] == 1e-7
+
+
+def test_run_model_says_again_after_the_timing_what_the_guard_decided_at_later_calls(monkeypatch):
+    """A guard decides a Dynamo graph whole at its second call, after the row's first facts: ``run_model`` reads
+    the guard's report again once the paths are timed (here the decision is injected during the timing; no GPU)."""
+    import types
+
+    seed = load_benchmark("gpu_seed_vs_inductor")
+    model = types.SimpleNamespace(module=None, inputs=())
+    monkeypatch.setitem(seed.MODELS, "fake", lambda: model)
+    decisions: list = []
+    report = types.SimpleNamespace(filter=lambda **kw: [], decisions=decisions)
+    monkeypatch.setattr(
+        seed, "_compile", lambda module, path, device, options: (object(), types.SimpleNamespace(report=report))
+    )
+    monkeypatch.setattr(seed, "_Step", lambda model, fn, device: lambda: None)
+    monkeypatch.setattr(seed, "_compare_values", lambda steps, rows: None)
+    whole = types.SimpleNamespace(
+        code="whole_graph", action="switch", region="dynamo graph 0", reason="", details={"split_us": 100.0}
+    )
+    whole.subgraph, whole.trace, whole.estimates, whole.ops = "subgraph 1", "forward", {}, []
+    monkeypatch.setattr(seed, "_time_compared", lambda *args: decisions.append(whole))
+    record = {"models": {}}
+    seed.run_model("fake", ["fx-guarded"], 1, None, record)
+    row = record["models"]["fake"]["fx-guarded"]
+    assert [w["graph"] for w in row["whole_graphs"]] == ["dynamo graph 0"] and row["codes"] == {"whole_graph": 1}
