@@ -27,6 +27,7 @@ from package_hash import commit_package_sha256
 
 # a row stopped during choose_backends: the table's cell, its error's first clause
 STOPPED_CHOOSING = "not timed: the job reached its time limit during choose_backends"
+NOT_TIMED = "not timed: the job reached its time limit"  # a row's cell, the first clause of its error
 KEPT = (
     "ms",
     "kernels",
@@ -66,8 +67,10 @@ def _row(row: dict, job: str, eager_ms: float | None, commit: str) -> dict:
     if "ms" not in row and "error" not in row:
         if "before_choice_s" in row:  # stopped during choose_backends: the first call before it is known
             kept["error"] = f"{STOPPED_CHOOSING}, after a first call of {row['before_choice_s']} s"
+        elif "max_abs_force_diff" in row or "run_to_run_max_abs_force_diff" in row:  # compared, then stopped
+            kept["error"] = f"{NOT_TIMED}, its values compared"
         else:
-            kept["error"] = "not timed: the job reached its time limit after this path's first call"
+            kept["error"] = f"{NOT_TIMED} after this path's first call"
     eager_ms = row.get("beside", {}).get("eager", {}).get("ms", eager_ms)  # timed before a choice: its eager then
     return {**kept, "eager_ms": eager_ms, "job": job, "commit": commit}
 
@@ -120,7 +123,8 @@ def markdown(doc: dict) -> str:
                 first = r.get("first_call_s", chose)
                 # a stop during the choice without its first call's clause: that first call is in its column
                 cell = STOPPED_CHOOSING if r["error"].startswith(STOPPED_CHOOSING) else r["error"][:90]
-                lines.append(f"| {model} | {path} | {cell} | | | | {first} | |")
+                diff = r.get("max_abs_force_diff", r.get("run_to_run_max_abs_force_diff"))  # compared before it stopped
+                lines.append(f"| {model} | {path} | {cell} | | | | {first} | {'' if diff is None else f'{diff:.1e}'} |")
                 continue
             diff = r.get("max_abs_force_diff", r.get("run_to_run_max_abs_force_diff"))  # eager's: its own
             lines.append(

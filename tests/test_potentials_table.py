@@ -159,3 +159,16 @@ def test_a_row_timed_before_its_choice_keeps_the_paths_measured_beside_it(table,
     assert mace["fx-guarded before choice+stepgraph"]["eager_ms"] == 22.35  # the eager timed beside it
     assert mace["inductor+stepgraph"]["eager_ms"] == 27.06
     assert "inductor+stepgraph 0.735 ms, 204.0 kernels" in md.read_text()
+
+
+def test_a_path_compared_with_eager_then_stopped_before_its_timing_keeps_its_force_difference(table, tmp_path):
+    """A job stopped while it waited to time (the values are compared first): its row says so, with the forces'
+    difference in the table's column."""
+    rows = {"eager": {"first_call_s": 0.8}, "guarded": {"first_call_s": 191.7, "max_abs_force_diff": 8e-7}}
+    job = _job(tmp_path, "nequip-jit-runs", "nequip", rows, translated=False)
+    out, md = tmp_path / "out.json", tmp_path / "out.md"
+    assert table.main([str(job), "--commit", "d" * 40, "--json", str(out), "--markdown", str(md)]) == 0
+    row = json.loads(out.read_text())["models"]["nequip"]["guarded untranslated"]
+    assert row["error"].endswith("its values compared") and row["max_abs_force_diff"] == 8e-7
+    (line,) = [line for line in md.read_text().splitlines() if "guarded untranslated" in line]
+    assert line.endswith("| 191.7 | 8.0e-07 |")
