@@ -251,7 +251,8 @@ for job in "${chosen[@]}"; do
   lock=$TFG_ZOO_DECIDE_LOCK
   # the cache-filling variant (no fusion executor) takes no decide lock: what it decides is not kept
   [[ $args == *fx-guarded+backends/none* ]] && variant+=(--variant 'fx-guarded+backends/none={"fusion": "none"}') && lock=
-  [[ $job == *-runs ]] && lock=  # see the runs jobs above
+  # see the runs jobs above: their values kept should they be stopped while they wait to time
+  [[ $job == *-runs ]] && lock= && variant+=(--compare-first)
   [[ $job == nequip-jit-vjps ]] && variant=(--variant 'guarded/without-exact-vjps={"runtime": {"exact_vjps": false}}')
   (
     # shellcheck disable=SC2086

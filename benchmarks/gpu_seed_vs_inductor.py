@@ -252,13 +252,16 @@ def run_model(
     host: bool = False,
     variants: dict[str, dict] | None = None,
     time_before_choice_too: bool = False,
+    compare_first: bool = False,
 ) -> None:
     """Every path of ``paths`` on one module of model ``name``, compiled and called once in the order given, then
     warmed up and timed interleaved (a path compiled before Inductor's reduce-overhead mode has its CUDA graphs
     captured before Inductor's first captures, which clear cuBLAS's workspaces). ``variants``: guard options of
     the paths written ``PATH/LABEL`` (:func:`parse_variant`). ``time_before_choice_too``: a path after
     ``choose_backends`` is also timed as its first call left it, beside the paths before it, before its choice
-    (:func:`time_before_choice`)."""
+    (:func:`time_before_choice`). ``compare_first``: the paths' values are compared with eager's, and written, before
+    the job waits for the others to compile (a job stopped in that wait keeps them); else after, on a quiet machine,
+    since the second call may decide (a Dynamo graph timed whole against its split)."""
     variants = variants or {}
     model = MODELS[name]()
     steps: dict[str, _Step] = {}
@@ -334,10 +337,13 @@ def run_model(
             rows[path] = {"error": error_text(e)[:2000]}
         print(f"[{name}] {path}: {rows[path]}", flush=True)
         _write(out, record)
-    _compare_values(steps, rows)
-    _write(out, record)  # the values kept: a job stopped before its turn to time still has them
+    if compare_first:
+        _compare_values(steps, rows)
+        _write(out, record)  # the values kept: a job stopped before its turn to time still has them
     all_compiled()  # side by side: no job's compile (and the guard's region timings) on the GPU while one is timed
     with _timing_alone():  # TFG_ZOO_LOCK set: processes started side by side compile together, time one at a time
+        if not compare_first:
+            _compare_values(steps, rows)
         _time_compared(name, steps, rows, rounds, host)
     for path, guard in guards.items():  # decisions made at later calls (a graph timed whole at its second) included
         rows[path].update(guard_facts(guard))
@@ -647,6 +653,12 @@ def main() -> int:
         "it, before its choice (keyed PATH with ' before choice'): a job stopped during the choice keeps a timed step",
     )
     parser.add_argument(
+        "--compare-first",
+        action="store_true",
+        help="compare the paths' values with eager's, and write them, before waiting for the other jobs to compile "
+        "(a job stopped in that wait keeps them); by default after, since a path's second call may still decide",
+    )
+    parser.add_argument(
         "--thread-stack-mb",
         type=int,
         default=0,
@@ -707,7 +719,17 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as folder:
         for name in args.model or ["small"]:
             started = start_apart(name, apart, args, Path(folder)) if separate else None
-            run_model(name, here, args.rounds, args.json, record, args.host_time, variants, args.time_before_choice)
+            run_model(
+                name,
+                here,
+                args.rounds,
+                args.json,
+                record,
+                args.host_time,
+                variants,
+                args.time_before_choice,
+                args.compare_first,
+            )
             if started is not None:
                 add_apart(name, apart, started, Path(folder), record)
                 _write(args.json, record)

@@ -314,9 +314,11 @@ def test_run_model_times_a_backends_path_before_its_choice_only_when_asked(monke
     assert "error" not in record["models"]["fake"][path]
 
 
-def test_run_model_keeps_the_compared_values_of_a_job_stopped_before_its_timing(monkeypatch, tmp_path):
-    """``run_model`` writes each path's comparison with eager to its JSON before it waits for the other jobs and
-    times: a job stopped while it waits (here at the wait, injected; no GPU) keeps its forces' difference."""
+@pytest.mark.parametrize("compare_first", [True, False])
+def test_run_model_keeps_the_compared_values_of_a_job_stopped_before_its_timing(monkeypatch, tmp_path, compare_first):
+    """With ``compare_first``, ``run_model`` writes each path's comparison with eager to its JSON before it waits for
+    the other jobs and times: a job stopped while it waits (here at the wait, injected; no GPU) keeps its forces'
+    difference. Without, the comparison waits too (a second call may still decide), so none is written."""
     import types
 
     seed = load_benchmark("gpu_seed_vs_inductor")
@@ -335,8 +337,9 @@ def test_run_model_keeps_the_compared_values_of_a_job_stopped_before_its_timing(
     monkeypatch.setattr(seed, "all_compiled", stopped)
     out = tmp_path / "job.json"
     with pytest.raises(KeyboardInterrupt):
-        seed.run_model("fake", ["eager", "fx"], 1, out, {"models": {}})
-    assert json.loads(out.read_text())["models"]["fake"]["fx"]["max_abs_force_diff"] == 1e-7
+        seed.run_model("fake", ["eager", "fx"], 1, out, {"models": {}}, compare_first=compare_first)
+    row = json.loads(out.read_text())["models"]["fake"]["fx"]
+    assert row.get("max_abs_force_diff") == (1e-7 if compare_first else None)
 
 
 def test_run_model_says_again_after_the_timing_what_the_guard_decided_at_later_calls(monkeypatch):
