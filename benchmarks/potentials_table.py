@@ -118,18 +118,19 @@ def markdown(doc: dict) -> str:
                     for p, v in r["beside"].items()
                 )
                 notes.append(f"\n{model}, {path}: timed beside {said}.")
+            # eager's: its own; a row stopped before its timing: what it compared first, if it did
+            diff = r.get("max_abs_force_diff", r.get("run_to_run_max_abs_force_diff"))
+            forces = "" if diff is None else f"{diff:.1e}"
             if "error" in r and "ms" not in r:  # stopped during the choice: its first call before it, so marked
                 chose = f"{r['before_choice_s']} before the choice" if "before_choice_s" in r else ""
                 first = r.get("first_call_s", chose)
                 # a stop during the choice without its first call's clause: that first call is in its column
                 cell = STOPPED_CHOOSING if r["error"].startswith(STOPPED_CHOOSING) else r["error"][:90]
-                diff = r.get("max_abs_force_diff", r.get("run_to_run_max_abs_force_diff"))  # compared before it stopped
-                lines.append(f"| {model} | {path} | {cell} | | | | {first} | {'' if diff is None else f'{diff:.1e}'} |")
+                lines.append(f"| {model} | {path} | {cell} | | | | {first} | {forces} |")
                 continue
-            diff = r.get("max_abs_force_diff", r.get("run_to_run_max_abs_force_diff"))  # eager's: its own
             lines.append(
                 f"| {model} | {path} | {r.get('ms', '')} | {r.get('eager_ms') or ''} | {r.get('kernels', '')} | "
-                f"{r.get('device_ms', '')} | {r.get('first_call_s', '')} | {'' if diff is None else f'{diff:.1e}'} |"
+                f"{r.get('device_ms', '')} | {r.get('first_call_s', '')} | {forces} |"
             )
     return "\n".join(lines + notes) + "\n"
 
