@@ -5,7 +5,7 @@
 # each against its own eager, interleaved. Wheels, installed with no network: .whl/nequip (nequip 0.19, e3nn 0.6 from
 # the machine), .whl/mace (mace-torch 0.3.16, e3nn 0.4.4): benchmarks/gpu_wheels.sh downloads both;
 # .whl/cueq-site.tar.xz (cuEquivariance 0.13, CUDA 13 ops).
-#   source .gpu/setup.sh && TFG_COMMIT=<full sha> [TFG_CACHE_PACK=1] bash benchmarks/gpu_potentials.sh [JOB...]
+#   source .gpu/setup.sh && TFG_COMMIT=<full sha> [TFG_CACHE_PACK=1] [TFG_STACKS_EVERY=S] bash benchmarks/gpu_potentials.sh [JOB...]
 # Writes <job>.json and .log, packed in $OUT/<job>.tgz as each job ends and all in $OUT/potentials.tgz; benchmarks/potentials_table.py makes potentials-<gpu>-<sha>.json of them.
 set -u
 cd "$(dirname "$0")/.."
@@ -241,6 +241,11 @@ done
 left=$((DEADLINE - SECONDS))
 echo "[potentials] $(date -u +%H:%M:%S) ${#chosen[@]} jobs, ${left} s each at most; $(nproc) cores"
 export TFG_ZOO_JOBS=${#chosen[@]}
+# TFG_STACKS_EVERY=S: every job's threads' stacks sampled every S seconds into <job>.stacks.txt, its warnings
+# timestamped (benchmarks/stack_samples.py): where a first call that reaches the deadline spends its time
+STACKS_EVERY=${TFG_STACKS_EVERY:-}
+sampled=()
+[ -n "$STACKS_EVERY" ] && sampled=(benchmarks/stack_samples.py)
 for job in "${chosen[@]}"; do
   path=${JOBS[$job]%%|*}
   args=${JOBS[$job]#*|}
@@ -256,11 +261,12 @@ for job in "${chosen[@]}"; do
   [[ $job == nequip-jit-vjps ]] && variant=(--variant 'guarded/without-exact-vjps={"runtime": {"exact_vjps": false}}')
   (
     # shellcheck disable=SC2086
-    TFG_ZOO_DECIDE_LOCK=$lock PYTHONPATH=${path:-${PYTHONPATH:-}} timeout -k 10 -s INT "$left" python3 benchmarks/gpu_seed_vs_inductor.py $args \
+    TFG_ZOO_DECIDE_LOCK=$lock PYTHONPATH=${path:-${PYTHONPATH:-}} DIAG_STACKS=$WORK/$job.stacks.txt DIAG_EVERY=$STACKS_EVERY \
+      timeout -k 10 -s INT "$left" python3 "${sampled[@]}" benchmarks/gpu_seed_vs_inductor.py $args \
       "${variant[@]}" --rounds 20 --json "$WORK/$job.json" > "$WORK/$job.log" 2>&1
     echo "[potentials] $(date -u +%H:%M:%S) $job exit $?"
     # each job's files in $OUT as soon as it ends: a command stopped from outside before the packing below keeps them
-    tar czf "$OUT/$job.tgz" -C "$WORK" "$job.json" "$job.log" 2>/dev/null
+    tar czf "$OUT/$job.tgz" -C "$WORK" "$job.json" "$job.log" $([ -n "$STACKS_EVERY" ] && echo "$job.stacks.txt") 2>/dev/null
   ) &
 done
 wait

@@ -366,3 +366,28 @@ def test_run_model_says_again_after_the_timing_what_the_guard_decided_at_later_c
     seed.run_model("fake", ["fx-guarded"], 1, None, record)
     row = record["models"]["fake"]["fx-guarded"]
     assert [w["graph"] for w in row["whole_graphs"]] == ["dynamo graph 0"] and row["codes"] == {"whole_graph": 1}
+
+
+def test_stack_samples_runs_the_script_as_main_and_timestamps_its_warnings(tmp_path):
+    """benchmarks/stack_samples.py: the script runs as ``__main__`` with its own arguments, each warning it raises is
+    written to the samples' file with the seconds since the start; a sampling period that is not positive is refused
+    in one line before the script runs."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sampler = Path(__file__).resolve().parent.parent / "benchmarks" / "stack_samples.py"
+    script = tmp_path / "s.py"
+    script.write_text("import sys, warnings\nwarnings.warn('w1')\nprint(__name__, sys.argv[1:])\n")
+    stacks = tmp_path / "stacks.txt"
+    env = {**os.environ, "DIAG_STACKS": str(stacks), "DIAG_EVERY": "60"}
+    done = subprocess.run([sys.executable, sampler, script, "a", "b"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "__main__ ['a', 'b']"
+    assert [line.split("] ", 1)[1] for line in stacks.read_text().splitlines()] == ["UserWarning: w1"]
+    env["DIAG_EVERY"] = "0"
+    refused = subprocess.run([sys.executable, sampler, script], env=env, capture_output=True, text=True)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "DIAG_EVERY must be a positive number of seconds, not '0'"
+    ]
+    assert not refused.stdout
