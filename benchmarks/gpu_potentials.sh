@@ -227,6 +227,10 @@ declare -A JOBS=(
   [nequip-fx-runs]="$NQ|--model nequip --no-translate --paths eager,fx-guarded --thread-stack-mb 1024"
   [nequip-l3-fx-runs]="$NQ|--model nequip-l3 --no-translate --paths eager,fx-guarded --thread-stack-mb 1024"
   [nequip-l3-translated-runs]="$NQ|--model nequip-l3 --paths eager,fx-guarded --thread-stack-mb 1024"
+  # the same with Thunder's torch.compile executor as its one fusion executor (README's advice for NequIP translated on
+  # CUDA; path fx-guarded/tc): with nvFuser its first call did not end alone in 575 s (nvFuser's compiles, which no
+  # cache keeps, and the halves of a backward region nvFuser asserts on); Inductor's caches keep these compiles
+  [nequip-l3-translated-tc-runs]="$NQ|--model nequip-l3 --paths eager --thread-stack-mb 1024"
   [nequip-jit-runs]="$NQ|--model nequip --no-translate --paths eager,guarded --thread-stack-mb 1024"
   [nequip-jit-translated-runs]="$NQ|--model nequip --paths eager,guarded --thread-stack-mb 1024"
   [mace-fx-runs]="$MC|--model mace --no-translate --paths eager,fx-guarded --thread-stack-mb 1024"
@@ -258,6 +262,7 @@ for job in "${chosen[@]}"; do
   [[ $args == *fx-guarded+backends/none* ]] && variant+=(--variant 'fx-guarded+backends/none={"fusion": "none"}') && lock=
   # see the runs jobs above: their values kept should they be stopped while they wait to time
   [[ $job == *-runs ]] && lock= && variant+=(--compare-first)
+  [[ $job == *-tc-runs ]] && variant+=(--variant 'fx-guarded/tc={"fusion": "torchcompile"}')
   [[ $job == nequip-jit-vjps ]] && variant=(--variant 'guarded/without-exact-vjps={"runtime": {"exact_vjps": false}}')
   (
     # shellcheck disable=SC2086
