@@ -5,7 +5,7 @@ check: the region's ops as printed, its inputs, both outputs, a second torch.com
 the same region on the CPU. NequIP's backward region failed the check on an H200 (13 apart), and these files are
 for finding out why, on any machine.
 
-    PYTHONPATH=<nequip's site> python benchmarks/gpu_alternative_check.py --out DIR [--atoms 100]
+    PYTHONPATH=<nequip's site> python benchmarks/gpu_alternative_check.py --out DIR [--atoms 100] [--l-max 2]
 
 Writes DIR/checks.txt (one block a check) and DIR/check-<n>.pt (``{"body", "args", "fused", "ops"}``, on the CPU).
 """
@@ -13,6 +13,7 @@ Writes DIR/checks.txt (one block a check) and DIR/check-<n>.pt (``{"body", "args
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -39,10 +40,12 @@ def _keep_checks(out: Path, log: list[str]) -> None:
     bodies: list[str] = []
     alternative, checked = rescue._alternative, rescue._checked_against
 
-    def remembering(trace, region, lowered, on_fail):
+    @functools.wraps(alternative)
+    def remembering(trace, region, *rest, **named):
         bodies.append("\n".join(str(b) for b in region.body))
-        return alternative(trace, region, lowered, on_fail)
+        return alternative(trace, region, *rest, **named)
 
+    @functools.wraps(checked)
     def keeping(ops, executor, fused, args):
         n = len(log)
         want = ops(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
@@ -70,6 +73,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--atoms", type=int, default=100)
+    parser.add_argument("--l-max", type=int, default=2, help="NequIP's l_max (the zoo's nequip-l3 is 3)")
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
     if not args.out.is_dir():
@@ -79,7 +83,7 @@ def main() -> int:
     translate_library_ops()
     from thunder.dynamo import thunderfx
 
-    built = nequip_potential(args.device, atoms=args.atoms)
+    built = nequip_potential(args.device, l_max=args.l_max, atoms=args.atoms)
     model, (positions, *graph) = built.module, built.inputs
     guarded = thunderfx(model, executors=fusion_executors(args.device), transforms=[FusionGuard()])
     for _ in range(2):

@@ -391,3 +391,30 @@ def test_stack_samples_runs_the_script_as_main_and_timestamps_its_warnings(tmp_p
         "DIAG_EVERY must be a positive number of seconds, not '0'"
     ]
     assert not refused.stdout
+
+
+def test_alternative_check_keeps_the_rescues_own_signatures(monkeypatch, tmp_path):
+    """benchmarks/gpu_alternative_check.py wraps the rescue's alternative and its first-call check: each wrapper
+    passes every argument the rescue gives on (a wrapper of another arity would fail inside the rescue, hidden as a
+    rescue that built no alternative) and keeps the check's verdict."""
+    import inspect
+    from types import SimpleNamespace
+
+    from thunder_fusion_guard.passes import rescue
+
+    tool = load_benchmark("gpu_alternative_check")
+    seen = []
+    monkeypatch.setattr(rescue, "_alternative", lambda *a, **k: seen.append(len(a) + len(k)) or "fusion")
+    monkeypatch.setattr(rescue, "_checked_against", rescue._checked_against)
+    wanted = inspect.signature(rescue._checked_against)
+    log: list[str] = []
+    tool._keep_checks(tmp_path, log)
+    region = SimpleNamespace(body=["op"])
+    assert rescue._alternative("trace", region, "lowered", "if_it_fails", "counter", "on_fail") == "fusion"
+    assert seen == [6]
+    assert inspect.signature(rescue._checked_against) == wanted
+    x = torch.arange(4.0)
+    assert torch.equal(rescue._checked_against(lambda t: t * 2, "torchcompile", lambda t: t * 2, (x,)), x * 2)
+    assert log and "within rounding" in log[0] and (tmp_path / "check-0.pt").is_file()
+    with pytest.raises(rescue.AlternativeDiffers):
+        rescue._checked_against(lambda t: t * 2, "torchcompile", lambda t: t * 3, (x,))
