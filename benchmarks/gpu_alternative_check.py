@@ -7,7 +7,8 @@ for finding out why, on any machine.
 
     PYTHONPATH=<nequip's site> python benchmarks/gpu_alternative_check.py --out DIR [--atoms 100] [--l-max 2]
 
-Writes DIR/checks.txt (one block a check) and DIR/check-<n>.pt (``{"body", "args", "fused", "ops"}``, on the CPU).
+Writes DIR/checks.txt (one block a check, each as it is made) and DIR/check-<n>.pt (``{"body", "args", "fused",
+"ops"}``, on the CPU).
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def _keep_checks(out: Path, log: list[str]) -> None:
             f"check {n} ({executor}): against the ops {far or 'within rounding'}; a second call against the first "
             f"{repeat or 'within rounding'}; on the CPU {on_cpu or 'within rounding'}\n{body}\n"
         )
+        with open(out / "checks.txt", "a") as written:  # as it comes: a run stopped later keeps it
+            written.write(log[-1] + "\n")
         print(log[-1].splitlines()[0], flush=True)
         return checked(ops, executor, fused, args)
 
@@ -78,6 +81,7 @@ def main() -> int:
     args = parser.parse_args()
     if not args.out.is_dir():
         parser.error(f"--out {args.out}: no such folder")
+    (args.out / "checks.txt").unlink(missing_ok=True)
     log: list[str] = []
     _keep_checks(args.out, log)
     translate_library_ops()
@@ -89,7 +93,8 @@ def main() -> int:
     for _ in range(2):
         energy = guarded(positions, *graph)
         torch.autograd.grad(-energy, positions)
-    (args.out / "checks.txt").write_text("\n".join(log) or "no alternative fusion was checked\n")
+    if not log:
+        (args.out / "checks.txt").write_text("no alternative fusion was checked\n")
     print(f"{len(log)} checks written to {args.out}", flush=True)
     return 0
 

@@ -416,5 +416,6 @@ def test_alternative_check_keeps_the_rescues_own_signatures(monkeypatch, tmp_pat
     x = torch.arange(4.0)
     assert torch.equal(rescue._checked_against(lambda t: t * 2, "torchcompile", lambda t: t * 2, (x,)), x * 2)
     assert log and "within rounding" in log[0] and (tmp_path / "check-0.pt").is_file()
+    assert (tmp_path / "checks.txt").read_text() == log[0] + "\n"  # written as it is made
     with pytest.raises(rescue.AlternativeDiffers):
         rescue._checked_against(lambda t: t * 2, "torchcompile", lambda t: t * 3, (x,))
