@@ -1,9 +1,9 @@
 """What an alternative fusion's first-call check saw (CUDA): NequIP from its package under guarded ThunderFX with
 ``translate_library_ops()``, one energy-and-forces step. Where nvFuser fails a region, the guard runs it by
 torch.compile and checks that region's first call against its ops one by one (``passes/rescue.py``). This keeps each
-check: the region's ops as printed, its inputs, both outputs, a second torch.compile call on the same inputs and
-the same region on the CPU. NequIP's backward region failed the check on an H200 (13 apart), and these files are
-for finding out why, on any machine.
+check: the region's ops as printed, its inputs, both outputs, a second torch.compile call on the same inputs, the
+same region on the CPU and each output's distance from the ops run in float64. NequIP's backward region failed the
+check on an H200 (13 apart), and these files are for finding out why, on any machine.
 
     PYTHONPATH=<nequip's site> python benchmarks/gpu_alternative_check.py --out DIR [--atoms 100] [--l-max 2]
 
@@ -36,6 +36,29 @@ def _cpu(x: object) -> object:
     return x
 
 
+def _flat(x: object) -> list:
+    return [z for y in x for z in _flat(y)] if isinstance(x, (tuple, list)) else [x]
+
+
+def against_float64(ops: object, fused_out: object, ops_out: object, args: tuple) -> str:
+    """Each floating output's distance (relative, root-mean-square) from the ops run in float64, the fusion's beside the
+    ops' own in their dtype: where the ops' own is as large, the output cancels to about zero and any other order of
+    the same sums lands as far off; where only the fusion's is, the fusion computes something else."""
+    try:
+        wide = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+        exact = _flat(ops(*wide))
+    except Exception as error:  # an op of the region that takes no float64 (or mixes dtypes): said, not raised
+        return f"not run in float64: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    lines = []
+    for i, (f, o, e) in enumerate(zip(_flat(fused_out), _flat(ops_out), exact, strict=False)):
+        if not (isinstance(e, torch.Tensor) and e.is_floating_point() and e.numel()):
+            continue
+        scale = max(float(e.double().norm()), torch.finfo(torch.float64).tiny)
+        fused_off, ops_off = (float((t.double() - e.double()).norm()) / scale for t in (f, o))
+        lines.append(f"  output {i} {tuple(e.shape)}: fusion {fused_off:.2g}, ops {ops_off:.2g} off float64's")
+    return "\n".join(lines) or "  no floating output"
+
+
 def _keep_checks(out: Path, log: list[str]) -> None:
     """Wrap the rescue's alternative and its first-call check so that each check is saved to ``out``."""
     bodies: list[str] = []
@@ -58,11 +81,12 @@ def _keep_checks(out: Path, log: list[str]) -> None:
             on_cpu = rescue._how_far(fused(*cpu_args), ops(*cpu_args))
         except Exception as error:  # the region may not run on the CPU at all: said, not raised
             on_cpu = f"not run on the CPU: {type(error).__name__}: {error}"
+        exact = against_float64(ops, got, want, tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
         body = bodies[-1] if bodies else "(not recorded)"
         torch.save({"body": body, "args": _cpu(args), "fused": _cpu(got), "ops": _cpu(want)}, out / f"check-{n}.pt")
         log.append(
             f"check {n} ({executor}): against the ops {far or 'within rounding'}; a second call against the first "
-            f"{repeat or 'within rounding'}; on the CPU {on_cpu or 'within rounding'}\n{body}\n"
+            f"{repeat or 'within rounding'}; on the CPU {on_cpu or 'within rounding'}\n{exact}\n{body}\n"
         )
         with open(out / "checks.txt", "a") as written:  # as it comes: a run stopped later keeps it
             written.write(log[-1] + "\n")

@@ -419,3 +419,33 @@ def test_alternative_check_keeps_the_rescues_own_signatures(monkeypatch, tmp_pat
     assert (tmp_path / "checks.txt").read_text() == log[0] + "\n"  # written as it is made
     with pytest.raises(rescue.AlternativeDiffers):
         rescue._checked_against(lambda t: t * 2, "torchcompile", lambda t: t * 3, (x,))
+
+
+def test_against_float64_tells_a_sum_that_cancels_from_a_fusion_that_computes_something_else():
+    """A sum whose terms cancel to about zero lands far from float64's in any order of its terms, the ops' own order
+    too, so the rescue's check refuses a fusion that only sums in another order; a fusion that computes another
+    value is far off where the ops are not."""
+    from thunder_fusion_guard.passes import rescue
+
+    tool = load_benchmark("gpu_alternative_check")
+    terms = torch.randn(8192, generator=torch.Generator().manual_seed(0)) * 1e4
+    terms = terms - terms.double().mean().float()  # a sum of about 1 over terms of about 1e4
+
+    def ops(t):
+        return (t.view(64, 128).sum(1).sum(0, keepdim=True), t[:4] * 2)
+
+    def reordered(t):  # the same sums in another order, as a fusion may
+        return (t.view(128, 64).sum(1).sum(0, keepdim=True), t[:4] * 2)
+
+    def offs(line):
+        fusion, ops_own = line.split("fusion ")[1].split(" off")[0].split(", ops ")
+        return float(fusion), float(ops_own)
+
+    lines = tool.against_float64(ops, reordered(terms), ops(terms), (terms,)).splitlines()
+    assert all(off > 1e-3 for off in offs(lines[0]))  # both orders: far beyond float32's 1e-4 from the exact sum
+    assert rescue._how_far(reordered(terms), ops(terms)) is not None  # so the check refuses the other order
+    assert offs(lines[1]) == (0.0, 0.0)
+    wrong = tool.against_float64(ops, (ops(terms)[0], terms[:4] * 3), ops(terms), (terms,)).splitlines()[1]
+    assert offs(wrong) == (0.5, 0.0)
+    refused = tool.against_float64(lambda t: torch.mm(t, torch.ones(1, 1)), None, None, (torch.ones(1, 1),))
+    assert refused.startswith("not run in float64: RuntimeError")
