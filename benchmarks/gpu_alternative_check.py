@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 from thunder_fusion_guard import FusionGuard, fusion_executors, translate_library_ops  # noqa: E402
 from thunder_fusion_guard.bench.zoo_potentials import nequip_potential  # noqa: E402
 from thunder_fusion_guard.passes import rescue  # noqa: E402
+from thunder_fusion_guard.whole_graph import _flat  # noqa: E402 - outputs' tensors in order, at any depth
 
 
 def _cpu(x: object) -> object:
@@ -36,8 +37,9 @@ def _cpu(x: object) -> object:
     return x
 
 
-def _flat(x: object) -> list:
-    return [z for y in x for z in _flat(y)] if isinstance(x, (tuple, list)) else [x]
+def _copies(args: tuple) -> tuple:
+    """``args`` with each tensor cloned: a call on them leaves the region's own inputs as they were."""
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
 
 
 def against_float64(ops: object, fused_out: object, ops_out: object, args: tuple) -> str:
@@ -53,8 +55,9 @@ def against_float64(ops: object, fused_out: object, ops_out: object, args: tuple
     for i, (f, o, e) in enumerate(zip(_flat(fused_out), _flat(ops_out), exact, strict=False)):
         if not (isinstance(e, torch.Tensor) and e.is_floating_point() and e.numel()):
             continue
-        scale = max(float(e.double().norm()), torch.finfo(torch.float64).tiny)
-        fused_off, ops_off = (float((t.double() - e.double()).norm()) / scale for t in (f, o))
+        e = e.double()
+        scale = max(float(e.norm()), torch.finfo(torch.float64).tiny)
+        fused_off, ops_off = (float((t.double() - e).norm()) / scale for t in (f, o))
         lines.append(f"  output {i} {tuple(e.shape)}: fusion {fused_off:.2g}, ops {ops_off:.2g} off float64's")
     return "\n".join(lines) or "  no floating output"
 
@@ -72,16 +75,14 @@ def _keep_checks(out: Path, log: list[str]) -> None:
     @functools.wraps(checked)
     def keeping(ops, executor, fused, args):
         n = len(log)
-        want = ops(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
-        got = fused(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
-        again = fused(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+        want, got, again = ops(*_copies(args)), fused(*_copies(args)), fused(*_copies(args))
         far, repeat = rescue._how_far(got, want), rescue._how_far(again, got)
         try:  # the same region compiled again for the CPU, against its ops there
             cpu_args = _cpu(args)
             on_cpu = rescue._how_far(fused(*cpu_args), ops(*cpu_args))
         except Exception as error:  # the region may not run on the CPU at all: said, not raised
             on_cpu = f"not run on the CPU: {type(error).__name__}: {error}"
-        exact = against_float64(ops, got, want, tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+        exact = against_float64(ops, got, want, _copies(args))
         body = bodies[-1] if bodies else "(not recorded)"
         torch.save({"body": body, "args": _cpu(args), "fused": _cpu(got), "ops": _cpu(want)}, out / f"check-{n}.pt")
         log.append(
