@@ -231,6 +231,9 @@ declare -A JOBS=(
   # CUDA; path fx-guarded/tc): with nvFuser its first call did not end alone in 575 s (nvFuser's compiles, which no
   # cache keeps, and the halves of a backward region nvFuser asserts on); Inductor's caches keep these compiles
   [nequip-l3-translated-tc-runs]="$NQ|--model nequip-l3 --paths eager --thread-stack-mb 1024"
+  # the same beside unguarded ThunderFX on the same executor (path fx/tc), compiled first, one process: whether a force
+  # that differs from eager's is Thunder's and Inductor's (both paths alike, bit for bit) or the guard's
+  [nequip-l3-translated-tc-pair-runs]="$NQ|--model nequip-l3 --paths eager --thread-stack-mb 1024"
   [nequip-jit-runs]="$NQ|--model nequip --no-translate --paths eager,guarded --thread-stack-mb 1024"
   [nequip-jit-translated-runs]="$NQ|--model nequip --paths eager,guarded --thread-stack-mb 1024"
   [mace-fx-runs]="$MC|--model mace --no-translate --paths eager,fx-guarded --thread-stack-mb 1024"
@@ -262,7 +265,8 @@ for job in "${chosen[@]}"; do
   [[ $args == *fx-guarded+backends/none* ]] && variant+=(--variant 'fx-guarded+backends/none={"fusion": "none"}') && lock=
   # see the runs jobs above: their values kept should they be stopped while they wait to time
   [[ $job == *-runs ]] && lock= && variant+=(--compare-first)
-  [[ $job == *-tc-runs ]] && variant+=(--variant 'fx-guarded/tc={"fusion": "torchcompile"}')
+  [[ $job == *-tc-pair-runs ]] && variant+=(--variant 'fx/tc={"fusion": "torchcompile"}')
+  [[ $job == *-tc-runs || $job == *-tc-pair-runs ]] && variant+=(--variant 'fx-guarded/tc={"fusion": "torchcompile"}')
   [[ $job == nequip-jit-vjps ]] && variant=(--variant 'guarded/without-exact-vjps={"runtime": {"exact_vjps": false}}')
   (
     # shellcheck disable=SC2086

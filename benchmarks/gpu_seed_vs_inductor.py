@@ -76,33 +76,34 @@ def parse_variant(text: str) -> tuple[str, dict]:
     if not sep or not slash or not label:
         raise ValueError(f"--variant {text!r}: expected PATH/LABEL=JSON")
     zoo_path = ZooPath.parse(path)
-    if not zoo_path.guarded:
-        raise ValueError(f"--variant {text!r}: {path} has no guard to give options to")
     parsed = json.loads(options)
     if not isinstance(parsed, dict):
         raise ValueError(f"--variant {text!r}: the options must be a JSON object")
+    if not zoo_path.guarded and (parsed.keys() != {FUSION} or zoo_path.backends):
+        raise ValueError(f"--variant {text!r}: {path} has no guard to give options to (only {FUSION!r})")
     fusion = parsed.pop(FUSION, None)
     if fusion is None:
         return key, nested(parsed)
     if fusion not in FUSIONS or zoo_path.frontend != "ThunderFX" or zoo_path.cudagraphs:
         raise ValueError(
-            f"--variant {text!r}: {FUSION!r} takes one of {', '.join(map(repr, FUSIONS))}, on guarded ThunderFX "
-            "without CUDA graphs"
+            f"--variant {text!r}: {FUSION!r} takes one of {', '.join(map(repr, FUSIONS))}, on ThunderFX without CUDA "
+            "graphs"
         )
     return key, {**nested(parsed), FUSION: fusion}
 
 
-def compiled_with_fusion(module: torch.nn.Module, guard_options: dict) -> tuple[Callable, object]:
-    """``module`` under guarded ThunderFX with the fusion executor ``guard_options[FUSION]`` names (:data:`FUSIONS`:
-    Thunder's torch.compile executor, or none), and the FusionGuard made with the rest of ``guard_options``."""
+def compiled_with_fusion(module: torch.nn.Module, guard_options: dict, guarded: bool = True) -> tuple[Callable, object]:
+    """``module`` under ThunderFX with the fusion executor ``guard_options[FUSION]`` names (:data:`FUSIONS`:
+    Thunder's torch.compile executor, or none), guarded by a FusionGuard made with the rest of ``guard_options``
+    (``guarded=False``: unguarded, the guard None, the yardstick of the same executor)."""
     from thunder.dynamo import thunderfx
 
     from thunder_fusion_guard import FusionGuard
     from thunder_fusion_guard._thunder.executors import torch_compile_executor
 
-    guard = FusionGuard(**{k: v for k, v in guard_options.items() if k != FUSION})
+    guard = FusionGuard(**{k: v for k, v in guard_options.items() if k != FUSION}) if guarded else None
     executors = [torch_compile_executor()] if guard_options[FUSION] == "torchcompile" else []
-    return thunderfx(module, executors=executors, transforms=[guard]), guard
+    return thunderfx(module, executors=executors, transforms=[guard] if guard else []), guard
 
 
 def litgpt_step() -> ZooModel:
@@ -276,7 +277,7 @@ def run_model(
             if options:  # Inductor given the options the guard may choose for a whole graph
                 fn, guard = torch.compile(model.module, options=options), None
             elif FUSION in variants.get(base, {}):  # the variant's fusion executor, not Thunder's defaults
-                fn, guard = compiled_with_fusion(model.module, variants[base])
+                fn, guard = compiled_with_fusion(model.module, variants[base], zoo_path.guarded)
             else:
                 fn, guard = _compile(model.module, zoo_path, "cuda", variants.get(base))
             rewrites = decomposed_matmuls() if options.keys() >= DECOMPOSED_MATMULS.keys() else contextlib.nullcontext()
@@ -332,6 +333,8 @@ def run_model(
                 if base in variants:
                     rows[path]["guard_options"] = variants[base]
                 guards[path] = guard
+            elif base in variants:  # unguarded, on the variant's fusion executor
+                rows[path]["fusion"] = variants[base][FUSION]
             steps[path] = step
         except Exception as e:  # one path failing must not lose the others
             rows[path] = {"error": error_text(e)[:2000]}

@@ -13,7 +13,7 @@ def test_a_variant_is_a_guarded_path_with_guard_options_keyed_by_its_label():
     seed = load_benchmark("gpu_seed_vs_inductor")
     key, options = seed.parse_variant('fx-guarded+cudagraph/choose={"choose_executor": true, "margin": 0.1}')
     assert key == "fx-guarded+cudagraph/choose" and options == {"choose_executor": True, "costs": {"margin": 0.1}}
-    for bad in ("fx-cudagraph/x={}", "fx-guarded+cudagraph={}", "fx-guarded+cudagraph/x=[1]"):
+    for bad in ("fx-cudagraph/x={}", "fx-guarded+cudagraph={}", "fx-guarded+cudagraph/x=[1]", 'fx/x={"margin": 0.1}'):
         with pytest.raises(ValueError, match="--variant"):
             seed.parse_variant(bad)
     key, options = seed.parse_variant('fx-guarded+backends/tc={"fusion": "torchcompile", "margin": 0.1}')
@@ -23,6 +23,11 @@ def test_a_variant_is_a_guarded_path_with_guard_options_keyed_by_its_label():
             seed.parse_variant(bad)
     key, options = seed.parse_variant('fx-guarded+backends/none={"fusion": "none"}')
     assert key == "fx-guarded+backends/none" and options == {"fusion": "none"}
+    # unguarded ThunderFX takes the fusion executor alone: the yardstick of a guarded variant on the same executor
+    assert seed.parse_variant('fx/tc={"fusion": "torchcompile"}') == ("fx/tc", {"fusion": "torchcompile"})
+    for bad in ('fx-cudagraph/tc={"fusion": "torchcompile"}', 'thunder/tc={"fusion": "torchcompile"}'):
+        with pytest.raises(ValueError, match="--variant"):
+            seed.parse_variant(bad)
 
 
 @pytest.mark.parametrize(
@@ -47,6 +52,22 @@ def test_a_fusion_variant_runs_its_regions_on_its_executor_alone(variant, region
     traces = [str(thunder.last_traces(sub.jitted)[-1]) for sub in th.thunderfx_subgraphs(fn)]
     assert traces and not any("nvFusion" in t for t in traces)
     assert any("TorchCompile" in t for t in traces) == (region is not None)
+
+
+def test_an_unguarded_fusion_variant_runs_thunderfx_without_a_guard():
+    import thunder
+
+    from thunder_fusion_guard import _thunder as th
+
+    seed = load_benchmark("gpu_seed_vs_inductor")
+    _, options = seed.parse_variant('fx/tc={"fusion": "torchcompile"}')
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    fn, guard = seed.compiled_with_fusion(module, options, guarded=False)
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(fn(x), module(x))
+    assert guard is None
+    traces = [str(thunder.last_traces(sub.jitted)[-1]) for sub in th.thunderfx_subgraphs(fn)]
+    assert any("TorchCompile" in t for t in traces) and not any("FusionGuard" in t for t in traces)
 
 
 def test_an_inductor_variant_is_an_inductor_path_given_more_of_its_options():
