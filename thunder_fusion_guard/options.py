@@ -272,6 +272,12 @@ class Runtime(_Group):
         "under ThunderFX, a Dynamo graph unguarded Thunder fails on (checked) runs whole by Inductor where that is "
         "timed faster than its split",
     )
+    check_fusions: bool = _option(
+        True,
+        _bool,
+        "check the first call of each region Inductor compiles (Thunder's torch.compile executor) against its ops one "
+        "by one on copies of its inputs; where further apart than rounding, the ops run it from then on (`rescued`)",
+    )
     option_compiles_s: float = _option(
         OPTION_COMPILES_S,
         _seconds,

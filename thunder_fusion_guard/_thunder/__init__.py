@@ -165,6 +165,7 @@ from .jitted import (
 from .lowering import (
     GUARD_PROVENANCE,
     alternative_fuser,
+    compiled_by_inductor,
     executor_claims,
     free_fusion_counter,
     fuse_part,
@@ -386,6 +387,7 @@ __all__ = [
     "compilation_begins",
     "compilation_ends",
     "compile_function_name",
+    "compiled_by_inductor",
     "compiled_module",
     "compiling_executors",
     "compiling_fx_subgraph",

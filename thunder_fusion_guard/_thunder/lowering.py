@@ -223,6 +223,14 @@ def alternative_fuser(fusion: BoundSymbol) -> Any | None:
     return found[0] if claims else None
 
 
+def compiled_by_inductor(fusion: BoundSymbol) -> bool:
+    """Whether the fusion call ``fusion`` is one Inductor compiles (Thunder's torch.compile executors, theirs
+    subclassed too)."""
+    from thunder.executors.torch_compile import TorchCompileExecutor
+
+    return isinstance(getattr(fusion.sym, "executor", None), TorchCompileExecutor)
+
+
 def free_fusion_counter(trace: TraceCtx) -> int:
     """A fusion number above every one in ``trace``: a region fused with it (and the next ones) takes a name
     no fusion call of the trace has, whatever its executor's prefix."""

@@ -5,7 +5,9 @@ else (or where that fails too) a region in halves of its own executor, halved ag
 Thunder's torch executor (its ops one by one, as a rejected region is).
 
 While a region's fusion works, the call is the fusion's own: the bits cannot change. The fallback is built only
-when a region fails.
+when a region fails. A region Inductor compiles fails too where its first call's values are further from its ops'
+one by one than rounding explains (``runtime.check_fusions``; Inductor compiled NequIP's backward region at l_max 3
+on CUDA to forces 0.025 to 7.4 off, another value each process, without an error): its ops run it from then on.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 
 from .. import _thunder as th
 from ..decisions import Decision, Details
-from ..ops import is_communication
+from ..ops import is_communication, random_ops
 from ..phases import first_call_timer
 from ..reasons import strided_write_rescuer
 from ..regions import Region, find_regions
@@ -67,6 +69,7 @@ def rescue_calls(
     on_rescue: OnRescue,
     on_strided_write: OnStridedWrite | None = None,
     unrescuable: Mapping[str, str] | None = None,
+    checked: Callable[[th.BoundSymbol], bool] | None = None,
 ) -> tuple[th.TraceCtx, list[CallChange]]:
     """``trace`` with every fusion region that ``may_rescue`` allows called through a rescuing call; a region
     that fails is lowered to Thunder's torch executor then, and ``on_rescue(region, error, args)`` is told; a
@@ -76,7 +79,9 @@ def rescue_calls(
     ``on_strided_write`` is told the first such call. A torch.compile region holding gradients Dynamo cannot trace
     runs as parts around them instead (:func:`.split_rescue.split_around_gradients`); a part that fails is told as
     a region of its own. One record per region (``changed``: called through a rescuing call). While a first call
-    is timed, each region's first call is timed as its fusion compile."""
+    is timed, each region's first call is timed as its fusion compile. A region ``checked`` allows has its first
+    call checked against its ops one by one (:func:`_checked_first_call`): values further apart than rounding count
+    as its failure, and its ops run it from then on."""
     wraps: list[CallChange] = []
     bsyms = list(trace.bound_symbols)
     for region in find_regions(trace):
@@ -92,15 +97,18 @@ def rescue_calls(
             fused = th.ContiguousWrites(
                 fused, tuple(written), lambda args, at, region=region: on_strided_write(region, args, at)
             )
-        made: dict[str, Fallback] = {}
+        made: dict[str, Any] = {}
         why_not = (unrescuable or {}).get(region.name)
+        first = first_call_timer(region.name)
+        if checked is not None and not why_not and checked(region.bsym) and _checkable(region):
+            first = _checked_first_call(trace, region, first, made)
         call = th.RescuingCall(
             fused,
             _refusal(why_not) if why_not else _fallback_maker(trace, region, on_rescue, made),
             lambda error, args, region=region, made=made: on_rescue(
                 region, error, args, made.get("fallback", Fallback())
             ),
-            first_call_timer(region.name),
+            first,
         )
         bsyms[region.position] = th.with_region_callable(region.bsym, call)
         wraps.append(CallChange(region.name, True))
@@ -119,14 +127,16 @@ def _refusal(why: str) -> Callable[[], Callable]:
 
 
 def _fallback_maker(
-    trace: th.TraceCtx, region: Region, on_rescue: OnRescue, made: dict[str, Fallback]
+    trace: th.TraceCtx, region: Region, on_rescue: OnRescue, made: dict[str, Any]
 ) -> Callable[[], Callable]:
     """What makes the region's fallback, kept in ``made["fallback"]``: parts of its executor around gradients
     Dynamo cannot trace where it holds them; else the region fused by the other fusion executor that can run all of
     it (:func:`~.._thunder.alternative_fuser`: nvFuser's regions by torch.compile), and where that fails too, or
     where there is none, the region in halves of its own executor (:func:`.split_rescue.halves`); else its ops one by
     one. Inside a CUDA graph capture neither is made: its first call would compile in the capture (Inductor's
-    compile is not safe there). A part, half or alternative that fails is told as a region of its own."""
+    compile is not safe there). A part, half or alternative that fails is told as a region of its own. A region
+    whose first call gave other values than its ops (``made["differs"]``) runs its ops one by one: another
+    compile of the same executor is not trusted more."""
 
     def on_part_rescue(part: th.BoundSymbol, error: Exception, args: tuple) -> None:
         on_rescue(Region(region.position, part.sym.name, region.executor, part), error, args, Fallback())
@@ -142,6 +152,11 @@ def _fallback_maker(
     def make() -> Callable:
         body = lower_region(trace, region)  # raises where the region cannot run on Thunder's torch executor at all
         fallback = Fallback()
+        if made.get("differs"):
+            made["fallback"] = fallback
+            return th.python_callable_from_symbols(
+                f"{region.name}_rescued", body, list(region.bsym.args), list(region.outputs)
+            )
         try:  # the parts, halves and alternative are shortcuts: where they cannot be built, the ops run one by one
             parts = split_around_gradients(trace, region, on_part_rescue)
             if parts is not None:
@@ -201,6 +216,55 @@ class AlternativeDiffers(RuntimeError):
     """An alternative fusion's first call gave values further from its ops' one by one than rounding explains."""
 
 
+class FusionDiffers(RuntimeError):
+    """A region's first call gave values further from its ops' one by one than rounding explains (Inductor's
+    compile of NequIP's backward region at l_max 3 on CUDA: forces 0.025 to 7.4 off, another value each process)."""
+
+
+def _checkable(region: Region) -> bool:
+    """Whether a region's first call can be checked against its ops: it writes none of its inputs (the ops would
+    write them a second time) and draws no random numbers (the ops would draw others)."""
+    return not th.written_inputs(region.body, list(region.bsym.args)) and not random_ops(region)
+
+
+def _checked_first_call(
+    trace: th.TraceCtx, region: Region, timer: Callable[[Callable, tuple], Any] | None, made: dict[str, Any]
+) -> Callable[[Callable, tuple], Any]:
+    """A region's first call (timed by ``timer`` where given) whose values are compared with its ops one by one,
+    run before it on copies of its inputs: further apart than rounding (:data:`_CLOSE_ENOUGH`), it raises
+    :class:`FusionDiffers` and marks ``made["differs"]``, so that the ops run the region from then on. Where the
+    ops cannot be built or run, or inside a CUDA graph capture (they would run in it), the call is unchecked."""
+
+    def run(fused: Callable, args: tuple) -> Any:
+        want: Any = None
+        if not th.capturing_cuda_graph():
+            try:
+                ops = th.python_callable_from_symbols(
+                    f"{region.name}_checked", lower_region(trace, region), list(region.bsym.args), list(region.outputs)
+                )
+                want = ops(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+            except Exception:  # the check is a second opinion: without it the fusion runs as unguarded
+                want = None
+        out = timer(fused, args) if timer is not None else fused(*args)
+        far = None if want is None else _how_far(out, want, _input_scale(args))
+        if far is not None:
+            made["differs"] = True
+            raise FusionDiffers(f"{region.executor}'s first call gave values other than its ops one by one: {far}")
+        return out
+
+    return run
+
+
+def _input_scale(args: tuple) -> float:
+    """The largest root-mean-square of the floating-point tensors among ``args``: the size rounding is relative to."""
+    scales = [
+        float(a.detach().double().norm()) / a.numel() ** 0.5
+        for a in args
+        if isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel()
+    ]
+    return max(scales, default=0.0)
+
+
 # How far (root-mean-square, relative to the values' own) an alternative fusion's values may be from its ops' one by
 # one: a fusion keeps its intermediates in float32 where the ops round each, which in bf16 is a few ulps of the
 # intermediates; a wrong fusion is off by far more (NequIP's backward region: forces 2e-3 off).
@@ -224,13 +288,15 @@ def _checked_against(ops: Callable, executor: str, fused: Callable, args: tuple)
     return out
 
 
-def _how_far(out: Any, want: Any) -> str | None:
+def _how_far(out: Any, want: Any, scale: float = 0.0) -> str | None:
     """What makes ``out`` other than ``want`` (tensors at any depth of tuples and lists): a structure, shape or
-    dtype that differs, integers not equal, or floats further apart than :data:`_CLOSE_ENOUGH`; None where none."""
+    dtype that differs, integers not equal, or floats further apart than :data:`_CLOSE_ENOUGH`; None where none.
+    ``scale``: floats whose root-mean-square difference is within that share of ``scale`` too count as equal (a
+    sum that cancels to almost zero: its last bits are rounding of the inputs' size, not of its own)."""
     if isinstance(want, (tuple, list)):
         if not isinstance(out, (tuple, list)) or len(out) != len(want):
             return "another structure of outputs"
-        return next((far for a, b in zip(out, want, strict=True) if (far := _how_far(a, b)) is not None), None)
+        return next((far for a, b in zip(out, want, strict=True) if (far := _how_far(a, b, scale)) is not None), None)
     if not isinstance(want, torch.Tensor):
         return None
     if not isinstance(out, torch.Tensor) or out.shape != want.shape or out.dtype != want.dtype:
@@ -242,7 +308,7 @@ def _how_far(out: Any, want: Any) -> str | None:
     if a.numel() == 0 or torch.equal(a, b):
         return None
     off = float((a - b).norm() / max(float(b.norm()), torch.finfo(torch.float64).tiny))
-    if off <= limit:
+    if off <= limit or float((a - b).norm()) / a.numel() ** 0.5 <= limit * scale:
         return None
     return f"{want.dtype} values {off:.2g} apart (relative, root-mean-square; {limit:g} allowed)"
 
@@ -322,7 +388,11 @@ def rescue_pass(trace: th.TraceCtx, context: PassContext) -> tuple[th.TraceCtx, 
         record(decision)
         announce(decision)
 
-    new, wraps = rescue_calls(trace, may_rescue, on_rescue, on_strided_write, lost_value_refusals(trace, context))
+    def checked(fusion: th.BoundSymbol) -> bool:
+        return options.runtime.check_fusions and th.compiled_by_inductor(fusion)
+
+    refusals = lost_value_refusals(trace, context)
+    new, wraps = rescue_calls(trace, may_rescue, on_rescue, on_strided_write, refusals, checked)
     regions = context.region_decisions()
     unwrapped = [(regions.get(w.region), w.because) for w in wraps if not w.changed]
     return new, [instead(d, details={**d.details, "rescue": f"none: {why}"}) for d, why in unwrapped if d]
