@@ -68,7 +68,7 @@ def test_a_region_computing_other_values_runs_its_ops_from_its_first_call(dtype)
             torch.testing.assert_close(a, b, atol=1e-2, rtol=3e-2)
     (rescued,) = [d for d in guard.report.filter(action="rescue") if d.trace == "forward"]
     assert rescued.executor == "tc_wrong_sin" and rescued.details["error_type"] == "FusionDiffers"
-    assert "apart" in rescued.error and any("FusionDiffers" in str(w.message) or "apart" in str(w.message) for w in said)
+    assert "apart" in rescued.error and any("apart" in str(w.message) for w in said)
     # unguarded, and with the check off, the region's values are its own: 1.5 times the ops'
     plain = step(thunder.jit(program, executors=[wrong_executor("sin")]), x, w)
     unchecked = FusionGuard(runtime=Runtime(check_fusions=False))
