@@ -10,6 +10,7 @@ import pytest
 import thunder
 import torch
 from helpers import assert_same, flat
+from test_rescue import inputs, program
 from thunder.executors.torch_compile import TorchCompileExecutor, torch_compile_ex
 
 from thunder_fusion_guard import FusionGuard, Runtime
@@ -38,15 +39,6 @@ def wrong_executor(op: str) -> TorchCompileExecutor:
     ex = Wrong(f"tc_wrong_{op}")
     ex._implmap = dict(torch_compile_ex._implmap)
     return ex
-
-
-def program(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return (torch.sin(x) * w + 1).sum(-1)
-
-
-def inputs(dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    torch.manual_seed(0)
-    return torch.randn(4, 8, dtype=dtype, requires_grad=True), torch.randn(8, dtype=dtype, requires_grad=True)
 
 
 def step(fn, *args):
