@@ -106,3 +106,6 @@ def test_a_sum_that_cancels_is_compared_at_the_inputs_size():
     assert _how_far(out, want) is not None
     assert _how_far(out, want, scale=1.0) is None
     assert _how_far(torch.tensor([0.5, 1.0]), torch.tensor([1.0, 1.0]), scale=1.0) is not None
+    # a float32 output of bf16 inputs: their rounding, not float32's
+    near = torch.tensor([1.004, 1.0]), torch.tensor([1.0, 1.0])
+    assert _how_far(*near) is not None and _how_far(*near, loosest=5e-2) is None

@@ -246,7 +246,8 @@ def _checked_first_call(
             except Exception:  # the check is a second opinion: without it the fusion runs as unguarded
                 want = None
         out = timer(fused, args) if timer is not None else fused(*args)
-        far = None if want is None else _how_far(out, want, _input_scale(args))
+        loosest = max((_CLOSE_ENOUGH.get(a.dtype, 0.0) for a in args if isinstance(a, torch.Tensor)), default=0.0)
+        far = None if want is None else _how_far(out, want, _input_scale(args), loosest)
         if far is not None:
             made["differs"] = True
             raise FusionDiffers(f"{region.executor}'s first call gave values other than its ops one by one: {far}")
@@ -288,20 +289,25 @@ def _checked_against(ops: Callable, executor: str, fused: Callable, args: tuple)
     return out
 
 
-def _how_far(out: Any, want: Any, scale: float = 0.0) -> str | None:
+def _how_far(out: Any, want: Any, scale: float = 0.0, loosest: float = 0.0) -> str | None:
     """What makes ``out`` other than ``want`` (tensors at any depth of tuples and lists): a structure, shape or
     dtype that differs, integers not equal, or floats further apart than :data:`_CLOSE_ENOUGH`; None where none.
     ``scale``: floats whose root-mean-square difference is within that share of ``scale`` too count as equal (a
-    sum that cancels to almost zero: its last bits are rounding of the inputs' size, not of its own)."""
+    sum that cancels to almost zero: its last bits are rounding of the inputs' size, not of its own). ``loosest``:
+    the bound of the least precise dtype the values passed through (bf16 inputs of a float32 output), at least."""
     if isinstance(want, (tuple, list)):
         if not isinstance(out, (tuple, list)) or len(out) != len(want):
             return "another structure of outputs"
-        return next((far for a, b in zip(out, want, strict=True) if (far := _how_far(a, b, scale)) is not None), None)
+        return next(
+            (far for a, b in zip(out, want, strict=True) if (far := _how_far(a, b, scale, loosest)) is not None), None
+        )
     if not isinstance(want, torch.Tensor):
         return None
     if not isinstance(out, torch.Tensor) or out.shape != want.shape or out.dtype != want.dtype:
         return f"an output of another shape or dtype ({tuple(want.shape)} {want.dtype} wanted)"
     limit = _CLOSE_ENOUGH.get(want.dtype)
+    if limit is not None:
+        limit = max(limit, loosest)
     if limit is None:
         return None if torch.equal(out, want) else f"{want.dtype} values not equal"
     a, b = out.detach().double(), want.detach().double()
