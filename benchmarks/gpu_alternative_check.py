@@ -37,11 +37,6 @@ def _cpu(x: object) -> object:
     return x
 
 
-def _copies(args: tuple) -> tuple:
-    """``args`` with each tensor cloned: a call on them leaves the region's own inputs as they were."""
-    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
-
-
 def against_float64(ops: object, fused_out: object, ops_out: object, args: tuple) -> str:
     """Each floating output's distance (relative, root-mean-square) from the ops run in float64, the fusion's beside the
     ops' own in their dtype: where the ops' own is as large, the output cancels to about zero and any other order of
@@ -75,14 +70,15 @@ def _keep_checks(out: Path, log: list[str]) -> None:
     @functools.wraps(checked)
     def keeping(ops, executor, fused, args):
         n = len(log)
-        want, got, again = ops(*_copies(args)), fused(*_copies(args)), fused(*_copies(args))
+        copies = rescue.copied_args
+        want, got, again = ops(*copies(args)), fused(*copies(args)), fused(*copies(args))
         far, repeat = rescue._how_far(got, want), rescue._how_far(again, got)
         try:  # the same region compiled again for the CPU, against its ops there
             cpu_args = _cpu(args)
             on_cpu = rescue._how_far(fused(*cpu_args), ops(*cpu_args))
         except Exception as error:  # the region may not run on the CPU at all: said, not raised
             on_cpu = f"not run on the CPU: {type(error).__name__}: {error}"
-        exact = against_float64(ops, got, want, _copies(args))
+        exact = against_float64(ops, got, want, copies(args))
         body = bodies[-1] if bodies else "(not recorded)"
         torch.save({"body": body, "args": _cpu(args), "fused": _cpu(got), "ops": _cpu(want)}, out / f"check-{n}.pt")
         log.append(

@@ -17,6 +17,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from .. import _thunder as th
 from ..decisions import Decision
 from ..ops import is_in_place_name
+from ..passes.rescue import copied_args
 from ..regions import Region, find_regions
 from ..transform import guards_of
 
@@ -34,7 +35,7 @@ class RegionCall:
         """The recorded arguments; copies where the region writes into its inputs (in-place ops)."""
         if self.args is None or not any(is_in_place_name(op) for op in self.region.ops):
             return self.args
-        return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in self.args)
+        return copied_args(self.args)
 
 
 @dataclass

@@ -135,8 +135,8 @@ def _fallback_maker(
     where there is none, the region in halves of its own executor (:func:`.split_rescue.halves`); else its ops one by
     one. Inside a CUDA graph capture neither is made: its first call would compile in the capture (Inductor's
     compile is not safe there). A part, half or alternative that fails is told as a region of its own. A region
-    whose first call gave other values than its ops (``made["differs"]``) runs its ops one by one: another
-    compile of the same executor is not trusted more."""
+    whose first call gave other values than its ops runs those ops one by one (``made["differs"]``, as the check
+    built them): another compile of the same executor is not trusted more."""
 
     def on_part_rescue(part: th.BoundSymbol, error: Exception, args: tuple) -> None:
         on_rescue(Region(region.position, part.sym.name, region.executor, part), error, args, Fallback())
@@ -152,11 +152,9 @@ def _fallback_maker(
     def make() -> Callable:
         body = lower_region(trace, region)  # raises where the region cannot run on Thunder's torch executor at all
         fallback = Fallback()
-        if made.get("differs"):
+        if made.get("differs") is not None:  # the ops its first call was checked against
             made["fallback"] = fallback
-            return th.python_callable_from_symbols(
-                f"{region.name}_rescued", body, list(region.bsym.args), list(region.outputs)
-            )
+            return made["differs"]
         try:  # the parts, halves and alternative are shortcuts: where they cannot be built, the ops run one by one
             parts = split_around_gradients(trace, region, on_part_rescue)
             if parts is not None:
@@ -232,24 +230,27 @@ def _checked_first_call(
 ) -> Callable[[Callable, tuple], Any]:
     """A region's first call (timed by ``timer`` where given) whose values are compared with its ops one by one,
     run before it on copies of its inputs: further apart than rounding (:data:`_CLOSE_ENOUGH`), it raises
-    :class:`FusionDiffers` and marks ``made["differs"]``, so that the ops run the region from then on. Where the
-    ops cannot be built or run, or inside a CUDA graph capture (they would run in it), the call is unchecked."""
+    :class:`FusionDiffers` and keeps those ops in ``made["differs"]``, so that they run the region from then on.
+    Where the ops cannot be built or run, or inside a CUDA graph capture (they would run in it), the call is
+    unchecked."""
 
     def run(fused: Callable, args: tuple) -> Any:
-        want: Any = None
+        ops, want = None, None
         if not th.capturing_cuda_graph():
             try:
                 ops = th.python_callable_from_symbols(
-                    f"{region.name}_checked", lower_region(trace, region), list(region.bsym.args), list(region.outputs)
+                    f"{region.name}_rescued", lower_region(trace, region), list(region.bsym.args), list(region.outputs)
                 )
-                want = ops(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+                want = ops(*copied_args(args))
             except Exception:  # the check is a second opinion: without it the fusion runs as unguarded
-                want = None
+                ops = None
         out = timer(fused, args) if timer is not None else fused(*args)
+        if ops is None:
+            return out
         loosest = max((_CLOSE_ENOUGH.get(a.dtype, 0.0) for a in args if isinstance(a, torch.Tensor)), default=0.0)
-        far = None if want is None else _how_far(out, want, _input_scale(args), loosest)
+        far = _how_far(out, want, _input_scale(args), loosest)
         if far is not None:
-            made["differs"] = True
+            made["differs"] = ops
             raise FusionDiffers(f"{region.executor}'s first call gave values other than its ops one by one: {far}")
         return out
 
@@ -278,10 +279,15 @@ _CLOSE_ENOUGH: dict[torch.dtype, float] = {
 }
 
 
+def copied_args(args: tuple) -> tuple:
+    """``args`` with each tensor cloned: a call on them leaves the originals as they were."""
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
 def _checked_against(ops: Callable, executor: str, fused: Callable, args: tuple) -> Any:
     """``fused(*args)``, where its values are within rounding (:data:`_CLOSE_ENOUGH`) of ``ops`` run on copies of
     ``args``; else :class:`AlternativeDiffers` (the caller runs the ops instead)."""
-    want = ops(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+    want = ops(*copied_args(args))
     out = fused(*args)
     far = _how_far(out, want)
     if far is not None:
