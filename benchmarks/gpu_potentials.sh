@@ -163,6 +163,10 @@ declare -A JOBS=(
   # variant (TFG_CACHE_PACK=1 packs both for a later machine), then the two timed in one process from warm caches
   [nequip-l3-inductor-fill]="$NQ|--model nequip-l3 --paths eager --step-graph inductor/combo-decomposed --thread-stack-mb 1024"
   [nequip-l3-backends-none]="$NQ|--model nequip-l3 --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends/none --thread-stack-mb 1024 --time-before-choice"
+  # the same two with choose_backends given option_compiles_s=50, one process on a cold machine: the compile with all
+  # of Inductor's options (57 s on an H100) is then the last started; with fewer buffers realized after it, Inductor's
+  # compile ran 340 s and failed (its compile workers gone), H100 and H200
+  [nequip-l3-backends-none-capped]="$NQ|--model nequip-l3 --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends/none --thread-stack-mb 1024 --option-compiles-s 50"
   # MACE translated, the guarded step after choose_backends(whole_graphs=True) beside Inductor's best step, one process;
   # the jobs given --time-before-choice also time the guarded step before its choice (a row keyed "... before choice")
   [mace-backends-decomposed]="$MC|--model mace --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded+backends --thread-stack-mb 1024 --time-before-choice"

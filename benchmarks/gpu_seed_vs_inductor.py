@@ -254,6 +254,7 @@ def run_model(
     variants: dict[str, dict] | None = None,
     time_before_choice_too: bool = False,
     compare_first: bool = False,
+    option_compiles_s: float | None = None,
 ) -> None:
     """Every path of ``paths`` on one module of model ``name``, compiled and called once in the order given, then
     warmed up and timed interleaved (a path compiled before Inductor's reduce-overhead mode has its CUDA graphs
@@ -262,7 +263,8 @@ def run_model(
     ``choose_backends`` is also timed as its first call left it, beside the paths before it, before its choice
     (:func:`time_before_choice`). ``compare_first``: the paths' values are compared with eager's, and written, before
     the job waits for the others to compile (a job stopped in that wait keeps them); else after, on a quiet machine,
-    since the second call may decide (a Dynamo graph timed whole against its split)."""
+    since the second call may decide (a Dynamo graph timed whole against its split). ``option_compiles_s``: handed to
+    ``choose_backends`` (None: its default)."""
     variants = variants or {}
     model = MODELS[name]()
     steps: dict[str, _Step] = {}
@@ -304,7 +306,8 @@ def run_model(
                         _write(out, record)
                         timed_before = time.perf_counter() - start
                     with timing_choice_parts(name):
-                        chosen = choose_backends(fn, *model.inputs, guard=guard, whole_graphs=True)
+                        budget = {} if option_compiles_s is None else {"option_compiles_s": option_compiles_s}
+                        chosen = choose_backends(fn, *model.inputs, guard=guard, whole_graphs=True, **budget)
                     choose_s = round(time.perf_counter() - began - waited - before_choice - timed_before, 1)
                     for c in chosen:  # said now too: a job stopped at its capture still shows what was chosen
                         print(f"[{name}] {path}: chose in {choose_s} s: {c.line()}", flush=True)
@@ -326,6 +329,8 @@ def run_model(
                 rows[path]["backends"] = dict(Counter(c.chosen for c in chosen))
                 rows[path]["choose_s"] = choose_s
                 rows[path]["backend_choices"] = [c.line() for c in chosen]  # each with its timings and reason
+                if option_compiles_s is not None:
+                    rows[path]["option_compiles_s"] = option_compiles_s
             if path.endswith(STEP_GRAPH):  # the first call: warm-up steps and the capture included
                 rows[path]["step_captured"] = step.captured.captured or step.captured.reason
             if guard is not None:
@@ -662,6 +667,14 @@ def main() -> int:
         "(a job stopped in that wait keeps them); by default after, since a path's second call may still decide",
     )
     parser.add_argument(
+        "--option-compiles-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="choose_backends' option_compiles_s for the paths after it (default: its own): no compile of a whole "
+        "graph with options is started once those before it have taken S seconds",
+    )
+    parser.add_argument(
         "--thread-stack-mb",
         type=int,
         default=0,
@@ -732,6 +745,7 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 variants,
                 args.time_before_choice,
                 args.compare_first,
+                args.option_compiles_s,
             )
             if started is not None:
                 add_apart(name, apart, started, Path(folder), record)

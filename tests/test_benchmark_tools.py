@@ -285,7 +285,8 @@ def test_a_path_after_choose_backends_is_timed_as_its_first_call_left_it_beside_
 def test_run_model_times_a_backends_path_before_its_choice_only_when_asked(monkeypatch, before):
     """``run_model``'s path after ``choose_backends`` with every compile, step and timing injected (no GPU): with
     ``time_before_choice_too`` the paths are timed once before the choice, with that path's own row among them, and
-    once after; without, once."""
+    once after; without, once. A budget given for the choice's compiles (``option_compiles_s``) reaches
+    ``choose_backends`` and the path's row."""
     import contextlib
     import types
 
@@ -313,7 +314,10 @@ def test_run_model_times_a_backends_path_before_its_choice_only_when_asked(monke
     monkeypatch.setattr(seed, "first_call", lambda fn: contextlib.nullcontext(phases))
     monkeypatch.setattr(seed, "timing_choice_parts", lambda name: contextlib.nullcontext())
     order: list[str] = []
-    monkeypatch.setattr(thunder_fusion_guard, "choose_backends", lambda *a, **k: order.append("choice") or [])
+    asked: list[dict] = []
+    monkeypatch.setattr(
+        thunder_fusion_guard, "choose_backends", lambda *a, **k: asked.append(k) or order.append("choice") or []
+    )
     timed: list[list[str]] = []
 
     def time_paths(name, steps, rows, rounds, host):
@@ -324,7 +328,10 @@ def test_run_model_times_a_backends_path_before_its_choice_only_when_asked(monke
     monkeypatch.setattr(seed, "_time_compared", time_paths)
     record = {"models": {}}
     path = "fx-guarded+backends" + seed.STEP_GRAPH
-    seed.run_model("fake", ["eager", path], 1, None, record, time_before_choice_too=before)
+    budget = 50.0 if before else None
+    seed.run_model("fake", ["eager", path], 1, None, record, time_before_choice_too=before, option_compiles_s=budget)
+    assert asked[0].get("option_compiles_s") == budget and asked[0]["whole_graphs"] is True
+    assert record["models"]["fake"][path].get("option_compiles_s") == budget
     key = "fx-guarded+backends before choice" + seed.STEP_GRAPH
     if before:
         assert order == ["timed", "choice", "timed"] and timed == [["eager", key], ["eager", path]]
