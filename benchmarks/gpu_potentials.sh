@@ -235,6 +235,10 @@ declare -A JOBS=(
   # CUDA; path fx-guarded/tc): with nvFuser its first call did not end alone in 575 s (nvFuser's compiles, which no
   # cache keeps, and the halves of a backward region nvFuser asserts on); Inductor's caches keep these compiles
   [nequip-l3-translated-tc-runs]="$NQ|--model nequip-l3 --paths eager --thread-stack-mb 1024"
+  # the same without the whole-graph option (path fx-guarded/tc-split): where the first-call check rescues a region, that
+  # option times Inductor's whole graph at the second call (its compiles about 3 min on an H100, 65888fe), and the
+  # job's time ran out there before its values were compared
+  [nequip-l3-translated-tc-split-runs]="$NQ|--model nequip-l3 --paths eager --thread-stack-mb 1024"
   # the same beside unguarded ThunderFX on the same executor (path fx/tc), compiled first, one process: whether a force
   # that differs from eager's is Thunder's and Inductor's (both paths alike, bit for bit) or the guard's
   [nequip-l3-translated-tc-pair-runs]="$NQ|--model nequip-l3 --paths eager --thread-stack-mb 1024"
@@ -271,6 +275,7 @@ for job in "${chosen[@]}"; do
   [[ $job == *-runs ]] && lock= && variant+=(--compare-first)
   [[ $job == *-tc-pair-runs ]] && variant+=(--variant 'fx/tc={"fusion": "torchcompile"}')
   [[ $job == *-tc-runs || $job == *-tc-pair-runs ]] && variant+=(--variant 'fx-guarded/tc={"fusion": "torchcompile"}')
+  [[ $job == *-tc-split-runs ]] && variant+=(--variant 'fx-guarded/tc-split={"fusion": "torchcompile", "runtime": {"whole_graphs": false}}')
   [[ $job == nequip-jit-vjps ]] && variant=(--variant 'guarded/without-exact-vjps={"runtime": {"exact_vjps": false}}')
   (
     # shellcheck disable=SC2086

@@ -65,7 +65,9 @@ def _row(row: dict, job: str, eager_ms: float | None, commit: str) -> dict:
         kept["decisions"] = row["codes"]
         kept["rescued"] = [f"{r['where']}: {_first_line(r.get('error'))}" for r in row["rescued"]]
     if "ms" not in row and "error" not in row:
-        if "before_choice_s" in row:  # stopped during choose_backends: the first call before it is known
+        if "choose_s" in row:  # choose_backends ended, the capture too: stopped before or during the timing
+            kept["error"] = f"{NOT_TIMED} after choose_backends chose in {row['choose_s']} s"
+        elif "before_choice_s" in row:  # stopped during choose_backends: the first call before it is known
             kept["error"] = f"{STOPPED_CHOOSING}, after a first call of {row['before_choice_s']} s"
         elif "max_abs_force_diff" in row or "run_to_run_max_abs_force_diff" in row:  # compared, then stopped
             kept["error"] = f"{NOT_TIMED}, its values compared"

@@ -142,6 +142,18 @@ def test_a_path_stopped_while_choosing_backends_keeps_its_first_call(table, tmp_
     assert "during choose_backends | |" in md.read_text()  # cut where the first call's clause begins, no half number
 
 
+def test_a_path_stopped_after_its_choice_says_the_choice_ended(table, tmp_path):
+    """A path whose choose_backends ended (``choose_s``) and whose job stopped before its timing is not said to have
+    stopped while choosing."""
+    path = "fx-guarded+backends+stepgraph"
+    rows = {"eager": {"ms": 40.0}, path: {"before_choice_s": 68.0, "choose_s": 437.4, "first_call_s": 505.4}}
+    job = _job(tmp_path, "nequip-backends", "nequip", rows)
+    out, md = tmp_path / "out.json", tmp_path / "out.md"
+    assert table.main([str(job), "--commit", "d" * 40, "--json", str(out), "--markdown", str(md)]) == 0
+    row = json.loads(out.read_text())["models"]["nequip"][path]
+    assert "during choose_backends" not in row["error"] and "437.4" in row["error"] and "ms" not in row
+
+
 def test_a_row_timed_before_its_choice_keeps_the_paths_measured_beside_it(table, tmp_path):
     """The paths timed with a guarded step before its choice are timed again after it: that row keeps what they
     measured then (``beside``), its eager among them, and the table says it under the rows."""
