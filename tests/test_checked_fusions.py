@@ -109,3 +109,23 @@ def test_a_sum_that_cancels_is_compared_at_the_inputs_size():
     # a float32 output of bf16 inputs: their rounding, not float32's
     near = torch.tensor([1.004, 1.0]), torch.tensor([1.0, 1.0])
     assert _how_far(*near) is not None and _how_far(*near, loosest=5e-2) is None
+
+
+def test_a_backward_region_computing_other_values_runs_its_ops_from_its_first_call():
+    """As NequIP's at l_max 3 on CUDA: the region computing other values is a backward one (sin's gradient, ``cos``);
+    its first call is checked when autograd calls it, and the gradients are the ops' from then on."""
+    guard = FusionGuard()
+    jitted = thunder.jit(program, executors=[wrong_executor("cos")], transforms=[guard])
+    x, w = inputs(torch.float32)
+    want = step(program, x, w)
+    plain = step(thunder.jit(program, executors=[wrong_executor("cos")]), x, w)
+    assert not torch.allclose(plain[1], want[1], rtol=0.1)  # unguarded, the gradient is the region's own
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first = step(jitted, x, w)
+    for got in (first, step(jitted, x, w)):
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b)
+    assert_same(first[0], plain[0])  # the forward, whose regions compute right, keeps unguarded Thunder's bits
+    (rescued,) = guard.report.filter(action="rescue")
+    assert rescued.trace == "backward" and rescued.details["error_type"] == "FusionDiffers"
