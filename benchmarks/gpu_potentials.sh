@@ -239,6 +239,9 @@ declare -A JOBS=(
   # option times Inductor's whole graph at the second call (its compiles about 3 min on an H100, 65888fe), and the
   # job's time ran out there before its values were compared
   [nequip-l3-translated-tc-split-runs]="$NQ|--model nequip-l3 --paths eager --thread-stack-mb 1024"
+  # that path's whole step captured beside Inductor's best step found, one process: the table's NequIP l_max 3 row with
+  # Thunder's torch.compile executor (its forces compared before the timing, kept should the job be stopped)
+  [nequip-l3-tc-split-step]="$NQ|--model nequip-l3 --paths eager --step-graph inductor/combo-decomposed --step-graph fx-guarded/tc-split --thread-stack-mb 1024"
   # the same beside unguarded ThunderFX on the same executor (path fx/tc), compiled first, one process: whether a force
   # that differs from eager's is Thunder's and Inductor's (both paths alike, bit for bit) or the guard's
   [nequip-l3-translated-tc-pair-runs]="$NQ|--model nequip-l3 --paths eager --thread-stack-mb 1024"
@@ -275,7 +278,8 @@ for job in "${chosen[@]}"; do
   [[ $job == *-runs ]] && lock= && variant+=(--compare-first)
   [[ $job == *-tc-pair-runs ]] && variant+=(--variant 'fx/tc={"fusion": "torchcompile"}')
   [[ $job == *-tc-runs || $job == *-tc-pair-runs ]] && variant+=(--variant 'fx-guarded/tc={"fusion": "torchcompile"}')
-  [[ $job == *-tc-split-runs ]] && variant+=(--variant 'fx-guarded/tc-split={"fusion": "torchcompile", "runtime": {"whole_graphs": false}}')
+  [[ $job == *-tc-split-* ]] && variant+=(--variant 'fx-guarded/tc-split={"fusion": "torchcompile", "runtime": {"whole_graphs": false}}')
+  [[ $job == *-tc-split-step ]] && variant+=(--compare-first)
   [[ $job == nequip-jit-vjps ]] && variant=(--variant 'guarded/without-exact-vjps={"runtime": {"exact_vjps": false}}')
   (
     # shellcheck disable=SC2086
